@@ -1,0 +1,139 @@
+/* The engine of one loaded model: what the HTTP layer and `servd generate` talk to.
+ *
+ * A servd_model is a loaded package (interpreter pool; for causal-lm packages also tokenizer,
+ * KV cache, scheduler thread doing continuous batching). Language-model requests are submitted with
+ * their prompt tokens and generation parameters; the engine calls back with events from its own
+ * thread (the HTTP layer marshals them to its loop with uv_async). Generic packages are called through
+ * servd_model_predict.
+ */
+#ifndef SERVD_ENGINE_H
+#define SERVD_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#include "servd/status.h"
+#include "servd/tensor.h"
+
+typedef struct servd_model servd_model;
+typedef struct servd_request servd_request;
+
+typedef enum servd_model_kind { SERVD_MODEL_CAUSAL_LM = 0, SERVD_MODEL_GENERIC = 1 } servd_model_kind;
+
+typedef struct servd_model_options {
+  const char *path;      /* package file */
+  const char *name;      /* served name; NULL: the package's name */
+  int interpreters;      /* generic: pool size; causal-lm: ignored (one per TP rank) */
+  int tp;                /* tensor-parallel ranks (causal-lm) */
+  int max_queue;         /* waiting requests beyond which submit returns SERVD_EBUSY */
+  int max_batch_tokens;  /* token budget per scheduler step */
+  int max_seqs;          /* running sequences at most */
+  int kv_blocks;         /* 0: sized from max_seqs * context */
+  int block_size;        /* tokens per KV block */
+  int max_batch_size;    /* generic dynamic batching (1: off) */
+  int max_batch_delay_ms;
+} servd_model_options;
+
+void servd_model_options_default(servd_model_options *o);
+/* Loads the package and starts its interpreters (and scheduler thread). *out owned by the caller. */
+int servd_model_load(const servd_model_options *o, servd_model **out);
+/* Stops accepting, lets running requests finish until deadline_ms (then cancels them), frees all. */
+void servd_model_unload(servd_model *m, int deadline_ms); /* accepts NULL */
+
+const char *servd_model_name(const servd_model *m);
+servd_model_kind servd_model_get_kind(const servd_model *m);
+bool servd_model_ready(const servd_model *m); /* loaded, scheduler making progress (not stuck) */
+json_t *servd_model_metadata(const servd_model *m); /* new ref: KServe v2 model metadata */
+
+/* ---- causal-lm -------------------------------------------------------------------------------- */
+int servd_model_tokenize(servd_model *m, const char *text, size_t len, bool add_special, int32_t **ids, int *n);
+int servd_model_detokenize(servd_model *m, const int32_t *ids, int n, char **text); /* caller frees */
+/* Renders the package's chat template over messages (a JSON array of {role, content}). */
+int servd_model_apply_chat_template(servd_model *m, json_t *messages, bool add_generation_prompt, char **text);
+int servd_model_context_length(const servd_model *m);
+
+typedef struct servd_gen_params {
+  int max_tokens;           /* <= 0: up to the context length */
+  float temperature;        /* 0: greedy */
+  float top_p;              /* 1: off */
+  int top_k;                /* <= 0: off */
+  float min_p;              /* 0: off */
+  float repetition_penalty; /* 1: off */
+  float presence_penalty;   /* 0: off */
+  float frequency_penalty;  /* 0: off */
+  bool has_seed;
+  uint64_t seed;
+  int logprobs;             /* -1: none; n >= 0: chosen token's logprob plus top n */
+  const char *const *stop;  /* stop strings (copied at submit) */
+  int n_stop;
+  const int32_t *stop_token_ids;
+  int n_stop_token_ids;
+  bool ignore_eos;
+  int64_t deadline_ms;      /* 0: none; else wall-clock budget from submit */
+} servd_gen_params;
+
+void servd_gen_params_default(servd_gen_params *p);
+
+typedef enum servd_event_kind {
+  SERVD_EVENT_TOKEN = 0, /* text delta (may be empty while a UTF-8 sequence is incomplete) */
+  SERVD_EVENT_DONE = 1,  /* final: finish_reason set; no more events */
+  SERVD_EVENT_ERROR = 2, /* final: error_code, error_message */
+} servd_event_kind;
+
+typedef struct servd_top_logprob {
+  int32_t token;
+  float logprob;
+} servd_top_logprob;
+
+typedef struct servd_event {
+  servd_event_kind kind;
+  const char *text; /* valid during the callback */
+  size_t text_len;
+  int32_t token;
+  float logprob;
+  const servd_top_logprob *top; /* n_top entries, valid during the callback */
+  int n_top;
+  const char *finish_reason; /* "stop", "length", "cancelled", "deadline" */
+  int prompt_tokens;
+  int completion_tokens;
+  int error_code;
+  const char *error_message;
+} servd_event;
+
+/* Called on the engine's thread; must not block. After a final event the engine never touches ud. */
+typedef void (*servd_event_cb)(void *ud, const servd_event *ev);
+
+/* Queues a request (copies prompt and params). SERVD_EBUSY when the queue is full, SERVD_EINVAL for
+ * bad parameters or a prompt longer than the context, SERVD_ECANCELED while unloading. */
+int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, const servd_gen_params *p,
+                       servd_event_cb cb, void *ud, servd_request **out);
+/* Asks to stop the request at the next step; its KV blocks are freed and a final event
+ * (finish_reason "cancelled") follows unless one was already delivered. */
+void servd_request_cancel(servd_request *r);
+/* Drops the caller's handle; call once, after the final event (or instead of waiting for it after
+ * cancel: the engine then frees the request itself). */
+void servd_request_release(servd_request *r);
+
+/* ---- generic ------------------------------------------------------------------------------------ */
+/* inputs/outputs: names and tensors. outputs are new references the caller releases. */
+typedef struct servd_named_tensor {
+  char name[64];
+  servd_tensor *tensor;
+} servd_named_tensor;
+int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_inputs,
+                        servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms);
+
+/* ---- stats for /metrics ------------------------------------------------------------------------- */
+typedef struct servd_model_stats {
+  int waiting, running;
+  int kv_blocks_total, kv_blocks_used;
+  uint64_t prompt_tokens, generation_tokens, preemptions;
+  int n_interpreters;
+  double interp_busy_seconds[16];
+  uint64_t steps;
+  double last_step_age_s; /* seconds since the scheduler last finished a step while work was pending */
+} servd_model_stats;
+void servd_model_get_stats(const servd_model *m, servd_model_stats *s);
+
+#endif

@@ -1,0 +1,85 @@
+/* Isolated embedded Python interpreters and the pool that serves one package.
+ *
+ * Mechanism-independent API: today each interpreter is a complete libpython3.11 loaded with
+ * dlmopen into its own link-map namespace (own GIL, own modules); Python 3.12+ own-GIL
+ * subinterpreters can be a second backend behind the same calls. At most SERVD_INTERP_MAX
+ * interpreters per process (glibc has 16 namespaces; the main program uses one).
+ *
+ * Call servd_interp_early_init(argc, argv) first thing in main(): it re-executes the process with
+ * GLIBC_TUNABLES=glibc.rtld.nns=16 when needed (static TLS for many namespaces).
+ */
+#ifndef SERVD_INTERP_H
+#define SERVD_INTERP_H
+
+#include <stdint.h>
+#include <jansson.h>
+
+#include "servd/status.h"
+#include "servd/ops.h"
+
+#define SERVD_INTERP_MAX 15
+
+typedef struct mpk_package mpk_package;
+typedef struct servd_pool servd_pool;
+typedef struct servd_interp servd_interp;
+
+SERVD_API int servd_interp_early_init(int argc, char **argv);
+
+typedef struct servd_pool_options {
+  int n_interpreters;   /* 1..SERVD_INTERP_MAX */
+  int world_size;       /* tensor-parallel ranks; interpreter i has rank i % world_size */
+  servd_comm *comm;     /* collectives between ranks (world_size > 1); borrowed */
+  const char *extra_sys_path; /* NULL, or ':'-separated directories added to sys.path */
+} servd_pool_options;
+
+/* Creates the interpreters, imports the package's entry module from the package itself and builds
+ * the entry object in each. On failure (e.g. the import raised) returns an error whose message holds
+ * the Python traceback. The package must outlive the pool. */
+SERVD_API int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool **out);
+SERVD_API void servd_pool_destroy(servd_pool *p); /* accepts NULL */
+SERVD_API int servd_pool_size(const servd_pool *p);
+
+/* Takes an idle interpreter (blocks until one is free); release gives it back. */
+SERVD_API servd_interp *servd_pool_acquire(servd_pool *p);
+SERVD_API servd_interp *servd_pool_get(servd_pool *p, int index); /* a specific one (TP rank) */
+SERVD_API void servd_pool_release(servd_pool *p, servd_interp *it);
+SERVD_API int servd_interp_index(const servd_interp *it);
+SERVD_API double servd_interp_busy_seconds(const servd_interp *it);
+
+/* A structured failure of a Python call. */
+typedef struct servd_py_error {
+  char type[64];       /* exception type name, e.g. "ValueError", "TimeoutError" */
+  char message[512];
+  char traceback[4096];
+} servd_py_error;
+
+/* Generic predict: calls entry.predict({name: Tensor}) -> {name: Tensor}. outputs: new references,
+ * caller releases each tensor and frees the arrays (names are malloc'd). deadline_ms 0: none; past it
+ * a TimeoutError is raised inside the interpreter, which stays usable. */
+SERVD_API int servd_interp_predict(servd_interp *it, int n_in, const char *const *in_names,
+                                   servd_tensor *const *in_tensors, int *n_out, char ***out_names,
+                                   servd_tensor ***out_tensors, int64_t deadline_ms, servd_py_error *err);
+
+/* Calls entry.<method>(*args) with JSON-convertible arguments and returns the JSON-converted
+ * result (new ref). Used for chat templates and model info. */
+SERVD_API int servd_interp_call_json(servd_interp *it, const char *method, json_t *args, json_t **result,
+                                     int64_t deadline_ms, servd_py_error *err);
+
+/* A forward step of a causal LM: calls entry.forward(batch) where batch is a servd.Batch built from
+ * this description; returns logits f32 (n_logit_rows, vocab) as a new reference (rank 0; other ranks
+ * return NULL in *logits). */
+typedef struct servd_forward_batch {
+  int n_tokens;
+  const int32_t *tokens;     /* (n_tokens) */
+  const int32_t *positions;  /* (n_tokens) */
+  const int32_t *slots;      /* (n_tokens) KV slot of each token */
+  int n_logit_rows;
+  const int32_t *logit_rows; /* rows of the token batch whose logits are needed */
+  servd_attn_batch attn;     /* per-sequence layout for the attention op */
+  servd_kv_cache *kv;        /* this rank's cache */
+} servd_forward_batch;
+
+SERVD_API int servd_interp_forward(servd_interp *it, const servd_forward_batch *b, servd_tensor **logits,
+                                   servd_py_error *err);
+
+#endif

@@ -1,0 +1,128 @@
+/* CPU ops of a Llama forward pass.
+ *
+ * Conventions: activations are f32 and row-major; every op checks shapes and dtypes and returns 0 or
+ * a negative SERVD_E* code with a message naming the op, the shapes and the dtypes (servd_last_error).
+ * Outputs are preallocated by the caller; ops never allocate on the hot path. Each op picks, at run
+ * time, the best implementation this CPU supports (scalar reference, AVX2+FMA, AVX-512 with VNNI/BF16);
+ * servd_cpu_force_isa() pins one for tests and benchmarks.
+ */
+#ifndef SERVD_OPS_H
+#define SERVD_OPS_H
+
+#include "servd/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum servd_isa {
+  SERVD_ISA_SCALAR = 0,
+  SERVD_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
+  SERVD_ISA_AVX512 = 2, /* AVX-512 F/BW/VL, plus VNNI and BF16 where present */
+  SERVD_ISA_COUNT
+} servd_isa;
+
+SERVD_API servd_isa servd_cpu_best_isa(void);          /* what this CPU supports */
+SERVD_API const char *servd_isa_name(servd_isa isa);
+/* Pins the implementation used by every op (SERVD_EUNSUPPORTED if the CPU lacks it);
+ * pass SERVD_ISA_COUNT to return to automatic choice. Not thread-safe w.r.t. running ops. */
+SERVD_API int servd_cpu_force_isa(servd_isa isa);
+SERVD_API servd_isa servd_cpu_active_isa(void);
+
+/* out (m,n) f32 = x (m,k) f32 @ w^T, w (n,k) in any dtype (f32 f16 bf16 q8_0 q4_0 q4_1), the
+ * nn.Linear / GGUF layout. Quantized weights: x rows are quantized to 8 bits per block of 32 and
+ * multiplied with integer dot products; w is never dequantized whole. */
+SERVD_API int servd_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
+
+/* out (m,d) f32 = rows ids[i] of table (vocab,d) in any dtype; ids i32 (m). Ids outside
+ * [row_offset, row_offset+vocab) give zero rows (vocabulary-parallel shards), other negative: error. */
+SERVD_API int servd_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids,
+                              int64_t row_offset);
+
+/* out (m,d) = x / sqrt(mean(x^2) + eps) * weight (d); weight f32/f16/bf16. out may alias x. */
+SERVD_API int servd_rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps);
+
+typedef enum servd_rope_layout {
+  SERVD_ROPE_INTERLEAVED = 0, /* pairs (x[2i], x[2i+1]): GGUF llama weights */
+  SERVD_ROPE_HALF = 1,        /* pairs (x[i], x[i+d/2]): Hugging Face weights */
+} servd_rope_layout;
+
+typedef struct servd_rope_params {
+  servd_rope_layout layout;
+  int head_dim;         /* rotary dims == head_dim */
+  float theta;          /* base, e.g. 10000 or 500000 */
+  /* Llama 3.1 scaling; factor <= 1 means none. */
+  float scaling_factor;        /* e.g. 8 */
+  float low_freq_factor;       /* e.g. 1 */
+  float high_freq_factor;      /* e.g. 4 */
+  int original_max_positions;  /* e.g. 8192 */
+} servd_rope_params;
+
+/* In place on x (m, n_heads, head_dim) f32 (or (m, n_heads*head_dim)); positions i32 (m). */
+SERVD_API int servd_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p);
+
+/* out (m,n) = silu(gate) * up; all f32 (m,n). out may alias gate or up. */
+SERVD_API int servd_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up);
+/* out = a + b, f32, same shape. out may alias a or b. */
+SERVD_API int servd_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b);
+/* Row-wise softmax in place over the last dim of x (m,n) f32, scaled: softmax(x*scale). */
+SERVD_API int servd_softmax(servd_tensor *x, float scale);
+/* out i32 (m) = argmax over each row of x (m,n) f32; ties: lowest index. */
+SERVD_API int servd_argmax(servd_tensor *out, const servd_tensor *x);
+/* Top k per row of x (m,n) f32, descending by value (ties: lower index first): values f32 (m,k),
+ * indices i32 (m,k). */
+SERVD_API int servd_topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k);
+
+/* ---- Paged KV cache ------------------------------------------------------------------------------
+ * Per layer, K and V are pools of `n_blocks` blocks of `block_size` token slots, each slot holding
+ * n_kv_heads*head_dim values (f32 or f16). A sequence owns a block table (block ids in order); its
+ * token at position p lives in slot table[p / block_size] * block_size + p % block_size. The cache
+ * hands out and takes back blocks; which sequence owns what is the engine's business. */
+typedef struct servd_kv_cache servd_kv_cache;
+
+SERVD_API int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim,
+                                    int block_size, int n_blocks, servd_dtype dtype /* f32 or f16 */);
+SERVD_API void servd_kv_cache_destroy(servd_kv_cache *c); /* accepts NULL */
+SERVD_API int servd_kv_cache_block_size(const servd_kv_cache *c);
+SERVD_API int servd_kv_cache_n_blocks(const servd_kv_cache *c);
+SERVD_API int servd_kv_cache_free_blocks(const servd_kv_cache *c);
+/* Takes n free blocks into ids[]; SERVD_EBUSY (taking none) if fewer than n are free. Thread-safe. */
+SERVD_API int servd_kv_cache_alloc(servd_kv_cache *c, int n, int32_t *ids);
+SERVD_API void servd_kv_cache_free(servd_kv_cache *c, int n, const int32_t *ids);
+
+/* Writes k, v (t, n_kv_heads*head_dim) f32 of layer into slots i32 (t) (slot = block*block_size+off). */
+SERVD_API int servd_kv_write(servd_kv_cache *c, int layer, const servd_tensor *k, const servd_tensor *v,
+                             const servd_tensor *slots);
+
+/* A batch of sequences in mixed phases. Sequence s owns query rows [q_start[s], q_start[s]+q_len[s])
+ * of q; those are its newest tokens, at positions kv_len[s]-q_len[s] .. kv_len[s]-1, and its K/V for
+ * positions [0, kv_len[s]) are already in the cache (written by servd_kv_write). A decode step is
+ * q_len == 1; a prefill chunk is q_len > 1. */
+typedef struct servd_attn_batch {
+  int n_seqs;
+  const int32_t *q_start;
+  const int32_t *q_len;
+  const int32_t *kv_len;
+  const int32_t *const *block_tables; /* block_tables[s][i]: i-th block of sequence s */
+} servd_attn_batch;
+
+/* out (t, n_heads*head_dim) = causal softmax(q k^T * scale) v with grouped-query heads
+ * (n_heads a multiple of the cache's n_kv_heads); q (t, n_heads*head_dim) f32. */
+SERVD_API int servd_attention(servd_tensor *out, const servd_tensor *q, const servd_kv_cache *c, int layer,
+                              const servd_attn_batch *b, int n_heads, float scale);
+
+/* ---- Collectives between tensor-parallel ranks in one process ----------------------------------- */
+typedef struct servd_comm servd_comm;
+/* A group of world_size ranks, each rank served by its own thread. */
+SERVD_API int servd_comm_create(servd_comm **out, int world_size);
+SERVD_API void servd_comm_destroy(servd_comm *c); /* accepts NULL */
+/* Sum in place across all ranks; every rank passes an f32 tensor of the same shape. Blocks until
+ * all ranks have contributed. */
+SERVD_API int servd_allreduce_sum(servd_comm *c, int rank, servd_tensor *x);
+/* Gathers x (m, n_r) of every rank into out (m, sum n_r) in rank order (vocabulary-parallel logits). */
+SERVD_API int servd_allgather_cols(servd_comm *c, int rank, servd_tensor *out, const servd_tensor *x);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

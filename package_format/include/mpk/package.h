@@ -1,0 +1,47 @@
+/* Reading model packages (format: docs/package-format.md).
+ *
+ * mpk_open maps the package file read-only, validates the zip structure, the manifest schema and the
+ * tensor index (offsets, sizes, alignment, dtypes, overlaps), and hands out tensors that point into
+ * the mapping (no copy). The mapping lives until the package and every tensor taken from it are
+ * released. Hash checking of every entry is mpk_verify (it reads every byte).
+ */
+#ifndef MPK_PACKAGE_H
+#define MPK_PACKAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#include "servd/status.h"
+#include "servd/tensor.h"
+
+typedef struct mpk_package mpk_package;
+
+/* On failure returns a negative SERVD_E* code; servd_last_error() names the file, the field and what
+ * was expected. */
+SERVD_API int mpk_open(const char *path, mpk_package **out);
+SERVD_API void mpk_close(mpk_package *p); /* accepts NULL; tensors taken stay valid */
+
+SERVD_API const char *mpk_path(const mpk_package *p);
+SERVD_API json_t *mpk_manifest(const mpk_package *p); /* borrowed, valid until mpk_close */
+SERVD_API json_t *mpk_config(const mpk_package *p);   /* manifest "config" (model config), borrowed */
+SERVD_API const char *mpk_name(const mpk_package *p);
+SERVD_API const char *mpk_kind(const mpk_package *p);        /* "causal-lm" or "generic" */
+SERVD_API const char *mpk_entry_point(const mpk_package *p); /* "module:callable" */
+
+SERVD_API int mpk_tensor_count(const mpk_package *p);
+SERVD_API const char *mpk_tensor_name(const mpk_package *p, int i);
+/* A tensor by name as a new reference (view into the mapping); SERVD_EINVAL if absent. */
+SERVD_API int mpk_tensor(mpk_package *p, const char *name, servd_tensor **out);
+
+/* Contents of an entry by its path in the archive (e.g. "code/llama/model.py", "tokenizer.json").
+ * Stored entries point into the mapping; deflated ones are inflated once (bounded) and kept.
+ * *data valid until mpk_close. SERVD_EINVAL if absent. */
+SERVD_API int mpk_file(mpk_package *p, const char *path, const void **data, size_t *len);
+SERVD_API int mpk_file_count(const mpk_package *p);
+SERVD_API const char *mpk_file_path(const mpk_package *p, int i);
+
+/* Recomputes the SHA-256 of every entry and checks it against the manifest. */
+SERVD_API int mpk_verify(mpk_package *p);
+
+#endif

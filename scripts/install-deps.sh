@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of servd from Debian 12's packages, plus the test-only
+# Python tools from PyPI into a virtual environment under .venv-test. Idempotent.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+
+pkgs=(
+  build-essential cmake pkg-config git ca-certificates
+  clang libclang-rt-14-dev
+  libuv1-dev libjansson-dev libarchive-dev libpcre2-dev libcmocka-dev libssl-dev
+  libhttp-parser-dev libopenblas-dev
+  libpython3.11-dev python3 python3-jinja2 python3-numpy python3-venv python3-pip
+  prometheus curl gnuplot-nox
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# Test-only tools (never used by servd at run time): the official openai client, Hugging Face
+# tokenizers as the tokenizer oracle, gguf to read/write GGUF files in tests.
+venv="$here/.venv-test"
+if [ ! -x "$venv/bin/python" ]; then
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+fi
+"$venv/bin/python" -c "import openai, tokenizers, gguf" 2>/dev/null ||
+  "$venv/bin/pip" install --quiet "openai>=1.0" "tokenizers>=0.15" "gguf>=0.6" "jsonschema"
