@@ -33,6 +33,11 @@ typedef struct servd_model_options {
   int block_size;        /* tokens per KV block */
   int max_batch_size;    /* generic dynamic batching (1: off) */
   int max_batch_delay_ms;
+  /* Appended fields; servd_model_options_default sets them. */
+  servd_dtype kv_dtype;  /* SERVD_F16 (default) or SERVD_F32 */
+  int kv_budget_mb;      /* cap on KV memory when kv_blocks is 0 (all ranks together) */
+  int max_context;       /* > 0: cap the model's context length */
+  const char *extra_sys_path; /* NULL, or ':'-separated directories added to the interpreters' sys.path */
 } servd_model_options;
 
 void servd_model_options_default(servd_model_options *o);

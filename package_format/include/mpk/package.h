@@ -44,4 +44,32 @@ SERVD_API const char *mpk_file_path(const mpk_package *p, int i);
 /* Recomputes the SHA-256 of every entry and checks it against the manifest. */
 SERVD_API int mpk_verify(mpk_package *p);
 
+/* ---- Extensions: index details for tools (inspect, list) and loaders. ---- */
+
+#define MPK_FORMAT_VERSION 1
+
+typedef struct mpk_tensor_info {
+  const char *name;     /* borrowed, valid until mpk_close */
+  servd_dtype dtype;
+  int ndim;
+  int64_t shape[SERVD_MAX_DIMS];
+  const char *file;     /* archive entry holding the data, borrowed */
+  uint64_t offset;      /* absolute byte offset of the data in the package file (64-byte aligned) */
+  uint64_t nbytes;
+} mpk_tensor_info;
+
+typedef struct mpk_file_info {
+  const char *path;     /* borrowed, valid until mpk_close */
+  uint64_t offset;      /* absolute offset of the entry's (stored) data in the package file */
+  uint64_t size;        /* uncompressed bytes */
+  uint64_t stored_size; /* bytes in the archive */
+  int method;           /* 0 stored, 8 deflated */
+} mpk_file_info;
+
+SERVD_API int mpk_tensor_info_at(const mpk_package *p, int i, mpk_tensor_info *out); /* SERVD_ERANGE */
+SERVD_API int mpk_file_info_at(const mpk_package *p, int i, mpk_file_info *out);     /* SERVD_ERANGE */
+SERVD_API uint64_t mpk_size(const mpk_package *p);          /* bytes of the package file */
+SERVD_API const char *mpk_model_version(const mpk_package *p);
+SERVD_API const char *mpk_rope_layout(const mpk_package *p); /* "half", "interleaved" or NULL */
+
 #endif

@@ -1,0 +1,225 @@
+/* Results as a table on stdout and as JSON (schema: client/bench-result.schema.json, described in
+ * docs/benchmarking.md). */
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+
+static const char *api_name(bench_api a) {
+  return a == BENCH_API_CHAT ? "chat" : a == BENCH_API_KSERVE ? "kserve" : "completions";
+}
+
+static const char *count_name(bench_count_mode m) {
+  return m == BENCH_COUNT_TOKENIZE ? "tokenize" : "chunks";
+}
+
+static void row(const char *name, const bench_summary *s) {
+  if (s->count == 0) {
+    printf("  %-6s %10s %10s %10s %10s %10s %8s\n", name, "-", "-", "-", "-", "-", "0");
+    return;
+  }
+  printf("  %-6s %10.2f %10.2f %10.2f %10.2f %10.2f %8ld\n", name, s->mean, s->median, s->p90,
+         s->p99, s->max, s->count);
+}
+
+void bench_report_table(const bench_config *cfg, const bench_results *res) {
+  bool llm = cfg->api != BENCH_API_KSERVE;
+  printf("==================== servd-bench ====================\n");
+  printf("%-34s http://%s:%d%s\n", "Target:", cfg->host, cfg->port, cfg->endpoint);
+  printf("%-34s %s%s%s\n", "API / model:", api_name(cfg->api), cfg->model ? " / " : "",
+         cfg->model ? cfg->model : "");
+  if (cfg->request_rate > 0) {
+    printf("%-34s rate %.3g req/s (Poisson, seed %llu), max concurrency ", "Load:",
+           cfg->request_rate, (unsigned long long)cfg->seed);
+    if (cfg->max_concurrency > 0)
+      printf("%d\n", cfg->max_concurrency);
+    else
+      printf("unlimited\n");
+  } else {
+    printf("%-34s concurrency %d\n", "Load:", cfg->concurrency);
+  }
+  printf("%-34s %ld completed, %ld failed (%d warm-up excluded, %ld of them failed)\n",
+         "Requests:", res->completed, res->failed, cfg->warmup, res->warmup_failed);
+  printf("%-34s %.3f\n", "Duration (s):", res->duration_s);
+  printf("%-34s %.3f\n", "Request throughput (req/s):", res->requests_per_s);
+  if (llm) {
+    printf("%-34s %ld (%s)\n", "Input tokens:", res->input_tokens,
+           res->counted_by == BENCH_COUNT_TOKENIZE ? "counted by /tokenize"
+           : cfg->dataset                          ? "estimated, 4 characters per token"
+                                                   : "requested");
+    printf("%-34s %ld (%s; %ld non-empty chunks)\n", "Output tokens:", res->output_tokens,
+           res->counted_by == BENCH_COUNT_TOKENIZE ? "counted by /tokenize"
+                                                   : "one per non-empty stream chunk",
+           res->output_chunks);
+    if (res->usage_output_tokens >= 0)
+      printf("%-34s %ld\n", "Output tokens (server's usage):", res->usage_output_tokens);
+    printf("%-34s %.2f\n", "Output token throughput (tok/s):", res->output_tokens_per_s);
+    printf("%-34s %.2f\n", "Total token throughput (tok/s):", res->total_tokens_per_s);
+  }
+  printf("---------------------- latency (ms) ----------------\n");
+  printf("  %-6s %10s %10s %10s %10s %10s %8s\n", "", "mean", "median", "p90", "p99", "max", "n");
+  if (llm) {
+    row("TTFT", &res->ttft);
+    row("TPOT", &res->tpot);
+    row("ITL", &res->itl);
+  }
+  row("E2E", &res->e2e);
+  printf("---------------------- errors ----------------------\n");
+  printf(" ");
+  for (int e = 1; e < BENCH_ERR__COUNT; e++) printf(" %s %ld", bench_err_name(e), res->errors[e]);
+  printf("\n");
+  if (res->errors[BENCH_ERR_HTTP]) {
+    printf("  by status:");
+    for (int s = 0; s < 600; s++)
+      if (res->http_status_count[s]) printf(" %d x%ld", s, res->http_status_count[s]);
+    printf("\n");
+  }
+  if (res->first_error[0]) printf("  first: %s\n", res->first_error);
+  if (res->tokenize_error[0]) printf("  /tokenize: %s (fell back to chunks)\n", res->tokenize_error);
+  printf("====================================================\n");
+  fflush(stdout);
+}
+
+static json_t *summary_json(const bench_summary *s) {
+  return json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "count", (json_int_t)s->count,
+                   "mean", s->mean, "median", s->median, "p90", s->p90, "p99", s->p99, "min", s->min,
+                   "max", s->max, "stddev", s->stddev);
+}
+
+static json_t *nullable_int(long v) { return v >= 0 ? json_integer(v) : json_null(); }
+static json_t *nullable_str(const char *s) { return s ? json_string(s) : json_null(); }
+
+static json_t *config_json(const bench_config *cfg) {
+  json_t *c = json_object();
+  char url[1024];
+  snprintf(url, sizeof url, "http://%s:%d%s", cfg->host, cfg->port, cfg->base_path);
+  json_object_set_new(c, "url", json_string(url));
+  json_object_set_new(c, "endpoint", json_string(cfg->endpoint));
+  json_object_set_new(c, "api", json_string(api_name(cfg->api)));
+  json_object_set_new(c, "model", nullable_str(cfg->model));
+  json_object_set_new(c, "api_key_set", json_boolean(cfg->api_key != NULL));
+  json_object_set_new(c, "load", json_string(cfg->request_rate > 0 ? "rate" : "concurrency"));
+  json_object_set_new(c, "concurrency", cfg->request_rate > 0 ? json_null() : json_integer(cfg->concurrency));
+  json_object_set_new(c, "request_rate", cfg->request_rate > 0 ? json_real(cfg->request_rate) : json_null());
+  json_object_set_new(c, "max_concurrency", cfg->max_concurrency > 0 ? json_integer(cfg->max_concurrency) : json_null());
+  json_object_set_new(c, "num_requests", cfg->num_requests > 0 ? json_integer(cfg->num_requests) : json_null());
+  json_object_set_new(c, "duration_s", cfg->duration_s > 0 ? json_real(cfg->duration_s) : json_null());
+  json_object_set_new(c, "warmup", json_integer(cfg->warmup));
+  json_object_set_new(c, "timeout_s", json_real(cfg->timeout_s));
+  json_object_set_new(c, "seed", json_integer((json_int_t)cfg->seed));
+  if (cfg->api == BENCH_API_KSERVE) {
+    json_t *shape = json_array();
+    for (int i = 0; i < cfg->ndim; i++) json_array_append_new(shape, json_integer(cfg->shape[i]));
+    json_object_set_new(c, "kserve", json_pack("{s:o, s:s, s:s}", "shape", shape, "datatype",
+                                               cfg->datatype, "input_name", cfg->input_name));
+  } else {
+    json_object_set_new(c, "prompts", json_string(cfg->dataset ? "dataset" : "random"));
+    json_object_set_new(c, "dataset", nullable_str(cfg->dataset));
+    json_object_set_new(c, "input_len", cfg->dataset ? json_null() : json_integer(cfg->input_len));
+    json_object_set_new(c, "output_len", cfg->output_len > 0 ? json_integer(cfg->output_len) : json_null());
+    json_object_set_new(c, "ignore_eos", json_boolean(cfg->ignore_eos));
+    json_object_set_new(c, "min_tokens", json_boolean(cfg->ignore_eos && cfg->min_tokens));
+    json_object_set_new(c, "include_usage", json_boolean(cfg->include_usage));
+    json_object_set_new(c, "temperature", cfg->temperature >= 0 ? json_real(cfg->temperature) : json_null());
+    json_object_set_new(c, "extra_body", nullable_str(cfg->extra_body));
+    json_object_set_new(c, "count_tokens", json_string(count_name(cfg->count_mode)));
+  }
+  return c;
+}
+
+static json_t *request_json(const bench_config *cfg, const bench_record *rec) {
+  json_t *o = json_object();
+  bool ok = rec->err == BENCH_OK;
+  json_object_set_new(o, "ok", json_boolean(ok));
+  json_object_set_new(o, "error", ok ? json_null() : json_string(bench_err_name(rec->err)));
+  json_object_set_new(o, "error_message", ok ? json_null() : json_string(rec->errmsg));
+  json_object_set_new(o, "http_status", rec->http_status ? json_integer(rec->http_status) : json_null());
+  json_object_set_new(o, "prompt_index", json_integer(rec->prompt_index));
+  json_object_set_new(o, "e2e_ms", json_real((double)(rec->t_end - rec->t_start) / 1e6));
+  if (cfg->api == BENCH_API_KSERVE) return o;
+  json_object_set_new(o, "ttft_ms", rec->t_first ? json_real((double)(rec->t_first - rec->t_start) / 1e6) : json_null());
+  json_object_set_new(o, "input_tokens", json_integer(rec->in_tokens));
+  json_object_set_new(o, "output_tokens", json_integer(rec->out_tokens));
+  json_object_set_new(o, "output_chunks", json_integer(rec->out_chunks));
+  json_object_set_new(o, "usage_output_tokens", nullable_int(rec->usage_completion_tokens));
+  json_t *itl = json_array();
+  for (int i = 0; i < rec->n_itl; i++) json_array_append_new(itl, json_real(rec->itl_ms[i]));
+  json_object_set_new(o, "itl_ms", itl);
+  return o;
+}
+
+int bench_report_json(const bench_config *cfg, const bench_results *res, const char *path) {
+  json_t *root = json_object();
+  json_object_set_new(root, "schema_version", json_integer(1));
+  json_object_set_new(root, "tool", json_string("servd-bench"));
+  json_object_set_new(root, "version", json_string(BENCH_VERSION));
+  json_object_set_new(root, "started_at", json_string(res->started_at));
+  json_t *argv = json_array();
+  size_t cmd_len = 0;
+  for (int i = 0; i < cfg->argc; i++) {
+    json_array_append_new(argv, json_string(cfg->argv[i]));
+    cmd_len += strlen(cfg->argv[i]) + 1;
+  }
+  json_object_set_new(root, "argv", argv);
+  char cmd[8192];
+  cmd[0] = '\0';
+  for (int i = 0, off = 0; i < cfg->argc && (size_t)off < sizeof cmd; i++)
+    off += snprintf(cmd + off, sizeof cmd - (size_t)off, "%s%s", i ? " " : "", cfg->argv[i]);
+  (void)cmd_len;
+  json_object_set_new(root, "command_line", json_string(cmd));
+  json_object_set_new(root, "config", config_json(cfg));
+
+  json_t *r = json_object();
+  bool llm = cfg->api != BENCH_API_KSERVE;
+  json_object_set_new(r, "duration_s", json_real(res->duration_s));
+  json_object_set_new(r, "completed", json_integer(res->completed));
+  json_object_set_new(r, "failed", json_integer(res->failed));
+  json_object_set_new(r, "warmup_requests", json_integer(cfg->warmup));
+  json_object_set_new(r, "warmup_failed", json_integer(res->warmup_failed));
+  json_object_set_new(r, "requests_per_s", json_real(res->requests_per_s));
+  if (llm) {
+    json_object_set_new(r, "input_tokens", json_integer(res->input_tokens));
+    json_object_set_new(r, "input_tokens_source",
+                        json_string(res->counted_by == BENCH_COUNT_TOKENIZE ? "tokenize"
+                                    : cfg->dataset                          ? "estimated"
+                                                                            : "requested"));
+    json_object_set_new(r, "output_tokens", json_integer(res->output_tokens));
+    json_object_set_new(r, "output_chunks", json_integer(res->output_chunks));
+    json_object_set_new(r, "output_tokens_counted_by", json_string(count_name(res->counted_by)));
+    json_object_set_new(r, "usage_output_tokens", nullable_int(res->usage_output_tokens));
+    json_object_set_new(r, "output_tokens_per_s", json_real(res->output_tokens_per_s));
+    json_object_set_new(r, "total_tokens_per_s", json_real(res->total_tokens_per_s));
+    json_object_set_new(r, "ttft_ms", summary_json(&res->ttft));
+    json_object_set_new(r, "tpot_ms", summary_json(&res->tpot));
+    json_object_set_new(r, "itl_ms", summary_json(&res->itl));
+  }
+  json_object_set_new(r, "e2e_ms", summary_json(&res->e2e));
+  json_t *errs = json_object();
+  for (int e = 1; e < BENCH_ERR__COUNT; e++)
+    json_object_set_new(errs, bench_err_name(e), json_integer(res->errors[e]));
+  json_t *by_status = json_object();
+  for (int s = 0; s < 600; s++)
+    if (res->http_status_count[s]) {
+      char k[8];
+      snprintf(k, sizeof k, "%d", s);
+      json_object_set_new(by_status, k, json_integer(res->http_status_count[s]));
+    }
+  json_object_set_new(errs, "http_status", by_status);
+  json_object_set_new(r, "errors", errs);
+  json_object_set_new(r, "first_error", res->first_error[0] ? json_string(res->first_error) : json_null());
+  json_object_set_new(root, "results", r);
+  if (cfg->per_request) {
+    json_t *reqs = json_array();
+    for (long i = 0; i < res->n_records; i++)
+      json_array_append_new(reqs, request_json(cfg, &res->records[i]));
+    json_object_set_new(root, "requests", reqs);
+  }
+  int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
+  json_decref(root);
+  if (rc) {
+    fprintf(stderr, "servd-bench: cannot write --json %s\n", path);
+    return -1;
+  }
+  return 0;
+}

@@ -1,0 +1,154 @@
+/* Internal to daemon/api: shared state of the API and the helpers its route files use. */
+#ifndef SERVD_API_IMPL_H
+#define SERVD_API_IMPL_H
+
+#include <jansson.h>
+#include <pthread.h>
+
+#include "api/api.h"
+#include "http/buf.h"
+
+#define API_HIST_MAX 24
+#define API_MAX_TOP 20
+
+typedef struct api_hist {
+  int n;                          /* finite bounds */
+  const double *bounds;           /* upper bounds, seconds */
+  uint64_t counts[API_HIST_MAX + 1]; /* per bucket (not cumulative); last is +Inf */
+  double sum;
+  uint64_t count;
+} api_hist;
+
+void api_hist_init(api_hist *h, const double *bounds, int n);
+void api_hist_observe(api_hist *h, double v);
+
+typedef enum { M_LOADING, M_READY, M_UNLOADING, M_UNAVAILABLE } api_model_state;
+
+typedef struct api_model {
+  struct api_model *next;
+  char *name; /* owned */
+  char *path; /* owned; NULL for models added already loaded */
+  servd_model_options opts;
+  servd_model *m;
+  api_model_state state;
+  char error[512];
+  int inflight;          /* api requests holding engine work on this model */
+  int64_t created;       /* unix seconds */
+  api_hist ttft, itl, e2e;
+  struct servd_http_req *waiter; /* repository load/unload request waiting for the outcome */
+  bool unload_cancelled; /* running requests were cancelled at the unload deadline */
+  uv_timer_t *unload_timer;
+} api_model;
+
+typedef struct api_route_count {
+  const char *route;
+  int status;
+  uint64_t n;
+} api_route_count;
+
+struct gen;
+
+/* An engine event copied off the engine thread; nodes and their text buffers are recycled. */
+typedef struct api_event {
+  struct api_event *next;
+  struct gen *g;
+  servd_event_kind kind;
+  int32_t token;
+  float logprob;
+  int n_top;
+  servd_top_logprob top[API_MAX_TOP];
+  char finish[16];
+  int prompt_tokens, completion_tokens, error_code;
+  char *text;
+  size_t text_len, text_cap;
+  char error[512];
+  uint64_t t_ns;
+} api_event;
+
+/* One submitted engine request (a choice of an OpenAI request). */
+typedef struct gen {
+  struct servd_api *api;
+  struct gen *next, *prev; /* api->gens */
+  struct oai *owner;
+  api_model *am;
+  servd_request *r;
+  int index;
+  bool done;
+  char finish[16];
+  int prompt_tokens, completion_tokens, error_code;
+  char *error;
+  servd_buf text;     /* non-streaming: the generated text */
+  json_t *lp;         /* non-streaming logprobs being collected */
+  size_t text_offset; /* completions logprobs: offset of the next token */
+  uint64_t t_submit, t_first, t_last;
+  bool role_sent;
+} gen;
+
+struct servd_api {
+  uv_loop_t *loop;
+  servd_api_options o;
+  char *api_key;
+  size_t api_key_len;
+  char **repository;
+  const servd_model_ops *ops;
+  FILE *log;
+  api_model *models;
+  servd_http_server *server;
+  uv_async_t async;
+  bool async_open;
+  pthread_mutex_t lock; /* guards the event queue and free list */
+  api_event *q_head, *q_tail, *free_events;
+  int n_free_events;
+  gen *gens;
+  int works;     /* worker-thread jobs in flight */
+  int inflight;  /* requests holding engine work */
+  bool draining;
+  api_route_count routes[128];
+  int n_routes;
+  uint64_t id_seq;
+  int unloads_pending;
+  void (*unload_done)(void *);
+  void *unload_ud;
+  void (*close_done)(void *);
+  void *close_ud;
+};
+
+/* ---- responses ---- */
+void api_json(servd_http_req *r, int status, json_t *body); /* steals body */
+/* OpenAI error object {"error": {message, type, param, code}}. */
+void api_oai_error(servd_http_req *r, int status, const char *type, const char *param, const char *code,
+                   const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* KServe error {"error": "..."}. */
+void api_kserve_error(servd_http_req *r, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Status for an engine return code. */
+int api_status_for(int rc);
+
+/* ---- models ---- */
+api_model *api_model_find(servd_api *a, const char *name);
+bool api_model_ready(servd_api *a, api_model *am);
+void api_model_release_ref(servd_api *a, api_model *am); /* inflight-- and continue a pending unload */
+int api_repository_load(servd_api *a, servd_http_req *r, const char *name);
+int api_repository_unload(servd_api *a, servd_http_req *r, const char *name);
+void api_repository_index(servd_api *a, servd_http_req *r);
+
+/* ---- routes ---- */
+void api_oai_completions(servd_api *a, servd_http_req *r, bool chat);
+void api_oai_models(servd_api *a, servd_http_req *r);
+void api_oai_tokenize(servd_api *a, servd_http_req *r);
+void api_oai_detokenize(servd_api *a, servd_http_req *r);
+void api_oai_event(servd_api *a, api_event *ev); /* an engine event on the loop */
+void api_kserve_server_meta(servd_api *a, servd_http_req *r);
+void api_kserve_model_meta(servd_api *a, servd_http_req *r, api_model *am);
+void api_kserve_model_ready(servd_api *a, servd_http_req *r, api_model *am);
+void api_kserve_infer(servd_api *a, servd_http_req *r, api_model *am);
+bool api_all_ready(servd_api *a);
+void api_metrics(servd_api *a, servd_http_req *r);
+void api_count(servd_api *a, const char *route, int status);
+
+/* The engine callback: copies the event into the loop's queue. */
+void api_engine_cb(void *ud, const servd_event *ev);
+
+/* Monotonic nanoseconds. */
+uint64_t api_now_ns(void);
+
+#endif

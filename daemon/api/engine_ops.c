@@ -1,0 +1,20 @@
+/* Kept in a file of its own: only programs that use the real engine link against it. */
+#include "api/model_ops.h"
+
+const servd_model_ops servd_engine_model_ops = {
+    .load = servd_model_load,
+    .unload = servd_model_unload,
+    .name = servd_model_name,
+    .kind = servd_model_get_kind,
+    .ready = servd_model_ready,
+    .metadata = servd_model_metadata,
+    .tokenize = servd_model_tokenize,
+    .detokenize = servd_model_detokenize,
+    .apply_chat_template = servd_model_apply_chat_template,
+    .context_length = servd_model_context_length,
+    .submit = servd_model_submit,
+    .cancel = servd_request_cancel,
+    .release = servd_request_release,
+    .predict = servd_model_predict,
+    .get_stats = servd_model_get_stats,
+};

@@ -1,0 +1,34 @@
+/* The calls the API layer makes on a model, as a table of functions with engine.h's signatures.
+ *
+ * servd_engine_model_ops forwards each to daemon/engine/engine.h; tests substitute a table of their
+ * own to drive the HTTP and API layers without loading a package.
+ */
+#ifndef SERVD_API_MODEL_OPS_H
+#define SERVD_API_MODEL_OPS_H
+
+#include "engine/engine.h"
+
+typedef struct servd_model_ops {
+  int (*load)(const servd_model_options *o, servd_model **out);
+  void (*unload)(servd_model *m, int deadline_ms);
+  const char *(*name)(const servd_model *m);
+  servd_model_kind (*kind)(const servd_model *m);
+  bool (*ready)(const servd_model *m);
+  json_t *(*metadata)(const servd_model *m);
+  int (*tokenize)(servd_model *m, const char *text, size_t len, bool add_special, int32_t **ids, int *n);
+  int (*detokenize)(servd_model *m, const int32_t *ids, int n, char **text);
+  int (*apply_chat_template)(servd_model *m, json_t *messages, bool add_generation_prompt, char **text);
+  int (*context_length)(const servd_model *m);
+  int (*submit)(servd_model *m, const int32_t *prompt, int n_prompt, const servd_gen_params *p,
+                servd_event_cb cb, void *ud, servd_request **out);
+  void (*cancel)(servd_request *r);
+  void (*release)(servd_request *r);
+  int (*predict)(servd_model *m, const servd_named_tensor *inputs, int n_inputs, servd_named_tensor **outputs,
+                 int *n_outputs, int64_t deadline_ms);
+  void (*get_stats)(const servd_model *m, servd_model_stats *s);
+} servd_model_ops;
+
+/* The engine's implementation (daemon/api/engine_ops.c). */
+extern const servd_model_ops servd_engine_model_ops;
+
+#endif

@@ -1,0 +1,711 @@
+/* The engine of one loaded model: loading, requests, and the scheduler thread (continuous batching).
+ *
+ * Threads: callers submit/cancel from any thread; one scheduler thread per causal-lm model plans each
+ * step, runs it on every tensor-parallel rank (model_runner), samples, detokenizes, applies stops and
+ * calls back. The model mutex guards the inbox, the flags and the stats; the scheduler's lists are
+ * touched by the scheduler thread only.
+ */
+#include "engine/engine_impl.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/sampling.h"
+
+#define STUCK_SECONDS 60.0
+
+int64_t servd_engine_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void servd_model_options_default(servd_model_options *o) {
+  memset(o, 0, sizeof *o);
+  o->interpreters = 1;
+  o->tp = 1;
+  o->max_queue = 256;
+  o->max_batch_tokens = 512;
+  o->max_seqs = 32;
+  o->kv_blocks = 0;
+  o->block_size = 16;
+  o->max_batch_size = 1;
+  o->max_batch_delay_ms = 0;
+  o->kv_dtype = SERVD_F16;
+  o->kv_budget_mb = 2048;
+}
+
+void servd_gen_params_default(servd_gen_params *p) {
+  memset(p, 0, sizeof *p);
+  p->max_tokens = 0;
+  p->temperature = 1.0f;
+  p->top_p = 1.0f;
+  p->repetition_penalty = 1.0f;
+  p->logprobs = -1;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------------ */
+
+static int json_int(json_t *obj, const char *key, int dflt) {
+  json_t *v = obj ? json_object_get(obj, key) : NULL;
+  return json_is_integer(v) ? (int)json_integer_value(v) : dflt;
+}
+
+static void add_eos(servd_model *m, int64_t id) {
+  if (id < 0 || id >= m->vocab) return;
+  for (int i = 0; i < m->n_eos; i++)
+    if (m->eos[i] == id) return;
+  if (m->n_eos < SERVD_MAX_EOS) m->eos[m->n_eos++] = (int32_t)id;
+}
+
+static void add_eos_json(servd_model *m, json_t *v) {
+  if (json_is_integer(v)) {
+    add_eos(m, json_integer_value(v));
+  } else if (json_is_array(v)) {
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) add_eos_json(m, e);
+  } else if (json_is_string(v) && m->tok) {
+    add_eos(m, servd_tokenizer_token_id(m->tok, json_string_value(v)));
+  } else if (json_is_object(v)) { /* tokenizer_config.json AddedToken */
+    add_eos_json(m, json_object_get(v, "content"));
+  }
+}
+
+/* End-of-sequence ids: the model config's eos_token_id, the manifest's special tokens, and the
+ * package's tokenizer_config.json / generation_config.json when present. */
+static void find_eos(servd_model *m) {
+  json_t *man = mpk_manifest(m->pkg), *cfg = mpk_config(m->pkg);
+  add_eos_json(m, json_object_get(cfg, "eos_token_id"));
+  add_eos_json(m, json_object_get(man, "eos_token_id"));
+  json_t *sp = json_object_get(man, "special_tokens");
+  add_eos_json(m, json_object_get(sp, "eos_token"));
+  add_eos_json(m, json_object_get(sp, "eos_token_id"));
+  const char *files[] = {"tokenizer_config.json", "generation_config.json"};
+  for (int f = 0; f < 2; f++) {
+    const void *data;
+    size_t len;
+    if (mpk_file(m->pkg, files[f], &data, &len)) continue;
+    json_t *j = json_loadb(data, len, 0, NULL);
+    if (!j) continue;
+    add_eos_json(m, json_object_get(j, f == 0 ? "eos_token" : "eos_token_id"));
+    json_decref(j);
+  }
+  servd_fail(0, "%s", ""); /* the look-ups above may have recorded harmless misses */
+}
+
+/* ---- requests ----------------------------------------------------------------------------------- */
+
+static void request_unref(servd_request *r) {
+  if (atomic_fetch_sub(&r->refs, 1) != 1) return;
+  for (int i = 0; i < r->p.n_stop; i++) free(r->stop_copy ? r->stop_copy[i] : NULL);
+  free(r->stop_copy);
+  free(r->stop_ids_copy);
+  free(r->seq.tokens);
+  sched_seq_free(&r->seq);
+  servd_detok_free(r->detok);
+  servd_stopper_free(&r->stopper);
+  pthread_mutex_destroy(&r->cb_mu);
+  free(r);
+}
+
+static void deliver(servd_request *r, const servd_event *ev) {
+  pthread_mutex_lock(&r->cb_mu);
+  bool final = ev->kind != SERVD_EVENT_TOKEN;
+  if (!r->released && !r->finished) r->cb(r->ud, ev);
+  if (final) r->finished = true;
+  pthread_mutex_unlock(&r->cb_mu);
+}
+
+static void finish(servd_model *m, servd_request *r, const char *reason, int error_code, const char *msg) {
+  /* Text held back for stop strings or by an incomplete UTF-8 sequence goes out before the end. */
+  if (!error_code && strcmp(reason, "stop") != 0 && strcmp(reason, "cancelled") != 0) {
+    const char *t1 = "", *t2 = "";
+    size_t l1 = 0, l2 = 0;
+    bool stopped = false;
+    if (r->detok && servd_detok_flush(r->detok, &t1, &l1) == 0 && l1)
+      servd_stopper_push(&r->stopper, t1, l1, &t1, &l1, &stopped);
+    else
+      l1 = 0;
+    if (!stopped && servd_stopper_flush(&r->stopper, &t2, &l2) == 0 && (l1 || l2)) {
+      /* Two pieces at most: send them as one delta. */
+      servd_event ev = {.kind = SERVD_EVENT_TOKEN, .token = -1, .prompt_tokens = r->n_prompt,
+                        .completion_tokens = r->n_generated};
+      if (l1) {
+        ev.text = t1;
+        ev.text_len = l1;
+        deliver(r, &ev);
+      }
+      if (l2) {
+        ev.text = t2;
+        ev.text_len = l2;
+        deliver(r, &ev);
+      }
+    }
+  }
+  servd_event ev = {.kind = error_code ? SERVD_EVENT_ERROR : SERVD_EVENT_DONE,
+                    .text = "", .finish_reason = reason, .prompt_tokens = r->n_prompt,
+                    .completion_tokens = r->n_generated, .error_code = error_code,
+                    .error_message = msg, .token = -1};
+  sched_remove(&m->sched, &r->seq);
+  deliver(r, &ev);
+  request_unref(r);
+}
+
+static bool is_stop_token(const servd_model *m, const servd_request *r, int32_t t) {
+  if (!r->p.ignore_eos)
+    for (int i = 0; i < m->n_eos; i++)
+      if (m->eos[i] == t) return true;
+  for (int i = 0; i < r->p.n_stop_token_ids; i++)
+    if (r->p.stop_token_ids[i] == t) return true;
+  return false;
+}
+
+/* After the step that produced logits row `row` for r: sample, stream, check the end. */
+static void advance(servd_model *m, servd_request *r, const float *row) {
+  servd_sample_result s;
+  int rc = servd_engine_sample(m, r, row, &s);
+  if (rc) {
+    finish(m, r, "error", rc, servd_last_error());
+    return;
+  }
+  int32_t t = s.token;
+  r->seq.tokens[r->seq.n_tokens++] = t;
+  r->n_generated++;
+  pthread_mutex_lock(&m->mu);
+  m->generation_tokens++;
+  pthread_mutex_unlock(&m->mu);
+
+  bool stop_tok = is_stop_token(m, r, t);
+  const char *text = "";
+  size_t len = 0;
+  bool stopped = false;
+  if (!stop_tok) {
+    const char *d;
+    size_t dl;
+    if (servd_detok_push(r->detok, t, &d, &dl) == 0) servd_stopper_push(&r->stopper, d, dl, &text, &len, &stopped);
+  }
+  servd_event ev = {.kind = SERVD_EVENT_TOKEN, .text = text, .text_len = len, .token = t,
+                    .logprob = s.logprob, .top = s.top, .n_top = s.n_top, .prompt_tokens = r->n_prompt,
+                    .completion_tokens = r->n_generated};
+  deliver(r, &ev);
+
+  if (stop_tok || stopped) finish(m, r, "stop", 0, NULL);
+  else if (r->n_generated >= r->p.max_tokens || r->seq.n_tokens >= m->context_length) finish(m, r, "length", 0, NULL);
+}
+
+/* ---- the scheduler thread ----------------------------------------------------------------------- */
+
+static bool has_work(servd_model *m) {
+  return m->inbox_head || m->sched.waiting.n || m->sched.running.n;
+}
+
+/* Cancels, deadlines and the drain deadline, over every request the scheduler holds. */
+static void reap(servd_model *m, int64_t now, bool drain_expired) {
+  sched_list *lists[2] = {&m->sched.waiting, &m->sched.running};
+  for (int l = 0; l < 2; l++) {
+    for (sched_seq *q = lists[l]->head; q;) {
+      sched_seq *next = q->next;
+      servd_request *r = q->owner;
+      if (atomic_load(&r->cancel) || drain_expired) finish(m, r, "cancelled", 0, NULL);
+      else if (r->deadline_ns && now > r->deadline_ns) finish(m, r, "deadline", 0, NULL);
+      q = next;
+    }
+  }
+}
+
+static void *scheduler_main(void *arg) {
+  servd_model *m = arg;
+  servd_py_error err;
+  for (;;) {
+    pthread_mutex_lock(&m->mu);
+    while (!m->quit && !has_work(m)) pthread_cond_wait(&m->wake, &m->mu);
+    if (m->quit && !has_work(m)) {
+      pthread_mutex_unlock(&m->mu);
+      break;
+    }
+    servd_request *in = m->inbox_head;
+    m->inbox_head = m->inbox_tail = NULL;
+    m->n_inbox = 0;
+    int64_t drain = m->drain_deadline_ns;
+    pthread_mutex_unlock(&m->mu);
+
+    for (servd_request *r = in; r;) {
+      servd_request *next = r->inbox_next;
+      sched_add(&m->sched, &r->seq);
+      r = next;
+    }
+    int64_t now = servd_engine_now_ns();
+    reap(m, now, m->quit && drain && now > drain);
+
+    int n = sched_plan(&m->sched);
+    for (int i = 0; i < m->sched.n_starved; i++)
+      finish(m, m->sched.starved[i]->owner, "error", SERVD_EBUSY,
+             "the KV cache is too small for this request's prompt and max_tokens");
+    if (n < 0) {
+      /* A planning failure is a bug or exhausted memory: fail what was planned and go on. */
+      for (int i = 0; i < m->sched.n_planned; i++) finish(m, m->sched.planned[i]->owner, "error", n, servd_last_error());
+      continue;
+    }
+    if (n > 0) {
+      servd_forward_batch b = {.n_tokens = n, .tokens = m->sched.tok, .positions = m->sched.pos,
+                               .slots = m->sched.slot, .n_logit_rows = m->sched.n_logit_rows,
+                               .logit_rows = m->sched.logit_rows, .attn = sched_attn(&m->sched)};
+      servd_tensor *logits = NULL;
+      memset(&err, 0, sizeof err);
+      int rc = servd_runner_step(m->runner, &b, &logits, &err);
+      if (rc == 0 && (!logits || logits->dtype != SERVD_F32 || logits->ndim != 2 ||
+                      logits->shape[0] != b.n_logit_rows || logits->shape[1] < m->vocab)) {
+        rc = servd_fail(SERVD_EFORMAT, "forward: expected logits f32 (%d, %d)", b.n_logit_rows, m->vocab);
+        snprintf(err.message, sizeof err.message, "%s", servd_last_error());
+      }
+      int prompt_done = 0;
+      for (int i = 0; i < m->sched.n_planned; i++)
+        if (m->sched.planned[i]->n_computed < ((servd_request *)m->sched.planned[i]->owner)->n_prompt)
+          prompt_done += m->sched.planned[i]->chunk;
+      if (rc) {
+        char msg[sizeof err.type + sizeof err.message + 4];
+        snprintf(msg, sizeof msg, "%s: %s", err.type[0] ? err.type : "error", err.message[0] ? err.message : servd_last_error());
+        for (int i = 0; i < m->sched.n_planned; i++) finish(m, m->sched.planned[i]->owner, "error", rc, msg);
+      } else {
+        sched_commit(&m->sched);
+        int row = 0;
+        for (int i = 0; i < m->sched.n_planned; i++) {
+          sched_seq *q = m->sched.planned[i];
+          if (!q->wants_logits) continue;
+          const float *lr = (const float *)((const char *)servd_tensor_data(logits) + row * logits->strides[0]);
+          row++;
+          if (q->state == SCHED_RUNNING) advance(m, q->owner, lr);
+        }
+      }
+      servd_tensor_release(logits);
+      pthread_mutex_lock(&m->mu);
+      m->steps++;
+      m->prompt_tokens += (uint64_t)prompt_done;
+      m->last_progress_ns = servd_engine_now_ns();
+      pthread_mutex_unlock(&m->mu);
+    }
+    pthread_mutex_lock(&m->mu);
+    m->n_waiting = m->sched.waiting.n + m->n_inbox;
+    m->n_running = m->sched.running.n;
+    m->kv_used = sched_used_blocks(&m->sched);
+    if (n == 0 && has_work(m) && !m->inbox_head) {
+      /* Work is pending but nothing can run (waiting for blocks that only a finishing request would
+       * free cannot happen: then something runs). Sleep briefly to watch deadlines and cancels. */
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_nsec += 10 * 1000000;
+      if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+      }
+      pthread_cond_timedwait(&m->wake, &m->mu, &ts);
+    }
+    pthread_mutex_unlock(&m->mu);
+  }
+  return NULL;
+}
+
+/* ---- loading ------------------------------------------------------------------------------------ */
+
+static int load_causal_lm(servd_model *m) {
+  int rc;
+  const void *tj;
+  size_t tl;
+  if ((rc = mpk_file(m->pkg, "tokenizer.json", &tj, &tl)))
+    return servd_fail(rc, "%s: causal-lm package has no tokenizer.json", mpk_path(m->pkg));
+  if ((rc = servd_tokenizer_load(tj, tl, &m->tok))) return rc;
+
+  json_t *cfg = mpk_config(m->pkg);
+  int n_layers = json_int(cfg, "num_hidden_layers", json_int(cfg, "block_count", 0));
+  int n_heads = json_int(cfg, "num_attention_heads", json_int(cfg, "head_count", 0));
+  int n_kv = json_int(cfg, "num_key_value_heads", json_int(cfg, "head_count_kv", n_heads));
+  int dim = json_int(cfg, "hidden_size", json_int(cfg, "embedding_length", 0));
+  int head_dim = json_int(cfg, "head_dim", n_heads > 0 ? dim / n_heads : 0);
+  m->vocab = json_int(cfg, "vocab_size", servd_tokenizer_vocab_size(m->tok));
+  m->context_length = json_int(cfg, "max_position_embeddings", json_int(cfg, "context_length", 2048));
+  if (m->o.max_context > 0 && m->o.max_context < m->context_length) m->context_length = m->o.max_context;
+  if (n_layers <= 0 || n_heads <= 0 || n_kv <= 0 || head_dim <= 0 || m->vocab <= 0 || m->context_length <= 0)
+    return servd_fail(SERVD_EFORMAT, "%s: model config: num_hidden_layers=%d num_attention_heads=%d "
+                      "num_key_value_heads=%d head_dim=%d vocab_size=%d max_position_embeddings=%d: "
+                      "expected all > 0", mpk_path(m->pkg), n_layers, n_heads, n_kv, head_dim, m->vocab,
+                      m->context_length);
+  if (n_kv % m->tp || n_heads % m->tp)
+    return servd_fail(SERVD_EINVAL, "%s: --tp %d does not divide num_attention_heads=%d and "
+                      "num_key_value_heads=%d", mpk_path(m->pkg), m->tp, n_heads, n_kv);
+  find_eos(m);
+
+  int bs = m->o.block_size > 0 ? m->o.block_size : 16;
+  int blocks = m->o.kv_blocks;
+  if (blocks <= 0) {
+    /* Enough for max_seqs full contexts, capped by the memory budget (both ranks together). */
+    size_t per_block = (size_t)n_layers * 2 * (size_t)n_kv * head_dim * bs * servd_dtype_block_bytes(m->o.kv_dtype);
+    size_t budget = (size_t)(m->o.kv_budget_mb > 0 ? m->o.kv_budget_mb : 2048) << 20;
+    size_t want = (size_t)m->o.max_seqs * ((m->context_length + bs - 1) / bs);
+    size_t cap = budget / per_block;
+    blocks = (int)(want < cap ? want : cap);
+    if (blocks < (m->context_length + bs - 1) / bs) blocks = (m->context_length + bs - 1) / bs;
+  }
+  for (int r = 0; r < m->tp; r++)
+    if ((rc = servd_kv_cache_create(&m->kv[r], n_layers, n_kv / m->tp, head_dim, bs, blocks, m->o.kv_dtype)))
+      return rc;
+
+  if (m->tp > 1 && (rc = servd_comm_create(&m->comm, m->tp))) return rc;
+  /* One interpreter per rank, plus one (rank 0's code) that renders chat templates without waiting
+   * for a step to finish. */
+  servd_pool_options po = {.n_interpreters = m->tp + 1, .world_size = m->tp, .comm = m->comm,
+                           .extra_sys_path = m->o.extra_sys_path};
+  if (po.n_interpreters > SERVD_INTERP_MAX) po.n_interpreters = m->tp;
+  if ((rc = servd_pool_create(m->pkg, &po, &m->pool))) return rc;
+  m->chat_interp = po.n_interpreters > m->tp ? m->tp : 0;
+  if ((rc = servd_runner_create(m->pool, m->kv, m->tp, &m->runner))) return rc;
+
+  sched_config sc = {.max_batch_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
+                     .max_seq_len = m->context_length};
+  if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
+  if ((rc = servd_engine_sampling_init(m))) return rc;
+  m->last_progress_ns = servd_engine_now_ns();
+  if (pthread_create(&m->thread, NULL, scheduler_main, m))
+    return servd_fail(SERVD_ENOMEM, "%s: starting the scheduler thread", mpk_path(m->pkg));
+  m->thread_started = true;
+  return 0;
+}
+
+int servd_model_load(const servd_model_options *o, servd_model **out) {
+  *out = NULL;
+  if (!o || !o->path) return servd_fail(SERVD_EINVAL, "model load: no package path");
+  if (o->tp < 1 || o->tp > SERVD_INTERP_MAX)
+    return servd_fail(SERVD_EINVAL, "model load: tp=%d: expected 1..%d", o->tp, SERVD_INTERP_MAX);
+  if (o->max_batch_tokens < 1 || o->max_seqs < 1 || o->max_queue < 0)
+    return servd_fail(SERVD_EINVAL, "model load: max_batch_tokens=%d max_seqs=%d max_queue=%d: expected >= 1",
+                      o->max_batch_tokens, o->max_seqs, o->max_queue);
+  servd_model *m = calloc(1, sizeof *m);
+  if (!m) return servd_fail(SERVD_ENOMEM, "model load: allocation");
+  m->o = *o;
+  m->tp = o->tp;
+  m->chat_interp = -1;
+  pthread_mutex_init(&m->mu, NULL);
+  pthread_cond_init(&m->wake, NULL);
+  pthread_mutex_init(&m->chat_mu, NULL);
+  int rc;
+  if ((rc = mpk_open(o->path, &m->pkg))) goto fail;
+  m->name = strdup(o->name ? o->name : mpk_name(m->pkg));
+  if (!m->name) {
+    rc = servd_fail(SERVD_ENOMEM, "model load: name");
+    goto fail;
+  }
+  const char *kind = mpk_kind(m->pkg);
+  if (kind && strcmp(kind, "causal-lm") == 0) {
+    m->kind = SERVD_MODEL_CAUSAL_LM;
+    if ((rc = load_causal_lm(m))) goto fail;
+  } else {
+    m->kind = SERVD_MODEL_GENERIC;
+    int n = o->interpreters > 0 ? o->interpreters : 1;
+    servd_pool_options po = {.n_interpreters = n, .world_size = 1, .extra_sys_path = o->extra_sys_path};
+    if ((rc = servd_pool_create(m->pkg, &po, &m->pool))) goto fail;
+  }
+  *out = m;
+  return 0;
+fail:
+  {
+    /* Keep the message of the failure across the cleanup. */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", servd_last_error());
+    servd_model_unload(m, 0);
+    servd_fail(rc, "%s", msg);
+  }
+  return rc;
+}
+
+void servd_model_unload(servd_model *m, int deadline_ms) {
+  if (!m) return;
+  if (m->thread_started) {
+    pthread_mutex_lock(&m->mu);
+    m->stopping = true;
+    m->quit = true;
+    m->drain_deadline_ns = servd_engine_now_ns() + (int64_t)(deadline_ms > 0 ? deadline_ms : 0) * 1000000 + 1;
+    pthread_cond_broadcast(&m->wake);
+    pthread_mutex_unlock(&m->mu);
+    pthread_join(m->thread, NULL);
+  }
+  servd_runner_destroy(m->runner);
+  servd_pool_destroy(m->pool);
+  sched_free(&m->sched);
+  for (int r = 0; r < SERVD_INTERP_MAX; r++) servd_kv_cache_destroy(m->kv[r]);
+  servd_comm_destroy(m->comm);
+  servd_tokenizer_free(m->tok);
+  servd_engine_sampling_free(m);
+  mpk_close(m->pkg);
+  pthread_mutex_destroy(&m->mu);
+  pthread_cond_destroy(&m->wake);
+  pthread_mutex_destroy(&m->chat_mu);
+  free(m->name);
+  free(m);
+}
+
+const char *servd_model_name(const servd_model *m) { return m->name; }
+servd_model_kind servd_model_get_kind(const servd_model *m) { return m->kind; }
+int servd_model_context_length(const servd_model *m) { return m->context_length; }
+
+bool servd_model_ready(const servd_model *m) {
+  if (m->kind != SERVD_MODEL_CAUSAL_LM) return m->pool != NULL;
+  servd_model_stats s;
+  servd_model_get_stats(m, &s);
+  return !m->stopping && s.last_step_age_s < STUCK_SECONDS;
+}
+
+json_t *servd_model_metadata(const servd_model *m) {
+  json_t *man = mpk_manifest(m->pkg);
+  json_t *j = json_pack("{s:s, s:[s], s:s}", "name", m->name, "versions", "1", "platform", "servd");
+  if (!j) return NULL;
+  const char *keys[] = {"inputs", "outputs"};
+  for (int i = 0; i < 2; i++) {
+    json_t *v = json_object_get(man, keys[i]);
+    json_object_set_new(j, keys[i], json_is_array(v) ? json_deep_copy(v) : json_array());
+  }
+  return j;
+}
+
+void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
+  memset(s, 0, sizeof *s);
+  servd_model *mm = (servd_model *)m; /* the mutex is logically const */
+  pthread_mutex_lock(&mm->mu);
+  s->waiting = m->n_waiting + m->n_inbox;
+  s->running = m->n_running;
+  s->prompt_tokens = m->prompt_tokens;
+  s->generation_tokens = m->generation_tokens;
+  s->preemptions = m->sched.preemptions;
+  s->steps = m->steps;
+  s->kv_blocks_used = m->kv_used;
+  bool pending = m->inbox_head || m->n_waiting || m->n_running;
+  s->last_step_age_s = pending ? (double)(servd_engine_now_ns() - m->last_progress_ns) / 1e9 : 0.0;
+  pthread_mutex_unlock(&mm->mu);
+  s->kv_blocks_total = m->kv[0] ? servd_kv_cache_n_blocks(m->kv[0]) : 0;
+  s->n_interpreters = m->pool ? servd_pool_size(m->pool) : 0;
+  if (s->n_interpreters > 16) s->n_interpreters = 16;
+  for (int i = 0; i < s->n_interpreters; i++)
+    s->interp_busy_seconds[i] = servd_interp_busy_seconds(servd_pool_get(m->pool, i));
+}
+
+/* ---- causal-lm API ------------------------------------------------------------------------------ */
+
+int servd_model_tokenize(servd_model *m, const char *text, size_t len, bool add_special, int32_t **ids, int *n) {
+  if (!m->tok) return servd_fail(SERVD_EUNSUPPORTED, "tokenize: model %s has no tokenizer", m->name);
+  return servd_tokenizer_encode(m->tok, text, len, add_special, ids, n);
+}
+
+int servd_model_detokenize(servd_model *m, const int32_t *ids, int n, char **text) {
+  if (!m->tok) return servd_fail(SERVD_EUNSUPPORTED, "detokenize: model %s has no tokenizer", m->name);
+  return servd_tokenizer_decode(m->tok, ids, n, false, text, NULL);
+}
+
+int servd_model_apply_chat_template(servd_model *m, json_t *messages, bool add_generation_prompt, char **text) {
+  *text = NULL;
+  if (m->kind != SERVD_MODEL_CAUSAL_LM || m->chat_interp < 0)
+    return servd_fail(SERVD_EUNSUPPORTED, "chat template: model %s is not a language model", m->name);
+  if (!json_is_array(messages)) return servd_fail(SERVD_EINVAL, "chat template: messages must be an array");
+  json_t *args = json_pack("[O, b]", messages, add_generation_prompt);
+  if (!args) return servd_fail(SERVD_ENOMEM, "chat template: arguments");
+  json_t *res = NULL;
+  servd_py_error err;
+  memset(&err, 0, sizeof err);
+  pthread_mutex_lock(&m->chat_mu);
+  int rc = servd_interp_call_json(servd_pool_get(m->pool, m->chat_interp), "chat_template", args, &res, 10000, &err);
+  pthread_mutex_unlock(&m->chat_mu);
+  json_decref(args);
+  if (rc) return servd_fail(rc, "chat template: %s: %s", err.type, err.message);
+  if (!json_is_string(res)) {
+    json_decref(res);
+    return servd_fail(SERVD_EFORMAT, "chat template: chat_template() returned a non-string");
+  }
+  *text = strdup(json_string_value(res));
+  json_decref(res);
+  return *text ? 0 : servd_fail(SERVD_ENOMEM, "chat template: result");
+}
+
+static int check_params(const servd_model *m, int n_prompt, const servd_gen_params *p) {
+  if (n_prompt < 1) return servd_fail(SERVD_EINVAL, "submit: empty prompt");
+  if (n_prompt >= m->context_length)
+    return servd_fail(SERVD_EINVAL, "submit: prompt of %d tokens leaves no room in the context of %d", n_prompt,
+                      m->context_length);
+  if (!(p->temperature >= 0 && p->temperature <= 100)) return servd_fail(SERVD_EINVAL, "submit: temperature %g: expected 0..100", p->temperature);
+  if (!(p->top_p > 0 && p->top_p <= 1)) return servd_fail(SERVD_EINVAL, "submit: top_p %g: expected (0, 1]", p->top_p);
+  if (!(p->min_p >= 0 && p->min_p <= 1)) return servd_fail(SERVD_EINVAL, "submit: min_p %g: expected [0, 1]", p->min_p);
+  if (!(p->repetition_penalty > 0 && p->repetition_penalty <= 10))
+    return servd_fail(SERVD_EINVAL, "submit: repetition_penalty %g: expected (0, 10]", p->repetition_penalty);
+  if (!(fabsf(p->presence_penalty) <= 2) || !(fabsf(p->frequency_penalty) <= 2))
+    return servd_fail(SERVD_EINVAL, "submit: presence/frequency penalty: expected -2..2");
+  if (p->logprobs > 20) return servd_fail(SERVD_EINVAL, "submit: logprobs %d: expected at most 20", p->logprobs);
+  if (p->n_stop < 0 || p->n_stop > 16 || (p->n_stop && !p->stop))
+    return servd_fail(SERVD_EINVAL, "submit: %d stop strings: expected at most 16", p->n_stop);
+  if (p->n_stop_token_ids < 0 || p->n_stop_token_ids > 64 || (p->n_stop_token_ids && !p->stop_token_ids))
+    return servd_fail(SERVD_EINVAL, "submit: %d stop token ids: expected at most 64", p->n_stop_token_ids);
+  if (p->deadline_ms < 0) return servd_fail(SERVD_EINVAL, "submit: negative deadline");
+  return 0;
+}
+
+int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, const servd_gen_params *p,
+                       servd_event_cb cb, void *ud, servd_request **out) {
+  *out = NULL;
+  if (m->kind != SERVD_MODEL_CAUSAL_LM)
+    return servd_fail(SERVD_EUNSUPPORTED, "submit: model %s is not a language model", m->name);
+  if (!cb || !prompt) return servd_fail(SERVD_EINVAL, "submit: no callback or prompt");
+  int rc = check_params(m, n_prompt, p);
+  if (rc) return rc;
+  for (int i = 0; i < n_prompt; i++)
+    if (prompt[i] < 0 || prompt[i] >= m->vocab)
+      return servd_fail(SERVD_EINVAL, "submit: prompt token %d at %d outside the vocabulary of %d", prompt[i], i,
+                        m->vocab);
+
+  servd_request *r = calloc(1, sizeof *r);
+  if (!r) return servd_fail(SERVD_ENOMEM, "submit: request");
+  pthread_mutexattr_t ma;
+  pthread_mutexattr_init(&ma);
+  pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&r->cb_mu, &ma);
+  pthread_mutexattr_destroy(&ma);
+  atomic_init(&r->refs, 2);
+  atomic_init(&r->cancel, false);
+  r->m = m;
+  r->cb = cb;
+  r->ud = ud;
+  r->p = *p;
+  r->n_prompt = n_prompt;
+  int room = m->context_length - n_prompt;
+  if (r->p.max_tokens <= 0 || r->p.max_tokens > room) r->p.max_tokens = room;
+  if (p->deadline_ms > 0) r->deadline_ns = servd_engine_now_ns() + p->deadline_ms * 1000000;
+  r->rng = p->has_seed ? p->seed : (uint64_t)servd_engine_now_ns() ^ (uintptr_t)r;
+  r->p.stop = NULL;
+  r->p.stop_token_ids = NULL;
+
+  r->seq.tokens = malloc(sizeof(int32_t) * (size_t)m->context_length);
+  if (!r->seq.tokens) {
+    rc = servd_fail(SERVD_ENOMEM, "submit: token buffer of %d", m->context_length);
+    goto fail;
+  }
+  memcpy(r->seq.tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
+  r->seq.n_tokens = n_prompt;
+  r->seq.owner = r;
+  if ((rc = sched_seq_init(&m->sched, &r->seq))) goto fail;
+  if (p->n_stop) {
+    r->stop_copy = calloc((size_t)p->n_stop, sizeof *r->stop_copy);
+    if (!r->stop_copy) {
+      rc = servd_fail(SERVD_ENOMEM, "submit: stop strings");
+      goto fail;
+    }
+    for (int i = 0; i < p->n_stop; i++)
+      if (p->stop[i] && !(r->stop_copy[i] = strdup(p->stop[i]))) {
+        rc = servd_fail(SERVD_ENOMEM, "submit: stop strings");
+        goto fail;
+      }
+    r->p.stop = (const char *const *)r->stop_copy;
+  }
+  if (p->n_stop_token_ids) {
+    r->stop_ids_copy = malloc(sizeof(int32_t) * (size_t)p->n_stop_token_ids);
+    if (!r->stop_ids_copy) {
+      rc = servd_fail(SERVD_ENOMEM, "submit: stop token ids");
+      goto fail;
+    }
+    memcpy(r->stop_ids_copy, p->stop_token_ids, sizeof(int32_t) * (size_t)p->n_stop_token_ids);
+    r->p.stop_token_ids = r->stop_ids_copy;
+  }
+  if ((rc = servd_stopper_init(&r->stopper, r->p.stop, r->p.n_stop))) goto fail;
+  if ((rc = servd_detok_create(m->tok, true, &r->detok))) goto fail;
+
+  pthread_mutex_lock(&m->mu);
+  if (m->stopping) {
+    pthread_mutex_unlock(&m->mu);
+    rc = servd_fail(SERVD_ECANCELED, "submit: model %s is unloading", m->name);
+    goto fail;
+  }
+  if (m->n_waiting + m->n_inbox >= m->o.max_queue) {
+    pthread_mutex_unlock(&m->mu);
+    rc = servd_fail(SERVD_EBUSY, "submit: model %s: %d requests waiting (max_queue)", m->name, m->o.max_queue);
+    goto fail;
+  }
+  if (!m->inbox_head) m->last_progress_ns = servd_engine_now_ns(); /* idle time is not being stuck */
+  if (m->inbox_tail) m->inbox_tail->inbox_next = r; else m->inbox_head = r;
+  m->inbox_tail = r;
+  m->n_inbox++;
+  pthread_cond_signal(&m->wake);
+  pthread_mutex_unlock(&m->mu);
+  *out = r;
+  return 0;
+fail:
+  atomic_store(&r->refs, 1);
+  request_unref(r);
+  return rc;
+}
+
+void servd_request_cancel(servd_request *r) {
+  if (!r) return;
+  atomic_store(&r->cancel, true);
+  servd_model *m = r->m;
+  pthread_mutex_lock(&m->mu);
+  pthread_cond_signal(&m->wake);
+  pthread_mutex_unlock(&m->mu);
+}
+
+void servd_request_release(servd_request *r) {
+  if (!r) return;
+  pthread_mutex_lock(&r->cb_mu);
+  r->released = true;
+  pthread_mutex_unlock(&r->cb_mu);
+  request_unref(r);
+}
+
+/* ---- generic ------------------------------------------------------------------------------------ */
+
+int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_inputs,
+                        servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms) {
+  *outputs = NULL;
+  *n_outputs = 0;
+  if (m->kind != SERVD_MODEL_GENERIC)
+    return servd_fail(SERVD_EUNSUPPORTED, "predict: model %s is a language model", m->name);
+  if (n_inputs < 0 || n_inputs > 1024) return servd_fail(SERVD_EINVAL, "predict: %d inputs", n_inputs);
+  const char **names = calloc((size_t)n_inputs + 1, sizeof *names);
+  servd_tensor **ts = calloc((size_t)n_inputs + 1, sizeof *ts);
+  char **onames = NULL;
+  servd_tensor **ots = NULL;
+  int n_out = 0, rc = 0;
+  if (!names || !ts) {
+    rc = servd_fail(SERVD_ENOMEM, "predict: inputs");
+    goto done;
+  }
+  for (int i = 0; i < n_inputs; i++) {
+    names[i] = inputs[i].name;
+    ts[i] = inputs[i].tensor;
+  }
+  servd_py_error err;
+  memset(&err, 0, sizeof err);
+  servd_interp *it = servd_pool_acquire(m->pool);
+  rc = servd_interp_predict(it, n_inputs, names, ts, &n_out, &onames, &ots, deadline_ms, &err);
+  servd_pool_release(m->pool, it);
+  if (rc) {
+    rc = servd_fail(rc, "predict: %s: %s", err.type[0] ? err.type : "error", err.message);
+    goto done;
+  }
+  servd_named_tensor *o = calloc((size_t)n_out + 1, sizeof *o);
+  if (!o) {
+    for (int i = 0; i < n_out; i++) servd_tensor_release(ots[i]);
+    rc = servd_fail(SERVD_ENOMEM, "predict: outputs");
+    goto done;
+  }
+  for (int i = 0; i < n_out; i++) {
+    snprintf(o[i].name, sizeof o[i].name, "%s", onames[i]);
+    o[i].tensor = ots[i];
+  }
+  *outputs = o;
+  *n_outputs = n_out;
+done:
+  for (int i = 0; onames && i < n_out; i++) free(onames[i]);
+  free(onames);
+  free(ots);
+  free(names);
+  free(ts);
+  return rc;
+}

@@ -1,0 +1,82 @@
+/* Internal structures of the engine, shared by its files. */
+#ifndef SERVD_ENGINE_IMPL_H
+#define SERVD_ENGINE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "engine/scheduler.h"
+#include "engine/stop_strings.h"
+#include "mpk/package.h"
+#include "servd/interp.h"
+#include "servd/tokenizer.h"
+
+#define SERVD_MAX_EOS 8
+
+struct servd_request {
+  servd_model *m;
+  sched_seq seq;
+  int n_prompt;
+  servd_gen_params p;       /* stop/stop_token_ids point into the copies below */
+  char **stop_copy;
+  int32_t *stop_ids_copy;
+  servd_event_cb cb;
+  void *ud;
+  pthread_mutex_t cb_mu;    /* recursive: held while calling cb; release takes it */
+  bool released;            /* the caller dropped its handle: no more callbacks */
+  bool finished;            /* final event delivered (or suppressed) */
+  atomic_bool cancel;
+  atomic_int refs;          /* caller handle + engine */
+  int64_t deadline_ns;      /* CLOCK_MONOTONIC; 0: none */
+  int n_generated;
+  servd_detok *detok;
+  servd_stopper stopper;
+  struct servd_request *inbox_next;
+  uint64_t rng;             /* sampling state (xorshift) */
+};
+
+struct servd_model {
+  servd_model_options o;
+  char *name;
+  servd_model_kind kind;
+  mpk_package *pkg;
+  servd_pool *pool;
+  int tp;
+  servd_comm *comm;
+
+  /* causal-lm */
+  servd_tokenizer *tok;
+  servd_kv_cache *kv[SERVD_INTERP_MAX];
+  servd_runner *runner;
+  servd_scheduler sched;
+  int context_length;
+  int vocab;
+  int32_t eos[SERVD_MAX_EOS];
+  int n_eos;
+  pthread_mutex_t chat_mu; /* serializes template rendering on the spare interpreter */
+  int chat_interp;         /* index of the interpreter that renders templates (-1: none) */
+
+  pthread_t thread;
+  bool thread_started;
+  pthread_mutex_t mu;
+  pthread_cond_t wake;
+  servd_request *inbox_head, *inbox_tail;
+  int n_inbox;
+  bool stopping;   /* no more submits */
+  bool quit;       /* scheduler thread exits */
+  int64_t drain_deadline_ns;
+
+  /* stats (under mu) */
+  int n_waiting, n_running;
+  uint64_t prompt_tokens, generation_tokens, steps;
+  int64_t last_progress_ns;
+  int kv_used;
+  float *probs; /* (vocab) scratch of the scheduler thread */
+  servd_top_logprob *top;
+};
+
+int64_t servd_engine_now_ns(void);
+
+#endif

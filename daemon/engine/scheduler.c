@@ -1,0 +1,252 @@
+/* Continuous-batching scheduler: see scheduler.h for the policy. */
+#include "engine/scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "servd/status.h"
+
+static void list_remove(sched_list *l, sched_seq *q) {
+  if (q->prev) q->prev->next = q->next; else l->head = q->next;
+  if (q->next) q->next->prev = q->prev; else l->tail = q->prev;
+  q->prev = q->next = NULL;
+  l->n--;
+}
+
+static void list_push_back(sched_list *l, sched_seq *q) {
+  q->next = NULL;
+  q->prev = l->tail;
+  if (l->tail) l->tail->next = q; else l->head = q;
+  l->tail = q;
+  l->n++;
+}
+
+/* Inserts keeping arrival order (a preempted sequence returns to its place in the queue). */
+static void list_insert_ordered(sched_list *l, sched_seq *q) {
+  sched_seq *at = l->head;
+  while (at && at->order < q->order) at = at->next;
+  if (!at) {
+    list_push_back(l, q);
+    return;
+  }
+  q->next = at;
+  q->prev = at->prev;
+  if (at->prev) at->prev->next = q; else l->head = q;
+  at->prev = q;
+  l->n++;
+}
+
+int sched_init(servd_scheduler *s, const sched_config *cfg, servd_kv_cache *kv) {
+  memset(s, 0, sizeof *s);
+  if (!kv || cfg->max_batch_tokens < 1 || cfg->max_seqs < 1 || cfg->max_seq_len < 1)
+    return servd_fail(SERVD_EINVAL, "scheduler: max_batch_tokens=%d max_seqs=%d max_seq_len=%d: "
+                      "expected all >= 1 and a KV cache", cfg->max_batch_tokens, cfg->max_seqs,
+                      cfg->max_seq_len);
+  s->cfg = *cfg;
+  s->kv = kv;
+  s->block_size = servd_kv_cache_block_size(kv);
+  s->max_blocks_per_seq = (cfg->max_seq_len + s->block_size - 1) / s->block_size;
+  size_t t = (size_t)cfg->max_batch_tokens, n = (size_t)cfg->max_seqs;
+  s->planned = calloc(n, sizeof *s->planned);
+  s->starved = calloc(n, sizeof *s->starved);
+  s->tok = calloc(t, sizeof(int32_t));
+  s->pos = calloc(t, sizeof(int32_t));
+  s->slot = calloc(t, sizeof(int32_t));
+  s->logit_rows = calloc(t, sizeof(int32_t));
+  s->q_start = calloc(n, sizeof(int32_t));
+  s->q_len = calloc(n, sizeof(int32_t));
+  s->kv_len = calloc(n, sizeof(int32_t));
+  s->tables = calloc(n, sizeof *s->tables);
+  if (!s->planned || !s->starved || !s->tok || !s->pos || !s->slot || !s->logit_rows || !s->q_start ||
+      !s->q_len || !s->kv_len || !s->tables) {
+    sched_free(s);
+    return servd_fail(SERVD_ENOMEM, "scheduler: allocating step buffers for %d tokens, %d sequences",
+                      cfg->max_batch_tokens, cfg->max_seqs);
+  }
+  return 0;
+}
+
+void sched_free(servd_scheduler *s) {
+  if (!s) return;
+  free(s->planned);
+  free(s->starved);
+  free(s->tok);
+  free(s->pos);
+  free(s->slot);
+  free(s->logit_rows);
+  free(s->q_start);
+  free(s->q_len);
+  free(s->kv_len);
+  free(s->tables);
+  memset(s, 0, sizeof *s);
+}
+
+int sched_seq_init(servd_scheduler *s, sched_seq *q) {
+  q->blocks = calloc((size_t)s->max_blocks_per_seq, sizeof(int32_t));
+  if (!q->blocks) return servd_fail(SERVD_ENOMEM, "scheduler: block table of %d blocks", s->max_blocks_per_seq);
+  q->n_blocks = 0;
+  q->n_computed = 0;
+  q->state = SCHED_NEW;
+  q->prev = q->next = NULL;
+  return 0;
+}
+
+void sched_seq_free(sched_seq *q) {
+  if (!q) return;
+  free(q->blocks);
+  q->blocks = NULL;
+}
+
+void sched_add(servd_scheduler *s, sched_seq *q) {
+  q->order = s->next_order++;
+  q->state = SCHED_WAITING;
+  list_push_back(&s->waiting, q);
+}
+
+static void release_blocks(servd_scheduler *s, sched_seq *q) {
+  if (q->n_blocks) servd_kv_cache_free(s->kv, q->n_blocks, q->blocks);
+  q->n_blocks = 0;
+  q->n_computed = 0;
+}
+
+void sched_remove(servd_scheduler *s, sched_seq *q) {
+  if (q->state == SCHED_WAITING) list_remove(&s->waiting, q);
+  else if (q->state == SCHED_RUNNING) list_remove(&s->running, q);
+  if (q->state != SCHED_NEW && q->state != SCHED_REMOVED) release_blocks(s, q);
+  q->state = SCHED_REMOVED;
+  q->chunk = 0;
+  q->wants_logits = false;
+}
+
+static void preempt(servd_scheduler *s, sched_seq *q) {
+  list_remove(&s->running, q);
+  release_blocks(s, q);
+  q->state = SCHED_WAITING;
+  q->n_preempted++;
+  s->preemptions++;
+  list_insert_ordered(&s->waiting, q);
+}
+
+/* Makes q own enough blocks for its first n tokens; 0, or SERVD_EBUSY having taken none. */
+static int grow(servd_scheduler *s, sched_seq *q, int n) {
+  int need = (n + s->block_size - 1) / s->block_size - q->n_blocks;
+  if (need <= 0) return 0;
+  if (q->n_blocks + need > s->max_blocks_per_seq)
+    return servd_fail(SERVD_ERANGE, "scheduler: %d tokens exceed the context of %d", n, s->cfg.max_seq_len);
+  int rc = servd_kv_cache_alloc(s->kv, need, q->blocks + q->n_blocks);
+  if (rc) return rc;
+  q->n_blocks += need;
+  return 0;
+}
+
+static int blocks_for(const servd_scheduler *s, int n) { return (n + s->block_size - 1) / s->block_size; }
+
+/* Appends q's chunk to the step's layout. */
+static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
+  int i = s->n_planned++;
+  s->planned[i] = q;
+  q->chunk = chunk;
+  q->wants_logits = q->n_computed + chunk == q->n_tokens;
+  s->q_start[i] = s->n_tokens;
+  s->q_len[i] = chunk;
+  s->kv_len[i] = q->n_computed + chunk;
+  s->tables[i] = q->blocks;
+  for (int j = 0; j < chunk; j++) {
+    int p = q->n_computed + j, t = s->n_tokens + j;
+    s->tok[t] = q->tokens[p];
+    s->pos[t] = p;
+    s->slot[t] = q->blocks[p / s->block_size] * s->block_size + p % s->block_size;
+  }
+  s->n_tokens += chunk;
+  if (q->wants_logits) s->logit_rows[s->n_logit_rows++] = s->n_tokens - 1;
+}
+
+int sched_plan(servd_scheduler *s) {
+  s->n_planned = s->n_tokens = s->n_logit_rows = s->n_starved = 0;
+  int budget = s->cfg.max_batch_tokens;
+  int total_blocks = servd_kv_cache_n_blocks(s->kv);
+
+  /* Running decoders each get one reserved token so a long prefill chunk cannot starve them. */
+  int decoders = 0;
+  for (sched_seq *q = s->running.head; q; q = q->next)
+    if (q->n_tokens - q->n_computed == 1) decoders++;
+
+  /* Running sequences, oldest first; preempt from the newest end when blocks run out. */
+  for (sched_seq *q = s->running.head; q && budget > 0;) {
+    sched_seq *next = q->next;
+    int need = q->n_tokens - q->n_computed;
+    bool decoding = need == 1;
+    if (decoding) decoders--;
+    int chunk = need;
+    int room = budget - decoders;
+    if (chunk > room) chunk = room;
+    if (chunk <= 0) {
+      q = next;
+      continue;
+    }
+    int rc;
+    while ((rc = grow(s, q, q->n_computed + chunk)) == SERVD_EBUSY) {
+      sched_seq *victim = s->running.tail;
+      if (victim == q) break;
+      if (victim->n_tokens - victim->n_computed == 1) decoders--;
+      if (next == victim) next = NULL;
+      preempt(s, victim);
+    }
+    if (rc == SERVD_EBUSY) {
+      /* q is the newest running sequence and still does not fit: it waits for others to finish,
+       * or, alone with the whole cache free, it never will. */
+      if (s->running.n == 1 && s->n_planned == 0 && blocks_for(s, q->n_computed + chunk) > total_blocks) {
+        sched_remove(s, q);
+        s->starved[s->n_starved++] = q;
+      } else {
+        preempt(s, q);
+      }
+      break;
+    }
+    if (rc) return rc;
+    emit(s, q, chunk);
+    budget -= chunk;
+    q = next;
+  }
+
+  /* Admit waiting sequences in arrival order. */
+  while (s->waiting.head && budget > 0 && s->running.n < s->cfg.max_seqs) {
+    sched_seq *q = s->waiting.head;
+    int chunk = q->n_tokens - q->n_computed;
+    if (chunk > budget) chunk = budget;
+    if (blocks_for(s, q->n_tokens) > total_blocks || q->n_tokens > s->cfg.max_seq_len) {
+      /* can never be held at once */
+      if (s->n_starved == s->cfg.max_seqs) break; /* report the rest next step */
+      sched_remove(s, q);
+      s->starved[s->n_starved++] = q;
+      continue;
+    }
+    int rc = grow(s, q, q->n_computed + chunk);
+    if (rc == SERVD_EBUSY) break;
+    if (rc) return rc;
+    list_remove(&s->waiting, q);
+    q->state = SCHED_RUNNING;
+    list_push_back(&s->running, q);
+    emit(s, q, chunk);
+    budget -= chunk;
+  }
+  return s->n_tokens;
+}
+
+void sched_commit(servd_scheduler *s) {
+  for (int i = 0; i < s->n_planned; i++) {
+    sched_seq *q = s->planned[i];
+    if (q->state == SCHED_RUNNING) q->n_computed += q->chunk;
+    q->chunk = 0;
+  }
+}
+
+servd_attn_batch sched_attn(const servd_scheduler *s) {
+  servd_attn_batch b = {.n_seqs = s->n_planned, .q_start = s->q_start, .q_len = s->q_len,
+                        .kv_len = s->kv_len, .block_tables = s->tables};
+  return b;
+}
+
+int sched_used_blocks(const servd_scheduler *s) {
+  return servd_kv_cache_n_blocks(s->kv) - servd_kv_cache_free_blocks(s->kv);
+}

@@ -1,0 +1,107 @@
+/* Continuous-batching scheduler (internal to the engine): which sequences run in the next step and
+ * how many of their tokens, with KV blocks allocated as sequences grow.
+ *
+ * Policy (iteration-level, as in vLLM/Orca):
+ *  - FCFS by arrival order. Running sequences are served first, oldest first; waiting ones are
+ *    admitted in order while the token budget, the running-sequence limit and free KV blocks allow
+ *    (a waiting sequence that does not fit stops admission: nobody overtakes it).
+ *  - A sequence needs n_tokens - n_computed tokens computed. A decoding sequence needs one; a
+ *    prefilling one gets a chunk of its prompt up to what the budget leaves after reserving one
+ *    token for every running decoder, so long prompts never stall decodes (chunked prefill).
+ *  - KV blocks for a chunk are taken just before it runs. When none are left, the newest running
+ *    sequence is preempted: its blocks are freed, n_computed returns to 0 and it goes back to the
+ *    waiting queue in its arrival place, to be recomputed later (prompt plus tokens generated so far).
+ *
+ * Block ids come from one servd_kv_cache (the allocator); with tensor parallelism the other ranks'
+ * caches use the same ids, so only the allocator cache hands out blocks.
+ * Not thread-safe: the engine calls it from its scheduler thread only.
+ */
+#ifndef SERVD_ENGINE_SCHEDULER_H
+#define SERVD_ENGINE_SCHEDULER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "servd/ops.h"
+
+typedef enum sched_state { SCHED_NEW = 0, SCHED_WAITING, SCHED_RUNNING, SCHED_REMOVED } sched_state;
+
+typedef struct sched_seq {
+  /* Owned by the caller, read by the scheduler. tokens holds the prompt then the generated tokens;
+   * the caller appends after sampling (capacity >= the context length). */
+  int32_t *tokens;
+  int n_tokens;
+  void *owner;
+
+  /* Managed by the scheduler. */
+  int n_computed;     /* tokens whose K/V are in the cache */
+  int32_t *blocks;    /* block table, capacity max_blocks_per_seq (allocated by sched_seq_init) */
+  int n_blocks;
+  uint64_t order;     /* arrival order (FCFS) */
+  sched_state state;
+  int n_preempted;
+  struct sched_seq *prev, *next;
+
+  /* Plan of the current step (valid after sched_plan). */
+  int chunk;          /* tokens computed this step */
+  bool wants_logits;  /* the chunk ends at the last token: the caller samples the next one */
+} sched_seq;
+
+typedef struct sched_list {
+  sched_seq *head, *tail;
+  int n;
+} sched_list;
+
+typedef struct sched_config {
+  int max_batch_tokens; /* token budget per step */
+  int max_seqs;         /* running sequences at most */
+  int max_seq_len;      /* context length: tokens of one sequence at most */
+} sched_config;
+
+typedef struct servd_scheduler {
+  sched_config cfg;
+  servd_kv_cache *kv; /* allocator; borrowed */
+  int block_size;
+  int max_blocks_per_seq;
+  sched_list waiting, running;
+  uint64_t next_order;
+  uint64_t preemptions;
+
+  /* Plan of the step: scheduled sequences in batch order and the batch layout, preallocated. */
+  sched_seq **planned;
+  int n_planned;
+  int n_tokens;
+  int32_t *tok, *pos, *slot, *logit_rows; /* (max_batch_tokens) */
+  int n_logit_rows;
+  int32_t *q_start, *q_len, *kv_len;      /* (max_seqs) */
+  const int32_t **tables;                 /* (max_seqs) */
+  sched_seq **starved;                    /* sequences that can never fit the cache (max_seqs) */
+  int n_starved;
+} servd_scheduler;
+
+int sched_init(servd_scheduler *s, const sched_config *cfg, servd_kv_cache *kv);
+void sched_free(servd_scheduler *s); /* accepts a zeroed struct */
+
+/* Allocates the block table of a sequence (once per request); tokens/n_tokens/owner set by caller. */
+int sched_seq_init(servd_scheduler *s, sched_seq *q);
+void sched_seq_free(sched_seq *q);
+
+/* Queues a sequence at the tail of the waiting queue. */
+void sched_add(servd_scheduler *s, sched_seq *q);
+/* Takes a sequence out (finished or cancelled) and frees its blocks. Idempotent. */
+void sched_remove(servd_scheduler *s, sched_seq *q);
+
+/* Plans the next step: fills planned/tok/pos/slot/logit_rows and the attention layout. Sequences that
+ * can never be served (their tokens need more blocks than the whole cache) are listed in starved[]
+ * and already removed; the caller fails them. Returns the number of tokens planned (0: idle) or a
+ * negative SERVD_E* code. */
+int sched_plan(servd_scheduler *s);
+/* After the step ran: advances n_computed of every planned sequence. */
+void sched_commit(servd_scheduler *s);
+
+/* The planned step as an attention layout (arrays owned by the scheduler). */
+servd_attn_batch sched_attn(const servd_scheduler *s);
+
+int sched_used_blocks(const servd_scheduler *s);
+
+#endif

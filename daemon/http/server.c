@@ -1,0 +1,742 @@
+#include "http/server.h"
+
+#include <http_parser.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "http/buf.h"
+#include "servd/status.h"
+
+#define READ_CHUNK 65536
+#define PENDING_CAP (1u << 20) /* unparsed pipelined bytes held before reading pauses */
+
+typedef enum { C_IDLE, C_READING, C_HANDLING } conn_state;
+typedef enum { T_NONE, T_IDLE, T_REQUEST } timer_kind;
+
+typedef struct conn {
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  int open_handles;
+  servd_http_server *srv;
+  struct conn *prev, *next;
+  http_parser parser;
+  conn_state state;
+  timer_kind timer_kind;
+  bool reading, closing, close_after, in_process, keep_alive, chunked, responded, head;
+  bool expect_continue;
+  bool close_at_end; /* the response said Connection: close */
+  int err_status; /* limit hit inside a parser callback: 413, 431 */
+  char *rbuf;
+  servd_buf pending; /* received, not yet parsed */
+  servd_buf hbuf;    /* url '\0' name '\0' value '\0' ... */
+  size_t url_len;
+  int n_headers;
+  size_t (*hoff)[2]; /* offsets of name and value in hbuf */
+  bool in_value;
+  size_t header_bytes;
+  servd_buf body;
+  servd_buf obuf, wbuf; /* accumulating output, output being written */
+  bool writing;
+  uv_write_t wreq;
+  servd_buf ehdr; /* extra response headers of the current request */
+  servd_arena *arena;
+  servd_http_req req;
+  servd_http_header *headers;
+} conn;
+
+struct servd_http_server {
+  uv_loop_t *loop;
+  uv_tcp_t listener;
+  bool listening, stopping, closing;
+  int open_handles;
+  servd_http_limits lim;
+  servd_http_callbacks cb;
+  http_parser_settings settings;
+  conn *conns;
+  int n_conns, active;
+  void (*done)(void *);
+  void *done_ud;
+};
+
+void servd_http_limits_default(servd_http_limits *l) {
+  l->max_header_bytes = 16 * 1024;
+  l->max_headers = 100;
+  l->max_body_bytes = 8u << 20;
+  l->request_timeout_ms = 30000;
+  l->idle_timeout_ms = 60000;
+  l->max_output_bytes = 4u << 20;
+  l->max_connections = 4096;
+}
+
+const char *servd_http_reason(int s) {
+  switch (s) {
+  case 100: return "Continue";
+  case 200: return "OK";
+  case 201: return "Created";
+  case 204: return "No Content";
+  case 400: return "Bad Request";
+  case 401: return "Unauthorized";
+  case 403: return "Forbidden";
+  case 404: return "Not Found";
+  case 405: return "Method Not Allowed";
+  case 408: return "Request Timeout";
+  case 409: return "Conflict";
+  case 413: return "Payload Too Large";
+  case 415: return "Unsupported Media Type";
+  case 422: return "Unprocessable Entity";
+  case 429: return "Too Many Requests";
+  case 431: return "Request Header Fields Too Large";
+  case 500: return "Internal Server Error";
+  case 501: return "Not Implemented";
+  case 503: return "Service Unavailable";
+  case 504: return "Gateway Timeout";
+  default: return "Unknown";
+  }
+}
+
+static void conn_close(conn *c);
+static void conn_process(conn *c);
+static void conn_flush(conn *c);
+static void error_response(conn *c, int status, const char *msg);
+static void read_start(conn *c);
+
+/* ---- server-level bookkeeping ---------------------------------------------------------------- */
+
+static void server_maybe_done(servd_http_server *s) {
+  if (!s->closing || s->open_handles > 0 || s->n_conns > 0) return;
+  void (*done)(void *) = s->done;
+  void *ud = s->done_ud;
+  free(s);
+  if (done) done(ud);
+}
+
+static void on_conn_handle_closed(uv_handle_t *h) {
+  conn *c = h->data;
+  if (--c->open_handles > 0) return;
+  servd_http_server *s = c->srv;
+  if (c->prev) c->prev->next = c->next;
+  else s->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  s->n_conns--;
+  servd_buf_free(&c->pending);
+  servd_buf_free(&c->hbuf);
+  servd_buf_free(&c->body);
+  servd_buf_free(&c->obuf);
+  servd_buf_free(&c->wbuf);
+  servd_buf_free(&c->ehdr);
+  servd_arena_destroy(c->arena);
+  free(c->hoff);
+  free(c->headers);
+  free(c->rbuf);
+  free(c);
+  server_maybe_done(s);
+}
+
+/* ---- timers ----------------------------------------------------------------------------------- */
+
+static void on_timer(uv_timer_t *t) {
+  conn *c = t->data;
+  timer_kind k = c->timer_kind;
+  c->timer_kind = T_NONE;
+  if (c->closing) return;
+  if (k == T_REQUEST && c->state == C_READING && !c->writing && c->obuf.len == 0) {
+    /* Slow client: tell it why, then drop it. */
+    c->state = C_IDLE;
+    error_response(c, 408, "request not received in time");
+    return;
+  }
+  conn_close(c);
+}
+
+static void timer_set(conn *c, timer_kind k, int ms) {
+  c->timer_kind = k;
+  if (k == T_NONE || ms <= 0) {
+    uv_timer_stop(&c->timer);
+    c->timer_kind = T_NONE;
+    return;
+  }
+  uv_timer_start(&c->timer, on_timer, (uint64_t)ms, 0);
+}
+
+/* ---- output ----------------------------------------------------------------------------------- */
+
+static void on_write(uv_write_t *w, int status) {
+  conn *c = w->data;
+  c->writing = false;
+  servd_buf_clear(&c->wbuf);
+  if (c->wbuf.cap > (1u << 20)) servd_buf_free(&c->wbuf);
+  if (status < 0) {
+    conn_close(c);
+    return;
+  }
+  if (c->closing) return;
+  conn_flush(c);
+}
+
+static void on_shutdown_close(uv_shutdown_t *sh, int status) {
+  (void)status;
+  conn *c = sh->data;
+  free(sh);
+  conn_close(c);
+}
+
+static void conn_flush(conn *c) {
+  if (c->closing || c->writing) return;
+  if (c->obuf.len == 0) {
+    if (c->close_after) {
+      /* Half-close so the client reads everything before the connection goes. */
+      uv_shutdown_t *sh = malloc(sizeof(*sh));
+      if (sh) {
+        sh->data = c;
+        if (uv_shutdown(sh, (uv_stream_t *)&c->tcp, on_shutdown_close) == 0) {
+          c->close_after = false;
+          return;
+        }
+        free(sh);
+      }
+      conn_close(c);
+    }
+    return;
+  }
+  servd_buf tmp = c->wbuf;
+  c->wbuf = c->obuf;
+  c->obuf = tmp;
+  uv_buf_t b = uv_buf_init(c->wbuf.data, (unsigned)c->wbuf.len);
+  c->wreq.data = c;
+  if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, on_write) != 0) {
+    conn_close(c);
+    return;
+  }
+  c->writing = true;
+}
+
+static size_t conn_unsent(const conn *c) { return c->obuf.len + c->wbuf.len; }
+
+/* ---- closing ---------------------------------------------------------------------------------- */
+
+static void req_finish(conn *c, bool aborted) {
+  servd_http_server *s = c->srv;
+  servd_http_req *r = &c->req;
+  if (aborted) {
+    void (*ab)(servd_http_req *) = r->on_abort;
+    r->on_abort = NULL;
+    if (ab) ab(r);
+    r->status = 499; /* the client closed first, as nginx logs it */
+  }
+  if (s->cb.complete) s->cb.complete(s->cb.ud, r);
+  s->active--;
+  servd_arena_reset(c->arena);
+  memset(r, 0, sizeof(*r));
+  servd_buf_clear(&c->ehdr);
+  if (c->body.cap > (1u << 20)) servd_buf_free(&c->body);
+  servd_buf_clear(&c->body);
+  c->state = C_IDLE;
+}
+
+static void conn_close(conn *c) {
+  if (c->closing) return;
+  c->closing = true;
+  if (c->state == C_HANDLING) req_finish(c, true);
+  c->state = C_IDLE;
+  uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
+  uv_close((uv_handle_t *)&c->tcp, on_conn_handle_closed);
+}
+
+/* ---- parser callbacks ------------------------------------------------------------------------- */
+
+static int hb_add(conn *c, const char *at, size_t len) {
+  c->header_bytes += len;
+  if (c->header_bytes > c->srv->lim.max_header_bytes) {
+    c->err_status = 431;
+    return 1;
+  }
+  servd_buf_append(&c->hbuf, at, len);
+  return c->hbuf.oom ? 1 : 0;
+}
+
+static int on_message_begin(http_parser *p) {
+  conn *c = p->data;
+  c->state = C_READING;
+  servd_buf_clear(&c->hbuf);
+  servd_buf_clear(&c->body);
+  c->n_headers = 0;
+  c->in_value = false;
+  c->header_bytes = 0;
+  c->url_len = 0;
+  c->err_status = 0;
+  timer_set(c, T_REQUEST, c->srv->lim.request_timeout_ms);
+  return 0;
+}
+
+static int on_url(http_parser *p, const char *at, size_t len) {
+  conn *c = p->data;
+  int rc = hb_add(c, at, len);
+  c->url_len += len;
+  return rc;
+}
+
+static int on_header_field(http_parser *p, const char *at, size_t len) {
+  conn *c = p->data;
+  if (c->n_headers == 0 && !c->in_value && c->hbuf.len == c->url_len) {
+    servd_buf_append(&c->hbuf, "", 1); /* terminate the url */
+  }
+  if (c->in_value || c->n_headers == 0) {
+    if (c->in_value) servd_buf_append(&c->hbuf, "", 1); /* terminate the previous value */
+    if (c->n_headers >= c->srv->lim.max_headers) {
+      c->err_status = 431;
+      return 1;
+    }
+    c->hoff[c->n_headers][0] = c->hbuf.len;
+    c->hoff[c->n_headers][1] = 0;
+    c->n_headers++;
+    c->in_value = false;
+  }
+  return hb_add(c, at, len);
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t len) {
+  conn *c = p->data;
+  if (!c->in_value) {
+    servd_buf_append(&c->hbuf, "", 1); /* terminate the name */
+    c->hoff[c->n_headers - 1][1] = c->hbuf.len;
+    c->in_value = true;
+  }
+  return hb_add(c, at, len);
+}
+
+static int hexval(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
+static int on_headers_complete(http_parser *p) {
+  conn *c = p->data;
+  servd_http_server *s = c->srv;
+  if (c->n_headers == 0) servd_buf_append(&c->hbuf, "", 1);
+  else if (c->in_value) servd_buf_append(&c->hbuf, "", 1);
+  else { /* a name without a value */
+    servd_buf_append(&c->hbuf, "", 1);
+    c->hoff[c->n_headers - 1][1] = c->hbuf.len;
+    servd_buf_append(&c->hbuf, "", 1);
+  }
+  if (c->hbuf.oom) return 1;
+  c->keep_alive = http_should_keep_alive(p) != 0;
+  c->expect_continue = false;
+  for (int i = 0; i < c->n_headers; i++) {
+    c->headers[i].name = c->hbuf.data + c->hoff[i][0];
+    c->headers[i].value = c->hbuf.data + c->hoff[i][1];
+    if (strcasecmp(c->headers[i].name, "expect") == 0 && strcasecmp(c->headers[i].value, "100-continue") == 0)
+      c->expect_continue = true;
+  }
+  if ((p->flags & F_CONTENTLENGTH) && p->content_length > s->lim.max_body_bytes) {
+    c->err_status = 413;
+    return 1;
+  }
+  if (c->expect_continue) {
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    servd_buf_append(&c->obuf, cont, sizeof cont - 1);
+    conn_flush(c);
+  }
+  c->head = p->method == HTTP_HEAD;
+  return 0;
+}
+
+static int on_body(http_parser *p, const char *at, size_t len) {
+  conn *c = p->data;
+  if (c->body.len + len > c->srv->lim.max_body_bytes) {
+    c->err_status = 413; /* chunked uploads have no Content-Length to check up front */
+    return 1;
+  }
+  servd_buf_append(&c->body, at, len);
+  return c->body.oom ? 1 : 0;
+}
+
+static int on_message_complete(http_parser *p) {
+  conn *c = p->data;
+  timer_set(c, T_NONE, 0);
+  /* Stop here: the next pipelined request is parsed after this one's response. */
+  http_parser_pause(p, 1);
+  return 0;
+}
+
+/* ---- dispatch --------------------------------------------------------------------------------- */
+
+static void error_response(conn *c, int status, const char *msg) {
+  servd_http_server *s = c->srv;
+  servd_buf body;
+  servd_buf_init(&body);
+  /* The target is known once the url has been terminated (at the first header or headers end). */
+  const char *target = c->hbuf.data && c->hbuf.len > c->url_len && c->url_len > 0 ? c->hbuf.data : "";
+  if (s->cb.error_body) s->cb.error_body(s->cb.ud, target, status, msg, &body);
+  else {
+    servd_buf_puts(&body, "{\"error\": ");
+    servd_buf_json_str(&body, msg, strlen(msg));
+    servd_buf_puts(&body, "}");
+  }
+  servd_buf_printf(&c->obuf,
+                   "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                   "Connection: close\r\n\r\n",
+                   status, servd_http_reason(status), body.len);
+  servd_buf_append(&c->obuf, body.data ? body.data : "", body.len);
+  servd_buf_free(&body);
+  c->close_after = true;
+  if (c->reading) {
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->reading = false;
+  }
+  timer_set(c, T_NONE, 0);
+  if (s->cb.complete) {
+    /* Count and log it like any other response. */
+    servd_http_req r;
+    memset(&r, 0, sizeof r);
+    r.method = http_method_str((enum http_method)c->parser.method);
+    r.path = target;
+    r.target = target;
+    r.status = status;
+    r.route = "rejected";
+    r.start_ns = uv_hrtime();
+    r.http_major = 1;
+    r.http_minor = 1;
+    s->cb.complete(s->cb.ud, &r);
+  }
+  conn_flush(c);
+}
+
+static bool decode_path(servd_arena *a, const char *src, size_t n, const char **out) {
+  char *d = servd_arena_alloc(a, n + 1);
+  if (!d) return false;
+  size_t j = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (src[i] == '%') {
+      if (i + 2 >= n) return false;
+      int hi = hexval(src[i + 1]), lo = hexval(src[i + 2]);
+      if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) return false;
+      d[j++] = (char)(hi * 16 + lo);
+      i += 2;
+    } else {
+      d[j++] = src[i];
+    }
+  }
+  d[j] = '\0';
+  *out = d;
+  return true;
+}
+
+static void dispatch(conn *c) {
+  servd_http_server *s = c->srv;
+  servd_http_req *r = &c->req;
+  memset(r, 0, sizeof(*r));
+  r->conn_ = c;
+  r->arena = c->arena;
+  r->method = http_method_str((enum http_method)c->parser.method);
+  r->target = c->hbuf.data;
+  r->http_major = c->parser.http_major;
+  r->http_minor = c->parser.http_minor;
+  r->headers = c->headers;
+  r->n_headers = c->n_headers;
+  servd_buf_append(&c->body, "", 0); /* NUL-terminate */
+  r->body = c->body.data ? c->body.data : "";
+  r->body_len = c->body.len;
+  r->start_ns = uv_hrtime();
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+    if (ss.ss_family == AF_INET6) uv_ip6_name((struct sockaddr_in6 *)&ss, r->remote, sizeof r->remote);
+    else uv_ip4_name((struct sockaddr_in *)&ss, r->remote, sizeof r->remote);
+  }
+  c->state = C_HANDLING;
+  c->responded = false;
+  c->chunked = false;
+  s->active++;
+  const char *t = r->target;
+  const char *q = strchr(t, '?');
+  size_t plen = q ? (size_t)(q - t) : strlen(t);
+  r->query = q ? q + 1 : "";
+  if (!c->body.oom && decode_path(c->arena, t, plen, &r->path)) {
+    s->cb.handle(s->cb.ud, r);
+    return;
+  }
+  r->path = "";
+  r->route = "invalid";
+  servd_http_respond(r, 400, "application/json", "{\"error\": \"malformed request target\"}", 37);
+}
+
+static void conn_process(conn *c) {
+  if (c->in_process || c->closing) return;
+  c->in_process = true;
+  servd_http_server *s = c->srv;
+  while (!c->closing && !c->close_after && c->state != C_HANDLING && c->pending.len > 0) {
+    size_t n = http_parser_execute(&c->parser, &s->settings, c->pending.data, c->pending.len);
+    enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
+    if (e == HPE_PAUSED) {
+      servd_buf_consume(&c->pending, n);
+      http_parser_pause(&c->parser, 0);
+      dispatch(c);
+      continue;
+    }
+    if (e != HPE_OK) {
+      if (c->err_status == 431) error_response(c, 431, "request header fields too large");
+      else if (c->err_status == 413) error_response(c, 413, "request body too large");
+      else {
+        char msg[160];
+        snprintf(msg, sizeof msg, "malformed HTTP request: %s", http_errno_description(e));
+        error_response(c, 400, msg);
+      }
+      servd_buf_clear(&c->pending);
+      break;
+    }
+    servd_buf_consume(&c->pending, n);
+    if (n == 0) break;
+  }
+  c->in_process = false;
+  if (c->closing || c->close_after) return;
+  if (c->pending.len < PENDING_CAP && !c->reading) {
+    read_start(c);
+  }
+  if (c->state == C_IDLE && c->pending.len == 0 && c->timer_kind == T_NONE) {
+    if (s->stopping) conn_close(c);
+    else timer_set(c, T_IDLE, s->lim.idle_timeout_ms);
+  }
+}
+
+/* ---- reading ---------------------------------------------------------------------------------- */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
+  (void)suggested;
+  conn *c = h->data;
+  *b = uv_buf_init(c->rbuf, READ_CHUNK);
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b) {
+  conn *c = st->data;
+  if (nread < 0) {
+    conn_close(c); /* EOF or error: a request in progress is aborted */
+    return;
+  }
+  if (nread == 0) return;
+  if (c->close_after) return; /* an error response is on its way; ignore the rest */
+  servd_buf_append(&c->pending, b->base, (size_t)nread);
+  if (c->pending.oom) {
+    conn_close(c);
+    return;
+  }
+  if (c->pending.len >= PENDING_CAP) {
+    uv_read_stop(st);
+    c->reading = false;
+  }
+  if (c->state == C_IDLE && c->timer_kind == T_IDLE) timer_set(c, T_NONE, 0);
+  conn_process(c);
+}
+
+static void read_start(conn *c) {
+  if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0) c->reading = true;
+}
+
+static void on_connection(uv_stream_t *l, int status) {
+  servd_http_server *s = l->data;
+  if (status < 0 || s->stopping) return;
+  conn *c = calloc(1, sizeof(*c));
+  if (!c) return;
+  c->rbuf = malloc(READ_CHUNK);
+  c->hoff = calloc((size_t)s->lim.max_headers + 1, sizeof(*c->hoff));
+  c->headers = calloc((size_t)s->lim.max_headers + 1, sizeof(*c->headers));
+  c->arena = servd_arena_create(8192);
+  c->srv = s;
+  if (!c->rbuf || !c->hoff || !c->headers || !c->arena || uv_tcp_init(s->loop, &c->tcp) != 0) {
+    free(c->rbuf);
+    free(c->hoff);
+    free(c->headers);
+    servd_arena_destroy(c->arena);
+    free(c);
+    return;
+  }
+  c->tcp.data = c;
+  c->timer.data = c;
+  c->open_handles = 2;
+  uv_timer_init(s->loop, &c->timer);
+  c->next = s->conns;
+  if (s->conns) s->conns->prev = c;
+  s->conns = c;
+  s->n_conns++;
+  if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0 || s->n_conns > s->lim.max_connections) {
+    conn_close(c);
+    return;
+  }
+  uv_tcp_nodelay(&c->tcp, 1);
+  http_parser_init(&c->parser, HTTP_REQUEST);
+  c->parser.data = c;
+  read_start(c);
+  timer_set(c, T_IDLE, s->lim.idle_timeout_ms);
+}
+
+/* ---- public ----------------------------------------------------------------------------------- */
+
+int servd_http_server_create(uv_loop_t *loop, const servd_http_limits *limits, const servd_http_callbacks *cb,
+                             servd_http_server **out) {
+  *out = NULL;
+  if (!cb || !cb->handle) return servd_fail(SERVD_EINVAL, "http server: a request handler is required");
+  servd_http_server *s = calloc(1, sizeof(*s));
+  if (!s) return servd_fail(SERVD_ENOMEM, "http server: out of memory");
+  s->loop = loop;
+  if (limits) s->lim = *limits;
+  else servd_http_limits_default(&s->lim);
+  if (s->lim.max_headers < 1) s->lim.max_headers = 1;
+  s->cb = *cb;
+  http_parser_settings_init(&s->settings);
+  s->settings.on_message_begin = on_message_begin;
+  s->settings.on_url = on_url;
+  s->settings.on_header_field = on_header_field;
+  s->settings.on_header_value = on_header_value;
+  s->settings.on_headers_complete = on_headers_complete;
+  s->settings.on_body = on_body;
+  s->settings.on_message_complete = on_message_complete;
+  *out = s;
+  return 0;
+}
+
+int servd_http_server_listen(servd_http_server *s, const char *host, int port) {
+  struct sockaddr_storage addr;
+  int rc;
+  if (strchr(host, ':')) rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
+  else rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
+  if (rc != 0) return servd_fail(SERVD_EINVAL, "http listen: bad host address '%s'", host);
+  if ((rc = uv_tcp_init(s->loop, &s->listener)) != 0)
+    return servd_fail(SERVD_EIO, "http listen: %s", uv_strerror(rc));
+  s->listener.data = s;
+  s->open_handles++;
+  s->listening = true;
+  if ((rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&addr, 0)) != 0 ||
+      (rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection)) != 0)
+    return servd_fail(SERVD_EIO, "http listen on %s:%d: %s", host, port, uv_strerror(rc));
+  return 0;
+}
+
+int servd_http_server_port(const servd_http_server *s) {
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  if (!s->listening || uv_tcp_getsockname(&s->listener, (struct sockaddr *)&ss, &len) != 0) return -1;
+  if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+  return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+static void on_listener_closed(uv_handle_t *h) {
+  servd_http_server *s = h->data;
+  s->open_handles--;
+  server_maybe_done(s);
+}
+
+void servd_http_server_stop_accepting(servd_http_server *s) {
+  if (s->stopping) return;
+  s->stopping = true;
+  if (s->listening) {
+    s->listening = false;
+    uv_close((uv_handle_t *)&s->listener, on_listener_closed);
+  }
+  for (conn *c = s->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->state == C_IDLE && c->pending.len == 0 && !c->writing && c->obuf.len == 0) conn_close(c);
+  }
+}
+
+int servd_http_server_active_requests(const servd_http_server *s) { return s->active; }
+int servd_http_server_connections(const servd_http_server *s) { return s->n_conns; }
+
+void servd_http_server_close(servd_http_server *s, void (*done)(void *), void *ud) {
+  servd_http_server_stop_accepting(s);
+  s->closing = true;
+  s->done = done;
+  s->done_ud = ud;
+  for (conn *c = s->conns; c; c = c->next) conn_close(c);
+  server_maybe_done(s);
+}
+
+const char *servd_http_header_get(const servd_http_req *r, const char *name) {
+  for (int i = 0; i < r->n_headers; i++)
+    if (strcasecmp(r->headers[i].name, name) == 0) return r->headers[i].value;
+  return NULL;
+}
+
+void servd_http_set_header(servd_http_req *r, const char *name, const char *value) {
+  conn *c = r->conn_;
+  servd_buf_printf(&c->ehdr, "%s: %s\r\n", name, value);
+}
+
+static void write_head(conn *c, int status, const char *ctype, long long content_length) {
+  servd_http_req *r = &c->req;
+  bool keep = c->keep_alive && !c->srv->stopping;
+  r->status = status;
+  servd_buf_printf(&c->obuf, "HTTP/1.1 %d %s\r\n", status, servd_http_reason(status));
+  if (ctype) servd_buf_printf(&c->obuf, "Content-Type: %s\r\n", ctype);
+  if (content_length >= 0) servd_buf_printf(&c->obuf, "Content-Length: %lld\r\n", content_length);
+  else servd_buf_puts(&c->obuf, "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n");
+  servd_buf_puts(&c->obuf, keep ? "Connection: keep-alive\r\n" : "Connection: close\r\n");
+  if (c->ehdr.len) servd_buf_append(&c->obuf, c->ehdr.data, c->ehdr.len);
+  servd_buf_append(&c->obuf, "\r\n", 2);
+  if (!keep) c->close_at_end = true;
+}
+
+static void req_end(conn *c) {
+  bool close = c->close_at_end || c->srv->stopping;
+  req_finish(c, false);
+  c->close_at_end = false;
+  if (close) {
+    c->close_after = true;
+    if (c->reading) {
+      uv_read_stop((uv_stream_t *)&c->tcp);
+      c->reading = false;
+    }
+    conn_flush(c);
+    return;
+  }
+  conn_flush(c);
+  conn_process(c); /* the next pipelined request, if any */
+}
+
+void servd_http_respond(servd_http_req *r, int status, const char *content_type, const char *body, size_t len) {
+  conn *c = r->conn_;
+  if (c->responded || c->closing) return;
+  c->responded = true;
+  write_head(c, status, content_type, (long long)len);
+  if (!c->head && len) servd_buf_append(&c->obuf, body, len);
+  r->bytes_out = len;
+  req_end(c);
+}
+
+void servd_http_stream_begin(servd_http_req *r, int status, const char *content_type) {
+  conn *c = r->conn_;
+  if (c->responded || c->closing) return;
+  c->responded = true;
+  c->chunked = true;
+  write_head(c, status, content_type, -1);
+  conn_flush(c);
+}
+
+int servd_http_stream_write(servd_http_req *r, const char *data, size_t len) {
+  conn *c = r->conn_;
+  if (c->closing || !c->chunked) return -1;
+  if (len == 0) return 0;
+  if (!c->head) {
+    servd_buf_printf(&c->obuf, "%zx\r\n", len);
+    servd_buf_append(&c->obuf, data, len);
+    servd_buf_append(&c->obuf, "\r\n", 2);
+  }
+  r->bytes_out += len;
+  if (c->obuf.oom || conn_unsent(c) > c->srv->lim.max_output_bytes) {
+    conn_close(c); /* a reader this far behind is dropped rather than buffered without end */
+    return -1;
+  }
+  conn_flush(c);
+  return 0;
+}
+
+void servd_http_stream_end(servd_http_req *r) {
+  conn *c = r->conn_;
+  if (c->closing || !c->chunked) return;
+  if (!c->head) servd_buf_append(&c->obuf, "0\r\n\r\n", 5);
+  c->chunked = false;
+  req_end(c);
+}

@@ -1,0 +1,233 @@
+/* servd.ops: the native kernels, called through the host table with the GIL released. */
+#include "pymod.h"
+
+#include <string.h>
+
+/* Runs `call` (an int expression) without the GIL; raises on failure. The argument objects are held
+ * by the caller's frame, so the host tensors stay alive while the GIL is released. */
+#define PM_RUN(opname, fn, call)                                                                   \
+  do {                                                                                             \
+    if (!pm_host->fn) {                                                                            \
+      PyErr_SetString(PyExc_NotImplementedError, "servd.ops." opname ": not in this build");       \
+      return NULL;                                                                                 \
+    }                                                                                              \
+    int rc_;                                                                                       \
+    Py_BEGIN_ALLOW_THREADS rc_ = (call);                                                           \
+    Py_END_ALLOW_THREADS if (rc_ < 0) return pm_raise(rc_, "servd.ops." opname);                   \
+    Py_RETURN_NONE;                                                                                \
+  } while (0)
+
+static int nargs_ok(Py_ssize_t n, Py_ssize_t want, const char *op) {
+  if (n == want)
+    return 1;
+  PyErr_Format(PyExc_TypeError, "servd.ops.%s takes %zd arguments (%zd given)", op, want, n);
+  return 0;
+}
+
+static servd_tensor *targ(PyObject *o, int i, const char *op) {
+  if (!pm_is_tensor(o)) {
+    PyErr_Format(PyExc_TypeError, "servd.ops.%s: argument %d must be a servd.Tensor, not %.100s", op, i + 1,
+                 Py_TYPE(o)->tp_name);
+    return NULL;
+  }
+  return ((TensorObject *)o)->t;
+}
+
+static servd_kv_cache *kvarg(PyObject *o, const char *op) {
+  if (!PyObject_TypeCheck(o, (PyTypeObject *)pm.kv_type)) {
+    PyErr_Format(PyExc_TypeError, "servd.ops.%s: kv must be a servd.KVCache (batch.kv)", op);
+    return NULL;
+  }
+  return ((KVCacheObject *)o)->kv;
+}
+
+#define T(i, op) servd_tensor *t##i = targ(args[i], i, op); if (!t##i) return NULL
+
+static PyObject *op_matmul(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (!nargs_ok(n, 3, "matmul")) return NULL;
+  T(0, "matmul"); T(1, "matmul"); T(2, "matmul");
+  PM_RUN("matmul", matmul, pm_host->matmul(t0, t1, t2));
+}
+
+static PyObject *op_embedding(PyObject *m, PyObject *args, PyObject *kw) {
+  (void)m;
+  static char *kwlist[] = {"out", "table", "ids", "row_offset", NULL};
+  PyObject *o, *tab, *ids;
+  long long off = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|L:embedding", kwlist, &o, &tab, &ids, &off))
+    return NULL;
+  servd_tensor *t0 = targ(o, 0, "embedding"), *t1, *t2;
+  if (!t0 || !(t1 = targ(tab, 1, "embedding")) || !(t2 = targ(ids, 2, "embedding")))
+    return NULL;
+  PM_RUN("embedding", embedding, pm_host->embedding(t0, t1, t2, off));
+}
+
+static PyObject *op_rmsnorm(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (!nargs_ok(n, 4, "rmsnorm")) return NULL;
+  T(0, "rmsnorm"); T(1, "rmsnorm"); T(2, "rmsnorm");
+  double eps = PyFloat_AsDouble(args[3]);
+  if (eps == -1.0 && PyErr_Occurred()) return NULL;
+  PM_RUN("rmsnorm", rmsnorm, pm_host->rmsnorm(t0, t1, t2, (float)eps));
+}
+
+static PyObject *op_rope(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (!nargs_ok(n, 3, "rope")) return NULL;
+  T(0, "rope"); T(1, "rope");
+  if (!PyObject_TypeCheck(args[2], (PyTypeObject *)pm.rope_type)) {
+    PyErr_SetString(PyExc_TypeError, "servd.ops.rope: argument 3 must be a servd.Rope");
+    return NULL;
+  }
+  const servd_rope_params *p = &((RopeObject *)args[2])->p;
+  PM_RUN("rope", rope, pm_host->rope(t0, t1, p));
+}
+
+static PyObject *op_swiglu(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (!nargs_ok(n, 3, "swiglu")) return NULL;
+  T(0, "swiglu"); T(1, "swiglu"); T(2, "swiglu");
+  PM_RUN("swiglu", swiglu, pm_host->swiglu(t0, t1, t2));
+}
+
+static PyObject *op_add(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (!nargs_ok(n, 3, "add")) return NULL;
+  T(0, "add"); T(1, "add"); T(2, "add");
+  PM_RUN("add", add, pm_host->add(t0, t1, t2));
+}
+
+static PyObject *op_softmax(PyObject *m, PyObject *args, PyObject *kw) {
+  (void)m;
+  static char *kwlist[] = {"x", "scale", NULL};
+  PyObject *x;
+  double scale = 1.0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|d:softmax", kwlist, &x, &scale))
+    return NULL;
+  servd_tensor *t0 = targ(x, 0, "softmax");
+  if (!t0) return NULL;
+  PM_RUN("softmax", softmax, pm_host->softmax(t0, (float)scale));
+}
+
+static PyObject *op_argmax(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (!nargs_ok(n, 2, "argmax")) return NULL;
+  T(0, "argmax"); T(1, "argmax");
+  PM_RUN("argmax", argmax, pm_host->argmax(t0, t1));
+}
+
+static PyObject *op_topk(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (!nargs_ok(n, 4, "topk")) return NULL;
+  T(0, "topk"); T(1, "topk"); T(2, "topk");
+  int k = pm_as_int(args[3]);
+  if (k == -1 && PyErr_Occurred()) return NULL;
+  PM_RUN("topk", topk, pm_host->topk(t0, t1, t2, k));
+}
+
+static PyObject *op_kv_write(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (!nargs_ok(n, 5, "kv_write")) return NULL;
+  servd_kv_cache *kv = kvarg(args[0], "kv_write");
+  if (!kv) return NULL;
+  int layer = pm_as_int(args[1]);
+  if (layer == -1 && PyErr_Occurred()) return NULL;
+  T(2, "kv_write"); T(3, "kv_write"); T(4, "kv_write");
+  PM_RUN("kv_write", kv_write, pm_host->kv_write(kv, layer, t2, t3, t4));
+}
+
+static PyObject *op_attention(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (!nargs_ok(n, 7, "attention")) return NULL;
+  T(0, "attention"); T(1, "attention");
+  servd_kv_cache *kv = kvarg(args[2], "attention");
+  if (!kv) return NULL;
+  int layer = pm_as_int(args[3]);
+  if (layer == -1 && PyErr_Occurred()) return NULL;
+  if (!PyObject_TypeCheck(args[4], (PyTypeObject *)pm.batch_type)) {
+    PyErr_SetString(PyExc_TypeError, "servd.ops.attention: argument 5 must be the servd.Batch of this step");
+    return NULL;
+  }
+  BatchObject *b = (BatchObject *)args[4];
+  if (!b->valid) {
+    PyErr_SetString(PyExc_RuntimeError, "servd.ops.attention: this servd.Batch belongs to a finished step");
+    return NULL;
+  }
+  int heads = pm_as_int(args[5]);
+  if (heads == -1 && PyErr_Occurred()) return NULL;
+  double scale = PyFloat_AsDouble(args[6]);
+  if (scale == -1.0 && PyErr_Occurred()) return NULL;
+  PM_RUN("attention", attention, pm_host->attention(t0, t1, kv, layer, &b->attn, heads, (float)scale));
+}
+
+static PyObject *op_allreduce(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (!nargs_ok(n, 1, "allreduce")) return NULL;
+  T(0, "allreduce");
+  if (pm.world_size <= 1)
+    Py_RETURN_NONE;
+  if (!pm.comm) {
+    PyErr_SetString(PyExc_RuntimeError, "servd.ops.allreduce: world size > 1 but no communicator");
+    return NULL;
+  }
+  PM_RUN("allreduce", allreduce_sum, pm_host->allreduce_sum(pm.comm, pm.rank, t0));
+}
+
+static PyObject *op_allgather_cols(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (!nargs_ok(n, 2, "allgather_cols")) return NULL;
+  T(0, "allgather_cols"); T(1, "allgather_cols");
+  if (pm.world_size <= 1 || !pm.comm) {
+    /* one rank: the gather is a copy of the only shard */
+    if (!pm_host->add) {
+      PyErr_SetString(PyExc_NotImplementedError, "servd.ops.allgather_cols: not in this build");
+      return NULL;
+    }
+    if (t0->ndim != t1->ndim || t0->ndim != 2 || t0->shape[0] != t1->shape[0] || t0->shape[1] != t1->shape[1] ||
+        t0->dtype != SERVD_F32 || t1->dtype != SERVD_F32) {
+      PyErr_SetString(PyExc_ValueError, "servd.ops.allgather_cols: out and x must be f32 (m,n) of one shape");
+      return NULL;
+    }
+    for (int64_t r = 0; r < t0->shape[0]; r++)
+      memcpy((char *)pm_tensor_data(t0) + r * t0->strides[0], (char *)pm_tensor_data(t1) + r * t1->strides[0],
+             (size_t)t0->shape[1] * sizeof(float));
+    Py_RETURN_NONE;
+  }
+  PM_RUN("allgather_cols", allgather_cols, pm_host->allgather_cols(pm.comm, pm.rank, t0, t1));
+}
+
+#define FAST(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
+#define KW(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc}
+
+static PyMethodDef ops_methods[] = {
+    FAST("matmul", op_matmul, "matmul(out, x, w): out (m,n) = x (m,k) @ w^T, w (n,k) any dtype"),
+    KW("embedding", op_embedding, "embedding(out, table, ids, row_offset=0)"),
+    FAST("rmsnorm", op_rmsnorm, "rmsnorm(out, x, weight, eps)"),
+    FAST("rope", op_rope, "rope(x, positions, rope): in place"),
+    FAST("swiglu", op_swiglu, "swiglu(out, gate, up)"),
+    FAST("add", op_add, "add(out, a, b)"),
+    KW("softmax", op_softmax, "softmax(x, scale=1.0): rows, in place"),
+    FAST("argmax", op_argmax, "argmax(out, x)"),
+    FAST("topk", op_topk, "topk(values, indices, x, k)"),
+    FAST("kv_write", op_kv_write, "kv_write(kv, layer, k, v, slots)"),
+    FAST("attention", op_attention, "attention(out, q, kv, layer, batch, n_heads, scale)"),
+    FAST("allreduce", op_allreduce, "allreduce(x): sum over the tensor-parallel ranks, in place"),
+    FAST("allgather_cols", op_allgather_cols, "allgather_cols(out, x)"),
+    {NULL, NULL, 0, NULL},
+};
+
+int pm_ops_init(PyObject *module) {
+  PyObject *ops = PyModule_New("servd.ops");
+  if (!ops)
+    return -1;
+  if (PyModule_AddFunctions(ops, ops_methods) < 0 || PyModule_AddObjectRef(module, "ops", ops) < 0) {
+    Py_DECREF(ops);
+    return -1;
+  }
+  /* `import servd.ops` works too */
+  PyObject *mods = PyImport_GetModuleDict();
+  int rc = PyDict_SetItemString(mods, "servd.ops", ops);
+  Py_DECREF(ops);
+  return rc;
+}

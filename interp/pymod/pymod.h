@@ -1,0 +1,83 @@
+/* Internal header of the `servd` extension module (the guest side of interp/src/guest.h).
+ *
+ * One copy of this module is loaded per interpreter namespace, so its globals are per interpreter:
+ * that is what makes plain C statics safe here. Types are heap types, created anew by every
+ * Py_Initialize (an interpreter slot can be finalized and started again).
+ */
+#ifndef SERVD_PYMOD_H
+#define SERVD_PYMOD_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <limits.h>
+
+#include "guest.h"
+
+extern const servd_host_api *pm_host;
+extern const servd_guest_config *pm_cfg; /* valid during init only */
+
+typedef struct pm_state {
+  void *pkg;
+  int rank, world_size, device, index;
+  servd_comm *comm;
+  PyObject *tensor_type;  /* servd.Tensor */
+  PyObject *rope_type;    /* servd.Rope */
+  PyObject *batch_type;   /* servd.Batch */
+  PyObject *kv_type;      /* servd.KVCache */
+  PyObject *package_type; /* type of servd.package */
+  PyObject *module;       /* the servd module (borrowed from sys.modules after import) */
+} pm_state;
+
+extern pm_state pm;
+
+typedef struct TensorObject {
+  PyObject_HEAD
+  servd_tensor *t; /* one reference, released on dealloc */
+} TensorObject;
+
+typedef struct RopeObject {
+  PyObject_HEAD
+  servd_rope_params p;
+} RopeObject;
+
+typedef struct KVCacheObject {
+  PyObject_HEAD
+  servd_kv_cache *kv; /* borrowed from the engine, which keeps it for the model's lifetime */
+} KVCacheObject;
+
+typedef struct BatchObject {
+  PyObject_HEAD
+  PyObject *dict;        /* attributes: n_tokens, tokens, positions, slots, logit_rows, kv, ... */
+  servd_attn_batch attn; /* valid while `valid` (during the forward call that built it) */
+  int valid;
+} BatchObject;
+
+/* Raises the Python exception matching a SERVD_E* code with the host's last error message. */
+PyObject *pm_raise(int code, const char *op);
+/* New Tensor object taking ownership of t (one reference); releases t on failure. */
+PyObject *pm_tensor_wrap(servd_tensor *t);
+static inline int pm_as_int(PyObject *o) {
+  long v = PyLong_AsLong(o);
+  if (v == -1 && PyErr_Occurred())
+    return -1;
+  if (v < INT_MIN || v > INT_MAX) {
+    PyErr_SetString(PyExc_OverflowError, "value out of int range");
+    return -1;
+  }
+  return (int)v;
+}
+static inline int pm_is_tensor(PyObject *o) { return PyObject_TypeCheck(o, (PyTypeObject *)pm.tensor_type); }
+static inline void *pm_tensor_data(const servd_tensor *t) {
+  return (char *)pm_host->storage_data(t->storage) + t->offset;
+}
+
+int pm_tensor_types_init(PyObject *module);
+int pm_ops_init(PyObject *module);
+int pm_package_init(PyObject *module);
+int pm_batch_init(PyObject *module);
+PyObject *pm_batch_new(const servd_forward_batch *b); /* new ref; attn valid until pm_batch_invalidate */
+void pm_batch_invalidate(PyObject *batch);
+
+PyMODINIT_FUNC PyInit_servd(void);
+
+#endif

@@ -1,0 +1,123 @@
+/* The boundary between the host (main link-map namespace) and the `servd` extension module that runs
+ * inside each interpreter's namespace (the "guest").
+ *
+ * The guest is loaded once per namespace, so it must not link servd_kernels or servd_package: it would
+ * get a private copy of the tensor code and of every global. Instead the host hands it a table of
+ * function pointers (servd_host_api) through servd_guest_entry(); tensors, weights, the thread pool
+ * and devices live once, in the main namespace. In return the guest exposes servd_guest_api, through
+ * which the host drives the interpreter (init, calls, interrupt, finalize) without touching a single
+ * Python symbol itself.
+ *
+ * Memory rule: each namespace has its own libc and therefore its own malloc. Memory whose ownership
+ * crosses the boundary is allocated with host->alloc and freed with host->free (the main libc's).
+ */
+#ifndef SERVD_INTERP_GUEST_H
+#define SERVD_INTERP_GUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "servd/ops.h"
+#include "servd/tensor.h"
+
+#include "servd/interp.h"
+
+#define SERVD_GUEST_ABI 1
+
+/* NOTE: append members at the end; the guest checks `size` before using late members. */
+typedef struct servd_host_api {
+  int abi;
+  size_t size;
+
+  void *(*alloc)(size_t bytes);
+  void (*free)(void *p);
+  const char *(*last_error)(void);
+  int (*fail)(int code, const char *fmt, ...);
+
+  const char *(*dtype_name)(servd_dtype t);
+  int (*dtype_from_name)(const char *name, servd_dtype *out);
+  size_t (*dtype_block_elems)(servd_dtype t);
+  size_t (*dtype_block_bytes)(servd_dtype t);
+
+  servd_storage *(*storage_alloc)(size_t bytes);
+  void (*storage_release)(servd_storage *s);
+  void *(*storage_data)(const servd_storage *s);
+  servd_storage_kind (*storage_get_kind)(const servd_storage *s);
+
+  servd_tensor *(*tensor_new)(servd_dtype t, int ndim, const int64_t *shape);
+  servd_tensor *(*tensor_from_storage)(servd_storage *s, size_t offset, servd_dtype t, int ndim,
+                                       const int64_t *shape);
+  servd_tensor *(*tensor_narrow)(const servd_tensor *base, int dim, int64_t start, int64_t len);
+  servd_tensor *(*tensor_reshape)(const servd_tensor *base, int ndim, const int64_t *shape);
+  void (*tensor_retain)(servd_tensor *t);
+  void (*tensor_release)(servd_tensor *t);
+  int64_t (*tensor_numel)(const servd_tensor *t);
+  int (*tensor_is_contiguous)(const servd_tensor *t);
+  size_t (*tensor_nbytes)(const servd_tensor *t);
+  int (*row_to_f32)(servd_dtype t, const void *src, float *dst, int64_t n);
+  int (*row_from_f32)(servd_dtype t, const float *src, void *dst, int64_t n);
+
+  /* ops; NULL when the kernel library of this build lacks one (the op raises NotImplementedError) */
+  int (*matmul)(servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
+  int (*embedding)(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset);
+  int (*rmsnorm)(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps);
+  int (*rope)(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p);
+  int (*swiglu)(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up);
+  int (*add)(servd_tensor *out, const servd_tensor *a, const servd_tensor *b);
+  int (*softmax)(servd_tensor *x, float scale);
+  int (*argmax)(servd_tensor *out, const servd_tensor *x);
+  int (*topk)(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k);
+  int (*kv_write)(servd_kv_cache *c, int layer, const servd_tensor *k, const servd_tensor *v,
+                  const servd_tensor *slots);
+  int (*attention)(servd_tensor *out, const servd_tensor *q, const servd_kv_cache *c, int layer,
+                   const servd_attn_batch *b, int n_heads, float scale);
+  int (*allreduce_sum)(servd_comm *c, int rank, servd_tensor *x);
+  int (*allgather_cols)(servd_comm *c, int rank, servd_tensor *out, const servd_tensor *x);
+
+  /* the package (pkg is an opaque mpk_package*); NULL members when there is no package */
+  int (*pkg_tensor)(void *pkg, const char *name, servd_tensor **out);
+  int (*pkg_file)(void *pkg, const char *path, const void **data, size_t *len);
+  int (*pkg_tensor_count)(void *pkg);
+  const char *(*pkg_tensor_name)(void *pkg, int i);
+  int (*pkg_file_count)(void *pkg);
+  const char *(*pkg_file_path)(void *pkg, int i);
+  char *(*pkg_manifest_json)(void *pkg); /* host->alloc'd JSON text of the manifest, or NULL */
+} servd_host_api;
+
+/* What one interpreter is started with. Strings are borrowed for the duration of init. */
+typedef struct servd_guest_config {
+  const servd_host_api *host;      /* borrowed, outlives the interpreter */
+  void *pkg;                       /* mpk_package*, or NULL (no package: code strings only) */
+  const char *pkg_name;            /* for file names in tracebacks */
+  const char *stdlib_dir;          /* e.g. /usr/lib/python3.11 */
+  const char *dynload_dir;         /* e.g. /usr/lib/python3.11/lib-dynload */
+  const char *allow_dir;           /* e.g. /usr/lib/python3/dist-packages */
+  const char *allow_modules;       /* ','-separated top-level names importable from allow_dir */
+  const char *extra_sys_path;      /* ':'-separated, or NULL */
+  int index, rank, world_size, device;
+  servd_comm *comm;
+} servd_guest_config;
+
+/* Every call takes `seq`, the host's number for this call: interrupt(seq) raises TimeoutError in the
+ * thread running call `seq` only, never in a later call. Calls return 0, or a negative SERVD_E* code
+ * with *err filled (exception type, message, traceback). Calls take the GIL themselves. */
+typedef struct servd_guest_api {
+  int abi;
+  int (*init)(const servd_guest_config *c, servd_py_error *err);
+  /* Imports the package's entry module and builds the entry object ("module:callable"). */
+  int (*load_entry)(const char *entry_point, servd_py_error *err);
+  /* Package-free mode: runs code in __main__ (exec) or evaluates an expression to JSON text. */
+  int (*exec)(uint64_t seq, const char *code, servd_py_error *err);
+  int (*eval_json)(uint64_t seq, const char *expr, char **json_out, servd_py_error *err);
+  int (*call_json)(uint64_t seq, const char *method, const char *args_json, char **json_out, servd_py_error *err);
+  int (*predict)(uint64_t seq, int n_in, const char *const *in_names, servd_tensor *const *in_tensors,
+                 int *n_out, char ***out_names, servd_tensor ***out_tensors, servd_py_error *err);
+  int (*forward)(uint64_t seq, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err);
+  void (*interrupt)(uint64_t seq);
+  void (*finalize)(void);
+} servd_guest_api;
+
+typedef const servd_guest_api *(*servd_guest_entry_fn)(void);
+#define SERVD_GUEST_ENTRY "servd_guest_entry"
+
+#endif

@@ -1,0 +1,134 @@
+// Launchers for the KV write and attention. Decode-only batches (every q_len == 1) take the
+// split-K path, which needs no host-side planning and so can be captured in a CUDA graph; batches
+// with prefill chunks are planned into tiles on the host.
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.cuh"
+
+#define BF(p) reinterpret_cast<__nv_bfloat16 *>(p)
+#define CBF(p) reinterpret_cast<const __nv_bfloat16 *>(p)
+
+extern "C" int servd_cuda_kv_write(servd_cuda_ctx *c, servd_bf16_t *k_cache, servd_bf16_t *v_cache,
+                                   const servd_bf16_t *k, const servd_bf16_t *v, const int32_t *slots, int t,
+                                   int kv_dim, int64_t n_slots) {
+  if (t < 0 || kv_dim <= 0 || n_slots <= 0)
+    return servd_fail(SERVD_EINVAL, "cuda kv_write: bad shape t=%d kv_dim=%d slots=%lld", t, kv_dim,
+                      (long long)n_slots);
+  if (t == 0) return SERVD_OK;
+  long long n = (long long)t * kv_dim;
+  kv_write_kernel<<<servd__div_up(n, 256), 256, 0, servd__stream(c)>>>(BF(k_cache), BF(v_cache), CBF(k), CBF(v),
+                                                                       slots, t, kv_dim);
+  SERVD_CUDA_LAUNCH_CHECK();
+  return SERVD_OK;
+}
+
+/* Grow-only scratch owned by the context (fixed addresses once warmed up, as graph replay needs). */
+struct scratch {
+  void *ptr;
+  size_t bytes;
+};
+static __thread servd_cuda_ctx *scratch_owner;
+static __thread scratch attn_scratch;
+
+static void *get_scratch(servd_cuda_ctx *c, size_t bytes) {
+  if (scratch_owner != c) { /* a thread drives one context; switching drops the old buffer */
+    if (scratch_owner && attn_scratch.ptr) servd_cuda_free(scratch_owner, attn_scratch.ptr);
+    attn_scratch.ptr = NULL;
+    attn_scratch.bytes = 0;
+    scratch_owner = c;
+  }
+  if (attn_scratch.bytes < bytes) {
+    servd_cuda_free(c, attn_scratch.ptr);
+    attn_scratch.ptr = servd_cuda_alloc(c, bytes);
+    attn_scratch.bytes = attn_scratch.ptr ? bytes : 0;
+  }
+  return attn_scratch.ptr;
+}
+
+template <int DPL>
+static int launch_decode(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q, const servd_bf16_t *kc,
+                         const servd_bf16_t *vc, const servd_cuda_attn_batch *b, int n_heads, int group,
+                         int block_size, float scale) {
+  constexpr int HD = DPL * 32;
+  const int n_splits = (int)servd__div_up((long long)b->max_blocks * block_size, SERVD_ATTN_SPLIT);
+  const size_t parts = (size_t)b->n_seqs * n_heads * n_splits;
+  float *ws = (float *)get_scratch(c, parts * (HD + 2) * sizeof(float));
+  if (!ws) return SERVD_ENOMEM;
+  float *part_acc = ws, *part_ml = ws + parts * HD;
+  dim3 grid(b->n_seqs, n_heads, n_splits);
+  decode_split_kernel<DPL><<<grid, 128, 0, servd__stream(c)>>>(part_acc, part_ml, CBF(q), CBF(kc), CBF(vc),
+                                                               b->q_start, b->kv_len, b->block_tables,
+                                                               b->max_blocks, n_heads, group, block_size, scale);
+  SERVD_CUDA_LAUNCH_CHECK();
+  decode_reduce_kernel<<<dim3(b->n_seqs, n_heads), HD, 0, servd__stream(c)>>>(BF(out), part_acc, part_ml,
+                                                                              b->q_start, n_heads, n_splits, HD);
+  SERVD_CUDA_LAUNCH_CHECK();
+  return SERVD_OK;
+}
+
+template <int DPL>
+static int launch_prefill(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q, const servd_bf16_t *kc,
+                          const servd_bf16_t *vc, const servd_cuda_attn_batch *b, int n_heads, int group,
+                          int block_size, float scale) {
+  constexpr int HD = DPL * 32;
+  int n_tiles = 0;
+  for (int s = 0; s < b->n_seqs; s++) n_tiles += (int)servd__div_up(b->h_q_len[s], SERVD_ATTN_BQ);
+  if (n_tiles == 0) return SERVD_OK;
+  int32_t *plan = (int32_t *)malloc(sizeof(int32_t) * 2 * n_tiles);
+  if (!plan) return servd_fail(SERVD_ENOMEM, "cuda attention: tile plan");
+  int t = 0;
+  for (int s = 0; s < b->n_seqs; s++)
+    for (int q0 = 0; q0 < b->h_q_len[s]; q0 += SERVD_ATTN_BQ) {
+      plan[t] = s;
+      plan[n_tiles + t] = q0;
+      t++;
+    }
+  int32_t *dplan = (int32_t *)get_scratch(c, sizeof(int32_t) * 2 * n_tiles);
+  int rc = dplan ? servd_cuda_upload(c, dplan, plan, sizeof(int32_t) * 2 * n_tiles) : SERVD_ENOMEM;
+  // The copy from pageable memory is staged before cudaMemcpyAsync returns, so plan can go.
+  free(plan);
+  if (rc) return rc;
+  const size_t smem = SERVD_ATTN_BQ * HD * sizeof(float) + SERVD_ATTN_BK * (2 * HD + 2) * sizeof(__nv_bfloat16);
+  SERVD_CUDA_CHECK(cudaFuncSetAttribute(prefill_tile_kernel<DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+  prefill_tile_kernel<DPL><<<dim3(n_tiles, n_heads), 128, smem, servd__stream(c)>>>(
+      BF(out), CBF(q), CBF(kc), CBF(vc), dplan, dplan + n_tiles, b->q_start, b->q_len, b->kv_len, b->block_tables,
+      b->max_blocks, n_heads, group, block_size, scale);
+  SERVD_CUDA_LAUNCH_CHECK();
+  return SERVD_OK;
+}
+
+template <int DPL>
+static int dispatch(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q, const servd_bf16_t *kc,
+                    const servd_bf16_t *vc, const servd_cuda_attn_batch *b, int n_heads, int group, int block_size,
+                    float scale) {
+  bool decode_only = true;
+  for (int s = 0; s < b->n_seqs; s++) decode_only &= b->h_q_len[s] == 1;
+  if (decode_only) return launch_decode<DPL>(c, out, q, kc, vc, b, n_heads, group, block_size, scale);
+  return launch_prefill<DPL>(c, out, q, kc, vc, b, n_heads, group, block_size, scale);
+}
+
+extern "C" int servd_cuda_attention(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q,
+                                    const servd_bf16_t *k_cache, const servd_bf16_t *v_cache,
+                                    const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads, int head_dim,
+                                    int block_size, float scale) {
+  if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || block_size <= 0 || b->n_seqs < 0 ||
+      b->max_blocks <= 0)
+    return servd_fail(SERVD_EINVAL, "cuda attention: bad heads %d/%d, block_size %d, seqs %d, max_blocks %d",
+                      n_heads, n_kv_heads, block_size, b->n_seqs, b->max_blocks);
+  for (int s = 0; s < b->n_seqs; s++)
+    if (b->h_q_len[s] < 0 || b->h_kv_len[s] < b->h_q_len[s] ||
+        b->h_kv_len[s] > (long long)b->max_blocks * block_size)
+      return servd_fail(SERVD_EINVAL, "cuda attention: sequence %d has q_len %d, kv_len %d (max %d)", s,
+                        b->h_q_len[s], b->h_kv_len[s], b->max_blocks * block_size);
+  if (b->n_seqs == 0) return SERVD_OK;
+  const int group = n_heads / n_kv_heads;
+  switch (head_dim) {
+    case 64: return dispatch<2>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale);
+    case 96: return dispatch<3>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale);
+    case 128: return dispatch<4>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale);
+    case 256: return dispatch<8>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale);
+    default: return servd_fail(SERVD_EUNSUPPORTED, "cuda attention: head_dim %d (supported: 64, 96, 128, 256)", head_dim);
+  }
+}

@@ -1,0 +1,58 @@
+// Launchers for the bf16 matmul: the GEMV kernel for m <= 8, cuBLAS (tensor cores, f32 compute)
+// for larger batches.
+#include <cublas_v2.h>
+
+#include "cuda_common.cuh"
+#include "gemv.cuh"
+
+cublasHandle_t servd__cuda_blas(servd_cuda_ctx *c);
+
+#define BLAS_CHECK(call)                                                                              \
+  do {                                                                                                \
+    cublasStatus_t st_ = (call);                                                                      \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                 \
+      return servd_fail(SERVD_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #call, cublasGetStatusString(st_)); \
+  } while (0)
+
+template <typename OutT>
+static int launch_gemv(cudaStream_t s, OutT *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, int m, int n,
+                       int k) {
+  const int threads = 256, cols_per_block = threads / 32;
+  dim3 grid(servd__div_up(n, cols_per_block));
+  switch (m) {
+#define CASE(M) \
+  case M: gemv_bf16_kernel<M, OutT><<<grid, threads, 0, s>>>(out, x, w, n, k); break;
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    default: return servd_fail(SERVD_EINVAL, "cuda matmul: gemv m=%d > 8", m);
+  }
+  SERVD_CUDA_LAUNCH_CHECK();
+  return SERVD_OK;
+}
+
+template <typename OutT>
+static int matmul_any(servd_cuda_ctx *c, OutT *out, const servd_bf16_t *x, const servd_bf16_t *w, int m, int n,
+                      int k, cudaDataType_t out_type) {
+  if (m < 0 || n < 0 || k < 0)
+    return servd_fail(SERVD_EINVAL, "cuda matmul: negative shape x(%d,%d) w(%d,%d)", m, k, n, k);
+  if (m == 0 || n == 0) return SERVD_OK;
+  if (k % 8 != 0) return servd_fail(SERVD_EINVAL, "cuda matmul: k=%d is not a multiple of 8", k);
+  const __nv_bfloat16 *xb = reinterpret_cast<const __nv_bfloat16 *>(x);
+  const __nv_bfloat16 *wb = reinterpret_cast<const __nv_bfloat16 *>(w);
+  if (m <= 8) return launch_gemv<OutT>(servd__stream(c), out, xb, wb, m, n, k);
+  // Row-major out (m,n) = x (m,k) w (n,k)^T is column-major out^T (n,m) = w^T' (n,k) x^T (k,m).
+  const float alpha = 1.f, beta = 0.f;
+  BLAS_CHECK(cublasGemmEx(servd__cuda_blas(c), CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, wb, CUDA_R_16BF, k, xb,
+                          CUDA_R_16BF, k, &beta, out, out_type, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return SERVD_OK;
+}
+
+extern "C" int servd_cuda_matmul(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *x, const servd_bf16_t *w,
+                                 int m, int n, int k) {
+  return matmul_any<__nv_bfloat16>(c, reinterpret_cast<__nv_bfloat16 *>(out), x, w, m, n, k, CUDA_R_16BF);
+}
+
+extern "C" int servd_cuda_matmul_f32out(servd_cuda_ctx *c, float *out, const servd_bf16_t *x, const servd_bf16_t *w,
+                                        int m, int n, int k) {
+  return matmul_any<float>(c, out, x, w, m, n, k, CUDA_R_32F);
+}

@@ -1,0 +1,43 @@
+// CUDA graphs: the decode step of a batch-size bucket is captured once and replayed, so Python
+// and launch overhead vanish in steady state. Buffers used inside a captured step must keep their
+// addresses (the pool and the attention scratch do once warmed up by one uncaptured step).
+#include <stdlib.h>
+
+#include "cuda_common.cuh"
+
+struct servd_cuda_graph {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+};
+
+extern "C" int servd_cuda_graph_begin(servd_cuda_ctx *c) {
+  SERVD_CUDA_CHECK(cudaStreamBeginCapture(servd__stream(c), cudaStreamCaptureModeRelaxed));
+  return SERVD_OK;
+}
+
+extern "C" int servd_cuda_graph_end(servd_cuda_ctx *c, servd_cuda_graph **out) {
+  *out = NULL;
+  servd_cuda_graph *g = (servd_cuda_graph *)calloc(1, sizeof *g);
+  if (!g) return servd_fail(SERVD_ENOMEM, "cuda graph: out of host memory");
+  cudaError_t err = cudaStreamEndCapture(servd__stream(c), &g->graph);
+  if (err == cudaSuccess) err = cudaGraphInstantiate(&g->exec, g->graph, 0);
+  if (err != cudaSuccess) {
+    if (g->graph) cudaGraphDestroy(g->graph);
+    free(g);
+    return servd_fail(SERVD_EDEVICE, "cuda graph capture: %s", cudaGetErrorString(err));
+  }
+  *out = g;
+  return SERVD_OK;
+}
+
+extern "C" int servd_cuda_graph_launch(servd_cuda_ctx *c, servd_cuda_graph *g) {
+  SERVD_CUDA_CHECK(cudaGraphLaunch(g->exec, servd__stream(c)));
+  return SERVD_OK;
+}
+
+extern "C" void servd_cuda_graph_destroy(servd_cuda_graph *g) {
+  if (!g) return;
+  cudaGraphExecDestroy(g->exec);
+  cudaGraphDestroy(g->graph);
+  free(g);
+}

@@ -1,0 +1,27 @@
+// out (m,d) = x / sqrt(mean(x^2) + eps) * w: one block per row, f32 statistics.
+#pragma once
+#include "cuda_common.cuh"
+
+__global__ void rmsnorm_kernel(__nv_bfloat16 *__restrict__ out, const __nv_bfloat16 *__restrict__ x,
+                               const __nv_bfloat16 *__restrict__ w, int d, float eps) {
+  __shared__ float partial[32];
+  const __nv_bfloat16 *xr = x + (size_t)blockIdx.x * d;
+  __nv_bfloat16 *outr = out + (size_t)blockIdx.x * d;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float v = __bfloat162float(xr[i]);
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) partial[0] = rsqrtf(v / d + eps);
+  }
+  __syncthreads();
+  const float inv = partial[0];
+  for (int i = threadIdx.x; i < d; i += blockDim.x)
+    outr[i] = __float2bfloat16(__bfloat162float(xr[i]) * inv * __bfloat162float(w[i]));
+}

@@ -1,0 +1,118 @@
+/* CUDA backend: device contexts, a caching memory pool, and the ops of a Llama forward pass in bf16
+ * with f32 accumulation. Built only with SERVD_CUDA (nvcc found); the declarations are always
+ * visible so callers can be compiled either way.
+ *
+ * All pointers passed to ops are device pointers owned by the caller (allocated from the context's
+ * pool). Ops are asynchronous on the context's stream; servd_cuda_sync waits. Every CUDA, cuBLAS and
+ * NCCL call is checked: failures return SERVD_EDEVICE with the file, line and the library's message
+ * in servd_last_error(). Shapes follow the CPU ops in servd/ops.h.
+ */
+#ifndef SERVD_CUDA_H
+#define SERVD_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "servd/ops.h"
+#include "servd/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint16_t servd_bf16_t; /* raw bf16 bits on the host side */
+
+/* Number of visible CUDA devices; 0 (and SERVD_OK) when there is no driver or no device. */
+SERVD_API int servd_cuda_device_count(int *n);
+/* "NVIDIA H200, 141 GB, sm_90" into buf. */
+SERVD_API int servd_cuda_device_describe(int device, char *buf, size_t cap);
+
+typedef struct servd_cuda_ctx servd_cuda_ctx;
+/* One per (device, user thread): a stream, a cuBLAS handle and a caching pool. */
+SERVD_API int servd_cuda_ctx_create(int device, servd_cuda_ctx **out);
+SERVD_API void servd_cuda_ctx_destroy(servd_cuda_ctx *c); /* accepts NULL */
+SERVD_API int servd_cuda_ctx_device(const servd_cuda_ctx *c);
+SERVD_API void *servd_cuda_ctx_stream(servd_cuda_ctx *c); /* cudaStream_t */
+
+/* Pool: blocks are rounded up to size classes and cached on free; cudaMalloc only on a miss. */
+SERVD_API void *servd_cuda_alloc(servd_cuda_ctx *c, size_t bytes);
+SERVD_API void servd_cuda_free(servd_cuda_ctx *c, void *p); /* accepts NULL */
+SERVD_API size_t servd_cuda_pool_reserved(const servd_cuda_ctx *c);
+
+SERVD_API int servd_cuda_upload(servd_cuda_ctx *c, void *dst, const void *src, size_t bytes);
+SERVD_API int servd_cuda_download(servd_cuda_ctx *c, void *dst, const void *src, size_t bytes);
+SERVD_API int servd_cuda_copy(servd_cuda_ctx *c, void *dst, const void *src, size_t bytes); /* device->device */
+SERVD_API int servd_cuda_sync(servd_cuda_ctx *c);
+/* Fills n bf16 values with deterministic pseudo-random values uniform in [-scale, scale]. */
+SERVD_API int servd_cuda_fill_random_bf16(servd_cuda_ctx *c, servd_bf16_t *x, size_t n, uint64_t seed, float scale);
+SERVD_API int servd_cuda_f32_to_bf16(servd_cuda_ctx *c, servd_bf16_t *dst, const float *src, size_t n);
+SERVD_API int servd_cuda_bf16_to_f32(servd_cuda_ctx *c, float *dst, const servd_bf16_t *src, size_t n);
+
+/* ---- ops (bf16 tensors, f32 accumulation) ---- */
+/* out (m,n) = x (m,k) @ w^T, w (n,k). Small m: a bandwidth-bound GEMV kernel; else cuBLAS. */
+SERVD_API int servd_cuda_matmul(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *x, const servd_bf16_t *w,
+                                int m, int n, int k);
+/* out (m,n) f32 logits variant (for sampling precision). */
+SERVD_API int servd_cuda_matmul_f32out(servd_cuda_ctx *c, float *out, const servd_bf16_t *x, const servd_bf16_t *w,
+                                       int m, int n, int k);
+SERVD_API int servd_cuda_rmsnorm(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *x, const servd_bf16_t *w,
+                                 int m, int d, float eps);
+/* In place on x (m, n_heads*head_dim); positions (m) device i32. */
+SERVD_API int servd_cuda_rope(servd_cuda_ctx *c, servd_bf16_t *x, const int32_t *positions, int m, int n_heads,
+                              const servd_rope_params *p);
+SERVD_API int servd_cuda_swiglu(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *gate, const servd_bf16_t *up,
+                                int64_t n);
+SERVD_API int servd_cuda_add(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *a, const servd_bf16_t *b,
+                             int64_t n);
+/* out (m,d) = table[ids[i]] for ids (m) device i32 in [0, vocab). */
+SERVD_API int servd_cuda_embedding(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *table,
+                                   const int32_t *ids, int m, int d, int64_t vocab);
+
+/* Paged KV cache of one layer on device: (n_blocks, block_size, kv_dim) bf16 for K and for V. */
+SERVD_API int servd_cuda_kv_write(servd_cuda_ctx *c, servd_bf16_t *k_cache, servd_bf16_t *v_cache,
+                                  const servd_bf16_t *k, const servd_bf16_t *v, const int32_t *slots, int t,
+                                  int kv_dim, int64_t n_slots);
+
+/* The batch layout of servd_attn_batch, with every array on the device. block_tables is
+ * (n_seqs, max_blocks) row-major. Host copies of q_len and q_start are needed to plan the launch. */
+typedef struct servd_cuda_attn_batch {
+  int n_seqs;
+  int max_blocks;
+  const int32_t *q_start, *q_len, *kv_len, *block_tables; /* device */
+  const int32_t *h_q_start, *h_q_len, *h_kv_len;          /* host */
+} servd_cuda_attn_batch;
+
+/* out (t, n_heads*head_dim) = causal attention of q over the cache; decode rows use split-K over
+ * the context, prefill chunks a flash-attention tiling. head_dim <= 256, a multiple of 32. */
+SERVD_API int servd_cuda_attention(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q,
+                                   const servd_bf16_t *k_cache, const servd_bf16_t *v_cache,
+                                   const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads, int head_dim,
+                                   int block_size, float scale);
+
+/* out (m) device i32 = argmax of each row of logits (m,n) f32. */
+SERVD_API int servd_cuda_argmax(servd_cuda_ctx *c, int32_t *out, const float *logits, int m, int n);
+/* Top k (k <= 64) of each row: values (m,k) f32 and indices (m,k) i32 on the device, descending. */
+SERVD_API int servd_cuda_topk(servd_cuda_ctx *c, float *values, int32_t *indices, const float *logits, int m, int n,
+                              int k);
+/* Samples one token per row from softmax(logits/temperature) (Gumbel-max, exact), seeds per row. */
+SERVD_API int servd_cuda_sample(servd_cuda_ctx *c, int32_t *out, const float *logits, int m, int n,
+                                float temperature, const uint64_t *seeds /* device (m) */, uint64_t step);
+
+/* ---- CUDA graphs: capture a step once per batch-size bucket, replay it ---- */
+typedef struct servd_cuda_graph servd_cuda_graph;
+SERVD_API int servd_cuda_graph_begin(servd_cuda_ctx *c);
+SERVD_API int servd_cuda_graph_end(servd_cuda_ctx *c, servd_cuda_graph **out);
+SERVD_API int servd_cuda_graph_launch(servd_cuda_ctx *c, servd_cuda_graph *g);
+SERVD_API void servd_cuda_graph_destroy(servd_cuda_graph *g); /* accepts NULL */
+
+/* ---- NCCL: one communicator per rank, all in this process ---- */
+typedef struct servd_nccl servd_nccl;
+SERVD_API int servd_nccl_create(servd_nccl **out, int n_ranks, const int *devices);
+SERVD_API void servd_nccl_destroy(servd_nccl *n); /* accepts NULL */
+/* Sum in place across ranks on rank's context stream; every rank calls it (from its own thread). */
+SERVD_API int servd_nccl_allreduce_bf16(servd_nccl *n, int rank, servd_cuda_ctx *c, servd_bf16_t *x, size_t count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,221 @@
+/* Paged causal attention over a batch of sequences in mixed phases (prefill chunks and decode rows),
+ * with grouped-query heads and online (flash-style) softmax, so memory is O(tile) whatever kv_len is.
+ *
+ * Work is split into items of (sequence, kv head, head subgroup, chunk of query rows); one item reads
+ * each K/V row of its kv head once from memory for all the query heads that share it, which is what
+ * makes decode bandwidth bound rather than bound by re-reading the cache per query head. */
+#include "ops-impl.h"
+
+#include <math.h>
+
+#include "servd/threadpool.h"
+
+#define ATTN_MAX_Q 16     /* queries (rows x heads) per item: their accumulators live on the stack */
+#define ATTN_MAX_DIM 512  /* head_dim bound for those accumulators */
+#define ATTN_TILE 64      /* keys per softmax update */
+
+void servd__attn_scores_scalar(float *out, const float *q, const void *k, servd_dtype kt, int n, int hd,
+                               int64_t kstride, float scale) {
+  for (int j = 0; j < n; j++) {
+    float s = 0.0f;
+    if (kt == SERVD_F16) {
+      const uint16_t *kr = (const uint16_t *)k + (size_t)j * (size_t)kstride;
+      for (int d = 0; d < hd; d++) s += q[d] * servd_f16_to_f32(kr[d]);
+    } else {
+      const float *kr = (const float *)k + (size_t)j * (size_t)kstride;
+      for (int d = 0; d < hd; d++) s += q[d] * kr[d];
+    }
+    out[j] = s * scale;
+  }
+}
+
+void servd__attn_accum_scalar(float *acc, const float *p, const void *v, servd_dtype vt, int n, int hd,
+                              int64_t vstride) {
+  for (int j = 0; j < n; j++) {
+    if (vt == SERVD_F16) {
+      const uint16_t *vr = (const uint16_t *)v + (size_t)j * (size_t)vstride;
+      for (int d = 0; d < hd; d++) acc[d] += p[j] * servd_f16_to_f32(vr[d]);
+    } else {
+      const float *vr = (const float *)v + (size_t)j * (size_t)vstride;
+      for (int d = 0; d < hd; d++) acc[d] += p[j] * vr[d];
+    }
+  }
+}
+
+typedef struct attn_kernels {
+  void (*scores)(float *, const float *, const void *, servd_dtype, int, int, int64_t, float);
+  void (*accum)(float *, const float *, const void *, servd_dtype, int, int, int64_t);
+  float (*max)(const float *, int64_t);
+  float (*exp_shift_sum)(float *, int64_t, float, float);
+  void (*mul)(float *, int64_t, float);
+} attn_kernels;
+
+static const attn_kernels kernels[SERVD_ISA_COUNT] = {
+    {servd__attn_scores_scalar, servd__attn_accum_scalar, servd__max_scalar, servd__exp_shift_sum_scalar,
+     servd__mul_scalar_scalar},
+    {servd__attn_scores_avx2, servd__attn_accum_avx2, servd__max_avx2, servd__exp_shift_sum_avx2,
+     servd__mul_scalar_avx2},
+    {servd__attn_scores_avx512, servd__attn_accum_avx512, servd__max_avx512, servd__exp_shift_sum_avx512,
+     servd__mul_scalar_avx512},
+};
+
+typedef struct attn_job {
+  const attn_kernels *kn;
+  const servd_kv_cache *c;
+  int layer;
+  const servd_attn_batch *b;
+  ops__rows o, q;
+  int n_heads, rep;  /* rep: query heads per kv head */
+  int heads_per_item, n_sub, rows_per_item;
+  float scale;
+} attn_job;
+
+static int64_t seq_items(const attn_job *j, int s) {
+  int64_t chunks = (j->b->q_len[s] + j->rows_per_item - 1) / j->rows_per_item;
+  return chunks * j->c->n_kv_heads * j->n_sub;
+}
+
+/* Item: rows [r0, r1) of sequence s, query heads [h0, h1) of kv head g (h relative to the group). */
+static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, int r1) {
+  const servd_kv_cache *c = j->c;
+  const attn_kernels *kn = j->kn;
+  int hd = c->head_dim, bs = c->block_size;
+  int q_len = j->b->q_len[s], kv_len = j->b->kv_len[s], q_start = j->b->q_start[s];
+  const int32_t *table = j->b->block_tables[s];
+  float acc[ATTN_MAX_Q][ATTN_MAX_DIM] __attribute__((aligned(64)));
+  float sc[ATTN_MAX_Q][ATTN_TILE] __attribute__((aligned(64)));
+  float mx[ATTN_MAX_Q], sum[ATTN_MAX_Q];
+  const float *qp[ATTN_MAX_Q];
+  int lim[ATTN_MAX_Q]; /* keys [0, lim) are visible to that query */
+  int nq = 0;
+  for (int r = r0; r < r1; r++)
+    for (int h = h0; h < h1; h++, nq++) {
+      qp[nq] = (const float *)(j->q.data + (int64_t)(q_start + r) * j->q.stride) + (size_t)(g * j->rep + h) * hd;
+      lim[nq] = kv_len - q_len + r + 1;
+      mx[nq] = -INFINITY;
+      sum[nq] = 0.0f;
+      memset(acc[nq], 0, (size_t)hd * sizeof(float));
+    }
+  int end = kv_len - q_len + r1; /* the last row sees the most keys */
+  int64_t stride = hd;           /* elements between token rows of one head in a block */
+  for (int t0 = 0; t0 < end;) {
+    int off = t0 % bs;
+    int n = bs - off;
+    if (n > ATTN_TILE) n = ATTN_TILE;
+    if (n > end - t0) n = end - t0;
+    int32_t blk = table[t0 / bs];
+    const void *kp = ops__kv_row(c, j->layer, 0, blk, g, off);
+    const void *vp = ops__kv_row(c, j->layer, 1, blk, g, off);
+    for (int i = 0; i < nq; i++) {
+      int ni = lim[i] - t0 < n ? lim[i] - t0 : n;
+      if (ni <= 0) continue;
+      float *si = sc[i];
+      kn->scores(si, qp[i], kp, c->dtype, ni, hd, stride, j->scale);
+      float m_new = kn->max(si, ni);
+      if (m_new < mx[i]) m_new = mx[i];
+      float corr = expf(mx[i] - m_new); /* 0 on the first tile: mx is -inf */
+      float ps = kn->exp_shift_sum(si, ni, 1.0f, m_new);
+      if (corr != 1.0f) kn->mul(acc[i], hd, corr);
+      sum[i] = sum[i] * corr + ps;
+      mx[i] = m_new;
+      kn->accum(acc[i], si, vp, c->dtype, ni, hd, stride);
+    }
+    t0 += n;
+  }
+  nq = 0;
+  for (int r = r0; r < r1; r++)
+    for (int h = h0; h < h1; h++, nq++) {
+      float *o = (float *)(j->o.data + (int64_t)(q_start + r) * j->o.stride) + (size_t)(g * j->rep + h) * hd;
+      float inv = 1.0f / sum[nq]; /* sum >= 1: the max key contributes exp(0) */
+      for (int d = 0; d < hd; d++) o[d] = acc[nq][d] * inv;
+    }
+}
+
+static void attn_task(void *ctx, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  const attn_job *j = ctx;
+  int s = 0;
+  int64_t base = 0;
+  while (s < j->b->n_seqs && base + seq_items(j, s) <= begin) base += seq_items(j, s++);
+  for (int64_t it = begin; it < end; it++) {
+    while (it - base >= seq_items(j, s)) base += seq_items(j, s++);
+    int64_t local = it - base;
+    /* order within a sequence: kv head, then subgroup, then row chunk */
+    int64_t chunks = (j->b->q_len[s] + j->rows_per_item - 1) / j->rows_per_item;
+    int chunk = (int)(local % chunks);
+    int sub = (int)(local / chunks % j->n_sub);
+    int g = (int)(local / chunks / j->n_sub);
+    int h0 = sub * j->heads_per_item, h1 = h0 + j->heads_per_item > j->rep ? j->rep : h0 + j->heads_per_item;
+    int r0 = chunk * j->rows_per_item;
+    int r1 = r0 + j->rows_per_item > j->b->q_len[s] ? j->b->q_len[s] : r0 + j->rows_per_item;
+    attn_item(j, s, g, h0, h1, r0, r1);
+  }
+}
+
+/* Checks one sequence of the batch; NULL when fine. */
+static const char *check_seq(const servd_attn_batch *b, int s, int64_t t, const servd_kv_cache *c, char *buf,
+                             size_t cap) {
+  int32_t qs = b->q_start[s], ql = b->q_len[s], kl = b->kv_len[s];
+  if (ql < 0 || qs < 0 || (int64_t)qs + ql > t) {
+    snprintf(buf, cap, "sequence %d: query rows [%d, %d+%d) outside the %lld rows of q", s, qs, qs, ql, (long long)t);
+    return buf;
+  }
+  if (kl < ql) {
+    snprintf(buf, cap, "sequence %d: kv_len %d < q_len %d", s, kl, ql);
+    return buf;
+  }
+  if (kl > 0 && !b->block_tables[s]) {
+    snprintf(buf, cap, "sequence %d: no block table", s);
+    return buf;
+  }
+  int nb = (int)(((int64_t)kl + c->block_size - 1) / c->block_size);
+  for (int i = 0; i < nb; i++) {
+    int32_t id = b->block_tables[s][i];
+    if (id < 0 || id >= c->n_blocks) {
+      snprintf(buf, cap, "sequence %d: block_tables[%d][%d] = %d outside [0, %d)", s, s, i, id, c->n_blocks);
+      return buf;
+    }
+  }
+  return NULL;
+}
+
+int servd_attention(servd_tensor *out, const servd_tensor *q, const servd_kv_cache *c, int layer,
+                    const servd_attn_batch *b, int n_heads, float scale) {
+  char bo[96], bq[96], msg[160];
+  const char *why = NULL;
+  attn_job j = {.c = c, .layer = layer, .b = b, .n_heads = n_heads, .scale = scale};
+  if (!c) {
+    why = "cache is NULL";
+  } else if (layer < 0 || layer >= c->n_layers) {
+    why = "layer out of range";
+  } else if (n_heads < 1 || n_heads % c->n_kv_heads != 0) {
+    why = "n_heads must be a positive multiple of the cache's n_kv_heads";
+  } else if (c->head_dim > ATTN_MAX_DIM) {
+    why = "head_dim above 512 is not supported";
+  } else if (!q || !out || q->dtype != SERVD_F32 || out->dtype != SERVD_F32 || q->ndim != 2 || out->ndim != 2 ||
+             ops__as_rows(q, &j.q) != 0 || ops__as_rows(out, &j.o) != 0 ||
+             j.q.cols != (int64_t)n_heads * c->head_dim || j.o.cols != j.q.cols || j.o.rows != j.q.rows) {
+    why = "q and out must be f32 (t, n_heads*head_dim)";
+  } else if (!isfinite(scale)) {
+    why = "scale must be finite";
+  } else if (!b || b->n_seqs < 0 || (b->n_seqs > 0 && (!b->q_start || !b->q_len || !b->kv_len || !b->block_tables))) {
+    why = "batch must give q_start, q_len, kv_len and block_tables for n_seqs >= 0 sequences";
+  }
+  for (int s = 0; !why && s < b->n_seqs; s++) why = check_seq(b, s, j.q.rows, c, msg, sizeof msg);
+  if (why)
+    return servd_fail(SERVD_EINVAL,
+                      "attention: %s; got out %s, q %s, layer %d, n_heads %d, cache %d layers x %d kv heads x %d dims %s",
+                      why, ops__desc(out, bo, sizeof bo), ops__desc(q, bq, sizeof bq), layer, n_heads,
+                      c ? c->n_layers : 0, c ? c->n_kv_heads : 0, c ? c->head_dim : 0,
+                      c ? servd_dtype_name(c->dtype) : "-");
+  j.kn = &kernels[ops__isa()];
+  j.rep = n_heads / c->n_kv_heads;
+  j.heads_per_item = j.rep < ATTN_MAX_Q ? j.rep : ATTN_MAX_Q;
+  j.n_sub = (j.rep + j.heads_per_item - 1) / j.heads_per_item;
+  j.rows_per_item = ATTN_MAX_Q / j.heads_per_item;
+  int64_t items = 0;
+  for (int s = 0; s < b->n_seqs; s++) items += seq_items(&j, s);
+  if (items == 0) return 0;
+  servd_parallel_for(items, 1, attn_task, &j);
+  return 0;
+}

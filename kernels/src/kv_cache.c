@@ -1,0 +1,186 @@
+/* Paged KV cache: block pools per layer (layout in ops-impl.h), a thread-safe free list, kv_write. */
+#include "ops-impl.h"
+
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "servd/threadpool.h"
+
+static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim, int block_size,
+                          int n_blocks, servd_dtype dtype) {
+  servd_kv_cache *c = NULL;
+  int rc = SERVD_ENOMEM;
+  if (!out || n_layers < 1 || n_kv_heads < 1 || head_dim < 1 || block_size < 1 || n_blocks < 1 ||
+      (dtype != SERVD_F32 && dtype != SERVD_F16))
+    return servd_fail(SERVD_EINVAL,
+                      "kv_cache_create: expected positive n_layers, n_kv_heads, head_dim, block_size, n_blocks "
+                      "and dtype f32 or f16; got %d, %d, %d, %d, %d, %s",
+                      n_layers, n_kv_heads, head_dim, block_size, n_blocks, servd_dtype_name(dtype));
+  *out = NULL;
+  size_t elem = servd_dtype_block_bytes(dtype);
+  /* every size below stays far from SIZE_MAX: check the product in 128 bits */
+  unsigned __int128 head = (unsigned __int128)block_size * (unsigned __int128)head_dim * elem;
+  unsigned __int128 total = (head + 64) * (unsigned __int128)n_kv_heads * (unsigned __int128)n_blocks * 2u *
+                            (unsigned __int128)n_layers;
+  if (total > ((unsigned __int128)1 << 46)) /* 64 TiB: surely a wrong argument */
+    return servd_fail(SERVD_ERANGE, "kv_cache_create: %d layers x %d blocks x %d tokens x %d heads x %d dims of %s is too large",
+                      n_layers, n_blocks, block_size, n_kv_heads, head_dim, servd_dtype_name(dtype));
+  c = calloc(1, sizeof *c);
+  if (!c) goto fail;
+  c->n_layers = n_layers;
+  c->n_kv_heads = n_kv_heads;
+  c->head_dim = head_dim;
+  c->block_size = block_size;
+  c->n_blocks = n_blocks;
+  c->dtype = dtype;
+  c->elem = elem;
+  c->head_bytes = round64((size_t)head);
+  c->block_bytes = c->head_bytes * (size_t)n_kv_heads;
+  c->pool_bytes = c->block_bytes * (size_t)n_blocks * 2 * (size_t)n_layers;
+  /* an anonymous mapping: zeroed, page aligned, and only touched pages cost memory */
+  c->pool = mmap(NULL, c->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (c->pool == MAP_FAILED) {
+    c->pool = NULL;
+    goto fail;
+  }
+  c->free_ids = malloc((size_t)n_blocks * sizeof *c->free_ids);
+  c->in_use = calloc((size_t)n_blocks, 1);
+  if (!c->free_ids || !c->in_use) goto fail;
+  for (int i = 0; i < n_blocks; i++) c->free_ids[i] = n_blocks - 1 - i; /* hand out low ids first */
+  c->n_free = n_blocks;
+  if (pthread_mutex_init(&c->mu, NULL) != 0) goto fail;
+  *out = c;
+  return 0;
+fail:
+  if (c && c->pool) munmap(c->pool, c->pool_bytes);
+  if (c) {
+    free(c->free_ids);
+    free(c->in_use);
+  }
+  free(c);
+  return servd_fail(rc, "kv_cache_create: out of memory for %d layers x %d blocks x %d tokens x %d heads x %d dims of %s",
+                    n_layers, n_blocks, block_size, n_kv_heads, head_dim, servd_dtype_name(dtype));
+}
+
+void servd_kv_cache_destroy(servd_kv_cache *c) {
+  if (!c) return;
+  pthread_mutex_destroy(&c->mu);
+  munmap(c->pool, c->pool_bytes);
+  free(c->free_ids);
+  free(c->in_use);
+  free(c);
+}
+
+int servd_kv_cache_block_size(const servd_kv_cache *c) { return c ? c->block_size : 0; }
+int servd_kv_cache_n_blocks(const servd_kv_cache *c) { return c ? c->n_blocks : 0; }
+
+int servd_kv_cache_free_blocks(const servd_kv_cache *c) {
+  if (!c) return 0;
+  servd_kv_cache *m = (servd_kv_cache *)c; /* the lock is not part of the logical state */
+  pthread_mutex_lock(&m->mu);
+  int n = m->n_free;
+  pthread_mutex_unlock(&m->mu);
+  return n;
+}
+
+int servd_kv_cache_alloc(servd_kv_cache *c, int n, int32_t *ids) {
+  if (!c || n < 0 || (n > 0 && !ids))
+    return servd_fail(SERVD_EINVAL, "kv_cache_alloc: expected a cache, n >= 0 and an ids array; got n %d", n);
+  pthread_mutex_lock(&c->mu);
+  if (n > c->n_free) {
+    int have = c->n_free;
+    pthread_mutex_unlock(&c->mu);
+    return servd_fail(SERVD_EBUSY, "kv_cache_alloc: %d blocks asked, %d free of %d", n, have, c->n_blocks);
+  }
+  for (int i = 0; i < n; i++) {
+    ids[i] = c->free_ids[--c->n_free];
+    c->in_use[ids[i]] = 1;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return 0;
+}
+
+void servd_kv_cache_free(servd_kv_cache *c, int n, const int32_t *ids) {
+  if (!c || n <= 0 || !ids) return;
+  pthread_mutex_lock(&c->mu);
+  for (int i = 0; i < n; i++) {
+    int32_t b = ids[i];
+    if (b < 0 || b >= c->n_blocks || !c->in_use[b]) continue; /* not ours to take back */
+    c->in_use[b] = 0;
+    c->free_ids[c->n_free++] = b;
+  }
+  pthread_mutex_unlock(&c->mu);
+}
+
+typedef struct write_job {
+  const servd_kv_cache *c;
+  int layer;
+  ops__rows k, v;
+  const char *slots;
+  int64_t slot_stride;
+} write_job;
+
+static void write_task(void *ctx, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  const write_job *j = ctx;
+  const servd_kv_cache *c = j->c;
+  for (int64_t r = begin; r < end; r++) {
+    int32_t slot = *(const int32_t *)(j->slots + r * j->slot_stride);
+    int32_t blk = slot / c->block_size;
+    int off = slot % c->block_size;
+    for (int kv = 0; kv < 2; kv++) {
+      const float *src = (const float *)((kv ? j->v.data + r * j->v.stride : j->k.data + r * j->k.stride));
+      for (int g = 0; g < c->n_kv_heads; g++) {
+        char *dst = ops__kv_row(c, j->layer, kv, blk, g, off);
+        const float *s = src + (size_t)g * (size_t)c->head_dim;
+        if (c->dtype == SERVD_F32)
+          memcpy(dst, s, (size_t)c->head_dim * sizeof(float));
+        else
+          servd_row_from_f32(SERVD_F16, s, dst, c->head_dim);
+      }
+    }
+  }
+}
+
+int servd_kv_write(servd_kv_cache *c, int layer, const servd_tensor *k, const servd_tensor *v,
+                   const servd_tensor *slots) {
+  char bk[96], bv[96], bs[96];
+  write_job j = {.c = c, .layer = layer};
+  const char *why = NULL;
+  int64_t width = c ? (int64_t)c->n_kv_heads * c->head_dim : 0;
+  if (!c) {
+    why = "cache is NULL";
+  } else if (layer < 0 || layer >= c->n_layers) {
+    why = "layer out of range";
+  } else if (!k || !v || k->dtype != SERVD_F32 || v->dtype != SERVD_F32 || k->ndim != 2 || v->ndim != 2 ||
+             ops__as_rows(k, &j.k) != 0 || ops__as_rows(v, &j.v) != 0 || j.k.cols != width ||
+             j.v.cols != width || j.k.rows != j.v.rows) {
+    why = "k and v must be f32 (t, n_kv_heads*head_dim)";
+  } else if (!slots || slots->dtype != SERVD_I32 || slots->ndim != 1 || slots->shape[0] != j.k.rows) {
+    why = "slots must be i32 (t)";
+  }
+  if (!why) {
+    j.slots = servd_tensor_data(slots);
+    j.slot_stride = slots->strides[0];
+    int64_t n_slots = (int64_t)c->n_blocks * c->block_size;
+    for (int64_t r = 0; r < j.k.rows; r++) {
+      int32_t s = *(const int32_t *)(j.slots + r * j.slot_stride);
+      if (s < 0 || s >= n_slots) {
+        return servd_fail(SERVD_EINVAL, "kv_write: slots[%lld] = %d outside [0, %lld) (%d blocks of %d); k %s, v %s, slots %s",
+                          (long long)r, s, (long long)n_slots, c->n_blocks, c->block_size,
+                          ops__desc(k, bk, sizeof bk), ops__desc(v, bv, sizeof bv), ops__desc(slots, bs, sizeof bs));
+      }
+    }
+  }
+  if (why)
+    return servd_fail(SERVD_EINVAL, "kv_write: %s; got layer %d of %d, k %s, v %s, slots %s, cache %d kv heads x %d dims %s",
+                      why, layer, c ? c->n_layers : 0, ops__desc(k, bk, sizeof bk), ops__desc(v, bv, sizeof bv),
+                      ops__desc(slots, bs, sizeof bs), c ? c->n_kv_heads : 0, c ? c->head_dim : 0,
+                      c ? servd_dtype_name(c->dtype) : "-");
+  if (j.k.rows == 0) return 0;
+  int64_t grain = width >= 4096 ? 4 : 16384 / width + 1;
+  servd_parallel_for(j.k.rows, grain, write_task, &j);
+  return 0;
+}

@@ -1,0 +1,157 @@
+/* servd_matmul: argument checks, ISA dispatch, the thread-pool split, and the scalar reference. */
+#include <stdio.h>
+#include <string.h>
+
+#include "matmul-impl.h"
+#include "servd/threadpool.h"
+
+/* ---- scalar reference ------------------------------------------------------------------------- */
+
+static inline float w_at(servd_dtype t, const char *row, int64_t i) {
+  switch (t) {
+  case SERVD_F16: return servd_f16_to_f32(((const uint16_t *)row)[i]);
+  case SERVD_BF16: return servd_bf16_to_f32(((const uint16_t *)row)[i]);
+  default: return ((const float *)row)[i];
+  }
+}
+
+/* Double accumulation: this is the oracle the SIMD kernels are tested against. */
+void servd__mm_float_scalar(const servd__mm *p, int64_t j0, int64_t j1) {
+  for (int64_t i = 0; i < p->m; i++) {
+    const float *x = (const float *)(p->x + i * p->ldx);
+    float *o = (float *)(p->out + i * p->ldo);
+    for (int64_t j = j0; j < j1; j++) {
+      const char *w = p->w + j * p->ldw;
+      double acc = 0;
+      for (int64_t l = 0; l < p->k; l++) acc += (double)x[l] * (double)w_at(p->wt, w, l);
+      o[j] = (float)acc;
+    }
+  }
+}
+
+/* Per block: exact integer dot of weight and activation quanta, times both scales; the q4 offsets
+ * (q4_0: -8*d, q4_1: m) multiply s = d_x * sum(q_x). Same arithmetic as the SIMD kernels. */
+void servd__mm_quant_scalar(const servd__mm *p, int64_t j0, int64_t j1) {
+  const int64_t nb = p->xq.nb;
+  for (int64_t i = 0; i < p->m; i++) {
+    const int8_t *xq = p->xq.qs + i * p->xq.ldq;
+    const float *xd = p->xq.d + i * nb, *xs = p->xq.s + i * nb;
+    float *o = (float *)(p->out + i * p->ldo);
+    for (int64_t j = j0; j < j1; j++) {
+      const char *w = p->w + j * p->ldw;
+      double acc = 0;
+      for (int64_t b = 0; b < nb; b++) {
+        const int8_t *xb = xq + b * SERVD_QK;
+        int32_t dot = 0;
+        if (p->wt == SERVD_Q8_0) {
+          const servd__block_q8_0 *blk = (const servd__block_q8_0 *)w + b;
+          for (int l = 0; l < SERVD_QK; l++) dot += blk->qs[l] * xb[l];
+          acc += (double)servd_f16_to_f32(blk->d) * xd[b] * dot;
+        } else {
+          const uint8_t *qs;
+          float d, c;
+          if (p->wt == SERVD_Q4_0) {
+            const servd__block_q4_0 *blk = (const servd__block_q4_0 *)w + b;
+            qs = blk->qs;
+            d = servd_f16_to_f32(blk->d);
+            c = -8.0f * d;
+          } else {
+            const servd__block_q4_1 *blk = (const servd__block_q4_1 *)w + b;
+            qs = blk->qs;
+            d = servd_f16_to_f32(blk->d);
+            c = servd_f16_to_f32(blk->m);
+          }
+          for (int l = 0; l < SERVD_QK / 2; l++)
+            dot += (qs[l] & 0x0f) * xb[l] + (qs[l] >> 4) * xb[l + SERVD_QK / 2];
+          acc += (double)d * xd[b] * dot + (double)c * xs[b];
+        }
+      }
+      o[j] = (float)acc;
+    }
+  }
+}
+
+/* ---- checks ----------------------------------------------------------------------------------- */
+
+static int bad(const servd_tensor *out, const servd_tensor *x, const servd_tensor *w, const char *why) {
+  char a[96], b[96], c[96];
+  return servd_fail(SERVD_EINVAL, "matmul: %s (out %s, x %s, w %s)", why, servd_tensor_describe(out, a, sizeof a),
+                    servd_tensor_describe(x, b, sizeof b), servd_tensor_describe(w, c, sizeof c));
+}
+
+static int setup(servd__mm *p, servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
+  servd__mat mx, mw, mo;
+  if (!out || !x || !w) return servd_fail(SERVD_EINVAL, "matmul: NULL tensor");
+  if (x->dtype != SERVD_F32 || out->dtype != SERVD_F32)
+    return bad(out, x, w, "x and out must be f32");
+  if (w->dtype == SERVD_I32 || (unsigned)w->dtype >= SERVD_DTYPE_COUNT)
+    return bad(out, x, w, "w must be f32, f16, bf16, q8_0, q4_0 or q4_1");
+  if (w->ndim != 2) return bad(out, x, w, "w must be 2-D (n,k)");
+  if (x->device >= 0 || w->device >= 0 || out->device >= 0) return bad(out, x, w, "tensors must be on the host");
+  if (!servd__as_matrix(x, &mx) || !servd__as_matrix(w, &mw) || !servd__as_matrix(out, &mo))
+    return bad(out, x, w, "outer dimensions of a view cannot be merged into rows");
+  if (mx.cols != mw.cols) return bad(out, x, w, "inner dimensions differ");
+  if (mo.rows != mx.rows || mo.cols != mw.rows) return bad(out, x, w, "out must be (m,n)");
+  if (((uintptr_t)mx.base | (uintptr_t)mo.base | (uintptr_t)mx.row_stride | (uintptr_t)mo.row_stride) % 4 ||
+      ((uintptr_t)mw.base | (uintptr_t)mw.row_stride) % (w->dtype == SERVD_F32 ? 4 : 2))
+    return bad(out, x, w, "misaligned view");
+  *p = (servd__mm){.x = mx.base, .w = mw.base, .out = mo.base, .ldx = mx.row_stride, .ldw = mw.row_stride,
+                   .ldo = mo.row_stride, .m = mx.rows, .n = mw.rows, .k = mx.cols, .wt = w->dtype};
+  return 0;
+}
+
+/* ---- dispatch --------------------------------------------------------------------------------- */
+
+typedef struct task {
+  const servd__mm *p;
+  servd__mm_fn fn;
+  int64_t cols; /* output columns per item */
+} task;
+
+static void run_task(void *ctx, int64_t b, int64_t e, int thread) {
+  const task *t = ctx;
+  int64_t j0 = b * t->cols, j1 = e * t->cols;
+  (void)thread;
+  t->fn(t->p, j0, j1 < t->p->n ? j1 : t->p->n);
+}
+
+int servd_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
+  servd__mm p;
+  int rc = setup(&p, out, x, w);
+  if (rc) return rc;
+  if (p.m == 0 || p.n == 0) return 0;
+  if (p.k == 0) {
+    for (int64_t i = 0; i < p.m; i++) memset(p.out + i * p.ldo, 0, (size_t)p.n * 4);
+    return 0;
+  }
+  servd_isa isa = servd__isa();
+  servd__mm_fn fn;
+  if (servd_dtype_is_quantized(p.wt)) {
+    p.xq.nb = p.k / SERVD_QK;
+    p.xq.ldq = (p.k + 63) / 64 * 64;
+    size_t qbytes = (size_t)(p.m * p.xq.ldq), fbytes = (size_t)(p.m * p.xq.nb) * sizeof(float);
+    char *buf = servd__scratch(0, qbytes + 2 * fbytes + 64);
+    if (!buf) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate %zu bytes of activation scratch", qbytes);
+    p.xq.qs = (int8_t *)buf;
+    p.xq.d = (float *)(buf + qbytes);
+    p.xq.s = (float *)(buf + qbytes + fbytes);
+    if (isa == SERVD_ISA_AVX512)
+      servd__quantize_q8x_avx512(p.x, p.ldx, p.m, p.k, &p.xq);
+    else
+      servd__quantize_q8x(p.x, p.ldx, p.m, p.k, &p.xq);
+    fn = servd__cpu_has_vnni() ? servd__mm_quant_avx512vnni
+         : isa >= SERVD_ISA_AVX2 ? servd__mm_quant_avx2
+                                 : servd__mm_quant_scalar;
+  } else {
+    fn = isa == SERVD_ISA_AVX512 ? servd__mm_float_avx512
+         : isa == SERVD_ISA_AVX2 ? servd__mm_float_avx2
+                                 : servd__mm_float_scalar;
+  }
+  /* Items of 32 columns (a whole register tile); small problems run inline on the caller. */
+  task t = {.p = &p, .fn = fn, .cols = 32};
+  int64_t items = (p.n + t.cols - 1) / t.cols;
+  int64_t macs_per_item = p.m * p.k * t.cols;
+  int64_t grain = (1 << 16) / (macs_per_item ? macs_per_item : 1) + 1;
+  servd_parallel_for(items, grain, run_task, &t);
+  return 0;
+}

@@ -1,0 +1,163 @@
+/* Private to the layer ops (rmsnorm, rope, swiglu/add, softmax, attention): the per-ISA row kernels
+ * the dispatchers choose between, shape helpers for error messages, and the vector exp shared by
+ * the SIMD files. Not part of the API. */
+#ifndef SERVD_OPS_IMPL_H
+#define SERVD_OPS_IMPL_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cpu-impl.h"
+#include "servd/ops.h"
+
+/* ---- row kernels, one set per ISA (scalar ones live in the op's own .c file) ---------------------- */
+#define OPS__DECLARE_ROW_KERNELS(isa)                                                                    \
+  void servd__add_##isa(float *out, const float *a, const float *b, int64_t n);                          \
+  void servd__swiglu_##isa(float *out, const float *g, const float *u, int64_t n);                       \
+  /* returns sum(x^2) in f32 accumulators */                                                             \
+  float servd__sumsq_##isa(const float *x, int64_t n);                                                   \
+  /* out = x * r * w, w f32 / f16 / bf16 */                                                              \
+  void servd__scale_mul_##isa(float *out, const float *x, float r, const void *w, servd_dtype wt, int64_t n); \
+  /* x[i] = exp(x[i]*scale - max), returns the sum */                                                    \
+  float servd__exp_shift_sum_##isa(float *x, int64_t n, float scale, float max);                        \
+  float servd__max_##isa(const float *x, int64_t n);                                                     \
+  void servd__mul_scalar_##isa(float *x, int64_t n, float s);                                            \
+  /* rotate n_heads heads of one row with per-pair tables cs/sn (head_dim/2 each) */                    \
+  void servd__rope_row_##isa(float *x, int64_t n_heads, int head_dim, servd_rope_layout layout,         \
+                             const float *cs, const float *sn);                                          \
+  /* out[j] = scale * dot(q, k_j) for n keys of k (rows of hd, kstride elements apart), f32 or f16 */    \
+  void servd__attn_scores_##isa(float *out, const float *q, const void *k, servd_dtype kt, int n,       \
+                                int hd, int64_t kstride, float scale);                                   \
+  /* acc[0..hd) += sum_j p[j] * v_j */                                                                   \
+  void servd__attn_accum_##isa(float *acc, const float *p, const void *v, servd_dtype vt, int n, int hd, \
+                               int64_t vstride);
+
+OPS__DECLARE_ROW_KERNELS(scalar)
+OPS__DECLARE_ROW_KERNELS(avx2)
+OPS__DECLARE_ROW_KERNELS(avx512)
+
+/* The active ISA (forced or best), indexes the kernel tables above. */
+static inline servd_isa ops__isa(void) {
+  servd_isa isa = servd__isa();
+  return isa >= SERVD_ISA_COUNT ? SERVD_ISA_SCALAR : isa;
+}
+
+/* A tensor seen as rows over its last dim (servd__as_matrix); -1 when outer dims cannot be merged. */
+typedef struct ops__rows {
+  char *data;
+  int64_t rows, cols, stride; /* stride in bytes */
+} ops__rows;
+
+static inline int ops__as_rows(const servd_tensor *t, ops__rows *r) {
+  servd__mat m;
+  if (!t || t->ndim < 1 || !servd__as_matrix(t, &m)) return -1;
+  r->data = m.base;
+  r->rows = m.rows;
+  r->cols = m.cols;
+  r->stride = m.row_stride;
+  return 0;
+}
+
+/* "f32[2,3]" or "(null)" for messages. */
+static inline const char *ops__desc(const servd_tensor *t, char *buf, size_t cap) {
+  if (!t) {
+    snprintf(buf, cap, "(null)");
+    return buf;
+  }
+  return servd_tensor_describe(t, buf, cap);
+}
+
+/* ---- paged KV cache layout (kv_cache.c), read by attention.c ------------------------------------
+ * Per layer and per K/V, a pool of n_blocks blocks. A block holds, for each kv head, block_size
+ * consecutive token rows of head_dim values: [kv_head][token][dim]. Head-major inside the block makes
+ * the run that attention streams for one (sequence, kv head) contiguous. head_bytes and block_bytes
+ * are rounded up to 64 bytes so every run starts on a cache line. */
+struct servd_kv_cache {
+  int n_layers, n_kv_heads, head_dim, block_size, n_blocks;
+  servd_dtype dtype;  /* f32 or f16 */
+  size_t elem;        /* bytes per value */
+  size_t head_bytes;  /* one kv head's run in a block */
+  size_t block_bytes; /* n_kv_heads * head_bytes */
+  char *pool;         /* [layer][k|v][block] block_bytes each; one anonymous mapping */
+  size_t pool_bytes;
+  pthread_mutex_t mu; /* guards the free list */
+  int32_t *free_ids;  /* stack of free block ids */
+  int n_free;
+  uint8_t *in_use;    /* per block, so a stray or double free is ignored */
+};
+
+/* Row of token `off` in block `blk` for kv head g; kv 0 = K, 1 = V. */
+static inline char *ops__kv_row(const struct servd_kv_cache *c, int layer, int kv, int32_t blk, int g, int off) {
+  size_t b = ((size_t)layer * 2 + (size_t)kv) * (size_t)c->n_blocks + (size_t)blk;
+  return c->pool + b * c->block_bytes + (size_t)g * c->head_bytes + (size_t)off * (size_t)c->head_dim * c->elem;
+}
+
+/* ---- vector exp -----------------------------------------------------------------------------------
+ * Cephes expf: n = round(x*log2e), r = x - n*ln2 (two-part ln2), degree-6 polynomial, times 2^n.
+ * About 1-2 ulp against libm expf over the clamped range. */
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+static inline __m256 ops__exp256(__m256 x) {
+  /* 88.0 keeps 2^n a normal float for the exponent trick; exp(x<-87) is flushed to 0 (true value
+   * < 1.7e-38, far below anything our consumers can see). */
+  const __m256 hi = _mm256_set1_ps(88.0f), lo = _mm256_set1_ps(-87.0f);
+  __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+  __m256 r2 = _mm256_mul_ps(r, r);
+  __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(under, y);
+}
+static inline float ops__hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+static inline float ops__hmax256(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+/* n (< 8) lanes mask for tails */
+static inline __m256i ops__tailmask256(int64_t n) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), idx);
+}
+#endif
+
+#if defined(__AVX512F__)
+static inline __m512 ops__exp512(__m512 x) {
+  /* scalef computes p*2^n with correct overflow/underflow, so only NaN-safe clamping is needed. */
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  __m512 r2 = _mm512_mul_ps(r, r);
+  __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+#endif
+
+#endif

@@ -1,0 +1,28 @@
+/* Activation quantization for quantized matmul: each block of 32 x values becomes int8 with one f32
+ * scale d = amax/127 (q = round(x/d), as ggml's quantize_row_q8_0/q8_1, but keeping d in f32), plus
+ * s = d * sum(q), which q4_0/q4_1 need for their offset terms. */
+#include <math.h>
+
+#include "matmul-impl.h"
+
+void servd__quantize_q8x(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8x *q) {
+  for (int64_t r = 0; r < m; r++) {
+    const float *xr = (const float *)(x + r * ldx);
+    int8_t *qs = q->qs + r * q->ldq;
+    for (int64_t b = 0; b < q->nb; b++) {
+      const float *v = xr + b * SERVD_QK;
+      float amax = 0.0f;
+      for (int j = 0; j < SERVD_QK; j++) amax = fmaxf(amax, fabsf(v[j]));
+      const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+      int sum = 0;
+      for (int j = 0; j < SERVD_QK; j++) {
+        const int qv = (int)roundf(v[j] * id);
+        qs[b * SERVD_QK + j] = (int8_t)qv;
+        sum += qv;
+      }
+      q->d[r * q->nb + b] = d;
+      q->s[r * q->nb + b] = d * (float)sum;
+    }
+    (void)k;
+  }
+}

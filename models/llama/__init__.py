@@ -1,0 +1,1 @@
+"""Llama-family model code carried by servd packages (entry point llama.model:LlamaModel)."""

@@ -1,0 +1,211 @@
+"""Llama-family causal LM for servd (Llama 2, Llama 3/3.1, SmolLM2, other Llama-architecture models).
+
+Runs inside a servd interpreter. Weights are views into the mapped package (never copied); tensor-
+parallel rank r of w maps only its slices: column-parallel wq wk wv w1 w3 (output rows), row-parallel
+wo w2 (input columns) followed by an all-reduce, vocabulary-parallel embedding (all-reduce of the
+zero-padded shards) and output head (all-gather of the logit columns).
+
+Activations live in buffers allocated once per capacity and reused: a step allocates nothing but
+the small Python view objects, and those are cached per batch size.
+"""
+import math
+
+import servd
+from servd import ops
+
+# Hugging Face and GGUF tensor names of the same weight.
+_HF = {
+    "embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "output": "lm_head.weight",
+    "attn_norm": "model.layers.{}.input_layernorm.weight",
+    "ffn_norm": "model.layers.{}.post_attention_layernorm.weight",
+    "wq": "model.layers.{}.self_attn.q_proj.weight", "wk": "model.layers.{}.self_attn.k_proj.weight",
+    "wv": "model.layers.{}.self_attn.v_proj.weight", "wo": "model.layers.{}.self_attn.o_proj.weight",
+    "w1": "model.layers.{}.mlp.gate_proj.weight", "w3": "model.layers.{}.mlp.up_proj.weight",
+    "w2": "model.layers.{}.mlp.down_proj.weight",
+}
+_GGUF = {
+    "embed": "token_embd.weight", "norm": "output_norm.weight", "output": "output.weight",
+    "attn_norm": "blk.{}.attn_norm.weight", "ffn_norm": "blk.{}.ffn_norm.weight",
+    "wq": "blk.{}.attn_q.weight", "wk": "blk.{}.attn_k.weight", "wv": "blk.{}.attn_v.weight",
+    "wo": "blk.{}.attn_output.weight", "w1": "blk.{}.ffn_gate.weight", "w3": "blk.{}.ffn_up.weight",
+    "w2": "blk.{}.ffn_down.weight",
+}
+
+
+def _cfg(cfg, *keys, default=None):
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    if default is None:
+        raise ValueError(f"llama: model config lacks {keys[0]!r}")
+    return default
+
+
+def _split(n, rank, world, what, align=1):
+    """Equal contiguous shard [start, start+len) of n along a parallel dimension."""
+    if n % world or (n // world) % align:
+        raise ValueError(f"llama: {what}={n} does not split evenly over {world} tensor-parallel ranks"
+                         + (f" in multiples of {align}" if align > 1 else ""))
+    part = n // world
+    return rank * part, part
+
+
+class LlamaModel:
+    def __init__(self):
+        pkg = servd.package
+        cfg = dict(pkg.config)
+        man = pkg.manifest
+        self.rank, self.world = servd.rank(), servd.world_size()
+        names = set(pkg.tensor_names())
+        self._names = _GGUF if _GGUF["embed"] in names else _HF
+
+        self.dim = int(_cfg(cfg, "hidden_size", "embedding_length"))
+        self.n_layers = int(_cfg(cfg, "num_hidden_layers", "block_count"))
+        self.n_heads = int(_cfg(cfg, "num_attention_heads", "head_count"))
+        self.n_kv_heads = int(_cfg(cfg, "num_key_value_heads", "head_count_kv", default=self.n_heads))
+        self.head_dim = int(_cfg(cfg, "head_dim", default=self.dim // self.n_heads))
+        self.eps = float(_cfg(cfg, "rms_norm_eps", "layer_norm_rms_epsilon", default=1e-6))
+        self.vocab = int(_cfg(cfg, "vocab_size", default=-1))
+        hidden = int(_cfg(cfg, "intermediate_size", "feed_forward_length"))
+
+        layout = man.get("rope_layout") or cfg.get("rope_layout") or (
+            "interleaved" if self._names is _GGUF else "half")
+        rs = cfg.get("rope_scaling") or {}
+        rkw = {}
+        if rs.get("rope_type", rs.get("type")) == "llama3":
+            rkw = dict(factor=float(rs["factor"]), low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
+                       high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
+                       original_max_positions=int(rs.get("original_max_position_embeddings", 8192)))
+        elif rs:
+            raise ValueError(f"llama: unsupported rope_scaling {rs!r} (supported: llama3)")
+        self.rope = servd.Rope(layout=layout, head_dim=self.head_dim,
+                               theta=float(_cfg(cfg, "rope_theta", "rope_freq_base", default=10000.0)), **rkw)
+
+        r, w = self.rank, self.world
+        _, self.h_local = _split(self.n_heads, r, w, "num_attention_heads")
+        _, self.kv_local = _split(self.n_kv_heads, r, w, "num_key_value_heads")
+        hd = self.head_dim
+        q0, qn = r * self.h_local * hd, self.h_local * hd
+        k0, kn = r * self.kv_local * hd, self.kv_local * hd
+        f0, fn = _split(hidden, r, w, "intermediate_size", align=32 if w > 1 else 1)
+        self.q_cols, self.kv_cols, self.ff_cols = qn, kn, fn
+
+        def t(key, i=None):
+            return pkg.tensor(self._names[key].format(i))
+
+        def rows(x, start, n):  # column-parallel: output features are rows of the nn.Linear weight
+            return x if w == 1 else x.narrow(0, start, n)
+
+        def cols(x, start, n):  # row-parallel: input features are the innermost dimension
+            return x if w == 1 else x.narrow(1, start, n)
+
+        embed = t("embed")
+        if self.vocab < 0:
+            self.vocab = embed.shape[0]
+        # Vocabulary shards: the last rank takes the remainder.
+        per = -(-self.vocab // w)
+        self.v0 = min(r * per, self.vocab)
+        self.vn = min(per, self.vocab - self.v0)
+        self.embed = rows(embed, self.v0, self.vn)
+        out_name = self._names["output"]
+        tied = bool(cfg.get("tie_word_embeddings", False)) or out_name not in names
+        self.output = self.embed if tied else rows(pkg.tensor(out_name), self.v0, self.vn)
+        self.norm = t("norm")
+
+        self.layers = []
+        for i in range(self.n_layers):
+            self.layers.append((
+                t("attn_norm", i),
+                rows(t("wq", i), q0, qn), rows(t("wk", i), k0, kn), rows(t("wv", i), k0, kn),
+                cols(t("wo", i), q0, qn),
+                t("ffn_norm", i),
+                rows(t("w1", i), f0, fn), rows(t("w3", i), f0, fn), cols(t("w2", i), f0, fn),
+            ))
+        self.scale = 1.0 / math.sqrt(hd)
+        self._cap = 0
+        self._views = {}
+        self._logit_views = {}
+        self._rcap = 0
+
+    # ---- buffers -------------------------------------------------------------------------------
+    def _alloc(self, cap):
+        e = servd.empty
+        self._buf = dict(
+            x=e((cap, self.dim)), h=e((cap, self.dim)), o=e((cap, self.dim)),
+            q=e((cap, self.q_cols)), k=e((cap, self.kv_cols)), v=e((cap, self.kv_cols)),
+            a=e((cap, self.q_cols)), g=e((cap, self.ff_cols)), u=e((cap, self.ff_cols)))
+        self._cap = cap
+        self._views = {}
+
+    def _step_views(self, n):
+        v = self._views.get(n)
+        if v is None:
+            if n > self._cap:
+                self._alloc(max(n, 2 * self._cap, 16))
+            b = self._buf
+            v = tuple(b[k].narrow(0, 0, n) for k in ("x", "h", "o", "q", "k", "v", "a", "g", "u"))
+            self._views[n] = v
+        return v
+
+    def _logit_bufs(self, r):
+        v = self._logit_views.get(r)
+        if v is None:
+            if r > self._rcap:
+                cap = max(r, 2 * self._rcap, 8)
+                self._sel = servd.empty((cap, self.dim))
+                self._lg = servd.empty((cap, self.vn))
+                self._lg_full = servd.empty((cap, self.vocab)) if self.world > 1 else self._lg
+                self._rcap = cap
+                self._logit_views = {}
+            v = (self._sel.narrow(0, 0, r), self._lg.narrow(0, 0, r), self._lg_full.narrow(0, 0, r))
+            self._logit_views[r] = v
+        return v
+
+    # ---- forward -------------------------------------------------------------------------------
+    def forward(self, batch):
+        """Logits f32 (len(batch.logit_rows), vocab) for the requested rows of a mixed batch.
+
+        The returned tensor is a reused buffer: valid until the next call."""
+        n = batch.n_tokens
+        x, h, o, q, k, v, a, g, u = self._step_views(n)
+        tp = self.world > 1
+        eps, rope, scale, hl = self.eps, self.rope, self.scale, self.h_local
+        kv, pos = batch.kv, batch.positions
+        matmul, rmsnorm, add, allreduce = ops.matmul, ops.rmsnorm, ops.add, ops.allreduce
+        ops.embedding(x, self.embed, batch.tokens, self.v0)
+        if tp:
+            allreduce(x)
+        for li, (an, wq, wk, wv, wo, fnorm, w1, w3, w2) in enumerate(self.layers):
+            rmsnorm(h, x, an, eps)
+            matmul(q, h, wq)
+            matmul(k, h, wk)
+            matmul(v, h, wv)
+            ops.rope(q, pos, rope)
+            ops.rope(k, pos, rope)
+            ops.kv_write(kv, li, k, v, batch.slots)
+            ops.attention(a, q, kv, li, batch, hl, scale)
+            matmul(o, a, wo)
+            if tp:
+                allreduce(o)
+            add(x, x, o)
+            rmsnorm(h, x, fnorm, eps)
+            matmul(g, h, w1)
+            matmul(u, h, w3)
+            ops.swiglu(g, g, u)
+            matmul(o, g, w2)
+            if tp:
+                allreduce(o)
+            add(x, x, o)
+        rows = batch.logit_rows
+        sel, lg, full = self._logit_bufs(len(rows))
+        ops.embedding(sel, x, rows)  # gathers the rows that need logits
+        rmsnorm(sel, sel, self.norm, eps)
+        matmul(lg, sel, self.output)
+        if tp:
+            ops.allgather_cols(full, lg)
+        return full
+
+    # ---- chat ----------------------------------------------------------------------------------
+    def chat_template(self, messages, add_generation_prompt=True):
+        from . import chat
+        return chat.render(messages, add_generation_prompt)

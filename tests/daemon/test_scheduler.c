@@ -1,0 +1,235 @@
+/* Continuous-batching scheduler over a real paged KV cache: budgets, chunked prefill, FCFS,
+ * block allocation, preemption and starvation, checked against hand-computed plans. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/scheduler.h"
+
+#define CTX 256
+
+typedef struct fixture {
+  servd_kv_cache *kv;
+  servd_scheduler s;
+  sched_seq seqs[8];
+  int32_t toks[8][CTX];
+} fixture;
+
+static fixture *setup_fx(int block_size, int n_blocks, int budget, int max_seqs) {
+  fixture *f = calloc(1, sizeof *f);
+  assert_non_null(f);
+  assert_int_equal(servd_kv_cache_create(&f->kv, 1, 1, 4, block_size, n_blocks, SERVD_F32), 0);
+  sched_config c = {.max_batch_tokens = budget, .max_seqs = max_seqs, .max_seq_len = CTX};
+  assert_int_equal(sched_init(&f->s, &c, f->kv), 0);
+  return f;
+}
+
+static sched_seq *add_seq(fixture *f, int i, int n_prompt) {
+  sched_seq *q = &f->seqs[i];
+  memset(q, 0, sizeof *q);
+  for (int j = 0; j < n_prompt; j++) f->toks[i][j] = 1000 * i + j;
+  q->tokens = f->toks[i];
+  q->n_tokens = n_prompt;
+  q->owner = (void *)(intptr_t)i;
+  assert_int_equal(sched_seq_init(&f->s, q), 0);
+  sched_add(&f->s, q);
+  return q;
+}
+
+/* Runs one step: plan, commit, append a token to every sequence that got logits. */
+static int step(fixture *f) {
+  int n = sched_plan(&f->s);
+  assert_true(n >= 0);
+  sched_commit(&f->s);
+  for (int i = 0; i < f->s.n_planned; i++) {
+    sched_seq *q = f->s.planned[i];
+    if (q->wants_logits) q->tokens[q->n_tokens++] = 7;
+  }
+  return n;
+}
+
+static void teardown_fx(fixture *f) {
+  for (int i = 0; i < 8; i++) {
+    if (f->seqs[i].blocks) sched_remove(&f->s, &f->seqs[i]);
+    sched_seq_free(&f->seqs[i]);
+  }
+  assert_int_equal(servd_kv_cache_free_blocks(f->kv), servd_kv_cache_n_blocks(f->kv));
+  sched_free(&f->s);
+  servd_kv_cache_destroy(f->kv);
+  free(f);
+}
+
+static void test_chunked_prefill(void **state) {
+  (void)state;
+  fixture *f = setup_fx(4, 64, 8, 4);
+  sched_seq *q = add_seq(f, 0, 20);
+  /* 20 prompt tokens at 8 per step: 8, 8, 4; logits only with the last chunk. */
+  assert_int_equal(sched_plan(&f->s), 8);
+  assert_false(q->wants_logits);
+  assert_int_equal(f->s.n_logit_rows, 0);
+  for (int t = 0; t < 8; t++) {
+    assert_int_equal(f->s.pos[t], t);
+    assert_int_equal(f->s.tok[t], t);
+    assert_int_equal(f->s.slot[t], q->blocks[t / 4] * 4 + t % 4);
+  }
+  assert_int_equal(q->n_blocks, 2); /* blocks taken only as far as the chunk reaches */
+  sched_commit(&f->s);
+  assert_int_equal(step(f), 8);
+  assert_int_equal(sched_plan(&f->s), 4);
+  assert_true(q->wants_logits);
+  assert_int_equal(f->s.n_logit_rows, 1);
+  assert_int_equal(f->s.logit_rows[0], 3);
+  servd_attn_batch b = sched_attn(&f->s);
+  assert_int_equal(b.n_seqs, 1);
+  assert_int_equal(b.q_start[0], 0);
+  assert_int_equal(b.q_len[0], 4);
+  assert_int_equal(b.kv_len[0], 20);
+  assert_ptr_equal(b.block_tables[0], q->blocks);
+  sched_commit(&f->s);
+  q->tokens[q->n_tokens++] = 5;
+  /* Decode: one token at position 20, a sixth block. */
+  assert_int_equal(sched_plan(&f->s), 1);
+  assert_int_equal(f->s.pos[0], 20);
+  assert_int_equal(f->s.tok[0], 5);
+  assert_int_equal(q->n_blocks, 6);
+  sched_commit(&f->s);
+  teardown_fx(f);
+}
+
+static void test_decode_reserved_during_prefill(void **state) {
+  (void)state;
+  fixture *f = setup_fx(4, 64, 8, 4);
+  sched_seq *a = add_seq(f, 0, 3);
+  assert_int_equal(step(f), 3); /* a prefilled, now decoding */
+  sched_seq *b = add_seq(f, 1, 50);
+  sched_seq *c = add_seq(f, 2, 2);
+  (void)c;
+  /* Step: a decodes (1), b takes the remaining 7 of the budget; c must wait (budget spent). */
+  assert_int_equal(sched_plan(&f->s), 8);
+  assert_int_equal(f->s.n_planned, 2);
+  assert_ptr_equal(f->s.planned[0], a);
+  assert_int_equal(a->chunk, 1);
+  assert_ptr_equal(f->s.planned[1], b);
+  assert_int_equal(b->chunk, 7);
+  sched_commit(&f->s);
+  a->tokens[a->n_tokens++] = 9;
+  /* Next: a (1) then b's chunk leaves no room for c: 1 + 7. */
+  assert_int_equal(sched_plan(&f->s), 8);
+  assert_int_equal(b->chunk, 7);
+  assert_int_equal(f->s.waiting.n, 1);
+  sched_commit(&f->s);
+  teardown_fx(f);
+}
+
+static void test_fcfs_max_seqs(void **state) {
+  (void)state;
+  fixture *f = setup_fx(4, 64, 64, 2);
+  sched_seq *a = add_seq(f, 0, 4), *b = add_seq(f, 1, 4), *c = add_seq(f, 2, 4);
+  assert_int_equal(step(f), 8);
+  assert_int_equal(f->s.running.n, 2);
+  assert_int_equal(c->n_computed, 0);
+  /* a finishes: c is admitted next step, after b's decode. */
+  sched_remove(&f->s, a);
+  assert_int_equal(step(f), 1 + 4);
+  assert_ptr_equal(f->s.planned[0], b);
+  assert_ptr_equal(f->s.planned[1], c);
+  teardown_fx(f);
+}
+
+static void test_no_overtaking(void **state) {
+  (void)state;
+  /* 8 blocks of 4 slots. a holds 6 blocks; b needs 3 (does not fit); small c must not overtake b. */
+  fixture *f = setup_fx(4, 8, 64, 4);
+  sched_seq *a = add_seq(f, 0, 24);
+  assert_int_equal(step(f), 24);
+  sched_seq *b = add_seq(f, 1, 12);
+  sched_seq *c = add_seq(f, 2, 2);
+  assert_int_equal(sched_plan(&f->s), 1); /* a's decode only: b does not fit, c waits behind it */
+  assert_int_equal(f->s.n_planned, 1);
+  assert_ptr_equal(f->s.planned[0], a);
+  assert_int_equal(b->state, SCHED_WAITING);
+  assert_int_equal(c->state, SCHED_WAITING);
+  sched_commit(&f->s);
+  teardown_fx(f);
+}
+
+static void test_preemption_recompute(void **state) {
+  (void)state;
+  /* 4 blocks of 4 slots = 16 slots. a and b take 8 tokens (2 blocks) each; when a grows into a
+   * third block, b (newer) is preempted, freed, and later recomputed with its generated tokens. */
+  fixture *f = setup_fx(4, 4, 64, 4);
+  sched_seq *a = add_seq(f, 0, 7), *b = add_seq(f, 1, 7);
+  assert_int_equal(step(f), 14); /* both prefilled: 8 tokens each now, 2 blocks each */
+  assert_int_equal(servd_kv_cache_free_blocks(f->kv), 0);
+  assert_int_equal(a->n_tokens, 8);
+  /* a's decode at position 7 still fits its second block; so does b's. */
+  assert_int_equal(step(f), 2);
+  assert_int_equal(a->n_tokens, 9);
+  /* a's token at position 8 needs a third block: b is preempted. */
+  assert_int_equal(sched_plan(&f->s), 1);
+  assert_ptr_equal(f->s.planned[0], a);
+  assert_int_equal(f->s.preemptions, 1);
+  assert_int_equal(b->state, SCHED_WAITING);
+  assert_int_equal(b->n_computed, 0);
+  assert_int_equal(b->n_blocks, 0);
+  assert_int_equal(b->n_tokens, 9); /* keeps its prompt and generated tokens */
+  sched_commit(&f->s);
+  a->tokens[a->n_tokens++] = 7;
+  /* a finishes: b comes back and recomputes all 9 tokens in one chunk, with logits at the end. */
+  sched_remove(&f->s, a);
+  assert_int_equal(sched_plan(&f->s), 9);
+  assert_ptr_equal(f->s.planned[0], b);
+  assert_true(b->wants_logits);
+  for (int t = 0; t < 9; t++) assert_int_equal(f->s.tok[t], b->tokens[t]);
+  sched_commit(&f->s);
+  teardown_fx(f);
+}
+
+static void test_starved(void **state) {
+  (void)state;
+  fixture *f = setup_fx(4, 2, 64, 4); /* 8 slots in all */
+  sched_seq *a = add_seq(f, 0, 12);
+  sched_seq *b = add_seq(f, 1, 3);
+  assert_int_equal(sched_plan(&f->s), 3);
+  assert_int_equal(f->s.n_starved, 1);
+  assert_ptr_equal(f->s.starved[0], a);
+  assert_int_equal(a->state, SCHED_REMOVED);
+  assert_ptr_equal(f->s.planned[0], b);
+  sched_commit(&f->s);
+  /* b grows until it alone needs more than the cache: then it is starved too. */
+  b->tokens[b->n_tokens++] = 1;
+  for (int i = 0; i < 5; i++) step(f);
+  assert_int_equal(b->n_tokens, 9); /* position 8 needs a third block */
+  assert_int_equal(sched_plan(&f->s), 0);
+  assert_int_equal(f->s.n_starved, 1);
+  assert_ptr_equal(f->s.starved[0], b);
+  teardown_fx(f);
+}
+
+static void test_remove_frees(void **state) {
+  (void)state;
+  fixture *f = setup_fx(4, 16, 64, 4);
+  sched_seq *a = add_seq(f, 0, 10);
+  step(f);
+  assert_int_equal(sched_used_blocks(&f->s), 3);
+  sched_remove(&f->s, a);
+  sched_remove(&f->s, a); /* idempotent */
+  assert_int_equal(sched_used_blocks(&f->s), 0);
+  assert_int_equal(sched_plan(&f->s), 0);
+  teardown_fx(f);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_chunked_prefill),      cmocka_unit_test(test_decode_reserved_during_prefill),
+      cmocka_unit_test(test_fcfs_max_seqs),        cmocka_unit_test(test_no_overtaking),
+      cmocka_unit_test(test_preemption_recompute), cmocka_unit_test(test_starved),
+      cmocka_unit_test(test_remove_frees),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

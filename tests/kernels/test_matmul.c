@@ -1,0 +1,249 @@
+/* servd_matmul on every ISA this CPU has, every weight dtype, awkward shapes, against independent
+ * references; plus the error paths.
+ *
+ * Tolerances:
+ * - f32/f16/bf16 weights vs a double-precision reference over the dequantized weights: f32 sums in
+ *   any order err by at most k*u*sum|x*w| (u = 2^-24); we allow 2*k*u*sum|x*w|.
+ * - quantized, SIMD vs the scalar quantized path: both use the same q8 activations and exact integer
+ *   block dots, so they differ only in float summation order and in f32 vs f64 accumulation of the
+ *   block terms: allowed 4*nb*u*sum_b|terms| with sum_b|terms| bounded by sum|x|*|w| + 1e-30.
+ * - quantized scalar vs the f32 reference over the dequantized weight: activation rounding errs by at
+ *   most d_x/2 = amax_b/254 per element, so |err| <= sum_b amax_b/254 * sum_{i in b}|w_i|, plus the
+ *   f32 rounding of d_x and s (relative 2^-23 of sum|x*w|); we allow 1.01x that plus 1e-6.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "servd/ops.h"
+#include "servd/threadpool.h"
+
+static uint32_t rng = 1;
+static float frand(void) {
+  rng = rng * 1664525u + 1013904223u;
+  return (float)(rng >> 8) / 16777216.0f * 2.0f - 1.0f;
+}
+
+static servd_tensor *rand_f32(int64_t r, int64_t c) {
+  servd_tensor *t = servd_tensor_new(SERVD_F32, 2, (int64_t[]){r, c});
+  float *d = servd_tensor_data(t);
+  for (int64_t i = 0; i < r * c; i++) d[i] = frand();
+  return t;
+}
+
+/* A weight of dtype dt from random f32 values; *deq receives the dequantized f32 (n,k). */
+static servd_tensor *make_w(servd_dtype dt, int64_t n, int64_t k, float **deq) {
+  servd_tensor *w = servd_tensor_new(dt, 2, (int64_t[]){n, k});
+  float *row = malloc((size_t)(k ? k : 1) * 4);
+  *deq = malloc((size_t)(n * k + 1) * 4);
+  for (int64_t j = 0; j < n; j++) {
+    for (int64_t l = 0; l < k; l++) row[l] = frand() * (1.0f + (float)(j % 3));
+    char *dst = (char *)servd_tensor_data(w) + j * w->strides[0];
+    assert_int_equal(servd_row_from_f32(dt, row, dst, k), 0);
+    assert_int_equal(servd_row_to_f32(dt, dst, *deq + j * k, k), 0);
+  }
+  free(row);
+  return w;
+}
+
+static const servd_dtype all_dtypes[] = {SERVD_F32, SERVD_F16, SERVD_BF16, SERVD_Q8_0, SERVD_Q4_0, SERVD_Q4_1};
+
+typedef struct shape { int64_t m, n, k; } shape;
+
+static void check_case(servd_dtype dt, shape s) {
+  servd_tensor *x = rand_f32(s.m, s.k);
+  float *wd;
+  servd_tensor *w = make_w(dt, s.n, s.k, &wd);
+  servd_tensor *ref = servd_tensor_new(SERVD_F32, 2, (int64_t[]){s.m, s.n});
+  servd_tensor *out = servd_tensor_new(SERVD_F32, 2, (int64_t[]){s.m, s.n});
+  const float *xd = servd_tensor_data(x);
+  const bool quant = servd_dtype_is_quantized(dt);
+  const double u = 0x1p-24;
+
+  if (quant) {
+    assert_int_equal(servd_cpu_force_isa(SERVD_ISA_SCALAR), 0);
+    assert_int_equal(servd_matmul(ref, x, w), 0);
+    /* Scalar quantized path vs f32 over dequantized weights: the activation-rounding bound. */
+    for (int64_t i = 0; i < s.m; i++) {
+      for (int64_t j = 0; j < s.n; j++) {
+        double exact = 0, bound = 0, mag = 0;
+        for (int64_t b = 0; b < s.k / 32; b++) {
+          double amax = 0, wsum = 0;
+          for (int l = 0; l < 32; l++) {
+            int64_t q = b * 32 + l;
+            amax = fmax(amax, fabs(xd[i * s.k + q]));
+            wsum += fabs(wd[j * s.k + q]);
+            exact += (double)xd[i * s.k + q] * wd[j * s.k + q];
+            mag += fabs((double)xd[i * s.k + q] * wd[j * s.k + q]);
+          }
+          bound += amax / 254.0 * wsum;
+        }
+        double got = ((float *)servd_tensor_data(ref))[i * s.n + j];
+        assert_true(fabs(got - exact) <= 1.01 * bound + 4 * 0x1p-23 * mag * (double)(s.k / 32 + 1) + 1e-6);
+      }
+    }
+  }
+  for (int isa = quant ? SERVD_ISA_AVX2 : SERVD_ISA_SCALAR; isa <= (int)servd_cpu_best_isa(); isa++) {
+    assert_int_equal(servd_cpu_force_isa((servd_isa)isa), 0);
+    memset(servd_tensor_data(out), 0xff, servd_tensor_nbytes(out)); /* NaN: every element must be written */
+    assert_int_equal(servd_matmul(out, x, w), 0);
+    const float *o = servd_tensor_data(out), *r = servd_tensor_data(ref);
+    for (int64_t i = 0; i < s.m; i++) {
+      for (int64_t j = 0; j < s.n; j++) {
+        double exact = 0, mag = 0;
+        for (int64_t l = 0; l < s.k; l++) {
+          exact += (double)xd[i * s.k + l] * wd[j * s.k + l];
+          mag += fabs((double)xd[i * s.k + l] * wd[j * s.k + l]);
+        }
+        double got = o[i * s.n + j], want = quant ? r[i * s.n + j] : exact;
+        /* quantized terms d_w*d_x*dot are bounded by about 1.02*mag + the activation error bound */
+        double tol = quant ? 4.0 * (double)(s.k / 32 + 8) * u * (2.0 * mag + 1e-30) + 1e-6
+                           : 2.0 * (double)(s.k + 1) * u * mag + 1e-30;
+        if (!(fabs(got - want) <= tol))
+          print_message("%s isa %s m %lld n %lld k %lld at (%lld,%lld): got %.9g want %.9g tol %.3g\n",
+                        servd_dtype_name(dt), servd_isa_name((servd_isa)isa), (long long)s.m, (long long)s.n,
+                        (long long)s.k, (long long)i, (long long)j, got, want, tol);
+        assert_true(fabs(got - want) <= tol);
+      }
+    }
+  }
+  servd_cpu_force_isa(SERVD_ISA_COUNT);
+  free(wd);
+  servd_tensor_release(x);
+  servd_tensor_release(w);
+  servd_tensor_release(ref);
+  servd_tensor_release(out);
+}
+
+static void test_float_shapes(void **state) {
+  (void)state;
+  const shape shapes[] = {{1, 1, 1},   {1, 7, 3},    {1, 33, 17},  {2, 31, 100}, {3, 65, 33},  {7, 17, 129},
+                          {8, 32, 64}, {9, 97, 300}, {13, 40, 257}, {16, 64, 16}, {1, 300, 576}, {70, 45, 513},
+                          {24, 130, 96}};
+  for (int d = 0; d < 3; d++) {
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_case(all_dtypes[d], shapes[i]);
+  }
+}
+
+static void test_quant_shapes(void **state) {
+  (void)state;
+  /* k a multiple of 32 but not of 64 or 256; n not a multiple of any tile. */
+  const shape shapes[] = {{1, 1, 32},  {1, 3, 96},   {1, 33, 160}, {2, 17, 224}, {3, 70, 32},
+                          {4, 9, 288}, {5, 37, 576}, {8, 16, 64},  {9, 41, 352}, {17, 23, 96}, {1, 130, 2080}};
+  for (int d = 3; d < 6; d++) {
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_case(all_dtypes[d], shapes[i]);
+  }
+}
+
+static void test_strided_views(void **state) {
+  (void)state;
+  /* x and out as column windows of wider tensors; rows of w as a row slice. */
+  servd_tensor *xb = rand_f32(5, 80), *ob = servd_tensor_new(SERVD_F32, 2, (int64_t[]){5, 50});
+  float *wd;
+  servd_tensor *wb = make_w(SERVD_Q8_0, 40, 64, &wd);
+  servd_tensor *x = servd_tensor_narrow(xb, 1, 8, 64), *out = servd_tensor_narrow(ob, 1, 3, 30);
+  servd_tensor *w = servd_tensor_narrow(wb, 0, 10, 30);
+  assert_int_equal(servd_matmul(out, x, w), 0);
+  const float *xd = servd_tensor_data(xb), *o = servd_tensor_data(ob);
+  for (int i = 0; i < 5; i++) {
+    assert_true(o[i * 50 + 0] == 0.0f && o[i * 50 + 2] == 0.0f && o[i * 50 + 33] == 0.0f); /* untouched */
+    for (int j = 0; j < 30; j++) {
+      double exact = 0, mag = 0;
+      for (int l = 0; l < 64; l++) {
+        exact += (double)xd[i * 80 + 8 + l] * wd[(10 + j) * 64 + l];
+        mag += fabs((double)xd[i * 80 + 8 + l] * wd[(10 + j) * 64 + l]);
+      }
+      assert_true(fabs(o[i * 50 + 3 + j] - exact) <= 0.02 * mag + 1e-5); /* q8 activations: < 1% */
+    }
+  }
+  free(wd);
+  servd_tensor *ts[] = {xb, ob, wb, x, out, w};
+  for (int i = 0; i < 6; i++) servd_tensor_release(ts[i]);
+}
+
+static void test_empty(void **state) {
+  (void)state;
+  servd_tensor *x0 = servd_tensor_new(SERVD_F32, 2, (int64_t[]){0, 64});
+  servd_tensor *w = servd_tensor_new(SERVD_Q4_1, 2, (int64_t[]){8, 64});
+  servd_tensor *o0 = servd_tensor_new(SERVD_F32, 2, (int64_t[]){0, 8});
+  assert_int_equal(servd_matmul(o0, x0, w), 0);
+  servd_tensor *x = rand_f32(3, 64), *w0 = servd_tensor_new(SERVD_F32, 2, (int64_t[]){0, 64});
+  servd_tensor *on = servd_tensor_new(SERVD_F32, 2, (int64_t[]){3, 0});
+  assert_int_equal(servd_matmul(on, x, w0), 0);
+  /* k == 0: an empty sum is zero. */
+  servd_tensor *xk = servd_tensor_new(SERVD_F32, 2, (int64_t[]){2, 0}), *wk = servd_tensor_new(SERVD_BF16, 2, (int64_t[]){3, 0});
+  servd_tensor *ok = servd_tensor_new(SERVD_F32, 2, (int64_t[]){2, 3});
+  memset(servd_tensor_data(ok), 0xff, 24);
+  assert_int_equal(servd_matmul(ok, xk, wk), 0);
+  for (int i = 0; i < 6; i++) assert_true(((float *)servd_tensor_data(ok))[i] == 0.0f);
+  servd_tensor *ts[] = {x0, w, o0, x, w0, on, xk, wk, ok};
+  for (int i = 0; i < 9; i++) servd_tensor_release(ts[i]);
+}
+
+static void test_errors(void **state) {
+  (void)state;
+  servd_tensor *x = rand_f32(2, 64), *out = servd_tensor_new(SERVD_F32, 2, (int64_t[]){2, 4});
+  servd_tensor *w = servd_tensor_new(SERVD_Q4_0, 2, (int64_t[]){4, 96});
+  assert_int_equal(servd_matmul(out, x, w), SERVD_EINVAL);
+  const char *e = servd_last_error();
+  assert_non_null(strstr(e, "matmul"));
+  assert_non_null(strstr(e, "f32[2,64]"));
+  assert_non_null(strstr(e, "q4_0[4,96]"));
+  servd_tensor_release(w);
+
+  w = servd_tensor_new(SERVD_F32, 2, (int64_t[]){5, 64}); /* out has 4 columns, w 5 rows */
+  assert_int_equal(servd_matmul(out, x, w), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "f32[5,64]"));
+  servd_tensor_release(w);
+
+  w = servd_tensor_new(SERVD_I32, 2, (int64_t[]){4, 64});
+  assert_int_equal(servd_matmul(out, x, w), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "i32[4,64]"));
+  servd_tensor_release(w);
+
+  w = servd_tensor_new(SERVD_F32, 2, (int64_t[]){4, 64});
+  servd_tensor *xh = servd_tensor_new(SERVD_F16, 2, (int64_t[]){2, 64});
+  assert_int_equal(servd_matmul(out, xh, w), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "f16[2,64]"));
+  /* A misaligned view (f32 data at an odd address) is refused, not read. */
+  servd_tensor bad = *x;
+  bad.offset += 2;
+  bad.shape[1] = 60;
+  servd_tensor *w60 = servd_tensor_new(SERVD_F32, 2, (int64_t[]){4, 60});
+  assert_int_equal(servd_matmul(out, &bad, w60), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "misaligned"));
+  servd_tensor_release(w60);
+  assert_int_equal(servd_matmul(NULL, x, w), SERVD_EINVAL);
+  servd_tensor_release(xh);
+  servd_tensor_release(w);
+  servd_tensor_release(x);
+  servd_tensor_release(out);
+}
+
+static void test_force_isa(void **state) {
+  (void)state;
+  servd_isa best = servd_cpu_best_isa();
+  assert_int_equal(servd_cpu_force_isa(SERVD_ISA_SCALAR), 0);
+  assert_int_equal(servd_cpu_active_isa(), SERVD_ISA_SCALAR);
+  if (best < SERVD_ISA_AVX512) assert_int_equal(servd_cpu_force_isa(SERVD_ISA_AVX512), SERVD_EUNSUPPORTED);
+  assert_int_equal(servd_cpu_force_isa(SERVD_ISA_COUNT), 0);
+  assert_int_equal(servd_cpu_active_isa(), best);
+  print_message("best ISA: %s\n", servd_isa_name(best));
+}
+
+int main(void) {
+  servd_threadpool_init(2);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_force_isa),   cmocka_unit_test(test_float_shapes), cmocka_unit_test(test_quant_shapes),
+      cmocka_unit_test(test_strided_views), cmocka_unit_test(test_empty),      cmocka_unit_test(test_errors),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  servd_threadpool_shutdown();
+  return rc;
+}

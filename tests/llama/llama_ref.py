@@ -1,0 +1,136 @@
+"""Independent numpy implementation of the Hugging Face Llama forward pass (test oracle).
+
+Reads a Hugging Face model folder (config.json + *.safetensors) directly with numpy and computes
+logits in float64 the way transformers' LlamaForCausalLM does: RMSNorm, half-split RoPE (with Llama 3
+rope scaling), grouped-query causal attention, SwiGLU MLP, tied or separate output head. It shares no
+code with servd: it is the reference the model code is checked against.
+"""
+import json
+import math
+import os
+import struct
+
+import numpy as np
+
+
+def read_safetensors(path):
+    """{name: float64 array} of one .safetensors file (F32, F16, BF16)."""
+    with open(path, "rb") as f:
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(hlen))
+        base = 8 + hlen
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        raw = data[a:b]
+        dt = info["dtype"]
+        if dt == "F32":
+            arr = np.frombuffer(raw, dtype="<f4")
+        elif dt == "F16":
+            arr = np.frombuffer(raw, dtype="<f2")
+        elif dt == "BF16":
+            arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise ValueError(f"{path}: tensor {name}: unsupported dtype {dt}")
+        out[name] = arr.astype(np.float64).reshape(info["shape"])
+    del base
+    return out
+
+
+def load_folder(folder):
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    w = {}
+    for fn in sorted(os.listdir(folder)):
+        if fn.endswith(".safetensors"):
+            w.update(read_safetensors(os.path.join(folder, fn)))
+    return cfg, w
+
+
+def inv_freq(cfg, head_dim):
+    theta = float(cfg.get("rope_theta", 10000.0))
+    inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("rope_type", rs.get("type")) == "llama3":
+        factor = float(rs["factor"])
+        lo = float(rs.get("low_freq_factor", 1.0))
+        hi = float(rs.get("high_freq_factor", 4.0))
+        old = float(rs.get("original_max_position_embeddings", 8192))
+        lo_wl, hi_wl = old / lo, old / hi
+        wl = 2 * math.pi / inv
+        smooth = (old / wl - lo) / (hi - lo)
+        scaled = np.where(wl > lo_wl, inv / factor, inv)
+        mid = (wl <= lo_wl) & (wl >= hi_wl)
+        scaled = np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+        inv = scaled
+    return inv
+
+
+def rmsnorm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope_half(x, pos, inv):
+    # x (T, H, D); HF rotate_half: pairs (i, i + D/2)
+    ang = np.outer(pos, inv)  # (T, D/2)
+    cos = np.concatenate([np.cos(ang)] * 2, axis=-1)[:, None, :]
+    sin = np.concatenate([np.sin(ang)] * 2, axis=-1)[:, None, :]
+    h = x.shape[-1] // 2
+    rot = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+    return x * cos + rot * sin
+
+
+def forward(cfg, w, tokens):
+    """Logits (T, vocab) float64 for one sequence of token ids, positions 0..T-1."""
+    d = cfg["hidden_size"]
+    nh = cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads", nh)
+    hd = cfg.get("head_dim") or d // nh
+    eps = float(cfg.get("rms_norm_eps", 1e-6))
+    L = cfg["num_hidden_layers"]
+    T = len(tokens)
+    pos = np.arange(T, dtype=np.float64)
+    inv = inv_freq(cfg, hd)
+    x = w["model.embed_tokens.weight"][np.asarray(tokens)]
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, nh, hd)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd)
+        q = rope_half(q, pos, inv)
+        k = rope_half(k, pos, inv)
+        rep = nh // nkv
+        k = np.repeat(k, rep, axis=1)
+        v = np.repeat(v, rep, axis=1)
+        s = np.einsum("thd,shd->hts", q, k) / math.sqrt(hd) + mask
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        a = np.einsum("hts,shd->thd", s, v).reshape(T, nh * hd)
+        x = x + a @ w[p + "self_attn.o_proj.weight"].T
+        h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        g = h @ w[p + "mlp.gate_proj.weight"].T
+        u = h @ w[p + "mlp.up_proj.weight"].T
+        x = x + ((g / (1 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
+    x = rmsnorm(x, w["model.norm.weight"], eps)
+    head = w.get("lm_head.weight")
+    if head is None or cfg.get("tie_word_embeddings", False) and "lm_head.weight" not in w:
+        head = w["model.embed_tokens.weight"]
+    return x @ head.T
+
+
+def greedy(cfg, w, prompt, n):
+    toks = list(prompt)
+    for _ in range(n):
+        toks.append(int(np.argmax(forward(cfg, w, toks)[-1])))
+    return toks[len(prompt):]
+
+
+def permute_for_interleaved(weight, n_head):
+    """Row permutation llama.cpp's convert_hf_to_gguf applies to q/k projections (half -> pairs)."""
+    return (weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))

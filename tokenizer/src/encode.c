@@ -1,0 +1,242 @@
+/* Text -> ids: make the input valid UTF-8, split out added tokens (leftmost, longest), pre-tokenize
+ * each remaining segment, BPE each piece (through the bounded word cache), wrap in the template. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer-impl.h"
+
+enum { CACHE_MAX_PIECE = 64 };
+
+typedef struct seg {
+  uint32_t off, len;
+  int32_t id; /* -1: text to tokenize */
+} seg;
+
+typedef struct seg_list {
+  seg *v;
+  size_t n, cap;
+} seg_list;
+
+static int seg_push(seg_list *l, uint32_t off, uint32_t len, int32_t id) {
+  if (!len && id < 0) return 0;
+  if (l->n == l->cap) {
+    size_t c = l->cap ? l->cap * 2 : 16;
+    seg *v = realloc(l->v, c * sizeof *v);
+    if (!v) return servd_fail(SERVD_ENOMEM, "tokenizer: out of memory splitting added tokens");
+    l->v = v;
+    l->cap = c;
+  }
+  l->v[l->n++] = (seg){off, len, id};
+  return 0;
+}
+
+/* Rust's char::is_whitespace (the White_Space property). */
+static bool is_ws(uint32_t c) {
+  return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
+         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+static bool is_word_byte(uint8_t c) {
+  /* ASCII letters and digits; any non-ASCII character counts as part of a word. */
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80;
+}
+
+/* Start of the whitespace run that ends at `end` (not before lo). */
+static size_t ws_back(const uint8_t *s, size_t lo, size_t end) {
+  size_t p = end;
+  while (p > lo) {
+    size_t q = p - 1;
+    while (q > lo && (s[q] & 0xC0) == 0x80) q--;
+    uint32_t cp;
+    if (!utf8__decode(s + q, p - q, &cp) || !is_ws(cp)) break;
+    p = q;
+  }
+  return p;
+}
+
+static size_t ws_fwd(const uint8_t *s, size_t p, size_t hi) {
+  while (p < hi) {
+    uint32_t cp;
+    int l = utf8__decode(s + p, hi - p, &cp);
+    if (!l || !is_ws(cp)) break;
+    p += (size_t)l;
+  }
+  return p;
+}
+
+/* Splits the text segments of `in` by the added tokens whose `normalized` flag equals `normalized`. */
+static int split_added(const servd_tokenizer *t, const uint8_t *s, const seg_list *in, bool normalized,
+                       seg_list *out) {
+  out->n = 0;
+  for (size_t k = 0; k < in->n; k++) {
+    seg g = in->v[k];
+    if (g.id >= 0) {
+      int rc = seg_push(out, g.off, g.len, g.id);
+      if (rc) return rc;
+      continue;
+    }
+    size_t lo = g.off, hi = (size_t)g.off + g.len, text_start = lo, p = lo;
+    while (p < hi) {
+      if (!t->added_first[s[p]]) {
+        p++;
+        continue;
+      }
+      const added_token *hit = NULL;
+      for (int i = 0; i < t->n_added; i++) { /* sorted by first byte, longest first */
+        const added_token *a = &t->added[i];
+        if ((uint8_t)a->content[0] != s[p] || a->normalized != normalized) continue;
+        if (a->len > hi - p || memcmp(a->content, s + p, a->len)) continue;
+        if (a->single_word && ((p > lo && is_word_byte(s[p - 1])) || (p + a->len < hi && is_word_byte(s[p + a->len]))))
+          continue;
+        hit = a;
+        break;
+      }
+      if (!hit) {
+        p++;
+        continue;
+      }
+      size_t start = p, stop = p + hit->len;
+      if (hit->lstrip) start = ws_back(s, text_start, start);
+      if (hit->rstrip) stop = ws_fwd(s, stop, hi);
+      int rc = seg_push(out, (uint32_t)text_start, (uint32_t)(start - text_start), -1);
+      if (!rc) rc = seg_push(out, (uint32_t)start, (uint32_t)(stop - start), hit->id);
+      if (rc) return rc;
+      text_start = p = stop;
+    }
+    int rc = seg_push(out, (uint32_t)text_start, (uint32_t)(hi - text_start), -1);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* Copy of s with each maximal invalid UTF-8 subpart replaced by U+FFFD. */
+static int sanitize(const uint8_t *s, size_t n, size_t first_bad, tok_buf *out) {
+  int rc = tok_buf_reserve(out, n * 3 + 1);
+  if (rc) return rc;
+  memcpy(out->p, s, first_bad);
+  out->len = first_bad;
+  for (size_t i = first_bad; i < n;) {
+    size_t l;
+    int k = utf8__classify(s + i, n - i, &l);
+    if (k == UTF8_VALID) {
+      memcpy(out->p + out->len, s + i, l);
+      out->len += l;
+    } else {
+      memcpy(out->p + out->len, "\xEF\xBF\xBD", 3);
+      out->len += 3;
+    }
+    i += l;
+  }
+  return 0;
+}
+
+int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
+                           int *n) {
+  int rc = 0;
+  tok_work w = {0};
+  tok_buf clean = {0};
+  seg_list s1 = {0}, s2 = {0};
+  int32_t *out = NULL;
+  size_t n_out = 0, cap = 0;
+  bool locked = false;
+  word_cache *cache = (word_cache *)&t->cache; /* the one mutable part, behind its lock */
+  *ids = NULL;
+  *n = 0;
+  if (!text && len) return servd_fail(SERVD_EINVAL, "tokenizer: encode: text is NULL");
+  if (len > (size_t)INT_MAX / 4) return servd_fail(SERVD_ERANGE, "tokenizer: encode: text of %zu bytes is too long", len);
+
+  const uint8_t *s = (const uint8_t *)text;
+  size_t bad = utf8__first_invalid(s, len);
+  if (bad != (size_t)-1) {
+    if ((rc = sanitize(s, len, bad, &clean))) goto fail;
+    s = (const uint8_t *)clean.p;
+    len = clean.len;
+  }
+
+  cap = len / 3 + 16 + (size_t)t->n_prefix + (size_t)t->n_suffix;
+  out = malloc(cap * sizeof *out);
+  if (!out) {
+    rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+    goto fail;
+  }
+  if (add_special)
+    for (int i = 0; i < t->n_prefix; i++) out[n_out++] = t->prefix_ids[i];
+
+  if ((rc = seg_push(&s1, 0, (uint32_t)len, -1))) goto fail;
+  if (t->n_added) {
+    if ((rc = split_added(t, s, &s1, false, &s2)) || (rc = split_added(t, s, &s2, true, &s1))) goto fail;
+  }
+
+  locked = pthread_mutex_trylock(&cache->lock) == 0;
+  for (size_t k = 0; k < s1.n; k++) {
+    seg g = s1.v[k];
+    if (g.id >= 0) {
+      if (n_out == cap) {
+        int32_t *o = realloc(out, (cap *= 2) * sizeof *o);
+        if (!o) {
+          rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+          goto fail;
+        }
+        out = o;
+      }
+      out[n_out++] = g.id;
+      continue;
+    }
+    const char *base;
+    if ((rc = pre__run(t->steps, t->n_steps, (const char *)s + g.off, g.len, &w, &base))) goto fail;
+    for (size_t i = 0; i < w.na; i++) {
+      const uint8_t *p = (const uint8_t *)base + w.a[i].off;
+      size_t pl = w.a[i].len;
+      if (locked && pl <= CACHE_MAX_PIECE) {
+        int nc;
+        const int32_t *c = word_cache_get(cache, p, pl, &nc);
+        if (c) {
+          if (n_out + (size_t)nc > cap) {
+            while (n_out + (size_t)nc > cap) cap *= 2;
+            int32_t *o = realloc(out, cap * sizeof *o);
+            if (!o) {
+              rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+              goto fail;
+            }
+            out = o;
+          }
+          memcpy(out + n_out, c, (size_t)nc * sizeof *c);
+          n_out += (size_t)nc;
+          continue;
+        }
+      }
+      size_t before = n_out;
+      if ((rc = bpe__encode_word(t, p, pl, &w, &out, &n_out, &cap))) goto fail;
+      if (locked && pl <= CACHE_MAX_PIECE) word_cache_put(cache, p, pl, out + before, (int)(n_out - before));
+    }
+  }
+  if (locked) {
+    pthread_mutex_unlock(&cache->lock);
+    locked = false;
+  }
+  if (add_special && t->n_suffix) {
+    int32_t *o = realloc(out, (n_out + (size_t)t->n_suffix + 1) * sizeof *o);
+    if (!o) {
+      rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+      goto fail;
+    }
+    out = o;
+    for (int i = 0; i < t->n_suffix; i++) out[n_out++] = t->suffix_ids[i];
+  }
+  if (n_out > INT_MAX) {
+    rc = servd_fail(SERVD_ERANGE, "tokenizer: encode: too many tokens");
+    goto fail;
+  }
+  *ids = out;
+  *n = (int)n_out;
+  out = NULL;
+fail:
+  if (locked) pthread_mutex_unlock(&cache->lock);
+  free(out);
+  free(clean.p);
+  free(s1.v);
+  free(s2.v);
+  tok_work_free(&w);
+  return rc;
+}

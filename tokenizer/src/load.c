@@ -1,0 +1,535 @@
+/* Reading tokenizer.json into a servd_tokenizer. Every refusal names the JSON field. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer-impl.h"
+
+#define GPT2_PATTERN "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define LLAMA3_PATTERN                                                                                    \
+  "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
+  "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* llama.cpp's Llama 3 split: contractions case-insensitive in ASCII only. */
+#define LLAMA3_CPP_PATTERN                                                                                \
+  "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^" \
+  "\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+enum { MAX_VOCAB = 1 << 24 };
+
+static int add_step(servd_tokenizer *t, pre_kind kind, const char *pattern, bool literal, split_behavior b,
+                    bool invert, bool prefix_space, const char *field) {
+  if (t->n_steps >= (int)(sizeof t->steps / sizeof t->steps[0]))
+    return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s: more than %d pre-tokenizer steps", field,
+                      (int)(sizeof t->steps / sizeof t->steps[0]));
+  pre_step *st = &t->steps[t->n_steps];
+  memset(st, 0, sizeof *st);
+  st->kind = kind;
+  st->behavior = b;
+  st->invert = invert;
+  st->add_prefix_space = prefix_space;
+  if (pattern) {
+    int rc = pre__compile(pattern, strlen(pattern), literal, field, &st->re);
+    if (rc) return rc;
+  }
+  t->n_steps++;
+  return 0;
+}
+
+static bool json_flag(json_t *o, const char *key, bool dflt) {
+  json_t *v = json_object_get(o, key);
+  return json_is_boolean(v) ? json_is_true(v) : dflt;
+}
+
+static int parse_pre(servd_tokenizer *t, json_t *pt, const char *field) {
+  char f[128];
+  if (!json_is_object(pt)) return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s: expected an object", field);
+  const char *type = json_string_value(json_object_get(pt, "type"));
+  if (!type) return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.type: expected a string", field);
+  if (!strcmp(type, "Sequence")) {
+    json_t *arr = json_object_get(pt, "pretokenizers");
+    if (!json_is_array(arr))
+      return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.pretokenizers: expected an array", field);
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+      snprintf(f, sizeof f, "%s.pretokenizers[%zu]", field, i);
+      int rc = parse_pre(t, json_array_get(arr, i), f);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+  if (!strcmp(type, "ByteLevel")) {
+    bool regex = json_flag(pt, "use_regex", true);
+    return add_step(t, PRE_BYTELEVEL, regex ? GPT2_PATTERN : NULL, false, SPLIT_ISOLATED, false,
+                    json_flag(pt, "add_prefix_space", true), field);
+  }
+  if (!strcmp(type, "Digits")) {
+    bool individual = json_flag(pt, "individual_digits", false);
+    return add_step(t, PRE_SPLIT, individual ? "\\p{N}" : "\\p{N}+", false, SPLIT_ISOLATED, false, false, field);
+  }
+  if (!strcmp(type, "Split")) {
+    json_t *pat = json_object_get(pt, "pattern");
+    const char *re = json_string_value(json_object_get(pat, "Regex"));
+    const char *lit = json_string_value(json_object_get(pat, "String"));
+    if (!re && !lit)
+      return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s.pattern: expected {\"Regex\": ...} or {\"String\": ...}",
+                        field);
+    const char *beh = json_string_value(json_object_get(pt, "behavior"));
+    static const char *names[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
+    int b = -1;
+    for (int i = 0; beh && i < 5; i++)
+      if (!strcmp(beh, names[i])) b = i;
+    if (b < 0)
+      return servd_fail(SERVD_EUNSUPPORTED,
+                        "tokenizer.json: %s.behavior: \"%s\" is not one of Isolated, Removed, MergedWithPrevious, "
+                        "MergedWithNext, Contiguous",
+                        field, beh ? beh : "(missing)");
+    snprintf(f, sizeof f, "%s.pattern", field);
+    return add_step(t, PRE_SPLIT, re ? re : lit, !re, (split_behavior)b, json_flag(pt, "invert", false), false, f);
+  }
+  return servd_fail(SERVD_EUNSUPPORTED,
+                    "tokenizer.json: %s.type: pre-tokenizer \"%s\" is not supported (ByteLevel, Digits, Split, "
+                    "Sequence are)",
+                    field, type);
+}
+
+/* GGUF tokenizer.ggml.pre names, with llama.cpp's splitting for each. */
+static int parse_pre_hint(servd_tokenizer *t, const char *pre, const char *field) {
+  if (!strcmp(pre, "smollm")) {
+    int rc = add_step(t, PRE_SPLIT, "\\p{N}", false, SPLIT_ISOLATED, false, false, field);
+    return rc ? rc : add_step(t, PRE_SPLIT, GPT2_PATTERN, false, SPLIT_ISOLATED, false, false, field);
+  }
+  if (!strcmp(pre, "gpt2") || !strcmp(pre, "gpt-2"))
+    return add_step(t, PRE_SPLIT, GPT2_PATTERN, false, SPLIT_ISOLATED, false, false, field);
+  if (!strcmp(pre, "llama3") || !strcmp(pre, "llama-bpe") || !strcmp(pre, "llama-v3"))
+    return add_step(t, PRE_SPLIT, LLAMA3_CPP_PATTERN, false, SPLIT_ISOLATED, false, false, field);
+  if (!strcmp(pre, "default")) {
+    static const char *p[] = {"[\\p{P}\\$\\+<=>\\^~\\|]+",
+                              "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
+                              "\\p{N}+", "[0-9][0-9][0-9]"};
+    for (int i = 0; i < 4; i++) {
+      int rc = add_step(t, PRE_SPLIT, p[i], false, SPLIT_ISOLATED, false, false, field);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+  return servd_fail(SERVD_EUNSUPPORTED,
+                    "tokenizer.json: %s: pre-tokenizer \"%s\" is not supported (smollm, gpt2, llama3, llama-bpe, "
+                    "default are)",
+                    field, pre);
+}
+
+static int parse_post(servd_tokenizer *t, json_t *pp, const char *field) {
+  char f[128];
+  if (json_is_null(pp) || !pp) return 0;
+  const char *type = json_string_value(json_object_get(pp, "type"));
+  if (!type) return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.type: expected a string", field);
+  if (!strcmp(type, "ByteLevel")) return 0; /* offsets only */
+  if (!strcmp(type, "Sequence")) {
+    json_t *arr = json_object_get(pp, "processors");
+    if (!json_is_array(arr))
+      return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.processors: expected an array", field);
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+      snprintf(f, sizeof f, "%s.processors[%zu]", field, i);
+      int rc = parse_post(t, json_array_get(arr, i), f);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+  if (strcmp(type, "TemplateProcessing"))
+    return servd_fail(SERVD_EUNSUPPORTED,
+                      "tokenizer.json: %s.type: post-processor \"%s\" is not supported (ByteLevel, "
+                      "TemplateProcessing, Sequence are)",
+                      field, type);
+  if (t->n_prefix || t->n_suffix)
+    return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s: more than one TemplateProcessing", field);
+  json_t *single = json_object_get(pp, "single"), *specials = json_object_get(pp, "special_tokens");
+  if (!json_is_array(single))
+    return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.single: expected an array", field);
+  size_t n_ids = 0;
+  for (size_t pass = 0; pass < 2; pass++) {
+    bool seen_seq = false;
+    size_t np = 0, ns = 0;
+    for (size_t i = 0; i < json_array_size(single); i++) {
+      json_t *it = json_array_get(single, i), *sp = json_object_get(it, "SpecialToken");
+      if (json_object_get(it, "Sequence")) {
+        const char *sid = json_string_value(json_object_get(json_object_get(it, "Sequence"), "id"));
+        if (!sid || strcmp(sid, "A") || seen_seq)
+          return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s.single[%zu]: expected one Sequence \"A\"", field, i);
+        seen_seq = true;
+        continue;
+      }
+      const char *name = json_string_value(json_object_get(sp, "id"));
+      json_t *ids = json_object_get(json_object_get(specials, name ? name : ""), "ids");
+      if (!name || !json_is_array(ids))
+        return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.single[%zu]: special token without ids in special_tokens",
+                          field, i);
+      for (size_t k = 0; k < json_array_size(ids); k++) {
+        json_int_t id = json_integer_value(json_array_get(ids, k));
+        if (!json_is_integer(json_array_get(ids, k)) || id < 0 || id >= t->n_ids)
+          return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.special_tokens[\"%s\"].ids[%zu]: id out of range", field,
+                            name, k);
+        if (pass == 0) {
+          n_ids++;
+        } else if (!seen_seq) {
+          t->prefix_ids[np++] = (int32_t)id;
+        } else {
+          t->suffix_ids[ns++] = (int32_t)id;
+        }
+      }
+    }
+    if (pass == 0) {
+      t->prefix_ids = calloc(n_ids + 1, sizeof(int32_t));
+      t->suffix_ids = calloc(n_ids + 1, sizeof(int32_t));
+      if (!t->prefix_ids || !t->suffix_ids) return servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+    } else {
+      t->n_prefix = (int)np;
+      t->n_suffix = (int)ns;
+    }
+  }
+  return 0;
+}
+
+static int check_decoder(json_t *d, const char *field) {
+  char f[128];
+  const char *type = json_string_value(json_object_get(d, "type"));
+  if (type && !strcmp(type, "ByteLevel")) return 0;
+  if (type && !strcmp(type, "Sequence")) {
+    json_t *arr = json_object_get(d, "decoders");
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+      snprintf(f, sizeof f, "%s.decoders[%zu]", field, i);
+      int rc = check_decoder(json_array_get(arr, i), f);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+  return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s: decoder \"%s\" is not supported (ByteLevel is)", field,
+                    type ? type : "(null)");
+}
+
+/* Hugging Face's ByteLevel decoder: a token whose every character is in the byte alphabet stands for
+ * those bytes; any other token (an added token such as "<|im_end|>" with a character outside it)
+ * for its own UTF-8. tmp receives the bytes. */
+static int token_bytes(const char *s, size_t n, tok_buf *tmp, bool *mapped) {
+  tmp->len = 0;
+  int rc = tok_buf_reserve(tmp, n + 1);
+  if (rc) return rc;
+  *mapped = true;
+  for (size_t i = 0; i < n;) {
+    uint32_t cp;
+    int l = utf8__decode((const uint8_t *)s + i, n - i, &cp);
+    if (!l || cp >= 324 || bytelevel__cp_to_byte[cp] < 0) {
+      *mapped = false;
+      break;
+    }
+    tmp->p[tmp->len++] = (char)bytelevel__cp_to_byte[cp];
+    i += (size_t)l;
+  }
+  if (!*mapped) {
+    memcpy(tmp->p, s, n);
+    tmp->len = n;
+  }
+  return 0;
+}
+
+static int cmp_added(const void *a, const void *b) {
+  const added_token *x = a, *y = b;
+  uint8_t fx = (uint8_t)x->content[0], fy = (uint8_t)y->content[0];
+  if (fx != fy) return fx < fy ? -1 : 1;
+  if (x->len != y->len) return x->len > y->len ? -1 : 1; /* longest first */
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
+  int rc = 0;
+  json_error_t jerr;
+  servd_tokenizer *t = NULL;
+  const char **vocab_str = NULL; /* borrowed from root */
+  uint32_t *vocab_len = NULL;
+  tok_buf tmp = {0};
+  char f[96];
+  bytelevel__init();
+  *out = NULL;
+  json_t *root = json_loadb(json, len, 0, &jerr);
+  if (!root) {
+    rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: not valid JSON at line %d column %d: %s", jerr.line, jerr.column,
+                    jerr.text);
+    goto fail;
+  }
+  t = calloc(1, sizeof *t);
+  if (!t) {
+    rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+    goto fail;
+  }
+  word_cache_init(&t->cache);
+
+  json_t *model = json_object_get(root, "model");
+  if (!json_is_object(model)) {
+    rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: model: expected an object");
+    goto fail;
+  }
+  const char *mtype = json_string_value(json_object_get(model, "type"));
+  if (mtype && strcmp(mtype, "BPE")) {
+    rc = servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: model.type: \"%s\" is not supported (BPE is)", mtype);
+    goto fail;
+  }
+  if (json_flag(model, "byte_fallback", false)) {
+    rc = servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: model.byte_fallback: true is not supported (byte-level BPE only)");
+    goto fail;
+  }
+  json_t *dropout = json_object_get(model, "dropout");
+  if (json_is_number(dropout) && json_number_value(dropout) > 0) {
+    rc = servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: model.dropout: BPE dropout is not supported");
+    goto fail;
+  }
+  static const char *affix[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+  for (int i = 0; i < 2; i++) {
+    const char *v = json_string_value(json_object_get(model, affix[i]));
+    if (v && *v) {
+      rc = servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: model.%s: \"%s\" is not supported", affix[i], v);
+      goto fail;
+    }
+  }
+  t->ignore_merges = json_flag(model, "ignore_merges", false);
+  json_t *vocab = json_object_get(model, "vocab");
+  json_t *merges = json_object_get(model, "merges");
+  json_t *added = json_object_get(root, "added_tokens");
+  if (!json_is_object(vocab) || !json_is_array(merges)) {
+    rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: model.vocab and model.merges: expected an object and an array");
+    goto fail;
+  }
+  if (added && !json_is_array(added) && !json_is_null(added)) {
+    rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: added_tokens: expected an array");
+    goto fail;
+  }
+
+  /* ids */
+  int32_t max_id = -1;
+  const char *key;
+  json_t *val;
+  json_object_foreach(vocab, key, val) {
+    json_int_t id = json_integer_value(val);
+    if (!json_is_integer(val) || id < 0 || id >= MAX_VOCAB) {
+      rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: model.vocab[\"%.64s\"]: expected an id in [0, %d)", key, MAX_VOCAB);
+      goto fail;
+    }
+    if (id > max_id) max_id = (int32_t)id;
+  }
+  for (size_t i = 0; i < json_array_size(added); i++) {
+    json_t *a = json_array_get(added, i), *id = json_object_get(a, "id");
+    const char *content = json_string_value(json_object_get(a, "content"));
+    if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MAX_VOCAB || !content ||
+        !*content) {
+      rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: added_tokens[%zu]: expected an id in [0, %d) and a non-empty content",
+                      i, MAX_VOCAB);
+      goto fail;
+    }
+    if (json_integer_value(id) > max_id) max_id = (int32_t)json_integer_value(id);
+  }
+  t->n_ids = max_id + 1;
+  vocab_str = calloc((size_t)t->n_ids + 1, sizeof *vocab_str);
+  vocab_len = calloc((size_t)t->n_ids + 1, sizeof *vocab_len);
+  t->has_piece = calloc((size_t)t->n_ids + 1, 1);
+  t->is_special = calloc((size_t)t->n_ids + 1, 1);
+  t->is_added = calloc((size_t)t->n_ids + 1, 1);
+  t->piece_off = calloc((size_t)t->n_ids + 1, sizeof *t->piece_off);
+  if (!vocab_str || !vocab_len || !t->has_piece || !t->is_special || !t->is_added || !t->piece_off) {
+    rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory for %d ids", t->n_ids);
+    goto fail;
+  }
+  if ((rc = str_map_init(&t->content_ids, json_object_size(vocab) + json_array_size(added)))) goto fail;
+  if (t->ignore_merges && (rc = str_map_init(&t->bytes_ids, json_object_size(vocab)))) goto fail;
+  json_object_foreach(vocab, key, val) {
+    int32_t id = (int32_t)json_integer_value(val);
+    size_t klen = strlen(key);
+    vocab_str[id] = key;
+    vocab_len[id] = (uint32_t)klen;
+    if ((rc = str_map_put(&t->content_ids, key, klen, id))) goto fail;
+  }
+
+  /* single bytes */
+  for (int b = 0; b < 256; b++) {
+    char u[4];
+    int l = utf8__encode(bytelevel__byte_to_cp[b], u);
+    t->byte_id[b] = str_map_get(&t->content_ids, u, (size_t)l);
+  }
+
+  /* merges (looked up in the model's vocabulary, before added tokens enter the map) */
+  if ((rc = merge_map_init(&t->merges, json_array_size(merges)))) goto fail;
+  for (size_t i = 0; i < json_array_size(merges); i++) {
+    json_t *m = json_array_get(merges, i);
+    const char *a = NULL, *b = NULL;
+    size_t la = 0, lb = 0;
+    if (json_is_string(m)) {
+      a = json_string_value(m);
+      const char *sp = strchr(a, ' ');
+      if (sp && !strchr(sp + 1, ' ')) {
+        la = (size_t)(sp - a);
+        b = sp + 1;
+        lb = strlen(b);
+      }
+    } else if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
+               json_is_string(json_array_get(m, 1))) {
+      a = json_string_value(json_array_get(m, 0));
+      b = json_string_value(json_array_get(m, 1));
+      la = strlen(a);
+      lb = strlen(b);
+    }
+    if (!a || !b) {
+      rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"]", i);
+      goto fail;
+    }
+    int32_t ia = str_map_get(&t->content_ids, a, la), ib = str_map_get(&t->content_ids, b, lb);
+    tmp.len = 0;
+    if ((rc = tok_buf_append(&tmp, a, la)) || (rc = tok_buf_append(&tmp, b, lb))) goto fail;
+    int32_t inew = str_map_get(&t->content_ids, tmp.p, tmp.len);
+    if (ia < 0 || ib < 0 || inew < 0) {
+      rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: model.merges[%zu]: \"%.*s\" + \"%.*s\" (or their join) is not in model.vocab",
+                      i, (int)(la > 64 ? 64 : la), a, (int)(lb > 64 ? 64 : lb), b);
+      goto fail;
+    }
+    if ((rc = merge_map_put(&t->merges, ia, ib, (int32_t)i, inew))) goto fail;
+  }
+
+  /* added tokens */
+  t->n_added = (int)json_array_size(added);
+  t->added = calloc((size_t)t->n_added + 1, sizeof *t->added);
+  if (!t->added) {
+    rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+    goto fail;
+  }
+  for (int i = 0; i < t->n_added; i++) {
+    json_t *a = json_array_get(added, (size_t)i);
+    added_token *at = &t->added[i];
+    const char *content = json_string_value(json_object_get(a, "content"));
+    at->len = strlen(content);
+    at->content = strdup(content);
+    if (!at->content) {
+      rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+      goto fail;
+    }
+    at->id = (int32_t)json_integer_value(json_object_get(a, "id"));
+    at->special = json_flag(a, "special", false);
+    at->lstrip = json_flag(a, "lstrip", false);
+    at->rstrip = json_flag(a, "rstrip", false);
+    at->single_word = json_flag(a, "single_word", false);
+    at->normalized = json_flag(a, "normalized", !at->special);
+    vocab_str[at->id] = at->content;
+    vocab_len[at->id] = (uint32_t)at->len;
+    t->is_added[at->id] = 1;
+    t->is_special[at->id] = at->special;
+    if ((rc = str_map_put(&t->content_ids, at->content, at->len, at->id))) goto fail;
+  }
+  qsort(t->added, (size_t)t->n_added, sizeof *t->added, cmp_added);
+  for (int i = 0; i < t->n_added; i++) t->added_first[(uint8_t)t->added[i].content[0]] = 1;
+
+  /* id -> bytes, and bytes -> id for ignore_merges */
+  for (int32_t id = 0; id < t->n_ids; id++) {
+    t->piece_off[id] = (uint32_t)t->pieces.len;
+    if (!vocab_str[id]) continue;
+    bool mapped;
+    if ((rc = token_bytes(vocab_str[id], vocab_len[id], &tmp, &mapped))) goto fail;
+    if ((rc = tok_buf_append(&t->pieces, tmp.p, tmp.len))) goto fail;
+    if (t->pieces.len > UINT32_MAX / 2) {
+      rc = servd_fail(SERVD_ERANGE, "tokenizer.json: model.vocab: tokens too long in total");
+      goto fail;
+    }
+    t->has_piece[id] = 1;
+    if (t->ignore_merges && mapped && !t->is_added[id] && (rc = str_map_put(&t->bytes_ids, tmp.p, tmp.len, id)))
+      goto fail;
+  }
+  t->piece_off[t->n_ids] = (uint32_t)t->pieces.len;
+
+  /* normalizer */
+  json_t *norm = json_object_get(root, "normalizer");
+  if (norm && !json_is_null(norm)) {
+    const char *nt = json_string_value(json_object_get(norm, "type"));
+    rc = servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: normalizer: \"%s\" is not supported (only null is)",
+                    nt ? nt : "?");
+    goto fail;
+  }
+
+  /* pre-tokenizer: a GGUF pre name wins, as llama.cpp would use it for that file */
+  const char *hint = json_string_value(json_object_get(root, "pre"));
+  const char *hint_field = "pre";
+  if (!hint) {
+    hint = json_string_value(json_object_get(model, "pre"));
+    hint_field = "model.pre";
+  }
+  json_t *pt = json_object_get(root, "pre_tokenizer");
+  if (hint) {
+    rc = parse_pre_hint(t, hint, hint_field);
+  } else if (pt && !json_is_null(pt)) {
+    rc = parse_pre(t, pt, "pre_tokenizer");
+  }
+  if (rc) goto fail;
+
+  if ((rc = parse_post(t, json_object_get(root, "post_processor"), "post_processor"))) goto fail;
+  json_t *dec = json_object_get(root, "decoder");
+  if ((rc = check_decoder(dec, "decoder"))) goto fail;
+  (void)f;
+
+  free(vocab_str);
+  free(vocab_len);
+  free(tmp.p);
+  json_decref(root);
+  *out = t;
+  return 0;
+fail:
+  free(vocab_str);
+  free(vocab_len);
+  free(tmp.p);
+  json_decref(root);
+  servd_tokenizer_free(t);
+  return rc;
+}
+
+int servd_tokenizer_load_file(const char *path, servd_tokenizer **out) {
+  *out = NULL;
+  FILE *fp = fopen(path, "rb");
+  if (!fp) return servd_fail(SERVD_EIO, "tokenizer: cannot open %s", path);
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  int rc = 0;
+  for (;;) {
+    if (len == cap) {
+      cap = cap ? cap * 2 : 1 << 20;
+      char *n = realloc(buf, cap);
+      if (!n) {
+        rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory reading %s", path);
+        goto done;
+      }
+      buf = n;
+    }
+    size_t r = fread(buf + len, 1, cap - len, fp);
+    len += r;
+    if (r == 0) break;
+  }
+  if (ferror(fp)) {
+    rc = servd_fail(SERVD_EIO, "tokenizer: cannot read %s", path);
+    goto done;
+  }
+  rc = servd_tokenizer_load(buf, len, out);
+done:
+  free(buf);
+  fclose(fp);
+  return rc;
+}
+
+void servd_tokenizer_free(servd_tokenizer *t) {
+  if (!t) return;
+  free(t->piece_off);
+  free(t->has_piece);
+  free(t->is_special);
+  free(t->is_added);
+  free(t->pieces.p);
+  str_map_free(&t->content_ids);
+  str_map_free(&t->bytes_ids);
+  merge_map_free(&t->merges);
+  for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+  free(t->added);
+  for (int i = 0; i < t->n_steps; i++) pcre2_code_free(t->steps[i].re);
+  free(t->prefix_ids);
+  free(t->suffix_ids);
+  word_cache_free(&t->cache);
+  free(t);
+}

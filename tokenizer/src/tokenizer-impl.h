@@ -1,0 +1,199 @@
+/* Internal structures of the byte-level BPE tokenizer (not part of the API). */
+#ifndef SERVD_TOKENIZER_IMPL_H
+#define SERVD_TOKENIZER_IMPL_H
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "servd/tokenizer.h"
+
+/* ---- UTF-8 and the byte-level alphabet (utf8.c) ----------------------------------------------- */
+enum { UTF8_VALID = 0, UTF8_INVALID = 1, UTF8_INCOMPLETE = 2 };
+/* Classifies the sequence starting at s[0] (n >= 1 bytes available). *len: bytes of the valid
+ * character, of the maximal invalid subpart (replaced by one U+FFFD), or of the incomplete tail. */
+int utf8__classify(const uint8_t *s, size_t n, size_t *len);
+/* Length of the valid UTF-8 text, or (size_t)-1 if all of s is valid. Returns the first bad offset. */
+size_t utf8__first_invalid(const uint8_t *s, size_t n);
+/* Encodes cp into out (4 bytes room), returns the length. */
+int utf8__encode(uint32_t cp, char *out);
+/* Decodes one valid character at s (n bytes available); returns its length, 0 when invalid. */
+int utf8__decode(const uint8_t *s, size_t n, uint32_t *cp);
+/* GPT-2's byte -> code point table and its inverse (code points < 324; -1 where none). */
+extern uint32_t bytelevel__byte_to_cp[256];
+extern int16_t bytelevel__cp_to_byte[324];
+void bytelevel__init(void);
+
+/* ---- a growable byte buffer --------------------------------------------------------------------- */
+typedef struct tok_buf {
+  char *p;
+  size_t len, cap;
+} tok_buf;
+int tok_buf_reserve(tok_buf *b, size_t extra);
+int tok_buf_append(tok_buf *b, const void *s, size_t n);
+
+/* ---- string -> id hash map (open addressing, keys copied into one pool) ------------------------- */
+typedef struct str_map {
+  uint64_t *hash;   /* 0: empty slot */
+  uint32_t *off;    /* key offset in pool */
+  uint32_t *klen;
+  int32_t *val;
+  size_t cap, count; /* cap is a power of two */
+  tok_buf pool;
+} str_map;
+int str_map_init(str_map *m, size_t expected);
+void str_map_free(str_map *m);
+uint64_t str_map_hash(const void *s, size_t n);
+/* Inserts or overwrites. */
+int str_map_put(str_map *m, const void *key, size_t n, int32_t val);
+/* -1 when absent. */
+int32_t str_map_get(const str_map *m, const void *key, size_t n);
+
+/* ---- pre-tokenizer pipeline (pretok.c) ---------------------------------------------------------- */
+typedef enum pre_kind { PRE_SPLIT = 0, PRE_BYTELEVEL = 1 } pre_kind;
+typedef enum split_behavior {
+  SPLIT_ISOLATED = 0,
+  SPLIT_REMOVED,
+  SPLIT_MERGED_PREV,
+  SPLIT_MERGED_NEXT,
+  SPLIT_CONTIGUOUS,
+} split_behavior;
+
+typedef struct pre_step {
+  pre_kind kind;
+  pcre2_code *re; /* NULL for ByteLevel without regex */
+  split_behavior behavior;
+  bool invert;
+  bool add_prefix_space; /* ByteLevel */
+} pre_step;
+
+typedef struct span {
+  uint32_t off, len;
+} span;
+typedef struct part {
+  uint32_t start, end;
+  bool match;
+} part;
+
+/* Per-call scratch for pre-tokenization and BPE; grows, never shrinks during a call. */
+typedef struct tok_work {
+  span *a, *b;
+  size_t a_cap, b_cap, na;
+  struct part *parts; /* matches and gaps of one span */
+  size_t parts_cap;
+  pcre2_match_data *md;
+  pcre2_match_context *mctx;
+  pcre2_jit_stack *jit;
+  tok_buf text; /* text copy when ByteLevel inserts prefix spaces */
+  /* BPE symbols and heap */
+  struct bpe_sym *sym;
+  struct bpe_merge *heap;
+  size_t sym_cap, heap_cap;
+} tok_work;
+
+/* Compiles a pattern in UTF + UCP mode with JIT (literal: PCRE2_LITERAL). field names the
+ * tokenizer.json field for messages. */
+int pre__compile(const char *pattern, size_t len, bool literal, const char *field, pcre2_code **out);
+/* Splits text[0..len) through the steps; resulting spans in w->a[0..w->na), offsets into *base
+ * (text, or w->text when a step inserted bytes). */
+int pre__run(const pre_step *steps, int n_steps, const char *text, size_t len, tok_work *w,
+             const char **base);
+
+/* ---- BPE (bpe.c) -------------------------------------------------------------------------------- */
+typedef struct bpe_sym {
+  int32_t id;
+  int32_t prev, next;
+  uint32_t len;
+} bpe_sym;
+typedef struct bpe_merge {
+  int32_t rank, pos, new_id;
+} bpe_merge;
+
+typedef struct merge_map {
+  uint64_t *key; /* (a << 32 | b) + 1; 0: empty */
+  int32_t *rank, *new_id;
+  size_t cap, count;
+} merge_map;
+int merge_map_init(merge_map *m, size_t expected);
+void merge_map_free(merge_map *m);
+int merge_map_put(merge_map *m, int32_t a, int32_t b, int32_t rank, int32_t new_id);
+static inline size_t pair_slot(uint64_t k, size_t cap) {
+  return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1);
+}
+/* 1 and rank/new_id when the pair merges, else 0. */
+static inline int merge_map_get(const merge_map *m, int32_t a, int32_t b, int32_t *rank, int32_t *new_id) {
+  uint64_t k = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
+  size_t j = pair_slot(k, m->cap);
+  while (m->key[j]) {
+    if (m->key[j] == k) {
+      *rank = m->rank[j];
+      *new_id = m->new_id[j];
+      return 1;
+    }
+    j = (j + 1) & (m->cap - 1);
+  }
+  return 0;
+}
+
+/* Word cache: piece bytes -> ids, bounded; cleared when full. */
+typedef struct word_cache {
+  pthread_mutex_t lock;
+  str_map map;        /* piece -> index into entries */
+  int32_t *ent_off;   /* ids offset per entry */
+  int32_t *ent_n;
+  int32_t *ids;
+  size_t n_ent, ent_cap, n_ids, ids_cap;
+} word_cache;
+
+/* ---- the tokenizer ------------------------------------------------------------------------------ */
+typedef struct added_token {
+  char *content;
+  size_t len;
+  int32_t id;
+  bool special, lstrip, rstrip, single_word, normalized;
+} added_token;
+
+struct servd_tokenizer {
+  /* id -> bytes (decode) */
+  int32_t n_ids;      /* largest id + 1 */
+  uint32_t *piece_off; /* n_ids + 1 offsets into pieces; piece_len[i] = off[i+1]-off[i] */
+  uint8_t *has_piece;
+  uint8_t *is_special;
+  uint8_t *is_added;
+  tok_buf pieces;
+
+  str_map content_ids; /* tokenizer.json token strings and added contents -> id */
+  str_map bytes_ids;   /* raw bytes of vocabulary tokens -> id (ignore_merges) */
+  merge_map merges;
+  int32_t byte_id[256]; /* vocabulary id of each single byte; -1 when absent */
+  bool ignore_merges;
+
+  added_token *added;
+  int n_added;
+  /* first-byte filter for the added-token scan */
+  uint8_t added_first[256];
+
+  pre_step steps[8];
+  int n_steps;
+
+  int32_t *prefix_ids, *suffix_ids; /* post_processor template around the sequence */
+  int n_prefix, n_suffix;
+
+  word_cache cache;
+};
+
+/* Encodes one pre-token (raw bytes) with BPE, appending ids to *out (grown as needed). */
+int bpe__encode_word(const servd_tokenizer *t, const uint8_t *s, size_t n, tok_work *w, int32_t **out,
+                     size_t *n_out, size_t *cap_out);
+void word_cache_init(word_cache *c);
+void word_cache_free(word_cache *c);
+/* Returns the ids of a cached piece or NULL; lock held by the caller. */
+const int32_t *word_cache_get(word_cache *c, const uint8_t *s, size_t n, int *n_ids);
+void word_cache_put(word_cache *c, const uint8_t *s, size_t n, const int32_t *ids, int n_ids);
+
+void tok_work_free(tok_work *w);
+
+#endif
