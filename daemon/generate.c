@@ -76,6 +76,7 @@ static void usage(FILE *f) {
           "  --max-context N         cap the context length (and the KV cache with it)\n"
           "  --kv-f32                keep the KV cache in f32 (default f16)\n"
           "  --ids-out FILE          write the generated token ids, one per line\n"
+          "  --prompt-ids-out FILE   write the prompt's token ids, one per line\n"
           "  --quiet                 do not print the text\n");
 }
 
@@ -105,7 +106,7 @@ static int parse_float(const char *s, const char *what, float *out) {
 
 int servd_generate_main(int argc, char **argv) {
   enum { O_CHAT = 256, O_SYSTEM, O_MAXTOK, O_TP, O_THREADS, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_SEED, O_REP,
-         O_PRES, O_FREQ, O_STOP, O_IGNORE_EOS, O_NO_SPECIAL, O_MAXCTX, O_KVF32, O_IDS, O_QUIET, O_HELP };
+         O_PRES, O_FREQ, O_STOP, O_IGNORE_EOS, O_NO_SPECIAL, O_MAXCTX, O_KVF32, O_IDS, O_PIDS, O_QUIET, O_HELP };
   static const struct option opts[] = {
       {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
       {"chat", no_argument, 0, O_CHAT}, {"system", required_argument, 0, O_SYSTEM},
@@ -117,10 +118,10 @@ int servd_generate_main(int argc, char **argv) {
       {"frequency-penalty", required_argument, 0, O_FREQ}, {"stop", required_argument, 0, O_STOP},
       {"ignore-eos", no_argument, 0, O_IGNORE_EOS}, {"no-special", no_argument, 0, O_NO_SPECIAL},
       {"max-context", required_argument, 0, O_MAXCTX}, {"kv-f32", no_argument, 0, O_KVF32},
-      {"ids-out", required_argument, 0, O_IDS}, {"quiet", no_argument, 0, O_QUIET},
+      {"ids-out", required_argument, 0, O_IDS}, {"prompt-ids-out", required_argument, 0, O_PIDS}, {"quiet", no_argument, 0, O_QUIET},
       {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
 
-  const char *model = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL;
+  const char *model = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *pids_path = NULL;
   bool chat = false, add_special = true, quiet = false;
   int threads = 0;
   const char *stops[MAX_STOPS];
@@ -177,6 +178,7 @@ int servd_generate_main(int argc, char **argv) {
     case O_MAXCTX: bad = parse_int(optarg, "--max-context", 16, 1 << 24, &mo.max_context); break;
     case O_KVF32: mo.kv_dtype = SERVD_F32; break;
     case O_IDS: ids_path = optarg; break;
+    case O_PIDS: pids_path = optarg; break;
     case O_QUIET: quiet = true; break;
     case 'h':
     case O_HELP: usage(stdout); return 0;
@@ -235,6 +237,15 @@ int servd_generate_main(int argc, char **argv) {
   if ((rc = servd_model_tokenize(m, input, strlen(input), add_special, &ids, &n_ids))) {
     fprintf(stderr, "servd generate: tokenizing the prompt: %s\n", servd_last_error());
     goto out;
+  }
+  if (pids_path) {
+    FILE *f = fopen(pids_path, "w");
+    if (!f) {
+      fprintf(stderr, "servd generate: %s: %s\n", pids_path, strerror(errno));
+      goto out;
+    }
+    for (int i = 0; i < n_ids; i++) fprintf(f, "%d\n", ids[i]);
+    fclose(f);
   }
   if (ids_path && !(g.ids = fopen(ids_path, "w"))) {
     fprintf(stderr, "servd generate: %s: %s\n", ids_path, strerror(errno));

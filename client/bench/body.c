@@ -53,8 +53,9 @@ char *bench_body_openai(const bench_config *cfg, const char *prompt, int max_tok
   return dump(o);
 }
 
-/* llama.cpp's server reads "content", vLLM "prompt" (and needs "model"); each ignores the other's
- * field. add_special: false counts only the text's own tokens (no BOS). */
+/* llama.cpp's server reads "content" and "add_special"; vLLM and servd read "prompt" and
+ * "add_special_tokens" (and "model"); each ignores the other's fields. Both flags false count only
+ * the text's own tokens (no BOS). */
 char *bench_body_tokenize(const bench_config *cfg, const char *text, size_t len) {
   json_t *o = json_object();
   if (!o) return NULL;
@@ -62,6 +63,7 @@ char *bench_body_tokenize(const bench_config *cfg, const char *text, size_t len)
   json_object_set_new(o, "content", json_stringn(text, len));
   json_object_set_new(o, "prompt", json_stringn(text, len));
   json_object_set_new(o, "add_special", json_false());
+  json_object_set_new(o, "add_special_tokens", json_false());
   return dump(o);
 }
 

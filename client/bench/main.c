@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -418,6 +419,8 @@ int main(int argc, char **argv) {
   const char *env_key = getenv("SERVD_BENCH_API_KEY");
   if (env_key && *env_key) cfg.api_key = env_key;
   if (parse_args(&cfg, argc, argv)) return 2;
+  /* a write to a connection the server has closed must fail with EPIPE, not kill the process */
+  signal(SIGPIPE, SIG_IGN);
   cfg.argc = argc;
   cfg.argv = redacted_argv(argc, argv);
   if (!cfg.argv) return 2;

@@ -37,6 +37,7 @@ typedef struct conn {
   worker *w;
   bool connected;
   bool reused;      /* it served a request before, so the server may close it as we write */
+  bool eof;         /* the server closed its side */
   size_t received;  /* response bytes read for the current request */
   char rbuf[READ_BUF];
 } conn;
@@ -230,7 +231,7 @@ static int on_message_complete(http_parser *p) {
 /* The response is complete: judge it. */
 static void complete(worker *w) {
   conn *c = w->c;
-  bool keep = http_should_keep_alive(&c->parser) != 0;
+  bool keep = !c->eof && http_should_keep_alive(&c->parser) != 0;
   char msg[160];
   if (!is_2xx(w->status)) {
     const char *b = w->body ? w->body : "";
@@ -309,8 +310,11 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   size_t parsed;
   if (nread < 0) {
     if (nread == UV_EOF) { /* tells the parser; completes a read-until-close body */
+      c->eof = true;
       http_parser_execute(&c->parser, &w->r->settings, NULL, 0);
-      if (w->msg_complete) {
+      /* a stream that reached [DONE] is whole even if the last empty chunk never came */
+      if (w->msg_complete || (w->kind == RK_STREAM && w->done_seen && is_2xx(w->status) &&
+                              !w->fail_err)) {
         complete(w);
         return;
       }
@@ -439,11 +443,12 @@ static int build_request(worker *w, const char *path, const char *body) {
     w->req = p;
     w->req_cap = need;
   }
+  bool v6 = strchr(cfg->host, ':') != NULL; /* an IPv6 literal goes in brackets */
   int n = snprintf(w->req, w->req_cap,
-                   "POST %s HTTP/1.1\r\nHost: %s:%d\r\nUser-Agent: servd-bench/" BENCH_VERSION
+                   "POST %s HTTP/1.1\r\nHost: %s%s%s:%d\r\nUser-Agent: servd-bench/" BENCH_VERSION
                    "\r\nContent-Type: application/json\r\nAccept: %s\r\n%s%s%sContent-Length: %zu\r\n"
                    "Connection: keep-alive\r\n\r\n",
-                   path, cfg->host, cfg->port,
+                   path, v6 ? "[" : "", cfg->host, v6 ? "]" : "", cfg->port,
                    w->kind == RK_STREAM ? "text/event-stream" : "application/json",
                    cfg->api_key ? "Authorization: Bearer " : "", cfg->api_key ? cfg->api_key : "",
                    cfg->api_key ? "\r\n" : "", blen);
@@ -491,7 +496,6 @@ static void issue(worker *w, uint64_t idx) {
     }
     snprintf(path, sizeof path, "%s/tokenize", cfg->base_path);
   } else if (w->kind == RK_KSERVE) {
-    body = strdup(r->kserve_body);
     snprintf(path, sizeof path, "%s", cfg->endpoint);
   } else {
     int in = 0, out = 0;
@@ -507,7 +511,9 @@ static void issue(worker *w, uint64_t idx) {
     }
     snprintf(path, sizeof path, "%s", cfg->endpoint);
   }
-  int rc = body ? build_request(w, path, body) : -1;
+  /* every KServe request sends the same generated tensor */
+  const char *src = w->kind == RK_KSERVE ? r->kserve_body : body;
+  int rc = src ? build_request(w, path, src) : -1;
   free(body);
   if (rc) {
     defer_failure(w, BENCH_ERR_PARSE, "could not build the request body (out of memory?)");
@@ -551,7 +557,8 @@ static void finish(worker *w, int err, const char *msg) {
   rec->t_end = uv_hrtime();
   if (err) {
     snprintf(rec->errmsg, sizeof rec->errmsg, "%s", msg ? msg : bench_err_name(err));
-    drop_conn(w); /* the connection's state is unknown after a failure */
+    /* after a failure the connection's state is unknown, except for a complete error response */
+    if (err != BENCH_ERR_HTTP) drop_conn(w);
   }
   r->finished++;
   if (r->ph == PH_WARMUP) {

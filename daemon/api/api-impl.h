@@ -31,13 +31,17 @@ typedef struct api_model {
   servd_model_options opts;
   servd_model *m;
   api_model_state state;
-  char error[512];
+  char error[1024];
   int inflight;          /* api requests holding engine work on this model */
   int64_t created;       /* unix seconds */
   api_hist ttft, itl, e2e;
   struct servd_http_req *waiter; /* repository load/unload request waiting for the outcome */
   bool unload_cancelled; /* running requests were cancelled at the unload deadline */
   uv_timer_t *unload_timer;
+  /* Generic models: predictions running (at most one per interpreter, so libuv's workers never all
+   * block waiting for an interpreter) and a bounded FIFO of those waiting. */
+  int predict_running, predict_waiting;
+  struct infer_job *wait_head, *wait_tail;
 } api_model;
 
 typedef struct api_route_count {

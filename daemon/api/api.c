@@ -14,7 +14,6 @@ void servd_api_options_default(servd_api_options *o) {
   o->access_log = SERVD_ACCESS_LOG_TEXT;
   o->max_n = 16;
   o->unload_timeout_ms = 30000;
-  servd_model_options_default(&o->model_defaults);
 }
 
 /* ---- responses -------------------------------------------------------------------------------- */
@@ -164,7 +163,11 @@ int servd_api_create(uv_loop_t *loop, const servd_api_options *o, servd_api **ou
   a->loop = loop;
   if (o) a->o = *o;
   else servd_api_options_default(&a->o);
-  a->ops = a->o.ops ? a->o.ops : &servd_engine_model_ops;
+  if (!a->o.ops) {
+    free(a);
+    return servd_fail(SERVD_EINVAL, "api: options.ops is required (servd_engine_model_ops for the engine)");
+  }
+  a->ops = a->o.ops;
   a->log = a->o.log ? a->o.log : stderr;
   if (a->o.max_n < 1) a->o.max_n = 1;
   if (a->o.api_key && a->o.api_key[0]) {
@@ -275,15 +278,23 @@ static void access_log(servd_api *a, const servd_http_req *r) {
   gmtime_r(&now, &tm);
   strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
   if (a->o.access_log == SERVD_ACCESS_LOG_JSON) {
-    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:I, s:f, s:s}", "time", ts, "remote", r->remote, "method",
-                          r->method ? r->method : "", "path", r->path ? r->path : "", "status", r->status,
-                          "bytes", (json_int_t)r->bytes_out, "duration_s", secs, "route",
-                          r->route ? r->route : "");
-    if (j && r->model) json_object_set_new(j, "model", json_string(r->model));
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    if (s) fprintf(a->log, "%s\n", s);
-    free(s);
-    json_decref(j);
+    servd_buf b;
+    servd_buf_init(&b);
+    servd_buf_printf(&b, "{\"time\":\"%s\",\"remote\":", ts);
+    servd_buf_json_str(&b, r->remote, strlen(r->remote));
+    servd_buf_puts(&b, ",\"method\":");
+    servd_buf_json_str(&b, r->method ? r->method : "", r->method ? strlen(r->method) : 0);
+    servd_buf_puts(&b, ",\"path\":");
+    servd_buf_json_str(&b, r->path ? r->path : "", r->path ? strlen(r->path) : 0);
+    servd_buf_printf(&b, ",\"status\":%d,\"bytes\":%llu,\"duration_ms\":%.3f,\"route\":\"%s\"", r->status,
+                     (unsigned long long)r->bytes_out, secs * 1000.0, r->route ? r->route : "");
+    if (r->model) {
+      servd_buf_puts(&b, ",\"model\":");
+      servd_buf_json_str(&b, r->model, strlen(r->model));
+    }
+    servd_buf_puts(&b, "}\n");
+    if (!b.oom) fwrite(b.data, 1, b.len, a->log);
+    servd_buf_free(&b);
   } else {
     fprintf(a->log, "%s %s \"%s %s HTTP/%d.%d\" %d %llu %.6fs%s%s\n", ts, r->remote, r->method ? r->method : "-",
             r->path ? r->path : "-", r->http_major, r->http_minor, r->status, (unsigned long long)r->bytes_out, secs,

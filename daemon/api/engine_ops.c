@@ -2,6 +2,8 @@
 #include "api/model_ops.h"
 
 const servd_model_ops servd_engine_model_ops = {
+    .options_default = servd_model_options_default,
+    .gen_params_default = servd_gen_params_default,
     .load = servd_model_load,
     .unload = servd_model_unload,
     .name = servd_model_name,

@@ -9,6 +9,8 @@
 #include "engine/engine.h"
 
 typedef struct servd_model_ops {
+  void (*options_default)(servd_model_options *o);
+  void (*gen_params_default)(servd_gen_params *p);
   int (*load)(const servd_model_options *o, servd_model **out);
   void (*unload)(servd_model *m, int deadline_ms);
   const char *(*name)(const servd_model *m);

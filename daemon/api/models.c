@@ -102,7 +102,10 @@ static void job_work(uv_work_t *w) {
   /* Not named by the operator: the placeholder (file stem) gives way to the package's own name. */
   o.name = j->am->opts.name ? j->am->name : NULL;
   j->rc = j->a->ops->load(&o, &j->m);
-  if (j->rc != 0) snprintf(j->msg, sizeof j->msg, "%s", servd_last_error());
+  if (j->rc != 0) {
+    const char *why = servd_last_error();
+    snprintf(j->msg, sizeof j->msg, "%s", why && why[0] ? why : servd_strerror(j->rc));
+  }
 }
 
 static void start_unload(servd_api *a, api_model *am, int deadline_ms);
@@ -359,7 +362,12 @@ int api_repository_load(servd_api *a, servd_http_req *r, const char *name) {
       api_kserve_error(r, 500, "out of memory");
       return 0;
     }
-    am->opts = a->o.model_defaults;
+    const servd_model_options *d = &a->o.model_defaults;
+    a->ops->options_default(&am->opts);
+#define OVERRIDE(f) if (d->f > 0) am->opts.f = d->f;
+    OVERRIDE(interpreters) OVERRIDE(tp) OVERRIDE(max_queue) OVERRIDE(max_batch_tokens) OVERRIDE(max_seqs)
+    OVERRIDE(kv_blocks) OVERRIDE(block_size) OVERRIDE(max_batch_size) OVERRIDE(max_batch_delay_ms)
+#undef OVERRIDE
     am->opts.path = NULL;
     am->opts.name = am->name;
   }

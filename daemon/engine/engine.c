@@ -14,7 +14,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/sampling.h"
 
 #define STUCK_SECONDS 60.0
 
@@ -85,7 +84,10 @@ static void find_eos(servd_model *m) {
   json_t *sp = json_object_get(man, "special_tokens");
   add_eos_json(m, json_object_get(sp, "eos_token"));
   add_eos_json(m, json_object_get(sp, "eos_token_id"));
-  const char *files[] = {"tokenizer_config.json", "generation_config.json"};
+  /* The manifest names the tokenizer config entry (tokenizer.config); older layouts use the HF name. */
+  json_t *tcfg = json_object_get(json_object_get(man, "tokenizer"), "config");
+  const char *files[] = {json_is_string(tcfg) ? json_string_value(tcfg) : "tokenizer_config.json",
+                         "generation_config.json"};
   for (int f = 0; f < 2; f++) {
     const void *data;
     size_t len;
@@ -108,7 +110,8 @@ static void request_unref(servd_request *r) {
   free(r->seq.tokens);
   sched_seq_free(&r->seq);
   servd_detok_free(r->detok);
-  servd_stopper_free(&r->stopper);
+  servd_stop_matcher_free(r->stopper);
+  servd_sampler_free(r->sampler);
   pthread_mutex_destroy(&r->cb_mu);
   free(r);
 }
@@ -128,10 +131,10 @@ static void finish(servd_model *m, servd_request *r, const char *reason, int err
     size_t l1 = 0, l2 = 0;
     bool stopped = false;
     if (r->detok && servd_detok_flush(r->detok, &t1, &l1) == 0 && l1)
-      servd_stopper_push(&r->stopper, t1, l1, &t1, &l1, &stopped);
+      servd_stop_matcher_push(r->stopper, t1, l1, &t1, &l1, &stopped);
     else
       l1 = 0;
-    if (!stopped && servd_stopper_flush(&r->stopper, &t2, &l2) == 0 && (l1 || l2)) {
+    if (!stopped && servd_stop_matcher_flush(r->stopper, &t2, &l2) == 0 && (l1 || l2)) {
       /* Two pieces at most: send them as one delta. */
       servd_event ev = {.kind = SERVD_EVENT_TOKEN, .token = -1, .prompt_tokens = r->n_prompt,
                         .completion_tokens = r->n_generated};
@@ -152,42 +155,47 @@ static void finish(servd_model *m, servd_request *r, const char *reason, int err
                     .completion_tokens = r->n_generated, .error_code = error_code,
                     .error_message = msg, .token = -1};
   sched_remove(&m->sched, &r->seq);
+  /* Stats first: whoever sees the final event sees the freed blocks and counts. */
+  pthread_mutex_lock(&m->mu);
+  m->n_running = m->sched.running.n;
+  m->n_waiting = m->sched.waiting.n;
+  m->kv_used = sched_used_blocks(&m->sched);
+  pthread_mutex_unlock(&m->mu);
   deliver(r, &ev);
   request_unref(r);
 }
 
-static bool is_stop_token(const servd_model *m, const servd_request *r, int32_t t) {
-  if (!r->p.ignore_eos)
-    for (int i = 0; i < m->n_eos; i++)
-      if (m->eos[i] == t) return true;
-  for (int i = 0; i < r->p.n_stop_token_ids; i++)
-    if (r->p.stop_token_ids[i] == t) return true;
-  return false;
-}
-
 /* After the step that produced logits row `row` for r: sample, stream, check the end. */
 static void advance(servd_model *m, servd_request *r, const float *row) {
-  servd_sample_result s;
-  int rc = servd_engine_sample(m, r, row, &s);
+  servd_sampled s;
+  int rc = servd_sampler_sample(r->sampler, row, &s);
   if (rc) {
     finish(m, r, "error", rc, servd_last_error());
     return;
   }
   int32_t t = s.token;
+  servd_sampler_accept(r->sampler, t);
+  servd_finish fin = servd_sampler_finish(r->sampler, t);
   r->seq.tokens[r->seq.n_tokens++] = t;
   r->n_generated++;
   pthread_mutex_lock(&m->mu);
   m->generation_tokens++;
   pthread_mutex_unlock(&m->mu);
 
-  bool stop_tok = is_stop_token(m, r, t);
+  /* An end-of-sequence or stop token ends the text without adding its own. */
+  bool stop_tok = fin == SERVD_FINISH_EOS || fin == SERVD_FINISH_STOP_TOKEN;
   const char *text = "";
   size_t len = 0;
   bool stopped = false;
   if (!stop_tok) {
     const char *d;
     size_t dl;
-    if (servd_detok_push(r->detok, t, &d, &dl) == 0) servd_stopper_push(&r->stopper, d, dl, &text, &len, &stopped);
+    if ((rc = servd_detok_push(r->detok, t, &d, &dl)) == 0)
+      rc = servd_stop_matcher_push(r->stopper, d, dl, &text, &len, &stopped);
+    if (rc) {
+      finish(m, r, "error", rc, servd_last_error());
+      return;
+    }
   }
   servd_event ev = {.kind = SERVD_EVENT_TOKEN, .text = text, .text_len = len, .token = t,
                     .logprob = s.logprob, .top = s.top, .n_top = s.n_top, .prompt_tokens = r->n_prompt,
@@ -195,7 +203,8 @@ static void advance(servd_model *m, servd_request *r, const float *row) {
   deliver(r, &ev);
 
   if (stop_tok || stopped) finish(m, r, "stop", 0, NULL);
-  else if (r->n_generated >= r->p.max_tokens || r->seq.n_tokens >= m->context_length) finish(m, r, "length", 0, NULL);
+  else if (fin == SERVD_FINISH_LENGTH || r->n_generated >= r->p.max_tokens || r->seq.n_tokens >= m->context_length)
+    finish(m, r, "length", 0, NULL);
 }
 
 /* ---- the scheduler thread ----------------------------------------------------------------------- */
@@ -230,6 +239,7 @@ static void *scheduler_main(void *arg) {
     }
     servd_request *in = m->inbox_head;
     m->inbox_head = m->inbox_tail = NULL;
+    m->n_waiting += m->n_inbox; /* they join the waiting queue below */
     m->n_inbox = 0;
     int64_t drain = m->drain_deadline_ns;
     pthread_mutex_unlock(&m->mu);
@@ -258,7 +268,7 @@ static void *scheduler_main(void *arg) {
       servd_tensor *logits = NULL;
       memset(&err, 0, sizeof err);
       int rc = servd_runner_step(m->runner, &b, &logits, &err);
-      if (rc == 0 && (!logits || logits->dtype != SERVD_F32 || logits->ndim != 2 ||
+      if (rc == 0 && b.n_logit_rows > 0 && (!logits || logits->dtype != SERVD_F32 || logits->ndim != 2 ||
                       logits->shape[0] != b.n_logit_rows || logits->shape[1] < m->vocab)) {
         rc = servd_fail(SERVD_EFORMAT, "forward: expected logits f32 (%d, %d)", b.n_logit_rows, m->vocab);
         snprintf(err.message, sizeof err.message, "%s", servd_last_error());
@@ -290,7 +300,7 @@ static void *scheduler_main(void *arg) {
       pthread_mutex_unlock(&m->mu);
     }
     pthread_mutex_lock(&m->mu);
-    m->n_waiting = m->sched.waiting.n + m->n_inbox;
+    m->n_waiting = m->sched.waiting.n;
     m->n_running = m->sched.running.n;
     m->kv_used = sched_used_blocks(&m->sched);
     if (n == 0 && has_work(m) && !m->inbox_head) {
@@ -316,8 +326,10 @@ static int load_causal_lm(servd_model *m) {
   int rc;
   const void *tj;
   size_t tl;
-  if ((rc = mpk_file(m->pkg, "tokenizer.json", &tj, &tl)))
-    return servd_fail(rc, "%s: causal-lm package has no tokenizer.json", mpk_path(m->pkg));
+  json_t *tf = json_object_get(json_object_get(mpk_manifest(m->pkg), "tokenizer"), "file");
+  const char *tpath = json_is_string(tf) ? json_string_value(tf) : "tokenizer.json";
+  if ((rc = mpk_file(m->pkg, tpath, &tj, &tl)))
+    return servd_fail(rc, "%s: causal-lm package: tokenizer file %s: %s", mpk_path(m->pkg), tpath, servd_last_error());
   if ((rc = servd_tokenizer_load(tj, tl, &m->tok))) return rc;
 
   json_t *cfg = mpk_config(m->pkg);
@@ -367,7 +379,7 @@ static int load_causal_lm(servd_model *m) {
   sched_config sc = {.max_batch_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
                      .max_seq_len = m->context_length};
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
-  if ((rc = servd_engine_sampling_init(m))) return rc;
+  if ((rc = servd_sampler_scratch_create(m->vocab, &m->scratch))) return rc;
   m->last_progress_ns = servd_engine_now_ns();
   if (pthread_create(&m->thread, NULL, scheduler_main, m))
     return servd_fail(SERVD_ENOMEM, "%s: starting the scheduler thread", mpk_path(m->pkg));
@@ -438,7 +450,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   for (int r = 0; r < SERVD_INTERP_MAX; r++) servd_kv_cache_destroy(m->kv[r]);
   servd_comm_destroy(m->comm);
   servd_tokenizer_free(m->tok);
-  servd_engine_sampling_free(m);
+  servd_sampler_scratch_free(m->scratch);
   mpk_close(m->pkg);
   pthread_mutex_destroy(&m->mu);
   pthread_cond_destroy(&m->wake);
@@ -578,7 +590,6 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
   int room = m->context_length - n_prompt;
   if (r->p.max_tokens <= 0 || r->p.max_tokens > room) r->p.max_tokens = room;
   if (p->deadline_ms > 0) r->deadline_ns = servd_engine_now_ns() + p->deadline_ms * 1000000;
-  r->rng = p->has_seed ? p->seed : (uint64_t)servd_engine_now_ns() ^ (uintptr_t)r;
   r->p.stop = NULL;
   r->p.stop_token_ids = NULL;
 
@@ -613,7 +624,11 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
     memcpy(r->stop_ids_copy, p->stop_token_ids, sizeof(int32_t) * (size_t)p->n_stop_token_ids);
     r->p.stop_token_ids = r->stop_ids_copy;
   }
-  if ((rc = servd_stopper_init(&r->stopper, r->p.stop, r->p.n_stop))) goto fail;
+  if ((rc = servd_stop_matcher_create(r->p.stop, r->p.n_stop, &r->stopper))) goto fail;
+  servd_sampler_config sc = {.n_vocab = m->vocab, .params = &r->p, .eos_ids = m->eos, .n_eos = m->n_eos,
+                             .logprob_mode = SERVD_LOGPROBS_RAW, .scratch = m->scratch};
+  if ((rc = servd_sampler_create(&sc, &r->sampler))) goto fail;
+  servd_sampler_add_prompt(r->sampler, prompt, n_prompt);
   if ((rc = servd_detok_create(m->tok, true, &r->detok))) goto fail;
 
   pthread_mutex_lock(&m->mu);

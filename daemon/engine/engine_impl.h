@@ -8,7 +8,7 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
-#include "engine/stop_strings.h"
+#include "engine/sampler.h"
 #include "mpk/package.h"
 #include "servd/interp.h"
 #include "servd/tokenizer.h"
@@ -32,9 +32,9 @@ struct servd_request {
   int64_t deadline_ns;      /* CLOCK_MONOTONIC; 0: none */
   int n_generated;
   servd_detok *detok;
-  servd_stopper stopper;
+  servd_sampler *sampler;
+  servd_stop_matcher *stopper;
   struct servd_request *inbox_next;
-  uint64_t rng;             /* sampling state (xorshift) */
 };
 
 struct servd_model {
@@ -73,8 +73,7 @@ struct servd_model {
   uint64_t prompt_tokens, generation_tokens, steps;
   int64_t last_progress_ns;
   int kv_used;
-  float *probs; /* (vocab) scratch of the scheduler thread */
-  servd_top_logprob *top;
+  servd_sampler_scratch *scratch; /* shared by the samplers: they all run on the scheduler thread */
 };
 
 int64_t servd_engine_now_ns(void);

@@ -27,6 +27,7 @@ typedef struct conn {
   bool reading, closing, close_after, in_process, keep_alive, chunked, responded, head;
   bool expect_continue;
   bool close_at_end; /* the response said Connection: close */
+  bool raw_stream;   /* HTTP/1.0 has no chunked encoding: stream bytes as they are, then close */
   int err_status; /* limit hit inside a parser callback: 413, 431 */
   char *rbuf;
   servd_buf pending; /* received, not yet parsed */
@@ -323,7 +324,7 @@ static int on_headers_complete(http_parser *p) {
     c->hoff[c->n_headers - 1][1] = c->hbuf.len;
     servd_buf_append(&c->hbuf, "", 1);
   }
-  if (c->hbuf.oom) return 1;
+  if (c->hbuf.oom) return -1; /* 1 would mean 'no body follows' */
   c->keep_alive = http_should_keep_alive(p) != 0;
   c->expect_continue = false;
   for (int i = 0; i < c->n_headers; i++) {
@@ -334,7 +335,7 @@ static int on_headers_complete(http_parser *p) {
   }
   if ((p->flags & F_CONTENTLENGTH) && p->content_length > s->lim.max_body_bytes) {
     c->err_status = 413;
-    return 1;
+    return -1;
   }
   if (c->expect_continue) {
     static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -514,7 +515,15 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b) {
   conn *c = st->data;
   if (nread < 0) {
-    conn_close(c); /* EOF or error: a request in progress is aborted */
+    if (nread == UV_EOF && c->state != C_HANDLING && (c->writing || c->obuf.len)) {
+      /* The client finished sending: deliver what is already answered, then close. */
+      uv_read_stop(st);
+      c->reading = false;
+      c->close_after = true;
+      conn_flush(c);
+      return;
+    }
+    conn_close(c); /* an error, or EOF while a request runs: the client is gone, abort it */
     return;
   }
   if (nread == 0) return;
@@ -671,7 +680,10 @@ static void write_head(conn *c, int status, const char *ctype, long long content
   r->status = status;
   servd_buf_printf(&c->obuf, "HTTP/1.1 %d %s\r\n", status, servd_http_reason(status));
   if (ctype) servd_buf_printf(&c->obuf, "Content-Type: %s\r\n", ctype);
+  c->raw_stream = content_length < 0 && r->http_major == 1 && r->http_minor == 0;
+  if (c->raw_stream) keep = false;
   if (content_length >= 0) servd_buf_printf(&c->obuf, "Content-Length: %lld\r\n", content_length);
+  else if (c->raw_stream) servd_buf_puts(&c->obuf, "Cache-Control: no-cache\r\n");
   else servd_buf_puts(&c->obuf, "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n");
   servd_buf_puts(&c->obuf, keep ? "Connection: keep-alive\r\n" : "Connection: close\r\n");
   if (c->ehdr.len) servd_buf_append(&c->obuf, c->ehdr.data, c->ehdr.len);
@@ -719,7 +731,9 @@ int servd_http_stream_write(servd_http_req *r, const char *data, size_t len) {
   conn *c = r->conn_;
   if (c->closing || !c->chunked) return -1;
   if (len == 0) return 0;
-  if (!c->head) {
+  if (c->raw_stream) {
+    if (!c->head) servd_buf_append(&c->obuf, data, len);
+  } else if (!c->head) {
     servd_buf_printf(&c->obuf, "%zx\r\n", len);
     servd_buf_append(&c->obuf, data, len);
     servd_buf_append(&c->obuf, "\r\n", 2);
@@ -736,7 +750,7 @@ int servd_http_stream_write(servd_http_req *r, const char *data, size_t len) {
 void servd_http_stream_end(servd_http_req *r) {
   conn *c = r->conn_;
   if (c->closing || !c->chunked) return;
-  if (!c->head) servd_buf_append(&c->obuf, "0\r\n\r\n", 5);
+  if (!c->head && !c->raw_stream) servd_buf_append(&c->obuf, "0\r\n\r\n", 5);
   c->chunked = false;
   req_end(c);
 }

@@ -5,8 +5,8 @@
  * each libc numbers its pthread keys from 0, but the per-thread key slots live in the one thread
  * descriptor they share: on a thread that enters two namespaces, namespace B's gilstate key reads
  * namespace A's thread state (verified: it crashes). So each OS thread gets its own PyThreadState
- * per namespace, cached below in this module's TLS (which is per namespace), and calls switch to it
- * with PyEval_RestoreThread / PyEval_SaveThread.
+ * per namespace, kept by the host (servd_guest_thread), and calls switch to it with
+ * PyEval_RestoreThread / PyEval_SaveThread.
  */
 #include "pymod.h"
 
@@ -20,8 +20,6 @@ static PyObject *g_entry;
 static PyObject *g_boot; /* the bootstrap module's dict */
 static PyObject *g_json_loads, *g_json_dumps;
 
-static __thread PyThreadState *t_ts;
-static __thread unsigned t_gen;
 
 /* A call in progress, for interrupt(seq). Linked while the GIL is held only. */
 typedef struct active_call {
@@ -32,12 +30,12 @@ typedef struct active_call {
 } active_call;
 static active_call *g_active;
 
-static void enter(void) {
-  if (!t_ts || t_gen != g_gen) {
-    t_ts = PyThreadState_New(g_interp);
-    t_gen = g_gen;
+static void enter(servd_guest_thread *th) {
+  if (!th->tstate || th->gen != g_gen) {
+    th->tstate = PyThreadState_New(g_interp);
+    th->gen = g_gen;
   }
-  PyEval_RestoreThread(t_ts);
+  PyEval_RestoreThread(th->tstate);
 }
 
 static void leave(void) { PyEval_SaveThread(); }
@@ -134,7 +132,7 @@ static int append_wide(PyWideStringList *l, const char *s) {
   return PyStatus_Exception(st) ? -1 : 0;
 }
 
-static int g_init(const servd_guest_config *c, servd_py_error *err) {
+static int g_init(servd_guest_thread *th, const servd_guest_config *c, servd_py_error *err) {
   if (!c || !c->host || c->host->abi != SERVD_GUEST_ABI || c->host->size < sizeof(servd_host_api))
     return -1; /* no host to report through */
   pm_host = c->host;
@@ -178,8 +176,8 @@ static int g_init(const servd_guest_config *c, servd_py_error *err) {
   }
   g_interp = PyInterpreterState_Get();
   g_gen++;
-  t_ts = PyThreadState_Get();
-  t_gen = g_gen;
+  th->tstate = PyThreadState_Get();
+  th->gen = g_gen;
 
   int rc = 0;
   PyObject *boot = PyModule_New("_servd_bootstrap");
@@ -213,8 +211,8 @@ static int g_init(const servd_guest_config *c, servd_py_error *err) {
   return rc;
 }
 
-static int g_load_entry(const char *entry_point, servd_py_error *err) {
-  enter();
+static int g_load_entry(servd_guest_thread *th, const char *entry_point, servd_py_error *err) {
+  enter(th);
   int rc = 0;
   PyObject *load = PyDict_GetItemString(g_boot, "load_entry");
   Py_CLEAR(g_entry);
@@ -247,8 +245,8 @@ static PyObject *main_dict(void) {
   return m ? PyModule_GetDict(m) : NULL;
 }
 
-static int g_exec(uint64_t seq, const char *code, servd_py_error *err) {
-  enter();
+static int g_exec(servd_guest_thread *th, uint64_t seq, const char *code, servd_py_error *err) {
+  enter(th);
   active_call c;
   begin_call(&c, seq);
   int rc = 0;
@@ -262,8 +260,8 @@ static int g_exec(uint64_t seq, const char *code, servd_py_error *err) {
   return rc;
 }
 
-static int g_eval_json(uint64_t seq, const char *expr, char **json_out, servd_py_error *err) {
-  enter();
+static int g_eval_json(servd_guest_thread *th, uint64_t seq, const char *expr, char **json_out, servd_py_error *err) {
+  enter(th);
   active_call c;
   begin_call(&c, seq);
   int rc = 0;
@@ -283,9 +281,9 @@ static int no_entry(servd_py_error *err) {
   return plain_error(err, SERVD_EINVAL, "RuntimeError", "no entry object (package not loaded)");
 }
 
-static int g_call_json(uint64_t seq, const char *method, const char *args_json, char **json_out,
+static int g_call_json(servd_guest_thread *th, uint64_t seq, const char *method, const char *args_json, char **json_out,
                        servd_py_error *err) {
-  enter();
+  enter(th);
   active_call c;
   begin_call(&c, seq);
   int rc = 0;
@@ -313,12 +311,12 @@ out:
   return rc;
 }
 
-static int g_predict(uint64_t seq, int n_in, const char *const *in_names, servd_tensor *const *in_tensors,
+static int g_predict(servd_guest_thread *th, uint64_t seq, int n_in, const char *const *in_names, servd_tensor *const *in_tensors,
                      int *n_out, char ***out_names, servd_tensor ***out_tensors, servd_py_error *err) {
   *n_out = 0;
   *out_names = NULL;
   *out_tensors = NULL;
-  enter();
+  enter(th);
   active_call c;
   begin_call(&c, seq);
   int rc = 0;
@@ -402,9 +400,9 @@ out:
   return rc;
 }
 
-static int g_forward(uint64_t seq, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err) {
+static int g_forward(servd_guest_thread *th, uint64_t seq, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err) {
   *logits = NULL;
-  enter();
+  enter(th);
   active_call c;
   begin_call(&c, seq);
   int rc = 0;
@@ -436,10 +434,10 @@ out:
   return rc;
 }
 
-static void g_interrupt(uint64_t seq) {
+static void g_interrupt(servd_guest_thread *th, uint64_t seq) {
   if (!g_interp)
     return;
-  enter();
+  enter(th);
   for (active_call *c = g_active; c; c = c->next) {
     if (c->seq == seq) {
       PyThreadState_SetAsyncExc(c->tid, PyExc_TimeoutError);
@@ -449,10 +447,10 @@ static void g_interrupt(uint64_t seq) {
   leave();
 }
 
-static void g_finalize(void) {
+static void g_finalize(servd_guest_thread *th) {
   if (!g_interp)
     return;
-  enter();
+  enter(th);
   Py_CLEAR(g_entry);
   Py_CLEAR(g_boot);
   Py_CLEAR(g_json_loads);
@@ -460,7 +458,7 @@ static void g_finalize(void) {
   Py_FinalizeEx();
   g_interp = NULL;
   g_active = NULL;
-  t_ts = NULL;
+  th->tstate = NULL;
   memset(&pm, 0, sizeof pm);
 }
 

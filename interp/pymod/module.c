@@ -94,7 +94,7 @@ static PyObject *batch_getattro(BatchObject *self, PyObject *name) {
 }
 
 static PyObject *batch_repr(BatchObject *self) {
-  return PyUnicode_FromFormat("servd.Batch(n_tokens=%d, n_seqs=%d)", self->valid ? 0 : -1, self->attn.n_seqs);
+  return PyUnicode_FromFormat("servd.Batch(n_seqs=%d%s)", self->attn.n_seqs, self->valid ? "" : ", finished");
 }
 
 static PyType_Slot batch_slots[] = {

@@ -377,15 +377,18 @@ static PyObject *m_empty(PyObject *m, PyObject *args, PyObject *kw) {
   if (parse_dtype(dtype, &d) < 0)
     return NULL;
   int64_t shape[SERVD_MAX_DIMS];
-  int ndim;
-  PyObject *tup = PyTuple_Pack(1, shape_obj);
-  if (!tup)
-    return NULL;
-  int rc = PyLong_Check(shape_obj) ? (shape[0] = PyLong_AsLongLong(shape_obj), ndim = 1, 0)
-                                    : parse_shape(tup, shape, &ndim);
-  Py_DECREF(tup);
-  if (rc < 0 || PyErr_Occurred())
-    return NULL;
+  int ndim = 1;
+  if (PyLong_Check(shape_obj)) { /* servd.empty(n) */
+    shape[0] = PyLong_AsLongLong(shape_obj);
+    if (shape[0] == -1 && PyErr_Occurred())
+      return NULL;
+  } else {
+    PyObject *tup = PyTuple_Pack(1, shape_obj);
+    int rc = tup ? parse_shape(tup, shape, &ndim) : -1;
+    Py_XDECREF(tup);
+    if (rc < 0)
+      return NULL;
+  }
   servd_tensor *t = pm_host->tensor_new(d, ndim, shape);
   if (!t)
     return pm_raise(SERVD_EINVAL, "servd.empty");

@@ -15,6 +15,7 @@
 #define SERVD_INTERP_GUEST_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "servd/ops.h"
@@ -52,7 +53,7 @@ typedef struct servd_host_api {
   void (*tensor_retain)(servd_tensor *t);
   void (*tensor_release)(servd_tensor *t);
   int64_t (*tensor_numel)(const servd_tensor *t);
-  int (*tensor_is_contiguous)(const servd_tensor *t);
+  bool (*tensor_is_contiguous)(const servd_tensor *t);
   size_t (*tensor_nbytes)(const servd_tensor *t);
   int (*row_to_f32)(servd_dtype t, const void *src, float *dst, int64_t n);
   int (*row_from_f32)(servd_dtype t, const float *src, void *dst, int64_t n);
@@ -98,23 +99,33 @@ typedef struct servd_guest_config {
   servd_comm *comm;
 } servd_guest_config;
 
+/* The calling OS thread's state in one namespace, kept by the host (per thread, per namespace) and
+ * handed to every guest call: the guest needs a PyThreadState per OS thread, and keeping it in the
+ * host avoids thread-local storage in the guest (dynamic TLS of a dlmopen'd library is allocated
+ * lazily on first use, which AddressSanitizer cannot handle). `gen` tells a state of an earlier
+ * start of CPython in that namespace (finalized since) from a live one. */
+typedef struct servd_guest_thread {
+  unsigned gen;
+  void *tstate; /* PyThreadState* */
+} servd_guest_thread;
+
 /* Every call takes `seq`, the host's number for this call: interrupt(seq) raises TimeoutError in the
  * thread running call `seq` only, never in a later call. Calls return 0, or a negative SERVD_E* code
  * with *err filled (exception type, message, traceback). Calls take the GIL themselves. */
 typedef struct servd_guest_api {
   int abi;
-  int (*init)(const servd_guest_config *c, servd_py_error *err);
+  int (*init)(servd_guest_thread *th, const servd_guest_config *c, servd_py_error *err);
   /* Imports the package's entry module and builds the entry object ("module:callable"). */
-  int (*load_entry)(const char *entry_point, servd_py_error *err);
+  int (*load_entry)(servd_guest_thread *th, const char *entry_point, servd_py_error *err);
   /* Package-free mode: runs code in __main__ (exec) or evaluates an expression to JSON text. */
-  int (*exec)(uint64_t seq, const char *code, servd_py_error *err);
-  int (*eval_json)(uint64_t seq, const char *expr, char **json_out, servd_py_error *err);
-  int (*call_json)(uint64_t seq, const char *method, const char *args_json, char **json_out, servd_py_error *err);
-  int (*predict)(uint64_t seq, int n_in, const char *const *in_names, servd_tensor *const *in_tensors,
+  int (*exec)(servd_guest_thread *th, uint64_t seq, const char *code, servd_py_error *err);
+  int (*eval_json)(servd_guest_thread *th, uint64_t seq, const char *expr, char **json_out, servd_py_error *err);
+  int (*call_json)(servd_guest_thread *th, uint64_t seq, const char *method, const char *args_json, char **json_out, servd_py_error *err);
+  int (*predict)(servd_guest_thread *th, uint64_t seq, int n_in, const char *const *in_names, servd_tensor *const *in_tensors,
                  int *n_out, char ***out_names, servd_tensor ***out_tensors, servd_py_error *err);
-  int (*forward)(uint64_t seq, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err);
-  void (*interrupt)(uint64_t seq);
-  void (*finalize)(void);
+  int (*forward)(servd_guest_thread *th, uint64_t seq, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err);
+  void (*interrupt)(servd_guest_thread *th, uint64_t seq);
+  void (*finalize)(servd_guest_thread *th);
 } servd_guest_api;
 
 typedef const servd_guest_api *(*servd_guest_entry_fn)(void);

@@ -14,37 +14,38 @@
 #define ATTN_MAX_DIM 512  /* head_dim bound for those accumulators */
 #define ATTN_TILE 64      /* keys per softmax update */
 
-void servd__attn_scores_scalar(float *out, const float *q, const void *k, servd_dtype kt, int n, int hd,
-                               int64_t kstride, float scale) {
-  for (int j = 0; j < n; j++) {
-    float s = 0.0f;
-    if (kt == SERVD_F16) {
-      const uint16_t *kr = (const uint16_t *)k + (size_t)j * (size_t)kstride;
-      for (int d = 0; d < hd; d++) s += q[d] * servd_f16_to_f32(kr[d]);
-    } else {
-      const float *kr = (const float *)k + (size_t)j * (size_t)kstride;
-      for (int d = 0; d < hd; d++) s += q[d] * kr[d];
+void servd__attn_scores_scalar(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt,
+                               int n, int hd, int64_t kstride, float scale) {
+  for (int i = 0; i < nq; i++)
+    for (int j = 0; j < n; j++) {
+      float s = 0.0f;
+      for (int d = 0; d < hd; d++) {
+        size_t at = (size_t)d * (size_t)kstride + (size_t)j;
+        s += q[i][d] * (kt == SERVD_F16 ? servd_f16_to_f32(((const uint16_t *)k)[at]) : ((const float *)k)[at]);
+      }
+      out[(size_t)i * (size_t)ld + (size_t)j] = s * scale;
     }
-    out[j] = s * scale;
-  }
 }
 
-void servd__attn_accum_scalar(float *acc, const float *p, const void *v, servd_dtype vt, int n, int hd,
-                              int64_t vstride) {
-  for (int j = 0; j < n; j++) {
-    if (vt == SERVD_F16) {
-      const uint16_t *vr = (const uint16_t *)v + (size_t)j * (size_t)vstride;
-      for (int d = 0; d < hd; d++) acc[d] += p[j] * servd_f16_to_f32(vr[d]);
-    } else {
-      const float *vr = (const float *)v + (size_t)j * (size_t)vstride;
-      for (int d = 0; d < hd; d++) acc[d] += p[j] * vr[d];
+void servd__attn_accum_scalar(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v, servd_dtype vt,
+                              int n, int hd, int64_t vstride) {
+  for (int i = 0; i < nq; i++)
+    for (int j = 0; j < n; j++) {
+      float pj = p[(size_t)i * (size_t)ld + (size_t)j];
+      float *a = acc + (size_t)i * (size_t)acc_ld;
+      if (vt == SERVD_F16) {
+        const uint16_t *vr = (const uint16_t *)v + (size_t)j * (size_t)vstride;
+        for (int d = 0; d < hd; d++) a[d] += pj * servd_f16_to_f32(vr[d]);
+      } else {
+        const float *vr = (const float *)v + (size_t)j * (size_t)vstride;
+        for (int d = 0; d < hd; d++) a[d] += pj * vr[d];
+      }
     }
-  }
 }
 
 typedef struct attn_kernels {
-  void (*scores)(float *, const float *, const void *, servd_dtype, int, int, int64_t, float);
-  void (*accum)(float *, const float *, const void *, servd_dtype, int, int, int64_t);
+  void (*scores)(float *, int, const float *const *, int, const void *, servd_dtype, int, int, int64_t, float);
+  void (*accum)(float *, int, const float *, int, int, const void *, servd_dtype, int, int, int64_t);
   float (*max)(const float *, int64_t);
   float (*exp_shift_sum)(float *, int64_t, float, float);
   void (*mul)(float *, int64_t, float);
@@ -97,29 +98,49 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
       memset(acc[nq], 0, (size_t)hd * sizeof(float));
     }
   int end = kv_len - q_len + r1; /* the last row sees the most keys */
-  int64_t stride = hd;           /* elements between token rows of one head in a block */
+  size_t esz = c->elem;
   for (int t0 = 0; t0 < end;) {
     int off = t0 % bs;
     int n = bs - off;
     if (n > ATTN_TILE) n = ATTN_TILE;
     if (n > end - t0) n = end - t0;
     int32_t blk = table[t0 / bs];
-    const void *kp = ops__kv_row(c, j->layer, 0, blk, g, off);
-    const void *vp = ops__kv_row(c, j->layer, 1, blk, g, off);
+    const char *kp = ops__kv_run(c, j->layer, 0, blk, g) + (size_t)off * esz;
+    const char *vp = ops__kv_run(c, j->layer, 1, blk, g) + (size_t)off * (size_t)hd * esz;
+    if (t0 + n < end) { /* the next tile is in another block or further on: start fetching it now */
+      int t1 = t0 + n, off1 = t1 % bs, n1 = bs - off1 < ATTN_TILE ? bs - off1 : ATTN_TILE;
+      int32_t blk1 = table[t1 / bs];
+      const char *k1 = ops__kv_run(c, j->layer, 0, blk1, g) + (size_t)off1 * esz;
+      const char *v1 = ops__kv_run(c, j->layer, 1, blk1, g) + (size_t)off1 * (size_t)hd * esz;
+      size_t krow = (size_t)n1 * esz, vbytes = (size_t)n1 * (size_t)hd * esz;
+      if (n1 == bs) { /* the tile is whole K rows: one contiguous range */
+        for (size_t b = 0; b < krow * (size_t)hd; b += 64) __builtin_prefetch(k1 + b);
+      } else {
+        for (int d = 0; d < hd; d++)
+          for (size_t b = 0; b < krow; b += 64) __builtin_prefetch(k1 + (size_t)d * (size_t)bs * esz + b);
+      }
+      for (size_t b = 0; b < vbytes; b += 64) __builtin_prefetch(v1 + b);
+    }
+    kn->scores(&sc[0][0], ATTN_TILE, qp, nq, kp, c->dtype, n, hd, bs, j->scale);
+    /* online softmax per query; keys past a query's causal limit get weight 0, so one weighted sum
+     * over the tile serves every query of the item */
     for (int i = 0; i < nq; i++) {
       int ni = lim[i] - t0 < n ? lim[i] - t0 : n;
-      if (ni <= 0) continue;
       float *si = sc[i];
-      kn->scores(si, qp[i], kp, c->dtype, ni, hd, stride, j->scale);
+      if (ni <= 0) {
+        memset(si, 0, (size_t)n * sizeof(float));
+        continue;
+      }
       float m_new = kn->max(si, ni);
       if (m_new < mx[i]) m_new = mx[i];
       float corr = expf(mx[i] - m_new); /* 0 on the first tile: mx is -inf */
       float ps = kn->exp_shift_sum(si, ni, 1.0f, m_new);
+      for (int jj = ni; jj < n; jj++) si[jj] = 0.0f;
       if (corr != 1.0f) kn->mul(acc[i], hd, corr);
       sum[i] = sum[i] * corr + ps;
       mx[i] = m_new;
-      kn->accum(acc[i], si, vp, c->dtype, ni, hd, stride);
     }
+    kn->accum(&acc[0][0], ATTN_MAX_DIM, &sc[0][0], ATTN_TILE, nq, vp, c->dtype, n, hd, hd);
     t0 += n;
   }
   nq = 0;

@@ -11,51 +11,96 @@ static inline float elem(const void *p, servd_dtype t, int64_t i) {
   return t == SERVD_F16 ? servd_f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-void servd__attn_scores_avx2(float *out, const float *q, const void *k, servd_dtype kt, int n, int hd,
-                             int64_t kstride, float scale) {
-  size_t esz = kt == SERVD_F16 ? 2 : 4;
-  int hd8 = hd & ~7;
-  for (int j = 0; j < n; j++) {
-    const char *kr = (const char *)k + (size_t)j * (size_t)kstride * esz;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int d = 0;
-    for (; d + 16 <= hd8; d += 16) {
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(kr, kt, d), a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), load8(kr, kt, d + 8), a1);
+/* K vector of keys [j0, j0+8) of dim row kr, zero past n keys. */
+static inline __m256 load_keys(const char *kr, servd_dtype kt, int j0, int n) {
+  if (j0 + 8 <= n) return load8(kr, kt, j0);
+  float tmp[8] = {0};
+  for (int j = j0; j < n; j++) tmp[j - j0] = elem(kr, kt, j);
+  return _mm256_loadu_ps(tmp);
+}
+
+/* NQ queries (constant after inlining: acc[] stays in registers) against up to 16 keys, two vectors
+ * of 8, so 2*NQ independent FMA chains hide the FMA latency. */
+static inline __attribute__((always_inline)) void scores_block(int NQ, float *out, int ld, const float *const *q,
+                                                               const char *k, servd_dtype kt, int hd, size_t krow,
+                                                               float scale, int n) {
+  __m256 a0[6], a1[6];
+  for (int i = 0; i < NQ; i++) a0[i] = a1[i] = _mm256_setzero_ps();
+  if (n == 16) {
+    for (int d = 0; d < hd; d++) {
+      const char *kr = k + (size_t)d * krow;
+      __m256 k0 = load8(kr, kt, 0), k1 = load8(kr, kt, 8);
+      for (int i = 0; i < NQ; i++) {
+        __m256 qd = _mm256_set1_ps(q[i][d]);
+        a0[i] = _mm256_fmadd_ps(qd, k0, a0[i]);
+        a1[i] = _mm256_fmadd_ps(qd, k1, a1[i]);
+      }
     }
-    if (d < hd8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(kr, kt, d), a0);
-    float s = ops__hsum256(_mm256_add_ps(a0, a1));
-    for (d = hd8; d < hd; d++) s += q[d] * elem(kr, kt, d);
-    out[j] = s * scale;
+  } else {
+    for (int d = 0; d < hd; d++) {
+      const char *kr = k + (size_t)d * krow;
+      __m256 k0 = load_keys(kr, kt, 0, n), k1 = load_keys(kr, kt, 8, n);
+      for (int i = 0; i < NQ; i++) {
+        __m256 qd = _mm256_set1_ps(q[i][d]);
+        a0[i] = _mm256_fmadd_ps(qd, k0, a0[i]);
+        a1[i] = _mm256_fmadd_ps(qd, k1, a1[i]);
+      }
+    }
+  }
+  __m256 sv = _mm256_set1_ps(scale);
+  for (int i = 0; i < NQ; i++) {
+    float r[16];
+    _mm256_storeu_ps(r, _mm256_mul_ps(a0[i], sv));
+    _mm256_storeu_ps(r + 8, _mm256_mul_ps(a1[i], sv));
+    memcpy(out + (size_t)i * (size_t)ld, r, (size_t)n * sizeof(float));
   }
 }
 
-void servd__attn_accum_avx2(float *acc, const float *p, const void *v, servd_dtype vt, int n, int hd,
-                            int64_t vstride) {
-  size_t esz = vt == SERVD_F16 ? 2 : 4;
-  int hd8 = hd & ~7, d = 0;
-  for (; d + 32 <= hd8; d += 32) { /* 32 dims of acc in 4 registers across all rows */
-    __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_loadu_ps(acc + d + 8);
-    __m256 a2 = _mm256_loadu_ps(acc + d + 16), a3 = _mm256_loadu_ps(acc + d + 24);
-    for (int j = 0; j < n; j++) {
-      const char *vr = (const char *)v + (size_t)j * (size_t)vstride * esz;
-      __m256 pj = _mm256_set1_ps(p[j]);
-      a0 = _mm256_fmadd_ps(pj, load8(vr, vt, d), a0);
-      a1 = _mm256_fmadd_ps(pj, load8(vr, vt, d + 8), a1);
-      a2 = _mm256_fmadd_ps(pj, load8(vr, vt, d + 16), a2);
-      a3 = _mm256_fmadd_ps(pj, load8(vr, vt, d + 24), a3);
+void servd__attn_scores_avx2(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt, int n,
+                             int hd, int64_t kstride, float scale) {
+  size_t esz = kt == SERVD_F16 ? 2 : 4, krow = (size_t)kstride * esz;
+  for (int j = 0; j < n; j += 16) {
+    int nj = n - j < 16 ? n - j : 16;
+    const char *kj = (const char *)k + (size_t)j * esz;
+    for (int i = 0; i < nq; i += 6) {
+      int c = nq - i < 6 ? nq - i : 6;
+      float *o = out + (size_t)i * (size_t)ld + (size_t)j;
+      switch (c) {
+      case 1: scores_block(1, o, ld, q + i, kj, kt, hd, krow, scale, nj); break;
+      case 2: scores_block(2, o, ld, q + i, kj, kt, hd, krow, scale, nj); break;
+      case 3: scores_block(3, o, ld, q + i, kj, kt, hd, krow, scale, nj); break;
+      case 4: scores_block(4, o, ld, q + i, kj, kt, hd, krow, scale, nj); break;
+      case 5: scores_block(5, o, ld, q + i, kj, kt, hd, krow, scale, nj); break;
+      default: scores_block(6, o, ld, q + i, kj, kt, hd, krow, scale, nj); break;
+      }
     }
-    _mm256_storeu_ps(acc + d, a0);
-    _mm256_storeu_ps(acc + d + 8, a1);
-    _mm256_storeu_ps(acc + d + 16, a2);
-    _mm256_storeu_ps(acc + d + 24, a3);
   }
-  for (; d < hd8; d += 8) {
-    __m256 a0 = _mm256_loadu_ps(acc + d);
-    for (int j = 0; j < n; j++)
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8((const char *)v + (size_t)j * (size_t)vstride * esz, vt, d), a0);
-    _mm256_storeu_ps(acc + d, a0);
+}
+
+void servd__attn_accum_avx2(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v, servd_dtype vt,
+                            int n, int hd, int64_t vstride) {
+  size_t esz = vt == SERVD_F16 ? 2 : 4, vrow = (size_t)vstride * esz;
+  int hd16 = hd & ~15, d = 0;
+  for (; d < hd16; d += 16) {
+    const char *vd = (const char *)v + (size_t)d * esz;
+    for (int i = 0; i < nq; i += 6) {
+      int c = nq - i < 6 ? nq - i : 6;
+      float *a = acc + (size_t)i * (size_t)acc_ld + d;
+      const float *pi = p + (size_t)i * (size_t)ld;
+      switch (c) {
+      case 1: accum_block(1, a, acc_ld, pi, ld, vd, vt, n, vrow); break;
+      case 2: accum_block(2, a, acc_ld, pi, ld, vd, vt, n, vrow); break;
+      case 3: accum_block(3, a, acc_ld, pi, ld, vd, vt, n, vrow); break;
+      case 4: accum_block(4, a, acc_ld, pi, ld, vd, vt, n, vrow); break;
+      case 5: accum_block(5, a, acc_ld, pi, ld, vd, vt, n, vrow); break;
+      default: accum_block(6, a, acc_ld, pi, ld, vd, vt, n, vrow); break;
+      }
+    }
   }
-  for (; d < hd; d++)
-    for (int j = 0; j < n; j++) acc[d] += p[j] * elem((const char *)v + (size_t)j * (size_t)vstride * esz, vt, d);
+  for (int i = 0; i < nq; i++) { /* the last hd % 16 dims */
+    float *a = acc + (size_t)i * (size_t)acc_ld;
+    const float *pi = p + (size_t)i * (size_t)ld;
+    for (int dd = d; dd < hd; dd++)
+      for (int j = 0; j < n; j++) a[dd] += pi[j] * elem((const char *)v + (size_t)j * vrow, vt, dd);
+  }
 }

@@ -10,56 +10,107 @@ static inline __m512 load16(const void *p, servd_dtype t, int64_t i, __mmask16 m
   return _mm512_maskz_loadu_ps(m, (const float *)p + i);
 }
 
-void servd__attn_scores_avx512(float *out, const float *q, const void *k, servd_dtype kt, int n, int hd,
-                               int64_t kstride, float scale) {
-  size_t esz = kt == SERVD_F16 ? 2 : 4;
-  int j = 0;
-  /* two keys at a time share the q loads and hide the FMA latency */
-  for (; j + 2 <= n; j += 2) {
-    const char *k0 = (const char *)k + (size_t)j * (size_t)kstride * esz, *k1 = k0 + (size_t)kstride * esz;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    for (int d = 0; d < hd; d += 16) {
-      __mmask16 m = tail16(hd - d);
-      __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
-      a0 = _mm512_fmadd_ps(qv, load16(k0, kt, d, m), a0);
-      a1 = _mm512_fmadd_ps(qv, load16(k1, kt, d, m), a1);
+/* NQ queries (a compile-time constant after inlining, so acc[] lives in registers) against 16 keys:
+ * per dim, one K vector (16 keys) and NQ broadcast FMAs. Even and odd dims go to separate
+ * accumulators so that 2*NQ independent FMA chains hide the FMA latency when NQ is small. */
+static inline __attribute__((always_inline)) void scores_block(int NQ, float *out, int ld, const float *const *q,
+                                                               const char *k, servd_dtype kt, __mmask16 m, int hd,
+                                                               size_t krow, float scale) {
+  __m512 a0[8], a1[8];
+  for (int i = 0; i < NQ; i++) a0[i] = a1[i] = _mm512_setzero_ps();
+  int d = 0;
+  for (; d + 2 <= hd; d += 2) {
+    __m512 k0, k1;
+    if (kt == SERVD_F16) {
+      k0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k + (size_t)d * krow));
+      k1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k + (size_t)(d + 1) * krow));
+    } else {
+      k0 = _mm512_maskz_loadu_ps(m, k + (size_t)d * krow);
+      k1 = _mm512_maskz_loadu_ps(m, k + (size_t)(d + 1) * krow);
     }
-    out[j] = _mm512_reduce_add_ps(a0) * scale;
-    out[j + 1] = _mm512_reduce_add_ps(a1) * scale;
+    for (int i = 0; i < NQ; i++) {
+      a0[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d]), k0, a0[i]);
+      a1[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d + 1]), k1, a1[i]);
+    }
   }
-  for (; j < n; j++) {
-    const char *k0 = (const char *)k + (size_t)j * (size_t)kstride * esz;
-    __m512 a0 = _mm512_setzero_ps();
-    for (int d = 0; d < hd; d += 16) {
-      __mmask16 m = tail16(hd - d);
-      a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), load16(k0, kt, d, m), a0);
+  if (d < hd) {
+    __m512 k0 = kt == SERVD_F16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k + (size_t)d * krow))
+                                : _mm512_maskz_loadu_ps(m, k + (size_t)d * krow);
+    for (int i = 0; i < NQ; i++) a0[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d]), k0, a0[i]);
+  }
+  __m512 sv = _mm512_set1_ps(scale);
+  for (int i = 0; i < NQ; i++)
+    _mm512_mask_storeu_ps(out + (size_t)i * (size_t)ld, m, _mm512_mul_ps(_mm512_add_ps(a0[i], a1[i]), sv));
+}
+
+void servd__attn_scores_avx512(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt,
+                               int n, int hd, int64_t kstride, float scale) {
+  size_t esz = kt == SERVD_F16 ? 2 : 4, krow = (size_t)kstride * esz;
+  for (int j = 0; j < n; j += 16) {
+    __mmask16 m = tail16(n - j);
+    const char *kj = (const char *)k + (size_t)j * esz;
+    for (int i = 0; i < nq; i += 8) {
+      int c = nq - i < 8 ? nq - i : 8;
+      float *o = out + (size_t)i * (size_t)ld + (size_t)j;
+      switch (c) {
+      case 1: scores_block(1, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
+      case 2: scores_block(2, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
+      case 3: scores_block(3, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
+      case 4: scores_block(4, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
+      case 5: scores_block(5, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
+      case 6: scores_block(6, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
+      case 7: scores_block(7, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
+      default: scores_block(8, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
+      }
     }
-    out[j] = _mm512_reduce_add_ps(a0) * scale;
   }
 }
 
-void servd__attn_accum_avx512(float *acc, const float *p, const void *v, servd_dtype vt, int n, int hd,
-                              int64_t vstride) {
-  size_t esz = vt == SERVD_F16 ? 2 : 4;
-  /* 64 dims of acc stay in 4 registers while all n value rows stream by */
-  for (int d = 0; d < hd; d += 64) {
-    __mmask16 m0 = tail16(hd - d), m1 = tail16(hd - d - 16), m2 = tail16(hd - d - 32), m3 = tail16(hd - d - 48);
-    if (hd - d < 16) m1 = 0;
-    if (hd - d < 32) m2 = 0;
-    if (hd - d < 48) m3 = 0;
-    __m512 a0 = _mm512_maskz_loadu_ps(m0, acc + d), a1 = _mm512_maskz_loadu_ps(m1, acc + d + 16);
-    __m512 a2 = _mm512_maskz_loadu_ps(m2, acc + d + 32), a3 = _mm512_maskz_loadu_ps(m3, acc + d + 48);
-    for (int j = 0; j < n; j++) {
-      const char *vr = (const char *)v + (size_t)j * (size_t)vstride * esz;
-      __m512 pj = _mm512_set1_ps(p[j]);
-      a0 = _mm512_fmadd_ps(pj, load16(vr, vt, d, m0), a0);
-      if (m1) a1 = _mm512_fmadd_ps(pj, load16(vr, vt, d + 16, m1), a1);
-      if (m2) a2 = _mm512_fmadd_ps(pj, load16(vr, vt, d + 32, m2), a2);
-      if (m3) a3 = _mm512_fmadd_ps(pj, load16(vr, vt, d + 48, m3), a3);
+/* NQ queries (constant after inlining) x 32 dims of acc in registers while the n value rows stream by:
+ * each loaded value vector serves all NQ queries. */
+static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc, int acc_ld, const float *p, int ld,
+                                                              const char *v, servd_dtype vt, int n, size_t vrow,
+                                                              __mmask16 m0, __mmask16 m1) {
+  __m512 a0[8], a1[8];
+  for (int i = 0; i < NQ; i++) {
+    a0[i] = _mm512_maskz_loadu_ps(m0, acc + (size_t)i * (size_t)acc_ld);
+    a1[i] = _mm512_maskz_loadu_ps(m1, acc + (size_t)i * (size_t)acc_ld + 16);
+  }
+  for (int j = 0; j < n; j++) {
+    const char *vr = v + (size_t)j * vrow;
+    __m512 v0 = load16(vr, vt, 0, m0), v1 = load16(vr, vt, 16, m1);
+    for (int i = 0; i < NQ; i++) {
+      __m512 pj = _mm512_set1_ps(p[(size_t)i * (size_t)ld + (size_t)j]);
+      a0[i] = _mm512_fmadd_ps(pj, v0, a0[i]);
+      a1[i] = _mm512_fmadd_ps(pj, v1, a1[i]);
     }
-    _mm512_mask_storeu_ps(acc + d, m0, a0);
-    _mm512_mask_storeu_ps(acc + d + 16, m1, a1);
-    _mm512_mask_storeu_ps(acc + d + 32, m2, a2);
-    _mm512_mask_storeu_ps(acc + d + 48, m3, a3);
+  }
+  for (int i = 0; i < NQ; i++) {
+    _mm512_mask_storeu_ps(acc + (size_t)i * (size_t)acc_ld, m0, a0[i]);
+    _mm512_mask_storeu_ps(acc + (size_t)i * (size_t)acc_ld + 16, m1, a1[i]);
+  }
+}
+
+void servd__attn_accum_avx512(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v, servd_dtype vt,
+                              int n, int hd, int64_t vstride) {
+  size_t esz = vt == SERVD_F16 ? 2 : 4, vrow = (size_t)vstride * esz;
+  for (int d = 0; d < hd; d += 32) {
+    __mmask16 m0 = tail16(hd - d), m1 = tail16(hd - d - 16);
+    const char *vd = (const char *)v + (size_t)d * esz;
+    for (int i = 0; i < nq; i += 8) {
+      int c = nq - i < 8 ? nq - i : 8;
+      float *a = acc + (size_t)i * (size_t)acc_ld + d;
+      const float *pi = p + (size_t)i * (size_t)ld;
+      switch (c) {
+      case 1: accum_block(1, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
+      case 2: accum_block(2, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
+      case 3: accum_block(3, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
+      case 4: accum_block(4, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
+      case 5: accum_block(5, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
+      case 6: accum_block(6, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
+      case 7: accum_block(7, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
+      default: accum_block(8, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
+      }
+    }
   }
 }

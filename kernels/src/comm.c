@@ -18,7 +18,10 @@
 #define comm_relax() ((void)0)
 #endif
 
-#define COMM_SPIN 20000 /* pause iterations (~tens of us) before sleeping in a barrier */
+/* pause iterations (a few microseconds) before sleeping in a barrier: ranks usually arrive close
+ * together, but the ranks and the compute pool can outnumber the cores, and then a spinning rank
+ * would take a core from the rank it waits for */
+#define COMM_SPIN 256
 
 typedef struct comm_slot {
   ops__rows x, out; /* out only for all-gather */
@@ -85,22 +88,24 @@ static void barrier(servd_comm *c) {
   pthread_mutex_unlock(&c->mu);
 }
 
-static int publish(servd_comm *c, int rank, const servd_tensor *x, const servd_tensor *out) {
+/* Fills this rank's slot; `gather` also checks out. All-reduce takes any f32 shape whose rows merge
+ * into one stride; all-gather is about columns of (m, n) tensors. */
+static void publish(servd_comm *c, int rank, const servd_tensor *x, const servd_tensor *out, bool gather) {
   comm_slot *s = &c->slots[rank];
-  s->ok = x && x->dtype == SERVD_F32 && x->ndim == 2 && ops__as_rows(x, &s->x) == 0;
-  if (out) s->ok = s->ok && out->dtype == SERVD_F32 && out->ndim == 2 && ops__as_rows(out, &s->out) == 0;
+  s->ok = x && x->dtype == SERVD_F32 && (!gather || x->ndim == 2) && ops__as_rows(x, &s->x) == 0;
+  if (gather)
+    s->ok = s->ok && out && out->dtype == SERVD_F32 && out->ndim == 2 && ops__as_rows(out, &s->out) == 0;
   ops__desc(x, s->desc, sizeof s->desc);
-  if (out) ops__desc(out, s->out_desc, sizeof s->out_desc);
-  return 0;
+  ops__desc(out, s->out_desc, sizeof s->out_desc);
 }
 
 int servd_allreduce_sum(servd_comm *c, int rank, servd_tensor *x) {
   if (!c || rank < 0 || rank >= c->world)
     return servd_fail(SERVD_EINVAL, "allreduce_sum: rank %d outside the group of %d", rank, c ? c->world : 0);
-  publish(c, rank, x, NULL);
+  publish(c, rank, x, NULL, false);
   if (c->world == 1) {
     if (!c->slots[0].ok)
-      return servd_fail(SERVD_EINVAL, "allreduce_sum: expected x f32 (m,n) with contiguous rows, got %s", c->slots[0].desc);
+      return servd_fail(SERVD_EINVAL, "allreduce_sum: expected x f32 with contiguous rows, got %s", c->slots[0].desc);
     return 0;
   }
   barrier(c);
@@ -112,7 +117,7 @@ int servd_allreduce_sum(servd_comm *c, int rank, servd_tensor *x) {
   }
   int rc = 0;
   if (bad >= 0) {
-    rc = servd_fail(SERVD_EINVAL, "allreduce_sum: every rank needs x f32 (m,n) of one shape; rank %d has %s, rank 0 has %s",
+    rc = servd_fail(SERVD_EINVAL, "allreduce_sum: every rank needs x f32 of one shape; rank %d has %s, rank 0 has %s",
                     bad, c->slots[bad].desc, s0->desc);
   } else {
     int64_t n = s0->x.cols, c0 = n * rank / c->world, c1 = n * (rank + 1) / c->world;
@@ -135,8 +140,7 @@ int servd_allreduce_sum(servd_comm *c, int rank, servd_tensor *x) {
 int servd_allgather_cols(servd_comm *c, int rank, servd_tensor *out, const servd_tensor *x) {
   if (!c || rank < 0 || rank >= c->world)
     return servd_fail(SERVD_EINVAL, "allgather_cols: rank %d outside the group of %d", rank, c ? c->world : 0);
-  publish(c, rank, x, out ? out : (const servd_tensor *)x /* forces ok = false below if out is NULL */);
-  if (!out) c->slots[rank].ok = false;
+  publish(c, rank, x, out, true);
   if (c->world > 1) barrier(c);
   int64_t total = 0;
   int bad = -1;

@@ -54,6 +54,10 @@ uint16_t servd_f32_to_bf16(float f) {
 
 /* ---- GGUF blocks: reference quantization as in ggml -------------------------------------------- */
 
+/* Float to int as ggml does (truncation or rounding happens before), except that NaN and infinities,
+ * whose conversion C leaves undefined, become 0: garbage in, but no undefined behaviour. */
+static inline int to_int(float v) { return v > -256.0f && v < 256.0f ? (int)v : 0; }
+
 static void quantize_q8_0(const float *x, servd__block_q8_0 *y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     float amax = 0.0f;
@@ -61,7 +65,7 @@ static void quantize_q8_0(const float *x, servd__block_q8_0 *y, int64_t nb) {
     const float d = amax / 127.0f;
     const float id = d ? 1.0f / d : 0.0f;
     y[i].d = servd_f32_to_f16(d);
-    for (int j = 0; j < SERVD_QK; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
+    for (int j = 0; j < SERVD_QK; j++) y[i].qs[j] = (int8_t)to_int(roundf(x[j] * id));
   }
 }
 
@@ -78,7 +82,7 @@ static void quantize_q4_0(const float *x, servd__block_q4_0 *y, int64_t nb) {
     const float id = d ? 1.0f / d : 0.0f;
     y[i].d = servd_f32_to_f16(d);
     for (int j = 0; j < SERVD_QK / 2; j++) {
-      const int8_t a = (int8_t)(x[j] * id + 8.5f), b = (int8_t)(x[j + SERVD_QK / 2] * id + 8.5f);
+      const int8_t a = (int8_t)to_int(x[j] * id + 8.5f), b = (int8_t)to_int(x[j + SERVD_QK / 2] * id + 8.5f);
       const uint8_t qa = (uint8_t)(a < 15 ? a : 15), qb = (uint8_t)(b < 15 ? b : 15);
       y[i].qs[j] = (uint8_t)(qa | (qb << 4));
     }
@@ -97,7 +101,8 @@ static void quantize_q4_1(const float *x, servd__block_q4_1 *y, int64_t nb) {
     y[i].d = servd_f32_to_f16(d);
     y[i].m = servd_f32_to_f16(min);
     for (int j = 0; j < SERVD_QK / 2; j++) {
-      const int8_t a = (int8_t)((x[j] - min) * id + 0.5f), b = (int8_t)((x[j + SERVD_QK / 2] - min) * id + 0.5f);
+      const int8_t a = (int8_t)to_int((x[j] - min) * id + 0.5f);
+      const int8_t b = (int8_t)to_int((x[j + SERVD_QK / 2] - min) * id + 0.5f);
       const uint8_t qa = (uint8_t)(a < 15 ? a : 15), qb = (uint8_t)(b < 15 ? b : 15);
       y[i].qs[j] = (uint8_t)(qa | (qb << 4));
     }

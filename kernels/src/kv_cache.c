@@ -11,7 +11,6 @@ static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim, int block_size,
                           int n_blocks, servd_dtype dtype) {
   servd_kv_cache *c = NULL;
-  int rc = SERVD_ENOMEM;
   if (!out || n_layers < 1 || n_kv_heads < 1 || head_dim < 1 || block_size < 1 || n_blocks < 1 ||
       (dtype != SERVD_F32 && dtype != SERVD_F16))
     return servd_fail(SERVD_EINVAL,
@@ -37,14 +36,16 @@ int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, in
   c->dtype = dtype;
   c->elem = elem;
   c->head_bytes = round64((size_t)head);
-  c->block_bytes = c->head_bytes * (size_t)n_kv_heads;
-  c->pool_bytes = c->block_bytes * (size_t)n_blocks * 2 * (size_t)n_layers;
+  c->pool_bytes = c->head_bytes * (size_t)n_kv_heads * (size_t)n_blocks * 2 * (size_t)n_layers;
   /* an anonymous mapping: zeroed, page aligned, and only touched pages cost memory */
   c->pool = mmap(NULL, c->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (c->pool == MAP_FAILED) {
     c->pool = NULL;
     goto fail;
   }
+  /* attention walks blocks in table order, i.e. at random: 2 MiB pages spare most TLB misses.
+   * Advice only; without transparent huge pages it changes nothing. */
+  (void)madvise(c->pool, c->pool_bytes, MADV_HUGEPAGE);
   c->free_ids = malloc((size_t)n_blocks * sizeof *c->free_ids);
   c->in_use = calloc((size_t)n_blocks, 1);
   if (!c->free_ids || !c->in_use) goto fail;
@@ -60,7 +61,7 @@ fail:
     free(c->in_use);
   }
   free(c);
-  return servd_fail(rc, "kv_cache_create: out of memory for %d layers x %d blocks x %d tokens x %d heads x %d dims of %s",
+  return servd_fail(SERVD_ENOMEM, "kv_cache_create: out of memory for %d layers x %d blocks x %d tokens x %d heads x %d dims of %s",
                     n_layers, n_blocks, block_size, n_kv_heads, head_dim, servd_dtype_name(dtype));
 }
 
@@ -105,7 +106,9 @@ int servd_kv_cache_alloc(servd_kv_cache *c, int n, int32_t *ids) {
 void servd_kv_cache_free(servd_kv_cache *c, int n, const int32_t *ids) {
   if (!c || n <= 0 || !ids) return;
   pthread_mutex_lock(&c->mu);
-  for (int i = 0; i < n; i++) {
+  /* pushed last to first, so the next alloc of n hands them out in the order given: a sequence's
+   * blocks stay in ascending ids, which attention then reads as one stream per kv head */
+  for (int i = n - 1; i >= 0; i--) {
     int32_t b = ids[i];
     if (b < 0 || b >= c->n_blocks || !c->in_use[b]) continue; /* not ours to take back */
     c->in_use[b] = 0;
@@ -130,15 +133,20 @@ static void write_task(void *ctx, int64_t begin, int64_t end, int thread) {
     int32_t slot = *(const int32_t *)(j->slots + r * j->slot_stride);
     int32_t blk = slot / c->block_size;
     int off = slot % c->block_size;
-    for (int kv = 0; kv < 2; kv++) {
-      const float *src = (const float *)((kv ? j->v.data + r * j->v.stride : j->k.data + r * j->k.stride));
-      for (int g = 0; g < c->n_kv_heads; g++) {
-        char *dst = ops__kv_row(c, j->layer, kv, blk, g, off);
-        const float *s = src + (size_t)g * (size_t)c->head_dim;
-        if (c->dtype == SERVD_F32)
-          memcpy(dst, s, (size_t)c->head_dim * sizeof(float));
-        else
-          servd_row_from_f32(SERVD_F16, s, dst, c->head_dim);
+    const float *k = (const float *)(j->k.data + r * j->k.stride);
+    const float *v = (const float *)(j->v.data + r * j->v.stride);
+    int hd = c->head_dim;
+    for (int g = 0; g < c->n_kv_heads; g++) {
+      char *vdst = ops__kv_run(c, j->layer, 1, blk, g) + (size_t)off * (size_t)hd * c->elem;
+      char *kdst = ops__kv_run(c, j->layer, 0, blk, g); /* K is [dim][token]: a strided column */
+      const float *ks = k + (size_t)g * (size_t)hd, *vs = v + (size_t)g * (size_t)hd;
+      if (c->dtype == SERVD_F32) {
+        memcpy(vdst, vs, (size_t)hd * sizeof(float));
+        for (int d = 0; d < hd; d++) ((float *)kdst)[(size_t)d * (size_t)c->block_size + (size_t)off] = ks[d];
+      } else {
+        servd_row_from_f32(SERVD_F16, vs, vdst, hd);
+        for (int d = 0; d < hd; d++)
+          ((uint16_t *)kdst)[(size_t)d * (size_t)c->block_size + (size_t)off] = servd_f32_to_f16(ks[d]);
       }
     }
   }

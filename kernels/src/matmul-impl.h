@@ -9,12 +9,20 @@
 
 #include "cpu-impl.h"
 
-/* x rows quantized to 8 bits per block of 32 (ggml's q8 activations, f32 scale):
- * row r block b: values qs[r*ldq + 32b .. +32] * d[r*nb + b]; s[r*nb + b] = d * sum(qs of the block). */
+/* x rows quantized to 8 bits per block of 32 (ggml's q8 activations, with an f32 scale):
+ * row r block b holds 32 int8 q with x ~= q * d[r*lds + b], and s[r*lds + b] = d * sum(q).
+ * Natural layout: block b of row r is qs[r*ldq + 32b .. +32].
+ * Quad layout (the VNNI q4 kernels): blocks go in groups of 4; a group is 128 bytes, first the
+ * elements 0..15 of its 4 blocks, then their elements 16..31, matching how a q4 block packs its
+ * nibbles (low nibbles = elements 0..15). A last partial group is zero padded.
+ * d and s are zero from nb up to lds. */
 typedef struct servd__q8x {
   int8_t *qs;
   float *d, *s;
-  int64_t nb, ldq; /* blocks per row; bytes between rows of qs (k rounded up to 64) */
+  int64_t nb;  /* blocks per row */
+  int64_t ldq; /* bytes between rows of qs */
+  int64_t lds; /* floats between rows of d and s */
+  bool quad;
 } servd__q8x;
 
 typedef struct servd__mm {
@@ -24,6 +32,10 @@ typedef struct servd__mm {
   int64_t m, n, k;
   servd_dtype wt;
   servd__q8x xq; /* block dtypes only */
+  /* bf16 weights on AVX-512: x with each run of 32 values stored as its 16 even then 16 odd
+   * elements (the order in which a 32-bit load splits bf16 pairs); whole runs only. */
+  const float *xeo;
+  int64_t ldxeo; /* floats between rows */
 } servd__mm;
 
 typedef void (*servd__mm_fn)(const servd__mm *p, int64_t j0, int64_t j1);
@@ -39,6 +51,8 @@ void servd__mm_quant_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* q8_0
 /* SIMD kernels; NULL-free: each covers every shape for its dtypes. */
 void servd__mm_float_avx2(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_float_avx512(const servd__mm *p, int64_t j0, int64_t j1);
+/* Fills xeo (m x k rounded down to 32) for the AVX-512 bf16 kernel. */
+void servd__split_even_odd_avx512(const char *x, int64_t ldx, int64_t m, int64_t k, float *xeo, int64_t ldxeo);
 void servd__mm_quant_avx2(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1);
 

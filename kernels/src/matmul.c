@@ -35,7 +35,7 @@ void servd__mm_quant_scalar(const servd__mm *p, int64_t j0, int64_t j1) {
   const int64_t nb = p->xq.nb;
   for (int64_t i = 0; i < p->m; i++) {
     const int8_t *xq = p->xq.qs + i * p->xq.ldq;
-    const float *xd = p->xq.d + i * nb, *xs = p->xq.s + i * nb;
+    const float *xd = p->xq.d + i * p->xq.lds, *xs = p->xq.s + i * p->xq.lds;
     float *o = (float *)(p->out + i * p->ldo);
     for (int64_t j = j0; j < j1; j++) {
       const char *w = p->w + j * p->ldw;
@@ -91,6 +91,8 @@ static int setup(servd__mm *p, servd_tensor *out, const servd_tensor *x, const s
   if (!servd__as_matrix(x, &mx) || !servd__as_matrix(w, &mw) || !servd__as_matrix(out, &mo))
     return bad(out, x, w, "outer dimensions of a view cannot be merged into rows");
   if (mx.cols != mw.cols) return bad(out, x, w, "inner dimensions differ");
+  if (mw.cols % (int64_t)servd_dtype_block_elems(w->dtype) != 0)
+    return bad(out, x, w, "k is not a whole number of weight blocks");
   if (mo.rows != mx.rows || mo.cols != mw.rows) return bad(out, x, w, "out must be (m,n)");
   if (((uintptr_t)mx.base | (uintptr_t)mo.base | (uintptr_t)mx.row_stride | (uintptr_t)mo.row_stride) % 4 ||
       ((uintptr_t)mw.base | (uintptr_t)mw.row_stride) % (w->dtype == SERVD_F32 ? 4 : 2))
@@ -127,10 +129,13 @@ int servd_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w
   servd_isa isa = servd__isa();
   servd__mm_fn fn;
   if (servd_dtype_is_quantized(p.wt)) {
+    const bool vnni = servd__cpu_has_vnni();
     p.xq.nb = p.k / SERVD_QK;
-    p.xq.ldq = (p.k + 63) / 64 * 64;
-    size_t qbytes = (size_t)(p.m * p.xq.ldq), fbytes = (size_t)(p.m * p.xq.nb) * sizeof(float);
-    char *buf = servd__scratch(0, qbytes + 2 * fbytes + 64);
+    p.xq.quad = vnni && p.wt != SERVD_Q8_0;
+    p.xq.ldq = (p.xq.nb + 3) / 4 * 128; /* whole quads, a multiple of 64 bytes */
+    p.xq.lds = (p.xq.nb + 15) / 16 * 16;
+    size_t qbytes = (size_t)(p.m * p.xq.ldq), fbytes = (size_t)(p.m * p.xq.lds) * sizeof(float);
+    char *buf = servd__scratch(0, qbytes + 2 * fbytes);
     if (!buf) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate %zu bytes of activation scratch", qbytes);
     p.xq.qs = (int8_t *)buf;
     p.xq.d = (float *)(buf + qbytes);
@@ -139,10 +144,15 @@ int servd_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w
       servd__quantize_q8x_avx512(p.x, p.ldx, p.m, p.k, &p.xq);
     else
       servd__quantize_q8x(p.x, p.ldx, p.m, p.k, &p.xq);
-    fn = servd__cpu_has_vnni() ? servd__mm_quant_avx512vnni
-         : isa >= SERVD_ISA_AVX2 ? servd__mm_quant_avx2
-                                 : servd__mm_quant_scalar;
+    fn = vnni ? servd__mm_quant_avx512vnni : isa >= SERVD_ISA_AVX2 ? servd__mm_quant_avx2 : servd__mm_quant_scalar;
   } else {
+    if (isa == SERVD_ISA_AVX512 && p.wt == SERVD_BF16 && p.k >= 32) {
+      p.ldxeo = p.k / 32 * 32;
+      float *xeo = servd__scratch(0, (size_t)(p.m * p.ldxeo) * sizeof(float));
+      if (!xeo) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate bf16 activation scratch");
+      servd__split_even_odd_avx512(p.x, p.ldx, p.m, p.k, xeo, p.ldxeo);
+      p.xeo = xeo;
+    }
     fn = isa == SERVD_ISA_AVX512 ? servd__mm_float_avx512
          : isa == SERVD_ISA_AVX2 ? servd__mm_float_avx2
                                  : servd__mm_float_scalar;

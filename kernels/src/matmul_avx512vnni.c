@@ -1,3 +1,254 @@
+/* AVX-512 VNNI kernels for q8_0/q4_0/q4_1 weights against q8 activations (servd__q8x).
+ *
+ * Per weight row, blocks go in groups of 16: their 16 f16 scales (and q4_1 mins) are collected into
+ * one vector with word permutes (load_headers) and multiplied by the activation scales of the group;
+ * the offset terms of q4_0 (-8*d) and q4_1 (m) meet s = d_x*sum(q_x) in one vector FMA per group.
+ * Inside a group:
+ * - q4: 4 blocks per step; their 16-byte nibble runs fill the 4 lanes of a zmm, low and high nibbles
+ *   are split with one shift and two ands and multiplied (vpdpbusd, u8 x s8) with activations kept in
+ *   the matching "quad" layout, so no byte shuffles are needed.
+ * - q8_0: 2 blocks per step, signed x signed via |w| and x with w's sign.
+ * Each 4-lane (q4) or 8-lane (q8_0) run of int32 dot lanes belongs to one block; one permute spreads
+ * the group's block scales to those lanes, then one FMA accumulates in f32.
+ * Up to RQ activation rows share each weight load (batched decode and prefill).
+ */
+#include <immintrin.h>
+
 #include "matmul-impl.h"
 
-void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) { servd__mm_quant_scalar(p, j0, j1); }
+#define RQ 4
+
+/* Nibble runs of 4 whole q4 blocks starting at block `blk`: two loads inside the 4 blocks and one
+ * word permute (the runs start at even byte offsets for both q4_0 and q4_1). */
+static inline __attribute__((always_inline)) __m512i load_quad_full(const char *blk, const int bb) {
+  const __m512i a = _mm512_loadu_si512(blk);
+  const __m512i b = bb == 20 ? _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk + 64)))
+                             : _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(blk + 64)));
+  /* lane p takes words (bb*p + qoff)/2 .. +8 */
+  static const uint16_t idx20[32] = {2,  3,  4,  5,  6,  7,  8,  9,  12, 13, 14, 15, 16, 17, 18, 19,
+                                     22, 23, 24, 25, 26, 27, 28, 29, 32, 33, 34, 35, 36, 37, 38, 39};
+  static const uint16_t idx18[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
+                                     19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
+  const __m512i idx = _mm512_loadu_si512(bb == 20 ? idx20 : idx18);
+  return _mm512_permutex2var_epi16(a, idx, b);
+}
+
+static inline __attribute__((always_inline)) __m512i load_quad(const char *b0, int bb, int valid) {
+  __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)b0));
+  if (valid >= 4) {
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(b0 + bb)), 1);
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(b0 + 2 * bb)), 2);
+    return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(b0 + 3 * bb)), 3);
+  }
+  z = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)b0));
+  if (valid > 1) z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(b0 + bb)), 1);
+  if (valid > 2) z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(b0 + 2 * bb)), 2);
+  return z;
+}
+
+#define NWMAX 4
+
+/* Block headers of a whole group of 16 blocks without a gather (slow on some cores): the group's
+ * 16*bb bytes are loaded as zmm pairs and word permutes (vpermt2w) pick, for block i, the words at
+ * byte i*bb (d) and i*bb+2 (q4_1: m) into dword i. Only the low word is meaningful for q8_0/q4_0.
+ * The index vectors depend only on the block size and are built once. */
+#define HDR_WINDOWS 5 /* ceil(16*34 / 128) */
+typedef struct hdr_plan {
+  __m512i idx[HDR_WINDOWS];
+  __mmask32 take[HDR_WINDOWS];
+} hdr_plan;
+static hdr_plan plans[3]; /* q8_0, q4_0, q4_1 */
+
+static void plan_build(hdr_plan *p, int bb, bool both_words) {
+  uint16_t idx[HDR_WINDOWS][32] = {{0}};
+  for (int t = 0; t < HDR_WINDOWS; t++) p->take[t] = 0;
+  for (int o = 0; o < 32; o++) {
+    if ((o & 1) && !both_words) continue;
+    int src = (o / 2) * (bb / 2) + (o & 1); /* source word */
+    idx[src / 64][o] = (uint16_t)(src % 64);
+    p->take[src / 64] |= (__mmask32)1u << o;
+  }
+  for (int t = 0; t < HDR_WINDOWS; t++) p->idx[t] = _mm512_loadu_si512(idx[t]);
+}
+
+__attribute__((constructor)) static void plans_init(void) {
+  plan_build(&plans[0], 34, false);
+  plan_build(&plans[1], 18, false);
+  plan_build(&plans[2], 20, true);
+}
+
+/* Headers of the first nblk (<= 16) blocks at wg; dwords of missing blocks are zero. */
+static inline __attribute__((always_inline)) __m512i load_headers(const char *wg, const int bb, const int nblk,
+                                                                  const hdr_plan *pl) {
+  const int bytes = nblk * bb;
+  __m512i res = _mm512_setzero_si512();
+#pragma GCC unroll 5
+  for (int t = 0; t < HDR_WINDOWS; t++) {
+    if (t * 128 >= 16 * bb) break;
+    const int rem = bytes - t * 128;
+    if (rem <= 0) break;
+    const char *src = wg + t * 128;
+    /* masked loads: never touch bytes past the blocks */
+    const __m512i a = rem >= 64 ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8((1ull << rem) - 1, src);
+    const __m512i b = rem >= 128  ? _mm512_loadu_si512(src + 64)
+                      : rem > 64 ? _mm512_maskz_loadu_epi8((1ull << (rem - 64)) - 1, src + 64)
+                                 : _mm512_setzero_si512();
+    res = _mm512_mask_mov_epi16(res, pl->take[t], _mm512_permutex2var_epi16(a, pl->idx[t], b));
+  }
+  return res;
+}
+
+/* Blocks g+q.. of weight row c (4 of them, or `valid` < 4) against R activation rows. */
+static inline __attribute__((always_inline)) void q4_step(const char *wq, int bb, int64_t g, int q, int valid,
+                                                          const int8_t *const *xq, const __m512 (*ds)[NWMAX],
+                                                          __m512 (*acc)[NWMAX], const int c, const int R) {
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  const __m512i z = valid >= 4 ? load_quad_full(wq - (bb == 20 ? 4 : 2) + q * bb, bb) : load_quad(wq + q * bb, bb, valid);
+  const __m512i lo = _mm512_and_si512(z, nib), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+  const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                       _mm512_set1_epi32(q));
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    const int8_t *xp = xq[r] + (g + q) * 32; /* quad layout: 4 blocks per 128 bytes */
+    __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)xp));
+    dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
+    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, ds[r][c]), acc[r][c]);
+  }
+}
+
+/* Blocks g+q, g+q+1 (or only g+q when valid == 1) of q8_0 weight row c against R activation rows. */
+static inline __attribute__((always_inline)) void q8_step(const char *wg, int bb, int64_t g, int q, int valid,
+                                                          const int8_t *const *xq, const __m512 (*ds)[NWMAX],
+                                                          __m512 (*acc)[NWMAX], const int c, const int R) {
+  const char *b0 = wg + q * bb + 2;
+  __m512i z = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)b0));
+  if (valid > 1) z = _mm512_inserti64x4(z, _mm256_loadu_si256((const __m256i *)(b0 + bb)), 1);
+  const __m512i aw = _mm512_abs_epi8(z);
+  const __mmask64 neg = _mm512_movepi8_mask(z);
+  const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                       _mm512_set1_epi32(q));
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    __m512i xv = _mm512_load_si512((const void *)(xq[r] + (g + q) * 32));
+    xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+    const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, xv);
+    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, ds[r][c]), acc[r][c]);
+  }
+}
+
+/* [sum a, sum b, sum c, sum d] */
+static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), t));
+}
+
+/* out rows i0..i0+R, columns j..j+NW = x rows . weight rows j..j+NW */
+static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64_t i0, int64_t j, const int R,
+                                                       const int NW, const servd_dtype wt) {
+  const int bb = wt == SERVD_Q8_0 ? 34 : wt == SERVD_Q4_0 ? 18 : 20;
+  const int qoff = wt == SERVD_Q4_1 ? 4 : 2;
+  const int64_t nb = p->xq.nb;
+  const hdr_plan *pl = &plans[wt == SERVD_Q8_0 ? 0 : wt == SERVD_Q4_0 ? 1 : 2];
+  const int8_t *xq[RQ];
+  const float *xd[RQ], *xs[RQ];
+  const char *w[NWMAX];
+  __m512 acc[RQ][NWMAX], accm[RQ][NWMAX];
+#pragma GCC unroll 4
+  for (int c = 0; c < NW; c++) w[c] = p->w + (j + c) * p->ldw;
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    xq[r] = p->xq.qs + (i0 + r) * p->xq.ldq;
+    xd[r] = p->xq.d + (i0 + r) * p->xq.lds;
+    xs[r] = p->xq.s + (i0 + r) * p->xq.lds;
+#pragma GCC unroll 4
+    for (int c = 0; c < NW; c++) acc[r][c] = accm[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < nb; g += 16) {
+    const int nbg = nb - g < 16 ? (int)(nb - g) : 16;
+    __m512 ds[RQ][NWMAX];
+#pragma GCC unroll 4
+    for (int c = 0; c < NW; c++) {
+      const __m512i raw = nbg == 16 ? load_headers(w[c] + g * bb, bb, 16, pl) : load_headers(w[c] + g * bb, bb, nbg, pl);
+      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++) ds[r][c] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd[r] + g));
+      if (wt != SERVD_Q8_0) {
+        const __m512 cw = wt == SERVD_Q4_0 ? _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f))
+                                           : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16)));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) accm[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), accm[r][c]);
+      }
+    }
+    if (nbg == 16) { /* unrolled: the lane permutes become constants */
+      if (wt == SERVD_Q8_0) {
+#pragma GCC unroll 8
+        for (int q = 0; q < 16; q += 2)
+#pragma GCC unroll 4
+          for (int c = 0; c < NW; c++) q8_step(w[c] + g * bb, bb, g, q, 2, xq, ds, acc, c, R);
+      } else {
+#pragma GCC unroll 4
+        for (int q = 0; q < 16; q += 4)
+#pragma GCC unroll 4
+          for (int c = 0; c < NW; c++) q4_step(w[c] + g * bb + qoff, bb, g, q, 4, xq, ds, acc, c, R);
+      }
+    } else {
+      const int step = wt == SERVD_Q8_0 ? 2 : 4;
+      for (int q = 0; q < nbg; q += step) {
+#pragma GCC unroll 4
+        for (int c = 0; c < NW; c++) {
+          if (wt == SERVD_Q8_0)
+            q8_step(w[c] + g * bb, bb, g, q, nbg - q, xq, ds, acc, c, R);
+          else
+            q4_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, ds, acc, c, R);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    float *o = (float *)(p->out + (i0 + r) * p->ldo) + j;
+    if (NW == 4) {
+      _mm_storeu_ps(o, reduce4(_mm512_add_ps(acc[r][0], accm[r][0]), _mm512_add_ps(acc[r][1], accm[r][1]),
+                               _mm512_add_ps(acc[r][2], accm[r][2]), _mm512_add_ps(acc[r][3], accm[r][3])));
+    } else {
+#pragma GCC unroll 4
+      for (int c = 0; c < NW; c++) o[c] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][c], accm[r][c]));
+    }
+  }
+}
+
+typedef void (*tile_fn)(const servd__mm *p, int64_t i0, int64_t j);
+#define TILE(wt, R, NW, name) \
+  static void name(const servd__mm *p, int64_t i0, int64_t j) { tile(p, i0, j, R, NW, wt); }
+#define TILES(wt, sfx)                                                                                     \
+  TILE(wt, 1, 4, t1x4_##sfx) TILE(wt, 1, 2, t1x2_##sfx) TILE(wt, 1, 1, t1x1_##sfx) TILE(wt, 2, 2, t2x2_##sfx) TILE(wt, 2, 1, t2x1_##sfx) \
+  TILE(wt, 3, 2, t3x2_##sfx) TILE(wt, 3, 1, t3x1_##sfx) TILE(wt, 4, 2, t4x2_##sfx) TILE(wt, 4, 1, t4x1_##sfx) \
+  /* [R-1][0]: NW = 2 (4 when m == 1: see below); [R-1][1]: NW = 1 */                                     \
+  static const tile_fn tiles_##sfx[RQ + 1][2] = {{t1x2_##sfx, t1x1_##sfx}, {t2x2_##sfx, t2x1_##sfx},          \
+                                                 {t3x2_##sfx, t3x1_##sfx}, {t4x2_##sfx, t4x1_##sfx},          \
+                                                 {t1x4_##sfx, t1x1_##sfx}};
+TILES(SERVD_Q8_0, q8_0)
+TILES(SERVD_Q4_0, q4_0)
+TILES(SERVD_Q4_1, q4_1)
+
+void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
+  const tile_fn(*t)[2] = p->wt == SERVD_Q8_0 ? tiles_q8_0 : p->wt == SERVD_Q4_0 ? tiles_q4_0 : tiles_q4_1;
+  /* Weight rows outer: a tile of NW rows stays in L1 while every activation row passes over it. */
+  for (int64_t j = j0; j < j1;) {
+    const int nw_full = p->m == 1 ? 4 : 2;
+    const int nw = j1 - j >= nw_full ? nw_full : 1;
+    for (int64_t i = 0; i < p->m; i += RQ) {
+      const int R = p->m - i < RQ ? (int)(p->m - i) : RQ;
+      t[p->m == 1 ? RQ : R - 1][nw == 1](p, i, j);
+    }
+    j += nw;
+  }
+}

@@ -27,12 +27,13 @@
   /* rotate n_heads heads of one row with per-pair tables cs/sn (head_dim/2 each) */                    \
   void servd__rope_row_##isa(float *x, int64_t n_heads, int head_dim, servd_rope_layout layout,         \
                              const float *cs, const float *sn);                                          \
-  /* out[j] = scale * dot(q, k_j) for n keys of k (rows of hd, kstride elements apart), f32 or f16 */    \
-  void servd__attn_scores_##isa(float *out, const float *q, const void *k, servd_dtype kt, int n,       \
-                                int hd, int64_t kstride, float scale);                                   \
-  /* acc[0..hd) += sum_j p[j] * v_j */                                                                   \
-  void servd__attn_accum_##isa(float *acc, const float *p, const void *v, servd_dtype vt, int n, int hd, \
-                               int64_t vstride);
+  /* out[i*ld + j] = scale * dot(q[i], k_j) for nq queries and n keys; k is transposed: dim d of key j \
+   * at k[d*kstride + j], f32 or f16 */                                                                 \
+  void servd__attn_scores_##isa(float *out, int ld, const float *const *q, int nq, const void *k,        \
+                                servd_dtype kt, int n, int hd, int64_t kstride, float scale);            \
+  /* acc[i*acc_ld + d] += sum_j p[i*ld + j] * v_j[d] for nq queries, n value rows vstride elements apart */ \
+  void servd__attn_accum_##isa(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v,      \
+                               servd_dtype vt, int n, int hd, int64_t vstride);
 
 OPS__DECLARE_ROW_KERNELS(scalar)
 OPS__DECLARE_ROW_KERNELS(avx2)
@@ -70,17 +71,20 @@ static inline const char *ops__desc(const servd_tensor *t, char *buf, size_t cap
 }
 
 /* ---- paged KV cache layout (kv_cache.c), read by attention.c ------------------------------------
- * Per layer and per K/V, a pool of n_blocks blocks. A block holds, for each kv head, block_size
- * consecutive token rows of head_dim values: [kv_head][token][dim]. Head-major inside the block makes
- * the run that attention streams for one (sequence, kv head) contiguous. head_bytes and block_bytes
- * are rounded up to 64 bytes so every run starts on a cache line. */
+ * One anonymous mapping holds runs of block_size tokens: [layer][K|V][kv head][block]. A run of V is
+ * token-major, [token][dim], so a value row is contiguous for the weighted sum. A run of K is
+ * transposed, [dim][token]: the scores of 16 keys are then 16 lanes of one register, accumulated
+ * with one broadcast FMA per dim and per query head, with no horizontal sums, and every query head
+ * of the group reuses each loaded K vector. Runs of one kv head in consecutive blocks are adjacent,
+ * so a sequence whose blocks have consecutive ids (the usual case right after its prefill) is read
+ * as one sequential stream per kv head. head_bytes is rounded up to 64 so every run starts on a
+ * cache line. */
 struct servd_kv_cache {
   int n_layers, n_kv_heads, head_dim, block_size, n_blocks;
   servd_dtype dtype;  /* f32 or f16 */
   size_t elem;        /* bytes per value */
-  size_t head_bytes;  /* one kv head's run in a block */
-  size_t block_bytes; /* n_kv_heads * head_bytes */
-  char *pool;         /* [layer][k|v][block] block_bytes each; one anonymous mapping */
+  size_t head_bytes;  /* one run: block_size tokens of one kv head */
+  char *pool;
   size_t pool_bytes;
   pthread_mutex_t mu; /* guards the free list */
   int32_t *free_ids;  /* stack of free block ids */
@@ -88,10 +92,10 @@ struct servd_kv_cache {
   uint8_t *in_use;    /* per block, so a stray or double free is ignored */
 };
 
-/* Row of token `off` in block `blk` for kv head g; kv 0 = K, 1 = V. */
-static inline char *ops__kv_row(const struct servd_kv_cache *c, int layer, int kv, int32_t blk, int g, int off) {
-  size_t b = ((size_t)layer * 2 + (size_t)kv) * (size_t)c->n_blocks + (size_t)blk;
-  return c->pool + b * c->block_bytes + (size_t)g * c->head_bytes + (size_t)off * (size_t)c->head_dim * c->elem;
+/* Start of kv head g's run in block blk; kv 0 = K (transposed), 1 = V. */
+static inline char *ops__kv_run(const struct servd_kv_cache *c, int layer, int kv, int32_t blk, int g) {
+  size_t r = (((size_t)layer * 2 + (size_t)kv) * (size_t)c->n_kv_heads + (size_t)g) * (size_t)c->n_blocks + (size_t)blk;
+  return c->pool + r * c->head_bytes;
 }
 
 /* ---- vector exp -----------------------------------------------------------------------------------

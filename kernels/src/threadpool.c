@@ -2,9 +2,11 @@
  *
  * N compute slots: N-1 worker threads plus the caller whose job is running. Jobs run one at a time,
  * in FIFO order of arrival (a ticket lock), so at most N threads ever compute, however many callers
- * there are. The running caller publishes its job, computes chunks itself and waits for the workers
- * to check out. Workers spin briefly after a job before sleeping, because a decode step issues
- * hundreds of small ops back to back and a futex wake per op would dominate them.
+ * there are. The running caller publishes its job and claims chunks alongside the workers. When no
+ * chunk is left it closes the job and waits only for workers that joined it: a worker that was not
+ * scheduled in time (an oversubscribed machine) never holds the caller up. Workers spin briefly
+ * after a job before sleeping, because a decode step issues hundreds of small ops back to back and
+ * a futex wake per op would dominate them.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -29,8 +31,9 @@ typedef struct job {
   servd_task_fn fn;
   void *ctx;
   int64_t n, chunk;
-  atomic_llong next;  /* next unclaimed item */
-  atomic_int pending; /* workers that have not checked out of this job */
+  atomic_llong next;    /* next unclaimed item */
+  atomic_ulong open;    /* the generation of the job while workers may join it, else 0 */
+  atomic_int active;    /* workers inside the job */
 } job;
 
 static struct {
@@ -41,7 +44,7 @@ static struct {
   int size;               /* compute slots, 0 until initialized */
   int n_workers;
   pthread_t *threads;
-  atomic_uint gen; /* bumped once per published job */
+  atomic_ulong gen; /* bumped once per published job; 64 bits never wrap, so 0 means "closed" */
   atomic_int stop;
   job job;
   atomic_ulong ticket_next, ticket_serving;
@@ -54,7 +57,7 @@ static struct {
 };
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
-static unsigned start_gen; /* pool.gen when the workers were started */
+static unsigned long start_gen; /* pool.gen when the workers were started */
 static _Thread_local int tls_thread = -1; /* slot index while computing a job, else -1 */
 
 static long now_ns(void) {
@@ -74,17 +77,20 @@ static void run_chunks(job *j, int thread) {
 
 static void *worker_main(void *arg) {
   int thread = (int)(intptr_t)arg;
-  unsigned seen = start_gen; /* not pool.gen: a job may be published before this thread runs */
+  unsigned long seen = start_gen; /* not pool.gen: a job may be published before this thread runs */
   tls_thread = thread;
   for (;;) {
-    unsigned g = atomic_load_explicit(&pool.gen, memory_order_acquire);
+    unsigned long g = atomic_load_explicit(&pool.gen, memory_order_acquire);
     if (g == seen && !atomic_load_explicit(&pool.stop, memory_order_relaxed)) {
       long deadline = now_ns() + WORKER_SPIN_NS;
       for (int i = 1;; i++) {
         cpu_relax();
         g = atomic_load_explicit(&pool.gen, memory_order_acquire);
         if (g != seen || atomic_load_explicit(&pool.stop, memory_order_relaxed)) break;
-        if ((i & 255) == 0 && now_ns() > deadline) break;
+        if ((i & 255) == 0) {
+          if (now_ns() > deadline) break;
+          sched_yield(); /* when the machine is oversubscribed, let the thread we wait for run */
+        }
       }
     }
     if (g == seen) {
@@ -98,8 +104,11 @@ static void *worker_main(void *arg) {
     }
     if (atomic_load(&pool.stop)) break;
     seen = g;
-    run_chunks(&pool.job, thread);
-    if (atomic_fetch_sub_explicit(&pool.job.pending, 1, memory_order_acq_rel) == 1) {
+    /* Join, then check the job is still open (both seq_cst, pairing with the caller's close then
+     * read of active): either the caller sees us and waits, or we see it closed and touch nothing. */
+    atomic_fetch_add(&pool.job.active, 1);
+    if (atomic_load(&pool.job.open) == g) run_chunks(&pool.job, thread);
+    if (atomic_fetch_sub(&pool.job.active, 1) == 1) {
       pthread_mutex_lock(&pool.mu);
       if (pool.caller_sleeping) pthread_cond_signal(&pool.cv_done);
       pthread_mutex_unlock(&pool.mu);
@@ -131,7 +140,7 @@ static int pool_start(int size) {
     pool.n_workers++;
   }
   /* With fewer workers than asked the pool still works, just with fewer slots. */
-  pool.size = pool.n_workers + 1;
+  __atomic_store_n(&pool.size, pool.n_workers + 1, __ATOMIC_RELEASE);
   return 0;
 }
 
@@ -169,6 +178,7 @@ static void take_turn(void) {
   long deadline = now_ns() + CALLER_SPIN_NS;
   for (int i = 1; atomic_load_explicit(&pool.ticket_serving, memory_order_acquire) != t; i++) {
     cpu_relax();
+    if ((i & 255) == 0) sched_yield();
     if ((i & 255) == 0 && now_ns() > deadline) {
       pthread_mutex_lock(&pool.mu);
       while (atomic_load(&pool.ticket_serving) != t) {
@@ -217,18 +227,22 @@ void servd_parallel_for(int64_t n, int64_t grain, servd_task_fn fn, void *ctx) {
     j->n = n;
     j->chunk = chunk > grain ? chunk : grain;
     atomic_store_explicit(&j->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&j->pending, pool.n_workers, memory_order_relaxed);
-    atomic_fetch_add_explicit(&pool.gen, 1, memory_order_release);
+    const unsigned long g = atomic_load_explicit(&pool.gen, memory_order_relaxed) + 1;
+    atomic_store(&j->open, g);
+    atomic_store(&pool.gen, g); /* publishes the job fields above */
     pthread_mutex_lock(&pool.mu);
     if (pool.sleepers) pthread_cond_broadcast(&pool.cv_work);
     pthread_mutex_unlock(&pool.mu);
     run_chunks(j, 0);
+    /* Every chunk is claimed: close the job, then wait for the workers still inside it. */
+    atomic_store(&j->open, 0);
     long deadline = now_ns() + CALLER_SPIN_NS;
-    for (int i = 1; atomic_load_explicit(&j->pending, memory_order_acquire) != 0; i++) {
+    for (int i = 1; atomic_load(&j->active) != 0; i++) {
       cpu_relax();
+      if ((i & 255) == 0) sched_yield();
       if ((i & 255) == 0 && now_ns() > deadline) {
         pthread_mutex_lock(&pool.mu);
-        while (atomic_load(&j->pending) != 0) {
+        while (atomic_load(&j->active) != 0) {
           pool.caller_sleeping = 1;
           pthread_cond_wait(&pool.cv_done, &pool.mu);
         }

@@ -1,8 +1,8 @@
 """Chat templates: the package's Jinja template rendered the way Hugging Face transformers does.
 
-The template comes from, in order: the manifest's "chat_template", the archive entry
-"chat_template.jinja", or "chat_template" of "tokenizer_config.json" (a GGUF's
-tokenizer.chat_template is recorded in the manifest by the importer). Special tokens the templates
+The template comes from, in order: the manifest's "chat_template", the archive entry named by the
+manifest's "chat_template_file" (or "chat_template.jinja"), or "chat_template" of the tokenizer config
+entry (manifest tokenizer.config, else "tokenizer_config.json"). Special tokens the templates
 use (bos_token, eos_token, ...) come from the manifest's "special_tokens" or tokenizer_config.json.
 """
 import json
@@ -33,13 +33,18 @@ def _load():
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     man = servd.package.manifest
-    tcfg = _read_json("tokenizer_config.json")
+    tok = man.get("tokenizer") or {}
+    tcfg = _read_json(tok.get("config") or "tokenizer_config.json")
     src = man.get("chat_template")
-    if not src:
+    for path in (man.get("chat_template_file"), "chat_template.jinja"):
+        if src or not path:
+            continue
         try:
-            src = servd.package.read_file("chat_template.jinja").decode("utf-8")
-        except Exception:
-            src = tcfg.get("chat_template")
+            src = servd.package.read_file(path).decode("utf-8")
+        except Exception:  # absent: the next source applies
+            src = None
+    if not src:
+        src = tcfg.get("chat_template")
     if isinstance(src, list):  # named templates: use "default"
         src = next((t["template"] for t in src if t.get("name") == "default"), None)
     if not src:

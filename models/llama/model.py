@@ -122,6 +122,7 @@ class LlamaModel:
                 rows(t("w1", i), f0, fn), rows(t("w3", i), f0, fn), cols(t("w2", i), f0, fn),
             ))
         self.scale = 1.0 / math.sqrt(hd)
+        self._ops, self._prof, self._clock = ops, None, None
         self._cap = 0
         self._views = {}
         self._logit_views = {}
@@ -163,27 +164,30 @@ class LlamaModel:
 
     # ---- forward -------------------------------------------------------------------------------
     def forward(self, batch):
-        """Logits f32 (len(batch.logit_rows), vocab) for the requested rows of a mixed batch.
-
-        The returned tensor is a reused buffer: valid until the next call."""
+        """Logits f32 (len(batch.logit_rows), vocab) for the requested rows of a mixed batch, or None
+        when no row needs them. The returned tensor is a reused buffer: valid until the next call."""
         n = batch.n_tokens
         x, h, o, q, k, v, a, g, u = self._step_views(n)
         tp = self.world > 1
         eps, rope, scale, hl = self.eps, self.rope, self.scale, self.h_local
-        kv, pos = batch.kv, batch.positions
-        matmul, rmsnorm, add, allreduce = ops.matmul, ops.rmsnorm, ops.add, ops.allreduce
-        ops.embedding(x, self.embed, batch.tokens, self.v0)
+        kv, pos, slots = batch.kv, batch.positions, batch.slots
+        P = self._ops
+        matmul, rmsnorm, add, allreduce = P.matmul, P.rmsnorm, P.add, P.allreduce
+        rope_op, kv_write, attention, swiglu = P.rope, P.kv_write, P.attention, P.swiglu
+        t0 = self._clock() if self._prof else 0
+        P.embedding(x, self.embed, batch.tokens, self.v0)
         if tp:
             allreduce(x)
-        for li, (an, wq, wk, wv, wo, fnorm, w1, w3, w2) in enumerate(self.layers):
+        li = 0
+        for an, wq, wk, wv, wo, fnorm, w1, w3, w2 in self.layers:
             rmsnorm(h, x, an, eps)
             matmul(q, h, wq)
             matmul(k, h, wk)
             matmul(v, h, wv)
-            ops.rope(q, pos, rope)
-            ops.rope(k, pos, rope)
-            ops.kv_write(kv, li, k, v, batch.slots)
-            ops.attention(a, q, kv, li, batch, hl, scale)
+            rope_op(q, pos, rope)
+            rope_op(k, pos, rope)
+            kv_write(kv, li, k, v, slots)
+            attention(a, q, kv, li, batch, hl, scale)
             matmul(o, a, wo)
             if tp:
                 allreduce(o)
@@ -191,19 +195,62 @@ class LlamaModel:
             rmsnorm(h, x, fnorm, eps)
             matmul(g, h, w1)
             matmul(u, h, w3)
-            ops.swiglu(g, g, u)
+            swiglu(g, g, u)
             matmul(o, g, w2)
             if tp:
                 allreduce(o)
             add(x, x, o)
+            li += 1
         rows = batch.logit_rows
+        if len(rows) == 0:  # a prefill chunk that does not reach the end of its prompt
+            if self._prof:
+                self._prof["forward_ns"] += self._clock() - t0
+                self._prof["steps"] += 1
+            return None
         sel, lg, full = self._logit_bufs(len(rows))
-        ops.embedding(sel, x, rows)  # gathers the rows that need logits
+        P.embedding(sel, x, rows)  # gathers the rows that need logits
         rmsnorm(sel, sel, self.norm, eps)
         matmul(lg, sel, self.output)
         if tp:
-            ops.allgather_cols(full, lg)
+            P.allgather_cols(full, lg)
+        if self._prof:
+            self._prof["forward_ns"] += self._clock() - t0
+            self._prof["steps"] += 1
         return full
+
+    # ---- measuring Python's share of a step ----------------------------------------------------
+    def profile(self, enable=True):
+        """Times every op call (from Python, so call overhead is counted as op time) and each
+        forward. profile_stats() then gives the time spent outside ops: Python's share."""
+        import time
+        self._clock = time.perf_counter_ns
+        if not enable:
+            self._ops, self._prof = ops, None
+            return None
+        prof = {"forward_ns": 0, "ops_ns": 0, "op_calls": 0, "steps": 0}
+        clock = self._clock
+
+        def timed(fn):
+            def call(*a):
+                t = clock()
+                r = fn(*a)
+                prof["ops_ns"] += clock() - t
+                prof["op_calls"] += 1
+                return r
+            return call
+
+        class Timed:
+            pass
+
+        t = Timed()
+        for name in ("matmul", "rmsnorm", "add", "allreduce", "rope", "kv_write", "attention", "swiglu",
+                     "embedding", "allgather_cols"):
+            setattr(t, name, timed(getattr(ops, name)))
+        self._ops, self._prof = t, prof
+        return None
+
+    def profile_stats(self):
+        return dict(self._prof or {})
 
     # ---- chat ----------------------------------------------------------------------------------
     def chat_template(self, messages, add_generation_prompt=True):

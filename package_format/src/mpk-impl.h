@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "servd/status.h"
 
 static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
@@ -71,5 +73,9 @@ static inline bool mpk__mul(uint64_t a, uint64_t b, uint64_t *r) { return !__bui
 /* Packed bytes of dtype x shape; SERVD_ERANGE on overflow, SERVD_EFORMAT when the innermost
  * dimension is not a multiple of the block. `what` names the tensor. */
 int mpk__packed_bytes(const char *what, int dtype, int ndim, const int64_t *shape, uint64_t *out);
+
+/* Tests of the reader only: replaces the tensor index the writer will put in the manifest. */
+struct mpk_writer;
+int mpk__writer_replace_index(struct mpk_writer *w, json_t *tensors); /* steals tensors */
 
 #endif

@@ -23,7 +23,8 @@ typedef struct pkg_tensor {
 
 struct mpk_package {
   char *path;
-  mpk_map map;
+  mpk_map map;        /* until wrapped into `storage` */
+  const uint8_t *base; /* the mapping, valid while `storage` lives */
   mpk_zip zip;
   json_t *manifest;
   uint8_t **inflated; /* per entry: inflated data of deflated entries, else NULL */
@@ -65,7 +66,7 @@ static int find_tensor(const mpk_package *p, const char *name) {
 }
 
 static const uint8_t *entry_data(const mpk_package *p, int i) {
-  return p->inflated[i] ? p->inflated[i] : (const uint8_t *)p->map.data + p->zip.e[i].data;
+  return p->inflated[i] ? p->inflated[i] : p->base + p->zip.e[i].data;
 }
 
 static const char *req_str(const char *what, json_t *m, const char *key, int *rc) {
@@ -78,7 +79,7 @@ static const char *req_str(const char *what, json_t *m, const char *key, int *rc
 }
 
 static bool is_ident(const char *s, size_t n, bool dots) {
-  if (n == 0 || !(s[0] == '_' || (s[0] | 32) >= 'a' && (s[0] | 32) <= 'z')) return false;
+  if (n == 0 || !(s[0] == '_' || ((s[0] | 32) >= 'a' && (s[0] | 32) <= 'z'))) return false;
   for (size_t i = 1; i < n; i++) {
     char c = s[i];
     bool ok = c == '_' || ((c | 32) >= 'a' && (c | 32) <= 'z') || (c >= '0' && c <= '9') || (dots && c == '.' && s[i - 1] != '.');
@@ -269,6 +270,10 @@ static int check_tensors(const char *what, mpk_package *p) {
     matched[t->entry]++;
   }
   for (size_t i = 0; i < p->zip.n; i++) {
+    if (!st[i] && !p->zip.e[i].is_dir && !strncmp(p->zip.e[i].name, "weights/", 8)) {
+      rc = servd_fail(SERVD_EFORMAT, "%s: \"%s\": a weight file that no tensor of the manifest index uses", what, p->zip.e[i].name);
+      goto fail;
+    }
     if (st[i] && matched[i] != st[i]->n) {
       rc = servd_fail(SERVD_EFORMAT, "%s: \"%s\" holds %zu tensors, the manifest indexes %zu of them", what, p->zip.e[i].name,
                       st[i]->n, matched[i]);
@@ -305,6 +310,7 @@ int mpk_open(const char *path, mpk_package **out) {
   mpk_package *p = calloc(1, sizeof *p);
   if (!p || !(p->path = strdup(path))) { free(p); return servd_fail(SERVD_ENOMEM, "%s: out of memory", path); }
   if ((rc = mpk__map_file(path, &p->map))) goto fail;
+  p->base = p->map.data;
   if ((rc = mpk__zip_parse(path, p->map.data, p->map.len, &p->zip))) goto fail;
   p->inflated = calloc(p->zip.n ? p->zip.n : 1, sizeof *p->inflated);
   p->files = calloc(p->zip.n ? p->zip.n : 1, sizeof *p->files);

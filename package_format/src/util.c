@@ -92,6 +92,9 @@ int mpk__inflate(const char *what, const uint8_t *src, uint64_t csize, uint64_t 
   if (usize > MPK_MAX_INFLATE)
     return servd_fail(SERVD_ERANGE, "%s: uncompressed size %llu, expected at most %llu bytes", what,
                       (unsigned long long)usize, (unsigned long long)MPK_MAX_INFLATE);
+  if (csize > 2 * MPK_MAX_INFLATE)
+    return servd_fail(SERVD_ERANGE, "%s: compressed size %llu, expected at most %llu bytes", what,
+                      (unsigned long long)csize, (unsigned long long)(2 * MPK_MAX_INFLATE));
   uint8_t *buf = malloc(usize + 1); /* +1 catches data that expands beyond the declared size */
   if (!buf) return servd_fail(SERVD_ENOMEM, "%s: out of memory", what);
   z_stream zs = {0};

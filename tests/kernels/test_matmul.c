@@ -12,6 +12,7 @@
  *   f32 rounding of d_x and s (relative 2^-23 of sum|x*w|); we allow 1.01x that plus 1e-6.
  */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -125,7 +126,7 @@ static void test_float_shapes(void **state) {
   (void)state;
   const shape shapes[] = {{1, 1, 1},   {1, 7, 3},    {1, 33, 17},  {2, 31, 100}, {3, 65, 33},  {7, 17, 129},
                           {8, 32, 64}, {9, 97, 300}, {13, 40, 257}, {16, 64, 16}, {1, 300, 576}, {70, 45, 513},
-                          {24, 130, 96}};
+                          {24, 130, 96}, {250, 9, 40} /* x row blocks */, {8, 6, 2100} /* k blocks */};
   for (int d = 0; d < 3; d++) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_case(all_dtypes[d], shapes[i]);
   }
@@ -135,7 +136,7 @@ static void test_quant_shapes(void **state) {
   (void)state;
   /* k a multiple of 32 but not of 64 or 256; n not a multiple of any tile. */
   const shape shapes[] = {{1, 1, 32},  {1, 3, 96},   {1, 33, 160}, {2, 17, 224}, {3, 70, 32},
-                          {4, 9, 288}, {5, 37, 576}, {8, 16, 64},  {9, 41, 352}, {17, 23, 96}, {1, 130, 2080}};
+                          {4, 9, 288}, {5, 37, 576}, {8, 16, 64},  {9, 41, 352}, {17, 23, 96}, {1, 130, 2080}, {130, 5, 64}};
   for (int d = 3; d < 6; d++) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_case(all_dtypes[d], shapes[i]);
   }
@@ -186,6 +187,32 @@ static void test_empty(void **state) {
   for (int i = 0; i < 9; i++) servd_tensor_release(ts[i]);
 }
 
+/* NaN or inf in x makes the affected outputs NaN on every path (no undefined float-to-int casts in
+ * activation quantization), and leaves other rows alone. */
+static void test_nonfinite_x(void **state) {
+  (void)state;
+  for (int d = 0; d < 6; d++) {
+    float *wd;
+    servd_tensor *x = rand_f32(2, 64), *w = make_w(all_dtypes[d], 5, 64, &wd);
+    servd_tensor *out = servd_tensor_new(SERVD_F32, 2, (int64_t[]){2, 5});
+    ((float *)servd_tensor_data(x))[3] = d % 2 ? INFINITY : NAN;
+    for (int isa = 0; isa <= (int)servd_cpu_best_isa(); isa++) {
+      assert_int_equal(servd_cpu_force_isa((servd_isa)isa), 0);
+      assert_int_equal(servd_matmul(out, x, w), 0);
+      const float *o = servd_tensor_data(out);
+      for (int j = 0; j < 5; j++) {
+        assert_true(isnan(o[j]) || isinf(o[j]));
+        assert_true(isfinite(o[5 + j]));
+      }
+    }
+    servd_cpu_force_isa(SERVD_ISA_COUNT);
+    free(wd);
+    servd_tensor_release(x);
+    servd_tensor_release(w);
+    servd_tensor_release(out);
+  }
+}
+
 static void test_errors(void **state) {
   (void)state;
   servd_tensor *x = rand_f32(2, 64), *out = servd_tensor_new(SERVD_F32, 2, (int64_t[]){2, 4});
@@ -226,6 +253,50 @@ static void test_errors(void **state) {
   servd_tensor_release(out);
 }
 
+/* Many callers at once (one per interpreter): each thread's activation scratch is its own, so every
+ * result must equal the one computed alone, bit for bit (same kernel, same summation order). */
+typedef struct caller_case {
+  servd_tensor *x, *w, *out, *want;
+  int fails;
+} caller_case;
+
+static void *caller_main(void *arg) {
+  caller_case *c = arg;
+  for (int it = 0; it < 20; it++) {
+    if (servd_matmul(c->out, c->x, c->w) != 0 ||
+        memcmp(servd_tensor_data(c->out), servd_tensor_data(c->want), servd_tensor_nbytes(c->want)) != 0)
+      c->fails++;
+  }
+  return NULL;
+}
+
+static void test_concurrent_callers(void **state) {
+  (void)state;
+  enum { CALLERS = 4 };
+  caller_case cs[CALLERS];
+  pthread_t th[CALLERS];
+  for (int i = 0; i < CALLERS; i++) {
+    float *wd;
+    int64_t m = 1 + i * 3, n = 40 + i, k = 32 * (3 + i);
+    cs[i].x = rand_f32(m, k);
+    cs[i].w = make_w(all_dtypes[(i + 3) % 6], n, k, &wd);
+    free(wd);
+    cs[i].out = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, n});
+    cs[i].want = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, n});
+    cs[i].fails = 0;
+    assert_int_equal(servd_matmul(cs[i].want, cs[i].x, cs[i].w), 0);
+  }
+  for (int i = 0; i < CALLERS; i++) pthread_create(&th[i], NULL, caller_main, &cs[i]);
+  for (int i = 0; i < CALLERS; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < CALLERS; i++) {
+    assert_int_equal(cs[i].fails, 0);
+    servd_tensor_release(cs[i].x);
+    servd_tensor_release(cs[i].w);
+    servd_tensor_release(cs[i].out);
+    servd_tensor_release(cs[i].want);
+  }
+}
+
 static void test_force_isa(void **state) {
   (void)state;
   servd_isa best = servd_cpu_best_isa();
@@ -242,6 +313,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_force_isa),   cmocka_unit_test(test_float_shapes), cmocka_unit_test(test_quant_shapes),
       cmocka_unit_test(test_strided_views), cmocka_unit_test(test_empty),      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_concurrent_callers), cmocka_unit_test(test_nonfinite_x),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   servd_threadpool_shutdown();

@@ -37,9 +37,17 @@ static bool is_ws(uint32_t c) {
          c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-static bool is_word_byte(uint8_t c) {
-  /* ASCII letters and digits; any non-ASCII character counts as part of a word. */
-  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80;
+/* Is the character starting at s[at] (end: hi) a word character? */
+static bool word_at(const servd_tokenizer *t, pcre2_match_data *md, const uint8_t *s, size_t at, size_t hi) {
+  return pcre2_match(t->word_re, s, hi, at, PCRE2_ANCHORED | PCRE2_NO_UTF_CHECK, md, NULL) > 0;
+}
+
+/* Is the character that ends at s[end) a word character? */
+static bool word_before(const servd_tokenizer *t, pcre2_match_data *md, const uint8_t *s, size_t lo, size_t end) {
+  if (end <= lo) return false;
+  size_t q = end - 1;
+  while (q > lo && (s[q] & 0xC0) == 0x80) q--;
+  return word_at(t, md, s, q, end);
 }
 
 /* Start of the whitespace run that ends at `end` (not before lo). */
@@ -67,7 +75,7 @@ static size_t ws_fwd(const uint8_t *s, size_t p, size_t hi) {
 
 /* Splits the text segments of `in` by the added tokens whose `normalized` flag equals `normalized`. */
 static int split_added(const servd_tokenizer *t, const uint8_t *s, const seg_list *in, bool normalized,
-                       seg_list *out) {
+                       pcre2_match_data *md, seg_list *out) {
   out->n = 0;
   for (size_t k = 0; k < in->n; k++) {
     seg g = in->v[k];
@@ -87,7 +95,8 @@ static int split_added(const servd_tokenizer *t, const uint8_t *s, const seg_lis
         const added_token *a = &t->added[i];
         if ((uint8_t)a->content[0] != s[p] || a->normalized != normalized) continue;
         if (a->len > hi - p || memcmp(a->content, s + p, a->len)) continue;
-        if (a->single_word && ((p > lo && is_word_byte(s[p - 1])) || (p + a->len < hi && is_word_byte(s[p + a->len]))))
+        /* the neighbours are looked at within this segment, as Hugging Face's split does */
+        if (a->single_word && (word_before(t, md, s, lo, p) || (p + a->len < hi && word_at(t, md, s, p + a->len, hi))))
           continue;
         hit = a;
         break;
@@ -165,7 +174,11 @@ int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t le
 
   if ((rc = seg_push(&s1, 0, (uint32_t)len, -1))) goto fail;
   if (t->n_added) {
-    if ((rc = split_added(t, s, &s1, false, &s2)) || (rc = split_added(t, s, &s2, true, &s1))) goto fail;
+    if (t->word_re && !(w.md = pcre2_match_data_create(4, NULL))) {
+      rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+      goto fail;
+    }
+    if ((rc = split_added(t, s, &s1, false, w.md, &s2)) || (rc = split_added(t, s, &s2, true, w.md, &s1))) goto fail;
   }
 
   locked = pthread_mutex_trylock(&cache->lock) == 0;

@@ -246,7 +246,6 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   const char **vocab_str = NULL; /* borrowed from root */
   uint32_t *vocab_len = NULL;
   tok_buf tmp = {0};
-  char f[96];
   bytelevel__init();
   *out = NULL;
   json_t *root = json_loadb(json, len, 0, &jerr);
@@ -324,6 +323,13 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
       goto fail;
     }
     if (json_integer_value(id) > max_id) max_id = (int32_t)json_integer_value(id);
+  }
+  /* ids are dense in every real tokenizer; refusing sparse ones bounds the tables by the file */
+  size_t n_entries = json_object_size(vocab) + json_array_size(added);
+  if ((size_t)max_id + 1 > 2 * n_entries + 1024) {
+    rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: model.vocab/added_tokens: largest id %d for only %zu tokens",
+                    max_id, n_entries);
+    goto fail;
   }
   t->n_ids = max_id + 1;
   vocab_str = calloc((size_t)t->n_ids + 1, sizeof *vocab_str);
@@ -420,6 +426,12 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
     if ((rc = str_map_put(&t->content_ids, at->content, at->len, at->id))) goto fail;
   }
   qsort(t->added, (size_t)t->n_added, sizeof *t->added, cmp_added);
+  for (int i = 0; i < t->n_added; i++)
+    if (t->added[i].single_word && !t->word_re) {
+      /* Hugging Face tests the neighbours of a single_word token with Rust regex's Unicode \w */
+      static const char w[] = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]";
+      if ((rc = pre__compile(w, sizeof w - 1, false, "added_tokens single_word", &t->word_re))) goto fail;
+    }
   for (int i = 0; i < t->n_added; i++) t->added_first[(uint8_t)t->added[i].content[0]] = 1;
 
   /* id -> bytes, and bytes -> id for ignore_merges */
@@ -466,7 +478,6 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   if ((rc = parse_post(t, json_object_get(root, "post_processor"), "post_processor"))) goto fail;
   json_t *dec = json_object_get(root, "decoder");
   if ((rc = check_decoder(dec, "decoder"))) goto fail;
-  (void)f;
 
   free(vocab_str);
   free(vocab_len);
@@ -528,6 +539,7 @@ void servd_tokenizer_free(servd_tokenizer *t) {
   for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
   free(t->added);
   for (int i = 0; i < t->n_steps; i++) pcre2_code_free(t->steps[i].re);
+  pcre2_code_free(t->word_re);
   free(t->prefix_ids);
   free(t->suffix_ids);
   word_cache_free(&t->cache);

@@ -184,11 +184,9 @@ int pre__run(const pre_step *steps, int n_steps, const char *text, size_t len, t
   *base = text;
   w->na = 0;
   if (len) w->a[w->na++] = (span){0, (uint32_t)len};
-  if (!w->md) {
-    w->md = pcre2_match_data_create(4, NULL);
-    w->mctx = pcre2_match_context_create(NULL);
-    if (!w->md || !w->mctx) return servd_fail(SERVD_ENOMEM, "tokenizer: out of memory for regex match data");
-  }
+  if (!w->md) w->md = pcre2_match_data_create(4, NULL);
+  if (!w->mctx) w->mctx = pcre2_match_context_create(NULL);
+  if (!w->md || !w->mctx) return servd_fail(SERVD_ENOMEM, "tokenizer: out of memory for regex match data");
   for (int i = 0; i < n_steps && w->na; i++) {
     const pre_step *st = &steps[i];
     if (st->kind == PRE_BYTELEVEL && st->add_prefix_space) {

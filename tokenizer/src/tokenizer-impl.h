@@ -175,6 +175,7 @@ struct servd_tokenizer {
   int n_added;
   /* first-byte filter for the added-token scan */
   uint8_t added_first[256];
+  pcre2_code *word_re; /* a \w character (Rust regex's Unicode \w), for single_word tokens */
 
   pre_step steps[8];
   int n_steps;

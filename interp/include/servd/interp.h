@@ -22,6 +22,7 @@
 typedef struct mpk_package mpk_package;
 typedef struct servd_pool servd_pool;
 typedef struct servd_interp servd_interp;
+struct servd_py_error;
 
 SERVD_API int servd_interp_early_init(int argc, char **argv);
 
@@ -30,23 +31,31 @@ typedef struct servd_pool_options {
   int world_size;       /* tensor-parallel ranks; interpreter i has rank i % world_size */
   servd_comm *comm;     /* collectives between ranks (world_size > 1); borrowed */
   const char *extra_sys_path; /* NULL, or ':'-separated directories added to sys.path */
+  struct servd_py_error *error; /* NULL, or filled when starting an interpreter or importing the
+                                 * package raised (type, message, full traceback) */
 } servd_pool_options;
 
 /* Creates the interpreters, imports the package's entry module from the package itself and builds
  * the entry object in each. On failure (e.g. the import raised) returns an error whose message holds
- * the Python traceback. The package must outlive the pool. */
+ * the exception and the last lines of the Python traceback (o->error, when given, gets all of it).
+ * More than SERVD_INTERP_MAX interpreters in the process at once: SERVD_ERANGE. The package must
+ * outlive the pool. pkg may be NULL: interpreters without a package (no entry object). */
 SERVD_API int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool **out);
 SERVD_API void servd_pool_destroy(servd_pool *p); /* accepts NULL */
 SERVD_API int servd_pool_size(const servd_pool *p);
 
-/* Takes an idle interpreter (blocks until one is free); release gives it back. */
+/* Takes an idle interpreter (blocks until one is free, FIFO so the load spreads); release gives it
+ * back. servd_pool_get returns a specific interpreter without taking it (never release it): calls
+ * on one interpreter from several threads are allowed and run one at a time under its GIL. */
 SERVD_API servd_interp *servd_pool_acquire(servd_pool *p);
 SERVD_API servd_interp *servd_pool_get(servd_pool *p, int index); /* a specific one (TP rank) */
 SERVD_API void servd_pool_release(servd_pool *p, servd_interp *it);
 SERVD_API int servd_interp_index(const servd_interp *it);
 SERVD_API double servd_interp_busy_seconds(const servd_interp *it);
 
-/* A structured failure of a Python call. */
+/* A structured failure of a Python call. Calls return SERVD_EINVAL for an exception raised by the
+ * model code, SERVD_ETIMEDOUT when it was interrupted at its deadline (type "TimeoutError"); err may
+ * be NULL. */
 typedef struct servd_py_error {
   char type[64];       /* exception type name, e.g. "ValueError", "TimeoutError" */
   char message[512];

@@ -1,0 +1,45 @@
+/* Internal to the OpenAI-compatible routes: one API request and its engine requests. */
+#ifndef SERVD_API_OPENAI_IMPL_H
+#define SERVD_API_OPENAI_IMPL_H
+
+#include "api/api-impl.h"
+
+typedef enum { OAI_COMPLETIONS, OAI_CHAT, OAI_TOKENIZE, OAI_DETOKENIZE } oai_mode;
+
+typedef struct oai_prompt {
+  const char *text;   /* arena; NULL when given as token ids */
+  int32_t *ids;       /* malloc'd (by the tokenizer or the parser) */
+  int n_ids;
+} oai_prompt;
+
+typedef struct oai {
+  servd_api *a;
+  servd_http_req *req; /* NULL once the response has been sent or the client went away */
+  api_model *am;
+  oai_mode mode;
+  servd_arena *arena;  /* this request's own allocations; outlives the HTTP request if needed */
+  bool stream, include_usage, add_special, add_generation_prompt;
+  int n;               /* choices per prompt */
+  int n_prompts;
+  oai_prompt *prompts;
+  json_t *messages;    /* chat / tokenize: the messages (own reference) */
+  servd_gen_params gp;
+  int logprobs;        /* -1: none; else top count */
+  char *detok_text;    /* detokenize result (malloc'd) */
+  gen *gens;
+  int n_gens, n_submitted, n_done;
+  bool work_pending;
+  int err_rc;
+  char err[1024];
+  char id[48];
+  int64_t created;
+  const char *model_name;
+  servd_buf sse;
+  uint64_t t_start;
+} oai;
+
+/* Validates the JSON body for o->mode and fills o. On failure responds 4xx (OpenAI error shape) and
+ * returns false; r must not be used then. */
+bool oai_parse(servd_api *a, servd_http_req *r, oai *o, json_t *body);
+
+#endif

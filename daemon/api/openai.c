@@ -1,0 +1,627 @@
+/* OpenAI-compatible routes: /v1/completions, /v1/chat/completions (streaming as server-sent
+ * events), /v1/models, and vLLM's /tokenize and /detokenize. */
+#include "api/openai-impl.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "servd/status.h"
+
+/* ---- lifetime --------------------------------------------------------------------------------- */
+
+static void gen_unlink(servd_api *a, gen *g) {
+  if (g->prev) g->prev->next = g->next;
+  else if (a->gens == g) a->gens = g->next;
+  if (g->next) g->next->prev = g->prev;
+  g->prev = g->next = NULL;
+}
+
+static void oai_free(oai *o) {
+  servd_api *a = o->a;
+  for (int i = 0; i < o->n_gens; i++) {
+    gen *g = &o->gens[i];
+    servd_buf_free(&g->text);
+    json_decref(g->lp);
+    free(g->error);
+  }
+  free(o->gens);
+  for (int i = 0; i < o->n_prompts; i++) free(o->prompts[i].ids);
+  json_decref(o->messages);
+  free(o->detok_text);
+  servd_buf_free(&o->sse);
+  if (o->am) api_model_release_ref(a, o->am);
+  servd_arena_destroy(o->arena);
+  free(o);
+}
+
+/* Frees o once nothing refers to it any more. Returns true when freed. */
+static bool oai_maybe_free(oai *o) {
+  if (o->req || o->work_pending || o->n_done < o->n_submitted) return false;
+  oai_free(o);
+  return true;
+}
+
+static void on_abort(servd_http_req *r) {
+  oai *o = r->ctx;
+  o->req = NULL;
+  for (int i = 0; i < o->n_submitted; i++)
+    if (!o->gens[i].done && o->gens[i].r) o->a->ops->cancel(o->gens[i].r);
+  oai_maybe_free(o);
+}
+
+/* Ends the HTTP side with a complete response; o stays until its engine work is over. */
+static void oai_error(oai *o, int status, const char *type, const char *code, const char *fmt, const char *msg) {
+  servd_http_req *r = o->req;
+  o->req = NULL;
+  if (r) {
+    r->on_abort = NULL;
+    api_oai_error(r, status, type, NULL, code, fmt, msg);
+  }
+}
+
+static void oai_error_rc(oai *o, int rc, const char *msg) {
+  int st = api_status_for(rc);
+  const char *type = st == 400 ? "invalid_request_error" : st == 429 ? "rate_limit_error" : "server_error";
+  const char *code = st == 429 ? "rate_limit_exceeded" : st == 503 ? "service_unavailable" : NULL;
+  oai_error(o, st, type, code, "%s", msg);
+}
+
+/* A JSON string of raw model output: invalid UTF-8 (a token cut mid-character at the end) becomes
+ * U+FFFD instead of failing the response. */
+static json_t *json_text(const char *s, size_t n) {
+  json_t *t = json_stringn(s, n);
+  if (t) return t;
+  servd_buf b;
+  servd_buf_init(&b);
+  servd_buf_json_str(&b, s, n);
+  t = b.oom ? NULL : json_loadb(b.data, b.len, JSON_DECODE_ANY, NULL);
+  servd_buf_free(&b);
+  return t ? t : json_string("");
+}
+
+/* ---- JSON pieces ------------------------------------------------------------------------------ */
+
+static double clamp_lp(float lp) { return isfinite(lp) ? lp : -9999.0; }
+
+/* The text of one token (arena-free: caller frees). */
+static char *token_text(oai *o, int32_t id) {
+  char *s = NULL;
+  if (o->a->ops->detokenize(o->am->m, &id, 1, &s) != 0 || !s) {
+    free(s);
+    return strdup("");
+  }
+  return s;
+}
+
+static json_t *bytes_of(const char *s) {
+  json_t *b = json_array();
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) json_array_append_new(b, json_integer(*p));
+  return b;
+}
+
+/* Chat: one entry of logprobs.content. */
+static json_t *chat_lp_entry(oai *o, const api_event *ev) {
+  char *t = token_text(o, ev->token);
+  json_t *top = json_array();
+  for (int i = 0; i < ev->n_top && i < o->logprobs; i++) {
+    char *tt = token_text(o, ev->top[i].token);
+    json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", json_text(tt ? tt : "", tt ? strlen(tt) : 0), "logprob",
+                                         clamp_lp(ev->top[i].logprob), "bytes", bytes_of(tt ? tt : "")));
+    free(tt);
+  }
+  json_t *e = json_pack("{s:o, s:f, s:o, s:o}", "token", json_text(t ? t : "", t ? strlen(t) : 0), "logprob", clamp_lp(ev->logprob), "bytes",
+                        bytes_of(t ? t : ""), "top_logprobs", top);
+  free(t);
+  return e;
+}
+
+/* Completions: {tokens, token_logprobs, top_logprobs, text_offset} with one entry appended. */
+static void compl_lp_append(oai *o, json_t *lp, const api_event *ev, size_t offset) {
+  char *t = token_text(o, ev->token);
+  json_array_append_new(json_object_get(lp, "tokens"), json_text(t ? t : "", t ? strlen(t) : 0));
+  json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(clamp_lp(ev->logprob)));
+  json_t *top = json_object();
+  for (int i = 0; i < ev->n_top && i < o->logprobs; i++) {
+    char *tt = token_text(o, ev->top[i].token);
+    json_object_set_new(top, tt ? tt : "", json_real(clamp_lp(ev->top[i].logprob)));
+    free(tt);
+  }
+  json_array_append_new(json_object_get(lp, "top_logprobs"), top);
+  json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)offset));
+  free(t);
+}
+
+static json_t *compl_lp_new(void) {
+  return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+}
+
+static json_t *usage_json(oai *o) {
+  long long prompt = 0, completion = 0;
+  for (int i = 0; i < o->n_prompts; i++) prompt += o->prompts[i].n_ids;
+  for (int i = 0; i < o->n_gens; i++) completion += o->gens[i].completion_tokens;
+  return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)prompt, "completion_tokens",
+                   (json_int_t)completion, "total_tokens", (json_int_t)(prompt + completion));
+}
+
+/* ---- streaming -------------------------------------------------------------------------------- */
+
+static void sse_head(oai *o, servd_buf *b) {
+  bool chat = o->mode == OAI_CHAT;
+  servd_buf_printf(b, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%" PRId64 ",\"model\":", o->id,
+                   chat ? "chat.completion.chunk" : "text_completion", o->created);
+  servd_buf_json_str(b, o->model_name, strlen(o->model_name));
+}
+
+/* One chunk for choice g: text delta (may be NULL), logprobs (may be NULL), finish reason (or NULL). */
+static int sse_choice(oai *o, gen *g, const char *text, size_t len, json_t *lp, const char *finish) {
+  servd_buf *b = &o->sse;
+  servd_buf_clear(b);
+  sse_head(o, b);
+  servd_buf_printf(b, ",\"choices\":[{\"index\":%d,", g->index);
+  if (o->mode == OAI_CHAT) {
+    servd_buf_puts(b, "\"delta\":{");
+    if (!g->role_sent) {
+      servd_buf_puts(b, "\"role\":\"assistant\"");
+      g->role_sent = true;
+      if (text) servd_buf_puts(b, ",");
+    }
+    if (text) {
+      servd_buf_puts(b, "\"content\":");
+      servd_buf_json_str(b, text, len);
+    }
+    servd_buf_puts(b, "},");
+  } else {
+    servd_buf_puts(b, "\"text\":");
+    servd_buf_json_str(b, text ? text : "", text ? len : 0);
+    servd_buf_puts(b, ",");
+  }
+  servd_buf_puts(b, "\"logprobs\":");
+  if (lp) {
+    char *s = json_dumps(lp, JSON_COMPACT);
+    servd_buf_puts(b, s ? s : "null");
+    free(s);
+  } else {
+    servd_buf_puts(b, "null");
+  }
+  servd_buf_puts(b, ",\"finish_reason\":");
+  if (finish) servd_buf_json_str(b, finish, strlen(finish));
+  else servd_buf_puts(b, "null");
+  servd_buf_puts(b, "}]}\n\n");
+  if (b->oom) return -1;
+  return servd_http_stream_write(o->req, b->data, b->len);
+}
+
+static int sse_raw(oai *o, const char *s, size_t n) { return servd_http_stream_write(o->req, s, n); }
+
+static void stream_finish(oai *o) {
+  if (o->include_usage) {
+    servd_buf *b = &o->sse;
+    servd_buf_clear(b);
+    sse_head(o, b);
+    json_t *u = usage_json(o);
+    char *s = json_dumps(u, JSON_COMPACT);
+    json_decref(u);
+    servd_buf_printf(b, ",\"choices\":[],\"usage\":%s}\n\n", s ? s : "null");
+    free(s);
+    if (sse_raw(o, b->data, b->len) != 0) return; /* aborted: o->req is NULL now */
+  }
+  if (sse_raw(o, "data: [DONE]\n\n", 14) != 0) return;
+  servd_http_req *r = o->req;
+  o->req = NULL;
+  r->on_abort = NULL;
+  servd_http_stream_end(r);
+}
+
+/* ---- completion ------------------------------------------------------------------------------- */
+
+static void respond_full(oai *o) {
+  bool chat = o->mode == OAI_CHAT;
+  for (int i = 0; i < o->n_gens; i++)
+    if (o->gens[i].error) {
+      /* Parameters were checked at submit: a failure while generating is the server's or the model's. */
+      int code = o->gens[i].error_code;
+      int st = code == SERVD_EBUSY ? 429 : code == SERVD_ETIMEDOUT ? 504 : code == SERVD_ECANCELED ? 503 : 500;
+      oai_error(o, st, st == 429 ? "rate_limit_error" : "server_error", NULL, "%s", o->gens[i].error);
+      return;
+    }
+  json_t *choices = json_array();
+  for (int i = 0; i < o->n_gens; i++) {
+    gen *g = &o->gens[i];
+    json_t *text = json_text(g->text.data ? g->text.data : "", g->text.len);
+    json_t *lp = g->lp ? json_incref(g->lp) : json_null();
+    json_t *c;
+    if (chat)
+      c = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", g->index, "message", "role", "assistant", "content",
+                    text, "logprobs", lp, "finish_reason", g->finish);
+    else
+      c = json_pack("{s:i, s:o, s:o, s:s}", "index", g->index, "text", text, "logprobs", lp, "finish_reason",
+                    g->finish);
+    json_array_append_new(choices, c);
+  }
+  json_t *resp = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", o->id, "object",
+                           chat ? "chat.completion" : "text_completion", "created", (json_int_t)o->created, "model",
+                           o->model_name, "choices", choices, "usage", usage_json(o));
+  servd_http_req *r = o->req;
+  o->req = NULL;
+  r->on_abort = NULL;
+  api_json(r, 200, resp);
+}
+
+/* Engine text is raw bytes; JSON needs valid UTF-8, so the bytes go through the escaper first. */
+static void append_text(gen *g, const char *s, size_t n) { servd_buf_append(&g->text, s, n); }
+
+void api_oai_event(servd_api *a, api_event *ev) {
+  gen *g = ev->g;
+  oai *o = g->owner;
+  api_model *am = g->am;
+  (void)a;
+  if (ev->kind == SERVD_EVENT_TOKEN) {
+    if (!g->t_first) {
+      g->t_first = ev->t_ns;
+      api_hist_observe(&am->ttft, (double)(ev->t_ns - o->t_start) / 1e9);
+    } else {
+      api_hist_observe(&am->itl, (double)(ev->t_ns - g->t_last) / 1e9);
+    }
+    g->t_last = ev->t_ns;
+    if (!o->req) return;
+    /* token -1: text held back by the engine (stop strings, UTF-8) and released at the end. */
+    bool want_lp = o->logprobs >= 0 && ev->token >= 0;
+    if (o->stream) {
+      if (ev->text_len == 0 && !want_lp) return;
+      json_t *lp = NULL;
+      if (want_lp) {
+        if (o->mode == OAI_CHAT) {
+          lp = json_pack("{s:[o]}", "content", chat_lp_entry(o, ev));
+        } else {
+          lp = compl_lp_new();
+          compl_lp_append(o, lp, ev, g->text_offset);
+        }
+      }
+      g->text_offset += ev->text_len;
+      sse_choice(o, g, ev->text ? ev->text : "", ev->text_len, lp, NULL);
+      json_decref(lp);
+      return;
+    }
+    if (want_lp) {
+      if (!g->lp) g->lp = o->mode == OAI_CHAT ? json_pack("{s:[]}", "content") : compl_lp_new();
+      if (o->mode == OAI_CHAT) json_array_append_new(json_object_get(g->lp, "content"), chat_lp_entry(o, ev));
+      else compl_lp_append(o, g->lp, ev, g->text_offset);
+    }
+    g->text_offset += ev->text_len;
+    if (ev->text_len) append_text(g, ev->text, ev->text_len);
+    return;
+  }
+
+  /* Final event. */
+  if (ev->kind == SERVD_EVENT_ERROR) {
+    g->error = strdup(ev->error[0] ? ev->error : "the model failed");
+    g->error_code = ev->error_code;
+    snprintf(g->finish, sizeof g->finish, "error");
+  } else {
+    snprintf(g->finish, sizeof g->finish, "%s", ev->finish[0] ? ev->finish : "stop");
+  }
+  if (ev->completion_tokens > 0) g->completion_tokens = ev->completion_tokens;
+  if (ev->prompt_tokens > 0) g->prompt_tokens = ev->prompt_tokens;
+  api_hist_observe(&am->e2e, (double)(ev->t_ns - o->t_start) / 1e9);
+  if (g->r) a->ops->release(g->r);
+  g->r = NULL;
+  gen_unlink(a, g);
+  if (o->req && o->stream) {
+    if (g->error) {
+      servd_buf *b = &o->sse;
+      servd_buf_clear(b);
+      servd_buf_puts(b, "data: {\"error\":{\"message\":");
+      servd_buf_json_str(b, g->error, strlen(g->error));
+      servd_buf_puts(b, ",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\n");
+      sse_raw(o, b->data, b->len);
+    } else {
+      sse_choice(o, g, o->mode == OAI_CHAT ? NULL : "", 0, NULL, g->finish);
+    }
+  }
+  g->done = true;
+  o->n_done++;
+  if (o->n_done == o->n_submitted && !o->work_pending && o->req) {
+    if (o->stream) stream_finish(o);
+    else respond_full(o);
+  }
+  oai_maybe_free(o);
+}
+
+/* ---- preparing prompts on a worker thread ----------------------------------------------------- */
+
+static void prep_work(uv_work_t *w) {
+  oai *o = w->data;
+  servd_api *a = o->a;
+  servd_model *m = o->am->m;
+  int rc = 0;
+  if (o->mode == OAI_DETOKENIZE) {
+    oai_prompt *p = &o->prompts[0];
+    if (p->n_ids == 0) {
+      o->detok_text = strdup("");
+    } else if ((rc = a->ops->detokenize(m, p->ids, p->n_ids, &o->detok_text)) != 0) {
+      o->err_rc = rc;
+      snprintf(o->err, sizeof o->err, "detokenize: %s", servd_last_error());
+    }
+    return;
+  }
+  if (o->messages) {
+    char *text = NULL;
+    rc = a->ops->apply_chat_template(m, o->messages, o->add_generation_prompt, &text);
+    if (rc != 0) {
+      o->err_rc = rc;
+      snprintf(o->err, sizeof o->err, "chat template: %s", servd_last_error());
+      free(text);
+      return;
+    }
+    o->prompts[0].text = NULL;
+    rc = a->ops->tokenize(m, text, strlen(text), o->add_special, &o->prompts[0].ids, &o->prompts[0].n_ids);
+    free(text);
+    if (rc != 0) {
+      o->err_rc = rc;
+      snprintf(o->err, sizeof o->err, "tokenize: %s", servd_last_error());
+    }
+    return;
+  }
+  for (int i = 0; i < o->n_prompts; i++) {
+    oai_prompt *p = &o->prompts[i];
+    if (!p->text) continue;
+    rc = a->ops->tokenize(m, p->text, strlen(p->text), o->add_special, &p->ids, &p->n_ids);
+    if (rc != 0) {
+      o->err_rc = rc;
+      snprintf(o->err, sizeof o->err, "tokenize prompt %d: %s", i, servd_last_error());
+      return;
+    }
+  }
+}
+
+static void start_generation(oai *o) {
+  servd_api *a = o->a;
+  api_model *am = o->am;
+  if (am->state != M_READY || a->draining) {
+    oai_error(o, 503, "server_error", "service_unavailable", "%s", "the model is not available (loading, unloading or "
+                                                                     "the server is draining)");
+    return;
+  }
+  int ctx = a->ops->context_length(am->m);
+  for (int i = 0; i < o->n_prompts; i++) {
+    int np = o->prompts[i].n_ids;
+    long long need = (long long)np + (o->gp.max_tokens > 0 ? o->gp.max_tokens : 1);
+    if (np == 0) {
+      oai_error(o, 400, "invalid_request_error", NULL, "%s", "the prompt is empty after tokenization");
+      return;
+    }
+    if (ctx > 0 && need > ctx) {
+      char msg[512];
+      snprintf(msg, sizeof msg,
+               "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in the "
+               "prompt, %d for the completion). Please reduce the prompt or max_tokens.",
+               ctx, need, np, o->gp.max_tokens > 0 ? o->gp.max_tokens : 1);
+      oai_error(o, 400, "invalid_request_error", NULL, "%s", msg);
+      return;
+    }
+  }
+  o->n_gens = o->n_prompts * o->n;
+  o->gens = calloc((size_t)o->n_gens, sizeof(gen));
+  if (!o->gens) {
+    oai_error(o, 500, "server_error", NULL, "%s", "out of memory");
+    return;
+  }
+  /* Everything is queued before the response starts, so a full queue is still a plain 429. Events
+   * cannot overtake: they reach this request through the loop, after this function returns. */
+  for (int i = 0; i < o->n_gens; i++) {
+    gen *g = &o->gens[i];
+    g->api = a;
+    g->owner = o;
+    g->am = am;
+    g->index = i;
+    g->t_submit = api_now_ns();
+    oai_prompt *p = &o->prompts[i / o->n];
+    servd_gen_params gp = o->gp;
+    if (gp.has_seed) gp.seed += (uint64_t)i; /* n samples from one seed must differ, reproducibly */
+    int rc = a->ops->submit(am->m, p->ids, p->n_ids, &gp, api_engine_cb, g, &g->r);
+    if (rc != 0) {
+      char msg[768];
+      if (rc == SERVD_EBUSY)
+        snprintf(msg, sizeof msg, "the server is at capacity for model '%s': queue full; retry later", am->name);
+      else snprintf(msg, sizeof msg, "%s", servd_last_error());
+      /* Choices already queued are cancelled; o lives until their final events. */
+      for (int k = 0; k < o->n_submitted; k++)
+        if (o->gens[k].r) a->ops->cancel(o->gens[k].r);
+      oai_error_rc(o, rc, msg);
+      return;
+    }
+    g->next = a->gens;
+    if (a->gens) a->gens->prev = g;
+    a->gens = g;
+    o->n_submitted++;
+  }
+  if (o->stream) servd_http_stream_begin(o->req, 200, "text/event-stream");
+  if (o->stream && o->mode == OAI_CHAT) {
+    /* The first chunk of each choice carries the role, as OpenAI's does. */
+    for (int i = 0; i < o->n_gens && o->req; i++) {
+      gen *g = &o->gens[i];
+      servd_buf *b = &o->sse;
+      servd_buf_clear(b);
+      sse_head(o, b);
+      servd_buf_printf(b, ",\"choices\":[{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                          "\"logprobs\":null,\"finish_reason\":null}]}\n\n", g->index);
+      g->role_sent = true;
+      if (sse_raw(o, b->data, b->len) != 0) return;
+    }
+  }
+}
+
+static void respond_tokens(oai *o) {
+  servd_api *a = o->a;
+  if (o->mode == OAI_DETOKENIZE) {
+    json_t *t = json_text(o->detok_text ? o->detok_text : "", o->detok_text ? strlen(o->detok_text) : 0);
+    servd_http_req *r = o->req;
+    o->req = NULL;
+    r->on_abort = NULL;
+    api_json(r, 200, json_pack("{s:o}", "prompt", t));
+    return;
+  }
+  oai_prompt *p = &o->prompts[0];
+  json_t *ids = json_array();
+  for (int i = 0; i < p->n_ids; i++) json_array_append_new(ids, json_integer(p->ids[i]));
+  servd_http_req *r = o->req;
+  o->req = NULL;
+  r->on_abort = NULL;
+  api_json(r, 200, json_pack("{s:i, s:i, s:o}", "count", p->n_ids, "max_model_len",
+                             a->ops->context_length(o->am->m), "tokens", ids));
+}
+
+static void prep_after(uv_work_t *w, int status) {
+  (void)status;
+  oai *o = w->data;
+  free(w);
+  o->a->works--;
+  o->work_pending = false;
+  if (!o->req) {
+    oai_maybe_free(o);
+    return;
+  }
+  if (o->err_rc) oai_error_rc(o, o->err_rc, o->err);
+  else if (o->mode == OAI_TOKENIZE || o->mode == OAI_DETOKENIZE) respond_tokens(o);
+  else start_generation(o);
+  oai_maybe_free(o);
+}
+
+/* ---- entry points ----------------------------------------------------------------------------- */
+
+static void make_id(servd_api *a, const char *prefix, char *out, size_t cap) {
+  uint64_t x = api_now_ns() ^ ((uint64_t)++a->id_seq * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(uintptr_t)a << 7);
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  snprintf(out, cap, "%s%016" PRIx64 "%08" PRIx64, prefix, x, a->id_seq);
+}
+
+/* Resolves 'model'; responds (and returns NULL) when it is missing, unknown or not serving. */
+static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, bool need_lm) {
+  json_t *jm = json_object_get(body, "model");
+  api_model *am = NULL;
+  if (!jm || json_is_null(jm)) {
+    int n = 0;
+    for (api_model *x = a->models; x; x = x->next) {
+      if (x->state != M_UNAVAILABLE) {
+        am = x;
+        n++;
+      }
+    }
+    if (n != 1) {
+      api_oai_error(r, 400, "invalid_request_error", "model", NULL,
+                    "'model' is required when the server serves %d models", n);
+      return NULL;
+    }
+  } else if (!json_is_string(jm)) {
+    api_oai_error(r, 400, "invalid_request_error", "model", NULL, "'model' must be a string");
+    return NULL;
+  } else {
+    am = api_model_find(a, json_string_value(jm));
+    if (!am) {
+      api_oai_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                    "The model `%s` does not exist.", json_string_value(jm));
+      return NULL;
+    }
+  }
+  r->model = am->name;
+  if (am->state == M_UNAVAILABLE) {
+    api_oai_error(r, 404, "invalid_request_error", "model", "model_not_found", "The model `%s` is not loaded.",
+                  am->name);
+    return NULL;
+  }
+  if (am->state != M_READY || a->draining) {
+    api_oai_error(r, 503, "server_error", NULL, "service_unavailable", "The model `%s` is %s; retry later.",
+                  am->name, am->state == M_LOADING ? "loading" : a->draining ? "draining" : "unloading");
+    return NULL;
+  }
+  if (need_lm && a->ops->kind(am->m) != SERVD_MODEL_CAUSAL_LM) {
+    api_oai_error(r, 400, "invalid_request_error", "model", NULL,
+                  "The model `%s` is not a language model; call /v2/models/%s/infer", am->name, am->name);
+    return NULL;
+  }
+  return am;
+}
+
+static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
+  json_error_t jerr;
+  /* The body is parsed as JSON whatever Content-Type says: curl -d sends form encoding by default. */
+  json_t *body = json_loadb(r->body, r->body_len, JSON_REJECT_DUPLICATES, &jerr);
+  if (!body) {
+    api_oai_error(r, 400, "invalid_request_error", NULL, NULL, "malformed JSON in the request body: %s (line %d, "
+                  "column %d)", jerr.text, jerr.line, jerr.column);
+    return;
+  }
+  if (!json_is_object(body)) {
+    json_decref(body);
+    api_oai_error(r, 400, "invalid_request_error", NULL, NULL, "the request body must be a JSON object");
+    return;
+  }
+  api_model *am = resolve_model(a, r, body, true);
+  if (!am) {
+    json_decref(body);
+    return;
+  }
+  oai *o = calloc(1, sizeof(*o));
+  servd_arena *arena = servd_arena_create(4096);
+  uv_work_t *w = malloc(sizeof(*w));
+  if (!o || !arena || !w) {
+    free(o);
+    free(w);
+    servd_arena_destroy(arena);
+    json_decref(body);
+    api_oai_error(r, 500, "server_error", NULL, NULL, "out of memory");
+    return;
+  }
+  o->a = a;
+  o->mode = mode;
+  o->arena = arena;
+  o->t_start = r->start_ns;
+  o->created = (int64_t)time(NULL);
+  o->model_name = servd_arena_strdup(arena, am->name);
+  make_id(a, mode == OAI_CHAT ? "chatcmpl-" : "cmpl-", o->id, sizeof o->id);
+  if (!oai_parse(a, r, o, body)) {
+    json_decref(body);
+    free(w);
+    oai_free(o);
+    return;
+  }
+  json_decref(body);
+  o->am = am;
+  am->inflight++;
+  a->inflight++;
+  o->req = r;
+  r->ctx = o;
+  r->on_abort = on_abort;
+  w->data = o;
+  o->work_pending = true;
+  if (uv_queue_work(a->loop, w, prep_work, prep_after) != 0) {
+    free(w);
+    o->work_pending = false;
+    oai_error(o, 500, "server_error", NULL, "%s", "cannot queue work");
+    oai_maybe_free(o);
+    return;
+  }
+  a->works++;
+}
+
+void api_oai_completions(servd_api *a, servd_http_req *r, bool chat) { handle(a, r, chat ? OAI_CHAT : OAI_COMPLETIONS); }
+void api_oai_tokenize(servd_api *a, servd_http_req *r) { handle(a, r, OAI_TOKENIZE); }
+void api_oai_detokenize(servd_api *a, servd_http_req *r) { handle(a, r, OAI_DETOKENIZE); }
+
+void api_oai_models(servd_api *a, servd_http_req *r) {
+  json_t *data = json_array();
+  for (api_model *am = a->models; am; am = am->next) {
+    if (am->state != M_READY) continue;
+    json_t *e = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", am->name, "object", "model", "created",
+                          (json_int_t)am->created, "owned_by", "servd", "root", am->name);
+    if (a->ops->kind(am->m) == SERVD_MODEL_CAUSAL_LM)
+      json_object_set_new(e, "max_model_len", json_integer(a->ops->context_length(am->m)));
+    json_array_append_new(data, e);
+  }
+  api_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}

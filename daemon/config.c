@@ -1,0 +1,410 @@
+#include "config.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "servd/status.h"
+
+void servd_config_init(servd_config *c) {
+  memset(c, 0, sizeof(*c));
+  c->host = strdup("127.0.0.1");
+  c->port = 8000;
+  c->tp = 1;
+  c->interpreters = 1;
+  c->max_queue = 256;
+  c->access_log = SERVD_ACCESS_LOG_TEXT;
+  c->drain_timeout_s = 30;
+  c->read_timeout_s = 30;
+  c->idle_timeout_s = 60;
+  c->max_body_bytes = 8u << 20;
+  c->max_header_bytes = 16u << 10;
+  c->max_connections = 4096;
+  c->max_n = 16;
+}
+
+void servd_config_free(servd_config *c) {
+  if (!c) return;
+  free(c->host);
+  free(c->api_key);
+  for (int i = 0; i < c->n_repository; i++) free(c->repository[i]);
+  free(c->repository);
+  for (int i = 0; i < c->n_models; i++) {
+    free(c->models[i].path);
+    free(c->models[i].name);
+  }
+  free(c->models);
+  memset(c, 0, sizeof(*c));
+}
+
+static int set_str(char **dst, const char *v) {
+  char *s = strdup(v);
+  if (!s) return servd_fail(SERVD_ENOMEM, "config: out of memory");
+  free(*dst);
+  *dst = s;
+  return 0;
+}
+
+static int add_repository(servd_config *c, const char *dir) {
+  char **r = realloc(c->repository, (size_t)(c->n_repository + 1) * sizeof(char *));
+  if (!r) return servd_fail(SERVD_ENOMEM, "config: out of memory");
+  c->repository = r;
+  if (!(r[c->n_repository] = strdup(dir))) return servd_fail(SERVD_ENOMEM, "config: out of memory");
+  c->n_repository++;
+  return 0;
+}
+
+static servd_model_config *add_model(servd_config *c) {
+  servd_model_config *m = realloc(c->models, (size_t)(c->n_models + 1) * sizeof(*m));
+  if (!m) return NULL;
+  c->models = m;
+  memset(&m[c->n_models], 0, sizeof(*m));
+  return &m[c->n_models++];
+}
+
+/* "PATH[:NAME]": NAME is what follows the last ':' when it holds no '/'. */
+static int add_model_spec(servd_config *c, const char *spec) {
+  if (!spec[0]) return servd_fail(SERVD_EINVAL, "--model: expected PATH[:NAME], got an empty string");
+  servd_model_config *m = add_model(c);
+  if (!m) return servd_fail(SERVD_ENOMEM, "config: out of memory");
+  const char *colon = strrchr(spec, ':');
+  if (colon && !strchr(colon, '/') && colon[1]) {
+    m->path = strndup(spec, (size_t)(colon - spec));
+    m->name = strdup(colon + 1);
+    if (!m->name) return servd_fail(SERVD_ENOMEM, "config: out of memory");
+  } else {
+    m->path = strdup(spec);
+  }
+  if (!m->path) return servd_fail(SERVD_ENOMEM, "config: out of memory");
+  if (!m->path[0]) return servd_fail(SERVD_EINVAL, "--model '%s': the package path is empty", spec);
+  return 0;
+}
+
+static int parse_int(const char *what, const char *v, long lo, long hi, int *out) {
+  char *end;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi)
+    return servd_fail(SERVD_EINVAL, "%s: expected an integer in [%ld, %ld], got '%s'", what, lo, hi, v);
+  *out = (int)x;
+  return 0;
+}
+
+static int parse_double(const char *what, const char *v, double lo, double hi, double *out) {
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || *end || !(x >= lo && x <= hi))
+    return servd_fail(SERVD_EINVAL, "%s: expected a number in [%g, %g], got '%s'", what, lo, hi, v);
+  *out = x;
+  return 0;
+}
+
+static int parse_access_log(const char *what, const char *v, int *out) {
+  if (strcmp(v, "text") == 0) *out = SERVD_ACCESS_LOG_TEXT;
+  else if (strcmp(v, "json") == 0) *out = SERVD_ACCESS_LOG_JSON;
+  else if (strcmp(v, "off") == 0) *out = SERVD_ACCESS_LOG_OFF;
+  else return servd_fail(SERVD_EINVAL, "%s: expected text, json or off, got '%s'", what, v);
+  return 0;
+}
+
+/* ---- JSON file -------------------------------------------------------------------------------- */
+
+typedef struct jctx {
+  const char *file;
+} jctx;
+
+static int j_int(jctx *x, json_t *obj, const char *key, long lo, long hi, int *out) {
+  json_t *v = json_object_get(obj, key);
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+    return servd_fail(SERVD_EINVAL, "config %s: '%s' must be an integer in [%ld, %ld]", x->file, key, lo, hi);
+  *out = (int)json_integer_value(v);
+  return 0;
+}
+
+static int j_num(jctx *x, json_t *obj, const char *key, double lo, double hi, double *out) {
+  json_t *v = json_object_get(obj, key);
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_number(v) || json_number_value(v) < lo || json_number_value(v) > hi)
+    return servd_fail(SERVD_EINVAL, "config %s: '%s' must be a number in [%g, %g]", x->file, key, lo, hi);
+  *out = json_number_value(v);
+  return 0;
+}
+
+static int j_str(jctx *x, json_t *obj, const char *key, char **out) {
+  json_t *v = json_object_get(obj, key);
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_string(v)) return servd_fail(SERVD_EINVAL, "config %s: '%s' must be a string", x->file, key);
+  return set_str(out, json_string_value(v));
+}
+
+static int check_keys(jctx *x, json_t *obj, const char *where, const char *const *allowed) {
+  const char *key;
+  json_t *v;
+  json_object_foreach(obj, key, v) {
+    bool ok = false;
+    for (const char *const *a = allowed; *a && !ok; a++) ok = strcmp(*a, key) == 0;
+    if (!ok) return servd_fail(SERVD_EINVAL, "config %s: unknown key '%s' in %s", x->file, key, where);
+  }
+  return 0;
+}
+
+static int load_model_entry(jctx *x, servd_config *c, json_t *e, size_t i) {
+  static const char *const keys[] = {"path", "name", "interpreters", "tp", "max_queue", "max_batch_tokens",
+                                     "max_seqs", "kv_blocks", "block_size", "max_batch_size", "max_batch_delay_ms",
+                                     NULL};
+  char where[32];
+  snprintf(where, sizeof where, "models[%zu]", i);
+  if (!json_is_object(e)) return servd_fail(SERVD_EINVAL, "config %s: %s must be an object", x->file, where);
+  int rc = check_keys(x, e, where, keys);
+  if (rc) return rc;
+  json_t *p = json_object_get(e, "path");
+  if (!json_is_string(p) || !json_string_length(p))
+    return servd_fail(SERVD_EINVAL, "config %s: %s.path must be a package file path", x->file, where);
+  servd_model_config *m = add_model(c);
+  if (!m) return servd_fail(SERVD_ENOMEM, "config: out of memory");
+  if ((rc = j_str(x, e, "path", &m->path)) || (rc = j_str(x, e, "name", &m->name)) ||
+      (rc = j_int(x, e, "interpreters", 1, 15, &m->interpreters)) || (rc = j_int(x, e, "tp", 1, 64, &m->tp)) ||
+      (rc = j_int(x, e, "max_queue", 1, 1 << 20, &m->max_queue)) ||
+      (rc = j_int(x, e, "max_batch_tokens", 1, 1 << 20, &m->max_batch_tokens)) ||
+      (rc = j_int(x, e, "max_seqs", 1, 4096, &m->max_seqs)) ||
+      (rc = j_int(x, e, "kv_blocks", 1, 1 << 24, &m->kv_blocks)) ||
+      (rc = j_int(x, e, "block_size", 1, 1024, &m->block_size)) ||
+      (rc = j_int(x, e, "max_batch_size", 1, 4096, &m->max_batch_size)) ||
+      (rc = j_int(x, e, "max_batch_delay_ms", 0, 60000, &m->max_batch_delay_ms)))
+    return rc;
+  return 0;
+}
+
+int servd_config_load_file(servd_config *c, const char *path) {
+  static const char *const keys[] = {"host", "port", "threads", "gpus", "tp", "interpreters", "max_queue",
+                                     "max_batch_tokens", "max_seqs", "kv_blocks", "block_size", "api_key",
+                                     "access_log", "drain_timeout", "request_timeout", "read_timeout",
+                                     "idle_timeout", "max_body_bytes", "max_header_bytes", "max_connections", "max_n",
+                                     "model_repository", "models", NULL};
+  json_error_t err;
+  json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+  if (!root)
+    return servd_fail(SERVD_EFORMAT, "config %s: %s (line %d, column %d)", path, err.text, err.line, err.column);
+  jctx x = {path};
+  int rc = 0;
+  double body = (double)c->max_body_bytes, hdr = (double)c->max_header_bytes;
+  if (!json_is_object(root)) {
+    rc = servd_fail(SERVD_EINVAL, "config %s: the top level must be an object", path);
+    goto out;
+  }
+  if ((rc = check_keys(&x, root, "the top level", keys))) goto out;
+  if ((rc = j_str(&x, root, "host", &c->host)) || (rc = j_int(&x, root, "port", 0, 65535, &c->port)) ||
+      (rc = j_int(&x, root, "threads", 0, 4096, &c->threads)) || (rc = j_int(&x, root, "gpus", 0, 1024, &c->gpus)) ||
+      (rc = j_int(&x, root, "tp", 1, 64, &c->tp)) || (rc = j_int(&x, root, "interpreters", 1, 15, &c->interpreters)) ||
+      (rc = j_int(&x, root, "max_queue", 1, 1 << 20, &c->max_queue)) ||
+      (rc = j_int(&x, root, "max_batch_tokens", 1, 1 << 20, &c->max_batch_tokens)) ||
+      (rc = j_int(&x, root, "max_seqs", 1, 4096, &c->max_seqs)) ||
+      (rc = j_int(&x, root, "kv_blocks", 1, 1 << 24, &c->kv_blocks)) ||
+      (rc = j_int(&x, root, "block_size", 1, 1024, &c->block_size)) ||
+      (rc = j_str(&x, root, "api_key", &c->api_key)) ||
+      (rc = j_num(&x, root, "drain_timeout", 0, 86400, &c->drain_timeout_s)) ||
+      (rc = j_num(&x, root, "request_timeout", 0, 86400, &c->request_timeout_s)) ||
+      (rc = j_num(&x, root, "read_timeout", 0.001, 3600, &c->read_timeout_s)) ||
+      (rc = j_num(&x, root, "idle_timeout", 0.001, 86400, &c->idle_timeout_s)) ||
+      (rc = j_num(&x, root, "max_body_bytes", 1024, 1ull << 32, &body)) ||
+      (rc = j_num(&x, root, "max_header_bytes", 1024, 1 << 20, &hdr)) ||
+      (rc = j_int(&x, root, "max_connections", 1, 1 << 20, &c->max_connections)) ||
+      (rc = j_int(&x, root, "max_n", 1, 256, &c->max_n)))
+    goto out;
+  c->max_body_bytes = (size_t)body;
+  c->max_header_bytes = (size_t)hdr;
+  json_t *al = json_object_get(root, "access_log");
+  if (al && !json_is_null(al)) {
+    if (!json_is_string(al)) {
+      rc = servd_fail(SERVD_EINVAL, "config %s: 'access_log' must be \"text\", \"json\" or \"off\"", path);
+      goto out;
+    }
+    if ((rc = parse_access_log("config access_log", json_string_value(al), &c->access_log))) goto out;
+  }
+  json_t *repo = json_object_get(root, "model_repository");
+  if (repo && !json_is_null(repo)) {
+    if (json_is_string(repo)) {
+      if ((rc = add_repository(c, json_string_value(repo)))) goto out;
+    } else if (json_is_array(repo)) {
+      for (size_t i = 0; i < json_array_size(repo); i++) {
+        json_t *d = json_array_get(repo, i);
+        if (!json_is_string(d)) {
+          rc = servd_fail(SERVD_EINVAL, "config %s: model_repository[%zu] must be a directory path", path, i);
+          goto out;
+        }
+        if ((rc = add_repository(c, json_string_value(d)))) goto out;
+      }
+    } else {
+      rc = servd_fail(SERVD_EINVAL, "config %s: 'model_repository' must be a directory or a list of them", path);
+      goto out;
+    }
+  }
+  json_t *models = json_object_get(root, "models");
+  if (models && !json_is_null(models)) {
+    if (!json_is_array(models)) {
+      rc = servd_fail(SERVD_EINVAL, "config %s: 'models' must be a list", path);
+      goto out;
+    }
+    for (size_t i = 0; i < json_array_size(models); i++)
+      if ((rc = load_model_entry(&x, c, json_array_get(models, i), i))) goto out;
+  }
+out:
+  json_decref(root);
+  return rc;
+}
+
+/* ---- flags ------------------------------------------------------------------------------------ */
+
+void servd_config_usage(FILE *f) {
+  fputs("usage: servd [serve] [options]\n"
+        "       servd generate ...   (run a model from the command line; see servd generate --help)\n"
+        "\n"
+        "  --model PATH[:NAME]     serve the package at PATH (as NAME); repeat for several models\n"
+        "  --config FILE           JSON config file (flags given on the command line win)\n"
+        "  --host ADDR             address to listen on (default 127.0.0.1)\n"
+        "  --port N                port (default 8000; 0 picks a free port)\n"
+        "  --interpreters N        interpreters per generic model (default 1, at most 15)\n"
+        "  --threads N             compute threads (default: all online CPUs)\n"
+        "  --gpus N                GPUs required (default 0: CPU backend)\n"
+        "  --tp N                  tensor-parallel ranks per language model (default 1)\n"
+        "  --max-queue N           waiting requests per model before 429 (default 256)\n"
+        "  --max-seqs N            running sequences per language model\n"
+        "  --max-batch-tokens N    token budget per scheduler step\n"
+        "  --kv-blocks N           KV cache blocks per language model\n"
+        "  --api-key KEY           require 'Authorization: Bearer KEY' (or set SERVD_API_KEY)\n"
+        "  --access-log FMT        text, json or off (default text, to stderr)\n"
+        "  --drain-timeout S       on SIGTERM, let requests finish for S seconds (default 30)\n"
+        "  --request-timeout S     default per-request deadline (default none)\n"
+        "  --model-repository DIR  directory of packages for POST /v2/repository/models/NAME/load\n"
+        "  --max-body-bytes N      largest request body (default 8388608)\n"
+        "  --help, --version\n",
+        f);
+}
+
+static const char *flag_value(int argc, char **argv, int *i, const char *flag, bool *err) {
+  const char *a = argv[*i];
+  size_t n = strlen(flag);
+  if (a[n] == '=') return a + n + 1;
+  if (*i + 1 >= argc) {
+    servd_fail(SERVD_EINVAL, "%s: a value is required", flag);
+    *err = true;
+    return NULL;
+  }
+  return argv[++*i];
+}
+
+static bool flag_is(const char *arg, const char *flag) {
+  size_t n = strlen(flag);
+  return strncmp(arg, flag, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
+}
+
+int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_now) {
+  *exit_now = false;
+  int rc;
+  bool err = false;
+  /* The file first, so that flags override it wherever --config appears. */
+  for (int i = 1; i < argc; i++) {
+    if (flag_is(argv[i], "--config")) {
+      const char *v = flag_value(argc, argv, &i, "--config", &err);
+      if (err) return SERVD_EINVAL;
+      if ((rc = servd_config_load_file(c, v))) return rc;
+    }
+  }
+  const char *env_key = getenv("SERVD_API_KEY");
+  if (env_key && env_key[0] && (rc = set_str(&c->api_key, env_key))) return rc;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = NULL;
+    double d = 0;
+#define VAL(flag)                                   \
+  (v = flag_value(argc, argv, &i, flag, &err), err ? SERVD_EINVAL : 0)
+    if (strcmp(a, "serve") == 0 && i == 1) continue;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      servd_config_usage(stdout);
+      *exit_now = true;
+      return 0;
+    }
+    if (strcmp(a, "--version") == 0) {
+      printf("servd 0.1.0\n");
+      *exit_now = true;
+      return 0;
+    }
+    if (flag_is(a, "--config")) {
+      if ((rc = VAL("--config"))) return rc;
+    } else if (flag_is(a, "--model")) {
+      if ((rc = VAL("--model")) || (rc = add_model_spec(c, v))) return rc;
+    } else if (flag_is(a, "--host")) {
+      if ((rc = VAL("--host")) || (rc = set_str(&c->host, v))) return rc;
+    } else if (flag_is(a, "--port")) {
+      if ((rc = VAL("--port")) || (rc = parse_int("--port", v, 0, 65535, &c->port))) return rc;
+    } else if (flag_is(a, "--interpreters")) {
+      if ((rc = VAL("--interpreters")) || (rc = parse_int("--interpreters", v, 1, 15, &c->interpreters))) return rc;
+    } else if (flag_is(a, "--threads")) {
+      if ((rc = VAL("--threads")) || (rc = parse_int("--threads", v, 0, 4096, &c->threads))) return rc;
+    } else if (flag_is(a, "--gpus")) {
+      if ((rc = VAL("--gpus")) || (rc = parse_int("--gpus", v, 0, 1024, &c->gpus))) return rc;
+    } else if (flag_is(a, "--tp")) {
+      if ((rc = VAL("--tp")) || (rc = parse_int("--tp", v, 1, 64, &c->tp))) return rc;
+    } else if (flag_is(a, "--max-queue")) {
+      if ((rc = VAL("--max-queue")) || (rc = parse_int("--max-queue", v, 1, 1 << 20, &c->max_queue))) return rc;
+    } else if (flag_is(a, "--max-seqs")) {
+      if ((rc = VAL("--max-seqs")) || (rc = parse_int("--max-seqs", v, 1, 4096, &c->max_seqs))) return rc;
+    } else if (flag_is(a, "--max-batch-tokens")) {
+      if ((rc = VAL("--max-batch-tokens")) ||
+          (rc = parse_int("--max-batch-tokens", v, 1, 1 << 20, &c->max_batch_tokens)))
+        return rc;
+    } else if (flag_is(a, "--kv-blocks")) {
+      if ((rc = VAL("--kv-blocks")) || (rc = parse_int("--kv-blocks", v, 1, 1 << 24, &c->kv_blocks))) return rc;
+    } else if (flag_is(a, "--api-key")) {
+      if ((rc = VAL("--api-key")) || (rc = set_str(&c->api_key, v))) return rc;
+    } else if (flag_is(a, "--access-log")) {
+      if ((rc = VAL("--access-log")) || (rc = parse_access_log("--access-log", v, &c->access_log))) return rc;
+    } else if (flag_is(a, "--drain-timeout")) {
+      if ((rc = VAL("--drain-timeout")) || (rc = parse_double("--drain-timeout", v, 0, 86400, &c->drain_timeout_s)))
+        return rc;
+    } else if (flag_is(a, "--request-timeout")) {
+      if ((rc = VAL("--request-timeout")) ||
+          (rc = parse_double("--request-timeout", v, 0, 86400, &c->request_timeout_s)))
+        return rc;
+    } else if (flag_is(a, "--model-repository")) {
+      if ((rc = VAL("--model-repository")) || (rc = add_repository(c, v))) return rc;
+    } else if (flag_is(a, "--max-body-bytes")) {
+      if ((rc = VAL("--max-body-bytes")) || (rc = parse_double("--max-body-bytes", v, 1024, 4294967296.0, &d)))
+        return rc;
+      c->max_body_bytes = (size_t)d;
+    } else {
+      return servd_fail(SERVD_EINVAL, "unknown argument '%s' (see servd --help)", a);
+    }
+#undef VAL
+  }
+  for (int i = 0; i < c->n_models; i++)
+    for (int k = 0; k < i; k++)
+      if (c->models[i].name && c->models[k].name && strcmp(c->models[i].name, c->models[k].name) == 0)
+        return servd_fail(SERVD_EINVAL, "two models are named '%s'", c->models[i].name);
+  return 0;
+}
+
+void servd_config_model_options(const servd_config *c, int i, servd_model_options *o) {
+  const servd_model_config *m = &c->models[i];
+  servd_model_options_default(o);
+  o->path = m->path;
+  o->name = m->name;
+#define PICK(field, global)      \
+  if (m->field > 0) o->field = m->field; \
+  else if ((global) > 0) o->field = (global);
+  PICK(interpreters, c->interpreters)
+  PICK(tp, c->tp)
+  PICK(max_queue, c->max_queue)
+  PICK(max_batch_tokens, c->max_batch_tokens)
+  PICK(max_seqs, c->max_seqs)
+  PICK(kv_blocks, c->kv_blocks)
+  PICK(block_size, c->block_size)
+  PICK(max_batch_size, 0)
+#undef PICK
+  if (m->max_batch_delay_ms > 0) o->max_batch_delay_ms = m->max_batch_delay_ms;
+}

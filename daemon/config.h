@@ -1,0 +1,52 @@
+/* servd's configuration: defaults, then a JSON file (--config), then command-line flags.
+ * The file format is documented in docs/operations.md; configs/servd.example.json is an example.
+ */
+#ifndef SERVD_CONFIG_H
+#define SERVD_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "engine/engine.h"
+
+typedef struct servd_model_config {
+  char *path; /* owned */
+  char *name; /* owned; NULL: the package's name */
+  /* 0: inherit the server-wide value */
+  int interpreters, tp, max_queue, max_batch_tokens, max_seqs, kv_blocks, block_size, max_batch_size;
+  int max_batch_delay_ms;
+} servd_model_config;
+
+typedef struct servd_config {
+  char *host;
+  int port;
+  int threads;      /* compute threads; 0: online CPUs */
+  int gpus;         /* GPUs required; 0: CPU backend */
+  int tp, interpreters, max_queue, max_batch_tokens, max_seqs, kv_blocks, block_size;
+  char *api_key;
+  int access_log;   /* servd_access_log */
+  double drain_timeout_s;
+  double request_timeout_s; /* default per-request deadline; 0: none */
+  double read_timeout_s, idle_timeout_s;
+  size_t max_body_bytes, max_header_bytes;
+  int max_connections;
+  int max_n;
+  char **repository; /* directories for the repository API */
+  int n_repository;
+  servd_model_config *models;
+  int n_models;
+} servd_config;
+
+void servd_config_init(servd_config *c);
+void servd_config_free(servd_config *c); /* accepts a zeroed config */
+/* Merges a JSON config file into c. Unknown keys are errors (typos must not pass silently). */
+int servd_config_load_file(servd_config *c, const char *path);
+/* Applies flags (and --config FILE first, wherever it appears). *exit_now is set for --help and
+ * --version, which print to stdout. Errors name the flag and what was expected. */
+int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_now);
+/* Engine options of model i with server-wide values filled in; strings borrowed from c. */
+void servd_config_model_options(const servd_config *c, int i, servd_model_options *o);
+void servd_config_usage(FILE *f);
+
+#endif

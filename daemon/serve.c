@@ -1,0 +1,268 @@
+#include "serve.h"
+
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "api/api.h"
+#include "config.h"
+#include "http/server.h"
+#include "servd/status.h"
+#include "servd/threadpool.h"
+
+int servd_probe_gpus(char *why, size_t cap) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(why, cap, "the CUDA driver (libcuda.so.1) is not installed: %s", dlerror());
+    return 0;
+  }
+  typedef int (*init_fn)(unsigned);
+  typedef int (*count_fn)(int *);
+  init_fn cu_init = (init_fn)dlsym(h, "cuInit");
+  count_fn cu_count = (count_fn)dlsym(h, "cuDeviceGetCount");
+  int n = 0, rc;
+  if (!cu_init || !cu_count) {
+    snprintf(why, cap, "libcuda.so.1 lacks cuInit/cuDeviceGetCount");
+  } else if ((rc = cu_init(0)) != 0) {
+    snprintf(why, cap, "cuInit failed with CUDA error %d (no usable GPU or driver mismatch)", rc);
+  } else if ((rc = cu_count(&n)) != 0) {
+    snprintf(why, cap, "cuDeviceGetCount failed with CUDA error %d", rc);
+    n = 0;
+  } else {
+    snprintf(why, cap, "%d GPU%s visible", n, n == 1 ? "" : "s");
+  }
+  /* The driver stays loaded: the CUDA backend will use it. */
+  return n;
+}
+
+typedef struct server {
+  uv_loop_t *loop;
+  servd_config cfg;
+  servd_api *api;
+  servd_http_server *http;
+  uv_signal_t sigterm, sigint;
+  uv_timer_t drain_timer;
+  uint64_t drain_deadline, cancel_deadline;
+  bool draining, cancelled, unloading, closing, startup_done;
+  int exit_code;
+} server;
+
+static void on_handle_closed(uv_handle_t *h) { (void)h; }
+
+static void on_api_closed(void *ud) {
+  server *s = ud;
+  uv_close((uv_handle_t *)&s->sigterm, on_handle_closed);
+  uv_close((uv_handle_t *)&s->sigint, on_handle_closed);
+  uv_close((uv_handle_t *)&s->drain_timer, on_handle_closed);
+}
+
+static void on_http_closed(void *ud) {
+  server *s = ud;
+  s->http = NULL;
+  servd_api_close(s->api, on_api_closed, s);
+  s->api = NULL;
+}
+
+static void on_unloaded(void *ud) {
+  server *s = ud;
+  uv_timer_stop(&s->drain_timer);
+  fprintf(stderr, "servd: all models unloaded; exiting with status %d\n", s->exit_code);
+  servd_http_server_close(s->http, on_http_closed, s);
+}
+
+#define UNLOAD_LIMIT_MS 5000
+
+static void unload_overdue(uv_timer_t *t) {
+  server *s = t->data;
+  fprintf(stderr, "servd: models did not unload within %d s; exiting with status %d anyway\n", UNLOAD_LIMIT_MS / 1000,
+          s->exit_code);
+  fflush(NULL);
+  _exit(s->exit_code);
+}
+
+static void drain_tick(uv_timer_t *t) {
+  server *s = t->data;
+  uint64_t now = uv_now(s->loop);
+  int active = s->http ? servd_http_server_active_requests(s->http) : 0;
+  int inflight = s->api ? servd_api_inflight(s->api) : 0;
+  if (s->unloading) return;
+  if (active > 0 || inflight > 0) {
+    if (!s->cancelled && now >= s->drain_deadline) {
+      fprintf(stderr, "servd: drain deadline reached with %d requests running; cancelling them\n", active);
+      servd_api_cancel_all(s->api);
+      s->cancelled = true;
+      s->cancel_deadline = now + 5000;
+    }
+    if (!s->cancelled || now < s->cancel_deadline) return;
+    fprintf(stderr, "servd: %d requests did not end after cancellation; closing their connections\n", active);
+  }
+  s->unloading = true;
+  uv_timer_stop(t);
+  /* Unloading finalizes interpreters; should one hang, the process still ends (requests are over). */
+  uv_timer_start(t, unload_overdue, UNLOAD_LIMIT_MS, 0);
+  servd_api_unload_all(s->api, 0, on_unloaded, s);
+}
+
+static void begin_drain(server *s, const char *why) {
+  if (s->draining) return;
+  s->draining = true;
+  fprintf(stderr, "servd: %s: no longer accepting connections; draining for up to %.0f s\n", why,
+          s->cfg.drain_timeout_s);
+  servd_api_set_draining(s->api, true);
+  servd_http_server_stop_accepting(s->http);
+  s->drain_deadline = uv_now(s->loop) + (uint64_t)(s->cfg.drain_timeout_s * 1000.0);
+  uv_timer_start(&s->drain_timer, drain_tick, 0, 50);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  server *s = h->data;
+  if (s->draining) {
+    /* A second signal: the operator wants out now. */
+    fprintf(stderr, "servd: second %s; exiting without draining\n", strsignal(signum));
+    fflush(NULL);
+    _exit(1);
+  }
+  begin_drain(s, strsignal(signum));
+}
+
+static void on_model_loaded(void *ud, const char *name, int rc, const char *msg) {
+  server *s = ud;
+  if (rc != 0 && !s->startup_done) {
+    fprintf(stderr, "servd: startup failed: model '%s' could not be loaded: %s\n", name, msg);
+    s->exit_code = 1;
+    begin_drain(s, "startup failure");
+    return;
+  }
+  if (!s->startup_done && servd_api_models_loading(s->api) == 0) {
+    s->startup_done = true;
+    fprintf(stderr, "servd: all models loaded; ready\n");
+  }
+}
+
+static void set_worker_threads(const servd_config *c) {
+  /* libuv's worker pool runs template rendering, tokenization, predictions and loads; a generic
+   * model's interpreters should all be reachable at once. Read by libuv at first use. */
+  if (getenv("UV_THREADPOOL_SIZE")) return;
+  int n = 4;
+  for (int i = 0; i < c->n_models; i++) {
+    int k = c->models[i].interpreters > 0 ? c->models[i].interpreters : c->interpreters;
+    n += k;
+  }
+  if (n > 128) n = 128;
+  char v[16];
+  snprintf(v, sizeof v, "%d", n);
+  setenv("UV_THREADPOOL_SIZE", v, 1);
+}
+
+int servd_serve_main(int argc, char **argv) {
+  server s;
+  memset(&s, 0, sizeof s);
+  servd_config_init(&s.cfg);
+  bool exit_now = false;
+  int rc = servd_config_parse_args(&s.cfg, argc, argv, &exit_now);
+  if (rc != 0) {
+    fprintf(stderr, "servd: %s\n", servd_last_error());
+    servd_config_free(&s.cfg);
+    return 2;
+  }
+  if (exit_now) {
+    servd_config_free(&s.cfg);
+    return 0;
+  }
+  char why[256];
+  if (s.cfg.gpus > 0) {
+    int have = servd_probe_gpus(why, sizeof why);
+    if (have < s.cfg.gpus) {
+      fprintf(stderr, "servd: --gpus %d asks for %d GPU%s but %d %s available (%s). Run with --gpus 0 (or without "
+                      "--gpus) to serve on the CPU backend.\n",
+              s.cfg.gpus, s.cfg.gpus, s.cfg.gpus == 1 ? "" : "s", have, have == 1 ? "is" : "are", why);
+      servd_config_free(&s.cfg);
+      return 2;
+    }
+    fprintf(stderr, "servd: backend: CUDA (%d of %s)\n", s.cfg.gpus, why);
+  } else {
+    fprintf(stderr, "servd: backend: CPU (no --gpus given)\n");
+  }
+  if ((rc = servd_threadpool_init(s.cfg.threads)) != 0)
+    fprintf(stderr, "servd: warning: compute threads: %s\n", servd_last_error());
+  fprintf(stderr, "servd: %d compute threads\n", servd_threadpool_size());
+  set_worker_threads(&s.cfg);
+  signal(SIGPIPE, SIG_IGN);
+
+  s.loop = uv_default_loop();
+  servd_api_options ao;
+  servd_api_options_default(&ao);
+  ao.ops = &servd_engine_model_ops;
+  ao.api_key = s.cfg.api_key;
+  ao.access_log = (servd_access_log)s.cfg.access_log;
+  ao.default_deadline_ms = (int)(s.cfg.request_timeout_s * 1000.0);
+  ao.max_n = s.cfg.max_n;
+  ao.repository = (const char *const *)s.cfg.repository;
+  ao.n_repository = s.cfg.n_repository;
+  ao.model_defaults.interpreters = s.cfg.interpreters;
+  ao.model_defaults.tp = s.cfg.tp;
+  ao.model_defaults.max_queue = s.cfg.max_queue;
+  if (s.cfg.max_seqs > 0) ao.model_defaults.max_seqs = s.cfg.max_seqs;
+  if (s.cfg.max_batch_tokens > 0) ao.model_defaults.max_batch_tokens = s.cfg.max_batch_tokens;
+  ao.unload_timeout_ms = (int)(s.cfg.drain_timeout_s * 1000.0);
+  ao.on_model_loaded = on_model_loaded;
+  ao.ud = &s;
+  if ((rc = servd_api_create(s.loop, &ao, &s.api)) != 0) {
+    fprintf(stderr, "servd: %s\n", servd_last_error());
+    servd_config_free(&s.cfg);
+    return 1;
+  }
+  servd_http_limits lim;
+  servd_http_limits_default(&lim);
+  lim.max_body_bytes = s.cfg.max_body_bytes;
+  lim.max_header_bytes = s.cfg.max_header_bytes;
+  lim.request_timeout_ms = (int)(s.cfg.read_timeout_s * 1000.0);
+  lim.idle_timeout_ms = (int)(s.cfg.idle_timeout_s * 1000.0);
+  lim.max_connections = s.cfg.max_connections;
+  servd_http_callbacks cb = servd_api_http_callbacks(s.api);
+  if ((rc = servd_http_server_create(s.loop, &lim, &cb, &s.http)) != 0 ||
+      (rc = servd_http_server_listen(s.http, s.cfg.host, s.cfg.port)) != 0) {
+    fprintf(stderr, "servd: %s\n", servd_last_error());
+    if (s.http) servd_http_server_close(s.http, NULL, NULL);
+    servd_api_close(s.api, NULL, NULL);
+    uv_run(s.loop, UV_RUN_DEFAULT);
+    servd_config_free(&s.cfg);
+    return rc == SERVD_EINVAL ? 2 : 1; /* a bad address is a configuration error; a taken port is not */
+  }
+  servd_api_set_server(s.api, s.http);
+  fprintf(stderr, "servd: listening on http://%s:%d\n", s.cfg.host, servd_http_server_port(s.http));
+  /* A line tests and scripts can wait for when they asked for port 0. */
+  fprintf(stdout, "servd: port %d\n", servd_http_server_port(s.http));
+  fflush(stdout);
+  uv_signal_init(s.loop, &s.sigterm);
+  uv_signal_init(s.loop, &s.sigint);
+  uv_timer_init(s.loop, &s.drain_timer);
+  s.sigterm.data = s.sigint.data = s.drain_timer.data = &s;
+  uv_signal_start(&s.sigterm, on_signal, SIGTERM);
+  uv_signal_start(&s.sigint, on_signal, SIGINT);
+
+  for (int i = 0; i < s.cfg.n_models; i++) {
+    servd_model_options mo;
+    servd_config_model_options(&s.cfg, i, &mo);
+    if ((rc = servd_api_load_model(s.api, &mo)) != 0) {
+      fprintf(stderr, "servd: %s\n", servd_last_error());
+      s.exit_code = 1;
+      begin_drain(&s, "startup failure");
+      break;
+    }
+  }
+  if (s.cfg.n_models == 0) {
+    s.startup_done = true;
+    fprintf(stderr, "servd: no models given; serving none (load them through /v2/repository)\n");
+  }
+  fflush(stderr);
+  uv_run(s.loop, UV_RUN_DEFAULT);
+  uv_loop_close(s.loop);
+  int code = s.exit_code;
+  servd_config_free(&s.cfg);
+  return code;
+}

@@ -1,0 +1,46 @@
+/* servd_interp_early_init: make room for many namespaces before anything else runs. */
+#include "interp-impl.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NNS_TUNABLE "glibc.rtld.nns=16"
+#define REEXEC_MARK "SERVD_INTERP_REEXEC"
+
+/* Each namespace's libc numbers its pthread keys from 0, and the key slots of a thread are shared by
+ * all libcs. CPython takes the first keys of its namespace; keeping the main program's low keys
+ * reserved (and never set) means no library of the main program shares a slot with them. */
+static void reserve_low_keys(void) {
+  for (int i = 0; i < 8; i++) {
+    pthread_key_t k;
+    if (pthread_key_create(&k, NULL) != 0 || k >= 8)
+      break;
+  }
+}
+
+int servd_interp_early_init(int argc, char **argv) {
+  (void)argc;
+  const char *cur = getenv("GLIBC_TUNABLES");
+  if (cur && strstr(cur, NNS_TUNABLE)) {
+    unsetenv(REEXEC_MARK);
+    reserve_low_keys();
+    return 0;
+  }
+  if (getenv(REEXEC_MARK))
+    return servd_fail(SERVD_EUNSUPPORTED, "interp: re-executed with GLIBC_TUNABLES=%s but it is not set", NNS_TUNABLE);
+  size_t n = (cur ? strlen(cur) + 1 : 0) + sizeof NNS_TUNABLE;
+  char *v = malloc(n);
+  if (!v)
+    return servd_fail(SERVD_ENOMEM, "interp: early init");
+  snprintf(v, n, "%s%s%s", cur ? cur : "", cur ? ":" : "", NNS_TUNABLE);
+  setenv("GLIBC_TUNABLES", v, 1);
+  free(v);
+  setenv(REEXEC_MARK, "1", 1);
+  fflush(NULL);
+  execv("/proc/self/exe", argv);
+  return servd_fail(SERVD_EIO, "interp: re-exec with GLIBC_TUNABLES=%s: %s", NNS_TUNABLE, strerror(errno));
+}

@@ -1,0 +1,144 @@
+/* Link-map namespaces: one dlmopen'd libpython3.11 plus the servd module each. */
+#include "interp-impl.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef SERVD_LIBPYTHON
+#define SERVD_LIBPYTHON "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0"
+#endif
+#ifndef SERVD_PYMOD_PATH
+#define SERVD_PYMOD_PATH ""
+#endif
+#define PYMOD_NAME "servd.cpython-311-x86_64-linux-gnu.so"
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static servd_ns g_ns[SERVD_INTERP_MAX];
+static int g_count;
+
+/* bit k: this thread has run namespace k's __ctype_init */
+static __thread uint32_t t_ctype_done;
+static __thread servd_guest_thread t_threads[SERVD_INTERP_MAX];
+
+servd_guest_thread *servd_ns__thread(const servd_ns *ns) {
+  uint32_t bit = 1u << ns->slot;
+  if (!(t_ctype_done & bit)) {
+    ns->ctype_init();
+    t_ctype_done |= bit;
+  }
+  return &t_threads[ns->slot];
+}
+
+/* The servd module: $SERVD_PYMOD, else the build tree's, else <exe dir>/../lib/servd/. */
+static int pymod_path(char *buf, size_t cap) {
+  const char *env = getenv("SERVD_PYMOD");
+  if (env && *env) {
+    snprintf(buf, cap, "%s", env);
+    return 0;
+  }
+  if (SERVD_PYMOD_PATH[0] && access(SERVD_PYMOD_PATH, R_OK) == 0) {
+    snprintf(buf, cap, "%s", SERVD_PYMOD_PATH);
+    return 0;
+  }
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) {
+      *slash = 0;
+      snprintf(buf, cap, "%s/../lib/servd/%s", exe, PYMOD_NAME);
+      if (access(buf, R_OK) == 0)
+        return 0;
+    }
+  }
+  return servd_fail(SERVD_EIO, "interp: the servd Python module (%s) was not found: set SERVD_PYMOD", PYMOD_NAME);
+}
+
+static int load(servd_ns *ns) {
+  char path[PATH_MAX + 64];
+  int rc = pymod_path(path, sizeof path);
+  if (rc < 0)
+    return rc;
+  ns->py = dlmopen(LM_ID_NEWLM, SERVD_LIBPYTHON, RTLD_NOW | RTLD_LOCAL);
+  if (!ns->py) {
+    const char *e = dlerror();
+    const char *hint = e && strstr(e, "static TLS")
+                           ? " (call servd_interp_early_init() first in main, or start with "
+                             "GLIBC_TUNABLES=glibc.rtld.nns=16)"
+                           : "";
+    return servd_fail(SERVD_EUNSUPPORTED, "interp: dlmopen %s: %s%s", SERVD_LIBPYTHON, e ? e : "?", hint);
+  }
+  if (dlinfo(ns->py, RTLD_DI_LMID, &ns->lmid) != 0) {
+    rc = servd_fail(SERVD_EUNSUPPORTED, "interp: dlinfo(RTLD_DI_LMID): %s", dlerror());
+    goto fail;
+  }
+  ns->ctype_init = (void (*)(void))dlsym(ns->py, "__ctype_init");
+  if (!ns->ctype_init) {
+    rc = servd_fail(SERVD_EUNSUPPORTED, "interp: __ctype_init not found in the namespace's libc");
+    goto fail;
+  }
+  ns->ctype_init(); /* this thread, before anything of the namespace runs here */
+  ns->guest = dlmopen(ns->lmid, path, RTLD_NOW | RTLD_LOCAL);
+  if (!ns->guest) {
+    rc = servd_fail(SERVD_EIO, "interp: dlmopen %s: %s", path, dlerror());
+    goto fail;
+  }
+  servd_guest_entry_fn entry = (servd_guest_entry_fn)dlsym(ns->guest, SERVD_GUEST_ENTRY);
+  ns->api = entry ? entry() : NULL;
+  if (!ns->api || ns->api->abi != SERVD_GUEST_ABI) {
+    rc = servd_fail(SERVD_EFORMAT, "interp: %s: no %s of ABI %d", path, SERVD_GUEST_ENTRY, SERVD_GUEST_ABI);
+    goto fail;
+  }
+  return 0;
+fail:
+  /* Nothing of CPython ran yet, but library destructors of a namespace are not trusted: keep the
+   * handles loaded and leave the slot unusable. */
+  ns->api = NULL;
+  return rc;
+}
+
+int servd_ns__acquire(servd_ns **out) {
+  *out = NULL;
+  int rc = 0;
+  pthread_mutex_lock(&g_mu);
+  for (int i = 0; i < g_count; i++) {
+    if (!g_ns[i].in_use && g_ns[i].api) {
+      g_ns[i].in_use = true;
+      *out = &g_ns[i];
+      goto done;
+    }
+  }
+  if (g_count == SERVD_INTERP_MAX) {
+    rc = servd_fail(SERVD_ERANGE,
+                    "interp: all %d interpreters of this process are in use (glibc has 16 link-map "
+                    "namespaces and the program uses one; an interpreter needs its own)",
+                    SERVD_INTERP_MAX);
+    goto done;
+  }
+  servd_ns *ns = &g_ns[g_count];
+  memset(ns, 0, sizeof *ns);
+  ns->slot = g_count;
+  rc = load(ns);
+  if (rc == 0 || ns->py)
+    g_count++; /* a slot that failed after loading libpython stays taken: its libraries stay loaded */
+  if (rc == 0) {
+    ns->in_use = true;
+    *out = ns;
+  }
+done:
+  pthread_mutex_unlock(&g_mu);
+  return rc;
+}
+
+void servd_ns__release(servd_ns *ns) {
+  if (!ns)
+    return;
+  pthread_mutex_lock(&g_mu);
+  ns->in_use = false;
+  pthread_mutex_unlock(&g_mu);
+}

@@ -1,0 +1,144 @@
+/* The interpreter pool of one loaded package. */
+#include "interp-impl.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpk/package.h"
+
+struct servd_pool {
+  servd_interp *its; /* n, each on its own cache lines */
+  int n;
+  mpk_package *pkg;
+  /* free list (FIFO, so load spreads over all interpreters): its own cache line */
+  _Alignas(64) pthread_mutex_t mu;
+  pthread_cond_t cv;
+  servd_interp *head, *tail;
+};
+
+/* The last line(s) of a traceback, for the one-line error message. */
+static const char *tail_lines(const char *tb, int lines) {
+  const char *end = tb + strlen(tb);
+  while (end > tb && end[-1] == '\n')
+    end--;
+  const char *p = end;
+  while (p > tb && lines > 0) {
+    p--;
+    if (*p == '\n' && --lines == 0)
+      return p + 1;
+  }
+  return tb;
+}
+
+int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool **out) {
+  *out = NULL;
+  if (!o)
+    return servd_fail(SERVD_EINVAL, "interp pool: options are required");
+  if (o->n_interpreters < 1 || o->n_interpreters > SERVD_INTERP_MAX)
+    return servd_fail(SERVD_ERANGE,
+                      "interp pool: %d interpreters requested; 1..%d per process are possible (each needs a "
+                      "glibc link-map namespace of its own: glibc has 16, the program uses one)",
+                      o->n_interpreters, SERVD_INTERP_MAX);
+  int ws = o->world_size > 0 ? o->world_size : 1;
+  if (ws > 1 && !o->comm)
+    return servd_fail(SERVD_EINVAL, "interp pool: world_size %d needs a communicator", ws);
+  const char *entry = pkg ? mpk_entry_point(pkg) : NULL;
+  if (pkg && (!entry || !*entry))
+    return servd_fail(SERVD_EFORMAT, "interp pool: package %s has no entry_point", mpk_path(pkg));
+
+  int rc = 0;
+  servd_pool *p = calloc(1, sizeof *p);
+  if (!p)
+    return servd_fail(SERVD_ENOMEM, "interp pool");
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  p->pkg = pkg;
+  p->its = aligned_alloc(64, sizeof(servd_interp) * (size_t)o->n_interpreters);
+  if (!p->its) {
+    rc = servd_fail(SERVD_ENOMEM, "interp pool: %d interpreters", o->n_interpreters);
+    goto fail;
+  }
+  memset(p->its, 0, sizeof(servd_interp) * (size_t)o->n_interpreters);
+  servd_py_error local, *err = o->error ? o->error : &local;
+  for (int i = 0; i < o->n_interpreters; i++) {
+    servd_interp_config c = {.index = i, .rank = i % ws, .world_size = ws, .device = -1, .comm = o->comm,
+                             .pkg = pkg, .extra_sys_path = o->extra_sys_path};
+    rc = servd_interp__init(&p->its[i], &c, err);
+    if (rc < 0) {
+      if (err->type[0])
+        rc = servd_fail(rc, "interp %d: starting Python: %s: %s", i, err->type, err->message);
+      goto fail;
+    }
+    p->n = i + 1;
+    if (pkg) {
+      rc = p->its[i].ns->api->load_entry(servd_ns__thread(p->its[i].ns), entry, err);
+      if (rc < 0) {
+        rc = servd_fail(rc, "interp %d: package %s: entry '%s' failed to load: %s: %s\n%s", i, mpk_name(pkg),
+                        entry, err->type, err->message, tail_lines(err->traceback, 4));
+        goto fail;
+      }
+    }
+    servd_pool_release(p, &p->its[i]);
+  }
+  *out = p;
+  return 0;
+fail:
+  {
+    /* keep the failure's message: destroying the started interpreters may overwrite it */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", servd_last_error());
+    servd_pool_destroy(p);
+    servd_fail(rc, "%s", msg);
+  }
+  return rc;
+}
+
+void servd_pool_destroy(servd_pool *p) {
+  if (!p)
+    return;
+  for (int i = 0; i < p->n; i++)
+    servd_interp__fini(&p->its[i]);
+  free(p->its);
+  pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->cv);
+  free(p);
+}
+
+int servd_pool_size(const servd_pool *p) { return p ? p->n : 0; }
+
+servd_interp *servd_pool_acquire(servd_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  while (!p->head)
+    pthread_cond_wait(&p->cv, &p->mu);
+  servd_interp *it = p->head;
+  p->head = it->next_free;
+  if (!p->head)
+    p->tail = NULL;
+  it->next_free = NULL;
+  atomic_store_explicit(&it->in_use, 1, memory_order_relaxed);
+  pthread_mutex_unlock(&p->mu);
+  return it;
+}
+
+servd_interp *servd_pool_get(servd_pool *p, int index) {
+  if (!p || index < 0 || index >= p->n)
+    return NULL;
+  return &p->its[index];
+}
+
+void servd_pool_release(servd_pool *p, servd_interp *it) {
+  if (!p || !it)
+    return;
+  pthread_mutex_lock(&p->mu);
+  atomic_store_explicit(&it->in_use, 0, memory_order_relaxed);
+  it->next_free = NULL;
+  if (p->tail)
+    p->tail->next_free = it;
+  else
+    p->head = it;
+  p->tail = it;
+  pthread_cond_signal(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}

@@ -1,0 +1,242 @@
+/* Attention decode speed as a fraction of the memory read rate measured in the same run.
+ *
+ * A decode step of a batch of sequences reads every cached K and V row of every sequence once per
+ * layer: the bytes are fixed, so the kernel is bandwidth bound when it reads them about as fast as a
+ * plain streaming read does. Both sides use the same thread pool and cycle through enough layers that
+ * nothing is served from the last-level cache between repetitions. Prints medians: the attention's
+ * rate in GB/s of K+V read, the streaming read rate, the paged read rate (below), and the attention's
+ * fraction of each.
+ *
+ * usage: bench_attention [threads (default 2)] [reps (default 21)] [only this config index, -1: all] [block size (default 16)]
+ *                        [tables: 1 scrambled (default), 0 in order]
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "servd/ops.h"
+#include "servd/threadpool.h"
+
+#define FOOTPRINT (512u << 20) /* bytes cycled through per side: well above any L3 */
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return v[n / 2];
+}
+
+/* ---- the anchor: read `bytes` with 64-bit loads, the sum kept so the loads stay ---------------- */
+typedef struct stream_job {
+  const uint64_t *p;
+  uint64_t sums[64];
+} stream_job;
+
+#define STREAM_CHUNK 8192 /* u64 per item: 64 KiB */
+
+static void stream_task(void *ctx, int64_t begin, int64_t end, int thread) {
+  stream_job *j = ctx;
+  const uint64_t *p = j->p + begin * STREAM_CHUNK;
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  for (int64_t i = 0; i < (end - begin) * STREAM_CHUNK; i += 4) {
+    a ^= p[i];
+    b ^= p[i + 1];
+    c ^= p[i + 2];
+    d ^= p[i + 3];
+  }
+  j->sums[thread & 63] ^= a ^ b ^ c ^ d;
+}
+
+/* ---- a second anchor: the same bytes in the same order as attention walks them (per sequence and
+ * kv head, one K run and one V run per block, blocks in table order, runs laid out as in the cache:
+ * [K|V][kv head][block]), with the same one-run-ahead prefetch and no arithmetic. attention / paged
+ * is the cost of the arithmetic; paged / stream that of the access pattern. */
+typedef struct paged_job {
+  const char *pool;
+  size_t run_bytes; /* one K or V run */
+  int n_kv, n_blocks, blocks_per_seq;
+  const int32_t *const *tables;
+  uint64_t sums[64];
+} paged_job;
+
+static const char *paged_run(const paged_job *j, int kv, int g, int32_t blk) {
+  return j->pool + (((size_t)kv * (size_t)j->n_kv + (size_t)g) * (size_t)j->n_blocks + (size_t)blk) * j->run_bytes;
+}
+
+static void paged_task(void *ctx, int64_t begin, int64_t end, int thread) {
+  paged_job *j = ctx;
+  uint64_t a = 0, b = 0;
+  for (int64_t it = begin; it < end; it++) { /* item = (sequence, kv head), as attention splits it */
+    int s = (int)(it / j->n_kv), g = (int)(it % j->n_kv);
+    for (int i = 0; i < j->blocks_per_seq; i++) {
+      if (i + 1 < j->blocks_per_seq) {
+        const char *nk = paged_run(j, 0, g, j->tables[s][i + 1]), *nv = paged_run(j, 1, g, j->tables[s][i + 1]);
+        for (size_t o = 0; o < j->run_bytes; o += 64) {
+          __builtin_prefetch(nk + o);
+          __builtin_prefetch(nv + o);
+        }
+      }
+      for (int kv = 0; kv < 2; kv++) {
+        const uint64_t *p = (const uint64_t *)paged_run(j, kv, g, j->tables[s][i]);
+        for (size_t w = 0; w < j->run_bytes / 8; w += 2) {
+          a ^= p[w];
+          b ^= p[w + 1];
+        }
+      }
+    }
+  }
+  j->sums[thread & 63] ^= a ^ b;
+}
+
+typedef struct config {
+  const char *name;
+  int n_heads, n_kv, hd;
+  servd_dtype dt;
+} config;
+
+int main(int argc, char **argv) {
+  int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 21;
+  int only = argc > 3 ? atoi(argv[3]) : -1, scrambled = argc > 5 ? atoi(argv[5]) : 1;
+  if (reps < 1) reps = 1;
+  const int n_seqs = 16, kv_len = 512, bs = argc > 4 ? atoi(argv[4]) : 16;
+  if (bs < 1 || kv_len % bs != 0) {
+    fprintf(stderr, "block size must divide %d\n", kv_len);
+    return 1;
+  }
+  if (servd_threadpool_init(threads) != 0) {
+    fprintf(stderr, "threadpool_init: %s\n", servd_last_error());
+    return 1;
+  }
+  const config cfgs[] = {
+      {"32/8/128 (Llama-3-8B-like)", 32, 8, 128, SERVD_F32},
+      {"32/8/128 (Llama-3-8B-like)", 32, 8, 128, SERVD_F16},
+      {"9/3/64 (SmolLM2-135M)", 9, 3, 64, SERVD_F32},
+      {"9/3/64 (SmolLM2-135M)", 9, 3, 64, SERVD_F16},
+  };
+  printf("attention decode: %d sequences x %d cached tokens, block %d, tables %s, %d threads, median of %d\n", n_seqs,
+         kv_len, bs, scrambled ? "scrambled" : "in order", servd_threadpool_size(), reps);
+  printf("%-28s %-4s %-7s %8s %8s %8s %8s %9s %9s\n", "heads/kv/dim", "kv", "isa", "ms", "GB/s", "stream", "paged",
+         "/stream", "/paged");
+  for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+    const config *cf = &cfgs[ci];
+    if (only >= 0 && (size_t)only != ci) continue;
+    size_t elem = cf->dt == SERVD_F16 ? 2 : 4;
+    double kv_bytes = 2.0 * n_seqs * kv_len * cf->n_kv * cf->hd * (double)elem; /* K and V read per call */
+    int layers = (int)ceil(FOOTPRINT / kv_bytes);
+    int blocks_per_seq = kv_len / bs, n_blocks = n_seqs * blocks_per_seq;
+    servd_kv_cache *c = NULL;
+    if (servd_kv_cache_create(&c, layers, cf->n_kv, cf->hd, bs, n_blocks, cf->dt) != 0) {
+      fprintf(stderr, "%s\n", servd_last_error());
+      return 1;
+    }
+    int32_t *ids = malloc((size_t)n_blocks * sizeof *ids);
+    servd_kv_cache_alloc(c, n_blocks, ids);
+    srand(7);
+    for (int i = n_blocks - 1; scrambled && i > 0; i--) { /* scrambled tables, as after a while of serving */
+      int j = rand() % (i + 1), x = ids[i];
+      ids[i] = ids[j];
+      ids[j] = x;
+    }
+    int32_t q_start[16], q_len[16], kvl[16];
+    const int32_t *tables[16];
+    for (int s = 0; s < n_seqs; s++) {
+      q_start[s] = s;
+      q_len[s] = 1;
+      kvl[s] = kv_len;
+      tables[s] = ids + s * blocks_per_seq;
+    }
+    /* fill every layer's K/V */
+    int64_t w = (int64_t)cf->n_kv * cf->hd, tok = (int64_t)n_seqs * kv_len;
+    int64_t sh[2] = {tok, w}, one = tok;
+    servd_tensor *k = servd_tensor_new(SERVD_F32, 2, sh), *v = servd_tensor_new(SERVD_F32, 2, sh);
+    servd_tensor *slots = servd_tensor_new(SERVD_I32, 1, &one);
+    float *kd = servd_tensor_data(k), *vd = servd_tensor_data(v);
+    for (int64_t i = 0; i < tok * w; i++) {
+      kd[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+      vd[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+    }
+    int32_t *sl = servd_tensor_data(slots);
+    for (int s = 0; s < n_seqs; s++)
+      for (int p = 0; p < kv_len; p++) sl[s * kv_len + p] = tables[s][p / bs] * bs + p % bs;
+    for (int l = 0; l < layers; l++) servd_kv_write(c, l, k, v, slots);
+    int64_t qsh[2] = {n_seqs, (int64_t)cf->n_heads * cf->hd};
+    servd_tensor *q = servd_tensor_new(SERVD_F32, 2, qsh), *out = servd_tensor_new(SERVD_F32, 2, qsh);
+    for (int64_t i = 0; i < qsh[0] * qsh[1]; i++) ((float *)servd_tensor_data(q))[i] = (float)(i % 13) * 0.05f;
+    servd_attn_batch b = {n_seqs, q_start, q_len, kvl, tables};
+    float scale = 1.0f / sqrtf((float)cf->hd);
+
+    /* the anchor buffer: the same bytes per repetition, cycled the same way */
+    size_t chunk_bytes = STREAM_CHUNK * 8, per_call = ((size_t)kv_bytes + chunk_bytes - 1) / chunk_bytes;
+    size_t total = per_call * chunk_bytes * (size_t)layers;
+    uint64_t *buf = aligned_alloc(64, total);
+    memset(buf, 1, total);
+    double *t_stream = malloc((size_t)reps * sizeof(double)), *t_attn = malloc((size_t)reps * sizeof(double));
+    double *t_paged = malloc((size_t)reps * sizeof(double));
+    size_t run_bytes = (size_t)bs * (size_t)cf->hd * elem, layer_bytes = run_bytes * 2 * (size_t)cf->n_kv * (size_t)n_blocks;
+    char *paged = aligned_alloc(64, layer_bytes * (size_t)layers);
+    memset(paged, 2, layer_bytes * (size_t)layers);
+
+    /* one untimed pass over every layer and the whole read buffer: first touches are not steady state */
+    for (int l = 0; l < layers; l++) servd_attention(out, q, c, l, &b, cf->n_heads, scale);
+    {
+      stream_job sj = {.p = buf};
+      servd_parallel_for((int64_t)(per_call * (size_t)layers), 1, stream_task, &sj);
+    }
+    for (int isa = SERVD_ISA_COUNT - 1; isa >= 0; isa--) {
+      if (servd_cpu_force_isa((servd_isa)isa) != 0) continue;
+      stream_job sj = {0};
+      for (int r = -2; r < reps; r++) { /* interleaved, so both sides see the same machine */
+        int l = (r + 2) % layers;
+        sj.p = (const uint64_t *)((const char *)buf + (size_t)l * per_call * chunk_bytes);
+        double t0 = now();
+        servd_parallel_for((int64_t)per_call, 1, stream_task, &sj);
+        double t1 = now();
+        if (servd_attention(out, q, c, l, &b, cf->n_heads, scale) != 0) {
+          fprintf(stderr, "%s\n", servd_last_error());
+          return 1;
+        }
+        double t2 = now();
+        paged_job pj = {.pool = paged + (size_t)l * layer_bytes, .run_bytes = run_bytes, .n_kv = cf->n_kv,
+                        .n_blocks = n_blocks, .blocks_per_seq = blocks_per_seq, .tables = tables};
+        servd_parallel_for((int64_t)n_seqs * cf->n_kv, 1, paged_task, &pj);
+        double t3 = now();
+        if (r >= 0) {
+          t_stream[r] = (t1 - t0) * (double)kv_bytes / (double)(per_call * chunk_bytes);
+          t_attn[r] = t2 - t1;
+          t_paged[r] = t3 - t2;
+        }
+      }
+      double ts = median(t_stream, reps), ta = median(t_attn, reps), tp = median(t_paged, reps);
+      printf("%-28s %-4s %-7s %8.3f %8.2f %8.2f %8.2f %9.2f %9.2f\n", cf->name, servd_dtype_name(cf->dt),
+             servd_isa_name((servd_isa)isa), ta * 1e3, kv_bytes / ta * 1e-9, kv_bytes / ts * 1e-9,
+             kv_bytes / tp * 1e-9, ts / ta, tp / ta);
+      fflush(stdout);
+    }
+    servd_cpu_force_isa(SERVD_ISA_COUNT);
+    free(t_stream);
+    free(t_attn);
+    free(t_paged);
+    free(paged);
+    free(buf);
+    free(ids);
+    servd_tensor_release(k);
+    servd_tensor_release(v);
+    servd_tensor_release(slots);
+    servd_tensor_release(q);
+    servd_tensor_release(out);
+    servd_kv_cache_destroy(c);
+  }
+  return 0;
+}

@@ -1,0 +1,1 @@
+"""Example generic servd package: a small classifier built from servd ops."""

@@ -1,0 +1,38 @@
+/* Shared pieces of the importers. */
+#ifndef MPK_IMPORT_IMPL_H
+#define MPK_IMPORT_IMPL_H
+
+#include <jansson.h>
+
+#include "mpk/import.h"
+#include "mpk/writer.h"
+
+/* Converts one row of n source elements to f32 (returns 0 or a negative code). */
+typedef int (*mpk_row_to_f32_fn)(const void *ctx, const void *src, float *dst, int64_t n);
+
+typedef struct mpk_progress {
+  const mpk_import_options *o;
+  uint64_t done, total;
+} mpk_progress;
+
+void mpk__progress_add(mpk_progress *pr, uint64_t bytes);
+
+/* Writes a tensor whose bytes are already in the target layout (chunked, for progress). */
+int mpk__emit_raw(mpk_writer *w, mpk_progress *pr, const char *name, servd_dtype dt, int ndim, const int64_t *shape,
+                  const void *data, uint64_t nbytes);
+/* Writes a tensor converted row by row: rows of `src_row_bytes` at `src` -> f32 -> `dt`. */
+int mpk__emit_converted(mpk_writer *w, mpk_progress *pr, const char *name, servd_dtype dt, int ndim, const int64_t *shape,
+                        const void *src, uint64_t src_row_bytes, mpk_row_to_f32_fn conv, const void *conv_ctx);
+
+/* Parses a JSON file of the source (bounded size); messages name the file. */
+int mpk__load_json_file(const char *path, json_t **out);
+/* Adds a file of the source folder under `entry` if it exists (optional) after checking it is JSON
+ * when `json` is set. *present tells whether it was there. */
+int mpk__add_source_file(mpk_writer *w, const char *path, const char *entry, bool json, bool *present);
+
+/* Sets name, model_version, kind, entry_point in the manifest and embeds the code folder. */
+int mpk__common_fields(mpk_writer *w, const mpk_import_options *o, const char *default_name);
+
+#define MPK_MAX_SIDE_FILE ((size_t)256 << 20) /* tokenizer.json and friends */
+
+#endif

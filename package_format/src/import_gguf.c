@@ -1,0 +1,355 @@
+/* GGUF (llama architecture) -> package: model config from llama.* metadata, tokenizer.ggml.* as an
+ * equivalent Hugging Face tokenizer.json, the chat template, and tensors under Hugging Face names.
+ * F32 F16 BF16 Q8_0 Q4_0 Q4_1 are kept as they are; Q5_0 Q5_1 Q4_K Q5_K Q6_K are converted to the
+ * chosen dtype. GGUF Q/K rows are permuted for interleaved-pair RoPE: rope_layout "interleaved". */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "import-impl.h"
+#include "mpk-impl.h"
+#include "mpk/gguf.h"
+
+static int ggml_conv(const void *ctx, const void *src, float *dst, int64_t n) {
+  return mpk_ggml_row_to_f32(*(const uint32_t *)ctx, src, dst, n);
+}
+
+/* GGUF llama tensor name -> Hugging Face name; unknown names are kept. */
+static void hf_name(const char *g, char *out, size_t cap) {
+  static const struct { const char *g, *hf; } top[] = {
+      {"token_embd.weight", "model.embed_tokens.weight"}, {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"}, {"rope_freqs.weight", "model.rope_freqs.weight"}};
+  static const struct { const char *g, *hf; } blk[] = {
+      {"attn_norm.weight", "input_layernorm.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},    {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},    {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},     {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"}};
+  for (size_t i = 0; i < sizeof top / sizeof *top; i++)
+    if (!strcmp(g, top[i].g)) { snprintf(out, cap, "%s", top[i].hf); return; }
+  unsigned layer;
+  int used = 0;
+  if (sscanf(g, "blk.%u.%n", &layer, &used) == 1 && used > 0) {
+    for (size_t i = 0; i < sizeof blk / sizeof *blk; i++)
+      if (!strcmp(g + used, blk[i].g)) { snprintf(out, cap, "model.layers.%u.%s", layer, blk[i].hf); return; }
+  }
+  snprintf(out, cap, "%s", g);
+}
+
+static json_t *jstrn(const char *s, size_t n) { return json_stringn(s, n); } /* NULL unless valid UTF-8 */
+
+/* The Hugging Face pre-tokenizer equivalent to llama.cpp's tokenizer.ggml.pre. */
+static json_t *pre_tokenizer_for(const char *pre, bool *known) {
+  json_t *bytelevel = json_pack("{s:s,s:b,s:b,s:b}", "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 1, "use_regex", 1);
+  *known = true;
+  if (!pre || !strcmp(pre, "gpt2") || !strcmp(pre, "default") || !strcmp(pre, "gpt-2")) return bytelevel;
+  if (!strcmp(pre, "smollm") || !strcmp(pre, "starcoder") || !strcmp(pre, "refact") || !strcmp(pre, "codeshell") ||
+      !strcmp(pre, "command-r") || !strcmp(pre, "exaone") || !strcmp(pre, "minerva-7b"))
+    return json_pack("{s:s,s:[{s:s,s:b},o]}", "type", "Sequence", "pretokenizers", "type", "Digits", "individual_digits", 1,
+                     bytelevel);
+  if (!strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3")) {
+    json_decref(bytelevel);
+    return json_pack("{s:s,s:[{s:s,s:{s:s},s:s,s:b},{s:s,s:b,s:b,s:b}]}", "type", "Sequence", "pretokenizers", "type", "Split",
+                     "pattern", "Regex",
+                     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+                     "behavior", "Isolated", "invert", 0, "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 1,
+                     "use_regex", 0);
+  }
+  *known = false;
+  return bytelevel;
+}
+
+typedef struct tok_out {
+  char *json;          /* tokenizer.json */
+  char *cfg;           /* tokenizer_config.json */
+  json_t *special;     /* manifest special_tokens */
+  json_t *tokinfo;     /* manifest tokenizer */
+} tok_out;
+
+static int tok_string(const mpk_gguf *g, const mpk_gguf_kv *tokens, uint64_t id, json_t **out, const char *what) {
+  const char *s;
+  size_t n;
+  mpk_gguf_arr_str(g, tokens, id, &s, &n);
+  *out = jstrn(s, n);
+  if (!*out) return servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.tokens[%llu]: expected valid UTF-8", what, (unsigned long long)id);
+  return 0;
+}
+
+static int convert_tokenizer(const char *what, const mpk_gguf *g, tok_out *t) {
+  int rc = 0;
+  const char *model;
+  size_t ml;
+  json_t *root = NULL, *vocab = NULL, *merges = NULL, *added = NULL, *cfg = NULL;
+  if ((rc = mpk_gguf_get_str(g, "tokenizer.ggml.model", &model, &ml)))
+    return rc == SERVD_EINVAL ? servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.model: missing", what) : rc;
+  if (ml != 4 || memcmp(model, "gpt2", 4))
+    return servd_fail(SERVD_EUNSUPPORTED, "%s: tokenizer.ggml.model \"%.*s\": only \"gpt2\" (byte-level BPE) is supported", what,
+                      (int)(ml > 32 ? 32 : ml), model);
+  const mpk_gguf_kv *tokens = mpk_gguf_find(g, "tokenizer.ggml.tokens"), *types = mpk_gguf_find(g, "tokenizer.ggml.token_type"),
+                    *mkv = mpk_gguf_find(g, "tokenizer.ggml.merges");
+  if (!tokens || tokens->type != MPK_GGUF_ARRAY || tokens->arr_type != MPK_GGUF_STRING || tokens->n == 0)
+    return servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.tokens: expected a non-empty array of strings", what);
+  if (types && (types->type != MPK_GGUF_ARRAY || types->arr_type == MPK_GGUF_STRING || types->arr_type == MPK_GGUF_FLOAT32 ||
+                types->arr_type == MPK_GGUF_FLOAT64 || types->n != tokens->n))
+    return servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.token_type: expected an integer array as long as the tokens (%llu)", what,
+                      (unsigned long long)tokens->n);
+  if (mkv && (mkv->type != MPK_GGUF_ARRAY || mkv->arr_type != MPK_GGUF_STRING))
+    return servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.merges: expected an array of strings", what);
+  char pre[64] = "";
+  const char *ps;
+  size_t pl;
+  int r = mpk_gguf_get_str(g, "tokenizer.ggml.pre", &ps, &pl);
+  if (r == 0) snprintf(pre, sizeof pre, "%.*s", (int)(pl < 63 ? pl : 63), ps);
+  else if (r != SERVD_EINVAL) return r;
+
+  vocab = json_object();
+  merges = json_array();
+  added = json_array();
+  for (uint64_t i = 0; i < tokens->n; i++) {
+    json_t *s;
+    if ((rc = tok_string(g, tokens, i, &s, what))) goto fail;
+    const char *key = json_string_value(s);
+    if (strlen(key) != json_string_length(s)) {
+      json_decref(s);
+      rc = servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.tokens[%llu]: NUL inside a token", what, (unsigned long long)i);
+      goto fail;
+    }
+    if (!json_object_get(vocab, key)) json_object_set_new(vocab, key, json_integer((json_int_t)i)); /* first id wins */
+    int64_t ty = types ? mpk_gguf_arr_int(types, i) : 1;
+    if (ty == 3 || ty == 4) /* control -> special added token, user-defined -> plain added token */
+      json_array_append_new(added, json_pack("{s:I,s:o,s:b,s:b,s:b,s:b,s:b}", "id", (json_int_t)i, "content", s, "single_word", 0,
+                                             "lstrip", 0, "rstrip", 0, "normalized", ty == 4, "special", ty == 3));
+    else json_decref(s);
+  }
+  for (uint64_t i = 0; mkv && i < mkv->n; i++) {
+    const char *s;
+    size_t n;
+    mpk_gguf_arr_str(g, mkv, i, &s, &n);
+    json_t *m = jstrn(s, n);
+    if (!m || !memchr(s, ' ', n)) {
+      json_decref(m);
+      rc = servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.merges[%llu]: expected \"left right\" in UTF-8", what, (unsigned long long)i);
+      goto fail;
+    }
+    json_array_append_new(merges, m);
+  }
+  bool known;
+  json_t *pret = pre_tokenizer_for(pre[0] ? pre : NULL, &known);
+  if (!known) fprintf(stderr, "modelpkg: warning: %s: tokenizer.ggml.pre \"%s\" is not known; using the GPT-2 byte-level pre-tokenizer\n", what, pre);
+  root = json_pack("{s:s,s:n,s:n,s:o,s:n,s:o,s:n,s:{s:s,s:b,s:b,s:b},s:{s:s,s:n,s:n,s:n,s:n,s:b,s:b,s:b,s:o,s:o}}", "version", "1.0",
+                   "truncation", "padding", "added_tokens", added, "normalizer", "pre_tokenizer", pret, "post_processor",
+                   "decoder", "type", "ByteLevel", "add_prefix_space", 1, "trim_offsets", 1, "use_regex", 1, "model", "type", "BPE",
+                   "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", 0, "byte_fallback", 0,
+                   "ignore_merges", 0, "vocab", vocab, "merges", merges);
+  added = vocab = merges = NULL;
+  if (!root) { rc = servd_fail(SERVD_ENOMEM, "%s: cannot build tokenizer.json", what); goto fail; }
+  /* tokenizer.ggml.pre goes into the manifest (tokenizer.pre): tokenizer.json allows no extra keys. */
+
+  /* Special tokens and the tokenizer config. */
+  cfg = json_object();
+  t->special = json_object();
+  static const struct { const char *key, *name; } sp[] = {{"tokenizer.ggml.bos_token_id", "bos_token"},
+                                                          {"tokenizer.ggml.eos_token_id", "eos_token"},
+                                                          {"tokenizer.ggml.unknown_token_id", "unk_token"},
+                                                          {"tokenizer.ggml.padding_token_id", "pad_token"}};
+  for (size_t i = 0; i < 4; i++) {
+    uint64_t id;
+    r = mpk_gguf_get_u64(g, sp[i].key, &id);
+    if (r == SERVD_EINVAL) continue;
+    if (r) { rc = r; goto fail; }
+    if (id >= tokens->n) {
+      rc = servd_fail(SERVD_EFORMAT, "%s: %s = %llu, expected < %llu tokens", what, sp[i].key, (unsigned long long)id,
+                      (unsigned long long)tokens->n);
+      goto fail;
+    }
+    json_t *s;
+    if ((rc = tok_string(g, tokens, id, &s, what))) goto fail;
+    json_object_set(cfg, sp[i].name, s);
+    json_object_set_new(t->special, sp[i].name, s);
+  }
+  bool abos = false, aeos = false;
+  if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &abos)) && r != SERVD_EINVAL) { rc = r; goto fail; }
+  if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &aeos)) && r != SERVD_EINVAL) { rc = r; goto fail; }
+  json_object_set_new(cfg, "add_bos_token", json_boolean(abos));
+  json_object_set_new(cfg, "add_eos_token", json_boolean(aeos));
+  const char *tmpl;
+  size_t tl;
+  r = mpk_gguf_get_str(g, "tokenizer.chat_template", &tmpl, &tl);
+  if (r == 0) {
+    json_t *ts = jstrn(tmpl, tl);
+    if (!ts) { rc = servd_fail(SERVD_EFORMAT, "%s: tokenizer.chat_template: expected UTF-8", what); goto fail; }
+    json_object_set_new(cfg, "chat_template", ts);
+  } else if (r != SERVD_EINVAL) { rc = r; goto fail; }
+  t->tokinfo = json_pack("{s:s,s:s,s:s,s:b,s:b}", "file", "tokenizer.json", "config", "tokenizer_config.json", "pre", pre,
+                         "add_bos_token", abos, "add_eos_token", aeos);
+  t->json = json_dumps(root, JSON_COMPACT);
+  t->cfg = json_dumps(cfg, JSON_INDENT(2));
+  if (!t->json || !t->cfg || !t->tokinfo) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what); goto fail; }
+fail:
+  json_decref(root);
+  json_decref(cfg);
+  json_decref(vocab);
+  json_decref(merges);
+  json_decref(added);
+  return rc;
+}
+
+/* The shortest decimal that reads back as the same f32 (1e-05, not 9.99999974737875e-06). */
+static double shortest_f32(double v) {
+  char b[32];
+  for (int prec = 1; prec <= 9; prec++) {
+    snprintf(b, sizeof b, "%.*g", prec, v);
+    if ((float)strtod(b, NULL) == (float)v) return strtod(b, NULL);
+  }
+  return v;
+}
+
+/* llama.* metadata -> a Hugging Face-style LlamaConfig. */
+static int make_config(const char *what, const mpk_gguf *g, bool tied, uint64_t n_vocab, json_t **out) {
+  static const struct { const char *key, *hf; bool required; } ints[] = {
+      {"llama.embedding_length", "hidden_size", true},        {"llama.feed_forward_length", "intermediate_size", true},
+      {"llama.block_count", "num_hidden_layers", true},       {"llama.attention.head_count", "num_attention_heads", true},
+      {"llama.attention.head_count_kv", "num_key_value_heads", false}, {"llama.context_length", "max_position_embeddings", false},
+      {"tokenizer.ggml.bos_token_id", "bos_token_id", false}, {"tokenizer.ggml.eos_token_id", "eos_token_id", false}};
+  json_t *c = json_pack("{s:s,s:[s]}", "model_type", "llama", "architectures", "LlamaForCausalLM");
+  int rc = 0;
+  uint64_t v[8] = {0};
+  for (size_t i = 0; i < 8; i++) {
+    int r = mpk_gguf_get_u64(g, ints[i].key, &v[i]);
+    if (r == SERVD_EINVAL && !ints[i].required) continue;
+    if (r == SERVD_EINVAL) { rc = servd_fail(SERVD_EFORMAT, "%s: %s: missing (required for a llama model)", what, ints[i].key); goto fail; }
+    if (r) { rc = r; goto fail; }
+    if ((v[i] == 0 && i < 6) || v[i] > (1ull << 31)) { rc = servd_fail(SERVD_EFORMAT, "%s: %s = %llu, expected %s..2^31", what, ints[i].key, (unsigned long long)v[i], i < 6 ? "1" : "0"); goto fail; }
+    json_object_set_new(c, ints[i].hf, json_integer((json_int_t)v[i]));
+  }
+  if (!json_object_get(c, "num_key_value_heads")) json_object_set(c, "num_key_value_heads", json_object_get(c, "num_attention_heads"));
+  uint64_t hidden = v[0], heads = v[3], head_dim = hidden / heads;
+  if (hidden % heads) { rc = servd_fail(SERVD_EFORMAT, "%s: embedding_length %llu is not a multiple of head_count %llu", what, (unsigned long long)hidden, (unsigned long long)heads); goto fail; }
+  uint64_t kl;
+  int r = mpk_gguf_get_u64(g, "llama.attention.key_length", &kl);
+  if (r == 0) head_dim = kl;
+  else if (r != SERVD_EINVAL) { rc = r; goto fail; }
+  json_object_set_new(c, "head_dim", json_integer((json_int_t)head_dim));
+  json_object_set_new(c, "vocab_size", json_integer((json_int_t)n_vocab));
+  double eps = 1e-5, theta = 10000.0;
+  if ((r = mpk_gguf_get_f64(g, "llama.attention.layer_norm_rms_epsilon", &eps)) && r != SERVD_EINVAL) { rc = r; goto fail; }
+  if ((r = mpk_gguf_get_f64(g, "llama.rope.freq_base", &theta)) && r != SERVD_EINVAL) { rc = r; goto fail; }
+  json_object_set_new(c, "rms_norm_eps", json_real(shortest_f32(eps))); /* stored as f32 in GGUF */
+  json_object_set_new(c, "rope_theta", json_real(theta));
+  json_object_set_new(c, "tie_word_embeddings", json_boolean(tied));
+  const char *st;
+  size_t sl;
+  double factor = 1.0;
+  if (mpk_gguf_get_str(g, "llama.rope.scaling.type", &st, &sl) == 0 && sl > 0 && !(sl == 4 && !memcmp(st, "none", 4))) {
+    mpk_gguf_get_f64(g, "llama.rope.scaling.factor", &factor);
+    json_t *rs = json_pack("{s:s%,s:f}", "type", st, sl, "factor", factor);
+    uint64_t orig;
+    if (mpk_gguf_get_u64(g, "llama.rope.scaling.original_context_length", &orig) == 0)
+      json_object_set_new(rs, "original_max_position_embeddings", json_integer((json_int_t)orig));
+    json_object_set_new(c, "rope_scaling", rs);
+  } else {
+    json_object_set_new(c, "rope_scaling", json_null());
+  }
+  *out = c;
+  return 0;
+fail:
+  json_decref(c);
+  return rc;
+}
+
+int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_options *opt) {
+  mpk_import_options defaults;
+  if (!opt) { mpk_import_options_init(&defaults); opt = &defaults; }
+  int rc = 0;
+  mpk_map map = {0};
+  mpk_gguf *g = NULL;
+  mpk_writer *w = NULL;
+  json_t *config = NULL;
+  tok_out tok = {0};
+  if ((rc = mpk__map_file(gguf_path, &map)) || (rc = mpk_gguf_parse(gguf_path, map.data, map.len, &g))) goto fail;
+  const char *arch;
+  size_t al;
+  if ((rc = mpk_gguf_get_str(g, "general.architecture", &arch, &al)) || al != 5 || memcmp(arch, "llama", 5)) {
+    rc = servd_fail(SERVD_EUNSUPPORTED, "%s: general.architecture: expected \"llama\"", gguf_path);
+    goto fail;
+  }
+  if ((rc = convert_tokenizer(gguf_path, g, &tok))) goto fail;
+  bool tied = true;
+  for (size_t i = 0; i < g->n_tensors; i++) tied &= strcmp(g->tensors[i].name, "output.weight") != 0;
+  uint64_t n_vocab = mpk_gguf_find(g, "tokenizer.ggml.tokens")->n;
+  if ((rc = make_config(gguf_path, g, tied, n_vocab, &config))) goto fail;
+
+  if ((rc = mpk_writer_create(out_path, &w))) goto fail;
+  char name[256] = "";
+  const char *base = strrchr(gguf_path, '/') ? strrchr(gguf_path, '/') + 1 : gguf_path;
+  snprintf(name, sizeof name, "%s", base);
+  if (strlen(name) > 5 && !strcmp(name + strlen(name) - 5, ".gguf")) name[strlen(name) - 5] = 0;
+  if ((rc = mpk__common_fields(w, opt, name))) goto fail;
+  if ((rc = mpk_writer_add_file(w, "tokenizer.json", tok.json, strlen(tok.json))) ||
+      (rc = mpk_writer_add_file(w, "tokenizer_config.json", tok.cfg, strlen(tok.cfg))))
+    goto fail;
+  const char *tmpl;
+  size_t tl;
+  if (mpk_gguf_get_str(g, "tokenizer.chat_template", &tmpl, &tl) == 0) {
+    if ((rc = mpk_writer_add_file(w, "chat_template.jinja", tmpl, tl)) ||
+        (rc = mpk_writer_set(w, "chat_template_file", json_string("chat_template.jinja"))))
+      goto fail;
+  }
+  if ((rc = mpk_writer_set(w, "tokenizer", tok.tokinfo))) { tok.tokinfo = NULL; goto fail; }
+  tok.tokinfo = NULL;
+  if ((rc = mpk_writer_set(w, "special_tokens", tok.special))) { tok.special = NULL; goto fail; }
+  tok.special = NULL;
+  if ((rc = mpk_writer_set(w, "rope_layout", json_string("interleaved")))) goto fail;
+  if ((rc = mpk_writer_set(w, "config", config))) { config = NULL; goto fail; }
+  config = NULL;
+  json_t *src = json_pack("{s:s,s:s}", "format", "gguf", "file", base);
+  if ((rc = mpk_writer_set(w, "source", src))) goto fail;
+
+  mpk_progress pr = {.o = opt};
+  for (size_t i = 0; i < g->n_tensors; i++) pr.total += g->tensors[i].nbytes;
+  for (size_t i = 0; i < g->n_tensors; i++) {
+    const mpk_gguf_tensor *t = &g->tensors[i];
+    char hn[512];
+    hf_name(t->name, hn, sizeof hn);
+    int64_t shape[4];
+    for (int d = 0; d < t->ndim; d++) shape[d] = t->ne[t->ndim - 1 - d]; /* innermost first -> row-major */
+    const void *data = (const uint8_t *)map.data + t->offset;
+    servd_dtype keep;
+    bool native = true;
+    switch (t->type) {
+    case MPK_GGML_F32: keep = SERVD_F32; break;
+    case MPK_GGML_F16: keep = SERVD_F16; break;
+    case MPK_GGML_BF16: keep = SERVD_BF16; break;
+    case MPK_GGML_Q8_0: keep = SERVD_Q8_0; break;
+    case MPK_GGML_Q4_0: keep = SERVD_Q4_0; break;
+    case MPK_GGML_Q4_1: keep = SERVD_Q4_1; break;
+    case MPK_GGML_Q5_0: case MPK_GGML_Q5_1: case MPK_GGML_Q4_K: case MPK_GGML_Q5_K: case MPK_GGML_Q6_K:
+      native = false;
+      keep = opt->dtype;
+      if (servd_dtype_is_quantized(keep) && (t->ndim < 2 || t->ne[0] % SERVD_QK)) keep = SERVD_F32;
+      break;
+    default:
+      rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%s\": ggml type %s is not supported (expected F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)",
+                      gguf_path, t->name, mpk_ggml_type_name(t->type) ? mpk_ggml_type_name(t->type) : "?");
+      goto fail;
+    }
+    if (native) rc = mpk__emit_raw(w, &pr, hn, keep, t->ndim, shape, data, t->nbytes);
+    else {
+      uint32_t be, bb;
+      mpk_ggml_type_size(t->type, &be, &bb);
+      uint32_t ty = t->type;
+      rc = mpk__emit_converted(w, &pr, hn, keep, t->ndim, shape, data, (uint64_t)t->ne[0] / be * bb, ggml_conv, &ty);
+    }
+    if (rc) goto fail;
+  }
+  rc = mpk_writer_finish(w);
+fail:
+  mpk_writer_destroy(w);
+  mpk_gguf_free(g);
+  mpk__unmap(&map);
+  json_decref(config);
+  json_decref(tok.special);
+  json_decref(tok.tokinfo);
+  free(tok.json);
+  free(tok.cfg);
+  return rc;
+}

@@ -1,0 +1,364 @@
+/* modelpkg: builds, inspects and checks servd model packages (docs/package-format.md).
+ *
+ *   modelpkg pack SRC -o OUT.mpk [--name N] [--model-version V] [--code DIR] [--entry-point M:C]
+ *                 [--dtype f32|bf16|f16|q8_0|q4_0] [--convert-all] [--quiet]
+ *   modelpkg inspect PKG [--json]      modelpkg verify PKG      modelpkg list PKG|DIR
+ *   modelpkg unpack PKG DIR            modelpkg synth CONFIG [--seed N] [--dtype f32|f16|bf16]
+ *                                                  [--hf-out DIR] [-o OUT.mpk] [--quiet]
+ * Exit status: 0 success, 1 failure (one line on stderr naming file, field and expectation), 2 usage.
+ */
+#include <archive.h>
+#include <archive_entry.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mpk/import.h"
+#include "mpk/package.h"
+#include "servd/status.h"
+
+static int usage(void) {
+  fprintf(stderr,
+          "usage: modelpkg pack SRC -o OUT.mpk [--name N] [--model-version V] [--code DIR] [--entry-point MODULE:CALLABLE]\n"
+          "                     [--dtype f32|bf16|f16|q8_0|q4_0] [--convert-all] [--quiet]\n"
+          "         SRC: a Hugging Face model folder or a GGUF file (llama)\n"
+          "       modelpkg inspect PKG [--json]\n"
+          "       modelpkg verify PKG\n"
+          "       modelpkg list PKG|DIR\n"
+          "       modelpkg unpack PKG DIR\n"
+          "       modelpkg synth CONFIG [--seed N] [--dtype f32|f16|bf16] [--hf-out DIR] [-o OUT.mpk] [--quiet]\n"
+          "         CONFIG: %s\n",
+          mpk_synth_configs());
+  return 2;
+}
+
+static int fail(void) {
+  fprintf(stderr, "modelpkg: %s\n", servd_last_error());
+  return 1;
+}
+
+typedef struct bar { double t0, last; } bar;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void progress(void *ctx, uint64_t done, uint64_t total) {
+  bar *b = ctx;
+  double t = now();
+  if (t - b->last < 0.1 && done < total) return;
+  b->last = t;
+  double frac = total ? (double)done / (double)total : 1.0;
+  int w = 30, fill = (int)(frac * w);
+  char s[64];
+  for (int i = 0; i < w; i++) s[i] = i < fill ? '#' : '.';
+  s[w] = 0;
+  double el = t - b->t0;
+  fprintf(stderr, "\r[%s] %3d%% %8.1f / %.1f MB  %6.0f MB/s", s, (int)(frac * 100), (double)done / 1e6, (double)total / 1e6,
+          el > 0 ? (double)done / 1e6 / el : 0.0);
+  if (done >= total) fputc('\n', stderr);
+}
+
+static int parse_dtype(const char *s, servd_dtype *d) {
+  if (servd_dtype_from_name(s, d) == 0 && *d != SERVD_I32 && *d != SERVD_Q4_1) return 0;
+  fprintf(stderr, "modelpkg: --dtype %s: expected f32, bf16, f16, q8_0 or q4_0\n", s);
+  return -1;
+}
+
+static bool is_gguf(const char *path) {
+  FILE *f = fopen(path, "rb");
+  char m[4] = {0};
+  if (!f) return false;
+  size_t n = fread(m, 1, 4, f);
+  fclose(f);
+  return n == 4 && !memcmp(m, "GGUF", 4);
+}
+
+static int cmd_pack(int argc, char **argv) {
+  const char *src = NULL, *out = NULL;
+  bool quiet = false;
+  mpk_import_options o;
+  mpk_import_options_init(&o);
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    bool more = i + 1 < argc;
+    if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && more) out = argv[++i];
+    else if (!strcmp(a, "--name") && more) o.name = argv[++i];
+    else if (!strcmp(a, "--model-version") && more) o.model_version = argv[++i];
+    else if (!strcmp(a, "--code") && more) o.code_dir = argv[++i];
+    else if (!strcmp(a, "--entry-point") && more) o.entry_point = argv[++i];
+    else if (!strcmp(a, "--dtype") && more) { if (parse_dtype(argv[++i], &o.dtype)) return 2; }
+    else if (!strcmp(a, "--convert-all")) o.convert_all = true;
+    else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) quiet = true;
+    else if (a[0] != '-' && !src) src = a;
+    else return usage();
+  }
+  if (!src || !out) return usage();
+  bar b = {now(), 0};
+  if (!quiet && isatty(2)) {
+    o.progress = progress;
+    o.progress_ctx = &b;
+  }
+  struct stat st;
+  if (stat(src, &st) != 0) {
+    fprintf(stderr, "modelpkg: %s: %s\n", src, strerror(errno));
+    return 1;
+  }
+  int rc = S_ISDIR(st.st_mode) ? mpk_pack_hf(src, out, &o)
+           : is_gguf(src)      ? mpk_pack_gguf(src, out, &o)
+                               : servd_fail(SERVD_EFORMAT, "%s: expected a Hugging Face model folder or a GGUF file", src);
+  if (rc) return fail();
+  if (!quiet) {
+    stat(out, &st);
+    printf("wrote %s (%.1f MB) in %.2f s\n", out, (double)st.st_size / 1e6, now() - b.t0);
+  }
+  return 0;
+}
+
+static void fmt_shape(const mpk_tensor_info *t, char *s, size_t cap) {
+  size_t l = 0;
+  l += (size_t)snprintf(s + l, cap - l, "(");
+  for (int d = 0; d < t->ndim; d++) l += (size_t)snprintf(s + l, cap - l, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+  snprintf(s + l, cap - l, ")");
+}
+
+static int cmd_inspect(int argc, char **argv) {
+  const char *path = NULL;
+  bool as_json = false;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--json")) as_json = true;
+    else if (!path) path = argv[i];
+    else return usage();
+  }
+  if (!path) return usage();
+  mpk_package *p;
+  if (mpk_open(path, &p)) return fail();
+  if (as_json) {
+    json_dumpf(mpk_manifest(p), stdout, JSON_INDENT(2));
+    putchar('\n');
+    mpk_close(p);
+    return 0;
+  }
+  printf("package        %s (%llu bytes)\n", path, (unsigned long long)mpk_size(p));
+  printf("name           %s\nmodel_version  %s\nkind           %s\nentry_point    %s\nrope_layout    %s\n", mpk_name(p),
+         mpk_model_version(p), mpk_kind(p), mpk_entry_point(p), mpk_rope_layout(p) ? mpk_rope_layout(p) : "-");
+  json_t *tok = json_object_get(mpk_manifest(p), "tokenizer");
+  if (tok) {
+    char *s = json_dumps(tok, JSON_COMPACT);
+    printf("tokenizer      %s\n", s);
+    free(s);
+  }
+  char *cfg = json_dumps(mpk_config(p), JSON_COMPACT | JSON_SORT_KEYS);
+  printf("config         %s\n", cfg);
+  free(cfg);
+  uint64_t code = 0, other = 0;
+  int ncode = 0;
+  for (int i = 0; i < mpk_file_count(p); i++) {
+    mpk_file_info f;
+    mpk_file_info_at(p, i, &f);
+    if (!strncmp(f.path, "code/", 5)) { code += f.size; ncode++; }
+    else if (strncmp(f.path, "weights/", 8)) other += f.size;
+  }
+  printf("files          %d entries: %d code files (%llu bytes), other non-weight files %llu bytes\n", mpk_file_count(p), ncode,
+         (unsigned long long)code, (unsigned long long)other);
+  printf("\n%-48s %-6s %-16s %12s\n", "tensor", "dtype", "shape", "bytes");
+  uint64_t tot = 0, params = 0, by_dtype[SERVD_DTYPE_COUNT] = {0};
+  int cnt[SERVD_DTYPE_COUNT] = {0};
+  for (int i = 0; i < mpk_tensor_count(p); i++) {
+    mpk_tensor_info t;
+    mpk_tensor_info_at(p, i, &t);
+    char sh[96];
+    fmt_shape(&t, sh, sizeof sh);
+    printf("%-48s %-6s %-16s %12llu\n", t.name, servd_dtype_name(t.dtype), sh, (unsigned long long)t.nbytes);
+    uint64_t n = 1;
+    for (int d = 0; d < t.ndim; d++) n *= (uint64_t)t.shape[d];
+    params += n;
+    tot += t.nbytes;
+    by_dtype[t.dtype] += t.nbytes;
+    cnt[t.dtype]++;
+  }
+  printf("\ntotal          %d tensors, %llu parameters, %llu bytes (%.1f MB)\n", mpk_tensor_count(p), (unsigned long long)params,
+         (unsigned long long)tot, (double)tot / 1e6);
+  for (int d = 0; d < SERVD_DTYPE_COUNT; d++)
+    if (cnt[d]) printf("  %-6s       %d tensors, %llu bytes\n", servd_dtype_name((servd_dtype)d), cnt[d], (unsigned long long)by_dtype[d]);
+  mpk_close(p);
+  return 0;
+}
+
+static int cmd_verify(int argc, char **argv) {
+  if (argc != 1) return usage();
+  mpk_package *p;
+  double t0 = now();
+  if (mpk_open(argv[0], &p)) return fail();
+  if (mpk_verify(p)) {
+    mpk_close(p);
+    return fail();
+  }
+  printf("%s: OK (%d entries, %d tensors, %llu bytes: schema, alignment, CRC-32 and SHA-256 hold) in %.2f s\n", argv[0],
+         mpk_file_count(p), mpk_tensor_count(p), (unsigned long long)mpk_size(p), now() - t0);
+  mpk_close(p);
+  return 0;
+}
+
+static int list_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) {
+    fprintf(stderr, "modelpkg: %s: %s\n", dir, strerror(errno));
+    return 1;
+  }
+  struct dirent *de;
+  int bad = 0;
+  printf("%-40s %-12s %-10s %8s %12s\n", "file", "name", "version", "tensors", "bytes");
+  while ((de = readdir(d))) {
+    size_t l = strlen(de->d_name);
+    if (l < 5 || strcmp(de->d_name + l - 4, ".mpk")) continue;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    mpk_package *p;
+    if (mpk_open(path, &p)) {
+      fprintf(stderr, "modelpkg: %s\n", servd_last_error());
+      bad = 1;
+      continue;
+    }
+    printf("%-40s %-12s %-10s %8d %12llu\n", de->d_name, mpk_name(p), mpk_model_version(p), mpk_tensor_count(p),
+           (unsigned long long)mpk_size(p));
+    mpk_close(p);
+  }
+  closedir(d);
+  return bad;
+}
+
+static int cmd_list(int argc, char **argv) {
+  if (argc != 1) return usage();
+  struct stat st;
+  if (stat(argv[0], &st) == 0 && S_ISDIR(st.st_mode)) return list_dir(argv[0]);
+  mpk_package *p;
+  if (mpk_open(argv[0], &p)) return fail();
+  printf("%12s %12s %-8s %s\n", "offset", "size", "method", "path");
+  for (int i = 0; i < mpk_file_count(p); i++) {
+    mpk_file_info f;
+    mpk_file_info_at(p, i, &f);
+    printf("%12llu %12llu %-8s %s\n", (unsigned long long)f.offset, (unsigned long long)f.size, f.method ? "deflate" : "stored", f.path);
+  }
+  mpk_close(p);
+  return 0;
+}
+
+/* Validates with mpk_open, then extracts with libarchive's safe extraction (no "..", no absolute
+ * paths, no symlinks followed), an independent zip reader. */
+static int cmd_unpack(int argc, char **argv) {
+  if (argc != 2) return usage();
+  mpk_package *p;
+  if (mpk_open(argv[0], &p)) return fail();
+  mpk_close(p);
+  if (mkdir(argv[1], 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "modelpkg: %s: cannot create: %s\n", argv[1], strerror(errno));
+    return 1;
+  }
+  char *pkg = realpath(argv[0], NULL);
+  if (!pkg || chdir(argv[1]) != 0) { /* extraction uses relative names only */
+    fprintf(stderr, "modelpkg: %s: %s\n", argv[1], strerror(errno));
+    free(pkg);
+    return 1;
+  }
+  struct archive *a = archive_read_new(), *disk = archive_write_disk_new();
+  archive_read_support_format_zip_seekable(a);
+  archive_write_disk_set_options(disk, ARCHIVE_EXTRACT_SECURE_NODOTDOT | ARCHIVE_EXTRACT_SECURE_SYMLINKS |
+                                           ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS | ARCHIVE_EXTRACT_NO_OVERWRITE);
+  int rc = 0;
+  if (archive_read_open_filename(a, pkg, 1 << 20) != ARCHIVE_OK) {
+    fprintf(stderr, "modelpkg: %s: %s\n", argv[0], archive_error_string(a));
+    rc = 1;
+    goto done;
+  }
+  struct archive_entry *e;
+  int n = 0;
+  while (archive_read_next_header(a, &e) == ARCHIVE_OK) {
+    const char *dst = archive_entry_pathname(e);
+    archive_entry_set_perm(e, 0644);
+    if (archive_write_header(disk, e) != ARCHIVE_OK) {
+      fprintf(stderr, "modelpkg: %s: %s\n", dst, archive_error_string(disk));
+      rc = 1;
+      goto done;
+    }
+    const void *buf;
+    size_t size;
+    la_int64_t off;
+    int r;
+    while ((r = archive_read_data_block(a, &buf, &size, &off)) == ARCHIVE_OK)
+      if (archive_write_data_block(disk, buf, size, off) != ARCHIVE_OK) break;
+    if (r != ARCHIVE_EOF || archive_write_finish_entry(disk) != ARCHIVE_OK) {
+      fprintf(stderr, "modelpkg: %s: %s\n", dst, r != ARCHIVE_EOF ? archive_error_string(a) : archive_error_string(disk));
+      rc = 1;
+      goto done;
+    }
+    n++;
+  }
+  printf("unpacked %d entries into %s\n", n, argv[1]);
+done:
+  free(pkg);
+  archive_read_free(a);
+  archive_write_free(disk);
+  return rc;
+}
+
+static int cmd_synth(int argc, char **argv) {
+  const char *cfg = NULL, *hf = NULL, *out = NULL;
+  uint64_t seed = 0;
+  servd_dtype dt = SERVD_BF16;
+  bool quiet = false, dt_set = false;
+  mpk_import_options o;
+  mpk_import_options_init(&o);
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    bool more = i + 1 < argc;
+    if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && more) out = argv[++i];
+    else if (!strcmp(a, "--hf-out") && more) hf = argv[++i];
+    else if (!strcmp(a, "--seed") && more) seed = strtoull(argv[++i], NULL, 0);
+    else if (!strcmp(a, "--dtype") && more) {
+      if (servd_dtype_from_name(argv[++i], &dt) || (dt != SERVD_F32 && dt != SERVD_F16 && dt != SERVD_BF16)) {
+        fprintf(stderr, "modelpkg: --dtype %s: expected f32, f16 or bf16\n", argv[i]);
+        return 2;
+      }
+      dt_set = true;
+    } else if (!strcmp(a, "--code") && more) o.code_dir = argv[++i];
+    else if (!strcmp(a, "--name") && more) o.name = argv[++i];
+    else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) quiet = true;
+    else if (a[0] != '-' && !cfg) cfg = a;
+    else return usage();
+  }
+  if (!cfg || (!hf && !out)) return usage();
+  if (!dt_set && !strcmp(cfg, "tiny")) dt = SERVD_F32; /* tiny tests compare against f32 references */
+  bar b = {now(), 0};
+  if (!quiet && isatty(2)) {
+    o.progress = progress;
+    o.progress_ctx = &b;
+  }
+  if (mpk_synth(cfg, seed, dt, hf, out, &o)) return fail();
+  if (!quiet) printf("synthesized %s (%s, seed %llu)%s%s%s%s in %.2f s\n", cfg, servd_dtype_name(dt), (unsigned long long)seed,
+                     hf ? " folder " : "", hf ? hf : "", out ? " package " : "", out ? out : "", now() - b.t0);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) return usage();
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "pack")) return cmd_pack(argc - 2, argv + 2);
+  if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
+  if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
+  if (!strcmp(cmd, "list")) return cmd_list(argc - 2, argv + 2);
+  if (!strcmp(cmd, "unpack")) return cmd_unpack(argc - 2, argv + 2);
+  if (!strcmp(cmd, "synth")) return cmd_synth(argc - 2, argv + 2);
+  if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+    usage();
+    return 0;
+  }
+  return usage();
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan + UBSan) in build-fuzz/ and runs each for a bounded
+# time from its seed corpus (tests/fuzz/corpus/<target>/). Exits non-zero on the first crash.
+#   scripts/fuzz.sh [--seconds N] [target ...]     (targets: gguf safetensors package)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+secs=20
+targets=()
+while (($#)); do
+  case "$1" in
+    --seconds) secs="$2"; shift 2 ;;
+    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    *) targets+=("$1"); shift ;;
+  esac
+done
+((${#targets[@]})) || targets=(gguf safetensors package)
+build="$root/build-fuzz"
+CC=clang cmake -S "$root" -B "$build" -DSERVD_FUZZ=ON -DSERVD_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build" --target "${targets[@]/#/fuzz_}" -j"$(nproc)" >/dev/null
+for t in "${targets[@]}"; do
+  work="$build/corpus-$t" # grows across runs; the seeds stay untouched
+  mkdir -p "$work" "$build/artifacts-$t"
+  echo "fuzz_$t: ${secs}s"
+  log="$build/fuzz_$t.log"
+  set +e
+  "$build/tests/fuzz/fuzz_$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+    -artifact_prefix="$build/artifacts-$t/" -print_final_stats=1 "$work" "$root/tests/fuzz/corpus/$t" >"$log" 2>&1
+  rc=$?
+  set -e
+  grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb)|ERROR|SUMMARY|Done" "$log" || true
+  if ((rc != 0)); then
+    echo "fuzz_$t: failed (exit $rc); reproducer in $build/artifacts-$t/, log $log" >&2
+    tail -40 "$log" >&2
+    exit 1
+  fi
+done
+echo "fuzz: all targets ran ${secs}s without a finding"

@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""servd-bench against a scripted fake server with known delays, token counts and faults.
+
+The fake server (fake_openai_server.py) sleeps a scripted TTFT before the first content chunk and a
+scripted gap between chunks, and records when it actually wrote each chunk (a sleep can overrun on
+a loaded machine). The scripted delays are lower bounds for what the client reports; the server's
+own record is the reference the client's figures must match. Tolerances:
+  - TTFT and end-to-end medians: within max(20 ms, 15 %). The machine is shared and has 2 cores;
+    a Python server thread's sleep can wake late by a scheduler tick or a GIL hand-off (several ms,
+    occasionally tens), and both the client and server processes compete with other builds.
+  - ITL and TPOT medians: within max(6 ms, 15 %) (about 40 ms gaps): a median is robust to the
+    odd late wake-up of the client, and TPOT averages over 7 gaps.
+  - throughput: within 15 % of requests / (rounds * end-to-end), since it derives from durations.
+  - Lower bounds are strict (minus 1 ms for clock granularity): a server sleep can only be
+    longer than asked, so a TTFT below the scripted delay would be a measuring bug.
+Counts (requests, tokens, errors by kind) must be exact.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import unittest
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = None
+SCHEMA = None
+
+
+def within(value, expected, abs_tol, rel_tol):
+    return abs(value - expected) <= max(abs_tol, rel_tol * expected)
+
+
+class FakeServer:
+    def __init__(self, *args):
+        self.args = list(args)
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "fake_openai_server.py"), "--port", "0"] + self.args,
+            stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            self.proc.kill()
+            raise RuntimeError("fake server did not start: %r" % line)
+        self.port = int(line.split()[1])
+        return self
+
+    def stats(self):
+        with urllib.request.urlopen("http://127.0.0.1:%d/stats" % self.port, timeout=10) as r:
+            return json.load(r)
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.proc.stdout.close()
+
+
+class BenchTest(unittest.TestCase):
+    def run_bench(self, port, *args, expect_rc=0):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "r.json")
+            p = subprocess.run([BENCH, "--port", str(port), "--json", out] + list(args),
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, expect_rc, p.stdout + p.stderr)
+            with open(out) as f:
+                doc = json.load(f)
+        self.validate(doc)
+        return doc, p.stdout
+
+    def validate(self, doc):
+        with open(SCHEMA) as f:
+            schema = json.load(f)
+        try:
+            import jsonschema
+        except ImportError:  # hand checks of the main structure
+            for k in schema["required"]:
+                self.assertIn(k, doc)
+            for k in schema["properties"]["results"]["required"]:
+                self.assertIn(k, doc["results"])
+            return
+        jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)
+
+    def assertWithin(self, value, expected, abs_tol, rel_tol, what):
+        self.assertTrue(within(value, expected, abs_tol, rel_tol),
+                        "%s = %.2f, expected %.2f within max(%g, %g%%)"
+                        % (what, value, expected, abs_tol, rel_tol * 100))
+
+    def test_timing_matches_script(self):
+        ttft, itl, n, conc, reqs = 100.0, 40.0, 8, 4, 8
+        with FakeServer("--ttft-ms", str(ttft), "--itl-ms", str(itl), "--tokens", str(n),
+                        "--usage-extra", "5") as srv:
+            doc, table = self.run_bench(srv.port, "--concurrency", str(conc), "--num-requests",
+                                        str(reqs), "--warmup", "2", "--usage", "--input-len", "32",
+                                        "--output-len", str(n), "--per-request")
+            st = srv.stats()
+        r = doc["results"]
+        self.assertEqual(r["completed"], reqs)
+        self.assertEqual(r["failed"], 0)
+        self.assertEqual(r["output_tokens"], reqs * n)   # counted from the stream ...
+        self.assertEqual(r["usage_output_tokens"], reqs * (n + 5))  # ... not the server's claim
+        self.assertEqual(r["input_tokens"], reqs * 32)
+        self.assertEqual(st["requests"], reqs + 2)       # warm-up sent but not reported
+        self.assertEqual(len(doc["requests"]), reqs)
+        self.assertEqual(st["connections"] - 1, conc)     # keep-alive (the /stats call is one)
+        for p in st["prompts"]:
+            self.assertEqual(len(p.split()), 32)
+        # the scripted delays are lower bounds (a sleep can only overrun) ...
+        self.assertGreaterEqual(r["ttft_ms"]["min"], ttft - 1)
+        self.assertGreaterEqual(r["itl_ms"]["median"], itl - 1)
+        # ... and what the server actually did, timed on its side, is the reference
+        tm = [t for t in st["timings"]]
+        self.assertEqual(len(tm), reqs + 2)
+        srv_ttft = statistics.median(t["ttft_ms"] for t in tm)
+        srv_gap = statistics.median(g for t in tm for g in t["gaps_ms"])
+        srv_e2e = statistics.median(t["e2e_ms"] for t in tm)
+        srv_tpot = statistics.median((t["e2e_ms"] - t["ttft_ms"]) / (n - 1) for t in tm)
+        self.assertWithin(r["ttft_ms"]["median"], srv_ttft, 20, 0.15, "TTFT median")
+        self.assertWithin(r["itl_ms"]["median"], srv_gap, 6, 0.15, "ITL median")
+        self.assertEqual(r["itl_ms"]["count"], reqs * (n - 1))
+        self.assertWithin(r["tpot_ms"]["median"], srv_tpot, 6, 0.15, "TPOT median")
+        self.assertWithin(r["e2e_ms"]["median"], srv_e2e, 20, 0.15, "E2E median")
+        rounds = reqs // conc
+        self.assertWithin(r["requests_per_s"], reqs / (rounds * srv_e2e / 1000), 0, 0.15, "req/s")
+        self.assertWithin(r["output_tokens_per_s"], reqs * n / (rounds * srv_e2e / 1000), 0, 0.15,
+                          "output tok/s")
+        for q in doc["requests"]:
+            self.assertTrue(q["ok"])
+            self.assertEqual(len(q["itl_ms"]), n - 1)
+            self.assertEqual(q["output_tokens"], n)
+            # TPOT's definition, checked on each request: (e2e - ttft) / (n - 1) ~ mean ITL
+            tpot = (q["e2e_ms"] - q["ttft_ms"]) / (n - 1)
+            self.assertLess(abs(tpot - sum(q["itl_ms"]) / len(q["itl_ms"])), 5)
+        self.assertIn("TTFT", table)
+        self.assertIn("Output token throughput", table)
+
+    def test_chat_role_chunk_and_tokenize_counting(self):
+        with FakeServer("--ttft-ms", "60", "--itl-ms", "10", "--tokens", "5",
+                        "--words-per-chunk", "3") as srv:
+            doc, _ = self.run_bench(srv.port, "--api", "chat", "--concurrency", "2",
+                                    "--num-requests", "4", "--input-len", "20",
+                                    "--count-tokens", "tokenize")
+            srv_ttft = statistics.median(t["ttft_ms"] for t in srv.stats()["timings"])
+        r = doc["results"]
+        self.assertEqual(r["completed"], 4)
+        self.assertEqual(r["output_chunks"], 4 * 5)
+        self.assertEqual(r["output_tokens"], 4 * 5 * 3)  # the fake /tokenize counts words
+        self.assertEqual(r["output_tokens_counted_by"], "tokenize")
+        self.assertEqual(r["input_tokens"], 4 * 20)
+        self.assertEqual(r["input_tokens_source"], "tokenize")
+        # the role-only chunk comes at once; TTFT waits for content
+        self.assertGreaterEqual(r["ttft_ms"]["min"], 59)
+        self.assertWithin(r["ttft_ms"]["median"], srv_ttft, 20, 0.15, "chat TTFT median")
+
+    def test_faults_are_counted_not_fatal(self):
+        cycle = "ok,429,500,disconnect,hang,badjson,nodone,streamerror,close,eofbody,donenoend,ok"
+        with FakeServer("--ttft-ms", "20", "--itl-ms", "5", "--tokens", "6", "--cycle", cycle,
+                        "--hang-s", "3") as srv:
+            doc, table = self.run_bench(srv.port, "--concurrency", "1", "--num-requests", "12",
+                                        "--timeout", "1", "--per-request")
+        r = doc["results"]
+        e = r["errors"]
+        self.assertEqual(r["completed"], 5)  # ok, close, eofbody, donenoend, ok
+        self.assertEqual(r["failed"], 7)
+        self.assertEqual(e["http"], 2)
+        self.assertEqual(e["http_status"], {"429": 1, "500": 1})
+        self.assertEqual(e["disconnect"], 1)
+        self.assertEqual(e["timeout"], 1)
+        self.assertEqual(e["parse"], 2)  # bad JSON chunk, stream without [DONE]
+        self.assertEqual(e["stream"], 1)
+        self.assertEqual(e["connect"], 0)
+        self.assertEqual(r["output_tokens"], 5 * 6)  # failed requests' tokens are not counted
+        kinds = [q["error"] for q in doc["requests"]]
+        self.assertEqual(kinds, [None, "http", "http", "disconnect", "timeout", "parse", "parse",
+                                 "stream", None, None, None, None])
+        self.assertIn("429", r["first_error"])
+        self.assertIn("disconnect 1", table)
+
+    def test_connect_failures(self):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()  # nothing listens there now
+        doc, _ = self.run_bench(port, "--concurrency", "3", "--num-requests", "9", expect_rc=1)
+        self.assertEqual(doc["results"]["errors"]["connect"], 9)
+        self.assertEqual(doc["results"]["completed"], 0)
+        self.assertEqual(doc["results"]["ttft_ms"]["count"], 0)
+
+    def test_rate_mode_and_seed(self):
+        def run(seed):
+            with FakeServer("--ttft-ms", "5", "--itl-ms", "2", "--tokens", "4") as srv:
+                doc, _ = self.run_bench(srv.port, "--request-rate", "100", "--num-requests", "20",
+                                        "--seed", str(seed), "--input-len", "12", "--per-request")
+                return doc, sorted(srv.stats()["prompts"])
+        a, pa = run(7)
+        b, pb = run(7)
+        c, pc = run(8)
+        self.assertEqual(a["results"]["completed"], 20)
+        self.assertEqual(a["config"]["load"], "rate")
+        self.assertEqual(pa, pb)
+        self.assertNotEqual(pa, pc)
+        self.assertEqual(sorted(q["prompt_index"] for q in a["requests"]), list(range(20)))
+        # 19 exponential gaps of mean 10 ms: far below the 1 s a serial run would need
+        self.assertLess(a["results"]["duration_s"], 1.0)
+
+    def test_duration_mode(self):
+        with FakeServer("--ttft-ms", "20", "--itl-ms", "10", "--tokens", "4") as srv:
+            doc, _ = self.run_bench(srv.port, "--concurrency", "2", "--duration", "0.6")
+        r = doc["results"]
+        self.assertGreaterEqual(r["duration_s"], 0.6)
+        self.assertLess(r["duration_s"], 0.6 + 1.0)
+        self.assertGreaterEqual(r["completed"], 2)
+        self.assertEqual(doc["config"]["num_requests"], None)
+
+    def test_kserve(self):
+        with FakeServer("--infer-ms", "30", "--expect-datatype", "INT32") as srv:
+            doc, _ = self.run_bench(srv.port, "--api", "kserve", "--model", "m", "--shape", "2,3",
+                                    "--datatype", "INT32", "--concurrency", "2",
+                                    "--num-requests", "6")
+            srv_e2e = statistics.median(t["e2e_ms"] for t in srv.stats()["timings"])
+            bad, _ = self.run_bench(srv.port, "--api", "kserve", "--model", "m", "--shape", "4",
+                                    "--datatype", "FP32", "--num-requests", "2", expect_rc=1)
+        r = doc["results"]
+        self.assertEqual(r["completed"], 6)
+        self.assertNotIn("ttft_ms", r)
+        self.assertGreaterEqual(r["e2e_ms"]["min"], 29)
+        self.assertWithin(r["e2e_ms"]["median"], srv_e2e, 20, 0.15, "KServe latency median")
+        self.assertEqual(doc["config"]["endpoint"], "/v2/models/m/infer")
+        self.assertEqual(bad["results"]["errors"]["http_status"], {"400": 2})
+
+    def test_sharegpt_dataset_and_api_key(self):
+        convs = [
+            {"conversations": [{"from": "human", "value": "What is a kernel?"},
+                               {"from": "gpt", "value": "x" * 40}]},
+            {"conversations": [{"from": "human", "value": "Name three rivers."},
+                               {"from": "gpt", "value": "y" * 80}]},
+            {"conversations": [{"from": "gpt", "value": "skipped: no human turn first"}]},
+        ]
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "sharegpt.jsonl")
+            with open(path, "w") as f:
+                for c in convs:
+                    f.write(json.dumps(c) + "\n")
+            with FakeServer("--ttft-ms", "5", "--itl-ms", "1", "--tokens", "0",
+                            "--require-key", "s3cret") as srv:
+                doc, _ = self.run_bench(srv.port, "--dataset", path, "--num-requests", "4",
+                                        "--api-key", "s3cret")
+                st = srv.stats()
+                with open(os.path.join(d, "r.json"), "w") as f:
+                    json.dump(doc, f)
+        self.assertEqual(sorted(set(st["prompts"])), ["Name three rivers.", "What is a kernel?"])
+        r = doc["results"]
+        self.assertEqual(r["completed"], 4)
+        # --tokens 0: the server sends max_tokens chunks, sized from the reply (4 chars/token)
+        self.assertEqual(r["output_tokens"], 2 * (10 + 20))
+        self.assertEqual(r["input_tokens_source"], "estimated")
+        self.assertNotIn("s3cret", json.dumps(doc))
+        self.assertTrue(doc["config"]["api_key_set"])
+
+    def test_bad_options(self):
+        for args in (["--concurrency", "0"], ["--api", "grpc"], ["--url", "https://x"],
+                     ["--shape", "1,-2", "--api", "kserve", "--model", "m"],
+                     ["--extra-body", "[1]"], ["--concurrency", "2", "--request-rate", "3"]):
+            p = subprocess.run([BENCH] + args, capture_output=True, text=True, timeout=20)
+            self.assertEqual(p.returncode, 2, args)
+            self.assertIn("servd-bench:", p.stderr)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", required=True)
+    ap.add_argument("--schema", required=True)
+    opts, rest = ap.parse_known_args()
+    BENCH, SCHEMA = opts.bench, opts.schema
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)

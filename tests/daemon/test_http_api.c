@@ -1,0 +1,817 @@
+/* The API routes over real HTTP against fake models (substituted through servd_model_ops): OpenAI
+ * shapes, SSE framing, validation, errors, 429, engine failures, disconnects, KServe v2, auth,
+ * metrics (checked with promtool when installed), tokenizer routes, repository load/unload. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "api/api.h"
+#include "servd/tensor.h"
+#include "test_http_util.h"
+
+/* ---- fake engine ------------------------------------------------------------------------------ */
+
+struct servd_model {
+  char name[64];
+  servd_model_kind kind;
+};
+
+struct servd_request {
+  servd_event_cb cb;
+  void *ud;
+  int max_tokens, n_prompt, logprobs;
+  atomic_bool cancel;
+  atomic_int refs;
+};
+
+static atomic_int max_predict_running, fake_busy, fake_error, fake_delay_us, n_cancel, n_live, n_submit;
+static atomic_bool fake_ready = true;
+
+static void fake_options_default(servd_model_options *o) { memset(o, 0, sizeof(*o)); }
+static void fake_params_default(servd_gen_params *p) {
+  memset(p, 0, sizeof(*p));
+  p->top_p = 1;
+  p->repetition_penalty = 1;
+  p->logprobs = -1;
+}
+
+static servd_model *fake_new(const char *name, servd_model_kind k) {
+  servd_model *m = calloc(1, sizeof(*m));
+  snprintf(m->name, sizeof m->name, "%s", name);
+  m->kind = k;
+  return m;
+}
+
+static int fake_load(const servd_model_options *o, servd_model **out) {
+  *out = fake_new(o->name ? o->name : "loaded", SERVD_MODEL_CAUSAL_LM);
+  return 0;
+}
+static void fake_unload(servd_model *m, int d) {
+  (void)d;
+  free(m);
+}
+static const char *fake_name(const servd_model *m) { return m->name; }
+static servd_model_kind fake_kind(const servd_model *m) { return m->kind; }
+static bool fake_is_ready(const servd_model *m) {
+  (void)m;
+  return atomic_load(&fake_ready);
+}
+static json_t *fake_meta(const servd_model *m) {
+  (void)m;
+  return json_pack("{s:[{s:s, s:s, s:[i]}], s:[{s:s, s:s, s:[i]}]}", "inputs", "name", "x", "datatype", "FP32",
+                   "shape", -1, "outputs", "name", "y", "datatype", "FP32", "shape", -1);
+}
+static int fake_tokenize(servd_model *m, const char *t, size_t n, bool sp, int32_t **ids, int *k) {
+  (void)m;
+  (void)sp;
+  *ids = malloc((n ? n : 1) * sizeof(int32_t));
+  for (size_t i = 0; i < n; i++) (*ids)[i] = (unsigned char)t[i];
+  *k = (int)n;
+  return 0;
+}
+static int fake_detokenize(servd_model *m, const int32_t *ids, int n, char **text) {
+  (void)m;
+  *text = malloc((size_t)n + 1);
+  for (int i = 0; i < n; i++) (*text)[i] = (char)ids[i];
+  (*text)[n] = '\0';
+  return 0;
+}
+static int fake_template(servd_model *m, json_t *msgs, bool gen, char **text) {
+  (void)m;
+  char buf[4096] = "";
+  for (size_t i = 0; i < json_array_size(msgs); i++) {
+    json_t *e = json_array_get(msgs, i);
+    strcat(buf, json_string_value(json_object_get(e, "content")));
+  }
+  if (gen) strcat(buf, ">");
+  *text = strdup(buf);
+  return 0;
+}
+static int fake_ctx(const servd_model *m) {
+  (void)m;
+  return 64;
+}
+
+static void req_unref(servd_request *r) {
+  if (atomic_fetch_sub(&r->refs, 1) == 1) {
+    atomic_fetch_sub(&n_live, 1);
+    free(r);
+  }
+}
+
+static void *fake_run(void *p) {
+  servd_request *r = p;
+  servd_event ev;
+  char text[32];
+  int produced = 0;
+  for (int i = 0; i < r->max_tokens; i++) {
+    if (atomic_load(&fake_delay_us)) usleep((useconds_t)atomic_load(&fake_delay_us));
+    if (atomic_load(&r->cancel)) break;
+    if (atomic_load(&fake_error) && i == 1) {
+      memset(&ev, 0, sizeof ev);
+      ev.kind = SERVD_EVENT_ERROR;
+      ev.error_code = SERVD_EIO;
+      ev.error_message = "ValueError: boom in forward";
+      r->cb(r->ud, &ev);
+      req_unref(r);
+      return NULL;
+    }
+    memset(&ev, 0, sizeof ev);
+    snprintf(text, sizeof text, "w%d ", i);
+    servd_top_logprob top[3] = {{'a', -0.5f}, {'b', -1.5f}, {'c', -2.5f}};
+    ev.kind = SERVD_EVENT_TOKEN;
+    ev.text = text;
+    ev.text_len = strlen(text);
+    ev.token = 'a';
+    ev.logprob = -0.5f;
+    if (r->logprobs >= 0) {
+      ev.top = top;
+      ev.n_top = r->logprobs < 3 ? r->logprobs : 3;
+    }
+    r->cb(r->ud, &ev);
+    produced++;
+  }
+  memset(&ev, 0, sizeof ev);
+  ev.kind = SERVD_EVENT_DONE;
+  ev.finish_reason = atomic_load(&r->cancel) ? "cancelled" : "length";
+  ev.prompt_tokens = r->n_prompt;
+  ev.completion_tokens = produced;
+  r->cb(r->ud, &ev);
+  req_unref(r);
+  return NULL;
+}
+
+static int fake_submit(servd_model *m, const int32_t *prompt, int n, const servd_gen_params *p, servd_event_cb cb,
+                       void *ud, servd_request **out) {
+  (void)m;
+  (void)prompt;
+  if (atomic_load(&fake_busy)) return servd_fail(SERVD_EBUSY, "queue full");
+  servd_request *r = calloc(1, sizeof(*r));
+  r->cb = cb;
+  r->ud = ud;
+  r->max_tokens = p->max_tokens > 0 ? p->max_tokens : 4;
+  r->n_prompt = n;
+  r->logprobs = p->logprobs;
+  atomic_store(&r->refs, 2);
+  atomic_fetch_add(&n_live, 1);
+  atomic_fetch_add(&n_submit, 1);
+  *out = r;
+  pthread_t t;
+  pthread_create(&t, NULL, fake_run, r);
+  pthread_detach(t);
+  return 0;
+}
+static void fake_cancel(servd_request *r) {
+  atomic_fetch_add(&n_cancel, 1);
+  atomic_store(&r->cancel, true);
+}
+static void fake_release(servd_request *r) { req_unref(r); }
+
+static int fake_predict(servd_model *m, const servd_named_tensor *in, int n_in, servd_named_tensor **out, int *n_out,
+                        int64_t deadline) {
+  (void)m;
+  (void)deadline;
+  if (n_in != 1 || in[0].tensor->dtype != SERVD_F32) return servd_fail(SERVD_EINVAL, "expected one FP32 input 'x'");
+  static atomic_int running;
+  int now = atomic_fetch_add(&running, 1) + 1;
+  int prev = atomic_load(&max_predict_running);
+  while (now > prev && !atomic_compare_exchange_weak(&max_predict_running, &prev, now)) {
+  }
+  if (atomic_load(&fake_delay_us)) usleep((useconds_t)atomic_load(&fake_delay_us));
+  atomic_fetch_sub(&running, 1);
+  /* As the engine reports Python exceptions: SERVD_EINVAL and "predict: Type: message". */
+  if (strcmp(in[0].name, "boom") == 0) return servd_fail(SERVD_EINVAL, "predict: RuntimeError: the model raised");
+  if (strcmp(in[0].name, "bad") == 0) return servd_fail(SERVD_EINVAL, "predict: ValueError: x must be 2-d");
+  servd_tensor *x = in[0].tensor;
+  servd_tensor *y = servd_tensor_new(SERVD_F32, x->ndim, x->shape);
+  const float *px = servd_tensor_data(x);
+  float *py = servd_tensor_data(y);
+  for (int64_t i = 0; i < servd_tensor_numel(x); i++) py[i] = 2 * px[i];
+  *out = calloc(1, sizeof(servd_named_tensor));
+  snprintf((*out)[0].name, sizeof(*out)[0].name, "y");
+  (*out)[0].tensor = y;
+  *n_out = 1;
+  return 0;
+}
+static void fake_stats(const servd_model *m, servd_model_stats *s) {
+  (void)m;
+  memset(s, 0, sizeof(*s));
+  s->kv_blocks_total = 100;
+  s->kv_blocks_used = atomic_load(&n_live);
+  s->running = atomic_load(&n_live);
+  s->n_interpreters = 2;
+  s->interp_busy_seconds[0] = 1.5;
+}
+
+static const servd_model_ops fake_ops = {
+    .options_default = fake_options_default, .gen_params_default = fake_params_default, .load = fake_load,
+    .unload = fake_unload, .name = fake_name, .kind = fake_kind, .ready = fake_is_ready, .metadata = fake_meta,
+    .tokenize = fake_tokenize, .detokenize = fake_detokenize, .apply_chat_template = fake_template,
+    .context_length = fake_ctx, .submit = fake_submit, .cancel = fake_cancel, .release = fake_release,
+    .predict = fake_predict, .get_stats = fake_stats,
+};
+
+/* ---- servers ---------------------------------------------------------------------------------- */
+
+static tloop L;
+typedef struct inst {
+  servd_api *api;
+  servd_http_server *http;
+  int port;
+  const char *key;
+} inst;
+static inst open_srv, auth_srv;
+static char repo_dir[] = "/tmp/servd-test-repo-XXXXXX";
+static FILE *devnull;
+
+static void start_inst(void *arg) {
+  inst *in = arg;
+  servd_api_options o;
+  servd_api_options_default(&o);
+  o.ops = &fake_ops;
+  o.api_key = in->key;
+  o.log = devnull;
+  const char *repo[] = {repo_dir};
+  o.repository = repo;
+  o.n_repository = 1;
+  o.unload_timeout_ms = 1000;
+  assert_int_equal(servd_api_create(&L.loop, &o, &in->api), 0);
+  servd_api_add_model(in->api, fake_new("lm", SERVD_MODEL_CAUSAL_LM));
+  servd_api_add_model(in->api, fake_new("gen", SERVD_MODEL_GENERIC));
+  servd_http_limits lim;
+  servd_http_limits_default(&lim);
+  lim.max_body_bytes = 64 * 1024;
+  servd_http_callbacks cb = servd_api_http_callbacks(in->api);
+  assert_int_equal(servd_http_server_create(&L.loop, &lim, &cb, &in->http), 0);
+  assert_int_equal(servd_http_server_listen(in->http, "127.0.0.1", 0), 0);
+  servd_api_set_server(in->api, in->http);
+  in->port = servd_http_server_port(in->http);
+}
+
+static void after_unload(void *ud) {
+  inst *in = ud;
+  servd_http_server_close(in->http, NULL, NULL);
+  servd_api_close(in->api, NULL, NULL);
+}
+
+static void stop_inst(void *arg) {
+  inst *in = arg;
+  servd_api_unload_all(in->api, 0, after_unload, in);
+}
+
+static int setup(void **st) {
+  (void)st;
+  devnull = fopen("/dev/null", "w");
+  if (!mkdtemp(repo_dir)) return -1;
+  char p[256];
+  snprintf(p, sizeof p, "%s/extra.mpk", repo_dir);
+  FILE *f = fopen(p, "w");
+  fputs("x", f);
+  fclose(f);
+  tloop_start(&L);
+  auth_srv.key = "sekret-key";
+  tloop_run(&L, start_inst, &open_srv);
+  tloop_run(&L, start_inst, &auth_srv);
+  return 0;
+}
+
+static int teardown(void **st) {
+  (void)st;
+  tloop_run(&L, stop_inst, &open_srv);
+  tloop_run(&L, stop_inst, &auth_srv);
+  tloop_stop(&L);
+  char p[256];
+  snprintf(p, sizeof p, "%s/extra.mpk", repo_dir);
+  unlink(p);
+  rmdir(repo_dir);
+  fclose(devnull);
+  return 0;
+}
+
+static json_t *post_json(int port, const char *path, const char *body, int *status, tc_resp *keep) {
+  tc_resp r = tc_request(port, "POST", path, "Content-Type: application/json\r\n", body);
+  *status = r.status;
+  json_t *j = r.body ? json_loads(r.body, JSON_DECODE_ANY, NULL) : NULL;
+  if (keep) *keep = r;
+  else tc_resp_free(&r);
+  return j;
+}
+
+static json_t *get_json(int port, const char *path, int *status) {
+  tc_resp r = tc_request(port, "GET", path, NULL, NULL);
+  *status = r.status;
+  json_t *j = r.body ? json_loads(r.body, JSON_DECODE_ANY, NULL) : NULL;
+  tc_resp_free(&r);
+  return j;
+}
+
+/* ---- tests ------------------------------------------------------------------------------------ */
+
+static void test_health_and_meta(void **st) {
+  (void)st;
+  int s;
+  json_t *j = get_json(open_srv.port, "/v2/health/live", &s);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/health/ready", &s);
+  assert_int_equal(s, 200);
+  assert_true(json_is_true(json_object_get(j, "ready")));
+  json_decref(j);
+  atomic_store(&fake_ready, false); /* the engine reports being stuck */
+  j = get_json(open_srv.port, "/v2/health/ready", &s);
+  assert_int_equal(s, 503);
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/models/lm/ready", &s);
+  assert_int_equal(s, 503);
+  json_decref(j);
+  atomic_store(&fake_ready, true);
+  j = get_json(open_srv.port, "/v2", &s);
+  assert_int_equal(s, 200);
+  assert_string_equal(json_string_value(json_object_get(j, "name")), "servd");
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/models/gen", &s);
+  assert_int_equal(s, 200);
+  assert_string_equal(json_string_value(json_object_get(j, "name")), "gen");
+  assert_true(json_is_array(json_object_get(j, "inputs")));
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/models/nope", &s);
+  assert_int_equal(s, 404);
+  assert_true(json_is_string(json_object_get(j, "error")));
+  json_decref(j);
+  j = get_json(open_srv.port, "/v1/models", &s);
+  assert_int_equal(s, 200);
+  assert_string_equal(json_string_value(json_object_get(j, "object")), "list");
+  assert_int_equal(json_array_size(json_object_get(j, "data")), 2);
+  json_decref(j);
+  j = get_json(open_srv.port, "/v1/completions", &s);
+  assert_int_equal(s, 405);
+  json_decref(j);
+}
+
+static void test_completion(void **st) {
+  (void)st;
+  int s;
+  json_t *j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"hi\",\"max_tokens\":3}", &s,
+                        NULL);
+  assert_int_equal(s, 200);
+  assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+  assert_memory_equal(json_string_value(json_object_get(j, "id")), "cmpl-", 5);
+  json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+  assert_string_equal(json_string_value(json_object_get(c, "text")), "w0 w1 w2 ");
+  assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "length");
+  json_t *u = json_object_get(j, "usage");
+  assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), 2);
+  assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), 3);
+  assert_int_equal(json_integer_value(json_object_get(u, "total_tokens")), 5);
+  json_decref(j);
+  /* n = 2: two choices. */
+  j = post_json(open_srv.port, "/v1/chat/completions",
+                "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"hey\"}],\"n\":2,\"max_tokens\":2}", &s,
+                NULL);
+  assert_int_equal(s, 200);
+  assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+  json_t *ch = json_object_get(j, "choices");
+  assert_int_equal(json_array_size(ch), 2);
+  int seen = 0;
+  for (size_t i = 0; i < 2; i++) {
+    json_t *e = json_array_get(ch, i);
+    seen |= 1 << json_integer_value(json_object_get(e, "index"));
+    json_t *msg = json_object_get(e, "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "role")), "assistant");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), "w0 w1 ");
+  }
+  assert_int_equal(seen, 3);
+  /* "hey" + ">" = 4 prompt tokens, counted once for both choices. */
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), 4);
+  json_decref(j);
+}
+
+static void test_logprobs(void **st) {
+  (void)st;
+  int s;
+  json_t *j = post_json(open_srv.port, "/v1/completions",
+                        "{\"model\":\"lm\",\"prompt\":\"hi\",\"max_tokens\":2,\"logprobs\":2}", &s, NULL);
+  assert_int_equal(s, 200);
+  json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+  assert_int_equal(json_array_size(json_object_get(lp, "tokens")), 2);
+  assert_true(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), 0)) == -0.5);
+  assert_int_equal(json_object_size(json_array_get(json_object_get(lp, "top_logprobs"), 1)), 2);
+  assert_int_equal(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 1)), 3);
+  json_decref(j);
+  j = post_json(open_srv.port, "/v1/chat/completions",
+                "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2,"
+                "\"logprobs\":true,\"top_logprobs\":3}",
+                &s, NULL);
+  assert_int_equal(s, 200);
+  json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+                                    "content");
+  assert_int_equal(json_array_size(content), 2);
+  json_t *e0 = json_array_get(content, 0);
+  assert_string_equal(json_string_value(json_object_get(e0, "token")), "a");
+  assert_int_equal(json_array_size(json_object_get(e0, "top_logprobs")), 3);
+  assert_int_equal(json_integer_value(json_array_get(json_object_get(e0, "bytes"), 0)), 'a');
+  json_decref(j);
+}
+
+static void test_chat_stream(void **st) {
+  (void)st;
+  int s;
+  tc_resp r;
+  json_decref(post_json(open_srv.port, "/v1/chat/completions",
+                        "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
+                        "\"hi\"}]}],\"max_tokens\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                        &s, &r));
+  assert_int_equal(s, 200);
+  assert_string_equal(tc_header(&r, "Content-Type"), "text/event-stream");
+  /* Every event is "data: ...\n\n"; the last is [DONE]. */
+  char content[256] = "";
+  char *p = r.body;
+  int events = 0, usage_seen = 0, role_seen = 0, finish_seen = 0, done_seen = 0;
+  while (*p) {
+    assert_memory_equal(p, "data: ", 6);
+    char *end = strstr(p, "\n\n");
+    assert_non_null(end);
+    *end = '\0';
+    const char *data = p + 6;
+    events++;
+    if (strcmp(data, "[DONE]") == 0) {
+      done_seen = 1;
+      assert_string_equal(end + 2, "");
+      break;
+    }
+    json_t *j = json_loads(data, 0, NULL);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion.chunk");
+    assert_memory_equal(json_string_value(json_object_get(j, "id")), "chatcmpl-", 9);
+    json_t *ch = json_object_get(j, "choices");
+    if (json_array_size(ch) == 0) {
+      usage_seen = 1;
+      assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 2);
+    } else {
+      json_t *d = json_object_get(json_array_get(ch, 0), "delta");
+      if (json_object_get(d, "role")) role_seen = 1;
+      json_t *c = json_object_get(d, "content");
+      if (json_is_string(c)) strcat(content, json_string_value(c));
+      json_t *fr = json_object_get(json_array_get(ch, 0), "finish_reason");
+      if (json_is_string(fr)) {
+        finish_seen = 1;
+        assert_string_equal(json_string_value(fr), "length");
+      }
+    }
+    json_decref(j);
+    p = end + 2;
+  }
+  assert_true(done_seen && usage_seen && role_seen && finish_seen);
+  assert_string_equal(content, "w0 w1 ");
+  assert_true(events >= 5);
+  tc_resp_free(&r);
+}
+
+typedef struct bad_case {
+  const char *path, *body;
+  int status;
+  const char *needle; /* in error.message, or error.param / error.code */
+} bad_case;
+
+static void test_validation(void **st) {
+  (void)st;
+  static const bad_case cases[] = {
+      {"/v1/completions", "{", 400, "malformed JSON"},
+      {"/v1/completions", "[1]", 400, "JSON object"},
+      {"/v1/completions", "{\"model\":\"lm\"}", 400, "prompt"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"temperature\":\"hot\"}", 400, "temperature"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"temperature\":-1}", 400, "temperature"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"temperature\":1e300}", 400, "temperature"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"top_p\":0}", 400, "top_p"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":-5}", 400, "max_tokens"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":\"9\"}", 400, "max_tokens"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"n\":1000}", 400, "n"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"logprobs\":99}", 400, "logprobs"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"stop\":5}", 400, "stop"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"stream\":\"yes\"}", 400, "stream"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"seed\":1.5}", 400, "seed"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"top_k\":-7}", 400, "top_k"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"presence_penalty\":3}", 400, "presence_penalty"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", 400,
+       "stream_options"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":[-1, 2]}", 400, "prompt"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":100}", 400, "maximum context length"},
+      {"/v1/completions", "{\"model\":\"nope\",\"prompt\":\"x\"}", 404, "model_not_found"},
+      {"/v1/completions", "{\"model\":5,\"prompt\":\"x\"}", 400, "model"},
+      {"/v1/completions", "{\"model\":\"gen\",\"prompt\":\"x\"}", 400, "not a language model"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"prompt\":\"y\"}", 400, "malformed JSON"},
+      {"/v1/chat/completions", "{\"model\":\"lm\",\"messages\":[]}", 400, "messages"},
+      {"/v1/chat/completions", "{\"model\":\"lm\",\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400,
+       "messages[0]"},
+      {"/v1/chat/completions", "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":7}]}", 400,
+       "messages[0]"},
+      {"/v1/chat/completions",
+       "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400,
+       "top_logprobs"},
+      {"/v1/chat/completions",
+       "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", 400, "logprobs"},
+      {"/tokenize", "{\"model\":\"lm\",\"prompt\":{}}", 400, "prompt"},
+      {"/detokenize", "{\"model\":\"lm\",\"tokens\":\"abc\"}", 400, "tokens"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int s;
+    json_t *j = post_json(open_srv.port, cases[i].path, cases[i].body, &s, NULL);
+    if (s != cases[i].status) fprintf(stderr, "case %zu (%s): status %d\n", i, cases[i].body, s);
+    assert_int_equal(s, cases[i].status);
+    json_t *e = json_object_get(j, "error");
+    assert_true(json_is_object(e));
+    assert_true(json_is_string(json_object_get(e, "message")));
+    assert_true(json_is_string(json_object_get(e, "type")));
+    assert_non_null(json_object_get(e, "param"));
+    assert_non_null(json_object_get(e, "code"));
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    const char *param = json_string_value(json_object_get(e, "param"));
+    const char *code = json_string_value(json_object_get(e, "code"));
+    bool found = strstr(msg, cases[i].needle) || (param && strstr(param, cases[i].needle)) ||
+                 (code && strstr(code, cases[i].needle));
+    if (!found) fprintf(stderr, "case %zu: '%s' not in '%s'\n", i, cases[i].needle, msg);
+    assert_true(found);
+    json_decref(j);
+  }
+}
+
+static void test_huge_body(void **st) {
+  (void)st;
+  size_t n = 200 * 1024;
+  char *body = malloc(n + 64);
+  strcpy(body, "{\"model\":\"lm\",\"prompt\":\"");
+  memset(body + strlen(body), 'a', n);
+  strcpy(body + 24 + n, "\"}");
+  int s;
+  json_t *j = post_json(open_srv.port, "/v1/completions", body, &s, NULL);
+  assert_int_equal(s, 413);
+  assert_true(json_is_string(json_object_get(json_object_get(j, "error"), "message")));
+  json_decref(j);
+  free(body);
+}
+
+static void test_busy_is_429(void **st) {
+  (void)st;
+  atomic_store(&fake_busy, 1);
+  tc_resp r;
+  int s;
+  json_t *j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":1}", &s,
+                        &r);
+  int s_stream;
+  json_t *js = post_json(open_srv.port, "/v1/chat/completions",
+                         "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true}",
+                         &s_stream, NULL);
+  json_decref(js);
+  atomic_store(&fake_busy, 0);
+  assert_int_equal(s_stream, 429); /* a stream that cannot start is a plain 429 too */
+  assert_int_equal(s, 429);
+  assert_non_null(tc_header(&r, "Retry-After"));
+  assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "rate_limit_exceeded");
+  tc_resp_free(&r);
+  json_decref(j);
+  /* The server keeps serving. */
+  j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":1}", &s, NULL);
+  assert_int_equal(s, 200);
+  json_decref(j);
+}
+
+static void test_engine_error_is_500(void **st) {
+  (void)st;
+  atomic_store(&fake_error, 1);
+  int s;
+  json_t *j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":4}", &s,
+                        NULL);
+  atomic_store(&fake_error, 0);
+  assert_int_equal(s, 500);
+  assert_non_null(strstr(json_string_value(json_object_get(json_object_get(j, "error"), "message")), "boom"));
+  json_decref(j);
+  j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":2}", &s, NULL);
+  assert_int_equal(s, 200);
+  json_decref(j);
+}
+
+static void test_disconnect_cancels(void **st) {
+  (void)st;
+  int cancels = atomic_load(&n_cancel);
+  atomic_store(&fake_delay_us, 20000);
+  int fd = tc_connect(open_srv.port);
+  const char *body = "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":50,\"stream\":true}";
+  char head[256];
+  snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: h\r\nContent-Length: %zu\r\n\r\n", strlen(body));
+  tc_sends(fd, head);
+  tc_sends(fd, body);
+  char buf[512];
+  /* Wait for the stream to start, then hang up. */
+  assert_true(recv(fd, buf, sizeof buf, 0) > 0);
+  close(fd);
+  for (int i = 0; i < 5000 && (atomic_load(&n_cancel) == cancels || atomic_load(&n_live) != 0); i++) usleep(1000);
+  atomic_store(&fake_delay_us, 0);
+  assert_int_equal(atomic_load(&n_cancel), cancels + 1);
+  assert_int_equal(atomic_load(&n_live), 0); /* the engine request was released */
+}
+
+static void test_kserve_infer(void **st) {
+  (void)st;
+  int s;
+  json_t *j = post_json(open_srv.port, "/v2/models/gen/infer",
+                        "{\"id\":\"r1\",\"inputs\":[{\"name\":\"x\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                        "\"data\":[[1,2],[3,4.5]]}]}",
+                        &s, NULL);
+  assert_int_equal(s, 200);
+  assert_string_equal(json_string_value(json_object_get(j, "model_name")), "gen");
+  assert_string_equal(json_string_value(json_object_get(j, "id")), "r1");
+  json_t *o = json_array_get(json_object_get(j, "outputs"), 0);
+  assert_string_equal(json_string_value(json_object_get(o, "name")), "y");
+  assert_string_equal(json_string_value(json_object_get(o, "datatype")), "FP32");
+  assert_int_equal(json_integer_value(json_array_get(json_object_get(o, "shape"), 1)), 2);
+  json_t *d = json_object_get(o, "data");
+  assert_int_equal(json_array_size(d), 4);
+  double want[] = {2, 4, 6, 9};
+  for (int i = 0; i < 4; i++) assert_true(json_number_value(json_array_get(d, (size_t)i)) == want[i]);
+  json_decref(j);
+  static const struct {
+    const char *body;
+    int status;
+  } bad[] = {
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[2],\"datatype\":\"INT64\",\"data\":[1,2]}]}", 400},
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[3],\"datatype\":\"FP32\",\"data\":[1,2]}]}", 400},
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[-1],\"datatype\":\"FP32\",\"data\":[]}]}", 400},
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[2],\"datatype\":\"FP32\",\"data\":[1,\"a\"]}]}", 400},
+      {"{\"inputs\":[]}", 400},
+      {"{\"inputs\":", 400},
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}],\"outputs\":[{\"name\":\"q\"}]}",
+       400},
+      {"{\"inputs\":[{\"name\":\"bad\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}", 400},
+      {"{\"inputs\":[{\"name\":\"boom\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}", 500},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    j = post_json(open_srv.port, "/v2/models/gen/infer", bad[i].body, &s, NULL);
+    if (s != bad[i].status) fprintf(stderr, "infer case %zu: %d\n", i, s);
+    assert_int_equal(s, bad[i].status);
+    assert_true(json_is_string(json_object_get(j, "error")));
+    json_decref(j);
+  }
+  /* A model failure affects only that request. */
+  j = post_json(open_srv.port, "/v2/models/gen/infer",
+                "{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}", &s, NULL);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = post_json(open_srv.port, "/v2/models/lm/infer",
+                "{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}", &s, NULL);
+  assert_int_equal(s, 400);
+  json_decref(j);
+}
+
+static void *infer_thread(void *p) {
+  int *status = p;
+  int s;
+  json_decref(post_json(open_srv.port, "/v2/models/gen/infer",
+                        "{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}", &s,
+                        NULL));
+  *status = s;
+  return NULL;
+}
+
+/* More concurrent predictions than interpreters: they wait their turn (at most one per interpreter
+ * runs) and all succeed. */
+static void test_kserve_concurrency(void **st) {
+  (void)st;
+  atomic_store(&fake_delay_us, 20000);
+  atomic_store(&max_predict_running, 0);
+  pthread_t t[8];
+  int status[8];
+  for (int i = 0; i < 8; i++) pthread_create(&t[i], NULL, infer_thread, &status[i]);
+  for (int i = 0; i < 8; i++) pthread_join(t[i], NULL);
+  atomic_store(&fake_delay_us, 0);
+  for (int i = 0; i < 8; i++) assert_int_equal(status[i], 200);
+  assert_true(atomic_load(&max_predict_running) <= 2); /* the fake reports 2 interpreters */
+}
+
+static void test_auth(void **st) {
+  (void)st;
+  int p = auth_srv.port;
+  tc_resp r = tc_request(p, "GET", "/v1/models", NULL, NULL);
+  assert_int_equal(r.status, 401);
+  json_t *j = json_loads(r.body, 0, NULL);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "invalid_api_key");
+  json_decref(j);
+  tc_resp_free(&r);
+  r = tc_request(p, "GET", "/v1/models", "Authorization: Bearer sekret-kez\r\n", NULL);
+  assert_int_equal(r.status, 401);
+  tc_resp_free(&r);
+  r = tc_request(p, "GET", "/v1/models", "Authorization: Bearer sekret-key-longer\r\n", NULL);
+  assert_int_equal(r.status, 401);
+  tc_resp_free(&r);
+  r = tc_request(p, "GET", "/v1/models", "Authorization: Bearer sekret-key\r\n", NULL);
+  assert_int_equal(r.status, 200);
+  tc_resp_free(&r);
+  r = tc_request(p, "GET", "/v2/models/gen", NULL, NULL);
+  assert_int_equal(r.status, 401);
+  j = json_loads(r.body, 0, NULL);
+  assert_true(json_is_string(json_object_get(j, "error")));
+  json_decref(j);
+  tc_resp_free(&r);
+  r = tc_request(p, "GET", "/v2/health/ready", NULL, NULL);
+  assert_int_equal(r.status, 200);
+  tc_resp_free(&r);
+  r = tc_request(p, "GET", "/v2/health/live", NULL, NULL);
+  assert_int_equal(r.status, 200);
+  tc_resp_free(&r);
+  assert_true(servd_api_key_equal("abc", 3, "abc", 3));
+  assert_false(servd_api_key_equal("abd", 3, "abc", 3));
+  assert_false(servd_api_key_equal("ab", 2, "abc", 3));
+  assert_false(servd_api_key_equal("", 0, "abc", 3));
+}
+
+static void test_tokenize(void **st) {
+  (void)st;
+  int s;
+  json_t *j = post_json(open_srv.port, "/tokenize", "{\"model\":\"lm\",\"prompt\":\"abc\"}", &s, NULL);
+  assert_int_equal(s, 200);
+  assert_int_equal(json_integer_value(json_object_get(j, "count")), 3);
+  assert_int_equal(json_integer_value(json_array_get(json_object_get(j, "tokens"), 2)), 'c');
+  assert_int_equal(json_integer_value(json_object_get(j, "max_model_len")), 64);
+  json_decref(j);
+  j = post_json(open_srv.port, "/detokenize", "{\"model\":\"lm\",\"tokens\":[104,105]}", &s, NULL);
+  assert_int_equal(s, 200);
+  assert_string_equal(json_string_value(json_object_get(j, "prompt")), "hi");
+  json_decref(j);
+}
+
+static void test_repository(void **st) {
+  (void)st;
+  int s;
+  json_t *j = post_json(open_srv.port, "/v2/repository/models/extra/load", "", &s, NULL);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/models/extra/ready", &s);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"extra\",\"prompt\":\"x\",\"max_tokens\":1}", &s, NULL);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = post_json(open_srv.port, "/v2/repository/index", "", &s, NULL);
+  assert_int_equal(s, 200);
+  assert_true(json_array_size(j) >= 3);
+  json_decref(j);
+  j = post_json(open_srv.port, "/v2/repository/models/extra/unload", "", &s, NULL);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/models/extra/ready", &s);
+  assert_int_equal(s, 503);
+  json_decref(j);
+  j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"extra\",\"prompt\":\"x\"}", &s, NULL);
+  assert_int_equal(s, 404);
+  json_decref(j);
+  j = post_json(open_srv.port, "/v2/repository/models/nothere/load", "", &s, NULL);
+  assert_int_equal(s, 404);
+  json_decref(j);
+  j = post_json(open_srv.port, "/v2/repository/models/extra/load", "", &s, NULL);
+  assert_int_equal(s, 200); /* and back again */
+  json_decref(j);
+}
+
+static void test_metrics(void **st) {
+  (void)st;
+  tc_resp r = tc_request(open_srv.port, "GET", "/metrics", NULL, NULL);
+  assert_int_equal(r.status, 200);
+  assert_non_null(strstr(r.body, "servd_http_requests_total{route=\"/v1/completions\",status=\"200\"}"));
+  assert_non_null(strstr(r.body, "servd_http_requests_total{route=\"/v1/completions\",status=\"400\"}"));
+  assert_non_null(strstr(r.body, "servd_time_to_first_token_seconds_bucket{model=\"lm\",le=\"+Inf\"}"));
+  assert_non_null(strstr(r.body, "servd_kv_cache_usage_ratio{model=\"lm\"}"));
+  assert_non_null(strstr(r.body, "servd_interpreter_busy_seconds_total{model=\"gen\",interpreter=\"1\"}"));
+  if (access("/usr/bin/promtool", X_OK) == 0) {
+    char path[] = "/tmp/servd-metrics-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, r.body, r.body_len), (ssize_t)r.body_len);
+    close(fd);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+    int rc = system(cmd);
+    unlink(path);
+    assert_int_equal(rc, 0);
+  } else {
+    fprintf(stderr, "promtool not installed: the exposition format was not checked by it\n");
+  }
+  tc_resp_free(&r);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_health_and_meta), cmocka_unit_test(test_completion),
+      cmocka_unit_test(test_logprobs),        cmocka_unit_test(test_chat_stream),
+      cmocka_unit_test(test_validation),      cmocka_unit_test(test_huge_body),
+      cmocka_unit_test(test_busy_is_429),     cmocka_unit_test(test_engine_error_is_500),
+      cmocka_unit_test(test_disconnect_cancels), cmocka_unit_test(test_kserve_infer), cmocka_unit_test(test_kserve_concurrency),
+      cmocka_unit_test(test_auth),            cmocka_unit_test(test_tokenize),
+      cmocka_unit_test(test_repository),      cmocka_unit_test(test_metrics),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,408 @@
+/* The HTTP/1.1 server over real sockets: keep-alive, pipelining order, limits (413, 431), malformed
+ * input (400), slow clients (408), idle timeout, chunked streaming, client aborts, output caps. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <cmocka.h>
+
+#include "test_http_util.h"
+
+static tloop L;
+static servd_http_server *S;
+static int port;
+static atomic_int aborts, completes, flood_dropped;
+
+typedef struct job {
+  uv_timer_t t;
+  servd_http_req *r;
+  int step;
+  int kind; /* 0 stream abc, 1 delayed respond, 2 flood */
+} job;
+
+static void job_closed(uv_handle_t *h) { free(h->data); }
+
+static void job_abort(servd_http_req *r) {
+  atomic_fetch_add(&aborts, 1);
+  job *j = r->ctx;
+  if (j) {
+    j->r = NULL;
+    uv_timer_stop(&j->t);
+    uv_close((uv_handle_t *)&j->t, job_closed);
+  }
+}
+
+static void job_tick(uv_timer_t *t) {
+  job *j = t->data;
+  servd_http_req *r = j->r;
+  bool end = false;
+  if (j->kind == 0) {
+    static const char *parts[] = {"a", "bb", "ccc"};
+    servd_http_stream_write(r, parts[j->step], strlen(parts[j->step]));
+    if (++j->step == 3) {
+      servd_http_stream_end(r);
+      end = true;
+    }
+  } else if (j->kind == 1) {
+    servd_http_respond(r, 200, "text/plain", "slow", 4);
+    end = true;
+  } else {
+    static char big[256 * 1024];
+    memset(big, 'x', sizeof big);
+    if (servd_http_stream_write(r, big, sizeof big) != 0) {
+      atomic_fetch_add(&flood_dropped, 1);
+      return; /* job_abort ran and closes the timer */
+    }
+    if (++j->step > 4096) { /* 1 GiB without the server dropping the reader: fail visibly */
+      servd_http_stream_end(r);
+      end = true;
+    }
+  }
+  if (end) {
+    uv_timer_stop(t);
+    uv_close((uv_handle_t *)t, job_closed);
+  }
+}
+
+static void start_job(servd_http_req *r, int kind, uint64_t ms) {
+  job *j = calloc(1, sizeof(*j));
+  j->r = r;
+  j->kind = kind;
+  j->t.data = j;
+  uv_timer_init(&L.loop, &j->t);
+  r->ctx = j;
+  r->on_abort = job_abort;
+  if (kind != 1) servd_http_stream_begin(r, 200, "text/plain");
+  uv_timer_start(&j->t, job_tick, ms, kind == 1 ? 0 : 1);
+}
+
+static void handle(void *ud, servd_http_req *r) {
+  (void)ud;
+  if (strcmp(r->path, "/stream") == 0) {
+    start_job(r, 0, 1);
+  } else if (strcmp(r->path, "/slow") == 0) {
+    start_job(r, 1, 50);
+  } else if (strcmp(r->path, "/flood") == 0) {
+    start_job(r, 2, 1);
+  } else if (strcmp(r->path, "/hang") == 0) {
+    r->ctx = NULL;
+    r->on_abort = job_abort;
+  } else {
+    char *s = servd_arena_printf(r->arena, "%s %s q=%s h=%s body=%s", r->method, r->path, r->query,
+                                 servd_http_header_get(r, "x-test") ? servd_http_header_get(r, "x-test") : "-",
+                                 r->body);
+    servd_http_set_header(r, "X-Reply", "yes");
+    servd_http_respond(r, 200, "text/plain", s, strlen(s));
+  }
+}
+
+static void complete(void *ud, const servd_http_req *r) {
+  (void)ud;
+  (void)r;
+  atomic_fetch_add(&completes, 1);
+}
+
+static void start_server(void *arg) {
+  (void)arg;
+  servd_http_limits lim;
+  servd_http_limits_default(&lim);
+  lim.max_header_bytes = 2048;
+  lim.max_body_bytes = 4096;
+  lim.request_timeout_ms = 300;
+  lim.idle_timeout_ms = 300;
+  lim.max_output_bytes = 64 * 1024;
+  servd_http_callbacks cb = {.handle = handle, .complete = complete};
+  assert_int_equal(servd_http_server_create(&L.loop, &lim, &cb, &S), 0);
+  assert_int_equal(servd_http_server_listen(S, "127.0.0.1", 0), 0);
+  port = servd_http_server_port(S);
+}
+
+static void stop_server(void *arg) {
+  (void)arg;
+  servd_http_server_close(S, NULL, NULL);
+}
+
+static int setup(void **st) {
+  (void)st;
+  tloop_start(&L);
+  tloop_run(&L, start_server, NULL);
+  return port > 0 ? 0 : -1;
+}
+
+static int teardown(void **st) {
+  (void)st;
+  tloop_run(&L, stop_server, NULL);
+  tloop_stop(&L);
+  return 0;
+}
+
+static void test_basic_and_keepalive(void **st) {
+  (void)st;
+  int fd = tc_connect(port);
+  assert_true(fd >= 0);
+  tc_reader *rd = calloc(1, sizeof(*rd));
+  rd->fd = fd;
+  tc_resp r;
+  tc_sends(fd, "GET /a%20b?x=1 HTTP/1.1\r\nHost: h\r\nX-Test: one\r\n\r\n");
+  assert_int_equal(tc_read(rd, &r), 0);
+  assert_int_equal(r.status, 200);
+  assert_string_equal(r.body, "GET /a b q=x=1 h=one body=");
+  assert_string_equal(tc_header(&r, "X-Reply"), "yes");
+  assert_string_equal(tc_header(&r, "Connection"), "keep-alive");
+  tc_resp_free(&r);
+  /* Same connection, a body this time. */
+  tc_sends(fd, "POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello");
+  assert_int_equal(tc_read(rd, &r), 0);
+  assert_string_equal(r.body, "POST /p q= h=- body=hello");
+  tc_resp_free(&r);
+  free(rd);
+  close(fd);
+}
+
+static void test_pipelining_keeps_order(void **st) {
+  (void)st;
+  int fd = tc_connect(port);
+  tc_reader *rd = calloc(1, sizeof(*rd));
+  rd->fd = fd;
+  /* The first answer comes 50 ms late; the second must still come after it. */
+  tc_sends(fd, "GET /slow HTTP/1.1\r\nHost: h\r\n\r\nGET /one HTTP/1.1\r\nHost: h\r\n\r\n"
+               "POST /two HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabcGET /three HTTP/1.1\r\nHost: h\r\n\r\n");
+  const char *want[] = {"slow", "GET /one q= h=- body=", "POST /two q= h=- body=abc", "GET /three q= h=- body="};
+  for (int i = 0; i < 4; i++) {
+    tc_resp r;
+    assert_int_equal(tc_read(rd, &r), 0);
+    assert_string_equal(r.body, want[i]);
+    tc_resp_free(&r);
+  }
+  free(rd);
+  close(fd);
+}
+
+static void test_body_too_large(void **st) {
+  (void)st;
+  int fd = tc_connect(port);
+  tc_reader *rd = calloc(1, sizeof(*rd));
+  rd->fd = fd;
+  tc_sends(fd, "POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n");
+  tc_resp r;
+  assert_int_equal(tc_read(rd, &r), 0);
+  assert_int_equal(r.status, 413);
+  assert_non_null(strstr(r.body, "too large"));
+  tc_resp_free(&r);
+  assert_true(tc_closed(fd));
+  close(fd);
+  /* Chunked upload: no length up front, caught while reading. */
+  fd = tc_connect(port);
+  rd->fd = fd;
+  rd->len = rd->off = 0;
+  tc_sends(fd, "POST /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n");
+  char chunk[1100];
+  memset(chunk, 'z', sizeof chunk);
+  int got = 0;
+  for (int i = 0; i < 8; i++) {
+    char hdr[16];
+    snprintf(hdr, sizeof hdr, "%zx\r\n", sizeof chunk - 76);
+    if (tc_sends(fd, hdr) || tc_send(fd, chunk, sizeof chunk - 76) || tc_sends(fd, "\r\n")) break;
+  }
+  if (tc_read(rd, &r) == 0) {
+    got = r.status;
+    if (got != 413) fprintf(stderr, "body: %s\n", r.body);
+    tc_resp_free(&r);
+  }
+  assert_int_equal(got, 413);
+  free(rd);
+  close(fd);
+}
+
+static void test_headers_too_large(void **st) {
+  (void)st;
+  char big[4096];
+  memset(big, 'a', sizeof big - 1);
+  big[sizeof big - 1] = '\0';
+  char hdr[5000];
+  snprintf(hdr, sizeof hdr, "X-Big: %s\r\n", big);
+  tc_resp r = tc_request(port, "GET", "/x", hdr, NULL);
+  assert_int_equal(r.status, 431);
+  tc_resp_free(&r);
+}
+
+static void test_malformed(void **st) {
+  (void)st;
+  int fd = tc_connect(port);
+  tc_reader *rd = calloc(1, sizeof(*rd));
+  rd->fd = fd;
+  tc_sends(fd, "BLAH\x01 / HTTP/1.1\r\n\r\n");
+  tc_resp r;
+  assert_int_equal(tc_read(rd, &r), 0);
+  assert_int_equal(r.status, 400);
+  assert_non_null(strstr(r.body, "malformed HTTP request"));
+  tc_resp_free(&r);
+  assert_true(tc_closed(fd));
+  close(fd);
+  free(rd);
+}
+
+static void test_slow_client_and_idle(void **st) {
+  (void)st;
+  int fd = tc_connect(port);
+  tc_reader *rd = calloc(1, sizeof(*rd));
+  rd->fd = fd;
+  tc_sends(fd, "GET /x HTTP/1.1\r\nHost: h\r\n"); /* never finished */
+  tc_resp r;
+  assert_int_equal(tc_read(rd, &r), 0);
+  assert_int_equal(r.status, 408);
+  tc_resp_free(&r);
+  assert_true(tc_closed(fd));
+  close(fd);
+  /* A connection that sends nothing is closed after the idle timeout. */
+  fd = tc_connect(port);
+  assert_true(tc_closed(fd));
+  close(fd);
+  free(rd);
+}
+
+static void test_chunked_stream(void **st) {
+  (void)st;
+  tc_resp r = tc_request(port, "GET", "/stream", NULL, NULL);
+  assert_int_equal(r.status, 200);
+  assert_string_equal(tc_header(&r, "Transfer-Encoding"), "chunked");
+  assert_string_equal(r.body, "abbccc");
+  assert_int_equal(r.chunks, 3);
+  tc_resp_free(&r);
+}
+
+static void test_abort_reaches_handler(void **st) {
+  (void)st;
+  int before = atomic_load(&aborts);
+  int fd = tc_connect(port);
+  tc_sends(fd, "GET /hang HTTP/1.1\r\nHost: h\r\n\r\n");
+  /* Make sure the request was handled before closing: a second connection's answer orders it. */
+  tc_resp r = tc_request(port, "GET", "/ping", NULL, NULL);
+  tc_resp_free(&r);
+  close(fd);
+  for (int i = 0; i < 2000 && atomic_load(&aborts) == before; i++) usleep(1000);
+  assert_int_equal(atomic_load(&aborts), before + 1);
+}
+
+static void test_slow_reader_dropped(void **st) {
+  (void)st;
+  int fd = tc_connect(port);
+  int small = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  tc_sends(fd, "GET /flood HTTP/1.1\r\nHost: h\r\n\r\n");
+  /* Never read: the server must give up on this reader instead of buffering without end. */
+  for (int i = 0; i < 20000 && atomic_load(&flood_dropped) == 0; i++) usleep(1000);
+  assert_int_equal(atomic_load(&flood_dropped), 1);
+  close(fd);
+}
+
+static void test_expect_continue(void **st) {
+  (void)st;
+  int fd = tc_connect(port);
+  tc_reader *rd = calloc(1, sizeof(*rd));
+  rd->fd = fd;
+  tc_sends(fd, "POST /e HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n");
+  char line[256];
+  assert_int_equal(tc_line(rd, line, sizeof line), 0);
+  assert_non_null(strstr(line, " 100 "));
+  tc_line(rd, line, sizeof line);
+  tc_sends(fd, "ok");
+  tc_resp r;
+  assert_int_equal(tc_read(rd, &r), 0);
+  assert_string_equal(r.body, "POST /e q= h=- body=ok");
+  tc_resp_free(&r);
+  close(fd);
+  free(rd);
+}
+
+static void test_bad_percent_encoding(void **st) {
+  (void)st;
+  tc_resp r = tc_request(port, "GET", "/a%zz", NULL, NULL);
+  assert_int_equal(r.status, 400);
+  tc_resp_free(&r);
+  r = tc_request(port, "GET", "/a%00b", NULL, NULL);
+  assert_int_equal(r.status, 400);
+  tc_resp_free(&r);
+}
+
+static void test_http10_stream(void **st) {
+  (void)st;
+  int fd = tc_connect(port);
+  tc_sends(fd, "GET /stream HTTP/1.0\r\n\r\n");
+  char buf[4096];
+  size_t len = 0;
+  ssize_t k;
+  while ((k = recv(fd, buf + len, sizeof buf - 1 - len, 0)) > 0) len += (size_t)k;
+  buf[len] = '\0';
+  close(fd);
+  /* No chunked framing for HTTP/1.0: the body is the bytes, ended by closing. */
+  assert_null(strstr(buf, "chunked"));
+  char *body = strstr(buf, "\r\n\r\n");
+  assert_non_null(body);
+  assert_string_equal(body + 4, "abbccc");
+}
+
+/* Random bytes and truncated or mangled requests: every connection ends with a 4xx or a close, and
+ * the server keeps answering. */
+static void test_garbage(void **st) {
+  (void)st;
+  static const char *seeds[] = {"GET / HTTP/1.1\r\nHost: h\r\n\r\n",
+                                "POST /x HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nzz",
+                                "GET /x HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+                                "GET /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffff\r\n"};
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int round = 0; round < 200; round++) {
+    char req[512];
+    const char *seed = seeds[round % 4];
+    size_t n = strlen(seed);
+    memcpy(req, seed, n);
+    for (int m = 0; m < 1 + round % 5; m++) { /* flip a few bytes */
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      req[x % n] = (char)(x >> 32);
+    }
+    int fd = tc_connect(port);
+    tc_send(fd, req, n);
+    shutdown(fd, SHUT_WR);
+    char buf[1024];
+    while (recv(fd, buf, sizeof buf, 0) > 0) {
+    }
+    close(fd);
+  }
+  tc_resp r = tc_request(port, "GET", "/alive", NULL, NULL);
+  assert_int_equal(r.status, 200);
+  tc_resp_free(&r);
+}
+
+static void test_head(void **st) {
+  (void)st;
+  int fd = tc_connect(port);
+  tc_reader *rd = calloc(1, sizeof(*rd));
+  rd->fd = fd;
+  tc_sends(fd, "HEAD /h HTTP/1.1\r\nHost: h\r\n\r\nGET /g HTTP/1.1\r\nHost: h\r\n\r\n");
+  char line[256];
+  assert_int_equal(tc_line(rd, line, sizeof line), 0);
+  assert_non_null(strstr(line, " 200 "));
+  while (tc_line(rd, line, sizeof line) == 0 && line[0]) {
+  }
+  /* No body after HEAD's headers: the next bytes are the GET's response. */
+  tc_resp r;
+  assert_int_equal(tc_read(rd, &r), 0);
+  assert_string_equal(r.body, "GET /g q= h=- body=");
+  tc_resp_free(&r);
+  close(fd);
+  free(rd);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_basic_and_keepalive), cmocka_unit_test(test_pipelining_keeps_order),
+      cmocka_unit_test(test_body_too_large),      cmocka_unit_test(test_headers_too_large),
+      cmocka_unit_test(test_malformed),           cmocka_unit_test(test_slow_client_and_idle),
+      cmocka_unit_test(test_chunked_stream),      cmocka_unit_test(test_abort_reaches_handler),
+      cmocka_unit_test(test_slow_reader_dropped), cmocka_unit_test(test_expect_continue),
+      cmocka_unit_test(test_bad_percent_encoding), cmocka_unit_test(test_http10_stream),
+      cmocka_unit_test(test_garbage),             cmocka_unit_test(test_head),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

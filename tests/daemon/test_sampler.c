@@ -1,0 +1,581 @@
+/* Sampler tests: kept supports against hand computation, seed determinism, penalties against
+ * hand-computed logits, logprobs against an independent long-double log-softmax, stop strings
+ * across token boundaries, finish conditions. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/sampler.h"
+
+static servd_gen_params params(void) {
+  servd_gen_params p;
+  memset(&p, 0, sizeof p);
+  p.temperature = 1.0f;
+  p.top_p = 1.0f;
+  p.repetition_penalty = 1.0f;
+  p.logprobs = -1;
+  p.has_seed = true;
+  p.seed = 42;
+  return p;
+}
+
+static servd_sampler *make(const servd_gen_params *p, int n_vocab, servd_logprob_mode mode) {
+  int32_t eos = 1;
+  servd_sampler_config c = {.n_vocab = n_vocab, .params = p, .eos_ids = &eos, .n_eos = 1, .logprob_mode = mode};
+  servd_sampler *s;
+  assert_int_equal(servd_sampler_create(&c, &s), 0);
+  return s;
+}
+
+/* Ten tokens with these probabilities (at temperature 1). */
+static const double P10[10] = {0.3, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.03, 0.01, 0.01};
+
+/* Draws n tokens; counts[i] how often each id came. */
+static void draw(const servd_gen_params *p, int n, int counts[10]) {
+  float logits[10];
+  for (int i = 0; i < 10; i++) logits[i] = (float)log(P10[i]);
+  servd_sampler *s = make(p, 10, SERVD_LOGPROBS_RAW);
+  memset(counts, 0, 10 * sizeof *counts);
+  for (int k = 0; k < n; k++) {
+    servd_sampled o;
+    assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+    assert_true(o.token >= 0 && o.token < 10);
+    counts[o.token]++;
+  }
+  servd_sampler_free(s);
+}
+
+/* Support is exactly `keep` (a bit mask) and frequencies match P10 renormalized over it: each within
+ * 5 standard deviations of n * p (binomial), a bound a correct sampler fails with odds ~1e-6. */
+static void expect_support(const servd_gen_params *p, unsigned keep) {
+  enum { N = 20000 };
+  int counts[10];
+  draw(p, N, counts);
+  double z = 0;
+  for (int i = 0; i < 10; i++)
+    if (keep & (1u << i)) z += P10[i];
+  for (int i = 0; i < 10; i++) {
+    if (!(keep & (1u << i))) {
+      if (counts[i]) fail_msg("token %d outside the support was drawn %d times", i, counts[i]);
+      continue;
+    }
+    double q = P10[i] / z, mean = N * q, sd = sqrt(N * q * (1 - q));
+    if (fabs(counts[i] - mean) > 5 * sd) fail_msg("token %d drawn %d times, expected %.0f +- %.0f", i, counts[i], mean, 5 * sd);
+  }
+}
+
+static void test_greedy(void **st) {
+  (void)st;
+  {
+    /* a tiny temperature is greedy, not an overflow; an infinite logit is certain */
+    servd_gen_params q = params();
+    q.temperature = 1e-30f;
+    float l[4] = {1e30f, 3e38f, -1.0f, 2.0f};
+    servd_sampler *s = make(&q, 4, SERVD_LOGPROBS_RAW);
+    servd_sampled o;
+    assert_int_equal(servd_sampler_sample(s, l, &o), 0);
+    assert_int_equal(o.token, 1);
+    servd_sampler_free(s);
+    q.temperature = 1.0f;
+    float l2[4] = {0.0f, INFINITY, 5.0f, NAN};
+    s = make(&q, 4, SERVD_LOGPROBS_RAW);
+    for (int i = 0; i < 10; i++) {
+      assert_int_equal(servd_sampler_sample(s, l2, &o), 0);
+      assert_int_equal(o.token, 1);
+    }
+    servd_sampler_free(s);
+  }
+  servd_gen_params p = params();
+  p.temperature = 0;
+  float logits[6] = {0.1f, 2.0f, -3.0f, 2.0f, 1.9f, -INFINITY};
+  servd_sampler *s = make(&p, 6, SERVD_LOGPROBS_RAW);
+  servd_sampled o;
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+    assert_int_equal(o.token, 1); /* tie 1 vs 3: lower id */
+  }
+  servd_sampler_free(s);
+}
+
+static void test_supports(void **st) {
+  (void)st;
+  servd_gen_params p = params();
+  expect_support(&p, 0x3FF); /* plain temperature 1: everything */
+  p.top_k = 3;
+  expect_support(&p, 0x7); /* {0,1,2} */
+  p = params();
+  p.top_p = 0.55f; /* mass above token 2 is 0.5 < 0.55: kept; above token 3 is 0.65: dropped */
+  expect_support(&p, 0x7);
+  p.top_p = 0.45f; /* mass above token 2 is 0.5 >= 0.45: dropped */
+  expect_support(&p, 0x3);
+  p = params();
+  p.min_p = 0.4f; /* p >= 0.12 */
+  expect_support(&p, 0x7);
+  p.min_p = 0.6f; /* p >= 0.18 */
+  expect_support(&p, 0x3);
+  /* top-k 5 then top-p 0.8 on the renormalized five (0.3 .2 .15 .1 .1)/0.85: masses above tokens
+   * 3 and 4 are 0.765 and 0.882; tokens 3 and 4 tie, the lower id ranks first */
+  p = params();
+  p.top_k = 5;
+  p.top_p = 0.8f;
+  expect_support(&p, 0xF);
+  /* then min-p 0.55: p >= 0.55 * 0.3 = 0.165 (the ratio to the largest survives renormalization) */
+  p.min_p = 0.55f;
+  expect_support(&p, 0x3);
+  /* temperature 2 flattens: p ~ P10^(1/2); top-p 0.5 over sqrt weights */
+  p = params();
+  p.temperature = 2.0f;
+  p.top_k = 2;
+  int counts[10];
+  draw(&p, 20000, counts);
+  double q0 = sqrt(0.3) / (sqrt(0.3) + sqrt(0.2));
+  assert_true(counts[0] + counts[1] == 20000);
+  assert_true(fabs(counts[0] - 20000 * q0) < 5 * sqrt(20000 * q0 * (1 - q0)));
+}
+
+static void test_large_vocab_truncation(void **st) {
+  (void)st;
+  enum { V = 50000 };
+  float *logits = malloc(V * sizeof *logits);
+  /* top-k over a shuffled ramp: the kept ids are those with the k largest logits */
+  for (int i = 0; i < V; i++) logits[i] = (float)((i * 7919) % V) * 1e-3f;
+  servd_gen_params p = params();
+  p.top_k = 50;
+  p.temperature = 1e4f; /* nearly uniform over the kept set */
+  servd_sampler *s = make(&p, V, SERVD_LOGPROBS_RAW);
+  int distinct = 0;
+  static char seen[V];
+  memset(seen, 0, sizeof seen);
+  for (int k = 0; k < 2000; k++) {
+    servd_sampled o;
+    assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+    int rank = V - 1 - (int)lroundf(logits[o.token] * 1e3f); /* 0 = largest */
+    if (rank >= 50) fail_msg("top-k 50 drew rank %d", rank);
+    if (!seen[o.token]++) distinct++;
+  }
+  assert_true(distinct == 50);
+  servd_sampler_free(s);
+  /* top-p over equal logits: ties rank by id, so top-p 0.5 keeps ids below 25000 (the path that sorts
+   * beyond the first 1024 candidates) */
+  for (int i = 0; i < V; i++) logits[i] = 0;
+  p = params();
+  p.top_p = 0.5f;
+  s = make(&p, V, SERVD_LOGPROBS_RAW);
+  int hi = 0;
+  for (int k = 0; k < 400; k++) {
+    servd_sampled o;
+    assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+    if (o.token > 25000) fail_msg("top-p 0.5 over %d equal tokens drew id %d", V, o.token);
+    if (o.token > hi) hi = o.token;
+  }
+  assert_true(hi > 20000);
+  servd_sampler_free(s);
+  free(logits);
+}
+
+static void run_seq(uint64_t seed, int32_t *out, int n) {
+  enum { V = 1000 };
+  static float logits[V];
+  uint64_t x = 12345; /* fixed pseudo-random logits */
+  servd_gen_params p = params();
+  p.seed = seed;
+  p.top_p = 0.9f;
+  p.top_k = 100;
+  servd_sampler *s = make(&p, V, SERVD_LOGPROBS_RAW);
+  for (int k = 0; k < n; k++) {
+    for (int i = 0; i < V; i++) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      logits[i] = (float)((x >> 40) & 0xFFFF) / 8192.0f;
+    }
+    servd_sampled o;
+    assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+    servd_sampler_accept(s, o.token);
+    out[k] = o.token;
+  }
+  servd_sampler_free(s);
+}
+
+/* Two samplers sharing one scratch, used alternately, give the tokens each gives alone. */
+static void test_shared_scratch(void **st) {
+  (void)st;
+  int32_t alone_a[50], alone_b[50];
+  run_seq(11, alone_a, 50);
+  run_seq(12, alone_b, 50);
+  enum { V = 1000 };
+  servd_sampler_scratch *x;
+  assert_int_equal(servd_sampler_scratch_create(V, &x), 0);
+  servd_gen_params pa = params(), pb = params();
+  pa.seed = 11, pb.seed = 12;
+  pa.top_p = pb.top_p = 0.9f;
+  pa.top_k = pb.top_k = 100;
+  servd_sampler_config ca = {.n_vocab = V, .params = &pa, .scratch = x}, cb = ca;
+  cb.params = &pb;
+  servd_sampler *a, *b;
+  assert_int_equal(servd_sampler_create(&ca, &a), 0);
+  assert_int_equal(servd_sampler_create(&cb, &b), 0);
+  static float logits[V];
+  uint64_t r = 12345; /* the same logits stream as run_seq */
+  for (int k = 0; k < 50; k++) {
+    for (int i = 0; i < V; i++) {
+      r = r * 6364136223846793005ull + 1442695040888963407ull;
+      logits[i] = (float)((r >> 40) & 0xFFFF) / 8192.0f;
+    }
+    servd_sampled oa, ob;
+    assert_int_equal(servd_sampler_sample(a, logits, &oa), 0);
+    servd_sampler_accept(a, oa.token);
+    assert_int_equal(servd_sampler_sample(b, logits, &ob), 0);
+    servd_sampler_accept(b, ob.token);
+    assert_int_equal(oa.token, alone_a[k]);
+    assert_int_equal(ob.token, alone_b[k]);
+  }
+  servd_sampler_free(a);
+  servd_sampler_free(b);
+  servd_sampler_scratch_free(x);
+}
+
+static void test_seed(void **st) {
+  (void)st;
+  int32_t a[200], b[200], c[200];
+  run_seq(7, a, 200);
+  run_seq(7, b, 200);
+  run_seq(8, c, 200);
+  assert_memory_equal(a, b, sizeof a);
+  int diff = 0;
+  for (int i = 0; i < 200; i++) diff += a[i] != c[i];
+  assert_true(diff > 100);
+}
+
+/* log-softmax in long double, by a different route than the sampler: log(p_i) with p_i computed as
+ * 1 / sum_j exp(x_j - x_i). */
+static long double ref_logprob(const double *x, int n, int i) {
+  long double s = 0;
+  for (int j = 0; j < n; j++) s += expl((long double)x[j] - (long double)x[i]);
+  return -logl(s);
+}
+
+static void test_penalties(void **st) {
+  (void)st;
+  servd_gen_params p = params();
+  p.temperature = 0; /* greedy; processed logprobs then use temperature 1 */
+  p.repetition_penalty = 2.0f;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.1f;
+  p.logprobs = 5;
+  float logits[5] = {2.0f, -1.0f, 0.5f, 3.0f, 0.25f};
+  servd_sampler *s = make(&p, 5, SERVD_LOGPROBS_PROCESSED);
+  int32_t prompt[2] = {0, 1};
+  servd_sampler_add_prompt(s, prompt, 2);
+  servd_sampler_accept(s, 2);
+  servd_sampler_accept(s, 2);
+  servd_sampler_accept(s, 3);
+  /* by hand: 0: 2/2 = 1 (prompt only: no presence/frequency); 1: -1*2 = -2;
+   * 2: 0.5/2 - 0.5 - 2*0.1 = -0.45; 3: 3/2 - 0.5 - 0.1 = 0.9; 4: unseen 0.25 */
+  const double want[5] = {1.0, -2.0, -0.45, 0.9, 0.25};
+  servd_sampled o;
+  assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+  assert_int_equal(o.token, 0); /* 1.0 is now the largest */
+  assert_int_equal(o.n_top, 5);
+  /* tolerance: float32 logits and logprobs, |values| < 4: a few ulps of 4 is ~1e-6 */
+  const int order[5] = {0, 3, 4, 2, 1};
+  for (int k = 0; k < 5; k++) {
+    assert_int_equal(o.top[k].token, order[k]);
+    assert_true(fabsl(o.top[k].logprob - ref_logprob(want, 5, order[k])) < 2e-6L);
+  }
+  assert_true(fabsl(o.logprob - ref_logprob(want, 5, 0)) < 2e-6L);
+  servd_sampler_free(s);
+}
+
+static void test_logprobs_raw(void **st) {
+  (void)st;
+  enum { V = 3000 };
+  float *logits = malloc(V * sizeof *logits);
+  double *x = malloc(V * sizeof *x);
+  uint64_t r = 99;
+  for (int i = 0; i < V; i++) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    logits[i] = (float)((double)(r >> 11) * 0x1.0p-53 * 30.0 - 15.0);
+    x[i] = logits[i];
+  }
+  servd_gen_params p = params();
+  p.temperature = 0.7f;
+  p.repetition_penalty = 1.3f;
+  p.logprobs = 20;
+  servd_sampler *s = make(&p, V, SERVD_LOGPROBS_RAW);
+  servd_sampler_accept(s, 5); /* penalties must not touch RAW logprobs */
+  servd_sampled o;
+  assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+  assert_int_equal(o.n_top, 20);
+  /* reference top 20 by selection in the test */
+  int used[20];
+  for (int k = 0; k < 20; k++) {
+    int best = -1;
+    for (int i = 0; i < V; i++) {
+      bool taken = false;
+      for (int q = 0; q < k; q++) taken |= used[q] == i;
+      if (!taken && (best < 0 || x[i] > x[best])) best = i;
+    }
+    used[k] = best;
+    assert_int_equal(o.top[k].token, best);
+    /* tolerance: |logprob| < 40 in float32 (ulp 4e-6) */
+    assert_true(fabsl(o.top[k].logprob - ref_logprob(x, V, best)) < 1e-5L);
+  }
+  assert_true(fabsl(o.logprob - ref_logprob(x, V, o.token)) < 1e-5L);
+  servd_sampler_free(s);
+  free(logits);
+  free(x);
+}
+
+static void test_finish(void **st) {
+  (void)st;
+  servd_gen_params p = params();
+  int32_t stop_ids[2] = {7, 8};
+  p.stop_token_ids = stop_ids;
+  p.n_stop_token_ids = 2;
+  p.max_tokens = 3;
+  servd_sampler *s = make(&p, 10, SERVD_LOGPROBS_RAW);
+  servd_sampler_accept(s, 4);
+  assert_int_equal(servd_sampler_finish(s, 4), SERVD_FINISH_NONE);
+  assert_int_equal(servd_sampler_finish(s, 1), SERVD_FINISH_EOS);
+  assert_int_equal(servd_sampler_finish(s, 8), SERVD_FINISH_STOP_TOKEN);
+  servd_sampler_accept(s, 4);
+  servd_sampler_accept(s, 4);
+  assert_int_equal(servd_sampler_finish(s, 4), SERVD_FINISH_LENGTH);
+  servd_sampler_free(s);
+  p.ignore_eos = true;
+  s = make(&p, 10, SERVD_LOGPROBS_RAW);
+  assert_int_equal(servd_sampler_finish(s, 1), SERVD_FINISH_NONE);
+  servd_sampler_free(s);
+}
+
+static void test_bad_params(void **st) {
+  (void)st;
+  servd_sampler *s;
+  servd_gen_params p = params();
+  servd_sampler_config c = {.n_vocab = 10, .params = &p};
+  p.top_p = 0;
+  assert_int_equal(servd_sampler_create(&c, &s), SERVD_EINVAL);
+  p = params();
+  p.temperature = -1;
+  assert_int_equal(servd_sampler_create(&c, &s), SERVD_EINVAL);
+  p = params();
+  p.logprobs = 21;
+  assert_int_equal(servd_sampler_create(&c, &s), SERVD_EINVAL);
+  p = params();
+  int32_t bad = 10;
+  p.stop_token_ids = &bad;
+  p.n_stop_token_ids = 1;
+  assert_int_equal(servd_sampler_create(&c, &s), SERVD_EINVAL);
+  p = params();
+  p.repetition_penalty = 0;
+  assert_int_equal(servd_sampler_create(&c, &s), SERVD_EINVAL);
+  servd_sampler_free(NULL);
+}
+
+/* Feeds the deltas; returns the released text and whether it stopped. */
+static bool feed(const char *const *stops, int n_stops, const char *const *deltas, int n, char *out) {
+  servd_stop_matcher *m;
+  assert_int_equal(servd_stop_matcher_create(stops, n_stops, &m), 0);
+  bool stopped = false;
+  out[0] = 0;
+  for (int i = 0; i < n && !stopped; i++) {
+    const char *t;
+    size_t l;
+    assert_int_equal(servd_stop_matcher_push(m, deltas[i], strlen(deltas[i]), &t, &l, &stopped), 0);
+    strncat(out, t, l);
+  }
+  if (!stopped) {
+    const char *t;
+    size_t l;
+    servd_stop_matcher_flush(m, &t, &l);
+    strncat(out, t, l);
+  }
+  servd_stop_matcher_free(m);
+  return stopped;
+}
+
+static void test_stop_strings(void **st) {
+  (void)st;
+  char out[256];
+  const char *stops[] = {"END", "\n\n", ""};
+  const char *d1[] = {"Hello E", "N", "D more"};
+  assert_true(feed(stops, 3, d1, 3, out));
+  assert_string_equal(out, "Hello ");
+  const char *d2[] = {"a\n", "\nb"};
+  assert_true(feed(stops, 3, d2, 2, out));
+  assert_string_equal(out, "a");
+  const char *d3[] = {"EN", "x", "E"}; /* prefix that does not complete, and one left at the end */
+  assert_false(feed(stops, 3, d3, 3, out));
+  assert_string_equal(out, "ENxE");
+  /* earliest occurrence wins even when another stop string completes first in the stream */
+  const char *s2[] = {"xyz", "yq"};
+  const char *d4[] = {"x", "y", "q"};
+  assert_true(feed(s2, 2, d4, 3, out));
+  assert_string_equal(out, "x");
+  const char *s3[] = {"abcd", "bc"};
+  const char *d5[] = {"ab", "c"};
+  assert_true(feed(s3, 2, d5, 2, out));
+  assert_string_equal(out, "a");
+  /* held text is released as soon as it can no longer start a stop string */
+  servd_stop_matcher *m;
+  const char *s4[] = {"<|end|>"};
+  assert_int_equal(servd_stop_matcher_create(s4, 1, &m), 0);
+  const char *t;
+  size_t l;
+  bool stopped;
+  servd_stop_matcher_push(m, "ok <|e", 6, &t, &l, &stopped);
+  assert_int_equal(l, 3);
+  assert_memory_equal(t, "ok ", 3);
+  servd_stop_matcher_push(m, "x", 1, &t, &l, &stopped);
+  assert_int_equal(l, 4);
+  assert_memory_equal(t, "<|ex", 4);
+  assert_false(stopped);
+  /* multi-byte: a stop string made of one emoji split across deltas */
+  servd_stop_matcher_free(m);
+  const char *s5[] = {"\xF0\x9F\x98\x80"};
+  const char *d6[] = {"smile \xF0\x9F", "\x98\x80 after"};
+  assert_true(feed(s5, 1, d6, 2, out));
+  assert_string_equal(out, "smile ");
+  /* no stop strings: pass through */
+  const char *d7[] = {"a", "b"};
+  assert_false(feed(NULL, 0, d7, 2, out));
+  assert_string_equal(out, "ab");
+}
+
+/* ---- kept sets against a brute-force reference ----------------------------------------------------
+ * The reference follows the definitions literally: long-double softmax, a full sort (value desc, id
+ * asc), top-k, then top-p over the renormalized top-k set (a token stays while the mass ranked above it
+ * is < p), then min-p (p_i >= min_p * p_max). Cases whose top-p or min-p boundary lies within 1e-5 of
+ * a decision are skipped: float and long double may then legitimately disagree. */
+typedef struct rc {
+  long double v;
+  int id;
+} rcand;
+
+static int rc_cmp(const void *a, const void *b) {
+  const rcand *x = a, *y = b;
+  if (x->v != y->v) return x->v > y->v ? -1 : 1;
+  return x->id - y->id;
+}
+
+static int int_cmp(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+/* Returns the kept count into out (ascending), or -1 for an ambiguous case. */
+static int reference_kept(const float *logits, int n, float temp, int top_k, float top_p, float min_p, int *out) {
+  rcand *c = malloc((size_t)n * sizeof *c);
+  int nc = 0;
+  long double mx = -INFINITY;
+  for (int i = 0; i < n; i++) {
+    if (isinf(logits[i])) continue; /* -inf: probability 0 */
+    long double v = (long double)(logits[i] * (1.0f / temp)); /* the same float scaling as the sampler */
+    c[nc++] = (rcand){v, i};
+    if (v > mx) mx = v;
+  }
+  /* tokens more than 87 below the maximum underflow float and are never candidates (sampler.h) */
+  int k2 = 0;
+  for (int i = 0; i < nc; i++)
+    if (c[i].v - mx >= -87.0L) c[k2++] = c[i];
+  nc = k2;
+  qsort(c, (size_t)nc, sizeof *c, rc_cmp);
+  if (top_k > 0 && top_k < nc) nc = top_k;
+  long double z = 0;
+  for (int i = 0; i < nc; i++) z += expl(c[i].v - mx);
+  int keep = nc;
+  if (top_p < 1.0f) {
+    long double cum = 0, target = (long double)top_p * z;
+    keep = 0;
+    while (keep < nc && cum < target) {
+      cum += expl(c[keep].v - mx);
+      keep++;
+    }
+    if (fabsl(cum - target) < 1e-5L * z) keep = -1; /* the last kept token lands on the boundary */
+    else if (keep > 0 && fabsl(cum - expl(c[keep - 1].v - mx) - target) < 1e-5L * z) keep = -1;
+  }
+  int m = 0;
+  if (keep >= 0) {
+    for (int i = 0; i < keep; i++) {
+      long double ratio = expl(c[i].v - mx); /* p_i / p_max */
+      if (min_p > 0 && fabsl(ratio - min_p) < 1e-5L) {
+        m = -1;
+        break;
+      }
+      if (min_p <= 0 || ratio >= min_p) out[m++] = c[i].id;
+    }
+    if (m == 0) out[m++] = c[0].id;
+  } else {
+    m = -1;
+  }
+  free(c);
+  if (m > 0) qsort(out, (size_t)m, sizeof *out, int_cmp);
+  return m;
+}
+
+static void test_kept_sets(void **st) {
+  (void)st;
+  enum { V = 4096 };
+  float *logits = malloc(V * sizeof *logits);
+  int *want = malloc(V * sizeof *want);
+  int32_t *got = malloc(V * sizeof *got);
+  uint64_t r = 2024;
+  int checked = 0, skipped = 0;
+  const int ks[] = {0, 1, 2, 5, 40, 100, 1000, 5000};
+  const float ps[] = {1.0f, 0.93f, 0.61f, 0.37f, 0.11f};
+  const float mps[] = {0.0f, 0.013f, 0.07f, 0.33f};
+  const float temps[] = {1.0f, 0.7f, 1.9f};
+  for (int trial = 0; trial < 300; trial++) {
+    int shape = trial % 4;
+    for (int i = 0; i < V; i++) {
+      r = r * 6364136223846793005ull + 1442695040888963407ull;
+      double u = (double)(r >> 11) * 0x1.0p-53;
+      double g = -log(-log(u + 1e-300) + 1e-300); /* Gumbel: a heavy upper tail like real logits */
+      float x = (float)(shape == 0 ? g : shape == 1 ? 4 * g : shape == 2 ? floor(g * 2) / 2 : g * 0.1);
+      if (shape == 2 && i % 97 == 0) x = -INFINITY; /* masked tokens */
+      logits[i] = x;
+    }
+    servd_gen_params p = params();
+    p.top_k = ks[(trial / 4) % 8];
+    p.top_p = ps[(trial / 32) % 5];
+    p.min_p = mps[(trial / 7) % 4];
+    p.temperature = temps[trial % 3];
+    if (p.top_k == 1) p.top_k = 2; /* top_k 1 is greedy */
+    int m = reference_kept(logits, V, p.temperature, p.top_k, p.top_p, p.min_p, want);
+    if (m < 0) {
+      skipped++;
+      continue;
+    }
+    servd_sampler *s = make(&p, V, SERVD_LOGPROBS_RAW);
+    int n;
+    assert_int_equal(servd_sampler_kept(s, logits, got, &n), 0);
+    if (n != m) fail_msg("trial %d (shape %d k %d p %g min_p %g T %g): kept %d, reference %d", trial, shape, p.top_k,
+                         (double)p.top_p, (double)p.min_p, (double)p.temperature, n, m);
+    for (int i = 0; i < n; i++)
+      if (got[i] != want[i]) fail_msg("trial %d: kept set differs at %d: %d vs %d", trial, i, got[i], want[i]);
+    /* and draws only ever come from that set */
+    for (int d = 0; d < 20; d++) {
+      servd_sampled o;
+      assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+      assert_non_null(bsearch(&o.token, got, (size_t)n, sizeof *got, int_cmp));
+    }
+    servd_sampler_free(s);
+    checked++;
+  }
+  fprintf(stderr, "kept sets: %d cases checked, %d on a boundary skipped\n", checked, skipped);
+  assert_true(checked > 250);
+  free(logits);
+  free(want);
+  free(got);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_greedy),      cmocka_unit_test(test_supports),     cmocka_unit_test(test_large_vocab_truncation),
+      cmocka_unit_test(test_seed),        cmocka_unit_test(test_penalties),    cmocka_unit_test(test_logprobs_raw),
+      cmocka_unit_test(test_finish),      cmocka_unit_test(test_bad_params),   cmocka_unit_test(test_stop_strings),
+      cmocka_unit_test(test_kept_sets),   cmocka_unit_test(test_shared_scratch),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

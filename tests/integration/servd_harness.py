@@ -1,0 +1,169 @@
+"""Starts a real servd process for integration tests and talks plain HTTP to it.
+
+Tests exit 77 (ctest's SKIP_RETURN_CODE) with the reason on stdout when something they need is
+missing, and 1 with a message on failure.
+"""
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+SKIP = 77
+
+
+def skip(reason):
+    print(f"SKIP: {reason}")
+    sys.exit(SKIP)
+
+
+def fail(msg):
+    print(f"FAIL: {msg}")
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def parse_args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--servd")
+    p.add_argument("--modelpkg")
+    p.add_argument("--example-pack")
+    p.add_argument("--examples")
+    p.add_argument("--work", default=tempfile.mkdtemp(prefix="servd-it-"))
+    a = p.parse_args()
+    if not a.servd or not os.access(a.servd, os.X_OK):
+        skip("the servd binary was not built")
+    os.makedirs(a.work, exist_ok=True)
+    return a
+
+
+def tiny_llama(a):
+    """A tiny random-weight Llama package (byte-level tokenizer, chat template) from `modelpkg synth`."""
+    out = os.path.join(a.work, "tiny.mpk")
+    if os.path.exists(out):
+        return out
+    if not a.modelpkg or not os.access(a.modelpkg, os.X_OK):
+        skip("modelpkg was not built: no tiny Llama package")
+    r = subprocess.run([a.modelpkg, "synth", "tiny", "-o", out, "--quiet"], capture_output=True, text=True)
+    if r.returncode != 0:
+        skip(f"modelpkg synth tiny failed: {r.stderr.strip()}")
+    return out
+
+
+def example_package(a, name):
+    """An example generic package (models/examples/<name>), built by the servd_examples target."""
+    path = os.path.join(a.examples or "", f"{name}.mpk")
+    if os.path.exists(path):
+        return path
+    if a.example_pack and os.access(a.example_pack, os.X_OK):
+        os.makedirs(a.examples, exist_ok=True)
+        r = subprocess.run([a.example_pack, name, path], capture_output=True, text=True)
+        if r.returncode == 0:
+            return path
+    skip(f"example package {name}.mpk is missing (build the servd_examples target)")
+
+
+class Servd:
+    def __init__(self, a, args, env=None, wait_ready=True, ready_timeout=180):
+        self.log_path = os.path.join(a.work, f"servd-{os.getpid()}-{time.monotonic_ns()}.log")
+        self.log = open(self.log_path, "w")
+        e = dict(os.environ)
+        e.update(env or {})
+        self.proc = subprocess.Popen([a.servd, "--host", "127.0.0.1", "--port", "0"] + args, stdout=subprocess.PIPE,
+                                     stderr=self.log, env=e, text=True)
+        self.port = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("servd: port "):
+                self.port = int(line.split()[2])
+                break
+        if self.port is None:
+            self.proc.kill()
+            fail(f"servd did not start:\n{self.stderr()}")
+        if wait_ready:
+            self.wait_ready(ready_timeout)
+
+    def stderr(self):
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def wait_ready(self, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                fail(f"servd exited with {self.proc.returncode} while starting:\n{self.stderr()}")
+            try:
+                st, _, _ = self.request("GET", "/v2/health/ready")
+                if st == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        fail(f"servd not ready after {timeout} s:\n{self.stderr()}")
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def request(self, method, path, body=None, headers=None, timeout=120):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        h = dict(headers or {})
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+            h.setdefault("Content-Type", "application/json")
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+
+    def json(self, method, path, body=None, headers=None):
+        st, h, data = self.request(method, path, body, headers)
+        try:
+            return st, json.loads(data) if data else None
+        except ValueError:
+            fail(f"{method} {path}: response is not JSON: {data[:200]!r}")
+
+    def metrics(self, headers=None):
+        st, _, data = self.request("GET", "/metrics", headers=headers)
+        check(st == 200, f"/metrics answered {st}")
+        return data.decode()
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if sig is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            fail(f"servd did not exit within {timeout} s of signal {sig}:\n{self.stderr()}")
+        self.log.close()
+        return rc
+
+
+def metric_value(text, name, labels):
+    """The value of one sample, e.g. metric_value(t, "servd_kv_cache_blocks_used", {"model": "tiny"})."""
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{") and line.split("}")[0] == f"{name}{{{want}":
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def raw_socket(port):
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    return s

@@ -1,0 +1,80 @@
+"""servd without models: flags and config errors, health, auth, bad input, access log, /metrics
+checked by promtool, SIGTERM exit status."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servd_harness import Servd, check, fail, parse_args  # noqa: E402
+
+a = parse_args()
+
+# Startup errors are clear and exit 2.
+r = subprocess.run([a.servd, "--gpus", "1024"], capture_output=True, text=True, timeout=60)
+check(r.returncode == 2, f"--gpus 1024: exit {r.returncode}")
+check("GPU" in r.stderr and "--gpus 0" in r.stderr, f"--gpus 1024: unclear message: {r.stderr}")
+r = subprocess.run([a.servd, "--no-such-flag"], capture_output=True, text=True, timeout=60)
+check(r.returncode == 2 and "--no-such-flag" in r.stderr, f"unknown flag: {r.returncode} {r.stderr}")
+r = subprocess.run([a.servd, "--port", "99999"], capture_output=True, text=True, timeout=60)
+check(r.returncode == 2 and "--port" in r.stderr, f"bad port: {r.returncode} {r.stderr}")
+cfg = os.path.join(a.work, "bad-config.json")
+with open(cfg, "w") as f:
+    json.dump({"port": 8000, "max_qeue": 3}, f)
+r = subprocess.run([a.servd, "--config", cfg], capture_output=True, text=True, timeout=60)
+check(r.returncode == 2 and "max_qeue" in r.stderr, f"config typo: {r.returncode} {r.stderr}")
+r = subprocess.run([a.servd, "--help"], capture_output=True, text=True, timeout=60)
+check(r.returncode == 0 and "--model PATH[:NAME]" in r.stdout, "--help")
+
+KEY = "test-key-123"
+s = Servd(a, ["--api-key", KEY, "--access-log", "json", "--max-body-bytes", "65536"])
+auth = {"Authorization": f"Bearer {KEY}"}
+
+# Health is exempt from the key; everything else needs it.
+check(s.request("GET", "/v2/health/live")[0] == 200, "live")
+check(s.request("GET", "/v2/health/ready")[0] == 200, "ready with no models")
+st, body = s.json("GET", "/v1/models")
+check(st == 401 and body["error"]["code"] == "invalid_api_key", f"no key: {st} {body}")
+st, body = s.json("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})
+check(st == 401, f"wrong key: {st}")
+st, body = s.json("GET", "/v1/models", headers=auth)
+check(st == 200 and body == {"object": "list", "data": []}, f"models: {st} {body}")
+st, body = s.json("GET", "/v2", headers=auth)
+check(st == 200 and body["name"] == "servd", f"/v2: {body}")
+
+# Bad input: 4xx with a clear message, in the right error shape.
+st, body = s.json("POST", "/v1/completions", body="{not json", headers=auth)
+check(st == 400 and "malformed JSON" in body["error"]["message"], f"malformed: {st} {body}")
+st, body = s.json("POST", "/v1/chat/completions", body={"model": "nope", "messages": []}, headers=auth)
+check(st in (400, 404) and "error" in body, f"unknown model: {st} {body}")
+st, body = s.json("POST", "/v1/completions", body={"model": "nope", "prompt": "x"}, headers=auth)
+check(st == 404 and body["error"]["code"] == "model_not_found", f"unknown model: {st} {body}")
+st, body = s.json("POST", "/v1/completions", body="x" * 100000, headers=auth)
+check(st == 413 and body["error"]["message"], f"huge body: {st} {body}")
+st, _, data = s.request("GET", "/v1/models", headers=dict(auth, **{"X-Huge": "y" * 40000}))
+check(st == 431, f"huge header: {st}")
+st, body = s.json("POST", "/v2/models/nope/infer", body={"inputs": []}, headers=auth)
+check(st == 404 and isinstance(body["error"], str), f"kserve unknown model: {st} {body}")
+st, body = s.json("GET", "/nowhere", headers=auth)
+check(st == 404, f"unknown route: {st}")
+st, body = s.json("GET", "/v1/completions", headers=auth)
+check(st == 405, f"wrong method: {st}")
+
+# /metrics in Prometheus' exposition format.
+text = s.metrics(headers=auth)
+check('servd_http_requests_total{route="/v1/completions",status="400"} 1' in text, "request counters")
+promtool = shutil.which("promtool")
+if promtool:
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    check(r.returncode == 0, f"promtool check metrics: {r.stdout} {r.stderr}")
+else:
+    print("note: promtool not installed; exposition format not checked by it")
+
+rc = s.stop()
+check(rc == 0, f"exit status after SIGTERM: {rc}\n{s.stderr()}")
+log = s.stderr()
+lines = [json.loads(l) for l in log.splitlines() if l.startswith("{")]
+check(any(l["path"] == "/v1/models" and l["status"] == 401 for l in lines), f"json access log:\n{log}")
+check("draining" in log, "drain message")
+print("ok")

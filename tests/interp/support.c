@@ -1,0 +1,72 @@
+#include "support.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+void support_early_init(int argc, char **argv) {
+  if (servd_interp_early_init(argc, argv) < 0) {
+    fprintf(stderr, "early init: %s\n", servd_last_error());
+    exit(1);
+  }
+}
+
+void support_exec(servd_interp *it, const char *code) {
+  servd_py_error err;
+  int rc = servd_interp__exec(it, code, 0, &err);
+  if (rc < 0)
+    fprintf(stderr, "exec failed: %s: %s\n%s\n", err.type, err.message, err.traceback);
+  assert_int_equal(rc, 0);
+}
+
+json_t *support_eval(servd_interp *it, const char *expr) {
+  servd_py_error err;
+  json_t *r = NULL;
+  int rc = servd_interp__eval_json(it, expr, &r, 0, &err);
+  if (rc < 0)
+    fprintf(stderr, "eval %s failed: %s: %s\n%s\n", expr, err.type, err.message, err.traceback);
+  assert_int_equal(rc, 0);
+  assert_non_null(r);
+  return r;
+}
+
+long long support_eval_int(servd_interp *it, const char *expr) {
+  json_t *r = support_eval(it, expr);
+  assert_true(json_is_integer(r));
+  long long v = json_integer_value(r);
+  json_decref(r);
+  return v;
+}
+
+double support_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double support_cpu_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+size_t support_rss(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  unsigned long size = 0, res = 0;
+  if (f) {
+    if (fscanf(f, "%lu %lu", &size, &res) != 2)
+      res = 0;
+    fclose(f);
+  }
+  return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+int support_system(const char *fmt, ...) {
+  char cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  return system(cmd);
+}

@@ -1,0 +1,197 @@
+"""Writes a tiny random-weight Llama as a Hugging Face folder (f32 safetensors, byte-level tokenizer)
+and optionally as a GGUF file with q/k rows permuted for interleaved RoPE, the way llama.cpp's
+convert_hf_to_gguf.py does.
+
+    python3 make_tiny.py OUT_DIR [--llama3-scaling] [--untied] [--gguf OUT.gguf] [--seed N]
+
+The tokenizer maps byte b to id b (no merges), so a prompt's ids are its UTF-8 bytes; ids 256.. are
+special tokens. Dimensions are chosen to split over 2 tensor-parallel ranks.
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_ref import permute_for_interleaved  # noqa: E402
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def bytes_to_unicode():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, [chr(c) for c in cs]))
+
+
+def config(args):
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "vocab_size": 272, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "tie_word_embeddings": not args.untied,
+        "bos_token_id": 257, "eos_token_id": 258, "torch_dtype": "float32",
+    }
+    if args.llama3_scaling:
+        cfg["rope_theta"] = 500000.0
+        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    return cfg
+
+
+def weights(cfg, rng):
+    d, f, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    hd, nh, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+
+    def mat(r, c, s=None):
+        return (rng.standard_normal((r, c)) * (s or 1.0 / np.sqrt(c))).astype(np.float32)
+
+    w = {"model.embed_tokens.weight": mat(V, d, 0.35),
+         "model.norm.weight": (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+        w[p + "post_attention_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+        w[p + "self_attn.q_proj.weight"] = mat(nh * hd, d)
+        w[p + "self_attn.k_proj.weight"] = mat(nkv * hd, d)
+        w[p + "self_attn.v_proj.weight"] = mat(nkv * hd, d)
+        w[p + "self_attn.o_proj.weight"] = mat(d, nh * hd)
+        w[p + "mlp.gate_proj.weight"] = mat(f, d)
+        w[p + "mlp.up_proj.weight"] = mat(f, d)
+        w[p + "mlp.down_proj.weight"] = mat(d, f)
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = mat(V, d, 0.5)
+    return w
+
+
+def write_safetensors(path, tensors):
+    header, off, blobs = {}, 0, []
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name], dtype="<f4")
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        blobs.append(a.tobytes())
+        off += a.nbytes
+    header["__metadata__"] = {"format": "pt"}
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for b in blobs:
+            f.write(b)
+
+
+def tokens(cfg):
+    b2u = bytes_to_unicode()
+    toks = [b2u[b] for b in range(256)] + SPECIALS
+    toks += [f"<|reserved_{i}|>" for i in range(cfg["vocab_size"] - len(toks))]
+    return toks
+
+
+def tokenizer_json(cfg):
+    toks = tokens(cfg)
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, t in enumerate(toks) if i >= 256]
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": False, "vocab": {t: i for i, t in enumerate(toks) if i < 256}, "merges": []},
+    }
+
+
+def write_gguf(path, cfg, w):
+    import gguf
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    g = gguf.GGUFWriter(path, "llama")
+    g.add_name("tiny-llama")
+    g.add_context_length(cfg["max_position_embeddings"])
+    g.add_embedding_length(cfg["hidden_size"])
+    g.add_block_count(cfg["num_hidden_layers"])
+    g.add_feed_forward_length(cfg["intermediate_size"])
+    g.add_head_count(nh)
+    g.add_head_count_kv(nkv)
+    g.add_rope_dimension_count(cfg["head_dim"])
+    g.add_key_length(cfg["head_dim"])
+    g.add_value_length(cfg["head_dim"])
+    g.add_rope_freq_base(cfg["rope_theta"])
+    g.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    g.add_vocab_size(cfg["vocab_size"])
+    g.add_file_type(0)  # all f32
+    rs = cfg.get("rope_scaling")
+    if rs:
+        raise ValueError("GGUF variant: llama3 rope scaling goes in rope_freqs; not generated here")
+    toks = tokens(cfg)
+    g.add_tokenizer_model("gpt2")
+    g.add_tokenizer_pre("gpt-2")
+    g.add_token_list(toks)
+    g.add_token_types([1 if i < 256 else 3 for i in range(len(toks))])
+    g.add_token_merges([])
+    g.add_bos_token_id(cfg["bos_token_id"])
+    g.add_eos_token_id(cfg["eos_token_id"])
+    g.add_add_bos_token(False)
+    g.add_chat_template(CHAT_TEMPLATE)
+    g.add_tensor("token_embd.weight", w["model.embed_tokens.weight"])
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        g.add_tensor(f"blk.{i}.attn_norm.weight", w[p + "input_layernorm.weight"])
+        g.add_tensor(f"blk.{i}.ffn_norm.weight", w[p + "post_attention_layernorm.weight"])
+        g.add_tensor(f"blk.{i}.attn_q.weight", permute_for_interleaved(w[p + "self_attn.q_proj.weight"], nh))
+        g.add_tensor(f"blk.{i}.attn_k.weight", permute_for_interleaved(w[p + "self_attn.k_proj.weight"], nkv))
+        g.add_tensor(f"blk.{i}.attn_v.weight", w[p + "self_attn.v_proj.weight"])
+        g.add_tensor(f"blk.{i}.attn_output.weight", w[p + "self_attn.o_proj.weight"])
+        g.add_tensor(f"blk.{i}.ffn_gate.weight", w[p + "mlp.gate_proj.weight"])
+        g.add_tensor(f"blk.{i}.ffn_up.weight", w[p + "mlp.up_proj.weight"])
+        g.add_tensor(f"blk.{i}.ffn_down.weight", w[p + "mlp.down_proj.weight"])
+    g.add_tensor("output_norm.weight", w["model.norm.weight"])
+    if "lm_head.weight" in w:
+        g.add_tensor("output.weight", w["lm_head.weight"])
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--llama3-scaling", action="store_true")
+    ap.add_argument("--untied", action="store_true")
+    ap.add_argument("--gguf")
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args()
+    cfg = config(args)
+    w = weights(cfg, np.random.default_rng(args.seed))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    write_safetensors(os.path.join(args.out, "model.safetensors"), w)
+    with open(os.path.join(args.out, "tokenizer.json"), "w") as f:
+        json.dump(tokenizer_json(cfg), f, ensure_ascii=False)
+    with open(os.path.join(args.out, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": CHAT_TEMPLATE}, f)
+    with open(os.path.join(args.out, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}, f)
+    if args.gguf:
+        write_gguf(args.gguf, cfg, w)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""GGUF -> package, checked with gguf-py (an independent GGUF reader and dequantizer), numpy,
+Hugging Face tokenizers and Python's zipfile. Also the bad-input behaviour of `modelpkg pack`."""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+sys.path.insert(0, os.path.dirname(__file__))
+import pkgread  # noqa: E402
+
+MODELPKG = sys.argv[1]
+rng = np.random.default_rng(7)
+H, FF, HEADS, KV, VOCAB = 256, 512, 4, 2, 300
+
+
+def gpt2_bytes():
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def kquant_bytes(qtype, rows, cols):
+    """Random K-quant blocks with sane f16 scales (gguf-py cannot quantize these types)."""
+    bs, ts = gguf.GGML_QUANT_SIZES[qtype]
+    nb = rows * cols // bs
+    raw = rng.integers(0, 256, size=(nb, ts), dtype=np.uint8)
+    d = np.full(nb, 0.01, np.float16).view(np.uint8).reshape(nb, 2)
+    if qtype == Q.Q6_K:
+        raw[:, 208:210] = d
+    else:  # d, dmin first
+        raw[:, 0:2] = d
+        raw[:, 2:4] = d
+    return raw.reshape(rows, cols // bs * ts)
+
+
+def make_gguf(path, arch="llama"):
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(2)
+    w.add_context_length(1024)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV)
+    w.add_rope_freq_base(50000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    b2u = gpt2_bytes()
+    toks = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [b2u[b] for b in range(256)]
+    merges = []
+    letters = "etaoinshr"
+    for a in " " + letters:
+        for b in letters:
+            if len(toks) < VOCAB:
+                toks.append(b2u[ord(a)] + b2u[ord(b)])
+                merges.append(b2u[ord(a)] + " " + b2u[ord(b)])
+    while len(toks) < VOCAB:
+        toks.append(f"<extra_{len(toks)}>")
+    types = [3, 3, 3] + [1] * (VOCAB - 3)
+    types[-1] = 4  # user-defined: an added, non-special token
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
+    ref = {}
+
+    def add(name, arr, qtype=None):
+        if qtype is None:
+            w.add_tensor(name, arr)
+            ref[name] = ("plain", arr)
+        elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+            raw = kquant_bytes(qtype, *arr)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+            ref[name] = ("quant", qtype, raw)
+        else:
+            raw = quants.quantize(arr, qtype)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+            ref[name] = ("quant", qtype, raw)
+
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    add("token_embd.weight", f(VOCAB, H), Q.Q8_0)
+    add("output_norm.weight", f(H))
+    add("output.weight", f(VOCAB, H).astype(np.float16))
+    qt = [[Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K], [Q.F16, Q.BF16, Q.Q8_0, Q.F32, Q.Q5_0, Q.Q4_K, Q.Q6_K]]
+    for i in range(2):
+        add(f"blk.{i}.attn_norm.weight", f(H))
+        add(f"blk.{i}.ffn_norm.weight", f(H))
+        shapes = [(H, H), (KV * 64, H), (KV * 64, H), (H, H), (FF, H), (FF, H), (H, FF)]
+        names = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+        for n, s, t in zip(names, shapes, qt[i]):
+            if t in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+                add(f"blk.{i}.{n}.weight", s, t)
+            elif t == Q.F16:
+                add(f"blk.{i}.{n}.weight", f(*s).astype(np.float16))
+            elif t == Q.F32:
+                add(f"blk.{i}.{n}.weight", f(*s))
+            else:
+                add(f"blk.{i}.{n}.weight", f(*s), t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return ref
+
+
+HF = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+      "output.weight": "lm_head.weight", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+      "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+      "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def hf_name(g):
+    if g in HF:
+        return HF[g]
+    _, i, rest = g.split(".", 2)
+    return f"model.layers.{i}.{HF[rest[:-len('.weight')]]}.weight"
+
+
+def run(*args, ok=True):
+    p = subprocess.run([MODELPKG, *args], capture_output=True, text=True)
+    if ok and p.returncode != 0:
+        raise AssertionError(f"modelpkg {args} failed: {p.stderr}")
+    return p
+
+
+def check_fail(args, out, must_contain):
+    p = run(*args, ok=False)
+    assert p.returncode == 1, (args, p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and must_contain in lines[0], p.stderr
+    d = os.path.dirname(out)
+    assert not [f for f in os.listdir(d) if f.startswith(os.path.basename(out))], "output left behind"
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="mpk-it-gguf-")
+    src = os.path.join(tmp, "m.gguf")
+    ref = make_gguf(src)
+    reader = gguf.GGUFReader(src)
+    gt = {t.name: t for t in reader.tensors}
+
+    for target in ("f32", "q8_0"):
+        out = os.path.join(tmp, f"m-{target}.mpk")
+        run("pack", src, "-o", out, "--dtype", target, "--quiet")
+        assert run("verify", out).returncode == 0
+        man, tensors = pkgread.load(out)
+        assert man["rope_layout"] == "interleaved" and man["kind"] == "causal-lm"
+        c = man["config"]
+        assert (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                c["num_key_value_heads"], c["head_dim"], c["vocab_size"]) == (H, FF, 2, HEADS, KV, 64, VOCAB)
+        assert c["rope_theta"] == 50000.0 and abs(c["rms_norm_eps"] - 1e-5) < 1e-9 and c["tie_word_embeddings"] is False
+        assert c["bos_token_id"] == 1 and c["eos_token_id"] == 2 and c["max_position_embeddings"] == 1024
+        assert man["tokenizer"]["pre"] == "smollm"
+        assert set(tensors) == {hf_name(n) for n in gt}
+        for gname, t in gt.items():
+            dt, shape, data = tensors[hf_name(gname)]
+            assert shape == tuple(int(x) for x in reversed(t.shape)), (gname, shape, t.shape)  # ne innermost first
+            qt = t.tensor_type
+            if qt in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1):
+                assert dt == qt.name.lower(), (gname, dt)
+                assert bytes(data) == t.data.tobytes(), gname  # kept as they are: same bytes as gguf-py reads
+            else:
+                want = quants.dequantize(t.data, qt).reshape(shape)
+                if target == "f32":
+                    assert dt == "f32"
+                    got = pkgread.to_f32(dt, shape, data)
+                    # same formula in float32; allow rounding-order differences
+                    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * float(np.abs(want).max()))
+                else:
+                    assert dt == "q8_0"
+                    got = quants.dequantize(np.frombuffer(data, np.uint8).reshape(shape[0], -1), Q.Q8_0)
+                    # Q8_0: half a step (amax/127/2) per 32-block, plus the f16 rounding of the
+                    # block scale (relative 2^-11, times |q| <= 127): at most 0.57 of a step
+                    blk = np.abs(want.reshape(-1, 32)).max(axis=1, keepdims=True)
+                    err = np.abs(got.reshape(-1, 32) - want.reshape(-1, 32))
+                    assert (err <= blk / 127 * 0.57 + 1e-6).all(), (gname, float((err / (blk / 127 + 1e-30)).max()))
+
+    # Tokenizer: the converted tokenizer.json loads in Hugging Face tokenizers and round-trips.
+    import zipfile
+    from tokenizers import Tokenizer
+    z = zipfile.ZipFile(os.path.join(tmp, "m-f32.mpk"))
+    tok = Tokenizer.from_str(z.read("tokenizer.json").decode())
+    enc = tok.encode("<|im_start|>the rain in spain 123<|im_end|>")
+    assert enc.ids[0] == 1 and enc.ids[-1] == 2, enc.ids
+    assert tok.decode(enc.ids, skip_special_tokens=False) == "<|im_start|>the rain in spain 123<|im_end|>"
+    assert tok.decode(enc.ids, skip_special_tokens=True) == "the rain in spain 123"
+    assert [t for t in enc.tokens if t in ("1", "2", "3")] == ["1", "2", "3"]  # smollm splits digits
+    tj = json.loads(z.read("tokenizer.json"))
+    added = {a["id"]: a for a in tj["added_tokens"]}
+    assert added[2]["content"] == "<|im_end|>" and added[2]["special"]
+    assert not added[VOCAB - 1]["special"]  # user-defined token type: added, not special
+    tc = json.loads(z.read("tokenizer_config.json"))
+    assert tc["eos_token"] == "<|im_end|>" and tc["bos_token"] == "<|im_start|>"
+    assert z.read("chat_template.jinja").decode() == tc["chat_template"]
+
+    # Bad inputs: one line naming the file, exit 1, nothing left under the output name.
+    out = os.path.join(tmp, "bad.mpk")
+    raw = open(src, "rb").read()
+    for n in (3, 20, 100, len(raw) // 2, len(raw) - 1):
+        p = os.path.join(tmp, "trunc.gguf")
+        open(p, "wb").write(raw[:n])
+        check_fail(["pack", p, "-o", out, "--quiet"], out, "trunc.gguf")
+    p = os.path.join(tmp, "count.gguf")
+    open(p, "wb").write(raw[:16] + struct.pack("<Q", 1 << 60) + raw[24:])  # n_kv beyond the file
+    check_fail(["pack", p, "-o", out, "--quiet"], out, "n_kv")
+    p = os.path.join(tmp, "arch.gguf")
+    make_gguf(p, arch="gpt2")
+    check_fail(["pack", p, "-o", out, "--quiet"], out, "general.architecture")
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
