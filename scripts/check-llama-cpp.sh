@@ -86,9 +86,10 @@ def post(path, body):
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.loads(r.read())
 
-print("| # | prompt | prompt tokens equal | first differing generated token | servd continuation |")
-print("|---|---|---|---|---|")
+print("| # | prompt | prompt tokens equal | first differing generated token | llama.cpp logprob gap there | servd continuation |")
+print("|---|---|---|---|---|---|")
 agree = 0
+gaps = []
 for i, p in enumerate(prompts):
     ids_file = os.path.join(work, f"{i}.ids")
     pids_file = os.path.join(work, f"{i}.pids")
@@ -103,17 +104,34 @@ for i, p in enumerate(prompts):
     lc_prompt = post("/tokenize", {"content": p, "add_special": True})["tokens"]
     res = post("/completion", {"prompt": p, "n_predict": ntok, "temperature": 0, "top_k": 1,
                                "repeat_penalty": 1.0, "cache_prompt": False, "return_tokens": True,
-                               "ignore_eos": True, "seed": 0})
+                               "ignore_eos": True, "seed": 0, "n_probs": 10, "post_sampling_probs": False})
     theirs = res.get("tokens") or []
     diff = next((k for k in range(max(len(ours), len(theirs)))
                  if k >= len(ours) or k >= len(theirs) or ours[k] != theirs[k]), None)
     same = diff is None and our_prompt == lc_prompt
+    # At the first difference: how far apart llama.cpp itself puts its token and servd's (nats of
+    # log-probability). A small gap is a near-tie that rounding differences can flip.
+    gap = "-"
+    if diff is not None and diff < len(theirs) and diff < len(ours):
+        probs = res.get("completion_probabilities") or []
+        if diff < len(probs):
+            tops = {t["id"]: t["logprob"] for t in probs[diff].get("top_logprobs", [])}
+            if theirs[diff] in tops and ours[diff] in tops:
+                g = tops[theirs[diff]] - tops[ours[diff]]
+                gaps.append(g)
+                gap = f"{g:.3f}"
+            else:
+                gap = "not in top 10"
     agree += same
     text = r.stdout.strip().replace("\n", "\\n").replace("|", "\\|")[:60]
     pr = p.replace("\n", "\\n").replace("|", "\\|").replace("<", "&lt;")
     print(f"| {i + 1} | {pr} | {'yes' if our_prompt == lc_prompt else 'NO'} | "
-          f"{'none' if diff is None else diff} | {text.replace('<', '&lt;')} |")
+          f"{'none' if diff is None else diff} | {gap} | {text.replace('<', '&lt;')} |")
 print(f"\n{agree} of {len(prompts)} prompts: identical prompt tokens and {ntok} identical greedy tokens.")
+if gaps:
+    print(f"At the {len(gaps)} first differences with both tokens in llama.cpp's top 10, llama.cpp's own "
+          f"log-probability gap between its token and servd's: median {sorted(gaps)[len(gaps) // 2]:.3f}, "
+          f"max {max(gaps):.3f} nats.")
 PY
 cat "$work/table.md"
 

@@ -138,6 +138,7 @@ void api_repository_index(servd_api *a, servd_http_req *r);
 /* ---- routes ---- */
 void api_oai_completions(servd_api *a, servd_http_req *r, bool chat);
 void api_oai_models(servd_api *a, servd_http_req *r);
+void api_oai_model(servd_api *a, servd_http_req *r, const char *name);
 void api_oai_tokenize(servd_api *a, servd_http_req *r);
 void api_oai_detokenize(servd_api *a, servd_http_req *r);
 void api_oai_event(servd_api *a, api_event *ev); /* an engine event on the loop */

@@ -436,6 +436,13 @@ static void on_request(void *ud, servd_http_req *r) {
     r->route = "/v1/models";
     if (!is(r, "GET")) { method_not_allowed(r, true, "GET"); return; }
     api_oai_models(a, r);
+  } else if (strncmp(p, "/v1/models/", 11) == 0 && p[11]) {
+    r->route = "/v1/models/{model}";
+    if (!is(r, "GET")) {
+      method_not_allowed(r, true, "GET");
+      return;
+    }
+    api_oai_model(a, r, p + 11);
   } else if (strcmp(p, "/tokenize") == 0) {
     r->route = "/tokenize";
     if (!is(r, "POST")) { method_not_allowed(r, true, "POST"); return; }

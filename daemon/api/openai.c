@@ -613,15 +613,27 @@ void api_oai_completions(servd_api *a, servd_http_req *r, bool chat) { handle(a,
 void api_oai_tokenize(servd_api *a, servd_http_req *r) { handle(a, r, OAI_TOKENIZE); }
 void api_oai_detokenize(servd_api *a, servd_http_req *r) { handle(a, r, OAI_DETOKENIZE); }
 
+static json_t *model_entry(servd_api *a, api_model *am) {
+  json_t *e = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", am->name, "object", "model", "created",
+                        (json_int_t)am->created, "owned_by", "servd", "root", am->name);
+  if (a->ops->kind(am->m) == SERVD_MODEL_CAUSAL_LM)
+    json_object_set_new(e, "max_model_len", json_integer(a->ops->context_length(am->m)));
+  return e;
+}
+
 void api_oai_models(servd_api *a, servd_http_req *r) {
   json_t *data = json_array();
-  for (api_model *am = a->models; am; am = am->next) {
-    if (am->state != M_READY) continue;
-    json_t *e = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", am->name, "object", "model", "created",
-                          (json_int_t)am->created, "owned_by", "servd", "root", am->name);
-    if (a->ops->kind(am->m) == SERVD_MODEL_CAUSAL_LM)
-      json_object_set_new(e, "max_model_len", json_integer(a->ops->context_length(am->m)));
-    json_array_append_new(data, e);
-  }
+  for (api_model *am = a->models; am; am = am->next)
+    if (am->state == M_READY) json_array_append_new(data, model_entry(a, am));
   api_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+void api_oai_model(servd_api *a, servd_http_req *r, const char *name) {
+  api_model *am = api_model_find(a, name);
+  r->model = am ? am->name : NULL;
+  if (!am || am->state != M_READY) {
+    api_oai_error(r, 404, "invalid_request_error", "model", "model_not_found", "The model `%s` does not exist.", name);
+    return;
+  }
+  api_json(r, 200, model_entry(a, am));
 }

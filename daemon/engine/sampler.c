@@ -588,15 +588,22 @@ int servd_stop_matcher_push(servd_stop_matcher *m, const char *delta, size_t len
   *stopped = m->stopped;
   if (m->stopped) return 0;
   if (!m->n) { /* nothing to match: pass through */
+    if (delta == m->out) {
+      *text_len = len;
+      return 0;
+    }
+    if (reserve(&m->buf, &m->cap, len + 1)) return SERVD_ENOMEM; /* delta may be our old output */
+    memcpy(m->buf, delta, len);
     if (reserve(&m->out, &m->cap_out, len + 1)) return SERVD_ENOMEM;
-    memcpy(m->out, delta, len);
+    memcpy(m->out, m->buf, len);
     *text = m->out;
     *text_len = len;
     return 0;
   }
-  if (reserve(&m->buf, &m->cap, m->n_held + len + 1) || reserve(&m->out, &m->cap_out, m->n_held + len + 1))
-    return SERVD_ENOMEM;
+  /* delta may be this matcher's previous output: take it before `out` can move */
+  if (reserve(&m->buf, &m->cap, m->n_held + len + 1)) return SERVD_ENOMEM;
   memcpy(m->buf + m->n_held, delta, len);
+  if (reserve(&m->out, &m->cap_out, m->n_held + len + 1)) return SERVD_ENOMEM;
   size_t n = m->n_held + len;
   /* earliest occurrence of any stop string; held text holds no complete one */
   size_t first = n;

@@ -102,6 +102,7 @@ static void conn_process(conn *c);
 static void conn_flush(conn *c);
 static void error_response(conn *c, int status, const char *msg);
 static void read_start(conn *c);
+static void timer_set(conn *c, timer_kind k, int ms);
 
 /* ---- server-level bookkeeping ---------------------------------------------------------------- */
 
@@ -146,6 +147,11 @@ static void on_timer(uv_timer_t *t) {
     /* Slow client: tell it why, then drop it. */
     c->state = C_IDLE;
     error_response(c, 408, "request not received in time");
+    return;
+  }
+  if (k == T_IDLE && c->writing) {
+    /* Still delivering a response to a slow reader: not idle. Its unsent bytes are bounded. */
+    timer_set(c, T_IDLE, c->srv->lim.idle_timeout_ms);
     return;
   }
   conn_close(c);

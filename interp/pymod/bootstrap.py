@@ -10,7 +10,11 @@ import traceback
 import servd
 
 json_loads = json.loads
-json_dumps = json.dumps
+
+
+def json_dumps(value):
+    # NaN and Infinity are not JSON: refuse them here rather than hand the host invalid text
+    return json.dumps(value, allow_nan=False)
 
 
 def format_exception(exc):

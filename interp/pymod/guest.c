@@ -160,7 +160,9 @@ static int g_init(servd_guest_thread *th, const servd_guest_config *c, servd_py_
   cfg.module_search_paths_set = 1;
   PyStatus st = PyConfig_SetBytesString(&cfg, &cfg.home, "/usr");
   if (!PyStatus_Exception(st))
-    st = PyConfig_SetBytesString(&cfg, &cfg.program_name, "python3.11");
+    st = PyConfig_SetBytesString(&cfg, &cfg.program_name, "/usr/bin/python3.11");
+  if (!PyStatus_Exception(st)) /* not searched in PATH, where another Python may come first */
+    st = PyConfig_SetBytesString(&cfg, &cfg.executable, "/usr/bin/python3.11");
   if (PyStatus_Exception(st) || append_wide(&cfg.module_search_paths, c->stdlib_dir) < 0 ||
       append_wide(&cfg.module_search_paths, c->dynload_dir) < 0) {
     PyConfig_Clear(&cfg);

@@ -35,6 +35,7 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 static int quick;
+static int mm_pass, mm_total, mv_pass, mv_total; /* targets met (median ratio) */
 
 /* Seconds per call of a (servd) and b (anchor), measured alternately so that load from other
  * processes hits both alike: each of `reps` rounds times enough calls of each to last ~min_s.
@@ -242,8 +243,13 @@ int main(int argc, char **argv) {
       "  weights are never dequantized. Block scales of 16 blocks are collected with word permutes\n"
       "  (a gather was 1.6x slower), q4 nibbles feed `vpdpbusd` directly against activations stored in\n"
       "  the matching lane order, and up to 4 x rows share each weight load (batches, prefill).\n"
-      "- **Threads**: `servd_matmul` splits n over the process-wide pool (`servd_parallel_for`); problems\n"
-      "  under ~64K multiply-adds run inline on the caller.\n\n");
+      "- **Threads**: `servd_matmul` splits n (and, past 128 rows, m) over the process-wide pool\n"
+      "  (`servd_parallel_for`); problems under ~64K multiply-adds run inline on the caller.\n"
+      "- **Known limit**: the quantized kernels retire about one 32-weight block per 1.2-1.5 cycles per\n"
+      "  core (~45-65 GB/s of q4 weights per core). That is above DRAM bandwidth, but below the rate at\n"
+      "  which a core reads weights that sit in L2/L3 (the 1536x576 and 49152x576 rows), so those rows\n"
+      "  stay under the 0.75 target; going further would need weights repacked at load time (scales\n"
+      "  apart from nibbles), which the zero-copy package mapping rules out for now.\n\n");
   OUT("**Targets** (2 threads): f32 matmul at batch 64 >= 0.8x OpenBLAS `cblas_sgemm`; batch-1 matvec\n"
       "with bf16, q8_0, q4_0, q4_1 weights >= 0.75x the rate at which the same 2 threads stream-read a\n"
       "buffer of the weight's size. Both anchors are measured in the same run, alternating with servd\n"
@@ -282,6 +288,10 @@ int main(int argc, char **argv) {
       time_pair(run_servd, &c, run_blas, &c, &ts, &tb, &ratio);
       double fl = 2.0 * m * n * k;
       OUT("| %dx%d | %d | %.1f | %.1f | %.2f | %.2f |\n", n, k, m, fl / ts * 1e-9, fl / tb * 1e-9, ratio, best_ratio);
+      if (m == 64 && (n == k || k == 1536)) { /* the targeted shapes: 576x1536, 4096x4096 */
+        mm_total++;
+        mm_pass += ratio >= 0.8;
+      }
       servd_tensor_release(x);
       servd_tensor_release(out);
     }
@@ -325,12 +335,19 @@ int main(int argc, char **argv) {
       }
       OUT("| %dx%d | %s | %.1f | %.1f | %.1f | %.2f | %.2f |\n", n, k, servd_dtype_name(dts[d]),
           (double)bytes / 1048576.0, (double)bytes / ts * 1e-9, (double)bytes / tr * 1e-9, ratio, best_ratio);
+      if (dts[d] != SERVD_F32 && dts[d] != SERVD_F16) {
+        mv_total++;
+        mv_pass += ratio >= 0.75;
+      }
       servd_tensor_release(w);
     }
     free(row);
     servd_tensor_release(x);
     servd_tensor_release(out);
   }
+  OUT("\nTargets met in this run (median ratio): f32 batch-64 matmul %d of %d shapes >= 0.8; batch-1\n"
+      "matvec (bf16, q8_0, q4_0, q4_1) %d of %d cases >= 0.75.\n",
+      mm_pass, mm_total, mv_pass, mv_total);
   if (doc) write_doc(doc_path);
   servd_threadpool_shutdown();
   return 0;

@@ -77,6 +77,29 @@ void servd__attn_scores_avx2(float *out, int ld, const float *const *q, int nq, 
   }
 }
 
+/* NQ queries (constant after inlining) x 16 dims of acc in registers while the n value rows stream by. */
+static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc, int acc_ld, const float *p, int ld,
+                                                              const char *v, servd_dtype vt, int n, size_t vrow) {
+  __m256 a0[6], a1[6];
+  for (int i = 0; i < NQ; i++) {
+    a0[i] = _mm256_loadu_ps(acc + (size_t)i * (size_t)acc_ld);
+    a1[i] = _mm256_loadu_ps(acc + (size_t)i * (size_t)acc_ld + 8);
+  }
+  for (int j = 0; j < n; j++) {
+    const char *vr = v + (size_t)j * vrow;
+    __m256 v0 = load8(vr, vt, 0), v1 = load8(vr, vt, 8);
+    for (int i = 0; i < NQ; i++) {
+      __m256 pj = _mm256_set1_ps(p[(size_t)i * (size_t)ld + (size_t)j]);
+      a0[i] = _mm256_fmadd_ps(pj, v0, a0[i]);
+      a1[i] = _mm256_fmadd_ps(pj, v1, a1[i]);
+    }
+  }
+  for (int i = 0; i < NQ; i++) {
+    _mm256_storeu_ps(acc + (size_t)i * (size_t)acc_ld, a0[i]);
+    _mm256_storeu_ps(acc + (size_t)i * (size_t)acc_ld + 8, a1[i]);
+  }
+}
+
 void servd__attn_accum_avx2(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v, servd_dtype vt,
                             int n, int hd, int64_t vstride) {
   size_t esz = vt == SERVD_F16 ? 2 : 4, vrow = (size_t)vstride * esz;

@@ -5,6 +5,11 @@
  * Code in *_avx512.c is compiled with -mavx512f/bw/vl/dq only; VNNI and BF16 live in
  * *_avx512vnni.c / *_avx512bf16.c and are called only when servd__cpu_has_vnni()/_bf16() say so
  * (both false when the active ISA is below AVX-512, so a forced ISA never reaches them).
+ *
+ * Threads: split an op with servd_parallel_for(n, grain, fn, ctx) (servd/threadpool.h). Pick grain
+ * so that one chunk is worth ~10 us of work; smaller jobs then run inline on the caller with no
+ * synchronisation. Inside fn, per-thread buffers come from servd__scratch() (each pool thread and
+ * each caller has its own), so kernels never allocate per call.
  */
 #ifndef SERVD_CPU_IMPL_H
 #define SERVD_CPU_IMPL_H

@@ -104,17 +104,60 @@ static int setup(servd__mm *p, servd_tensor *out, const servd_tensor *x, const s
 
 /* ---- dispatch --------------------------------------------------------------------------------- */
 
+/* Work items: blocks of `cols` output columns, times blocks of `rows` x rows when m is large (so
+ * that many threads find work in prefill), columns fastest so neighbouring chunks share x rows. */
 typedef struct task {
   const servd__mm *p;
   servd__mm_fn fn;
-  int64_t cols; /* output columns per item */
+  int64_t cols, rows, n_items; /* n_items: column blocks per row block */
 } task;
 
 static void run_task(void *ctx, int64_t b, int64_t e, int thread) {
   const task *t = ctx;
-  int64_t j0 = b * t->cols, j1 = e * t->cols;
+  const servd__mm *p = t->p;
   (void)thread;
-  t->fn(t->p, j0, j1 < t->p->n ? j1 : t->p->n);
+  for (int64_t it = b; it < e;) {
+    const int64_t mb = it / t->n_items, jb = it % t->n_items;
+    const int64_t jend = jb + (e - it) < t->n_items ? jb + (e - it) : t->n_items;
+    const int64_t j0 = jb * t->cols, j1 = jend * t->cols < p->n ? jend * t->cols : p->n;
+    if (t->rows >= p->m) {
+      t->fn(p, j0, j1);
+    } else {
+      servd__mm sub = *p;
+      const int64_t r0 = mb * t->rows;
+      sub.m = p->m - r0 < t->rows ? p->m - r0 : t->rows;
+      sub.x += r0 * p->ldx;
+      sub.out += r0 * p->ldo;
+      if (p->xq.qs) {
+        sub.xq.qs += r0 * p->xq.ldq;
+        sub.xq.d += r0 * p->xq.lds;
+        sub.xq.s += r0 * p->xq.lds;
+      }
+      if (p->xeo) sub.xeo += r0 * p->ldxeo;
+      t->fn(&sub, j0, j1);
+    }
+    it += jend - jb;
+  }
+}
+
+typedef struct quant_task {
+  const servd__mm *p;
+  bool avx512;
+} quant_task;
+
+/* Quantizes x rows [b, e) into p->xq. */
+static void run_quant(void *ctx, int64_t b, int64_t e, int thread) {
+  const quant_task *t = ctx;
+  const servd__mm *p = t->p;
+  servd__q8x q = p->xq;
+  (void)thread;
+  q.qs += b * q.ldq;
+  q.d += b * q.lds;
+  q.s += b * q.lds;
+  if (t->avx512)
+    servd__quantize_q8x_avx512(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
+  else
+    servd__quantize_q8x(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
 }
 
 int servd_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
@@ -140,10 +183,8 @@ int servd_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w
     p.xq.qs = (int8_t *)buf;
     p.xq.d = (float *)(buf + qbytes);
     p.xq.s = (float *)(buf + qbytes + fbytes);
-    if (isa == SERVD_ISA_AVX512)
-      servd__quantize_q8x_avx512(p.x, p.ldx, p.m, p.k, &p.xq);
-    else
-      servd__quantize_q8x(p.x, p.ldx, p.m, p.k, &p.xq);
+    quant_task qt = {.p = &p, .avx512 = isa == SERVD_ISA_AVX512};
+    servd_parallel_for(p.m, (1 << 16) / p.k + 1, run_quant, &qt); /* prefill: many rows */
     fn = vnni ? servd__mm_quant_avx512vnni : isa >= SERVD_ISA_AVX2 ? servd__mm_quant_avx2 : servd__mm_quant_scalar;
   } else {
     if (isa == SERVD_ISA_AVX512 && p.wt == SERVD_BF16 && p.k >= 32) {
@@ -157,11 +198,12 @@ int servd_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w
          : isa == SERVD_ISA_AVX2 ? servd__mm_float_avx2
                                  : servd__mm_float_scalar;
   }
-  /* Items of 32 columns (a whole register tile); small problems run inline on the caller. */
-  task t = {.p = &p, .fn = fn, .cols = 32};
-  int64_t items = (p.n + t.cols - 1) / t.cols;
-  int64_t macs_per_item = p.m * p.k * t.cols;
-  int64_t grain = (1 << 16) / (macs_per_item ? macs_per_item : 1) + 1;
+  /* Items of 32 columns (a whole register tile) by 128 x rows; small problems run inline. */
+  task t = {.p = &p, .fn = fn, .cols = 32, .rows = 128};
+  t.n_items = (p.n + t.cols - 1) / t.cols;
+  const int64_t items = t.n_items * ((p.m + t.rows - 1) / t.rows);
+  const int64_t macs_per_item = (p.m < t.rows ? p.m : t.rows) * p.k * t.cols;
+  const int64_t grain = (1 << 16) / macs_per_item + 1;
   servd_parallel_for(items, grain, run_task, &t);
   return 0;
 }

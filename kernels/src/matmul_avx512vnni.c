@@ -4,9 +4,9 @@
  * one vector with word permutes (load_headers) and multiplied by the activation scales of the group;
  * the offset terms of q4_0 (-8*d) and q4_1 (m) meet s = d_x*sum(q_x) in one vector FMA per group.
  * Inside a group:
- * - q4: 4 blocks per step; their 16-byte nibble runs fill the 4 lanes of a zmm, low and high nibbles
- *   are split with one shift and two ands and multiplied (vpdpbusd, u8 x s8) with activations kept in
- *   the matching "quad" layout, so no byte shuffles are needed.
+ * - q4: 4 blocks per step; their 16-byte nibble runs fill the 4 lanes of a zmm (two loads and one
+ *   word permute), low and high nibbles are split with one shift and two ands and multiplied
+ *   (vpdpbusd, u8 x s8) with activations kept in the matching "quad" layout: no byte shuffles.
  * - q8_0: 2 blocks per step, signed x signed via |w| and x with w's sign.
  * Each 4-lane (q4) or 8-lane (q8_0) run of int32 dot lanes belongs to one block; one permute spreads
  * the group's block scales to those lanes, then one FMA accumulates in f32.
@@ -150,6 +150,56 @@ static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
       _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), t));
 }
 
+/* The last group of a q4 row when it holds 1..4 blocks (k = 576 leaves 2): one masked window of the
+ * weight row yields both the nibble runs and the block headers, already spread to the 4 lanes of
+ * each block, so the per-group header pass is skipped. */
+static inline __attribute__((always_inline)) void q4_tail(const char *const *w, int bb, int64_t g, int nbg,
+                                                          const int8_t *const *xq, const float *const *xd,
+                                                          const float *const *xs, __m512 (*acc)[NWMAX],
+                                                          __m512 (*accm)[NWMAX], const int R, const int NW,
+                                                          const servd_dtype wt) {
+  static const uint16_t nib20[32] = {2,  3,  4,  5,  6,  7,  8,  9,  12, 13, 14, 15, 16, 17, 18, 19,
+                                     22, 23, 24, 25, 26, 27, 28, 29, 32, 33, 34, 35, 36, 37, 38, 39};
+  static const uint16_t nib18[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
+                                     19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
+  /* dword lane l <- words (bb/2)*(l/4) and +1: block l/4's d (and q4_1's m) */
+  static const uint16_t hdr20[32] = {0,  1,  0,  1,  0,  1,  0,  1,  10, 11, 10, 11, 10, 11, 10, 11,
+                                     20, 21, 20, 21, 20, 21, 20, 21, 30, 31, 30, 31, 30, 31, 30, 31};
+  static const uint16_t hdr18[32] = {0, 1, 0, 1, 0, 1, 0, 1, 9,  10, 9,  10, 9,  10, 9,  10,
+                                     18, 19, 18, 19, 18, 19, 18, 19, 27, 28, 27, 28, 27, 28, 27, 28};
+  const __m512i lanes4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  const __m512i inib = _mm512_loadu_si512(bb == 20 ? nib20 : nib18);
+  const __m512i ihdr = _mm512_loadu_si512(bb == 20 ? hdr20 : hdr18);
+  const int bytes = nbg * bb;
+  const __mmask64 ma = bytes >= 64 ? ~0ull : (1ull << bytes) - 1;
+  const __mmask64 mb = bytes > 64 ? (1ull << (bytes - 64)) - 1 : 0;
+  __m512 dxe[RQ], sxe[RQ];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) { /* padding past nb is zero, so missing blocks weigh nothing */
+    dxe[r] = _mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(xd[r] + g));
+    sxe[r] = _mm512_mul_ps(_mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(xs[r] + g)), _mm512_set1_ps(0.25f));
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < NW; c++) {
+    const char *src = w[c] + g * bb;
+    const __m512i a = _mm512_maskz_loadu_epi8(ma, src), b = _mm512_maskz_loadu_epi8(mb, src + 64);
+    const __m512i z = _mm512_permutex2var_epi16(a, inib, b), hv = _mm512_permutex2var_epi16(a, ihdr, b);
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hv));
+    const __m512 cw = wt == SERVD_Q4_0 ? _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f))
+                                       : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hv, 16)));
+    const __m512i lo = _mm512_and_si512(z, nib), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+      const int8_t *xp = xq[r] + g * 32;
+      __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)xp));
+      dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
+      acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dxe[r]), acc[r][c]);
+      accm[r][c] = _mm512_fmadd_ps(cw, sxe[r], accm[r][c]);
+    }
+  }
+}
+
 /* out rows i0..i0+R, columns j..j+NW = x rows . weight rows j..j+NW */
 static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64_t i0, int64_t j, const int R,
                                                        const int NW, const servd_dtype wt) {
@@ -173,6 +223,10 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
   }
   for (int64_t g = 0; g < nb; g += 16) {
     const int nbg = nb - g < 16 ? (int)(nb - g) : 16;
+    if (wt != SERVD_Q8_0 && nbg <= 4) {
+      q4_tail(w, bb, g, nbg, xq, xd, xs, acc, accm, R, NW, wt);
+      continue;
+    }
     __m512 ds[RQ][NWMAX];
 #pragma GCC unroll 4
     for (int c = 0; c < NW; c++) {

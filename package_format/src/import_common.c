@@ -29,13 +29,15 @@ void mpk__progress_add(mpk_progress *pr, uint64_t bytes) {
 }
 
 int mpk__emit_raw(mpk_writer *w, mpk_progress *pr, const char *name, servd_dtype dt, int ndim, const int64_t *shape,
-                  const void *data, uint64_t nbytes) {
+                  const void *data, uint64_t nbytes, int src_fd, uint64_t src_offset) {
   int rc;
   if ((rc = mpk_writer_begin_tensor(w, name, dt, ndim, shape))) return rc;
   const uint64_t chunk = 64u << 20;
   for (uint64_t off = 0; off < nbytes; off += chunk) {
     uint64_t k = nbytes - off < chunk ? nbytes - off : chunk;
-    if ((rc = mpk_writer_write(w, (const char *)data + off, k))) return rc;
+    rc = src_fd >= 0 ? mpk_writer_write_fd(w, src_fd, src_offset + off, (const char *)data + off, k)
+                     : mpk_writer_write(w, (const char *)data + off, k);
+    if (rc) return rc;
     mpk__progress_add(pr, k);
   }
   return mpk_writer_end_tensor(w);

@@ -265,7 +265,7 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
   mpk_writer *w = NULL;
   json_t *config = NULL;
   tok_out tok = {0};
-  if ((rc = mpk__map_file(gguf_path, &map)) || (rc = mpk_gguf_parse(gguf_path, map.data, map.len, &g))) goto fail;
+  if ((rc = mpk__map_file_fd(gguf_path, &map)) || (rc = mpk_gguf_parse(gguf_path, map.data, map.len, &g))) goto fail;
   const char *arch;
   size_t al;
   if ((rc = mpk_gguf_get_str(g, "general.architecture", &arch, &al)) || al != 5 || memcmp(arch, "llama", 5)) {
@@ -332,7 +332,7 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
                       gguf_path, t->name, mpk_ggml_type_name(t->type) ? mpk_ggml_type_name(t->type) : "?");
       goto fail;
     }
-    if (native) rc = mpk__emit_raw(w, &pr, hn, keep, t->ndim, shape, data, t->nbytes);
+    if (native) rc = mpk__emit_raw(w, &pr, hn, keep, t->ndim, shape, data, t->nbytes, map.fd, t->offset);
     else {
       uint32_t be, bb;
       mpk_ggml_type_size(t->type, &be, &bb);

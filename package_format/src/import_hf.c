@@ -73,7 +73,7 @@ static int load_shards(const char *dir, shard **out, size_t *nout) {
   }
   for (size_t i = 0; i < n; i++) {
     snprintf(path, sizeof path, "%s/%s", dir, sh[i].file);
-    if ((rc = mpk__map_file(path, &sh[i].map)) || (rc = mpk_st_parse(path, sh[i].map.data, sh[i].map.len, &sh[i].h))) goto fail;
+    if ((rc = mpk__map_file_fd(path, &sh[i].map)) || (rc = mpk_st_parse(path, sh[i].map.data, sh[i].map.len, &sh[i].h))) goto fail;
   }
   if (idx) { /* the index and the shards must agree */
     json_t *wm = json_object_get(idx, "weight_map");
@@ -214,7 +214,8 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
       target = opt->dtype;
       if (servd_dtype_is_quantized(target) && (nd < 2 || shape[nd - 1] % SERVD_QK)) target = SERVD_F32;
     }
-    if (is_native && target == native) rc = mpk__emit_raw(w, &pr, t->name, target, nd, shape, data, t->end - t->begin);
+    if (is_native && target == native) rc = mpk__emit_raw(w, &pr, t->name, target, nd, shape, data, t->end - t->begin, s->map.fd,
+                                                              s->h->data_start + t->begin);
     else {
       st_src ctx = {t->dtype};
       uint64_t row = (uint64_t)shape[nd - 1] * t->elem_bytes;

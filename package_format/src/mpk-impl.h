@@ -24,8 +24,11 @@ static inline void wr64(uint8_t *p, uint64_t v) { wr32(p, (uint32_t)v); wr32(p +
 typedef struct mpk_map {
   void *data;
   size_t len;
+  int fd;      /* kept open by mpk__map_file_fd (for copy_file_range), else unused */
+  bool has_fd;
 } mpk_map;
 int mpk__map_file(const char *path, mpk_map *m); /* empty files map to data == NULL, len 0 */
+int mpk__map_file_fd(const char *path, mpk_map *m); /* same, keeps the descriptor open */
 void mpk__unmap(mpk_map *m);
 
 /* Reads a whole (small) file, at most `max` bytes, NUL-terminated. Caller frees *out. */

@@ -13,9 +13,10 @@
 #include "mpk/writer.h"
 #include "servd/tensor.h"
 
-int mpk__map_file(const char *path, mpk_map *m) {
+static int map_file(const char *path, mpk_map *m, bool keep_fd) {
   m->data = NULL;
   m->len = 0;
+  m->has_fd = false;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return servd_fail(SERVD_EIO, "%s: cannot open: %s", path, strerror(errno));
   struct stat st;
@@ -33,13 +34,23 @@ int mpk__map_file(const char *path, mpk_map *m) {
     m->data = p;
     m->len = (size_t)st.st_size;
   }
-  close(fd); /* the mapping keeps the file */
+  if (keep_fd) {
+    m->fd = fd;
+    m->has_fd = true;
+  } else {
+    close(fd); /* the mapping keeps the file */
+  }
   return 0;
 }
 
+int mpk__map_file(const char *path, mpk_map *m) { return map_file(path, m, false); }
+int mpk__map_file_fd(const char *path, mpk_map *m) { return map_file(path, m, true); }
+
 void mpk__unmap(mpk_map *m) {
   if (m && m->data) munmap(m->data, m->len);
+  if (m && m->has_fd) close(m->fd);
   if (m) {
+    m->has_fd = false;
     m->data = NULL;
     m->len = 0;
   }

@@ -348,6 +348,13 @@ static void test_health_and_meta(void **st) {
   assert_string_equal(json_string_value(json_object_get(j, "object")), "list");
   assert_int_equal(json_array_size(json_object_get(j, "data")), 2);
   json_decref(j);
+  j = get_json(open_srv.port, "/v1/models/lm", &s);
+  assert_int_equal(s, 200);
+  assert_string_equal(json_string_value(json_object_get(j, "id")), "lm");
+  json_decref(j);
+  j = get_json(open_srv.port, "/v1/models/none", &s);
+  assert_int_equal(s, 404);
+  json_decref(j);
   j = get_json(open_srv.port, "/v1/completions", &s);
   assert_int_equal(s, 405);
   json_decref(j);

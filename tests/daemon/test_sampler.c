@@ -440,6 +440,23 @@ static void test_stop_strings(void **st) {
   const char *d6[] = {"smile \xF0\x9F", "\x98\x80 after"};
   assert_true(feed(s5, 1, d6, 2, out));
   assert_string_equal(out, "smile ");
+  /* the matcher's own output fed back in (a caller chaining calls) is read before it is overwritten */
+  {
+    const char *s6[] = {"zz"};
+    servd_stop_matcher *m6;
+    assert_int_equal(servd_stop_matcher_create(s6, 1, &m6), 0);
+    char big[1000];
+    memset(big, 'a', sizeof big);
+    bool st6;
+    servd_stop_matcher_push(m6, "abc", 3, &t, &l, &st6);
+    assert_int_equal(l, 3);
+    servd_stop_matcher_push(m6, t, l, &t, &l, &st6); /* "abc" again, from its own buffer */
+    assert_int_equal(l, 3);
+    assert_memory_equal(t, "abc", 3);
+    servd_stop_matcher_push(m6, big, sizeof big, &t, &l, &st6); /* grows the buffers */
+    assert_int_equal(l, sizeof big);
+    servd_stop_matcher_free(m6);
+  }
   /* no stop strings: pass through */
   const char *d7[] = {"a", "b"};
   assert_false(feed(NULL, 0, d7, 2, out));

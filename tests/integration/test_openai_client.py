@@ -17,6 +17,7 @@ client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0, 
 
 models = client.models.list()
 check([m.id for m in models.data] == ["tiny"], f"models: {models}")
+check(client.models.retrieve("tiny").id == "tiny", "models.retrieve")
 
 # Completions, not streaming; greedy output is deterministic.
 c = client.completions.create(model="tiny", prompt="Hello there", max_tokens=12, temperature=0, extra_body={"ignore_eos": True})

@@ -227,9 +227,15 @@ static void test_import_policy(void **state) {
   json_decref(r);
   assert_int_equal(support_eval_int(it, "int(sys.flags.no_user_site)"), 1);
   assert_int_equal(support_eval_int(it, "int(sys.version_info[:2] == (3, 11))"), 1);
-  r = support_eval(it, "sys.prefix");
-  assert_string_equal(json_string_value(r), "/usr");
+  r = support_eval(it, "[sys.prefix, sys.executable, __import__('json').__file__]");
+  assert_string_equal(json_string_value(json_array_get(r, 0)), "/usr");
+  assert_string_equal(json_string_value(json_array_get(r, 1)), "/usr/bin/python3.11");
+  assert_string_equal(json_string_value(json_array_get(r, 2)), "/usr/lib/python3.11/json/__init__.py");
   json_decref(r);
+  servd_py_error e2;
+  json_t *nan = NULL;
+  assert_int_equal(servd_interp__eval_json(it, "float('nan')", &nan, 0, &e2), SERVD_EINVAL);
+  assert_string_equal(e2.type, "ValueError");
   servd_py_error err;
   assert_int_equal(servd_interp__exec(it, "import numpy", 0, &err), SERVD_EINVAL);
   assert_string_equal(err.type, "ModuleNotFoundError");

@@ -136,7 +136,8 @@ static void test_quant_shapes(void **state) {
   (void)state;
   /* k a multiple of 32 but not of 64 or 256; n not a multiple of any tile. */
   const shape shapes[] = {{1, 1, 32},  {1, 3, 96},   {1, 33, 160}, {2, 17, 224}, {3, 70, 32},
-                          {4, 9, 288}, {5, 37, 576}, {8, 16, 64},  {9, 41, 352}, {17, 23, 96}, {1, 130, 2080}, {130, 5, 64}};
+                          {4, 9, 288}, {5, 37, 576}, {8, 16, 64},  {9, 41, 352}, {17, 23, 96}, {1, 130, 2080}, {130, 5, 64},
+                          {2, 7, 128} /* last group of 4 blocks */, {1, 9, 640}};
   for (int d = 3; d < 6; d++) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_case(all_dtypes[d], shapes[i]);
   }

@@ -139,6 +139,13 @@ static void test_hand_vocab(void **st) {
            "\"pair\":[],\"special_tokens\":{\"<|end|>\":{\"id\":\"<|end|>\",\"ids\":[262],\"tokens\":[\"<|end|>\"]}}}",
            false);
   expect_ids(t, "hello", 5, true, (int32_t[]){262, 259, 262}, 3);
+  const int32_t *pre, *suf;
+  int npre, nsuf;
+  servd_tokenizer_special_affixes(t, &pre, &npre, &suf, &nsuf);
+  assert_int_equal(npre, 1);
+  assert_int_equal(nsuf, 1);
+  assert_int_equal(pre[0], 262);
+  assert_int_equal(suf[0], 262);
   expect_ids(t, "hello", 5, false, (int32_t[]){259}, 1);
   servd_tokenizer_free(t);
 }
@@ -174,7 +181,7 @@ static void test_lookups_and_decode(void **st) {
   free(txt);
   servd_detok *d;
   assert_int_equal(servd_detok_create(t, false, &d), 0);
-  const char *want[] = {"", "", "\xE2\x82\xAC", "", "\xEF\xBF\xBD" "a", "", ""};
+  const char *want[] = {"", "", "\xE2\x82\xAC", "", ("\xEF\xBF\xBD" "a"), "", ""};
   for (int i = 0; i < 7; i++) {
     const char *delta;
     size_t dl;

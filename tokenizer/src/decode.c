@@ -22,6 +22,14 @@ int32_t servd_tokenizer_token_id(const servd_tokenizer *t, const char *content) 
   return str_map_get(&t->content_ids, content, strlen(content));
 }
 
+void servd_tokenizer_special_affixes(const servd_tokenizer *t, const int32_t **prefix, int *n_prefix,
+                                     const int32_t **suffix, int *n_suffix) {
+  *prefix = t->prefix_ids;
+  *n_prefix = t->n_prefix;
+  *suffix = t->suffix_ids;
+  *n_suffix = t->n_suffix;
+}
+
 bool servd_tokenizer_is_special(const servd_tokenizer *t, int32_t id) {
   return t && id >= 0 && id < t->n_ids && t->is_special[id];
 }

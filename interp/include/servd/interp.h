@@ -6,7 +6,9 @@
  * interpreters per process (glibc has 16 namespaces; the main program uses one).
  *
  * Call servd_interp_early_init(argc, argv) first thing in main(): it re-executes the process with
- * GLIBC_TUNABLES=glibc.rtld.nns=16 when needed (static TLS for many namespaces).
+ * GLIBC_TUNABLES=glibc.rtld.nns=16 when needed (static TLS for many namespaces; returns an error
+ * only when that fails). At exit, destroy the pools, flush, and leave with _exit(): library
+ * destructors of the interpreters' namespaces are not safe to run. Design: docs/interpreters.md.
  */
 #ifndef SERVD_INTERP_H
 #define SERVD_INTERP_H
@@ -51,6 +53,7 @@ SERVD_API servd_interp *servd_pool_acquire(servd_pool *p);
 SERVD_API servd_interp *servd_pool_get(servd_pool *p, int index); /* a specific one (TP rank) */
 SERVD_API void servd_pool_release(servd_pool *p, servd_interp *it);
 SERVD_API int servd_interp_index(const servd_interp *it);
+/* Sum of the durations of the calls made on it (concurrent calls on one interpreter add up). */
 SERVD_API double servd_interp_busy_seconds(const servd_interp *it);
 
 /* A structured failure of a Python call. Calls return SERVD_EINVAL for an exception raised by the

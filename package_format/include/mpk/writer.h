@@ -43,6 +43,9 @@ SERVD_API int mpk_writer_add_tensor(mpk_writer *w, const char *name, servd_dtype
 SERVD_API int mpk_writer_begin_tensor(mpk_writer *w, const char *name, servd_dtype dtype, int ndim,
                                       const int64_t *shape);
 SERVD_API int mpk_writer_write(mpk_writer *w, const void *data, size_t len);
+/* Same, copying in the kernel (copy_file_range) from `fd` at `offset`; `data` is the same bytes
+ * mapped in memory, read for the hashes. */
+SERVD_API int mpk_writer_write_fd(mpk_writer *w, int fd, uint64_t offset, const void *data, size_t len);
 SERVD_API int mpk_writer_end_tensor(mpk_writer *w);
 
 /* Bytes written so far (for progress). */

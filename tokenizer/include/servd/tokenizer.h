@@ -49,6 +49,11 @@ SERVD_API void servd_tokenizer_free(servd_tokenizer *t); /* accepts NULL */
 SERVD_API int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t len,
                                      bool add_special, int32_t **ids, int *n);
 
+/* The ids add_special puts before and after the text (borrowed, valid while t lives; counts may be
+ * 0), e.g. to avoid a second BOS when a rendered chat template already starts with one. */
+SERVD_API void servd_tokenizer_special_affixes(const servd_tokenizer *t, const int32_t **prefix, int *n_prefix,
+                                               const int32_t **suffix, int *n_suffix);
+
 /* Ids -> text (UTF-8, NUL-terminated; *len excludes the NUL; len may be NULL). Special tokens are
  * rendered as their content unless skip_special. *text is malloc'd, the caller frees it. */
 SERVD_API int servd_tokenizer_decode(const servd_tokenizer *t, const int32_t *ids, int n,
