@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$(nproc)"
-pkg=$(./scripts/fetch-default-model.sh)
+pkg=$(./scripts/fetch-default-model.sh | tail -n 1)
 exec ./build/daemon/servd --model "$pkg:smollm2" --host "${HOST:-127.0.0.1}" --port "${PORT:-8000}" "$@"
