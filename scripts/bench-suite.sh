@@ -20,6 +20,8 @@
 #   IN_LEN, OUT_LEN (tokens per request, default 128 and 128), REQUESTS_PER_STREAM (requests
 #   per concurrent stream, default 4, at least 16 in all),
 #   LLAMA_BIN (default .cache/llama-cpp/bin, made by scripts/bench/build-llama-cpp.sh),
+#   LLAMA_ARGS (extra arguments for llama-bench and llama-server, e.g. "--poll 0" on a shared
+#   machine, where llama.cpp's default busy-waiting threads lose much of their time),
 #   INTERP_BENCH (target names of the interpreter-scaling benchmark to look for).
 # Exit status: 0 when every component that exists ran; 1 when one of them failed.
 # The whole script is one block, so that bash has read all of it before it runs: editing the file
@@ -186,7 +188,8 @@ else
 fi
 if [ -n "$llama_bench" ]; then
   log "single-stream decode: llama-bench on $(basename "$gguf")"
-  if "$llama_bench" -m "$gguf" -p 0 -n "$decode_tokens" -t "$threads" -r "$decode_runs" -o json \
+  # shellcheck disable=SC2086
+  if "$llama_bench" -m "$gguf" -p 0 -n "$decode_tokens" -t "$threads" -r "$decode_runs" -o json ${LLAMA_ARGS:-} \
       >"$out/llama-bench.json" 2>"$out/llama-bench.log"; then
     python3 -c 'import json,sys
 for r in json.load(open(sys.argv[1])):
@@ -250,8 +253,9 @@ fi
 if [ -n "$llama_server" ]; then
   maxc=1; for c in $concs; do [ "$c" -gt $maxc ] && maxc=$c; done
   log "server: llama-server on port $port ($maxc slots, continuous batching)"
+  # shellcheck disable=SC2086
   "$llama_server" -m "$gguf" --host 127.0.0.1 --port "$port" -t "$threads" -np "$maxc" \
-    -c $((maxc * (in_len + out_len + 64))) >"$out/llama-server.log" 2>&1 &
+    -c $((maxc * (in_len + out_len + 64))) ${LLAMA_ARGS:-} >"$out/llama-server.log" 2>&1 &
   server_pid=$!
   if wait_ready "http://127.0.0.1:$port/health" "$server_pid" 300; then
     load_server llama.cpp
@@ -296,9 +300,11 @@ if [ -f "$out/server-servd-c1.json" ] || [ -s "$out/decode-servd.txt" ]; then
 elif [ -f "$out/server-fake-c1.json" ]; then
   measured_model="none: the scripted fake server (20 ms to the first token, then 5 ms per token)"
 fi
+llama_version=""
+[ -n "$llama_server" ] && llama_version=$("$llama_server" --version 2>&1 | sed -n 's/^version: //p' | head -n 1)
 model_bytes=0
 [ -n "$model" ] && [ -f "$model" ] && model_bytes=$(stat -c %s "$model")
-META_MODEL="$measured_model" python3 - "$out/meta.json" <<EOF
+META_MODEL="$measured_model" META_LLAMA="$llama_version" META_LLAMA_ARGS="${LLAMA_ARGS:-}" python3 - "$out/meta.json" <<EOF
 import json, os, platform, sys, time
 cpu = "?"
 try:
@@ -310,7 +316,8 @@ except OSError:
 json.dump({"smoke": $smoke == 1, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "host": "%s, %s" % (cpu, platform.platform()), "threads": $threads,
            "input_len": $in_len, "output_len": $out_len, "model": os.environ["META_MODEL"],
-           "model_bytes": $model_bytes},
+           "model_bytes": $model_bytes, "llama_version": os.environ["META_LLAMA"],
+           "llama_args": os.environ["META_LLAMA_ARGS"]},
           open(sys.argv[1], "w"))
 EOF
 if [ $write_doc = 1 ]; then

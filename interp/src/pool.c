@@ -49,9 +49,10 @@ int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool 
     return servd_fail(SERVD_EFORMAT, "interp pool: package %s has no entry_point", mpk_path(pkg));
 
   int rc = 0;
-  servd_pool *p = calloc(1, sizeof *p);
+  servd_pool *p = aligned_alloc(64, sizeof *p); /* its lock sits on its own cache line */
   if (!p)
     return servd_fail(SERVD_ENOMEM, "interp pool");
+  memset(p, 0, sizeof *p);
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
   p->pkg = pkg;

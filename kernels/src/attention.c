@@ -12,7 +12,7 @@
 
 #define ATTN_MAX_Q 16     /* queries (rows x heads) per item: their accumulators live on the stack */
 #define ATTN_MAX_DIM 512  /* head_dim bound for those accumulators */
-#define ATTN_TILE 64      /* keys per softmax update */
+#define ATTN_TILE 64      /* keys per softmax update (spanning blocks) */
 
 void servd__attn_scores_scalar(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt,
                                int n, int hd, int64_t kstride, float scale) {
@@ -76,6 +76,27 @@ static int64_t seq_items(const attn_job *j, int s) {
   return chunks * j->c->n_kv_heads * j->n_sub;
 }
 
+/* Starts fetching the K and V rows of keys [t0, t1) of kv head g: the next tile, while this one is
+ * computed. On shuffled block tables the hardware prefetchers cannot guess these addresses. */
+static void prefetch_keys(const servd_kv_cache *c, int layer, const int32_t *table, int g, int t0, int t1) {
+  int bs = c->block_size, hd = c->head_dim;
+  size_t esz = c->elem;
+  for (int t = t0; t < t1;) {
+    int off = t % bs, m = bs - off < t1 - t ? bs - off : t1 - t;
+    const char *k = ops__kv_run(c, layer, 0, table[t / bs], g) + (size_t)off * esz;
+    const char *v = ops__kv_run(c, layer, 1, table[t / bs], g) + (size_t)off * (size_t)hd * esz;
+    size_t krow = (size_t)m * esz, vbytes = (size_t)m * (size_t)hd * esz;
+    if (m == bs) { /* whole K rows: one contiguous range */
+      for (size_t b = 0; b < krow * (size_t)hd; b += 64) __builtin_prefetch(k + b);
+    } else {
+      for (int d = 0; d < hd; d++)
+        for (size_t b = 0; b < krow; b += 64) __builtin_prefetch(k + (size_t)d * (size_t)bs * esz + b);
+    }
+    for (size_t b = 0; b < vbytes; b += 64) __builtin_prefetch(v + b);
+    t += m;
+  }
+}
+
 /* Item: rows [r0, r1) of sequence s, query heads [h0, h1) of kv head g (h relative to the group). */
 static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, int r1) {
   const servd_kv_cache *c = j->c;
@@ -98,30 +119,19 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
       memset(acc[nq], 0, (size_t)hd * sizeof(float));
     }
   int end = kv_len - q_len + r1; /* the last row sees the most keys */
-  size_t esz = c->elem;
+  /* A tile is up to ATTN_TILE keys and may span blocks: scores and value sums run per block segment,
+   * the softmax bookkeeping once per tile. */
   for (int t0 = 0; t0 < end;) {
-    int off = t0 % bs;
-    int n = bs - off;
-    if (n > ATTN_TILE) n = ATTN_TILE;
-    if (n > end - t0) n = end - t0;
-    int32_t blk = table[t0 / bs];
-    const char *kp = ops__kv_run(c, j->layer, 0, blk, g) + (size_t)off * esz;
-    const char *vp = ops__kv_run(c, j->layer, 1, blk, g) + (size_t)off * (size_t)hd * esz;
-    if (t0 + n < end) { /* the next tile is in another block or further on: start fetching it now */
-      int t1 = t0 + n, off1 = t1 % bs, n1 = bs - off1 < ATTN_TILE ? bs - off1 : ATTN_TILE;
-      int32_t blk1 = table[t1 / bs];
-      const char *k1 = ops__kv_run(c, j->layer, 0, blk1, g) + (size_t)off1 * esz;
-      const char *v1 = ops__kv_run(c, j->layer, 1, blk1, g) + (size_t)off1 * (size_t)hd * esz;
-      size_t krow = (size_t)n1 * esz, vbytes = (size_t)n1 * (size_t)hd * esz;
-      if (n1 == bs) { /* the tile is whole K rows: one contiguous range */
-        for (size_t b = 0; b < krow * (size_t)hd; b += 64) __builtin_prefetch(k1 + b);
-      } else {
-        for (int d = 0; d < hd; d++)
-          for (size_t b = 0; b < krow; b += 64) __builtin_prefetch(k1 + (size_t)d * (size_t)bs * esz + b);
-      }
-      for (size_t b = 0; b < vbytes; b += 64) __builtin_prefetch(v1 + b);
+    int n = end - t0 < ATTN_TILE ? end - t0 : ATTN_TILE;
+    for (int t = t0; t < t0 + n;) {
+      int off = t % bs, m = bs - off < t0 + n - t ? bs - off : t0 + n - t;
+      /* the same keys one tile ahead, a segment at a time: a whole tile at once overflows the
+       * queue of outstanding misses and stalls the loads of this one */
+      if (t + n < end) prefetch_keys(c, j->layer, table, g, t + n, t + n + m < end ? t + n + m : end);
+      const char *kp = ops__kv_run(c, j->layer, 0, table[t / bs], g) + (size_t)off * c->elem;
+      kn->scores(&sc[0][t - t0], ATTN_TILE, qp, nq, kp, c->dtype, m, hd, bs, j->scale);
+      t += m;
     }
-    kn->scores(&sc[0][0], ATTN_TILE, qp, nq, kp, c->dtype, n, hd, bs, j->scale);
     /* online softmax per query; keys past a query's causal limit get weight 0, so one weighted sum
      * over the tile serves every query of the item */
     for (int i = 0; i < nq; i++) {
@@ -140,7 +150,12 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
       sum[i] = sum[i] * corr + ps;
       mx[i] = m_new;
     }
-    kn->accum(&acc[0][0], ATTN_MAX_DIM, &sc[0][0], ATTN_TILE, nq, vp, c->dtype, n, hd, hd);
+    for (int t = t0; t < t0 + n;) {
+      int off = t % bs, m = bs - off < t0 + n - t ? bs - off : t0 + n - t;
+      const char *vp = ops__kv_run(c, j->layer, 1, table[t / bs], g) + (size_t)off * (size_t)hd * c->elem;
+      kn->accum(&acc[0][0], ATTN_MAX_DIM, &sc[0][t - t0], ATTN_TILE, nq, vp, c->dtype, m, hd, hd);
+      t += m;
+    }
     t0 += n;
   }
   nq = 0;

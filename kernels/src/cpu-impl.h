@@ -53,7 +53,8 @@ _Static_assert(sizeof(servd__block_q8_0) == 34, "q8_0 block");
 _Static_assert(sizeof(servd__block_q4_0) == 18, "q4_0 block");
 _Static_assert(sizeof(servd__block_q4_1) == 20, "q4_1 block");
 
-/* Rounds x/d to nearest, ties away from zero, as ggml's roundf does. */
+/* Nearest integer, ties away from zero (roundf, as ggml's reference quantizers). v must be finite
+ * and within int range. */
 static inline int servd__round(float v) { return (int)roundf(v); }
 
 #endif

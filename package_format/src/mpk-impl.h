@@ -80,5 +80,7 @@ int mpk__packed_bytes(const char *what, int dtype, int ndim, const int64_t *shap
 /* Tests of the reader only: replaces the tensor index the writer will put in the manifest. */
 struct mpk_writer;
 int mpk__writer_replace_index(struct mpk_writer *w, json_t *tensors); /* steals tensors */
+/* Tests of the zip64 paths without 4 GiB files: every size, offset and the end record in zip64 form. */
+void mpk__writer_force_zip64(struct mpk_writer *w);
 
 #endif

@@ -34,6 +34,8 @@ struct mpk_writer {
   uint64_t pos;
   uint64_t flushed; /* writeback started up to here (sync_file_range) */
   bool finished, failed;
+  bool force_zip64; /* tests: zip64 records even for small archives */
+  bool writing_manifest;
   wentry *e;
   size_t n, cap;
   json_t *meta, *files, *tensors;
@@ -132,7 +134,9 @@ static int begin_entry(mpk_writer *w, const char *name, uint64_t size) {
   if (w->open) return wfail(w, servd_fail(SERVD_EINVAL, "%s: entry still open", w->path));
   size_t nlen = strlen(name);
   if ((rc = mpk_check_entry_path(w->path, name, nlen))) return wfail(w, rc);
-  if (json_object_get(w->files, name) || !strcmp(name, "manifest.json")) {
+  if (!strcmp(name, "manifest.json") && !w->writing_manifest)
+    return wfail(w, servd_fail(SERVD_EINVAL, "%s: \"manifest.json\" is written by the writer", w->path));
+  if (json_object_get(w->files, name)) {
     for (size_t i = 0; i < w->n; i++)
       if (!strcmp(w->e[i].name, name)) return wfail(w, servd_fail(SERVD_EINVAL, "%s: duplicate entry \"%s\"", w->path, name));
   }
@@ -149,7 +153,7 @@ static int begin_entry(mpk_writer *w, const char *name, uint64_t size) {
   w->n++;
   e->lho = w->pos;
   e->size = size;
-  bool z64 = size >= U32_MAX_FIELD;
+  bool z64 = size >= U32_MAX_FIELD || w->force_zip64;
   uint8_t h[30 + 1024 + 20 + 4 + 64];
   size_t fixed = 30 + nlen + (z64 ? 20 : 0) + 4;
   size_t pad = (SERVD_ALIGN - (w->pos + fixed) % SERVD_ALIGN) % SERVD_ALIGN;
@@ -332,7 +336,7 @@ static int write_central(mpk_writer *w) {
   for (size_t i = 0; i < w->n; i++) {
     const wentry *e = &w->e[i];
     size_t nlen = strlen(e->name);
-    bool zs = e->size >= U32_MAX_FIELD, zo = e->lho >= U32_MAX_FIELD;
+    bool zs = e->size >= U32_MAX_FIELD || w->force_zip64, zo = e->lho >= U32_MAX_FIELD || w->force_zip64;
     size_t xlen = zs || zo ? 4 + (zs ? 16 : 0) + (zo ? 8 : 0) : 0;
     uint8_t h[46 + 1024 + 28];
     wr32(h, 0x02014b50);
@@ -364,7 +368,7 @@ static int write_central(mpk_writer *w) {
     if ((rc = write_all(w, h, 46 + nlen + xlen))) return rc;
   }
   uint64_t cd_size = w->pos - cd_start;
-  bool z64 = w->n >= 0xFFFF || cd_start >= U32_MAX_FIELD || cd_size >= U32_MAX_FIELD;
+  bool z64 = w->n >= 0xFFFF || cd_start >= U32_MAX_FIELD || cd_size >= U32_MAX_FIELD || w->force_zip64;
   uint8_t t[56 + 20 + 22];
   size_t tl = 0;
   if (z64) {
@@ -414,6 +418,7 @@ int mpk_writer_finish(mpk_writer *w) {
   js = json_dumps(m, JSON_INDENT(1));
   json_decref(m);
   if (!js) return wfail(w, servd_fail(SERVD_ENOMEM, "%s: cannot serialize the manifest", w->path));
+  w->writing_manifest = true;
   if ((rc = mpk_writer_add_file(w, "manifest.json", js, strlen(js))) || (rc = write_central(w))) goto fail;
   if (fsync(w->fd) != 0) { rc = wfail(w, servd_fail(SERVD_EIO, "%s: fsync failed: %s", w->tmp, strerror(errno))); goto fail; }
   close(w->fd);
@@ -434,6 +439,8 @@ fail:
   free(js);
   return rc;
 }
+
+void mpk__writer_force_zip64(mpk_writer *w) { w->force_zip64 = true; }
 
 int mpk__writer_replace_index(mpk_writer *w, json_t *tensors) {
   json_decref(w->tensors);

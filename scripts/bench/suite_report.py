@@ -235,6 +235,13 @@ def main():
     if meta.get("model"):
         parts.append("Model: %s." % meta["model"])
         parts.append("")
+    if meta.get("llama_version") and ("llama.cpp" in runs or "llama.cpp" in decode):
+        parts.append("llama.cpp: version %s (vendored in llama-cpp-python, built by "
+                     "`scripts/bench/build-llama-cpp.sh`), same GGUF, same threads, %s." % (
+                         meta["llama_version"],
+                         "extra arguments `%s`" % meta["llama_args"] if meta.get("llama_args")
+                         else "default settings"))
+        parts.append("")
     gnuplot = shutil.which("gnuplot")
     if decode:
         bw = read_bandwidth(args.results)

@@ -51,7 +51,7 @@ def kquant_bytes(qtype, rows, cols):
     return raw.reshape(rows, cols // bs * ts)
 
 
-def make_gguf(path, arch="llama"):
+def make_gguf(path, arch="llama", tok_model="gpt2", drop_types=0):
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(2)
     w.add_context_length(1024)
@@ -61,7 +61,7 @@ def make_gguf(path, arch="llama"):
     w.add_head_count_kv(KV)
     w.add_rope_freq_base(50000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_model(tok_model)
     w.add_tokenizer_pre("smollm")
     b2u = gpt2_bytes()
     toks = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [b2u[b] for b in range(256)]
@@ -77,7 +77,7 @@ def make_gguf(path, arch="llama"):
     types = [3, 3, 3] + [1] * (VOCAB - 3)
     types[-1] = 4  # user-defined: an added, non-special token
     w.add_token_list(toks)
-    w.add_token_types(types)
+    w.add_token_types(types[:len(types) - drop_types])
     w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
@@ -227,6 +227,10 @@ def main():
     p = os.path.join(tmp, "arch.gguf")
     make_gguf(p, arch="gpt2")
     check_fail(["pack", p, "-o", out, "--quiet"], out, "general.architecture")
+    make_gguf(p, tok_model="llama")  # SentencePiece vocabularies are not converted
+    check_fail(["pack", p, "-o", out, "--quiet"], out, "tokenizer.ggml.model")
+    make_gguf(p, drop_types=5)  # token_type shorter than the token list
+    check_fail(["pack", p, "-o", out, "--quiet"], out, "tokenizer.ggml.token_type")
     print("ok")
 
 
