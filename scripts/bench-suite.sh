@@ -239,7 +239,7 @@ print("[bench-suite]   %-9s c=%-3s %3d ok %2d failed  %8.1f out tok/s  TTFT p99 
 
 if [ -n "$servd" ] && [ -n "$model" ]; then
   log "server: servd --model $(basename "$model") on port $port"
-  "$servd" --model "$model" --host 127.0.0.1 --port "$port" >"$out/servd.log" 2>&1 &
+  "$servd" --model "$model" --host 127.0.0.1 --port "$port" --threads "$threads" >"$out/servd.log" 2>&1 &
   server_pid=$!
   if wait_ready "http://127.0.0.1:$port/v2/health/ready" "$server_pid" 300; then
     load_server servd

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) in build-fuzz/ and runs each for a bounded
 # time from its seed corpus (tests/fuzz/corpus/<target>/). Exits non-zero on the first crash.
-#   scripts/fuzz.sh [--seconds N] [target ...]     (targets: gguf safetensors package)
+#   scripts/fuzz.sh [--seconds N] [target ...]     (default: every tests/fuzz/fuzz_<target>.c)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 secs=20
@@ -13,7 +13,12 @@ while (($#)); do
     *) targets+=("$1"); shift ;;
   esac
 done
-((${#targets[@]})) || targets=(gguf safetensors package)
+if ((${#targets[@]} == 0)); then
+  for f in "$root"/tests/fuzz/fuzz_*.c; do
+    t=$(basename "$f" .c)
+    targets+=("${t#fuzz_}")
+  done
+fi
 build="$root/build-fuzz"
 CC=clang cmake -S "$root" -B "$build" -DSERVD_FUZZ=ON -DSERVD_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" --target "${targets[@]/#/fuzz_}" -j"$(nproc)" >/dev/null
@@ -23,8 +28,10 @@ for t in "${targets[@]}"; do
   echo "fuzz_$t: ${secs}s"
   log="$build/fuzz_$t.log"
   set +e
+  seeds=()
+  [ -d "$root/tests/fuzz/corpus/$t" ] && seeds=("$root/tests/fuzz/corpus/$t")
   "$build/tests/fuzz/fuzz_$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-    -artifact_prefix="$build/artifacts-$t/" -print_final_stats=1 "$work" "$root/tests/fuzz/corpus/$t" >"$log" 2>&1
+    -artifact_prefix="$build/artifacts-$t/" -print_final_stats=1 "$work" "${seeds[@]}" >"$log" 2>&1
   rc=$?
   set -e
   grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb)|ERROR|SUMMARY|Done" "$log" || true

@@ -76,8 +76,8 @@ static int64_t seq_items(const attn_job *j, int s) {
   return chunks * j->c->n_kv_heads * j->n_sub;
 }
 
-/* Starts fetching the K and V rows of keys [t0, t1) of kv head g: the next tile, while this one is
- * computed. On shuffled block tables the hardware prefetchers cannot guess these addresses. */
+/* Starts fetching the K and V rows of keys [t0, t1) of kv head g, a tile ahead of the computation.
+ * On shuffled block tables the hardware prefetchers cannot guess these addresses. */
 static void prefetch_keys(const servd_kv_cache *c, int layer, const int32_t *table, int g, int t0, int t1) {
   int bs = c->block_size, hd = c->head_dim;
   size_t esz = c->elem;

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -282,17 +283,27 @@ int mpk_writer_begin_tensor(mpk_writer *w, const char *name, servd_dtype dtype, 
 
 int mpk_writer_write(mpk_writer *w, const void *data, size_t len) { return entry_write(w, data, len); }
 
+typedef struct sha_job {
+  EVP_MD_CTX *sha;
+  const void *data;
+  size_t len;
+} sha_job;
+
+static void *sha_thread(void *arg) {
+  sha_job *j = arg;
+  EVP_DigestUpdate(j->sha, j->data, j->len);
+  return NULL;
+}
+
 int mpk_writer_write_fd(mpk_writer *w, int fd, uint64_t offset, const void *data, size_t len) {
   if (!w->open || w->failed) return servd_fail(SERVD_EINVAL, "%s: no open entry", w->path);
   if (len > w->want - w->got) return entry_write(w, data, len); /* reports the overrun */
   const uint8_t *p = data;
-  for (size_t off = 0; off < len;) {
-    size_t k = len - off > (1u << 30) ? (1u << 30) : len - off;
-    w->crc = crc32(w->crc, p + off, (uInt)k);
-    off += k;
-  }
-  EVP_DigestUpdate(w->sha, data, len);
-  w->got += len;
+  /* SHA-256 on a second thread while this one copies in the kernel and computes the CRC. */
+  sha_job job = {w->sha, data, len};
+  pthread_t th;
+  bool threaded = len >= (64u << 10) && pthread_create(&th, NULL, sha_thread, &job) == 0;
+  if (!threaded) EVP_DigestUpdate(w->sha, data, len);
   loff_t in = (loff_t)offset;
   size_t done = 0;
   while (done < len) {
@@ -302,7 +313,15 @@ int mpk_writer_write_fd(mpk_writer *w, int fd, uint64_t offset, const void *data
     done += (size_t)k;
     w->pos += (uint64_t)k;
   }
-  if (done < len) return write_all(w, p + done, len - done);
+  int rc = done < len ? write_all(w, p + done, len - done) : 0;
+  for (size_t off = 0; off < len;) {
+    size_t k = len - off > (1u << 30) ? (1u << 30) : len - off;
+    w->crc = crc32(w->crc, p + off, (uInt)k);
+    off += k;
+  }
+  if (threaded) pthread_join(th, NULL);
+  w->got += len;
+  if (rc) return rc;
   if (w->pos - w->flushed >= WRITEBACK_CHUNK) {
     sync_file_range(w->fd, (off64_t)w->flushed, (off64_t)(w->pos - w->flushed), SYNC_FILE_RANGE_WRITE);
     w->flushed = w->pos;

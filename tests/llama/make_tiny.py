@@ -46,6 +46,10 @@ def config(args):
         "rope_theta": 10000.0, "tie_word_embeddings": not args.untied,
         "bos_token_id": 257, "eos_token_id": 258, "torch_dtype": "float32",
     }
+    if args.heads:  # e.g. 6 heads, 3 KV heads: splits over 3 ranks with one KV head each
+        hd = cfg["head_dim"]
+        cfg.update(num_attention_heads=args.heads, num_key_value_heads=args.kv_heads or args.heads,
+                   hidden_size=args.heads * hd, intermediate_size=args.heads * 32)
     if args.llama3_scaling:
         cfg["rope_theta"] = 500000.0
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -176,6 +180,8 @@ def main():
     ap.add_argument("--untied", action="store_true")
     ap.add_argument("--gguf")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--heads", type=int)
+    ap.add_argument("--kv-heads", type=int)
     args = ap.parse_args()
     cfg = config(args)
     w = weights(cfg, np.random.default_rng(args.seed))
