@@ -158,7 +158,7 @@ int mpk_add_code_dir(mpk_writer *w, const char *dir) {
   struct stat st;
   if (stat(copy, &st) != 0 || !S_ISDIR(st.st_mode))
     return servd_fail(SERVD_EINVAL, "%s: the model code folder does not exist (set --code or SERVD_MODEL_CODE)", copy);
-  char prefix[512];
+  char prefix[sizeof copy + 8]; /* "code/" + a base name that fits in copy */
   snprintf(prefix, sizeof prefix, "code/%s", base);
   return add_tree(w, copy, prefix, 0);
 }

@@ -138,7 +138,7 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
   snprintf(path, sizeof path, "%s", dir);
   size_t l = strlen(path);
   while (l > 1 && path[l - 1] == '/') path[--l] = 0;
-  snprintf(name, sizeof name, "%s", strrchr(path, '/') ? strrchr(path, '/') + 1 : path);
+  snprintf(name, sizeof name, "%.255s", strrchr(path, '/') ? strrchr(path, '/') + 1 : path); /* names are short; truncation is fine */
   if ((rc = mpk__common_fields(w, opt, name))) goto fail;
 
   /* Tokenizer and side files, checked to be JSON. */

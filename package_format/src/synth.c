@@ -18,6 +18,13 @@ typedef struct synth_cfg {
   bool tied;
 } synth_cfg;
 
+/* dir/name into out; SERVD_ERANGE when it does not fit. */
+static int join_path(char *out, size_t cap, const char *dir, const char *name) {
+  int n = snprintf(out, cap, "%s/%s", dir, name);
+  if (n < 0 || (size_t)n >= cap) return servd_fail(SERVD_ERANGE, "%s/%s: path too long", dir, name);
+  return 0;
+}
+
 static const synth_cfg configs[] = {
     {"tiny", 320, 64, 128, 2, 4, 2, 512, false},
     {"200mb", 32000, 768, 2048, 12, 12, 4, 2048, true},     /* ~100M parameters: 200 MB in bf16 */
@@ -269,12 +276,18 @@ int mpk_synth(const char *config_name, uint64_t seed, servd_dtype dtype, const c
                           "eos_token_id", 2, "torch_dtype", dtype == SERVD_F32 ? "float32" : dtype == SERVD_F16 ? "float16" : "bfloat16",
                           "hidden_act", "silu", "servd_synth", c->name);
   json_object_set_new(cfg, "servd_synth_seed", json_integer((json_int_t)seed));
-  snprintf(path, sizeof path, "%s/config.json", dir);
+  if ((rc = join_path(path, sizeof path, dir, "config.json"))) {
+    json_decref(cfg);
+    goto fail;
+  }
   if (json_dump_file(cfg, path, JSON_INDENT(2))) rc = servd_fail(SERVD_EIO, "%s: write failed", path);
   json_decref(cfg);
   if (rc) goto fail;
   json_t *gen = json_pack("{s:i,s:i,s:b}", "bos_token_id", 1, "eos_token_id", 2, "do_sample", 0);
-  snprintf(path, sizeof path, "%s/generation_config.json", dir);
+  if ((rc = join_path(path, sizeof path, dir, "generation_config.json"))) {
+    json_decref(gen);
+    goto fail;
+  }
   if (json_dump_file(gen, path, JSON_INDENT(2))) rc = servd_fail(SERVD_EIO, "%s: write failed", path);
   json_decref(gen);
   if (rc || (rc = write_tokenizer(dir, c->vocab))) goto fail;

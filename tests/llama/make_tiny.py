@@ -47,7 +47,7 @@ def config(args):
         "bos_token_id": 257, "eos_token_id": 258, "torch_dtype": "float32",
     }
     if args.heads:  # e.g. 6 heads, 3 KV heads: splits over 3 ranks with one KV head each
-        hd = cfg["head_dim"]
+        hd = cfg["head_dim"] = args.head_dim or cfg["head_dim"]
         cfg.update(num_attention_heads=args.heads, num_key_value_heads=args.kv_heads or args.heads,
                    hidden_size=args.heads * hd, intermediate_size=args.heads * 32)
     if args.llama3_scaling:
@@ -121,10 +121,19 @@ def tokenizer_json(cfg):
     }
 
 
-def write_gguf(path, cfg, w):
+def write_gguf(path, cfg, w, quant=None):
     import gguf
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     g = gguf.GGUFWriter(path, "llama")
+    qtype = {"q4_1": gguf.GGMLQuantizationType.Q4_1, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+             "q4_0": gguf.GGMLQuantizationType.Q4_0}.get(quant)
+    add_plain = g.add_tensor
+
+    def add(name, a):  # matrices in the requested GGML block type, vectors in f32
+        if qtype is None or a.ndim != 2:
+            return add_plain(name, a)
+        return add_plain(name, gguf.quants.quantize(a.astype(np.float32), qtype), raw_dtype=qtype)
+    g.add_tensor = add
     g.add_name("tiny-llama")
     g.add_context_length(cfg["max_position_embeddings"])
     g.add_embedding_length(cfg["hidden_size"])
@@ -138,7 +147,7 @@ def write_gguf(path, cfg, w):
     g.add_rope_freq_base(cfg["rope_theta"])
     g.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     g.add_vocab_size(cfg["vocab_size"])
-    g.add_file_type(0)  # all f32
+    g.add_file_type(0 if qtype is None else {"q4_1": 3, "q8_0": 7, "q4_0": 2}[quant])
     rs = cfg.get("rope_scaling")
     if rs:
         raise ValueError("GGUF variant: llama3 rope scaling goes in rope_freqs; not generated here")
@@ -179,9 +188,11 @@ def main():
     ap.add_argument("--llama3-scaling", action="store_true")
     ap.add_argument("--untied", action="store_true")
     ap.add_argument("--gguf")
+    ap.add_argument("--gguf-quant", choices=["q4_1", "q8_0", "q4_0"])
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--heads", type=int)
     ap.add_argument("--kv-heads", type=int)
+    ap.add_argument("--head-dim", type=int)
     args = ap.parse_args()
     cfg = config(args)
     w = weights(cfg, np.random.default_rng(args.seed))
@@ -196,7 +207,7 @@ def main():
     with open(os.path.join(args.out, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}, f)
     if args.gguf:
-        write_gguf(args.gguf, cfg, w)
+        write_gguf(args.gguf, cfg, w, args.gguf_quant)
 
 
 if __name__ == "__main__":

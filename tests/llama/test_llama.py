@@ -124,6 +124,34 @@ def main():
             check(gen2 == gen, f"{name}: TP=2 greedy tokens == TP=1")
             compare(name + " tp2", cfg, w, rows2, gen2, pair2)
 
+    # Three ranks: an odd world size, uneven vocabulary shards (272 = 91 + 91 + 90) and one KV head
+    # per rank; f32 against the reference, then Q4_1 weights (the default model's block type, whose
+    # columns are sliced on block boundaries) TP=3 against TP=1.
+    folder = os.path.join(args.work, "hf-6heads")
+    run([py, os.path.join(HERE, "make_tiny.py"), folder, "--heads", "6", "--kv-heads", "3", "--head-dim", "32"])
+    cfg, w = llama_ref.load_folder(folder)
+    pkg = pack(args, folder, folder + ".mpk")
+    rows, gen, pair = servd_logits(args, pkg, folder + ".bin")
+    compare("hf-6heads", cfg, w, rows, gen, pair)
+    rows3, gen3, pair3 = servd_logits(args, pkg, folder + ".tp3.bin", tp=3, chunk=6)
+    check(gen3 == gen, "hf-6heads: TP=3 greedy tokens == TP=1")
+    compare("hf-6heads tp3", cfg, w, rows3, gen3, pair3)
+    if have_gguf:
+        gg = os.path.join(args.work, "q4_1.gguf")
+        run([py, os.path.join(HERE, "make_tiny.py"), os.path.join(args.work, "q4_1"), "--heads", "6",
+             "--kv-heads", "3", "--head-dim", "64", "--untied", "--gguf", gg, "--gguf-quant", "q4_1"])
+        pkg = pack(args, gg, os.path.join(args.work, "q4_1.mpk"))
+        r1, g1, _ = servd_logits(args, pkg, os.path.join(args.work, "q4_1.bin"))
+        r3, g3, _ = servd_logits(args, pkg, os.path.join(args.work, "q4_1.tp3.bin"), tp=3)
+        # Same integer block products; only the order of the f32 sums differs (partial sums per rank,
+        # then the all-reduce). The next layer's 8-bit activation rounding can turn such a 1e-7
+        # difference into one quantization step (1/127 of a block's largest value), so the logits may
+        # move by up to about 1%: allow 2e-2 relative (a wrong shard would be O(1)), and the greedy
+        # tokens of this fixed model must agree.
+        err = np.abs(r1 - r3).max() / max(1.0, np.abs(r1).max())
+        check(err <= 2e-2 and g1 == g3, f"q4_1: TP=3 vs TP=1 max relative logit difference {err:.2e}, "
+                                          f"greedy {g3} == {g1}")
+
     if args.servd and os.path.exists(args.servd):
         pkg, _ = greedy_tp1["hf-llama3-untied"]
         cfg, w = llama_ref.load_folder(os.path.join(args.work, "hf-llama3-untied"))
