@@ -179,6 +179,7 @@ typedef struct bench_results {
   char first_error[160];       /* message of the first failed measured request */
   bench_count_mode counted_by; /* how output tokens were counted in the end */
   char tokenize_error[160];    /* why --count-tokens tokenize fell back to chunks, or "" */
+  bool interrupted;            /* stopped early by SIGINT; the figures cover what finished */
 } bench_results;
 
 /* Runs the benchmark. Returns 0 when it ran (requests may have failed), -1 on setup failure. */

@@ -50,6 +50,7 @@ static void usage(FILE *f) {
 "  --json FILE            write results as JSON (schema: client/bench-result.schema.json)\n"
 "  --per-request          include every request (TTFT, ITL list, error) in the JSON\n"
 "  --quiet                no table on stdout\n"
+"Ctrl-C stops issuing and reports what finished; a second Ctrl-C abandons requests in flight.\n"
 "exit status: 0 when the run finished and at least one request succeeded, 1 when none did,\n"
 "2 for bad options or setup failures.\n");
 }

@@ -41,6 +41,7 @@ void bench_report_table(const bench_config *cfg, const bench_results *res) {
   }
   printf("%-34s %ld completed, %ld failed (%d warm-up excluded, %ld of them failed)\n",
          "Requests:", res->completed, res->failed, cfg->warmup, res->warmup_failed);
+  if (res->interrupted) printf("%-34s %s\n", "Interrupted:", "yes, results cover what finished");
   printf("%-34s %.3f\n", "Duration (s):", res->duration_s);
   printf("%-34s %.3f\n", "Request throughput (req/s):", res->requests_per_s);
   if (llm) {
@@ -172,6 +173,7 @@ int bench_report_json(const bench_config *cfg, const bench_results *res, const c
 
   json_t *r = json_object();
   bool llm = cfg->api != BENCH_API_KSERVE;
+  json_object_set_new(r, "interrupted", json_boolean(res->interrupted));
   json_object_set_new(r, "duration_s", json_real(res->duration_s));
   json_object_set_new(r, "completed", json_integer(res->completed));
   json_object_set_new(r, "failed", json_integer(res->failed));

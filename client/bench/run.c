@@ -7,6 +7,7 @@
  * client's own JSON work does not enter TTFT or ITL. */
 #include <http_parser.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +87,9 @@ struct run {
   bool arrivals_done;
   long tok_next, tok_total;
   bool tok_failed;
+  uv_signal_t sigint; /* first Ctrl-C: stop issuing and report; second: abandon what is in flight */
+  bool sig_active;
+  int interrupts;
 };
 
 static void dispatch(worker *w);
@@ -561,7 +565,9 @@ static void finish(worker *w, int err, const char *msg) {
     if (err != BENCH_ERR_HTTP) drop_conn(w);
   }
   r->finished++;
-  if (r->ph == PH_WARMUP) {
+  if (r->interrupts >= 2) {
+    /* abandoned by a second interrupt: not a result */
+  } else if (r->ph == PH_WARMUP) {
     if (err) r->res->warmup_failed++;
   } else if (r->ph == PH_MEASURE) {
     r->t_last_end = rec->t_end;
@@ -622,6 +628,7 @@ static void make_idle(worker *w) {
 }
 
 static bool more_to_issue(run *r) {
+  if (r->interrupts) return false;
   if (r->target >= 0) return r->issued < r->target;
   return uv_hrtime() < r->deadline;
 }
@@ -719,6 +726,8 @@ static int busy_workers(run *r) {
 static void close_all(run *r) {
   if (r->arrival_active) uv_close((uv_handle_t *)&r->arrival, NULL);
   r->arrival_active = false;
+  if (r->sig_active) uv_close((uv_handle_t *)&r->sigint, NULL);
+  r->sig_active = false;
   for (int i = 0; i < r->n_workers; i++) {
     worker *w = r->workers[i];
     drop_conn(w);
@@ -732,6 +741,10 @@ static void begin_phase(run *r, phase ph);
 static void advance(run *r) {
   if (r->ph == PH_DONE) return;
   if (busy_workers(r) > 0) return;
+  if (r->interrupts) {
+    begin_phase(r, PH_DONE);
+    return;
+  }
   if (r->ph == PH_MEASURE && r->cfg->request_rate > 0) {
     if (!r->arrivals_done || r->queued > 0) return;
   } else if (r->ph != PH_TOKENIZE && more_to_issue(r)) {
@@ -793,6 +806,33 @@ static void begin_phase(run *r, phase ph) {
   } else {
     if (r->res->duration_s == 0) r->res->duration_s = (double)(r->t_last_end - r->t0) / 1e9;
     close_all(r);
+  }
+}
+
+static void on_sigint(uv_signal_t *h, int signum) {
+  (void)signum;
+  run *r = h->data;
+  r->interrupts++;
+  if (r->interrupts == 1) {
+    uv_timer_stop(&r->arrival);
+    r->arrivals_done = true;
+    r->queued = 0;
+    if (r->ph == PH_TOKENIZE && !r->tok_failed) {
+      r->tok_failed = true;
+      snprintf(r->res->tokenize_error, sizeof r->res->tokenize_error, "interrupted");
+    }
+    fprintf(stderr, "servd-bench: interrupted: waiting for %d request(s) in flight, then reporting "
+                    "(interrupt again to abandon them)\n", busy_workers(r));
+    advance(r);
+    return;
+  }
+  fprintf(stderr, "servd-bench: abandoning the requests in flight\n");
+  for (int i = 0; i < r->n_workers; i++) {
+    worker *w = r->workers[i];
+    if (w->busy) {
+      drop_conn(w);
+      finish(w, BENCH_ERR_TIMEOUT, "abandoned");
+    }
   }
 }
 
@@ -906,9 +946,14 @@ int bench_run(const bench_config *cfg, bench_prompts *prompts, bench_results *re
   uv_timer_init(&r->loop, &r->arrival);
   r->arrival.data = r;
   r->arrival_active = true;
+  uv_signal_init(&r->loop, &r->sigint);
+  r->sigint.data = r;
+  r->sig_active = uv_signal_start(&r->sigint, on_sigint, SIGINT) == 0;
+  if (!r->sig_active) uv_close((uv_handle_t *)&r->sigint, NULL);
   r->max_workers = cfg->concurrency > 0 ? cfg->concurrency : cfg->max_concurrency;
   begin_phase(r, PH_WARMUP);
   uv_run(&r->loop, UV_RUN_DEFAULT);
+  res->interrupted = r->interrupts > 0;
   if (r->tok_failed) /* all or nothing: undo the counts that did get through */
     for (long i = 0; i < res->n_records; i++) {
       bench_record *rec = &res->records[i];
@@ -925,6 +970,7 @@ int bench_run(const bench_config *cfg, bench_prompts *prompts, bench_results *re
 fail:
   if (r->arrival_active) {
     uv_close((uv_handle_t *)&r->arrival, NULL);
+    if (r->sig_active) uv_close((uv_handle_t *)&r->sigint, NULL);
     uv_run(&r->loop, UV_RUN_DEFAULT);
   }
   for (int i = 0; i < r->n_workers; i++) {

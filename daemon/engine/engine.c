@@ -124,9 +124,11 @@ static void deliver(servd_request *r, const servd_event *ev) {
   pthread_mutex_unlock(&r->cb_mu);
 }
 
-static void finish(servd_model *m, servd_request *r, const char *reason, int error_code, const char *msg) {
-  /* Text held back for stop strings or by an incomplete UTF-8 sequence goes out before the end. */
-  if (!error_code && strcmp(reason, "stop") != 0 && strcmp(reason, "cancelled") != 0) {
+/* Ends r with a final event. flush: text held back (a possible stop-string prefix, an incomplete
+ * UTF-8 sequence) goes out first; not after a stop string matched, a cancel or an error. */
+static void finish_ex(servd_model *m, servd_request *r, const char *reason, int error_code, const char *msg,
+                      bool flush) {
+  if (flush && !error_code) {
     const char *t1 = "", *t2 = "";
     size_t l1 = 0, l2 = 0;
     bool stopped = false;
@@ -163,6 +165,10 @@ static void finish(servd_model *m, servd_request *r, const char *reason, int err
   pthread_mutex_unlock(&m->mu);
   deliver(r, &ev);
   request_unref(r);
+}
+
+static void finish(servd_model *m, servd_request *r, const char *reason, int error_code, const char *msg) {
+  finish_ex(m, r, reason, error_code, msg, strcmp(reason, "length") == 0 || strcmp(reason, "deadline") == 0);
 }
 
 /* After the step that produced logits row `row` for r: sample, stream, check the end. */
@@ -202,7 +208,8 @@ static void advance(servd_model *m, servd_request *r, const float *row) {
                     .completion_tokens = r->n_generated};
   deliver(r, &ev);
 
-  if (stop_tok || stopped) finish(m, r, "stop", 0, NULL);
+  if (stopped) finish_ex(m, r, "stop", 0, NULL, false);
+  else if (stop_tok) finish_ex(m, r, "stop", 0, NULL, true); /* end of sequence: release what was held */
   else if (fin == SERVD_FINISH_LENGTH || r->n_generated >= r->p.max_tokens || r->seq.n_tokens >= m->context_length)
     finish(m, r, "length", 0, NULL);
 }
@@ -273,10 +280,6 @@ static void *scheduler_main(void *arg) {
         rc = servd_fail(SERVD_EFORMAT, "forward: expected logits f32 (%d, %d)", b.n_logit_rows, m->vocab);
         snprintf(err.message, sizeof err.message, "%s", servd_last_error());
       }
-      int prompt_done = 0;
-      for (int i = 0; i < m->sched.n_planned; i++)
-        if (m->sched.planned[i]->n_computed < ((servd_request *)m->sched.planned[i]->owner)->n_prompt)
-          prompt_done += m->sched.planned[i]->chunk;
       if (rc) {
         char msg[sizeof err.type + sizeof err.message + 4];
         snprintf(msg, sizeof msg, "%s: %s", err.type[0] ? err.type : "error", err.message[0] ? err.message : servd_last_error());
@@ -295,7 +298,6 @@ static void *scheduler_main(void *arg) {
       servd_tensor_release(logits);
       pthread_mutex_lock(&m->mu);
       m->steps++;
-      m->prompt_tokens += (uint64_t)prompt_done;
       m->last_progress_ns = servd_engine_now_ns();
       pthread_mutex_unlock(&m->mu);
     }
@@ -303,6 +305,7 @@ static void *scheduler_main(void *arg) {
     m->n_waiting = m->sched.waiting.n;
     m->n_running = m->sched.running.n;
     m->kv_used = sched_used_blocks(&m->sched);
+    m->preemptions = m->sched.preemptions;
     if (n == 0 && has_work(m) && !m->inbox_head) {
       /* Work is pending but nothing can run (waiting for blocks that only a finishing request would
        * free cannot happen: then something runs). Sleep briefly to watch deadlines and cancels. */
@@ -419,6 +422,9 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
     int n = o->interpreters > 0 ? o->interpreters : 1;
     servd_pool_options po = {.n_interpreters = n, .world_size = 1, .extra_sys_path = o->extra_sys_path};
     if ((rc = servd_pool_create(m->pkg, &po, &m->pool))) goto fail;
+    if (o->max_batch_size > 1 &&
+        (rc = servd_batcher_create(m->pool, o->max_batch_size, o->max_batch_delay_ms, &m->batcher)))
+      goto fail;
   }
   *out = m;
   return 0;
@@ -445,6 +451,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
     pthread_join(m->thread, NULL);
   }
   servd_runner_destroy(m->runner);
+  servd_batcher_destroy(m->batcher);
   servd_pool_destroy(m->pool);
   sched_free(&m->sched);
   for (int r = 0; r < SERVD_INTERP_MAX; r++) servd_kv_cache_destroy(m->kv[r]);
@@ -490,7 +497,7 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   s->running = m->n_running;
   s->prompt_tokens = m->prompt_tokens;
   s->generation_tokens = m->generation_tokens;
-  s->preemptions = m->sched.preemptions;
+  s->preemptions = m->preemptions;
   s->steps = m->steps;
   s->kv_blocks_used = m->kv_used;
   bool pending = m->inbox_head || m->n_waiting || m->n_running;
@@ -646,6 +653,7 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
   if (m->inbox_tail) m->inbox_tail->inbox_next = r; else m->inbox_head = r;
   m->inbox_tail = r;
   m->n_inbox++;
+  m->prompt_tokens += (uint64_t)n_prompt;
   pthread_cond_signal(&m->wake);
   pthread_mutex_unlock(&m->mu);
   *out = r;
@@ -681,46 +689,6 @@ int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_
   *n_outputs = 0;
   if (m->kind != SERVD_MODEL_GENERIC)
     return servd_fail(SERVD_EUNSUPPORTED, "predict: model %s is a language model", m->name);
-  if (n_inputs < 0 || n_inputs > 1024) return servd_fail(SERVD_EINVAL, "predict: %d inputs", n_inputs);
-  const char **names = calloc((size_t)n_inputs + 1, sizeof *names);
-  servd_tensor **ts = calloc((size_t)n_inputs + 1, sizeof *ts);
-  char **onames = NULL;
-  servd_tensor **ots = NULL;
-  int n_out = 0, rc = 0;
-  if (!names || !ts) {
-    rc = servd_fail(SERVD_ENOMEM, "predict: inputs");
-    goto done;
-  }
-  for (int i = 0; i < n_inputs; i++) {
-    names[i] = inputs[i].name;
-    ts[i] = inputs[i].tensor;
-  }
-  servd_py_error err;
-  memset(&err, 0, sizeof err);
-  servd_interp *it = servd_pool_acquire(m->pool);
-  rc = servd_interp_predict(it, n_inputs, names, ts, &n_out, &onames, &ots, deadline_ms, &err);
-  servd_pool_release(m->pool, it);
-  if (rc) {
-    rc = servd_fail(rc, "predict: %s: %s", err.type[0] ? err.type : "error", err.message);
-    goto done;
-  }
-  servd_named_tensor *o = calloc((size_t)n_out + 1, sizeof *o);
-  if (!o) {
-    for (int i = 0; i < n_out; i++) servd_tensor_release(ots[i]);
-    rc = servd_fail(SERVD_ENOMEM, "predict: outputs");
-    goto done;
-  }
-  for (int i = 0; i < n_out; i++) {
-    snprintf(o[i].name, sizeof o[i].name, "%s", onames[i]);
-    o[i].tensor = ots[i];
-  }
-  *outputs = o;
-  *n_outputs = n_out;
-done:
-  for (int i = 0; onames && i < n_out; i++) free(onames[i]);
-  free(onames);
-  free(ots);
-  free(names);
-  free(ts);
-  return rc;
+  if (m->batcher) return servd_batcher_predict(m->batcher, inputs, n_inputs, outputs, n_outputs, deadline_ms);
+  return servd_predict_direct(m->pool, inputs, n_inputs, outputs, n_outputs, deadline_ms);
 }

@@ -133,7 +133,8 @@ int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_
 typedef struct servd_model_stats {
   int waiting, running;
   int kv_blocks_total, kv_blocks_used;
-  uint64_t prompt_tokens, generation_tokens, preemptions;
+  uint64_t prompt_tokens, generation_tokens, preemptions; /* prompt tokens of accepted requests; tokens
+                                                           generated; sequences preempted (recomputed) */
   int n_interpreters;
   double interp_busy_seconds[16];
   uint64_t steps;

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "engine/batcher.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
@@ -45,6 +46,7 @@ struct servd_model {
   servd_pool *pool;
   int tp;
   servd_comm *comm;
+  servd_batcher *batcher; /* generic packages with max_batch_size > 1 */
 
   /* causal-lm */
   servd_tokenizer *tok;
@@ -70,7 +72,7 @@ struct servd_model {
 
   /* stats (under mu) */
   int n_waiting, n_running;
-  uint64_t prompt_tokens, generation_tokens, steps;
+  uint64_t prompt_tokens, generation_tokens, steps, preemptions;
   int64_t last_progress_ns;
   int kv_used;
   servd_sampler_scratch *scratch; /* shared by the samplers: they all run on the scheduler thread */

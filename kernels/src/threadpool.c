@@ -24,7 +24,7 @@
 #define cpu_relax() ((void)0)
 #endif
 
-#define WORKER_SPIN_NS 2000000L /* a worker stays hot this long after its last job */
+#define WORKER_SPIN_NS 1000000L /* a worker stays hot this long after its last job */
 #define CALLER_SPIN_NS 100000L  /* a caller spins this long for its turn or for workers */
 
 typedef struct job {
@@ -87,10 +87,9 @@ static void *worker_main(void *arg) {
         cpu_relax();
         g = atomic_load_explicit(&pool.gen, memory_order_acquire);
         if (g != seen || atomic_load_explicit(&pool.stop, memory_order_relaxed)) break;
-        if ((i & 255) == 0) {
-          if (now_ns() > deadline) break;
-          sched_yield(); /* when the machine is oversubscribed, let the thread we wait for run */
-        }
+        /* No sched_yield here: on a busy machine it hands the core away for a whole time slice,
+         * and the next job (microseconds away in a decode step) then runs without this thread. */
+        if ((i & 255) == 0 && now_ns() > deadline) break;
       }
     }
     if (g == seen) {

@@ -13,6 +13,7 @@ Python standard library only.
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import shutil
@@ -50,25 +51,35 @@ def load_decode(results):
     return out
 
 
-def read_bandwidth(results):
-    """The fastest stream-read rate (GB/s) bench_kernels measured for the largest buffer: the
-    memory bandwidth that bounds batch-1 decode."""
+def read_bandwidth(results, model_bytes):
+    """The stream-read rate (GB/s) bench_kernels measured for the buffer closest in size to the
+    model: the memory bandwidth that bounds batch-1 decode. Columns are found by their headers
+    ("MiB", "read GB/s"), so added columns do not matter."""
     path = os.path.join(results, "kernels.txt")
-    if not os.path.exists(path):
+    if not os.path.exists(path) or not model_bytes:
         return None
-    best = None  # (MiB, GB/s)
+    rows = []  # (MiB, GB/s)
+    cols = None
     with open(path) as f:
         for line in f:
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            # | n x k | dtype | MiB | servd GB/s | read GB/s | ratio |
-            if len(cells) == 6 and re.match(r"^\d+x\d+$", cells[0]):
+            line = line.strip()
+            if not line.startswith("|"):
+                cols = None
+                continue
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if "MiB" in cells and "read GB/s" in cells:
+                cols = (cells.index("MiB"), cells.index("read GB/s"))
+                continue
+            if cols and len(cells) > max(cols):
                 try:
-                    mib, gbs = float(cells[2]), float(cells[4])
+                    rows.append((float(cells[cols[0]]), float(cells[cols[1]])))
                 except ValueError:
-                    continue
-                if best is None or mib > best[0] or (mib == best[0] and gbs > best[1]):
-                    best = (mib, gbs)
-    return best[1] if best else None
+                    pass  # the |---| line
+    if not rows:
+        return None
+    target = model_bytes / 2**20
+    nearest = min(rows, key=lambda r: abs(math.log(r[0] / target)))[0]
+    return max(g for m, g in rows if m == nearest)
 
 
 def plot_decode(decode, roofline, img, gnuplot):
@@ -222,13 +233,13 @@ def main():
     other = "llama.cpp" if "llama.cpp" in runs and primary == "servd" else None
 
     parts = ["## Server", ""]
-    parts.append("Written by `scripts/bench-suite.sh%s` on %s (%s; %s threads). Load: `servd-bench`, "
+    parts.append("Written by `THREADS=%s scripts/bench-suite.sh%s` on %s (%s). Load: `servd-bench`, "
                  "random prompts of %s tokens in and %s out (`ignore_eos`), output tokens counted "
                  "one per streamed chunk, %s. Each row is one run at that concurrency; the machine "
                  "may be shared, so compare ratios measured in the same run rather than absolute "
                  "numbers across runs." % (
-                     " --smoke" if meta.get("smoke") else "", meta.get("date", "?"),
-                     meta.get("host", "?"), meta.get("threads", "?"), meta.get("input_len", "?"),
+                     meta.get("threads", "?"), " --smoke" if meta.get("smoke") else "",
+                     meta.get("date", "?"), meta.get("host", "?"), meta.get("input_len", "?"),
                      meta.get("output_len", "?"),
                      "warm-up of one request per connection excluded"))
     parts.append("")
@@ -244,8 +255,8 @@ def main():
         parts.append("")
     gnuplot = shutil.which("gnuplot")
     if decode:
-        bw = read_bandwidth(args.results)
         mbytes = meta.get("model_bytes") or 0
+        bw = read_bandwidth(args.results, mbytes)
         roofline = bw * 1e9 / mbytes if bw and mbytes else None
         parts.append("### Single-stream decode")
         parts.append("")
@@ -260,8 +271,10 @@ def main():
         parts.append("")
         if roofline:
             parts.append("Roofline: every weight byte read once per token at the stream-read rate "
-                         "`bench_kernels` measured in this run (%.1f GB/s), for a %.1f MiB model: "
-                         "%.0f tokens/s." % (bw, mbytes / 2**20, roofline))
+                         "`bench_kernels` measured in this run for the buffer nearest the model's "
+                         "size (%.1f GB/s), for a %.1f MiB model: %.0f tokens/s. (A model this small "
+                         "partly fits in a large last-level cache, which can lift decode above it.)"
+                         % (bw, mbytes / 2**20, roofline))
             parts.append("")
         if gnuplot:
             p = plot_decode(decode, roofline, args.img, gnuplot)

@@ -261,6 +261,39 @@ class BenchTest(unittest.TestCase):
         self.assertNotIn("s3cret", json.dumps(doc))
         self.assertTrue(doc["config"]["api_key_set"])
 
+    def test_interrupt_reports_what_finished(self):
+        import signal
+        import time
+        with FakeServer("--ttft-ms", "50", "--itl-ms", "100", "--tokens", "12") as srv:
+            for presses, want_rc in ((1, 0), (2, 1)):
+                base = srv.stats()["requests"]
+                with tempfile.TemporaryDirectory() as d:
+                    out = os.path.join(d, "r.json")
+                    p = subprocess.Popen([BENCH, "--port", str(srv.port), "--concurrency", "2",
+                                          "--num-requests", "100", "--json", out, "--quiet"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    # interrupt once both first requests are mid-stream (each takes ~1.2 s)
+                    deadline = time.monotonic() + 10
+                    while srv.stats()["requests"] < base + 2 and time.monotonic() < deadline:
+                        time.sleep(0.02)
+                    time.sleep(0.1)
+                    for _ in range(presses):
+                        p.send_signal(signal.SIGINT)
+                        time.sleep(0.1)
+                    _, err = p.communicate(timeout=20)
+                    self.assertEqual(p.returncode, want_rc, err)
+                    self.assertIn("interrupted", err)
+                    with open(out) as f:
+                        doc = json.load(f)
+                self.validate(doc)
+                r = doc["results"]
+                self.assertTrue(r["interrupted"])
+                self.assertEqual(r["failed"], 0)
+                # one press: the two in flight finish and count; two: they are abandoned
+                self.assertEqual(r["completed"], 2 if presses == 1 else 0)
+                if presses == 1:
+                    self.assertEqual(r["output_tokens"], 24)
+
     def test_bad_options(self):
         for args in (["--concurrency", "0"], ["--api", "grpc"], ["--url", "https://x"],
                      ["--shape", "1,-2", "--api", "kserve", "--model", "m"],
