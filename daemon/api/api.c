@@ -63,6 +63,7 @@ int api_status_for(int rc) {
   case SERVD_EBUSY: return 429;
   case SERVD_ECANCELED: return 503;
   case SERVD_ETIMEDOUT: return 504;
+  case SERVD_EMODEL: return 500; /* the model's code failed, not the request */
   default: return 500;
   }
 }

@@ -208,6 +208,7 @@ typedef struct infer_job {
   int64_t deadline_ms;
   int rc;
   char err[1024];
+  servd_model_error merr; /* the exception behind SERVD_EMODEL / SERVD_EINVAL */
   json_t *id, *wanted; /* own references, touched on the loop only */
 } infer_job;
 
@@ -229,7 +230,7 @@ static void infer_abort(servd_http_req *r) {
 
 static void infer_work(uv_work_t *w) {
   infer_job *j = w->data;
-  j->rc = j->a->ops->predict(j->am->m, j->in, j->n_in, &j->out, &j->n_out, j->deadline_ms);
+  j->rc = j->a->ops->predict(j->am->m, j->in, j->n_in, &j->out, &j->n_out, j->deadline_ms, &j->merr);
   if (j->rc != 0) snprintf(j->err, sizeof j->err, "%s", servd_last_error());
 }
 
@@ -240,18 +241,6 @@ static bool wanted(infer_job *j, const char *name) {
     if (json_is_string(n) && strcmp(json_string_value(n), name) == 0) return true;
   }
   return false;
-}
-
-/* The engine reports every Python exception as SERVD_EINVAL with "Type: message" in its text.
- * Exceptions that say the inputs were wrong are the client's (400); any other exception is the
- * model's failure (500). */
-static int infer_status(int rc, const char *msg) {
-  if (rc != SERVD_EINVAL) return api_status_for(rc);
-  static const char *const input_errors[] = {"ValueError:", "TypeError:", "KeyError:", "IndexError:"};
-  const char *p = strncmp(msg, "predict: ", 9) == 0 ? msg + 9 : msg;
-  for (size_t i = 0; i < sizeof input_errors / sizeof input_errors[0]; i++)
-    if (strncmp(p, input_errors[i], strlen(input_errors[i])) == 0) return 400;
-  return strstr(msg, "Error:") || strstr(msg, "Exception:") ? 500 : 400;
 }
 
 static void infer_start_waiting(servd_api *a, api_model *am);
@@ -267,8 +256,16 @@ static void infer_after(uv_work_t *w, int status) {
   if (!r) goto done;
   r->on_abort = NULL;
   if (j->rc != 0) {
-    int st = infer_status(j->rc, j->err);
-    api_kserve_error(r, st, "model '%s' failed: %s", j->am->name, j->err[0] ? j->err : servd_strerror(j->rc));
+    /* The engine tells bad input (SERVD_EINVAL: 400) from a failure of the model's code
+     * (SERVD_EMODEL: 500, with the exception's type and message as fields of their own). */
+    char msg[1200];
+    snprintf(msg, sizeof msg, "model '%s' failed: %s", j->am->name, j->err[0] ? j->err : servd_strerror(j->rc));
+    if (j->rc == SERVD_EMODEL) {
+      api_json(r, 500, json_pack("{s:s, s:s, s:{s:s, s:s}}", "error", msg, "type", "model_error", "exception",
+                                 "type", j->merr.type, "message", j->merr.message));
+    } else {
+      api_kserve_error(r, api_status_for(j->rc), "%s", msg);
+    }
     goto done;
   }
   for (size_t i = 0; j->wanted && i < json_array_size(j->wanted); i++) {

@@ -26,7 +26,7 @@ typedef struct servd_model_ops {
   void (*cancel)(servd_request *r);
   void (*release)(servd_request *r);
   int (*predict)(servd_model *m, const servd_named_tensor *inputs, int n_inputs, servd_named_tensor **outputs,
-                 int *n_outputs, int64_t deadline_ms);
+                 int *n_outputs, int64_t deadline_ms, servd_model_error *err);
   void (*get_stats)(const servd_model *m, servd_model_stats *s);
 } servd_model_ops;
 

@@ -65,7 +65,8 @@ static void oai_error(oai *o, int status, const char *type, const char *code, co
 static void oai_error_rc(oai *o, int rc, const char *msg) {
   int st = api_status_for(rc);
   const char *type = st == 400 ? "invalid_request_error" : st == 429 ? "rate_limit_error" : "server_error";
-  const char *code = st == 429 ? "rate_limit_exceeded" : st == 503 ? "service_unavailable" : NULL;
+  const char *code = st == 429 ? "rate_limit_exceeded" : st == 503 ? "service_unavailable"
+                     : rc == SERVD_EMODEL ? "model_error" : NULL;
   oai_error(o, st, type, code, "%s", msg);
 }
 
@@ -224,7 +225,8 @@ static void respond_full(oai *o) {
       /* Parameters were checked at submit: a failure while generating is the server's or the model's. */
       int code = o->gens[i].error_code;
       int st = code == SERVD_EBUSY ? 429 : code == SERVD_ETIMEDOUT ? 504 : code == SERVD_ECANCELED ? 503 : 500;
-      oai_error(o, st, st == 429 ? "rate_limit_error" : "server_error", NULL, "%s", o->gens[i].error);
+      oai_error(o, st, st == 429 ? "rate_limit_error" : "server_error", code == SERVD_EMODEL ? "model_error" : NULL,
+                "%s", o->gens[i].error);
       return;
     }
   json_t *choices = json_array();

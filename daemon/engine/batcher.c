@@ -1,5 +1,6 @@
 /* Dynamic batching of generic predict calls: see batcher.h. */
 #include "engine/batcher.h"
+#include "engine/model_error.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@ typedef struct job {
   int n_out;
   int rc;
   char err[512];
+  servd_model_error merr;
   bool done;
   struct job *next;
 } job;
@@ -39,9 +41,11 @@ static int64_t now_ns(void) {
 }
 
 int servd_predict_direct(servd_pool *pool, const servd_named_tensor *inputs, int n_inputs,
-                         servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms) {
+                         servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
+                         servd_model_error *merr) {
   *outputs = NULL;
   *n_outputs = 0;
+  if (merr) memset(merr, 0, sizeof *merr);
   if (n_inputs < 0 || n_inputs > 1024) return servd_fail(SERVD_EINVAL, "predict: %d inputs", n_inputs);
   const char **names = calloc((size_t)n_inputs + 1, sizeof *names);
   servd_tensor **ts = calloc((size_t)n_inputs + 1, sizeof *ts);
@@ -62,7 +66,9 @@ int servd_predict_direct(servd_pool *pool, const servd_named_tensor *inputs, int
   rc = servd_interp_predict(it, n_inputs, names, ts, &n_out, &onames, &ots, deadline_ms, &err);
   servd_pool_release(pool, it);
   if (rc) {
-    rc = servd_fail(rc, "predict: %s: %s", err.type[0] ? err.type : "error", err.message);
+    int code = servd_model_error_code(rc, &err, SERVD_CALL_PREDICT, merr);
+    rc = err.type[0] ? servd_fail(code, "predict: %s: %s", err.type, err.message)
+                     : servd_fail(code, "predict: %s", servd_last_error());
     goto done;
   }
   servd_named_tensor *o = calloc((size_t)n_out + 1, sizeof *o);
@@ -118,11 +124,13 @@ static void fail_job(job *j, int rc, const char *msg) {
 static void run_batch(servd_batcher *b, job **jobs, int n) {
   if (n == 1) {
     job *j = jobs[0];
-    j->rc = servd_predict_direct(b->pool, j->in, j->n_in, &j->out, &j->n_out, j->deadline_ms);
+    j->rc = servd_predict_direct(b->pool, j->in, j->n_in, &j->out, &j->n_out, j->deadline_ms, &j->merr);
     if (j->rc) fail_job(j, j->rc, servd_last_error());
     return;
   }
   int n_in = jobs[0]->n_in, rc = 0;
+  servd_model_error merr;
+  memset(&merr, 0, sizeof merr);
   int64_t total = 0, deadline = 0;
   bool unbounded = false;
   for (int k = 0; k < n; k++) {
@@ -154,7 +162,7 @@ static void run_batch(servd_batcher *b, job **jobs, int n) {
       dst += bytes;
     }
   }
-  if ((rc = servd_predict_direct(b->pool, in, n_in, &out, &n_out, deadline))) goto done;
+  if ((rc = servd_predict_direct(b->pool, in, n_in, &out, &n_out, deadline, &merr))) goto done;
   for (int o = 0; o < n_out; o++)
     if (!out[o].tensor || out[o].tensor->ndim < 1 || out[o].tensor->shape[0] != total) {
       rc = servd_fail(SERVD_EFORMAT, "predict batch: output \"%s\" must have the batch's %lld rows first "
@@ -182,7 +190,10 @@ done:
   if (rc) {
     char msg[512];
     snprintf(msg, sizeof msg, "%s", servd_last_error());
-    for (int k = 0; k < n; k++) fail_job(jobs[k], rc, msg);
+    for (int k = 0; k < n; k++) {
+      fail_job(jobs[k], rc, msg);
+      jobs[k]->merr = merr;
+    }
   }
   for (int i = 0; in && i < n_in; i++) servd_tensor_release(in[i].tensor);
   for (int o = 0; out && o < n_out; o++) servd_tensor_release(out[o].tensor);
@@ -289,9 +300,11 @@ void servd_batcher_destroy(servd_batcher *b) {
 }
 
 int servd_batcher_predict(servd_batcher *b, const servd_named_tensor *inputs, int n_inputs,
-                          servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms) {
+                          servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
+                          servd_model_error *err) {
   *outputs = NULL;
   *n_outputs = 0;
+  if (err) memset(err, 0, sizeof *err);
   if (n_inputs < 0 || n_inputs > 1024) return servd_fail(SERVD_EINVAL, "predict: %d inputs", n_inputs);
   job j = {.in = inputs, .n_in = n_inputs, .deadline_ms = deadline_ms, .t_ns = now_ns()};
   j.rows = n_inputs > 0 && inputs[0].tensor && inputs[0].tensor->ndim > 0 ? inputs[0].tensor->shape[0] : 0;
@@ -308,6 +321,7 @@ int servd_batcher_predict(servd_batcher *b, const servd_named_tensor *inputs, in
   if (j.rc) {
     for (int o = 0; j.out && o < j.n_out; o++) servd_tensor_release(j.out[o].tensor);
     free(j.out);
+    if (err) *err = j.merr;
     return servd_fail(j.rc, "%s", j.err);
   }
   *outputs = j.out;

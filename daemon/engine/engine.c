@@ -6,6 +6,7 @@
  * touched by the scheduler thread only.
  */
 #include "engine/engine_impl.h"
+#include "engine/model_error.h"
 
 #include <errno.h>
 #include <math.h>
@@ -127,7 +128,7 @@ static void deliver(servd_request *r, const servd_event *ev) {
 /* Ends r with a final event. flush: text held back (a possible stop-string prefix, an incomplete
  * UTF-8 sequence) goes out first; not after a stop string matched, a cancel or an error. */
 static void finish_ex(servd_model *m, servd_request *r, const char *reason, int error_code, const char *msg,
-                      bool flush) {
+                      const char *error_type, bool flush) {
   if (flush && !error_code) {
     const char *t1 = "", *t2 = "";
     size_t l1 = 0, l2 = 0;
@@ -155,7 +156,7 @@ static void finish_ex(servd_model *m, servd_request *r, const char *reason, int 
   servd_event ev = {.kind = error_code ? SERVD_EVENT_ERROR : SERVD_EVENT_DONE,
                     .text = "", .finish_reason = reason, .prompt_tokens = r->n_prompt,
                     .completion_tokens = r->n_generated, .error_code = error_code,
-                    .error_message = msg, .token = -1};
+                    .error_message = msg, .token = -1, .error_type = error_type};
   sched_remove(&m->sched, &r->seq);
   /* Stats first: whoever sees the final event sees the freed blocks and counts. */
   pthread_mutex_lock(&m->mu);
@@ -168,7 +169,7 @@ static void finish_ex(servd_model *m, servd_request *r, const char *reason, int 
 }
 
 static void finish(servd_model *m, servd_request *r, const char *reason, int error_code, const char *msg) {
-  finish_ex(m, r, reason, error_code, msg, strcmp(reason, "length") == 0 || strcmp(reason, "deadline") == 0);
+  finish_ex(m, r, reason, error_code, msg, NULL, strcmp(reason, "length") == 0 || strcmp(reason, "deadline") == 0);
 }
 
 /* After the step that produced logits row `row` for r: sample, stream, check the end. */
@@ -208,8 +209,8 @@ static void advance(servd_model *m, servd_request *r, const float *row) {
                     .completion_tokens = r->n_generated};
   deliver(r, &ev);
 
-  if (stopped) finish_ex(m, r, "stop", 0, NULL, false);
-  else if (stop_tok) finish_ex(m, r, "stop", 0, NULL, true); /* end of sequence: release what was held */
+  if (stopped) finish_ex(m, r, "stop", 0, NULL, NULL, false);
+  else if (stop_tok) finish_ex(m, r, "stop", 0, NULL, NULL, true); /* end of sequence: release what was held */
   else if (fin == SERVD_FINISH_LENGTH || r->n_generated >= r->p.max_tokens || r->seq.n_tokens >= m->context_length)
     finish(m, r, "length", 0, NULL);
 }
@@ -274,16 +275,27 @@ static void *scheduler_main(void *arg) {
                                .logit_rows = m->sched.logit_rows, .attn = sched_attn(&m->sched)};
       servd_tensor *logits = NULL;
       memset(&err, 0, sizeof err);
-      int rc = servd_runner_step(m->runner, &b, &logits, &err);
-      if (rc == 0 && b.n_logit_rows > 0 && (!logits || logits->dtype != SERVD_F32 || logits->ndim != 2 ||
-                      logits->shape[0] != b.n_logit_rows || logits->shape[1] < m->vocab)) {
-        rc = servd_fail(SERVD_EFORMAT, "forward: expected logits f32 (%d, %d)", b.n_logit_rows, m->vocab);
+      int failed_rank = -1;
+      int rc = servd_runner_step(m->runner, &b, &logits, &err, &failed_rank);
+      bool bad_logits = rc == 0 && b.n_logit_rows > 0 &&
+                        (!logits || logits->dtype != SERVD_F32 || logits->ndim != 2 ||
+                         logits->shape[0] != b.n_logit_rows || logits->shape[1] < m->vocab);
+      if (bad_logits) {
+        rc = servd_fail(SERVD_EMODEL, "forward: expected logits f32 (%d, %d)", b.n_logit_rows, m->vocab);
+        snprintf(err.type, sizeof err.type, "%s", "TypeError");
         snprintf(err.message, sizeof err.message, "%s", servd_last_error());
       }
       if (rc) {
-        char msg[sizeof err.type + sizeof err.message + 4];
-        snprintf(msg, sizeof msg, "%s: %s", err.type[0] ? err.type : "error", err.message[0] ? err.message : servd_last_error());
-        for (int i = 0; i < m->sched.n_planned; i++) finish(m, m->sched.planned[i]->owner, "error", rc, msg);
+        /* The step fails its requests only; the runner has already reset the ranks' communicator. */
+        int code = bad_logits ? SERVD_EMODEL : servd_model_error_code(rc, &err, SERVD_CALL_FORWARD, NULL);
+        char msg[sizeof err.type + sizeof err.message + 32];
+        char where[24] = "";
+        if (m->tp > 1 && failed_rank >= 0) snprintf(where, sizeof where, " (rank %d)", failed_rank);
+        if (err.type[0]) snprintf(msg, sizeof msg, "%s%s: %s", err.type, where, err.message);
+        else snprintf(msg, sizeof msg, "forward%s: %s", where, servd_last_error());
+        const char *etype = code == SERVD_EMODEL && err.type[0] ? err.type : NULL;
+        for (int i = 0; i < m->sched.n_planned; i++)
+          finish_ex(m, m->sched.planned[i]->owner, "error", code, msg, etype, false);
       } else {
         sched_commit(&m->sched);
         int row = 0;
@@ -377,7 +389,7 @@ static int load_causal_lm(servd_model *m) {
   if (po.n_interpreters > SERVD_INTERP_MAX) po.n_interpreters = m->tp;
   if ((rc = servd_pool_create(m->pkg, &po, &m->pool))) return rc;
   m->chat_interp = po.n_interpreters > m->tp ? m->tp : 0;
-  if ((rc = servd_runner_create(m->pool, m->kv, m->tp, &m->runner))) return rc;
+  if ((rc = servd_runner_create(m->pool, m->kv, m->tp, m->comm, &m->runner))) return rc;
 
   sched_config sc = {.max_batch_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
                      .max_seq_len = m->context_length};
@@ -536,7 +548,11 @@ int servd_model_apply_chat_template(servd_model *m, json_t *messages, bool add_g
   int rc = servd_interp_call_json(servd_pool_get(m->pool, m->chat_interp), "chat_template", args, &res, 10000, &err);
   pthread_mutex_unlock(&m->chat_mu);
   json_decref(args);
-  if (rc) return servd_fail(rc, "chat template: %s: %s", err.type, err.message);
+  if (rc) {
+    int code = servd_model_error_code(rc, &err, SERVD_CALL_TEMPLATE, NULL);
+    if (!err.type[0]) return servd_fail(code, "chat template: %s", servd_last_error());
+    return servd_fail(code, "chat template: %s: %s", err.type, err.message);
+  }
   if (!json_is_string(res)) {
     json_decref(res);
     return servd_fail(SERVD_EFORMAT, "chat template: chat_template() returned a non-string");
@@ -684,11 +700,13 @@ void servd_request_release(servd_request *r) {
 /* ---- generic ------------------------------------------------------------------------------------ */
 
 int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_inputs,
-                        servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms) {
+                        servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
+                        servd_model_error *err) {
   *outputs = NULL;
   *n_outputs = 0;
+  if (err) memset(err, 0, sizeof *err);
   if (m->kind != SERVD_MODEL_GENERIC)
     return servd_fail(SERVD_EUNSUPPORTED, "predict: model %s is a language model", m->name);
-  if (m->batcher) return servd_batcher_predict(m->batcher, inputs, n_inputs, outputs, n_outputs, deadline_ms);
-  return servd_predict_direct(m->pool, inputs, n_inputs, outputs, n_outputs, deadline_ms);
+  if (m->batcher) return servd_batcher_predict(m->batcher, inputs, n_inputs, outputs, n_outputs, deadline_ms, err);
+  return servd_predict_direct(m->pool, inputs, n_inputs, outputs, n_outputs, deadline_ms, err);
 }

@@ -19,6 +19,27 @@
 typedef struct servd_model servd_model;
 typedef struct servd_request servd_request;
 
+/* A failure of the model's own code, not of the request: the HTTP layer answers 500 and keeps
+ * serving. Numbered apart from status.h's codes (servd_strerror does not know it).
+ *
+ * Rule (forward, predict, chat template):
+ * - forward (causal LM steps): any Python exception, and logits of the wrong shape, are SERVD_EMODEL:
+ *   the engine built and checked the step's input itself.
+ * - predict and the chat template: an exception of type ValueError, TypeError, KeyError or IndexError
+ *   (for the chat template also jinja2's TemplateError, which templates raise through
+ *   raise_exception() for a conversation they do not accept) says the request's input was bad:
+ *   SERVD_EINVAL (HTTP 400). Any other exception (RuntimeError, AttributeError, ZeroDivisionError,
+ *   MemoryError, TemplateSyntaxError, ...) is SERVD_EMODEL. The type is matched by name, so subclasses
+ *   of those types count as model errors; a model that validates input should raise the base types.
+ * - TimeoutError at a deadline: SERVD_ETIMEDOUT. Failures outside Python keep their own codes. */
+#define SERVD_EMODEL (-100)
+
+/* The Python exception behind a SERVD_EMODEL or SERVD_EINVAL failure of the model's code. */
+typedef struct servd_model_error {
+  char type[64];     /* exception type name; "" when the failure was not a Python exception */
+  char message[512]; /* str(exception) */
+} servd_model_error;
+
 typedef enum servd_model_kind { SERVD_MODEL_CAUSAL_LM = 0, SERVD_MODEL_GENERIC = 1 } servd_model_kind;
 
 typedef struct servd_model_options {
@@ -104,6 +125,9 @@ typedef struct servd_event {
   int completion_tokens;
   int error_code;
   const char *error_message;
+  /* Appended: for error_code SERVD_EMODEL, the exception type name ("RuntimeError"); else NULL.
+   * Valid during the callback. The failure of a step fails only the requests of that step. */
+  const char *error_type;
 } servd_event;
 
 /* Called on the engine's thread; must not block. After a final event the engine never touches ud. */
@@ -121,13 +145,16 @@ void servd_request_cancel(servd_request *r);
 void servd_request_release(servd_request *r);
 
 /* ---- generic ------------------------------------------------------------------------------------ */
-/* inputs/outputs: names and tensors. outputs are new references the caller releases. */
+/* inputs/outputs: names and tensors. outputs are new references the caller releases. A Python
+ * exception in predict returns SERVD_EINVAL (bad input) or SERVD_EMODEL by the rule above, with err
+ * (may be NULL) filled; other failures clear err->type. */
 typedef struct servd_named_tensor {
   char name[64];
   servd_tensor *tensor;
 } servd_named_tensor;
 int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_inputs,
-                        servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms);
+                        servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
+                        servd_model_error *err);
 
 /* ---- stats for /metrics ------------------------------------------------------------------------- */
 typedef struct servd_model_stats {

@@ -11,7 +11,7 @@
  * compute pool is sized by --pool-threads (default 1: parallelism comes from concurrent requests,
  * and on a small machine extra pool workers only compete with the callers for cores).
  *
- *   bench_interp [--seconds S] [--reps R] [--pool-threads K] [--threads 1,2,4] [--markdown]
+ *   bench_interp [--seconds S] [--reps R] [--pool-threads K] [--threads 1,2,4] [--models a,b] [--markdown]
  */
 #include <math.h>
 #include <pthread.h>
@@ -370,6 +370,7 @@ int main(int argc, char **argv) {
   double seconds = 1.0;
   int reps = 3, pool_threads = 1, markdown = 0;
   int tcounts[8] = {1, 2, 4}, nt = 3;
+  const char *only = NULL; /* --models a,b: run only these */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
       seconds = atof(argv[++i]);
@@ -377,6 +378,8 @@ int main(int argc, char **argv) {
       reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--pool-threads") && i + 1 < argc)
       pool_threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--models") && i + 1 < argc)
+      only = argv[++i];
     else if (!strcmp(argv[i], "--markdown"))
       markdown = 1;
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
@@ -384,7 +387,8 @@ int main(int argc, char **argv) {
       for (char *s = strtok(argv[++i], ","); s && nt < 8; s = strtok(NULL, ","))
         tcounts[nt++] = atoi(s);
     } else {
-      fprintf(stderr, "usage: %s [--seconds S] [--reps R] [--pool-threads K] [--threads 1,2,4] [--markdown]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--seconds S] [--reps R] [--pool-threads K] [--threads 1,2,4] [--models a,b] "
+                      "[--markdown]\n", argv[0]);
       return 2;
     }
   }
@@ -422,6 +426,8 @@ int main(int argc, char **argv) {
   else
     printf("%-15s %-13s %7s %10s %8s %9s %9s\n", "model", "mode", "threads", "items/s", "x1thr", "p50_us", "p95_us");
   for (int mi = 0; mi < 3; mi++) {
+    if (only && !strstr(only, models[mi]))
+      continue;
     model m;
     model_open(&m, models[mi]);
     servd_pool_options o1 = {.n_interpreters = 1, .world_size = 1}, on = {.n_interpreters = max_t, .world_size = 1};

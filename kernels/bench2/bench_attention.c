@@ -5,11 +5,13 @@
  * plain streaming read does. Both sides use the same thread pool and cycle through enough layers that
  * nothing is served from the last-level cache between repetitions. Prints medians: the attention's
  * rate in GB/s of K+V read, the streaming read rate, the paged read rate (below), and the attention's
- * fraction of each; then the same fractions from the best repetition of each side, which on a shared
- * machine are the ones least disturbed by other processes.
+ * fraction of each. Every repetition times the anchors and the attention call back to back, and the
+ * fractions printed are medians of these per-repetition ratios, so that load from other processes
+ * (which changes the rates from one repetition to the next on a shared machine) mostly cancels.
  *
  * usage: bench_attention [threads (default 2)] [reps (default 21)] [only this config index, -1: all]
- *                        [block size (default 16)] [tables: 1 scrambled (default), 0 in order] */
+ *                        [block size (default 16)] [tables: 1 scrambled (default), 0 in order]
+ *                        [only this isa: 0 scalar, 1 avx2, 2 avx512, -1: all (default)] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../src/ops-impl.h" /* the cache layout, for the anchors over its pages */
 #include "servd/ops.h"
 #include "servd/threadpool.h"
 
@@ -38,8 +41,6 @@ static double median(double *v, int n) {
   return v[n / 2];
 }
 
-/* after median(): v is sorted */
-static double best(const double *v) { return v[0]; }
 
 /* ---- the anchor: read `bytes` with 64-bit loads, the sum kept so the loads stay ---------------- */
 typedef struct stream_job {
@@ -62,43 +63,38 @@ static void stream_task(void *ctx, int64_t begin, int64_t end, int thread) {
   j->sums[thread & 63] ^= a ^ b ^ c ^ d;
 }
 
-/* ---- a second anchor: the same bytes in the same order as attention walks them (per sequence and
- * kv head, one K run and one V run per block, blocks in table order, runs laid out as in the cache:
- * [kv head][block][K|V]), with the same one-run-ahead prefetch and no arithmetic. attention / paged
- * is the cost of the arithmetic; paged / stream that of the access pattern. */
+/* ---- two more anchors over the cache's own pages --------------------------------------------------
+ * pool: the layer's K/V bytes read sequentially in their physical order (the same pages, huge or not,
+ *   as attention reads), i.e. the best case for this memory.
+ * paged: the same bytes in the order attention walks them (per sequence and kv head: the K and V runs
+ *   of each block in table order), with the kernel's prefetch (the same offsets PF_BYTES ahead in the
+ *   walk) and no arithmetic. attention / paged is the cost of the arithmetic, paged / pool that of the
+ *   access pattern. */
 typedef struct paged_job {
-  const char *pool;
-  size_t run_bytes; /* one K or V run */
-  int n_kv, n_blocks, blocks_per_seq;
+  const servd_kv_cache *c;
+  int layer, pf_blocks, blocks_per_seq;
   const int32_t *const *tables;
   uint64_t sums[64];
 } paged_job;
 
-static const char *paged_run(const paged_job *j, int kv, int g, int32_t blk) {
-  return j->pool + ((((size_t)g * (size_t)j->n_blocks + (size_t)blk) * 2) + (size_t)kv) * j->run_bytes;
-}
-
 static void paged_task(void *ctx, int64_t begin, int64_t end, int thread) {
   paged_job *j = ctx;
+  const servd_kv_cache *c = j->c;
+  int nb = j->blocks_per_seq;
+  size_t run = c->head_bytes;
   uint64_t a = 0, b = 0;
   for (int64_t it = begin; it < end; it++) { /* item = (sequence, kv head), as attention splits it */
-    int s = (int)(it / j->n_kv), g = (int)(it % j->n_kv);
-    for (int i = 0; i < j->blocks_per_seq; i++) {
-      if (i + 1 < j->blocks_per_seq) {
-        const char *nk = paged_run(j, 0, g, j->tables[s][i + 1]), *nv = paged_run(j, 1, g, j->tables[s][i + 1]);
-        for (size_t o = 0; o < j->run_bytes; o += 64) {
-          __builtin_prefetch(nk + o);
-          __builtin_prefetch(nv + o);
-        }
-      }
+    int s = (int)(it / c->n_kv_heads), g = (int)(it % c->n_kv_heads);
+    for (int i = 0; i < nb; i++)
       for (int kv = 0; kv < 2; kv++) {
-        const uint64_t *p = (const uint64_t *)paged_run(j, kv, g, j->tables[s][i]);
-        for (size_t w = 0; w < j->run_bytes / 8; w += 2) {
+        const uint64_t *p = (const uint64_t *)ops__kv_run(c, j->layer, kv, j->tables[s][i], g);
+        const char *pf = i + j->pf_blocks < nb ? ops__kv_run(c, j->layer, kv, j->tables[s][i + j->pf_blocks], g) : NULL;
+        for (size_t w = 0; w < run / 8; w += 8) {
+          if (pf) __builtin_prefetch(pf + w * 8);
           a ^= p[w];
-          b ^= p[w + 1];
+          b ^= p[w + 4];
         }
       }
-    }
   }
   j->sums[thread & 63] ^= a ^ b;
 }
@@ -112,6 +108,7 @@ typedef struct config {
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 21;
   int only = argc > 3 ? atoi(argv[3]) : -1, scrambled = argc > 5 ? atoi(argv[5]) : 1;
+  int only_isa = argc > 6 ? atoi(argv[6]) : -1;
   if (reps < 1) reps = 1;
   const int n_seqs = 16, kv_len = 512, bs = argc > 4 ? atoi(argv[4]) : 16;
   if (bs < 1 || kv_len % bs != 0) {
@@ -130,8 +127,8 @@ int main(int argc, char **argv) {
   };
   printf("attention decode: %d sequences x %d cached tokens, block %d, tables %s, %d threads, median of %d\n", n_seqs,
          kv_len, bs, scrambled ? "scrambled" : "in order", servd_threadpool_size(), reps);
-  printf("%-28s %-4s %-7s %8s %8s %8s %8s %8s %8s %8s %8s\n", "heads/kv/dim", "kv", "isa", "ms", "GB/s", "stream", "paged",
-         "/stream", "/paged", "b/stream", "b/paged");
+  printf("%-28s %-4s %-7s %8s %8s %8s %8s %8s %8s %8s %8s\n", "heads/kv/dim", "kv", "isa", "ms", "GB/s", "stream", "pool",
+         "paged", "/stream", "/pool", "/paged");
   for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
     const config *cf = &cfgs[ci];
     if (only >= 0 && (size_t)only != ci) continue;
@@ -185,11 +182,12 @@ int main(int argc, char **argv) {
     size_t total = per_call * chunk_bytes * (size_t)layers;
     uint64_t *buf = aligned_alloc(64, total);
     memset(buf, 1, total);
-    double *t_stream = malloc((size_t)reps * sizeof(double)), *t_attn = malloc((size_t)reps * sizeof(double));
-    double *t_paged = malloc((size_t)reps * sizeof(double));
-    size_t run_bytes = (size_t)bs * (size_t)cf->hd * elem, layer_bytes = run_bytes * 2 * (size_t)cf->n_kv * (size_t)n_blocks;
-    char *paged = aligned_alloc(64, layer_bytes * (size_t)layers);
-    memset(paged, 2, layer_bytes * (size_t)layers);
+    /* a layer's runs are exactly the bytes one call reads (every block is in some table) */
+    size_t pool_chunks = (size_t)kv_bytes / chunk_bytes;
+    double *r_stream = malloc((size_t)reps * sizeof(double)), *r_pool = malloc((size_t)reps * sizeof(double));
+    double *r_paged = malloc((size_t)reps * sizeof(double)), *t_attn = malloc((size_t)reps * sizeof(double));
+    double *g_stream = malloc((size_t)reps * sizeof(double)), *g_pool = malloc((size_t)reps * sizeof(double));
+    double *g_paged = malloc((size_t)reps * sizeof(double));
 
     /* one untimed pass over every layer and the whole read buffer: first touches are not steady state */
     for (int l = 0; l < layers; l++) servd_attention(out, q, c, l, &b, cf->n_heads, scale);
@@ -198,40 +196,53 @@ int main(int argc, char **argv) {
       servd_parallel_for((int64_t)(per_call * (size_t)layers), 1, stream_task, &sj);
     }
     for (int isa = SERVD_ISA_COUNT - 1; isa >= 0; isa--) {
-      if (servd_cpu_force_isa((servd_isa)isa) != 0) continue;
+      if ((only_isa >= 0 && isa != only_isa) || servd_cpu_force_isa((servd_isa)isa) != 0) continue;
       stream_job sj = {0};
-      for (int r = -2; r < reps; r++) { /* interleaved, so both sides see the same machine */
-        int l = (r + 2) % layers;
+      for (int r = -2; r < reps; r++) { /* interleaved, so all sides see the same machine */
+        int l = (r + 2) % layers, la = (l + 1) % layers, lp = (l + 2) % layers, lq = (l + 3) % layers;
         sj.p = (const uint64_t *)((const char *)buf + (size_t)l * per_call * chunk_bytes);
         double t0 = now();
         servd_parallel_for((int64_t)per_call, 1, stream_task, &sj);
         double t1 = now();
-        if (servd_attention(out, q, c, l, &b, cf->n_heads, scale) != 0) {
+        if (servd_attention(out, q, c, la, &b, cf->n_heads, scale) != 0) {
           fprintf(stderr, "%s\n", servd_last_error());
           return 1;
         }
         double t2 = now();
-        paged_job pj = {.pool = paged + (size_t)l * layer_bytes, .run_bytes = run_bytes, .n_kv = cf->n_kv,
-                        .n_blocks = n_blocks, .blocks_per_seq = blocks_per_seq, .tables = tables};
-        servd_parallel_for((int64_t)n_seqs * cf->n_kv, 1, paged_task, &pj);
+        stream_job pj0 = {.p = (const uint64_t *)ops__kv_run(c, lp, 0, 0, 0)};
+        servd_parallel_for((int64_t)pool_chunks, 1, stream_task, &pj0);
         double t3 = now();
+        paged_job pj = {.c = c, .layer = lq, .pf_blocks = ops__attn_pf_blocks(c), .blocks_per_seq = blocks_per_seq,
+                        .tables = tables};
+        servd_parallel_for((int64_t)n_seqs * cf->n_kv, 1, paged_task, &pj);
+        double t4 = now();
         if (r >= 0) {
-          t_stream[r] = (t1 - t0) * (double)kv_bytes / (double)(per_call * chunk_bytes);
+          double ts = (t1 - t0) * (double)kv_bytes / (double)(per_call * chunk_bytes);
+          double tpool = (t3 - t2) * (double)kv_bytes / (double)(pool_chunks * chunk_bytes);
           t_attn[r] = t2 - t1;
-          t_paged[r] = t3 - t2;
+          r_stream[r] = ts / t_attn[r];
+          r_pool[r] = tpool / t_attn[r];
+          r_paged[r] = (t4 - t3) / t_attn[r];
+          g_stream[r] = kv_bytes / ts * 1e-9;
+          g_pool[r] = kv_bytes / tpool * 1e-9;
+          g_paged[r] = kv_bytes / (t4 - t3) * 1e-9;
         }
       }
-      double ts = median(t_stream, reps), ta = median(t_attn, reps), tp = median(t_paged, reps);
+      double ta = median(t_attn, reps);
       printf("%-28s %-4s %-7s %8.3f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", cf->name, servd_dtype_name(cf->dt),
-             servd_isa_name((servd_isa)isa), ta * 1e3, kv_bytes / ta * 1e-9, kv_bytes / ts * 1e-9,
-             kv_bytes / tp * 1e-9, ts / ta, tp / ta, best(t_stream) / best(t_attn), best(t_paged) / best(t_attn));
+             servd_isa_name((servd_isa)isa), ta * 1e3, kv_bytes / ta * 1e-9, median(g_stream, reps),
+             median(g_pool, reps), median(g_paged, reps), median(r_stream, reps), median(r_pool, reps),
+             median(r_paged, reps));
       fflush(stdout);
     }
     servd_cpu_force_isa(SERVD_ISA_COUNT);
-    free(t_stream);
+    free(r_stream);
+    free(r_pool);
+    free(r_paged);
     free(t_attn);
-    free(t_paged);
-    free(paged);
+    free(g_stream);
+    free(g_pool);
+    free(g_paged);
     free(buf);
     free(ids);
     servd_tensor_release(k);

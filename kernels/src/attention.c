@@ -7,6 +7,7 @@
 #include "ops-impl.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "servd/threadpool.h"
 
@@ -15,7 +16,8 @@
 #define ATTN_TILE 64      /* keys per softmax update (spanning blocks) */
 
 void servd__attn_scores_scalar(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt,
-                               int n, int hd, int64_t kstride, float scale) {
+                               int n, int hd, int64_t kstride, float scale, const void *pf) {
+  (void)pf; /* the reference kernel does not prefetch */
   for (int i = 0; i < nq; i++)
     for (int j = 0; j < n; j++) {
       float s = 0.0f;
@@ -28,7 +30,8 @@ void servd__attn_scores_scalar(float *out, int ld, const float *const *q, int nq
 }
 
 void servd__attn_accum_scalar(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v, servd_dtype vt,
-                              int n, int hd, int64_t vstride) {
+                              int n, int hd, int64_t vstride, const void *pf) {
+  (void)pf;
   for (int i = 0; i < nq; i++)
     for (int j = 0; j < n; j++) {
       float pj = p[(size_t)i * (size_t)ld + (size_t)j];
@@ -44,8 +47,9 @@ void servd__attn_accum_scalar(float *acc, int acc_ld, const float *p, int ld, in
 }
 
 typedef struct attn_kernels {
-  void (*scores)(float *, int, const float *const *, int, const void *, servd_dtype, int, int, int64_t, float);
-  void (*accum)(float *, int, const float *, int, int, const void *, servd_dtype, int, int, int64_t);
+  void (*scores)(float *, int, const float *const *, int, const void *, servd_dtype, int, int, int64_t, float,
+                 const void *);
+  void (*accum)(float *, int, const float *, int, int, const void *, servd_dtype, int, int, int64_t, const void *);
   float (*max)(const float *, int64_t);
   float (*exp_shift_sum)(float *, int64_t, float, float);
   void (*mul)(float *, int64_t, float);
@@ -68,33 +72,13 @@ typedef struct attn_job {
   ops__rows o, q;
   int n_heads, rep;  /* rep: query heads per kv head */
   int heads_per_item, n_sub, rows_per_item;
+  int pf_blocks; /* prefetch distance in blocks */
   float scale;
 } attn_job;
 
 static int64_t seq_items(const attn_job *j, int s) {
   int64_t chunks = (j->b->q_len[s] + j->rows_per_item - 1) / j->rows_per_item;
   return chunks * j->c->n_kv_heads * j->n_sub;
-}
-
-/* Starts fetching the K and V rows of keys [t0, t1) of kv head g, a tile ahead of the computation.
- * On shuffled block tables the hardware prefetchers cannot guess these addresses. */
-static void prefetch_keys(const servd_kv_cache *c, int layer, const int32_t *table, int g, int t0, int t1) {
-  int bs = c->block_size, hd = c->head_dim;
-  size_t esz = c->elem;
-  for (int t = t0; t < t1;) {
-    int off = t % bs, m = bs - off < t1 - t ? bs - off : t1 - t;
-    const char *k = ops__kv_run(c, layer, 0, table[t / bs], g) + (size_t)off * esz;
-    const char *v = ops__kv_run(c, layer, 1, table[t / bs], g) + (size_t)off * (size_t)hd * esz;
-    size_t krow = (size_t)m * esz, vbytes = (size_t)m * (size_t)hd * esz;
-    if (m == bs) { /* whole K rows: one contiguous range */
-      for (size_t b = 0; b < krow * (size_t)hd; b += 64) __builtin_prefetch(k + b);
-    } else {
-      for (int d = 0; d < hd; d++)
-        for (size_t b = 0; b < krow; b += 64) __builtin_prefetch(k + (size_t)d * (size_t)bs * esz + b);
-    }
-    for (size_t b = 0; b < vbytes; b += 64) __builtin_prefetch(v + b);
-    t += m;
-  }
 }
 
 /* Item: rows [r0, r1) of sequence s, query heads [h0, h1) of kv head g (h relative to the group). */
@@ -125,11 +109,10 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
     int n = end - t0 < ATTN_TILE ? end - t0 : ATTN_TILE;
     for (int t = t0; t < t0 + n;) {
       int off = t % bs, m = bs - off < t0 + n - t ? bs - off : t0 + n - t;
-      /* the same keys one tile ahead, a segment at a time: a whole tile at once overflows the
-       * queue of outstanding misses and stalls the loads of this one */
-      if (t + n < end) prefetch_keys(c, j->layer, table, g, t + n, t + n + m < end ? t + n + m : end);
+      int far = t / bs + j->pf_blocks; /* the block prefetched while this one is read */
       const char *kp = ops__kv_run(c, j->layer, 0, table[t / bs], g) + (size_t)off * c->elem;
-      kn->scores(&sc[0][t - t0], ATTN_TILE, qp, nq, kp, c->dtype, m, hd, bs, j->scale);
+      const char *pf = j->pf_blocks && far * bs < end ? ops__kv_run(c, j->layer, 0, table[far], g) + (size_t)off * c->elem : NULL;
+      kn->scores(&sc[0][t - t0], ATTN_TILE, qp, nq, kp, c->dtype, m, hd, bs, j->scale, pf);
       t += m;
     }
     /* online softmax per query; keys past a query's causal limit get weight 0, so one weighted sum
@@ -152,8 +135,11 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
     }
     for (int t = t0; t < t0 + n;) {
       int off = t % bs, m = bs - off < t0 + n - t ? bs - off : t0 + n - t;
-      const char *vp = ops__kv_run(c, j->layer, 1, table[t / bs], g) + (size_t)off * (size_t)hd * c->elem;
-      kn->accum(&acc[0][0], ATTN_MAX_DIM, &sc[0][t - t0], ATTN_TILE, nq, vp, c->dtype, m, hd, hd);
+      size_t at = (size_t)off * (size_t)hd * c->elem;
+      int far = t / bs + j->pf_blocks;
+      const char *vp = ops__kv_run(c, j->layer, 1, table[t / bs], g) + at;
+      const char *pf = j->pf_blocks && far * bs < end ? ops__kv_run(c, j->layer, 1, table[far], g) + at : NULL;
+      kn->accum(&acc[0][0], ATTN_MAX_DIM, &sc[0][t - t0], ATTN_TILE, nq, vp, c->dtype, m, hd, hd, pf);
       t += m;
     }
     t0 += n;
@@ -249,6 +235,7 @@ int servd_attention(servd_tensor *out, const servd_tensor *q, const servd_kv_cac
   j.heads_per_item = j.rep < ATTN_MAX_Q ? j.rep : ATTN_MAX_Q;
   j.n_sub = (j.rep + j.heads_per_item - 1) / j.heads_per_item;
   j.rows_per_item = ATTN_MAX_Q / j.heads_per_item;
+  j.pf_blocks = ops__attn_pf_blocks(c);
   int64_t items = 0;
   for (int s = 0; s < b->n_seqs; s++) items += seq_items(&j, s);
   if (items == 0) return 0;

@@ -23,12 +23,17 @@ static inline __m256 load_keys(const char *kr, servd_dtype kt, int j0, int n) {
  * of 8, so 2*NQ independent FMA chains hide the FMA latency. */
 static inline __attribute__((always_inline)) void scores_block(int NQ, float *out, int ld, const float *const *q,
                                                                const char *k, servd_dtype kt, int hd, size_t krow,
-                                                               float scale, int n) {
+                                                               float scale, int n, const char *pf) {
+  size_t last = 15 * (kt == SERVD_F16 ? 2 : 4); /* the last of the 16 keys read per row */
   __m256 a0[6], a1[6];
   for (int i = 0; i < NQ; i++) a0[i] = a1[i] = _mm256_setzero_ps();
   if (n == 16) {
     for (int d = 0; d < hd; d++) {
       const char *kr = k + (size_t)d * krow;
+      if (pf) { /* this row's lines in the later block */
+        _mm_prefetch(pf + (size_t)d * krow, OPS__ATTN_PF_HINT);
+        _mm_prefetch(pf + (size_t)d * krow + last, OPS__ATTN_PF_HINT);
+      }
       __m256 k0 = load8(kr, kt, 0), k1 = load8(kr, kt, 8);
       for (int i = 0; i < NQ; i++) {
         __m256 qd = _mm256_set1_ps(q[i][d]);
@@ -57,7 +62,7 @@ static inline __attribute__((always_inline)) void scores_block(int NQ, float *ou
 }
 
 void servd__attn_scores_avx2(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt, int n,
-                             int hd, int64_t kstride, float scale) {
+                             int hd, int64_t kstride, float scale, const void *pf) {
   size_t esz = kt == SERVD_F16 ? 2 : 4, krow = (size_t)kstride * esz;
   for (int j = 0; j < n; j += 16) {
     int nj = n - j < 16 ? n - j : 16;
@@ -65,13 +70,14 @@ void servd__attn_scores_avx2(float *out, int ld, const float *const *q, int nq, 
     for (int i = 0; i < nq; i += 6) {
       int c = nq - i < 6 ? nq - i : 6;
       float *o = out + (size_t)i * (size_t)ld + (size_t)j;
+      const char *pj = pf && i == 0 && nj == 16 ? (const char *)pf + (size_t)j * esz : NULL; /* once per K row */
       switch (c) {
-      case 1: scores_block(1, o, ld, q + i, kj, kt, hd, krow, scale, nj); break;
-      case 2: scores_block(2, o, ld, q + i, kj, kt, hd, krow, scale, nj); break;
-      case 3: scores_block(3, o, ld, q + i, kj, kt, hd, krow, scale, nj); break;
-      case 4: scores_block(4, o, ld, q + i, kj, kt, hd, krow, scale, nj); break;
-      case 5: scores_block(5, o, ld, q + i, kj, kt, hd, krow, scale, nj); break;
-      default: scores_block(6, o, ld, q + i, kj, kt, hd, krow, scale, nj); break;
+      case 1: scores_block(1, o, ld, q + i, kj, kt, hd, krow, scale, nj, pj); break;
+      case 2: scores_block(2, o, ld, q + i, kj, kt, hd, krow, scale, nj, pj); break;
+      case 3: scores_block(3, o, ld, q + i, kj, kt, hd, krow, scale, nj, pj); break;
+      case 4: scores_block(4, o, ld, q + i, kj, kt, hd, krow, scale, nj, pj); break;
+      case 5: scores_block(5, o, ld, q + i, kj, kt, hd, krow, scale, nj, pj); break;
+      default: scores_block(6, o, ld, q + i, kj, kt, hd, krow, scale, nj, pj); break;
       }
     }
   }
@@ -79,7 +85,9 @@ void servd__attn_scores_avx2(float *out, int ld, const float *const *q, int nq, 
 
 /* NQ queries (constant after inlining) x 16 dims of acc in registers while the n value rows stream by. */
 static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc, int acc_ld, const float *p, int ld,
-                                                              const char *v, servd_dtype vt, int n, size_t vrow) {
+                                                              const char *v, servd_dtype vt, int n, size_t vrow,
+                                                              const char *pf) {
+  size_t last = 15 * (vt == SERVD_F16 ? 2 : 4); /* the last of the 16 dims read per row */
   __m256 a0[6], a1[6];
   for (int i = 0; i < NQ; i++) {
     a0[i] = _mm256_loadu_ps(acc + (size_t)i * (size_t)acc_ld);
@@ -87,6 +95,10 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
   }
   for (int j = 0; j < n; j++) {
     const char *vr = v + (size_t)j * vrow;
+    if (pf) {
+      _mm_prefetch(pf + (size_t)j * vrow, OPS__ATTN_PF_HINT);
+      _mm_prefetch(pf + (size_t)j * vrow + last, OPS__ATTN_PF_HINT);
+    }
     __m256 v0 = load8(vr, vt, 0), v1 = load8(vr, vt, 8);
     for (int i = 0; i < NQ; i++) {
       __m256 pj = _mm256_set1_ps(p[(size_t)i * (size_t)ld + (size_t)j]);
@@ -101,7 +113,7 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
 }
 
 void servd__attn_accum_avx2(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v, servd_dtype vt,
-                            int n, int hd, int64_t vstride) {
+                            int n, int hd, int64_t vstride, const void *pf) {
   size_t esz = vt == SERVD_F16 ? 2 : 4, vrow = (size_t)vstride * esz;
   int hd16 = hd & ~15, d = 0;
   for (; d < hd16; d += 16) {
@@ -110,13 +122,14 @@ void servd__attn_accum_avx2(float *acc, int acc_ld, const float *p, int ld, int 
       int c = nq - i < 6 ? nq - i : 6;
       float *a = acc + (size_t)i * (size_t)acc_ld + d;
       const float *pi = p + (size_t)i * (size_t)ld;
+      const char *pd = pf && i == 0 ? (const char *)pf + (size_t)d * esz : NULL; /* once per V row */
       switch (c) {
-      case 1: accum_block(1, a, acc_ld, pi, ld, vd, vt, n, vrow); break;
-      case 2: accum_block(2, a, acc_ld, pi, ld, vd, vt, n, vrow); break;
-      case 3: accum_block(3, a, acc_ld, pi, ld, vd, vt, n, vrow); break;
-      case 4: accum_block(4, a, acc_ld, pi, ld, vd, vt, n, vrow); break;
-      case 5: accum_block(5, a, acc_ld, pi, ld, vd, vt, n, vrow); break;
-      default: accum_block(6, a, acc_ld, pi, ld, vd, vt, n, vrow); break;
+      case 1: accum_block(1, a, acc_ld, pi, ld, vd, vt, n, vrow, pd); break;
+      case 2: accum_block(2, a, acc_ld, pi, ld, vd, vt, n, vrow, pd); break;
+      case 3: accum_block(3, a, acc_ld, pi, ld, vd, vt, n, vrow, pd); break;
+      case 4: accum_block(4, a, acc_ld, pi, ld, vd, vt, n, vrow, pd); break;
+      case 5: accum_block(5, a, acc_ld, pi, ld, vd, vt, n, vrow, pd); break;
+      default: accum_block(6, a, acc_ld, pi, ld, vd, vt, n, vrow, pd); break;
       }
     }
   }

@@ -15,12 +15,17 @@ static inline __m512 load16(const void *p, servd_dtype t, int64_t i, __mmask16 m
  * accumulators so that 2*NQ independent FMA chains hide the FMA latency when NQ is small. */
 static inline __attribute__((always_inline)) void scores_block(int NQ, float *out, int ld, const float *const *q,
                                                                const char *k, servd_dtype kt, __mmask16 m, int hd,
-                                                               size_t krow, float scale) {
+                                                               size_t krow, float scale, const char *pf) {
+  size_t last = 15 * (kt == SERVD_F16 ? 2 : 4); /* the last of the 16 keys read per row */
   __m512 a0[8], a1[8];
   for (int i = 0; i < NQ; i++) a0[i] = a1[i] = _mm512_setzero_ps();
   int d = 0;
   for (; d + 2 <= hd; d += 2) {
     __m512 k0, k1;
+    if (pf) { /* the lines of the two rows read below, in the later block */
+      _mm_prefetch(pf + (size_t)d * krow, OPS__ATTN_PF_HINT);
+      _mm_prefetch(pf + (size_t)(d + 1) * krow + last, OPS__ATTN_PF_HINT);
+    }
     if (kt == SERVD_F16) {
       k0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k + (size_t)d * krow));
       k1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k + (size_t)(d + 1) * krow));
@@ -44,7 +49,7 @@ static inline __attribute__((always_inline)) void scores_block(int NQ, float *ou
 }
 
 void servd__attn_scores_avx512(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt,
-                               int n, int hd, int64_t kstride, float scale) {
+                               int n, int hd, int64_t kstride, float scale, const void *pf) {
   size_t esz = kt == SERVD_F16 ? 2 : 4, krow = (size_t)kstride * esz;
   for (int j = 0; j < n; j += 16) {
     __mmask16 m = tail16(n - j);
@@ -52,15 +57,16 @@ void servd__attn_scores_avx512(float *out, int ld, const float *const *q, int nq
     for (int i = 0; i < nq; i += 8) {
       int c = nq - i < 8 ? nq - i : 8;
       float *o = out + (size_t)i * (size_t)ld + (size_t)j;
+      const char *pj = pf && i == 0 ? (const char *)pf + (size_t)j * esz : NULL; /* once per K row */
       switch (c) {
-      case 1: scores_block(1, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
-      case 2: scores_block(2, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
-      case 3: scores_block(3, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
-      case 4: scores_block(4, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
-      case 5: scores_block(5, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
-      case 6: scores_block(6, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
-      case 7: scores_block(7, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
-      default: scores_block(8, o, ld, q + i, kj, kt, m, hd, krow, scale); break;
+      case 1: scores_block(1, o, ld, q + i, kj, kt, m, hd, krow, scale, pj); break;
+      case 2: scores_block(2, o, ld, q + i, kj, kt, m, hd, krow, scale, pj); break;
+      case 3: scores_block(3, o, ld, q + i, kj, kt, m, hd, krow, scale, pj); break;
+      case 4: scores_block(4, o, ld, q + i, kj, kt, m, hd, krow, scale, pj); break;
+      case 5: scores_block(5, o, ld, q + i, kj, kt, m, hd, krow, scale, pj); break;
+      case 6: scores_block(6, o, ld, q + i, kj, kt, m, hd, krow, scale, pj); break;
+      case 7: scores_block(7, o, ld, q + i, kj, kt, m, hd, krow, scale, pj); break;
+      default: scores_block(8, o, ld, q + i, kj, kt, m, hd, krow, scale, pj); break;
       }
     }
   }
@@ -70,7 +76,8 @@ void servd__attn_scores_avx512(float *out, int ld, const float *const *q, int nq
  * each loaded value vector serves all NQ queries. */
 static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc, int acc_ld, const float *p, int ld,
                                                               const char *v, servd_dtype vt, int n, size_t vrow,
-                                                              __mmask16 m0, __mmask16 m1) {
+                                                              __mmask16 m0, __mmask16 m1, const char *pf) {
+  size_t last = 31 * (vt == SERVD_F16 ? 2 : 4); /* the last value of the 32 dims read per row */
   __m512 a0[8], a1[8];
   for (int i = 0; i < NQ; i++) {
     a0[i] = _mm512_maskz_loadu_ps(m0, acc + (size_t)i * (size_t)acc_ld);
@@ -78,6 +85,10 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
   }
   for (int j = 0; j < n; j++) {
     const char *vr = v + (size_t)j * vrow;
+    if (pf) {
+      _mm_prefetch(pf + (size_t)j * vrow, OPS__ATTN_PF_HINT);
+      _mm_prefetch(pf + (size_t)j * vrow + last, OPS__ATTN_PF_HINT);
+    }
     __m512 v0 = load16(vr, vt, 0, m0), v1 = load16(vr, vt, 16, m1);
     for (int i = 0; i < NQ; i++) {
       __m512 pj = _mm512_set1_ps(p[(size_t)i * (size_t)ld + (size_t)j]);
@@ -92,7 +103,7 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
 }
 
 void servd__attn_accum_avx512(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v, servd_dtype vt,
-                              int n, int hd, int64_t vstride) {
+                              int n, int hd, int64_t vstride, const void *pf) {
   size_t esz = vt == SERVD_F16 ? 2 : 4, vrow = (size_t)vstride * esz;
   for (int d = 0; d < hd; d += 32) {
     __mmask16 m0 = tail16(hd - d), m1 = tail16(hd - d - 16);
@@ -101,15 +112,16 @@ void servd__attn_accum_avx512(float *acc, int acc_ld, const float *p, int ld, in
       int c = nq - i < 8 ? nq - i : 8;
       float *a = acc + (size_t)i * (size_t)acc_ld + d;
       const float *pi = p + (size_t)i * (size_t)ld;
+      const char *pd = pf && i == 0 ? (const char *)pf + (size_t)d * esz : NULL; /* once per V row */
       switch (c) {
-      case 1: accum_block(1, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
-      case 2: accum_block(2, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
-      case 3: accum_block(3, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
-      case 4: accum_block(4, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
-      case 5: accum_block(5, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
-      case 6: accum_block(6, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
-      case 7: accum_block(7, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
-      default: accum_block(8, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1); break;
+      case 1: accum_block(1, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1, pd); break;
+      case 2: accum_block(2, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1, pd); break;
+      case 3: accum_block(3, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1, pd); break;
+      case 4: accum_block(4, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1, pd); break;
+      case 5: accum_block(5, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1, pd); break;
+      case 6: accum_block(6, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1, pd); break;
+      case 7: accum_block(7, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1, pd); break;
+      default: accum_block(8, a, acc_ld, pi, ld, vd, vt, n, vrow, m0, m1, pd); break;
       }
     }
   }

@@ -5,7 +5,12 @@
  * sees the same table, so every rank reaches the same verdict and nobody is left waiting), does its
  * share, and waits again so that no rank reuses or frees its buffer, or publishes the next call's
  * tensors, while another still reads them. All-reduce: rank r sums column slice r of every rank's
- * tensor in rank order and writes the sum into all of them, so all ranks hold identical bits. */
+ * tensor in rank order and writes the sum into all of them, so all ranks hold identical bits.
+ *
+ * Abort: servd_comm_abort wakes the ranks waiting in the first barrier of a call and makes every later
+ * call fail with SERVD_ECANCELED until servd_comm_reset. The second barrier is not abortable: once all
+ * ranks passed the first one, each only copies memory before reaching the second, so it cannot hang,
+ * and leaving early would let a rank free a buffer that another rank still reads. */
 #include "ops-impl.h"
 
 #include <stdatomic.h>
@@ -35,6 +40,7 @@ struct servd_comm {
   pthread_cond_t cv;
   int arrived;
   atomic_uint gen;
+  atomic_bool aborted; /* written under mu; read without it in the spin */
   comm_slot *slots; /* [world] */
 };
 
@@ -67,25 +73,65 @@ void servd_comm_destroy(servd_comm *c) {
   free(c);
 }
 
-/* Spins briefly (a decode step makes two calls per layer), then sleeps on the condition variable. */
-static void barrier(servd_comm *c) {
+/* Spins briefly (a decode step makes two calls per layer), then sleeps on the condition variable.
+ * abortable: SERVD_ECANCELED when the group is (or gets) aborted before every rank arrived; the
+ * verdict is taken under mu, so either all ranks pass or none does. */
+static int barrier(servd_comm *c, bool abortable) {
   pthread_mutex_lock(&c->mu);
+  if (abortable && atomic_load_explicit(&c->aborted, memory_order_relaxed)) {
+    pthread_mutex_unlock(&c->mu);
+    return SERVD_ECANCELED;
+  }
   unsigned g = atomic_load_explicit(&c->gen, memory_order_relaxed);
   if (++c->arrived == c->world) {
     c->arrived = 0;
     atomic_store_explicit(&c->gen, g + 1, memory_order_release);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    return;
+    return 0;
   }
   pthread_mutex_unlock(&c->mu);
   for (int i = 0; i < COMM_SPIN; i++) {
-    if (atomic_load_explicit(&c->gen, memory_order_acquire) != g) return;
+    if (atomic_load_explicit(&c->gen, memory_order_acquire) != g) return 0;
+    if (abortable && atomic_load_explicit(&c->aborted, memory_order_relaxed)) break;
     comm_relax();
   }
+  int rc = 0;
   pthread_mutex_lock(&c->mu);
-  while (atomic_load_explicit(&c->gen, memory_order_acquire) == g) pthread_cond_wait(&c->cv, &c->mu);
+  while (atomic_load_explicit(&c->gen, memory_order_acquire) == g) {
+    if (abortable && atomic_load_explicit(&c->aborted, memory_order_relaxed)) {
+      rc = SERVD_ECANCELED;
+      break;
+    }
+    pthread_cond_wait(&c->cv, &c->mu);
+  }
   pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+void servd_comm_abort(servd_comm *c) {
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  atomic_store_explicit(&c->aborted, true, memory_order_relaxed);
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+}
+
+bool servd_comm_aborted(servd_comm *c) {
+  return c && atomic_load_explicit(&c->aborted, memory_order_relaxed);
+}
+
+void servd_comm_reset(servd_comm *c) {
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  c->arrived = 0; /* ranks that left an aborted barrier were counted there */
+  atomic_store_explicit(&c->aborted, false, memory_order_relaxed);
+  pthread_mutex_unlock(&c->mu);
+}
+
+static int canceled(const char *op, int rank) {
+  return servd_fail(SERVD_ECANCELED, "%s: rank %d: the communicator was aborted (another rank failed); "
+                    "servd_comm_reset restores it", op, rank);
 }
 
 /* Fills this rank's slot; `gather` also checks out. All-reduce takes any f32 shape whose rows merge
@@ -102,13 +148,14 @@ static void publish(servd_comm *c, int rank, const servd_tensor *x, const servd_
 int servd_allreduce_sum(servd_comm *c, int rank, servd_tensor *x) {
   if (!c || rank < 0 || rank >= c->world)
     return servd_fail(SERVD_EINVAL, "allreduce_sum: rank %d outside the group of %d", rank, c ? c->world : 0);
+  if (atomic_load_explicit(&c->aborted, memory_order_relaxed)) return canceled("allreduce_sum", rank);
   publish(c, rank, x, NULL, false);
   if (c->world == 1) {
     if (!c->slots[0].ok)
       return servd_fail(SERVD_EINVAL, "allreduce_sum: expected x f32 with contiguous rows, got %s", c->slots[0].desc);
     return 0;
   }
-  barrier(c);
+  if (barrier(c, true)) return canceled("allreduce_sum", rank);
   const comm_slot *s0 = &c->slots[0];
   int bad = -1;
   for (int r = 0; r < c->world && bad < 0; r++) {
@@ -133,15 +180,16 @@ int servd_allreduce_sum(servd_comm *c, int rank, servd_tensor *x) {
                (size_t)(c1 - c0) * sizeof(float));
     }
   }
-  barrier(c);
+  barrier(c, false);
   return rc;
 }
 
 int servd_allgather_cols(servd_comm *c, int rank, servd_tensor *out, const servd_tensor *x) {
   if (!c || rank < 0 || rank >= c->world)
     return servd_fail(SERVD_EINVAL, "allgather_cols: rank %d outside the group of %d", rank, c ? c->world : 0);
+  if (atomic_load_explicit(&c->aborted, memory_order_relaxed)) return canceled("allgather_cols", rank);
   publish(c, rank, x, out, true);
-  if (c->world > 1) barrier(c);
+  if (c->world > 1 && barrier(c, true)) return canceled("allgather_cols", rank);
   int64_t total = 0;
   int bad = -1;
   for (int r = 0; r < c->world && bad < 0; r++) {
@@ -170,6 +218,6 @@ int servd_allgather_cols(servd_comm *c, int rank, servd_tensor *out, const servd
       col += s->x.cols;
     }
   }
-  if (c->world > 1) barrier(c);
+  if (c->world > 1) barrier(c, false);
   return rc;
 }

@@ -28,12 +28,14 @@
   void servd__rope_row_##isa(float *x, int64_t n_heads, int head_dim, servd_rope_layout layout,         \
                              const float *cs, const float *sn);                                          \
   /* out[i*ld + j] = scale * dot(q[i], k_j) for nq queries and n keys; k is transposed: dim d of key j \
-   * at k[d*kstride + j], f32 or f16 */                                                                 \
+   * at k[d*kstride + j], f32 or f16. pf (NULL: none) is prefetched at the offsets read from k, spread \
+   * over the loop: the caller points it at a later block, so the misses in flight stay steady. */     \
   void servd__attn_scores_##isa(float *out, int ld, const float *const *q, int nq, const void *k,        \
-                                servd_dtype kt, int n, int hd, int64_t kstride, float scale);            \
-  /* acc[i*acc_ld + d] += sum_j p[i*ld + j] * v_j[d] for nq queries, n value rows vstride elements apart */ \
+                                servd_dtype kt, int n, int hd, int64_t kstride, float scale, const void *pf); \
+  /* acc[i*acc_ld + d] += sum_j p[i*ld + j] * v_j[d] for nq queries, n value rows vstride elements apart; \
+   * pf as for scores, mirroring the reads from v */                                                    \
   void servd__attn_accum_##isa(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v,      \
-                               servd_dtype vt, int n, int hd, int64_t vstride);
+                               servd_dtype vt, int n, int hd, int64_t vstride, const void *pf);
 
 OPS__DECLARE_ROW_KERNELS(scalar)
 OPS__DECLARE_ROW_KERNELS(avx2)
@@ -98,6 +100,25 @@ struct servd_kv_cache {
 static inline char *ops__kv_run(const struct servd_kv_cache *c, int layer, int kv, int32_t blk, int g) {
   size_t r = (((size_t)layer * (size_t)c->n_kv_heads + (size_t)g) * (size_t)c->n_blocks + (size_t)blk) * 2 + (size_t)kv;
   return c->pool + r * c->head_bytes;
+}
+
+/* How far ahead attention prefetches, in blocks (at least 1). On shuffled block tables the hardware
+ * prefetchers cannot guess the next block's address, so the kernels prefetch the block this many
+ * later at the offsets they are reading, one line per line read: the misses in flight stay about
+ * constant instead of coming in bursts. About OPS__ATTN_PF_BYTES of each of K and V ahead covers the
+ * memory latency at one core's share of the bandwidth; much more only adds misses that queue behind
+ * the ones needed now. */
+#define OPS__ATTN_PF_BYTES 6144
+#ifndef OPS__ATTN_PF_HINT
+#define OPS__ATTN_PF_HINT _MM_HINT_T0
+#endif
+#include <stdlib.h>
+static inline int ops__attn_pf_blocks(const struct servd_kv_cache *c) {
+  const char *e = getenv("ATTN_PF_BYTES");
+  size_t want = e ? (size_t)atoi(e) : OPS__ATTN_PF_BYTES;
+  if (want == 0) return 0;
+  size_t nb = (want + c->head_bytes / 2) / c->head_bytes;
+  return nb < 1 ? 1 : (int)nb;
 }
 
 /* ---- vector exp -----------------------------------------------------------------------------------

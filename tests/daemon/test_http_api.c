@@ -115,8 +115,9 @@ static void *fake_run(void *p) {
     if (atomic_load(&fake_error) && i == 1) {
       memset(&ev, 0, sizeof ev);
       ev.kind = SERVD_EVENT_ERROR;
-      ev.error_code = SERVD_EIO;
-      ev.error_message = "ValueError: boom in forward";
+      ev.error_code = SERVD_EMODEL; /* as the engine reports an exception in forward */
+      ev.error_message = "RuntimeError: boom in forward";
+      ev.error_type = "RuntimeError";
       r->cb(r->ud, &ev);
       req_unref(r);
       return NULL;
@@ -173,9 +174,10 @@ static void fake_cancel(servd_request *r) {
 static void fake_release(servd_request *r) { req_unref(r); }
 
 static int fake_predict(servd_model *m, const servd_named_tensor *in, int n_in, servd_named_tensor **out, int *n_out,
-                        int64_t deadline) {
+                        int64_t deadline, servd_model_error *err) {
   (void)m;
   (void)deadline;
+  if (err) memset(err, 0, sizeof *err);
   if (n_in != 1 || in[0].tensor->dtype != SERVD_F32) return servd_fail(SERVD_EINVAL, "expected one FP32 input 'x'");
   static atomic_int running;
   int now = atomic_fetch_add(&running, 1) + 1;
@@ -184,9 +186,15 @@ static int fake_predict(servd_model *m, const servd_named_tensor *in, int n_in, 
   }
   if (atomic_load(&fake_delay_us)) usleep((useconds_t)atomic_load(&fake_delay_us));
   atomic_fetch_sub(&running, 1);
-  /* As the engine reports Python exceptions: SERVD_EINVAL and "predict: Type: message". */
-  if (strcmp(in[0].name, "boom") == 0) return servd_fail(SERVD_EINVAL, "predict: RuntimeError: the model raised");
+  /* As the engine reports Python exceptions: the code says whose fault it is (the text is not parsed). */
+  if (strcmp(in[0].name, "boom") == 0) {
+    snprintf(err->type, sizeof err->type, "RuntimeError");
+    snprintf(err->message, sizeof err->message, "the model raised");
+    return servd_fail(SERVD_EMODEL, "predict: RuntimeError: the model raised");
+  }
   if (strcmp(in[0].name, "bad") == 0) return servd_fail(SERVD_EINVAL, "predict: ValueError: x must be 2-d");
+  /* Bad input whose text looks like an exception: still the client's. */
+  if (strcmp(in[0].name, "odd") == 0) return servd_fail(SERVD_EINVAL, "predict: OddError: x is odd");
   servd_tensor *x = in[0].tensor;
   servd_tensor *y = servd_tensor_new(SERVD_F32, x->ndim, x->shape);
   const float *px = servd_tensor_data(x);
@@ -597,6 +605,7 @@ static void test_engine_error_is_500(void **st) {
   atomic_store(&fake_error, 0);
   assert_int_equal(s, 500);
   assert_non_null(strstr(json_string_value(json_object_get(json_object_get(j, "error"), "message")), "boom"));
+  assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "model_error");
   json_decref(j);
   j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":2}", &s, NULL);
   assert_int_equal(s, 200);
@@ -655,6 +664,7 @@ static void test_kserve_infer(void **st) {
       {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}],\"outputs\":[{\"name\":\"q\"}]}",
        400},
       {"{\"inputs\":[{\"name\":\"bad\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}", 400},
+      {"{\"inputs\":[{\"name\":\"odd\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}", 400},
       {"{\"inputs\":[{\"name\":\"boom\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}", 500},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -662,6 +672,12 @@ static void test_kserve_infer(void **st) {
     if (s != bad[i].status) fprintf(stderr, "infer case %zu: %d\n", i, s);
     assert_int_equal(s, bad[i].status);
     assert_true(json_is_string(json_object_get(j, "error")));
+    if (s == 500) { /* the exception, structured */
+      assert_string_equal(json_string_value(json_object_get(j, "type")), "model_error");
+      json_t *e = json_object_get(j, "exception");
+      assert_string_equal(json_string_value(json_object_get(e, "type")), "RuntimeError");
+      assert_string_equal(json_string_value(json_object_get(e, "message")), "the model raised");
+    }
     json_decref(j);
   }
   /* A model failure affects only that request. */

@@ -1,11 +1,14 @@
 /* Collectives: ranks on their own threads; all-reduce must equal the serial sum in rank order (bit
  * for bit: it is the same f32 additions in the same order), all-gather must equal the columns laid
- * side by side; many back-to-back calls; mismatched shapes fail on every rank without hanging. */
+ * side by side; many back-to-back calls; mismatched shapes fail on every rank without hanging; an
+ * aborted group releases its waiting ranks with SERVD_ECANCELED (all ranks agree on which call was
+ * the last to complete) and works again after reset. */
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <time.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -184,6 +187,143 @@ static void test_bad_args(void **state) {
   servd_comm_destroy(NULL);
 }
 
+/* ---- abort ---------------------------------------------------------------------------------------- */
+
+typedef struct abort_arg {
+  servd_comm *c;
+  int rank, world;
+  int calls;      /* collectives to attempt (until the first failure) */
+  int gather;     /* use all-gather instead of all-reduce */
+  int done;       /* calls that returned 0 */
+  int rc;         /* code of the first failure (0: none) */
+  int bad_values; /* wrong sums in completed calls */
+  atomic_int finished;
+} abort_arg;
+
+static void *abort_rank_main(void *p) {
+  abort_arg *a = p;
+  int64_t shape[2] = {2, 6}, gshape[2] = {2, 6 * (int64_t)a->world};
+  servd_tensor *x = servd_tensor_new(SERVD_F32, 2, shape), *g = servd_tensor_new(SERVD_F32, 2, gshape);
+  for (int it = 0; it < a->calls; it++) {
+    float *xd = servd_tensor_data(x);
+    for (int64_t i = 0; i < 12; i++) xd[i] = value(it, a->rank, i);
+    int rc = a->gather ? servd_allgather_cols(a->c, a->rank, g, x) : servd_allreduce_sum(a->c, a->rank, x);
+    if (rc) {
+      a->rc = rc;
+      break;
+    }
+    a->done++;
+    if (!a->gather) {
+      for (int64_t i = 0; i < 12; i++) {
+        float want = value(it, 0, i);
+        for (int r = 1; r < a->world; r++) want += value(it, r, i);
+        if (xd[i] != want) a->bad_values++;
+      }
+    }
+  }
+  servd_tensor_release(x);
+  servd_tensor_release(g);
+  atomic_store(&a->finished, 1);
+  return NULL;
+}
+
+/* Joins t, failing the test (instead of hanging ctest) if it has not ended within a wide margin. */
+static void join_within(pthread_t t, const atomic_int *finished, int seconds) {
+  for (int i = 0; i < seconds * 100 && !atomic_load(finished); i++) {
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  if (!atomic_load(finished)) fail_msg("a rank is still waiting %d s after the abort", seconds);
+  pthread_join(t, NULL);
+}
+
+static void start_ranks(servd_comm *c, int world, int n, abort_arg *args, pthread_t *th, int calls, int gather) {
+  for (int r = 0; r < n; r++) {
+    args[r] = (abort_arg){.c = c, .rank = r, .world = world, .calls = calls, .gather = gather};
+    atomic_init(&args[r].finished, 0);
+    assert_int_equal(pthread_create(&th[r], NULL, abort_rank_main, &args[r]), 0);
+  }
+}
+
+/* Rank 2 of 3 never arrives: the two others wait until the abort, then get SERVD_ECANCELED; later
+ * calls fail at once; after reset all three ranks complete calls with correct sums. */
+static void test_abort_releases_waiting_ranks(void **state) {
+  (void)state;
+  for (int gather = 0; gather < 2; gather++) {
+    servd_comm *c = NULL;
+    assert_int_equal(servd_comm_create(&c, 3), 0);
+    abort_arg args[3];
+    pthread_t th[3];
+    start_ranks(c, 3, 2, args, th, 1, gather);
+    struct timespec ts = {0, 50 * 1000 * 1000}; /* let them reach the barrier (not required for correctness) */
+    nanosleep(&ts, NULL);
+    assert_false(servd_comm_aborted(c));
+    servd_comm_abort(c);
+    assert_true(servd_comm_aborted(c));
+    for (int r = 0; r < 2; r++) {
+      join_within(th[r], &args[r].finished, 30);
+      assert_int_equal(args[r].rc, SERVD_ECANCELED);
+      assert_int_equal(args[r].done, 0);
+    }
+    /* Still aborted: a new call fails without waiting, with a message naming the op and the rank. */
+    int64_t shape[2] = {2, 6};
+    servd_tensor *x = servd_tensor_new(SERVD_F32, 2, shape);
+    assert_int_equal(servd_allreduce_sum(c, 2, x), SERVD_ECANCELED);
+    assert_non_null(strstr(servd_last_error(), "allreduce_sum: rank 2"));
+    assert_int_equal(servd_allgather_cols(c, 0, x, x), SERVD_ECANCELED);
+    servd_tensor_release(x);
+
+    servd_comm_reset(c);
+    assert_false(servd_comm_aborted(c));
+    start_ranks(c, 3, 3, args, th, 20, gather);
+    for (int r = 0; r < 3; r++) {
+      join_within(th[r], &args[r].finished, 60);
+      assert_int_equal(args[r].rc, 0);
+      assert_int_equal(args[r].done, 20);
+      assert_int_equal(args[r].bad_values, 0);
+    }
+    servd_comm_destroy(c);
+  }
+}
+
+/* An abort that lands while all ranks run collectives back to back: every rank stops, and all agree
+ * on how many calls completed (a call passes on every rank or on none), and those calls summed right.
+ * Repeated with reset between rounds, so a stale arrival count would show. */
+static void test_abort_races_running_group(void **state) {
+  (void)state;
+  servd_comm *c = NULL;
+  assert_int_equal(servd_comm_create(&c, 3), 0);
+  for (int round = 0; round < 30; round++) {
+    abort_arg args[3];
+    pthread_t th[3];
+    start_ranks(c, 3, 3, args, th, 1000000, round % 2);
+    struct timespec ts = {0, (round % 5) * 200 * 1000};
+    nanosleep(&ts, NULL);
+    servd_comm_abort(c);
+    for (int r = 0; r < 3; r++) join_within(th[r], &args[r].finished, 60);
+    for (int r = 0; r < 3; r++) {
+      assert_int_equal(args[r].rc, SERVD_ECANCELED);
+      assert_int_equal(args[r].done, args[0].done);
+      assert_int_equal(args[r].bad_values, 0);
+    }
+    servd_comm_reset(c);
+  }
+  /* Usable after the last reset. */
+  abort_arg args[3];
+  pthread_t th[3];
+  start_ranks(c, 3, 3, args, th, 5, 0);
+  for (int r = 0; r < 3; r++) {
+    join_within(th[r], &args[r].finished, 60);
+    assert_int_equal(args[r].rc, 0);
+    assert_int_equal(args[r].done, 5);
+    assert_int_equal(args[r].bad_values, 0);
+  }
+  servd_comm_abort(NULL);
+  servd_comm_reset(NULL);
+  assert_false(servd_comm_aborted(NULL));
+  servd_comm_destroy(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_allreduce),
@@ -191,6 +331,8 @@ int main(void) {
       cmocka_unit_test(test_mismatch),
       cmocka_unit_test(test_tensor_parallel_sum),
       cmocka_unit_test(test_bad_args),
+      cmocka_unit_test(test_abort_releases_waiting_ranks),
+      cmocka_unit_test(test_abort_races_running_group),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

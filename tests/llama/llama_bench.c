@@ -164,7 +164,7 @@ int main(int argc, char **argv) {
       int HD = hdj ? (int)json_integer_value(hdj) : D / H;
       servd_pool_options po = {.n_interpreters = 1, .world_size = 1};
       if (servd_kv_cache_create(&kv, L, KV, HD, 16, 64, SERVD_F16) == 0 && servd_pool_create(p, &po, &pool) == 0 &&
-          servd_runner_create(pool, &kv, 1, &rn) == 0) {
+          servd_runner_create(pool, &kv, 1, NULL, &rn) == 0) {
         /* (profiling below) */
         int32_t blocks[64];
         servd_kv_cache_alloc(kv, 64, blocks);
@@ -194,7 +194,7 @@ int main(int argc, char **argv) {
               kl = i + 1;
               slot = blocks[i / 16] * 16 + i % 16;
               servd_tensor *lg = NULL;
-              if (servd_runner_step(rn, &b, &lg, &err)) {
+              if (servd_runner_step(rn, &b, &lg, &err, NULL)) {
                 fprintf(stderr, "step: %s %s\n", err.type, err.message);
                 ok = 0;
               }

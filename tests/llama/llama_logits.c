@@ -103,7 +103,7 @@ int main(int argc, char **argv) {
       goto fail;
   servd_pool_options po = {.n_interpreters = tp, .world_size = tp, .comm = comm};
   if (servd_pool_create(pkg, &po, &pool)) goto fail;
-  if (servd_runner_create(pool, kv, tp, &runner)) goto fail;
+  if (servd_runner_create(pool, kv, tp, comm, &runner)) goto fail;
 
   for (int s = 0; s < n_seq; s++) {
     memcpy(S[s].tok, prompt, sizeof(int32_t) * (size_t)n_prompt);
@@ -159,7 +159,7 @@ int main(int argc, char **argv) {
     servd_tensor *logits = NULL;
     servd_py_error err;
     memset(&err, 0, sizeof err);
-    if (servd_runner_step(runner, &b, &logits, &err)) {
+    if (servd_runner_step(runner, &b, &logits, &err, NULL)) {
       fprintf(stderr, "forward: %s: %s\n%s\n", err.type, err.message, err.traceback);
       goto fail;
     }

@@ -29,6 +29,10 @@ static const char model_py[] =
     "class Doubler:\n"
     "    def predict(self, inputs):\n"
     "        x = inputs['x']\n"
+    "        if x.shape[1] == 5:\n"
+    "            raise RuntimeError('five columns break the model')\n"
+    "        if x.shape[1] == 6:\n"
+    "            raise ValueError('x: expected 4 columns, got 6')\n"
     "        y = servd.empty(x.shape)\n"
     "        ops.add(y, x, x)\n"
     "        n = x.shape[0]\n"
@@ -82,7 +86,7 @@ static void *do_call(void *arg) {
   for (int i = 0; i < c->rows * 4; i++) x[i] = (float)(c->id * 100 + i);
   servd_named_tensor *out = NULL;
   int n_out = 0;
-  c->rc = servd_model_predict(c->m, &in, 1, &out, &n_out, 0);
+  c->rc = servd_model_predict(c->m, &in, 1, &out, &n_out, 0, NULL);
   if (c->rc == 0) {
     for (int o = 0; o < n_out; o++) {
       const servd_tensor *t = out[o].tensor;
@@ -141,6 +145,42 @@ static void test_dynamic_batching(void **state) {
   servd_model_unload(m, 0);
 }
 
+/* One predict with `cols` columns: its code and the exception reported. */
+static int predict_cols(servd_model *m, int cols, servd_model_error *err) {
+  int64_t shape[2] = {2, cols};
+  servd_named_tensor in = {.name = "x"};
+  in.tensor = servd_tensor_new(SERVD_F32, 2, shape);
+  memset(servd_tensor_data(in.tensor), 0, sizeof(float) * 2 * (size_t)cols);
+  servd_named_tensor *out = NULL;
+  int n_out = 0;
+  int rc = servd_model_predict(m, &in, 1, &out, &n_out, 0, err);
+  for (int o = 0; o < n_out; o++) servd_tensor_release(out[o].tensor);
+  free(out);
+  servd_tensor_release(in.tensor);
+  return rc;
+}
+
+/* A RuntimeError from predict is the model's failure (SERVD_EMODEL, with type and message); a
+ * ValueError says the input was bad (SERVD_EINVAL); both directly and through the batcher, and the
+ * model keeps serving. */
+static void test_model_error_vs_bad_input(void **state) {
+  (void)state;
+  for (int batch = 1; batch <= 4; batch += 3) {
+    servd_model *m = load(batch, 0);
+    servd_model_error err;
+    assert_int_equal(predict_cols(m, 5, &err), SERVD_EMODEL);
+    assert_string_equal(err.type, "RuntimeError");
+    assert_string_equal(err.message, "five columns break the model");
+    assert_non_null(strstr(servd_last_error(), "RuntimeError: five columns"));
+    assert_int_equal(predict_cols(m, 6, &err), SERVD_EINVAL);
+    assert_string_equal(err.type, "ValueError");
+    assert_int_equal(predict_cols(m, 4, &err), 0);
+    assert_string_equal(err.type, "");
+    assert_int_equal(predict_cols(m, 5, NULL), SERVD_EMODEL);
+    servd_model_unload(m, 0);
+  }
+}
+
 static void test_language_model_calls_refused(void **state) {
   (void)state;
   servd_model *m = load(1, 0);
@@ -165,6 +205,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_predict_direct),
       cmocka_unit_test(test_dynamic_batching),
+      cmocka_unit_test(test_model_error_vs_bad_input),
       cmocka_unit_test(test_language_model_calls_refused),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -121,6 +121,14 @@ SERVD_API void servd_comm_destroy(servd_comm *c); /* accepts NULL */
 SERVD_API int servd_allreduce_sum(servd_comm *c, int rank, servd_tensor *x);
 /* Gathers x (m, n_r) of every rank into out (m, sum n_r) in rank order (vocabulary-parallel logits). */
 SERVD_API int servd_allgather_cols(servd_comm *c, int rank, servd_tensor *out, const servd_tensor *x);
+/* Failure of one rank: makes every collective that is waiting for the group, and every later one,
+ * return SERVD_ECANCELED on every rank, so that no rank waits for one that will never arrive. Any
+ * thread may call it, any number of times. */
+SERVD_API void servd_comm_abort(servd_comm *c); /* accepts NULL */
+SERVD_API bool servd_comm_aborted(servd_comm *c);
+/* Makes an aborted group usable again. Call it only when no rank is inside a collective (after every
+ * rank's step has returned). */
+SERVD_API void servd_comm_reset(servd_comm *c); /* accepts NULL */
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,172 @@
+/* Tensor parallelism when one rank's Python forward raises: the other rank is then waiting in an
+ * all-reduce for it. The engine must abort the communicator, fail only the requests of that step with
+ * SERVD_EMODEL (exception type and message, naming the rank), reset the communicator and keep serving.
+ * Oracle for "keeps serving": the same greedy request gives the same tokens before and after the fault.
+ *
+ * The package is the project's Llama code plus a subclass whose forward raises on rank 1 for a step
+ * of exactly 13 tokens (the prefill of the 13-token prompt, run alone), before rank 0 reaches its first
+ * all-reduce wait. Integration (interpreters are loaded with dlmopen, which the sanitizers cannot follow).
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "engine/engine.h"
+#include "mpk/import.h"
+#include "servd/interp.h"
+#include "servd/threadpool.h"
+
+#define GEN 8
+#define FAULT_TOKENS 13
+
+static char tmpdir[128], pkg_path[256];
+
+static const char faulty_py[] =
+    "import servd\n"
+    "from .model import LlamaModel\n"
+    "class Faulty(LlamaModel):\n"
+    "    def forward(self, batch):\n"
+    "        if servd.rank() == 1 and batch.n_tokens == 13:\n"
+    "            raise RuntimeError('injected failure on rank 1')\n"
+    "        return super().forward(batch)\n";
+
+typedef struct result {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done;
+  int32_t tokens[GEN];
+  int n;
+  int error_code;
+  char error[512], error_type[64], reason[32];
+} result;
+
+static void on_event(void *ud, const servd_event *ev) {
+  result *r = ud;
+  pthread_mutex_lock(&r->mu);
+  if (ev->kind == SERVD_EVENT_TOKEN) {
+    if (ev->token >= 0 && r->n < GEN) r->tokens[r->n++] = ev->token;
+  } else {
+    r->done = true;
+    r->error_code = ev->error_code;
+    snprintf(r->error, sizeof r->error, "%s", ev->error_message ? ev->error_message : "");
+    snprintf(r->error_type, sizeof r->error_type, "%s", ev->error_type ? ev->error_type : "");
+    snprintf(r->reason, sizeof r->reason, "%s", ev->finish_reason ? ev->finish_reason : "");
+    pthread_cond_signal(&r->cv);
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* Submits ids[0..n) greedily and waits for the final event; a wide margin instead of hanging ctest
+ * when the engine is stuck (the failure this test is about). */
+static void run(servd_model *m, int n, result *r) {
+  int32_t ids[32];
+  for (int i = 0; i < n; i++) ids[i] = 3 + i;
+  memset(r, 0, sizeof *r);
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->cv, NULL);
+  servd_gen_params p;
+  servd_gen_params_default(&p);
+  p.temperature = 0;
+  p.max_tokens = GEN;
+  p.ignore_eos = true;
+  servd_request *q = NULL;
+  int rc = servd_model_submit(m, ids, n, &p, on_event, r, &q);
+  if (rc) fprintf(stderr, "submit: %s\n", servd_last_error());
+  assert_int_equal(rc, 0);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 60;
+  pthread_mutex_lock(&r->mu);
+  while (!r->done && pthread_cond_timedwait(&r->cv, &r->mu, &until) == 0) {
+  }
+  bool done = r->done;
+  pthread_mutex_unlock(&r->mu);
+  if (!done) fail_msg("no final event within 60 s: the engine is stuck");
+  servd_request_release(q);
+}
+
+static void test_rank_failure_fails_step_and_engine_recovers(void **state) {
+  (void)state;
+  servd_model_options o;
+  servd_model_options_default(&o);
+  o.path = pkg_path;
+  o.tp = 2;
+  o.max_seqs = 4;
+  o.kv_dtype = SERVD_F32;
+  servd_model *m = NULL;
+  int rc = servd_model_load(&o, &m);
+  if (rc) fprintf(stderr, "load: %s\n", servd_last_error());
+  assert_int_equal(rc, 0);
+
+  static result before, fault, after, fault2, after2;
+  run(m, 5, &before);
+  assert_int_equal(before.error_code, 0);
+  assert_int_equal(before.n, GEN);
+
+  run(m, FAULT_TOKENS, &fault);
+  assert_int_equal(fault.error_code, SERVD_EMODEL);
+  assert_string_equal(fault.error_type, "RuntimeError");
+  assert_non_null(strstr(fault.error, "injected failure on rank 1"));
+  assert_non_null(strstr(fault.error, "rank 1"));
+  assert_int_equal(fault.n, 0);
+
+  run(m, 5, &after);
+  assert_int_equal(after.error_code, 0);
+  assert_int_equal(after.n, GEN);
+  assert_memory_equal(before.tokens, after.tokens, sizeof before.tokens);
+
+  /* Again: the communicator was reset, not merely lucky once. */
+  run(m, FAULT_TOKENS, &fault2);
+  assert_int_equal(fault2.error_code, SERVD_EMODEL);
+  run(m, 5, &after2);
+  assert_int_equal(after2.error_code, 0);
+  assert_memory_equal(before.tokens, after2.tokens, sizeof before.tokens);
+  assert_true(servd_model_ready(m));
+
+  servd_model_unload(m, 0);
+}
+
+int main(int argc, char **argv) {
+  if (servd_interp_early_init(argc, argv)) return 1;
+  servd_threadpool_init(2);
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/servd-test-tp-fault.XXXXXX");
+  if (!mkdtemp(tmpdir)) return 1;
+  /* code/llama/: the project's model code plus faulty.py */
+  char cmd[1024], code_dir[256], path[300];
+  snprintf(code_dir, sizeof code_dir, "%s/llama", tmpdir);
+  snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && rm -rf '%s/__pycache__'", mpk_default_code_dir(), code_dir, code_dir);
+  if (system(cmd) != 0) {
+    fprintf(stderr, "copying the model code from %s failed\n", mpk_default_code_dir());
+    return 1;
+  }
+  snprintf(path, sizeof path, "%s/faulty.py", code_dir);
+  FILE *f = fopen(path, "w");
+  if (!f || fwrite(faulty_py, 1, sizeof faulty_py - 1, f) != sizeof faulty_py - 1 || fclose(f)) return 1;
+  snprintf(pkg_path, sizeof pkg_path, "%s/faulty.mpk", tmpdir);
+  mpk_import_options io;
+  mpk_import_options_init(&io);
+  io.code_dir = code_dir;
+  io.entry_point = "llama.faulty:Faulty";
+  if (mpk_synth("tiny", 11, SERVD_F32, NULL, pkg_path, &io)) {
+    fprintf(stderr, "synth: %s\n", servd_last_error());
+    return 1;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rank_failure_fails_step_and_engine_recovers),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+  fflush(stdout);
+  fflush(stderr);
+  _exit(rc); /* interpreters' namespaces must not run library destructors at exit */
+}
