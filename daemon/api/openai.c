@@ -317,7 +317,8 @@ void api_oai_event(servd_api *a, api_event *ev) {
       servd_buf_clear(b);
       servd_buf_puts(b, "data: {\"error\":{\"message\":");
       servd_buf_json_str(b, g->error, strlen(g->error));
-      servd_buf_puts(b, ",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\n");
+      servd_buf_puts(b, g->error_code == SERVD_EMODEL ? ",\"type\":\"server_error\",\"param\":null,\"code\":\"model_error\"}}\n\n"
+                                                : ",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\n");
       sse_raw(o, b->data, b->len);
     } else {
       sse_choice(o, g, o->mode == OAI_CHAT ? NULL : "", 0, NULL, g->finish);

@@ -337,6 +337,24 @@ static void *scheduler_main(void *arg) {
 
 /* ---- loading ------------------------------------------------------------------------------------ */
 
+/* Jobs for the interpreter thread (interp_thread.h): the pool starts, renders and ends there. */
+typedef struct pool_job {
+  servd_model *m;
+  const servd_pool_options *po;
+} pool_job;
+
+static int pool_create_job(void *arg) {
+  pool_job *j = arg;
+  return servd_pool_create(j->m->pkg, j->po, &j->m->pool);
+}
+
+static int pool_destroy_job(void *arg) {
+  servd_model *m = arg;
+  servd_pool_destroy(m->pool);
+  m->pool = NULL;
+  return 0;
+}
+
 static int load_causal_lm(servd_model *m) {
   int rc;
   const void *tj;
@@ -387,7 +405,9 @@ static int load_causal_lm(servd_model *m) {
   servd_pool_options po = {.n_interpreters = m->tp + 1, .world_size = m->tp, .comm = m->comm,
                            .extra_sys_path = m->o.extra_sys_path};
   if (po.n_interpreters > SERVD_INTERP_MAX) po.n_interpreters = m->tp;
-  if ((rc = servd_pool_create(m->pkg, &po, &m->pool))) return rc;
+  if ((rc = servd_interp_thread_start(&m->ithread))) return rc;
+  pool_job pj = {m, &po};
+  if ((rc = servd_interp_thread_run(m->ithread, pool_create_job, &pj))) return rc;
   m->chat_interp = po.n_interpreters > m->tp ? m->tp : 0;
   if ((rc = servd_runner_create(m->pool, m->kv, m->tp, m->comm, &m->runner))) return rc;
 
@@ -464,6 +484,8 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   }
   servd_runner_destroy(m->runner);
   servd_batcher_destroy(m->batcher);
+  if (m->ithread) servd_interp_thread_run(m->ithread, pool_destroy_job, m); /* finalize where it rendered */
+  servd_interp_thread_stop(m->ithread);
   servd_pool_destroy(m->pool);
   sched_free(&m->sched);
   for (int r = 0; r < SERVD_INTERP_MAX; r++) servd_kv_cache_destroy(m->kv[r]);
@@ -534,19 +556,33 @@ int servd_model_detokenize(servd_model *m, const int32_t *ids, int n, char **tex
   return servd_tokenizer_decode(m->tok, ids, n, false, text, NULL);
 }
 
+typedef struct chat_job {
+  servd_model *m;
+  json_t *args, *res;
+  servd_py_error err;
+} chat_job;
+
+static int chat_job_run(void *arg) {
+  chat_job *j = arg;
+  return servd_interp_call_json(servd_pool_get(j->m->pool, j->m->chat_interp), "chat_template", j->args, &j->res,
+                                10000, &j->err);
+}
+
+/* On the interpreter thread, never the caller's: see interp_thread.h. */
 int servd_model_apply_chat_template(servd_model *m, json_t *messages, bool add_generation_prompt, char **text) {
   *text = NULL;
-  if (m->kind != SERVD_MODEL_CAUSAL_LM || m->chat_interp < 0)
+  if (m->kind != SERVD_MODEL_CAUSAL_LM || m->chat_interp < 0 || !m->ithread)
     return servd_fail(SERVD_EUNSUPPORTED, "chat template: model %s is not a language model", m->name);
   if (!json_is_array(messages)) return servd_fail(SERVD_EINVAL, "chat template: messages must be an array");
   json_t *args = json_pack("[O, b]", messages, add_generation_prompt);
   if (!args) return servd_fail(SERVD_ENOMEM, "chat template: arguments");
-  json_t *res = NULL;
-  servd_py_error err;
-  memset(&err, 0, sizeof err);
+  chat_job j = {.m = m, .args = args};
+  memset(&j.err, 0, sizeof j.err);
   pthread_mutex_lock(&m->chat_mu);
-  int rc = servd_interp_call_json(servd_pool_get(m->pool, m->chat_interp), "chat_template", args, &res, 10000, &err);
+  int rc = servd_interp_thread_run(m->ithread, chat_job_run, &j);
   pthread_mutex_unlock(&m->chat_mu);
+  json_t *res = j.res;
+  servd_py_error err = j.err;
   json_decref(args);
   if (rc) {
     int code = servd_model_error_code(rc, &err, SERVD_CALL_TEMPLATE, NULL);

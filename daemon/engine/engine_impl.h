@@ -7,6 +7,7 @@
 
 #include "engine/batcher.h"
 #include "engine/engine.h"
+#include "engine/interp_thread.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "engine/sampler.h"
@@ -59,6 +60,7 @@ struct servd_model {
   int n_eos;
   pthread_mutex_t chat_mu; /* serializes template rendering on the spare interpreter */
   int chat_interp;         /* index of the interpreter that renders templates (-1: none) */
+  servd_interp_thread *ithread; /* causal-lm: starts, renders templates on, and finalizes the pool */
 
   pthread_t thread;
   bool thread_started;

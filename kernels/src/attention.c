@@ -7,7 +7,6 @@
 #include "ops-impl.h"
 
 #include <math.h>
-#include <stdlib.h>
 
 #include "servd/threadpool.h"
 
@@ -103,6 +102,12 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
       memset(acc[nq], 0, (size_t)hd * sizeof(float));
     }
   int end = kv_len - q_len + r1; /* the last row sees the most keys */
+  /* the kernels prefetch pf_blocks ahead of what they read, so the first blocks are fetched here */
+  for (int t = 0; t < end && t < j->pf_blocks * bs; t += bs)
+    for (int kv = 0; kv < 2; kv++) {
+      const char *r = ops__kv_run(c, j->layer, kv, table[t / bs], g);
+      for (size_t o = 0; o < c->head_bytes; o += 64) __builtin_prefetch(r + o);
+    }
   /* A tile is up to ATTN_TILE keys and may span blocks: scores and value sums run per block segment,
    * the softmax bookkeeping once per tile. */
   for (int t0 = 0; t0 < end;) {
@@ -111,7 +116,7 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
       int off = t % bs, m = bs - off < t0 + n - t ? bs - off : t0 + n - t;
       int far = t / bs + j->pf_blocks; /* the block prefetched while this one is read */
       const char *kp = ops__kv_run(c, j->layer, 0, table[t / bs], g) + (size_t)off * c->elem;
-      const char *pf = j->pf_blocks && far * bs < end ? ops__kv_run(c, j->layer, 0, table[far], g) + (size_t)off * c->elem : NULL;
+      const char *pf = far * bs < end ? ops__kv_run(c, j->layer, 0, table[far], g) + (size_t)off * c->elem : NULL;
       kn->scores(&sc[0][t - t0], ATTN_TILE, qp, nq, kp, c->dtype, m, hd, bs, j->scale, pf);
       t += m;
     }
@@ -138,7 +143,7 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
       size_t at = (size_t)off * (size_t)hd * c->elem;
       int far = t / bs + j->pf_blocks;
       const char *vp = ops__kv_run(c, j->layer, 1, table[t / bs], g) + at;
-      const char *pf = j->pf_blocks && far * bs < end ? ops__kv_run(c, j->layer, 1, table[far], g) + at : NULL;
+      const char *pf = far * bs < end ? ops__kv_run(c, j->layer, 1, table[far], g) + at : NULL;
       kn->accum(&acc[0][0], ATTN_MAX_DIM, &sc[0][t - t0], ATTN_TILE, nq, vp, c->dtype, m, hd, hd, pf);
       t += m;
     }

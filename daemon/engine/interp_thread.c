@@ -1,0 +1,88 @@
+/* The engine's interpreter-owning thread: see interp_thread.h. */
+#include "engine/interp_thread.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "servd/status.h"
+
+struct servd_interp_thread {
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  pthread_mutex_t callers; /* one job at a time */
+  int (*fn)(void *);
+  void *arg;
+  int rc;
+  char err[1024]; /* the job's servd_last_error, carried to the caller's thread */
+  bool pending, done, quit;
+};
+
+static void *thread_main(void *p) {
+  servd_interp_thread *t = p;
+  pthread_mutex_lock(&t->mu);
+  for (;;) {
+    while (!t->pending && !t->quit) pthread_cond_wait(&t->cv, &t->mu);
+    if (!t->pending) break;
+    pthread_mutex_unlock(&t->mu);
+    int rc = t->fn(t->arg);
+    pthread_mutex_lock(&t->mu);
+    t->rc = rc;
+    snprintf(t->err, sizeof t->err, "%s", rc ? servd_last_error() : "");
+    t->pending = false;
+    t->done = true;
+    pthread_cond_broadcast(&t->cv);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return NULL;
+}
+
+int servd_interp_thread_start(servd_interp_thread **out) {
+  *out = NULL;
+  servd_interp_thread *t = calloc(1, sizeof *t);
+  if (!t) return servd_fail(SERVD_ENOMEM, "engine: interpreter thread");
+  pthread_mutex_init(&t->mu, NULL);
+  pthread_cond_init(&t->cv, NULL);
+  pthread_mutex_init(&t->callers, NULL);
+  if (pthread_create(&t->thread, NULL, thread_main, t)) {
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->callers);
+    free(t);
+    return servd_fail(SERVD_ENOMEM, "engine: starting the interpreter thread");
+  }
+  *out = t;
+  return 0;
+}
+
+int servd_interp_thread_run(servd_interp_thread *t, int (*fn)(void *arg), void *arg) {
+  pthread_mutex_lock(&t->callers);
+  pthread_mutex_lock(&t->mu);
+  t->fn = fn;
+  t->arg = arg;
+  t->done = false;
+  t->pending = true;
+  pthread_cond_broadcast(&t->cv);
+  while (!t->done) pthread_cond_wait(&t->cv, &t->mu);
+  int rc = t->rc;
+  if (rc) servd_fail(rc, "%s", t->err);
+  pthread_mutex_unlock(&t->mu);
+  pthread_mutex_unlock(&t->callers);
+  return rc;
+}
+
+void servd_interp_thread_stop(servd_interp_thread *t) {
+  if (!t) return;
+  pthread_mutex_lock(&t->mu);
+  t->quit = true;
+  pthread_cond_broadcast(&t->cv);
+  pthread_mutex_unlock(&t->mu);
+  pthread_join(t->thread, NULL);
+  pthread_mutex_destroy(&t->mu);
+  pthread_cond_destroy(&t->cv);
+  pthread_mutex_destroy(&t->callers);
+  free(t);
+}

@@ -1,0 +1,20 @@
+/* One engine-owned thread that makes a language model's interpreter calls that are not forward steps
+ * (internal to the engine): starting the interpreters, rendering chat templates, finalizing them.
+ *
+ * Why: CPython 3.11's `threading` module takes the OS thread that first imports it for its main
+ * thread, and Py_FinalizeEx (threading._shutdown) waits for that thread's state to be deleted unless
+ * it runs on that very thread. jinja2 imports `threading`, so a chat template rendered on an HTTP
+ * worker thread made the later unload, on another thread, wait forever. Here the thread that starts,
+ * renders and finalizes is one and the same, and it lives until the interpreters are gone.
+ */
+#ifndef SERVD_ENGINE_INTERP_THREAD_H
+#define SERVD_ENGINE_INTERP_THREAD_H
+
+typedef struct servd_interp_thread servd_interp_thread;
+
+int servd_interp_thread_start(servd_interp_thread **out); /* *out owned by the caller */
+/* Runs fn(arg) on the thread and returns its result; calls from several threads run one at a time. */
+int servd_interp_thread_run(servd_interp_thread *t, int (*fn)(void *arg), void *arg);
+void servd_interp_thread_stop(servd_interp_thread *t); /* accepts NULL; joins the thread */
+
+#endif
