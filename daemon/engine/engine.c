@@ -453,7 +453,11 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
     m->kind = SERVD_MODEL_GENERIC;
     int n = o->interpreters > 0 ? o->interpreters : 1;
     servd_pool_options po = {.n_interpreters = n, .world_size = 1, .extra_sys_path = o->extra_sys_path};
-    if ((rc = servd_pool_create(m->pkg, &po, &m->pool))) goto fail;
+    /* Started and finalized on one thread (interp_thread.h): module code that imports `threading`
+     * (logging does) would otherwise leave Py_FinalizeEx waiting at unload. */
+    if ((rc = servd_interp_thread_start(&m->ithread))) goto fail;
+    pool_job pj = {m, &po};
+    if ((rc = servd_interp_thread_run(m->ithread, pool_create_job, &pj))) goto fail;
     if (o->max_batch_size > 1 &&
         (rc = servd_batcher_create(m->pool, o->max_batch_size, o->max_batch_delay_ms, &m->batcher)))
       goto fail;

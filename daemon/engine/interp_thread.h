@@ -1,11 +1,15 @@
-/* One engine-owned thread that makes a language model's interpreter calls that are not forward steps
- * (internal to the engine): starting the interpreters, rendering chat templates, finalizing them.
+/* One engine-owned thread per model that starts its interpreters, finalizes them, and (language
+ * models) renders chat templates: the interpreter calls that are not forward steps or predicts
+ * (internal to the engine).
  *
  * Why: CPython 3.11's `threading` module takes the OS thread that first imports it for its main
  * thread, and Py_FinalizeEx (threading._shutdown) waits for that thread's state to be deleted unless
  * it runs on that very thread. jinja2 imports `threading`, so a chat template rendered on an HTTP
  * worker thread made the later unload, on another thread, wait forever. Here the thread that starts,
- * renders and finalizes is one and the same, and it lives until the interpreters are gone.
+ * renders and finalizes is one and the same, and it lives until the interpreters are gone. Package code
+ * that imports `threading` at import time (logging does) is covered the same way. Not covered: code
+ * that first imports it lazily inside forward or predict (other threads); that needs the interpreter
+ * to release a foreign thread's `threading` main-thread lock before finalizing.
  */
 #ifndef SERVD_ENGINE_INTERP_THREAD_H
 #define SERVD_ENGINE_INTERP_THREAD_H

@@ -11,7 +11,9 @@
  *
  * usage: bench_attention [threads (default 2)] [reps (default 21)] [only this config index, -1: all]
  *                        [block size (default 16)] [tables: 1 scrambled (default), 0 in order]
- *                        [only this isa: 0 scalar, 1 avx2, 2 avx512, -1: all (default)] */
+ *                        [only this isa: 0 scalar, 1 avx2, 2 avx512, -1: all (default)]
+ *                        [kv_len (default 512)] [sequences (default 16)] [MiB cycled through (default 512)]
+ *                        [paged anchor's prefetch: 0 none, 1 as the kernel (default), 2 whole next block] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,7 +25,7 @@
 #include "servd/ops.h"
 #include "servd/threadpool.h"
 
-#define FOOTPRINT (512u << 20) /* bytes cycled through per side: well above any L3 */
+#define FOOTPRINT (512u << 20) /* bytes cycled through per side by default: well above any L3 */
 
 static double now(void) {
   struct timespec ts;
@@ -67,12 +69,14 @@ static void stream_task(void *ctx, int64_t begin, int64_t end, int thread) {
  * pool: the layer's K/V bytes read sequentially in their physical order (the same pages, huge or not,
  *   as attention reads), i.e. the best case for this memory.
  * paged: the same bytes in the order attention walks them (per sequence and kv head: the K and V runs
- *   of each block in table order), with the kernel's prefetch (the same offsets PF_BYTES ahead in the
- *   walk) and no arithmetic. attention / paged is the cost of the arithmetic, paged / pool that of the
- *   access pattern. */
+ *   of each block in table order), with the kernel's prefetch (the same offsets ops__attn_pf_blocks
+ *   blocks ahead, a line per line read) and no arithmetic. attention / paged is the cost of the
+ *   arithmetic, paged / pool that of the access pattern. Other prefetch schemes can be chosen to
+ *   compare them (the previous kernel's: the whole next block before reading one). */
+enum { PF_NONE, PF_ROLLING, PF_BURST };
 typedef struct paged_job {
   const servd_kv_cache *c;
-  int layer, pf_blocks, blocks_per_seq;
+  int layer, pf_blocks, blocks_per_seq, scheme;
   const int32_t *const *tables;
   uint64_t sums[64];
 } paged_job;
@@ -88,7 +92,12 @@ static void paged_task(void *ctx, int64_t begin, int64_t end, int thread) {
     for (int i = 0; i < nb; i++)
       for (int kv = 0; kv < 2; kv++) {
         const uint64_t *p = (const uint64_t *)ops__kv_run(c, j->layer, kv, j->tables[s][i], g);
-        const char *pf = i + j->pf_blocks < nb ? ops__kv_run(c, j->layer, kv, j->tables[s][i + j->pf_blocks], g) : NULL;
+        int far = i + (j->scheme == PF_BURST ? 1 : j->pf_blocks);
+        const char *pf = j->scheme != PF_NONE && far < nb ? ops__kv_run(c, j->layer, kv, j->tables[s][far], g) : NULL;
+        if (j->scheme == PF_BURST && pf) {
+          for (size_t o = 0; o < run; o += 64) __builtin_prefetch(pf + o);
+          pf = NULL;
+        }
         for (size_t w = 0; w < run / 8; w += 8) {
           if (pf) __builtin_prefetch(pf + w * 8);
           a ^= p[w];
@@ -109,10 +118,15 @@ int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 21;
   int only = argc > 3 ? atoi(argv[3]) : -1, scrambled = argc > 5 ? atoi(argv[5]) : 1;
   int only_isa = argc > 6 ? atoi(argv[6]) : -1;
+  /* a small cache with no cycling ("256 1 0": one sequence of 256 tokens, 0 MiB) stays in L2 and
+   * measures the arithmetic alone */
+  int kv_len = argc > 7 ? atoi(argv[7]) : 512, n_seqs = argc > 8 ? atoi(argv[8]) : 16;
+  double footprint = argc > 9 ? atof(argv[9]) * (1 << 20) : FOOTPRINT;
+  int scheme = argc > 10 ? atoi(argv[10]) : PF_ROLLING;
   if (reps < 1) reps = 1;
-  const int n_seqs = 16, kv_len = 512, bs = argc > 4 ? atoi(argv[4]) : 16;
-  if (bs < 1 || kv_len % bs != 0) {
-    fprintf(stderr, "block size must divide %d\n", kv_len);
+  const int bs = argc > 4 ? atoi(argv[4]) : 16;
+  if (bs < 1 || kv_len < bs || kv_len % bs != 0 || n_seqs < 1 || n_seqs > 16) {
+    fprintf(stderr, "block size must divide kv_len %d, and 1 <= n_seqs (%d) <= 16\n", kv_len, n_seqs);
     return 1;
   }
   if (servd_threadpool_init(threads) != 0) {
@@ -134,7 +148,8 @@ int main(int argc, char **argv) {
     if (only >= 0 && (size_t)only != ci) continue;
     size_t elem = cf->dt == SERVD_F16 ? 2 : 4;
     double kv_bytes = 2.0 * n_seqs * kv_len * cf->n_kv * cf->hd * (double)elem; /* K and V read per call */
-    int layers = (int)ceil(FOOTPRINT / kv_bytes);
+    int layers = (int)ceil(footprint / kv_bytes);
+    if (layers < 1) layers = 1;
     int blocks_per_seq = kv_len / bs, n_blocks = n_seqs * blocks_per_seq;
     servd_kv_cache *c = NULL;
     if (servd_kv_cache_create(&c, layers, cf->n_kv, cf->hd, bs, n_blocks, cf->dt) != 0) {
@@ -210,15 +225,15 @@ int main(int argc, char **argv) {
         }
         double t2 = now();
         stream_job pj0 = {.p = (const uint64_t *)ops__kv_run(c, lp, 0, 0, 0)};
-        servd_parallel_for((int64_t)pool_chunks, 1, stream_task, &pj0);
+        if (pool_chunks > 0) servd_parallel_for((int64_t)pool_chunks, 1, stream_task, &pj0);
         double t3 = now();
         paged_job pj = {.c = c, .layer = lq, .pf_blocks = ops__attn_pf_blocks(c), .blocks_per_seq = blocks_per_seq,
-                        .tables = tables};
+                        .scheme = scheme, .tables = tables};
         servd_parallel_for((int64_t)n_seqs * cf->n_kv, 1, paged_task, &pj);
         double t4 = now();
         if (r >= 0) {
           double ts = (t1 - t0) * (double)kv_bytes / (double)(per_call * chunk_bytes);
-          double tpool = (t3 - t2) * (double)kv_bytes / (double)(pool_chunks * chunk_bytes);
+          double tpool = pool_chunks ? (t3 - t2) * (double)kv_bytes / (double)(pool_chunks * chunk_bytes) : NAN;
           t_attn[r] = t2 - t1;
           r_stream[r] = ts / t_attn[r];
           r_pool[r] = tpool / t_attn[r];

@@ -1,12 +1,21 @@
 /* The process-wide compute pool.
  *
- * N compute slots: N-1 worker threads plus the caller whose job is running. Jobs run one at a time,
- * in FIFO order of arrival (a ticket lock), so at most N threads ever compute, however many callers
- * there are. The running caller publishes its job and claims chunks alongside the workers. When no
- * chunk is left it closes the job and waits only for workers that joined it: a worker that was not
- * scheduled in time (an oversubscribed machine) never holds the caller up. Workers spin briefly
- * after a job before sleeping, because a decode step issues hundreds of small ops back to back and
- * a futex wake per op would dominate them.
+ * N compute slots (a bitmask of free slot indices) bound the threads that compute at once, however
+ * many callers there are. A thread computes only while it holds a slot, and the slot's index is the
+ * `thread` its task bodies see, so no two concurrent bodies share one.
+ *
+ * - A small job (n <= grain, or any job of a pool without workers) claims one slot and runs inline
+ *   on its caller. It takes no turn: interpreters issuing many small ops at once run side by side
+ *   as long as slots are free, with no hand-off between them.
+ * - A parallel job takes the pool's single FIFO turn (a ticket lock: one shared job description),
+ *   claims a slot for its caller, publishes the job and claims chunks alongside the workers. A
+ *   worker joins only if it can claim a free slot, and gives it back when no chunk is left, so the
+ *   job gets as many helpers as there are slots not busy with small jobs. When no chunk is left the
+ *   caller closes the job and waits only for workers that joined it: a worker that was not
+ *   scheduled in time (an oversubscribed machine) never holds the caller up.
+ * - A caller that finds no free slot spins briefly, then sleeps until a slot is released.
+ * - Workers spin briefly after a job before sleeping, holding no slot, because a decode step issues
+ *   hundreds of small ops back to back and a futex wake per op would dominate them.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -24,8 +33,11 @@
 #define cpu_relax() ((void)0)
 #endif
 
+#define MAX_THREADS 1024
+#define SLOT_WORDS (MAX_THREADS / 64)
 #define WORKER_SPIN_NS 1000000L /* a worker stays hot this long after its last job */
-#define CALLER_SPIN_NS 100000L  /* a caller spins this long for its turn or for workers */
+#define CALLER_SPIN_NS 100000L  /* a caller spins this long for the turn or for workers */
+#define SLOT_SPIN_NS 50000L     /* a caller spins this long for a free slot */
 
 typedef struct job {
   servd_task_fn fn;
@@ -41,9 +53,11 @@ static struct {
   pthread_cond_t cv_work; /* workers: a new job or stop */
   pthread_cond_t cv_turn; /* callers: the turn moved */
   pthread_cond_t cv_done; /* the running caller: the last worker checked out */
-  int size;               /* compute slots, 0 until initialized */
-  int n_workers;
-  pthread_t *threads;
+  pthread_cond_t cv_slot; /* callers: a slot was released, or the pool stopped */
+  atomic_int size;        /* compute slots, 0 while stopped */
+  atomic_int n_workers;
+  atomic_ulong free_slots[SLOT_WORDS]; /* bit set: that slot is free */
+  atomic_int slot_waiters;             /* callers asleep on cv_slot (changed under mu) */
   atomic_ulong gen; /* bumped once per published job; 64 bits never wrap, so 0 means "closed" */
   atomic_int stop;
   job job;
@@ -54,17 +68,71 @@ static struct {
     .cv_work = PTHREAD_COND_INITIALIZER,
     .cv_turn = PTHREAD_COND_INITIALIZER,
     .cv_done = PTHREAD_COND_INITIALIZER,
+    .cv_slot = PTHREAD_COND_INITIALIZER,
 };
 
+/* Static, so that starting the pool cannot fail for memory (8 KiB). */
+static pthread_t workers[MAX_THREADS - 1];
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long start_gen; /* pool.gen when the workers were started */
-static _Thread_local int tls_thread = -1; /* slot index while computing a job, else -1 */
+static _Thread_local int tls_thread = -1; /* the slot held while computing, else -1 */
 
 static long now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
+
+/* ---- slots ------------------------------------------------------------------------------------ */
+
+/* Claims a free slot without waiting; -1 if none is free (or the pool is stopped). */
+static int slot_try(void) {
+  const int words = (atomic_load_explicit(&pool.size, memory_order_acquire) + 63) / 64;
+  for (int w = 0; w < words; w++) {
+    unsigned long m = atomic_load_explicit(&pool.free_slots[w], memory_order_relaxed);
+    while (m) {
+      const int b = __builtin_ctzl(m);
+      if (atomic_compare_exchange_weak_explicit(&pool.free_slots[w], &m, m & ~(1UL << b), memory_order_acquire,
+                                                memory_order_relaxed))
+        return w * 64 + b;
+    }
+  }
+  return -1;
+}
+
+static void slot_release(int s) {
+  /* seq_cst, pairing with the sleeper's count then retry: either it sees the slot or we see it. */
+  atomic_fetch_or(&pool.free_slots[s / 64], 1UL << (s % 64));
+  if (atomic_load(&pool.slot_waiters)) {
+    pthread_mutex_lock(&pool.mu);
+    pthread_cond_signal(&pool.cv_slot);
+    pthread_mutex_unlock(&pool.mu);
+  }
+}
+
+/* Claims a slot, spinning briefly and then sleeping; -1 if the pool stopped meanwhile. */
+static int slot_acquire(void) {
+  int s = slot_try();
+  if (s >= 0) return s;
+  const long deadline = now_ns() + SLOT_SPIN_NS;
+  for (int i = 1;; i++) {
+    cpu_relax();
+    if ((s = slot_try()) >= 0) return s;
+    if (!atomic_load_explicit(&pool.size, memory_order_relaxed)) return -1;
+    if ((i & 255) == 0) {
+      if (now_ns() > deadline) break;
+      sched_yield(); /* every slot is computing: let their threads have the cores */
+    }
+  }
+  pthread_mutex_lock(&pool.mu);
+  atomic_fetch_add(&pool.slot_waiters, 1);
+  while ((s = slot_try()) < 0 && atomic_load(&pool.size) > 0) pthread_cond_wait(&pool.cv_slot, &pool.mu);
+  atomic_fetch_sub(&pool.slot_waiters, 1);
+  pthread_mutex_unlock(&pool.mu);
+  return s;
+}
+
+/* ---- workers ---------------------------------------------------------------------------------- */
 
 static void run_chunks(job *j, int thread) {
   for (;;) {
@@ -76,9 +144,8 @@ static void run_chunks(job *j, int thread) {
 }
 
 static void *worker_main(void *arg) {
-  int thread = (int)(intptr_t)arg;
+  (void)arg;
   unsigned long seen = start_gen; /* not pool.gen: a job may be published before this thread runs */
-  tls_thread = thread;
   for (;;) {
     unsigned long g = atomic_load_explicit(&pool.gen, memory_order_acquire);
     if (g == seen && !atomic_load_explicit(&pool.stop, memory_order_relaxed)) {
@@ -104,9 +171,19 @@ static void *worker_main(void *arg) {
     if (atomic_load(&pool.stop)) break;
     seen = g;
     /* Join, then check the job is still open (both seq_cst, pairing with the caller's close then
-     * read of active): either the caller sees us and waits, or we see it closed and touch nothing. */
+     * read of active): either the caller sees us and waits, or we see it closed and touch nothing.
+     * Compute only with a slot; small jobs of other callers may hold them all. */
     atomic_fetch_add(&pool.job.active, 1);
-    if (atomic_load(&pool.job.open) == g) run_chunks(&pool.job, thread);
+    if (atomic_load(&pool.job.open) == g &&
+        atomic_load_explicit(&pool.job.next, memory_order_relaxed) < pool.job.n) {
+      const int s = slot_try();
+      if (s >= 0) {
+        tls_thread = s;
+        run_chunks(&pool.job, s);
+        tls_thread = -1;
+        slot_release(s);
+      }
+    }
     if (atomic_fetch_sub(&pool.job.active, 1) == 1) {
       pthread_mutex_lock(&pool.mu);
       if (pool.caller_sleeping) pthread_cond_signal(&pool.cv_done);
@@ -116,60 +193,64 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
+/* ---- sizing ----------------------------------------------------------------------------------- */
+
 static int default_size(void) {
   const char *env = getenv("SERVD_THREADS");
   if (env) {
     char *end;
     long v = strtol(env, &end, 10);
-    if (*end == 0 && v > 0 && v <= 1024) return (int)v;
+    if (*end == 0 && v > 0 && v <= MAX_THREADS) return (int)v;
   }
   long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
+  return n > 0 ? (n < MAX_THREADS ? (int)n : MAX_THREADS) : 1;
 }
 
-/* Starts the workers; init_mu held. */
-static int pool_start(int size) {
-  pool.threads = calloc((size_t)size, sizeof *pool.threads);
-  if (!pool.threads) return servd_fail(SERVD_ENOMEM, "threadpool_init: out of memory");
+/* Starts the workers and frees the slots; init_mu held, the pool stopped (every slot bit clear). */
+static void pool_start(int size) {
   atomic_store(&pool.stop, 0);
   start_gen = atomic_load(&pool.gen);
-  pool.n_workers = 0;
+  int n_workers = 0;
   for (int i = 1; i < size; i++) {
-    if (pthread_create(&pool.threads[i - 1], NULL, worker_main, (void *)(intptr_t)i) != 0) break;
-    pool.n_workers++;
+    if (pthread_create(&workers[i - 1], NULL, worker_main, NULL) != 0) break;
+    n_workers++;
   }
   /* With fewer workers than asked the pool still works, just with fewer slots. */
-  __atomic_store_n(&pool.size, pool.n_workers + 1, __ATOMIC_RELEASE);
-  return 0;
+  size = n_workers + 1;
+  for (int s = 0; s < size; s++) atomic_fetch_or(&pool.free_slots[s / 64], 1UL << (s % 64));
+  atomic_store(&pool.n_workers, n_workers);
+  atomic_store_explicit(&pool.size, size, memory_order_release);
 }
 
 int servd_threadpool_init(int n_threads) {
-  if (n_threads < 0 || n_threads > 1024)
-    return servd_fail(SERVD_EINVAL, "threadpool_init: %d threads outside [0, 1024]", n_threads);
+  if (n_threads < 0 || n_threads > MAX_THREADS)
+    return servd_fail(SERVD_EINVAL, "threadpool_init: %d threads outside [0, %d]", n_threads, MAX_THREADS);
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  int want = n_threads ? n_threads : (ncpu > 0 ? (int)ncpu : 1), rc = 0;
+  int want = n_threads ? n_threads : (ncpu > 0 ? (ncpu < MAX_THREADS ? (int)ncpu : MAX_THREADS) : 1), rc = 0;
   pthread_mutex_lock(&init_mu);
-  if (pool.size == 0) {
-    rc = pool_start(want);
-  } else if (pool.size != want) {
-    rc = servd_fail(SERVD_EBUSY, "threadpool_init: the pool already runs %d threads (asked %d)", pool.size, want);
+  if (atomic_load(&pool.size) == 0) {
+    pool_start(want);
+  } else if (atomic_load(&pool.size) != want) {
+    rc = servd_fail(SERVD_EBUSY, "threadpool_init: the pool already runs %d threads (asked %d)",
+                    atomic_load(&pool.size), want);
   }
   pthread_mutex_unlock(&init_mu);
   return rc;
 }
 
-static int pool_ensure(void) {
-  if (__atomic_load_n(&pool.size, __ATOMIC_ACQUIRE) > 0) return 0;
+static void pool_ensure(void) {
+  if (atomic_load_explicit(&pool.size, memory_order_acquire) > 0) return;
   pthread_mutex_lock(&init_mu);
-  int rc = pool.size == 0 ? pool_start(default_size()) : 0;
+  if (atomic_load(&pool.size) == 0) pool_start(default_size());
   pthread_mutex_unlock(&init_mu);
-  return rc;
 }
 
 int servd_threadpool_size(void) {
-  if (pool_ensure() != 0) return 1;
-  return pool.size;
+  pool_ensure();
+  return atomic_load(&pool.size);
 }
+
+/* ---- jobs ------------------------------------------------------------------------------------- */
 
 static void take_turn(void) {
   unsigned long t = atomic_fetch_add(&pool.ticket_next, 1);
@@ -198,6 +279,42 @@ static void give_turn(void) {
   pthread_mutex_unlock(&pool.mu);
 }
 
+/* Runs a job with the turn and slot `s` held: publishes it, computes, waits for joined workers. */
+static void run_parallel(int64_t n, int64_t grain, servd_task_fn fn, void *ctx, int s) {
+  job *j = &pool.job;
+  int64_t parts = (int64_t)atomic_load_explicit(&pool.size, memory_order_relaxed) * 4;
+  int64_t chunk = (n + parts - 1) / parts;
+  j->fn = fn;
+  j->ctx = ctx;
+  j->n = n;
+  j->chunk = chunk > grain ? chunk : grain;
+  atomic_store_explicit(&j->next, 0, memory_order_relaxed);
+  const unsigned long g = atomic_load_explicit(&pool.gen, memory_order_relaxed) + 1;
+  atomic_store(&j->open, g);
+  atomic_store(&pool.gen, g); /* publishes the job fields above */
+  pthread_mutex_lock(&pool.mu);
+  if (pool.sleepers) pthread_cond_broadcast(&pool.cv_work);
+  pthread_mutex_unlock(&pool.mu);
+  run_chunks(j, s);
+  /* Every chunk is claimed: close the job, then wait for the workers still inside it. */
+  atomic_store(&j->open, 0);
+  long deadline = now_ns() + CALLER_SPIN_NS;
+  for (int i = 1; atomic_load(&j->active) != 0; i++) {
+    cpu_relax();
+    if ((i & 255) == 0) sched_yield();
+    if ((i & 255) == 0 && now_ns() > deadline) {
+      pthread_mutex_lock(&pool.mu);
+      while (atomic_load(&j->active) != 0) {
+        pool.caller_sleeping = 1;
+        pthread_cond_wait(&pool.cv_done, &pool.mu);
+      }
+      pool.caller_sleeping = 0;
+      pthread_mutex_unlock(&pool.mu);
+      break;
+    }
+  }
+}
+
 void servd_parallel_for(int64_t n, int64_t grain, servd_task_fn fn, void *ctx) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
@@ -205,70 +322,52 @@ void servd_parallel_for(int64_t n, int64_t grain, servd_task_fn fn, void *ctx) {
     fn(ctx, 0, n, tls_thread);
     return;
   }
-  if (pool_ensure() != 0) { /* no pool: compute on the caller alone, still one at a time */
-    take_turn();
-    tls_thread = 0;
-    fn(ctx, 0, n, 0);
+  for (;;) { /* more than once only if the pool was shut down under us */
+    pool_ensure();
+    const int small = n <= grain || atomic_load_explicit(&pool.n_workers, memory_order_relaxed) == 0;
+    if (!small) take_turn();
+    const int s = slot_acquire();
+    if (s < 0) {
+      if (!small) give_turn();
+      continue;
+    }
+    tls_thread = s;
+    /* Holding a slot, the pool cannot stop: n_workers is current. */
+    if (small || atomic_load(&pool.n_workers) == 0)
+      fn(ctx, 0, n, s);
+    else
+      run_parallel(n, grain, fn, ctx, s);
     tls_thread = -1;
-    give_turn();
+    slot_release(s);
+    if (!small) give_turn();
     return;
   }
-  take_turn();
-  tls_thread = 0;
-  if (n <= grain || pool.n_workers == 0) {
-    fn(ctx, 0, n, 0);
-  } else {
-    job *j = &pool.job;
-    int64_t parts = (int64_t)pool.size * 4;
-    int64_t chunk = (n + parts - 1) / parts;
-    j->fn = fn;
-    j->ctx = ctx;
-    j->n = n;
-    j->chunk = chunk > grain ? chunk : grain;
-    atomic_store_explicit(&j->next, 0, memory_order_relaxed);
-    const unsigned long g = atomic_load_explicit(&pool.gen, memory_order_relaxed) + 1;
-    atomic_store(&j->open, g);
-    atomic_store(&pool.gen, g); /* publishes the job fields above */
-    pthread_mutex_lock(&pool.mu);
-    if (pool.sleepers) pthread_cond_broadcast(&pool.cv_work);
-    pthread_mutex_unlock(&pool.mu);
-    run_chunks(j, 0);
-    /* Every chunk is claimed: close the job, then wait for the workers still inside it. */
-    atomic_store(&j->open, 0);
-    long deadline = now_ns() + CALLER_SPIN_NS;
-    for (int i = 1; atomic_load(&j->active) != 0; i++) {
-      cpu_relax();
-      if ((i & 255) == 0) sched_yield();
-      if ((i & 255) == 0 && now_ns() > deadline) {
-        pthread_mutex_lock(&pool.mu);
-        while (atomic_load(&j->active) != 0) {
-          pool.caller_sleeping = 1;
-          pthread_cond_wait(&pool.cv_done, &pool.mu);
-        }
-        pool.caller_sleeping = 0;
-        pthread_mutex_unlock(&pool.mu);
-        break;
-      }
-    }
-  }
-  tls_thread = -1;
-  give_turn();
 }
 
 void servd_threadpool_shutdown(void) {
   pthread_mutex_lock(&init_mu);
-  if (pool.size > 0) {
-    take_turn(); /* no job runs while the workers go */
+  const int size = atomic_load(&pool.size);
+  if (size > 0) {
+    take_turn(); /* no parallel job runs while the workers go */
+    /* Wait for running small jobs: own every slot, so nothing computes. */
+    for (int held = 0; held < size; held++) (void)slot_acquire();
     pthread_mutex_lock(&pool.mu);
+    atomic_store(&pool.size, 0);
     atomic_store(&pool.stop, 1);
     pthread_cond_broadcast(&pool.cv_work);
+    pthread_cond_broadcast(&pool.cv_slot); /* sleepers for a slot retry, restarting the pool */
     pthread_mutex_unlock(&pool.mu);
-    for (int i = 0; i < pool.n_workers; i++) pthread_join(pool.threads[i], NULL);
-    free(pool.threads);
-    pool.threads = NULL;
-    pool.n_workers = 0;
-    __atomic_store_n(&pool.size, 0, __ATOMIC_RELEASE);
+    const int n_workers = atomic_load(&pool.n_workers);
+    for (int i = 0; i < n_workers; i++) pthread_join(workers[i], NULL);
+    atomic_store(&pool.n_workers, 0);
     give_turn();
   }
   pthread_mutex_unlock(&init_mu);
+}
+
+/* For tests only (no header): callers waiting for the turn behind the running parallel job. */
+int servd__threadpool_queued(void);
+int servd__threadpool_queued(void) {
+  const unsigned long next = atomic_load(&pool.ticket_next), serving = atomic_load(&pool.ticket_serving);
+  return next > serving ? (int)(next - serving - 1) : 0;
 }

@@ -119,6 +119,28 @@ fail:
   return rc;
 }
 
+/* The writer's temporary file (and the finished package) would be embedded as code if the output
+ * went into the code folder. */
+static int check_output_outside(const char *code_dir, const char *out_path) {
+  char parent[4096];
+  snprintf(parent, sizeof parent, "%s", out_path);
+  char *slash = strrchr(parent, '/');
+  if (slash == parent) parent[1] = 0;
+  else if (slash) *slash = 0;
+  else snprintf(parent, sizeof parent, ".");
+  char *code = realpath(code_dir, NULL), *dst = realpath(parent, NULL);
+  int rc = 0;
+  if (code && dst) {
+    size_t n = strlen(code);
+    if (!strncmp(dst, code, n) && (dst[n] == 0 || dst[n] == '/' || n == 1))
+      rc = servd_fail(SERVD_EINVAL, "%s: the output must not be inside the code folder %s (it would be packed as code)", out_path,
+                      code_dir);
+  }
+  free(code);
+  free(dst);
+  return rc; /* an unresolvable output folder is reported by the writer */
+}
+
 int mpk_pack_generic(const char *const *weights, size_t n_weights, const char *config_path, const char *out_path,
                      const mpk_import_options *o) {
   int rc = 0;
@@ -131,17 +153,20 @@ int mpk_pack_generic(const char *const *weights, size_t n_weights, const char *c
   if (!o || !o->code_dir || !o->entry_point)
     return servd_fail(SERVD_EINVAL, "generic package: a code folder and an entry point are required");
   char dir[4096];
-  snprintf(dir, sizeof dir, "%s", o->code_dir);
+  struct stat st;
+  if (stat(o->code_dir, &st) != 0 || !S_ISDIR(st.st_mode))
+    return servd_fail(SERVD_EINVAL, "%s: the code folder does not exist or is not a folder (--code)", o->code_dir);
+  /* Resolved so that "." or "dir/.." name the folder itself (its name is the import package). */
+  char *real = realpath(o->code_dir, NULL);
+  snprintf(dir, sizeof dir, "%s", real ? real : o->code_dir);
+  free(real);
   size_t l = strlen(dir);
   while (l > 1 && dir[l - 1] == '/') dir[--l] = 0;
   const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
-  struct stat st;
-  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-    return servd_fail(SERVD_EINVAL, "%s: the code folder does not exist or is not a folder (--code)", dir);
   if (!ident(base, strlen(base)))
     return servd_fail(SERVD_EINVAL, "%s: the code folder's name \"%s\" must be a Python identifier (it is the import package)", dir,
                       base);
-  if ((rc = check_entry_point(dir, base, o->entry_point))) return rc;
+  if ((rc = check_entry_point(dir, base, o->entry_point)) || (rc = check_output_outside(dir, out_path))) return rc;
 
   if (config_path) {
     if ((rc = mpk__load_json_file(config_path, &config))) goto fail;

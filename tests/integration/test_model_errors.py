@@ -1,7 +1,8 @@
 """A model exception is a true 500 from a real servd process, bad input a 400, and the server keeps
 serving: a generic package whose predict raises RuntimeError for 3-row inputs (the model's failure)
 and ValueError for 5-row inputs (the input's fault, by the rule in daemon/engine/engine.h), and
-doubles its input otherwise (oracle: 2 * x, exact in f32)."""
+doubles its input otherwise (oracle: 2 * x, exact in f32). The package imports `logging` (which
+imports `threading`) at import time: SIGTERM must still unload it promptly."""
 import hashlib
 import json
 import os
@@ -12,6 +13,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from servd_harness import Servd, check, parse_args  # noqa: E402
 
 MODEL_PY = """\
+import logging
+
 import servd
 from servd import ops
 
@@ -75,4 +78,5 @@ check(s.request("GET", "/v2/health/ready")[0] == 200, "ready after model failure
 check(s.request("GET", "/v2/models/flaky/ready")[0] == 200, "model ready after model failures")
 rc = s.stop()
 check(rc == 0, f"SIGTERM: exit status {rc}")
+check("did not unload" not in s.stderr(), f"the model did not unload:\n{s.stderr()}")
 print("OK")

@@ -93,6 +93,12 @@ def main():
         run("pack", "--kind", "generic", "--code", code + "/", "--entry-point", e, "-o", pkg3, "--quiet")
         assert pkgread.load(pkg3)[0]["entry_point"] == e
 
+    # "--code ." from inside the folder names the folder itself.
+    p = subprocess.run([os.path.abspath(MODELPKG), "pack", "--kind", "generic", "--code", ".", "--entry-point", ep,
+                        "-o", pkg3, "--quiet"], cwd=code, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "code/toy_model/model.py" in zipfile.ZipFile(pkg3).namelist()
+
     # Bad input: one line on stderr, exit 1, no output (nor temporary file) left.
     out = os.path.join(tmp, "bad", "out.mpk")
     os.makedirs(os.path.dirname(out))
@@ -108,6 +114,8 @@ def main():
     check_fail(g + ["--code", os.path.join(tmp, "nope"), "--entry-point", "nope.model:M"] + w,
                "code folder does not exist", out)
     check_fail(g + ["--code", weights[0], "--entry-point", "a.model:M"], "not a folder", out)
+    inside = os.path.join(code, "util", "out.mpk")
+    check_fail(g[:-2] + ["-o", inside, "--code", code, "--entry-point", ep], "must not be inside the code folder", inside)
     dashed = os.path.join(tmp, "toy-model")
     shutil.copytree(code, dashed)
     check_fail(g + ["--code", dashed, "--entry-point", "toy_model.model:Toy"], "must be a Python identifier", out)

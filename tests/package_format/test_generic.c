@@ -185,6 +185,11 @@ static void bad_inputs(void **state) {
   expect_fail(w, 2, NULL, &o, "does not exist");
 
   o = opts(net, "net.model:Net");
+  char inside[600];
+  snprintf(inside, sizeof inside, "%s/sub/out.mpk", net);
+  assert_true(mpk_pack_generic(w, 2, NULL, inside, &o) < 0);
+  assert_non_null(strstr(servd_last_error(), "must not be inside the code folder"));
+  assert_int_not_equal(access(inside, F_OK), 0);
   const char *dup[2] = {a, a};
   expect_fail(dup, 2, NULL, &o, "is in both");
   put_st("i32.safetensors", "{\"ids\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[0,4]}}", "\0\0\0\0", 4);

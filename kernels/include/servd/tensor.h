@@ -44,7 +44,8 @@ SERVD_API int servd_dtype_from_name(const char *name, servd_dtype *out); /* 0 or
 SERVD_API size_t servd_dtype_block_elems(servd_dtype t);               /* 1 for plain dtypes */
 SERVD_API size_t servd_dtype_block_bytes(servd_dtype t);               /* element size for plain */
 SERVD_API bool servd_dtype_is_quantized(servd_dtype t);
-/* Bytes of a packed row of n elements; SERVD_EINVAL via *err when n is not a multiple of the block. */
+/* Bytes of a packed row of n elements. When n is negative or not a multiple of the block (or t is
+ * unknown) returns 0 and records SERVD_EINVAL (servd_last_error); an empty row is also 0 bytes. */
 SERVD_API size_t servd_dtype_row_bytes(servd_dtype t, int64_t n);
 
 typedef enum servd_storage_kind {

@@ -1,8 +1,10 @@
 /* One compute thread pool for the whole process.
  *
- * Sized once (servd_threadpool_init); every op of every interpreter runs its parallel loops here, so
- * however many callers issue ops at once, no more than the configured number of threads compute.
- * Calls from many threads are serialized per job in FIFO order; a caller blocks until its job is done.
+ * Sized once (servd_threadpool_init) to N compute slots; every op of every interpreter runs here, so
+ * however many callers issue ops at once, no more than N threads compute. A small job runs inline on
+ * its caller as soon as a slot is free, beside other callers' small jobs; parallel jobs take turns in
+ * FIFO order and each gets its caller plus the workers of the slots then free. A caller blocks
+ * until its job is done.
  */
 #ifndef SERVD_THREADPOOL_H
 #define SERVD_THREADPOOL_H
@@ -14,7 +16,8 @@
 extern "C" {
 #endif
 
-/* Task body: process items [begin, end). `thread` is in [0, servd_threadpool_size()). */
+/* Task body: process items [begin, end). `thread` is in [0, servd_threadpool_size()): the compute slot
+ * running it, never the same for two bodies running at once. */
 typedef void (*servd_task_fn)(void *ctx, int64_t begin, int64_t end, int thread);
 
 /* Sets the number of compute threads (0: number of online CPUs). Call once before the first op;
@@ -23,8 +26,12 @@ typedef void (*servd_task_fn)(void *ctx, int64_t begin, int64_t end, int thread)
 SERVD_API int servd_threadpool_init(int n_threads);
 SERVD_API int servd_threadpool_size(void);
 /* Runs fn over [0, n) split into chunks of at least `grain` items on the pool; returns when all are
- * done. Small jobs (n <= grain) run inline on the caller's thread only if no other job is running. */
+ * done. Small jobs (n <= grain, or any job when N is 1) run inline on the caller's thread in one
+ * slot, without waiting for other callers' jobs unless every slot is busy. A call from inside a task
+ * runs inline in the slot of that task. */
 SERVD_API void servd_parallel_for(int64_t n, int64_t grain, servd_task_fn fn, void *ctx);
+/* Waits for running jobs and stops the workers; idempotent. A later op or init starts a new pool.
+ * Not from inside a task. */
 SERVD_API void servd_threadpool_shutdown(void);
 
 #ifdef __cplusplus
