@@ -19,8 +19,8 @@
 typedef struct servd_model servd_model;
 typedef struct servd_request servd_request;
 
-/* A failure of the model's own code, not of the request: the HTTP layer answers 500 and keeps
- * serving. Numbered apart from status.h's codes (servd_strerror does not know it).
+/* SERVD_EMODEL (status.h) is a failure of the model's own code, not of the request: the HTTP layer
+ * answers 500 and keeps serving.
  *
  * Rule (forward, predict, chat template):
  * - forward (causal LM steps): any Python exception, and logits of the wrong shape, are SERVD_EMODEL:
@@ -32,7 +32,6 @@ typedef struct servd_request servd_request;
  *   MemoryError, TemplateSyntaxError, ...) is SERVD_EMODEL. The type is matched by name, so subclasses
  *   of those types count as model errors; a model that validates input should raise the base types.
  * - TimeoutError at a deadline: SERVD_ETIMEDOUT. Failures outside Python keep their own codes. */
-#define SERVD_EMODEL (-100)
 
 /* The Python exception behind a SERVD_EMODEL or SERVD_EINVAL failure of the model's code. */
 typedef struct servd_model_error {

@@ -24,16 +24,12 @@ static inline __m256 load_keys(const char *kr, servd_dtype kt, int j0, int n) {
 static inline __attribute__((always_inline)) void scores_block(int NQ, float *out, int ld, const float *const *q,
                                                                const char *k, servd_dtype kt, int hd, size_t krow,
                                                                float scale, int n, const char *pf) {
-  size_t last = 15 * (kt == SERVD_F16 ? 2 : 4); /* the last of the 16 keys read per row */
   __m256 a0[6], a1[6];
   for (int i = 0; i < NQ; i++) a0[i] = a1[i] = _mm256_setzero_ps();
   if (n == 16) {
     for (int d = 0; d < hd; d++) {
       const char *kr = k + (size_t)d * krow;
-      if (pf) { /* this row's lines in the later block */
-        _mm_prefetch(pf + (size_t)d * krow, _MM_HINT_T0);
-        _mm_prefetch(pf + (size_t)d * krow + last, _MM_HINT_T0);
-      }
+      if (pf) _mm_prefetch(pf + (size_t)d * krow, _MM_HINT_T0); /* this row (one line) in the later block */
       __m256 k0 = load8(kr, kt, 0), k1 = load8(kr, kt, 8);
       for (int i = 0; i < NQ; i++) {
         __m256 qd = _mm256_set1_ps(q[i][d]);
@@ -87,7 +83,6 @@ void servd__attn_scores_avx2(float *out, int ld, const float *const *q, int nq, 
 static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc, int acc_ld, const float *p, int ld,
                                                               const char *v, servd_dtype vt, int n, size_t vrow,
                                                               const char *pf) {
-  size_t last = 15 * (vt == SERVD_F16 ? 2 : 4); /* the last of the 16 dims read per row */
   __m256 a0[6], a1[6];
   for (int i = 0; i < NQ; i++) {
     a0[i] = _mm256_loadu_ps(acc + (size_t)i * (size_t)acc_ld);
@@ -95,10 +90,7 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
   }
   for (int j = 0; j < n; j++) {
     const char *vr = v + (size_t)j * vrow;
-    if (pf) {
-      _mm_prefetch(pf + (size_t)j * vrow, _MM_HINT_T0);
-      _mm_prefetch(pf + (size_t)j * vrow + last, _MM_HINT_T0);
-    }
+    if (pf) _mm_prefetch(pf + (size_t)j * vrow, _MM_HINT_T0); /* 16 dims: at most one line */
     __m256 v0 = load8(vr, vt, 0), v1 = load8(vr, vt, 8);
     for (int i = 0; i < NQ; i++) {
       __m256 pj = _mm256_set1_ps(p[(size_t)i * (size_t)ld + (size_t)j]);

@@ -19,6 +19,7 @@ const char *servd_strerror(int code) {
   case SERVD_ETIMEDOUT: return "timed out";
   case SERVD_ECANCELED: return "canceled";
   case SERVD_EDEVICE: return "device error";
+  case SERVD_EMODEL: return "model error";
   default: return "unknown error";
   }
 }

@@ -25,6 +25,7 @@ enum {
   SERVD_ETIMEDOUT = -8,
   SERVD_ECANCELED = -9,
   SERVD_EDEVICE = -10,   /* accelerator error */
+  SERVD_EMODEL = -11,    /* the model's own code failed (an exception in package code), not the request */
 };
 
 SERVD_API const char *servd_strerror(int code);
