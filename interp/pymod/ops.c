@@ -41,13 +41,21 @@ static servd_kv_cache *kvarg(PyObject *o, const char *op) {
   return ((KVCacheObject *)o)->kv;
 }
 
-#define T(i, op) servd_tensor *t##i = targ(args[i], i, op); if (!t##i) return NULL
+/* Checks the argument count, then that args[first .. first+count) are servd.Tensors, stored in t[0 ..
+ * count) (borrowed from the argument objects). Returns 0 with a Python exception set on failure. */
+static int targs(PyObject *const *args, Py_ssize_t n, Py_ssize_t want, int first, int count, const char *op,
+                 servd_tensor **t) {
+  if (!nargs_ok(n, want, op)) return 0;
+  for (int i = 0; i < count; i++)
+    if (!(t[i] = targ(args[first + i], first + i, op))) return 0;
+  return 1;
+}
 
 static PyObject *op_matmul(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
-  if (!nargs_ok(n, 3, "matmul")) return NULL;
-  T(0, "matmul"); T(1, "matmul"); T(2, "matmul");
-  PM_RUN("matmul", matmul, pm_host->matmul(t0, t1, t2));
+  servd_tensor *t[3];
+  if (!targs(args, n, 3, 0, 3, "matmul", t)) return NULL;
+  PM_RUN("matmul", matmul, pm_host->matmul(t[0], t[1], t[2]));
 }
 
 static PyObject *op_embedding(PyObject *m, PyObject *args, PyObject *kw) {
@@ -65,37 +73,37 @@ static PyObject *op_embedding(PyObject *m, PyObject *args, PyObject *kw) {
 
 static PyObject *op_rmsnorm(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
-  if (!nargs_ok(n, 4, "rmsnorm")) return NULL;
-  T(0, "rmsnorm"); T(1, "rmsnorm"); T(2, "rmsnorm");
+  servd_tensor *t[3];
+  if (!targs(args, n, 4, 0, 3, "rmsnorm", t)) return NULL;
   double eps = PyFloat_AsDouble(args[3]);
   if (eps == -1.0 && PyErr_Occurred()) return NULL;
-  PM_RUN("rmsnorm", rmsnorm, pm_host->rmsnorm(t0, t1, t2, (float)eps));
+  PM_RUN("rmsnorm", rmsnorm, pm_host->rmsnorm(t[0], t[1], t[2], (float)eps));
 }
 
 static PyObject *op_rope(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
-  if (!nargs_ok(n, 3, "rope")) return NULL;
-  T(0, "rope"); T(1, "rope");
+  servd_tensor *t[2];
+  if (!targs(args, n, 3, 0, 2, "rope", t)) return NULL;
   if (!PyObject_TypeCheck(args[2], (PyTypeObject *)pm.rope_type)) {
     PyErr_SetString(PyExc_TypeError, "servd.ops.rope: argument 3 must be a servd.Rope");
     return NULL;
   }
   const servd_rope_params *p = &((RopeObject *)args[2])->p;
-  PM_RUN("rope", rope, pm_host->rope(t0, t1, p));
+  PM_RUN("rope", rope, pm_host->rope(t[0], t[1], p));
 }
 
 static PyObject *op_swiglu(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
-  if (!nargs_ok(n, 3, "swiglu")) return NULL;
-  T(0, "swiglu"); T(1, "swiglu"); T(2, "swiglu");
-  PM_RUN("swiglu", swiglu, pm_host->swiglu(t0, t1, t2));
+  servd_tensor *t[3];
+  if (!targs(args, n, 3, 0, 3, "swiglu", t)) return NULL;
+  PM_RUN("swiglu", swiglu, pm_host->swiglu(t[0], t[1], t[2]));
 }
 
 static PyObject *op_add(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
-  if (!nargs_ok(n, 3, "add")) return NULL;
-  T(0, "add"); T(1, "add"); T(2, "add");
-  PM_RUN("add", add, pm_host->add(t0, t1, t2));
+  servd_tensor *t[3];
+  if (!targs(args, n, 3, 0, 3, "add", t)) return NULL;
+  PM_RUN("add", add, pm_host->add(t[0], t[1], t[2]));
 }
 
 static PyObject *op_softmax(PyObject *m, PyObject *args, PyObject *kw) {
@@ -112,18 +120,18 @@ static PyObject *op_softmax(PyObject *m, PyObject *args, PyObject *kw) {
 
 static PyObject *op_argmax(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
-  if (!nargs_ok(n, 2, "argmax")) return NULL;
-  T(0, "argmax"); T(1, "argmax");
-  PM_RUN("argmax", argmax, pm_host->argmax(t0, t1));
+  servd_tensor *t[2];
+  if (!targs(args, n, 2, 0, 2, "argmax", t)) return NULL;
+  PM_RUN("argmax", argmax, pm_host->argmax(t[0], t[1]));
 }
 
 static PyObject *op_topk(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
-  if (!nargs_ok(n, 4, "topk")) return NULL;
-  T(0, "topk"); T(1, "topk"); T(2, "topk");
+  servd_tensor *t[3];
+  if (!targs(args, n, 4, 0, 3, "topk", t)) return NULL;
   int k = pm_as_int(args[3]);
   if (k == -1 && PyErr_Occurred()) return NULL;
-  PM_RUN("topk", topk, pm_host->topk(t0, t1, t2, k));
+  PM_RUN("topk", topk, pm_host->topk(t[0], t[1], t[2], k));
 }
 
 static PyObject *op_kv_write(PyObject *m, PyObject *const *args, Py_ssize_t n) {
@@ -133,14 +141,15 @@ static PyObject *op_kv_write(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   if (!kv) return NULL;
   int layer = pm_as_int(args[1]);
   if (layer == -1 && PyErr_Occurred()) return NULL;
-  T(2, "kv_write"); T(3, "kv_write"); T(4, "kv_write");
-  PM_RUN("kv_write", kv_write, pm_host->kv_write(kv, layer, t2, t3, t4));
+  servd_tensor *t[3];
+  if (!targs(args, n, 5, 2, 3, "kv_write", t)) return NULL; /* repeats the count check: harmless */
+  PM_RUN("kv_write", kv_write, pm_host->kv_write(kv, layer, t[0], t[1], t[2]));
 }
 
 static PyObject *op_attention(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
-  if (!nargs_ok(n, 7, "attention")) return NULL;
-  T(0, "attention"); T(1, "attention");
+  servd_tensor *t[2];
+  if (!targs(args, n, 7, 0, 2, "attention", t)) return NULL;
   servd_kv_cache *kv = kvarg(args[2], "attention");
   if (!kv) return NULL;
   int layer = pm_as_int(args[3]);
@@ -158,43 +167,43 @@ static PyObject *op_attention(PyObject *m, PyObject *const *args, Py_ssize_t n) 
   if (heads == -1 && PyErr_Occurred()) return NULL;
   double scale = PyFloat_AsDouble(args[6]);
   if (scale == -1.0 && PyErr_Occurred()) return NULL;
-  PM_RUN("attention", attention, pm_host->attention(t0, t1, kv, layer, &b->attn, heads, (float)scale));
+  PM_RUN("attention", attention, pm_host->attention(t[0], t[1], kv, layer, &b->attn, heads, (float)scale));
 }
 
 static PyObject *op_allreduce(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
-  if (!nargs_ok(n, 1, "allreduce")) return NULL;
-  T(0, "allreduce");
+  servd_tensor *t[1];
+  if (!targs(args, n, 1, 0, 1, "allreduce", t)) return NULL;
   if (pm.world_size <= 1)
     Py_RETURN_NONE;
   if (!pm.comm) {
     PyErr_SetString(PyExc_RuntimeError, "servd.ops.allreduce: world size > 1 but no communicator");
     return NULL;
   }
-  PM_RUN("allreduce", allreduce_sum, pm_host->allreduce_sum(pm.comm, pm.rank, t0));
+  PM_RUN("allreduce", allreduce_sum, pm_host->allreduce_sum(pm.comm, pm.rank, t[0]));
 }
 
 static PyObject *op_allgather_cols(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
-  if (!nargs_ok(n, 2, "allgather_cols")) return NULL;
-  T(0, "allgather_cols"); T(1, "allgather_cols");
+  servd_tensor *t[2];
+  if (!targs(args, n, 2, 0, 2, "allgather_cols", t)) return NULL;
   if (pm.world_size <= 1 || !pm.comm) {
     /* one rank: the gather is a copy of the only shard */
     if (!pm_host->add) {
       PyErr_SetString(PyExc_NotImplementedError, "servd.ops.allgather_cols: not in this build");
       return NULL;
     }
-    if (t0->ndim != t1->ndim || t0->ndim != 2 || t0->shape[0] != t1->shape[0] || t0->shape[1] != t1->shape[1] ||
-        t0->dtype != SERVD_F32 || t1->dtype != SERVD_F32) {
+    if (t[0]->ndim != t[1]->ndim || t[0]->ndim != 2 || t[0]->shape[0] != t[1]->shape[0] || t[0]->shape[1] != t[1]->shape[1] ||
+        t[0]->dtype != SERVD_F32 || t[1]->dtype != SERVD_F32) {
       PyErr_SetString(PyExc_ValueError, "servd.ops.allgather_cols: out and x must be f32 (m,n) of one shape");
       return NULL;
     }
-    for (int64_t r = 0; r < t0->shape[0]; r++)
-      memcpy((char *)pm_tensor_data(t0) + r * t0->strides[0], (char *)pm_tensor_data(t1) + r * t1->strides[0],
-             (size_t)t0->shape[1] * sizeof(float));
+    for (int64_t r = 0; r < t[0]->shape[0]; r++)
+      memcpy((char *)pm_tensor_data(t[0]) + r * t[0]->strides[0], (char *)pm_tensor_data(t[1]) + r * t[1]->strides[0],
+             (size_t)t[0]->shape[1] * sizeof(float));
     Py_RETURN_NONE;
   }
-  PM_RUN("allgather_cols", allgather_cols, pm_host->allgather_cols(pm.comm, pm.rank, t0, t1));
+  PM_RUN("allgather_cols", allgather_cols, pm_host->allgather_cols(pm.comm, pm.rank, t[0], t[1]));
 }
 
 #define FAST(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}

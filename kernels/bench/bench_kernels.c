@@ -21,18 +21,9 @@
 #include "servd/ops.h"
 #include "servd/threadpool.h"
 
+#include "bench-util.h"
+
 void openblas_set_num_threads(int);
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static int quick;
 static int mm_pass, mm_total, mv_pass, mv_total; /* targets met (median ratio) */
@@ -43,19 +34,19 @@ static int mm_pass, mm_total, mv_pass, mv_total; /* targets met (median ratio) *
 typedef void (*bench_fn)(void *ctx);
 static int calls_for(bench_fn fn, void *ctx, double min_s) {
   fn(ctx); /* warm caches, grow scratch */
-  double t0 = now_s();
+  double t0 = bench_now_s();
   int calls = 0;
   do {
     fn(ctx);
     calls++;
-  } while (now_s() - t0 < min_s / 4 && calls < 100000);
-  return (int)(min_s / ((now_s() - t0) / calls)) + 1;
+  } while (bench_now_s() - t0 < min_s / 4 && calls < 100000);
+  return (int)(min_s / ((bench_now_s() - t0) / calls)) + 1;
 }
 
 static double timed(bench_fn fn, void *ctx, int iters) {
-  double s = now_s();
+  double s = bench_now_s();
   for (int i = 0; i < iters; i++) fn(ctx);
-  return (now_s() - s) / iters;
+  return (bench_now_s() - s) / iters;
 }
 
 /* Ratio of the fastest rounds of each side: less sensitive than the medians to other processes. */
@@ -71,13 +62,10 @@ static void time_pair(bench_fn a, void *ca, bench_fn b, void *cb, double *ta, do
     vb[r] = timed(b, cb, ib);
     vr[r] = vb[r] / va[r];
   }
-  qsort(va, (size_t)reps, sizeof va[0], cmp_d);
-  qsort(vb, (size_t)reps, sizeof vb[0], cmp_d);
-  qsort(vr, (size_t)reps, sizeof vr[0], cmp_d);
-  *ta = va[reps / 2];
-  *tb = vb[reps / 2];
-  *ratio = vr[reps / 2];
-  best_ratio = vb[0] / va[0];
+  *ta = bench_median(va, reps);
+  *tb = bench_median(vb, reps);
+  *ratio = bench_median(vr, reps);
+  best_ratio = vb[0] / va[0]; /* the medians sorted va and vb: [0] is each side's fastest round */
 }
 
 static uint32_t rng = 7;

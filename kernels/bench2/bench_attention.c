@@ -13,7 +13,8 @@
  *                        [block size (default 16)] [tables: 1 scrambled (default), 0 in order]
  *                        [only this isa: 0 scalar, 1 avx2, 2 avx512, -1: all (default)]
  *                        [kv_len (default 512)] [sequences (default 16)] [MiB cycled through (default 512)]
- *                        [paged anchor's prefetch: 0 none, 1 as the kernel (default), 2 whole next block] */
+ *                        [paged anchor: prefetch 0 none, 1 as the kernel (default), 2 whole next block;
+ *                         3 as the kernel's, all kv heads of a block adjacent (a layout study)] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -72,14 +73,38 @@ static void stream_task(void *ctx, int64_t begin, int64_t end, int thread) {
  *   of each block in table order), with the kernel's prefetch (the same offsets ops__attn_pf_blocks
  *   blocks ahead, a line per line read) and no arithmetic. attention / paged is the cost of the
  *   arithmetic, paged / pool that of the access pattern. Other prefetch schemes can be chosen to
- *   compare them (the previous kernel's: the whole next block before reading one). */
-enum { PF_NONE, PF_ROLLING, PF_BURST };
+ *   compare them (the previous kernel's: the whole next block before reading one), and a layout
+ *   study: the same bytes as if all kv heads of a block were adjacent ([block][kv head][K|V]), read
+ *   one sequence per item, a block's runs as one contiguous range. */
+enum { PF_NONE, PF_ROLLING, PF_BURST, PF_BLOCK_MAJOR };
 typedef struct paged_job {
   const servd_kv_cache *c;
   int layer, pf_blocks, blocks_per_seq, scheme;
   const int32_t *const *tables;
   uint64_t sums[64];
 } paged_job;
+
+/* The layout study: item = one sequence; each block is n_kv_heads K and V runs in one range of the
+ * layer's pool, prefetched about as far ahead as the kernel prefetches (2 * OPS__ATTN_PF_BYTES). */
+static void block_major_task(void *ctx, int64_t begin, int64_t end, int thread) {
+  paged_job *j = ctx;
+  const servd_kv_cache *c = j->c;
+  size_t blk = (size_t)c->n_kv_heads * 2 * c->head_bytes, ahead = 2 * OPS__ATTN_PF_BYTES;
+  const char *layer = ops__kv_run(c, j->layer, 0, 0, 0);
+  uint64_t a = 0, b = 0;
+  for (int64_t s = begin; s < end; s++)
+    for (int i = 0; i < j->blocks_per_seq; i++) {
+      const uint64_t *p = (const uint64_t *)(layer + (size_t)j->tables[s][i] * blk);
+      for (size_t o = 0; o < blk; o += 64) {
+        size_t f = o + ahead; /* in this block, or the next one of the table */
+        if (f < blk) __builtin_prefetch((const char *)p + f);
+        else if (i + 1 < j->blocks_per_seq) __builtin_prefetch(layer + (size_t)j->tables[s][i + 1] * blk + (f - blk));
+        a ^= p[o / 8];
+        b ^= p[o / 8 + 4];
+      }
+    }
+  j->sums[thread & 63] ^= a ^ b;
+}
 
 static void paged_task(void *ctx, int64_t begin, int64_t end, int thread) {
   paged_job *j = ctx;
@@ -229,7 +254,10 @@ int main(int argc, char **argv) {
         double t3 = now();
         paged_job pj = {.c = c, .layer = lq, .pf_blocks = ops__attn_pf_blocks(c), .blocks_per_seq = blocks_per_seq,
                         .scheme = scheme, .tables = tables};
-        servd_parallel_for((int64_t)n_seqs * cf->n_kv, 1, paged_task, &pj);
+        if (scheme == PF_BLOCK_MAJOR)
+          servd_parallel_for(n_seqs, 1, block_major_task, &pj);
+        else
+          servd_parallel_for((int64_t)n_seqs * cf->n_kv, 1, paged_task, &pj);
         double t4 = now();
         if (r >= 0) {
           double ts = (t1 - t0) * (double)kv_bytes / (double)(per_call * chunk_bytes);

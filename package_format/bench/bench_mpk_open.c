@@ -4,25 +4,9 @@
  * Prints medians; the ratio shows that opening does not touch the weights. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
+#include "bench-util.h" /* kernels/bench */
 #include "mpk/package.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return v[n / 2];
-}
 
 int main(int argc, char **argv) {
   if (argc < 2) {
@@ -36,7 +20,7 @@ int main(int argc, char **argv) {
   int ntensors = 0;
   volatile uint64_t sink = 0;
   for (int r = 0; r < runs; r++) {
-    double t0 = now();
+    double t0 = bench_now_s();
     mpk_package *p;
     if (mpk_open(argv[1], &p)) {
       fprintf(stderr, "bench_mpk_open: %s\n", servd_last_error());
@@ -46,9 +30,9 @@ int main(int argc, char **argv) {
     servd_tensor **ts = calloc((size_t)ntensors, sizeof *ts);
     for (int i = 0; i < ntensors; i++)
       if (mpk_tensor(p, mpk_tensor_name(p, i), &ts[i])) return 1;
-    t_open[r] = now() - t0;
+    t_open[r] = bench_now_s() - t0;
     /* anchor: touch every byte of every tensor once (page cache warm after the first run) */
-    t0 = now();
+    t0 = bench_now_s();
     bytes = 0;
     for (int i = 0; i < ntensors; i++) {
       const uint64_t *d = servd_tensor_data(ts[i]);
@@ -58,12 +42,12 @@ int main(int argc, char **argv) {
       sink += acc;
       bytes += servd_tensor_nbytes(ts[i]);
     }
-    t_read[r] = now() - t0;
+    t_read[r] = bench_now_s() - t0;
     for (int i = 0; i < ntensors; i++) servd_tensor_release(ts[i]);
     free(ts);
     mpk_close(p);
   }
-  double mo = median(t_open, runs), mr = median(t_read, runs);
+  double mo = bench_median(t_open, runs), mr = bench_median(t_read, runs);
   printf("package %s: %d tensors, %.1f MB of weights, %d runs (medians)\n", argv[1], ntensors, (double)bytes / 1e6, runs);
   printf("  open + view every tensor: %8.3f ms\n", mo * 1e3);
   printf("  read every tensor byte:   %8.3f ms (anchor, %.1f GB/s)\n", mr * 1e3, (double)bytes / mr / 1e9);

@@ -154,6 +154,19 @@ static int read_value(cursor *c, mpk_gguf_kv *kv) {
   return 0;
 }
 
+/* Bounds a header count by the bytes left, `min_bytes` being the smallest encoding of one entry, before
+ * allocating `n` zeroed entries of `size` bytes into *out (the caller frees): a hostile count fails
+ * here instead of asking for terabytes. */
+static int alloc_entries(const cursor *c, const char *count_name, uint64_t n, uint64_t min_bytes, size_t size,
+                         void **out) {
+  if (n > left(c) / min_bytes)
+    return servd_fail(SERVD_EFORMAT, "%s: %s = %llu cannot fit in the %llu bytes left", c->what, count_name,
+                      (unsigned long long)n, (unsigned long long)left(c));
+  *out = calloc(n ? n : 1, size);
+  if (!*out) return servd_fail(SERVD_ENOMEM, "%s: out of memory", c->what);
+  return 0;
+}
+
 int mpk_gguf_parse(const char *what, const void *buf, size_t len, mpk_gguf **out) {
   *out = NULL;
   cursor c = {.b = buf, .pos = 0, .len = len, .what = what};
@@ -176,15 +189,11 @@ int mpk_gguf_parse(const char *what, const void *buf, size_t len, mpk_gguf **out
     goto fail;
   }
   uint64_t n_tensors = rd64(c.b + 8), n_kv = rd64(c.b + 16);
+  void *mem;
   c.pos = 24;
   /* Minimum encoded sizes: a key/value 8+1+4+1 bytes, a tensor info 8+1+4+8+4+8 bytes. */
-  if (n_kv > left(&c) / 14) {
-    rc = servd_fail(SERVD_EFORMAT, "%s: n_kv = %llu cannot fit in the %llu bytes left", what, (unsigned long long)n_kv,
-                    (unsigned long long)left(&c));
-    goto fail;
-  }
-  g->kv = calloc(n_kv ? n_kv : 1, sizeof *g->kv);
-  if (!g->kv) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what); goto fail; }
+  if ((rc = alloc_entries(&c, "n_kv", n_kv, 14, sizeof *g->kv, &mem))) goto fail;
+  g->kv = mem;
   for (uint64_t i = 0; i < n_kv; i++) {
     mpk_gguf_kv *kv = &g->kv[i];
     const uint8_t *s;
@@ -198,13 +207,8 @@ int mpk_gguf_parse(const char *what, const void *buf, size_t len, mpk_gguf **out
     c.pos += 4;
     if ((rc = read_value(&c, kv))) goto fail;
   }
-  if (n_tensors > left(&c) / 33) {
-    rc = servd_fail(SERVD_EFORMAT, "%s: n_tensors = %llu cannot fit in the %llu bytes left", what, (unsigned long long)n_tensors,
-                    (unsigned long long)left(&c));
-    goto fail;
-  }
-  g->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
-  if (!g->tensors) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what); goto fail; }
+  if ((rc = alloc_entries(&c, "n_tensors", n_tensors, 33, sizeof *g->tensors, &mem))) goto fail;
+  g->tensors = mem;
   for (uint64_t i = 0; i < n_tensors; i++) {
     mpk_gguf_tensor *t = &g->tensors[i];
     const uint8_t *s;

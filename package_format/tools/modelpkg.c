@@ -72,6 +72,16 @@ static void progress(void *ctx, uint64_t done, uint64_t total) {
   if (done >= total) fputc('\n', stderr);
 }
 
+/* Starts the clock in *b (which must outlive the import) and draws a progress bar on stderr when it
+ * is a terminal and not --quiet. */
+static void progress_start(bar *b, bool quiet, mpk_import_options *o) {
+  *b = (bar){now(), 0};
+  if (!quiet && isatty(2)) {
+    o->progress = progress;
+    o->progress_ctx = b;
+  }
+}
+
 static int parse_dtype(const char *s, servd_dtype *d) {
   if (servd_dtype_from_name(s, d) == 0 && *d != SERVD_I32 && *d != SERVD_Q4_1) return 0;
   fprintf(stderr, "modelpkg: --dtype %s: expected f32, bf16, f16, q8_0 or q4_0\n", s);
@@ -132,11 +142,8 @@ static int cmd_pack(int argc, char **argv) {
     if (!src) { rc = usage(); goto done; }
     if (nw || config) { rc = usage_line("--weights and --config apply to --kind generic only"); goto done; }
   }
-  bar b = {now(), 0};
-  if (!quiet && isatty(2)) {
-    o.progress = progress;
-    o.progress_ctx = &b;
-  }
+  bar b;
+  progress_start(&b, quiet, &o);
   struct stat st;
   if (generic) rc = mpk_pack_generic(weights, nw, config, out, &o);
   else if (stat(src, &st) != 0) rc = servd_fail(SERVD_EIO, "%s: %s", src, strerror(errno));
@@ -370,11 +377,8 @@ static int cmd_synth(int argc, char **argv) {
   }
   if (!cfg || (!hf && !out)) return usage();
   if (!dt_set && !strcmp(cfg, "tiny")) dt = SERVD_F32; /* tiny tests compare against f32 references */
-  bar b = {now(), 0};
-  if (!quiet && isatty(2)) {
-    o.progress = progress;
-    o.progress_ctx = &b;
-  }
+  bar b;
+  progress_start(&b, quiet, &o);
   if (mpk_synth(cfg, seed, dt, hf, out, &o)) return fail();
   if (!quiet) printf("synthesized %s (%s, seed %llu)%s%s%s%s in %.2f s\n", cfg, servd_dtype_name(dt), (unsigned long long)seed,
                      hf ? " folder " : "", hf ? hf : "", out ? " package " : "", out ? out : "", now() - b.t0);

@@ -10,13 +10,8 @@
 
 #include "servd/ops.h"
 
-static uint32_t rng = 12345;
-static float frand(float lo, float hi) { /* xorshift32, deterministic */
-  rng ^= rng << 13;
-  rng ^= rng >> 17;
-  rng ^= rng << 5;
-  return lo + (hi - lo) * (float)(rng >> 8) / (float)(1u << 24);
-}
+#define TEST_RNG_SEED 12345u
+#include "test-util.h"
 
 static servd_tensor *mat(int64_t m, int64_t n) {
   int64_t shape[2] = {m, n};
@@ -24,8 +19,6 @@ static servd_tensor *mat(int64_t m, int64_t n) {
   assert_non_null(t);
   return t;
 }
-
-static float *f(const servd_tensor *t) { return servd_tensor_data(t); }
 
 static const int64_t shapes[][2] = {{1, 1}, {1, 7}, {3, 15}, {2, 16}, {5, 17}, {4, 33}, {2, 100}, {0, 8}, {3, 0}, {1, 4099}};
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])

@@ -10,15 +10,8 @@
 
 #include "servd/ops.h"
 
-static uint32_t rng = 99;
-static float frand(float lo, float hi) {
-  rng ^= rng << 13;
-  rng ^= rng >> 17;
-  rng ^= rng << 5;
-  return lo + (hi - lo) * (float)(rng >> 8) / (float)(1u << 24);
-}
-
-static float *f(const servd_tensor *t) { return servd_tensor_data(t); }
+#define TEST_RNG_SEED 99u
+#include "test-util.h"
 
 static servd_tensor *positions(int64_t m, const int32_t *p) {
   servd_tensor *t = servd_tensor_new(SERVD_I32, 1, &m);

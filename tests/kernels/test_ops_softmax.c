@@ -12,22 +12,9 @@
 
 #include "servd/ops.h"
 
-static uint32_t rng = 4242;
-static float frand(float lo, float hi) {
-  rng ^= rng << 13;
-  rng ^= rng >> 17;
-  rng ^= rng << 5;
-  return lo + (hi - lo) * (float)(rng >> 8) / (float)(1u << 24);
-}
+#define TEST_RNG_SEED 4242u
+#include "test-util.h"
 
-static servd_tensor *tnew(servd_dtype t, int ndim, int64_t a, int64_t b) {
-  int64_t shape[2] = {a, b};
-  servd_tensor *x = servd_tensor_new(t, ndim, shape);
-  assert_non_null(x);
-  return x;
-}
-
-static float *f(const servd_tensor *t) { return servd_tensor_data(t); }
 static int32_t *iv(const servd_tensor *t) { return servd_tensor_data(t); }
 
 static const int64_t shapes[][2] = {{1, 1}, {1, 7}, {3, 15}, {2, 16}, {5, 17}, {4, 33}, {2, 1000}, {0, 8}, {3, 0}};

@@ -18,25 +18,12 @@ except ImportError as e:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import generic_fixture as gf  # noqa: E402
+import modelpkg_cli  # noqa: E402
 import pkgread  # noqa: E402
 
 MODELPKG = sys.argv[1]
-
-
-def run(*args, ok=True):
-    p = subprocess.run([MODELPKG, *args], capture_output=True, text=True)
-    if ok and p.returncode != 0:
-        raise AssertionError(f"modelpkg {args} failed: {p.stderr}")
-    return p
-
-
-def check_fail(args, must_contain, out, code=1):
-    p = run(*args, ok=False)
-    assert p.returncode == code, (args, p.returncode, p.stdout, p.stderr)
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and must_contain in lines[0], (must_contain, p.stderr)
-    d = os.path.dirname(out)
-    assert not [f for f in os.listdir(d) if f.startswith(os.path.basename(out))], "output left behind"
+CLI = modelpkg_cli.Modelpkg(MODELPKG)
+run, check_fail = CLI.run, CLI.check_fail
 
 
 def main():

@@ -3,7 +3,6 @@ Hugging Face tokenizers and Python's zipfile. Also the bad-input behaviour of `m
 import json
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 
@@ -19,9 +18,12 @@ except ImportError as e:  # test-only tools of .venv-test (scripts/install-deps.
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(__file__))
+import modelpkg_cli  # noqa: E402
 import pkgread  # noqa: E402
 
 MODELPKG = sys.argv[1]
+CLI = modelpkg_cli.Modelpkg(MODELPKG)
+run, check_fail = CLI.run, CLI.check_fail
 rng = np.random.default_rng(7)
 H, FF, HEADS, KV, VOCAB = 256, 512, 4, 2, 300
 
@@ -137,22 +139,6 @@ def hf_name(g):
     return f"model.layers.{i}.{HF[rest[:-len('.weight')]]}.weight"
 
 
-def run(*args, ok=True):
-    p = subprocess.run([MODELPKG, *args], capture_output=True, text=True)
-    if ok and p.returncode != 0:
-        raise AssertionError(f"modelpkg {args} failed: {p.stderr}")
-    return p
-
-
-def check_fail(args, out, must_contain):
-    p = run(*args, ok=False)
-    assert p.returncode == 1, (args, p.returncode, p.stderr)
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and must_contain in lines[0], p.stderr
-    d = os.path.dirname(out)
-    assert not [f for f in os.listdir(d) if f.startswith(os.path.basename(out))], "output left behind"
-
-
 def main():
     tmp = tempfile.mkdtemp(prefix="mpk-it-gguf-")
     src = os.path.join(tmp, "m.gguf")
@@ -220,17 +206,17 @@ def main():
     for n in (3, 20, 100, len(raw) // 2, len(raw) - 1):
         p = os.path.join(tmp, "trunc.gguf")
         open(p, "wb").write(raw[:n])
-        check_fail(["pack", p, "-o", out, "--quiet"], out, "trunc.gguf")
+        check_fail(["pack", p, "-o", out, "--quiet"], "trunc.gguf", out)
     p = os.path.join(tmp, "count.gguf")
     open(p, "wb").write(raw[:16] + struct.pack("<Q", 1 << 60) + raw[24:])  # n_kv beyond the file
-    check_fail(["pack", p, "-o", out, "--quiet"], out, "n_kv")
+    check_fail(["pack", p, "-o", out, "--quiet"], "n_kv", out)
     p = os.path.join(tmp, "arch.gguf")
     make_gguf(p, arch="gpt2")
-    check_fail(["pack", p, "-o", out, "--quiet"], out, "general.architecture")
+    check_fail(["pack", p, "-o", out, "--quiet"], "general.architecture", out)
     make_gguf(p, tok_model="llama")  # SentencePiece vocabularies are not converted
-    check_fail(["pack", p, "-o", out, "--quiet"], out, "tokenizer.ggml.model")
+    check_fail(["pack", p, "-o", out, "--quiet"], "tokenizer.ggml.model", out)
     make_gguf(p, drop_types=5)  # token_type shorter than the token list
-    check_fail(["pack", p, "-o", out, "--quiet"], out, "tokenizer.ggml.token_type")
+    check_fail(["pack", p, "-o", out, "--quiet"], "tokenizer.ggml.token_type", out)
     print("ok")
 
 

@@ -21,26 +21,12 @@ except ImportError as e:  # test-only tools of .venv-test (scripts/install-deps.
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(__file__))
+import modelpkg_cli  # noqa: E402
 import pkgread  # noqa: E402
 
 MODELPKG = sys.argv[1]
-
-
-def run(*args, ok=True, env=None):
-    p = subprocess.run([MODELPKG, *args], capture_output=True, text=True, env=env)
-    if ok and p.returncode != 0:
-        raise AssertionError(f"modelpkg {args} failed: {p.stderr}")
-    return p
-
-
-def check_fail(args, must_contain, out=None):
-    p = run(*args, ok=False)
-    assert p.returncode == 1, (args, p.returncode, p.stdout, p.stderr)
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and must_contain in lines[0], (must_contain, p.stderr)
-    if out:
-        d = os.path.dirname(out)
-        assert not [f for f in os.listdir(d) if f.startswith(os.path.basename(out))], "output left behind"
+CLI = modelpkg_cli.Modelpkg(MODELPKG)
+run, check_fail = CLI.run, CLI.check_fail
 
 
 def hf_tensors(d):

@@ -16,19 +16,8 @@
 #include "mpk/import.h"
 #include "mpk/package.h"
 
-static char dir[256];
-
-static int setup(void **state) {
-  (void)state;
-  snprintf(dir, sizeof dir, "/tmp/mpk-generic-XXXXXX");
-  return mkdtemp(dir) ? 0 : -1;
-}
-static int teardown(void **state) {
-  (void)state;
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  return system(cmd) == 0 ? 0 : -1;
-}
+#define TEST_DIR_TEMPLATE "/tmp/mpk-generic-XXXXXX"
+#include "test-util.h"
 
 static const char *at(const char *rel) { /* a path in the test folder; valid for the next 7 calls */
   static char buf[8][512];

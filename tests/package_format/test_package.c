@@ -15,19 +15,8 @@
 #include "mpk/safetensors.h"
 #include "mpk/writer.h"
 
-static char dir[256];
-
-static int setup(void **state) {
-  (void)state;
-  snprintf(dir, sizeof dir, "/tmp/mpk-test-XXXXXX");
-  return mkdtemp(dir) ? 0 : -1;
-}
-static int teardown(void **state) {
-  (void)state;
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  return system(cmd) == 0 ? 0 : -1;
-}
+#define TEST_DIR_TEMPLATE "/tmp/mpk-test-XXXXXX"
+#include "test-util.h"
 
 static float wq[3][64];
 static unsigned char q4[2 * 20]; /* q4_1 (2, 32) */

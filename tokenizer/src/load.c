@@ -41,21 +41,27 @@ static bool json_flag(json_t *o, const char *key, bool dflt) {
   return json_is_boolean(v) ? json_is_true(v) : dflt;
 }
 
+/* A "Sequence" node: parses each element of the array o[key] with `parse`, naming it field.key[i]. */
+typedef int (*parse_node_fn)(servd_tokenizer *t, json_t *node, const char *field);
+static int parse_sequence(servd_tokenizer *t, json_t *o, const char *field, const char *key, parse_node_fn parse) {
+  char f[128];
+  json_t *arr = json_object_get(o, key);
+  if (!json_is_array(arr)) return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.%s: expected an array", field, key);
+  for (size_t i = 0; i < json_array_size(arr); i++) {
+    snprintf(f, sizeof f, "%s.%s[%zu]", field, key, i);
+    int rc = parse(t, json_array_get(arr, i), f);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 static int parse_pre(servd_tokenizer *t, json_t *pt, const char *field) {
   char f[128];
   if (!json_is_object(pt)) return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s: expected an object", field);
   const char *type = json_string_value(json_object_get(pt, "type"));
   if (!type) return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.type: expected a string", field);
   if (!strcmp(type, "Sequence")) {
-    json_t *arr = json_object_get(pt, "pretokenizers");
-    if (!json_is_array(arr))
-      return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.pretokenizers: expected an array", field);
-    for (size_t i = 0; i < json_array_size(arr); i++) {
-      snprintf(f, sizeof f, "%s.pretokenizers[%zu]", field, i);
-      int rc = parse_pre(t, json_array_get(arr, i), f);
-      if (rc) return rc;
-    }
-    return 0;
+    return parse_sequence(t, pt, field, "pretokenizers", parse_pre);
   }
   if (!strcmp(type, "ByteLevel")) {
     bool regex = json_flag(pt, "use_regex", true);
@@ -119,21 +125,12 @@ static int parse_pre_hint(servd_tokenizer *t, const char *pre, const char *field
 }
 
 static int parse_post(servd_tokenizer *t, json_t *pp, const char *field) {
-  char f[128];
   if (json_is_null(pp) || !pp) return 0;
   const char *type = json_string_value(json_object_get(pp, "type"));
   if (!type) return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.type: expected a string", field);
   if (!strcmp(type, "ByteLevel")) return 0; /* offsets only */
   if (!strcmp(type, "Sequence")) {
-    json_t *arr = json_object_get(pp, "processors");
-    if (!json_is_array(arr))
-      return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.processors: expected an array", field);
-    for (size_t i = 0; i < json_array_size(arr); i++) {
-      snprintf(f, sizeof f, "%s.processors[%zu]", field, i);
-      int rc = parse_post(t, json_array_get(arr, i), f);
-      if (rc) return rc;
-    }
-    return 0;
+    return parse_sequence(t, pp, field, "processors", parse_post);
   }
   if (strcmp(type, "TemplateProcessing"))
     return servd_fail(SERVD_EUNSUPPORTED,
