@@ -369,14 +369,18 @@ static void send_request(worker *w) {
   }
 }
 
+/* "connect to HOST:PORT failed: WHY" for a libuv error `err`, truncated to fit `cap`. */
+static void connect_failure_msg(const worker *w, int err, char *msg, size_t cap) {
+  snprintf(msg, cap, "connect to %.60s:%d failed: %.40s", w->r->cfg->host, w->r->cfg->port, uv_strerror(err));
+}
+
 static void on_connect(uv_connect_t *req, int status) {
   conn *c = req->data;
   worker *w = c->w;
   if (!w) return;
   if (status) {
     char msg[128];
-    snprintf(msg, sizeof msg, "connect to %.60s:%d failed: %.40s", w->r->cfg->host, w->r->cfg->port,
-             uv_strerror(status));
+    connect_failure_msg(w, status, msg, sizeof msg);
     drop_conn(w);
     finish(w, BENCH_ERR_CONNECT, msg);
     return;
@@ -409,8 +413,7 @@ static void issue_on_new_conn(worker *w) {
   int rc = uv_tcp_connect(&c->creq, &c->tcp, (const struct sockaddr *)&w->r->addr, on_connect);
   if (rc) {
     char msg[128];
-    snprintf(msg, sizeof msg, "connect to %.60s:%d failed: %.40s", w->r->cfg->host, w->r->cfg->port,
-             uv_strerror(rc));
+    connect_failure_msg(w, rc, msg, sizeof msg);
     drop_conn(w);
     defer_failure(w, BENCH_ERR_CONNECT, msg);
   }

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench-util.h" /* kernels/bench */
 #include "interp-impl.h"
 #include "mpk/package.h"
 #include "servd/interp.h"
@@ -34,12 +35,6 @@
 
 enum { MODE_C, MODE_ONE, MODE_MULTI, MODE_COUNT };
 static const char *mode_names[MODE_COUNT] = {"plain_c", "one_python", "multi_python"};
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static size_t rss_bytes(void) {
   FILE *f = fopen("/proc/self/statm", "r");
@@ -224,7 +219,7 @@ static void *worker_main(void *arg) {
   while (!atomic_load(wk->go))
     ;
   while (!atomic_load_explicit(wk->stop, memory_order_relaxed)) {
-    double t0 = now_s();
+    double t0 = bench_now_s();
     if (wk->m->pure) {
       json_t *r = NULL;
       servd_py_error err;
@@ -255,15 +250,10 @@ static void *worker_main(void *arg) {
       free(outs);
     }
     if (wk->n < wk->cap)
-      wk->lat[wk->n] = now_s() - t0;
+      wk->lat[wk->n] = bench_now_s() - t0;
     wk->n++;
   }
   return NULL;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
 }
 
 typedef struct result {
@@ -291,12 +281,12 @@ static result run_once(const model *m, int mode, int threads, servd_pool *pool, 
   size_t start_n[16];
   for (int i = 0; i < threads; i++)
     start_n[i] = wk[i].n;
-  double t0 = now_s();
+  double t0 = bench_now_s();
   usleep((useconds_t)(seconds * 1e6));
   size_t end_n[16];
   for (int i = 0; i < threads; i++)
     end_n[i] = wk[i].n;
-  double dt = now_s() - t0;
+  double dt = bench_now_s() - t0;
   atomic_store(&stop, 1);
   size_t total = 0, nl = 0;
   for (int i = 0; i < threads; i++) {
@@ -314,7 +304,7 @@ static result run_once(const model *m, int mode, int threads, servd_pool *pool, 
     c_scratch_free(&wk[i].cs);
     free(wk[i].lat);
   }
-  qsort(all, k, sizeof(double), cmp_double);
+  qsort(all, k, sizeof(double), bench_cmp_d);
   result r = {(double)total / dt, k ? all[k / 2] * 1e6 : 0, k ? all[(size_t)(k * 0.95)] * 1e6 : 0};
   free(all);
   free(wk);
@@ -323,9 +313,9 @@ static result run_once(const model *m, int mode, int threads, servd_pool *pool, 
 }
 
 static void *c_spin(void *v) {
-  double until = now_s() + 0.2;
+  double until = bench_now_s() + 0.2;
   volatile unsigned long x = 0;
-  while (now_s() < until)
+  while (bench_now_s() < until)
     x = x * 2654435761u + 1;
   (void)v;
   return NULL;
@@ -336,18 +326,18 @@ static double machine_cores(void) {
   struct timespec c0, c1;
   pthread_t a, b;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
-  double t0 = now_s();
+  double t0 = bench_now_s();
   pthread_create(&a, NULL, c_spin, NULL);
   pthread_create(&b, NULL, c_spin, NULL);
   pthread_join(a, NULL);
   pthread_join(b, NULL);
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
   double cpu = (double)(c1.tv_sec - c0.tv_sec) + (c1.tv_nsec - c0.tv_nsec) * 1e-9;
-  return cpu / (now_s() - t0);
+  return cpu / (bench_now_s() - t0);
 }
 
 static int cmp_result(const void *a, const void *b) {
-  return cmp_double(&((const result *)a)->items_s, &((const result *)b)->items_s);
+  return bench_cmp_d(&((const result *)a)->items_s, &((const result *)b)->items_s);
 }
 
 /* RSS added per interpreter: n fresh interpreters of a package, each having built its entry. */
@@ -355,10 +345,10 @@ static double interp_overhead_mb(const model *m, int n, double *create_ms) {
   size_t before = rss_bytes();
   servd_pool_options o = {.n_interpreters = n, .world_size = 1};
   servd_pool *p = NULL;
-  double t0 = now_s();
+  double t0 = bench_now_s();
   if (servd_pool_create(m->pkg, &o, &p) < 0)
     die("pool");
-  *create_ms = (now_s() - t0) * 1e3 / n;
+  *create_ms = (bench_now_s() - t0) * 1e3 / n;
   size_t after = rss_bytes();
   servd_pool_destroy(p);
   return (double)(after - before) / n / 1e6;

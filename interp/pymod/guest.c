@@ -457,6 +457,17 @@ static void g_finalize(servd_guest_thread *th) {
   Py_CLEAR(g_boot);
   Py_CLEAR(g_json_loads);
   Py_CLEAR(g_json_dumps);
+  /* CPython 3.11 takes the thread that first imported threading for its main thread, and
+   * threading._shutdown() in Py_FinalizeEx waits for that thread's state to be deleted. When model
+   * code imported threading on another thread (a server worker, which lives on), release that
+   * sentinel here so finalization does not wait for a thread that will not end. Releasing it early
+   * is safe: CPython releases the sentinel only if it is still held. */
+  PyRun_SimpleString("import sys as _servd_sys\n"
+                     "_servd_t = _servd_sys.modules.get('threading')\n"
+                     "if _servd_t is not None and _servd_t._main_thread.ident != _servd_t.get_ident():\n"
+                     "    _servd_l = _servd_t._main_thread._tstate_lock\n"
+                     "    if _servd_l is not None and _servd_l.locked():\n"
+                     "        _servd_l.release()\n");
   Py_FinalizeEx();
   g_interp = NULL;
   g_active = NULL;

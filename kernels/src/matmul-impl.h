@@ -7,6 +7,8 @@
 #ifndef SERVD_MATMUL_IMPL_H
 #define SERVD_MATMUL_IMPL_H
 
+#include <string.h>
+
 #include "cpu-impl.h"
 
 /* x rows quantized to 8 bits per block of 32 (ggml's q8 activations, with an f32 scale):
@@ -24,6 +26,19 @@ typedef struct servd__q8x {
   int64_t lds; /* floats between rows of d and s */
   bool quad;
 } servd__q8x;
+
+/* Byte offset in a q8x row of half h (0: elements 0..15, 1: elements 16..31) of block b, in either
+ * layout: the one place that spells the quad layout out for the quantizers. */
+static inline int64_t servd__q8x_off(const servd__q8x *q, int64_t b, int h) {
+  return q->quad ? (b / 4) * 128 + h * 64 + (b % 4) * 16 : b * 32 + h * 16;
+}
+
+/* What every quantizer writes for row r besides its blocks: d and s zero from nb up to lds, and the
+ * padding of a last partial quad zero. */
+static inline void servd__q8x_clear_tail(const servd__q8x *q, int64_t r) {
+  for (int64_t b = q->nb; b < q->lds; b++) q->d[r * q->lds + b] = q->s[r * q->lds + b] = 0.0f;
+  if (q->quad && q->nb % 4) memset(q->qs + r * q->ldq + q->nb / 4 * 128, 0, 128);
+}
 
 typedef struct servd__mm {
   const char *x, *w;

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "avx512-impl.h"
 #include "matmul-impl.h"
 
 #define RN 4
@@ -34,19 +35,6 @@ static inline __attribute__((always_inline)) __m512 load_w_tail(servd_dtype wt, 
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)row + l)), 16));
   if (wt == SERVD_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)row + l));
   return _mm512_maskz_loadu_ps(mk, (const float *)row + l);
-}
-
-/* [sum a, sum b, sum c, sum d] */
-static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
-                            _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
-  __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
-                            _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
-  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
-                           _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), t));
 }
 
 typedef struct tile_args {
@@ -215,14 +203,13 @@ void servd__quantize_q8x_avx512(const char *x, int64_t ldx, int64_t m, int64_t k
   for (int64_t r = 0; r < m; r++) {
     const float *xr = (const float *)(x + r * ldx);
     int8_t *qs = q->qs + r * q->ldq;
-    for (int64_t b = q->nb; b < q->lds; b++) q->d[r * q->lds + b] = q->s[r * q->lds + b] = 0.0f;
-    if (q->quad && q->nb % 4) memset(qs + q->nb / 4 * 128, 0, 128); /* padding of the last quad */
+    servd__q8x_clear_tail(q, r);
     for (int64_t b = 0; b < q->nb; b++) {
       __m512 v0 = _mm512_loadu_ps(xr + b * 32), v1 = _mm512_loadu_ps(xr + b * 32 + 16);
       __m512 am = _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1));
       const float amax = _mm512_reduce_max_ps(am);
-      /* quad layout: see servd__q8x */
-      int8_t *lo = q->quad ? qs + (b / 4) * 128 + (b % 4) * 16 : qs + b * 32, *hi = q->quad ? lo + 64 : lo + 16;
+      /* both layouts: servd__q8x, servd__q8x_off */
+      int8_t *lo = qs + servd__q8x_off(q, b, 0), *hi = qs + servd__q8x_off(q, b, 1);
       /* NaN/inf anywhere (fpclass: NaN and both infinities): as servd__quantize_q8x, NaN outputs */
       if (_mm512_fpclass_ps_mask(v0, 0x99) | _mm512_fpclass_ps_mask(v1, 0x99)) {
         _mm_storeu_si128((__m128i *)lo, _mm_setzero_si128());

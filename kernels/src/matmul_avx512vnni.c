@@ -14,6 +14,7 @@
  */
 #include <immintrin.h>
 
+#include "avx512-impl.h"
 #include "matmul-impl.h"
 
 #define RQ 4
@@ -134,20 +135,6 @@ static inline __attribute__((always_inline)) void q8_step(const char *wg, int bb
     const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, xv);
     acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, ds[r][c]), acc[r][c]);
   }
-}
-
-/* [sum a, sum b, sum c, sum d] */
-static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
-                            _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
-  __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
-                            _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
-  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
-                           _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm512_castps512_ps128(
-      _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), t));
 }
 
 /* The last group of a q4 row when it holds 1..4 blocks (k = 576 leaves 2): one masked window of the

@@ -1,4 +1,5 @@
 /* rmsnorm rows with AVX-512. */
+#include "avx512-impl.h"
 #include "ops-impl.h"
 
 float servd__sumsq_avx512(const float *x, int64_t n) {
@@ -10,7 +11,7 @@ float servd__sumsq_avx512(const float *x, int64_t n) {
     a1 = _mm512_fmadd_ps(v1, v1, a1);
   }
   for (; i < n; i += 16) {
-    __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+    __mmask16 m = tail16(n - i);
     __m512 v = _mm512_maskz_loadu_ps(m, x + i);
     a0 = _mm512_fmadd_ps(v, v, a0);
   }
@@ -28,7 +29,7 @@ static inline __m512 load_w16(const void *w, servd_dtype wt, int64_t i, __mmask1
 void servd__scale_mul_avx512(float *out, const float *x, float r, const void *w, servd_dtype wt, int64_t n) {
   __m512 rv = _mm512_set1_ps(r);
   for (int64_t i = 0; i < n; i += 16) {
-    __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+    __mmask16 m = tail16(n - i);
     __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), rv), load_w16(w, wt, i, m));
     _mm512_mask_storeu_ps(out + i, m, v);
   }

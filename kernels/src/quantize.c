@@ -10,8 +10,7 @@ void servd__quantize_q8x(const char *x, int64_t ldx, int64_t m, int64_t k, const
   for (int64_t r = 0; r < m; r++) {
     const float *xr = (const float *)(x + r * ldx);
     int8_t *qs = q->qs + r * q->ldq;
-    for (int64_t b = q->nb; b < q->lds; b++) q->d[r * q->lds + b] = q->s[r * q->lds + b] = 0.0f;
-    if (q->quad && q->nb % 4) memset(qs + q->nb / 4 * 128, 0, 128); /* padding of the last quad */
+    servd__q8x_clear_tail(q, r);
     for (int64_t b = 0; b < q->nb; b++) {
       const float *v = xr + b * SERVD_QK;
       float amax = 0.0f;
@@ -21,8 +20,8 @@ void servd__quantize_q8x(const char *x, int64_t ldx, int64_t m, int64_t k, const
         finite &= isfinite(v[j]) != 0;
       }
       if (!finite) { /* NaN/inf in x: the block's outputs become NaN, not undefined casts */
-        memset(qs + (q->quad ? (b / 4) * 128 + (b % 4) * 16 : b * SERVD_QK), 0, 16);
-        memset(qs + (q->quad ? (b / 4) * 128 + 64 + (b % 4) * 16 : b * SERVD_QK + 16), 0, 16);
+        memset(qs + servd__q8x_off(q, b, 0), 0, 16);
+        memset(qs + servd__q8x_off(q, b, 1), 0, 16);
         q->d[r * q->lds + b] = q->s[r * q->lds + b] = NAN;
         continue;
       }
@@ -30,9 +29,7 @@ void servd__quantize_q8x(const char *x, int64_t ldx, int64_t m, int64_t k, const
       int sum = 0;
       for (int j = 0; j < SERVD_QK; j++) {
         const int qv = (int)roundf(v[j] * id);
-        /* quad: group b/4, block b%4 within it; halves 64 bytes apart */
-        const int64_t at = q->quad ? (b / 4) * 128 + (j / 16) * 64 + (b % 4) * 16 + j % 16 : b * SERVD_QK + j;
-        qs[at] = (int8_t)qv;
+        qs[servd__q8x_off(q, b, j / 16) + j % 16] = (int8_t)qv;
         sum += qv;
       }
       q->d[r * q->lds + b] = d;

@@ -1,9 +1,6 @@
 /* RoPE rotation of one row with AVX-512 (tables as in rope.c). */
+#include "avx512-impl.h"
 #include "ops-impl.h"
-
-static inline __mmask16 tail16(int left) {
-  return left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
-}
 
 void servd__rope_row_avx512(float *x, int64_t n_heads, int head_dim, servd_rope_layout layout, const float *cs,
                             const float *sn) {

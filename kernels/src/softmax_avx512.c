@@ -1,11 +1,8 @@
 /* softmax row pieces with AVX-512. */
+#include "avx512-impl.h"
 #include "ops-impl.h"
 
 #include <math.h>
-
-static inline __mmask16 tail16(int64_t left) {
-  return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-}
 
 float servd__max_avx512(const float *x, int64_t n) {
   __m512 m = _mm512_set1_ps(-INFINITY);

@@ -37,7 +37,7 @@
 #define SLOT_WORDS (MAX_THREADS / 64)
 #define WORKER_SPIN_NS 1000000L /* a worker stays hot this long after its last job */
 #define CALLER_SPIN_NS 100000L  /* a caller spins this long for the turn or for workers */
-#define SLOT_SPIN_NS 50000L     /* a caller spins this long for a free slot */
+#define SLOT_SPIN_NS 500000L    /* a caller spins (yielding) this long for a free slot */
 
 typedef struct job {
   servd_task_fn fn;
@@ -114,14 +114,17 @@ static void slot_release(int s) {
 static int slot_acquire(void) {
   int s = slot_try();
   if (s >= 0) return s;
+  /* Every slot computes: spin a little, as a slot is usually back within microseconds, then yield
+   * often, since on a busy machine a holder may be waiting for this very core. Sleeping comes last:
+   * a futex wake-up on such a machine takes milliseconds. */
   const long deadline = now_ns() + SLOT_SPIN_NS;
   for (int i = 1;; i++) {
     cpu_relax();
     if ((s = slot_try()) >= 0) return s;
     if (!atomic_load_explicit(&pool.size, memory_order_relaxed)) return -1;
-    if ((i & 255) == 0) {
+    if ((i & 63) == 0) {
       if (now_ns() > deadline) break;
-      sched_yield(); /* every slot is computing: let their threads have the cores */
+      sched_yield();
     }
   }
   pthread_mutex_lock(&pool.mu);

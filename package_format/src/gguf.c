@@ -154,6 +154,19 @@ static int read_value(cursor *c, mpk_gguf_kv *kv) {
   return 0;
 }
 
+/* The start shared by a key/value and a tensor info: a name (`field` in messages), copied into *name
+ * (the caller frees it, also when this fails later), then a u32 into *v. */
+static int read_name_u32(cursor *c, const char *field, char **name, uint32_t *v) {
+  const uint8_t *s = NULL; /* set by read_str on success; initialized for gcc's flow analysis */
+  uint64_t n = 0;
+  int rc;
+  if ((rc = read_str(c, field, &s, &n)) || (rc = dup_name(c->what, field, s, n, name))) return rc;
+  if ((rc = need(c, 4, *name))) return rc;
+  *v = rd32(c->b + c->pos);
+  c->pos += 4;
+  return 0;
+}
+
 /* Bounds a header count by the bytes left, `min_bytes` being the smallest encoding of one entry, before
  * allocating `n` zeroed entries of `size` bytes into *out (the caller frees): a hostile count fails
  * here instead of asking for terabytes. */
@@ -196,30 +209,21 @@ int mpk_gguf_parse(const char *what, const void *buf, size_t len, mpk_gguf **out
   g->kv = mem;
   for (uint64_t i = 0; i < n_kv; i++) {
     mpk_gguf_kv *kv = &g->kv[i];
-    const uint8_t *s;
-    uint64_t n;
     char field[48];
     snprintf(field, sizeof field, "key %llu", (unsigned long long)i);
-    if ((rc = read_str(&c, field, &s, &n)) || (rc = dup_name(what, field, s, n, &kv->key))) goto fail;
-    g->n_kv = i + 1;
-    if ((rc = need(&c, 4, kv->key))) goto fail;
-    kv->type = rd32(c.b + c.pos);
-    c.pos += 4;
+    g->n_kv = i + 1; /* entries start zeroed: mpk_gguf_free may take this one whatever is read */
+    if ((rc = read_name_u32(&c, field, &kv->key, &kv->type))) goto fail;
     if ((rc = read_value(&c, kv))) goto fail;
   }
   if ((rc = alloc_entries(&c, "n_tensors", n_tensors, 33, sizeof *g->tensors, &mem))) goto fail;
   g->tensors = mem;
   for (uint64_t i = 0; i < n_tensors; i++) {
     mpk_gguf_tensor *t = &g->tensors[i];
-    const uint8_t *s;
-    uint64_t n;
     char field[48];
     snprintf(field, sizeof field, "tensor %llu name", (unsigned long long)i);
-    if ((rc = read_str(&c, field, &s, &n)) || (rc = dup_name(what, field, s, n, &t->name))) goto fail;
-    g->n_tensors = i + 1;
-    if ((rc = need(&c, 4, t->name))) goto fail;
-    uint32_t nd = rd32(c.b + c.pos);
-    c.pos += 4;
+    g->n_tensors = i + 1; /* as for the keys */
+    uint32_t nd;
+    if ((rc = read_name_u32(&c, field, &t->name, &nd))) goto fail;
     if (nd < 1 || nd > 4) {
       rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": n_dims = %u, expected 1..4", what, t->name, nd);
       goto fail;

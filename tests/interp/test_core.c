@@ -212,6 +212,27 @@ static void test_threads_lifecycle(void **state) {
   }
 }
 
+static void *import_threading_main(void *v) {
+  support_exec(v, "import threading");
+  return NULL;
+}
+
+/* CPython 3.11 takes the first thread that imports threading for its main thread and, at
+ * finalization, waits for that thread's state to go. Here it is a thread that lives on (as the
+ * server's worker threads do), so the pool's finalization must not wait for it. The alarm turns a
+ * hang into a failure. */
+static void test_finalize_after_foreign_threading_import(void **state) {
+  (void)state;
+  servd_pool *p = make_pool(1);
+  pthread_t t;
+  pthread_create(&t, NULL, import_threading_main, servd_pool_get(p, 0));
+  pthread_join(t, NULL);
+  assert_int_equal(support_eval_int(servd_pool_get(p, 0), "int(__import__('threading').active_count() >= 1)"), 1);
+  alarm(60);
+  servd_pool_destroy(p);
+  alarm(0);
+}
+
 /* The standard library and jinja2 import; nothing else of the machine does. */
 static void test_import_policy(void **state) {
   (void)state;
@@ -247,7 +268,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_isolation),  cmocka_unit_test(test_parallelism), cmocka_unit_test(test_exception),
       cmocka_unit_test(test_deadline),   cmocka_unit_test(test_limit),       cmocka_unit_test(test_import_policy),
-      cmocka_unit_test(test_threads_lifecycle),
+      cmocka_unit_test(test_threads_lifecycle), cmocka_unit_test(test_finalize_after_foreign_threading_import),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

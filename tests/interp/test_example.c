@@ -34,6 +34,17 @@ static void ref_rmsnorm(const double *x, const float *g, double *y, int d, doubl
 
 static double silu(double v) { return v / (1.0 + exp(-v)); }
 
+/* The hidden layer both examples share: g (f) = silu(Wg h) * (Wu h) with h (d) = rmsnorm(x) * norm;
+ * h and u (f) are scratch. */
+static void ref_gated_mlp(const double *x, const float *norm, const float *wg, const float *wu, int d, int f, double *h,
+                          double *u, double *g) {
+  ref_rmsnorm(x, norm, h, d, 1e-5);
+  ref_matvec(wg, h, g, f, d);
+  ref_matvec(wu, h, u, f, d);
+  for (int j = 0; j < f; j++)
+    g[j] = silu(g[j]) * u[j];
+}
+
 static servd_tensor *input(int m, int d, int salt) {
   int64_t shape[2] = {m, d};
   servd_tensor *x = servd_tensor_new(SERVD_F32, 2, shape);
@@ -60,17 +71,28 @@ static void free_outputs(int n, char **names, servd_tensor **ts) {
   free(ts);
 }
 
-static void test_mlp_classifier(void **state) {
-  (void)state;
-  mpk_package *pkg = NULL;
-  assert_int_equal(mpk_open(EXAMPLES_BUILD_DIR "/mlp_classifier.mpk", &pkg), 0);
-  assert_string_equal(mpk_kind(pkg), "generic");
-  servd_pool_options o = {.n_interpreters = 2, .world_size = 1};
+/* Opens the example package `file` (built into EXAMPLES_BUILD_DIR) into *pkg and a pool of n
+ * interpreters on it; the caller destroys the pool, then closes the package. */
+static servd_pool *open_example(const char *file, int n, mpk_package **pkg) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", EXAMPLES_BUILD_DIR, file);
+  *pkg = NULL;
+  assert_int_equal(mpk_open(path, pkg), 0);
+  servd_pool_options o = {.n_interpreters = n, .world_size = 1};
   servd_pool *p = NULL;
-  int rc = servd_pool_create(pkg, &o, &p);
+  int rc = servd_pool_create(*pkg, &o, &p);
   if (rc < 0)
     fprintf(stderr, "%s\n", servd_last_error());
   assert_int_equal(rc, 0);
+  return p;
+}
+
+static void test_mlp_classifier(void **state) {
+  (void)state;
+  mpk_package *pkg;
+  servd_pool *p = open_example("mlp_classifier.mpk", 2, &pkg);
+  assert_string_equal(mpk_kind(pkg), "generic");
+  int rc;
 
   enum { M = 5, D = 64, H = 256, C = 10 };
   servd_tensor *hold[4];
@@ -99,11 +121,7 @@ static void test_mlp_classifier(void **state) {
       double xr[D], h[D], g[H], u[H], logits[C];
       for (int j = 0; j < D; j++)
         xr[j] = xv[r * D + j];
-      ref_rmsnorm(xr, norm, h, D, 1e-5);
-      ref_matvec(wg, h, g, H, D);
-      ref_matvec(wu, h, u, H, D);
-      for (int j = 0; j < H; j++)
-        g[j] = silu(g[j]) * u[j];
+      ref_gated_mlp(xr, norm, wg, wu, D, H, h, u, g);
       ref_matvec(wo, g, logits, C, H);
       int best = 0;
       double mx = logits[0], second = -INFINITY, sum = 0;
@@ -158,11 +176,8 @@ static void test_mlp_classifier(void **state) {
 
 static void test_deep_tiny(void **state) {
   (void)state;
-  mpk_package *pkg = NULL;
-  assert_int_equal(mpk_open(EXAMPLES_BUILD_DIR "/deep_tiny.mpk", &pkg), 0);
-  servd_pool_options o = {.n_interpreters = 1, .world_size = 1};
-  servd_pool *p = NULL;
-  assert_int_equal(servd_pool_create(pkg, &o, &p), 0);
+  mpk_package *pkg;
+  servd_pool *p = open_example("deep_tiny.mpk", 1, &pkg);
   enum { M = 3, D = 32, F = 64, L = 16 };
   servd_tensor *x = input(M, D, 7);
   const char *in_names[1] = {"x"};
@@ -187,11 +202,7 @@ static void test_deep_tiny(void **state) {
       const float *uw = weight(pkg, name, &hold[2]);
       snprintf(name, sizeof name, "layers.%d.down", l);
       const float *dw = weight(pkg, name, &hold[3]);
-      ref_rmsnorm(res, nw, h, D, 1e-5);
-      ref_matvec(gw, h, g, F, D);
-      ref_matvec(uw, h, u, F, D);
-      for (int j = 0; j < F; j++)
-        g[j] = silu(g[j]) * u[j];
+      ref_gated_mlp(res, nw, gw, uw, D, F, h, u, g);
       ref_matvec(dw, g, y, D, F);
       for (int j = 0; j < D; j++)
         res[j] += y[j];

@@ -18,6 +18,15 @@ static void write_file(const char *dir, const char *name, const char *text) {
   fclose(f);
 }
 
+/* Makes g_work/name, a Python package folder holding an empty __init__.py, in dir, and names its
+ * package file g_work/mpk in out (both of 600 bytes). */
+static void new_code_dir(const char *name, const char *mpk, char dir[600], char out[600]) {
+  snprintf(dir, 600, "%s/%s", g_work, name);
+  snprintf(out, 600, "%s/%s", g_work, mpk);
+  mkdir(dir, 0755);
+  write_file(dir, "__init__.py", "");
+}
+
 /* Packs code folder `code` (a Python package named after the folder) with tiny synthetic weights. */
 static void pack(const char *code, const char *entry, const char *out) {
   assert_int_equal(support_system("cd %s && rm -rf hf && %s synth tiny --hf-out hf -o /dev/null --quiet >/dev/null && "
@@ -53,10 +62,7 @@ static const char *good_util = "def answer():\n    return 42\n\ndef divide(a, b)
 static void test_package_code(void **state) {
   (void)state;
   char dir[600], out[600];
-  snprintf(dir, sizeof dir, "%s/goodpkg", g_work);
-  snprintf(out, sizeof out, "%s/good.mpk", g_work);
-  mkdir(dir, 0755);
-  write_file(dir, "__init__.py", "");
+  new_code_dir("goodpkg", "good.mpk", dir, out);
   write_file(dir, "model.py", good_model);
   write_file(dir, "util.py", good_util);
   pack(dir, "goodpkg.model:Model", out);
@@ -125,10 +131,7 @@ static void test_package_code(void **state) {
 static void test_bad_package(void **state) {
   (void)state;
   char dir[600], out[600];
-  snprintf(dir, sizeof dir, "%s/badpkg", g_work);
-  snprintf(out, sizeof out, "%s/bad.mpk", g_work);
-  mkdir(dir, 0755);
-  write_file(dir, "__init__.py", "");
+  new_code_dir("badpkg", "bad.mpk", dir, out);
   write_file(dir, "model.py", "from . import helper\nclass Model:\n    pass\n");
   write_file(dir, "helper.py", "def load():\n    import no_such_module_xyz\n\nload()\n");
   pack(dir, "badpkg.model:Model", out);

@@ -9,25 +9,15 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench-util.h" /* kernels/bench */
 #include "servd/tokenizer.h"
 
 #ifndef ANCHOR_SCRIPT
 #define ANCHOR_SCRIPT "hf_anchor.py"
 #endif
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  qsort(v, (size_t)n, sizeof *v, bench_cmp_d);
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
@@ -84,7 +74,7 @@ int main(int argc, char **argv) {
       servd_tokenizer_encode(t, text, (size_t)(size < 100000 ? size : 100000), false, &ids, &n);
       free(ids);
     }
-    double t0 = now();
+    double t0 = bench_now_s();
     tokens = 0;
     for (size_t d = 0; d < n_docs; d++) {
       int32_t *ids;
@@ -96,7 +86,7 @@ int main(int argc, char **argv) {
       tokens += n;
       free(ids);
     }
-    ours[r] = now() - t0;
+    ours[r] = bench_now_s() - t0;
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "%s %s '%s' '%s' 1 %s", py, ANCHOR_SCRIPT, argv[1], argv[2], whole ? "whole" : "docs");
     FILE *p = popen(cmd, "r");
