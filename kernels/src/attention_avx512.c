@@ -1,9 +1,6 @@
 /* Attention dot products and value accumulation with AVX-512 (f32 or f16 cache via F16C). */
+#include "avx512-impl.h"
 #include "ops-impl.h"
-
-static inline __mmask16 tail16(int left) {
-  return left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
-}
 
 static inline __m512 load16(const void *p, servd_dtype t, int64_t i, __mmask16 m) {
   if (t == SERVD_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i));

@@ -114,9 +114,9 @@ static void slot_release(int s) {
 static int slot_acquire(void) {
   int s = slot_try();
   if (s >= 0) return s;
-  /* Every slot computes: spin a little, as a slot is usually back within microseconds, then yield
-   * often, since on a busy machine a holder may be waiting for this very core. Sleeping comes last:
-   * a futex wake-up on such a machine takes milliseconds. */
+  /* Every slot computes. A slot is usually back within microseconds, so spin, but yield every few
+   * microseconds: on a busy machine a holder may be waiting for this very core. Sleeping comes last,
+   * because a futex wake-up on such a machine takes milliseconds. */
   const long deadline = now_ns() + SLOT_SPIN_NS;
   for (int i = 1;; i++) {
     cpu_relax();
@@ -129,6 +129,7 @@ static int slot_acquire(void) {
   }
   pthread_mutex_lock(&pool.mu);
   atomic_fetch_add(&pool.slot_waiters, 1);
+  atomic_thread_fence(memory_order_seq_cst); /* the retry below reads the slots after the count */
   while ((s = slot_try()) < 0 && atomic_load(&pool.size) > 0) pthread_cond_wait(&pool.cv_slot, &pool.mu);
   atomic_fetch_sub(&pool.slot_waiters, 1);
   pthread_mutex_unlock(&pool.mu);

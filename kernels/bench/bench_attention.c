@@ -23,26 +23,12 @@
 #include <time.h>
 
 #include "../src/ops-impl.h" /* the cache layout, for the anchors over its pages */
+#include "bench-util.h"
 #include "servd/ops.h"
 #include "servd/threadpool.h"
 
 #define FOOTPRINT (512u << 20) /* bytes cycled through per side by default: well above any L3 */
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return v[n / 2];
-}
 
 
 /* ---- the anchor: read `bytes` with 64-bit loads, the sum kept so the loads stay ---------------- */
@@ -241,24 +227,24 @@ int main(int argc, char **argv) {
       for (int r = -2; r < reps; r++) { /* interleaved, so all sides see the same machine */
         int l = (r + 2) % layers, la = (l + 1) % layers, lp = (l + 2) % layers, lq = (l + 3) % layers;
         sj.p = (const uint64_t *)((const char *)buf + (size_t)l * per_call * chunk_bytes);
-        double t0 = now();
+        double t0 = bench_now_s();
         servd_parallel_for((int64_t)per_call, 1, stream_task, &sj);
-        double t1 = now();
+        double t1 = bench_now_s();
         if (servd_attention(out, q, c, la, &b, cf->n_heads, scale) != 0) {
           fprintf(stderr, "%s\n", servd_last_error());
           return 1;
         }
-        double t2 = now();
+        double t2 = bench_now_s();
         stream_job pj0 = {.p = (const uint64_t *)ops__kv_run(c, lp, 0, 0, 0)};
         if (pool_chunks > 0) servd_parallel_for((int64_t)pool_chunks, 1, stream_task, &pj0);
-        double t3 = now();
+        double t3 = bench_now_s();
         paged_job pj = {.c = c, .layer = lq, .pf_blocks = ops__attn_pf_blocks(c), .blocks_per_seq = blocks_per_seq,
                         .scheme = scheme, .tables = tables};
         if (scheme == PF_BLOCK_MAJOR)
           servd_parallel_for(n_seqs, 1, block_major_task, &pj);
         else
           servd_parallel_for((int64_t)n_seqs * cf->n_kv, 1, paged_task, &pj);
-        double t4 = now();
+        double t4 = bench_now_s();
         if (r >= 0) {
           double ts = (t1 - t0) * (double)kv_bytes / (double)(per_call * chunk_bytes);
           double tpool = pool_chunks ? (t3 - t2) * (double)kv_bytes / (double)(pool_chunks * chunk_bytes) : NAN;
@@ -271,11 +257,11 @@ int main(int argc, char **argv) {
           g_paged[r] = kv_bytes / (t4 - t3) * 1e-9;
         }
       }
-      double ta = median(t_attn, reps);
+      double ta = bench_median(t_attn, reps);
       printf("%-28s %-4s %-7s %8.3f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", cf->name, servd_dtype_name(cf->dt),
-             servd_isa_name((servd_isa)isa), ta * 1e3, kv_bytes / ta * 1e-9, median(g_stream, reps),
-             median(g_pool, reps), median(g_paged, reps), median(r_stream, reps), median(r_pool, reps),
-             median(r_paged, reps));
+             servd_isa_name((servd_isa)isa), ta * 1e3, kv_bytes / ta * 1e-9, bench_median(g_stream, reps),
+             bench_median(g_pool, reps), bench_median(g_paged, reps), bench_median(r_stream, reps), bench_median(r_pool, reps),
+             bench_median(r_paged, reps));
       fflush(stdout);
     }
     servd_cpu_force_isa(SERVD_ISA_COUNT);
