@@ -10,7 +10,7 @@ pkgs=(
   libuv1-dev libjansson-dev libarchive-dev libpcre2-dev libcmocka-dev libssl-dev
   libhttp-parser-dev libopenblas-dev
   libpython3.11-dev python3 python3-jinja2 python3-numpy python3-venv python3-pip
-  prometheus curl gnuplot-nox
+  prometheus curl gnuplot-nox linux-perf
 )
 
 missing=()

@@ -20,7 +20,8 @@ int bench_chunk_parse(const char *data, size_t len, bench_api api, bench_chunk *
   out->usage_completion_tokens = -1;
   *json_out = NULL;
   json_error_t jerr;
-  json_t *root = json_loadb(data, len, 0, &jerr);
+  /* \u0000 is valid JSON and a model may emit a NUL byte: accept it (jansson refuses by default). */
+  json_t *root = json_loadb(data, len, JSON_ALLOW_NUL, &jerr);
   if (!json_is_object(root)) {
     snprintf(out->errmsg, sizeof out->errmsg, "stream chunk is not a JSON object: %.80s",
              root ? "other JSON type" : jerr.text);

@@ -82,6 +82,18 @@ static void test_chunk_completions(void **state) {
   json_decref(doc);
 }
 
+/* A model may emit a NUL byte; servers send it as the valid JSON escape \u0000. It is one token. */
+static void test_chunk_nul_text(void **state) {
+  (void)state;
+  const char *d = "{\"choices\":[{\"index\":0,\"text\":\"a\\u0000b\"}]}";
+  bench_chunk c;
+  json_t *doc;
+  assert_int_equal(bench_chunk_parse(d, strlen(d), BENCH_API_COMPLETIONS, &c, &doc), 0);
+  assert_int_equal(c.text_len, 3);
+  assert_memory_equal(c.text, "a\0b", 3);
+  json_decref(doc);
+}
+
 static void test_chunk_chat_role_usage_error(void **state) {
   (void)state;
   bench_chunk c;
@@ -119,7 +131,7 @@ int main(void) {
       cmocka_unit_test(test_crlf_comments_and_fields),
       cmocka_unit_test(test_multiline_data_and_bare_cr),
       cmocka_unit_test(test_line_too_long),
-      cmocka_unit_test(test_chunk_completions),
+      cmocka_unit_test(test_chunk_completions), cmocka_unit_test(test_chunk_nul_text),
       cmocka_unit_test(test_chunk_chat_role_usage_error),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
