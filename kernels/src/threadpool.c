@@ -13,7 +13,8 @@
  *   job gets as many helpers as there are slots not busy with small jobs. When no chunk is left the
  *   caller closes the job and waits only for workers that joined it: a worker that was not
  *   scheduled in time (an oversubscribed machine) never holds the caller up.
- * - A caller that finds no free slot spins briefly, then sleeps until a slot is released.
+ * - A caller that finds no free slot spins (yielding the core) for a while, then sleeps until a
+ *   slot is released.
  * - Workers spin briefly after a job before sleeping, holding no slot, because a decode step issues
  *   hundreds of small ops back to back and a futex wake per op would dominate them.
  */

@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 /* Task body: process items [begin, end). `thread` is in [0, servd_threadpool_size()): the compute slot
- * running it, never the same for two bodies running at once. */
+ * running it, never the same for two bodies on different threads at once. */
 typedef void (*servd_task_fn)(void *ctx, int64_t begin, int64_t end, int thread);
 
 /* Sets the number of compute threads (0: number of online CPUs). Call once before the first op;
