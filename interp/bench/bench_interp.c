@@ -8,8 +8,8 @@
  * deep_tiny (Python-heavy: 16 layers x 6 ops on (1, 32) rows) and mlp_classifier (the example
  * generic package). Each item is one predict call with a batch of one row. Every
  * configuration runs `--reps` times for `--seconds`; the table shows the median run. The kernels'
- * compute pool is sized by --pool-threads (default 1: parallelism comes from concurrent requests,
- * and on a small machine extra pool workers only compete with the callers for cores).
+ * compute pool is sized by --pool-threads (default 0: the online CPUs, as servd sizes it; the pool
+ * never runs more compute threads than that, so concurrent callers share those slots).
  *
  *   bench_interp [--seconds S] [--reps R] [--pool-threads K] [--threads 1,2,4] [--models a,b] [--markdown]
  */
@@ -358,7 +358,7 @@ int main(int argc, char **argv) {
   if (servd_interp_early_init(argc, argv) < 0)
     die("early init");
   double seconds = 1.0;
-  int reps = 3, pool_threads = 1, markdown = 0;
+  int reps = 3, pool_threads = 0, markdown = 0;
   int tcounts[8] = {1, 2, 4}, nt = 3;
   const char *only = NULL; /* --models a,b: run only these */
   for (int i = 1; i < argc; i++) {
