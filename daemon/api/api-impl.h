@@ -4,12 +4,14 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "api/api.h"
 #include "http/buf.h"
 
 #define API_HIST_MAX 24
 #define API_MAX_TOP 20
+#define API_EV_TAKE 16 /* free event nodes an engine thread takes per lock */
 
 typedef struct api_hist {
   int n;                          /* finite bounds */
@@ -55,6 +57,7 @@ struct gen;
 /* An engine event copied off the engine thread; nodes and their text buffers are recycled. */
 typedef struct api_event {
   struct api_event *next;
+  struct api_event *spare; /* final events: the request's unused cached nodes, going back */
   struct gen *g;
   servd_event_kind kind;
   int32_t token;
@@ -86,6 +89,12 @@ typedef struct gen {
   size_t text_offset; /* completions logprobs: offset of the next token */
   uint64_t t_submit, t_first, t_last;
   bool role_sent;
+  /* Free nodes taken in bulk by the engine thread (only it touches this, until the final event
+   * hands the rest back in api_event.spare), so most tokens take no lock. Padded onto a cache line
+   * of its own: the loop writes the fields above on every token. */
+  char pad_[64];
+  api_event *ev_cache;
+  char pad_end_[64 - sizeof(api_event *)];
 } gen;
 
 struct servd_api {
@@ -100,9 +109,13 @@ struct servd_api {
   servd_http_server *server;
   uv_async_t async;
   bool async_open;
-  pthread_mutex_t lock; /* guards the event queue and free list */
-  api_event *q_head, *q_tail, *free_events;
+  /* Events pushed by engine threads, newest first: a lock-free stack (producers only push, the
+   * loop only takes the whole stack at once, so there is no ABA), reversed on the loop. */
+  _Atomic(api_event *) q_top;
+  pthread_mutex_t lock; /* guards the free list */
+  api_event *free_events;
   int n_free_events;
+  uint64_t n_events, n_batches; /* handled on the loop (metrics) */
   gen *gens;
   int works;     /* worker-thread jobs in flight */
   int inflight;  /* requests holding engine work */

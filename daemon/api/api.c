@@ -73,17 +73,26 @@ int api_status_for(int rc) {
 void api_engine_cb(void *ud, const servd_event *ev) {
   gen *g = ud;
   servd_api *a = g->api;
-  pthread_mutex_lock(&a->lock);
-  api_event *e = a->free_events;
-  if (e) {
-    a->free_events = e->next;
-    a->n_free_events--;
-  } else {
-    e = calloc(1, sizeof(*e));
+  /* Nodes come from the request's own cache, refilled from the free list a few at a time: one
+   * lock per API_EV_TAKE tokens; filling and queueing a node take none. */
+  api_event *e = g->ev_cache;
+  if (!e) {
+    pthread_mutex_lock(&a->lock);
+    e = a->free_events;
+    api_event *last = e;
+    int k = e ? 1 : 0;
+    for (; k < API_EV_TAKE && last && last->next; k++) last = last->next;
+    if (last) {
+      a->free_events = last->next;
+      last->next = NULL;
+      a->n_free_events -= k;
+    }
+    pthread_mutex_unlock(&a->lock);
   }
+  if (e) g->ev_cache = e->next;
+  else e = calloc(1, sizeof(*e));
   if (!e) {
     /* Out of memory on the engine thread: a token is lost but a final event must not be. */
-    pthread_mutex_unlock(&a->lock);
     if (ev->kind == SERVD_EVENT_TOKEN) return;
     for (;;) {
       e = calloc(1, sizeof(*e));
@@ -91,9 +100,7 @@ void api_engine_cb(void *ud, const servd_event *ev) {
       struct timespec ts = {0, 1000000};
       nanosleep(&ts, NULL);
     }
-    pthread_mutex_lock(&a->lock);
   }
-  e->next = NULL;
   e->g = g;
   e->kind = ev->kind;
   e->token = ev->token;
@@ -123,35 +130,72 @@ void api_engine_cb(void *ud, const servd_event *ev) {
     }
   }
   e->t_ns = api_now_ns();
-  if (a->q_tail) a->q_tail->next = e;
-  else a->q_head = e;
-  a->q_tail = e;
-  pthread_mutex_unlock(&a->lock);
+  e->spare = NULL;
+  if (ev->kind != SERVD_EVENT_TOKEN) { /* final: the engine never touches g again */
+    e->spare = g->ev_cache;
+    g->ev_cache = NULL;
+  }
+  /* Release: the loop that takes the stack sees the node's contents. */
+  api_event *top = atomic_load_explicit(&a->q_top, memory_order_relaxed);
+  do e->next = top;
+  while (!atomic_compare_exchange_weak_explicit(&a->q_top, &top, e, memory_order_release, memory_order_relaxed));
   uv_async_send(&a->async);
 }
 
 static void on_async(uv_async_t *h) {
   servd_api *a = h->data;
-  pthread_mutex_lock(&a->lock);
-  api_event *e = a->q_head;
-  a->q_head = a->q_tail = NULL;
-  pthread_mutex_unlock(&a->lock);
+  /* Take every queued event at once (acquire pairs with the engine's release) and restore the
+   * order they were pushed in: each request's events stay in engine order. */
+  api_event *e = atomic_exchange_explicit(&a->q_top, NULL, memory_order_acquire), *fifo = NULL;
   while (e) {
     api_event *next = e->next;
+    e->next = fifo;
+    fifo = e;
+    e = next;
+  }
+  if (!fifo) return;
+  /* Every chunk of this wake-up is queued first, then each connection is written once. */
+  if (a->server) servd_http_server_batch_begin(a->server);
+  api_event *last = NULL;
+  int n = 0; /* nodes to recycle: the events and the spares handed back */
+  for (e = fifo; e; e = e->next) {
     api_oai_event(a, e);
-    pthread_mutex_lock(&a->lock);
-    if (a->n_free_events < 4096) {
+    a->n_events++;
+    n++;
+    if (e->spare) { /* splice the request's unused nodes in after its final event */
+      api_event *s = e->spare, *t = s;
+      for (n++; t->next; n++) t = t->next;
+      e->spare = NULL;
+      t->next = e->next;
+      e->next = s;
+      e = t;
+    }
+    last = e;
+  }
+  if (a->server) servd_http_server_batch_end(a->server);
+  a->n_batches++;
+  /* Recycle the batch under one lock; beyond the cap, free the surplus. */
+  pthread_mutex_lock(&a->lock);
+  int keep = 4096 - a->n_free_events;
+  if (keep >= n) {
+    last->next = a->free_events;
+    a->free_events = fifo;
+    a->n_free_events += n;
+    fifo = NULL;
+  } else {
+    for (; keep > 0 && fifo; keep--) {
+      e = fifo;
+      fifo = e->next;
       e->next = a->free_events;
       a->free_events = e;
       a->n_free_events++;
-      e = NULL;
     }
-    pthread_mutex_unlock(&a->lock);
-    if (e) {
-      free(e->text);
-      free(e);
-    }
-    e = next;
+  }
+  pthread_mutex_unlock(&a->lock);
+  for (api_event *next; fifo; fifo = next) {
+    next = fifo->next;
+    free(fifo->text);
+    free(fifo);
   }
 }
 
@@ -162,6 +206,7 @@ int servd_api_create(uv_loop_t *loop, const servd_api_options *o, servd_api **ou
   servd_api *a = calloc(1, sizeof(*a));
   if (!a) return servd_fail(SERVD_ENOMEM, "api: out of memory");
   a->loop = loop;
+  atomic_init(&a->q_top, NULL);
   if (o) a->o = *o;
   else servd_api_options_default(&a->o);
   if (!a->o.ops) {
@@ -213,7 +258,7 @@ static void api_free(servd_api *a) {
     free(am->path);
     free(am);
   }
-  api_event *lists[2] = {a->q_head, a->free_events};
+  api_event *lists[2] = {atomic_load(&a->q_top), a->free_events};
   for (int i = 0; i < 2; i++)
     for (api_event *e = lists[i], *n; e; e = n) {
       n = e->next;

@@ -76,7 +76,14 @@ void api_metrics(servd_api *a, servd_http_req *r) {
     servd_buf_printf(&b, "servd_http_connections %d\n", servd_http_server_connections(a->server));
     head(&b, "servd_http_requests_in_progress", "gauge", "HTTP requests being handled.");
     servd_buf_printf(&b, "servd_http_requests_in_progress %d\n", servd_http_server_active_requests(a->server));
+    head(&b, "servd_http_socket_writes_total", "counter", "Socket writes of response output.");
+    servd_buf_printf(&b, "servd_http_socket_writes_total %llu\n",
+                     (unsigned long long)servd_http_server_writes(a->server));
   }
+  head(&b, "servd_engine_events_total", "counter", "Engine events (tokens, ends) handed to the HTTP loop.");
+  servd_buf_printf(&b, "servd_engine_events_total %llu\n", (unsigned long long)a->n_events);
+  head(&b, "servd_engine_event_batches_total", "counter", "Wake-ups of the HTTP loop that handled engine events.");
+  servd_buf_printf(&b, "servd_engine_event_batches_total %llu\n", (unsigned long long)a->n_batches);
   head(&b, "servd_model_ready", "gauge", "1 when the model is loaded and its engine is making progress.");
   for (api_model *am = a->models; am; am = am->next) {
     servd_buf_puts(&b, "servd_model_ready{model=\"");

@@ -25,6 +25,11 @@ static void oai_free(oai *o) {
     gen *g = &o->gens[i];
     servd_buf_free(&g->text);
     json_decref(g->lp);
+    for (api_event *e = g->ev_cache, *n; e; e = n) { /* normally handed back by the final event */
+      n = e->next;
+      free(e->text);
+      free(e);
+    }
     free(g->error);
   }
   free(o->gens);

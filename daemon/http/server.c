@@ -40,6 +40,8 @@ typedef struct conn {
   servd_buf body;
   servd_buf obuf, wbuf; /* accumulating output, output being written */
   bool writing;
+  bool dirty;             /* on srv->dirty: output queued while the server was in a batch */
+  struct conn *dirty_next;
   uv_write_t wreq;
   servd_buf ehdr; /* extra response headers of the current request */
   servd_arena *arena;
@@ -57,6 +59,9 @@ struct servd_http_server {
   http_parser_settings settings;
   conn *conns;
   int n_conns, active;
+  int batch_depth;   /* > 0: flushes are deferred to servd_http_server_batch_end */
+  conn *dirty;       /* connections with output deferred by the batch */
+  uint64_t n_writes; /* uv_write calls issued */
   void (*done)(void *);
   void *done_ud;
 };
@@ -107,7 +112,7 @@ static void timer_set(conn *c, timer_kind k, int ms);
 /* ---- server-level bookkeeping ---------------------------------------------------------------- */
 
 static void server_maybe_done(servd_http_server *s) {
-  if (!s->closing || s->open_handles > 0 || s->n_conns > 0) return;
+  if (!s->closing || s->open_handles > 0 || s->n_conns > 0 || s->batch_depth > 0) return;
   void (*done)(void *) = s->done;
   void *ud = s->done_ud;
   free(s);
@@ -118,6 +123,12 @@ static void on_conn_handle_closed(uv_handle_t *h) {
   conn *c = h->data;
   if (--c->open_handles > 0) return;
   servd_http_server *s = c->srv;
+  if (c->dirty) /* closed inside a batch (not reached in practice: close callbacks run later) */
+    for (conn **pp = &s->dirty; *pp; pp = &(*pp)->dirty_next)
+      if (*pp == c) {
+        *pp = c->dirty_next;
+        break;
+      }
   if (c->prev) c->prev->next = c->next;
   else s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
@@ -190,7 +201,17 @@ static void on_shutdown_close(uv_shutdown_t *sh, int status) {
 }
 
 static void conn_flush(conn *c) {
-  if (c->closing || c->writing) return;
+  if (c->closing) return;
+  if (c->srv->batch_depth > 0) {
+    /* Inside a batch: one write per connection at its end instead of one per chunk. */
+    if (!c->dirty) {
+      c->dirty = true;
+      c->dirty_next = c->srv->dirty;
+      c->srv->dirty = c;
+    }
+    return;
+  }
+  if (c->writing) return;
   if (c->obuf.len == 0) {
     if (c->close_after) {
       /* Half-close so the client reads everything before the connection goes. */
@@ -212,6 +233,7 @@ static void conn_flush(conn *c) {
   c->obuf = tmp;
   uv_buf_t b = uv_buf_init(c->wbuf.data, (unsigned)c->wbuf.len);
   c->wreq.data = c;
+  c->srv->n_writes++;
   if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, on_write) != 0) {
     conn_close(c);
     return;
@@ -658,6 +680,24 @@ void servd_http_server_stop_accepting(servd_http_server *s) {
 }
 
 int servd_http_server_active_requests(const servd_http_server *s) { return s->active; }
+uint64_t servd_http_server_writes(const servd_http_server *s) { return s->n_writes; }
+
+void servd_http_server_batch_begin(servd_http_server *s) { s->batch_depth++; }
+
+void servd_http_server_batch_end(servd_http_server *s) {
+  if (s->batch_depth <= 0 || --s->batch_depth > 0) return;
+  /* conn_flush may close a connection, but handles are freed only in close callbacks, which the
+   * loop runs after this returns, so every entry stays valid while the list is walked. */
+  while (s->dirty) {
+    conn *c = s->dirty;
+    s->dirty = c->dirty_next;
+    c->dirty = false;
+    c->dirty_next = NULL;
+    conn_flush(c);
+  }
+  server_maybe_done(s); /* closed during the batch: freeing waited for its end */
+}
+
 int servd_http_server_connections(const servd_http_server *s) { return s->n_conns; }
 
 void servd_http_server_close(servd_http_server *s, void (*done)(void *), void *ud) {

@@ -90,6 +90,14 @@ int servd_http_server_port(const servd_http_server *s);
 void servd_http_server_stop_accepting(servd_http_server *s);
 int servd_http_server_active_requests(const servd_http_server *s);
 int servd_http_server_connections(const servd_http_server *s);
+/* Socket writes issued so far (uv_write calls); for tests and metrics. */
+uint64_t servd_http_server_writes(const servd_http_server *s);
+/* A batch of responses produced together (e.g. one wake-up's worth of engine events): between
+ * begin and end, output is only queued, and batch_end writes each connection that got output once,
+ * in the order it was queued. Nothing waits on a timer: the batch ends before the loop goes back to
+ * polling. Batches nest; only the outermost end flushes. Loop thread only. */
+void servd_http_server_batch_begin(servd_http_server *s);
+void servd_http_server_batch_end(servd_http_server *s);
 /* Closes every handle (aborting requests in progress) and frees the server when the last handle
  * has closed; done(ud) runs then. */
 void servd_http_server_close(servd_http_server *s, void (*done)(void *ud), void *ud);
