@@ -22,9 +22,7 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
-#include "mpk/import.h"
-#include "servd/interp.h"
-#include "servd/threadpool.h"
+#include "engine-test.h"
 
 #define MAXTOK 256
 
@@ -298,15 +296,9 @@ static void test_chat_template(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (servd_interp_early_init(argc, argv)) return 1;
-  servd_threadpool_init(2);
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/servd-test-engine.XXXXXX");
-  if (!mkdtemp(tmpdir)) return 1;
-  snprintf(pkg_path, sizeof pkg_path, "%s/tiny.mpk", tmpdir);
-  if (mpk_synth("tiny", 11, SERVD_F32, NULL, pkg_path, NULL)) {
-    fprintf(stderr, "synth: %s\n", servd_last_error());
+  if (engine_test_start(argc, argv, "engine", tmpdir, sizeof tmpdir) ||
+      engine_test_synth_tiny(tmpdir, "tiny.mpk", pkg_path, sizeof pkg_path, NULL))
     return 1;
-  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_continuous_batching_matches_alone), cmocka_unit_test(test_stop_string),
       cmocka_unit_test(test_cancel_frees_blocks),               cmocka_unit_test(test_deadline),

@@ -18,8 +18,7 @@
 
 #include "engine/engine.h"
 #include "mpk/writer.h"
-#include "servd/interp.h"
-#include "servd/threadpool.h"
+#include "engine-test.h"
 
 static char pkg_path[256], tmpdir[128];
 
@@ -193,10 +192,7 @@ static void test_language_model_calls_refused(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (servd_interp_early_init(argc, argv)) return 1;
-  servd_threadpool_init(2);
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/servd-test-generic.XXXXXX");
-  if (!mkdtemp(tmpdir)) return 1;
+  if (engine_test_start(argc, argv, "generic", tmpdir, sizeof tmpdir)) return 1;
   snprintf(pkg_path, sizeof pkg_path, "%s/doubler.mpk", tmpdir);
   if (make_package()) {
     fprintf(stderr, "package: %s\n", servd_last_error());

@@ -21,9 +21,7 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
-#include "mpk/import.h"
-#include "servd/interp.h"
-#include "servd/threadpool.h"
+#include "engine-test.h"
 
 #define GEN 8
 #define FAULT_TOKENS 13
@@ -136,10 +134,7 @@ static void test_rank_failure_fails_step_and_engine_recovers(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (servd_interp_early_init(argc, argv)) return 1;
-  servd_threadpool_init(2);
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/servd-test-tp-fault.XXXXXX");
-  if (!mkdtemp(tmpdir)) return 1;
+  if (engine_test_start(argc, argv, "tp-fault", tmpdir, sizeof tmpdir)) return 1;
   /* code/llama/: the project's model code plus faulty.py */
   char cmd[1024], code_dir[256], path[300];
   snprintf(code_dir, sizeof code_dir, "%s/llama", tmpdir);
@@ -151,15 +146,11 @@ int main(int argc, char **argv) {
   snprintf(path, sizeof path, "%s/faulty.py", code_dir);
   FILE *f = fopen(path, "w");
   if (!f || fwrite(faulty_py, 1, sizeof faulty_py - 1, f) != sizeof faulty_py - 1 || fclose(f)) return 1;
-  snprintf(pkg_path, sizeof pkg_path, "%s/faulty.mpk", tmpdir);
   mpk_import_options io;
   mpk_import_options_init(&io);
   io.code_dir = code_dir;
   io.entry_point = "llama.faulty:Faulty";
-  if (mpk_synth("tiny", 11, SERVD_F32, NULL, pkg_path, &io)) {
-    fprintf(stderr, "synth: %s\n", servd_last_error());
-    return 1;
-  }
+  if (engine_test_synth_tiny(tmpdir, "faulty.mpk", pkg_path, sizeof pkg_path, &io)) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rank_failure_fails_step_and_engine_recovers),
   };
