@@ -18,6 +18,7 @@
 
 #include "servd/status.h"
 #include "servd/ops.h"
+#include "servd/device.h"
 
 #define SERVD_INTERP_MAX 15
 
@@ -35,6 +36,8 @@ typedef struct servd_pool_options {
   const char *extra_sys_path; /* NULL, or ':'-separated directories added to sys.path */
   struct servd_py_error *error; /* NULL, or filled when starting an interpreter or importing the
                                  * package raised (type, message, full traceback) */
+  const int *rank_devices;      /* NULL: every rank on the CPU; else rank r runs on GPU rank_devices[r] */
+  servd_device_comm *dcomm;     /* NCCL collectives between GPU ranks (world_size > 1); borrowed */
 } servd_pool_options;
 
 /* Creates the interpreters, imports the package's entry module from the package itself and builds
@@ -88,7 +91,13 @@ typedef struct servd_forward_batch {
   int n_logit_rows;
   const int32_t *logit_rows; /* rows of the token batch whose logits are needed */
   servd_attn_batch attn;     /* per-sequence layout for the attention op */
-  servd_kv_cache *kv;        /* this rank's cache */
+  servd_kv_cache *kv;        /* this rank's cache (on a GPU: block bookkeeping only) */
+  /* GPU ranks: the step's inputs uploaded to this rank's device, and its device KV cache. NULL on
+   * the CPU. The model code then sees device tensors in batch.tokens, .positions, .slots and
+   * .logit_rows, and batch.kv covers the device cache. */
+  servd_device_batch *dbatch;
+  servd_device_kv *dkv;
+  int max_tokens, max_seqs; /* the engine's step capacities (buffers sized once), 0: unknown */
 } servd_forward_batch;
 
 SERVD_API int servd_interp_forward(servd_interp *it, const servd_forward_batch *b, servd_tensor **logits,

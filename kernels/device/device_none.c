@@ -1,0 +1,167 @@
+/* servd/device.h without the CUDA backend: no devices; every device call fails and says why. */
+#include "servd/device.h"
+
+#include <stdio.h>
+
+#define NO_CUDA(op) servd_fail(SERVD_EDEVICE, "%s: servd was built without CUDA (configure with nvcc present)", op)
+
+int servd_device_count(int *n, char *why, size_t why_cap) {
+  *n = 0;
+  if (why && why_cap) snprintf(why, why_cap, "servd was built without CUDA");
+  return SERVD_OK;
+}
+bool servd_device_built(void) { return false; }
+int servd_device_describe(int device, char *buf, size_t cap) {
+  (void)device;
+  if (buf && cap) buf[0] = 0;
+  return NO_CUDA("device_describe");
+}
+int servd_device_mem_info(int device, size_t *free_bytes, size_t *total_bytes) {
+  (void)device;
+  *free_bytes = *total_bytes = 0;
+  return NO_CUDA("device_mem_info");
+}
+int servd_device_tensor_new(int device, servd_dtype dtype, int ndim, const int64_t *shape, servd_tensor **out) {
+  (void)device, (void)dtype, (void)ndim, (void)shape;
+  *out = NULL;
+  return NO_CUDA("device_tensor_new");
+}
+int servd_device_upload(int device, const servd_tensor *host, servd_dtype dtype, servd_tensor **out) {
+  (void)device, (void)host, (void)dtype;
+  *out = NULL;
+  return NO_CUDA("device_upload");
+}
+int servd_device_weight(int device, const servd_tensor *host, servd_tensor **out) {
+  (void)device, (void)host;
+  *out = NULL;
+  return NO_CUDA("device_weight");
+}
+void servd_device_weights_trim(void) {}
+size_t servd_device_weights_bytes(int device) {
+  (void)device;
+  return 0;
+}
+int servd_device_copy(servd_tensor *dst, const servd_tensor *src) {
+  (void)dst, (void)src;
+  return NO_CUDA("device_copy");
+}
+int servd_device_sync(int device) {
+  (void)device;
+  return NO_CUDA("device_sync");
+}
+uint64_t servd_device_generation(int device) {
+  (void)device;
+  return 0;
+}
+int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
+  (void)out, (void)x, (void)w;
+  return NO_CUDA("device matmul");
+}
+int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset) {
+  (void)out, (void)table, (void)ids, (void)row_offset;
+  return NO_CUDA("device embedding");
+}
+int servd_device_rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps) {
+  (void)out, (void)x, (void)weight, (void)eps;
+  return NO_CUDA("device rmsnorm");
+}
+int servd_device_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p) {
+  (void)x, (void)positions, (void)p;
+  return NO_CUDA("device rope");
+}
+int servd_device_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
+  (void)out, (void)gate, (void)up;
+  return NO_CUDA("device swiglu");
+}
+int servd_device_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b) {
+  (void)out, (void)a, (void)b;
+  return NO_CUDA("device add");
+}
+int servd_device_argmax(servd_tensor *out, const servd_tensor *x) {
+  (void)out, (void)x;
+  return NO_CUDA("device argmax");
+}
+int servd_device_topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k) {
+  (void)values, (void)indices, (void)x, (void)k;
+  return NO_CUDA("device topk");
+}
+int servd_device_kv_create(int device, int n_layers, int kv_dim, int block_size, int n_blocks, servd_device_kv **out) {
+  (void)device, (void)n_layers, (void)kv_dim, (void)block_size, (void)n_blocks;
+  *out = NULL;
+  return NO_CUDA("device_kv_create");
+}
+void servd_device_kv_destroy(servd_device_kv *kv) { (void)kv; }
+size_t servd_device_kv_bytes(int n_layers, int kv_dim, int block_size, int n_blocks) {
+  return (size_t)n_layers * 2 * (size_t)kv_dim * (size_t)block_size * (size_t)n_blocks * 2;
+}
+int servd_device_kv_device(const servd_device_kv *kv) {
+  (void)kv;
+  return -1;
+}
+int servd_device_kv_write(servd_device_kv *kv, int layer, const servd_tensor *k, const servd_tensor *v,
+                          const servd_tensor *slots) {
+  (void)kv, (void)layer, (void)k, (void)v, (void)slots;
+  return NO_CUDA("device kv_write");
+}
+int servd_device_batch_create(int device, int max_tokens, int max_seqs, int max_blocks_per_seq,
+                              servd_device_batch **out) {
+  (void)device, (void)max_tokens, (void)max_seqs, (void)max_blocks_per_seq;
+  *out = NULL;
+  return NO_CUDA("device_batch_create");
+}
+void servd_device_batch_destroy(servd_device_batch *db) { (void)db; }
+int servd_device_batch_upload(servd_device_batch *db, int n_tokens, const int32_t *tokens, const int32_t *positions,
+                              const int32_t *slots, int n_logit_rows, const int32_t *logit_rows,
+                              const servd_attn_batch *attn, int block_size) {
+  (void)db, (void)n_tokens, (void)tokens, (void)positions, (void)slots, (void)n_logit_rows, (void)logit_rows,
+      (void)attn, (void)block_size;
+  return NO_CUDA("device_batch_upload");
+}
+servd_tensor *servd_device_batch_tensor(const servd_device_batch *db, servd_device_batch_field f) {
+  (void)db, (void)f;
+  NO_CUDA("device_batch_tensor");
+  return NULL;
+}
+int servd_device_batch_capacity(const servd_device_batch *db, int *max_tokens, int *max_seqs) {
+  (void)db;
+  *max_tokens = *max_seqs = 0;
+  return NO_CUDA("device_batch_capacity");
+}
+int servd_device_attention(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
+                           const servd_device_batch *db, int n_heads, float scale) {
+  (void)out, (void)q, (void)kv, (void)layer, (void)db, (void)n_heads, (void)scale;
+  return NO_CUDA("device attention");
+}
+int servd_device_comm_create(int world_size, const int *devices, servd_device_comm **out) {
+  (void)world_size, (void)devices;
+  *out = NULL;
+  return NO_CUDA("device_comm_create");
+}
+void servd_device_comm_destroy(servd_device_comm *c) { (void)c; }
+int servd_device_allreduce_sum(servd_device_comm *c, int rank, servd_tensor *x) {
+  (void)c, (void)rank, (void)x;
+  return NO_CUDA("device allreduce");
+}
+int servd_device_allgather_cols(servd_device_comm *c, int rank, servd_tensor *out, const servd_tensor *x) {
+  (void)c, (void)rank, (void)out, (void)x;
+  return NO_CUDA("device allgather_cols");
+}
+void servd_device_comm_abort(servd_device_comm *c) { (void)c; }
+int servd_device_comm_reset(servd_device_comm *c) {
+  (void)c;
+  return NO_CUDA("device_comm_reset");
+}
+int servd_device_graph_begin(int device) {
+  (void)device;
+  return NO_CUDA("device_graph_begin");
+}
+int servd_device_graph_end(int device, servd_device_graph **out) {
+  (void)device;
+  *out = NULL;
+  return NO_CUDA("device_graph_end");
+}
+int servd_device_graph_launch(servd_device_graph *g) {
+  (void)g;
+  return NO_CUDA("device_graph_launch");
+}
+void servd_device_graph_destroy(servd_device_graph *g) { (void)g; }

@@ -1,0 +1,149 @@
+/* Device tensors and the ops of a Llama forward pass on them: the layer between servd_tensor and the
+ * CUDA launchers of servd/cuda.h, used by the interpreters' `servd` module and by the engine.
+ *
+ * A device tensor is a servd_tensor with device >= 0 whose storage is SERVD_STORAGE_DEVICE (memory
+ * from cudaMalloc, freed when the last reference goes). Activations are bf16 (f32 for logits), ids
+ * and positions i32; device ops take contiguous tensors only. Each calling thread gets its own CUDA
+ * context per device (a stream, a cuBLAS handle and a scratch pool), created on first use: work a
+ * thread enqueues runs in order on its stream; calls that return data to the host wait for it.
+ *
+ * Built without CUDA (SERVD_CUDA off), servd_device_count reports 0 devices and every other call
+ * fails with SERVD_EDEVICE "servd was built without CUDA". Errors name the op, the shapes and the
+ * dtypes, as the CPU ops do.
+ */
+#ifndef SERVD_DEVICE_H
+#define SERVD_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "servd/ops.h"
+#include "servd/status.h"
+#include "servd/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- discovery ---------------------------------------------------------------------------------- */
+/* Visible CUDA devices; 0 (and SERVD_OK) without the CUDA backend, a driver or a device. *why gets a
+ * one-line reason when 0 ("built without CUDA", "no CUDA driver: ..."); why may be NULL. */
+SERVD_API int servd_device_count(int *n, char *why, size_t why_cap);
+SERVD_API bool servd_device_built(void); /* true when compiled with the CUDA backend */
+/* "NVIDIA H200, 143 GB, sm_90, 132 SMs" */
+SERVD_API int servd_device_describe(int device, char *buf, size_t cap);
+SERVD_API int servd_device_mem_info(int device, size_t *free_bytes, size_t *total_bytes);
+
+/* ---- tensors ------------------------------------------------------------------------------------ */
+/* New contiguous zeroed device tensor (dtype bf16, f32 or i32). */
+SERVD_API int servd_device_tensor_new(int device, servd_dtype dtype, int ndim, const int64_t *shape,
+                                      servd_tensor **out);
+/* New contiguous device copy of a host tensor of any layout, converted to `dtype`: bf16 or f32 from
+ * f32, f16, bf16 and the block dtypes (dequantized); i32 from i32. */
+SERVD_API int servd_device_upload(int device, const servd_tensor *host, servd_dtype dtype, servd_tensor **out);
+/* A read-only bf16 copy of a host weight, shared: every caller asking for the same host bytes (same
+ * data address, dtype, shape and strides) on the same device gets the same device tensor (a new
+ * reference). The cache keeps the host storage alive, so the address cannot be reused by another
+ * mapping while the entry exists. Thread-safe; concurrent first calls upload once. */
+SERVD_API int servd_device_weight(int device, const servd_tensor *host, servd_tensor **out);
+/* Drops cached weights that no tensor outside the cache references (after a model unloads). */
+SERVD_API void servd_device_weights_trim(void);
+/* Bytes of device memory held by the weight cache on `device`. */
+SERVD_API size_t servd_device_weights_bytes(int device);
+/* Copies src into dst: same dtype and shape, host<->device or device<->device, rows of either may be
+ * strided (the innermost dimension contiguous). Waits for the copy when dst is on the host. */
+SERVD_API int servd_device_copy(servd_tensor *dst, const servd_tensor *src);
+/* Waits for the work this thread enqueued on `device`. */
+SERVD_API int servd_device_sync(int device);
+/* Bumped whenever device memory that a captured graph could reference is freed or moved (tensor
+ * storage, or scratch of this thread's context that grew); a graph captured at generation g is valid
+ * while the generation is still g. */
+SERVD_API uint64_t servd_device_generation(int device);
+
+/* ---- ops: the CPU ops' contracts (servd/ops.h) with bf16 activations ---------------------------- */
+/* out (m,n) bf16 or f32 = x (m,k) bf16 @ w^T, w (n,k) bf16. */
+SERVD_API int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
+/* out (m,d) bf16: row ids[i]-row_offset of table (rows, d) bf16, zeros where that is outside the
+ * table (vocabulary-parallel shards); ids i32 device (m). */
+SERVD_API int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids,
+                                     int64_t row_offset);
+SERVD_API int servd_device_rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps);
+SERVD_API int servd_device_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p);
+SERVD_API int servd_device_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up);
+SERVD_API int servd_device_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b);
+/* out i32 (m) device = argmax of each row of x (m,n) f32. */
+SERVD_API int servd_device_argmax(servd_tensor *out, const servd_tensor *x);
+/* values f32 (m,k), indices i32 (m,k) device, k <= 64. */
+SERVD_API int servd_device_topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k);
+
+/* ---- paged KV cache on a device --------------------------------------------------------------------
+ * Storage only: which blocks a sequence owns is kept by a host servd_kv_cache of the same geometry
+ * (the scheduler's), whose block ids index this one. Per layer, K and V are (n_blocks*block_size,
+ * kv_dim) bf16. */
+typedef struct servd_device_kv servd_device_kv;
+SERVD_API int servd_device_kv_create(int device, int n_layers, int kv_dim, int block_size, int n_blocks,
+                                     servd_device_kv **out);
+SERVD_API void servd_device_kv_destroy(servd_device_kv *kv); /* accepts NULL */
+SERVD_API size_t servd_device_kv_bytes(int n_layers, int kv_dim, int block_size, int n_blocks);
+SERVD_API int servd_device_kv_device(const servd_device_kv *kv);
+/* k, v (t, kv_dim) bf16 device into slots i32 device (t); a negative slot is skipped (padding). */
+SERVD_API int servd_device_kv_write(servd_device_kv *kv, int layer, const servd_tensor *k, const servd_tensor *v,
+                                    const servd_tensor *slots);
+
+/* ---- the inputs of one step on a device ---------------------------------------------------------------
+ * Device copies of a step's token ids, positions, KV slots, logit rows and attention layout, in
+ * buffers allocated once at their capacities: their addresses never change, so a CUDA graph captured
+ * over one step replays over the next step's inputs. */
+typedef struct servd_device_batch servd_device_batch;
+SERVD_API int servd_device_batch_create(int device, int max_tokens, int max_seqs, int max_blocks_per_seq,
+                                        servd_device_batch **out);
+SERVD_API void servd_device_batch_destroy(servd_device_batch *db); /* accepts NULL */
+/* Uploads one step (host arrays; block_tables[s] holds at least ceil(kv_len[s]/block_size) ids).
+ * Fails with SERVD_ERANGE beyond the capacities. */
+SERVD_API int servd_device_batch_upload(servd_device_batch *db, int n_tokens, const int32_t *tokens,
+                                        const int32_t *positions, const int32_t *slots, int n_logit_rows,
+                                        const int32_t *logit_rows, const servd_attn_batch *attn, int block_size);
+typedef enum servd_device_batch_field {
+  SERVD_DB_TOKENS,     /* i32 (n_tokens) */
+  SERVD_DB_POSITIONS,  /* i32 (n_tokens) */
+  SERVD_DB_SLOTS,      /* i32 (n_tokens) */
+  SERVD_DB_LOGIT_ROWS, /* i32 (n_logit_rows) */
+} servd_device_batch_field;
+/* A view of the uploaded step's field (new reference). */
+SERVD_API servd_tensor *servd_device_batch_tensor(const servd_device_batch *db, servd_device_batch_field f);
+SERVD_API int servd_device_batch_capacity(const servd_device_batch *db, int *max_tokens, int *max_seqs);
+
+/* out (t, n_heads*head_dim) bf16 = causal attention of q (t, n_heads*head_dim) bf16 over the cache,
+ * for the layout of the step last uploaded to db. head_dim from q's width / n_heads. */
+SERVD_API int servd_device_attention(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
+                                     const servd_device_batch *db, int n_heads, float scale);
+
+/* ---- collectives between ranks of one process (NCCL, one communicator per rank) -------------- */
+typedef struct servd_device_comm servd_device_comm;
+/* devices[r]: the GPU of rank r (distinct). */
+SERVD_API int servd_device_comm_create(int world_size, const int *devices, servd_device_comm **out);
+SERVD_API void servd_device_comm_destroy(servd_device_comm *c); /* accepts NULL */
+/* Sum in place over the ranks; x bf16 device, same shape on every rank. */
+SERVD_API int servd_device_allreduce_sum(servd_device_comm *c, int rank, servd_tensor *x);
+/* out (m, N) f32 = columns of every rank's x (m, n_r) in rank order, where n_r = min(P, N - r*P),
+ * P = ceil(N / world) (vocabulary-parallel logits). */
+SERVD_API int servd_device_allgather_cols(servd_device_comm *c, int rank, servd_tensor *out, const servd_tensor *x);
+/* A rank failed: aborts every rank's communicator so none waits forever; later collectives fail
+ * until servd_device_comm_reset rebuilds them (call it when no rank is inside a collective). */
+SERVD_API void servd_device_comm_abort(servd_device_comm *c);
+SERVD_API int servd_device_comm_reset(servd_device_comm *c);
+
+/* ---- CUDA graphs of this thread's work on a device ------------------------------------------------- */
+typedef struct servd_device_graph servd_device_graph;
+/* Starts capturing the work this thread enqueues on `device` (ops then run at launch, not now). */
+SERVD_API int servd_device_graph_begin(int device);
+/* Ends the capture; on failure (an op that cannot be captured ran) returns the error and no graph. */
+SERVD_API int servd_device_graph_end(int device, servd_device_graph **out);
+SERVD_API int servd_device_graph_launch(servd_device_graph *g);
+SERVD_API void servd_device_graph_destroy(servd_device_graph *g); /* accepts NULL */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
