@@ -9,11 +9,16 @@
 #include "api/api.h"
 #include "servd/status.h"
 
+#define MAX_GRAPH_BATCH 4096
+
 void servd_config_init(servd_config *c) {
   memset(c, 0, sizeof(*c));
   c->host = strdup("127.0.0.1");
   c->port = 8000;
-  c->tp = 1;
+  c->tp = 0; /* resolved after parsing: 1, or the number of GPUs */
+  c->gpu_memory_fraction = 0.90;
+  c->cuda_graphs = true;
+  c->cuda_graph_max_batch = 64;
   c->interpreters = 1;
   c->max_queue = 256;
   c->access_log = SERVD_ACCESS_LOG_TEXT;
@@ -103,6 +108,24 @@ static int parse_double(const char *what, const char *v, double lo, double hi, d
   return 0;
 }
 
+/* (0, 1]: a fraction of the free device memory. */
+static int parse_fraction(const char *what, const char *v, double *out) {
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || *end || !(x > 0 && x <= 1))
+    return servd_fail(SERVD_EINVAL, "%s: expected a fraction in (0, 1], e.g. 0.9, got '%s'", what, v);
+  *out = x;
+  return 0;
+}
+
+static int parse_on_off(const char *what, const char *v, bool *out) {
+  if (strcmp(v, "on") == 0) *out = true;
+  else if (strcmp(v, "off") == 0) *out = false;
+  else return servd_fail(SERVD_EINVAL, "%s: expected on or off, got '%s'", what, v);
+  return 0;
+}
+
 static int parse_access_log(const char *what, const char *v, int *out) {
   if (strcmp(v, "text") == 0) *out = SERVD_ACCESS_LOG_TEXT;
   else if (strcmp(v, "json") == 0) *out = SERVD_ACCESS_LOG_JSON;
@@ -140,6 +163,30 @@ static int j_str(jctx *x, json_t *obj, const char *key, char **out) {
   if (!v || json_is_null(v)) return 0;
   if (!json_is_string(v)) return servd_fail(SERVD_EINVAL, "config %s: '%s' must be a string", x->file, key);
   return set_str(out, json_string_value(v));
+}
+
+static int j_fraction(jctx *x, json_t *obj, const char *key, double *out) {
+  json_t *v = json_object_get(obj, key);
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_number(v) || !(json_number_value(v) > 0 && json_number_value(v) <= 1))
+    return servd_fail(SERVD_EINVAL, "config %s: '%s' must be a fraction in (0, 1], e.g. 0.9", x->file, key);
+  *out = json_number_value(v);
+  return 0;
+}
+
+/* true/false, or "on"/"off" as on the command line. */
+static int j_on_off(jctx *x, json_t *obj, const char *key, bool *out) {
+  json_t *v = json_object_get(obj, key);
+  if (!v || json_is_null(v)) return 0;
+  if (json_is_boolean(v)) {
+    *out = json_is_true(v);
+    return 0;
+  }
+  if (json_is_string(v) && (strcmp(json_string_value(v), "on") == 0 || strcmp(json_string_value(v), "off") == 0)) {
+    *out = strcmp(json_string_value(v), "on") == 0;
+    return 0;
+  }
+  return servd_fail(SERVD_EINVAL, "config %s: '%s' must be true, false, \"on\" or \"off\"", x->file, key);
 }
 
 static int check_keys(jctx *x, json_t *obj, const char *where, const char *const *allowed) {
@@ -185,7 +232,8 @@ int servd_config_load_file(servd_config *c, const char *path) {
                                      "max_batch_tokens", "max_seqs", "kv_blocks", "block_size", "api_key",
                                      "access_log", "drain_timeout", "request_timeout", "read_timeout",
                                      "idle_timeout", "max_body_bytes", "max_header_bytes", "max_connections", "max_n",
-                                     "model_repository", "models", NULL};
+                                     "model_repository", "models", "gpu_memory_fraction", "cuda_graphs",
+                                     "cuda_graph_max_batch", NULL};
   json_error_t err;
   json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
   if (!root)
@@ -214,7 +262,10 @@ int servd_config_load_file(servd_config *c, const char *path) {
       (rc = j_num(&x, root, "max_body_bytes", 1024, 1ull << 32, &body)) ||
       (rc = j_num(&x, root, "max_header_bytes", 1024, 1 << 20, &hdr)) ||
       (rc = j_int(&x, root, "max_connections", 1, 1 << 20, &c->max_connections)) ||
-      (rc = j_int(&x, root, "max_n", 1, 256, &c->max_n)))
+      (rc = j_int(&x, root, "max_n", 1, 256, &c->max_n)) ||
+      (rc = j_fraction(&x, root, "gpu_memory_fraction", &c->gpu_memory_fraction)) ||
+      (rc = j_on_off(&x, root, "cuda_graphs", &c->cuda_graphs)) ||
+      (rc = j_int(&x, root, "cuda_graph_max_batch", 1, MAX_GRAPH_BATCH, &c->cuda_graph_max_batch)))
     goto out;
   c->max_body_bytes = (size_t)body;
   c->max_header_bytes = (size_t)hdr;
@@ -270,8 +321,13 @@ void servd_config_usage(FILE *f) {
         "  --port N                port (default 8000; 0 picks a free port)\n"
         "  --interpreters N        interpreters per generic model (default 1, at most 15)\n"
         "  --threads N             compute threads (default: all online CPUs)\n"
-        "  --gpus N                GPUs required (default 0: CPU backend)\n"
-        "  --tp N                  tensor-parallel ranks per language model (default 1)\n"
+        "  --gpus N                serve language models on GPUs 0..N-1 (default 0: CPU backend)\n"
+        "  --tp N                  tensor-parallel ranks per language model (default 1; with --gpus N:\n"
+        "                          N, and it must be N: one rank per GPU)\n"
+        "  --gpu-memory-fraction F share of the GPU memory left free by the weights that the KV cache\n"
+        "                          takes, in (0, 1] (default 0.9)\n"
+        "  --cuda-graphs on|off    run decode steps as CUDA graphs (default on)\n"
+        "  --cuda-graph-max-batch B  largest decode batch run as a CUDA graph (default 64)\n"
         "  --max-queue N           waiting requests per model before 429 (default 256)\n"
         "  --max-seqs N            running sequences per language model\n"
         "  --max-batch-tokens N    token budget per scheduler step\n"
@@ -301,6 +357,26 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag, b
 static bool flag_is(const char *arg, const char *flag) {
   size_t n = strlen(flag);
   return strncmp(arg, flag, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
+}
+
+/* With GPUs, every tensor-parallel rank has a GPU of its own (NCCL runs one rank per GPU): tp
+ * defaults to the number of GPUs and must equal it, server-wide and per model. */
+static int resolve_tp(servd_config *c) {
+  if (c->gpus == 0) {
+    if (c->tp == 0) c->tp = 1;
+    return 0;
+  }
+  if (c->tp != 0 && c->tp != c->gpus)
+    return servd_fail(SERVD_EINVAL, "--tp %d with --gpus %d: on GPUs each tensor-parallel rank needs a GPU of its own "
+                      "(NCCL runs one rank per GPU), so --tp must equal --gpus; use --tp %d, or --gpus %d if that "
+                      "many GPUs are present", c->tp, c->gpus, c->gpus, c->tp);
+  for (int i = 0; i < c->n_models; i++)
+    if (c->models[i].tp != 0 && c->models[i].tp != c->gpus)
+      return servd_fail(SERVD_EINVAL, "model '%s': tp %d with --gpus %d: on GPUs each tensor-parallel rank needs a "
+                        "GPU of its own (NCCL runs one rank per GPU), so tp must equal --gpus",
+                        c->models[i].name ? c->models[i].name : c->models[i].path, c->models[i].tp, c->gpus);
+  c->tp = c->gpus;
+  return 0;
 }
 
 int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_now) {
@@ -350,6 +426,16 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
       if ((rc = VAL("--gpus")) || (rc = parse_int("--gpus", v, 0, 1024, &c->gpus))) return rc;
     } else if (flag_is(a, "--tp")) {
       if ((rc = VAL("--tp")) || (rc = parse_int("--tp", v, 1, 64, &c->tp))) return rc;
+    } else if (flag_is(a, "--gpu-memory-fraction")) {
+      if ((rc = VAL("--gpu-memory-fraction")) ||
+          (rc = parse_fraction("--gpu-memory-fraction", v, &c->gpu_memory_fraction)))
+        return rc;
+    } else if (flag_is(a, "--cuda-graphs")) {
+      if ((rc = VAL("--cuda-graphs")) || (rc = parse_on_off("--cuda-graphs", v, &c->cuda_graphs))) return rc;
+    } else if (flag_is(a, "--cuda-graph-max-batch")) {
+      if ((rc = VAL("--cuda-graph-max-batch")) ||
+          (rc = parse_int("--cuda-graph-max-batch", v, 1, MAX_GRAPH_BATCH, &c->cuda_graph_max_batch)))
+        return rc;
     } else if (flag_is(a, "--max-queue")) {
       if ((rc = VAL("--max-queue")) || (rc = parse_int("--max-queue", v, 1, 1 << 20, &c->max_queue))) return rc;
     } else if (flag_is(a, "--max-seqs")) {
@@ -386,7 +472,7 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
     for (int k = 0; k < i; k++)
       if (c->models[i].name && c->models[k].name && strcmp(c->models[i].name, c->models[k].name) == 0)
         return servd_fail(SERVD_EINVAL, "two models are named '%s'", c->models[i].name);
-  return 0;
+  return resolve_tp(c);
 }
 
 void servd_config_model_options(const servd_config *c, int i, servd_model_options *o) {
@@ -407,4 +493,8 @@ void servd_config_model_options(const servd_config *c, int i, servd_model_option
   PICK(max_batch_size, 0)
 #undef PICK
   if (m->max_batch_delay_ms > 0) o->max_batch_delay_ms = m->max_batch_delay_ms;
+  o->gpus = c->gpus;
+  o->gpu_memory_fraction = c->gpu_memory_fraction;
+  o->cuda_graphs = c->cuda_graphs;
+  o->cuda_graph_max_batch = c->cuda_graph_max_batch;
 }

@@ -23,7 +23,11 @@ typedef struct servd_config {
   int port;
   int threads;      /* compute threads; 0: online CPUs */
   int gpus;         /* GPUs required; 0: CPU backend */
-  int tp, interpreters, max_queue, max_batch_tokens, max_seqs, kv_blocks, block_size;
+  int tp;           /* tensor-parallel ranks; 0 until parsed: then 1, or gpus with GPUs */
+  int interpreters, max_queue, max_batch_tokens, max_seqs, kv_blocks, block_size;
+  double gpu_memory_fraction; /* of the free memory after the weights, for the KV cache: (0, 1] */
+  bool cuda_graphs;           /* decode steps as CUDA graphs */
+  int cuda_graph_max_batch;   /* largest decode batch run as a graph */
   char *api_key;
   int access_log;   /* servd_access_log */
   double drain_timeout_s;
@@ -42,8 +46,9 @@ void servd_config_init(servd_config *c);
 void servd_config_free(servd_config *c); /* accepts a zeroed config */
 /* Merges a JSON config file into c. Unknown keys are errors (typos must not pass silently). */
 int servd_config_load_file(servd_config *c, const char *path);
-/* Applies flags (and --config FILE first, wherever it appears). *exit_now is set for --help and
- * --version, which print to stdout. Errors name the flag and what was expected. */
+/* Applies flags (and --config FILE first, wherever it appears), then checks the combination (--tp
+ * with --gpus) and resolves tp. *exit_now is set for --help and --version, which print to stdout.
+ * Errors name the flag and what was expected. */
 int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_now);
 /* Engine options of model i with server-wide values filled in; strings borrowed from c. */
 void servd_config_model_options(const servd_config *c, int i, servd_model_options *o);

@@ -65,7 +65,11 @@ static void usage(FILE *f) {
           "  --chat                  render the prompt as a user message with the package's chat template\n"
           "  --system TEXT           system message (with --chat)\n"
           "  --max-tokens N          tokens to generate (default 256)\n"
-          "  --tp N                  tensor-parallel ranks (default 1)\n"
+          "  --tp N                  tensor-parallel ranks (default 1; with --gpus N: N)\n"
+          "  --gpus N                run on GPUs 0..N-1, one tensor-parallel rank each (default 0: CPU)\n"
+          "  --gpu-memory-fraction F share of the free GPU memory after the weights for the KV cache (0.9)\n"
+          "  --cuda-graphs on|off    decode steps as CUDA graphs (default on)\n"
+          "  --cuda-graph-max-batch B  largest decode batch run as a graph (default 64)\n"
           "  --threads N             compute threads (default: all CPUs)\n"
           "  --temperature T         0: greedy (default 0)\n"
           "  --top-p P --top-k K --min-p P --seed S\n"
@@ -106,7 +110,8 @@ static int parse_float(const char *s, const char *what, float *out) {
 
 int servd_generate_main(int argc, char **argv) {
   enum { O_CHAT = 256, O_SYSTEM, O_MAXTOK, O_TP, O_THREADS, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_SEED, O_REP,
-         O_PRES, O_FREQ, O_STOP, O_IGNORE_EOS, O_NO_SPECIAL, O_MAXCTX, O_KVF32, O_IDS, O_PIDS, O_QUIET, O_HELP };
+         O_PRES, O_FREQ, O_STOP, O_IGNORE_EOS, O_NO_SPECIAL, O_MAXCTX, O_KVF32, O_IDS, O_PIDS, O_QUIET, O_HELP,
+         O_GPUS, O_GPU_FRAC, O_GRAPHS, O_GRAPH_MAX };
   static const struct option opts[] = {
       {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
       {"chat", no_argument, 0, O_CHAT}, {"system", required_argument, 0, O_SYSTEM},
@@ -119,11 +124,14 @@ int servd_generate_main(int argc, char **argv) {
       {"ignore-eos", no_argument, 0, O_IGNORE_EOS}, {"no-special", no_argument, 0, O_NO_SPECIAL},
       {"max-context", required_argument, 0, O_MAXCTX}, {"kv-f32", no_argument, 0, O_KVF32},
       {"ids-out", required_argument, 0, O_IDS}, {"prompt-ids-out", required_argument, 0, O_PIDS}, {"quiet", no_argument, 0, O_QUIET},
-      {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+      {"help", no_argument, 0, O_HELP}, {"gpus", required_argument, 0, O_GPUS},
+      {"gpu-memory-fraction", required_argument, 0, O_GPU_FRAC}, {"cuda-graphs", required_argument, 0, O_GRAPHS},
+      {"cuda-graph-max-batch", required_argument, 0, O_GRAPH_MAX}, {0, 0, 0, 0}};
 
   const char *model = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *pids_path = NULL;
   bool chat = false, add_special = true, quiet = false;
   int threads = 0;
+  bool tp_given = false;
   const char *stops[MAX_STOPS];
   servd_model_options mo;
   servd_model_options_default(&mo);
@@ -145,7 +153,30 @@ int servd_generate_main(int argc, char **argv) {
     case O_CHAT: chat = true; break;
     case O_SYSTEM: system = optarg; break;
     case O_MAXTOK: bad = parse_int(optarg, "--max-tokens", 1, 1 << 24, &gp.max_tokens); break;
-    case O_TP: bad = parse_int(optarg, "--tp", 1, 15, &mo.tp); break;
+    case O_TP:
+      bad = parse_int(optarg, "--tp", 1, 15, &mo.tp);
+      tp_given = true;
+      break;
+    case O_GPUS: bad = parse_int(optarg, "--gpus", 0, 15, &mo.gpus); break;
+    case O_GPU_FRAC: {
+      float f = 0;
+      bad = parse_float(optarg, "--gpu-memory-fraction", &f);
+      if (!bad && !(f > 0 && f <= 1)) {
+        fprintf(stderr, "servd generate: --gpu-memory-fraction: '%s' is not a fraction in (0, 1]\n", optarg);
+        bad = -1;
+      }
+      mo.gpu_memory_fraction = f;
+      break;
+    }
+    case O_GRAPHS:
+      if (strcmp(optarg, "on") == 0 || strcmp(optarg, "off") == 0) {
+        mo.cuda_graphs = strcmp(optarg, "on") == 0;
+      } else {
+        fprintf(stderr, "servd generate: --cuda-graphs: expected on or off, got '%s'\n", optarg);
+        bad = -1;
+      }
+      break;
+    case O_GRAPH_MAX: bad = parse_int(optarg, "--cuda-graph-max-batch", 1, 4096, &mo.cuda_graph_max_batch); break;
     case O_THREADS: bad = parse_int(optarg, "--threads", 1, 1024, &threads); break;
     case O_TEMP: bad = parse_float(optarg, "--temperature", &gp.temperature); break;
     case O_TOPP: bad = parse_float(optarg, "--top-p", &gp.top_p); break;
@@ -193,6 +224,12 @@ int servd_generate_main(int argc, char **argv) {
     return 2;
   }
 
+  if (mo.gpus > 0 && !tp_given) mo.tp = mo.gpus;
+  if (mo.gpus > 0 && mo.tp != mo.gpus) {
+    fprintf(stderr, "servd generate: --tp %d with --gpus %d: on GPUs each tensor-parallel rank needs a GPU of its own "
+            "(NCCL runs one rank per GPU), so --tp must equal --gpus\n", mo.tp, mo.gpus);
+    return 2;
+  }
   int status = 1, rc;
   servd_model *m = NULL;
   servd_request *req = NULL;

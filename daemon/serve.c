@@ -1,6 +1,5 @@
 #include "serve.h"
 
-#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,32 +10,41 @@
 #include "api/api.h"
 #include "config.h"
 #include "http/server.h"
+#include "servd/device.h"
 #include "servd/status.h"
 #include "servd/threadpool.h"
 
-int servd_probe_gpus(char *why, size_t cap) {
-  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    snprintf(why, cap, "the CUDA driver (libcuda.so.1) is not installed: %s", dlerror());
+/* Checks the GPUs asked for and says which backend serves. Returns 0, or the exit status 2 when
+ * fewer GPUs are visible than --gpus asks for. */
+static int report_backend(const servd_config *c) {
+  int have = 0;
+  char why[256] = "";
+  servd_device_count(&have, why, sizeof why);
+  if (c->gpus == 0) {
+    if (have > 0)
+      fprintf(stderr, "servd: backend: CPU (no --gpus given; %d GPU%s visible: --gpus %d uses %s)\n", have,
+              have == 1 ? "" : "s", have, have == 1 ? "it" : "them");
+    else
+      fprintf(stderr, "servd: backend: CPU (%s)\n", why[0] ? why : "no GPU visible");
     return 0;
   }
-  typedef int (*init_fn)(unsigned);
-  typedef int (*count_fn)(int *);
-  init_fn cu_init = (init_fn)dlsym(h, "cuInit");
-  count_fn cu_count = (count_fn)dlsym(h, "cuDeviceGetCount");
-  int n = 0, rc;
-  if (!cu_init || !cu_count) {
-    snprintf(why, cap, "libcuda.so.1 lacks cuInit/cuDeviceGetCount");
-  } else if ((rc = cu_init(0)) != 0) {
-    snprintf(why, cap, "cuInit failed with CUDA error %d (no usable GPU or driver mismatch)", rc);
-  } else if ((rc = cu_count(&n)) != 0) {
-    snprintf(why, cap, "cuDeviceGetCount failed with CUDA error %d", rc);
-    n = 0;
-  } else {
-    snprintf(why, cap, "%d GPU%s visible", n, n == 1 ? "" : "s");
+  if (have < c->gpus) {
+    if (!why[0]) snprintf(why, sizeof why, "%d visible", have);
+    fprintf(stderr, "servd: --gpus %d asks for %d GPU%s but %d %s available (%s). Run with --gpus 0 (or without "
+                    "--gpus) to serve on the CPU backend.\n",
+            c->gpus, c->gpus, c->gpus == 1 ? "" : "s", have, have == 1 ? "is" : "are", why);
+    return 2;
   }
-  /* The driver stays loaded: the CUDA backend will use it. */
-  return n;
+  fprintf(stderr, "servd: backend: CUDA, %d GPU%s:", c->gpus, c->gpus == 1 ? "" : "s");
+  for (int d = 0; d < c->gpus; d++) {
+    char desc[256] = "";
+    if (servd_device_describe(d, desc, sizeof desc) != 0) snprintf(desc, sizeof desc, "(%s)", servd_last_error());
+    fprintf(stderr, "%s cuda:%d %s", d ? ";" : "", d, desc);
+  }
+  fprintf(stderr, " (tensor parallel %d, CUDA graphs %s", c->tp, c->cuda_graphs ? "on" : "off");
+  if (c->cuda_graphs) fprintf(stderr, " up to batch %d", c->cuda_graph_max_batch);
+  fprintf(stderr, ", KV cache %.0f%% of the free memory)\n", c->gpu_memory_fraction * 100);
+  return 0;
 }
 
 typedef struct server {
@@ -173,20 +181,12 @@ int servd_serve_main(int argc, char **argv) {
     servd_config_free(&s.cfg);
     return 0;
   }
-  char why[256];
-  if (s.cfg.gpus > 0) {
-    int have = servd_probe_gpus(why, sizeof why);
-    if (have < s.cfg.gpus) {
-      fprintf(stderr, "servd: --gpus %d asks for %d GPU%s but %d %s available (%s). Run with --gpus 0 (or without "
-                      "--gpus) to serve on the CPU backend.\n",
-              s.cfg.gpus, s.cfg.gpus, s.cfg.gpus == 1 ? "" : "s", have, have == 1 ? "is" : "are", why);
-      servd_config_free(&s.cfg);
-      return 2;
-    }
-    fprintf(stderr, "servd: backend: CUDA (%d of %s)\n", s.cfg.gpus, why);
-  } else {
-    fprintf(stderr, "servd: backend: CPU (no --gpus given)\n");
+  if ((rc = report_backend(&s.cfg)) != 0) {
+    servd_config_free(&s.cfg);
+    return rc;
   }
+  /* Every language model this process loads (also through the repository API) uses the GPUs. */
+  servd_engine_set_gpu_defaults(s.cfg.gpus, s.cfg.gpu_memory_fraction, s.cfg.cuda_graphs, s.cfg.cuda_graph_max_batch);
   if ((rc = servd_threadpool_init(s.cfg.threads)) != 0)
     fprintf(stderr, "servd: warning: compute threads: %s\n", servd_last_error());
   fprintf(stderr, "servd: %d compute threads\n", servd_threadpool_size());

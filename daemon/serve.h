@@ -8,8 +8,4 @@
  * load, the port is taken), 2 on a usage or configuration error. */
 int servd_serve_main(int argc, char **argv);
 
-/* GPUs visible through the CUDA driver (libcuda.so.1 opened at run time, no link dependency);
- * 0 when the driver is absent, with the reason in why. */
-int servd_probe_gpus(char *why, size_t cap);
-
 #endif

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) in build-fuzz/ and runs each for a bounded
-# time from its seed corpus (tests/fuzz/corpus/<target>/). Exits non-zero on the first crash.
+# time from its seed corpus (tests/fuzz/corpus/<target>/), with tests/fuzz/<target>.dict when there is
+# one. Exits non-zero on the first crash.
 #   scripts/fuzz.sh [--seconds N] [target ...]     (default: every tests/fuzz/fuzz_<target>.c)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -9,7 +10,7 @@ targets=()
 while (($#)); do
   case "$1" in
     --seconds) secs="$2"; shift 2 ;;
-    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -30,8 +31,10 @@ for t in "${targets[@]}"; do
   set +e
   seeds=()
   [ -d "$root/tests/fuzz/corpus/$t" ] && seeds=("$root/tests/fuzz/corpus/$t")
+  dict=()
+  [ -f "$root/tests/fuzz/$t.dict" ] && dict=(-dict="$root/tests/fuzz/$t.dict")
   "$build/tests/fuzz/fuzz_$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-    -artifact_prefix="$build/artifacts-$t/" -print_final_stats=1 "$work" "${seeds[@]}" >"$log" 2>&1
+    "${dict[@]}" -artifact_prefix="$build/artifacts-$t/" -print_final_stats=1 "$work" "${seeds[@]}" >"$log" 2>&1
   rc=$?
   set -e
   grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb)|ERROR|SUMMARY|Done" "$log" || true

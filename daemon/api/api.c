@@ -1,4 +1,5 @@
 #include "api/api-impl.h"
+#include "api/request_params.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -37,6 +38,7 @@ void api_oai_error(servd_http_req *r, int status, const char *type, const char *
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  api_utf8_fix(msg); /* names from the path or the body may be cut or not UTF-8; JSON needs it */
   json_t *e = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type", type, "param",
                         param ? json_string(param) : json_null(), "code",
                         code ? json_string(code) : json_null());
@@ -50,6 +52,7 @@ void api_kserve_error(servd_http_req *r, int status, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  api_utf8_fix(msg); /* names from the path or the body may be cut or not UTF-8; JSON needs it */
   if (status == 429 || status == 503) servd_http_set_header(r, "Retry-After", "1");
   api_json(r, status, json_pack("{s:s}", "error", msg));
 }

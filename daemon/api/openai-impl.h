@@ -3,14 +3,7 @@
 #define SERVD_API_OPENAI_IMPL_H
 
 #include "api/api-impl.h"
-
-typedef enum { OAI_COMPLETIONS, OAI_CHAT, OAI_TOKENIZE, OAI_DETOKENIZE } oai_mode;
-
-typedef struct oai_prompt {
-  const char *text;   /* arena; NULL when given as token ids */
-  int32_t *ids;       /* malloc'd (by the tokenizer or the parser) */
-  int n_ids;
-} oai_prompt;
+#include "api/request_params.h"
 
 typedef struct oai {
   servd_api *a;
@@ -37,9 +30,5 @@ typedef struct oai {
   servd_buf sse;
   uint64_t t_start;
 } oai;
-
-/* Validates the JSON body for o->mode and fills o. On failure responds 4xx (OpenAI error shape) and
- * returns false; r must not be used then. */
-bool oai_parse(servd_api *a, servd_http_req *r, oai *o, json_t *body);
 
 #endif

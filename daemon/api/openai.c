@@ -556,17 +556,10 @@ static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, b
 }
 
 static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
-  json_error_t jerr;
-  /* The body is parsed as JSON whatever Content-Type says: curl -d sends form encoding by default. */
-  json_t *body = json_loadb(r->body, r->body_len, JSON_REJECT_DUPLICATES, &jerr);
-  if (!body) {
-    api_oai_error(r, 400, "invalid_request_error", NULL, NULL, "malformed JSON in the request body: %s (line %d, "
-                  "column %d)", jerr.text, jerr.line, jerr.column);
-    return;
-  }
-  if (!json_is_object(body)) {
-    json_decref(body);
-    api_oai_error(r, 400, "invalid_request_error", NULL, NULL, "the request body must be a JSON object");
+  json_t *body = NULL;
+  api_param_error perr;
+  if (api_body_parse(r->body, r->body_len, &body, &perr) != 0) {
+    api_oai_error(r, perr.status, "invalid_request_error", NULL, NULL, "%s", perr.message);
     return;
   }
   api_model *am = resolve_model(a, r, body, true);
@@ -592,13 +585,31 @@ static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
   o->created = (int64_t)time(NULL);
   o->model_name = servd_arena_strdup(arena, am->name);
   make_id(a, mode == OAI_CHAT ? "chatcmpl-" : "cmpl-", o->id, sizeof o->id);
-  if (!oai_parse(a, r, o, body)) {
-    json_decref(body);
+  api_param_limits lim;
+  a->ops->gen_params_default(&lim.defaults);
+  lim.max_n = a->o.max_n;
+  lim.default_deadline_ms = a->o.default_deadline_ms;
+  oai_params p;
+  int prc = oai_params_parse(body, mode, &lim, arena, &p, &perr);
+  json_decref(body);
+  if (prc != 0) {
+    api_oai_error(r, perr.status, "invalid_request_error", perr.param[0] ? perr.param : NULL, NULL, "%s",
+                  perr.message);
     free(w);
     oai_free(o);
     return;
   }
-  json_decref(body);
+  /* o owns what p held from here on. */
+  o->stream = p.stream;
+  o->include_usage = p.include_usage;
+  o->add_special = p.add_special;
+  o->add_generation_prompt = p.add_generation_prompt;
+  o->n = p.n;
+  o->n_prompts = p.n_prompts;
+  o->prompts = p.prompts;
+  o->messages = p.messages;
+  o->gp = p.gp;
+  o->logprobs = p.logprobs;
   o->am = am;
   am->inflight++;
   a->inflight++;

@@ -1,16 +1,20 @@
 /* Validation of OpenAI-compatible request bodies: every field's type and range, with messages that
  * name the field and what was expected. */
-#include "api/openai-impl.h"
-
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "api/request_params.h"
+#include "http/buf.h"
 
 #define MAX_STOP 16
 #define MAX_TOP_LOGPROBS 20
 
 typedef struct vctx {
-  servd_http_req *r;
+  api_param_error *err;
+  servd_arena *arena;
   bool failed;
 } vctx;
 
@@ -21,7 +25,12 @@ static bool bad(vctx *v, const char *param, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  if (!v->failed) api_oai_error(v->r, 400, "invalid_request_error", param, NULL, "%s", msg);
+  if (!v->failed) {
+    v->err->status = 400;
+    snprintf(v->err->param, sizeof v->err->param, "%s", param ? param : "");
+    snprintf(v->err->message, sizeof v->err->message, "%s", msg[0] ? msg : "invalid request");
+    api_utf8_fix(v->err->message);
+  }
   v->failed = true;
   return false;
 }
@@ -110,14 +119,14 @@ static bool parse_ids(vctx *v, const char *key, json_t *arr, int32_t **ids, int 
   return true;
 }
 
-static bool parse_prompt(vctx *v, oai *o, json_t *body) {
+static bool parse_prompt(vctx *v, oai_params *o, json_t *body) {
   json_t *p = field(body, "prompt");
   if (!p) return bad(v, "prompt", "'prompt' is required: a string, a list of strings, or token ids");
   if (json_is_string(p)) {
     o->n_prompts = 1;
-    o->prompts = servd_arena_calloc(o->arena, sizeof(oai_prompt));
+    o->prompts = servd_arena_calloc(v->arena, sizeof(oai_prompt));
     if (!o->prompts) return bad(v, NULL, "out of memory");
-    o->prompts[0].text = servd_arena_strndup(o->arena, json_string_value(p), json_string_length(p));
+    o->prompts[0].text = servd_arena_strndup(v->arena, json_string_value(p), json_string_length(p));
     return true;
   }
   if (!json_is_array(p) || json_array_size(p) == 0)
@@ -126,19 +135,19 @@ static bool parse_prompt(vctx *v, oai *o, json_t *body) {
   json_t *first = json_array_get(p, 0);
   if (json_is_integer(first)) {
     o->n_prompts = 1;
-    o->prompts = servd_arena_calloc(o->arena, sizeof(oai_prompt));
+    o->prompts = servd_arena_calloc(v->arena, sizeof(oai_prompt));
     if (!o->prompts) return bad(v, NULL, "out of memory");
     return parse_ids(v, "prompt", p, &o->prompts[0].ids, &o->prompts[0].n_ids);
   }
   size_t np = json_array_size(p);
   if (np > 64) return bad(v, "prompt", "at most 64 prompts per request, got %zu", np);
   o->n_prompts = (int)np;
-  o->prompts = servd_arena_calloc(o->arena, np * sizeof(oai_prompt));
+  o->prompts = servd_arena_calloc(v->arena, np * sizeof(oai_prompt));
   if (!o->prompts) return bad(v, NULL, "out of memory");
   for (size_t i = 0; i < np; i++) {
     json_t *e = json_array_get(p, i);
     if (json_is_string(e)) {
-      o->prompts[i].text = servd_arena_strndup(o->arena, json_string_value(e), json_string_length(e));
+      o->prompts[i].text = servd_arena_strndup(v->arena, json_string_value(e), json_string_length(e));
     } else if (json_is_array(e)) {
       if (!parse_ids(v, "prompt", e, &o->prompts[i].ids, &o->prompts[i].n_ids)) return false;
     } else {
@@ -149,7 +158,7 @@ static bool parse_prompt(vctx *v, oai *o, json_t *body) {
 }
 
 /* Messages are checked and normalized: content given as a list of text parts becomes one string. */
-static bool parse_messages(vctx *v, oai *o, json_t *body) {
+static bool parse_messages(vctx *v, oai_params *o, json_t *body) {
   json_t *m = field(body, "messages");
   if (!m) return bad(v, "messages", "'messages' is required: a non-empty list of {role, content}");
   if (!json_is_array(m) || json_array_size(m) == 0)
@@ -209,25 +218,25 @@ static bool parse_messages(vctx *v, oai *o, json_t *body) {
   }
   o->messages = out;
   o->n_prompts = 1; /* the rendered template */
-  o->prompts = servd_arena_calloc(o->arena, sizeof(oai_prompt));
+  o->prompts = servd_arena_calloc(v->arena, sizeof(oai_prompt));
   if (!o->prompts) return bad(v, NULL, "out of memory");
   return true;
 }
 
-static bool parse_stop(vctx *v, oai *o, json_t *body) {
+static bool parse_stop(vctx *v, oai_params *o, json_t *body) {
   json_t *s = field(body, "stop");
   if (s) {
     size_t n = json_is_string(s) ? 1 : json_is_array(s) ? json_array_size(s) : 0;
     if (!json_is_string(s) && !json_is_array(s))
       return bad(v, "stop", "'stop' must be a string or a list of strings, got %s", jtype(s));
     if (n > MAX_STOP) return bad(v, "stop", "'stop' may hold at most %d strings, got %zu", MAX_STOP, n);
-    const char **list = servd_arena_calloc(o->arena, (n ? n : 1) * sizeof(char *));
+    const char **list = servd_arena_calloc(v->arena, (n ? n : 1) * sizeof(char *));
     if (!list) return bad(v, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
       json_t *e = json_is_string(s) ? s : json_array_get(s, i);
       if (!json_is_string(e) || json_string_length(e) == 0 || json_string_length(e) > 1024)
         return bad(v, "stop", "'stop' entries must be non-empty strings of at most 1024 bytes");
-      list[i] = servd_arena_strndup(o->arena, json_string_value(e), json_string_length(e));
+      list[i] = servd_arena_strndup(v->arena, json_string_value(e), json_string_length(e));
     }
     o->gp.stop = list;
     o->gp.n_stop = (int)n;
@@ -237,7 +246,7 @@ static bool parse_stop(vctx *v, oai *o, json_t *body) {
     if (!json_is_array(ids)) return bad(v, "stop_token_ids", "'stop_token_ids' must be a list of token ids");
     size_t n = json_array_size(ids);
     if (n > 256) return bad(v, "stop_token_ids", "'stop_token_ids' may hold at most 256 ids");
-    int32_t *p = servd_arena_alloc(o->arena, (n ? n : 1) * sizeof(int32_t));
+    int32_t *p = servd_arena_alloc(v->arena, (n ? n : 1) * sizeof(int32_t));
     if (!p) return bad(v, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
       long long x;
@@ -257,107 +266,133 @@ static bool unsupported(vctx *v, json_t *body, const char *key, const char *why)
   return bad(v, key, "'%s' is not supported: %s", key, why);
 }
 
-bool oai_parse(servd_api *a, servd_http_req *r, oai *o, json_t *body) {
-  vctx v = {r, false};
-  if (!json_is_object(body)) return bad(&v, NULL, "the request body must be a JSON object, got %s", jtype(body));
-  a->ops->gen_params_default(&o->gp);
+static bool parse(vctx *v, json_t *body, oai_mode mode, const api_param_limits *lim, oai_params *o) {
+  if (!json_is_object(body)) return bad(v, NULL, "the request body must be a JSON object, got %s", jtype(body));
+  o->gp = lim->defaults;
   o->logprobs = -1;
   o->n = 1;
 
-  if (o->mode == OAI_DETOKENIZE) {
+  if (mode == OAI_DETOKENIZE) {
     json_t *t = field(body, "tokens");
-    if (!t || !json_is_array(t)) return bad(&v, "tokens", "'tokens' must be a list of token ids");
+    if (!t || !json_is_array(t)) return bad(v, "tokens", "'tokens' must be a list of token ids");
     o->n_prompts = 1;
-    o->prompts = servd_arena_calloc(o->arena, sizeof(oai_prompt));
-    if (!o->prompts) return bad(&v, NULL, "out of memory");
+    o->prompts = servd_arena_calloc(v->arena, sizeof(oai_prompt));
+    if (!o->prompts) return bad(v, NULL, "out of memory");
     if (json_array_size(t) == 0) return true;
-    return parse_ids(&v, "tokens", t, &o->prompts[0].ids, &o->prompts[0].n_ids);
+    return parse_ids(v, "tokens", t, &o->prompts[0].ids, &o->prompts[0].n_ids);
   }
-  if (o->mode == OAI_TOKENIZE) {
+  if (mode == OAI_TOKENIZE) {
     o->add_special = true;
     o->add_generation_prompt = true;
     if (field(body, "messages")) {
       o->add_special = false;
-      if (!parse_messages(&v, o, body) || !get_bool(&v, body, "add_generation_prompt", &o->add_generation_prompt))
+      if (!parse_messages(v, o, body) || !get_bool(v, body, "add_generation_prompt", &o->add_generation_prompt))
         return false;
-    } else if (!parse_prompt(&v, o, body)) {
+    } else if (!parse_prompt(v, o, body)) {
       return false;
     }
-    if (!get_bool(&v, body, "add_special_tokens", &o->add_special)) return false;
-    if (o->n_prompts > 1) return bad(&v, "prompt", "/tokenize takes one prompt");
+    if (!get_bool(v, body, "add_special_tokens", &o->add_special)) return false;
+    if (o->n_prompts > 1) return bad(v, "prompt", "/tokenize takes one prompt");
     return true;
   }
 
-  bool chat = o->mode == OAI_CHAT;
-  if (chat ? !parse_messages(&v, o, body) : !parse_prompt(&v, o, body)) return false;
+  bool chat = mode == OAI_CHAT;
+  if (chat ? !parse_messages(v, o, body) : !parse_prompt(v, o, body)) return false;
   o->add_special = !chat; /* chat templates write their own special tokens */
   o->add_generation_prompt = true;
   bool present;
   long long x = 0;
   const char *mt_key = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (!get_int(&v, body, mt_key, 1, 1 << 24, &present, &x)) return false;
+  if (!get_int(v, body, mt_key, 1, 1 << 24, &present, &x)) return false;
   if (present) o->gp.max_tokens = (int)x;
-  if (!get_number(&v, body, "temperature", 0, 2, false, &o->gp.temperature) ||
-      !get_number(&v, body, "top_p", 0, 1, true, &o->gp.top_p) ||
-      !get_number(&v, body, "min_p", 0, 1, false, &o->gp.min_p) ||
-      !get_number(&v, body, "repetition_penalty", 0, 10, true, &o->gp.repetition_penalty) ||
-      !get_number(&v, body, "presence_penalty", -2, 2, false, &o->gp.presence_penalty) ||
-      !get_number(&v, body, "frequency_penalty", -2, 2, false, &o->gp.frequency_penalty))
+  if (!get_number(v, body, "temperature", 0, 2, false, &o->gp.temperature) ||
+      !get_number(v, body, "top_p", 0, 1, true, &o->gp.top_p) ||
+      !get_number(v, body, "min_p", 0, 1, false, &o->gp.min_p) ||
+      !get_number(v, body, "repetition_penalty", 0, 10, true, &o->gp.repetition_penalty) ||
+      !get_number(v, body, "presence_penalty", -2, 2, false, &o->gp.presence_penalty) ||
+      !get_number(v, body, "frequency_penalty", -2, 2, false, &o->gp.frequency_penalty))
     return false;
-  if (!get_int(&v, body, "top_k", -1, 1 << 20, &present, &x)) return false;
+  if (!get_int(v, body, "top_k", -1, 1 << 20, &present, &x)) return false;
   if (present) o->gp.top_k = (int)x;
   json_t *seed = field(body, "seed");
   if (seed) {
-    if (!json_is_integer(seed)) return bad(&v, "seed", "'seed' must be an integer, got %s", jtype(seed));
+    if (!json_is_integer(seed)) return bad(v, "seed", "'seed' must be an integer, got %s", jtype(seed));
     o->gp.has_seed = true;
     o->gp.seed = (uint64_t)json_integer_value(seed);
   }
-  if (!get_int(&v, body, "n", 1, a->o.max_n, &present, &x)) return false;
+  if (!get_int(v, body, "n", 1, lim->max_n, &present, &x)) return false;
   if (present) o->n = (int)x;
   json_t *best_of = field(body, "best_of");
   if (best_of && (!json_is_integer(best_of) || json_integer_value(best_of) != o->n))
-    return bad(&v, "best_of", "'best_of' is not supported (only best_of == n)");
-  if (!parse_stop(&v, o, body)) return false;
-  if (!get_bool(&v, body, "ignore_eos", &o->gp.ignore_eos) || !get_bool(&v, body, "stream", &o->stream)) return false;
+    return bad(v, "best_of", "'best_of' is not supported (only best_of == n)");
+  if (!parse_stop(v, o, body)) return false;
+  if (!get_bool(v, body, "ignore_eos", &o->gp.ignore_eos) || !get_bool(v, body, "stream", &o->stream)) return false;
   json_t *so = field(body, "stream_options");
   if (so) {
-    if (!json_is_object(so)) return bad(&v, "stream_options", "'stream_options' must be an object");
-    if (!o->stream) return bad(&v, "stream_options", "'stream_options' is only allowed when 'stream' is true");
-    if (!get_bool(&v, so, "include_usage", &o->include_usage)) return false;
+    if (!json_is_object(so)) return bad(v, "stream_options", "'stream_options' must be an object");
+    if (!o->stream) return bad(v, "stream_options", "'stream_options' is only allowed when 'stream' is true");
+    if (!get_bool(v, so, "include_usage", &o->include_usage)) return false;
   }
   if (chat) {
     bool lp = false;
-    if (!get_bool(&v, body, "logprobs", &lp)) return false;
-    if (!get_int(&v, body, "top_logprobs", 0, MAX_TOP_LOGPROBS, &present, &x)) return false;
-    if (present && !lp) return bad(&v, "top_logprobs", "'top_logprobs' requires 'logprobs': true");
+    if (!get_bool(v, body, "logprobs", &lp)) return false;
+    if (!get_int(v, body, "top_logprobs", 0, MAX_TOP_LOGPROBS, &present, &x)) return false;
+    if (present && !lp) return bad(v, "top_logprobs", "'top_logprobs' requires 'logprobs': true");
     if (lp) o->logprobs = present ? (int)x : 0;
   } else {
     json_t *lp = field(body, "logprobs");
-    if (lp && json_is_boolean(lp)) return bad(&v, "logprobs", "'logprobs' must be an integer in [0, %d] for "
+    if (lp && json_is_boolean(lp)) return bad(v, "logprobs", "'logprobs' must be an integer in [0, %d] for "
                                                               "completions", MAX_TOP_LOGPROBS);
-    if (!get_int(&v, body, "logprobs", 0, MAX_TOP_LOGPROBS, &present, &x)) return false;
+    if (!get_int(v, body, "logprobs", 0, MAX_TOP_LOGPROBS, &present, &x)) return false;
     if (present) o->logprobs = (int)x;
     json_t *echo = field(body, "echo");
-    if (echo && !json_is_boolean(echo)) return bad(&v, "echo", "'echo' must be a boolean");
-    if (echo && json_is_true(echo)) return bad(&v, "echo", "'echo' is not supported");
-    if (!unsupported(&v, body, "suffix", "insertion is not supported")) return false;
+    if (echo && !json_is_boolean(echo)) return bad(v, "echo", "'echo' must be a boolean");
+    if (echo && json_is_true(echo)) return bad(v, "echo", "'echo' is not supported");
+    if (!unsupported(v, body, "suffix", "insertion is not supported")) return false;
   }
   o->gp.logprobs = o->logprobs;
-  if (!unsupported(&v, body, "tools", "tool calling is not supported") ||
-      !unsupported(&v, body, "logit_bias", "logit bias is not supported"))
+  if (!unsupported(v, body, "tools", "tool calling is not supported") ||
+      !unsupported(v, body, "logit_bias", "logit bias is not supported"))
     return false;
   json_t *rf = field(body, "response_format");
   if (rf) {
     json_t *t = json_object_get(rf, "type");
     if (!json_is_object(rf) || !json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
-      return bad(&v, "response_format", "only {\"type\": \"text\"} is supported for 'response_format'");
+      return bad(v, "response_format", "only {\"type\": \"text\"} is supported for 'response_format'");
   }
   float timeout = 0;
-  if (!get_number(&v, body, "timeout", 0, 86400, true, &timeout)) return false;
-  o->gp.deadline_ms = timeout > 0 ? (int64_t)(timeout * 1000.0f) : a->o.default_deadline_ms;
+  if (!get_number(v, body, "timeout", 0, 86400, true, &timeout)) return false;
+  o->gp.deadline_ms = timeout > 0 ? (int64_t)(timeout * 1000.0f) : lim->default_deadline_ms;
   json_t *user = field(body, "user");
-  if (user && !json_is_string(user)) return bad(&v, "user", "'user' must be a string");
+  if (user && !json_is_string(user)) return bad(v, "user", "'user' must be a string");
   if ((long long)o->n * o->n_prompts > 256)
-    return bad(&v, "n", "n times the number of prompts must be at most 256");
+    return bad(v, "n", "n times the number of prompts must be at most 256");
   return true;
+}
+
+int oai_params_parse(json_t *body, oai_mode mode, const api_param_limits *lim, servd_arena *arena, oai_params *out,
+                     api_param_error *err) {
+  memset(out, 0, sizeof(*out));
+  memset(err, 0, sizeof(*err));
+  vctx v = {err, arena, false};
+  if (parse(&v, body, mode, lim, out)) return 0;
+  oai_params_free(out);
+  return -1;
+}
+
+int oai_params_parse_text(const char *text, size_t len, oai_mode mode, const api_param_limits *lim,
+                          servd_arena *arena, oai_params *out, api_param_error *err) {
+  memset(out, 0, sizeof(*out));
+  json_t *body = NULL;
+  if (api_body_parse(text, len, &body, err) != 0) return -1;
+  int rc = oai_params_parse(body, mode, lim, arena, out, err);
+  json_decref(body);
+  return rc;
+}
+
+void oai_params_free(oai_params *p) {
+  if (!p) return;
+  for (int i = 0; p->prompts && i < p->n_prompts; i++) free(p->prompts[i].ids);
+  json_decref(p->messages);
+  memset(p, 0, sizeof(*p));
 }

@@ -6,6 +6,7 @@
  * touched by the scheduler thread only.
  */
 #include "engine/engine_impl.h"
+#include "engine/gpu_setup.h"
 #include "engine/model_error.h"
 
 #include <errno.h>
@@ -24,10 +25,25 @@ int64_t servd_engine_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Set once at startup (servd_engine_set_gpu_defaults), before any model loads. */
+static struct {
+  int gpus;
+  double fraction;
+  bool graphs;
+  int graph_max_batch;
+} gpu_defaults = {0, 0.90, true, 64};
+
+void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cuda_graphs, int cuda_graph_max_batch) {
+  gpu_defaults.gpus = gpus > 0 ? gpus : 0;
+  gpu_defaults.fraction = gpu_memory_fraction;
+  gpu_defaults.graphs = cuda_graphs;
+  gpu_defaults.graph_max_batch = cuda_graph_max_batch;
+}
+
 void servd_model_options_default(servd_model_options *o) {
   memset(o, 0, sizeof *o);
   o->interpreters = 1;
-  o->tp = 1;
+  o->tp = gpu_defaults.gpus > 0 ? gpu_defaults.gpus : 1;
   o->max_queue = 256;
   o->max_batch_tokens = 512;
   o->max_seqs = 32;
@@ -37,6 +53,10 @@ void servd_model_options_default(servd_model_options *o) {
   o->max_batch_delay_ms = 0;
   o->kv_dtype = SERVD_F16;
   o->kv_budget_mb = 2048;
+  o->gpus = gpu_defaults.gpus;
+  o->gpu_memory_fraction = gpu_defaults.fraction;
+  o->cuda_graphs = gpu_defaults.graphs;
+  o->cuda_graph_max_batch = gpu_defaults.graph_max_batch;
 }
 
 void servd_gen_params_default(servd_gen_params *p) {
@@ -355,6 +375,61 @@ static int pool_destroy_job(void *arg) {
   return 0;
 }
 
+/* KV cache in host memory, the pool, the runner. kv_heads: per rank. */
+static int load_on_cpu(servd_model *m, int n_layers, int kv_heads, int head_dim, int bs) {
+  int rc;
+  int blocks = m->o.kv_blocks;
+  if (blocks <= 0) {
+    /* Enough for max_seqs full contexts, capped by the memory budget (both ranks together). */
+    size_t per_block = (size_t)n_layers * 2 * (size_t)kv_heads * m->tp * head_dim * bs *
+                       servd_dtype_block_bytes(m->o.kv_dtype);
+    size_t budget = (size_t)(m->o.kv_budget_mb > 0 ? m->o.kv_budget_mb : 2048) << 20;
+    size_t want = (size_t)m->o.max_seqs * ((m->context_length + bs - 1) / bs);
+    size_t cap = budget / per_block;
+    blocks = (int)(want < cap ? want : cap);
+    if (blocks < (m->context_length + bs - 1) / bs) blocks = (m->context_length + bs - 1) / bs;
+  }
+  for (int r = 0; r < m->tp; r++)
+    if ((rc = servd_kv_cache_create(&m->kv[r], n_layers, kv_heads, head_dim, bs, blocks, m->o.kv_dtype)))
+      return rc;
+
+  if (m->tp > 1 && (rc = servd_comm_create(&m->comm, m->tp))) return rc;
+  /* One interpreter per rank, plus one (rank 0's code) that renders chat templates without waiting
+   * for a step to finish. */
+  servd_pool_options po = {.n_interpreters = m->tp + 1, .world_size = m->tp, .comm = m->comm,
+                           .extra_sys_path = m->o.extra_sys_path};
+  if (po.n_interpreters > SERVD_INTERP_MAX) po.n_interpreters = m->tp;
+  if ((rc = servd_interp_thread_start(&m->ithread))) return rc;
+  pool_job pj = {m, &po};
+  if ((rc = servd_interp_thread_run(m->ithread, pool_create_job, &pj))) return rc;
+  m->chat_interp = po.n_interpreters > m->tp ? m->tp : 0;
+  return servd_runner_create(m->pool, m->kv, m->tp, m->comm, &m->runner);
+}
+
+/* Rank r on GPU r: the pool first (the model's code uploads its weights to each GPU as it starts),
+ * then the KV cache sized from what the weights left free, then the runner. kv_heads: per rank. */
+static int load_on_gpus(servd_model *m, int n_layers, int kv_heads, int head_dim, int bs) {
+  int rc;
+  if ((rc = servd_gpu_check(m))) return rc;
+  if (m->tp > 1 && (rc = servd_device_comm_create(m->tp, m->devices, &m->dcomm))) return rc;
+  /* The template interpreter has rank 0's code, so it runs on GPU 0 too: it shares rank 0's
+   * uploaded weights (servd_device_weight hands out one copy per GPU). */
+  servd_pool_options po = {.n_interpreters = m->tp + 1, .world_size = m->tp, .dcomm = m->dcomm,
+                           .rank_devices = m->devices, .extra_sys_path = m->o.extra_sys_path};
+  if (po.n_interpreters > SERVD_INTERP_MAX) po.n_interpreters = m->tp;
+  if ((rc = servd_interp_thread_start(&m->ithread))) return rc;
+  pool_job pj = {m, &po};
+  if ((rc = servd_interp_thread_run(m->ithread, pool_create_job, &pj))) return rc;
+  m->chat_interp = po.n_interpreters > m->tp ? m->tp : 0;
+  int blocks = 0;
+  if ((rc = servd_gpu_kv_setup(m, n_layers, kv_heads, head_dim, bs, &blocks))) return rc;
+  servd_runner_gpu g = {.devices = m->devices, .dkv = m->dkv, .dcomm = m->dcomm,
+                        .max_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
+                        .max_blocks_per_seq = (m->context_length + bs - 1) / bs, .block_size = bs,
+                        .graphs = m->o.cuda_graphs, .graph_max_batch = m->o.cuda_graph_max_batch};
+  return servd_runner_create_gpu(m->pool, m->kv, m->tp, &g, &m->runner);
+}
+
 static int load_causal_lm(servd_model *m) {
   int rc;
   const void *tj;
@@ -385,31 +460,12 @@ static int load_causal_lm(servd_model *m) {
   find_eos(m);
 
   int bs = m->o.block_size > 0 ? m->o.block_size : 16;
-  int blocks = m->o.kv_blocks;
-  if (blocks <= 0) {
-    /* Enough for max_seqs full contexts, capped by the memory budget (both ranks together). */
-    size_t per_block = (size_t)n_layers * 2 * (size_t)n_kv * head_dim * bs * servd_dtype_block_bytes(m->o.kv_dtype);
-    size_t budget = (size_t)(m->o.kv_budget_mb > 0 ? m->o.kv_budget_mb : 2048) << 20;
-    size_t want = (size_t)m->o.max_seqs * ((m->context_length + bs - 1) / bs);
-    size_t cap = budget / per_block;
-    blocks = (int)(want < cap ? want : cap);
-    if (blocks < (m->context_length + bs - 1) / bs) blocks = (m->context_length + bs - 1) / bs;
+  m->gpus = m->o.gpus > 0 ? m->o.gpus : 0;
+  if (m->gpus > 0) {
+    if ((rc = load_on_gpus(m, n_layers, n_kv / m->tp, head_dim, bs))) return rc;
+  } else {
+    if ((rc = load_on_cpu(m, n_layers, n_kv / m->tp, head_dim, bs))) return rc;
   }
-  for (int r = 0; r < m->tp; r++)
-    if ((rc = servd_kv_cache_create(&m->kv[r], n_layers, n_kv / m->tp, head_dim, bs, blocks, m->o.kv_dtype)))
-      return rc;
-
-  if (m->tp > 1 && (rc = servd_comm_create(&m->comm, m->tp))) return rc;
-  /* One interpreter per rank, plus one (rank 0's code) that renders chat templates without waiting
-   * for a step to finish. */
-  servd_pool_options po = {.n_interpreters = m->tp + 1, .world_size = m->tp, .comm = m->comm,
-                           .extra_sys_path = m->o.extra_sys_path};
-  if (po.n_interpreters > SERVD_INTERP_MAX) po.n_interpreters = m->tp;
-  if ((rc = servd_interp_thread_start(&m->ithread))) return rc;
-  pool_job pj = {m, &po};
-  if ((rc = servd_interp_thread_run(m->ithread, pool_create_job, &pj))) return rc;
-  m->chat_interp = po.n_interpreters > m->tp ? m->tp : 0;
-  if ((rc = servd_runner_create(m->pool, m->kv, m->tp, m->comm, &m->runner))) return rc;
 
   sched_config sc = {.max_batch_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
                      .max_seq_len = m->context_length};
@@ -494,6 +550,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   sched_free(&m->sched);
   for (int r = 0; r < SERVD_INTERP_MAX; r++) servd_kv_cache_destroy(m->kv[r]);
   servd_comm_destroy(m->comm);
+  servd_gpu_teardown(m); /* after the pool: the interpreters held device tensors */
   servd_tokenizer_free(m->tok);
   servd_sampler_scratch_free(m->scratch);
   mpk_close(m->pkg);
@@ -546,6 +603,15 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   if (s->n_interpreters > 16) s->n_interpreters = 16;
   for (int i = 0; i < s->n_interpreters; i++)
     s->interp_busy_seconds[i] = servd_interp_busy_seconds(servd_pool_get(m->pool, i));
+  s->gpus = m->gpus;
+  if (m->runner) {
+    servd_runner_stats rs;
+    servd_runner_get_stats(m->runner, &rs);
+    s->cuda_graph_replays = rs.graph_replays;
+    s->cuda_graph_captures = rs.graph_captures;
+    s->cuda_graph_capture_failures = rs.graph_capture_failures;
+    s->eager_steps = rs.eager_steps;
+  }
 }
 
 /* ---- causal-lm API ------------------------------------------------------------------------------ */

@@ -58,9 +58,19 @@ typedef struct servd_model_options {
   int kv_budget_mb;      /* cap on KV memory when kv_blocks is 0 (all ranks together) */
   int max_context;       /* > 0: cap the model's context length */
   const char *extra_sys_path; /* NULL, or ':'-separated directories added to the interpreters' sys.path */
+  /* GPUs (causal-lm; generic packages stay on the CPU). gpus > 0: rank r runs on GPU r, so tp must
+   * equal gpus; the KV cache lives on the GPUs, sized from what the weights leave free. */
+  int gpus;                   /* 0: CPU */
+  double gpu_memory_fraction; /* of the free memory after the weights, for the KV cache: (0, 1] */
+  bool cuda_graphs;           /* decode-only steps of up to cuda_graph_max_batch sequences as CUDA graphs */
+  int cuda_graph_max_batch;
 } servd_model_options;
 
+/* Defaults; the GPU fields come from servd_engine_set_gpu_defaults (none set: CPU, 0.9, graphs on,
+ * 64), so that every model this process loads, also through the repository API, uses its GPUs. */
 void servd_model_options_default(servd_model_options *o);
+/* Process-wide GPU defaults for servd_model_options_default; call before loading models. */
+void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cuda_graphs, int cuda_graph_max_batch);
 /* Loads the package and starts its interpreters (and scheduler thread). *out owned by the caller. */
 int servd_model_load(const servd_model_options *o, servd_model **out);
 /* Stops accepting, lets running requests finish until deadline_ms (then cancels them), frees all. */
@@ -165,6 +175,12 @@ typedef struct servd_model_stats {
   double interp_busy_seconds[16];
   uint64_t steps;
   double last_step_age_s; /* seconds since the scheduler last finished a step while work was pending */
+  /* Appended: GPUs (0: CPU) and how the GPU steps ran. */
+  int gpus;
+  uint64_t eager_steps;         /* GPU steps that called the model's forward */
+  uint64_t cuda_graph_captures; /* decode buckets captured */
+  uint64_t cuda_graph_replays;  /* steps run by replaying a graph (no Python) */
+  uint64_t cuda_graph_capture_failures;
 } servd_model_stats;
 void servd_model_get_stats(const servd_model *m, servd_model_stats *s);
 

@@ -51,8 +51,13 @@ struct servd_model {
 
   /* causal-lm */
   servd_tokenizer *tok;
-  servd_kv_cache *kv[SERVD_INTERP_MAX];
+  servd_kv_cache *kv[SERVD_INTERP_MAX];  /* on GPUs: block bookkeeping only */
   servd_runner *runner;
+  /* GPUs (gpus > 0): rank r runs on devices[r] */
+  int gpus;
+  int devices[SERVD_INTERP_MAX];
+  servd_device_kv *dkv[SERVD_INTERP_MAX];
+  servd_device_comm *dcomm;
   servd_scheduler sched;
   int context_length;
   int vocab;

@@ -2,8 +2,23 @@
 #include "engine/model_runner.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "engine/device_step.h"
+#include "engine/graph_plan.h"
+
+/* What every rank does in one round (one wake-up of the ranks). */
+typedef enum round_mode {
+  MODE_CPU = 0, /* the forward on the host (the CPU backend) */
+  MODE_EAGER,   /* upload, the forward through Python, download */
+  MODE_CAPTURE, /* upload, the forward captured into a graph; nothing runs */
+  MODE_REPLAY,  /* upload, launch the captured graph, download */
+} round_mode;
+
+#define MAX_UNSTABLE_CAPTURES 3
 
 typedef struct rank_worker {
   servd_runner *r;
@@ -18,30 +33,66 @@ struct servd_runner {
   servd_pool *pool;
   servd_kv_cache *const *kv;
   servd_comm *comm;
+  servd_device_comm *dcomm;
   int world;
   rank_worker *workers; /* ranks 1..world-1 at [rank-1] */
   pthread_mutex_t mu;
   pthread_cond_t go, done;
-  uint64_t generation; /* bumped per step; workers run when it changes */
-  int pending;         /* workers still running the current step */
+  uint64_t generation; /* bumped per round; workers run when it changes */
+  int pending;         /* workers still running the current round */
   bool stop;
+  /* The current round, set before the ranks wake (under mu). */
   const servd_forward_batch *batch;
-  int first_failed; /* rank that failed first in the current step, -1: none (under mu) */
+  round_mode mode;
+  int bucket;       /* graph slot (CAPTURE, REPLAY) */
+  int n_rows;       /* logit rows the engine gets (the rest are padding) */
+  int first_failed; /* rank that failed first in the current round, -1: none (under mu) */
+
+  /* GPUs (NULL ds[0]: CPU). Graph state is the runner's, touched on the caller's thread only. */
+  servd_device_step *ds[SERVD_INTERP_MAX];
+  bool graphs;
+  int *buckets, n_buckets;
+  bool *seen;      /* per bucket: ran once eagerly since the last drop (warmed up) */
+  bool *captured;  /* per bucket: every rank holds its graph */
+  bool *disabled;  /* per bucket: a capture failed; runs eagerly for good */
+  int *unstable;   /* per bucket: captures during which device memory moved */
+  servd_padded_step pad;
+
+  _Atomic uint64_t st_steps, st_eager, st_captures, st_replays, st_capture_failures, st_drops;
 };
 
-/* A rank failed: remember the first (the cause) and release the ranks waiting for it. */
-static void rank_failed(servd_runner *r, int rank) {
+static void abort_comms(servd_runner *r) {
+  servd_comm_abort(r->comm);
+  if (r->dcomm) servd_device_comm_abort(r->dcomm);
+}
+
+/* A rank failed: remember the first (the cause) and release the ranks waiting for it. Captures run
+ * nothing, so no rank waits in a collective then. */
+static void rank_failed(servd_runner *r, int rank, round_mode mode) {
   pthread_mutex_lock(&r->mu);
   if (r->first_failed < 0) r->first_failed = rank;
   pthread_mutex_unlock(&r->mu);
-  servd_comm_abort(r->comm);
+  if (mode != MODE_CAPTURE) abort_comms(r);
 }
 
-static int run_rank(servd_runner *r, int rank, const servd_forward_batch *b, servd_tensor **logits,
-                    servd_py_error *err) {
+static int run_rank(servd_runner *r, int rank, const servd_forward_batch *b, round_mode mode, int bucket,
+                    int n_rows, servd_tensor **logits, servd_py_error *err) {
   servd_forward_batch mine = *b;
   mine.kv = r->kv[rank];
-  return servd_interp_forward(servd_pool_get(r->pool, rank), &mine, logits, err);
+  servd_interp *it = servd_pool_get(r->pool, rank);
+  servd_device_step *ds = r->ds[rank];
+  servd_tensor **out = rank == 0 ? logits : NULL;
+  int rc;
+  switch (mode) {
+  case MODE_CPU: return servd_interp_forward(it, &mine, logits, err);
+  case MODE_EAGER: rc = servd_device_step_eager(ds, it, &mine, n_rows, out, err); break;
+  case MODE_CAPTURE: return servd_device_step_capture(ds, it, &mine, bucket, err);
+  case MODE_REPLAY: rc = servd_device_step_replay(ds, &mine, bucket, n_rows, out); break;
+  default: return servd_fail(SERVD_EINVAL, "model runner: round mode %d", (int)mode);
+  }
+  /* Rank 0 waited for its logits; the others wait here, so a fault shows in the step that caused it. */
+  if (rc == 0 && rank > 0) rc = servd_device_step_sync(ds);
+  return rc;
 }
 
 static void *worker_main(void *arg) {
@@ -54,11 +105,18 @@ static void *worker_main(void *arg) {
     if (r->stop) break;
     seen = r->generation;
     const servd_forward_batch *b = r->batch;
+    round_mode mode = r->mode;
+    int bucket = r->bucket, n_rows = r->n_rows;
     pthread_mutex_unlock(&r->mu);
     servd_tensor *ignored = NULL;
-    w->rc = run_rank(r, w->rank, b, &ignored, &w->err);
+    memset(&w->err, 0, sizeof w->err);
+    w->rc = run_rank(r, w->rank, b, mode, bucket, n_rows, &ignored, &w->err);
     servd_tensor_release(ignored);
-    if (w->rc) rank_failed(r, w->rank);
+    if (w->rc) {
+      /* Not a Python error: keep this thread's message for the step's report. */
+      if (!w->err.type[0]) snprintf(w->err.message, sizeof w->err.message, "%s", servd_last_error());
+      rank_failed(r, w->rank, mode);
+    }
     pthread_mutex_lock(&r->mu);
     if (--r->pending == 0) pthread_cond_signal(&r->done);
   }
@@ -66,17 +124,15 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-int servd_runner_create(servd_pool *pool, servd_kv_cache *const *kv, int world, servd_comm *comm,
-                        servd_runner **out) {
+static int runner_new(servd_pool *pool, servd_kv_cache *const *kv, int world, servd_comm *comm,
+                      servd_device_comm *dcomm, servd_runner **out) {
   *out = NULL;
-  if (!pool || !kv || world < 1 || servd_pool_size(pool) < world || (world > 1 && !comm))
-    return servd_fail(SERVD_EINVAL, "model runner: world=%d with a pool of %d interpreters and %s communicator",
-                      world, pool ? servd_pool_size(pool) : 0, comm ? "a" : "no");
   servd_runner *r = calloc(1, sizeof *r);
   if (!r) return servd_fail(SERVD_ENOMEM, "model runner: allocation");
   r->pool = pool;
   r->kv = kv;
   r->comm = comm;
+  r->dcomm = dcomm;
   r->world = world;
   r->first_failed = -1;
   pthread_mutex_init(&r->mu, NULL);
@@ -107,6 +163,64 @@ fail:
   return rc;
 }
 
+int servd_runner_create(servd_pool *pool, servd_kv_cache *const *kv, int world, servd_comm *comm,
+                        servd_runner **out) {
+  *out = NULL;
+  if (!pool || !kv || world < 1 || servd_pool_size(pool) < world || (world > 1 && !comm))
+    return servd_fail(SERVD_EINVAL, "model runner: world=%d with a pool of %d interpreters and %s communicator",
+                      world, pool ? servd_pool_size(pool) : 0, comm ? "a" : "no");
+  return runner_new(pool, kv, world, comm, NULL, out);
+}
+
+int servd_runner_create_gpu(servd_pool *pool, servd_kv_cache *const *kv, int world, const servd_runner_gpu *g,
+                            servd_runner **out) {
+  *out = NULL;
+  if (!pool || !kv || !g || !g->devices || !g->dkv || world < 1 || world > SERVD_INTERP_MAX ||
+      servd_pool_size(pool) < world || (world > 1 && !g->dcomm) || g->max_tokens < 1 || g->max_seqs < 1 ||
+      g->max_blocks_per_seq < 1 || g->block_size < 1 || (g->graphs && g->graph_max_batch < 1))
+    return servd_fail(SERVD_EINVAL, "model runner: world=%d on GPUs with a pool of %d interpreters, %s NCCL "
+                      "communicator, max_tokens %d, max_seqs %d, max_blocks_per_seq %d, block_size %d, graph max "
+                      "batch %d: expected positive sizes, a pool of world interpreters and a communicator when "
+                      "world > 1", world, pool ? servd_pool_size(pool) : 0, g && g->dcomm ? "a" : "no",
+                      g ? g->max_tokens : 0, g ? g->max_seqs : 0, g ? g->max_blocks_per_seq : 0,
+                      g ? g->block_size : 0, g ? g->graph_max_batch : 0);
+  servd_runner *r = NULL;
+  int rc = runner_new(pool, kv, world, NULL, g->dcomm, &r);
+  if (rc) return rc;
+  /* Graph buckets never need more sequences than a step can hold. */
+  int max_batch = g->graph_max_batch < g->max_seqs ? g->graph_max_batch : g->max_seqs;
+  r->graphs = g->graphs;
+  if (r->graphs) {
+    r->n_buckets = servd_graph_n_buckets(max_batch);
+    r->buckets = calloc((size_t)r->n_buckets, sizeof *r->buckets);
+    r->seen = calloc((size_t)r->n_buckets, sizeof *r->seen);
+    r->captured = calloc((size_t)r->n_buckets, sizeof *r->captured);
+    r->disabled = calloc((size_t)r->n_buckets, sizeof *r->disabled);
+    r->unstable = calloc((size_t)r->n_buckets, sizeof *r->unstable);
+    if (!r->buckets || !r->seen || !r->captured || !r->disabled || !r->unstable) {
+      rc = servd_fail(SERVD_ENOMEM, "model runner: %d graph buckets", r->n_buckets);
+      goto fail;
+    }
+    servd_graph_buckets(max_batch, r->buckets, r->n_buckets);
+    if ((rc = servd_padded_step_init(&r->pad, max_batch))) goto fail;
+  }
+  /* A padded decode step has up to max_batch tokens, which a small token budget may not cover. */
+  servd_device_step_config dc = {.max_tokens = g->max_tokens > max_batch ? g->max_tokens : max_batch,
+                                 .max_seqs = g->max_seqs, .max_blocks_per_seq = g->max_blocks_per_seq,
+                                 .block_size = g->block_size, .n_buckets = r->graphs ? r->n_buckets : 0};
+  for (int k = 0; k < world; k++) {
+    dc.device = g->devices[k];
+    dc.rank = k;
+    dc.dkv = g->dkv[k];
+    if ((rc = servd_device_step_create(&dc, &r->ds[k]))) goto fail;
+  }
+  *out = r;
+  return 0;
+fail:
+  servd_runner_destroy(r);
+  return rc;
+}
+
 void servd_runner_destroy(servd_runner *r) {
   if (!r) return;
   pthread_mutex_lock(&r->mu);
@@ -116,19 +230,42 @@ void servd_runner_destroy(servd_runner *r) {
   for (int i = 0; r->workers && i < r->world - 1; i++)
     if (r->workers[i].started) pthread_join(r->workers[i].thread, NULL);
   free(r->workers);
+  for (int k = 0; k < SERVD_INTERP_MAX; k++) servd_device_step_destroy(r->ds[k]);
+  free(r->buckets);
+  free(r->seen);
+  free(r->captured);
+  free(r->disabled);
+  free(r->unstable);
+  servd_padded_step_free(&r->pad);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->go);
   pthread_cond_destroy(&r->done);
   free(r);
 }
 
-int servd_runner_step(servd_runner *r, const servd_forward_batch *b, servd_tensor **logits,
-                      servd_py_error *err, int *failed_rank) {
+void servd_runner_get_stats(const servd_runner *r, servd_runner_stats *s) {
+  memset(s, 0, sizeof *s);
+  if (!r) return;
+  servd_runner *m = (servd_runner *)r; /* atomics read through a const pointer */
+  s->steps = atomic_load(&m->st_steps);
+  s->eager_steps = atomic_load(&m->st_eager);
+  s->graph_captures = atomic_load(&m->st_captures);
+  s->graph_replays = atomic_load(&m->st_replays);
+  s->graph_capture_failures = atomic_load(&m->st_capture_failures);
+  s->graph_drops = atomic_load(&m->st_drops);
+}
+
+/* Runs b on every rank at once in the given mode; see servd_runner_step for the error contract. */
+static int run_round(servd_runner *r, const servd_forward_batch *b, round_mode mode, int bucket, int n_rows,
+                     servd_tensor **logits, servd_py_error *err, int *failed_rank) {
   *logits = NULL;
   if (failed_rank) *failed_rank = -1;
   if (r->world > 1) {
     pthread_mutex_lock(&r->mu);
     r->batch = b;
+    r->mode = mode;
+    r->bucket = bucket;
+    r->n_rows = n_rows;
     r->pending = r->world - 1;
     r->first_failed = -1;
     r->generation++;
@@ -137,8 +274,8 @@ int servd_runner_step(servd_runner *r, const servd_forward_batch *b, servd_tenso
   }
   servd_py_error err0;
   memset(&err0, 0, sizeof err0);
-  int rc = run_rank(r, 0, b, logits, &err0);
-  if (rc && r->world > 1) rank_failed(r, 0);
+  int rc = run_rank(r, 0, b, mode, bucket, n_rows, logits, &err0);
+  if (rc && r->world > 1) rank_failed(r, 0, mode);
   int first = rc ? 0 : -1;
   if (r->world > 1) {
     pthread_mutex_lock(&r->mu);
@@ -146,18 +283,106 @@ int servd_runner_step(servd_runner *r, const servd_forward_batch *b, servd_tenso
     first = r->first_failed;
     pthread_mutex_unlock(&r->mu);
     /* Every rank has returned: nobody is inside a collective. */
-    if (first >= 0) servd_comm_reset(r->comm);
+    if (first >= 0 && mode != MODE_CAPTURE) {
+      servd_comm_reset(r->comm);
+      if (r->dcomm) servd_device_comm_reset(r->dcomm);
+    }
     if (first > 0) rc = r->workers[first - 1].rc;
   }
   if (first >= 0) {
     if (err) *err = first == 0 ? err0 : r->workers[first - 1].err;
     if (failed_rank) *failed_rank = first;
     /* The cause's message, not that of a rank that only saw the abort. */
-    if (first > 0) servd_fail(rc, "rank %d: %s: %s", first, r->workers[first - 1].err.type, r->workers[first - 1].err.message);
+    if (first > 0) {
+      const servd_py_error *we = &r->workers[first - 1].err;
+      if (we->type[0]) servd_fail(rc, "rank %d: %s: %s", first, we->type, we->message);
+      else servd_fail(rc, "rank %d: %s", first, we->message);
+    }
   }
   if (rc) {
     servd_tensor_release(*logits);
     *logits = NULL;
+  }
+  return rc;
+}
+
+/* Device memory that a graph may use moved on some rank: no graph can be trusted any more. */
+static void drop_stale_graphs(servd_runner *r) {
+  bool stale = false;
+  for (int k = 0; k < r->world && !stale; k++) stale = servd_device_step_stale(r->ds[k]);
+  if (!stale) return;
+  for (int k = 0; k < r->world; k++) servd_device_step_drop_all(r->ds[k]);
+  memset(r->seen, 0, sizeof *r->seen * (size_t)r->n_buckets);
+  memset(r->captured, 0, sizeof *r->captured * (size_t)r->n_buckets);
+  atomic_fetch_add(&r->st_drops, 1);
+}
+
+static void drop_bucket(servd_runner *r, int bucket) {
+  for (int k = 0; k < r->world; k++) servd_device_step_drop(r->ds[k], bucket);
+  r->captured[bucket] = false;
+}
+
+/* Captures bucket `bi` on every rank over the padded step; on failure the bucket runs eagerly (for
+ * good, unless device memory moved during the capture, which a warm-up step may settle). */
+static bool capture_all(servd_runner *r, const servd_forward_batch *padded, int bi) {
+  servd_tensor *none = NULL;
+  servd_py_error cerr;
+  memset(&cerr, 0, sizeof cerr);
+  int failed = -1;
+  int rc = run_round(r, padded, MODE_CAPTURE, bi, 0, &none, &cerr, &failed);
+  servd_tensor_release(none);
+  if (rc == 0) {
+    r->captured[bi] = true;
+    atomic_fetch_add(&r->st_captures, 1);
+    return true;
+  }
+  drop_bucket(r, bi);
+  atomic_fetch_add(&r->st_capture_failures, 1);
+  if (rc == SERVD_EBUSY && ++r->unstable[bi] < MAX_UNSTABLE_CAPTURES) {
+    r->seen[bi] = false; /* warm up again, then retry */
+    return false;
+  }
+  r->disabled[bi] = true;
+  fprintf(stderr, "servd: CUDA graphs off for decode batches of %d sequences: the capture failed on rank %d: %s%s%s\n",
+          r->buckets[bi], failed, cerr.type, cerr.type[0] ? ": " : "", cerr.type[0] ? cerr.message : servd_last_error());
+  return false;
+}
+
+int servd_runner_step(servd_runner *r, const servd_forward_batch *b, servd_tensor **logits,
+                      servd_py_error *err, int *failed_rank) {
+  atomic_fetch_add(&r->st_steps, 1);
+  if (!r->ds[0]) return run_round(r, b, MODE_CPU, -1, b->n_logit_rows, logits, err, failed_rank);
+
+  const servd_forward_batch *run = b;
+  round_mode mode = MODE_EAGER;
+  int bi = -1;
+  if (r->graphs) {
+    drop_stale_graphs(r);
+    if (servd_step_is_decode(b)) bi = servd_graph_bucket_index(r->buckets, r->n_buckets, b->attn.n_seqs);
+    if (bi >= 0 && (r->disabled[bi] || servd_pad_decode(&r->pad, b, r->buckets[bi]) != 0)) bi = -1;
+    if (bi >= 0) {
+      run = &r->pad.batch;
+      mode = r->captured[bi] ? MODE_REPLAY : r->seen[bi] ? MODE_CAPTURE : MODE_EAGER;
+    }
+  }
+  if (mode == MODE_CAPTURE) {
+    if (capture_all(r, run, bi)) {
+      mode = MODE_REPLAY;
+    } else {
+      run = b;
+      bi = -1;
+      mode = MODE_EAGER;
+    }
+  }
+  int rc = run_round(r, run, mode, bi, b->n_logit_rows, logits, err, failed_rank);
+  if (mode == MODE_EAGER) atomic_fetch_add(&r->st_eager, 1);
+  else atomic_fetch_add(&r->st_replays, 1);
+  if (rc == 0 && mode == MODE_EAGER && bi >= 0) r->seen[bi] = true;
+  if (rc && mode == MODE_REPLAY) {
+    /* A launch or its download failed: trust no graph after that. */
+    for (int k = 0; k < r->world; k++) servd_device_step_drop_all(r->ds[k]);
+    memset(r->seen, 0, sizeof *r->seen * (size_t)r->n_buckets);
+    memset(r->captured, 0, sizeof *r->captured * (size_t)r->n_buckets);
   }
   return rc;
 }

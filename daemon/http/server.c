@@ -1,12 +1,12 @@
 #include "http/server.h"
 
-#include <http_parser.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "http/buf.h"
+#include "http/framer.h"
 #include "servd/status.h"
 
 #define READ_CHUNK 65536
@@ -21,23 +21,14 @@ typedef struct conn {
   int open_handles;
   servd_http_server *srv;
   struct conn *prev, *next;
-  http_parser parser;
+  servd_http_framer fr; /* request framing: parser, headers, body */
   conn_state state;
   timer_kind timer_kind;
-  bool reading, closing, close_after, in_process, keep_alive, chunked, responded, head;
-  bool expect_continue;
+  bool reading, closing, close_after, in_process, chunked, responded;
   bool close_at_end; /* the response said Connection: close */
   bool raw_stream;   /* HTTP/1.0 has no chunked encoding: stream bytes as they are, then close */
-  int err_status; /* limit hit inside a parser callback: 413, 431 */
   char *rbuf;
   servd_buf pending; /* received, not yet parsed */
-  servd_buf hbuf;    /* url '\0' name '\0' value '\0' ... */
-  size_t url_len;
-  int n_headers;
-  size_t (*hoff)[2]; /* offsets of name and value in hbuf */
-  bool in_value;
-  size_t header_bytes;
-  servd_buf body;
   servd_buf obuf, wbuf; /* accumulating output, output being written */
   bool writing;
   bool dirty;             /* on srv->dirty: output queued while the server was in a batch */
@@ -46,7 +37,6 @@ typedef struct conn {
   servd_buf ehdr; /* extra response headers of the current request */
   servd_arena *arena;
   servd_http_req req;
-  servd_http_header *headers;
 } conn;
 
 struct servd_http_server {
@@ -56,7 +46,6 @@ struct servd_http_server {
   int open_handles;
   servd_http_limits lim;
   servd_http_callbacks cb;
-  http_parser_settings settings;
   conn *conns;
   int n_conns, active;
   int batch_depth;   /* > 0: flushes are deferred to servd_http_server_batch_end */
@@ -65,16 +54,6 @@ struct servd_http_server {
   void (*done)(void *);
   void *done_ud;
 };
-
-void servd_http_limits_default(servd_http_limits *l) {
-  l->max_header_bytes = 16 * 1024;
-  l->max_headers = 100;
-  l->max_body_bytes = 8u << 20;
-  l->request_timeout_ms = 30000;
-  l->idle_timeout_ms = 60000;
-  l->max_output_bytes = 4u << 20;
-  l->max_connections = 4096;
-}
 
 const char *servd_http_reason(int s) {
   switch (s) {
@@ -134,14 +113,11 @@ static void on_conn_handle_closed(uv_handle_t *h) {
   if (c->next) c->next->prev = c->prev;
   s->n_conns--;
   servd_buf_free(&c->pending);
-  servd_buf_free(&c->hbuf);
-  servd_buf_free(&c->body);
+  servd_http_framer_free(&c->fr);
   servd_buf_free(&c->obuf);
   servd_buf_free(&c->wbuf);
   servd_buf_free(&c->ehdr);
   servd_arena_destroy(c->arena);
-  free(c->hoff);
-  free(c->headers);
   free(c->rbuf);
   free(c);
   server_maybe_done(s);
@@ -259,8 +235,7 @@ static void req_finish(conn *c, bool aborted) {
   servd_arena_reset(c->arena);
   memset(r, 0, sizeof(*r));
   servd_buf_clear(&c->ehdr);
-  if (c->body.cap > (1u << 20)) servd_buf_free(&c->body);
-  servd_buf_clear(&c->body);
+  servd_http_framer_release_body(&c->fr);
   c->state = C_IDLE;
 }
 
@@ -273,124 +248,22 @@ static void conn_close(conn *c) {
   uv_close((uv_handle_t *)&c->tcp, on_conn_handle_closed);
 }
 
-/* ---- parser callbacks ------------------------------------------------------------------------- */
+/* ---- framer hooks --------------------------------------------------------------------------- */
 
-static int hb_add(conn *c, const char *at, size_t len) {
-  c->header_bytes += len;
-  if (c->header_bytes > c->srv->lim.max_header_bytes) {
-    c->err_status = 431;
-    return 1;
-  }
-  servd_buf_append(&c->hbuf, at, len);
-  return c->hbuf.oom ? 1 : 0;
-}
-
-static int on_message_begin(http_parser *p) {
-  conn *c = p->data;
+static void on_request_begin(void *ud) {
+  conn *c = ud;
   c->state = C_READING;
-  servd_buf_clear(&c->hbuf);
-  servd_buf_clear(&c->body);
-  c->n_headers = 0;
-  c->in_value = false;
-  c->header_bytes = 0;
-  c->url_len = 0;
-  c->err_status = 0;
   timer_set(c, T_REQUEST, c->srv->lim.request_timeout_ms);
-  return 0;
 }
 
-static int on_url(http_parser *p, const char *at, size_t len) {
-  conn *c = p->data;
-  int rc = hb_add(c, at, len);
-  c->url_len += len;
-  return rc;
+static void on_request_continue(void *ud) {
+  conn *c = ud;
+  static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+  servd_buf_append(&c->obuf, cont, sizeof cont - 1);
+  conn_flush(c);
 }
 
-static int on_header_field(http_parser *p, const char *at, size_t len) {
-  conn *c = p->data;
-  if (c->n_headers == 0 && !c->in_value && c->hbuf.len == c->url_len) {
-    servd_buf_append(&c->hbuf, "", 1); /* terminate the url */
-  }
-  if (c->in_value || c->n_headers == 0) {
-    if (c->in_value) servd_buf_append(&c->hbuf, "", 1); /* terminate the previous value */
-    if (c->n_headers >= c->srv->lim.max_headers) {
-      c->err_status = 431;
-      return 1;
-    }
-    c->hoff[c->n_headers][0] = c->hbuf.len;
-    c->hoff[c->n_headers][1] = 0;
-    c->n_headers++;
-    c->in_value = false;
-  }
-  return hb_add(c, at, len);
-}
-
-static int on_header_value(http_parser *p, const char *at, size_t len) {
-  conn *c = p->data;
-  if (!c->in_value) {
-    servd_buf_append(&c->hbuf, "", 1); /* terminate the name */
-    c->hoff[c->n_headers - 1][1] = c->hbuf.len;
-    c->in_value = true;
-  }
-  return hb_add(c, at, len);
-}
-
-static int hexval(char ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-  return -1;
-}
-
-static int on_headers_complete(http_parser *p) {
-  conn *c = p->data;
-  servd_http_server *s = c->srv;
-  if (c->n_headers == 0) servd_buf_append(&c->hbuf, "", 1);
-  else if (c->in_value) servd_buf_append(&c->hbuf, "", 1);
-  else { /* a name without a value */
-    servd_buf_append(&c->hbuf, "", 1);
-    c->hoff[c->n_headers - 1][1] = c->hbuf.len;
-    servd_buf_append(&c->hbuf, "", 1);
-  }
-  if (c->hbuf.oom) return -1; /* 1 would mean 'no body follows' */
-  c->keep_alive = http_should_keep_alive(p) != 0;
-  c->expect_continue = false;
-  for (int i = 0; i < c->n_headers; i++) {
-    c->headers[i].name = c->hbuf.data + c->hoff[i][0];
-    c->headers[i].value = c->hbuf.data + c->hoff[i][1];
-    if (strcasecmp(c->headers[i].name, "expect") == 0 && strcasecmp(c->headers[i].value, "100-continue") == 0)
-      c->expect_continue = true;
-  }
-  if ((p->flags & F_CONTENTLENGTH) && p->content_length > s->lim.max_body_bytes) {
-    c->err_status = 413;
-    return -1;
-  }
-  if (c->expect_continue) {
-    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-    servd_buf_append(&c->obuf, cont, sizeof cont - 1);
-    conn_flush(c);
-  }
-  c->head = p->method == HTTP_HEAD;
-  return 0;
-}
-
-static int on_body(http_parser *p, const char *at, size_t len) {
-  conn *c = p->data;
-  if (c->body.len + len > c->srv->lim.max_body_bytes) {
-    c->err_status = 413; /* chunked uploads have no Content-Length to check up front */
-    return 1;
-  }
-  servd_buf_append(&c->body, at, len);
-  return c->body.oom ? 1 : 0;
-}
-
-static int on_message_complete(http_parser *p) {
-  conn *c = p->data;
-  timer_set(c, T_NONE, 0);
-  /* Stop here: the next pipelined request is parsed after this one's response. */
-  http_parser_pause(p, 1);
-  return 0;
-}
+static void on_request_complete(void *ud) { timer_set((conn *)ud, T_NONE, 0); }
 
 /* ---- dispatch --------------------------------------------------------------------------------- */
 
@@ -399,7 +272,7 @@ static void error_response(conn *c, int status, const char *msg) {
   servd_buf body;
   servd_buf_init(&body);
   /* The target is known once the url has been terminated (at the first header or headers end). */
-  const char *target = c->hbuf.data && c->hbuf.len > c->url_len && c->url_len > 0 ? c->hbuf.data : "";
+  const char *target = servd_http_framer_target(&c->fr);
   if (s->cb.error_body) s->cb.error_body(s->cb.ud, target, status, msg, &body);
   else {
     servd_buf_puts(&body, "{\"error\": ");
@@ -422,7 +295,7 @@ static void error_response(conn *c, int status, const char *msg) {
     /* Count and log it like any other response. */
     servd_http_req r;
     memset(&r, 0, sizeof r);
-    r.method = http_method_str((enum http_method)c->parser.method);
+    r.method = http_method_str((enum http_method)c->fr.parser.method);
     r.path = target;
     r.target = target;
     r.status = status;
@@ -435,41 +308,13 @@ static void error_response(conn *c, int status, const char *msg) {
   conn_flush(c);
 }
 
-static bool decode_path(servd_arena *a, const char *src, size_t n, const char **out) {
-  char *d = servd_arena_alloc(a, n + 1);
-  if (!d) return false;
-  size_t j = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (src[i] == '%') {
-      if (i + 2 >= n) return false;
-      int hi = hexval(src[i + 1]), lo = hexval(src[i + 2]);
-      if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) return false;
-      d[j++] = (char)(hi * 16 + lo);
-      i += 2;
-    } else {
-      d[j++] = src[i];
-    }
-  }
-  d[j] = '\0';
-  *out = d;
-  return true;
-}
-
 static void dispatch(conn *c) {
   servd_http_server *s = c->srv;
   servd_http_req *r = &c->req;
   memset(r, 0, sizeof(*r));
   r->conn_ = c;
   r->arena = c->arena;
-  r->method = http_method_str((enum http_method)c->parser.method);
-  r->target = c->hbuf.data;
-  r->http_major = c->parser.http_major;
-  r->http_minor = c->parser.http_minor;
-  r->headers = c->headers;
-  r->n_headers = c->n_headers;
-  servd_buf_append(&c->body, "", 0); /* NUL-terminate */
-  r->body = c->body.data ? c->body.data : "";
-  r->body_len = c->body.len;
+  bool target_ok = servd_http_framer_request(&c->fr, c->arena, r);
   r->start_ns = uv_hrtime();
   struct sockaddr_storage ss;
   int len = sizeof ss;
@@ -481,11 +326,7 @@ static void dispatch(conn *c) {
   c->responded = false;
   c->chunked = false;
   s->active++;
-  const char *t = r->target;
-  const char *q = strchr(t, '?');
-  size_t plen = q ? (size_t)(q - t) : strlen(t);
-  r->query = q ? q + 1 : "";
-  if (!c->body.oom && decode_path(c->arena, t, plen, &r->path)) {
+  if (target_ok) {
     s->cb.handle(s->cb.ud, r);
     return;
   }
@@ -499,22 +340,18 @@ static void conn_process(conn *c) {
   c->in_process = true;
   servd_http_server *s = c->srv;
   while (!c->closing && !c->close_after && c->state != C_HANDLING && c->pending.len > 0) {
-    size_t n = http_parser_execute(&c->parser, &s->settings, c->pending.data, c->pending.len);
-    enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
-    if (e == HPE_PAUSED) {
+    size_t n = 0;
+    int status = 0;
+    char msg[160];
+    servd_frame_result fr = servd_http_framer_feed(&c->fr, c->pending.data, c->pending.len, &n, &status, msg,
+                                                   sizeof msg);
+    if (fr == SERVD_FRAME_REQUEST) {
       servd_buf_consume(&c->pending, n);
-      http_parser_pause(&c->parser, 0);
       dispatch(c);
       continue;
     }
-    if (e != HPE_OK) {
-      if (c->err_status == 431) error_response(c, 431, "request header fields too large");
-      else if (c->err_status == 413) error_response(c, 413, "request body too large");
-      else {
-        char msg[160];
-        snprintf(msg, sizeof msg, "malformed HTTP request: %s", http_errno_description(e));
-        error_response(c, 400, msg);
-      }
+    if (fr == SERVD_FRAME_ERROR) {
+      error_response(c, status, msg);
       servd_buf_clear(&c->pending);
       break;
     }
@@ -579,14 +416,12 @@ static void on_connection(uv_stream_t *l, int status) {
   conn *c = calloc(1, sizeof(*c));
   if (!c) return;
   c->rbuf = malloc(READ_CHUNK);
-  c->hoff = calloc((size_t)s->lim.max_headers + 1, sizeof(*c->hoff));
-  c->headers = calloc((size_t)s->lim.max_headers + 1, sizeof(*c->headers));
   c->arena = servd_arena_create(8192);
   c->srv = s;
-  if (!c->rbuf || !c->hoff || !c->headers || !c->arena || uv_tcp_init(s->loop, &c->tcp) != 0) {
+  int frc = servd_http_framer_init(&c->fr, &s->lim);
+  if (frc != 0 || !c->rbuf || !c->arena || uv_tcp_init(s->loop, &c->tcp) != 0) {
     free(c->rbuf);
-    free(c->hoff);
-    free(c->headers);
+    servd_http_framer_free(&c->fr);
     servd_arena_destroy(c->arena);
     free(c);
     return;
@@ -604,8 +439,10 @@ static void on_connection(uv_stream_t *l, int status) {
     return;
   }
   uv_tcp_nodelay(&c->tcp, 1);
-  http_parser_init(&c->parser, HTTP_REQUEST);
-  c->parser.data = c;
+  c->fr.on_begin = on_request_begin;
+  c->fr.on_continue = on_request_continue;
+  c->fr.on_complete = on_request_complete;
+  c->fr.ud = c;
   read_start(c);
   timer_set(c, T_IDLE, s->lim.idle_timeout_ms);
 }
@@ -623,14 +460,6 @@ int servd_http_server_create(uv_loop_t *loop, const servd_http_limits *limits, c
   else servd_http_limits_default(&s->lim);
   if (s->lim.max_headers < 1) s->lim.max_headers = 1;
   s->cb = *cb;
-  http_parser_settings_init(&s->settings);
-  s->settings.on_message_begin = on_message_begin;
-  s->settings.on_url = on_url;
-  s->settings.on_header_field = on_header_field;
-  s->settings.on_header_value = on_header_value;
-  s->settings.on_headers_complete = on_headers_complete;
-  s->settings.on_body = on_body;
-  s->settings.on_message_complete = on_message_complete;
   *out = s;
   return 0;
 }
@@ -722,7 +551,7 @@ void servd_http_set_header(servd_http_req *r, const char *name, const char *valu
 
 static void write_head(conn *c, int status, const char *ctype, long long content_length) {
   servd_http_req *r = &c->req;
-  bool keep = c->keep_alive && !c->srv->stopping;
+  bool keep = c->fr.keep_alive && !c->srv->stopping;
   r->status = status;
   servd_buf_printf(&c->obuf, "HTTP/1.1 %d %s\r\n", status, servd_http_reason(status));
   if (ctype) servd_buf_printf(&c->obuf, "Content-Type: %s\r\n", ctype);
@@ -759,7 +588,7 @@ void servd_http_respond(servd_http_req *r, int status, const char *content_type,
   if (c->responded || c->closing) return;
   c->responded = true;
   write_head(c, status, content_type, (long long)len);
-  if (!c->head && len) servd_buf_append(&c->obuf, body, len);
+  if (!c->fr.head && len) servd_buf_append(&c->obuf, body, len);
   r->bytes_out = len;
   req_end(c);
 }
@@ -778,8 +607,8 @@ int servd_http_stream_write(servd_http_req *r, const char *data, size_t len) {
   if (c->closing || !c->chunked) return -1;
   if (len == 0) return 0;
   if (c->raw_stream) {
-    if (!c->head) servd_buf_append(&c->obuf, data, len);
-  } else if (!c->head) {
+    if (!c->fr.head) servd_buf_append(&c->obuf, data, len);
+  } else if (!c->fr.head) {
     servd_buf_printf(&c->obuf, "%zx\r\n", len);
     servd_buf_append(&c->obuf, data, len);
     servd_buf_append(&c->obuf, "\r\n", 2);
@@ -796,7 +625,7 @@ int servd_http_stream_write(servd_http_req *r, const char *data, size_t len) {
 void servd_http_stream_end(servd_http_req *r) {
   conn *c = r->conn_;
   if (c->closing || !c->chunked) return;
-  if (!c->head && !c->raw_stream) servd_buf_append(&c->obuf, "0\r\n\r\n", 5);
+  if (!c->fr.head && !c->raw_stream) servd_buf_append(&c->obuf, "0\r\n\r\n", 5);
   c->chunked = false;
   req_end(c);
 }

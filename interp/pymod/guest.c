@@ -144,6 +144,7 @@ static int g_init(servd_guest_thread *th, const servd_guest_config *c, servd_py_
   pm.device = c->device;
   pm.index = c->index;
   pm.comm = c->comm;
+  pm.dcomm = c->dcomm;
 
   /* must precede every Py_Initialize: finalization drops the extended table */
   if (PyImport_AppendInittab("servd", PyInit_servd) < 0)
@@ -158,11 +159,23 @@ static int g_init(servd_guest_thread *th, const servd_guest_config *c, servd_py_
   cfg.configure_c_stdio = 0;
   cfg.parse_argv = 0;
   cfg.module_search_paths_set = 1;
-  PyStatus st = PyConfig_SetBytesString(&cfg, &cfg.home, "/usr");
+  /* home (sys.prefix) two levels above the standard library: /usr for /usr/lib/python3.11, the
+   * bundle's root for a relocated one (SERVD_PY_STDLIB) */
+  char home[4096], exe[4096 + 32];
+  snprintf(home, sizeof home, "%s", c->stdlib_dir);
+  for (int up = 0; up < 2; up++) {
+    char *slash = strrchr(home, '/');
+    if (slash)
+      *slash = 0;
+  }
+  if (!home[0])
+    snprintf(home, sizeof home, "/");
+  snprintf(exe, sizeof exe, "%s/bin/python3.11", strcmp(home, "/") ? home : "");
+  PyStatus st = PyConfig_SetBytesString(&cfg, &cfg.home, home);
   if (!PyStatus_Exception(st))
-    st = PyConfig_SetBytesString(&cfg, &cfg.program_name, "/usr/bin/python3.11");
+    st = PyConfig_SetBytesString(&cfg, &cfg.program_name, exe);
   if (!PyStatus_Exception(st)) /* not searched in PATH, where another Python may come first */
-    st = PyConfig_SetBytesString(&cfg, &cfg.executable, "/usr/bin/python3.11");
+    st = PyConfig_SetBytesString(&cfg, &cfg.executable, exe);
   if (PyStatus_Exception(st) || append_wide(&cfg.module_search_paths, c->stdlib_dir) < 0 ||
       append_wide(&cfg.module_search_paths, c->dynload_dir) < 0) {
     PyConfig_Clear(&cfg);
@@ -367,6 +380,11 @@ static int g_predict(servd_guest_thread *th, uint64_t seq, int n_in, const char 
     if (!name || !pm_is_tensor(v)) {
       PyErr_Format(PyExc_TypeError, "predict output %R must map a str to a servd.Tensor, not %.100s", k,
                    Py_TYPE(v)->tp_name);
+      rc = take_error(err, "predict", &c);
+      goto out;
+    }
+    /* the caller reads outputs on the host */
+    if (pm_host_only(((TensorObject *)v)->t, PyExc_ValueError, "predict output") < 0) {
       rc = take_error(err, "predict", &c);
       goto out;
     }

@@ -67,8 +67,27 @@ static PyType_Spec rope_spec = {"servd.Rope", sizeof(RopeObject), 0, Py_TPFLAGS_
 
 /* ---- servd.KVCache (a handle the engine passes in batch.kv) ---- */
 
+static PyObject *kv_device(KVCacheObject *self, void *c) {
+  (void)c;
+  char buf[24];
+  return PyUnicode_FromString(pm_device_name(self->dkv ? pm_host->device_kv_device(self->dkv) : -1, buf, sizeof buf));
+}
+
+static PyObject *kv_repr(KVCacheObject *self) {
+  char buf[24];
+  return PyUnicode_FromFormat("servd.KVCache(%s)",
+                              pm_device_name(self->dkv ? pm_host->device_kv_device(self->dkv) : -1, buf, sizeof buf));
+}
+
+static PyGetSetDef kv_getset[] = {
+    {"device", (getter)kv_device, NULL, "where the keys and values are: \"cpu\" or \"cuda:N\"", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyType_Slot kv_slots[] = {
     {Py_tp_dealloc, plain_dealloc},
+    {Py_tp_getset, kv_getset},
+    {Py_tp_repr, kv_repr},
     {Py_tp_doc, "The KV cache of this rank (from batch.kv)."},
     {0, NULL},
 };
@@ -101,7 +120,8 @@ static PyType_Slot batch_slots[] = {
     {Py_tp_dealloc, batch_dealloc},
     {Py_tp_getattro, batch_getattro},
     {Py_tp_repr, batch_repr},
-    {Py_tp_doc, "One forward step: n_tokens, tokens, positions, slots, logit_rows, kv, n_seqs."},
+    {Py_tp_doc, "One forward step: n_tokens, tokens, positions, slots, logit_rows, kv, n_seqs, max_tokens, "
+                "max_seqs."},
     {0, NULL},
 };
 static PyType_Spec batch_spec = {"servd.Batch", sizeof(BatchObject), 0,
@@ -117,6 +137,15 @@ static PyObject *i32_tensor(const int32_t *src, int n) {
   if (n > 0 && src)
     memcpy(pm_tensor_data(t), src, sizeof(int32_t) * (size_t)n);
   return pm_tensor_wrap(t);
+}
+
+/* One i32 input of the step: on a GPU rank a view of the uploaded device inputs (the buffers stay
+ * at one address, which CUDA graphs rely on), on the CPU a host copy. */
+static PyObject *batch_i32(const servd_forward_batch *b, servd_device_batch_field f, const int32_t *src, int n) {
+  if (!b->dbatch)
+    return i32_tensor(src, n);
+  servd_tensor *t = pm_host->device_batch_tensor(b->dbatch, f);
+  return t ? pm_tensor_wrap(t) : pm_raise(SERVD_EDEVICE, "servd.Batch");
 }
 
 static int set_item(PyObject *d, const char *k, PyObject *v) {
@@ -136,20 +165,24 @@ PyObject *pm_batch_new(const servd_forward_batch *b) {
   if (!o->dict)
     goto fail;
   o->attn = b->attn;
+  o->dbatch = b->dbatch;
   o->valid = 1;
   if (set_item(o->dict, "n_tokens", PyLong_FromLong(b->n_tokens)) < 0 ||
-      set_item(o->dict, "tokens", i32_tensor(b->tokens, b->n_tokens)) < 0 ||
-      set_item(o->dict, "positions", i32_tensor(b->positions, b->n_tokens)) < 0 ||
-      set_item(o->dict, "slots", i32_tensor(b->slots, b->n_tokens)) < 0 ||
-      set_item(o->dict, "logit_rows", i32_tensor(b->logit_rows, b->n_logit_rows)) < 0 ||
-      set_item(o->dict, "n_seqs", PyLong_FromLong(b->attn.n_seqs)) < 0)
+      set_item(o->dict, "tokens", batch_i32(b, SERVD_DB_TOKENS, b->tokens, b->n_tokens)) < 0 ||
+      set_item(o->dict, "positions", batch_i32(b, SERVD_DB_POSITIONS, b->positions, b->n_tokens)) < 0 ||
+      set_item(o->dict, "slots", batch_i32(b, SERVD_DB_SLOTS, b->slots, b->n_tokens)) < 0 ||
+      set_item(o->dict, "logit_rows", batch_i32(b, SERVD_DB_LOGIT_ROWS, b->logit_rows, b->n_logit_rows)) < 0 ||
+      set_item(o->dict, "n_seqs", PyLong_FromLong(b->attn.n_seqs)) < 0 ||
+      set_item(o->dict, "max_tokens", PyLong_FromLong(b->max_tokens > 0 ? b->max_tokens : 0)) < 0 ||
+      set_item(o->dict, "max_seqs", PyLong_FromLong(b->max_seqs > 0 ? b->max_seqs : 0)) < 0)
     goto fail;
-  if (b->kv) {
+  if (b->kv || b->dkv) {
     PyTypeObject *kt = (PyTypeObject *)pm.kv_type;
     KVCacheObject *kv = (KVCacheObject *)kt->tp_alloc(kt, 0);
     if (!kv)
       goto fail;
     kv->kv = b->kv;
+    kv->dkv = b->dkv;
     if (set_item(o->dict, "kv", (PyObject *)kv) < 0)
       goto fail;
   } else if (PyDict_SetItemString(o->dict, "kv", Py_None) < 0) {

@@ -1,4 +1,6 @@
-/* servd.ops: the native kernels, called through the host table with the GIL released. */
+/* servd.ops: the native kernels, called through the host table with the GIL released. The host's ops
+ * pick the CPU or the device kernel from where the tensors are and refuse a mix; the KV cache and the
+ * collectives are chosen here (batch.kv's device cache, pm.dcomm). */
 #include "pymod.h"
 
 #include <string.h>
@@ -33,12 +35,17 @@ static servd_tensor *targ(PyObject *o, int i, const char *op) {
   return ((TensorObject *)o)->t;
 }
 
-static servd_kv_cache *kvarg(PyObject *o, const char *op) {
+static KVCacheObject *kvarg(PyObject *o, const char *op) {
   if (!PyObject_TypeCheck(o, (PyTypeObject *)pm.kv_type)) {
     PyErr_Format(PyExc_TypeError, "servd.ops.%s: kv must be a servd.KVCache (batch.kv)", op);
     return NULL;
   }
-  return ((KVCacheObject *)o)->kv;
+  KVCacheObject *kv = (KVCacheObject *)o;
+  if (!kv->kv && !kv->dkv) {
+    PyErr_Format(PyExc_ValueError, "servd.ops.%s: this servd.KVCache has no cache", op);
+    return NULL;
+  }
+  return kv;
 }
 
 /* Checks the argument count, then that args[first .. first+count) are servd.Tensors, stored in t[0 ..
@@ -137,20 +144,23 @@ static PyObject *op_topk(PyObject *m, PyObject *const *args, Py_ssize_t n) {
 static PyObject *op_kv_write(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
   if (!nargs_ok(n, 5, "kv_write")) return NULL;
-  servd_kv_cache *kv = kvarg(args[0], "kv_write");
+  KVCacheObject *kv = kvarg(args[0], "kv_write");
   if (!kv) return NULL;
   int layer = pm_as_int(args[1]);
   if (layer == -1 && PyErr_Occurred()) return NULL;
   servd_tensor *t[3];
   if (!targs(args, n, 5, 2, 3, "kv_write", t)) return NULL; /* repeats the count check: harmless */
-  PM_RUN("kv_write", kv_write, pm_host->kv_write(kv, layer, t[0], t[1], t[2]));
+  /* a GPU rank's keys and values live in the device cache (the host one keeps the blocks only) */
+  if (kv->dkv)
+    PM_RUN("kv_write", device_kv_write, pm_host->device_kv_write(kv->dkv, layer, t[0], t[1], t[2]));
+  PM_RUN("kv_write", kv_write, pm_host->kv_write(kv->kv, layer, t[0], t[1], t[2]));
 }
 
 static PyObject *op_attention(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
   servd_tensor *t[2];
   if (!targs(args, n, 7, 0, 2, "attention", t)) return NULL;
-  servd_kv_cache *kv = kvarg(args[2], "attention");
+  KVCacheObject *kv = kvarg(args[2], "attention");
   if (!kv) return NULL;
   int layer = pm_as_int(args[3]);
   if (layer == -1 && PyErr_Occurred()) return NULL;
@@ -167,7 +177,16 @@ static PyObject *op_attention(PyObject *m, PyObject *const *args, Py_ssize_t n) 
   if (heads == -1 && PyErr_Occurred()) return NULL;
   double scale = PyFloat_AsDouble(args[6]);
   if (scale == -1.0 && PyErr_Occurred()) return NULL;
-  PM_RUN("attention", attention, pm_host->attention(t[0], t[1], kv, layer, &b->attn, heads, (float)scale));
+  if (kv->dkv) {
+    if (!b->dbatch) {
+      PyErr_SetString(PyExc_ValueError, "servd.ops.attention: the cache is on a device but this servd.Batch has "
+                                        "no device inputs");
+      return NULL;
+    }
+    PM_RUN("attention", device_attention,
+           pm_host->device_attention(t[0], t[1], kv->dkv, layer, b->dbatch, heads, (float)scale));
+  }
+  PM_RUN("attention", attention, pm_host->attention(t[0], t[1], kv->kv, layer, &b->attn, heads, (float)scale));
 }
 
 static PyObject *op_allreduce(PyObject *m, PyObject *const *args, Py_ssize_t n) {
@@ -176,6 +195,12 @@ static PyObject *op_allreduce(PyObject *m, PyObject *const *args, Py_ssize_t n) 
   if (!targs(args, n, 1, 0, 1, "allreduce", t)) return NULL;
   if (pm.world_size <= 1)
     Py_RETURN_NONE;
+  if (t[0]->device >= 0) {
+    if (!pm.dcomm)
+      return PyErr_Format(PyExc_RuntimeError, "servd.ops.allreduce: world size %d but no device communicator",
+                          pm.world_size);
+    PM_RUN("allreduce", device_allreduce_sum, pm_host->device_allreduce_sum(pm.dcomm, pm.rank, t[0]));
+  }
   if (!pm.comm) {
     PyErr_SetString(PyExc_RuntimeError, "servd.ops.allreduce: world size > 1 but no communicator");
     return NULL;
@@ -187,23 +212,27 @@ static PyObject *op_allgather_cols(PyObject *m, PyObject *const *args, Py_ssize_
   (void)m;
   servd_tensor *t[2];
   if (!targs(args, n, 2, 0, 2, "allgather_cols", t)) return NULL;
-  if (pm.world_size <= 1 || !pm.comm) {
-    /* one rank: the gather is a copy of the only shard */
-    if (!pm_host->add) {
-      PyErr_SetString(PyExc_NotImplementedError, "servd.ops.allgather_cols: not in this build");
-      return NULL;
-    }
-    if (t[0]->ndim != t[1]->ndim || t[0]->ndim != 2 || t[0]->shape[0] != t[1]->shape[0] || t[0]->shape[1] != t[1]->shape[1] ||
-        t[0]->dtype != SERVD_F32 || t[1]->dtype != SERVD_F32) {
-      PyErr_SetString(PyExc_ValueError, "servd.ops.allgather_cols: out and x must be f32 (m,n) of one shape");
-      return NULL;
-    }
-    for (int64_t r = 0; r < t[0]->shape[0]; r++)
-      memcpy((char *)pm_tensor_data(t[0]) + r * t[0]->strides[0], (char *)pm_tensor_data(t[1]) + r * t[1]->strides[0],
-             (size_t)t[0]->shape[1] * sizeof(float));
-    Py_RETURN_NONE;
+  int on_device = t[0]->device >= 0 || t[1]->device >= 0;
+  if (pm.world_size > 1 && on_device) {
+    if (!pm.dcomm)
+      return PyErr_Format(PyExc_RuntimeError, "servd.ops.allgather_cols: world size %d but no device communicator",
+                          pm.world_size);
+    PM_RUN("allgather_cols", device_allgather_cols, pm_host->device_allgather_cols(pm.dcomm, pm.rank, t[0], t[1]));
   }
-  PM_RUN("allgather_cols", allgather_cols, pm_host->allgather_cols(pm.comm, pm.rank, t[0], t[1]));
+  if (pm.world_size > 1 && pm.comm)
+    PM_RUN("allgather_cols", allgather_cols, pm_host->allgather_cols(pm.comm, pm.rank, t[0], t[1]));
+  /* one rank: the gather is a copy of the only shard (a device copy when it is on a device) */
+  if (t[0]->ndim != t[1]->ndim || t[0]->ndim != 2 || t[0]->shape[0] != t[1]->shape[0] || t[0]->shape[1] != t[1]->shape[1] ||
+      t[0]->dtype != SERVD_F32 || t[1]->dtype != SERVD_F32) {
+    PyErr_SetString(PyExc_ValueError, "servd.ops.allgather_cols: out and x must be f32 (m,n) of one shape");
+    return NULL;
+  }
+  if (t[0]->device != t[1]->device) {
+    char a[24], b[24];
+    return PyErr_Format(PyExc_ValueError, "servd.ops.allgather_cols: out is on %s but x is on %s",
+                        pm_device_name(t[0]->device, a, sizeof a), pm_device_name(t[1]->device, b, sizeof b));
+  }
+  PM_RUN("allgather_cols", copy, pm_host->copy(t[0], t[1]));
 }
 
 #define FAST(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}

@@ -20,6 +20,7 @@ typedef struct pm_state {
   void *pkg;
   int rank, world_size, device, index;
   servd_comm *comm;
+  servd_device_comm *dcomm; /* collectives of device tensors, or NULL */
   PyObject *tensor_type;  /* servd.Tensor */
   PyObject *rope_type;    /* servd.Rope */
   PyObject *batch_type;   /* servd.Batch */
@@ -42,13 +43,17 @@ typedef struct RopeObject {
 
 typedef struct KVCacheObject {
   PyObject_HEAD
-  servd_kv_cache *kv; /* borrowed from the engine, which keeps it for the model's lifetime */
+  /* borrowed from the engine, which keeps them for the model's lifetime. On a GPU rank dkv holds the
+   * keys and values and kv only the block bookkeeping; on the CPU dkv is NULL. */
+  servd_kv_cache *kv;
+  servd_device_kv *dkv;
 } KVCacheObject;
 
 typedef struct BatchObject {
   PyObject_HEAD
   PyObject *dict;        /* attributes: n_tokens, tokens, positions, slots, logit_rows, kv, ... */
   servd_attn_batch attn; /* valid while `valid` (during the forward call that built it) */
+  const servd_device_batch *dbatch; /* the step's device inputs (GPU rank), else NULL; same validity */
   int valid;
 } BatchObject;
 
@@ -67,9 +72,16 @@ static inline int pm_as_int(PyObject *o) {
   return (int)v;
 }
 static inline int pm_is_tensor(PyObject *o) { return PyObject_TypeCheck(o, (PyTypeObject *)pm.tensor_type); }
+/* Host tensors only: the data of a device tensor is a device address, which the host must never
+ * read or write. Every caller checks t->device < 0 first (pm_host_only). */
 static inline void *pm_tensor_data(const servd_tensor *t) {
   return (char *)pm_host->storage_data(t->storage) + t->offset;
 }
+/* "cpu" or "cuda:N" into buf (>= 16 bytes); returns buf. */
+const char *pm_device_name(int device, char *buf, size_t cap);
+/* 0 for a host tensor; else raises `exc` ("<what> is on cuda:N: copy it to the host with .to_host()")
+ * and returns -1. */
+int pm_host_only(const servd_tensor *t, PyObject *exc, const char *what);
 
 int pm_tensor_types_init(PyObject *module);
 int pm_ops_init(PyObject *module);

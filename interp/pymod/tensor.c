@@ -1,4 +1,5 @@
-/* servd.Tensor: a Python handle on one reference of a host servd_tensor; servd.empty, servd.tensor. */
+/* servd.Tensor: a Python handle on one reference of a servd_tensor (host or device); servd.empty,
+ * servd.tensor, and the moves between host and device (upload, to_device, to_host, copy). */
 #include "pymod.h"
 
 #include <string.h>
@@ -16,6 +17,21 @@ PyObject *pm_raise(int code, const char *op) {
   }
   PyErr_Format(type, "%s: %s", op, msg && *msg ? msg : "failed");
   return NULL;
+}
+
+const char *pm_device_name(int device, char *buf, size_t cap) {
+  if (device < 0)
+    snprintf(buf, cap, "cpu");
+  else
+    snprintf(buf, cap, "cuda:%d", device);
+  return buf;
+}
+
+int pm_host_only(const servd_tensor *t, PyObject *exc, const char *what) {
+  if (t->device < 0)
+    return 0;
+  PyErr_Format(exc, "%s is on cuda:%d: copy it to the host with .to_host()", what, t->device);
+  return -1;
 }
 
 PyObject *pm_tensor_wrap(servd_tensor *t) {
@@ -98,10 +114,8 @@ static const char *buffer_format(servd_dtype d) {
 
 static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
   const servd_tensor *t = self->t;
-  if (t->device >= 0) {
-    PyErr_SetString(PyExc_BufferError, "Tensor on a device has no host buffer");
+  if (pm_host_only(t, PyExc_BufferError, "servd.Tensor") < 0)
     return -1;
-  }
   /* Weights are mapped read-only from the package: only owned storage is writable. */
   int readonly = pm_host->storage_get_kind(t->storage) != SERVD_STORAGE_OWNED;
   if ((flags & PyBUF_WRITABLE) && readonly) {
@@ -210,10 +224,8 @@ static PyObject *tolist_dim(const servd_tensor *t, int d, const char *p, float *
 static PyObject *tensor_tolist(TensorObject *self, PyObject *unused) {
   (void)unused;
   const servd_tensor *t = self->t;
-  if (t->device >= 0) {
-    PyErr_SetString(PyExc_ValueError, "tolist: tensor is on a device");
+  if (pm_host_only(t, PyExc_ValueError, "Tensor.tolist: the tensor") < 0)
     return NULL;
-  }
   const char *p = pm_tensor_data(t);
   if (t->ndim == 0) {
     if (pm_host->dtype_block_elems(t->dtype) != 1) {
@@ -327,12 +339,15 @@ static PyGetSetDef tensor_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+static PyObject *tensor_to_host(TensorObject *self, PyObject *unused);
+
 static PyMethodDef tensor_methods[] = {
     {"tolist", (PyCFunction)tensor_tolist, METH_NOARGS, "nested lists"},
     {"view", (PyCFunction)tensor_reshape, METH_VARARGS, "same data, new shape (contiguous only)"},
     {"reshape", (PyCFunction)tensor_reshape, METH_VARARGS, "same data, new shape (contiguous only)"},
     {"narrow", (PyCFunction)tensor_narrow, METH_VARARGS, "narrow(dim, start, length): view of a slice"},
     {"row", (PyCFunction)tensor_row, METH_O, "row(i): view of row i"},
+    {"to_host", (PyCFunction)tensor_to_host, METH_NOARGS, "a host copy of a device tensor; a host tensor itself"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -345,7 +360,7 @@ static PyType_Slot tensor_slots[] = {
     {Py_mp_length, tensor_len},
     {Py_bf_getbuffer, tensor_getbuffer},
     {Py_bf_releasebuffer, tensor_releasebuffer},
-    {Py_tp_doc, "A host tensor shared with the native kernels (one reference on servd_tensor)."},
+    {Py_tp_doc, "A host or device tensor shared with the native kernels (one reference on servd_tensor)."},
     {0, NULL},
 };
 
@@ -366,15 +381,63 @@ static int parse_dtype(const char *name, servd_dtype *d) {
   return 0;
 }
 
+/* The interpreter's GPU for a call that needs one; RuntimeError on a CPU interpreter. */
+static int need_gpu(const char *fn) {
+  if (pm.device >= 0)
+    return pm.device;
+  PyErr_Format(PyExc_RuntimeError, "%s: this interpreter runs on the CPU", fn);
+  return -1;
+}
+
+/* device=: None or "cpu" -> -1 (host); "cuda" -> this interpreter's GPU; "cuda:N" -> N. Returns -2
+ * with an exception set when it is anything else or names a GPU on a CPU interpreter. */
+static int parse_device(PyObject *o, const char *fn) {
+  if (o == Py_None)
+    return -1;
+  const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+  if (!s) {
+    if (!PyErr_Occurred())
+      PyErr_Format(PyExc_TypeError, "%s: device must be a str (\"cpu\", \"cuda\" or \"cuda:N\"), not %.100s", fn,
+                   Py_TYPE(o)->tp_name);
+    return -2;
+  }
+  if (!strcmp(s, "cpu"))
+    return -1;
+  int n = -1;
+  if (!strcmp(s, "cuda")) {
+    n = pm.device;
+  } else if (!strncmp(s, "cuda:", 5) && s[5] >= '0' && s[5] <= '9') {
+    char *end;
+    long v = strtol(s + 5, &end, 10);
+    if (*end || v > 1024) {
+      n = -3;
+    } else {
+      n = (int)v;
+    }
+  } else {
+    n = -3;
+  }
+  if (n == -3) {
+    PyErr_Format(PyExc_ValueError, "%s: device must be \"cpu\", \"cuda\" or \"cuda:N\", not \"%s\"", fn, s);
+    return -2;
+  }
+  if (need_gpu(fn) < 0)
+    return -2;
+  return n;
+}
+
 static PyObject *m_empty(PyObject *m, PyObject *args, PyObject *kw) {
   (void)m;
-  static char *kwlist[] = {"shape", "dtype", NULL};
-  PyObject *shape_obj;
+  static char *kwlist[] = {"shape", "dtype", "device", NULL};
+  PyObject *shape_obj, *dev_obj = Py_None;
   const char *dtype = "f32";
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|s:empty", kwlist, &shape_obj, &dtype))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|sO:empty", kwlist, &shape_obj, &dtype, &dev_obj))
     return NULL;
   servd_dtype d;
   if (parse_dtype(dtype, &d) < 0)
+    return NULL;
+  int device = parse_device(dev_obj, "servd.empty");
+  if (device == -2)
     return NULL;
   int64_t shape[SERVD_MAX_DIMS];
   int ndim = 1;
@@ -389,10 +452,119 @@ static PyObject *m_empty(PyObject *m, PyObject *args, PyObject *kw) {
     if (rc < 0)
       return NULL;
   }
+  if (device >= 0) {
+    servd_tensor *t = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = pm_host->device_tensor_new(device, d, ndim, shape, &t);
+    Py_END_ALLOW_THREADS if (rc < 0) return pm_raise(rc, "servd.empty");
+    return pm_tensor_wrap(t);
+  }
   servd_tensor *t = pm_host->tensor_new(d, ndim, shape);
   if (!t)
     return pm_raise(SERVD_EINVAL, "servd.empty");
   return pm_tensor_wrap(t);
+}
+
+static servd_tensor *tensor_arg(PyObject *o, const char *fn, const char *name) {
+  if (pm_is_tensor(o))
+    return ((TensorObject *)o)->t;
+  PyErr_Format(PyExc_TypeError, "%s: %s must be a servd.Tensor, not %.100s", fn, name, Py_TYPE(o)->tp_name);
+  return NULL;
+}
+
+/* servd.upload(t): the shared read-only bf16 copy of host weight t on this interpreter's GPU. */
+static PyObject *m_upload(PyObject *m, PyObject *arg) {
+  (void)m;
+  servd_tensor *t = tensor_arg(arg, "servd.upload", "t");
+  int device = t ? need_gpu("servd.upload") : -1;
+  if (device < 0)
+    return NULL;
+  if (t->device >= 0) {
+    PyErr_Format(PyExc_ValueError, "servd.upload: t is on cuda:%d already (upload takes host weights)", t->device);
+    return NULL;
+  }
+  servd_tensor *out = NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = pm_host->device_weight(device, t, &out);
+  Py_END_ALLOW_THREADS if (rc < 0) return pm_raise(rc, "servd.upload");
+  return pm_tensor_wrap(out);
+}
+
+/* The device dtype a tensor keeps: plain dtypes the device has, bf16 for the rest (f16, blocks). */
+static servd_dtype device_dtype(servd_dtype d) {
+  return d == SERVD_F32 || d == SERVD_I32 || d == SERVD_BF16 ? d : SERVD_BF16;
+}
+
+/* servd.to_device(t, dtype=None): a new private copy of t on this interpreter's GPU. */
+static PyObject *m_to_device(PyObject *m, PyObject *args, PyObject *kw) {
+  (void)m;
+  static char *kwlist[] = {"t", "dtype", NULL};
+  PyObject *obj;
+  const char *dtype = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|z:to_device", kwlist, &obj, &dtype))
+    return NULL;
+  servd_tensor *t = tensor_arg(obj, "servd.to_device", "t");
+  int device = t ? need_gpu("servd.to_device") : -1;
+  if (device < 0)
+    return NULL;
+  servd_dtype d = device_dtype(t->dtype);
+  if (dtype && parse_dtype(dtype, &d) < 0)
+    return NULL;
+  servd_tensor *out = NULL;
+  int rc;
+  if (t->device < 0) {
+    Py_BEGIN_ALLOW_THREADS rc = pm_host->device_upload(device, t, d, &out);
+    Py_END_ALLOW_THREADS
+  } else {
+    if (d != t->dtype) {
+      PyErr_Format(PyExc_ValueError, "servd.to_device: t is a %s tensor on cuda:%d; dtype conversion between "
+                   "devices is not supported", pm_host->dtype_name(t->dtype), t->device);
+      return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS rc = pm_host->device_tensor_new(device, d, t->ndim, t->shape, &out);
+    if (rc == 0 && (rc = pm_host->copy(out, t)) < 0) {
+      pm_host->tensor_release(out);
+      out = NULL;
+    }
+    Py_END_ALLOW_THREADS
+  }
+  if (rc < 0)
+    return pm_raise(rc, "servd.to_device");
+  return pm_tensor_wrap(out);
+}
+
+/* Tensor.to_host(): a new host copy of a device tensor (same dtype); a host tensor is returned as is. */
+static PyObject *tensor_to_host(TensorObject *self, PyObject *unused) {
+  (void)unused;
+  const servd_tensor *t = self->t;
+  if (t->device < 0)
+    return Py_NewRef((PyObject *)self);
+  servd_tensor *out = pm_host->tensor_new(t->dtype, t->ndim, t->shape);
+  if (!out)
+    return pm_raise(SERVD_ENOMEM, "Tensor.to_host");
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = pm_host->copy(out, t);
+  Py_END_ALLOW_THREADS if (rc < 0) {
+    pm_host->tensor_release(out);
+    return pm_raise(rc, "Tensor.to_host");
+  }
+  return pm_tensor_wrap(out);
+}
+
+/* servd.copy(dst, src): same dtype and shape, any direction. */
+static PyObject *m_copy(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (n != 2) {
+    PyErr_Format(PyExc_TypeError, "servd.copy takes 2 arguments (%zd given)", n);
+    return NULL;
+  }
+  servd_tensor *dst = tensor_arg(args[0], "servd.copy", "dst"), *src = dst ? tensor_arg(args[1], "servd.copy", "src") : NULL;
+  if (!src)
+    return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = pm_host->copy(dst, src);
+  Py_END_ALLOW_THREADS if (rc < 0) return pm_raise(rc, "servd.copy");
+  Py_RETURN_NONE;
 }
 
 /* Infers the shape of a nested list of numbers. */
@@ -555,7 +727,14 @@ static PyObject *m_tensor(PyObject *m, PyObject *args, PyObject *kw) {
 
 static PyMethodDef tensor_functions[] = {
     {"empty", (PyCFunction)(void (*)(void))m_empty, METH_VARARGS | METH_KEYWORDS,
-     "empty(shape, dtype='f32'): zeroed owned tensor"},
+     "empty(shape, dtype='f32', device=None): zeroed tensor; device None/'cpu', 'cuda' (this interpreter's "
+     "GPU) or 'cuda:N'"},
+    {"upload", (PyCFunction)m_upload, METH_O,
+     "upload(t): the shared read-only bf16 copy of host weight t on this interpreter's GPU"},
+    {"to_device", (PyCFunction)(void (*)(void))m_to_device, METH_VARARGS | METH_KEYWORDS,
+     "to_device(t, dtype=None): a new copy of t on this interpreter's GPU (default dtype: t's, bf16 for "
+     "f16 and block dtypes)"},
+    {"copy", (PyCFunction)(void (*)(void))m_copy, METH_FASTCALL, "copy(dst, src): same dtype and shape, any direction"},
     {"tensor", (PyCFunction)(void (*)(void))m_tensor, METH_VARARGS | METH_KEYWORDS,
      "tensor(data, dtype='f32', shape=None): from a nested list or from bytes"},
     {NULL, NULL, 0, NULL},

@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "servd/device.h"
 #include "servd/ops.h"
 #include "servd/tensor.h"
 
@@ -58,7 +59,10 @@ typedef struct servd_host_api {
   int (*row_to_f32)(servd_dtype t, const void *src, float *dst, int64_t n);
   int (*row_from_f32)(servd_dtype t, const float *src, void *dst, int64_t n);
 
-  /* ops; NULL when the kernel library of this build lacks one (the op raises NotImplementedError) */
+  /* ops; NULL when the kernel library of this build lacks one (the op raises NotImplementedError).
+   * matmul .. topk dispatch on their tensors' device (CPU kernel, device op, or SERVD_EINVAL for
+   * tensors on different devices); softmax, kv_write, attention and the collectives here take host
+   * tensors only (the device versions are below). */
   int (*matmul)(servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
   int (*embedding)(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset);
   int (*rmsnorm)(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps);
@@ -83,6 +87,23 @@ typedef struct servd_host_api {
   int (*pkg_file_count)(void *pkg);
   const char *(*pkg_file_path)(void *pkg, int i);
   char *(*pkg_manifest_json)(void *pkg); /* host->alloc'd JSON text of the manifest, or NULL */
+
+  /* ---- devices (servd/device.h), appended; every tensor argument is checked to be on the device of
+   * the cache/communicator before a device op runs ---- */
+  int (*device_tensor_new)(int device, servd_dtype dtype, int ndim, const int64_t *shape, servd_tensor **out);
+  int (*device_upload)(int device, const servd_tensor *host, servd_dtype dtype, servd_tensor **out);
+  int (*device_weight)(int device, const servd_tensor *host, servd_tensor **out); /* shared, read-only */
+  int (*copy)(servd_tensor *dst, const servd_tensor *src); /* same dtype/shape, any direction */
+  int (*device_sync)(int device);
+  int (*device_kv_device)(const servd_device_kv *kv);
+  int (*device_kv_write)(servd_device_kv *kv, int layer, const servd_tensor *k, const servd_tensor *v,
+                         const servd_tensor *slots);
+  int (*device_attention)(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
+                          const servd_device_batch *db, int n_heads, float scale);
+  int (*device_allreduce_sum)(servd_device_comm *c, int rank, servd_tensor *x);
+  int (*device_allgather_cols)(servd_device_comm *c, int rank, servd_tensor *out, const servd_tensor *x);
+  /* a view of one field of the step's device inputs (new reference), NULL on failure */
+  servd_tensor *(*device_batch_tensor)(const servd_device_batch *db, servd_device_batch_field f);
 } servd_host_api;
 
 /* What one interpreter is started with. Strings are borrowed for the duration of init. */
@@ -95,8 +116,9 @@ typedef struct servd_guest_config {
   const char *allow_dir;           /* e.g. /usr/lib/python3/dist-packages */
   const char *allow_modules;       /* ','-separated top-level names importable from allow_dir */
   const char *extra_sys_path;      /* ':'-separated, or NULL */
-  int index, rank, world_size, device;
+  int index, rank, world_size, device; /* device: the GPU of this interpreter, -1: the CPU */
   servd_comm *comm;
+  servd_device_comm *dcomm;        /* collectives of device tensors (GPU ranks, world_size > 1), or NULL */
 } servd_guest_config;
 
 /* The calling OS thread's state in one namespace, kept by the host (per thread, per namespace) and

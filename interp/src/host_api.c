@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "mpk/package.h"
+#include "op-dispatch.h"
 
 /* The table is mechanism-neutral (void *pkg); these adapt the package library's typed calls. */
 static int pkg_tensor(void *p, const char *name, servd_tensor **out) { return mpk_tensor(p, name, out); }
@@ -46,19 +47,19 @@ static const servd_host_api g_api = {
     .tensor_nbytes = servd_tensor_nbytes,
     .row_to_f32 = servd_row_to_f32,
     .row_from_f32 = servd_row_from_f32,
-    .matmul = servd_matmul,
-    .embedding = servd_embedding,
-    .rmsnorm = servd_rmsnorm,
-    .rope = servd_rope,
-    .swiglu = servd_swiglu,
-    .add = servd_add,
-    .softmax = servd_softmax,
-    .argmax = servd_argmax,
-    .topk = servd_topk,
-    .kv_write = servd_kv_write,
-    .attention = servd_attention,
-    .allreduce_sum = servd_allreduce_sum,
-    .allgather_cols = servd_allgather_cols,
+    .matmul = servd_op__matmul,
+    .embedding = servd_op__embedding,
+    .rmsnorm = servd_op__rmsnorm,
+    .rope = servd_op__rope,
+    .swiglu = servd_op__swiglu,
+    .add = servd_op__add,
+    .softmax = servd_op__softmax,
+    .argmax = servd_op__argmax,
+    .topk = servd_op__topk,
+    .kv_write = servd_op__kv_write,
+    .attention = servd_op__attention,
+    .allreduce_sum = servd_op__allreduce_sum,
+    .allgather_cols = servd_op__allgather_cols,
     .pkg_tensor = pkg_tensor,
     .pkg_file = pkg_file,
     .pkg_tensor_count = pkg_tensor_count,
@@ -66,6 +67,17 @@ static const servd_host_api g_api = {
     .pkg_file_count = pkg_file_count,
     .pkg_file_path = pkg_file_path,
     .pkg_manifest_json = manifest_json,
+    .device_tensor_new = servd_device_tensor_new,
+    .device_upload = servd_device_upload,
+    .device_weight = servd_device_weight,
+    .copy = servd_op__copy,
+    .device_sync = servd_device_sync,
+    .device_kv_device = servd_device_kv_device,
+    .device_kv_write = servd_op__device_kv_write,
+    .device_attention = servd_op__device_attention,
+    .device_allreduce_sum = servd_op__device_allreduce_sum,
+    .device_allgather_cols = servd_op__device_allgather_cols,
+    .device_batch_tensor = servd_device_batch_tensor,
 };
 
 const servd_host_api *servd_host_api__get(void) { return &g_api; }

@@ -3,11 +3,22 @@
 #define SERVD_INTERP_IMPL_H
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
 #include "guest.h"
 #include "servd/interp.h"
+
+/* ---- where Python is (paths.c) -------------------------------------------------------------------
+ * Build-time defaults, each overridable by an environment variable so that servd runs from a
+ * relocated directory: SERVD_LIBPYTHON, SERVD_PY_STDLIB (its lib-dynload with it),
+ * SERVD_PY_ALLOW_DIR, SERVD_PYMOD_PATH (or SERVD_PYMOD). A path that does not exist is an error
+ * naming its variable (the built-in allow_dir may be missing: jinja2 is then not importable). */
+typedef struct servd_py_paths {
+  char libpython[PATH_MAX], stdlib[PATH_MAX], dynload[PATH_MAX], allow_dir[PATH_MAX], pymod[PATH_MAX];
+} servd_py_paths;
+int servd_py_paths__resolve(servd_py_paths *p);
 
 /* ---- link-map namespaces (namespace.c) ---------------------------------------------------------
  * A namespace holds one libpython3.11 and one servd module. Namespaces are never unloaded (library
@@ -23,8 +34,8 @@ typedef struct servd_ns {
   bool in_use;
 } servd_ns;
 
-/* A free namespace, loading a new one when none is. SERVD_ERANGE past SERVD_INTERP_MAX. */
-int servd_ns__acquire(servd_ns **out);
+/* A free namespace, loading a new one (from paths) when none is. SERVD_ERANGE past SERVD_INTERP_MAX. */
+int servd_ns__acquire(const servd_py_paths *paths, servd_ns **out);
 void servd_ns__release(servd_ns *ns); /* after the guest's finalize */
 /* Makes the calling OS thread ready to run code of ns (its libc's per-thread ctype tables) and
  * returns this thread's state in ns for the guest calls. Cheap after the first time per thread. */
@@ -62,8 +73,9 @@ struct servd_interp {
 };
 
 typedef struct servd_interp_config {
-  int index, rank, world_size, device;
+  int index, rank, world_size, device; /* device -1: the CPU */
   servd_comm *comm;
+  servd_device_comm *dcomm;
   mpk_package *pkg;           /* NULL: package-free (code strings only) */
   const char *extra_sys_path; /* NULL or ':'-separated */
 } servd_interp_config;

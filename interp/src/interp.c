@@ -6,15 +6,6 @@
 
 #include "mpk/package.h"
 
-#ifndef SERVD_PY_STDLIB
-#define SERVD_PY_STDLIB "/usr/lib/python3.11"
-#endif
-#ifndef SERVD_PY_DYNLOAD
-#define SERVD_PY_DYNLOAD "/usr/lib/python3.11/lib-dynload"
-#endif
-#ifndef SERVD_PY_ALLOW_DIR
-#define SERVD_PY_ALLOW_DIR "/usr/lib/python3/dist-packages"
-#endif
 /* importable from SERVD_PY_ALLOW_DIR: chat templates need jinja2 (which needs markupsafe) */
 #define SERVD_PY_ALLOW_MODULES "jinja2,markupsafe"
 
@@ -27,18 +18,26 @@ int servd_interp__init(servd_interp *it, const servd_interp_config *c, servd_py_
   clear_error(err);
   memset(it, 0, sizeof *it);
   it->index = c->index;
-  servd_ns *ns;
-  int rc = servd_ns__acquire(&ns);
-  if (rc < 0)
+  /* resolved per start: the environment is read when an interpreter starts, not at build time */
+  servd_py_paths *paths = malloc(sizeof *paths);
+  if (!paths)
+    return servd_fail(SERVD_ENOMEM, "interp: paths");
+  servd_ns *ns = NULL;
+  int rc = servd_py_paths__resolve(paths);
+  if (rc == 0)
+    rc = servd_ns__acquire(paths, &ns);
+  if (rc < 0) {
+    free(paths);
     return rc;
+  }
   servd_guest_thread *th = servd_ns__thread(ns);
   servd_guest_config gc = {
       .host = servd_host_api__get(),
       .pkg = c->pkg,
       .pkg_name = c->pkg ? mpk_name(c->pkg) : NULL,
-      .stdlib_dir = SERVD_PY_STDLIB,
-      .dynload_dir = SERVD_PY_DYNLOAD,
-      .allow_dir = SERVD_PY_ALLOW_DIR,
+      .stdlib_dir = paths->stdlib,
+      .dynload_dir = paths->dynload,
+      .allow_dir = paths->allow_dir,
       .allow_modules = SERVD_PY_ALLOW_MODULES,
       .extra_sys_path = c->extra_sys_path,
       .index = c->index,
@@ -46,8 +45,10 @@ int servd_interp__init(servd_interp *it, const servd_interp_config *c, servd_py_
       .world_size = c->world_size,
       .device = c->device,
       .comm = c->comm,
+      .dcomm = c->dcomm,
   };
   rc = ns->api->init(th, &gc, err);
+  free(paths); /* the config's strings are borrowed for the duration of init only */
   if (rc < 0) {
     /* CPython may be half started: finalize what there is before the slot is reused */
     ns->api->finalize(th);

@@ -8,14 +8,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#ifndef SERVD_LIBPYTHON
-#define SERVD_LIBPYTHON "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0"
-#endif
-#ifndef SERVD_PYMOD_PATH
-#define SERVD_PYMOD_PATH ""
-#endif
-#define PYMOD_NAME "servd.cpython-311-x86_64-linux-gnu.so"
-
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static servd_ns g_ns[SERVD_INTERP_MAX];
 static int g_count;
@@ -33,45 +25,17 @@ servd_guest_thread *servd_ns__thread(const servd_ns *ns) {
   return &t_threads[ns->slot];
 }
 
-/* The servd module: $SERVD_PYMOD, else the build tree's, else <exe dir>/../lib/servd/. */
-static int pymod_path(char *buf, size_t cap) {
-  const char *env = getenv("SERVD_PYMOD");
-  if (env && *env) {
-    snprintf(buf, cap, "%s", env);
-    return 0;
-  }
-  if (SERVD_PYMOD_PATH[0] && access(SERVD_PYMOD_PATH, R_OK) == 0) {
-    snprintf(buf, cap, "%s", SERVD_PYMOD_PATH);
-    return 0;
-  }
-  char exe[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (slash) {
-      *slash = 0;
-      snprintf(buf, cap, "%s/../lib/servd/%s", exe, PYMOD_NAME);
-      if (access(buf, R_OK) == 0)
-        return 0;
-    }
-  }
-  return servd_fail(SERVD_EIO, "interp: the servd Python module (%s) was not found: set SERVD_PYMOD", PYMOD_NAME);
-}
-
-static int load(servd_ns *ns) {
-  char path[PATH_MAX + 64];
-  int rc = pymod_path(path, sizeof path);
-  if (rc < 0)
-    return rc;
-  ns->py = dlmopen(LM_ID_NEWLM, SERVD_LIBPYTHON, RTLD_NOW | RTLD_LOCAL);
+static int load(servd_ns *ns, const servd_py_paths *paths) {
+  const char *path = paths->pymod;
+  int rc = 0;
+  ns->py = dlmopen(LM_ID_NEWLM, paths->libpython, RTLD_NOW | RTLD_LOCAL);
   if (!ns->py) {
     const char *e = dlerror();
     const char *hint = e && strstr(e, "static TLS")
                            ? " (call servd_interp_early_init() first in main, or start with "
                              "GLIBC_TUNABLES=glibc.rtld.nns=16)"
                            : "";
-    return servd_fail(SERVD_EUNSUPPORTED, "interp: dlmopen %s: %s%s", SERVD_LIBPYTHON, e ? e : "?", hint);
+    return servd_fail(SERVD_EUNSUPPORTED, "interp: dlmopen %s: %s%s", paths->libpython, e ? e : "?", hint);
   }
   if (dlinfo(ns->py, RTLD_DI_LMID, &ns->lmid) != 0) {
     rc = servd_fail(SERVD_EUNSUPPORTED, "interp: dlinfo(RTLD_DI_LMID): %s", dlerror());
@@ -102,7 +66,7 @@ fail:
   return rc;
 }
 
-int servd_ns__acquire(servd_ns **out) {
+int servd_ns__acquire(const servd_py_paths *paths, servd_ns **out) {
   *out = NULL;
   int rc = 0;
   pthread_mutex_lock(&g_mu);
@@ -123,7 +87,7 @@ int servd_ns__acquire(servd_ns **out) {
   servd_ns *ns = &g_ns[g_count];
   memset(ns, 0, sizeof *ns);
   ns->slot = g_count;
-  rc = load(ns);
+  rc = load(ns, paths);
   if (rc == 0 || ns->py)
     g_count++; /* a slot that failed after loading libpython stays taken: its libraries stay loaded */
   if (rc == 0) {

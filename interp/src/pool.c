@@ -32,6 +32,24 @@ static const char *tail_lines(const char *tb, int lines) {
   return tb;
 }
 
+/* Every rank's GPU must exist: a clear error here rather than a failing device call in model code. */
+static int check_devices(const servd_pool_options *o, int ws) {
+  if (!o->rank_devices)
+    return 0;
+  int n = 0;
+  char why[160] = "";
+  int rc = servd_device_count(&n, why, sizeof why);
+  if (rc < 0)
+    return rc;
+  for (int r = 0; r < ws; r++) {
+    int d = o->rank_devices[r];
+    if (d < 0 || d >= n)
+      return servd_fail(SERVD_EDEVICE, "interp pool: rank %d on GPU %d, but %d GPU%s visible%s%s%s", r, d, n,
+                        n == 1 ? " is" : "s are", why[0] ? " (" : "", why, why[0] ? ")" : "");
+  }
+  return 0;
+}
+
 int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool **out) {
   *out = NULL;
   if (!o)
@@ -42,13 +60,15 @@ int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool 
                       "glibc link-map namespace of its own: glibc has 16, the program uses one)",
                       o->n_interpreters, SERVD_INTERP_MAX);
   int ws = o->world_size > 0 ? o->world_size : 1;
-  if (ws > 1 && !o->comm)
+  if (ws > 1 && !o->comm && !(o->rank_devices && o->dcomm))
     return servd_fail(SERVD_EINVAL, "interp pool: world_size %d needs a communicator", ws);
+  int rc = check_devices(o, ws);
+  if (rc < 0)
+    return rc;
   const char *entry = pkg ? mpk_entry_point(pkg) : NULL;
   if (pkg && (!entry || !*entry))
     return servd_fail(SERVD_EFORMAT, "interp pool: package %s has no entry_point", mpk_path(pkg));
 
-  int rc = 0;
   servd_pool *p = aligned_alloc(64, sizeof *p); /* its lock sits on its own cache line */
   if (!p)
     return servd_fail(SERVD_ENOMEM, "interp pool");
@@ -64,8 +84,10 @@ int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool 
   memset(p->its, 0, sizeof(servd_interp) * (size_t)o->n_interpreters);
   servd_py_error local, *err = o->error ? o->error : &local;
   for (int i = 0; i < o->n_interpreters; i++) {
-    servd_interp_config c = {.index = i, .rank = i % ws, .world_size = ws, .device = -1, .comm = o->comm,
-                             .pkg = pkg, .extra_sys_path = o->extra_sys_path};
+    int rank = i % ws;
+    servd_interp_config c = {.index = i, .rank = rank, .world_size = ws,
+                             .device = o->rank_devices ? o->rank_devices[rank] : -1, .comm = o->comm,
+                             .dcomm = o->dcomm, .pkg = pkg, .extra_sys_path = o->extra_sys_path};
     rc = servd_interp__init(&p->its[i], &c, err);
     if (rc < 0) {
       if (err->type[0])

@@ -18,34 +18,13 @@ extern "C" int servd_cuda_kv_write(servd_cuda_ctx *c, servd_bf16_t *k_cache, ser
   if (t == 0) return SERVD_OK;
   long long n = (long long)t * kv_dim;
   kv_write_kernel<<<servd__div_up(n, 256), 256, 0, servd__stream(c)>>>(BF(k_cache), BF(v_cache), CBF(k), CBF(v),
-                                                                       slots, t, kv_dim);
+                                                                       slots, t, kv_dim, (long long)n_slots);
   SERVD_CUDA_LAUNCH_CHECK();
   return SERVD_OK;
 }
 
-/* Grow-only scratch owned by the context (fixed addresses once warmed up, as graph replay needs). */
-struct scratch {
-  void *ptr;
-  size_t bytes;
-};
-static __thread servd_cuda_ctx *scratch_owner;
-static __thread scratch attn_scratch;
-
-static void *get_scratch(servd_cuda_ctx *c, size_t bytes) {
-  if (scratch_owner != c) { /* a thread drives one context; switching drops the old buffer */
-    if (scratch_owner && attn_scratch.ptr) servd_cuda_free(scratch_owner, attn_scratch.ptr);
-    attn_scratch.ptr = NULL;
-    attn_scratch.bytes = 0;
-    scratch_owner = c;
-  }
-  if (attn_scratch.bytes < bytes) {
-    servd_cuda_free(c, attn_scratch.ptr);
-    attn_scratch.ptr = servd_cuda_alloc(c, bytes);
-    attn_scratch.bytes = attn_scratch.ptr ? bytes : 0;
-  }
-  return attn_scratch.ptr;
-}
-
+/* Grow-only scratch of the context (servd__cuda_scratch): fixed addresses once warmed up, as graph
+ * replay needs; growing it bumps the device's generation. */
 template <int DPL>
 static int launch_decode(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q, const servd_bf16_t *kc,
                          const servd_bf16_t *vc, const servd_cuda_attn_batch *b, int n_heads, int group,
@@ -53,7 +32,7 @@ static int launch_decode(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_
   constexpr int HD = DPL * 32;
   const int n_splits = (int)servd__div_up((long long)b->max_blocks * block_size, SERVD_ATTN_SPLIT);
   const size_t parts = (size_t)b->n_seqs * n_heads * n_splits;
-  float *ws = (float *)get_scratch(c, parts * (HD + 2) * sizeof(float));
+  float *ws = (float *)servd__cuda_scratch(c, parts * (HD + 2) * sizeof(float));
   if (!ws) return SERVD_ENOMEM;
   float *part_acc = ws, *part_ml = ws + parts * HD;
   dim3 grid(b->n_seqs, n_heads, n_splits);
@@ -84,7 +63,7 @@ static int launch_prefill(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16
       plan[n_tiles + t] = q0;
       t++;
     }
-  int32_t *dplan = (int32_t *)get_scratch(c, sizeof(int32_t) * 2 * n_tiles);
+  int32_t *dplan = (int32_t *)servd__cuda_scratch(c, sizeof(int32_t) * 2 * n_tiles);
   int rc = dplan ? servd_cuda_upload(c, dplan, plan, sizeof(int32_t) * 2 * n_tiles) : SERVD_ENOMEM;
   // The copy from pageable memory is staged before cudaMemcpyAsync returns, so plan can go.
   free(plan);

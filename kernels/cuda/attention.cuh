@@ -16,11 +16,14 @@
 #define SERVD_ATTN_BK 32
 
 __global__ void kv_write_kernel(__nv_bfloat16 *kc, __nv_bfloat16 *vc, const __nv_bfloat16 *k,
-                                const __nv_bfloat16 *v, const int32_t *slots, int t, int kv_dim) {
+                                const __nv_bfloat16 *v, const int32_t *slots, int t, int kv_dim, long long n_slots) {
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (long long)t * kv_dim) return;
   const int row = (int)(i / kv_dim), e = (int)(i % kv_dim);
-  const long long dst = (long long)slots[row] * kv_dim + e;
+  const int32_t slot = slots[row];
+  // Negative slots are padding rows of a graph bucket; slots past the cache are never written.
+  if (slot < 0 || slot >= n_slots) return;
+  const long long dst = (long long)slot * kv_dim + e;
   kc[dst] = k[i];
   vc[dst] = v[i];
 }

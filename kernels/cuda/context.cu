@@ -11,7 +11,22 @@ struct servd_cuda_ctx {
   cudaStream_t stream;
   cublasHandle_t blas;
   servd__cuda_pool *pool;
+  void *blas_ws; /* cuBLAS workspace of our own: cuBLAS then allocates nothing while a graph is captured */
+  void *scratch; /* grow-only, from pool */
+  size_t scratch_bytes;
 };
+
+// Per-device generation: bumped whenever device memory a captured graph could reference is freed or
+// moved. Devices past the table share the last slot (conservative: more bumps, never fewer).
+#define GEN_SLOTS 64
+static unsigned long long generations[GEN_SLOTS];
+static int gen_slot(int device) { return device < 0 ? 0 : device >= GEN_SLOTS ? GEN_SLOTS - 1 : device; }
+extern "C" uint64_t servd_cuda_generation(int device) {
+  return __atomic_load_n(&generations[gen_slot(device)], __ATOMIC_ACQUIRE);
+}
+extern "C" void servd_cuda_generation_bump(int device) {
+  __atomic_fetch_add(&generations[gen_slot(device)], 1ull, __ATOMIC_ACQ_REL);
+}
 
 extern "C" int servd_cuda_device_count(int *n) {
   *n = 0;
@@ -46,9 +61,18 @@ extern "C" int servd_cuda_ctx_create(int device, servd_cuda_ctx **out) {
     free(c);
     return servd_fail(SERVD_EDEVICE, "cuda_ctx_create(device %d): %s", device, cudaGetErrorString(err));
   }
+  const size_t ws_bytes = (size_t)32 << 20; /* what cuBLAS asks for on sm_90 */
   cublasStatus_t st = cublasCreate(&c->blas);
   if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetStream(c->blas, c->stream);
+  if (st == CUBLAS_STATUS_SUCCESS && cudaMalloc(&c->blas_ws, ws_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    c->blas_ws = NULL;
+    st = CUBLAS_STATUS_ALLOC_FAILED;
+  }
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetWorkspace(c->blas, c->blas_ws, ws_bytes);
   if (st != CUBLAS_STATUS_SUCCESS) {
+    if (c->blas) cublasDestroy(c->blas);
+    cudaFree(c->blas_ws);
     cudaStreamDestroy(c->stream);
     free(c);
     return servd_fail(SERVD_EDEVICE, "cuda_ctx_create(device %d): cuBLAS: %s", device, cublasGetStatusString(st));
@@ -56,6 +80,7 @@ extern "C" int servd_cuda_ctx_create(int device, servd_cuda_ctx **out) {
   c->pool = servd__cuda_pool_create(device);
   if (!c->pool) {
     cublasDestroy(c->blas);
+    cudaFree(c->blas_ws);
     cudaStreamDestroy(c->stream);
     free(c);
     return servd_fail(SERVD_ENOMEM, "cuda_ctx_create: pool");
@@ -68,8 +93,10 @@ extern "C" void servd_cuda_ctx_destroy(servd_cuda_ctx *c) {
   if (!c) return;
   cudaSetDevice(c->device);
   cudaStreamSynchronize(c->stream);
+  if (c->scratch) servd_cuda_generation_bump(c->device);
   servd__cuda_pool_destroy(c->pool);
   cublasDestroy(c->blas);
+  cudaFree(c->blas_ws);
   cudaStreamDestroy(c->stream);
   free(c);
 }
@@ -99,5 +126,32 @@ extern "C" int servd_cuda_copy(servd_cuda_ctx *c, void *dst, const void *src, si
 }
 extern "C" int servd_cuda_sync(servd_cuda_ctx *c) {
   SERVD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  return SERVD_OK;
+}
+
+void *servd__cuda_scratch(servd_cuda_ctx *c, size_t bytes) {
+  if (c->scratch_bytes >= bytes) return c->scratch;
+  void *p = servd_cuda_alloc(c, bytes);
+  if (!p) return NULL;
+  if (c->scratch) {
+    servd_cuda_free(c, c->scratch);
+    servd_cuda_generation_bump(c->device);
+  }
+  c->scratch = p;
+  c->scratch_bytes = bytes;
+  return p;
+}
+
+extern "C" int servd_cuda_copy_2d(servd_cuda_ctx *c, void *dst, size_t dpitch, const void *src, size_t spitch,
+                                  size_t width, size_t rows) {
+  if (width == 0 || rows == 0) return SERVD_OK;
+  SERVD_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, c->stream));
+  return SERVD_OK;
+}
+
+extern "C" int servd_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes) {
+  *free_bytes = *total_bytes = 0;
+  SERVD_CUDA_CHECK(cudaSetDevice(device));
+  SERVD_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
   return SERVD_OK;
 }

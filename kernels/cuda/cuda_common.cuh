@@ -20,6 +20,10 @@
 // After a kernel launch: launch-configuration errors surface here.
 #define SERVD_CUDA_LAUNCH_CHECK() SERVD_CUDA_CHECK(cudaGetLastError())
 
+// Grow-only scratch of a context (one buffer per context); growing it moves the buffer, which bumps
+// the device's generation (graphs captured over the old address are stale).
+void *servd__cuda_scratch(servd_cuda_ctx *c, size_t bytes);
+
 static inline cudaStream_t servd__stream(servd_cuda_ctx *c) { return (cudaStream_t)servd_cuda_ctx_stream(c); }
 
 __device__ __forceinline__ float warp_sum(float v) {

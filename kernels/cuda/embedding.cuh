@@ -1,10 +1,11 @@
-// out (m,d) = table[ids[i]]: one block per token, 16-byte copies when d % 8 == 0.
+// out (m,d) = table[ids[i] - row_offset] (zeros outside [0, rows)): one block per token, 16-byte
+// copies when d % 8 == 0.
 #pragma once
 #include "cuda_common.cuh"
 
 __global__ void embedding_kernel(__nv_bfloat16 *__restrict__ out, const __nv_bfloat16 *__restrict__ table,
-                                 const int32_t *__restrict__ ids, int d, long long vocab) {
-  const int32_t id = ids[blockIdx.x];
+                                 const int32_t *__restrict__ ids, int d, long long vocab, long long row_offset) {
+  const long long id = (long long)ids[blockIdx.x] - row_offset;
   __nv_bfloat16 *dst = out + (size_t)blockIdx.x * d;
   if (id < 0 || id >= vocab) {
     for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = __float2bfloat16(0.f);

@@ -11,21 +11,32 @@ struct servd_cuda_graph {
 };
 
 extern "C" int servd_cuda_graph_begin(servd_cuda_ctx *c) {
-  SERVD_CUDA_CHECK(cudaStreamBeginCapture(servd__stream(c), cudaStreamCaptureModeRelaxed));
+  // Thread-local: a call on this thread that cannot be captured (a host sync, cudaFree) fails the
+  // capture instead of silently running now; other threads' captures and calls are unaffected.
+  SERVD_CUDA_CHECK(cudaStreamBeginCapture(servd__stream(c), cudaStreamCaptureModeThreadLocal));
   return SERVD_OK;
 }
 
 extern "C" int servd_cuda_graph_end(servd_cuda_ctx *c, servd_cuda_graph **out) {
   *out = NULL;
-  servd_cuda_graph *g = (servd_cuda_graph *)calloc(1, sizeof *g);
-  if (!g) return servd_fail(SERVD_ENOMEM, "cuda graph: out of host memory");
-  cudaError_t err = cudaStreamEndCapture(servd__stream(c), &g->graph);
-  if (err == cudaSuccess) err = cudaGraphInstantiate(&g->exec, g->graph, 0);
+  // The capture always ends here, even when it failed, so the stream is usable again.
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  cudaError_t err = cudaStreamEndCapture(servd__stream(c), &graph);
+  if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
   if (err != cudaSuccess) {
-    if (g->graph) cudaGraphDestroy(g->graph);
-    free(g);
+    cudaGetLastError(); /* an invalidated capture leaves its error behind; later calls must not see it */
+    if (graph) cudaGraphDestroy(graph);
     return servd_fail(SERVD_EDEVICE, "cuda graph capture: %s", cudaGetErrorString(err));
   }
+  servd_cuda_graph *g = (servd_cuda_graph *)calloc(1, sizeof *g);
+  if (!g) {
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return servd_fail(SERVD_ENOMEM, "cuda graph: out of host memory");
+  }
+  g->graph = graph;
+  g->exec = exec;
   *out = g;
   return SERVD_OK;
 }

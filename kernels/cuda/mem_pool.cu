@@ -36,6 +36,16 @@ servd__cuda_pool *servd__cuda_pool_create(int device) {
   return p;
 }
 
+// cudaMalloc is not a stream operation; the capturing thread may still allocate (the block then
+// keeps its address for the graph), so the capture-safety check is relaxed around it.
+static cudaError_t malloc_relaxed(void **ptr, size_t size) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaError_t err = cudaMalloc(ptr, size);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  return err;
+}
+
 static void free_chain(block *b) {
   while (b) {
     block *n = b->next;
@@ -67,12 +77,16 @@ void *servd__cuda_pool_alloc(servd__cuda_pool *p, size_t bytes) {
     b = (block *)malloc(sizeof *b);
     void *ptr = NULL;
     cudaSetDevice(p->device);
-    cudaError_t err = b ? cudaMalloc(&ptr, size) : cudaErrorMemoryAllocation;
+    cudaError_t err = b ? malloc_relaxed(&ptr, size) : cudaErrorMemoryAllocation;
     if (err == cudaErrorMemoryAllocation && p->free_list) {
-      // Out of device memory: give the cache back and retry once.
+      // Out of device memory: give the cache back and retry once. Cached blocks may still be named
+      // by a captured graph, so this bumps the device's generation.
+      cudaGetLastError();
+      for (block *f = p->free_list; f; f = f->next) p->reserved -= f->size;
       free_chain(p->free_list);
       p->free_list = NULL;
-      err = cudaMalloc(&ptr, size);
+      servd_cuda_generation_bump(p->device);
+      err = malloc_relaxed(&ptr, size);
     }
     if (err != cudaSuccess) {
       free(b);

@@ -1,7 +1,14 @@
-/* servd/device.h without the CUDA backend: no devices; every device call fails and says why. */
-#include "servd/device.h"
+/* servd/device.h without the CUDA backend: no devices; every device call fails and says why. The
+ * arguments are checked first (device_args.c), so a caller's mistake reads the same either way. */
+#include "device_internal.h"
 
 #include <stdio.h>
+
+#define TRY(x)                \
+  do {                        \
+    int rc_ = (x);            \
+    if (rc_ != 0) return rc_; \
+  } while (0)
 
 #define NO_CUDA(op) servd_fail(SERVD_EDEVICE, "%s: servd was built without CUDA (configure with nvcc present)", op)
 
@@ -22,18 +29,21 @@ int servd_device_mem_info(int device, size_t *free_bytes, size_t *total_bytes) {
   return NO_CUDA("device_mem_info");
 }
 int servd_device_tensor_new(int device, servd_dtype dtype, int ndim, const int64_t *shape, servd_tensor **out) {
-  (void)device, (void)dtype, (void)ndim, (void)shape;
+  (void)device;
   *out = NULL;
+  TRY(servd__dev_check_new("device_tensor_new", dtype, ndim, shape));
   return NO_CUDA("device_tensor_new");
 }
 int servd_device_upload(int device, const servd_tensor *host, servd_dtype dtype, servd_tensor **out) {
-  (void)device, (void)host, (void)dtype;
+  (void)device;
   *out = NULL;
+  TRY(servd__dev_check_upload("device_upload", host, dtype));
   return NO_CUDA("device_upload");
 }
 int servd_device_weight(int device, const servd_tensor *host, servd_tensor **out) {
-  (void)device, (void)host;
+  (void)device;
   *out = NULL;
+  TRY(servd__dev_check_upload("device_weight", host, SERVD_BF16));
   return NO_CUDA("device_weight");
 }
 void servd_device_weights_trim(void) {}
@@ -42,7 +52,7 @@ size_t servd_device_weights_bytes(int device) {
   return 0;
 }
 int servd_device_copy(servd_tensor *dst, const servd_tensor *src) {
-  (void)dst, (void)src;
+  TRY(servd__dev_check_copy(dst, src));
   return NO_CUDA("device_copy");
 }
 int servd_device_sync(int device) {
@@ -54,44 +64,47 @@ uint64_t servd_device_generation(int device) {
   return 0;
 }
 int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
-  (void)out, (void)x, (void)w;
+  TRY(servd__dev_check_matmul(out, x, w));
   return NO_CUDA("device matmul");
 }
 int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset) {
-  (void)out, (void)table, (void)ids, (void)row_offset;
+  TRY(servd__dev_check_embedding(out, table, ids, row_offset));
   return NO_CUDA("device embedding");
 }
 int servd_device_rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps) {
-  (void)out, (void)x, (void)weight, (void)eps;
+  (void)eps;
+  TRY(servd__dev_check_rmsnorm(out, x, weight));
   return NO_CUDA("device rmsnorm");
 }
 int servd_device_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p) {
-  (void)x, (void)positions, (void)p;
+  TRY(servd__dev_check_rope(x, positions, p));
   return NO_CUDA("device rope");
 }
 int servd_device_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
-  (void)out, (void)gate, (void)up;
+  TRY(servd__dev_check_binary("device swiglu", out, gate, up));
   return NO_CUDA("device swiglu");
 }
 int servd_device_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b) {
-  (void)out, (void)a, (void)b;
+  TRY(servd__dev_check_binary("device add", out, a, b));
   return NO_CUDA("device add");
 }
 int servd_device_argmax(servd_tensor *out, const servd_tensor *x) {
-  (void)out, (void)x;
+  TRY(servd__dev_check_argmax(out, x));
   return NO_CUDA("device argmax");
 }
 int servd_device_topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k) {
-  (void)values, (void)indices, (void)x, (void)k;
+  TRY(servd__dev_check_topk(values, indices, x, k));
   return NO_CUDA("device topk");
 }
 int servd_device_kv_create(int device, int n_layers, int kv_dim, int block_size, int n_blocks, servd_device_kv **out) {
-  (void)device, (void)n_layers, (void)kv_dim, (void)block_size, (void)n_blocks;
+  (void)device;
   *out = NULL;
+  TRY(servd__dev_check_kv("device_kv_create", n_layers, kv_dim, block_size, n_blocks));
   return NO_CUDA("device_kv_create");
 }
 void servd_device_kv_destroy(servd_device_kv *kv) { (void)kv; }
 size_t servd_device_kv_bytes(int n_layers, int kv_dim, int block_size, int n_blocks) {
+  if (n_layers < 1 || kv_dim < 1 || block_size < 1 || n_blocks < 1) return 0;
   return (size_t)n_layers * 2 * (size_t)kv_dim * (size_t)block_size * (size_t)n_blocks * 2;
 }
 int servd_device_kv_device(const servd_device_kv *kv) {
@@ -105,8 +118,9 @@ int servd_device_kv_write(servd_device_kv *kv, int layer, const servd_tensor *k,
 }
 int servd_device_batch_create(int device, int max_tokens, int max_seqs, int max_blocks_per_seq,
                               servd_device_batch **out) {
-  (void)device, (void)max_tokens, (void)max_seqs, (void)max_blocks_per_seq;
+  (void)device;
   *out = NULL;
+  TRY(servd__dev_check_batch("device_batch_create", max_tokens, max_seqs, max_blocks_per_seq));
   return NO_CUDA("device_batch_create");
 }
 void servd_device_batch_destroy(servd_device_batch *db) { (void)db; }
@@ -133,8 +147,8 @@ int servd_device_attention(servd_tensor *out, const servd_tensor *q, const servd
   return NO_CUDA("device attention");
 }
 int servd_device_comm_create(int world_size, const int *devices, servd_device_comm **out) {
-  (void)world_size, (void)devices;
   *out = NULL;
+  TRY(servd__dev_check_comm("device_comm_create", world_size, devices));
   return NO_CUDA("device_comm_create");
 }
 void servd_device_comm_destroy(servd_device_comm *c) { (void)c; }

@@ -8,6 +8,16 @@
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
+/* The block allocator: a stack of free ids (low ids handed out first) and per-block use flags. */
+static int init_free_list(servd_kv_cache *c) {
+  c->free_ids = malloc((size_t)c->n_blocks * sizeof *c->free_ids);
+  c->in_use = calloc((size_t)c->n_blocks, 1);
+  if (!c->free_ids || !c->in_use) return SERVD_ENOMEM;
+  for (int i = 0; i < c->n_blocks; i++) c->free_ids[i] = c->n_blocks - 1 - i;
+  c->n_free = c->n_blocks;
+  return pthread_mutex_init(&c->mu, NULL) != 0 ? SERVD_ENOMEM : 0; /* last: nothing to undo after it */
+}
+
 int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim, int block_size,
                           int n_blocks, servd_dtype dtype) {
   servd_kv_cache *c = NULL;
@@ -46,12 +56,7 @@ int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, in
   /* attention walks blocks in table order, i.e. at random: 2 MiB pages spare most TLB misses.
    * Advice only; without transparent huge pages it changes nothing. */
   (void)madvise(c->pool, c->pool_bytes, MADV_HUGEPAGE);
-  c->free_ids = malloc((size_t)n_blocks * sizeof *c->free_ids);
-  c->in_use = calloc((size_t)n_blocks, 1);
-  if (!c->free_ids || !c->in_use) goto fail;
-  for (int i = 0; i < n_blocks; i++) c->free_ids[i] = n_blocks - 1 - i; /* hand out low ids first */
-  c->n_free = n_blocks;
-  if (pthread_mutex_init(&c->mu, NULL) != 0) goto fail;
+  if (init_free_list(c) != 0) goto fail;
   *out = c;
   return 0;
 fail:
@@ -65,10 +70,41 @@ fail:
                     n_layers, n_blocks, block_size, n_kv_heads, head_dim, servd_dtype_name(dtype));
 }
 
+int servd_kv_cache_create_blocks_only(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim,
+                                      int block_size, int n_blocks) {
+  if (!out || n_layers < 1 || n_kv_heads < 1 || head_dim < 1 || block_size < 1 || n_blocks < 1)
+    return servd_fail(SERVD_EINVAL,
+                      "kv_cache_create_blocks_only: expected positive n_layers, n_kv_heads, head_dim, block_size "
+                      "and n_blocks; got %d, %d, %d, %d, %d",
+                      n_layers, n_kv_heads, head_dim, block_size, n_blocks);
+  *out = NULL;
+  servd_kv_cache *c = calloc(1, sizeof *c);
+  if (!c) goto fail;
+  /* No storage: n_layers stays 0, so every layer index is out of range for the ops that would
+   * touch K/V (attention reports it; kv_write names the reason). */
+  c->n_kv_heads = n_kv_heads;
+  c->head_dim = head_dim;
+  c->block_size = block_size;
+  c->n_blocks = n_blocks;
+  c->dtype = SERVD_F16;
+  c->elem = servd_dtype_block_bytes(SERVD_F16);
+  if (init_free_list(c) != 0) goto fail;
+  *out = c;
+  return 0;
+fail:
+  if (c) {
+    free(c->free_ids);
+    free(c->in_use);
+  }
+  free(c);
+  return servd_fail(SERVD_ENOMEM, "kv_cache_create_blocks_only: out of memory for the free list of %d blocks",
+                    n_blocks);
+}
+
 void servd_kv_cache_destroy(servd_kv_cache *c) {
   if (!c) return;
   pthread_mutex_destroy(&c->mu);
-  munmap(c->pool, c->pool_bytes);
+  if (c->pool) munmap(c->pool, c->pool_bytes);
   free(c->free_ids);
   free(c->in_use);
   free(c);
@@ -160,6 +196,8 @@ int servd_kv_write(servd_kv_cache *c, int layer, const servd_tensor *k, const se
   int64_t width = c ? (int64_t)c->n_kv_heads * c->head_dim : 0;
   if (!c) {
     why = "cache is NULL";
+  } else if (!c->pool) {
+    why = "this cache keeps block bookkeeping only (its K/V live on a device): write through the device cache";
   } else if (layer < 0 || layer >= c->n_layers) {
     why = "layer out of range";
   } else if (!k || !v || k->dtype != SERVD_F32 || v->dtype != SERVD_F32 || k->ndim != 2 || v->ndim != 2 ||

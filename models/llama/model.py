@@ -7,11 +7,25 @@ zero-padded shards) and output head (all-gather of the logit columns).
 
 Activations live in buffers allocated once per capacity and reused: a step allocates nothing but
 the small Python view objects, and those are cached per batch size.
+
+On a GPU interpreter (servd.device() "cuda:N") the same forward runs on the device: placement.py
+decides, in one place, where weights and buffers live (shared bf16 weight copies, bf16 activations,
+f32 logits, buffers allocated once at the engine's step capacities for CUDA graphs), and the ops
+dispatch on their tensors' device.
 """
 import math
 
 import servd
 from servd import ops
+
+try:
+    from . import placement
+except ImportError:  # model.py loaded as a lone file (tests/llama/numpy_servd.py)
+    import importlib.util as _iu
+    import os as _os
+    _spec = _iu.spec_from_file_location("llama_placement", _os.path.join(_os.path.dirname(__file__), "placement.py"))
+    placement = _iu.module_from_spec(_spec)
+    _spec.loader.exec_module(placement)
 
 # Hugging Face and GGUF tensor names of the same weight.
 _HF = {
@@ -102,72 +116,44 @@ class LlamaModel:
         embed = t("embed")
         if self.vocab < 0:
             self.vocab = embed.shape[0]
-        # Vocabulary shards: the last rank takes the remainder.
-        per = -(-self.vocab // w)
-        self.v0 = min(r * per, self.vocab)
-        self.vn = min(per, self.vocab - self.v0)
-        self.embed = rows(embed, self.v0, self.vn)
+        # Vocabulary shards of ceil(vocab/world) rows, the last rank the remainder: the split the
+        # device all-gather of the logit columns requires (see placement.vocab_shard).
+        self.v0, self.vn = placement.vocab_shard(self.vocab, r, w)
+
+        # Host: the mapped views as they are. GPU: their shared bf16 device copies, uploaded here,
+        # at load, so that the engine sizes the device KV cache from what is left.
+        self._mem = placement.memory_for(servd, dict(dim=self.dim, q_cols=qn, kv_cols=kn, ff_cols=fn,
+                                                      vn=self.vn, vocab=self.vocab, world=w))
+        W = self._mem.weight
+        self.embed = W(rows(embed, self.v0, self.vn))
         out_name = self._names["output"]
         tied = bool(cfg.get("tie_word_embeddings", False)) or out_name not in names
-        self.output = self.embed if tied else rows(pkg.tensor(out_name), self.v0, self.vn)
-        self.norm = t("norm")
+        # Tied: the same tensor, so a GPU holds one copy.
+        self.output = self.embed if tied else W(rows(pkg.tensor(out_name), self.v0, self.vn))
+        self.norm = W(t("norm"))
 
         self.layers = []
         for i in range(self.n_layers):
             self.layers.append((
-                t("attn_norm", i),
-                rows(t("wq", i), q0, qn), rows(t("wk", i), k0, kn), rows(t("wv", i), k0, kn),
-                cols(t("wo", i), q0, qn),
-                t("ffn_norm", i),
-                rows(t("w1", i), f0, fn), rows(t("w3", i), f0, fn), cols(t("w2", i), f0, fn),
+                W(t("attn_norm", i)),
+                W(rows(t("wq", i), q0, qn)), W(rows(t("wk", i), k0, kn)), W(rows(t("wv", i), k0, kn)),
+                W(cols(t("wo", i), q0, qn)),
+                W(t("ffn_norm", i)),
+                W(rows(t("w1", i), f0, fn)), W(rows(t("w3", i), f0, fn)), W(cols(t("w2", i), f0, fn)),
             ))
         self.scale = 1.0 / math.sqrt(hd)
         self._ops, self._prof, self._clock = ops, None, None
-        self._cap = 0
-        self._views = {}
-        self._logit_views = {}
-        self._rcap = 0
-
-    # ---- buffers -------------------------------------------------------------------------------
-    def _alloc(self, cap):
-        e = servd.empty
-        self._buf = dict(
-            x=e((cap, self.dim)), h=e((cap, self.dim)), o=e((cap, self.dim)),
-            q=e((cap, self.q_cols)), k=e((cap, self.kv_cols)), v=e((cap, self.kv_cols)),
-            a=e((cap, self.q_cols)), g=e((cap, self.ff_cols)), u=e((cap, self.ff_cols)))
-        self._cap = cap
-        self._views = {}
-
-    def _step_views(self, n):
-        v = self._views.get(n)
-        if v is None:
-            if n > self._cap:
-                self._alloc(max(n, 2 * self._cap, 16))
-            b = self._buf
-            v = tuple(b[k].narrow(0, 0, n) for k in ("x", "h", "o", "q", "k", "v", "a", "g", "u"))
-            self._views[n] = v
-        return v
-
-    def _logit_bufs(self, r):
-        v = self._logit_views.get(r)
-        if v is None:
-            if r > self._rcap:
-                cap = max(r, 2 * self._rcap, 8)
-                self._sel = servd.empty((cap, self.dim))
-                self._lg = servd.empty((cap, self.vn))
-                self._lg_full = servd.empty((cap, self.vocab)) if self.world > 1 else self._lg
-                self._rcap = cap
-                self._logit_views = {}
-            v = (self._sel.narrow(0, 0, r), self._lg.narrow(0, 0, r), self._lg_full.narrow(0, 0, r))
-            self._logit_views[r] = v
-        return v
+        # Reused buffer views per step size (host: grown on demand; GPU: allocated once, bounded).
+        self._step_views = self._mem.step_views
+        self._logit_bufs = self._mem.logit_views
 
     # ---- forward -------------------------------------------------------------------------------
     def forward(self, batch):
         """Logits f32 (len(batch.logit_rows), vocab) for the requested rows of a mixed batch, or None
-        when no row needs them. The returned tensor is a reused buffer: valid until the next call."""
+        when no row needs them. The returned tensor is a reused buffer: valid until the next call.
+        On a GPU every tensor here is on the device, logits included (the engine downloads them)."""
         n = batch.n_tokens
-        x, h, o, q, k, v, a, g, u = self._step_views(n)
+        x, h, o, q, k, v, a, g, u = self._step_views(n, batch)
         tp = self.world > 1
         eps, rope, scale, hl = self.eps, self.rope, self.scale, self.h_local
         kv, pos, slots = batch.kv, batch.positions, batch.slots
@@ -207,11 +193,11 @@ class LlamaModel:
                 self._prof["forward_ns"] += self._clock() - t0
                 self._prof["steps"] += 1
             return None
-        sel, lg, full = self._logit_bufs(len(rows))
+        sel, lg, full = self._logit_bufs(len(rows), batch)
         P.embedding(sel, x, rows)  # gathers the rows that need logits
         rmsnorm(sel, sel, self.norm, eps)
         matmul(lg, sel, self.output)
-        if tp:
+        if tp:  # rank r's columns [v0, v0+vn) land at that offset: shards in rank order
             P.allgather_cols(full, lg)
         if self._prof:
             self._prof["forward_ns"] += self._clock() - t0

@@ -556,6 +556,33 @@ static void test_validation(void **st) {
   }
 }
 
+/* Names taken from the path or the body end up in error messages; bytes that are not UTF-8 (or a
+ * character cut by the message's length) must not turn the 4xx answer into a 500. */
+static void test_error_messages_not_utf8(void **st) {
+  (void)st;
+  int s;
+  json_t *j = get_json(open_srv.port, "/v2/models/caf%e9/ready", &s);
+  assert_int_equal(s, 404);
+  const char *msg = json_string_value(json_object_get(j, "error"));
+  assert_non_null(msg);
+  assert_string_equal(msg, "model 'caf?' is not served here");
+  json_decref(j);
+  j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"\\u00e9\\u00e9\",\"prompt\":\"x\"}", &s, NULL);
+  assert_int_equal(s, 404);
+  json_decref(j);
+  /* A model name of 1000 two-byte characters: the message is cut at 1023 bytes, mid-character. */
+  char body[4096];
+  int n = snprintf(body, sizeof body, "{\"prompt\":\"x\",\"model\":\"a");
+  for (int i = 0; i < 1000; i++) n += snprintf(body + n, sizeof body - (size_t)n, "\xc3\xa9");
+  snprintf(body + n, sizeof body - (size_t)n, "\"}");
+  j = post_json(open_srv.port, "/v1/completions", body, &s, NULL);
+  assert_int_equal(s, 404);
+  msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+  assert_non_null(msg);
+  assert_true(strncmp(msg, "The model `a\xc3\xa9", 14) == 0);
+  json_decref(j);
+}
+
 static void test_huge_body(void **st) {
   (void)st;
   size_t n = 200 * 1024;
@@ -831,6 +858,7 @@ int main(void) {
       cmocka_unit_test(test_health_and_meta), cmocka_unit_test(test_completion),
       cmocka_unit_test(test_logprobs),        cmocka_unit_test(test_chat_stream),
       cmocka_unit_test(test_validation),      cmocka_unit_test(test_huge_body),
+      cmocka_unit_test(test_error_messages_not_utf8),
       cmocka_unit_test(test_busy_is_429),     cmocka_unit_test(test_engine_error_is_500),
       cmocka_unit_test(test_disconnect_cancels), cmocka_unit_test(test_kserve_infer), cmocka_unit_test(test_kserve_concurrency),
       cmocka_unit_test(test_auth),            cmocka_unit_test(test_tokenize),

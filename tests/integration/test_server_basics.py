@@ -77,4 +77,19 @@ log = s.stderr()
 lines = [json.loads(l) for l in log.splitlines() if l.startswith("{")]
 check(any(l["path"] == "/v1/models" and l["status"] == 401 for l in lines), f"json access log:\n{log}")
 check("draining" in log, "drain message")
+
+# The backend: the CPU without --gpus (with the reason); --gpus N where fewer GPUs are visible fails
+# at startup with a clear message; --tp must equal --gpus (one rank per GPU) wherever GPUs exist.
+check("servd: backend: CPU (" in log, f"no backend line:\n{log}")
+no_gpu = " GPU visible" not in log and " GPUs visible" not in log
+if no_gpu:
+    r = subprocess.run([a.servd, "--gpus", "1"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2, f"--gpus 1 without a GPU: exit {r.returncode}")
+    check("--gpus 1 asks for 1 GPU but 0 are available" in r.stderr and "--gpus 0" in r.stderr,
+          f"--gpus 1 without a GPU: unclear message: {r.stderr}")
+r = subprocess.run([a.servd, "--tp", "2", "--gpus", "1"], capture_output=True, text=True, timeout=60)
+check(r.returncode == 2 and "--tp 2 with --gpus 1" in r.stderr and "one rank per GPU" in r.stderr,
+      f"--tp 2 --gpus 1: {r.returncode} {r.stderr}")
+r = subprocess.run([a.servd, "--gpu-memory-fraction", "1.5"], capture_output=True, text=True, timeout=60)
+check(r.returncode == 2 and "--gpu-memory-fraction" in r.stderr, f"bad fraction: {r.returncode} {r.stderr}")
 print("ok")

@@ -28,6 +28,8 @@ static const char *entry_py =
     "        # q = k = v = ones: attention of identical values returns those values\n"
     "        t = batch.n_tokens\n"
     "        assert batch.tokens.dtype == 'i32' and batch.tokens.shape == (t,)\n"
+    "        assert batch.tokens.device == 'cpu' and batch.kv.device == 'cpu', repr(batch.kv)\n"
+    "        assert (batch.max_tokens, batch.max_seqs) == (8, 2), (batch.max_tokens, batch.max_seqs)\n"
     "        ones = servd.tensor([[1.0] * 8 for _ in range(t)])\n"
     "        ops.kv_write(batch.kv, 0, ones, ones, batch.slots)\n"
     "        out = servd.empty((t, 16))\n"
@@ -152,6 +154,35 @@ static void test_ops(void **state) {
   expect_true("ops.allreduce(o) is None");
 }
 
+/* A CPU interpreter: the device calls say so; host copies and the single-rank gather work. */
+static void test_device_api_on_cpu(void **state) {
+  (void)state;
+  expect_true("servd.device() == 'cpu'");
+  expect_raises("servd.upload(servd.empty(4))", "RuntimeError", "servd.upload: this interpreter runs on the CPU");
+  expect_raises("servd.to_device(servd.empty(4))", "RuntimeError",
+                "servd.to_device: this interpreter runs on the CPU");
+  expect_raises("servd.empty(4, device='cuda')", "RuntimeError", "servd.empty: this interpreter runs on the CPU");
+  expect_raises("servd.empty((2, 2), 'bf16', 'cuda:0')", "RuntimeError", "servd.empty: this interpreter runs on the CPU");
+  expect_raises("servd.empty(4, device='bogus')", "ValueError",
+                "servd.empty: device must be \"cpu\", \"cuda\" or \"cuda:N\", not \"bogus\"");
+  expect_raises("servd.empty(4, device='cuda:x')", "ValueError", "not \"cuda:x\"");
+  expect_raises("servd.empty(4, device=0)", "TypeError", "device must be a str");
+  expect_raises("servd.upload([1.0])", "TypeError", "servd.upload: t must be a servd.Tensor");
+  expect_true("servd.empty((2, 3), device='cpu').device == 'cpu' and servd.empty(3, device=None).shape == (3,)");
+  support_exec(servd_pool_get(g_pool, 0), "src = servd.tensor([[1, 2, 3], [4, 5, 6]])\n");
+  expect_true("src.to_host() is src");
+  /* copy into a strided view: columns 1..3 of a (2, 5) tensor */
+  support_exec(servd_pool_get(g_pool, 0), "wide = servd.empty((2, 5))\nservd.copy(wide.narrow(1, 1, 3), src)\n");
+  expect_true("wide.tolist() == [[0.0, 1.0, 2.0, 3.0, 0.0], [0.0, 4.0, 5.0, 6.0, 0.0]]");
+  expect_raises("servd.copy(servd.empty((3, 2)), src)", "ValueError", "servd.copy: copy: dst f32[3,2] and src f32[2,3] differ");
+  expect_raises("servd.copy(src)", "TypeError", "2 arguments");
+  /* one rank: allgather_cols copies the only shard */
+  support_exec(servd_pool_get(g_pool, 0), "g = servd.empty((2, 3))\nops.allgather_cols(g, src)\n");
+  expect_true("g.tolist() == src.tolist()");
+  expect_raises("ops.allgather_cols(servd.empty((2, 4)), src)", "ValueError", "one shape");
+  expect_true("'cpu' in repr(src)");
+}
+
 static void test_predict(void **state) {
   (void)state;
   servd_interp *it = servd_pool_acquire(g_pool);
@@ -221,7 +252,7 @@ static void test_forward(void **state) {
   servd_forward_batch b = {.n_tokens = 5, .tokens = tokens, .positions = positions, .slots = slots,
                            .n_logit_rows = 2, .logit_rows = rows,
                            .attn = {.n_seqs = 1, .q_start = q_start, .q_len = q_len, .kv_len = kv_len, .block_tables = tables},
-                           .kv = kv};
+                           .kv = kv, .max_tokens = 8, .max_seqs = 2};
   servd_tensor *logits = NULL;
   servd_py_error err;
   servd_interp *it = servd_pool_acquire(g_pool);
@@ -333,6 +364,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tensor),
       cmocka_unit_test(test_ops),
+      cmocka_unit_test(test_device_api_on_cpu),
       cmocka_unit_test(test_predict),
       cmocka_unit_test(test_forward),
       cmocka_unit_test(test_concurrent_callers),

@@ -43,6 +43,16 @@ SERVD_API int servd_cuda_upload(servd_cuda_ctx *c, void *dst, const void *src, s
 SERVD_API int servd_cuda_download(servd_cuda_ctx *c, void *dst, const void *src, size_t bytes);
 SERVD_API int servd_cuda_copy(servd_cuda_ctx *c, void *dst, const void *src, size_t bytes); /* device->device */
 SERVD_API int servd_cuda_sync(servd_cuda_ctx *c);
+/* rows rows of width bytes from src (row pitch spitch) to dst (pitch dpitch), any direction (unified
+ * addressing), async on the stream (host memory should be pinned for a truly async copy). */
+SERVD_API int servd_cuda_copy_2d(servd_cuda_ctx *c, void *dst, size_t dpitch, const void *src, size_t spitch,
+                                 size_t width, size_t rows);
+SERVD_API int servd_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes); /* sets the device */
+/* Bumped whenever device memory a captured graph could reference is freed or moved: a context's
+ * scratch growing or being freed, the pool giving its cache back. Other layers that free device
+ * memory bump it too. */
+SERVD_API uint64_t servd_cuda_generation(int device);
+SERVD_API void servd_cuda_generation_bump(int device);
 /* Fills n bf16 values with deterministic pseudo-random values uniform in [-scale, scale]. */
 SERVD_API int servd_cuda_fill_random_bf16(servd_cuda_ctx *c, servd_bf16_t *x, size_t n, uint64_t seed, float scale);
 SERVD_API int servd_cuda_f32_to_bf16(servd_cuda_ctx *c, servd_bf16_t *dst, const float *src, size_t n);
@@ -68,10 +78,15 @@ SERVD_API int servd_cuda_add(servd_cuda_ctx *c, servd_bf16_t *out, const servd_b
 SERVD_API int servd_cuda_embedding(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *table,
                                    const int32_t *ids, int m, int d, int64_t vocab);
 
+/* out (m,d) = table[ids[i] - row_offset] for table (rows, d), zeros where that is outside [0, rows)
+ * (vocabulary-parallel shards). */
+SERVD_API int servd_cuda_embedding_rows(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *table,
+                                        const int32_t *ids, int m, int d, int64_t rows, int64_t row_offset);
+
 /* Paged KV cache of one layer on device: (n_blocks, block_size, kv_dim) bf16 for K and for V. */
 SERVD_API int servd_cuda_kv_write(servd_cuda_ctx *c, servd_bf16_t *k_cache, servd_bf16_t *v_cache,
                                   const servd_bf16_t *k, const servd_bf16_t *v, const int32_t *slots, int t,
-                                  int kv_dim, int64_t n_slots);
+                                  int kv_dim, int64_t n_slots); /* slots < 0 or >= n_slots are skipped */
 
 /* The batch layout of servd_attn_batch, with every array on the device. block_tables is
  * (n_seqs, max_blocks) row-major. Host copies of q_len and q_start are needed to plan the launch. */
@@ -111,6 +126,14 @@ SERVD_API int servd_nccl_create(servd_nccl **out, int n_ranks, const int *device
 SERVD_API void servd_nccl_destroy(servd_nccl *n); /* accepts NULL */
 /* Sum in place across ranks on rank's context stream; every rank calls it (from its own thread). */
 SERVD_API int servd_nccl_allreduce_bf16(servd_nccl *n, int rank, servd_cuda_ctx *c, servd_bf16_t *x, size_t count);
+/* recv (n_ranks * count) = every rank's send (count) in rank order. */
+SERVD_API int servd_nccl_allgather_f32(servd_nccl *n, int rank, servd_cuda_ctx *c, const float *send, float *recv,
+                                       size_t count);
+/* ncclCommAbort on every rank's communicator (any thread, any number of times): ranks blocked in a
+ * collective return; later collectives fail with SERVD_ECANCELED until servd_nccl_rebuild. */
+SERVD_API void servd_nccl_abort(servd_nccl *n);
+/* New communicators for the same devices; call when no rank is inside a collective. */
+SERVD_API int servd_nccl_rebuild(servd_nccl *n);
 
 #ifdef __cplusplus
 }

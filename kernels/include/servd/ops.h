@@ -82,6 +82,10 @@ typedef struct servd_kv_cache servd_kv_cache;
 
 SERVD_API int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim,
                                     int block_size, int n_blocks, servd_dtype dtype /* f32 or f16 */);
+/* A cache of block bookkeeping only (alloc/free, no K/V storage): the host side of a cache whose
+ * K/V live on a device (servd/device.h). kv_write and attention on it fail with SERVD_EINVAL. */
+SERVD_API int servd_kv_cache_create_blocks_only(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim,
+                                                int block_size, int n_blocks);
 SERVD_API void servd_kv_cache_destroy(servd_kv_cache *c); /* accepts NULL */
 SERVD_API int servd_kv_cache_block_size(const servd_kv_cache *c);
 SERVD_API int servd_kv_cache_n_blocks(const servd_kv_cache *c);

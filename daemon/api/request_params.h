@@ -1,0 +1,84 @@
+/* Validation of request bodies, apart from any server state: a pure function of the JSON text and
+ * the limits it is checked against, giving the parameters or the 4xx error to answer with. The
+ * routes (openai.c, kserve.c) call these; the fuzz target calls them on arbitrary bytes.
+ */
+#ifndef SERVD_API_REQUEST_PARAMS_H
+#define SERVD_API_REQUEST_PARAMS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "http/arena.h"
+
+/* What a request is checked against: the server's options and the engine's defaults. */
+typedef struct api_param_limits {
+  servd_gen_params defaults; /* engine defaults, before the request's fields */
+  int max_n;                 /* largest n (choices per prompt) */
+  int default_deadline_ms;   /* when the request names no timeout; 0: none */
+} api_param_limits;
+
+/* Why a request was refused. */
+typedef struct api_param_error {
+  int status;       /* 4xx */
+  char param[48];   /* the offending field, "" when none */
+  char message[768]; /* valid UTF-8, never empty */
+} api_param_error;
+
+/* Parses a request body that must be a JSON object. *out: own reference, NULL on error. */
+int api_body_parse(const char *text, size_t len, json_t **out, api_param_error *err);
+
+/* ---- OpenAI-compatible requests ---- */
+
+typedef enum { OAI_COMPLETIONS, OAI_CHAT, OAI_TOKENIZE, OAI_DETOKENIZE } oai_mode;
+
+typedef struct oai_prompt {
+  const char *text;   /* arena; NULL when given as token ids */
+  int32_t *ids;       /* malloc'd (by the tokenizer or the parser) */
+  int n_ids;
+} oai_prompt;
+
+typedef struct oai_params {
+  bool stream, include_usage, add_special, add_generation_prompt;
+  int n;               /* choices per prompt */
+  int n_prompts;
+  oai_prompt *prompts; /* arena; their ids malloc'd */
+  json_t *messages;    /* chat / tokenize: normalized {role, content[, name]} (own reference) */
+  servd_gen_params gp; /* stop strings and stop ids in the arena */
+  int logprobs;        /* -1: none; else top count */
+} oai_params;
+
+/* Validates body (any JSON value; 'model' is not looked at) for mode. Returns 0 with *out filled
+ * (free with oai_params_free), or -1 with *err set and nothing to free. Allocates strings from
+ * arena. */
+int oai_params_parse(json_t *body, oai_mode mode, const api_param_limits *lim, servd_arena *arena, oai_params *out,
+                     api_param_error *err);
+/* The same from the body's text: malformed JSON and a body that is no object are errors too. */
+int oai_params_parse_text(const char *text, size_t len, oai_mode mode, const api_param_limits *lim,
+                          servd_arena *arena, oai_params *out, api_param_error *err);
+void oai_params_free(oai_params *p); /* frees the ids and messages; accepts a zeroed struct */
+
+/* ---- KServe v2 inference requests ---- */
+
+typedef struct kserve_infer_params {
+  servd_named_tensor *in; /* malloc'd; tensors owned */
+  int n_in;
+  json_t *id;             /* own reference or NULL */
+  json_t *wanted;         /* 'outputs' (own reference) or NULL: every output */
+  int64_t deadline_ms;
+} kserve_infer_params;
+
+/* Validates an inference request and builds its input tensors. Returns 0 (free with
+ * kserve_infer_params_free) or -1 with *err set (status 400). */
+int kserve_infer_parse(json_t *body, const api_param_limits *lim, kserve_infer_params *out, api_param_error *err);
+int kserve_infer_parse_text(const char *text, size_t len, const api_param_limits *lim, kserve_infer_params *out,
+                            api_param_error *err);
+void kserve_infer_params_free(kserve_infer_params *p); /* accepts a zeroed struct */
+
+/* Makes s (NUL-terminated) valid UTF-8 in place, as JSON strings must be: a character that
+ * snprintf cut at the end is dropped, any other invalid byte becomes '?'. */
+void api_utf8_fix(char *s);
+
+#endif

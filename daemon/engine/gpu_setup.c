@@ -1,0 +1,93 @@
+/* A causal LM on GPUs: checks, KV cache sizing and creation. See gpu_setup.h. */
+#include "engine/gpu_setup.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static double gb(size_t bytes) { return (double)bytes / 1e9; }
+
+int servd_gpu_check(servd_model *m) {
+  const servd_model_options *o = &m->o;
+  const char *pkg = mpk_path(m->pkg);
+  if (o->tp != o->gpus)
+    return servd_fail(SERVD_EINVAL, "%s: tp %d on %d GPU%s: each tensor-parallel rank needs a GPU of its own (NCCL "
+                      "runs one rank per GPU), so tp must equal gpus", pkg, o->tp, o->gpus, o->gpus == 1 ? "" : "s");
+  if (!(o->gpu_memory_fraction > 0 && o->gpu_memory_fraction <= 1))
+    return servd_fail(SERVD_EINVAL, "%s: gpu_memory_fraction %g: expected a fraction in (0, 1]", pkg,
+                      o->gpu_memory_fraction);
+  if (o->cuda_graphs && o->cuda_graph_max_batch < 1)
+    return servd_fail(SERVD_EINVAL, "%s: cuda_graph_max_batch %d: expected >= 1", pkg, o->cuda_graph_max_batch);
+  int have = 0;
+  char why[256] = "";
+  servd_device_count(&have, why, sizeof why);
+  if (have < o->gpus)
+    return servd_fail(SERVD_EDEVICE, "%s: %d GPU%s asked for, %d visible%s%s", pkg, o->gpus, o->gpus == 1 ? "" : "s",
+                      have, why[0] ? ": " : "", why);
+  for (int r = 0; r < o->tp; r++) m->devices[r] = r;
+  return 0;
+}
+
+int servd_gpu_kv_setup(servd_model *m, int n_layers, int kv_heads, int head_dim, int block_size, int *blocks) {
+  const servd_model_options *o = &m->o;
+  const char *pkg = mpk_path(m->pkg);
+  int kv_dim = kv_heads * head_dim, rc;
+  size_t per_block = servd_device_kv_bytes(n_layers, kv_dim, block_size, 1);
+  int ctx_blocks = (m->context_length + block_size - 1) / block_size;
+  if (per_block == 0) return servd_fail(SERVD_EINVAL, "%s: KV block of size 0", pkg);
+
+  /* What every rank can hold: the smallest of the ranks' shares of their free memory. */
+  long long fit = -1;
+  int tight = 0;
+  size_t tight_free = 0;
+  for (int r = 0; r < m->tp; r++) {
+    size_t free_b = 0, total_b = 0;
+    if ((rc = servd_device_mem_info(m->devices[r], &free_b, &total_b))) return rc;
+    long long n = (long long)((double)free_b * o->gpu_memory_fraction / (double)per_block);
+    if (fit < 0 || n < fit) {
+      fit = n;
+      tight = m->devices[r];
+      tight_free = free_b;
+    }
+  }
+  long long want = o->kv_blocks > 0 ? o->kv_blocks : (long long)o->max_seqs * ctx_blocks;
+  if (o->kv_blocks > 0 && o->kv_blocks > fit)
+    return servd_fail(SERVD_ENOMEM, "%s: kv_blocks %d need %.2f GB on cuda:%d, which has %.2f GB free after the "
+                      "weights (%.2f GB at --gpu-memory-fraction %g)", pkg, o->kv_blocks,
+                      gb(per_block * (size_t)o->kv_blocks), tight, gb(tight_free),
+                      gb((size_t)((double)tight_free * o->gpu_memory_fraction)), o->gpu_memory_fraction);
+  long long n = want < fit ? want : fit;
+  if (n > (1 << 24)) n = 1 << 24; /* block ids are i32 slots: block * block_size must fit */
+  if (n < ctx_blocks)
+    return servd_fail(SERVD_ENOMEM, "%s: the KV cache fits %lld blocks of %d tokens on cuda:%d (%.2f GB free after the "
+                      "weights, --gpu-memory-fraction %g), fewer than one context of %d tokens needs (%d blocks): "
+                      "cap the context (max_context) or raise the fraction", pkg, n, block_size, tight,
+                      gb(tight_free), o->gpu_memory_fraction, m->context_length, ctx_blocks);
+  *blocks = (int)n;
+  for (int r = 0; r < m->tp; r++) {
+    if ((rc = servd_device_kv_create(m->devices[r], n_layers, kv_dim, block_size, *blocks, &m->dkv[r]))) return rc;
+    if ((rc = servd_kv_cache_create_blocks_only(&m->kv[r], n_layers, kv_heads, head_dim, block_size, *blocks)))
+      return rc;
+  }
+  size_t kv_bytes = servd_device_kv_bytes(n_layers, kv_dim, block_size, *blocks);
+  fprintf(stderr, "servd: model '%s': KV cache %d blocks x %d tokens = %lld tokens (%.2f GB) on each of %d GPU%s"
+          "%s\n", m->name, *blocks, block_size, (long long)*blocks * block_size, gb(kv_bytes), m->tp,
+          m->tp == 1 ? "" : "s", n < fit ? " (all max_seqs full contexts)" : "");
+  for (int r = 0; r < m->tp; r++) {
+    size_t free_b = 0, total_b = 0;
+    servd_device_mem_info(m->devices[r], &free_b, &total_b);
+    fprintf(stderr, "servd: model '%s': rank %d on cuda:%d: weights %.2f GB, %.2f GB of %.2f GB free\n", m->name, r,
+            m->devices[r], gb(servd_device_weights_bytes(m->devices[r])), gb(free_b), gb(total_b));
+  }
+  return 0;
+}
+
+void servd_gpu_teardown(servd_model *m) {
+  if (m->gpus <= 0) return;
+  for (int r = 0; r < SERVD_INTERP_MAX; r++) {
+    servd_device_kv_destroy(m->dkv[r]);
+    m->dkv[r] = NULL;
+  }
+  servd_device_comm_destroy(m->dcomm);
+  m->dcomm = NULL;
+  servd_device_weights_trim(); /* the weights the interpreters no longer reference */
+}

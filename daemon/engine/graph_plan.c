@@ -1,0 +1,99 @@
+/* CUDA graph buckets and decode-step padding: see graph_plan.h. */
+#include "engine/graph_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int servd_graph_buckets(int max_batch, int *out, int cap) {
+  int n = 0;
+  if (max_batch < 1) return 0;
+  for (int b = 1; b < max_batch; b = b < 8 ? b * 2 : b + 8) {
+    if (out && n < cap) out[n] = b;
+    n++;
+  }
+  if (out && n < cap) out[n] = max_batch;
+  n++;
+  return out && n > cap ? -1 : n;
+}
+
+int servd_graph_n_buckets(int max_batch) { return servd_graph_buckets(max_batch, NULL, 0); }
+
+int servd_graph_bucket_index(const int *buckets, int n_buckets, int n) {
+  if (n < 1) return -1;
+  for (int i = 0; i < n_buckets; i++)
+    if (buckets[i] >= n) return i;
+  return -1;
+}
+
+bool servd_step_is_decode(const servd_forward_batch *b) {
+  int n = b->attn.n_seqs;
+  if (n < 1 || b->n_tokens != n || b->n_logit_rows != n) return false;
+  for (int s = 0; s < n; s++)
+    if (b->attn.q_len[s] != 1) return false;
+  return true;
+}
+
+int servd_padded_step_init(servd_padded_step *p, int cap) {
+  memset(p, 0, sizeof *p);
+  if (cap < 1) return servd_fail(SERVD_EINVAL, "padded step: capacity %d: expected >= 1", cap);
+  p->cap = cap;
+  int32_t **arrays[] = {&p->tokens, &p->positions, &p->slots, &p->logit_rows, &p->q_start, &p->q_len, &p->kv_len};
+  for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++)
+    if (!(*arrays[i] = malloc(sizeof(int32_t) * (size_t)cap))) goto fail;
+  if (!(p->block_tables = malloc(sizeof *p->block_tables * (size_t)cap))) goto fail;
+  return 0;
+fail:
+  servd_padded_step_free(p);
+  return servd_fail(SERVD_ENOMEM, "padded step: arrays for %d sequences", cap);
+}
+
+void servd_padded_step_free(servd_padded_step *p) {
+  free(p->tokens);
+  free(p->positions);
+  free(p->slots);
+  free(p->logit_rows);
+  free(p->q_start);
+  free(p->q_len);
+  free(p->kv_len);
+  free(p->block_tables);
+  memset(p, 0, sizeof *p);
+}
+
+int servd_pad_decode(servd_padded_step *p, const servd_forward_batch *b, int bucket) {
+  if (!servd_step_is_decode(b))
+    return servd_fail(SERVD_EINVAL, "pad decode: the step is not decode only (%d tokens, %d sequences, %d logit rows)",
+                      b->n_tokens, b->attn.n_seqs, b->n_logit_rows);
+  int n = b->attn.n_seqs;
+  if (bucket < n || bucket > p->cap)
+    return servd_fail(SERVD_EINVAL, "pad decode: %d sequences into a bucket of %d (capacity %d)", n, bucket, p->cap);
+  size_t real = sizeof(int32_t) * (size_t)n;
+  memcpy(p->tokens, b->tokens, real);
+  memcpy(p->positions, b->positions, real);
+  memcpy(p->slots, b->slots, real);
+  memcpy(p->logit_rows, b->logit_rows, real);
+  memcpy(p->q_start, b->attn.q_start, real);
+  memcpy(p->q_len, b->attn.q_len, real);
+  memcpy(p->kv_len, b->attn.kv_len, real);
+  memcpy(p->block_tables, b->attn.block_tables, sizeof *p->block_tables * (size_t)n);
+  p->zero_table[0] = 0;
+  for (int i = n; i < bucket; i++) {
+    p->tokens[i] = 0;
+    p->positions[i] = 0;
+    p->slots[i] = -1;
+    p->logit_rows[i] = i;
+    p->q_start[i] = i;
+    p->q_len[i] = 1;
+    p->kv_len[i] = 1;
+    p->block_tables[i] = p->zero_table;
+  }
+  p->batch = *b;
+  p->batch.n_tokens = bucket;
+  p->batch.tokens = p->tokens;
+  p->batch.positions = p->positions;
+  p->batch.slots = p->slots;
+  p->batch.n_logit_rows = bucket;
+  p->batch.logit_rows = p->logit_rows;
+  p->batch.attn = (servd_attn_batch){.n_seqs = bucket, .q_start = p->q_start, .q_len = p->q_len,
+                                     .kv_len = p->kv_len, .block_tables = p->block_tables};
+  return 0;
+}

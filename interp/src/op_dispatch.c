@@ -1,0 +1,224 @@
+/* The host table's ops: the CPU kernel or the device op, by where the tensors are (op-dispatch.h). */
+#include "op-dispatch.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct arg {
+  const char *name;
+  const servd_tensor *t;
+} arg;
+#define A(x) {#x, x}
+#define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static int dev_of(const servd_tensor *t) { return t->device < 0 ? -1 : t->device; }
+
+static const char *dev_name(int d, char *buf, size_t cap) {
+  if (d < 0)
+    return "the cpu";
+  snprintf(buf, cap, "cuda:%d", d);
+  return buf;
+}
+
+/* The device every tensor of a is on (-1: the host), or SERVD_EINVAL naming the first that differs. */
+static int where(const char *op, const arg *a, int n, int *device) {
+  for (int i = 0; i < n; i++)
+    if (!a[i].t)
+      return servd_fail(SERVD_EINVAL, "%s: %s is NULL", op, a[i].name);
+  int d = dev_of(a[0].t);
+  for (int i = 1; i < n; i++) {
+    int di = dev_of(a[i].t);
+    if (di != d) {
+      char b0[24], b1[24];
+      return servd_fail(SERVD_EINVAL, "%s: %s is on %s but %s is on %s", op, a[0].name, dev_name(d, b0, sizeof b0),
+                        a[i].name, dev_name(di, b1, sizeof b1));
+    }
+  }
+  *device = d;
+  return 0;
+}
+
+/* For ops whose other operand (a host cache, a host communicator) lives on the host. */
+static int host_only(const char *op, const arg *a, int n, const char *what) {
+  int d;
+  int rc = where(op, a, n, &d);
+  if (rc < 0)
+    return rc;
+  if (d >= 0)
+    return servd_fail(SERVD_EINVAL, "%s: %s is on cuda:%d but %s", op, a[0].name, d, what);
+  return 0;
+}
+
+/* For ops on a device object of device `want` (-1: any device, taken from the tensors). */
+static int device_only(const char *op, const arg *a, int n, int want, const char *what) {
+  int d;
+  int rc = where(op, a, n, &d);
+  if (rc < 0)
+    return rc;
+  if (d < 0 || (want >= 0 && d != want)) {
+    char b0[24];
+    return servd_fail(SERVD_EINVAL, "%s: %s is on %s but %s", op, a[0].name, dev_name(d, b0, sizeof b0), what);
+  }
+  return 0;
+}
+
+int servd_op__matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
+  const arg a[] = {A(out), A(x), A(w)};
+  int d, rc = where("matmul", a, N(a), &d);
+  return rc < 0 ? rc : d < 0 ? servd_matmul(out, x, w) : servd_device_matmul(out, x, w);
+}
+
+int servd_op__embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset) {
+  const arg a[] = {A(out), A(table), A(ids)};
+  int d, rc = where("embedding", a, N(a), &d);
+  return rc < 0   ? rc
+         : d < 0 ? servd_embedding(out, table, ids, row_offset)
+                 : servd_device_embedding(out, table, ids, row_offset);
+}
+
+int servd_op__rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps) {
+  const arg a[] = {A(out), A(x), A(weight)};
+  int d, rc = where("rmsnorm", a, N(a), &d);
+  return rc < 0 ? rc : d < 0 ? servd_rmsnorm(out, x, weight, eps) : servd_device_rmsnorm(out, x, weight, eps);
+}
+
+int servd_op__rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p) {
+  const arg a[] = {A(x), A(positions)};
+  int d, rc = where("rope", a, N(a), &d);
+  if (rc == 0 && !p)
+    rc = servd_fail(SERVD_EINVAL, "rope: no parameters");
+  return rc < 0 ? rc : d < 0 ? servd_rope(x, positions, p) : servd_device_rope(x, positions, p);
+}
+
+int servd_op__swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
+  const arg a[] = {A(out), A(gate), A(up)};
+  int d, rc = where("swiglu", a, N(a), &d);
+  return rc < 0 ? rc : d < 0 ? servd_swiglu(out, gate, up) : servd_device_swiglu(out, gate, up);
+}
+
+int servd_op__add(servd_tensor *out, const servd_tensor *a_, const servd_tensor *b) {
+  const arg a[] = {{"out", out}, {"a", a_}, {"b", b}};
+  int d, rc = where("add", a, N(a), &d);
+  return rc < 0 ? rc : d < 0 ? servd_add(out, a_, b) : servd_device_add(out, a_, b);
+}
+
+int servd_op__argmax(servd_tensor *out, const servd_tensor *x) {
+  const arg a[] = {A(out), A(x)};
+  int d, rc = where("argmax", a, N(a), &d);
+  return rc < 0 ? rc : d < 0 ? servd_argmax(out, x) : servd_device_argmax(out, x);
+}
+
+int servd_op__topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k) {
+  const arg a[] = {A(values), A(indices), A(x)};
+  int d, rc = where("topk", a, N(a), &d);
+  return rc < 0 ? rc : d < 0 ? servd_topk(values, indices, x, k) : servd_device_topk(values, indices, x, k);
+}
+
+int servd_op__softmax(servd_tensor *x, float scale) {
+  const arg a[] = {A(x)};
+  int rc = host_only("softmax", a, N(a), "softmax runs on the host only (sample on the device with argmax/topk)");
+  return rc < 0 ? rc : servd_softmax(x, scale);
+}
+
+int servd_op__kv_write(servd_kv_cache *c, int layer, const servd_tensor *k, const servd_tensor *v,
+                       const servd_tensor *slots) {
+  const arg a[] = {A(k), A(v), A(slots)};
+  int rc = host_only("kv_write", a, N(a), "the KV cache is on the cpu");
+  return rc < 0 ? rc : servd_kv_write(c, layer, k, v, slots);
+}
+
+int servd_op__attention(servd_tensor *out, const servd_tensor *q, const servd_kv_cache *c, int layer,
+                        const servd_attn_batch *b, int n_heads, float scale) {
+  const arg a[] = {A(out), A(q)};
+  int rc = host_only("attention", a, N(a), "the KV cache is on the cpu");
+  return rc < 0 ? rc : servd_attention(out, q, c, layer, b, n_heads, scale);
+}
+
+int servd_op__allreduce_sum(servd_comm *c, int rank, servd_tensor *x) {
+  const arg a[] = {A(x)};
+  int rc = host_only("allreduce", a, N(a), "the communicator is for host tensors");
+  return rc < 0 ? rc : servd_allreduce_sum(c, rank, x);
+}
+
+int servd_op__allgather_cols(servd_comm *c, int rank, servd_tensor *out, const servd_tensor *x) {
+  const arg a[] = {A(out), A(x)};
+  int rc = host_only("allgather_cols", a, N(a), "the communicator is for host tensors");
+  return rc < 0 ? rc : servd_allgather_cols(c, rank, out, x);
+}
+
+int servd_op__device_kv_write(servd_device_kv *kv, int layer, const servd_tensor *k, const servd_tensor *v,
+                              const servd_tensor *slots) {
+  if (!kv)
+    return servd_fail(SERVD_EINVAL, "kv_write: no device KV cache");
+  int kd = servd_device_kv_device(kv);
+  char what[48];
+  snprintf(what, sizeof what, "the KV cache is on cuda:%d", kd);
+  const arg a[] = {A(k), A(v), A(slots)};
+  int rc = device_only("kv_write", a, N(a), kd, what);
+  return rc < 0 ? rc : servd_device_kv_write(kv, layer, k, v, slots);
+}
+
+int servd_op__device_attention(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
+                               const servd_device_batch *db, int n_heads, float scale) {
+  if (!kv || !db)
+    return servd_fail(SERVD_EINVAL, "attention: the step has no device %s", kv ? "batch" : "KV cache");
+  int kd = servd_device_kv_device(kv);
+  char what[48];
+  snprintf(what, sizeof what, "the KV cache is on cuda:%d", kd);
+  const arg a[] = {A(out), A(q)};
+  int rc = device_only("attention", a, N(a), kd, what);
+  return rc < 0 ? rc : servd_device_attention(out, q, kv, layer, db, n_heads, scale);
+}
+
+int servd_op__device_allreduce_sum(servd_device_comm *c, int rank, servd_tensor *x) {
+  const arg a[] = {A(x)};
+  int rc = device_only("allreduce", a, N(a), -1, "the communicator is for device tensors");
+  return rc < 0 ? rc : servd_device_allreduce_sum(c, rank, x);
+}
+
+int servd_op__device_allgather_cols(servd_device_comm *c, int rank, servd_tensor *out, const servd_tensor *x) {
+  const arg a[] = {A(out), A(x)};
+  int rc = device_only("allgather_cols", a, N(a), -1, "the communicator is for device tensors");
+  return rc < 0 ? rc : servd_device_allgather_cols(c, rank, out, x);
+}
+
+/* Host to host: row by row of the innermost dimension (the only one guaranteed contiguous). */
+static int host_copy(servd_tensor *dst, const servd_tensor *src) {
+  int nd = src->ndim;
+  size_t row = nd ? servd_dtype_row_bytes(src->dtype, src->shape[nd - 1]) : servd_dtype_block_bytes(src->dtype);
+  if (nd && src->shape[nd - 1] && !row)
+    return servd_fail(SERVD_EINVAL, "copy: %s", servd_last_error());
+  int64_t outer = 1;
+  for (int d = 0; d + 1 < nd; d++)
+    outer *= src->shape[d];
+  char *dp = servd_tensor_data(dst);
+  const char *sp = servd_tensor_data(src);
+  for (int64_t r = 0; r < outer && row; r++) {
+    int64_t rem = r, doff = 0, soff = 0;
+    for (int d = nd - 2; d >= 0; d--) {
+      int64_t i = rem % src->shape[d];
+      rem /= src->shape[d];
+      doff += i * dst->strides[d];
+      soff += i * src->strides[d];
+    }
+    memmove(dp + doff, sp + soff, row);
+  }
+  return 0;
+}
+
+int servd_op__copy(servd_tensor *dst, const servd_tensor *src) {
+  if (!dst || !src)
+    return servd_fail(SERVD_EINVAL, "copy: %s is NULL", dst ? "src" : "dst");
+  if (dst->dtype != src->dtype || dst->ndim != src->ndim ||
+      memcmp(dst->shape, src->shape, sizeof(int64_t) * (size_t)src->ndim) != 0) {
+    char a[96], b[96];
+    return servd_fail(SERVD_EINVAL, "copy: dst %s and src %s differ (same dtype and shape expected)",
+                      servd_tensor_describe(dst, a, sizeof a), servd_tensor_describe(src, b, sizeof b));
+  }
+  /* host storage that is not owned is a mapping of the package's weights: read-only */
+  if (dst->device < 0 && servd_storage_get_kind(dst->storage) != SERVD_STORAGE_OWNED)
+    return servd_fail(SERVD_EINVAL, "copy: dst is read-only (borrowed storage, e.g. package weights)");
+  if (dst->device < 0 && src->device < 0)
+    return host_copy(dst, src);
+  return servd_device_copy(dst, src);
+}

@@ -1,0 +1,81 @@
+/* Shared by the device_*.c files: this thread's CUDA context, device memory blocks and the argument
+ * checks. Private to servd_device. */
+#ifndef SERVD_DEVICE_INTERNAL_H
+#define SERVD_DEVICE_INTERNAL_H
+
+#include "servd/cuda.h"
+#include "servd/device.h"
+
+/* ---- argument checks (device_args.c; no CUDA, also used by device_none.c) ---------------------- */
+/* dtype bf16/f32/i32 and 1..4 non-negative dims whose bytes do not overflow. */
+int servd__dev_check_new(const char *op, servd_dtype dtype, int ndim, const int64_t *shape);
+/* host tensor (device -1, valid dtype) and a supported conversion to dtype. */
+int servd__dev_check_upload(const char *op, const servd_tensor *host, servd_dtype dtype);
+/* t is a device tensor (device >= 0) of dtype `dtype` (or any when dtype < 0) and contiguous;
+ * name is the argument's name in messages. */
+int servd__dev_check_tensor(const char *op, const char *name, const servd_tensor *t, int dtype);
+/* Every non-NULL tensor of ts[0..n) lies on the same device as ts[0]. */
+int servd__dev_check_same(const char *op, const servd_tensor *const *ts, int n);
+/* Prefixes the last error with op ("op: <message>") and returns rc; rc == 0 passes through. */
+int servd__dev_wrap(int rc, const char *op);
+/* "bf16[2,3] on cuda:0" for messages. */
+const char *servd__dev_describe(const servd_tensor *t, char *buf, size_t cap);
+/* Validation of each op's tensors before any CUDA call. */
+int servd__dev_check_matmul(const servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
+int servd__dev_check_embedding(const servd_tensor *out, const servd_tensor *table, const servd_tensor *ids,
+                               int64_t row_offset);
+int servd__dev_check_rmsnorm(const servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
+int servd__dev_check_rope(const servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p);
+int servd__dev_check_binary(const char *op, const servd_tensor *out, const servd_tensor *a, const servd_tensor *b);
+int servd__dev_check_argmax(const servd_tensor *out, const servd_tensor *x);
+int servd__dev_check_topk(const servd_tensor *values, const servd_tensor *indices, const servd_tensor *x, int k);
+int servd__dev_check_copy(const servd_tensor *dst, const servd_tensor *src);
+int servd__dev_check_kv(const char *op, int n_layers, int kv_dim, int block_size, int n_blocks);
+int servd__dev_check_batch(const char *op, int max_tokens, int max_seqs, int max_blocks_per_seq);
+int servd__dev_check_comm(const char *op, int world_size, const int *devices);
+
+#ifdef SERVD_DEVICE_CUDA
+#include <cuda_runtime_api.h>
+
+/* Turns a failed CUDA runtime call into SERVD_EDEVICE naming the op (inside an int function). */
+#define DEV_CHECK(op, call)                                                                              \
+  do {                                                                                                   \
+    cudaError_t e_ = (call);                                                                             \
+    if (e_ != cudaSuccess) return servd_fail(SERVD_EDEVICE, "%s: %s: %s", op, #call, cudaGetErrorString(e_)); \
+  } while (0)
+
+/* ---- device_context.c -------------------------------------------------------------------------- */
+/* Checks that `device` is a visible ordinal (SERVD_EDEVICE with the reason when CUDA has no device). */
+int servd__dev_valid(const char *op, int device);
+/* This thread's context on `device` (created on first use, destroyed at thread exit), made current. */
+int servd__dev_ctx(const char *op, int device, servd_cuda_ctx **out);
+static inline void *servd__dev_stream(servd_cuda_ctx *c) { return servd_cuda_ctx_stream(c); }
+
+/* ---- device_kv.c, device_batch.c: internals for attention ---------------------------------------- */
+int servd__dev_kv_geometry(const servd_device_kv *kv, int *kv_dim, int *block_size, int *n_blocks, int *n_layers);
+void *servd__dev_kv_layer(const servd_device_kv *kv, int layer, int which /* 0 K, 1 V */);
+/* The uploaded step's layout; fails when no step was uploaded or its block size differs. */
+int servd__dev_batch_layout(const servd_device_batch *db, const char *op, int block_size, int n_blocks,
+                            servd_cuda_attn_batch *out, int *n_tokens);
+
+/* ---- device_memory.c: a per-device caching allocator aware of graph capture --------------------- */
+/* Device storage of `bytes` (zeroed on this thread's stream when zero is set), released to the cache
+ * when the last reference goes; freeing memory that a captured graph could name bumps the device's
+ * generation. */
+int servd__dev_storage(const char *op, int device, size_t bytes, bool zero, servd_storage **out);
+/* A contiguous device tensor over new storage. */
+int servd__dev_tensor(const char *op, int device, servd_dtype dtype, int ndim, const int64_t *shape, bool zero,
+                      servd_tensor **out);
+/* Capture bookkeeping (device_graph.c): blocks allocated by this thread while it captures on device
+ * belong to the graph until it is destroyed. */
+typedef struct servd__dev_capture servd__dev_capture;
+int servd__dev_capture_start(int device, servd__dev_capture **out);
+void servd__dev_capture_stop(int device);       /* this thread's capture on device ends */
+void servd__dev_capture_release(servd__dev_capture *cap); /* graph destroyed: blocks go back */
+/* A thread's stream on device is gone (its work finished): its cached blocks become idle. */
+void servd__dev_forget_stream(int device, void *stream);
+/* Gives the idle cached blocks of device back to CUDA (bumps the generation); not during capture. */
+void servd__dev_release_cached(int device);
+#endif
+
+#endif

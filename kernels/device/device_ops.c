@@ -1,0 +1,87 @@
+/* Tensor-level device ops: check the tensors (same device, contiguous, dtypes, shapes), then run the
+ * launcher on this thread's stream of that device. Nothing here waits for the GPU, so a decode step
+ * made of these ops can be captured in a graph. */
+#include "device_internal.h"
+
+#define TRY(x)                \
+  do {                        \
+    int rc_ = (x);            \
+    if (rc_ != 0) return rc_; \
+  } while (0)
+
+#define DATA(t) servd_tensor_data(t)
+
+static int64_t cols(const servd_tensor *t) { return t->shape[t->ndim - 1]; }
+static int64_t rows(const servd_tensor *t) { return cols(t) ? servd_tensor_numel(t) / cols(t) : 0; }
+
+int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
+  const char *op = "device matmul";
+  TRY(servd__dev_check_matmul(out, x, w));
+  servd_cuda_ctx *c;
+  TRY(servd__dev_ctx(op, x->device, &c));
+  const int m = (int)x->shape[0], n = (int)w->shape[0], k = (int)x->shape[1];
+  int rc = out->dtype == SERVD_F32 ? servd_cuda_matmul_f32out(c, DATA(out), DATA(x), DATA(w), m, n, k)
+                                   : servd_cuda_matmul(c, DATA(out), DATA(x), DATA(w), m, n, k);
+  return servd__dev_wrap(rc, op);
+}
+
+int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset) {
+  const char *op = "device embedding";
+  TRY(servd__dev_check_embedding(out, table, ids, row_offset));
+  servd_cuda_ctx *c;
+  TRY(servd__dev_ctx(op, table->device, &c));
+  return servd__dev_wrap(servd_cuda_embedding_rows(c, DATA(out), DATA(table), DATA(ids), (int)ids->shape[0],
+                                                   (int)table->shape[1], table->shape[0], row_offset),
+                         op);
+}
+
+int servd_device_rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps) {
+  const char *op = "device rmsnorm";
+  TRY(servd__dev_check_rmsnorm(out, x, weight));
+  servd_cuda_ctx *c;
+  TRY(servd__dev_ctx(op, x->device, &c));
+  return servd__dev_wrap(servd_cuda_rmsnorm(c, DATA(out), DATA(x), DATA(weight), (int)rows(x), (int)cols(x), eps), op);
+}
+
+int servd_device_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p) {
+  const char *op = "device rope";
+  TRY(servd__dev_check_rope(x, positions, p));
+  servd_cuda_ctx *c;
+  TRY(servd__dev_ctx(op, x->device, &c));
+  const int64_t m = x->shape[0], n_heads = m ? servd_tensor_numel(x) / m / p->head_dim : 0;
+  if (m == 0) return SERVD_OK;
+  return servd__dev_wrap(servd_cuda_rope(c, DATA(x), DATA(positions), (int)m, (int)n_heads, p), op);
+}
+
+int servd_device_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
+  const char *op = "device swiglu";
+  TRY(servd__dev_check_binary(op, out, gate, up));
+  servd_cuda_ctx *c;
+  TRY(servd__dev_ctx(op, out->device, &c));
+  return servd__dev_wrap(servd_cuda_swiglu(c, DATA(out), DATA(gate), DATA(up), servd_tensor_numel(out)), op);
+}
+
+int servd_device_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b) {
+  const char *op = "device add";
+  TRY(servd__dev_check_binary(op, out, a, b));
+  servd_cuda_ctx *c;
+  TRY(servd__dev_ctx(op, out->device, &c));
+  return servd__dev_wrap(servd_cuda_add(c, DATA(out), DATA(a), DATA(b), servd_tensor_numel(out)), op);
+}
+
+int servd_device_argmax(servd_tensor *out, const servd_tensor *x) {
+  const char *op = "device argmax";
+  TRY(servd__dev_check_argmax(out, x));
+  servd_cuda_ctx *c;
+  TRY(servd__dev_ctx(op, x->device, &c));
+  return servd__dev_wrap(servd_cuda_argmax(c, DATA(out), DATA(x), (int)x->shape[0], (int)x->shape[1]), op);
+}
+
+int servd_device_topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k) {
+  const char *op = "device topk";
+  TRY(servd__dev_check_topk(values, indices, x, k));
+  servd_cuda_ctx *c;
+  TRY(servd__dev_ctx(op, x->device, &c));
+  return servd__dev_wrap(
+      servd_cuda_topk(c, DATA(values), DATA(indices), DATA(x), (int)x->shape[0], (int)x->shape[1], k), op);
+}

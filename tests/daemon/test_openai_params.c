@@ -1,0 +1,318 @@
+/* Request-body validation as a pure function (api/request_params.h): OpenAI-compatible parameters,
+ * KServe v2 inference inputs, and error messages kept valid UTF-8. Expected values are written out
+ * by hand from the OpenAI / Open Inference Protocol field definitions; UTF-8 validity is judged by
+ * jansson, the library that later encodes the messages. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "api/request_params.h"
+#include "servd/tensor.h"
+
+static api_param_limits limits(void) {
+  api_param_limits l;
+  memset(&l, 0, sizeof l);
+  servd_gen_params_default(&l.defaults);
+  l.max_n = 16;
+  l.default_deadline_ms = 1234;
+  return l;
+}
+
+static int parse(const char *json, oai_mode mode, servd_arena *a, oai_params *p, api_param_error *e) {
+  api_param_limits l = limits();
+  return oai_params_parse_text(json, strlen(json), mode, &l, a, p, e);
+}
+
+static bool utf8_ok(const char *s) {
+  json_t *j = json_string(s);
+  json_decref(j);
+  return j != NULL;
+}
+
+static void test_completions_all_fields(void **st) {
+  (void)st;
+  servd_arena *a = servd_arena_create(4096);
+  oai_params p;
+  api_param_error e;
+  const char *body =
+      "{\"model\":\"lm\",\"prompt\":[\"a\",\"b\"],\"max_tokens\":16,\"temperature\":0.5,\"top_p\":0.25,"
+      "\"top_k\":40,\"min_p\":0.125,\"repetition_penalty\":1.5,\"presence_penalty\":-2,\"frequency_penalty\":2,"
+      "\"seed\":42,\"n\":2,\"best_of\":2,\"stop\":[\"\\n\",\"END\"],\"stop_token_ids\":[2,3],\"ignore_eos\":true,"
+      "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"logprobs\":3,\"echo\":false,\"timeout\":2.5,"
+      "\"user\":\"u1\",\"response_format\":{\"type\":\"text\"}}";
+  assert_int_equal(parse(body, OAI_COMPLETIONS, a, &p, &e), 0);
+  assert_int_equal(p.n_prompts, 2);
+  assert_string_equal(p.prompts[0].text, "a");
+  assert_string_equal(p.prompts[1].text, "b");
+  assert_null(p.prompts[0].ids);
+  assert_int_equal(p.n, 2);
+  assert_int_equal(p.gp.max_tokens, 16);
+  /* Binary fractions: exact in float. */
+  assert_true(p.gp.temperature == 0.5f && p.gp.top_p == 0.25f && p.gp.min_p == 0.125f);
+  assert_true(p.gp.repetition_penalty == 1.5f && p.gp.presence_penalty == -2.0f && p.gp.frequency_penalty == 2.0f);
+  assert_int_equal(p.gp.top_k, 40);
+  assert_true(p.gp.has_seed);
+  assert_int_equal(p.gp.seed, 42);
+  assert_int_equal(p.gp.n_stop, 2);
+  assert_string_equal(p.gp.stop[0], "\n");
+  assert_string_equal(p.gp.stop[1], "END");
+  assert_int_equal(p.gp.n_stop_token_ids, 2);
+  assert_int_equal(p.gp.stop_token_ids[0], 2);
+  assert_int_equal(p.gp.stop_token_ids[1], 3);
+  assert_true(p.gp.ignore_eos && p.stream && p.include_usage);
+  assert_int_equal(p.logprobs, 3);
+  assert_int_equal(p.gp.logprobs, 3);
+  assert_int_equal(p.gp.deadline_ms, 2500);
+  assert_true(p.add_special); /* completions: the tokenizer adds BOS */
+  assert_null(p.messages);
+  oai_params_free(&p);
+  servd_arena_destroy(a);
+}
+
+static void test_defaults_and_token_ids(void **st) {
+  (void)st;
+  servd_arena *a = servd_arena_create(4096);
+  oai_params p;
+  api_param_error e;
+  assert_int_equal(parse("{\"prompt\":\"x\"}", OAI_COMPLETIONS, a, &p, &e), 0);
+  servd_gen_params d;
+  servd_gen_params_default(&d);
+  assert_int_equal(p.n, 1);
+  assert_int_equal(p.logprobs, -1);
+  assert_int_equal(p.gp.max_tokens, d.max_tokens);
+  assert_true(p.gp.temperature == d.temperature && p.gp.top_p == d.top_p);
+  assert_false(p.gp.has_seed);
+  assert_int_equal(p.gp.deadline_ms, 1234); /* no timeout: the server's default */
+  assert_false(p.stream);
+  oai_params_free(&p);
+  /* Token ids, one list per prompt; 4.0 is taken as the integer 4. */
+  assert_int_equal(parse("{\"prompt\":[[1,2,3],[4,2147483647]],\"max_tokens\":4.0}", OAI_COMPLETIONS, a, &p, &e), 0);
+  assert_int_equal(p.n_prompts, 2);
+  assert_int_equal(p.prompts[0].n_ids, 3);
+  assert_int_equal(p.prompts[0].ids[2], 3);
+  assert_int_equal(p.prompts[1].n_ids, 2);
+  assert_int_equal(p.prompts[1].ids[1], 2147483647);
+  assert_null(p.prompts[0].text);
+  assert_int_equal(p.gp.max_tokens, 4);
+  oai_params_free(&p);
+  /* /detokenize accepts an empty list. */
+  assert_int_equal(parse("{\"tokens\":[]}", OAI_DETOKENIZE, a, &p, &e), 0);
+  assert_int_equal(p.n_prompts, 1);
+  assert_int_equal(p.prompts[0].n_ids, 0);
+  oai_params_free(&p);
+  servd_arena_destroy(a);
+}
+
+static void test_chat_messages(void **st) {
+  (void)st;
+  servd_arena *a = servd_arena_create(4096);
+  oai_params p;
+  api_param_error e;
+  const char *body = "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+                     "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hey \"},{\"type\":\"text\","
+                     "\"text\":\"there\"}],\"name\":\"bob\"},{\"role\":\"assistant\",\"content\":null}],"
+                     "\"max_completion_tokens\":7,\"logprobs\":true,\"top_logprobs\":5}";
+  assert_int_equal(parse(body, OAI_CHAT, a, &p, &e), 0);
+  assert_int_equal(json_array_size(p.messages), 3);
+  json_t *m1 = json_array_get(p.messages, 1);
+  assert_string_equal(json_string_value(json_object_get(m1, "role")), "user");
+  assert_string_equal(json_string_value(json_object_get(m1, "content")), "Hey there");
+  assert_string_equal(json_string_value(json_object_get(m1, "name")), "bob");
+  assert_string_equal(json_string_value(json_object_get(json_array_get(p.messages, 2), "content")), "");
+  assert_int_equal(p.gp.max_tokens, 7);
+  assert_int_equal(p.logprobs, 5);
+  assert_false(p.add_special); /* the chat template writes the special tokens */
+  assert_true(p.add_generation_prompt);
+  assert_int_equal(p.n_prompts, 1);
+  oai_params_free(&p);
+  servd_arena_destroy(a);
+}
+
+static void test_errors(void **st) {
+  (void)st;
+  static const struct {
+    oai_mode mode;
+    const char *body, *param, *message;
+  } cases[] = {
+      {OAI_COMPLETIONS, "{", "", "malformed JSON in the request body: "},
+      {OAI_COMPLETIONS, "[1]", "", "the request body must be a JSON object"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"prompt\":\"y\"}", "", "malformed JSON in the request body: "},
+      {OAI_COMPLETIONS, "{}", "prompt", "'prompt' is required: a string, a list of strings, or token ids"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", "temperature",
+       "'temperature' must be a number, got a string"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"top_p\":0}", "top_p", "'top_p' must be in (0, 1], got 0"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"n\":17}", "n", "'n' must be in [1, 16], got 17"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens", "'max_tokens' must be in [1, 16777216], got 0"},
+      {OAI_COMPLETIONS, "{\"prompt\":[1,-2]}", "prompt", "'prompt'[1] must be a non-negative token id"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[\"\"]}", "stop",
+       "'stop' entries must be non-empty strings of at most 1024 bytes"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":true}", "logprobs",
+       "'logprobs' must be an integer in [0, 20] for completions"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stream_options\":{}}", "stream_options",
+       "'stream_options' is only allowed when 'stream' is true"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"suffix\":\"y\"}", "suffix", "'suffix' is not supported: insertion is not supported"},
+      {OAI_COMPLETIONS, "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\","
+                        "\"n\",\"o\",\"p\",\"q\"],\"n\":16}", "n", "n times the number of prompts must be at most 256"},
+      {OAI_CHAT, "{\"messages\":[]}", "messages", "'messages' must be a non-empty list of {role, content}, got an empty list"},
+      {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"wizard\"}]}", "messages[1]",
+       "'messages[1].role' must be one of system, user, assistant, tool, developer"},
+      {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", "top_logprobs",
+       "'top_logprobs' requires 'logprobs': true"},
+      {OAI_TOKENIZE, "{\"prompt\":[\"a\",\"b\"]}", "prompt", "/tokenize takes one prompt"},
+      {OAI_DETOKENIZE, "{\"tokens\":\"1 2\"}", "tokens", "'tokens' must be a list of token ids"},
+  };
+  servd_arena *a = servd_arena_create(4096);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    oai_params p;
+    api_param_error e;
+    assert_int_equal(parse(cases[i].body, cases[i].mode, a, &p, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, cases[i].param);
+    if (strncmp(e.message, cases[i].message, strlen(cases[i].message)) != 0 ||
+        (cases[i].message[strlen(cases[i].message) - 1] != ' ' && strcmp(e.message, cases[i].message) != 0))
+      fail_msg("case %zu: got '%s', want '%s'", i, e.message, cases[i].message);
+    assert_null(p.prompts);
+    assert_null(p.messages);
+  }
+  servd_arena_destroy(a);
+}
+
+static int infer(const char *json, kserve_infer_params *p, api_param_error *e) {
+  api_param_limits l = limits();
+  return kserve_infer_parse_text(json, strlen(json), &l, p, e);
+}
+
+static void test_kserve_inputs(void **st) {
+  (void)st;
+  kserve_infer_params p;
+  api_param_error e;
+  const char *body =
+      "{\"id\":\"r1\",\"inputs\":[{\"name\":\"x\",\"shape\":[2,2],\"datatype\":\"FP32\",\"data\":[[1,2],[3,4.5]]},"
+      "{\"name\":\"i\",\"shape\":[3],\"datatype\":\"INT32\",\"data\":[1,-2,2147483647]},"
+      "{\"name\":\"h\",\"shape\":[1,2],\"datatype\":\"FP16\",\"data\":[0.5,-2]},"
+      "{\"name\":\"b\",\"shape\":[],\"datatype\":\"BF16\",\"data\":[3]}],"
+      "\"outputs\":[{\"name\":\"y\"}],\"parameters\":{\"timeout\":5}}";
+  assert_int_equal(infer(body, &p, &e), 0);
+  assert_int_equal(p.n_in, 4);
+  assert_string_equal(p.in[0].name, "x");
+  const servd_tensor *x = p.in[0].tensor;
+  assert_int_equal(x->dtype, SERVD_F32);
+  assert_int_equal(x->ndim, 2);
+  const float *xf = servd_tensor_data(x);
+  assert_true(xf[0] == 1.0f && xf[1] == 2.0f && xf[2] == 3.0f && xf[3] == 4.5f);
+  const int32_t *xi = servd_tensor_data(p.in[1].tensor);
+  assert_true(xi[0] == 1 && xi[1] == -2 && xi[2] == 2147483647);
+  /* IEEE half 0.5 = 0x3800, -2 = 0xC000; bfloat16 3 = 0x4040 (the top half of float 0x40400000). */
+  const uint16_t *xh = servd_tensor_data(p.in[2].tensor);
+  assert_int_equal(xh[0], 0x3800);
+  assert_int_equal(xh[1], 0xC000);
+  assert_int_equal(p.in[3].tensor->ndim, 0);
+  assert_int_equal(*(const uint16_t *)servd_tensor_data(p.in[3].tensor), 0x4040);
+  assert_string_equal(json_string_value(p.id), "r1");
+  assert_int_equal(json_array_size(p.wanted), 1);
+  assert_int_equal(p.deadline_ms, 5000);
+  kserve_infer_params_free(&p);
+
+  assert_int_equal(infer("{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[1]}]}", &p, &e), 0);
+  assert_int_equal(p.deadline_ms, 1234);
+  assert_null(p.id);
+  assert_null(p.wanted);
+  kserve_infer_params_free(&p);
+}
+
+static void test_kserve_errors(void **st) {
+  (void)st;
+  static const struct {
+    const char *body, *message;
+  } cases[] = {
+      {"[]", "the request body must be a JSON object"},
+      {"{\"inputs\":[]}", "'inputs' must be a list of 1 to 64 tensors"},
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[2,3],\"datatype\":\"FP32\",\"data\":[1,2]}]}",
+       "input 'x': shape holds 6 elements but data has 2"},
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[1.5]}]}",
+       "input 'x': INT32 data must be integers in [-2147483648, 2147483647]"},
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[1]},"
+       "{\"name\":\"x\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[2]}]}",
+       "input 'x' is given twice"},
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"Q4\",\"data\":[1]}]}",
+       "input 'x': datatype 'Q4' is not supported (supported: FP32, FP16, BF16, INT32)"},
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}],\"parameters\":{\"timeout\":0}}",
+       "'parameters' must be an object; parameters.timeout a number of seconds in (0, 86400]"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    kserve_infer_params p;
+    api_param_error e;
+    assert_int_equal(infer(cases[i].body, &p, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.message, cases[i].message);
+    assert_null(p.in);
+  }
+  /* A shape whose byte size overflows (a zero dimension keeps the element count at 0). */
+  kserve_infer_params p;
+  api_param_error e;
+  assert_int_equal(infer("{\"inputs\":[{\"name\":\"x\",\"shape\":[0,2147483648,2147483648,2147483648],"
+                         "\"datatype\":\"FP32\",\"data\":[]}]}", &p, &e), -1);
+  assert_int_equal(e.status, 400);
+  assert_non_null(strstr(e.message, "overflows"));
+}
+
+/* A datatype of 600 two-byte characters makes the message longer than its buffer: the cut must not
+ * leave half a character, or the JSON error response could not be encoded. */
+static void test_long_messages_stay_utf8(void **st) {
+  (void)st;
+  /* Names of one and two bytes: the cut falls between characters for one and inside one for the
+   * other. */
+  static const char *names[] = {"x", "xy"};
+  for (int k = 0; k < 2; k++) {
+    char body[2048];
+    int n = snprintf(body, sizeof body, "{\"inputs\":[{\"name\":\"%s\",\"shape\":[1],\"datatype\":\"", names[k]);
+    for (int i = 0; i < 600; i++) n += snprintf(body + n, sizeof body - (size_t)n, "\xc3\xa9");
+    snprintf(body + n, sizeof body - (size_t)n, "\",\"data\":[1]}]}");
+    kserve_infer_params p;
+    api_param_error e;
+    assert_int_equal(infer(body, &p, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_true(strlen(e.message) >= 700);
+    assert_true(utf8_ok(e.message));
+  }
+}
+
+static void test_utf8_fix(void **st) {
+  (void)st;
+  static const struct {
+    const char *in, *out;
+  } cases[] = {
+      {"plain", "plain"},
+      {"caf\xc3\xa9", "caf\xc3\xa9"},
+      {"ab\xc3", "ab"},                         /* cut after the lead byte */
+      {"x\xf0\x9f\x98", "x"},                   /* cut inside a 4-byte character */
+      {"\xf0\x9f\x98\x80!", "\xf0\x9f\x98\x80!"}, /* U+1F600 */
+      {"a\xffz", "a?z"},
+      {"\xc0\xafz", "??z"},                     /* overlong '/' */
+      {"\xed\xa0\x80z", "???z"},                /* UTF-16 surrogate U+D800 */
+      {"\xf4\x90\x80\x80", "????"},             /* above U+10FFFF */
+      {"\x80x", "?x"},                          /* stray continuation byte */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%s", cases[i].in);
+    api_utf8_fix(buf);
+    assert_string_equal(buf, cases[i].out);
+    assert_true(utf8_ok(buf));
+  }
+}
+
+int main(void) {
+  json_object_seed(1);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_completions_all_fields), cmocka_unit_test(test_defaults_and_token_ids),
+      cmocka_unit_test(test_chat_messages),          cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_kserve_inputs),          cmocka_unit_test(test_kserve_errors),
+      cmocka_unit_test(test_long_messages_stay_utf8), cmocka_unit_test(test_utf8_fix),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
