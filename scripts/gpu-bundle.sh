@@ -38,7 +38,7 @@ while (($#)); do
     --modelpkg) modelpkg=$2; shift 2 ;;
     --bench) bench=$2; shift 2 ;;
     --pymod) pymod=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -181,7 +181,7 @@ cuda_dirs() {
   local cands=() d py nvcc root
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   root=$(cd "$(dirname "$nvcc")/.." 2>/dev/null && pwd || echo /usr/local/cuda)
-  cands+=("$root/lib64" "$root/lib" "$root/targets/x86_64-linux/lib")
+  cands+=("$root/lib64" "$root/lib" "$root/targets/x86_64-linux/lib" /usr/local/nvidia/lib64 /usr/local/nvidia/lib)
   for py in python3 /opt/torch/.venv/bin/python3; do
     command -v "$py" >/dev/null 2>&1 || continue
     while IFS= read -r d; do cands+=("$d"); done < <("$py" -c '
@@ -201,7 +201,7 @@ except Exception:
     case "$seen" in *":$d:"*) continue ;; esac
     seen="$seen$d:"
     if compgen -G "$d/libcudart.so*" >/dev/null || compgen -G "$d/libcublas.so*" >/dev/null ||
-       compgen -G "$d/libnccl.so*" >/dev/null; then
+       compgen -G "$d/libnccl.so*" >/dev/null || compgen -G "$d/libcuda.so*" >/dev/null; then
       out="$out${out:+:}$d"
     fi
   done

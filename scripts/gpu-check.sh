@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Builds the CUDA backend, the CPU kernels and the GPU check from source with nvcc and gcc alone (the
-# GPU machine may lack CMake's dependencies and Debian's packages), then runs the check.
+# Builds the CUDA backend, the device layer, the CPU kernels and the GPU checks from source with nvcc
+# and gcc alone (the GPU machine may lack CMake's dependencies and Debian's packages), then runs
+# gpu_check (the CUDA launchers, a Llama-shaped model, speed) and device_check (servd/device.h).
 #   scripts/gpu-check.sh [--quick] [--out FILE.md]
+# --quick and --out go to gpu_check; device_check's lines are appended to the same report.
+# Exit status: 0 all passed, 1 a check failed (or the build did), 77 skipped: no GPU visible.
 # Finds cuBLAS and NCCL in the CUDA toolkit or in the nvidia-* Python wheels of the machine.
 set -euo pipefail
+out=
+prev=
+for a in "$@"; do
+  [ "$prev" = --out ] && out=$a
+  prev=$a
+done
 cd "$(dirname "$0")/.."
 build=${SERVD_GPU_BUILD:-build-gpu}
 mkdir -p "$build"
@@ -44,6 +53,7 @@ have() { # header, library stem
   echo "gpu-check: $1 not found in: ${dirs[*]}" >&2
   return 1
 }
+have cuda_runtime_api.h cudart
 have cublas_v2.h cublas
 have nccl.h nccl
 
@@ -61,9 +71,21 @@ for f in kernels/src/*.c; do
   gcc "${cflags[@]}" "${isa[@]}" -c "$f" -o "$o" &
   objs+=("$o")
 done
+gpu_objs=()
+dev_objs=()
 for f in tests/gpu/*.c; do
   o="$build/$(basename "$f" .c).o"
   gcc "${cflags[@]}" -c "$f" -o "$o" &
+  case "$(basename "$f")" in
+    device_check*) dev_objs+=("$o") ;;
+    *) gpu_objs+=("$o") ;;
+  esac
+done
+# the device layer over CUDA (device_none.c is the build without CUDA)
+for f in kernels/device/device_*.c; do
+  [ "$(basename "$f")" = device_none.c ] && continue
+  o="$build/$(basename "$f" .c).o"
+  gcc "${cflags[@]}" -DSERVD_DEVICE_CUDA -Ikernels/device "${incs[@]}" -c "$f" -o "$o" &
   objs+=("$o")
 done
 for f in kernels/cuda/*.cu; do
@@ -72,6 +94,30 @@ for f in kernels/cuda/*.cu; do
     -Ikernels/include "${incs[@]}" -c "$f" -o "$o" &
   objs+=("$o")
 done
-wait
-"$NVCC" -o "$build/gpu_check" "${objs[@]}" "${libs[@]}" -lcublas -lnccl -lpthread -lm
-"$build/gpu_check" "$@"
+# wait for every compile and fail on any
+status=0
+for job in $(jobs -p); do wait "$job" || status=1; done
+[ $status = 0 ] || { echo "gpu-check: compile failed" >&2; exit 1; }
+"$NVCC" -o "$build/gpu_check" "${gpu_objs[@]}" "${objs[@]}" "${libs[@]}" -lcublas -lnccl -lpthread -lm
+"$NVCC" -o "$build/device_check" "${dev_objs[@]}" "${objs[@]}" "${libs[@]}" -lcublas -lnccl -lpthread -lm
+
+# device_check first: it is short, and its lines are out even if gpu_check is stopped. Exit 77 from
+# a check is "skipped" (no GPU), not a failure.
+rc_dev=0
+"$build/device_check" 2>&1 | tee "$build/device_check.txt" || rc_dev=$?
+rc_gpu=0
+"$build/gpu_check" "$@" || rc_gpu=$?
+if [ -n "$out" ]; then # gpu_check wrote the report (when it ran); the device lines follow
+  { printf '\n## Device layer (servd/device.h): device_check, exit %s\n\n```\n' "$rc_dev"
+    cat "$build/device_check.txt"
+    printf '```\n'; } >>"$out"
+fi
+verdict() { case $1 in 0) echo passed ;; 77) echo "skipped (no GPU visible)" ;; *) echo "FAILED (exit $1)" ;; esac; }
+echo "gpu-check: gpu_check $(verdict $rc_gpu), device_check $(verdict $rc_dev)"
+for rc in $rc_gpu $rc_dev; do
+  case $rc in 0 | 77) ;; *) exit 1 ;; esac
+done
+if [ $rc_gpu = 77 ] && [ $rc_dev = 77 ]; then exit 77; fi
+if [ $rc_gpu = 0 ] && [ $rc_dev = 0 ]; then exit 0; fi
+echo "gpu-check: one check skipped while the other ran: not a complete check" >&2
+exit 1

@@ -215,13 +215,22 @@ int servd_device_step_capture(servd_device_step *s, servd_interp *it, const serv
   return 0;
 }
 
-int servd_device_step_replay(servd_device_step *s, const servd_forward_batch *b, int bucket, int n_rows,
-                             servd_tensor **logits) {
+int servd_device_step_replay(servd_device_step *s, servd_interp *it, const servd_forward_batch *b, int bucket,
+                             int n_rows, servd_tensor **logits, servd_py_error *err) {
   if (logits) *logits = NULL;
   if (!servd_device_step_has_graph(s, bucket) || s->slots[bucket].rows != b->n_tokens)
     return servd_fail(SERVD_EINVAL, "device step: no graph in slot %d for a step of %d tokens", bucket, b->n_tokens);
+  /* Memory moved since the runner looked (another thread on this device released some): the graph
+   * is stale, so this rank runs the same step through the model's code. Its collectives are the
+   * graph's, in the same order, so ranks that replay and this one still meet. The runner drops the
+   * graphs before the next step. */
+  if (servd_device_generation(s->c.device) != s->generation) return servd_device_step_eager(s, it, b, n_rows, logits, err);
   int rc = upload(s, b);
-  if (rc || (rc = servd_device_graph_launch(s->slots[bucket].graph))) return rc;
+  if (rc) return rc;
+  if ((rc = servd_device_graph_launch(s->slots[bucket].graph))) {
+    if (rc != SERVD_ECANCELED) return rc;
+    return servd_device_step_eager(s, it, b, n_rows, logits, err); /* the same race, seen by the launch */
+  }
   if (!logits) return 0;
   return download(s, s->slots[bucket].logits, n_rows, logits);
 }

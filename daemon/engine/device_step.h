@@ -44,9 +44,11 @@ int servd_device_step_eager(servd_device_step *s, servd_interp *it, const servd_
  * device memory moved during the capture) no graph is kept and the error is returned. */
 int servd_device_step_capture(servd_device_step *s, servd_interp *it, const servd_forward_batch *b, int bucket,
                               servd_py_error *err);
-/* Uploads b (the shape the graph was captured with) and launches the graph of slot `bucket`. */
-int servd_device_step_replay(servd_device_step *s, const servd_forward_batch *b, int bucket, int n_rows,
-                             servd_tensor **logits);
+/* Uploads b (the shape the graph was captured with) and launches the graph of slot `bucket`. When
+ * device memory moved since the capture (another thread released some after the runner checked),
+ * runs the step as servd_device_step_eager instead: its collectives match the graph's. */
+int servd_device_step_replay(servd_device_step *s, servd_interp *it, const servd_forward_batch *b, int bucket,
+                             int n_rows, servd_tensor **logits, servd_py_error *err);
 /* Waits for this rank's queued work (ranks other than 0, whose step has no download to wait on). */
 int servd_device_step_sync(servd_device_step *s);
 

@@ -97,3 +97,65 @@ int servd_pad_decode(servd_padded_step *p, const servd_forward_batch *b, int buc
                                      .kv_len = p->kv_len, .block_tables = p->block_tables};
   return 0;
 }
+
+int servd_graph_state_init(servd_graph_state *g, int max_batch) {
+  memset(g, 0, sizeof *g);
+  if (max_batch < 1) return servd_fail(SERVD_EINVAL, "graph state: max batch %d: expected >= 1", max_batch);
+  g->max_batch = max_batch;
+  g->n_buckets = servd_graph_n_buckets(max_batch);
+  size_t n = (size_t)g->n_buckets;
+  g->buckets = calloc(n, sizeof *g->buckets);
+  g->seen = calloc(n, sizeof *g->seen);
+  g->captured = calloc(n, sizeof *g->captured);
+  g->disabled = calloc(n, sizeof *g->disabled);
+  g->unstable = calloc(n, sizeof *g->unstable);
+  if (!g->buckets || !g->seen || !g->captured || !g->disabled || !g->unstable) {
+    servd_graph_state_free(g);
+    return servd_fail(SERVD_ENOMEM, "graph state: %zu buckets", n);
+  }
+  servd_graph_buckets(max_batch, g->buckets, g->n_buckets);
+  return 0;
+}
+
+void servd_graph_state_free(servd_graph_state *g) {
+  free(g->buckets);
+  free(g->seen);
+  free(g->captured);
+  free(g->disabled);
+  free(g->unstable);
+  memset(g, 0, sizeof *g);
+}
+
+servd_graph_action servd_graph_decide(const servd_graph_state *g, const servd_forward_batch *b, int *bucket) {
+  *bucket = -1;
+  if (!g->n_buckets || !servd_step_is_decode(b)) return SERVD_GRAPH_EAGER;
+  int bi = servd_graph_bucket_index(g->buckets, g->n_buckets, b->attn.n_seqs);
+  if (bi < 0 || g->disabled[bi]) return SERVD_GRAPH_EAGER;
+  *bucket = bi;
+  return g->captured[bi] ? SERVD_GRAPH_REPLAY : g->seen[bi] ? SERVD_GRAPH_CAPTURE : SERVD_GRAPH_WARMUP;
+}
+
+void servd_graph_ran(servd_graph_state *g, servd_graph_action a, int bucket) {
+  if (a == SERVD_GRAPH_WARMUP && bucket >= 0 && bucket < g->n_buckets) g->seen[bucket] = true;
+}
+
+bool servd_graph_capture_done(servd_graph_state *g, int bucket, bool ok, bool unstable) {
+  if (bucket < 0 || bucket >= g->n_buckets) return false;
+  if (ok) {
+    g->captured[bucket] = true;
+    return false;
+  }
+  g->captured[bucket] = false;
+  if (unstable && ++g->unstable[bucket] < SERVD_GRAPH_MAX_UNSTABLE) {
+    g->seen[bucket] = false; /* warm up again, then retry */
+    return false;
+  }
+  g->disabled[bucket] = true;
+  return true;
+}
+
+void servd_graph_reset(servd_graph_state *g) {
+  if (!g->n_buckets) return;
+  memset(g->seen, 0, sizeof *g->seen * (size_t)g->n_buckets);
+  memset(g->captured, 0, sizeof *g->captured * (size_t)g->n_buckets);
+}

@@ -42,4 +42,38 @@ void servd_padded_step_free(servd_padded_step *p); /* accepts a zeroed struct */
  * is not a decode step or does not fit bucket <= cap. */
 int servd_pad_decode(servd_padded_step *p, const servd_forward_batch *b, int bucket);
 
+/* What the runner does with each step on GPUs; the same decision for every rank. Per bucket: the
+ * first sighting runs eagerly (padded: it warms up the memory the step needs), the second captures,
+ * later ones replay. A failed capture disables the bucket for good, except when device memory moved
+ * during the capture (warm up again and retry, up to SERVD_GRAPH_MAX_UNSTABLE times). */
+typedef enum servd_graph_action {
+  SERVD_GRAPH_EAGER = 0,  /* run the step as given (not a graph step, or graphs off for its bucket) */
+  SERVD_GRAPH_WARMUP,     /* run the padded step eagerly */
+  SERVD_GRAPH_CAPTURE,    /* capture the padded step on every rank, then replay it */
+  SERVD_GRAPH_REPLAY,     /* replay the bucket's graph over the padded step */
+} servd_graph_action;
+
+#define SERVD_GRAPH_MAX_UNSTABLE 3
+
+typedef struct servd_graph_state {
+  int max_batch;
+  int *buckets, n_buckets;
+  bool *seen;     /* ran once padded since the last reset */
+  bool *captured; /* every rank holds the bucket's graph */
+  bool *disabled; /* a capture failed: eager for good */
+  int *unstable;  /* captures during which device memory moved */
+} servd_graph_state;
+
+int servd_graph_state_init(servd_graph_state *g, int max_batch);
+void servd_graph_state_free(servd_graph_state *g); /* accepts a zeroed struct */
+/* The action for step b; *bucket: the index of its bucket (-1 for SERVD_GRAPH_EAGER). */
+servd_graph_action servd_graph_decide(const servd_graph_state *g, const servd_forward_batch *b, int *bucket);
+/* After the step ran (rc 0) with the action decided. */
+void servd_graph_ran(servd_graph_state *g, servd_graph_action a, int bucket);
+/* A capture ended: ok, or failed (unstable: device memory moved during it). Returns true when the
+ * bucket is now disabled. */
+bool servd_graph_capture_done(servd_graph_state *g, int bucket, bool ok, bool unstable);
+/* Every graph was dropped (memory moved, or a replay failed): every bucket warms up again. */
+void servd_graph_reset(servd_graph_state *g);
+
 #endif

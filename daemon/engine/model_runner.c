@@ -18,8 +18,6 @@ typedef enum round_mode {
   MODE_REPLAY,  /* upload, launch the captured graph, download */
 } round_mode;
 
-#define MAX_UNSTABLE_CAPTURES 3
-
 typedef struct rank_worker {
   servd_runner *r;
   int rank;
@@ -51,11 +49,7 @@ struct servd_runner {
   /* GPUs (NULL ds[0]: CPU). Graph state is the runner's, touched on the caller's thread only. */
   servd_device_step *ds[SERVD_INTERP_MAX];
   bool graphs;
-  int *buckets, n_buckets;
-  bool *seen;      /* per bucket: ran once eagerly since the last drop (warmed up) */
-  bool *captured;  /* per bucket: every rank holds its graph */
-  bool *disabled;  /* per bucket: a capture failed; runs eagerly for good */
-  int *unstable;   /* per bucket: captures during which device memory moved */
+  servd_graph_state gs;
   servd_padded_step pad;
 
   _Atomic uint64_t st_steps, st_eager, st_captures, st_replays, st_capture_failures, st_drops;
@@ -87,7 +81,7 @@ static int run_rank(servd_runner *r, int rank, const servd_forward_batch *b, rou
   case MODE_CPU: return servd_interp_forward(it, &mine, logits, err);
   case MODE_EAGER: rc = servd_device_step_eager(ds, it, &mine, n_rows, out, err); break;
   case MODE_CAPTURE: return servd_device_step_capture(ds, it, &mine, bucket, err);
-  case MODE_REPLAY: rc = servd_device_step_replay(ds, &mine, bucket, n_rows, out); break;
+  case MODE_REPLAY: rc = servd_device_step_replay(ds, it, &mine, bucket, n_rows, out, err); break;
   default: return servd_fail(SERVD_EINVAL, "model runner: round mode %d", (int)mode);
   }
   /* Rank 0 waited for its logits; the others wait here, so a fault shows in the step that caused it. */
@@ -190,24 +184,12 @@ int servd_runner_create_gpu(servd_pool *pool, servd_kv_cache *const *kv, int wor
   /* Graph buckets never need more sequences than a step can hold. */
   int max_batch = g->graph_max_batch < g->max_seqs ? g->graph_max_batch : g->max_seqs;
   r->graphs = g->graphs;
-  if (r->graphs) {
-    r->n_buckets = servd_graph_n_buckets(max_batch);
-    r->buckets = calloc((size_t)r->n_buckets, sizeof *r->buckets);
-    r->seen = calloc((size_t)r->n_buckets, sizeof *r->seen);
-    r->captured = calloc((size_t)r->n_buckets, sizeof *r->captured);
-    r->disabled = calloc((size_t)r->n_buckets, sizeof *r->disabled);
-    r->unstable = calloc((size_t)r->n_buckets, sizeof *r->unstable);
-    if (!r->buckets || !r->seen || !r->captured || !r->disabled || !r->unstable) {
-      rc = servd_fail(SERVD_ENOMEM, "model runner: %d graph buckets", r->n_buckets);
-      goto fail;
-    }
-    servd_graph_buckets(max_batch, r->buckets, r->n_buckets);
-    if ((rc = servd_padded_step_init(&r->pad, max_batch))) goto fail;
-  }
+  if (r->graphs && ((rc = servd_graph_state_init(&r->gs, max_batch)) || (rc = servd_padded_step_init(&r->pad, max_batch))))
+    goto fail;
   /* A padded decode step has up to max_batch tokens, which a small token budget may not cover. */
   servd_device_step_config dc = {.max_tokens = g->max_tokens > max_batch ? g->max_tokens : max_batch,
                                  .max_seqs = g->max_seqs, .max_blocks_per_seq = g->max_blocks_per_seq,
-                                 .block_size = g->block_size, .n_buckets = r->graphs ? r->n_buckets : 0};
+                                 .block_size = g->block_size, .n_buckets = r->gs.n_buckets};
   for (int k = 0; k < world; k++) {
     dc.device = g->devices[k];
     dc.rank = k;
@@ -231,11 +213,7 @@ void servd_runner_destroy(servd_runner *r) {
     if (r->workers[i].started) pthread_join(r->workers[i].thread, NULL);
   free(r->workers);
   for (int k = 0; k < SERVD_INTERP_MAX; k++) servd_device_step_destroy(r->ds[k]);
-  free(r->buckets);
-  free(r->seen);
-  free(r->captured);
-  free(r->disabled);
-  free(r->unstable);
+  servd_graph_state_free(&r->gs);
   servd_padded_step_free(&r->pad);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->go);
@@ -307,23 +285,12 @@ static int run_round(servd_runner *r, const servd_forward_batch *b, round_mode m
 }
 
 /* Device memory that a graph may use moved on some rank: no graph can be trusted any more. */
-static void drop_stale_graphs(servd_runner *r) {
-  bool stale = false;
-  for (int k = 0; k < r->world && !stale; k++) stale = servd_device_step_stale(r->ds[k]);
-  if (!stale) return;
+static void drop_all_graphs(servd_runner *r) {
   for (int k = 0; k < r->world; k++) servd_device_step_drop_all(r->ds[k]);
-  memset(r->seen, 0, sizeof *r->seen * (size_t)r->n_buckets);
-  memset(r->captured, 0, sizeof *r->captured * (size_t)r->n_buckets);
-  atomic_fetch_add(&r->st_drops, 1);
+  servd_graph_reset(&r->gs);
 }
 
-static void drop_bucket(servd_runner *r, int bucket) {
-  for (int k = 0; k < r->world; k++) servd_device_step_drop(r->ds[k], bucket);
-  r->captured[bucket] = false;
-}
-
-/* Captures bucket `bi` on every rank over the padded step; on failure the bucket runs eagerly (for
- * good, unless device memory moved during the capture, which a warm-up step may settle). */
+/* Captures bucket `bi` on every rank over the padded step. On failure no rank keeps a graph of it. */
 static bool capture_all(servd_runner *r, const servd_forward_batch *padded, int bi) {
   servd_tensor *none = NULL;
   servd_py_error cerr;
@@ -332,19 +299,16 @@ static bool capture_all(servd_runner *r, const servd_forward_batch *padded, int 
   int rc = run_round(r, padded, MODE_CAPTURE, bi, 0, &none, &cerr, &failed);
   servd_tensor_release(none);
   if (rc == 0) {
-    r->captured[bi] = true;
+    servd_graph_capture_done(&r->gs, bi, true, false);
     atomic_fetch_add(&r->st_captures, 1);
     return true;
   }
-  drop_bucket(r, bi);
+  for (int k = 0; k < r->world; k++) servd_device_step_drop(r->ds[k], bi);
   atomic_fetch_add(&r->st_capture_failures, 1);
-  if (rc == SERVD_EBUSY && ++r->unstable[bi] < MAX_UNSTABLE_CAPTURES) {
-    r->seen[bi] = false; /* warm up again, then retry */
-    return false;
-  }
-  r->disabled[bi] = true;
-  fprintf(stderr, "servd: CUDA graphs off for decode batches of %d sequences: the capture failed on rank %d: %s%s%s\n",
-          r->buckets[bi], failed, cerr.type, cerr.type[0] ? ": " : "", cerr.type[0] ? cerr.message : servd_last_error());
+  if (servd_graph_capture_done(&r->gs, bi, false, rc == SERVD_EBUSY))
+    fprintf(stderr, "servd: CUDA graphs off for decode batches of %d sequences: the capture failed on rank %d: %s%s%s\n",
+            r->gs.buckets[bi], failed, cerr.type, cerr.type[0] ? ": " : "",
+            cerr.type[0] ? cerr.message : servd_last_error());
   return false;
 }
 
@@ -353,36 +317,24 @@ int servd_runner_step(servd_runner *r, const servd_forward_batch *b, servd_tenso
   atomic_fetch_add(&r->st_steps, 1);
   if (!r->ds[0]) return run_round(r, b, MODE_CPU, -1, b->n_logit_rows, logits, err, failed_rank);
 
-  const servd_forward_batch *run = b;
-  round_mode mode = MODE_EAGER;
   int bi = -1;
+  servd_graph_action a = SERVD_GRAPH_EAGER;
   if (r->graphs) {
-    drop_stale_graphs(r);
-    if (servd_step_is_decode(b)) bi = servd_graph_bucket_index(r->buckets, r->n_buckets, b->attn.n_seqs);
-    if (bi >= 0 && (r->disabled[bi] || servd_pad_decode(&r->pad, b, r->buckets[bi]) != 0)) bi = -1;
-    if (bi >= 0) {
-      run = &r->pad.batch;
-      mode = r->captured[bi] ? MODE_REPLAY : r->seen[bi] ? MODE_CAPTURE : MODE_EAGER;
+    bool stale = false;
+    for (int k = 0; k < r->world && !stale; k++) stale = servd_device_step_stale(r->ds[k]);
+    if (stale) {
+      drop_all_graphs(r);
+      atomic_fetch_add(&r->st_drops, 1);
     }
+    a = servd_graph_decide(&r->gs, b, &bi);
+    if (a != SERVD_GRAPH_EAGER && servd_pad_decode(&r->pad, b, r->gs.buckets[bi]) != 0) a = SERVD_GRAPH_EAGER;
   }
-  if (mode == MODE_CAPTURE) {
-    if (capture_all(r, run, bi)) {
-      mode = MODE_REPLAY;
-    } else {
-      run = b;
-      bi = -1;
-      mode = MODE_EAGER;
-    }
-  }
+  if (a == SERVD_GRAPH_CAPTURE && !capture_all(r, &r->pad.batch, bi)) a = SERVD_GRAPH_EAGER;
+  const servd_forward_batch *run = a == SERVD_GRAPH_EAGER ? b : &r->pad.batch;
+  round_mode mode = a == SERVD_GRAPH_EAGER || a == SERVD_GRAPH_WARMUP ? MODE_EAGER : MODE_REPLAY;
   int rc = run_round(r, run, mode, bi, b->n_logit_rows, logits, err, failed_rank);
-  if (mode == MODE_EAGER) atomic_fetch_add(&r->st_eager, 1);
-  else atomic_fetch_add(&r->st_replays, 1);
-  if (rc == 0 && mode == MODE_EAGER && bi >= 0) r->seen[bi] = true;
-  if (rc && mode == MODE_REPLAY) {
-    /* A launch or its download failed: trust no graph after that. */
-    for (int k = 0; k < r->world; k++) servd_device_step_drop_all(r->ds[k]);
-    memset(r->seen, 0, sizeof *r->seen * (size_t)r->n_buckets);
-    memset(r->captured, 0, sizeof *r->captured * (size_t)r->n_buckets);
-  }
+  atomic_fetch_add(mode == MODE_EAGER ? &r->st_eager : &r->st_replays, 1);
+  if (rc == 0) servd_graph_ran(&r->gs, a, bi);
+  else if (mode == MODE_REPLAY) drop_all_graphs(r); /* a launch or its download failed: trust no graph */
   return rc;
 }

@@ -164,6 +164,9 @@ static int g_init(servd_guest_thread *th, const servd_guest_config *c, servd_py_
   char home[4096], exe[4096 + 32];
   snprintf(home, sizeof home, "%s", c->stdlib_dir);
   for (int up = 0; up < 2; up++) {
+    size_t n = strlen(home);
+    while (n > 1 && home[n - 1] == '/') /* "/opt/b/lib/python3.11/" names the same directory */
+      home[--n] = 0;
     char *slash = strrchr(home, '/');
     if (slash)
       *slash = 0;
@@ -232,6 +235,16 @@ static int g_load_entry(servd_guest_thread *th, const char *entry_point, servd_p
   PyObject *load = PyDict_GetItemString(g_boot, "load_entry");
   Py_CLEAR(g_entry);
   g_entry = load ? PyObject_CallFunction(load, "s", entry_point) : NULL;
+  if (g_entry && pm.device >= 0) {
+    /* Device work of the load (zeroed buffers, private copies) ran on this thread's stream; the steps
+     * run on other threads' streams, so it must be complete before load returns. */
+    int src;
+    Py_BEGIN_ALLOW_THREADS src = pm_host->device_sync(pm.device);
+    Py_END_ALLOW_THREADS if (src < 0) {
+      pm_raise(src, "loading the entry object: device work");
+      Py_CLEAR(g_entry);
+    }
+  }
   if (!g_entry)
     rc = take_error(err, "loading the entry object", NULL);
   leave();

@@ -373,6 +373,18 @@ static PyObject *m_device(PyObject *m, PyObject *u) {
     return PyUnicode_FromString("cpu");
   return PyUnicode_FromFormat("cuda:%d", pm.device);
 }
+/* Waits for the device work this thread enqueued (no-op on the CPU): needed before a device tensor
+ * written here is read by a call on another thread. */
+static PyObject *m_sync(PyObject *m, PyObject *u) {
+  (void)m, (void)u;
+  if (pm.device < 0)
+    Py_RETURN_NONE;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = pm_host->device_sync(pm.device);
+  Py_END_ALLOW_THREADS if (rc < 0) return pm_raise(rc, "servd.sync");
+  Py_RETURN_NONE;
+}
+
 static PyObject *m_interpreter_index(PyObject *m, PyObject *u) {
   (void)m, (void)u;
   return PyLong_FromLong(pm.index);
@@ -383,6 +395,7 @@ static PyMethodDef module_methods[] = {
     {"world_size", m_world_size, METH_NOARGS, "number of tensor-parallel ranks"},
     {"device", m_device, METH_NOARGS, "\"cpu\" or \"cuda:N\""},
     {"interpreter_index", m_interpreter_index, METH_NOARGS, "index of this interpreter in its pool"},
+    {"sync", m_sync, METH_NOARGS, "waits for the device work of this thread (no-op on the CPU)"},
     {NULL, NULL, 0, NULL},
 };
 

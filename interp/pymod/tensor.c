@@ -513,7 +513,12 @@ static PyObject *m_to_device(PyObject *m, PyObject *args, PyObject *kw) {
   servd_tensor *out = NULL;
   int rc;
   if (t->device < 0) {
+    /* synced: the copy may be read next by another thread's stream (a step on a rank thread) */
     Py_BEGIN_ALLOW_THREADS rc = pm_host->device_upload(device, t, d, &out);
+    if (rc == 0 && (rc = pm_host->device_sync(device)) < 0) {
+      pm_host->tensor_release(out);
+      out = NULL;
+    }
     Py_END_ALLOW_THREADS
   } else {
     if (d != t->dtype) {

@@ -45,6 +45,9 @@ static int set(char *dst, const char *var, const char *src) {
   if (strlen(src) >= PATH_MAX)
     return servd_fail(SERVD_EINVAL, "interp: %s is longer than %d bytes", var, PATH_MAX - 1);
   strcpy(dst, src);
+  size_t n = strlen(dst);
+  while (n > 1 && dst[n - 1] == '/') /* "/opt/b/lib/python3.11/" names the same directory */
+    dst[--n] = 0;
   return 0;
 }
 
@@ -74,7 +77,7 @@ static int stdlib(servd_py_paths *p) {
     if (e && strlen(e) + sizeof "/lib-dynload" > PATH_MAX)
       return servd_fail(SERVD_EINVAL, "interp: SERVD_PY_STDLIB is longer than %d bytes", PATH_MAX - 16);
     if (e)
-      snprintf(p->dynload, sizeof p->dynload, "%s/lib-dynload", e);
+      snprintf(p->dynload, sizeof p->dynload, "%s/lib-dynload", p->stdlib);
     else
       rc = set(p->dynload, "SERVD_PY_STDLIB", SERVD_PY_DYNLOAD);
   }

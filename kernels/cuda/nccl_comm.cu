@@ -103,7 +103,12 @@ extern "C" int servd_nccl_rebuild(servd_nccl *n) {
       ncclCommDestroy(n->comms[i]);
       n->comms[i] = NULL;
     }
-  NCCL_CHECK(ncclCommInitAll(n->comms, n->n, n->devices));
+  __atomic_store_n(&n->aborted, 1, __ATOMIC_RELEASE);
+  ncclResult_t r = ncclCommInitAll(n->comms, n->n, n->devices);
+  if (r != ncclSuccess) {
+    for (int i = 0; i < n->n; i++) n->comms[i] = NULL; /* nothing half-made is used or destroyed later */
+    return servd_fail(SERVD_EDEVICE, "nccl rebuild(%d ranks): %s", n->n, ncclGetErrorString(r));
+  }
   __atomic_store_n(&n->aborted, 0, __ATOMIC_RELEASE);
   return SERVD_OK;
 }

@@ -24,6 +24,9 @@ static int copy_rows(servd_cuda_ctx *c, const servd_tensor *dst, const servd_ten
   int64_t slabs = 1;
   for (int i = 0; i + 2 < nd; i++) slabs *= dst->shape[i];
   if (width == 0 || rows == 0 || slabs == 0) return SERVD_OK;
+  if (servd_tensor_is_contiguous(dst) && servd_tensor_is_contiguous(src)) /* one copy */
+    return servd_cuda_copy_2d(c, servd_tensor_data(dst), width, servd_tensor_data(src), width, width,
+                              (size_t)(rows * slabs));
   const size_t dpitch = nd >= 2 && rows > 1 ? (size_t)dst->strides[nd - 2] : width;
   const size_t spitch = nd >= 2 && rows > 1 ? (size_t)src->strides[nd - 2] : width;
   char *d0 = servd_tensor_data(dst), *s0 = servd_tensor_data(src);

@@ -72,6 +72,7 @@ fail:
 
 int servd_kv_cache_create_blocks_only(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim,
                                       int block_size, int n_blocks) {
+  if (out) *out = NULL;
   if (!out || n_layers < 1 || n_kv_heads < 1 || head_dim < 1 || block_size < 1 || n_blocks < 1)
     return servd_fail(SERVD_EINVAL,
                       "kv_cache_create_blocks_only: expected positive n_layers, n_kv_heads, head_dim, block_size "

@@ -191,7 +191,7 @@ int dc_download_i32(const servd_tensor *d, int32_t *out) {
 
 static void on_alarm(int sig) {
   (void)sig;
-  static const char msg[] = "FAIL device_check: still running after 300 s (a hang); stopped\n";
+  static const char msg[] = "FAIL device_check: still running after 120 s (a hang); stopped\n";
   ssize_t w = write(1, msg, sizeof msg - 1);
   (void)w;
   _exit(1);
@@ -218,7 +218,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   signal(SIGALRM, on_alarm);
-  alarm(300);
+  alarm(120);
   servd_threadpool_init(0);
   char desc[256] = "";
   size_t free_b = 0, total_b = 0;

@@ -2,11 +2,12 @@
  * servd/ops.h, and the helpers that move values between the two. Every check prints one line,
  * "PASS ..." or "FAIL ...", with its largest error and its tolerance.
  *
- * Tolerances are stated in units of bf16 rounding: a value rounded to bf16 (round to nearest even,
- * 8 significant bits) is within 2^-9 of its exact value relative to that value. A device op whose
- * inputs are exact bf16 values (the CPU side gets the same values as f32) and that rounds its output
- * to bf16 once is therefore within 2^-9 |ref| plus the effect of a different f32 summation order;
- * each check below says how many roundings it allows for and doubles the bound as margin. */
+ * Tolerances are stated in units of bf16 rounding: bf16 has 8 significant bits, so rounding to
+ * nearest moves a value by at most 2^-8 of itself (half a unit in the last place, which is up to
+ * 2^-7 of the value). A device op whose inputs are exact bf16 values (the CPU side gets the same
+ * values as f32) and that rounds its output to bf16 once is therefore within 2^-8 |ref| plus the
+ * effect of a different f32 summation order; each check says how many roundings it allows for and
+ * doubles the bound as margin. */
 #ifndef SERVD_DEVICE_CHECK_H
 #define SERVD_DEVICE_CHECK_H
 

@@ -12,7 +12,7 @@
  * Plain dtypes convert exactly (f16 and bf16 fit in f32; f32 -> bf16 is one round-to-nearest-even on
  * both sides). q8_0 (d*q: 11 x 8 significant bits) and q4_1 (d*q exact, + m rounded once) are exact
  * in f32 whether or not the device fuses the multiply-add; a tolerance of one f32 ulp (2^-23 |ref|)
- * covers another association, and for a bf16 target one bf16 ulp (2^-8 |ref|) covers a value one
+ * covers another association, and for a bf16 target one bf16 ulp (<= 2^-7 |ref|) covers a value one
  * f32 ulp away from a rounding tie. */
 static void check_roundtrip(servd_dtype src, servd_dtype dst) {
   char name[96];
@@ -34,9 +34,9 @@ static void check_roundtrip(servd_dtype src, servd_dtype dst) {
     for (size_t i = 0; i < (size_t)R * C; i++) ref[i] = dc_round_bf16(ref[i]);
   TRY(servd_device_upload(dc_device, h, dst, &d));
   TRY(dc_download_f32(d, got));
-  const double rtol = !quant ? 0 : dst == SERVD_BF16 ? ldexp(1, -8) : ldexp(1, -23);
+  const double rtol = !quant ? 0 : dst == SERVD_BF16 ? ldexp(1, -7) : ldexp(1, -23);
   dc_expect_close(name, got, ref, (size_t)R * C, 0, rtol, NULL,
-                  !quant ? "exact" : dst == SERVD_BF16 ? "1 bf16 ulp (2^-8|ref|)" : "1 f32 ulp (2^-23|ref|)");
+                  !quant ? "exact" : dst == SERVD_BF16 ? "1 bf16 ulp (2^-7|ref|)" : "1 f32 ulp (2^-23|ref|)");
   /* device -> device copy of the same */
   TRY(dc_dev_new(dst, 2, shape, &d2));
   TRY(servd_device_copy(d2, d));
@@ -49,6 +49,35 @@ static void check_roundtrip(servd_dtype src, servd_dtype dst) {
 done:
   free(v), free(ref), free(got);
   servd_tensor_release(h), servd_tensor_release(d), servd_tensor_release(d2);
+}
+
+/* A tensor larger than any reasonable staging buffer (34 MB of f32, 18 MB of q4_1 rows), so a
+ * conversion that goes through the host in chunks is checked across chunk boundaries. Tolerances as
+ * above. */
+static void check_upload_large(servd_dtype src, servd_dtype dst, int64_t rows) {
+  char name[128];
+  snprintf(name, sizeof name, "upload %s[%lld,4096] -> device %s (large: several staging chunks)",
+           servd_dtype_name(src), (long long)rows, servd_dtype_name(dst));
+  const int64_t shape[2] = {rows, 4096};
+  const size_t n = (size_t)rows * 4096;
+  float *v = NULL, *ref = NULL, *got = NULL;
+  servd_tensor *h = NULL, *d = NULL;
+  NN(v = malloc(n * sizeof *v));
+  NN(ref = malloc(n * sizeof *ref));
+  NN(got = malloc(n * sizeof *got));
+  for (size_t i = 0; i < n; i++) v[i] = dc_frand() * 3.f;
+  NN(h = dc_host_as(src, v, 2, shape));
+  TRY(dc_host_values(h, ref));
+  if (dst == SERVD_BF16)
+    for (size_t i = 0; i < n; i++) ref[i] = dc_round_bf16(ref[i]);
+  TRY(servd_device_upload(dc_device, h, dst, &d));
+  TRY(dc_download_f32(d, got));
+  const bool quant = servd_dtype_is_quantized(src);
+  dc_expect_close(name, got, ref, n, 0, !quant ? 0 : dst == SERVD_BF16 ? ldexp(1, -7) : ldexp(1, -23), NULL,
+                  !quant ? "exact" : dst == SERVD_BF16 ? "1 bf16 ulp (2^-7|ref|)" : "1 f32 ulp (2^-23|ref|)");
+done:
+  free(v), free(ref), free(got);
+  servd_tensor_release(h), servd_tensor_release(d);
 }
 
 static void check_roundtrip_i32(void) {
@@ -244,6 +273,22 @@ static void check_weights(void) {
              "bytes %zu -> %zu after trim (-%zu, >= %zu expected), held entry still cached: %s, re-asking it "
              "allocated %zu bytes (0 expected)",
              b1, b2, b1 - b2, 2 * e1, servd_tensor_data(w2b) == servd_tensor_data(w2) ? "yes" : "no", b3 - b2);
+  { /* an entry referenced only through a view of its tensor is still referenced: trim keeps it */
+    servd_tensor *part = servd_tensor_narrow(w2b, 0, 0, 32);
+    NN(part);
+    servd_tensor_release(w2), servd_tensor_release(w2b);
+    w2 = w2b = NULL;
+    servd_device_weights_trim();
+    const size_t b4 = servd_device_weights_bytes(dc_device);
+    int rc = servd_device_weight(dc_device, v2, &w2);
+    const bool same = !rc && servd_tensor_data(w2) == servd_tensor_data(part);
+    servd_tensor_release(part);
+    TRY(rc);
+    /* Reported, not counted: trim judges by references to the cached tensor, and a view holds its
+     * storage instead; the memory stays valid either way, the cost is a second upload. */
+    printf("info weights_trim with an entry referenced only through a view of it: %s (bytes after trim %zu, "
+           "%zu if kept)\n", same && b4 == b2 ? "kept" : "dropped; asking again uploaded a second copy", b4, b2);
+  }
   { /* the trimmed entry is uploaded again on demand */
     servd_tensor *again = servd_tensor_narrow(w, 0, 64, 128);
     NN(again);
@@ -261,7 +306,7 @@ static void check_weights(void) {
     TRY(servd_device_weight(dc_device, qh, &qw));
     TRY(dc_download_f32(qw, got));
     dc_expect_close("weight of a q4_1 tensor (bf16 of the dequantized values)", got, want, 64 * 256, 0,
-                    ldexp(1, -8), NULL, "1 bf16 ulp");
+                    ldexp(1, -7), NULL, "1 bf16 ulp (2^-7|ref|)");
   }
 done:
   if (barrier) pthread_barrier_destroy(&start);
@@ -280,6 +325,8 @@ void dc_check_memory(void) {
     check_roundtrip(srcs[i], SERVD_BF16);
   }
   check_roundtrip_i32();
+  check_upload_large(SERVD_F32, SERVD_BF16, 2100);
+  check_upload_large(SERVD_Q4_1, SERVD_F32, 1100);
   check_strided();
   check_weights();
 }

@@ -25,8 +25,8 @@ static void shuffle(int32_t *a, int n) {
  * last blocks, where a write through slot -1 would land (the previous layer's last slot, or slot 0
  * after a wrap); with V = 256 such a write would move its attention output by >= 256/1024 = 0.25.
  * Tolerance: q, k, v are exact bf16 values; the scores and the softmax are f32 on both sides; the
- * device may round the probabilities to bf16 before multiplying with V (<= 2^-9 * sum p|v| <= 2^-9,
- * |v| <= 1) and rounds the output (2^-9 |ref|): both doubled, 2^-8 + 2^-8 |ref|. A wrong block or
+ * device may round the probabilities to bf16 before multiplying with V (<= 2^-8 * sum p|v| <= 2^-8,
+ * |v| <= 1) and rounds the output (2^-8 |ref|): both doubled, 2^-7 + 2^-7 |ref|. A wrong block or
  * position mapping mixes other random rows in and moves outputs by ~0.05 or more (q is scaled by 3
  * so the attention is not flat). */
 enum { A_HEADS = 32, A_KVH = 8, A_HD = 128, A_KVD = A_KVH * A_HD, A_QD = A_HEADS * A_HD, A_BS = 16, A_NB = 160,
@@ -179,8 +179,8 @@ static void check_attention(void) {
     TRY(servd_attention(rh, qh, ckv, l, &ab, A_HEADS, scale));
     TRY(servd_device_attention(od, qd, dkv, l, db, A_HEADS, scale));
     TRY(dc_download_f32(od, got));
-    dc_expect_close(label, got, servd_tensor_data(rh), (size_t)T * A_QD, ldexp(1, -8), ldexp(1, -8), NULL,
-                    "2^-8 + 2^-8|ref|");
+    dc_expect_close(label, got, servd_tensor_data(rh), (size_t)T * A_QD, ldexp(1, -7), ldexp(1, -7), NULL,
+                    "2^-7 + 2^-7|ref|");
   }
 done:
   servd_kv_cache_destroy(ckv);
@@ -202,7 +202,7 @@ void dc_check_kv(void) { check_attention(); }
  * attention split of 256 (255 -> 257). Each replay is compared with an eager run of the same step.
  * The same kernels on the same inputs should agree bit for bit; the allowance 2^-6 + 2^-6 |ref| on
  * the f32 logits (|logit| ~ 1) covers a different split of the decode attention between the captured
- * and the eager launch (f32 reordering, then bf16 rounding flips of 2^-8 relative in a few activations
+ * and the eager launch (f32 reordering, then bf16 rounding flips of up to 2^-7 relative in a few activations
  * carried through two layers). Replays that ignored the new inputs would differ by O(1): the logits of
  * consecutive steps are checked to differ by more than 0.25. */
 enum { G_D = 1024, G_HEADS = 8, G_KVH = 2, G_HD = 128, G_QD = G_HEADS * G_HD, G_KVD = G_KVH * G_HD, G_FFN = 2816,
@@ -444,7 +444,7 @@ static void check_graph_step(void) {
     dc_verdict(d > 0.25, "graph replay sees the new step's inputs",
                "step %d vs step %d: max logit difference %.3g (> 0.25 required)", j, j - 1, d);
   }
-  { /* the eager logits against a recomputation from the same eager run: sanity of determinism */
+  { /* reported, not counted: the same kernels on the same inputs are expected to agree bit for bit */
     double d = 0;
     for (size_t i = 0; i < nl; i++) d = fmax(d, fabs((double)replay[0][i] - eager[0][i]));
     printf("info graph: step 0 replay vs eager max difference %.3g (%s)\n", d, d == 0 ? "bit-identical" : "differs");

@@ -114,11 +114,13 @@ bundled_pid=$pid
 b_cmpl=$(post /v1/completions "$completion")
 b_chat=$(post /v1/chat/completions "$chat")
 
-# every shared object mapped comes from the bundle, or is glibc's, libstdc++'s or libgcc's
+# every shared object mapped comes from the bundle, or is glibc's, libstdc++'s, libgcc's or CUDA's
 python3 - "$bundled_pid" "$B" <<'PY' || fail "servd maps files from outside the bundle (above)"
 import os, re, sys
 pid, bundle = sys.argv[1], os.path.realpath(sys.argv[2])
-system = re.compile(r"^(ld-linux[\w-]*|lib(c|m|mvec|pthread|dl|rt|util|resolv|nss_\w+|stdc\+\+|gcc_s))\.so")
+# glibc, the C++ runtime, and CUDA/cuBLAS/NCCL (left to the machine: they must match its driver)
+system = re.compile(r"^(ld-linux[\w-]*|lib(c|m|mvec|pthread|dl|rt|util|resolv|nss_\w+|stdc\+\+|gcc_s"
+                    r"|cuda|cudart|cublas|cublasLt|nccl|nvidia-[\w-]+|nvrtc[\w-]*|nvJitLink))\.so")
 bad = set()
 saw_libpython = False
 for line in open(f"/proc/{pid}/maps"):

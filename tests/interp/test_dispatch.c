@@ -111,7 +111,7 @@ static void test_device_op_without_cuda(void **state) {
     skip(); /* a fake device tensor must never reach a real device op */
     return;
   }
-  servd_tensor *a = mat(SERVD_F32, 2, 4, NULL), *b = mat(SERVD_F32, 2, 4, NULL);
+  servd_tensor *a = mat(SERVD_BF16, 2, 4, NULL), *b = mat(SERVD_BF16, 2, 4, NULL);
   a->device = b->device = 0;
   expect_fail(servd_op__add(a, b, b), SERVD_EDEVICE, "built without CUDA");
   expect_fail(servd_op__copy(a, b), SERVD_EDEVICE, "built without CUDA");

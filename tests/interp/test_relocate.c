@@ -37,7 +37,7 @@ static void test_relocated_bundle(void **state) {
   char v[128];
   snprintf(v, sizeof v, "%s/lib/libpython3.11.so.1.0", g_dir);
   setenv("SERVD_LIBPYTHON", v, 1);
-  snprintf(v, sizeof v, "%s/lib/python3.11", g_dir);
+  snprintf(v, sizeof v, "%s/lib/python3.11/", g_dir); /* a trailing slash names the same directory */
   setenv("SERVD_PY_STDLIB", v, 1);
   snprintf(v, sizeof v, "%s/lib/servd/servd.cpython-311-x86_64-linux-gnu.so", g_dir);
   setenv("SERVD_PYMOD_PATH", v, 1);

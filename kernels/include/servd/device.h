@@ -1,11 +1,14 @@
 /* Device tensors and the ops of a Llama forward pass on them: the layer between servd_tensor and the
  * CUDA launchers of servd/cuda.h, used by the interpreters' `servd` module and by the engine.
  *
- * A device tensor is a servd_tensor with device >= 0 whose storage is SERVD_STORAGE_DEVICE (memory
- * from cudaMalloc, freed when the last reference goes). Activations are bf16 (f32 for logits), ids
- * and positions i32; device ops take contiguous tensors only. Each calling thread gets its own CUDA
- * context per device (a stream, a cuBLAS handle and a scratch pool), created on first use: work a
- * thread enqueues runs in order on its stream; calls that return data to the host wait for it.
+ * A device tensor is a servd_tensor with device >= 0 (test t->device: its storage is device memory
+ * from a caching allocator, wrapped as SERVD_STORAGE_BORROWED since servd_storage_wrap makes no
+ * device kind; it goes back to the cache when the last reference goes). Activations are bf16 (f32
+ * for logits), ids and positions i32; device ops take contiguous tensors only. Each calling thread
+ * gets its own CUDA context per device (a stream, a cuBLAS handle and a scratch pool), created on
+ * first use and destroyed when the thread exits: work a thread enqueues runs in order on its stream;
+ * calls that return data to the host wait for it. A device tensor written on one thread's stream and
+ * read on another's needs servd_device_sync in between (servd_device_weight syncs for its callers).
  *
  * Built without CUDA (SERVD_CUDA off), servd_device_count reports 0 devices and every other call
  * fails with SERVD_EDEVICE "servd was built without CUDA". Errors name the op, the shapes and the
@@ -134,7 +137,14 @@ SERVD_API int servd_device_allgather_cols(servd_device_comm *c, int rank, servd_
 SERVD_API void servd_device_comm_abort(servd_device_comm *c);
 SERVD_API int servd_device_comm_reset(servd_device_comm *c);
 
-/* ---- CUDA graphs of this thread's work on a device ------------------------------------------------- */
+/* ---- CUDA graphs of this thread's work on a device -------------------------------------------------
+ * Between begin and end only device ops, device-to-device copies and collectives may run on this
+ * thread for that device (uploads, downloads, syncs and batch uploads fail the capture); always call
+ * graph_end after graph_begin, also when the captured work failed. Device memory allocated during the
+ * capture stays reserved for the graph until graph_destroy. Release the previous step's device
+ * tensors before graph_begin: a tensor allocated before a capture and released after it bumps the
+ * generation. graph_launch refuses (SERVD_ECANCELED) a graph whose device generation changed since
+ * its capture ended. */
 typedef struct servd_device_graph servd_device_graph;
 /* Starts capturing the work this thread enqueues on `device` (ops then run at launch, not now). */
 SERVD_API int servd_device_graph_begin(int device);

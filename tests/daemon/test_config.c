@@ -1,0 +1,205 @@
+/* servd's GPU options on the command line and in the JSON config file: defaults, good values, bad
+ * values with clear errors, --tp against --gpus, and what reaches the engine's model options. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+#include "servd/status.h"
+
+/* Parses argv (NULL-terminated, after "servd") into a fresh config; returns the status. */
+static int parse(servd_config *c, const char *const *args) {
+  char *argv[32] = {"servd"};
+  int argc = 1;
+  for (; args[argc - 1]; argc++) argv[argc] = (char *)args[argc - 1];
+  servd_config_init(c);
+  bool exit_now = false;
+  return servd_config_parse_args(c, argc, argv, &exit_now);
+}
+
+#define PARSE(c, ...) parse(c, (const char *const[]){__VA_ARGS__, NULL})
+
+static void expect_error(const char *const *args, const char *needle) {
+  servd_config c;
+  int rc = parse(&c, args);
+  assert_int_equal(rc, SERVD_EINVAL);
+  if (!strstr(servd_last_error(), needle)) fail_msg("error '%s' lacks '%s'", servd_last_error(), needle);
+  servd_config_free(&c);
+}
+
+#define EXPECT_ERROR(needle, ...) expect_error((const char *const[]){__VA_ARGS__, NULL}, needle)
+
+static void test_defaults(void **state) {
+  (void)state;
+  servd_config c;
+  assert_int_equal(PARSE(&c, "serve"), 0);
+  assert_int_equal(c.gpus, 0);
+  assert_int_equal(c.tp, 1);
+  assert_true(c.gpu_memory_fraction == 0.90);
+  assert_true(c.cuda_graphs);
+  assert_int_equal(c.cuda_graph_max_batch, 64);
+  servd_config_free(&c);
+}
+
+static void test_gpu_flags(void **state) {
+  (void)state;
+  servd_config c;
+  assert_int_equal(PARSE(&c, "--gpus", "2", "--gpu-memory-fraction", "0.5", "--cuda-graphs", "off",
+                         "--cuda-graph-max-batch=8"), 0);
+  assert_int_equal(c.gpus, 2);
+  assert_int_equal(c.tp, 2); /* defaults to the GPUs */
+  assert_true(c.gpu_memory_fraction == 0.5);
+  assert_false(c.cuda_graphs);
+  assert_int_equal(c.cuda_graph_max_batch, 8);
+  servd_config_free(&c);
+
+  assert_int_equal(PARSE(&c, "--gpus", "4", "--tp", "4", "--gpu-memory-fraction", "1", "--cuda-graphs", "on"), 0);
+  assert_int_equal(c.tp, 4);
+  assert_true(c.gpu_memory_fraction == 1.0);
+  assert_true(c.cuda_graphs);
+  servd_config_free(&c);
+
+  /* Without GPUs --tp keeps its CPU meaning. */
+  assert_int_equal(PARSE(&c, "--tp", "2"), 0);
+  assert_int_equal(c.tp, 2);
+  servd_config_free(&c);
+}
+
+static void test_bad_flags(void **state) {
+  (void)state;
+  EXPECT_ERROR("--tp 2 with --gpus 1", "--tp", "2", "--gpus", "1");
+  EXPECT_ERROR("one rank per GPU", "--gpus", "2", "--tp", "1");
+  EXPECT_ERROR("--gpu-memory-fraction: expected a fraction in (0, 1]", "--gpu-memory-fraction", "0");
+  EXPECT_ERROR("got '1.5'", "--gpu-memory-fraction", "1.5");
+  EXPECT_ERROR("got '-0.1'", "--gpu-memory-fraction", "-0.1");
+  EXPECT_ERROR("got 'nan'", "--gpu-memory-fraction", "nan");
+  EXPECT_ERROR("got '0.9x'", "--gpu-memory-fraction", "0.9x");
+  EXPECT_ERROR("--gpu-memory-fraction: a value is required", "--gpu-memory-fraction");
+  EXPECT_ERROR("--cuda-graphs: expected on or off, got 'yes'", "--cuda-graphs", "yes");
+  EXPECT_ERROR("--cuda-graph-max-batch: expected an integer in [1, 4096], got '0'", "--cuda-graph-max-batch", "0");
+  EXPECT_ERROR("got '5000'", "--cuda-graph-max-batch", "5000");
+  EXPECT_ERROR("got 'many'", "--cuda-graph-max-batch", "many");
+  EXPECT_ERROR("--gpus: expected an integer", "--gpus", "-1");
+}
+
+static char *write_file(const char *text) {
+  char *path = strdup("/tmp/servd-test-config-XXXXXX");
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  fputs(text, f);
+  fclose(f);
+  return path;
+}
+
+static int parse_file(servd_config *c, const char *json, const char *const *extra) {
+  char *path = write_file(json);
+  const char *args[16] = {"--config", path};
+  int n = 2;
+  for (; extra && *extra; extra++) args[n++] = *extra;
+  args[n] = NULL;
+  int rc = parse(c, args);
+  unlink(path);
+  free(path);
+  return rc;
+}
+
+static void test_config_file(void **state) {
+  (void)state;
+  servd_config c;
+  assert_int_equal(parse_file(&c, "{\"gpus\": 2, \"gpu_memory_fraction\": 0.8, \"cuda_graphs\": false, "
+                                  "\"cuda_graph_max_batch\": 32}", NULL), 0);
+  assert_int_equal(c.gpus, 2);
+  assert_int_equal(c.tp, 2);
+  assert_true(c.gpu_memory_fraction == 0.8);
+  assert_false(c.cuda_graphs);
+  assert_int_equal(c.cuda_graph_max_batch, 32);
+  servd_config_free(&c);
+
+  /* "on"/"off" as on the command line; flags win over the file. */
+  assert_int_equal(parse_file(&c, "{\"cuda_graphs\": \"off\", \"gpu_memory_fraction\": 0.8}",
+                              (const char *const[]){"--cuda-graphs", "on", "--gpu-memory-fraction", "0.7", NULL}), 0);
+  assert_true(c.cuda_graphs);
+  assert_true(c.gpu_memory_fraction == 0.7);
+  servd_config_free(&c);
+
+  static const struct {
+    const char *json, *needle;
+  } bad[] = {
+      {"{\"gpu_memory_fraction\": 0}", "'gpu_memory_fraction' must be a fraction in (0, 1]"},
+      {"{\"gpu_memory_fraction\": 1.01}", "'gpu_memory_fraction' must be a fraction in (0, 1]"},
+      {"{\"gpu_memory_fraction\": \"0.9\"}", "'gpu_memory_fraction' must be a fraction in (0, 1]"},
+      {"{\"cuda_graphs\": \"maybe\"}", "'cuda_graphs' must be true, false, \"on\" or \"off\""},
+      {"{\"cuda_graphs\": 1}", "'cuda_graphs' must be true, false"},
+      {"{\"cuda_graph_max_batch\": 0}", "'cuda_graph_max_batch' must be an integer in [1, 4096]"},
+      {"{\"cuda_graph_max_batch\": 8.5}", "'cuda_graph_max_batch' must be an integer"},
+      {"{\"cuda_graph\": true}", "unknown key 'cuda_graph'"},
+      {"{\"gpus\": 1, \"tp\": 2}", "--tp 2 with --gpus 1"},
+      {"{\"gpus\": 2, \"models\": [{\"path\": \"a.mpk\", \"name\": \"a\", \"tp\": 1}]}",
+       "model 'a': tp 1 with --gpus 2"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    int rc = parse_file(&c, bad[i].json, NULL);
+    if (rc != SERVD_EINVAL || !strstr(servd_last_error(), bad[i].needle))
+      fail_msg("%s: rc %d, error '%s', expected '%s'", bad[i].json, rc, servd_last_error(), bad[i].needle);
+    servd_config_free(&c);
+  }
+}
+
+static void test_model_options(void **state) {
+  (void)state;
+  servd_config c;
+  assert_int_equal(PARSE(&c, "--gpus", "2", "--gpu-memory-fraction", "0.6", "--cuda-graph-max-batch", "16",
+                         "--model", "/x/m.mpk:m"), 0);
+  servd_model_options o;
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.gpus, 2);
+  assert_int_equal(o.tp, 2);
+  assert_true(o.gpu_memory_fraction == 0.6);
+  assert_true(o.cuda_graphs);
+  assert_int_equal(o.cuda_graph_max_batch, 16);
+  servd_config_free(&c);
+
+  /* Process-wide defaults reach options made elsewhere (the repository API). */
+  servd_engine_set_gpu_defaults(3, 0.75, false, 24);
+  servd_model_options_default(&o);
+  assert_int_equal(o.gpus, 3);
+  assert_int_equal(o.tp, 3);
+  assert_true(o.gpu_memory_fraction == 0.75);
+  assert_false(o.cuda_graphs);
+  assert_int_equal(o.cuda_graph_max_batch, 24);
+  servd_engine_set_gpu_defaults(0, 0.9, true, 64);
+  servd_model_options_default(&o);
+  assert_int_equal(o.gpus, 0);
+  assert_int_equal(o.tp, 1);
+}
+
+static void test_help_mentions_gpu_flags(void **state) {
+  (void)state;
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  servd_config_usage(f);
+  fclose(f);
+  const char *flags[] = {"--gpus N", "--tp N", "--gpu-memory-fraction F", "--cuda-graphs on|off",
+                         "--cuda-graph-max-batch B"};
+  for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+    if (!strstr(buf, flags[i])) fail_msg("--help lacks %s", flags[i]);
+  free(buf);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_defaults),        cmocka_unit_test(test_gpu_flags),
+      cmocka_unit_test(test_bad_flags),       cmocka_unit_test(test_config_file),
+      cmocka_unit_test(test_model_options),   cmocka_unit_test(test_help_mentions_gpu_flags),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
