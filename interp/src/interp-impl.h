@@ -78,6 +78,7 @@ typedef struct servd_interp_config {
   servd_device_comm *dcomm;
   mpk_package *pkg;           /* NULL: package-free (code strings only) */
   const char *extra_sys_path; /* NULL or ':'-separated */
+  const servd_host_api *host; /* NULL: servd_host_api__get(); tests give a table with stand-ins */
 } servd_interp_config;
 
 /* Starts CPython in a free namespace. On failure *err holds the Python error when there is one. */

@@ -32,7 +32,7 @@ int servd_interp__init(servd_interp *it, const servd_interp_config *c, servd_py_
   }
   servd_guest_thread *th = servd_ns__thread(ns);
   servd_guest_config gc = {
-      .host = servd_host_api__get(),
+      .host = c->host ? c->host : servd_host_api__get(),
       .pkg = c->pkg,
       .pkg_name = c->pkg ? mpk_name(c->pkg) : NULL,
       .stdlib_dir = paths->stdlib,

@@ -40,6 +40,7 @@ static _Thread_local fake_graph *capturing;
 static int graphs_alive, launches, comm_aborts, comm_resets;
 static int forward_calls[WORLD];
 static int fail_capture_rank = -1, fail_forward_rank = -1;
+static int bump_on_upload = -1; /* device whose memory "moves" at its next upload (another thread) */
 static int last_forward_tokens[WORLD];
 
 /* The model: logit j of row i = 1000 token + 10 position + j (exact in f32). */
@@ -78,6 +79,10 @@ int servd_device_batch_upload(servd_device_batch *db, int n_tokens, const int32_
   if (n_tokens > db->max_tokens || attn->n_seqs > db->max_seqs || n_logit_rows > n_tokens)
     return servd_fail(SERVD_ERANGE, "fake upload: %d tokens, %d seqs beyond %d, %d", n_tokens, attn->n_seqs,
                       db->max_tokens, db->max_seqs);
+  if (db->device == bump_on_upload) {
+    generation[db->device]++;
+    bump_on_upload = -1;
+  }
   memcpy(db->tokens, tokens, sizeof(int32_t) * (size_t)n_tokens);
   memcpy(db->positions, positions, sizeof(int32_t) * (size_t)n_tokens);
   db->n_tokens = n_tokens;
@@ -257,7 +262,7 @@ static fixture *make(bool graphs, int graph_max_batch) {
     forward_calls[k] = 0;
   }
   graphs_alive = launches = comm_aborts = comm_resets = 0;
-  fail_capture_rank = fail_forward_rank = -1;
+  fail_capture_rank = fail_forward_rank = bump_on_upload = -1;
   servd_runner_gpu g = {.devices = f->devices, .dkv = f->dkv, .dcomm = (servd_device_comm *)(intptr_t)0x200,
                         .max_tokens = 16, .max_seqs = 16, .max_blocks_per_seq = 4, .block_size = 16,
                         .graphs = graphs, .graph_max_batch = graph_max_batch};
@@ -374,6 +379,17 @@ static void test_generation_drops(void **state) {
   servd_runner_get_stats(f->r, &st);
   assert_int_equal(st.graph_drops, 1);
   assert_int_equal(st.graph_captures, 2);
+
+  /* Memory moves on rank 1's GPU after the runner looked, before the launch: rank 1 runs the step
+   * through Python (its collectives match the graph's), rank 0 replays; then every graph goes. */
+  bump_on_upload = 1;
+  decode_step(&s, 2, 300);
+  run_ok(f, &s);
+  expect_calls(4, 5);
+  decode_step(&s, 2, 400);
+  run_ok(f, &s);
+  assert_int_equal(graphs_alive, 0);
+  expect_calls(5, 6);
   destroy(f);
 }
 

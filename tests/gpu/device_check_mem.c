@@ -252,10 +252,10 @@ static void check_weights(void) {
   NN(v3 = servd_tensor_narrow(w, 0, 0, 128)); /* same shape, other address */
   TRY(servd_device_weight(dc_device, v2, &w2));
   TRY(servd_device_weight(dc_device, v3, &w3));
-  dc_verdict(servd_tensor_data(w2) != p1 && servd_tensor_data(w3) != p1 && servd_tensor_data(w2) != servd_tensor_data(w3),
+  const void *p2 = servd_tensor_data(w2), *p3 = servd_tensor_data(w3);
+  dc_verdict(p2 != p1 && p3 != p1 && p2 != p3,
              "weight: other views -> other device copies",
-             "same address other shape %p, other address same shape %p, first %p (all distinct)",
-             servd_tensor_data(w2), servd_tensor_data(w3), p1);
+             "same address other shape %p, other address same shape %p, first %p (all distinct)", p2, p3, p1);
   TRY(dc_download_f32(w3, got));
   dc_expect_close("weight contents (rows 0..127)", got, v, 128 * C, 0, 0, NULL, "exact");
   const size_t b1 = servd_device_weights_bytes(dc_device), e1 = 128 * C * 2, e2 = 64 * C * 2;

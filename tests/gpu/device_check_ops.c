@@ -163,7 +163,8 @@ static void check_rope(int layout) {
   char label[128];
   snprintf(label, sizeof label, "rope %s, llama3.1 scaling, positions 0..9000", layout ? "half-split" : "interleaved");
   dc_expect_close(label, got, ref, near, 0, ldexp(1, -7), atol_i, "2^-7|ref| + 2^-9 + pos*2^-19.9 (f32 angle)");
-  snprintf(label, sizeof label, "rope %s, llama3.1 scaling, positions 32768, 70000", layout ? "half-split" : "interleaved");
+  snprintf(label, sizeof label, "rope %s, llama3.1 scaling, positions 32768, 70000",
+           layout ? "half-split" : "interleaved");
   dc_expect_close(label, got + near, ref + near, (size_t)M * W - near, 0, ldexp(1, -7), atol_i + near,
                   "2^-7|ref| + 2^-9 + pos*2^-19.9 (f32 angle)");
 done:

@@ -76,7 +76,8 @@ static void check_attention(void) {
   TRY(servd_kv_cache_create(&ckv, A_LAYERS, A_KVH, A_HD, A_BS, A_NB, SERVD_F32));
   TRY(servd_device_kv_create(dc_device, A_LAYERS, A_KVD, A_BS, A_NB, &dkv));
   {
-    const size_t want = (size_t)A_LAYERS * 2 * A_NB * A_BS * A_KVD * 2, got_b = servd_device_kv_bytes(A_LAYERS, A_KVD, A_BS, A_NB);
+    const size_t want = (size_t)A_LAYERS * 2 * A_NB * A_BS * A_KVD * 2,
+                 got_b = servd_device_kv_bytes(A_LAYERS, A_KVD, A_BS, A_NB);
     dc_verdict(servd_device_kv_device(dkv) == dc_device && got_b >= want, "device kv geometry",
                "kv_device %d (want %d), kv_bytes %zu (>= %zu: K and V of 2 layers)", servd_device_kv_device(dkv),
                dc_device, got_b, want);

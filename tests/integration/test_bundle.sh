@@ -67,7 +67,12 @@ if [ "$(id -u)" = 0 ] && unshare -m --propagation private true 2>/dev/null; then
     done
   done
   hide+=$late
-  echo "system Python 3.11, jinja2 and the bundled libraries are hidden from the bundled servd"
+  if unshare -m --propagation private bash -c "${hide}true" 2>"$work/hide.log"; then
+    echo "system Python 3.11, jinja2 and the bundled libraries are hidden from the bundled servd"
+  else
+    echo "hiding the system's files failed ($(head -1 "$work/hide.log")): checking only the files servd maps"
+    hide=""
+  fi
 else
   echo "no mount namespace here: checking only the files servd maps"
 fi
