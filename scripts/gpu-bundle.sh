@@ -146,6 +146,9 @@ while IFS= read -r f; do walk "$f"; done < <(
   { echo "$tmp/bin/servd"; echo "$tmp/bin/modelpkg"; echo "$tmp/bin/servd-bench"; echo "$tmp/lib/servd/$pyname"
     echo "$tmp/lib/libpython3.11.so.1.0"; find "$tmp/lib/python3.11/lib-dynload" "$tmp/lib/python3/dist-packages" -name '*.so'; })
 
+for f in "$tmp/bin/servd" "$tmp/bin/servd-bench" "$tmp/lib/servd/$pyname"; do
+  needed "$f" | grep -qx 'libarchive.so.13' && die "$f needs libarchive: the stand-in here covers only modelpkg unpack"
+done
 if ((stub_archive)); then
   # libarchive serves only `modelpkg unpack` (pack and synth use servd's own zip writer): a stub with
   # the same soname whose calls fail with a message keeps modelpkg loadable without libxml2 and ICU.

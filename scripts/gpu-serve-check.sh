@@ -68,7 +68,7 @@ failed=0
 targets_missed=0
 machine="(not read)"
 perf_md=""
-row() { rows+=("| $1 | $2 | $3 |"); }
+row() { rows+=("| $1 | $2 | $3 |"); write_report; } # written as it goes: a killed run leaves its rows
 log() { printf '[%4ds] %s\n' $(($(date +%s) - t0)) "$*" | tee -a "$logf" >&2; }
 left() { echo $((budget - ($(date +%s) - t0))); }
 tmo() { local l; l=$(($(left) - 10)); ((l < $1)) && echo $((l > 1 ? l : 1)) || echo "$1"; }
@@ -105,7 +105,7 @@ run() {
   o=$(timeout -k 5 "$t" "$@" 2>&1)
   local rc=$?
   ((rc == 0)) && return 0
-  if ((rc == 124 || rc == 137)); then rmsg="stopped after $t s (time budget)"; else rmsg="exit $rc"; fi
+  if ((rc == 124 || rc == 137)); then rmsg="stopped after $t s (its limit, or what was left of the budget)"; else rmsg="exit $rc"; fi
   rmsg="$rmsg: $(tail -3 <<<"$o" | tr '\n' ' ')"
   return 1
 }
@@ -113,7 +113,7 @@ run() {
 # ---- servd helpers ----------------------------------------------------------------------------
 # start_servd NAME READY_TIMEOUT ARGS... -> $port, $pid; 1 with $why on failure (log tail included)
 start_servd() {
-  local name=$1 rt i
+  local name=$1 rt
   rt=$(tmo "$2")
   shift 2
   # the machine's environment stays (LD_LIBRARY_PATH may be how its driver is found); the embedded
@@ -126,25 +126,31 @@ start_servd() {
   while [ -z "$port" ]; do
     port=$(awk '/^servd: port /{ print $3; exit }' "$W/$name.out")
     [ -n "$port" ] && break
-    if ! kill -0 "$pid" 2>/dev/null; then why="servd exited while starting: $(tail -5 "$W/$name.err" | tr '\n' ' ')"; return 1; fi
-    if (($(date +%s) >= deadline)); then why="no port printed within 30 s: $(tail -5 "$W/$name.err" | tr '\n' ' ')"; return 1; fi
+    if ! kill -0 "$pid" 2>/dev/null; then why="servd exited while starting: $(tail -5 "$W/$name.err" | tr '\n' ' ')"; start_failed "$name"; return 1; fi
+    if (($(date +%s) >= deadline)); then why="no port printed within 30 s: $(tail -5 "$W/$name.err" | tr '\n' ' ')"; start_failed "$name"; return 1; fi
     sleep 0.2
   done
   deadline=$(($(date +%s) + rt))
   while :; do
     [ "$(http_code "http://127.0.0.1:$port/v2/health/ready")" = 200 ] && break
-    if ! kill -0 "$pid" 2>/dev/null; then why="servd exited while loading: $(tail -5 "$W/$name.err" | tr '\n' ' ')"; return 1; fi
-    if (($(date +%s) >= deadline)); then why="not ready within $rt s: $(tail -5 "$W/$name.err" | tr '\n' ' ')"; return 1; fi
+    if ! kill -0 "$pid" 2>/dev/null; then why="servd exited while loading: $(tail -5 "$W/$name.err" | tr '\n' ' ')"; start_failed "$name"; return 1; fi
+    if (($(date +%s) >= deadline)); then why="not ready within $rt s: $(tail -5 "$W/$name.err" | tr '\n' ' ')"; start_failed "$name"; return 1; fi
     sleep 0.5
   done
   log "$name: servd ready on port $port ($(grep -m1 'backend:' "$W/$name.err" | sed 's/^servd: //'))"
   return 0
 }
+start_failed() { # a servd that did not come up must not hold the GPU for the next stage
+  kill -9 "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  { echo "---- $1 servd stderr (did not start)"; cat "$W/$1.err"; } >>"$logf"
+  pid=""
+}
 stop_servd() { # pid name: SIGTERM, up to 30 s (less when the budget is short, at least 5), then SIGKILL
-  local p=$1 i n
+  local p=$1 n
   n=$(tmo 30); ((n < 5)) && n=5
   kill -TERM "$p" 2>/dev/null
-  for i in $(seq $((n * 2))); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
+  for _ in $(seq $((n * 2))); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
   if kill -0 "$p" 2>/dev/null; then log "$2: servd ignored SIGTERM for $n s: killed"; kill -9 "$p"; fi
   wait "$p" 2>/dev/null
   { echo "---- $2 servd stderr"; cat "$W/$2.err"; } >>"$logf"
@@ -224,6 +230,35 @@ if [ -z "$work" ]; then
 fi
 W=$(mktemp -d "$work/servd-serve-check.XXXXXX") || abort "environment" "cannot create a folder in $work"
 log "work folder $W (needs about $need_gb GB)"
+
+# ---- copy bandwidth, the anchor of the 85% target: measured now, while the GPU is idle --------------
+bw_src=""
+if [ -n "$copy_bw" ]; then
+  bw_src="given with --copy-bw"
+elif [ -n "$gpu_check_md" ]; then
+  copy_bw=$(sed -n 's/.*Device copy (read + write): \([0-9.]*\) TB\/s.*/\1/p' "$gpu_check_md" 2>/dev/null | head -1)
+  [ -n "$copy_bw" ] && bw_src="gpu_check ($(basename "$gpu_check_md"))"
+fi
+if [ -z "$copy_bw" ] && ((!skip_gpu)); then
+  for py in /opt/torch/.venv/bin/python3 python3; do
+    command -v "$py" >/dev/null || continue
+    copy_bw=$(timeout "$(tmo 90)" "$py" - 2>>"$logf" <<'PY'
+import time, torch
+n = 4 << 30
+a = torch.empty(n, dtype=torch.uint8, device="cuda")
+b = torch.empty_like(a)
+b.copy_(a); torch.cuda.synchronize()
+best = 1e9
+for _ in range(10):
+    t = time.perf_counter(); b.copy_(a); torch.cuda.synchronize(); best = min(best, time.perf_counter() - t)
+print(f"{2 * n / best / 1e12:.3f}")
+PY
+) && [ -n "$copy_bw" ] && { bw_src="PyTorch device copy, 4 GiB, best of 10 ($py)"; break; }
+    copy_bw=""
+  done
+  [ -n "$copy_bw" ] || log "no copy bandwidth: PyTorch's device copy failed (see the log); the 85% figure will be UNKNOWN"
+fi
+[ -n "$copy_bw" ] && log "copy bandwidth $copy_bw TB/s ($bw_src)"
 
 # ---- (a) greedy tokens: CPU vs GPU --------------------------------------------------------------
 a_stage="(a) greedy tokens, GPU vs CPU"
@@ -404,7 +439,8 @@ if ((b_ok)); then
   pkg_gb=$(awk -v b="$(stat -c %s "$W/big.mpk")" 'BEGIN { printf "%.2f", b / 1e9 }')
   row "$b_stage" "ok" "$layers layers, vocab 128256, hidden 4096, intermediate 14336, 32/8 heads, bf16: $pkg_gb GB package made in $(($(date +%s) - mk_start)) s"
   log "(b) package $W/big.mpk: $pkg_gb GB"
-  gpu_args=(--gpus 1 $SERVD_GPU_ARGS); ((skip_gpu)) && gpu_args=($SERVD_GPU_ARGS)
+  read -ra gpu_args <<<"$SERVD_GPU_ARGS"
+  ((skip_gpu)) || gpu_args=(--gpus 1 "${gpu_args[@]}")
   load_start=$(date +%s)
   if ! start_servd gpu-big 300 "${gpu_args[@]}" --model "$W/big.mpk:llama8b"; then
     b_ok=0; stage_fail "(b) servd --gpus 1 on the 8B shape" "$why"
@@ -437,32 +473,7 @@ if ((b_ok)); then
   [ -n "${pid:-}" ] && stop_servd "$pid" gpu-big
 fi
 
-# ---- (c) copy bandwidth and the report ----------------------------------------------------------
-bw_src=""
-if [ -n "$copy_bw" ]; then
-  bw_src="given with --copy-bw"
-elif [ -n "$gpu_check_md" ]; then
-  copy_bw=$(sed -n 's/.*Device copy (read + write): \([0-9.]*\) TB\/s.*/\1/p' "$gpu_check_md" 2>/dev/null | head -1)
-  [ -n "$copy_bw" ] && bw_src="gpu_check ($(basename "$gpu_check_md"))"
-fi
-if [ -z "$copy_bw" ] && ((!skip_gpu)) && ((b_ok)); then
-  for py in /opt/torch/.venv/bin/python3 python3; do
-    command -v "$py" >/dev/null || continue
-    copy_bw=$(timeout "$(tmo 90)" "$py" - 2>>"$logf" <<'PY'
-import time, torch
-n = 4 << 30
-a = torch.empty(n, dtype=torch.uint8, device="cuda")
-b = torch.empty_like(a)
-b.copy_(a); torch.cuda.synchronize()
-best = 1e9
-for _ in range(10):
-    t = time.perf_counter(); b.copy_(a); torch.cuda.synchronize(); best = min(best, time.perf_counter() - t)
-print(f"{2 * n / best / 1e12:.3f}")
-PY
-) && [ -n "$copy_bw" ] && { bw_src="PyTorch device copy, 4 GiB, best of 10 ($py)"; break; }
-    copy_bw=""
-  done
-fi
+# ---- (c) the report ----------------------------------------------------------------------------
 if ((b_ok)); then
   res=$(python3 - "$W/bench-c1.json" "$W/bench-c$c_hi.json" "$c_hi" "$wbytes" "${copy_bw:-0}" "$bw_src" 2>&1 <<'PY'
 import json, sys

@@ -1,5 +1,5 @@
 /* Validation of OpenAI-compatible request bodies: every field's type and range, with messages that
- * name the field and what was expected. */
+ * name the field and what was expected. No server state: see api/request_params.h. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>

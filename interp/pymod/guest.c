@@ -133,8 +133,14 @@ static int append_wide(PyWideStringList *l, const char *s) {
 }
 
 static int g_init(servd_guest_thread *th, const servd_guest_config *c, servd_py_error *err) {
-  if (!c || !c->host || c->host->abi != SERVD_GUEST_ABI || c->host->size < sizeof(servd_host_api))
+  if (!c || !c->host || c->host->abi != SERVD_GUEST_ABI ||
+      c->host->size < offsetof(servd_host_api, fail) + sizeof c->host->fail)
     return -1; /* no host to report through */
+  pm_host = c->host;
+  if (c->host->size < sizeof(servd_host_api)) /* a program of an older build: its table lacks members */
+    return plain_error(err, SERVD_EUNSUPPORTED, "RuntimeError",
+                       "the servd module is newer than the servd program (its host table is too small): use "
+                       "the module of the same build (SERVD_PYMOD_PATH)");
   pm_host = c->host;
   pm_cfg = c;
   memset(&pm, 0, sizeof pm);

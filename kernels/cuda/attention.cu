@@ -16,6 +16,7 @@ extern "C" int servd_cuda_kv_write(servd_cuda_ctx *c, servd_bf16_t *k_cache, ser
     return servd_fail(SERVD_EINVAL, "cuda kv_write: bad shape t=%d kv_dim=%d slots=%lld", t, kv_dim,
                       (long long)n_slots);
   if (t == 0) return SERVD_OK;
+  SERVD_CUDA_DEVICE_SCOPE(c);
   long long n = (long long)t * kv_dim;
   kv_write_kernel<<<servd__div_up(n, 256), 256, 0, servd__stream(c)>>>(BF(k_cache), BF(v_cache), CBF(k), CBF(v),
                                                                        slots, t, kv_dim, (long long)n_slots);
@@ -23,16 +24,35 @@ extern "C" int servd_cuda_kv_write(servd_cuda_ctx *c, servd_bf16_t *k_cache, ser
   return SERVD_OK;
 }
 
+/* Splits per (sequence, head) for a decode launch: enough (sequence, head, split) blocks to cover the
+ * GPU SERVD_ATTN_SPLIT_WAVES times, at least 1, at most one per cache block of the longest possible
+ * context and at most SERVD_ATTN_MAX_SPLITS. It depends only on the grid shape and the batch's block
+ * capacity, never on the real kv_len (unknown to the host when the step is captured in a graph):
+ * the kernel divides the real context among the splits on the device. */
+static int decode_splits(int n_sms, int n_seqs, int n_heads, int max_blocks) {
+  const long long rows = (long long)n_seqs * n_heads;
+  long long n = ((long long)SERVD_ATTN_SPLIT_WAVES * n_sms + rows - 1) / rows;
+  if (n > max_blocks) n = max_blocks;
+  if (n > SERVD_ATTN_MAX_SPLITS) n = SERVD_ATTN_MAX_SPLITS;
+  return n < 1 ? 1 : (int)n;
+}
+
 /* Grow-only scratch of the context (servd__cuda_scratch): fixed addresses once warmed up, as graph
- * replay needs; growing it bumps the device's generation. */
+ * replay needs; growing it bumps the device's generation. The request has a floor of
+ * 2 * SERVD_ATTN_SPLIT_WAVES * n_SMs partials, which every grid with n_seqs * n_heads up to that
+ * many rows fits (partials = rows * ceil(W / rows) < W + rows), so the graph buckets of a server
+ * share one scratch size instead of growing it (and dropping their graphs) bucket by bucket. */
 template <int DPL>
 static int launch_decode(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q, const servd_bf16_t *kc,
                          const servd_bf16_t *vc, const servd_cuda_attn_batch *b, int n_heads, int group,
                          int block_size, float scale) {
   constexpr int HD = DPL * 32;
-  const int n_splits = (int)servd__div_up((long long)b->max_blocks * block_size, SERVD_ATTN_SPLIT);
+  const int n_sms = servd__cuda_sm_count(c);
+  const int n_splits = decode_splits(n_sms, b->n_seqs, n_heads, b->max_blocks);
   const size_t parts = (size_t)b->n_seqs * n_heads * n_splits;
-  float *ws = (float *)servd__cuda_scratch(c, parts * (HD + 2) * sizeof(float));
+  const size_t floor_parts = (size_t)2 * SERVD_ATTN_SPLIT_WAVES * n_sms;
+  const size_t reserve = parts > floor_parts ? parts : floor_parts;
+  float *ws = (float *)servd__cuda_scratch(c, reserve * (HD + 2) * sizeof(float));
   if (!ws) return SERVD_ENOMEM;
   float *part_acc = ws, *part_ml = ws + parts * HD;
   dim3 grid(b->n_seqs, n_heads, n_splits);
@@ -63,6 +83,9 @@ static int launch_prefill(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16
       plan[n_tiles + t] = q0;
       t++;
     }
+  // The plan is rebuilt and uploaded on every call, so once per layer of a prefill step although the
+  // layout is the same for every layer: a few hundred bytes per layer, and prefill steps are never
+  // captured in graphs; caching it per step would need a step identity this launcher lacks.
   int32_t *dplan = (int32_t *)servd__cuda_scratch(c, sizeof(int32_t) * 2 * n_tiles);
   int rc = dplan ? servd_cuda_upload(c, dplan, plan, sizeof(int32_t) * 2 * n_tiles) : SERVD_ENOMEM;
   // The copy from pageable memory is staged before cudaMemcpyAsync returns, so plan can go.
@@ -102,6 +125,7 @@ extern "C" int servd_cuda_attention(servd_cuda_ctx *c, servd_bf16_t *out, const 
       return servd_fail(SERVD_EINVAL, "cuda attention: sequence %d has q_len %d, kv_len %d (max %d)", s,
                         b->h_q_len[s], b->h_kv_len[s], b->max_blocks * block_size);
   if (b->n_seqs == 0) return SERVD_OK;
+  SERVD_CUDA_DEVICE_SCOPE(c);
   const int group = n_heads / n_kv_heads;
   switch (head_dim) {
     case 64: return dispatch<2>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale);

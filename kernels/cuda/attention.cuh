@@ -1,9 +1,14 @@
 // Attention over the paged KV cache (per layer: (n_blocks, block_size, kv_dim) bf16 for K and V).
 //
 // kv_write_kernel:   K/V rows of new tokens into their slots.
-// decode_split_kernel + decode_reduce_kernel: one query row per sequence (decode). The context is
-//   cut into splits of SPLIT tokens, each block computes a partial softmax (max, sum, weighted V) for
-//   one (sequence, head, split); the reduce kernel merges the splits (flash-decoding).
+// decode_split_kernel + decode_reduce_kernel: one query row per sequence (decode), flash-decoding.
+//   The launch fixes the number of splits per (sequence, head) from the grid size alone (enough
+//   blocks to fill the GPU a few times over; see launch_decode), never from the context length the
+//   host does not know at capture time. Each block reads its sequence's real kv_len on the device
+//   and takes split `split` of ceil(kv_len / n_splits) tokens rounded up to whole cache blocks; it
+//   writes a partial softmax (max, sum, weighted V). Splits past the end are empty and write
+//   (m = -FLT_MAX, l = 0, acc = 0), which the reduce kernel skips (it merges only l > 0), so a
+//   short context in a wide grid costs one cheap empty block per unused split.
 // prefill_tile_kernel: BQ query rows of one sequence and one head per block; K/V tiles of 32
 //   tokens are staged in shared memory and each warp keeps an online softmax per row
 //   (flash-attention tiling on CUDA cores). Lane j scores token j of the tile.
@@ -11,7 +16,8 @@
 #include <float.h>
 #include "cuda_common.cuh"
 
-#define SERVD_ATTN_SPLIT 256
+#define SERVD_ATTN_SPLIT_WAVES 4  /* split-K grid: about this many blocks per SM */
+#define SERVD_ATTN_MAX_SPLITS 128 /* bounds the reduce loop and the scratch per (sequence, head) */
 #define SERVD_ATTN_BQ 16
 #define SERVD_ATTN_BK 32
 
@@ -43,9 +49,14 @@ __global__ void decode_split_kernel(float *part_acc, float *part_ml, const __nv_
   constexpr int HD = DPL * 32;
   const int seq = blockIdx.x, head = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-  const int len = kv_len[seq];
-  const int begin = split * SERVD_ATTN_SPLIT;
-  const int end = min(len, begin + SERVD_ATTN_SPLIT);
+  const int len = max(kv_len[seq], 0);
+  // This split's share of the real context, in whole cache blocks: chunk * n_splits >= len, and
+  // every split starting at or past len is empty. No int overflow: chunk <= len / n_splits + 1 +
+  // block_size, so split * chunk <= len + n_splits * (1 + block_size).
+  const int per = (len + n_splits - 1) / n_splits;
+  const int chunk = (per + block_size - 1) / block_size * block_size;
+  const int begin = min(len, split * chunk);
+  const int end = min(len, begin + chunk);
   const int kv_head = head / group, kv_dim = (n_heads / group) * HD;
   const int32_t *table = tables + (long long)seq * max_blocks;
   const __nv_bfloat16 *qr = q + ((long long)q_start[seq] * n_heads + head) * HD;

@@ -14,6 +14,7 @@ struct servd_cuda_ctx {
   void *blas_ws; /* cuBLAS workspace of our own: cuBLAS then allocates nothing while a graph is captured */
   void *scratch; /* grow-only, from pool */
   size_t scratch_bytes;
+  int n_sms;     /* streaming multiprocessors: sizes the split-K attention grid */
 };
 
 // Per-device generation: bumped whenever device memory a captured graph could reference is freed or
@@ -55,9 +56,16 @@ extern "C" int servd_cuda_ctx_create(int device, servd_cuda_ctx **out) {
   servd_cuda_ctx *c = (servd_cuda_ctx *)calloc(1, sizeof *c);
   if (!c) return servd_fail(SERVD_ENOMEM, "cuda_ctx_create: out of host memory");
   c->device = device;
-  cudaError_t err = cudaSetDevice(device);
+  // The stream, cuBLAS handle and workspace belong to the device current while they are made; the
+  // caller's current device comes back when this returns.
+  servd__device_scope scope(-1);
+  cudaError_t err = scope.err;
+  if (err == cudaSuccess) err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&c->n_sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess && c->n_sms < 1) c->n_sms = 1;
   if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
   if (err != cudaSuccess) {
+    cudaGetLastError();
     free(c);
     return servd_fail(SERVD_EDEVICE, "cuda_ctx_create(device %d): %s", device, cudaGetErrorString(err));
   }
@@ -91,7 +99,7 @@ extern "C" int servd_cuda_ctx_create(int device, servd_cuda_ctx **out) {
 
 extern "C" void servd_cuda_ctx_destroy(servd_cuda_ctx *c) {
   if (!c) return;
-  cudaSetDevice(c->device);
+  servd__device_scope scope(c->device); /* restores the caller's device on return */
   cudaStreamSynchronize(c->stream);
   if (c->scratch) servd_cuda_generation_bump(c->device);
   servd__cuda_pool_destroy(c->pool);
@@ -102,6 +110,7 @@ extern "C" void servd_cuda_ctx_destroy(servd_cuda_ctx *c) {
 }
 
 extern "C" int servd_cuda_ctx_device(const servd_cuda_ctx *c) { return c->device; }
+int servd__cuda_sm_count(const servd_cuda_ctx *c) { return c->n_sms; }
 extern "C" void *servd_cuda_ctx_stream(servd_cuda_ctx *c) { return c->stream; }
 cublasHandle_t servd__cuda_blas(servd_cuda_ctx *c) { return c->blas; }
 
@@ -112,19 +121,23 @@ extern "C" void servd_cuda_free(servd_cuda_ctx *c, void *p) {
 extern "C" size_t servd_cuda_pool_reserved(const servd_cuda_ctx *c) { return servd__cuda_pool_reserved(c->pool); }
 
 extern "C" int servd_cuda_upload(servd_cuda_ctx *c, void *dst, const void *src, size_t bytes) {
+  SERVD_CUDA_DEVICE_SCOPE(c);
   SERVD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
   return SERVD_OK;
 }
 extern "C" int servd_cuda_download(servd_cuda_ctx *c, void *dst, const void *src, size_t bytes) {
+  SERVD_CUDA_DEVICE_SCOPE(c);
   SERVD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
   SERVD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
   return SERVD_OK;
 }
 extern "C" int servd_cuda_copy(servd_cuda_ctx *c, void *dst, const void *src, size_t bytes) {
+  SERVD_CUDA_DEVICE_SCOPE(c);
   SERVD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
   return SERVD_OK;
 }
 extern "C" int servd_cuda_sync(servd_cuda_ctx *c) {
+  SERVD_CUDA_DEVICE_SCOPE(c);
   SERVD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
   return SERVD_OK;
 }
@@ -145,13 +158,15 @@ void *servd__cuda_scratch(servd_cuda_ctx *c, size_t bytes) {
 extern "C" int servd_cuda_copy_2d(servd_cuda_ctx *c, void *dst, size_t dpitch, const void *src, size_t spitch,
                                   size_t width, size_t rows) {
   if (width == 0 || rows == 0) return SERVD_OK;
+  SERVD_CUDA_DEVICE_SCOPE(c);
   SERVD_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, c->stream));
   return SERVD_OK;
 }
 
 extern "C" int servd_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes) {
   *free_bytes = *total_bytes = 0;
-  SERVD_CUDA_CHECK(cudaSetDevice(device));
+  servd__device_scope scope(device); /* cudaMemGetInfo reports the current device; restored on return */
+  SERVD_CUDA_CHECK(scope.err);
   SERVD_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
   return SERVD_OK;
 }

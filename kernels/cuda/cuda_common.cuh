@@ -23,6 +23,36 @@
 // Grow-only scratch of a context (one buffer per context); growing it moves the buffer, which bumps
 // the device's generation (graphs captured over the old address are stale).
 void *servd__cuda_scratch(servd_cuda_ctx *c, size_t bytes);
+// Streaming multiprocessors of the context's device (queried once when the context is made).
+int servd__cuda_sm_count(const servd_cuda_ctx *c);
+
+// Makes `device` current for the scope and restores the caller's current device when the scope ends,
+// so no entry point leaves the current device changed. device < 0: only restore what the scope's
+// calls (NCCL, cudaSetDevice) changed. The usual case (already current) costs one cudaGetDevice and
+// sets nothing, which keeps it legal while a stream is being captured.
+struct servd__device_scope {
+  int prev = -1;
+  cudaError_t err = cudaSuccess;
+  explicit servd__device_scope(int device) {
+    err = cudaGetDevice(&prev);
+    if (err == cudaSuccess && device >= 0 && device != prev) err = cudaSetDevice(device);
+    if (err != cudaSuccess) cudaGetLastError(); /* reported by the caller; later launch checks must not see it */
+  }
+  ~servd__device_scope() {
+    int cur = -1;
+    if (prev < 0) return;
+    if (cudaGetDevice(&cur) != cudaSuccess || (cur != prev && cudaSetDevice(prev) != cudaSuccess)) cudaGetLastError();
+  }
+  servd__device_scope(const servd__device_scope &) = delete;
+  servd__device_scope &operator=(const servd__device_scope &) = delete;
+};
+
+// At the top of an int entry point: the context's device is current until it returns.
+#define SERVD_CUDA_DEVICE_SCOPE(ctx)                                                               \
+  servd__device_scope device_scope_(servd_cuda_ctx_device(ctx));                                   \
+  if (device_scope_.err != cudaSuccess)                                                            \
+    return servd_fail(SERVD_EDEVICE, "%s:%d: making device %d current: %s", __FILE__, __LINE__,    \
+                      servd_cuda_ctx_device(ctx), cudaGetErrorString(device_scope_.err))
 
 static inline cudaStream_t servd__stream(servd_cuda_ctx *c) { return (cudaStream_t)servd_cuda_ctx_stream(c); }
 

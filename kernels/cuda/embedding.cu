@@ -7,6 +7,7 @@ extern "C" int servd_cuda_embedding(servd_cuda_ctx *c, servd_bf16_t *out, const 
   if (m < 0 || d <= 0 || vocab <= 0)
     return servd_fail(SERVD_EINVAL, "cuda embedding: bad shape m=%d d=%d vocab=%lld", m, d, (long long)vocab);
   if (m == 0) return SERVD_OK;
+  SERVD_CUDA_DEVICE_SCOPE(c);
   embedding_kernel<<<m, 128, 0, servd__stream(c)>>>(reinterpret_cast<__nv_bfloat16 *>(out),
                                                     reinterpret_cast<const __nv_bfloat16 *>(table), ids, d,
                                                     (long long)vocab, 0ll);
@@ -19,6 +20,7 @@ extern "C" int servd_cuda_embedding_rows(servd_cuda_ctx *c, servd_bf16_t *out, c
   if (m < 0 || d <= 0 || rows <= 0)
     return servd_fail(SERVD_EINVAL, "cuda embedding: bad shape m=%d d=%d rows=%lld", m, d, (long long)rows);
   if (m == 0) return SERVD_OK;
+  SERVD_CUDA_DEVICE_SCOPE(c);
   embedding_kernel<<<m, 128, 0, servd__stream(c)>>>(reinterpret_cast<__nv_bfloat16 *>(out),
                                                     reinterpret_cast<const __nv_bfloat16 *>(table), ids, d,
                                                     (long long)rows, (long long)row_offset);

@@ -37,6 +37,7 @@ static int matmul_any(servd_cuda_ctx *c, OutT *out, const servd_bf16_t *x, const
     return servd_fail(SERVD_EINVAL, "cuda matmul: negative shape x(%d,%d) w(%d,%d)", m, k, n, k);
   if (m == 0 || n == 0) return SERVD_OK;
   if (k % 8 != 0) return servd_fail(SERVD_EINVAL, "cuda matmul: k=%d is not a multiple of 8", k);
+  SERVD_CUDA_DEVICE_SCOPE(c);
   const __nv_bfloat16 *xb = reinterpret_cast<const __nv_bfloat16 *>(x);
   const __nv_bfloat16 *wb = reinterpret_cast<const __nv_bfloat16 *>(w);
   if (m <= 8) return launch_gemv<OutT>(servd__stream(c), out, xb, wb, m, n, k);

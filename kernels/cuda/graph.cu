@@ -13,12 +13,16 @@ struct servd_cuda_graph {
 extern "C" int servd_cuda_graph_begin(servd_cuda_ctx *c) {
   // Thread-local: a call on this thread that cannot be captured (a host sync, cudaFree) fails the
   // capture instead of silently running now; other threads' captures and calls are unaffected.
+  SERVD_CUDA_DEVICE_SCOPE(c);
   SERVD_CUDA_CHECK(cudaStreamBeginCapture(servd__stream(c), cudaStreamCaptureModeThreadLocal));
   return SERVD_OK;
 }
 
 extern "C" int servd_cuda_graph_end(servd_cuda_ctx *c, servd_cuda_graph **out) {
   *out = NULL;
+  // No early return before the capture ends: a failure to make the device current shows up as the
+  // end-capture error below.
+  servd__device_scope scope(servd_cuda_ctx_device(c));
   // The capture always ends here, even when it failed, so the stream is usable again.
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;
@@ -42,6 +46,7 @@ extern "C" int servd_cuda_graph_end(servd_cuda_ctx *c, servd_cuda_graph **out) {
 }
 
 extern "C" int servd_cuda_graph_launch(servd_cuda_ctx *c, servd_cuda_graph *g) {
+  SERVD_CUDA_DEVICE_SCOPE(c);
   SERVD_CUDA_CHECK(cudaGraphLaunch(g->exec, servd__stream(c)));
   return SERVD_OK;
 }

@@ -57,7 +57,7 @@ static void free_chain(block *b) {
 
 void servd__cuda_pool_destroy(servd__cuda_pool *p) {
   if (!p) return;
-  cudaSetDevice(p->device);
+  servd__device_scope scope(p->device); /* the caller's current device comes back on return */
   free_chain(p->free_list);
   free_chain(p->live);
   pthread_mutex_destroy(&p->lock);
@@ -76,9 +76,11 @@ void *servd__cuda_pool_alloc(servd__cuda_pool *p, size_t bytes) {
   } else {
     b = (block *)malloc(sizeof *b);
     void *ptr = NULL;
-    cudaSetDevice(p->device);
-    cudaError_t err = b ? malloc_relaxed(&ptr, size) : cudaErrorMemoryAllocation;
-    if (err == cudaErrorMemoryAllocation && p->free_list) {
+    // cudaMalloc allocates on the current device: make it the pool's for this block only.
+    servd__device_scope scope(p->device);
+    cudaError_t err = scope.err;
+    if (err == cudaSuccess) err = b ? malloc_relaxed(&ptr, size) : cudaErrorMemoryAllocation;
+    if (b && err == cudaErrorMemoryAllocation && p->free_list) {
       // Out of device memory: give the cache back and retry once. Cached blocks may still be named
       // by a captured graph, so this bumps the device's generation.
       cudaGetLastError();
@@ -89,6 +91,7 @@ void *servd__cuda_pool_alloc(servd__cuda_pool *p, size_t bytes) {
       err = malloc_relaxed(&ptr, size);
     }
     if (err != cudaSuccess) {
+      cudaGetLastError(); /* not left for the next launch check to find */
       free(b);
       pthread_mutex_unlock(&p->lock);
       servd_fail(SERVD_ENOMEM, "cuda pool: cudaMalloc(%zu) on device %d: %s", size, p->device,

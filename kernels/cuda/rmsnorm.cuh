@@ -1,9 +1,12 @@
 // out (m,d) = x / sqrt(mean(x^2) + eps) * w: one block per row, f32 statistics.
+// out may be x (callers normalize in place), so neither is __restrict__: each thread reads x[i]
+// before writing out[i] at the same i, and the sum over the row is complete (__syncthreads) before
+// any write.
 #pragma once
 #include "cuda_common.cuh"
 
-__global__ void rmsnorm_kernel(__nv_bfloat16 *__restrict__ out, const __nv_bfloat16 *__restrict__ x,
-                               const __nv_bfloat16 *__restrict__ w, int d, float eps) {
+__global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *__restrict__ w,
+                               int d, float eps) {
   __shared__ float partial[32];
   const __nv_bfloat16 *xr = x + (size_t)blockIdx.x * d;
   __nv_bfloat16 *outr = out + (size_t)blockIdx.x * d;

@@ -199,6 +199,9 @@ static void run(const uint8_t *data, size_t size, const uint8_t *cuts, size_t n_
       if (fr == SERVD_FRAME_ERROR) {
         CHECK(status == 400 || status == 413 || status == 431);
         CHECK(msg[0]);
+        /* The target the error body is chosen by: NUL-terminated, within the request line. */
+        const char *target = servd_http_framer_target(&f);
+        CHECK(target && strlen(target) <= f.url_len);
         t->final_status = status;
         snprintf(t->final_msg, sizeof t->final_msg, "%s", msg);
         failed = true;

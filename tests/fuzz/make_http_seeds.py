@@ -1,7 +1,8 @@
 """Regenerates the seed corpus of fuzz_http_request (standard library only):
     python3 tests/fuzz/make_http_seeds.py
 Each seed is one connection's bytes: valid and broken requests for every route whose body servd
-validates, plus framing cases (pipelining, chunked bodies, limits, malformed request lines)."""
+validates, plus framing cases (pipelining, chunked bodies, limits, malformed request lines). The regress_* files
+next to them are reproducers of past findings, kept as they are (this script leaves them alone)."""
 import json
 import os
 
