@@ -406,6 +406,17 @@ static int load_on_cpu(servd_model *m, int n_layers, int kv_heads, int head_dim,
   return servd_runner_create(m->pool, m->kv, m->tp, m->comm, &m->runner);
 }
 
+/* Waits, on the interpreter thread, for the device work the model's code queued there as it started
+ * (weight uploads, tensors it keeps): the ranks use them from their own threads and streams. */
+static int sync_devices_job(void *arg) {
+  servd_model *m = arg;
+  for (int r = 0; r < m->tp; r++) {
+    int rc = servd_device_sync(m->devices[r]);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 /* Rank r on GPU r: the pool first (the model's code uploads its weights to each GPU as it starts),
  * then the KV cache sized from what the weights left free, then the runner. kv_heads: per rank. */
 static int load_on_gpus(servd_model *m, int n_layers, int kv_heads, int head_dim, int bs) {
@@ -421,6 +432,7 @@ static int load_on_gpus(servd_model *m, int n_layers, int kv_heads, int head_dim
   pool_job pj = {m, &po};
   if ((rc = servd_interp_thread_run(m->ithread, pool_create_job, &pj))) return rc;
   m->chat_interp = po.n_interpreters > m->tp ? m->tp : 0;
+  if ((rc = servd_interp_thread_run(m->ithread, sync_devices_job, m))) return rc;
   int blocks = 0;
   if ((rc = servd_gpu_kv_setup(m, n_layers, kv_heads, head_dim, bs, &blocks))) return rc;
   servd_runner_gpu g = {.devices = m->devices, .dkv = m->dkv, .dcomm = m->dcomm,

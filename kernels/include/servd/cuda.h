@@ -5,7 +5,9 @@
  * All pointers passed to ops are device pointers owned by the caller (allocated from the context's
  * pool). Ops are asynchronous on the context's stream; servd_cuda_sync waits. Every CUDA, cuBLAS and
  * NCCL call is checked: failures return SERVD_EDEVICE with the file, line and the library's message
- * in servd_last_error(). Shapes follow the CPU ops in servd/ops.h.
+ * in servd_last_error(). Shapes follow the CPU ops in servd/ops.h. Every call that takes a context
+ * runs on the context's device whatever device is current, and leaves the calling thread's current
+ * device as it found it (as do servd_cuda_mem_info, ctx_create, ctx_destroy and the NCCL calls).
  */
 #ifndef SERVD_CUDA_H
 #define SERVD_CUDA_H
@@ -47,7 +49,7 @@ SERVD_API int servd_cuda_sync(servd_cuda_ctx *c);
  * addressing), async on the stream (host memory should be pinned for a truly async copy). */
 SERVD_API int servd_cuda_copy_2d(servd_cuda_ctx *c, void *dst, size_t dpitch, const void *src, size_t spitch,
                                  size_t width, size_t rows);
-SERVD_API int servd_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes); /* sets the device */
+SERVD_API int servd_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes);
 /* Bumped whenever device memory a captured graph could reference is freed or moved: a context's
  * scratch growing or being freed, the pool giving its cache back. Other layers that free device
  * memory bump it too. */
@@ -98,18 +100,25 @@ typedef struct servd_cuda_attn_batch {
 } servd_cuda_attn_batch;
 
 /* out (t, n_heads*head_dim) = causal attention of q over the cache; decode rows use split-K over
- * the context, prefill chunks a flash-attention tiling. head_dim <= 256, a multiple of 32. */
+ * the context, prefill chunks a flash-attention tiling. head_dim 64, 96, 128 or 256.
+ * Decode-only batches (every h_q_len 1) read only h_q_len and h_kv_len on the host (for checks): the
+ * grid and the scratch depend on n_seqs, n_heads and max_blocks alone, and each block finds its part
+ * of the context from the device kv_len, so the launch can be captured in a graph and replayed over
+ * later contexts up to max_blocks * block_size. */
 SERVD_API int servd_cuda_attention(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q,
                                    const servd_bf16_t *k_cache, const servd_bf16_t *v_cache,
                                    const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads, int head_dim,
                                    int block_size, float scale);
 
+/* Selection order (as the CPU ops): larger first, ties to the lower index, NaN below every number.
+ * Every returned index is in [0, n): a row of -inf or of NaN gives 0. */
 /* out (m) device i32 = argmax of each row of logits (m,n) f32. */
 SERVD_API int servd_cuda_argmax(servd_cuda_ctx *c, int32_t *out, const float *logits, int m, int n);
 /* Top k (k <= 64) of each row: values (m,k) f32 and indices (m,k) i32 on the device, descending. */
 SERVD_API int servd_cuda_topk(servd_cuda_ctx *c, float *values, int32_t *indices, const float *logits, int m, int n,
                               int k);
-/* Samples one token per row from softmax(logits/temperature) (Gumbel-max, exact), seeds per row. */
+/* Samples one token per row from softmax(logits/temperature) (Gumbel-max, exact), seeds per row;
+ * temperature <= 0 is argmax. */
 SERVD_API int servd_cuda_sample(servd_cuda_ctx *c, int32_t *out, const float *logits, int m, int n,
                                 float temperature, const uint64_t *seeds /* device (m) */, uint64_t step);
 
@@ -123,16 +132,20 @@ SERVD_API void servd_cuda_graph_destroy(servd_cuda_graph *g); /* accepts NULL */
 /* ---- NCCL: one communicator per rank, all in this process ---- */
 typedef struct servd_nccl servd_nccl;
 SERVD_API int servd_nccl_create(servd_nccl **out, int n_ranks, const int *devices);
-SERVD_API void servd_nccl_destroy(servd_nccl *n); /* accepts NULL */
+SERVD_API void servd_nccl_destroy(servd_nccl *n); /* accepts NULL; no rank may be inside a collective */
 /* Sum in place across ranks on rank's context stream; every rank calls it (from its own thread). */
 SERVD_API int servd_nccl_allreduce_bf16(servd_nccl *n, int rank, servd_cuda_ctx *c, servd_bf16_t *x, size_t count);
 /* recv (n_ranks * count) = every rank's send (count) in rank order. */
 SERVD_API int servd_nccl_allgather_f32(servd_nccl *n, int rank, servd_cuda_ctx *c, const float *send, float *recv,
                                        size_t count);
-/* ncclCommAbort on every rank's communicator (any thread, any number of times): ranks blocked in a
- * collective return; later collectives fail with SERVD_ECANCELED until servd_nccl_rebuild. */
+/* Aborts every rank's communicator (any thread, any number of times, concurrently with the ranks'
+ * collectives): ranks blocked in a collective return; later collectives fail with SERVD_ECANCELED
+ * until servd_nccl_rebuild. A communicator a rank is using is aborted by that rank when its call
+ * returns, never freed under it (the protocol is in nccl_comm.cu). Bumps the graph generation of
+ * every rank's device: captured collectives name the aborted communicators' buffers. */
 SERVD_API void servd_nccl_abort(servd_nccl *n);
-/* New communicators for the same devices; call when no rank is inside a collective. */
+/* New communicators for the same devices; call when no rank is inside a collective (SERVD_EBUSY
+ * otherwise). */
 SERVD_API int servd_nccl_rebuild(servd_nccl *n);
 
 #ifdef __cplusplus
