@@ -76,9 +76,10 @@ static int stdlib(servd_py_paths *p) {
   if (rc == 0) {
     if (e && strlen(e) + sizeof "/lib-dynload" > PATH_MAX)
       return servd_fail(SERVD_EINVAL, "interp: SERVD_PY_STDLIB is longer than %d bytes", PATH_MAX - 16);
-    if (e)
-      snprintf(p->dynload, sizeof p->dynload, "%s/lib-dynload", p->stdlib);
-    else
+    if (e) {
+      if (snprintf(p->dynload, sizeof p->dynload, "%s/lib-dynload", p->stdlib) >= (int)sizeof p->dynload)
+        return servd_fail(SERVD_EINVAL, "interp: SERVD_PY_STDLIB is longer than %d bytes", PATH_MAX - 16);
+    } else
       rc = set(p->dynload, "SERVD_PY_STDLIB", SERVD_PY_DYNLOAD);
   }
   if (rc < 0)

@@ -57,6 +57,15 @@ __global__ void decode_split_kernel(float *part_acc, float *part_ml, const __nv_
   const int chunk = (per + block_size - 1) / block_size * block_size;
   const int begin = min(len, split * chunk);
   const int end = min(len, begin + chunk);
+  const long long part = ((long long)seq * n_heads + head) * n_splits + split;
+  if (begin >= end) { /* the same for the whole block: an empty split, skipped by the reduce */
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) part_acc[part * HD + d] = 0.f;
+    if (threadIdx.x == 0) {
+      part_ml[2 * part] = -FLT_MAX;
+      part_ml[2 * part + 1] = 0.f;
+    }
+    return;
+  }
   const int kv_head = head / group, kv_dim = (n_heads / group) * HD;
   const int32_t *table = tables + (long long)seq * max_blocks;
   const __nv_bfloat16 *qr = q + ((long long)q_start[seq] * n_heads + head) * HD;
@@ -91,7 +100,6 @@ __global__ void decode_split_kernel(float *part_acc, float *part_ml, const __nv_
 #pragma unroll
   for (int j = 0; j < DPL; j++) sm_acc[warp][lane + 32 * j] = acc[j];
   __syncthreads();
-  const long long part = ((long long)seq * n_heads + head) * n_splits + split;
   for (int d = threadIdx.x; d < HD; d += blockDim.x) {
     float M = -FLT_MAX;
     for (int w = 0; w < n_warps; w++) M = fmaxf(M, sm_m[w]);

@@ -156,9 +156,12 @@ static bool leave(servd_nccl *n, int rank) {
   return true;
 }
 
-static int finish(servd_nccl *n, int rank, const char *op, ncclResult_t r) {
+/* Ends a collective: gives the communicator back, then reports the abort, the CUDA error (ce) or
+ * the NCCL error (r) of its call. */
+static int finish(servd_nccl *n, int rank, const char *op, ncclResult_t r, cudaError_t ce) {
   if (leave(n, rank) || __atomic_load_n(&n->aborted, __ATOMIC_ACQUIRE))
     return servd_fail(SERVD_ECANCELED, "nccl %s: aborted during the collective (a rank failed); rebuild them", op);
+  if (ce != cudaSuccess) return servd_fail(SERVD_EDEVICE, "nccl %s (rank %d): %s", op, rank, cudaGetErrorString(ce));
   if (r != ncclSuccess) return servd_fail(SERVD_EDEVICE, "nccl %s (rank %d): %s", op, rank, ncclGetErrorString(r));
   return SERVD_OK;
 }
@@ -168,12 +171,13 @@ extern "C" int servd_nccl_allreduce_bf16(servd_nccl *n, int rank, servd_cuda_ctx
   int rc = enter(n, rank, "allreduce");
   if (rc) return rc;
   ncclResult_t r = ncclSuccess;
+  cudaError_t ce = cudaSuccess;
   if (n->n > 1 && count > 0) {
     servd__device_scope scope(servd_cuda_ctx_device(c));
-    r = scope.err != cudaSuccess ? ncclUnhandledCudaError
-                                 : ncclAllReduce(x, x, count, ncclBfloat16, ncclSum, n->comms[rank], servd__stream(c));
+    ce = scope.err;
+    if (ce == cudaSuccess) r = ncclAllReduce(x, x, count, ncclBfloat16, ncclSum, n->comms[rank], servd__stream(c));
   }
-  return finish(n, rank, "allreduce", r);
+  return finish(n, rank, "allreduce", r, ce);
 }
 
 extern "C" int servd_nccl_allgather_f32(servd_nccl *n, int rank, servd_cuda_ctx *c, const float *send, float *recv,
@@ -181,21 +185,18 @@ extern "C" int servd_nccl_allgather_f32(servd_nccl *n, int rank, servd_cuda_ctx 
   int rc = enter(n, rank, "allgather");
   if (rc) return rc;
   ncclResult_t r = ncclSuccess;
+  cudaError_t ce = cudaSuccess;
   if (count > 0) {
     servd__device_scope scope(servd_cuda_ctx_device(c));
-    if (scope.err != cudaSuccess) {
-      r = ncclUnhandledCudaError;
-    } else if (n->n == 1) {
-      if (send != recv && cudaMemcpyAsync(recv, send, count * sizeof(float), cudaMemcpyDeviceToDevice,
-                                          servd__stream(c)) != cudaSuccess) {
-        cudaGetLastError();
-        r = ncclUnhandledCudaError;
-      }
-    } else {
+    ce = scope.err;
+    if (ce == cudaSuccess && n->n == 1) {
+      if (send != recv) ce = cudaMemcpyAsync(recv, send, count * sizeof(float), cudaMemcpyDeviceToDevice, servd__stream(c));
+      if (ce != cudaSuccess) cudaGetLastError();
+    } else if (ce == cudaSuccess) {
       r = ncclAllGather(send, recv, count, ncclFloat32, n->comms[rank], servd__stream(c));
     }
   }
-  return finish(n, rank, "allgather", r);
+  return finish(n, rank, "allgather", r, ce);
 }
 
 static void abort_locked(servd_nccl *n) {
