@@ -318,6 +318,21 @@ void api_count(servd_api *a, const char *route, int status) {
   }
 }
 
+/* Writes s for the text access log: control bytes, quotes, backslashes and spaces inside a field are
+ * escaped as \xHH, so a client cannot forge log lines or fields with a decoded %0a in its path. */
+static void log_field(FILE *f, const char *s) {
+  if (!s || !*s) {
+    fputc('-', f);
+    return;
+  }
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p < 0x20 || *p == 0x7f || *p == '"' || *p == '\\' || *p == ' ')
+      fprintf(f, "\\x%02x", *p);
+    else
+      fputc(*p, f);
+  }
+}
+
 static void access_log(servd_api *a, const servd_http_req *r) {
   if (a->o.access_log == SERVD_ACCESS_LOG_OFF) return;
   double secs = (double)(api_now_ns() - r->start_ns) / 1e9;
@@ -345,9 +360,17 @@ static void access_log(servd_api *a, const servd_http_req *r) {
     if (!b.oom) fwrite(b.data, 1, b.len, a->log);
     servd_buf_free(&b);
   } else {
-    fprintf(a->log, "%s %s \"%s %s HTTP/%d.%d\" %d %llu %.6fs%s%s\n", ts, r->remote, r->method ? r->method : "-",
-            r->path ? r->path : "-", r->http_major, r->http_minor, r->status, (unsigned long long)r->bytes_out, secs,
-            r->model ? " model=" : "", r->model ? r->model : "");
+    fprintf(a->log, "%s %s \"", ts, r->remote);
+    log_field(a->log, r->method);
+    fputc(' ', a->log);
+    log_field(a->log, r->path);
+    fprintf(a->log, " HTTP/%d.%d\" %d %llu %.6fs", r->http_major, r->http_minor, r->status,
+            (unsigned long long)r->bytes_out, secs);
+    if (r->model) {
+      fputs(" model=", a->log);
+      log_field(a->log, r->model);
+    }
+    fputc('\n', a->log);
   }
   fflush(a->log);
 }

@@ -92,4 +92,12 @@ check(r.returncode == 2 and "--tp 2 with --gpus 1" in r.stderr and "one rank per
       f"--tp 2 --gpus 1: {r.returncode} {r.stderr}")
 r = subprocess.run([a.servd, "--gpu-memory-fraction", "1.5"], capture_output=True, text=True, timeout=60)
 check(r.returncode == 2 and "--gpu-memory-fraction" in r.stderr, f"bad fraction: {r.returncode} {r.stderr}")
+# The text access log escapes what a client controls: a decoded %0a in the path cannot forge a line.
+t = Servd(a, ["--access-log", "text"])
+st = t.request("GET", "/v1/models%0aFORGED%20200%22")[0]
+check(st == 404 or st == 200, f"path with an encoded newline: {st}")
+check(t.stop() == 0, "text-log servd exit")
+tlog = t.stderr()
+check(not any(l.startswith("FORGED") for l in tlog.splitlines()), f"forged access-log line:\n{tlog}")
+check("/v1/models\\x0aFORGED\\x20200\\x22" in tlog, f"escaped path missing from the access log:\n{tlog}")
 print("ok")
