@@ -29,5 +29,5 @@ venv="$here/.venv-test"
 if [ ! -x "$venv/bin/python" ]; then
   /usr/bin/python3 -m venv --system-site-packages "$venv"
 fi
-"$venv/bin/python" -c "import openai, tokenizers, gguf" 2>/dev/null ||
-  "$venv/bin/pip" install --quiet "openai>=1.0" "tokenizers>=0.15" "gguf>=0.6" "jsonschema"
+"$venv/bin/python" -c "import openai, tokenizers, gguf, sentencepiece" 2>/dev/null ||
+  "$venv/bin/pip" install --quiet "openai>=1.0" "tokenizers>=0.15" "gguf>=0.6" "jsonschema" "sentencepiece"

@@ -16,8 +16,17 @@
  * - A caller that finds no free slot spins (yielding the core) for a while, then sleeps until a
  *   slot is released.
  * - Workers spin briefly after a job before sleeping, holding no slot, because a decode step issues
- *   hundreds of small ops back to back and a futex wake per op would dominate them.
+ *   hundreds of small ops back to back and a futex wake per op would dominate them. The spin is
+ *   paid for by work: a worker earns spin time by computing chunks (SPIN_PER_WORK ns per ns) and
+ *   spends it waiting, so jobs too small to be worth a second thread (a tiny model's ops: the
+ *   worker got 0.5 us of work per 4 us of spinning) stop its spinning, while a model whose chunks
+ *   take microseconds keeps it hot. A worker out of credit sleeps "deep": callers do not wake it
+ *   (a futex wake per job would cost them more than its help is worth); it looks again after
+ *   DEEP_SLEEP_NS and, if jobs came meanwhile, spins for a probe's worth of credit.
+ * - servd_threadpool_quiesce() ends the spinning at once, for callers that know no job follows
+ *   soon (the end of a forward step); the next job wakes the workers as after any sleep.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -36,9 +45,12 @@
 
 #define MAX_THREADS 1024
 #define SLOT_WORDS (MAX_THREADS / 64)
-#define WORKER_SPIN_NS 200000L /* a worker stays hot this long after its last job: covers the gaps
-                                   * inside and between decode steps, without burning a core while
-                                   * the server does other work (1 ms spun ~30% of a busy server) */
+#define WORKER_SPIN_NS 200000L /* a worker stays hot at most this long after its last job: covers
+                                   * the gaps inside and between decode steps, without burning a core
+                                   * while the server does other work (1 ms spun ~30% of a busy server) */
+#define SPIN_PER_WORK 1         /* ns of spin credit a worker earns per ns it computes */
+#define DEEP_SLEEP_NS 2000000L  /* a worker out of credit looks for jobs this often */
+#define PROBE_SPIN_NS 20000L    /* credit of a worker that found jobs after a deep sleep */
 #define CALLER_SPIN_NS 100000L  /* a caller spins this long for the turn or for workers */
 #define SLOT_SPIN_NS 500000L    /* a caller spins (yielding) this long for a free slot */
 
@@ -62,10 +74,12 @@ static struct {
   atomic_ulong free_slots[SLOT_WORDS]; /* bit set: that slot is free */
   atomic_int slot_waiters;             /* callers asleep on cv_slot (changed under mu) */
   atomic_ulong gen; /* bumped once per published job; 64 bits never wrap, so 0 means "closed" */
+  atomic_ulong park; /* bumped by servd_threadpool_quiesce: spinning workers go to sleep */
+  atomic_int sleepers; /* workers asleep until the next job (raised under mu; a waker zeroes it) */
   atomic_int stop;
   job job;
   atomic_ulong ticket_next, ticket_serving;
-  int sleepers, waiters, caller_sleeping; /* under mu */
+  int waiters, caller_sleeping; /* under mu */
 } pool = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .cv_work = PTHREAD_COND_INITIALIZER,
@@ -150,44 +164,91 @@ static void run_chunks(job *j, int thread) {
   }
 }
 
+/* Sleeps until a job newer than `seen` is published or the pool stops; returns pool.gen. Deep: not
+ * woken by callers, back after DEEP_SLEEP_NS; if no job came meanwhile, sleeps on as a light sleeper
+ * (woken by the next job), so an idle pool does not wake every DEEP_SLEEP_NS. *probe is set when a
+ * deep sleep ended with jobs published. A light sleeper that leaves without sleeping stays counted
+ * until the next job zeroes the count (one needless broadcast), since only wakers may lower it. */
+static unsigned long worker_sleep(unsigned long seen, int deep, int *probe) {
+  unsigned long g;
+  *probe = 0;
+  pthread_mutex_lock(&pool.mu);
+  if (deep) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += DEEP_SLEEP_NS;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    while ((g = atomic_load(&pool.gen)) == seen && !atomic_load(&pool.stop))
+      if (pthread_cond_clockwait(&pool.cv_work, &pool.mu, CLOCK_MONOTONIC, &ts) == ETIMEDOUT) break;
+    if (g != seen || atomic_load(&pool.stop)) {
+      *probe = 1;
+      pthread_mutex_unlock(&pool.mu);
+      return g;
+    }
+  }
+  /* Count ourselves, then read gen (both seq_cst), pairing with the caller's store of gen then read
+   * of the count: either the caller sees us and wakes us (under mu, so not before we wait) or we see
+   * its job. */
+  while (atomic_fetch_add(&pool.sleepers, 1), (g = atomic_load(&pool.gen)) == seen && !atomic_load(&pool.stop))
+    pthread_cond_wait(&pool.cv_work, &pool.mu);
+  pthread_mutex_unlock(&pool.mu);
+  return g;
+}
+
 static void *worker_main(void *arg) {
   (void)arg;
   unsigned long seen = start_gen; /* not pool.gen: a job may be published before this thread runs */
+  unsigned long park = atomic_load(&pool.park);
+  /* Means over the last jobs (weight 1/16 each) of the ns computed per job and the ns spun until it
+   * came (a spin that ran out is the end of a burst, not counted): a worker is worth its spinning
+   * while it computes at least as long as it spins between jobs. */
+  long mean_work = 0, mean_spin = 0;
+  long credit = PROBE_SPIN_NS; /* the spin allowed to a worker not worth it (earned by computing) */
+  long idle_since = now_ns();  /* when the last job ended */
   for (;;) {
     unsigned long g = atomic_load_explicit(&pool.gen, memory_order_acquire);
+    const int worth = mean_work * SPIN_PER_WORK >= mean_spin;
+    long spun = 0;
     if (g == seen && !atomic_load_explicit(&pool.stop, memory_order_relaxed)) {
-      long deadline = now_ns() + WORKER_SPIN_NS;
-      for (int i = 1;; i++) {
+      const long limit = worth ? WORKER_SPIN_NS : credit, deadline = idle_since + limit;
+      for (int i = 1; limit > 0; i++) {
         cpu_relax();
         g = atomic_load_explicit(&pool.gen, memory_order_acquire);
         if (g != seen || atomic_load_explicit(&pool.stop, memory_order_relaxed)) break;
+        if (atomic_load_explicit(&pool.park, memory_order_relaxed) != park) break;
         /* No sched_yield here: on a busy machine it hands the core away for a whole time slice,
          * and the next job (microseconds away in a decode step) then runs without this thread. */
-        if ((i & 255) == 0 && now_ns() > deadline) break;
+        if ((i & 31) == 0 && now_ns() > deadline) break;
       }
+      /* Beyond the limit it was preemption, not spinning: not charged. */
+      spun = now_ns() - idle_since;
+      if (spun > limit) spun = limit;
+      credit = spun < credit ? credit - spun : 0;
     }
     if (g == seen) {
-      pthread_mutex_lock(&pool.mu);
-      while ((g = atomic_load(&pool.gen)) == seen && !atomic_load(&pool.stop)) {
-        pool.sleepers++;
-        pthread_cond_wait(&pool.cv_work, &pool.mu);
-        pool.sleepers--;
-      }
-      pthread_mutex_unlock(&pool.mu);
+      spun = -1; /* ran out: not a gap inside a burst */
+      int probe;
+      g = worker_sleep(seen, !worth, &probe);
+      if (probe) credit = PROBE_SPIN_NS;
     }
     if (atomic_load(&pool.stop)) break;
     seen = g;
+    park = atomic_load_explicit(&pool.park, memory_order_relaxed); /* earlier hints are not for us */
     /* Join, then check the job is still open (both seq_cst, pairing with the caller's close then
      * read of active): either the caller sees us and waits, or we see it closed and touch nothing.
      * Compute only with a slot; small jobs of other callers may hold them all. */
     atomic_fetch_add(&pool.job.active, 1);
+    long worked = 0;
     if (atomic_load(&pool.job.open) == g &&
         atomic_load_explicit(&pool.job.next, memory_order_relaxed) < pool.job.n) {
       const int s = slot_try();
       if (s >= 0) {
+        const long t0 = now_ns();
         tls_thread = s;
         run_chunks(&pool.job, s);
         tls_thread = -1;
+        worked = now_ns() - t0;
         slot_release(s);
       }
     }
@@ -196,6 +257,11 @@ static void *worker_main(void *arg) {
       if (pool.caller_sleeping) pthread_cond_signal(&pool.cv_done);
       pthread_mutex_unlock(&pool.mu);
     }
+    idle_since = now_ns();
+    mean_work += (worked - mean_work) / 16;
+    if (spun >= 0) mean_spin += (spun - mean_spin) / 16;
+    credit += worked * SPIN_PER_WORK;
+    if (credit > WORKER_SPIN_NS) credit = WORKER_SPIN_NS;
   }
   return NULL;
 }
@@ -299,9 +365,13 @@ static void run_parallel(int64_t n, int64_t grain, servd_task_fn fn, void *ctx, 
   const unsigned long g = atomic_load_explicit(&pool.gen, memory_order_relaxed) + 1;
   atomic_store(&j->open, g);
   atomic_store(&pool.gen, g); /* publishes the job fields above */
-  pthread_mutex_lock(&pool.mu);
-  if (pool.sleepers) pthread_cond_broadcast(&pool.cv_work);
-  pthread_mutex_unlock(&pool.mu);
+  /* Wake light sleepers (see worker_sleep); a worker that is spinning, or deep asleep, is not. */
+  if (atomic_load(&pool.sleepers)) {
+    pthread_mutex_lock(&pool.mu);
+    atomic_store(&pool.sleepers, 0);
+    pthread_cond_broadcast(&pool.cv_work);
+    pthread_mutex_unlock(&pool.mu);
+  }
   run_chunks(j, s);
   /* Every chunk is claimed: close the job, then wait for the workers still inside it. */
   atomic_store(&j->open, 0);
@@ -349,6 +419,11 @@ void servd_parallel_for(int64_t n, int64_t grain, servd_task_fn fn, void *ctx) {
     if (!small) give_turn();
     return;
   }
+}
+
+void servd_threadpool_quiesce(void) {
+  /* Relaxed: a hint; a worker that misses it spins out its credit as without it. */
+  atomic_fetch_add_explicit(&pool.park, 1, memory_order_relaxed);
 }
 
 void servd_threadpool_shutdown(void) {

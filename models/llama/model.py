@@ -72,6 +72,13 @@ class LlamaModel:
         self.rank, self.world = servd.rank(), servd.world_size()
         names = set(pkg.tensor_names())
         self._names = _GGUF if _GGUF["embed"] in names else _HF
+        # modelpkg turns a GGUF's rope_freqs into config rope_scaling; a package that still holds the
+        # tensor would run with unscaled RoPE.
+        stale = names & {"rope_freqs.weight", "model.rope_freqs.weight"}
+        if stale:
+            raise ValueError(f"llama: the package holds {sorted(stale)[0]} (per-dimension RoPE factors), which "
+                             "this model code does not apply: repack the GGUF with this modelpkg, which turns "
+                             "it into rope_scaling")
 
         self.dim = int(_cfg(cfg, "hidden_size", "embedding_length"))
         self.n_layers = int(_cfg(cfg, "num_hidden_layers", "block_count"))

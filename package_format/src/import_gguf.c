@@ -1,13 +1,15 @@
 /* GGUF (llama architecture) -> package: model config from llama.* metadata, tokenizer.ggml.* as an
  * equivalent Hugging Face tokenizer.json, the chat template, and tensors under Hugging Face names.
  * F32 F16 BF16 Q8_0 Q4_0 Q4_1 are kept as they are; Q5_0 Q5_1 Q4_K Q5_K Q6_K are converted to the
- * chosen dtype. GGUF Q/K rows are permuted for interleaved-pair RoPE: rope_layout "interleaved". */
+ * chosen dtype. GGUF Q/K rows are permuted for interleaved-pair RoPE: rope_layout "interleaved".
+ * rope_freqs.weight becomes the config's Llama 3 rope_scaling (rope_fit.c) and is not stored. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "import-impl.h"
 #include "mpk-impl.h"
 #include "mpk/gguf.h"
+#include "rope-fit.h"
 
 static int ggml_conv(const void *ctx, const void *src, float *dst, int64_t n) {
   return mpk_ggml_row_to_f32(*(const uint32_t *)ctx, src, dst, n);
@@ -17,7 +19,7 @@ static int ggml_conv(const void *ctx, const void *src, float *dst, int64_t n) {
 static void hf_name(const char *g, char *out, size_t cap) {
   static const struct { const char *g, *hf; } top[] = {
       {"token_embd.weight", "model.embed_tokens.weight"}, {"output_norm.weight", "model.norm.weight"},
-      {"output.weight", "lm_head.weight"}, {"rope_freqs.weight", "model.rope_freqs.weight"}};
+      {"output.weight", "lm_head.weight"}};
   static const struct { const char *g, *hf; } blk[] = {
       {"attn_norm.weight", "input_layernorm.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
       {"attn_q.weight", "self_attn.q_proj.weight"},    {"attn_k.weight", "self_attn.k_proj.weight"},
@@ -74,33 +76,11 @@ static int tok_string(const mpk_gguf *g, const mpk_gguf_kv *tokens, uint64_t id,
   return 0;
 }
 
-static int convert_tokenizer(const char *what, const mpk_gguf *g, tok_out *t) {
+/* tokenizer.ggml.model "gpt2" -> tokenizer.json (*out owned by the caller). */
+static int gpt2_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *tokens, const mpk_gguf_kv *types,
+                     const mpk_gguf_kv *mkv, const char *pre, json_t **out) {
   int rc = 0;
-  const char *model;
-  size_t ml;
-  json_t *root = NULL, *vocab = NULL, *merges = NULL, *added = NULL, *cfg = NULL;
-  if ((rc = mpk_gguf_get_str(g, "tokenizer.ggml.model", &model, &ml)))
-    return rc == SERVD_EINVAL ? servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.model: missing", what) : rc;
-  if (ml != 4 || memcmp(model, "gpt2", 4))
-    return servd_fail(SERVD_EUNSUPPORTED, "%s: tokenizer.ggml.model \"%.*s\": only \"gpt2\" (byte-level BPE) is supported", what,
-                      (int)(ml > 32 ? 32 : ml), model);
-  const mpk_gguf_kv *tokens = mpk_gguf_find(g, "tokenizer.ggml.tokens"), *types = mpk_gguf_find(g, "tokenizer.ggml.token_type"),
-                    *mkv = mpk_gguf_find(g, "tokenizer.ggml.merges");
-  if (!tokens || tokens->type != MPK_GGUF_ARRAY || tokens->arr_type != MPK_GGUF_STRING || tokens->n == 0)
-    return servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.tokens: expected a non-empty array of strings", what);
-  if (types && (types->type != MPK_GGUF_ARRAY || types->arr_type == MPK_GGUF_STRING || types->arr_type == MPK_GGUF_FLOAT32 ||
-                types->arr_type == MPK_GGUF_FLOAT64 || types->n != tokens->n))
-    return servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.token_type: expected an integer array as long as the tokens (%llu)", what,
-                      (unsigned long long)tokens->n);
-  if (mkv && (mkv->type != MPK_GGUF_ARRAY || mkv->arr_type != MPK_GGUF_STRING))
-    return servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.merges: expected an array of strings", what);
-  char pre[64] = "";
-  const char *ps;
-  size_t pl;
-  int r = mpk_gguf_get_str(g, "tokenizer.ggml.pre", &ps, &pl);
-  if (r == 0) snprintf(pre, sizeof pre, "%.*s", (int)(pl < 63 ? pl : 63), ps);
-  else if (r != SERVD_EINVAL) return r;
-
+  json_t *root = NULL, *vocab = NULL, *merges = NULL, *added = NULL;
   vocab = json_object();
   merges = json_array();
   added = json_array();
@@ -142,6 +122,49 @@ static int convert_tokenizer(const char *what, const mpk_gguf *g, tok_out *t) {
                    "ignore_merges", 0, "vocab", vocab, "merges", merges);
   added = vocab = merges = NULL;
   if (!root) { rc = servd_fail(SERVD_ENOMEM, "%s: cannot build tokenizer.json", what); goto fail; }
+  *out = root;
+fail:
+  json_decref(vocab);
+  json_decref(merges);
+  json_decref(added);
+  return rc;
+}
+
+/* gguf_spm.c: tokenizer.ggml.model "llama" (SentencePiece BPE) -> tokenizer.json (*out owned by the caller). */
+int mpk__gguf_spm_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *tokens, const mpk_gguf_kv *types,
+                       json_t **out);
+
+static int convert_tokenizer(const char *what, const mpk_gguf *g, tok_out *t) {
+  int rc = 0;
+  const char *model;
+  size_t ml;
+  json_t *root = NULL, *cfg = NULL;
+  if ((rc = mpk_gguf_get_str(g, "tokenizer.ggml.model", &model, &ml)))
+    return rc == SERVD_EINVAL ? servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.model: missing", what) : rc;
+  bool spm = ml == 5 && !memcmp(model, "llama", 5); /* SentencePiece BPE with byte fallback */
+  if (!spm && (ml != 4 || memcmp(model, "gpt2", 4)))
+    return servd_fail(SERVD_EUNSUPPORTED, "%s: tokenizer.ggml.model \"%.*s\": only \"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece BPE) are supported", what,
+                      (int)(ml > 32 ? 32 : ml), model);
+  const mpk_gguf_kv *tokens = mpk_gguf_find(g, "tokenizer.ggml.tokens"), *types = mpk_gguf_find(g, "tokenizer.ggml.token_type"),
+                    *mkv = mpk_gguf_find(g, "tokenizer.ggml.merges");
+  if (!tokens || tokens->type != MPK_GGUF_ARRAY || tokens->arr_type != MPK_GGUF_STRING || tokens->n == 0)
+    return servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.tokens: expected a non-empty array of strings", what);
+  if (types && (types->type != MPK_GGUF_ARRAY || types->arr_type == MPK_GGUF_STRING || types->arr_type == MPK_GGUF_FLOAT32 ||
+                types->arr_type == MPK_GGUF_FLOAT64 || types->n != tokens->n))
+    return servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.token_type: expected an integer array as long as the tokens (%llu)", what,
+                      (unsigned long long)tokens->n);
+  if (mkv && (mkv->type != MPK_GGUF_ARRAY || mkv->arr_type != MPK_GGUF_STRING))
+    return servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.merges: expected an array of strings", what);
+  char pre[64] = "";
+  const char *ps;
+  size_t pl;
+  int r = mpk_gguf_get_str(g, "tokenizer.ggml.pre", &ps, &pl);
+  if (r == 0) snprintf(pre, sizeof pre, "%.*s", (int)(pl < 63 ? pl : 63), ps);
+  else if (r != SERVD_EINVAL) return r;
+
+  if (spm) rc = mpk__gguf_spm_json(what, g, tokens, types, &root);
+  else rc = gpt2_json(what, g, tokens, types, mkv, pre, &root);
+  if (rc) goto fail;
   /* tokenizer.ggml.pre goes into the manifest (tokenizer.pre): tokenizer.json allows no extra keys. */
 
   /* Special tokens and the tokenizer config. */
@@ -166,7 +189,7 @@ static int convert_tokenizer(const char *what, const mpk_gguf *g, tok_out *t) {
     json_object_set(cfg, sp[i].name, s);
     json_object_set_new(t->special, sp[i].name, s);
   }
-  bool abos = false, aeos = false;
+  bool abos = spm, aeos = false; /* llama.cpp's defaults */
   if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &abos)) && r != SERVD_EINVAL) { rc = r; goto fail; }
   if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &aeos)) && r != SERVD_EINVAL) { rc = r; goto fail; }
   json_object_set_new(cfg, "add_bos_token", json_boolean(abos));
@@ -187,9 +210,6 @@ static int convert_tokenizer(const char *what, const mpk_gguf *g, tok_out *t) {
 fail:
   json_decref(root);
   json_decref(cfg);
-  json_decref(vocab);
-  json_decref(merges);
-  json_decref(added);
   return rc;
 }
 
@@ -256,6 +276,50 @@ fail:
   return rc;
 }
 
+/* rope_freqs.weight (Llama 3.1/3.2: llama.cpp stores the rope scaling as per-dimension divisors of the
+ * inverse frequencies) -> the config's rope_scaling, exactly as Hugging Face writes it, so the tensor
+ * is not needed and HF and GGUF imports of one model agree. Refused unless the factors are exactly
+ * a Llama 3 scaling: servd would otherwise run with other frequencies than the file's. */
+static int rope_scaling_from_freqs(const char *what, const mpk_gguf *g, const mpk_gguf_tensor *t, const void *data,
+                                   json_t *config) {
+  const int64_t head_dim = json_integer_value(json_object_get(config, "head_dim"));
+  const double theta = json_number_value(json_object_get(config, "rope_theta"));
+  if (t->type != MPK_GGML_F32)
+    return servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%s\": ggml type %s, expected F32 frequency factors", what, t->name,
+                      mpk_ggml_type_name(t->type) ? mpk_ggml_type_name(t->type) : "?");
+  if (t->ndim != 1 || t->ne[0] * 2 != head_dim)
+    return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": %lld values in %d dimension(s), expected head_dim/2 = %lld", what,
+                      t->name, (long long)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]), t->ndim, (long long)(head_dim / 2));
+  /* llama.cpp applies a rope.scaling.factor on top of rope_freqs unless the type is "none". */
+  const char *st = "linear";
+  size_t sl = 6;
+  double lin = 0.0;
+  int r = mpk_gguf_get_str(g, "llama.rope.scaling.type", &st, &sl);
+  if (r && r != SERVD_EINVAL) return r;
+  if ((r = mpk_gguf_get_f64(g, "llama.rope.scaling.factor", &lin)) && r != SERVD_EINVAL) return r;
+  if (!(sl == 4 && !memcmp(st, "none", 4)) && lin != 0.0 && lin != 1.0)
+    return servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%s\" with llama.rope.scaling.type \"%.*s\" factor %g: the two scalings "
+                      "combined are not supported", what, t->name, (int)(sl > 32 ? 32 : sl), st, lin);
+  uint64_t orig = 0;
+  if ((r = mpk_gguf_get_u64(g, "llama.rope.scaling.original_context_length", &orig)) && r != SERVD_EINVAL) return r;
+  if (orig > UINT32_MAX) orig = 0; /* no candidate; the search tries the usual ones */
+  float ff[2048];
+  if (head_dim / 2 > (int64_t)(sizeof ff / sizeof *ff))
+    return servd_fail(SERVD_EUNSUPPORTED, "%s: head_dim %lld: at most %zu supported with rope_freqs", what, (long long)head_dim,
+                      2 * sizeof ff / sizeof *ff);
+  memcpy(ff, data, (size_t)t->ne[0] * sizeof(float)); /* the data offset need not be 4-aligned */
+  mpk_llama3_rope fit;
+  if ((r = mpk__rope_fit_llama3(what, t->name, ff, (int)t->ne[0], theta, (uint32_t)orig, &fit))) return r;
+  /* The keys and values of the model's Hugging Face config.json; all factors 1 is plain RoPE. */
+  json_t *rs = fit.factor == 1.0 ? json_null()
+                                 : json_pack("{s:f,s:f,s:f,s:I,s:s}", "factor", shortest_f32(fit.factor), "high_freq_factor",
+                                             fit.high_freq_factor, "low_freq_factor", fit.low_freq_factor,
+                                             "original_max_position_embeddings", (json_int_t)fit.original_max_positions,
+                                             "rope_type", "llama3");
+  if (!rs || json_object_set_new(config, "rope_scaling", rs)) return servd_fail(SERVD_ENOMEM, "%s: out of memory", what);
+  return 0;
+}
+
 int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_options *opt) {
   mpk_import_options defaults;
   if (!opt) { mpk_import_options_init(&defaults); opt = &defaults; }
@@ -277,6 +341,12 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
   for (size_t i = 0; i < g->n_tensors; i++) tied &= strcmp(g->tensors[i].name, "output.weight") != 0;
   uint64_t n_vocab = mpk_gguf_find(g, "tokenizer.ggml.tokens")->n;
   if ((rc = make_config(gguf_path, g, tied, n_vocab, &config))) goto fail;
+  const mpk_gguf_tensor *rope_freqs = NULL;
+  for (size_t i = 0; i < g->n_tensors; i++)
+    if (!strcmp(g->tensors[i].name, "rope_freqs.weight")) rope_freqs = &g->tensors[i];
+  if (rope_freqs &&
+      (rc = rope_scaling_from_freqs(gguf_path, g, rope_freqs, (const uint8_t *)map.data + rope_freqs->offset, config)))
+    goto fail;
 
   if ((rc = mpk_writer_create(out_path, &w))) goto fail;
   char name[256] = "";
@@ -305,9 +375,10 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
   if ((rc = mpk_writer_set(w, "source", src))) goto fail;
 
   mpk_progress pr = {.o = opt};
-  for (size_t i = 0; i < g->n_tensors; i++) pr.total += g->tensors[i].nbytes;
+  for (size_t i = 0; i < g->n_tensors; i++) pr.total += &g->tensors[i] == rope_freqs ? 0 : g->tensors[i].nbytes;
   for (size_t i = 0; i < g->n_tensors; i++) {
     const mpk_gguf_tensor *t = &g->tensors[i];
+    if (t == rope_freqs) continue; /* now the config's rope_scaling */
     char hn[512];
     hf_name(t->name, hn, sizeof hn);
     int64_t shape[4];

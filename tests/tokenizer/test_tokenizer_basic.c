@@ -213,8 +213,19 @@ static void test_refusals(void **st) {
   expect_refused("{\"model\":", SERVD_EFORMAT, "not valid JSON");
   expect_refused("[]", SERVD_EFORMAT, "model");
   expect_refused("{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}", SERVD_EUNSUPPORTED, "model.type");
-  expect_refused("{\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"vocab\":{},\"merges\":[]}}", SERVD_EUNSUPPORTED,
-                 "model.byte_fallback");
+  /* byte_fallback (SentencePiece-style) with the byte-level alphabet makes no sense */
+  char *bf = make_json(BYTELEVEL, "null", false, "\"byte_fallback\":true,");
+  expect_refused(bf, SERVD_EUNSUPPORTED, "ByteLevel cannot be combined");
+  free(bf);
+  expect_refused("{\"decoder\":{\"type\":\"Strip\",\"content\":\" \",\"start\":1,\"stop\":1},"
+                 "\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}",
+                 SERVD_EUNSUPPORTED, "decoder: Strip");
+  expect_refused("{\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"Regex\":\" \"},\"content\":\"x\"},"
+                 "\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}",
+                 SERVD_EUNSUPPORTED, "normalizer: Replace");
+  expect_refused("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Metaspace\","
+                 "\"replacement\":\"_\"},{\"type\":\"Digits\"}]},\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}",
+                 SERVD_EUNSUPPORTED, "pre_tokenizer.pretokenizers[1]");
   expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-1},\"merges\":[]}}", SERVD_EFORMAT, "model.vocab");
   expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":16000000},\"merges\":[]}}", SERVD_EFORMAT,
                  "largest id");

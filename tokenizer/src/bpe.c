@@ -51,12 +51,46 @@ static int append_ids(int32_t **out, size_t *n_out, size_t *cap, size_t extra) {
   return ensure((void **)out, cap, *n_out + extra, sizeof(int32_t));
 }
 
+/* Character-level start (Hugging Face's BPE::merge_word): each character that is a vocabulary
+ * entry is a symbol; another one becomes its <0xXX> byte tokens when all exist (byte_fallback),
+ * else the unknown token (consecutive ones fused with fuse_unk), else nothing. As there, a pending
+ * unknown token is emitted only before the next vocabulary character or at the end. At most n
+ * symbols. */
+static int32_t char_symbols(const servd_tokenizer *t, const uint8_t *s, size_t n, bpe_sym *sym) {
+  int32_t ns = 0;
+  bool unk = false;
+  for (size_t i = 0; i < n;) {
+    uint32_t cp;
+    size_t l = (size_t)utf8__decode(s + i, n - i, &cp);
+    if (!l) l = 1; /* not reached: the text was made valid UTF-8 */
+    int32_t id = str_map_get(&t->content_ids, s + i, l);
+    if (id >= 0 && t->in_vocab[id]) {
+      if (unk) sym[ns] = (bpe_sym){t->unk_id, ns - 1, ns + 1, 1}, ns++, unk = false;
+      sym[ns] = (bpe_sym){id, ns - 1, ns + 1, (uint32_t)l};
+      ns++;
+    } else {
+      bool bytes = t->byte_fallback;
+      for (size_t k = 0; bytes && k < l; k++) bytes = t->byte_id[s[i + k]] >= 0;
+      if (bytes) {
+        for (size_t k = 0; k < l; k++) sym[ns] = (bpe_sym){t->byte_id[s[i + k]], ns - 1, ns + 1, 1}, ns++;
+      } else if (t->unk_id >= 0) {
+        if (unk && !t->fuse_unk) sym[ns] = (bpe_sym){t->unk_id, ns - 1, ns + 1, 1}, ns++;
+        unk = true;
+      }
+    }
+    i += l;
+  }
+  if (unk) sym[ns] = (bpe_sym){t->unk_id, ns - 1, ns + 1, 1}, ns++;
+  return ns;
+}
+
 int bpe__encode_word(const servd_tokenizer *t, const uint8_t *s, size_t n, tok_work *w, int32_t **out,
                      size_t *n_out, size_t *cap_out) {
   int rc;
   if (!n) return 0;
   if (t->ignore_merges) {
-    int32_t id = str_map_get(&t->bytes_ids, s, n);
+    int32_t id = t->char_level ? str_map_get(&t->content_ids, s, n) : str_map_get(&t->bytes_ids, s, n);
+    if (t->char_level && id >= 0 && !t->in_vocab[id]) id = -1;
     if (id >= 0) {
       if ((rc = append_ids(out, n_out, cap_out, 1))) return rc;
       (*out)[(*n_out)++] = id;
@@ -66,11 +100,15 @@ int bpe__encode_word(const servd_tokenizer *t, const uint8_t *s, size_t n, tok_w
   if ((rc = ensure((void **)&w->sym, &w->sym_cap, n, sizeof(bpe_sym)))) return rc;
   bpe_sym *sym = w->sym;
   int32_t ns = 0;
-  for (size_t i = 0; i < n; i++) {
-    int32_t id = t->byte_id[s[i]];
-    if (id < 0) continue; /* no unknown token in byte-level BPE: the byte is dropped, as HF does */
-    sym[ns] = (bpe_sym){id, ns - 1, ns + 1, 1};
-    ns++;
+  if (t->char_level) {
+    ns = char_symbols(t, s, n, sym);
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      int32_t id = t->byte_id[s[i]];
+      if (id < 0) continue; /* no unknown token in byte-level BPE: the byte is dropped, as HF does */
+      sym[ns] = (bpe_sym){id, ns - 1, ns + 1, 1};
+      ns++;
+    }
   }
   if (!ns) return 0;
   sym[ns - 1].next = -1;

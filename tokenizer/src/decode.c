@@ -79,11 +79,15 @@ int servd_tokenizer_decode(const servd_tokenizer *t, const int32_t *ids, int n, 
     return servd_fail(SERVD_ENOMEM, "tokenizer: decode: out of memory for %zu bytes", total);
   }
   size_t r = 0, o = 0;
+  bool first = true;
+  int budget = t->strip_left;
   for (int i = 0; i < n; i++) {
     if (skip_special && t->is_special[ids[i]]) continue;
     size_t pl = t->piece_off[ids[i] + 1] - t->piece_off[ids[i]];
-    memcpy(raw + r, t->pieces.p + t->piece_off[ids[i]], pl);
-    r += pl;
+    const char *p = t->pieces.p + t->piece_off[ids[i]];
+    size_t cut = t->char_level ? spm__lead_cut(t, ids[i], p, pl, &first, &budget) : 0;
+    memcpy(raw + r, p + cut, pl - cut);
+    r += pl - cut;
   }
   emit_utf8(raw, r, false, out, &o);
   out[o] = 0;
@@ -99,6 +103,8 @@ struct servd_detok {
   bool skip_special;
   uint8_t held[4]; /* an incomplete UTF-8 sequence (at most 3 bytes) */
   size_t n_held;
+  bool first;      /* no token decoded yet (the decoder's leading-space rules) */
+  int budget;
   uint8_t *in;  /* held + the new token's bytes */
   char *out;
   size_t cap;   /* bytes of `in`; out has 3 * cap + 4 */
@@ -127,6 +133,8 @@ int servd_detok_create(const servd_tokenizer *t, bool skip_special, servd_detok 
   if (!d) return servd_fail(SERVD_ENOMEM, "tokenizer: detokenizer: out of memory");
   d->t = t;
   d->skip_special = skip_special;
+  d->first = true;
+  d->budget = t->strip_left;
   /* room for the longest token, so pushes never allocate */
   size_t longest = 0;
   for (int32_t i = 0; i < t->n_ids; i++) {
@@ -149,7 +157,11 @@ void servd_detok_free(servd_detok *d) {
   free(d);
 }
 
-void servd_detok_reset(servd_detok *d) { d->n_held = 0; }
+void servd_detok_reset(servd_detok *d) {
+  d->n_held = 0;
+  d->first = true;
+  d->budget = d->t->strip_left;
+}
 
 int servd_detok_push(servd_detok *d, int32_t id, const char **text, size_t *len) {
   const servd_tokenizer *t = d->t;
@@ -159,10 +171,14 @@ int servd_detok_push(servd_detok *d, int32_t id, const char **text, size_t *len)
     return servd_fail(SERVD_ERANGE, "tokenizer: detokenize: id %d is not in the vocabulary (size %d)", id, t->n_ids);
   if (d->skip_special && t->is_special[id]) return 0;
   size_t pl = t->piece_off[id + 1] - t->piece_off[id];
+  const char *p = t->pieces.p + t->piece_off[id];
+  size_t cut = t->char_level ? spm__lead_cut(t, id, p, pl, &d->first, &d->budget) : 0;
+  p += cut;
+  pl -= cut;
   int rc = detok_reserve(d, d->n_held + pl);
   if (rc) return rc;
   memcpy(d->in, d->held, d->n_held);
-  memcpy(d->in + d->n_held, t->pieces.p + t->piece_off[id], pl);
+  memcpy(d->in + d->n_held, p, pl);
   size_t n = d->n_held + pl, o = 0;
   size_t used = emit_utf8(d->in, n, true, d->out, &o);
   d->n_held = n - used;

@@ -140,12 +140,62 @@ static int sanitize(const uint8_t *s, size_t n, size_t first_bad, tok_buf *out) 
   return 0;
 }
 
+/* The text segments of `in` normalized into buf (added-token segments kept); offsets into buf. */
+static int normalize_segments(const servd_tokenizer *t, const uint8_t *s, const seg_list *in, tok_buf *buf,
+                              seg_list *out) {
+  out->n = 0;
+  buf->len = 0;
+  for (size_t k = 0; k < in->n; k++) {
+    seg g = in->v[k];
+    if (g.id >= 0) {
+      int rc = seg_push(out, g.off, g.len, g.id);
+      if (rc) return rc;
+      continue;
+    }
+    size_t start = buf->len;
+    int rc = spm__normalize(t, s + g.off, g.len, buf);
+    if (!rc && buf->len > (size_t)INT_MAX / 2)
+      rc = servd_fail(SERVD_ERANGE, "tokenizer: encode: normalized text too long");
+    if (!rc) rc = seg_push(out, (uint32_t)start, (uint32_t)(buf->len - start), -1);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* The Metaspace text in m as w->a spans: whole, or split before each replacement character. */
+static int meta_split(const servd_tokenizer *t, const tok_buf *m, tok_work *w) {
+  size_t need = t->meta_split ? m->len + 1 : 1;
+  if (need > w->a_cap) {
+    span *a = realloc(w->a, need * sizeof *a);
+    if (!a) return servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+    w->a = a;
+    w->a_cap = need;
+  }
+  w->na = 0;
+  if (!m->len) return 0;
+  if (!t->meta_split) {
+    w->a[w->na++] = (span){0, (uint32_t)m->len};
+    return 0;
+  }
+  size_t start = 0, rl = t->meta_rep_len;
+  for (size_t i = 1; i + rl <= m->len; i++) {
+    if (!memcmp(m->p + i, t->meta_rep, rl)) {
+      w->a[w->na++] = (span){(uint32_t)start, (uint32_t)(i - start)};
+      start = i;
+      i += rl - 1;
+    }
+  }
+  w->a[w->na++] = (span){(uint32_t)start, (uint32_t)(m->len - start)};
+  return 0;
+}
+
 int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
                            int *n) {
   int rc = 0;
   tok_work w = {0};
   tok_buf clean = {0};
   seg_list s1 = {0}, s2 = {0};
+  tok_buf norm = {0}, meta = {0};
   int32_t *out = NULL;
   size_t n_out = 0, cap = 0;
   bool locked = false;
@@ -178,7 +228,25 @@ int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t le
       rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
       goto fail;
     }
-    if ((rc = split_added(t, s, &s1, false, w.md, &s2)) || (rc = split_added(t, s, &s2, true, w.md, &s1))) goto fail;
+    if ((rc = split_added(t, s, &s1, false, w.md, &s2))) goto fail;
+    if (t->n_norm) {
+      if ((rc = normalize_segments(t, s, &s2, &norm, &s1))) goto fail;
+      s = (const uint8_t *)norm.p;
+      if ((rc = split_added(t, s, &s1, true, w.md, &s2))) goto fail;
+    } else if ((rc = split_added(t, s, &s2, true, w.md, &s1))) {
+      goto fail;
+    }
+    if (t->n_norm) { /* the result in s1, as without a normalizer */
+      seg_list x = s1;
+      s1 = s2;
+      s2 = x;
+    }
+  } else if (t->n_norm) {
+    if ((rc = normalize_segments(t, s, &s1, &norm, &s2))) goto fail;
+    s = (const uint8_t *)norm.p;
+    seg_list x = s1;
+    s1 = s2;
+    s2 = x;
   }
 
   locked = pthread_mutex_trylock(&cache->lock) == 0;
@@ -197,7 +265,13 @@ int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t le
       continue;
     }
     const char *base;
-    if ((rc = pre__run(t->steps, t->n_steps, (const char *)s + g.off, g.len, &w, &base))) goto fail;
+    if (t->metaspace) {
+      meta.len = 0;
+      if ((rc = spm__metaspace(t, s + g.off, g.len, g.off == 0, &meta)) || (rc = meta_split(t, &meta, &w))) goto fail;
+      base = meta.p;
+    } else if ((rc = pre__run(t->steps, t->n_steps, (const char *)s + g.off, g.len, &w, &base))) {
+      goto fail;
+    }
     for (size_t i = 0; i < w.na; i++) {
       const uint8_t *p = (const uint8_t *)base + w.a[i].off;
       size_t pl = w.a[i].len;
@@ -250,6 +324,8 @@ fail:
   free(clean.p);
   free(s1.v);
   free(s2.v);
+  free(norm.p);
+  free(meta.p);
   tok_work_free(&w);
   return rc;
 }

@@ -63,6 +63,9 @@ static int parse_pre(servd_tokenizer *t, json_t *pt, const char *field) {
   if (!strcmp(type, "Sequence")) {
     return parse_sequence(t, pt, field, "pretokenizers", parse_pre);
   }
+  if (!strcmp(type, "Metaspace")) return spm__parse_metaspace(t, pt, field);
+  if (t->metaspace)
+    return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s: Metaspace must be the only pre-tokenizer", field);
   if (!strcmp(type, "ByteLevel")) {
     bool regex = json_flag(pt, "use_regex", true);
     return add_step(t, PRE_BYTELEVEL, regex ? GPT2_PATTERN : NULL, false, SPLIT_ISOLATED, false,
@@ -186,23 +189,6 @@ static int parse_post(servd_tokenizer *t, json_t *pp, const char *field) {
   return 0;
 }
 
-static int check_decoder(json_t *d, const char *field) {
-  char f[128];
-  const char *type = json_string_value(json_object_get(d, "type"));
-  if (type && !strcmp(type, "ByteLevel")) return 0;
-  if (type && !strcmp(type, "Sequence")) {
-    json_t *arr = json_object_get(d, "decoders");
-    for (size_t i = 0; i < json_array_size(arr); i++) {
-      snprintf(f, sizeof f, "%s.decoders[%zu]", field, i);
-      int rc = check_decoder(json_array_get(arr, i), f);
-      if (rc) return rc;
-    }
-    return 0;
-  }
-  return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s: decoder \"%s\" is not supported (ByteLevel is)", field,
-                    type ? type : "(null)");
-}
-
 /* Hugging Face's ByteLevel decoder: a token whose every character is in the byte alphabet stands for
  * those bytes; any other token (an added token such as "<|im_end|>" with a character outside it)
  * for its own UTF-8. tmp receives the bytes. */
@@ -268,10 +254,9 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
     rc = servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: model.type: \"%s\" is not supported (BPE is)", mtype);
     goto fail;
   }
-  if (json_flag(model, "byte_fallback", false)) {
-    rc = servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: model.byte_fallback: true is not supported (byte-level BPE only)");
-    goto fail;
-  }
+  t->byte_fallback = json_flag(model, "byte_fallback", false);
+  t->fuse_unk = json_flag(model, "fuse_unk", false);
+  t->unk_id = -1;
   json_t *dropout = json_object_get(model, "dropout");
   if (json_is_number(dropout) && json_number_value(dropout) > 0) {
     rc = servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: model.dropout: BPE dropout is not supported");
@@ -335,7 +320,10 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   t->is_special = calloc((size_t)t->n_ids + 1, 1);
   t->is_added = calloc((size_t)t->n_ids + 1, 1);
   t->piece_off = calloc((size_t)t->n_ids + 1, sizeof *t->piece_off);
-  if (!vocab_str || !vocab_len || !t->has_piece || !t->is_special || !t->is_added || !t->piece_off) {
+  t->in_vocab = calloc((size_t)t->n_ids + 1, 1);
+  t->is_bytetok = calloc((size_t)t->n_ids + 1, 1);
+  if (!vocab_str || !vocab_len || !t->has_piece || !t->is_special || !t->is_added || !t->piece_off || !t->in_vocab ||
+      !t->is_bytetok) {
     rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory for %d ids", t->n_ids);
     goto fail;
   }
@@ -346,14 +334,46 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
     size_t klen = strlen(key);
     vocab_str[id] = key;
     vocab_len[id] = (uint32_t)klen;
+    t->in_vocab[id] = 1;
     if ((rc = str_map_put(&t->content_ids, key, klen, id))) goto fail;
   }
 
-  /* single bytes */
+  /* normalizer, pre-tokenizer and decoder decide between byte-level and character-level symbols */
+  if ((rc = spm__parse_normalizer(t, json_object_get(root, "normalizer"), "normalizer"))) goto fail;
+  const char *hint = json_string_value(json_object_get(root, "pre"));
+  const char *hint_field = "pre";
+  if (!hint) {
+    hint = json_string_value(json_object_get(model, "pre"));
+    hint_field = "model.pre";
+  }
+  json_t *pt = json_object_get(root, "pre_tokenizer");
+  bool bytelevel_pre = hint != NULL;
+  /* pre-tokenizer: a GGUF pre name wins, as llama.cpp would use it for that file */
+  if (hint) {
+    rc = parse_pre_hint(t, hint, hint_field);
+  } else if (pt && !json_is_null(pt)) {
+    rc = parse_pre(t, pt, "pre_tokenizer");
+  }
+  if (rc) goto fail;
+  for (int i = 0; i < t->n_steps; i++) bytelevel_pre |= t->steps[i].kind == PRE_BYTELEVEL;
+  if ((rc = spm__parse_decoder(t, json_object_get(root, "decoder"), "decoder"))) goto fail;
+  t->char_level = t->byte_fallback || t->n_norm || t->metaspace || t->dec_charlevel;
+  if (t->char_level && (bytelevel_pre || t->dec_bytelevel)) {
+    rc = servd_fail(SERVD_EUNSUPPORTED,
+                    "tokenizer.json: pre_tokenizer/decoder: ByteLevel cannot be combined with byte_fallback, a "
+                    "normalizer, Metaspace or character-level decoders");
+    goto fail;
+  }
+  if (t->char_level) {
+    const char *unk = json_string_value(json_object_get(model, "unk_token"));
+    if (unk) t->unk_id = str_map_get(&t->content_ids, unk, strlen(unk));
+  }
+
+  /* single bytes: GPT-2's byte characters, or the <0xXX> tokens of byte_fallback */
   for (int b = 0; b < 256; b++) {
-    char u[4];
-    int l = utf8__encode(bytelevel__byte_to_cp[b], u);
-    t->byte_id[b] = str_map_get(&t->content_ids, u, (size_t)l);
+    char u[8];
+    int l = t->char_level ? snprintf(u, sizeof u, "<0x%02X>", b) : utf8__encode(bytelevel__byte_to_cp[b], u);
+    t->byte_id[b] = t->char_level && !t->byte_fallback ? -1 : str_map_get(&t->content_ids, u, (size_t)l);
   }
 
   /* merges (looked up in the model's vocabulary, before added tokens enter the map) */
@@ -435,8 +455,11 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   for (int32_t id = 0; id < t->n_ids; id++) {
     t->piece_off[id] = (uint32_t)t->pieces.len;
     if (!vocab_str[id]) continue;
-    bool mapped;
-    if ((rc = token_bytes(vocab_str[id], vocab_len[id], &tmp, &mapped))) goto fail;
+    bool mapped = false, is_byte = false;
+    if (t->char_level) rc = spm__token_bytes(t, vocab_str[id], vocab_len[id], &tmp, &is_byte);
+    else rc = token_bytes(vocab_str[id], vocab_len[id], &tmp, &mapped);
+    if (rc) goto fail;
+    t->is_bytetok[id] = is_byte;
     if ((rc = tok_buf_append(&t->pieces, tmp.p, tmp.len))) goto fail;
     if (t->pieces.len > UINT32_MAX / 2) {
       rc = servd_fail(SERVD_ERANGE, "tokenizer.json: model.vocab: tokens too long in total");
@@ -448,33 +471,7 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   }
   t->piece_off[t->n_ids] = (uint32_t)t->pieces.len;
 
-  /* normalizer */
-  json_t *norm = json_object_get(root, "normalizer");
-  if (norm && !json_is_null(norm)) {
-    const char *nt = json_string_value(json_object_get(norm, "type"));
-    rc = servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: normalizer: \"%s\" is not supported (only null is)",
-                    nt ? nt : "?");
-    goto fail;
-  }
-
-  /* pre-tokenizer: a GGUF pre name wins, as llama.cpp would use it for that file */
-  const char *hint = json_string_value(json_object_get(root, "pre"));
-  const char *hint_field = "pre";
-  if (!hint) {
-    hint = json_string_value(json_object_get(model, "pre"));
-    hint_field = "model.pre";
-  }
-  json_t *pt = json_object_get(root, "pre_tokenizer");
-  if (hint) {
-    rc = parse_pre_hint(t, hint, hint_field);
-  } else if (pt && !json_is_null(pt)) {
-    rc = parse_pre(t, pt, "pre_tokenizer");
-  }
-  if (rc) goto fail;
-
   if ((rc = parse_post(t, json_object_get(root, "post_processor"), "post_processor"))) goto fail;
-  json_t *dec = json_object_get(root, "decoder");
-  if ((rc = check_decoder(dec, "decoder"))) goto fail;
 
   free(vocab_str);
   free(vocab_len);
@@ -539,6 +536,10 @@ void servd_tokenizer_free(servd_tokenizer *t) {
   pcre2_code_free(t->word_re);
   free(t->prefix_ids);
   free(t->suffix_ids);
+  free(t->in_vocab);
+  free(t->is_bytetok);
+  for (int i = 0; i < t->n_norm; i++) free(t->norm[i].from), free(t->norm[i].to);
+  for (int i = 0; i < t->n_dec_repl; i++) free(t->dec_repl[i].from), free(t->dec_repl[i].to);
   word_cache_free(&t->cache);
   free(t);
 }

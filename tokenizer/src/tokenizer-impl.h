@@ -148,6 +148,37 @@ typedef struct word_cache {
   size_t n_ent, ent_cap, n_ids, ids_cap;
 } word_cache;
 
+/* ---- SentencePiece-style BPE (spm.c) ------------------------------------------------------------
+ * Hugging Face's BPE model works on characters; byte-level tokenizers map bytes to characters first
+ * (ByteLevel), SentencePiece-style ones start from the characters themselves, spell unknown ones
+ * as <0xXX> byte tokens (byte_fallback) and mark spaces with a metaspace character. */
+typedef struct text_edit {
+  char *from; /* NULL: prepend `to` (Prepend normalizer) */
+  char *to;
+  size_t from_len, to_len;
+} text_edit;
+enum { META_NEVER = 0, META_ALWAYS, META_FIRST };
+enum { MAX_EDITS = 8 };
+
+struct json_t;
+/* normalizer: null | Prepend | Replace{pattern: {String}} | Sequence of these. */
+int spm__parse_normalizer(servd_tokenizer *t, struct json_t *n, const char *field);
+/* A Metaspace pre-tokenizer node. */
+int spm__parse_metaspace(servd_tokenizer *t, struct json_t *pt, const char *field);
+/* decoder: null | ByteLevel | Replace{String} | ByteFallback | Fuse | Strip | Metaspace | Sequence. */
+int spm__parse_decoder(servd_tokenizer *t, struct json_t *d, const char *field);
+/* The bytes a token string stands for under a character-level decoder; *is_byte for <0xXX>. */
+int spm__token_bytes(const servd_tokenizer *t, const char *s, size_t n, tok_buf *out, bool *is_byte);
+/* Appends the normalized text of s[0..n) to out. */
+int spm__normalize(const servd_tokenizer *t, const uint8_t *s, size_t n, tok_buf *out);
+/* Appends the Metaspace form of s[0..n) to out (spaces replaced, the prefix added as the scheme says;
+ * at_origin: the text starts at offset 0 of the input). */
+int spm__metaspace(const servd_tokenizer *t, const uint8_t *s, size_t n, bool at_origin, tok_buf *out);
+/* Leading bytes of token `id` (piece p, pl bytes) the decoder drops at this point of a decode: the
+ * Strip decoder's leading spaces of the whole text, the Metaspace decoder's of the first token.
+ * *first and *budget carry the state across tokens (start: true and t->strip_left). */
+size_t spm__lead_cut(const servd_tokenizer *t, int32_t id, const char *p, size_t pl, bool *first, int *budget);
+
 /* ---- the tokenizer ------------------------------------------------------------------------------ */
 typedef struct added_token {
   char *content;
@@ -182,6 +213,25 @@ struct servd_tokenizer {
 
   int32_t *prefix_ids, *suffix_ids; /* post_processor template around the sequence */
   int n_prefix, n_suffix;
+
+  /* character-level (SentencePiece-style) models; see spm.c */
+  bool char_level;      /* symbols start as characters, not as GPT-2 byte characters */
+  bool byte_fallback;   /* unknown characters -> <0xXX> tokens (byte_id) */
+  bool fuse_unk;
+  int32_t unk_id;       /* -1: none (unknown characters are dropped) */
+  uint8_t *in_vocab;    /* id is a model.vocab entry */
+  uint8_t *is_bytetok;  /* id is a <0xXX> token decoded as its byte */
+  text_edit norm[MAX_EDITS];
+  int n_norm;
+  bool metaspace, meta_split;
+  int meta_prepend;     /* META_* */
+  char meta_rep[8];
+  size_t meta_rep_len;
+  text_edit dec_repl[MAX_EDITS]; /* decoder Replace steps, applied to token strings */
+  int n_dec_repl;
+  bool dec_bytelevel, dec_bytes, dec_fused, dec_charlevel;
+  int strip_left;       /* Strip decoder: leading spaces of the text to drop */
+  bool meta_first;      /* Metaspace decoder: the first token's leading spaces are dropped */
 
   word_cache cache;
 };

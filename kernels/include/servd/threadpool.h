@@ -30,6 +30,10 @@ SERVD_API int servd_threadpool_size(void);
  * slot, without waiting for other callers' jobs unless every slot is busy. A call from inside a task
  * runs inline in the slot of that task. */
 SERVD_API void servd_parallel_for(int64_t n, int64_t grain, servd_task_fn fn, void *ctx);
+/* A hint that the calling thread issues no parallel job for a while (e.g. after a forward step): idle
+ * workers stop spinning and sleep until the next job, instead of spinning for it. Never needed for
+ * correctness; cheap (one atomic increment), safe from any thread at any time, also before init. */
+SERVD_API void servd_threadpool_quiesce(void);
 /* Waits for running jobs and stops the workers; idempotent. A later op or init starts a new pool.
  * Not from inside a task. */
 SERVD_API void servd_threadpool_shutdown(void);

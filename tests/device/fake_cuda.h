@@ -1,0 +1,38 @@
+/* A stand-in for the CUDA runtime and for servd's CUDA launchers (servd/cuda.h), on the host, for
+ * running kernels/device/device_*.c (and everything above it: interpreters, engine) without a GPU.
+ *
+ * Device memory is host memory, but device work is deferred as on a GPU: every stream keeps a queue
+ * of the work enqueued on it, which runs only when the host waits for that stream (a stream or event
+ * synchronize, a copy to pageable host memory, cudaFree). So work that reads what another stream
+ * wrote without a wait in between reads stale data, a pinned staging buffer overwritten before its
+ * copy ran is copied with the new bytes, and a host read of device results without a wait misses
+ * them: errors a synchronous stand-in would hide. Capture follows CUDA's thread-local mode: between
+ * servd_cuda_graph_begin and _end the stream records its work instead of queuing it; a host wait, a
+ * pageable copy or a cudaMalloc (outside relaxed mode) on the capturing thread invalidates the
+ * capture and fails, and graph_end then fails. A launch queues the recorded work again, with the
+ * pointers and sizes it was recorded with.
+ *
+ * Kernels compute in f32 from bf16 storage (matmul through the CPU kernels of servd/ops.h);
+ * collectives exist for one rank only. Test-only code.
+ */
+#ifndef SERVD_TEST_FAKE_CUDA_H
+#define SERVD_TEST_FAKE_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Before the first CUDA call: n devices (default 1) of mem_bytes each (default 4 GiB). */
+void fake_cuda_configure(int n_devices, size_t mem_bytes);
+
+typedef struct fake_cuda_stats {
+  uint64_t mallocs, frees;         /* cudaMalloc / cudaFree that succeeded */
+  uint64_t kernels;                /* launcher calls queued or recorded */
+  uint64_t captures, capture_failures, graph_launches;
+  uint64_t invalidations;          /* captures invalidated by a call that cannot be captured */
+  size_t device_bytes;             /* device memory allocated now (every device) */
+} fake_cuda_stats;
+void fake_cuda_get_stats(fake_cuda_stats *s);
+/* Runs the queued work of every stream (as a device synchronize). */
+void fake_cuda_flush_all(void);
+
+#endif
