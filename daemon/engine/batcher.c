@@ -67,8 +67,9 @@ int servd_predict_direct(servd_pool *pool, const servd_named_tensor *inputs, int
   servd_pool_release(pool, it);
   if (rc) {
     int code = servd_model_error_code(rc, &err, SERVD_CALL_PREDICT, merr);
-    rc = err.type[0] ? servd_fail(code, "predict: %s: %s", err.type, err.message)
-                     : servd_fail(code, "predict: %s", servd_last_error());
+    char msg[512]; /* servd_fail writes the buffer servd_last_error returns: copy it first */
+    snprintf(msg, sizeof msg, "%s", servd_last_error());
+    rc = err.type[0] ? servd_fail(code, "predict: %s: %s", err.type, err.message) : servd_fail(code, "predict: %s", msg);
     goto done;
   }
   servd_named_tensor *o = calloc((size_t)n_out + 1, sizeof *o);

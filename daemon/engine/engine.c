@@ -448,8 +448,11 @@ static int load_causal_lm(servd_model *m) {
   size_t tl;
   json_t *tf = json_object_get(json_object_get(mpk_manifest(m->pkg), "tokenizer"), "file");
   const char *tpath = json_is_string(tf) ? json_string_value(tf) : "tokenizer.json";
-  if ((rc = mpk_file(m->pkg, tpath, &tj, &tl)))
-    return servd_fail(rc, "%s: causal-lm package: tokenizer file %s: %s", mpk_path(m->pkg), tpath, servd_last_error());
+  if ((rc = mpk_file(m->pkg, tpath, &tj, &tl))) {
+    char msg[512]; /* servd_fail writes the buffer servd_last_error returns: copy it first */
+    snprintf(msg, sizeof msg, "%s", servd_last_error());
+    return servd_fail(rc, "%s: causal-lm package: tokenizer file %s: %s", mpk_path(m->pkg), tpath, msg);
+  }
   if ((rc = servd_tokenizer_load(tj, tl, &m->tok))) return rc;
 
   json_t *cfg = mpk_config(m->pkg);
@@ -668,7 +671,11 @@ int servd_model_apply_chat_template(servd_model *m, json_t *messages, bool add_g
   json_decref(args);
   if (rc) {
     int code = servd_model_error_code(rc, &err, SERVD_CALL_TEMPLATE, NULL);
-    if (!err.type[0]) return servd_fail(code, "chat template: %s", servd_last_error());
+    if (!err.type[0]) {
+      char msg[512]; /* servd_fail writes the buffer servd_last_error returns: copy it first */
+      snprintf(msg, sizeof msg, "%s", servd_last_error());
+      return servd_fail(code, "chat template: %s", msg);
+    }
     return servd_fail(code, "chat template: %s: %s", err.type, err.message);
   }
   if (!json_is_string(res)) {

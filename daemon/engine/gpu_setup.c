@@ -76,8 +76,11 @@ int servd_gpu_kv_setup(servd_model *m, int n_layers, int kv_heads, int head_dim,
                         .block_size = block_size, .ctx_blocks = (m->context_length + block_size - 1) / block_size,
                         .max_seqs = o->max_seqs, .kv_blocks = o->kv_blocks};
   const char *why = "";
-  if ((rc = servd_gpu_kv_plan(&in, blocks, &why)))
-    return servd_fail(rc, "%s: %s", mpk_path(m->pkg), servd_last_error());
+  if ((rc = servd_gpu_kv_plan(&in, blocks, &why))) {
+    char msg[512]; /* servd_fail writes the buffer servd_last_error returns: copy it first */
+    snprintf(msg, sizeof msg, "%s", servd_last_error());
+    return servd_fail(rc, "%s: %s", mpk_path(m->pkg), msg);
+  }
   for (int r = 0; r < m->tp; r++) {
     if ((rc = servd_device_kv_create(m->devices[r], n_layers, kv_dim, block_size, *blocks, &m->dkv[r]))) return rc;
     if ((rc = servd_kv_cache_create_blocks_only(&m->kv[r], n_layers, kv_heads, head_dim, block_size, *blocks)))

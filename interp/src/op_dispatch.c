@@ -186,8 +186,11 @@ int servd_op__device_allgather_cols(servd_device_comm *c, int rank, servd_tensor
 static int host_copy(servd_tensor *dst, const servd_tensor *src) {
   int nd = src->ndim;
   size_t row = nd ? servd_dtype_row_bytes(src->dtype, src->shape[nd - 1]) : servd_dtype_block_bytes(src->dtype);
-  if (nd && src->shape[nd - 1] && !row)
-    return servd_fail(SERVD_EINVAL, "copy: %s", servd_last_error());
+  if (nd && src->shape[nd - 1] && !row) {
+    char msg[512]; /* servd_fail writes the buffer servd_last_error returns: copy it first */
+    snprintf(msg, sizeof msg, "%s", servd_last_error());
+    return servd_fail(SERVD_EINVAL, "copy: %s", msg);
+  }
   int64_t outer = 1;
   for (int d = 0; d + 1 < nd; d++)
     outer *= src->shape[d];

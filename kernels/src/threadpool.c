@@ -15,14 +15,16 @@
  *   scheduled in time (an oversubscribed machine) never holds the caller up.
  * - A caller that finds no free slot spins (yielding the core) for a while, then sleeps until a
  *   slot is released.
- * - Workers spin briefly after a job before sleeping, holding no slot, because a decode step issues
- *   hundreds of small ops back to back and a futex wake per op would dominate them. The spin is
- *   paid for by work: a worker earns spin time by computing chunks (SPIN_PER_WORK ns per ns) and
- *   spends it waiting, so jobs too small to be worth a second thread (a tiny model's ops: the
- *   worker got 0.5 us of work per 4 us of spinning) stop its spinning, while a model whose chunks
- *   take microseconds keeps it hot. A worker out of credit sleeps "deep": callers do not wake it
- *   (a futex wake per job would cost them more than its help is worth); it looks again after
- *   DEEP_SLEEP_NS and, if jobs came meanwhile, spins for a probe's worth of credit.
+ * - Workers spin after a job before sleeping, holding no slot, because a decode step issues
+ *   hundreds of small ops back to back and a futex wake per op would dominate them. A worker spins
+ *   only while that pays: it keeps running means of the time it computes per job and the time it
+ *   spins before one. While it computes at least as long as it spins (SPIN_PER_WORK), it spins up
+ *   to WORKER_SPIN_NS and then sleeps until the next job wakes it. Otherwise (jobs too small for a
+ *   second thread: a tiny model's ops gave the worker 0.5 us of work per 4 us of spinning) it
+ *   spins only the credit its own computing earned, then sleeps "deep": callers do not wake it,
+ *   since a futex wake per job costs them more than its help is worth. It looks again every
+ *   DEEP_SLEEP_NS and, if jobs came meanwhile, joins them with a probe's credit, which measures
+ *   anew. Idle with no jobs at all, it sleeps until the next job.
  * - servd_threadpool_quiesce() ends the spinning at once, for callers that know no job follows
  *   soon (the end of a forward step); the next job wakes the workers as after any sleep.
  */
@@ -48,9 +50,9 @@
 #define WORKER_SPIN_NS 200000L /* a worker stays hot at most this long after its last job: covers
                                    * the gaps inside and between decode steps, without burning a core
                                    * while the server does other work (1 ms spun ~30% of a busy server) */
-#define SPIN_PER_WORK 1         /* ns of spin credit a worker earns per ns it computes */
-#define DEEP_SLEEP_NS 2000000L  /* a worker out of credit looks for jobs this often */
-#define PROBE_SPIN_NS 20000L    /* credit of a worker that found jobs after a deep sleep */
+#define SPIN_PER_WORK 1        /* ns a worker may spin per ns it computes */
+#define DEEP_SLEEP_NS 2000000L /* a worker not worth its spinning looks for jobs this often */
+#define PROBE_SPIN_NS 20000L   /* credit of a worker that found jobs after a deep sleep */
 #define CALLER_SPIN_NS 100000L  /* a caller spins this long for the turn or for workers */
 #define SLOT_SPIN_NS 500000L    /* a caller spins (yielding) this long for a free slot */
 
@@ -76,6 +78,7 @@ static struct {
   atomic_ulong gen; /* bumped once per published job; 64 bits never wrap, so 0 means "closed" */
   atomic_ulong park; /* bumped by servd_threadpool_quiesce: spinning workers go to sleep */
   atomic_int sleepers; /* workers asleep until the next job (raised under mu; a waker zeroes it) */
+  atomic_long deep_sleeps; /* for tests */
   atomic_int stop;
   job job;
   atomic_ulong ticket_next, ticket_serving;
@@ -174,6 +177,7 @@ static unsigned long worker_sleep(unsigned long seen, int deep, int *probe) {
   *probe = 0;
   pthread_mutex_lock(&pool.mu);
   if (deep) {
+    atomic_fetch_add_explicit(&pool.deep_sleeps, 1, memory_order_relaxed);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     ts.tv_nsec += DEEP_SLEEP_NS;
@@ -200,9 +204,11 @@ static void *worker_main(void *arg) {
   (void)arg;
   unsigned long seen = start_gen; /* not pool.gen: a job may be published before this thread runs */
   unsigned long park = atomic_load(&pool.park);
-  /* Means over the last jobs (weight 1/16 each) of the ns computed per job and the ns spun until it
-   * came (a spin that ran out is the end of a burst, not counted): a worker is worth its spinning
-   * while it computes at least as long as it spins between jobs. */
+  /* Means over the last jobs (weight 1/64 each) of the ns computed per job and the ns spun before
+   * it, a spin that ran out included (one ended by servd_threadpool_quiesce is not: the caller
+   * said no job was coming). A worker is worth its spinning while it computes at least as long as
+   * it spins. The window is long enough that the end of one decode step (a spin run out) does not
+   * tip a worker that computes most of the step. */
   long mean_work = 0, mean_spin = 0;
   long credit = PROBE_SPIN_NS; /* the spin allowed to a worker not worth it (earned by computing) */
   long idle_since = now_ns();  /* when the last job ended */
@@ -227,7 +233,7 @@ static void *worker_main(void *arg) {
       credit = spun < credit ? credit - spun : 0;
     }
     if (g == seen) {
-      spun = -1; /* ran out: not a gap inside a burst */
+      if (atomic_load_explicit(&pool.park, memory_order_relaxed) != park) spun = -1;
       int probe;
       g = worker_sleep(seen, !worth, &probe);
       if (probe) credit = PROBE_SPIN_NS;
@@ -258,8 +264,8 @@ static void *worker_main(void *arg) {
       pthread_mutex_unlock(&pool.mu);
     }
     idle_since = now_ns();
-    mean_work += (worked - mean_work) / 16;
-    if (spun >= 0) mean_spin += (spun - mean_spin) / 16;
+    mean_work += (worked - mean_work) / 64;
+    if (spun >= 0) mean_spin += (spun - mean_spin) / 64;
     credit += worked * SPIN_PER_WORK;
     if (credit > WORKER_SPIN_NS) credit = WORKER_SPIN_NS;
   }
@@ -453,3 +459,7 @@ int servd__threadpool_queued(void) {
   const unsigned long next = atomic_load(&pool.ticket_next), serving = atomic_load(&pool.ticket_serving);
   return next > serving ? (int)(next - serving - 1) : 0;
 }
+
+/* For tests only (no header): how many times a worker went to sleep without callers waking it. */
+long servd__threadpool_deep_sleeps(void);
+long servd__threadpool_deep_sleeps(void) { return atomic_load(&pool.deep_sleeps); }

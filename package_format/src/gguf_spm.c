@@ -71,8 +71,10 @@ int mpk__gguf_spm_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *t
   }
   if (!scores || scores->type != MPK_GGUF_ARRAY || scores->n != n ||
       (scores->arr_type != MPK_GGUF_FLOAT32 && scores->arr_type != MPK_GGUF_FLOAT64)) {
-    rc = servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.scores: expected a float array as long as the tokens (%llu)", what,
-                    (unsigned long long)n);
+    rc = servd_fail(SERVD_EFORMAT,
+                    "%s: tokenizer.ggml.scores: expected a float array as long as the tokens (%llu), required for "
+                    "tokenizer.ggml.model \"llama\"",
+                    what, (unsigned long long)n);
     goto fail;
   }
   if (n > (1u << 24)) {
@@ -149,6 +151,9 @@ int mpk__gguf_spm_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *t
     goto fail;
   if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &abos)) && r != SERVD_EINVAL) { rc = r; goto fail; }
   if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &aeos)) && r != SERVD_EINVAL) { rc = r; goto fail; }
+  /* sentencepiece's add_dummy_prefix: the "▁" before the text, and the space decoding drops again */
+  bool prefix = true;
+  if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &prefix)) && r != SERVD_EINVAL) { rc = r; goto fail; }
   json_t *post = json_null();
   if ((abos && bos >= 0) || (aeos && eos >= 0)) {
     json_t *single = json_array(), *pair = json_array(), *sp = json_object();
@@ -190,17 +195,20 @@ int mpk__gguf_spm_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *t
     unk_tok = json_stringn(s, l);
     if (!unk_tok) unk_tok = json_null();
   }
-  root = json_pack(
-      "{s:s,s:n,s:n,s:o,s:{s:s,s:[{s:s,s:s},{s:s,s:{s:s},s:s}]},s:n,s:o,"
-      "s:{s:s,s:[{s:s,s:{s:s},s:s},{s:s},{s:s},{s:s,s:s,s:i,s:i}]},"
-      "s:{s:s,s:n,s:o,s:n,s:n,s:b,s:b,s:b,s:o,s:o}}",
-      "version", "1.0", "truncation", "padding", "added_tokens", added, "normalizer", "type", "Sequence", "normalizers",
-      "type", "Prepend", "prepend", "\xe2\x96\x81", "type", "Replace", "pattern", "String", " ", "content",
-      "\xe2\x96\x81", "pre_tokenizer", "post_processor", post, "decoder", "type", "Sequence", "decoders", "type",
-      "Replace", "pattern", "String", "\xe2\x96\x81", "content", " ", "type", "ByteFallback", "type", "Fuse", "type",
-      "Strip", "content", " ", "start", 1, "stop", 0, "model", "type", "BPE", "dropout", "unk_token", unk_tok,
-      "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", 1, "byte_fallback", 1, "ignore_merges", 0, "vocab",
-      vocab, "merges", merges);
+  json_t *norms = json_pack("[{s:s,s:{s:s},s:s}]", "type", "Replace", "pattern", "String", " ", "content", "\xe2\x96\x81");
+  json_t *decs = json_pack("[{s:s,s:{s:s},s:s},{s:s},{s:s}]", "type", "Replace", "pattern", "String", "\xe2\x96\x81",
+                           "content", " ", "type", "ByteFallback", "type", "Fuse");
+  if (prefix) {
+    json_array_insert_new(norms, 0, json_pack("{s:s,s:s}", "type", "Prepend", "prepend", "\xe2\x96\x81"));
+    json_array_append_new(decs, json_pack("{s:s,s:s,s:i,s:i}", "type", "Strip", "content", " ", "start", 1, "stop", 0));
+  }
+  root = json_pack("{s:s,s:n,s:n,s:o,s:{s:s,s:o},s:n,s:o,s:{s:s,s:o},"
+                   "s:{s:s,s:n,s:o,s:n,s:n,s:b,s:b,s:b,s:o,s:o}}",
+                   "version", "1.0", "truncation", "padding", "added_tokens", added, "normalizer", "type", "Sequence",
+                   "normalizers", norms, "pre_tokenizer", "post_processor", post, "decoder", "type", "Sequence",
+                   "decoders", decs, "model", "type", "BPE", "dropout", "unk_token", unk_tok, "continuing_subword_prefix",
+                   "end_of_word_suffix", "fuse_unk", 1, "byte_fallback", 1, "ignore_merges", 0, "vocab", vocab, "merges",
+                   merges);
   added = vocab = merges = NULL; /* the "o" references went to root (or were released on failure) */
   if (!root) {
     rc = servd_fail(SERVD_ENOMEM, "%s: cannot build tokenizer.json", what);

@@ -12,8 +12,10 @@
  * capture and fails, and graph_end then fails. A launch queues the recorded work again, with the
  * pointers and sizes it was recorded with.
  *
- * Kernels compute in f32 from bf16 storage (matmul through the CPU kernels of servd/ops.h);
- * collectives exist for one rank only. Test-only code.
+ * Kernels compute in f32 from bf16 storage (matmul through the CPU kernels of servd/ops.h).
+ * Collectives (servd_nccl_*) join the ranks of the process: outside a capture a rank's call blocks
+ * until every rank made its own (as a host waiting in NCCL would); from a graph they meet when the
+ * ranks' streams run. Test-only code.
  */
 #ifndef SERVD_TEST_FAKE_CUDA_H
 #define SERVD_TEST_FAKE_CUDA_H
@@ -32,6 +34,14 @@ typedef struct fake_cuda_stats {
   size_t device_bytes;             /* device memory allocated now (every device) */
 } fake_cuda_stats;
 void fake_cuda_get_stats(fake_cuda_stats *s);
+/* Device memory of every device from now on (allocations beyond it fail as out of memory). */
+void fake_cuda_set_memory(size_t mem_bytes);
+/* The next n graph captures fail at their end, as when an op that cannot be captured ran. */
+void fake_cuda_fail_captures(int n);
+/* The next n kernel launches made while capturing fail (an error the forward sees mid-capture). */
+void fake_cuda_fail_launches_in_capture(int n);
+/* The next n graph launches fail. */
+void fake_cuda_fail_graph_launches(int n);
 /* Runs the queued work of every stream (as a device synchronize). */
 void fake_cuda_flush_all(void);
 

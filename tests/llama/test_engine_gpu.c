@@ -28,6 +28,11 @@
 #include "engine/engine.h"
 #include "servd/device.h"
 
+#ifdef SERVD_TEST_FAKE_GPU
+/* Built over tests/device/fake_cuda.c (llama_test_engine_fakegpu): the device layer on the host. */
+#include "fake_cuda.h"
+#endif
+
 #define MAXTOK 64
 #define NREQ 5
 /* bf16 activations against f32: logits move by ~1e-2 on this model; a wrong computation by > 1. */
@@ -113,6 +118,14 @@ static servd_model_stats run(int gpus, bool graphs, result *res) {
   servd_model_stats st;
   servd_model_get_stats(m, &st);
   servd_model_unload(m, 0);
+#ifdef SERVD_TEST_FAKE_GPU
+  /* Unloading gives every byte of device memory back (weights, KV cache, buffers, graphs). */
+  fake_cuda_stats fs;
+  fake_cuda_get_stats(&fs);
+  printf("fake GPU after unload: %zu bytes held, %llu mallocs, %llu frees, %llu graph launches\n", fs.device_bytes,
+         (unsigned long long)fs.mallocs, (unsigned long long)fs.frees, (unsigned long long)fs.graph_launches);
+  if (gpus > 0) assert_int_equal(fs.device_bytes, 0);
+#endif
   return st;
 }
 

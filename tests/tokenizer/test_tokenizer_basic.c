@@ -213,6 +213,11 @@ static void test_refusals(void **st) {
   expect_refused("{\"model\":", SERVD_EFORMAT, "not valid JSON");
   expect_refused("[]", SERVD_EFORMAT, "model");
   expect_refused("{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}", SERVD_EUNSUPPORTED, "model.type");
+  /* a template adding an id that has no token (1 here) could not be decoded */
+  expect_refused("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
+                 "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[1]}}},"
+                 "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":2},\"merges\":[]}}",
+                 SERVD_EFORMAT, "without a token");
   /* byte_fallback (SentencePiece-style) with the byte-level alphabet makes no sense */
   char *bf = make_json(BYTELEVEL, "null", false, "\"byte_fallback\":true,");
   expect_refused(bf, SERVD_EUNSUPPORTED, "ByteLevel cannot be combined");
@@ -323,6 +328,111 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+/* SentencePiece-style BPE, hand-computed. Vocabulary: 0 <unk>, 1 <s>, 2 </s>, 3 + b: <0xBB>,
+ * 259 "▁", 260 "h", 261 "i", 262 "▁h", 263 "▁hi", 264 "é"; merges "▁ h", "▁h i". */
+static servd_tokenizer *spm_load(bool byte_fallback, bool fuse_unk, const char *pre_norm) {
+  char *buf = malloc(1 << 16), *p = buf;
+  p += sprintf(p, "{\"added_tokens\":[{\"id\":0,\"content\":\"<unk>\",\"special\":true},"
+                  "{\"id\":1,\"content\":\"<s>\",\"special\":true},{\"id\":2,\"content\":\"</s>\",\"special\":true}],"
+                  "%s,\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
+                  "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[1]}}},"
+                  "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":"
+                  "\"\u2581\"},\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\","
+                  "\"content\":\" \",\"start\":1,\"stop\":0}]},"
+                  "\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"fuse_unk\":%s,\"byte_fallback\":%s,\"vocab\":{"
+                  "\"<unk>\":0,\"<s>\":1,\"</s>\":2,",
+               pre_norm, fuse_unk ? "true" : "false", byte_fallback ? "true" : "false");
+  for (int b = 0; b < 256; b++) p += sprintf(p, "\"<0x%02X>\":%d,", b, 3 + b);
+  p += sprintf(p, "\"\u2581\":259,\"h\":260,\"i\":261,\"\u2581h\":262,\"\u2581hi\":263,\"\u00e9\":264},"
+                  "\"merges\":[\"\u2581 h\",\"\u2581h i\"]}}");
+  servd_tokenizer *t;
+  if (servd_tokenizer_load(buf, strlen(buf), &t)) fail_msg("load: %s", servd_last_error());
+  free(buf);
+  return t;
+}
+
+static void spm_ids(servd_tokenizer *t, const char *text, bool add, const int32_t *want, int n_want) {
+  int32_t *ids;
+  int n;
+  assert_int_equal(servd_tokenizer_encode(t, text, strlen(text), add, &ids, &n), 0);
+  if (n != n_want || (n && memcmp(ids, want, (size_t)n * sizeof *ids))) {
+    fprintf(stderr, "\"%s\":", text);
+    for (int i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+    fail_msg("ids differ from the hand-computed ones");
+  }
+  free(ids);
+}
+
+static void expect_text(servd_tokenizer *t, const int32_t *ids, int n, bool skip, const char *want) {
+  char *txt;
+  size_t len;
+  assert_int_equal(servd_tokenizer_decode(t, ids, n, skip, &txt, &len), 0);
+  assert_string_equal(txt, want);
+  /* streamed: the same text */
+  servd_detok *d;
+  assert_int_equal(servd_detok_create(t, skip, &d), 0);
+  char got[256] = "";
+  for (int i = 0; i <= n; i++) {
+    const char *delta;
+    size_t dl;
+    if (i < n)
+      assert_int_equal(servd_detok_push(d, ids[i], &delta, &dl), 0);
+    else
+      servd_detok_flush(d, &delta, &dl);
+    strncat(got, delta, dl);
+  }
+  assert_string_equal(got, want);
+  servd_detok_free(d);
+  free(txt);
+}
+
+static void test_sentencepiece(void **st) {
+  (void)st;
+  static const char *forms[] = {
+      /* legacy: a metaspace before every text segment, also after <s> */
+      "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":\"\u2581\"},"
+      "{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\u2581\"}]},\"pre_tokenizer\":null",
+      /* prepend_scheme "first": only where the input starts, and not before a leading space */
+      "\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\u2581\","
+      "\"prepend_scheme\":\"first\",\"split\":false}"};
+  for (int f = 0; f < 2; f++) {
+    servd_tokenizer *t = spm_load(true, true, forms[f]);
+    spm_ids(t, "", false, NULL, 0);
+    spm_ids(t, "hi", false, (int32_t[]){263}, 1);
+    spm_ids(t, "hi", true, (int32_t[]){1, 263}, 2);
+    if (f == 0) {
+      spm_ids(t, " hi", false, (int32_t[]){259, 263}, 2); /* "▁▁hi": ▁h first, then ▁hi */
+      spm_ids(t, "<s>hi", false, (int32_t[]){1, 263}, 2);
+    } else {
+      spm_ids(t, " hi", false, (int32_t[]){263}, 1);
+      spm_ids(t, "<s>hi", false, (int32_t[]){1, 260, 261}, 3);
+    }
+    spm_ids(t, "h\u00e9", false, (int32_t[]){262, 264}, 2);
+    spm_ids(t, "h\u20ac", false, (int32_t[]){262, 3 + 0xE2, 3 + 0x82, 3 + 0xAC}, 4); /* € as bytes */
+    servd_tokenizer_free(t);
+  }
+  servd_tokenizer *t = spm_load(true, true, forms[0]);
+  expect_text(t, (int32_t[]){263}, 1, false, "hi");
+  expect_text(t, (int32_t[]){259, 263}, 2, false, " hi"); /* one leading space stripped */
+  expect_text(t, (int32_t[]){1, 263}, 2, false, "<s> hi");
+  expect_text(t, (int32_t[]){1, 263}, 2, true, "hi");
+  expect_text(t, (int32_t[]){263, 3 + 0xE2, 3 + 0x82, 3 + 0xAC, 263}, 5, false, "hi\u20ac hi");
+  expect_text(t, (int32_t[]){3 + 0xE2, 3 + 0x82}, 2, false, "\xEF\xBF\xBD"); /* incomplete at the end */
+  expect_text(t, (int32_t[]){3 + ' ', 263}, 2, false, " hi");             /* <0x20> is the stripped space */
+  size_t pl;
+  const char *piece = servd_tokenizer_token_to_piece(t, 3 + 0xE2, &pl);
+  assert_int_equal(pl, 1);
+  assert_int_equal((unsigned char)piece[0], 0xE2);
+  servd_tokenizer_free(t);
+  /* without byte_fallback: unknown characters are <unk>, fused or not */
+  t = spm_load(false, true, forms[0]);
+  spm_ids(t, "\u20ac\u20ach", false, (int32_t[]){259, 0, 260}, 3);
+  servd_tokenizer_free(t);
+  t = spm_load(false, false, forms[0]);
+  spm_ids(t, "\u20ac\u20ach", false, (int32_t[]){259, 0, 0, 260}, 4);
+  servd_tokenizer_free(t);
+}
+
 static void test_threads(void **st) {
   (void)st;
   servd_tokenizer *t = load(BYTELEVEL, "null", false);
@@ -342,7 +452,7 @@ static void test_threads(void **st) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hand_vocab), cmocka_unit_test(test_lookups_and_decode), cmocka_unit_test(test_refusals),
-      cmocka_unit_test(test_long_inputs), cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_long_inputs), cmocka_unit_test(test_threads), cmocka_unit_test(test_sentencepiece),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -93,11 +93,11 @@ static int split_added(const servd_tokenizer *t, const uint8_t *s, const seg_lis
       const added_token *hit = NULL;
       for (int i = 0; i < t->n_added; i++) { /* sorted by first byte, longest first */
         const added_token *a = &t->added[i];
-        if ((uint8_t)a->content[0] != s[p] || a->normalized != normalized) continue;
-        if (a->len > hi - p || memcmp(a->content, s + p, a->len)) continue;
+        if ((uint8_t)a->match[0] != s[p] || a->normalized != normalized) continue;
+        if (a->match_len > hi - p || memcmp(a->match, s + p, a->match_len)) continue;
         /* the neighbours are looked at within this segment, as Hugging Face's split does */
-        if (a->single_word && (word_before(t, md, s, lo, p) || (p + a->len < hi && word_at(t, md, s, p + a->len, hi))))
-          continue;
+        size_t end = p + a->match_len;
+        if (a->single_word && (word_before(t, md, s, lo, p) || (end < hi && word_at(t, md, s, end, hi)))) continue;
         hit = a;
         break;
       }
@@ -105,7 +105,7 @@ static int split_added(const servd_tokenizer *t, const uint8_t *s, const seg_lis
         p++;
         continue;
       }
-      size_t start = p, stop = p + hit->len;
+      size_t start = p, stop = p + hit->match_len;
       if (hit->lstrip) start = ws_back(s, text_start, start);
       if (hit->rstrip) stop = ws_fwd(s, stop, hi);
       int rc = seg_push(out, (uint32_t)text_start, (uint32_t)(start - text_start), -1);
@@ -222,36 +222,31 @@ int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t le
   if (add_special)
     for (int i = 0; i < t->n_prefix; i++) out[n_out++] = t->prefix_ids[i];
 
-  if ((rc = seg_push(&s1, 0, (uint32_t)len, -1))) goto fail;
+  /* added tokens matched in the raw text, the normalizer, added tokens matched in its output; each
+   * stage reads *cur and writes *spare, then they swap */
+  seg_list *cur = &s1, *spare = &s2, *x;
+  if ((rc = seg_push(cur, 0, (uint32_t)len, -1))) goto fail;
   if (t->n_added) {
     if (t->word_re && !(w.md = pcre2_match_data_create(4, NULL))) {
       rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
       goto fail;
     }
-    if ((rc = split_added(t, s, &s1, false, w.md, &s2))) goto fail;
-    if (t->n_norm) {
-      if ((rc = normalize_segments(t, s, &s2, &norm, &s1))) goto fail;
-      s = (const uint8_t *)norm.p;
-      if ((rc = split_added(t, s, &s1, true, w.md, &s2))) goto fail;
-    } else if ((rc = split_added(t, s, &s2, true, w.md, &s1))) {
-      goto fail;
-    }
-    if (t->n_norm) { /* the result in s1, as without a normalizer */
-      seg_list x = s1;
-      s1 = s2;
-      s2 = x;
-    }
-  } else if (t->n_norm) {
-    if ((rc = normalize_segments(t, s, &s1, &norm, &s2))) goto fail;
+    if ((rc = split_added(t, s, cur, false, w.md, spare))) goto fail;
+    x = cur, cur = spare, spare = x;
+  }
+  if (t->n_norm) {
+    if ((rc = normalize_segments(t, s, cur, &norm, spare))) goto fail;
     s = (const uint8_t *)norm.p;
-    seg_list x = s1;
-    s1 = s2;
-    s2 = x;
+    x = cur, cur = spare, spare = x;
+  }
+  if (t->n_added) {
+    if ((rc = split_added(t, s, cur, true, w.md, spare))) goto fail;
+    x = cur, cur = spare, spare = x;
   }
 
   locked = pthread_mutex_trylock(&cache->lock) == 0;
-  for (size_t k = 0; k < s1.n; k++) {
-    seg g = s1.v[k];
+  for (size_t k = 0; k < cur->n; k++) {
+    seg g = cur->v[k];
     if (g.id >= 0) {
       if (n_out == cap) {
         int32_t *o = realloc(out, (cap *= 2) * sizeof *o);

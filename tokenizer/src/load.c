@@ -165,9 +165,11 @@ static int parse_post(servd_tokenizer *t, json_t *pp, const char *field) {
                           field, i);
       for (size_t k = 0; k < json_array_size(ids); k++) {
         json_int_t id = json_integer_value(json_array_get(ids, k));
-        if (!json_is_integer(json_array_get(ids, k)) || id < 0 || id >= t->n_ids)
-          return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.special_tokens[\"%s\"].ids[%zu]: id out of range", field,
-                            name, k);
+        /* every id it adds must decode: one in the vocabulary or the added tokens */
+        if (!json_is_integer(json_array_get(ids, k)) || id < 0 || id >= t->n_ids || !t->has_piece[id])
+          return servd_fail(SERVD_EFORMAT,
+                            "tokenizer.json: %s.special_tokens[\"%s\"].ids[%zu]: id out of range or without a token",
+                            field, name, k);
         if (pass == 0) {
           n_ids++;
         } else if (!seen_seq) {
@@ -216,9 +218,9 @@ static int token_bytes(const char *s, size_t n, tok_buf *tmp, bool *mapped) {
 
 static int cmp_added(const void *a, const void *b) {
   const added_token *x = a, *y = b;
-  uint8_t fx = (uint8_t)x->content[0], fy = (uint8_t)y->content[0];
+  uint8_t fx = (uint8_t)x->match[0], fy = (uint8_t)y->match[0];
   if (fx != fy) return fx < fy ? -1 : 1;
-  if (x->len != y->len) return x->len > y->len ? -1 : 1; /* longest first */
+  if (x->match_len != y->match_len) return x->match_len > y->match_len ? -1 : 1; /* longest first */
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
@@ -228,6 +230,8 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   servd_tokenizer *t = NULL;
   const char **vocab_str = NULL; /* borrowed from root */
   uint32_t *vocab_len = NULL;
+  uint8_t *norm_added = NULL; /* added tokens whose content the normalizer also rewrites for decoding */
+  tok_buf ntmp = {0};
   tok_buf tmp = {0};
   bytelevel__init();
   *out = NULL;
@@ -316,13 +320,14 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   t->n_ids = max_id + 1;
   vocab_str = calloc((size_t)t->n_ids + 1, sizeof *vocab_str);
   vocab_len = calloc((size_t)t->n_ids + 1, sizeof *vocab_len);
+  norm_added = calloc((size_t)t->n_ids + 1, 1);
   t->has_piece = calloc((size_t)t->n_ids + 1, 1);
   t->is_special = calloc((size_t)t->n_ids + 1, 1);
   t->is_added = calloc((size_t)t->n_ids + 1, 1);
   t->piece_off = calloc((size_t)t->n_ids + 1, sizeof *t->piece_off);
   t->in_vocab = calloc((size_t)t->n_ids + 1, 1);
   t->is_bytetok = calloc((size_t)t->n_ids + 1, 1);
-  if (!vocab_str || !vocab_len || !t->has_piece || !t->is_special || !t->is_added || !t->piece_off || !t->in_vocab ||
+  if (!vocab_str || !vocab_len || !norm_added || !t->has_piece || !t->is_special || !t->is_added || !t->piece_off || !t->in_vocab ||
       !t->is_bytetok) {
     rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory for %d ids", t->n_ids);
     goto fail;
@@ -436,8 +441,19 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
     at->rstrip = json_flag(a, "rstrip", false);
     at->single_word = json_flag(a, "single_word", false);
     at->normalized = json_flag(a, "normalized", !at->special);
+    ntmp.len = 0;
+    if (at->normalized && t->n_norm) rc = spm__normalize(t, (const uint8_t *)at->content, at->len, &ntmp);
+    else rc = tok_buf_append(&ntmp, at->content, at->len);
+    if (rc) goto fail;
+    at->match_len = ntmp.len;
+    at->match = strndup(ntmp.p, ntmp.len);
+    if (!at->match) {
+      rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+      goto fail;
+    }
     vocab_str[at->id] = at->content;
     vocab_len[at->id] = (uint32_t)at->len;
+    norm_added[at->id] = at->normalized;
     t->is_added[at->id] = 1;
     t->is_special[at->id] = at->special;
     if ((rc = str_map_put(&t->content_ids, at->content, at->len, at->id))) goto fail;
@@ -449,15 +465,23 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
       static const char w[] = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]";
       if ((rc = pre__compile(w, sizeof w - 1, false, "added_tokens single_word", &t->word_re))) goto fail;
     }
-  for (int i = 0; i < t->n_added; i++) t->added_first[(uint8_t)t->added[i].content[0]] = 1;
+  for (int i = 0; i < t->n_added; i++) t->added_first[(uint8_t)t->added[i].match[0]] = 1;
 
   /* id -> bytes, and bytes -> id for ignore_merges */
   for (int32_t id = 0; id < t->n_ids; id++) {
     t->piece_off[id] = (uint32_t)t->pieces.len;
     if (!vocab_str[id]) continue;
     bool mapped = false, is_byte = false;
-    if (t->char_level) rc = spm__token_bytes(t, vocab_str[id], vocab_len[id], &tmp, &is_byte);
-    else rc = token_bytes(vocab_str[id], vocab_len[id], &tmp, &mapped);
+    if (t->char_level && norm_added[id] && t->n_norm) {
+      /* Hugging Face decodes a normalized added token from its normalized content ("hi" -> "▁hi") */
+      ntmp.len = 0;
+      if (!(rc = spm__normalize(t, (const uint8_t *)vocab_str[id], vocab_len[id], &ntmp)))
+        rc = spm__token_bytes(t, ntmp.p, ntmp.len, &tmp, &is_byte);
+    } else if (t->char_level) {
+      rc = spm__token_bytes(t, vocab_str[id], vocab_len[id], &tmp, &is_byte);
+    } else {
+      rc = token_bytes(vocab_str[id], vocab_len[id], &tmp, &mapped);
+    }
     if (rc) goto fail;
     t->is_bytetok[id] = is_byte;
     if ((rc = tok_buf_append(&t->pieces, tmp.p, tmp.len))) goto fail;
@@ -475,6 +499,8 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
 
   free(vocab_str);
   free(vocab_len);
+  free(norm_added);
+  free(ntmp.p);
   free(tmp.p);
   json_decref(root);
   *out = t;
@@ -482,6 +508,8 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
 fail:
   free(vocab_str);
   free(vocab_len);
+  free(norm_added);
+  free(ntmp.p);
   free(tmp.p);
   json_decref(root);
   servd_tokenizer_free(t);
@@ -530,7 +558,7 @@ void servd_tokenizer_free(servd_tokenizer *t) {
   str_map_free(&t->content_ids);
   str_map_free(&t->bytes_ids);
   merge_map_free(&t->merges);
-  for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+  for (int i = 0; i < t->n_added; i++) free(t->added[i].content), free(t->added[i].match);
   free(t->added);
   for (int i = 0; i < t->n_steps; i++) pcre2_code_free(t->steps[i].re);
   pcre2_code_free(t->word_re);

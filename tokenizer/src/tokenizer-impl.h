@@ -120,8 +120,10 @@ typedef struct merge_map {
 int merge_map_init(merge_map *m, size_t expected);
 void merge_map_free(merge_map *m);
 int merge_map_put(merge_map *m, int32_t a, int32_t b, int32_t rank, int32_t new_id);
+/* Fibonacci hashing: the top bits of the product depend on both ids (the low ones mostly on the
+ * right id alone, which made long probe chains). cap is a power of two >= 2. */
 static inline size_t pair_slot(uint64_t k, size_t cap) {
-  return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1);
+  return (size_t)((k * 0x9E3779B97F4A7C15ull) >> (64 - __builtin_ctzll((unsigned long long)cap)));
 }
 /* 1 and rank/new_id when the pair merges, else 0. */
 static inline int merge_map_get(const merge_map *m, int32_t a, int32_t b, int32_t *rank, int32_t *new_id) {
@@ -183,6 +185,10 @@ size_t spm__lead_cut(const servd_tokenizer *t, int32_t id, const char *p, size_t
 typedef struct added_token {
   char *content;
   size_t len;
+  /* what is looked for in the text: the content, or for a normalized token under a normalizer its
+   * normalized content, as Hugging Face matches it in the normalized text (owned) */
+  char *match;
+  size_t match_len;
   int32_t id;
   bool special, lstrip, rstrip, single_word, normalized;
 } added_token;

@@ -1,16 +1,31 @@
-/* Byte-level BPE tokenizer read from a Hugging Face tokenizer.json.
+/* BPE tokenizer read from a Hugging Face tokenizer.json: byte-level (GPT-2, Llama 3, SmolLM2) or
+ * SentencePiece-style with byte fallback (Llama 2, TinyLlama, Mistral 7B v0.1).
  *
  * Supported tokenizer.json subset (anything else is refused with a message naming the field):
  *   model:          {"type": "BPE", "vocab": {token: id}, "merges": ["a b", ...] or [["a", "b"], ...],
- *                    "ignore_merges": bool, "byte_fallback": false, "dropout": null}
+ *                    "ignore_merges": bool, "byte_fallback": bool, "fuse_unk": bool, "unk_token",
+ *                    "dropout": null}
  *   added_tokens:   [{"id", "content", "special", "lstrip", "rstrip", "single_word", "normalized"}]
- *                   split out of the text before anything else (leftmost, then longest match).
- *   normalizer:     null
+ *                   split out of the text before anything else (leftmost, then longest match);
+ *                   "normalized" ones after the normalizer, as their normalized content (and
+ *                   decoded from it, as Hugging Face does).
+ *   normalizer:     null | Prepend | Replace{pattern: {String}} | Sequence of these
  *   pre_tokenizer:  ByteLevel{add_prefix_space, use_regex} | Digits{individual_digits}
  *                   | Split{pattern: {Regex|String}, behavior: Isolated|Removed|MergedWithPrevious|
  *                     MergedWithNext|Contiguous, invert: false} | Sequence of these
+ *                   | Metaspace{replacement, prepend_scheme always|first|never (or add_prefix_space),
+ *                     split} (alone)
  *   post_processor: null | ByteLevel | TemplateProcessing (single) | Sequence of these
  *   decoder:        null | ByteLevel | Sequence of ByteLevel
+ *                   | Sequence of Replace{String}, ByteFallback, Fuse, Strip{" ", start, stop 0}, Metaspace
+ * Byte-level tokenizers BPE the bytes of each pre-token (the ByteLevel alphabet); the others
+ * ("character-level": byte_fallback, a normalizer, Metaspace or one of those decoders, never with
+ * ByteLevel) start from characters, spell a character outside the vocabulary as its <0xXX> tokens
+ * (byte_fallback) or the unknown token, and decode <0xXX> to its byte, the metaspace to a space, and
+ * drop the leading space as Strip / the Metaspace decoder say (for the whole text, also when it is
+ * streamed). Where a run of <0xXX> tokens is not valid UTF-8, Hugging Face's ByteFallback decoder
+ * turns each of its bytes into U+FFFD; here, as for byte-level tokenizers, each maximal invalid
+ * subpart becomes one U+FFFD, so streamed text need not wait for the end of a run.
  * A top-level or model-level "pre" string (written for packages converted from GGUF, the value of
  * tokenizer.ggml.pre) overrides pre_tokenizer with llama.cpp's behaviour for that name:
  *   "smollm": every digit alone, then the GPT-2 pattern; "gpt2"/"gpt-2": the GPT-2 pattern;

@@ -1,0 +1,441 @@
+/* The engine's GPU path on the host stand-in for CUDA (tests/device/fake_cuda.c), for what a short
+ * run on a real GPU cannot cover: failures. A synthesized 12-layer model ("200mb", head_dim 64, bf16).
+ *
+ *  - graphs against no graphs: the same tokens (the stand-in computes padded and unpadded rows alike,
+ *    so equality is exact), and unloading gives every byte of device memory back;
+ *  - every capture failing (as when an op that cannot be captured runs), or the forward raising in
+ *    it: the buckets fall back to eager steps, no request fails, the same tokens;
+ *  - a graph launch failing: that step's requests fail, later requests get the same tokens again
+ *    from graphs captured anew;
+ *  - device memory moving while graphs are held (the generation bumped between steps, as another
+ *    model unloading does): graphs are dropped and captured again, the same tokens;
+ *  - two models on one GPU, one unloading while the other serves (the weight cache trimmed, cached
+ *    memory given back, the other's graphs stale): the other's tokens stay right;
+ *  - a chat template rendered on the template interpreter (GPU 0) while steps run: no device work
+ *    of its own, no effect on the tokens;
+ *  - tensor parallelism on two stand-in GPUs (NCCL all-reduce and all-gather of the vocabulary
+ *    shards): TP 2 against TP 1 (equal up to a near tie of TP 1: bf16 partial sums round apart), TP 2
+ *    graphs against TP 2 eager (exactly);
+ *  - TP 2 with rank 1's forward raising while its graph is captured (rank 0's capture succeeds):
+ *    the bucket is dropped on both ranks, the step reruns eagerly, nothing hangs, same tokens;
+ *  - TP 2 with rank 1 raising in an eager step while rank 0 waits for it in an all-reduce: the
+ *    communicator is aborted and rebuilt, only that step's request fails, later ones are right;
+ *  - too little device memory for one context of KV cache after the weights: the load fails with the
+ *    reason and leaves no device memory behind (the weights uploaded before are freed).
+ *
+ * Integration (interpreters are loaded with dlmopen, which the sanitizers cannot follow).
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "engine-test.h"
+#include "engine/engine.h"
+#include "fake_cuda.h"
+#include "servd/cuda.h"
+
+#define MAXTOK 32
+#define NREQ 4
+
+typedef struct result {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done;
+  int32_t tokens[MAXTOK];
+  float gap[MAXTOK]; /* top-1 minus top-2 logprob at each step */
+  int n;
+  int error_code;
+  char error[512];
+  int bump_tokens; /* bump the device generation at each of the first bump_tokens tokens */
+} result;
+
+static char pkg_path[256];
+/* Raises on rank 1 in its second step of one token (once per interpreter) and in every step of 13. */
+static const char faulty_py[] =
+    "import servd\n"
+    "from .model import LlamaModel\n"
+    "class Faulty(LlamaModel):\n"
+    "    ones = 0\n"
+    "    def forward(self, batch):\n"
+    "        if servd.rank() == 1 and batch.n_tokens == 13:\n"
+    "            raise RuntimeError('injected failure on rank 1 (13 tokens)')\n"
+    "        if servd.rank() == 1 and batch.n_tokens == 1:\n"
+    "            self.ones += 1\n"
+    "            if self.ones == 2:\n"
+    "                raise RuntimeError('injected failure on rank 1')\n"
+    "        return super().forward(batch)\n";
+static char tmpdir[128];
+static const char *prompts[NREQ] = {"Hello there", "abc", "The quick brown fox", "0123456789"};
+static const int lengths[NREQ] = {20, 16, 12, 8};
+
+static void on_event(void *ud, const servd_event *ev) {
+  result *r = ud;
+  pthread_mutex_lock(&r->mu);
+  if (ev->kind == SERVD_EVENT_TOKEN) {
+    if (ev->token >= 0 && r->n < MAXTOK) {
+      r->gap[r->n] = ev->n_top >= 2 ? ev->top[0].logprob - ev->top[1].logprob : 1e9f;
+      r->tokens[r->n++] = ev->token;
+    }
+    if (r->n <= r->bump_tokens) servd_cuda_generation_bump(0); /* "memory moved" between steps */
+  } else {
+    r->done = true;
+    r->error_code = ev->error_code;
+    if (ev->error_message) snprintf(r->error, sizeof r->error, "%s", ev->error_message);
+    pthread_cond_signal(&r->cv);
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
+static int load_tp(const char *path, int gpus, bool graphs, double fraction, servd_model **m) {
+  servd_model_options o;
+  servd_model_options_default(&o);
+  o.path = path;
+  o.max_seqs = 8;
+  o.max_batch_tokens = 256;
+  o.max_context = 512;
+  o.gpus = gpus;
+  o.tp = gpus;
+  o.cuda_graphs = graphs;
+  o.cuda_graph_max_batch = 8;
+  o.gpu_memory_fraction = fraction;
+  return servd_model_load(&o, m);
+}
+
+static int load(bool graphs, double fraction, servd_model **m) { return load_tp(pkg_path, 1, graphs, fraction, m); }
+
+typedef struct chat_job {
+  servd_model *m;
+  int rc;
+  char text[256];
+} chat_job;
+
+static void *chat_main(void *p) {
+  chat_job *j = p;
+  json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", "hi");
+  char *text = NULL;
+  j->rc = servd_model_apply_chat_template(j->m, msgs, true, &text);
+  json_decref(msgs);
+  snprintf(j->text, sizeof j->text, "%s", text ? text : servd_last_error());
+  free(text);
+  return NULL;
+}
+
+/* Runs the requests at once on m (and a chat template alongside when chat); returns how many failed
+ * (with fail false, a failure fails the test). */
+static int run_on(servd_model *m, int bump_tokens, bool chat, bool may_fail, result *res) {
+  servd_request *req[NREQ];
+  for (int i = 0; i < NREQ; i++) {
+    memset(&res[i], 0, sizeof res[i]);
+    pthread_mutex_init(&res[i].mu, NULL);
+    pthread_cond_init(&res[i].cv, NULL);
+    res[i].bump_tokens = i == 0 ? bump_tokens : 0;
+    int32_t *ids;
+    int n;
+    assert_int_equal(servd_model_tokenize(m, prompts[i], strlen(prompts[i]), true, &ids, &n), 0);
+    servd_gen_params p;
+    servd_gen_params_default(&p);
+    p.temperature = 0;
+    p.max_tokens = lengths[i];
+    p.ignore_eos = true;
+    p.logprobs = 2;
+    int rc = servd_model_submit(m, ids, n, &p, on_event, &res[i], &req[i]);
+    free(ids);
+    if (rc) fail_msg("submit: %s", servd_last_error());
+  }
+  chat_job cj = {m, -1, ""};
+  pthread_t th;
+  if (chat) assert_int_equal(pthread_create(&th, NULL, chat_main, &cj), 0);
+  int failed = 0;
+  for (int i = 0; i < NREQ; i++) {
+    pthread_mutex_lock(&res[i].mu);
+    while (!res[i].done) pthread_cond_wait(&res[i].cv, &res[i].mu);
+    pthread_mutex_unlock(&res[i].mu);
+    servd_request_release(req[i]);
+    if (res[i].error_code) {
+      if (!may_fail) fail_msg("request %d: %s", i, res[i].error);
+      printf("request %d failed as injected: %s\n", i, res[i].error);
+      failed++;
+      continue;
+    }
+    assert_int_equal(res[i].n, lengths[i]);
+  }
+  if (chat) {
+    pthread_join(th, NULL);
+    if (cj.rc) fail_msg("chat template on the GPU model: %s", cj.text);
+    assert_non_null(strstr(cj.text, "hi"));
+  }
+  return failed;
+}
+
+/* Unloads m and checks that no device memory is left; returns its stats. */
+static servd_model_stats unload(servd_model *m) {
+  servd_model_stats st;
+  servd_model_get_stats(m, &st);
+  servd_model_unload(m, 0);
+  fake_cuda_stats fs;
+  fake_cuda_get_stats(&fs);
+  assert_int_equal(fs.device_bytes, 0);
+  return st;
+}
+
+static servd_model_stats run_tp(const char *path, int gpus, bool graphs, int bump_tokens, bool chat, result *res) {
+  servd_model *m = NULL;
+  if (load_tp(path, gpus, graphs, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  run_on(m, bump_tokens, chat, false, res);
+  return unload(m);
+}
+
+static servd_model_stats run(bool graphs, int bump_tokens, bool chat, result *res) {
+  return run_tp(pkg_path, 1, graphs, bump_tokens, chat, res);
+}
+
+static void same(const char *what, const result *ref, const result *got) {
+  for (int i = 0; i < NREQ; i++)
+    for (int t = 0; t < ref[i].n; t++)
+      if (ref[i].tokens[t] != got[i].tokens[t])
+        fail_msg("%s: request %d token %d: %d, expected %d", what, i, t, got[i].tokens[t], ref[i].tokens[t]);
+}
+
+/* Equal until the first difference, which is allowed only on a near tie of the reference (bf16
+ * rounding differs between one rank and two: partial sums are rounded before the all-reduce). */
+#define NEAR_TIE 0.25f
+static void close_to(const char *what, const result *ref, const result *got) {
+  for (int i = 0; i < NREQ; i++)
+    for (int t = 0; t < ref[i].n; t++) {
+      if (ref[i].tokens[t] == got[i].tokens[t]) continue;
+      if (ref[i].gap[t] > NEAR_TIE)
+        fail_msg("%s: request %d token %d: %d, expected %d (top-2 gap %g)", what, i, t, got[i].tokens[t],
+                 ref[i].tokens[t], ref[i].gap[t]);
+      printf("%s: request %d differs from token %d on a near tie (gap %g)\n", what, i, t, ref[i].gap[t]);
+      break;
+    }
+}
+
+static result eager[NREQ];
+static char faulty_path[256];
+
+static void test_graphs_match_eager(void **state) {
+  (void)state;
+  static result g[NREQ];
+  run(false, 0, false, eager);
+  servd_model_stats st = run(true, 0, false, g);
+  same("graphs against eager", eager, g);
+  assert_true(st.cuda_graph_captures >= 3);
+  assert_true(st.cuda_graph_replays >= 6);
+  assert_int_equal(st.cuda_graph_capture_failures, 0);
+}
+
+static void test_capture_failures(void **state) {
+  (void)state;
+  static result g[NREQ];
+  fake_cuda_fail_captures(1000);
+  servd_model_stats st = run(true, 0, false, g);
+  fake_cuda_fail_captures(0);
+  same("every capture failing", eager, g);
+  assert_true(st.cuda_graph_capture_failures >= 1);
+  assert_int_equal(st.cuda_graph_replays, 0);
+}
+
+static void test_capture_forward_raises(void **state) {
+  (void)state;
+  static result g[NREQ];
+  fake_cuda_fail_launches_in_capture(1000);
+  servd_model_stats st = run(true, 0, false, g);
+  fake_cuda_fail_launches_in_capture(0);
+  same("the forward raising in every capture", eager, g);
+  assert_true(st.cuda_graph_capture_failures >= 1);
+  assert_int_equal(st.cuda_graph_replays, 0);
+}
+
+static void test_replay_failure_recovers(void **state) {
+  (void)state;
+  static result g[NREQ];
+  servd_model *m = NULL;
+  if (load(true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  run_on(m, 0, false, false, g); /* every bucket captured */
+  servd_model_stats before;
+  servd_model_get_stats(m, &before);
+  fake_cuda_fail_graph_launches(1);
+  int failed = run_on(m, 0, false, true, g);
+  fake_cuda_fail_graph_launches(0);
+  assert_true(failed >= 1); /* the requests of the step whose launch failed */
+  run_on(m, 0, false, false, g);
+  same("after a failed graph launch", eager, g);
+  servd_model_stats st = unload(m);
+  assert_true(st.cuda_graph_replays > before.cuda_graph_replays);
+}
+
+static void test_memory_moves(void **state) {
+  (void)state;
+  static result g[NREQ];
+  servd_model_stats st = run(true, 12, false, g);
+  same("device memory moving between steps", eager, g);
+  assert_int_equal(st.cuda_graph_capture_failures, 0);
+  assert_true(st.cuda_graph_replays >= 1);
+}
+
+static void test_chat_while_stepping(void **state) {
+  (void)state;
+  static result g[NREQ];
+  run(true, 0, true, g);
+  same("a chat template rendered alongside", eager, g);
+}
+
+static void test_tp2(void **state) {
+  (void)state;
+  static result e2[NREQ], g2[NREQ];
+  run_tp(pkg_path, 2, false, 0, false, e2);
+  servd_model_stats st = run_tp(pkg_path, 2, true, 0, false, g2);
+  close_to("TP 2 (eager) against TP 1", eager, e2);
+  same("TP 2 graphs against TP 2 eager", e2, g2);
+  assert_true(st.cuda_graph_captures >= 3);
+  assert_true(st.cuda_graph_replays >= 6);
+  assert_int_equal(st.cuda_graph_capture_failures, 0);
+}
+
+/* The package's forward raises on rank 1 once, in its second decode step of one sequence: the
+ * capture of bucket 1 on rank 1 (rank 0 captures). The bucket is disabled on both ranks, the step
+ * runs eagerly, the request completes with the tokens of a run without the fault. */
+static void test_tp2_rank_raises_in_capture(void **state) {
+  (void)state;
+  static result ref[NREQ], got[NREQ];
+  servd_model *m = NULL;
+  if (load_tp(pkg_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  run_on(m, 0, false, false, ref);
+  unload(m);
+  if (load_tp(faulty_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  run_on(m, 0, false, false, got);
+  servd_model_stats st = unload(m);
+  same("TP 2, rank 1 raising in a capture", ref, got);
+  assert_true(st.cuda_graph_capture_failures >= 1);
+}
+
+/* Rank 1 raises in an eager step while rank 0 waits in an all-reduce for it: the communicator is
+ * aborted, the step's request fails naming rank 1, the communicator is rebuilt and later requests
+ * get the tokens of a run without the fault. */
+static void test_tp2_rank_raises_eager(void **state) {
+  (void)state;
+  static result ref[NREQ], got[NREQ];
+  static result bad;
+  servd_model *m = NULL;
+  if (load_tp(pkg_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  run_on(m, 0, false, false, ref);
+  unload(m);
+  if (load_tp(faulty_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  for (int round = 0; round < 2; round++) {
+    memset(&bad, 0, sizeof bad);
+    pthread_mutex_init(&bad.mu, NULL);
+    pthread_cond_init(&bad.cv, NULL);
+    int32_t ids[13];
+    for (int i = 0; i < 13; i++) ids[i] = 3 + i;
+    servd_gen_params p;
+    servd_gen_params_default(&p);
+    p.temperature = 0;
+    p.max_tokens = 4;
+    servd_request *q = NULL;
+    assert_int_equal(servd_model_submit(m, ids, 13, &p, on_event, &bad, &q), 0);
+    pthread_mutex_lock(&bad.mu);
+    while (!bad.done) pthread_cond_wait(&bad.cv, &bad.mu);
+    pthread_mutex_unlock(&bad.mu);
+    servd_request_release(q);
+    printf("the faulty step: %d: %s\n", bad.error_code, bad.error);
+    assert_int_equal(bad.error_code, SERVD_EMODEL);
+    assert_non_null(strstr(bad.error, "rank 1"));
+    run_on(m, 0, false, false, got);
+    same("TP 2 after rank 1 raised in an eager step", ref, got);
+  }
+  unload(m);
+}
+
+/* Two models on GPU 0; the second unloads (trimming the weight cache, giving cached device memory
+ * back, which makes the first model's graphs stale) while the first serves: its tokens stay right. */
+typedef struct unload_job {
+  servd_model *m;
+} unload_job;
+static void *unload_main(void *p) {
+  servd_model_unload(((unload_job *)p)->m, 0);
+  return NULL;
+}
+
+static void test_other_model_unloads(void **state) {
+  (void)state;
+  static result g[NREQ];
+  servd_model *a = NULL, *b = NULL;
+  if (load(true, 0.45, &a) || load(true, 0.9, &b)) fail_msg("load: %s", servd_last_error());
+  run_on(a, 0, false, false, g); /* a's buckets captured */
+  same("model A", eager, g);
+  run_on(b, 0, false, false, g);
+  same("model B", eager, g);
+  unload_job uj = {b};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, unload_main, &uj), 0);
+  run_on(a, 0, false, false, g);
+  pthread_join(th, NULL);
+  same("model A while B unloads", eager, g);
+  run_on(a, 0, false, false, g);
+  same("model A after B unloaded", eager, g);
+  unload(a);
+}
+
+static void test_kv_does_not_fit(void **state) {
+  (void)state;
+  /* 4 GiB of device memory, of which a fraction of 1e-4 (~0.4 MB) may hold KV cache: less than one
+   * 512-token context needs. */
+  servd_model *m = NULL;
+  int rc = load(true, 1e-4, &m);
+  printf("load: rc %d: %s\n", rc, servd_last_error());
+  assert_int_equal(rc, SERVD_ENOMEM);
+  assert_null(m);
+  assert_non_null(strstr(servd_last_error(), "KV cache"));
+  fake_cuda_stats fs;
+  fake_cuda_get_stats(&fs);
+  assert_int_equal(fs.device_bytes, 0);
+}
+
+int main(int argc, char **argv) {
+  if (engine_test_start(argc, argv, "engine-fakegpu", tmpdir, sizeof tmpdir)) return 1;
+  fake_cuda_configure(2, (size_t)4 << 30);
+  snprintf(pkg_path, sizeof pkg_path, "%s/m200.mpk", tmpdir);
+  if (mpk_synth("200mb", 11, SERVD_BF16, NULL, pkg_path, NULL)) {
+    fprintf(stderr, "synth: %s\n", servd_last_error());
+    return 1;
+  }
+  /* The same model with a forward that raises once on rank 1, in the second step of one token. */
+  char code_dir[256], cmd[1024], path[512];
+  snprintf(code_dir, sizeof code_dir, "%s/llama", tmpdir);
+  snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && rm -rf '%s/__pycache__'", mpk_default_code_dir(), code_dir, code_dir);
+  if (system(cmd) != 0) return 1;
+  snprintf(path, sizeof path, "%s/faulty.py", code_dir);
+  FILE *f = fopen(path, "w");
+  if (!f || fwrite(faulty_py, 1, sizeof faulty_py - 1, f) != sizeof faulty_py - 1 || fclose(f)) return 1;
+  mpk_import_options io;
+  mpk_import_options_init(&io);
+  io.code_dir = code_dir;
+  io.entry_point = "llama.faulty:Faulty";
+  snprintf(faulty_path, sizeof faulty_path, "%s/faulty.mpk", tmpdir);
+  if (mpk_synth("200mb", 11, SERVD_BF16, NULL, faulty_path, &io)) {
+    fprintf(stderr, "synth: %s\n", servd_last_error());
+    return 1;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_graphs_match_eager),     cmocka_unit_test(test_capture_failures),
+      cmocka_unit_test(test_capture_forward_raises), cmocka_unit_test(test_replay_failure_recovers),
+      cmocka_unit_test(test_memory_moves),           cmocka_unit_test(test_chat_while_stepping),
+      cmocka_unit_test(test_kv_does_not_fit),        cmocka_unit_test(test_tp2),
+      cmocka_unit_test(test_tp2_rank_raises_in_capture), cmocka_unit_test(test_tp2_rank_raises_eager),
+      cmocka_unit_test(test_other_model_unloads),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+  if (system(cmd)) fprintf(stderr, "could not remove %s\n", tmpdir);
+  fflush(NULL);
+  _exit(rc); /* interpreters' namespaces must not run library destructors at exit */
+}
