@@ -213,7 +213,7 @@ def main():
     p = os.path.join(tmp, "arch.gguf")
     make_gguf(p, arch="gpt2")
     check_fail(["pack", p, "-o", out, "--quiet"], "general.architecture", out)
-    make_gguf(p, tok_model="llama")  # SentencePiece vocabularies are not converted
+    make_gguf(p, tok_model="llama")  # a SentencePiece vocabulary needs tokenizer.ggml.scores
     check_fail(["pack", p, "-o", out, "--quiet"], "tokenizer.ggml.model", out)
     make_gguf(p, drop_types=5)  # token_type shorter than the token list
     check_fail(["pack", p, "-o", out, "--quiet"], "tokenizer.ggml.token_type", out)
