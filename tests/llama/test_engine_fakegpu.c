@@ -18,6 +18,8 @@
  *    graphs against TP 2 eager (exactly);
  *  - TP 2 with rank 1's forward raising while its graph is captured (rank 0's capture succeeds):
  *    the bucket is dropped on both ranks, the step reruns eagerly, nothing hangs, same tokens;
+ *  - TP 2 with a graph launch failing on one rank while the other replays: NCCL aborted and rebuilt,
+ *    that step's requests fail, graphs captured anew, later requests right;
  *  - TP 2 with rank 1 raising in an eager step while rank 0 waits for it in an all-reduce: the
  *    communicator is aborted and rebuilt, only that step's request fails, later ones are right;
  *  - too little device memory for one context of KV cache after the weights: the load fails with the
@@ -301,6 +303,29 @@ static void test_tp2(void **state) {
   assert_int_equal(st.cuda_graph_capture_failures, 0);
 }
 
+/* A graph launch failing on one rank while the other replays (its collectives then wait for the
+ * failed rank): the communicator is aborted and rebuilt, the step's requests fail, the graphs are
+ * captured again and later requests are right. Three times: whichever rank launches first fails. */
+static void test_tp2_replay_failure_recovers(void **state) {
+  (void)state;
+  static result e2[NREQ], g[NREQ];
+  run_tp(pkg_path, 2, false, 0, false, e2);
+  servd_model *m = NULL;
+  if (load_tp(pkg_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  run_on(m, 0, false, false, g);
+  same("TP 2 graphs", e2, g);
+  for (int k = 0; k < 3; k++) {
+    fake_cuda_fail_graph_launches(1);
+    int failed = run_on(m, 0, false, true, g);
+    fake_cuda_fail_graph_launches(0);
+    assert_true(failed >= 1);
+    run_on(m, 0, false, false, g);
+    same("TP 2 after a failed graph launch", e2, g);
+  }
+  servd_model_stats st = unload(m);
+  assert_true(st.cuda_graph_captures >= 6); /* captured again after each failure */
+}
+
 /* The package's forward raises on rank 1 once, in its second decode step of one sequence: the
  * capture of bucket 1 on rank 1 (rank 0 captures). The bucket is disabled on both ranks, the step
  * runs eagerly, the request completes with the tokens of a run without the fault. */
@@ -431,6 +456,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_memory_moves),           cmocka_unit_test(test_chat_while_stepping),
       cmocka_unit_test(test_kv_does_not_fit),        cmocka_unit_test(test_tp2),
       cmocka_unit_test(test_tp2_rank_raises_in_capture), cmocka_unit_test(test_tp2_rank_raises_eager),
+      cmocka_unit_test(test_tp2_replay_failure_recovers),
       cmocka_unit_test(test_other_model_unloads),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
