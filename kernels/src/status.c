@@ -1,6 +1,7 @@
 /* Status codes and the per-thread last error message. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "servd/status.h"
 
@@ -26,10 +27,14 @@ const char *servd_strerror(int code) {
 
 const char *servd_last_error(void) { return last_error; }
 
+/* Formats into a local buffer first: callers often wrap the previous message, passing
+ * servd_last_error() itself as an argument. */
 int servd_fail(int code, const char *fmt, ...) {
+  char msg[sizeof last_error];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(last_error, msg, sizeof msg);
   return code;
 }

@@ -147,8 +147,19 @@ static void test_views(void **state) {
   servd_tensor_release(t);
 }
 
+/* A message that wraps the previous one (servd_last_error() as an argument) keeps both parts. */
+static void test_fail_wraps_last_error(void **state) {
+  (void)state;
+  assert_int_equal(servd_fail(SERVD_EIO, "inner cause %d", 7), SERVD_EIO);
+  assert_int_equal(servd_fail(SERVD_EFORMAT, "model.mpk: %s", servd_last_error()), SERVD_EFORMAT);
+  assert_string_equal(servd_last_error(), "model.mpk: inner cause 7");
+  assert_int_equal(servd_fail(SERVD_EIO, "%s / %s", servd_last_error(), servd_last_error()), SERVD_EIO);
+  assert_string_equal(servd_last_error(), "model.mpk: inner cause 7 / model.mpk: inner cause 7");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fail_wraps_last_error),
       cmocka_unit_test(test_dtypes), cmocka_unit_test(test_new_and_strides), cmocka_unit_test(test_wrap_and_refcounts),
       cmocka_unit_test(test_atomic_refcounts), cmocka_unit_test(test_views),
   };
