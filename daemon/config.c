@@ -19,6 +19,7 @@ void servd_config_init(servd_config *c) {
   c->gpu_memory_fraction = 0.90;
   c->cuda_graphs = true;
   c->cuda_graph_max_batch = 64;
+  c->step_timeout_s = 120;
   c->interpreters = 1;
   c->max_queue = 256;
   c->access_log = SERVD_ACCESS_LOG_TEXT;
@@ -233,7 +234,7 @@ int servd_config_load_file(servd_config *c, const char *path) {
                                      "access_log", "drain_timeout", "request_timeout", "read_timeout",
                                      "idle_timeout", "max_body_bytes", "max_header_bytes", "max_connections", "max_n",
                                      "model_repository", "models", "gpu_memory_fraction", "cuda_graphs",
-                                     "cuda_graph_max_batch", NULL};
+                                     "cuda_graph_max_batch", "step_timeout", NULL};
   json_error_t err;
   json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
   if (!root)
@@ -257,6 +258,7 @@ int servd_config_load_file(servd_config *c, const char *path) {
       (rc = j_str(&x, root, "api_key", &c->api_key)) ||
       (rc = j_num(&x, root, "drain_timeout", 0, 86400, &c->drain_timeout_s)) ||
       (rc = j_num(&x, root, "request_timeout", 0, 86400, &c->request_timeout_s)) ||
+      (rc = j_num(&x, root, "step_timeout", 0, 86400, &c->step_timeout_s)) ||
       (rc = j_num(&x, root, "read_timeout", 0.001, 3600, &c->read_timeout_s)) ||
       (rc = j_num(&x, root, "idle_timeout", 0.001, 86400, &c->idle_timeout_s)) ||
       (rc = j_num(&x, root, "max_body_bytes", 1024, 1ull << 32, &body)) ||
@@ -336,6 +338,8 @@ void servd_config_usage(FILE *f) {
         "  --access-log FMT        text, json or off (default text, to stderr)\n"
         "  --drain-timeout S       on SIGTERM, let requests finish for S seconds (default 30)\n"
         "  --request-timeout S     default per-request deadline (default none)\n"
+        "  --step-timeout S        interrupt a language model's forward step that has not returned after\n"
+        "                          S seconds and fail that step's requests (default 120; 0: never)\n"
         "  --model-repository DIR  directory of packages for POST /v2/repository/models/NAME/load\n"
         "  --max-body-bytes N      largest request body (default 8388608)\n"
         "  --help, --version\n",
@@ -453,6 +457,9 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
     } else if (flag_is(a, "--drain-timeout")) {
       if ((rc = VAL("--drain-timeout")) || (rc = parse_double("--drain-timeout", v, 0, 86400, &c->drain_timeout_s)))
         return rc;
+    } else if (flag_is(a, "--step-timeout")) {
+      if ((rc = VAL("--step-timeout")) || (rc = parse_double("--step-timeout", v, 0, 86400, &c->step_timeout_s)))
+        return rc;
     } else if (flag_is(a, "--request-timeout")) {
       if ((rc = VAL("--request-timeout")) ||
           (rc = parse_double("--request-timeout", v, 0, 86400, &c->request_timeout_s)))
@@ -497,4 +504,5 @@ void servd_config_model_options(const servd_config *c, int i, servd_model_option
   o->gpu_memory_fraction = c->gpu_memory_fraction;
   o->cuda_graphs = c->cuda_graphs;
   o->cuda_graph_max_batch = c->cuda_graph_max_batch;
+  o->step_timeout_s = c->step_timeout_s;
 }

@@ -32,6 +32,7 @@ typedef struct servd_config {
   int access_log;   /* servd_access_log */
   double drain_timeout_s;
   double request_timeout_s; /* default per-request deadline; 0: none */
+  double step_timeout_s;    /* a language model's forward step is interrupted after this; 0: never */
   double read_timeout_s, idle_timeout_s;
   size_t max_body_bytes, max_header_bytes;
   int max_connections;

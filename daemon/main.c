@@ -1,6 +1,7 @@
 /* servd: the model-serving daemon. `servd [serve] ...` runs the server; `servd generate ...` runs a
  * model from the command line. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -20,6 +21,10 @@ int main(int argc, char **argv) {
   /* May re-execute the process with the glibc tunables that many interpreters need. */
   if (servd_interp_early_init(argc, argv) != 0) fprintf(stderr, "servd: warning: interpreter setup: %s\n", servd_last_error());
 #endif
+  /* Before any thread or NCCL communicator exists (setenv is not safe beside other threads): NCCL's
+   * graph registration would have every rank wait for handshakes with a rank whose CUDA graph capture
+   * failed. The device layer sets it too; an operator's own setting wins. */
+  setenv("NCCL_GRAPH_REGISTER", "0", 0);
   int code;
   if (argc > 1 && strcmp(argv[1], "generate") == 0) {
 #ifdef SERVD_HAVE_GENERATE

@@ -187,6 +187,7 @@ int servd_serve_main(int argc, char **argv) {
   }
   /* Every language model this process loads (also through the repository API) uses the GPUs. */
   servd_engine_set_gpu_defaults(s.cfg.gpus, s.cfg.gpu_memory_fraction, s.cfg.cuda_graphs, s.cfg.cuda_graph_max_batch);
+  servd_engine_set_step_timeout(s.cfg.step_timeout_s);
   if ((rc = servd_threadpool_init(s.cfg.threads)) != 0)
     fprintf(stderr, "servd: warning: compute threads: %s\n", servd_last_error());
   fprintf(stderr, "servd: %d compute threads\n", servd_threadpool_size());

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/forward_call.h"
+
 typedef struct graph_slot {
   servd_device_graph *graph;
   servd_tensor *logits; /* rank 0: the device logits the graph writes; NULL elsewhere */
@@ -19,6 +21,7 @@ struct servd_device_step {
   uint64_t generation; /* servd_device_generation when the graphs held were captured */
   servd_tensor *host;  /* rank 0: (c.max_seqs, vocab) f32, allocated at the first download */
   servd_tensor *out;   /* a view of host's first rows, handed to the engine (reshaped per step) */
+  int64_t timeout_ms;  /* deadline of each forward; 0: none */
 };
 
 int servd_device_step_create(const servd_device_step_config *c, servd_device_step **out) {
@@ -161,7 +164,7 @@ int servd_device_step_eager(servd_device_step *s, servd_interp *it, const servd_
   if (rc) return rc;
   servd_forward_batch mine = on_device(s, b);
   servd_tensor *dl = NULL;
-  if ((rc = servd_interp_forward(it, &mine, &dl, err))) {
+  if ((rc = servd_engine_forward(it, &mine, s->timeout_ms, &dl, err))) {
     servd_tensor_release(dl);
     return rc;
   }
@@ -184,7 +187,7 @@ int servd_device_step_capture(servd_device_step *s, servd_interp *it, const serv
   if ((rc = servd_device_graph_begin(dev))) return rc;
   servd_forward_batch mine = on_device(s, b);
   servd_tensor *dl = NULL;
-  int frc = servd_interp_forward(it, &mine, &dl, err);
+  int frc = servd_engine_forward(it, &mine, s->timeout_ms, &dl, err);
   char why[512] = "";
   if (frc) snprintf(why, sizeof why, "%s", servd_last_error());
   servd_device_graph *g = NULL;
@@ -236,6 +239,13 @@ int servd_device_step_replay(servd_device_step *s, servd_interp *it, const servd
 }
 
 int servd_device_step_sync(servd_device_step *s) { return servd_device_sync(s->c.device); }
+
+void servd_device_step_set_timeout(servd_device_step *s, int64_t timeout_ms) { s->timeout_ms = timeout_ms; }
+
+void servd_device_step_set_kv(servd_device_step *s, servd_device_kv *dkv) {
+  servd_device_step_drop_all(s);
+  s->c.dkv = dkv;
+}
 
 bool servd_device_step_has_graph(const servd_device_step *s, int bucket) {
   return bucket >= 0 && bucket < s->c.n_buckets && s->slots[bucket].graph;

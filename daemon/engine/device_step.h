@@ -52,6 +52,11 @@ int servd_device_step_replay(servd_device_step *s, servd_interp *it, const servd
 /* Waits for this rank's queued work (ranks other than 0, whose step has no download to wait on). */
 int servd_device_step_sync(servd_device_step *s);
 
+/* Each forward through Python is interrupted after timeout_ms (0: never); see forward_call.h. */
+void servd_device_step_set_timeout(servd_device_step *s, int64_t timeout_ms);
+/* Replaces the device cache (no graph may be held: they name the old one). */
+void servd_device_step_set_kv(servd_device_step *s, servd_device_kv *dkv);
+
 bool servd_device_step_has_graph(const servd_device_step *s, int bucket);
 /* True when a graph is held and device memory it may reference was freed or moved since it was
  * captured (servd_device_generation). */

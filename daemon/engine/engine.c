@@ -33,6 +33,10 @@ static struct {
   int graph_max_batch;
 } gpu_defaults = {0, 0.90, true, 64};
 
+static double step_timeout_default = 120.0;
+
+void servd_engine_set_step_timeout(double seconds) { step_timeout_default = seconds > 0 ? seconds : 0; }
+
 void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cuda_graphs, int cuda_graph_max_batch) {
   gpu_defaults.gpus = gpus > 0 ? gpus : 0;
   gpu_defaults.fraction = gpu_memory_fraction;
@@ -57,6 +61,7 @@ void servd_model_options_default(servd_model_options *o) {
   o->gpu_memory_fraction = gpu_defaults.fraction;
   o->cuda_graphs = gpu_defaults.graphs;
   o->cuda_graph_max_batch = gpu_defaults.graph_max_batch;
+  o->step_timeout_s = step_timeout_default;
 }
 
 void servd_gen_params_default(servd_gen_params *p) {
@@ -255,9 +260,20 @@ static void reap(servd_model *m, int64_t now, bool drain_expired) {
   }
 }
 
+static int scheduler_setup(servd_model *m);
+
 static void *scheduler_main(void *arg) {
   servd_model *m = arg;
   servd_py_error err;
+  /* The setup that needs this thread (GPUs: rank 0's warm-up runs on the thread of its steps). */
+  int src = scheduler_setup(m);
+  pthread_mutex_lock(&m->mu);
+  m->startup_rc = src;
+  if (src) snprintf(m->startup_err, sizeof m->startup_err, "%s", servd_last_error());
+  m->last_progress_ns = servd_engine_now_ns();
+  pthread_cond_broadcast(&m->wake);
+  pthread_mutex_unlock(&m->mu);
+  if (src) return NULL;
   for (;;) {
     pthread_mutex_lock(&m->mu);
     while (!m->quit && !has_work(m)) pthread_cond_wait(&m->wake, &m->mu);
@@ -311,8 +327,9 @@ static void *scheduler_main(void *arg) {
         char msg[sizeof err.type + sizeof err.message + 32];
         char where[24] = "";
         if (m->tp > 1 && failed_rank >= 0) snprintf(where, sizeof where, " (rank %d)", failed_rank);
+        /* With several ranks the runner's message already names the rank ("rank 1: ..."). */
         if (err.type[0]) snprintf(msg, sizeof msg, "%s%s: %s", err.type, where, err.message);
-        else snprintf(msg, sizeof msg, "forward%s: %s", where, servd_last_error());
+        else snprintf(msg, sizeof msg, "forward: %s", servd_last_error());
         const char *etype = code == SERVD_EMODEL && err.type[0] ? err.type : NULL;
         for (int i = 0; i < m->sched.n_planned; i++)
           finish_ex(m, m->sched.planned[i]->owner, "error", code, msg, etype, false);
@@ -418,8 +435,9 @@ static int sync_devices_job(void *arg) {
 }
 
 /* Rank r on GPU r: the pool first (the model's code uploads its weights to each GPU as it starts),
- * then the KV cache sized from what the weights left free, then the runner. kv_heads: per rank. */
-static int load_on_gpus(servd_model *m, int n_layers, int kv_heads, int head_dim, int bs) {
+ * then one-block warm-up caches and the runner; the scheduler thread then profiles the steps' memory
+ * and sizes the real KV cache (scheduler_setup, gpu_setup.h). kv_heads: per rank. */
+static int load_on_gpus(servd_model *m) {
   int rc;
   if ((rc = servd_gpu_check(m))) return rc;
   if (m->tp > 1 && (rc = servd_device_comm_create(m->tp, m->devices, &m->dcomm))) return rc;
@@ -433,13 +451,26 @@ static int load_on_gpus(servd_model *m, int n_layers, int kv_heads, int head_dim
   if ((rc = servd_interp_thread_run(m->ithread, pool_create_job, &pj))) return rc;
   m->chat_interp = po.n_interpreters > m->tp ? m->tp : 0;
   if ((rc = servd_interp_thread_run(m->ithread, sync_devices_job, m))) return rc;
-  int blocks = 0;
-  if ((rc = servd_gpu_kv_setup(m, n_layers, kv_heads, head_dim, bs, &blocks))) return rc;
+  if ((rc = servd_gpu_warmup_prepare(m))) return rc;
+  int bs = m->block_size;
   servd_runner_gpu g = {.devices = m->devices, .dkv = m->dkv, .dcomm = m->dcomm,
                         .max_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
                         .max_blocks_per_seq = (m->context_length + bs - 1) / bs, .block_size = bs,
                         .graphs = m->o.cuda_graphs, .graph_max_batch = m->o.cuda_graph_max_batch};
   return servd_runner_create_gpu(m->pool, m->kv, m->tp, &g, &m->runner);
+}
+
+/* On the scheduler thread, before its loop: GPUs: the warm-up and the KV cache; then the scheduler. */
+static int scheduler_setup(servd_model *m) {
+  int rc;
+  if (m->gpus > 0) {
+    int blocks = 0;
+    if ((rc = servd_gpu_profile_and_setup(m, &blocks))) return rc;
+  }
+  sched_config sc = {.max_batch_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
+                     .max_seq_len = m->context_length};
+  if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
+  return servd_sampler_scratch_create(m->vocab, &m->scratch);
 }
 
 static int load_causal_lm(servd_model *m) {
@@ -475,21 +506,29 @@ static int load_causal_lm(servd_model *m) {
   find_eos(m);
 
   int bs = m->o.block_size > 0 ? m->o.block_size : 16;
+  m->n_layers = n_layers;
+  m->kv_heads = n_kv / m->tp;
+  m->head_dim = head_dim;
+  m->block_size = bs;
   m->gpus = m->o.gpus > 0 ? m->o.gpus : 0;
   if (m->gpus > 0) {
-    if ((rc = load_on_gpus(m, n_layers, n_kv / m->tp, head_dim, bs))) return rc;
+    if ((rc = load_on_gpus(m))) return rc;
   } else {
     if ((rc = load_on_cpu(m, n_layers, n_kv / m->tp, head_dim, bs))) return rc;
   }
+  servd_runner_set_step_timeout(m->runner, (int64_t)(m->o.step_timeout_s * 1000.0 + 0.5));
 
-  sched_config sc = {.max_batch_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
-                     .max_seq_len = m->context_length};
-  if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
-  if ((rc = servd_sampler_scratch_create(m->vocab, &m->scratch))) return rc;
   m->last_progress_ns = servd_engine_now_ns();
+  m->startup_rc = 1;
   if (pthread_create(&m->thread, NULL, scheduler_main, m))
     return servd_fail(SERVD_ENOMEM, "%s: starting the scheduler thread", mpk_path(m->pkg));
   m->thread_started = true;
+  /* Wait for its setup (the GPU warm-up runs there); on failure it has ended. */
+  pthread_mutex_lock(&m->mu);
+  while (m->startup_rc == 1) pthread_cond_wait(&m->wake, &m->mu);
+  rc = m->startup_rc;
+  pthread_mutex_unlock(&m->mu);
+  if (rc) return servd_fail(rc, "%s", m->startup_err);
   return 0;
 }
 
@@ -619,6 +658,11 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   for (int i = 0; i < s->n_interpreters; i++)
     s->interp_busy_seconds[i] = servd_interp_busy_seconds(servd_pool_get(m->pool, i));
   s->gpus = m->gpus;
+  for (int r = 0; r < m->gpus && r < m->tp; r++) {
+    s->gpu_step_bytes += m->gpu_step_bytes[r];
+    s->gpu_base_bytes += m->gpu_total[r] - m->gpu_base_free[r];
+    s->gpu_kv_bytes += m->gpu_kv_bytes;
+  }
   if (m->runner) {
     servd_runner_stats rs;
     servd_runner_get_stats(m->runner, &rs);

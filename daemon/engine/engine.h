@@ -31,7 +31,9 @@ typedef struct servd_request servd_request;
  *   SERVD_EINVAL (HTTP 400). Any other exception (RuntimeError, AttributeError, ZeroDivisionError,
  *   MemoryError, TemplateSyntaxError, ...) is SERVD_EMODEL. The type is matched by name, so subclasses
  *   of those types count as model errors; a model that validates input should raise the base types.
- * - TimeoutError at a deadline: SERVD_ETIMEDOUT. Failures outside Python keep their own codes. */
+ * - TimeoutError at a deadline: SERVD_ETIMEDOUT (predict, chat template); a forward step interrupted
+ *   at the step timeout (step_timeout_s) is the model's: SERVD_EMODEL, type "TimeoutError". Failures
+ *   outside Python keep their own codes. */
 
 /* The Python exception behind a SERVD_EMODEL or SERVD_EINVAL failure of the model's code. */
 typedef struct servd_model_error {
@@ -64,13 +66,20 @@ typedef struct servd_model_options {
   double gpu_memory_fraction; /* of the free memory after the weights, for the KV cache: (0, 1] */
   bool cuda_graphs;           /* decode-only steps of up to cuda_graph_max_batch sequences as CUDA graphs */
   int cuda_graph_max_batch;
+  /* Causal-lm: a rank's forward that has not returned after this many seconds is interrupted
+   * (TimeoutError raised in its Python code) and the step fails with SERVD_EMODEL; 0: no limit.
+   * Native code that never returns to Python cannot be interrupted. */
+  double step_timeout_s;
 } servd_model_options;
 
 /* Defaults; the GPU fields come from servd_engine_set_gpu_defaults (none set: CPU, 0.9, graphs on,
- * 64), so that every model this process loads, also through the repository API, uses its GPUs. */
+ * 64) and step_timeout_s from servd_engine_set_step_timeout (none set: 120), so that every model
+ * this process loads, also through the repository API, uses them. */
 void servd_model_options_default(servd_model_options *o);
 /* Process-wide GPU defaults for servd_model_options_default; call before loading models. */
 void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cuda_graphs, int cuda_graph_max_batch);
+/* Process-wide default of step_timeout_s (seconds, 0: none); call before loading models. */
+void servd_engine_set_step_timeout(double seconds);
 /* Loads the package and starts its interpreters (and scheduler thread). *out owned by the caller. */
 int servd_model_load(const servd_model_options *o, servd_model **out);
 /* Stops accepting, lets running requests finish until deadline_ms (then cancels them), frees all. */
@@ -181,6 +190,12 @@ typedef struct servd_model_stats {
   uint64_t cuda_graph_captures; /* decode buckets captured */
   uint64_t cuda_graph_replays;  /* steps run by replaying a graph (no Python) */
   uint64_t cuda_graph_capture_failures;
+  /* Appended: device memory per model, summed over its ranks, as measured at load (GPUs only). */
+  uint64_t gpu_base_bytes; /* in use when the warm-up began: the weights as allocated, and whatever
+                            * else (other models) was on those GPUs */
+  uint64_t gpu_kv_bytes;   /* the KV cache */
+  uint64_t gpu_step_bytes; /* what the warm-up steps left allocated: step buffers, activations,
+                            * attention scratch, collective buffers, cached blocks */
 } servd_model_stats;
 void servd_model_get_stats(const servd_model *m, servd_model_stats *s);
 

@@ -58,6 +58,13 @@ struct servd_model {
   int devices[SERVD_INTERP_MAX];
   servd_device_kv *dkv[SERVD_INTERP_MAX];
   servd_device_comm *dcomm;
+  int n_layers, kv_heads, head_dim, block_size; /* KV geometry per rank (set before the GPU setup) */
+  size_t gpu_base_free[SERVD_INTERP_MAX];  /* free device memory per rank after the weights */
+  size_t gpu_total[SERVD_INTERP_MAX];      /* device memory per rank */
+  size_t gpu_step_bytes[SERVD_INTERP_MAX]; /* measured by the warm-up, per rank */
+  size_t gpu_kv_bytes;                     /* the KV cache of one rank */
+  int startup_rc;      /* the scheduler thread's setup (under mu); 1: still running */
+  char startup_err[1024];
   servd_scheduler sched;
   int context_length;
   int vocab;

@@ -3,7 +3,10 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "engine/model_runner.h"
 
 static double gb(size_t bytes) { return (double)bytes / 1e9; }
 
@@ -37,7 +40,10 @@ int servd_gpu_kv_plan(const servd_gpu_kv_in *in, int *blocks, const char **sized
   long long fit = -1;
   int tight = 0;
   for (int r = 0; r < in->n_ranks; r++) {
-    long long n = (long long)((double)in->free_bytes[r] * in->fraction / (double)in->per_block);
+    double usable = (double)in->free_bytes[r] * in->fraction;
+    double cap = in->free_bytes[r] > in->reserve ? (double)(in->free_bytes[r] - in->reserve) : 0.0;
+    if (usable > cap) usable = cap;
+    long long n = (long long)(usable / (double)in->per_block);
     if (fit < 0 || n < fit) {
       fit = n;
       tight = r;
@@ -46,7 +52,7 @@ int servd_gpu_kv_plan(const servd_gpu_kv_in *in, int *blocks, const char **sized
   size_t tight_free = in->free_bytes[tight];
   if (in->kv_blocks > 0 && in->kv_blocks > fit)
     return servd_fail(SERVD_ENOMEM, "kv_blocks %d need %.2f GB on cuda:%d, which has %.2f GB free after the weights "
-                      "(%.2f GB at --gpu-memory-fraction %g)", in->kv_blocks,
+                      "and the steps' memory (%.2f GB at --gpu-memory-fraction %g)", in->kv_blocks,
                       gb(in->per_block * (size_t)in->kv_blocks), tight, gb(tight_free),
                       gb((size_t)((double)tight_free * in->fraction)), in->fraction);
   long long want = in->kv_blocks > 0 ? in->kv_blocks : (long long)in->max_seqs * in->ctx_blocks;
@@ -56,25 +62,143 @@ int servd_gpu_kv_plan(const servd_gpu_kv_in *in, int *blocks, const char **sized
   if (n > max_blocks) n = max_blocks;
   if (n < in->ctx_blocks)
     return servd_fail(SERVD_ENOMEM, "the KV cache fits %lld blocks of %d tokens on cuda:%d (%.2f GB free after the "
-                      "weights, --gpu-memory-fraction %g), fewer than one context of %d tokens needs (%d blocks): "
+                      "weights and the steps' memory, --gpu-memory-fraction %g), fewer than one context of %d tokens needs (%d blocks): "
                       "cap the context (max_context) or raise the fraction", n, in->block_size, tight,
                       gb(tight_free), in->fraction, in->ctx_blocks * in->block_size, in->ctx_blocks);
   *blocks = (int)n;
   return 0;
 }
 
-int servd_gpu_kv_setup(servd_model *m, int n_layers, int kv_heads, int head_dim, int block_size, int *blocks) {
-  const servd_model_options *o = &m->o;
-  int kv_dim = kv_heads * head_dim, rc;
-  size_t free_b[SERVD_INTERP_MAX];
+int servd_gpu_warmup_prepare(servd_model *m) {
+  int rc;
+  for (int r = 0; r < m->tp; r++)
+    if ((rc = servd_device_mem_info(m->devices[r], &m->gpu_base_free[r], &m->gpu_total[r]))) return rc;
+  /* One block: every block table of the warm-up names block 0, and no slot is written. */
   for (int r = 0; r < m->tp; r++) {
-    size_t total_b = 0;
-    if ((rc = servd_device_mem_info(m->devices[r], &free_b[r], &total_b))) return rc;
+    if ((rc = servd_device_kv_create(m->devices[r], m->n_layers, m->kv_heads * m->head_dim, m->block_size, 1,
+                                     &m->dkv[r])) ||
+        (rc = servd_kv_cache_create_blocks_only(&m->kv[r], m->n_layers, m->kv_heads, m->head_dim, m->block_size, 1)))
+      return rc;
   }
+  return 0;
+}
+
+/* Host arrays of one warm-up step (at most cap tokens and seqs sequences). */
+typedef struct warm_step {
+  int32_t *tokens, *positions, *slots, *rows, *q_start, *q_len, *kv_len, *zeros;
+  const int32_t **tables;
+  servd_forward_batch b;
+} warm_step;
+
+static void warm_free(warm_step *w) {
+  free(w->tokens);
+  free(w->positions);
+  free(w->slots);
+  free(w->rows);
+  free(w->q_start);
+  free(w->q_len);
+  free(w->kv_len);
+  free(w->zeros);
+  free(w->tables);
+}
+
+static int warm_alloc(warm_step *w, int cap, int seqs, int max_blocks) {
+  memset(w, 0, sizeof *w);
+  size_t t = (size_t)cap, s = (size_t)seqs;
+  w->tokens = calloc(t, sizeof(int32_t));
+  w->positions = calloc(t, sizeof(int32_t));
+  w->slots = calloc(t, sizeof(int32_t));
+  w->rows = calloc(t, sizeof(int32_t));
+  w->q_start = calloc(s, sizeof(int32_t));
+  w->q_len = calloc(s, sizeof(int32_t));
+  w->kv_len = calloc(s, sizeof(int32_t));
+  w->zeros = calloc((size_t)max_blocks, sizeof(int32_t)); /* every block: block 0 */
+  w->tables = calloc(s, sizeof *w->tables);
+  if (!w->tokens || !w->positions || !w->slots || !w->rows || !w->q_start || !w->q_len || !w->kv_len || !w->zeros ||
+      !w->tables) {
+    warm_free(w);
+    return servd_fail(SERVD_ENOMEM, "GPU warm-up: step arrays for %d tokens", cap);
+  }
+  for (int i = 0; i < cap; i++) w->slots[i] = -1; /* kv_write skips: the cache is never written */
+  for (int i = 0; i < seqs; i++) w->tables[i] = w->zeros;
+  return 0;
+}
+
+/* n_tokens tokens in sequences of at most seq_len (query and context alike: a prompt's first
+ * chunk), logits for the first n_rows token rows. seq_len 1 is a decode step of padding rows. */
+static void warm_shape(warm_step *w, int n_tokens, int seq_len, int n_rows) {
+  int n_seqs = 0;
+  for (int t = 0; t < n_tokens; n_seqs++) {
+    int len = n_tokens - t < seq_len ? n_tokens - t : seq_len;
+    w->q_start[n_seqs] = t;
+    w->q_len[n_seqs] = w->kv_len[n_seqs] = len;
+    for (int i = 0; i < len; i++) w->positions[t + i] = i;
+    t += len;
+  }
+  for (int i = 0; i < n_rows; i++) w->rows[i] = i;
+  w->b = (servd_forward_batch){.n_tokens = n_tokens, .tokens = w->tokens, .positions = w->positions,
+                               .slots = w->slots, .n_logit_rows = n_rows, .logit_rows = w->rows,
+                               .attn = {.n_seqs = n_seqs, .q_start = w->q_start, .q_len = w->q_len,
+                                        .kv_len = w->kv_len, .block_tables = w->tables}};
+}
+
+static int warm_run(servd_model *m, const warm_step *w, const char *what) {
+  servd_tensor *logits = NULL;
+  servd_py_error err;
+  memset(&err, 0, sizeof err);
+  int failed = -1;
+  int rc = servd_runner_eager(m->runner, &w->b, &logits, &err, &failed);
+  servd_tensor_release(logits);
+  if (rc) {
+    char msg[1200];
+    if (err.type[0] && m->tp > 1) snprintf(msg, sizeof msg, "%s (rank %d): %s", err.type, failed, err.message);
+    else if (err.type[0]) snprintf(msg, sizeof msg, "%s: %s", err.type, err.message);
+    else snprintf(msg, sizeof msg, "%s", servd_last_error());
+    return servd_fail(rc, "%s: the warm-up %s of %d tokens (%d sequences) failed: %s", mpk_path(m->pkg), what,
+                      w->b.n_tokens, w->b.attn.n_seqs, msg);
+  }
+  return 0;
+}
+
+int servd_gpu_profile_and_setup(servd_model *m, int *blocks) {
+  const servd_model_options *o = &m->o;
+  *blocks = 0;
+  int cap_tokens = 0, cap_seqs = 0, rc;
+  servd_runner_capacity(m->runner, &cap_tokens, &cap_seqs);
+  const int bs = m->block_size, ctx_blocks = (m->context_length + bs - 1) / bs;
+  /* A step has at most cap_tokens tokens, in at most cap_seqs sequences of at most a context each. */
+  long long most = (long long)cap_seqs * m->context_length;
+  int n_prefill = most < cap_tokens ? (int)most : cap_tokens;
+  int n_rows = cap_seqs < cap_tokens ? cap_seqs : cap_tokens; /* the most logit rows: one per sequence */
+  warm_step w;
+  if ((rc = warm_alloc(&w, cap_tokens, cap_seqs, ctx_blocks))) return rc;
+  warm_shape(&w, n_prefill, m->context_length, n_rows);
+  rc = warm_run(m, &w, "prefill step");
+  if (!rc) {
+    /* Decode rows as the graph buckets pad them; the most sequences, so at least the largest bucket. */
+    warm_shape(&w, n_rows, 1, n_rows);
+    rc = warm_run(m, &w, "decode step");
+  }
+  warm_free(&w);
+  if (rc) return rc;
+
+  /* The warm-up caches go back to CUDA; what the steps took stays (cached or held). */
+  for (int r = 0; r < m->tp; r++) {
+    servd_device_kv_destroy(m->dkv[r]);
+    m->dkv[r] = NULL;
+    servd_kv_cache_destroy(m->kv[r]);
+    m->kv[r] = NULL;
+  }
+  size_t free_b[SERVD_INTERP_MAX], total_b[SERVD_INTERP_MAX];
+  for (int r = 0; r < m->tp; r++) {
+    if ((rc = servd_device_mem_info(m->devices[r], &free_b[r], &total_b[r]))) return rc;
+    m->gpu_step_bytes[r] = m->gpu_base_free[r] > free_b[r] ? m->gpu_base_free[r] - free_b[r] : 0;
+  }
+  int kv_dim = m->kv_heads * m->head_dim;
   servd_gpu_kv_in in = {.free_bytes = free_b, .n_ranks = m->tp, .fraction = o->gpu_memory_fraction,
-                        .per_block = servd_device_kv_bytes(n_layers, kv_dim, block_size, 1),
-                        .block_size = block_size, .ctx_blocks = (m->context_length + block_size - 1) / block_size,
-                        .max_seqs = o->max_seqs, .kv_blocks = o->kv_blocks};
+                        .per_block = servd_device_kv_bytes(m->n_layers, kv_dim, bs, 1), .block_size = bs,
+                        .ctx_blocks = ctx_blocks, .max_seqs = o->max_seqs, .kv_blocks = o->kv_blocks,
+                        .reserve = SERVD_GPU_RESERVE_BYTES};
   const char *why = "";
   if ((rc = servd_gpu_kv_plan(&in, blocks, &why))) {
     char msg[512]; /* servd_fail writes the buffer servd_last_error returns: copy it first */
@@ -82,19 +206,22 @@ int servd_gpu_kv_setup(servd_model *m, int n_layers, int kv_heads, int head_dim,
     return servd_fail(rc, "%s: %s", mpk_path(m->pkg), msg);
   }
   for (int r = 0; r < m->tp; r++) {
-    if ((rc = servd_device_kv_create(m->devices[r], n_layers, kv_dim, block_size, *blocks, &m->dkv[r]))) return rc;
-    if ((rc = servd_kv_cache_create_blocks_only(&m->kv[r], n_layers, kv_heads, head_dim, block_size, *blocks)))
+    if ((rc = servd_device_kv_create(m->devices[r], m->n_layers, kv_dim, bs, *blocks, &m->dkv[r]))) return rc;
+    if ((rc = servd_kv_cache_create_blocks_only(&m->kv[r], m->n_layers, m->kv_heads, m->head_dim, bs, *blocks)))
       return rc;
   }
-  size_t kv_bytes = servd_device_kv_bytes(n_layers, kv_dim, block_size, *blocks);
+  if ((rc = servd_runner_set_device_kv(m->runner, m->dkv))) return rc;
+  m->gpu_kv_bytes = servd_device_kv_bytes(m->n_layers, kv_dim, bs, *blocks);
   fprintf(stderr, "servd: model '%s': KV cache %d blocks x %d tokens = %lld tokens (%.2f GB) on each of %d GPU%s "
-          "(sized by %s)\n", m->name, *blocks, block_size, (long long)*blocks * block_size, gb(kv_bytes), m->tp,
-          m->tp == 1 ? "" : "s", why);
+          "(sized by %s, after warm-up steps of %d and %d tokens)\n", m->name, *blocks, bs, (long long)*blocks * bs,
+          gb(m->gpu_kv_bytes), m->tp, m->tp == 1 ? "" : "s", why, n_prefill, n_rows);
   for (int r = 0; r < m->tp; r++) {
-    size_t free_now = 0, total_b = 0;
-    servd_device_mem_info(m->devices[r], &free_now, &total_b);
-    fprintf(stderr, "servd: model '%s': rank %d on cuda:%d: weights %.2f GB, %.2f GB of %.2f GB free\n", m->name, r,
-            m->devices[r], gb(servd_device_weights_bytes(m->devices[r])), gb(free_now), gb(total_b));
+    size_t free_now = 0, total_now = 0;
+    servd_device_mem_info(m->devices[r], &free_now, &total_now);
+    fprintf(stderr, "servd: model '%s': rank %d on cuda:%d: weights %.2f GB, steps %.3f GB (activations, scratch, "
+            "collective buffers: measured), KV cache %.2f GB; %.2f GB of %.2f GB free\n", m->name, r, m->devices[r],
+            gb(servd_device_weights_bytes(m->devices[r])), gb(m->gpu_step_bytes[r]), gb(m->gpu_kv_bytes),
+            gb(free_now), gb(total_now));
   }
   return 0;
 }

@@ -18,6 +18,15 @@ int servd_model_error_code(int rc, const servd_py_error *pe, servd_call_kind kin
   /* The interpreter reports an exception raised by the code as SERVD_EINVAL with its type; other
    * codes (timeouts, allocation, a result it could not convert) keep their meaning. */
   bool python = pe && pe->type[0] && rc == SERVD_EINVAL;
+  /* A forward step interrupted at the step timeout: the model's code hung, not the request. */
+  bool step_timeout = kind == SERVD_CALL_FORWARD && rc == SERVD_ETIMEDOUT && pe && pe->type[0];
+  if (step_timeout) {
+    if (out) {
+      snprintf(out->type, sizeof out->type, "%s", pe->type);
+      snprintf(out->message, sizeof out->message, "%s", pe->message);
+    }
+    return SERVD_EMODEL;
+  }
   if (!python) return rc;
   if (out) {
     snprintf(out->type, sizeof out->type, "%s", pe->type);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/device_step.h"
+#include "engine/forward_call.h"
 #include "engine/graph_plan.h"
 
 /* What every rank does in one round (one wake-up of the ranks). */
@@ -33,6 +34,7 @@ struct servd_runner {
   servd_comm *comm;
   servd_device_comm *dcomm;
   int world;
+  int64_t timeout_ms;   /* step deadline of each rank's forward; 0: none */
   rank_worker *workers; /* ranks 1..world-1 at [rank-1] */
   pthread_mutex_t mu;
   pthread_cond_t go, done;
@@ -48,6 +50,7 @@ struct servd_runner {
 
   /* GPUs (NULL ds[0]: CPU). Graph state is the runner's, touched on the caller's thread only. */
   servd_device_step *ds[SERVD_INTERP_MAX];
+  int cap_tokens, cap_seqs; /* the device batches' capacities */
   bool graphs;
   servd_graph_state gs;
   servd_padded_step pad;
@@ -78,14 +81,15 @@ static int run_rank(servd_runner *r, int rank, const servd_forward_batch *b, rou
   servd_tensor **out = rank == 0 ? logits : NULL;
   int rc;
   switch (mode) {
-  case MODE_CPU: return servd_interp_forward(it, &mine, logits, err);
+  case MODE_CPU: return servd_engine_forward(it, &mine, r->timeout_ms, logits, err);
   case MODE_EAGER: rc = servd_device_step_eager(ds, it, &mine, n_rows, out, err); break;
   case MODE_CAPTURE: return servd_device_step_capture(ds, it, &mine, bucket, err);
   case MODE_REPLAY: rc = servd_device_step_replay(ds, it, &mine, bucket, n_rows, out, err); break;
   default: return servd_fail(SERVD_EINVAL, "model runner: round mode %d", (int)mode);
   }
-  /* Rank 0 waited for its logits; the others wait here, so a fault shows in the step that caused it. */
-  if (rc == 0 && rank > 0) rc = servd_device_step_sync(ds);
+  /* Rank 0 waited for its logits when it downloaded some; every other rank (and rank 0 in a step
+   * that wanted none) waits here, so that a device fault shows in the step that caused it. */
+  if (rc == 0 && (rank > 0 || !*logits)) rc = servd_device_step_sync(ds);
   return rc;
 }
 
@@ -190,6 +194,8 @@ int servd_runner_create_gpu(servd_pool *pool, servd_kv_cache *const *kv, int wor
   servd_device_step_config dc = {.max_tokens = g->max_tokens > max_batch ? g->max_tokens : max_batch,
                                  .max_seqs = g->max_seqs, .max_blocks_per_seq = g->max_blocks_per_seq,
                                  .block_size = g->block_size, .n_buckets = r->gs.n_buckets};
+  r->cap_tokens = dc.max_tokens;
+  r->cap_seqs = dc.max_seqs;
   for (int k = 0; k < world; k++) {
     dc.device = g->devices[k];
     dc.rank = k;
@@ -270,11 +276,16 @@ static int run_round(servd_runner *r, const servd_forward_batch *b, round_mode m
   if (first >= 0) {
     if (err) *err = first == 0 ? err0 : r->workers[first - 1].err;
     if (failed_rank) *failed_rank = first;
-    /* The cause's message, not that of a rank that only saw the abort. */
+    /* The cause's message, not that of a rank that only saw the abort; it names the rank. */
     if (first > 0) {
       const servd_py_error *we = &r->workers[first - 1].err;
       if (we->type[0]) servd_fail(rc, "rank %d: %s: %s", first, we->type, we->message);
       else servd_fail(rc, "rank %d: %s", first, we->message);
+    } else if (r->world > 1) {
+      char msg[600]; /* servd_fail writes the buffer servd_last_error returns: copy it first */
+      if (err0.type[0]) snprintf(msg, sizeof msg, "%s: %s", err0.type, err0.message);
+      else snprintf(msg, sizeof msg, "%s", servd_last_error());
+      servd_fail(rc, "rank 0: %s", msg);
     }
   }
   if (rc) {
@@ -282,6 +293,33 @@ static int run_round(servd_runner *r, const servd_forward_batch *b, round_mode m
     *logits = NULL;
   }
   return rc;
+}
+
+static void drop_all_graphs(servd_runner *r);
+
+void servd_runner_capacity(const servd_runner *r, int *max_tokens, int *max_seqs) {
+  *max_tokens = r->cap_tokens;
+  *max_seqs = r->cap_seqs;
+}
+
+void servd_runner_set_step_timeout(servd_runner *r, int64_t timeout_ms) {
+  r->timeout_ms = timeout_ms > 0 ? timeout_ms : 0;
+  for (int k = 0; k < r->world; k++)
+    if (r->ds[k]) servd_device_step_set_timeout(r->ds[k], r->timeout_ms);
+}
+
+int servd_runner_set_device_kv(servd_runner *r, servd_device_kv *const *dkv) {
+  if (!r->ds[0]) return servd_fail(SERVD_EINVAL, "model runner: a device cache for a runner on the CPU");
+  for (int k = 0; k < r->world; k++)
+    if (!dkv[k]) return servd_fail(SERVD_EINVAL, "model runner: no device cache for rank %d", k);
+  drop_all_graphs(r); /* they name the old cache */
+  for (int k = 0; k < r->world; k++) servd_device_step_set_kv(r->ds[k], dkv[k]);
+  return 0;
+}
+
+int servd_runner_eager(servd_runner *r, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err,
+                       int *failed_rank) {
+  return run_round(r, b, r->ds[0] ? MODE_EAGER : MODE_CPU, -1, b->n_logit_rows, logits, err, failed_rank);
 }
 
 /* Device memory that a graph may use moved on some rank: no graph can be trusted any more. */
@@ -306,9 +344,9 @@ static bool capture_all(servd_runner *r, const servd_forward_batch *padded, int 
   for (int k = 0; k < r->world; k++) servd_device_step_drop(r->ds[k], bi);
   atomic_fetch_add(&r->st_capture_failures, 1);
   if (servd_graph_capture_done(&r->gs, bi, false, rc == SERVD_EBUSY))
-    fprintf(stderr, "servd: CUDA graphs off for decode batches of %d sequences: the capture failed on rank %d: %s%s%s\n",
-            r->gs.buckets[bi], failed, cerr.type, cerr.type[0] ? ": " : "",
-            cerr.type[0] ? cerr.message : servd_last_error());
+    fprintf(stderr, "servd: CUDA graphs off for decode batches of %d sequence%s%s: the capture failed on rank %d: %s%s%s\n",
+            r->gs.buckets[bi], r->gs.buckets[bi] == 1 ? "" : "s", bi > 0 ? " (and fewer, down to the next bucket)" : "",
+            failed, cerr.type, cerr.type[0] ? ": " : "", cerr.type[0] ? cerr.message : servd_last_error());
   return false;
 }
 

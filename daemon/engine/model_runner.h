@@ -66,9 +66,22 @@ void servd_runner_destroy(servd_runner *r); /* accepts NULL */
 /* Counters, readable from any thread. */
 void servd_runner_get_stats(const servd_runner *r, servd_runner_stats *s);
 
+/* Each rank's forward is interrupted (TimeoutError, SERVD_ETIMEDOUT) when it has not returned after
+ * timeout_ms (0: never); see forward_call.h. Call while no step runs. */
+void servd_runner_set_step_timeout(servd_runner *r, int64_t timeout_ms);
+/* Replaces each rank's device cache (dkv[rank], borrowed) and drops every graph (they name the old
+ * one). Call while no step runs. */
+int servd_runner_set_device_kv(servd_runner *r, servd_device_kv *const *dkv);
+/* GPUs: the step capacities of the device batches (max_tokens covers padded decode steps). */
+void servd_runner_capacity(const servd_runner *r, int *max_tokens, int *max_seqs);
+/* Runs b eagerly on every rank (no padding, no graph bookkeeping, no step counted): the load's
+ * warm-up steps. Same contract as servd_runner_step. */
+int servd_runner_eager(servd_runner *r, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err,
+                       int *failed_rank);
+
 /* Runs b (its kv field is replaced by each rank's cache) on every rank; *logits (new reference)
  * from rank 0. On failure err holds the first failing rank's Python error and *failed_rank (may be
- * NULL) that rank. */
+ * NULL) that rank; with more than one rank the message (servd_last_error) starts "rank N: ". */
 int servd_runner_step(servd_runner *r, const servd_forward_batch *b, servd_tensor **logits,
                       servd_py_error *err, int *failed_rank);
 

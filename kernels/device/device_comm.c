@@ -5,8 +5,11 @@
 
 #include "device_internal.h"
 
+/* Grow-only, so fixed addresses for graphs once warmed up; a growth bumps the device generation (the
+ * old buffer's release), so the engine's warm-up at load runs an all-gather of the most logit rows a
+ * step can have, after which they never grow. */
 typedef struct rank_bufs {
-  servd_tensor *send, *recv; /* f32, grow-only: fixed addresses for graphs once warmed up */
+  servd_tensor *send, *recv; /* f32 */
 } rank_bufs;
 
 struct servd_device_comm {
@@ -31,6 +34,12 @@ int servd_device_comm_create(int world_size, const int *devices, servd_device_co
   }
   c->world = world_size;
   memcpy(c->devices, devices, sizeof(int) * (size_t)world_size);
+  /* With graph registration NCCL exchanges the buffers of collectives captured in a CUDA graph with
+   * the peer ranks while capturing. A capture that fails on one rank (the runner then drops that
+   * bucket on every rank) would leave the other ranks' NCCL waiting for its handshake: keep it off.
+   * NCCL reads the variable when a communicator is created, so it is set before; an operator's own
+   * setting wins (servd's main sets it too, before any thread starts). */
+  setenv("NCCL_GRAPH_REGISTER", "0", 0);
   rc = servd__dev_wrap(servd_nccl_create(&c->nccl, world_size, devices), op);
   if (rc) goto fail;
   *out = c;

@@ -1,12 +1,16 @@
 /* The paged KV cache on a device: storage only (the host servd_kv_cache keeps the block bookkeeping).
- * One allocation holds every layer's K and V, each (n_blocks*block_size, kv_dim) bf16. */
+ * One allocation holds every layer's K and V, each (n_blocks*block_size, kv_dim) bf16.
+ *
+ * Allocated with cudaMalloc and given back with cudaFree, outside the caching allocator: the engine
+ * sizes the cache from the free memory measured after a warm-up run over a small cache of its own,
+ * which must then really be free (a cached block would stay counted as used). */
 #include <stdlib.h>
 
 #include "device_internal.h"
 
 struct servd_device_kv {
   int device, n_layers, kv_dim, block_size, n_blocks;
-  servd_storage *mem; /* one reference */
+  void *mem;          /* cudaMalloc'd */
   size_t layer_bytes; /* bytes of K (or V) of one layer */
 };
 
@@ -31,13 +35,22 @@ int servd_device_kv_create(int device, int n_layers, int kv_dim, int block_size,
   kv->block_size = block_size;
   kv->n_blocks = n_blocks;
   kv->layer_bytes = (size_t)kv_dim * (size_t)block_size * (size_t)n_blocks * 2;
+  const size_t bytes = servd_device_kv_bytes(n_layers, kv_dim, block_size, n_blocks);
+  servd_cuda_ctx *c;
+  cudaError_t err = cudaSuccess;
+  rc = servd__dev_ctx(op, device, &c); /* makes device current */
+  if (!rc && (err = cudaMalloc(&kv->mem, bytes)) != cudaSuccess) {
+    cudaGetLastError();
+    kv->mem = NULL;
+    rc = servd_fail(SERVD_ENOMEM, "%s: cudaMalloc(%zu) on cuda:%d: %s", op, bytes, device, cudaGetErrorString(err));
+  }
   /* Zeroed so that nothing ever reads uninitialised bits as NaN. */
-  rc = servd__dev_storage(op, device, servd_device_kv_bytes(n_layers, kv_dim, block_size, n_blocks), true, &kv->mem);
+  if (!rc && (err = cudaMemsetAsync(kv->mem, 0, bytes, (cudaStream_t)servd__dev_stream(c))) != cudaSuccess)
+    rc = servd_fail(SERVD_EDEVICE, "%s: cudaMemsetAsync: %s", op, cudaGetErrorString(err));
   /* Every rank thread's stream uses it next: the zeroing must be done. */
   if (!rc) rc = servd_device_sync(device);
   if (rc) {
-    servd_storage_release(kv->mem);
-    free(kv);
+    servd_device_kv_destroy(kv);
     return rc;
   }
   *out = kv;
@@ -46,7 +59,15 @@ int servd_device_kv_create(int device, int n_layers, int kv_dim, int block_size,
 
 void servd_device_kv_destroy(servd_device_kv *kv) {
   if (!kv) return;
-  servd_storage_release(kv->mem);
+  if (kv->mem) {
+    int prev = -1;
+    bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != kv->device && cudaSetDevice(kv->device) == cudaSuccess;
+    cudaFree(kv->mem); /* waits for the device: no queued step still uses it */
+    if (switched) cudaSetDevice(prev);
+    cudaGetLastError();
+    /* Graphs captured over this cache name its memory. */
+    servd_cuda_generation_bump(kv->device);
+  }
   free(kv);
 }
 
@@ -62,7 +83,7 @@ int servd__dev_kv_geometry(const servd_device_kv *kv, int *kv_dim, int *block_si
 }
 
 void *servd__dev_kv_layer(const servd_device_kv *kv, int layer, int which /* 0 K, 1 V */) {
-  return (char *)servd_storage_data(kv->mem) + ((size_t)layer * 2 + (size_t)which) * kv->layer_bytes;
+  return (char *)kv->mem + ((size_t)layer * 2 + (size_t)which) * kv->layer_bytes;
 }
 
 int servd_device_kv_write(servd_device_kv *kv, int layer, const servd_tensor *k, const servd_tensor *v,

@@ -45,8 +45,10 @@ static void test_defaults(void **state) {
   assert_true(c.gpu_memory_fraction == 0.90);
   assert_true(c.cuda_graphs);
   assert_int_equal(c.cuda_graph_max_batch, 64);
+  assert_true(c.step_timeout_s == 120);
   servd_config_free(&c);
 }
+
 
 static void test_gpu_flags(void **state) {
   (void)state;
@@ -195,9 +197,29 @@ static void test_help_mentions_gpu_flags(void **state) {
   free(buf);
 }
 
+static void test_step_timeout(void **state) {
+  (void)state;
+  servd_config c;
+  assert_int_equal(PARSE(&c, "--step-timeout", "2.5", "--model", "/x.mpk"), 0);
+  assert_true(c.step_timeout_s == 2.5);
+  servd_model_options o;
+  servd_config_model_options(&c, 0, &o);
+  assert_true(o.step_timeout_s == 2.5);
+  servd_config_free(&c);
+  assert_int_equal(PARSE(&c, "--step-timeout=0"), 0);
+  assert_true(c.step_timeout_s == 0); /* no limit */
+  servd_config_free(&c);
+  assert_int_equal(parse_file(&c, "{\"step_timeout\": 30}", NULL), 0);
+  assert_true(c.step_timeout_s == 30);
+  servd_config_free(&c);
+  EXPECT_ERROR("--step-timeout", "--step-timeout", "-1");
+  EXPECT_ERROR("--step-timeout", "--step-timeout", "soon");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),        cmocka_unit_test(test_gpu_flags),
+      cmocka_unit_test(test_step_timeout),
       cmocka_unit_test(test_bad_flags),       cmocka_unit_test(test_config_file),
       cmocka_unit_test(test_model_options),   cmocka_unit_test(test_help_mentions_gpu_flags),
   };

@@ -42,6 +42,9 @@ static int forward_calls[WORLD];
 static int fail_capture_rank = -1, fail_forward_rank = -1;
 static int bump_on_upload = -1; /* device whose memory "moves" at its next upload (another thread) */
 static int last_forward_tokens[WORLD];
+static int syncs[WORLD];
+static int64_t last_timeout[WORLD];
+static servd_device_kv *last_dkv[WORLD];
 
 /* The model: logit j of row i = 1000 token + 10 position + j (exact in f32). */
 static void compute(servd_tensor *logits, const int32_t *tokens, const int32_t *positions, int rows) {
@@ -136,7 +139,7 @@ int servd_device_copy(servd_tensor *dst, const servd_tensor *src) {
 }
 
 int servd_device_sync(int device) {
-  (void)device;
+  __atomic_add_fetch(&syncs[device], 1, __ATOMIC_SEQ_CST);
   return 0;
 }
 
@@ -166,6 +169,7 @@ servd_interp *servd_pool_get(servd_pool *p, int index) {
 int servd_interp_forward(servd_interp *it, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err) {
   int rank = (int)(intptr_t)it - 1;
   __atomic_add_fetch(&forward_calls[rank], 1, __ATOMIC_SEQ_CST);
+  last_dkv[rank] = b->dkv;
   last_forward_tokens[rank] = b->n_tokens;
   *logits = NULL;
   if (!b->dbatch || !b->dkv || b->max_tokens < b->n_tokens || b->max_seqs < b->attn.n_seqs)
@@ -195,6 +199,13 @@ int servd_interp_forward(servd_interp *it, const servd_forward_batch *b, servd_t
   }
   *logits = t;
   return 0;
+}
+
+/* The step deadline (engine/forward_call.c) is the interpreters'; here the fake forward runs. */
+int servd_engine_forward(servd_interp *it, const servd_forward_batch *b, int64_t timeout_ms, servd_tensor **logits,
+                         servd_py_error *err) {
+  last_timeout[(int)(intptr_t)it - 1] = timeout_ms;
+  return servd_interp_forward(it, b, logits, err);
 }
 
 /* ---- steps ----------------------------------------------------------------------------------- */
@@ -260,6 +271,8 @@ static fixture *make(bool graphs, int graph_max_batch) {
     f->dkv[k] = (servd_device_kv *)(intptr_t)(0x100 + k); /* opaque to the runner */
     generation[k] = 7;
     forward_calls[k] = 0;
+    syncs[k] = 0;
+    last_timeout[k] = -1;
   }
   graphs_alive = launches = comm_aborts = comm_resets = 0;
   fail_capture_rank = fail_forward_rank = bump_on_upload = -1;
@@ -467,6 +480,81 @@ static void test_graphs_off(void **state) {
   destroy(f);
 }
 
+/* A prefill chunk that wants no logits: rank 0 downloads nothing, so it waits for its device at the
+ * end of the step like the other ranks (a device fault shows in this step). */
+static void test_no_logits_step_syncs(void **state) {
+  (void)state;
+  fixture *f = make(true, 8);
+  step s;
+  prefill_step(&s, 100);
+  s.b.n_logit_rows = 0;
+  servd_tensor *logits = NULL;
+  servd_py_error err;
+  memset(&err, 0, sizeof err);
+  assert_int_equal(servd_runner_step(f->r, &s.b, &logits, &err, NULL), 0);
+  assert_null(logits);
+  assert_int_equal(syncs[0], 1);
+  assert_int_equal(syncs[1], 1);
+  destroy(f);
+}
+
+/* The step timeout reaches every rank's forward, eager and captured. */
+static void test_step_timeout_passed(void **state) {
+  (void)state;
+  fixture *f = make(true, 8);
+  step s;
+  decode_step(&s, 2, 100);
+  run_ok(f, &s);
+  assert_int_equal(last_timeout[0], 0); /* none set */
+  servd_runner_set_step_timeout(f->r, 1500);
+  run_ok(f, &s); /* capture */
+  assert_int_equal(last_timeout[0], 1500);
+  assert_int_equal(last_timeout[1], 1500);
+  prefill_step(&s, 200);
+  last_timeout[0] = last_timeout[1] = -1;
+  run_ok(f, &s);
+  assert_int_equal(last_timeout[0], 1500);
+  assert_int_equal(last_timeout[1], 1500);
+  destroy(f);
+}
+
+/* Warm-up steps (servd_runner_eager) run unpadded on every rank and leave the graph bookkeeping
+ * alone; a new device cache drops every graph and is what later forwards see. */
+static void test_eager_and_new_cache(void **state) {
+  (void)state;
+  fixture *f = make(true, 8);
+  step s;
+  decode_step(&s, 3, 100);
+  servd_tensor *logits = NULL;
+  servd_py_error err;
+  memset(&err, 0, sizeof err);
+  assert_int_equal(servd_runner_eager(f->r, &s.b, &logits, &err, NULL), 0);
+  assert_non_null(logits);
+  assert_int_equal(logits->shape[0], 3);
+  servd_tensor_release(logits);
+  expect_calls(1, 1);
+  assert_int_equal(last_forward_tokens[1], 3);
+  servd_runner_stats st;
+  servd_runner_get_stats(f->r, &st);
+  assert_int_equal(st.steps, 0);
+  run_ok(f, &s); /* still the bucket's warm-up (padded, through Python) */
+  run_ok(f, &s); /* capture */
+  expect_calls(3, 3);
+  assert_int_equal(graphs_alive, 2);
+  servd_device_kv *nkv[WORLD] = {(servd_device_kv *)(intptr_t)0x900, (servd_device_kv *)(intptr_t)0x901};
+  assert_int_equal(servd_runner_set_device_kv(f->r, nkv), 0);
+  assert_int_equal(graphs_alive, 0);
+  run_ok(f, &s); /* warm-up again, over the new cache */
+  expect_calls(4, 4);
+  assert_ptr_equal(last_dkv[0], nkv[0]);
+  assert_ptr_equal(last_dkv[1], nkv[1]);
+  int mt = 0, ms = 0;
+  servd_runner_capacity(f->r, &mt, &ms);
+  assert_int_equal(mt, 16);
+  assert_int_equal(ms, 16);
+  destroy(f);
+}
+
 static void test_bad_config(void **state) {
   (void)state;
   int devices[WORLD] = {0, 1};
@@ -489,6 +577,8 @@ int main(void) {
       cmocka_unit_test(test_warmup_capture_replay), cmocka_unit_test(test_generation_drops),
       cmocka_unit_test(test_capture_failure),       cmocka_unit_test(test_rank_failure),
       cmocka_unit_test(test_graphs_off),            cmocka_unit_test(test_bad_config),
+      cmocka_unit_test(test_no_logits_step_syncs),  cmocka_unit_test(test_step_timeout_passed),
+      cmocka_unit_test(test_eager_and_new_cache),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,8 +22,15 @@
  *    that step's requests fail, graphs captured anew, later requests right;
  *  - TP 2 with rank 1 raising in an eager step while rank 0 waits for it in an all-reduce: the
  *    communicator is aborted and rebuilt, only that step's request fails, later ones are right;
+ *  - TP 2 with rank 1 looping forever in Python while rank 0 waits in NCCL: the step timeout
+ *    interrupts it, the request fails with TimeoutError naming rank 1, later ones are right;
  *  - too little device memory for one context of KV cache after the weights: the load fails with the
- *    reason and leaves no device memory behind (the weights uploaded before are freed).
+ *    reason and leaves no device memory behind (the weights uploaded before are freed);
+ *  - memory profiling at load: device memory in use after the load is exactly the weights, the KV
+ *    cache and what the warm-up steps measured; later steps of every shape, captures and replays
+ *    (one GPU, and TP 2 with its all-gather buffers) allocate nothing and never move memory (the
+ *    device generation stays as the load left it); with the cache sized by the memory itself (a
+ *    fraction of 1 of a device that holds little more than the model) requests are served right.
  *
  * Integration (interpreters are loaded with dlmopen, which the sanitizers cannot follow).
  */
@@ -60,7 +67,8 @@ typedef struct result {
 } result;
 
 static char pkg_path[256];
-/* Raises on rank 1 in its second step of one token (once per interpreter) and in every step of 13. */
+/* Raises on rank 1 in its second step of one token (once per interpreter) and in every step of 13;
+ * loops forever on rank 1 in a step of 17. */
 static const char faulty_py[] =
     "import servd\n"
     "from .model import LlamaModel\n"
@@ -69,6 +77,9 @@ static const char faulty_py[] =
     "    def forward(self, batch):\n"
     "        if servd.rank() == 1 and batch.n_tokens == 13:\n"
     "            raise RuntimeError('injected failure on rank 1 (13 tokens)')\n"
+    "        if servd.rank() == 1 and batch.n_tokens == 17:\n"
+    "            while True:\n"
+    "                pass\n"
     "        if servd.rank() == 1 and batch.n_tokens == 1:\n"
     "            self.ones += 1\n"
     "            if self.ones == 2:\n"
@@ -96,9 +107,12 @@ static void on_event(void *ud, const servd_event *ev) {
   pthread_mutex_unlock(&r->mu);
 }
 
+static double step_timeout_s = 120;
+
 static int load_tp(const char *path, int gpus, bool graphs, double fraction, servd_model **m) {
   servd_model_options o;
   servd_model_options_default(&o);
+  o.step_timeout_s = step_timeout_s;
   o.path = path;
   o.max_seqs = 8;
   o.max_batch_tokens = 256;
@@ -380,6 +394,44 @@ static void test_tp2_rank_raises_eager(void **state) {
   unload(m);
 }
 
+/* Rank 1 loops forever in a step of 17 tokens while rank 0 waits in an all-reduce; the step timeout
+ * (2 s) interrupts it: that request fails, NCCL is rebuilt, later requests are right. */
+static void test_tp2_step_timeout(void **state) {
+  (void)state;
+  static result ref[NREQ], got[NREQ];
+  static result bad;
+  servd_model *m = NULL;
+  if (load_tp(pkg_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  run_on(m, 0, false, false, ref);
+  unload(m);
+  step_timeout_s = 2;
+  int rc = load_tp(faulty_path, 2, true, 0.9, &m);
+  step_timeout_s = 120;
+  if (rc) fail_msg("load: %s", servd_last_error());
+  memset(&bad, 0, sizeof bad);
+  pthread_mutex_init(&bad.mu, NULL);
+  pthread_cond_init(&bad.cv, NULL);
+  int32_t ids[17];
+  for (int i = 0; i < 17; i++) ids[i] = 3 + i;
+  servd_gen_params p;
+  servd_gen_params_default(&p);
+  p.temperature = 0;
+  p.max_tokens = 4;
+  servd_request *q = NULL;
+  assert_int_equal(servd_model_submit(m, ids, 17, &p, on_event, &bad, &q), 0);
+  pthread_mutex_lock(&bad.mu);
+  while (!bad.done) pthread_cond_wait(&bad.cv, &bad.mu);
+  pthread_mutex_unlock(&bad.mu);
+  servd_request_release(q);
+  printf("the hung step: %d: %s\n", bad.error_code, bad.error);
+  assert_int_equal(bad.error_code, SERVD_EMODEL);
+  assert_non_null(strstr(bad.error, "TimeoutError (rank 1)"));
+  assert_non_null(strstr(bad.error, "step timeout"));
+  run_on(m, 0, false, false, got);
+  same("TP 2 after rank 1 hung in an eager step", ref, got);
+  unload(m);
+}
+
 /* Two models on GPU 0; the second unloads (trimming the weight cache, giving cached device memory
  * back, which makes the first model's graphs stale) while the first serves: its tokens stay right. */
 typedef struct unload_job {
@@ -408,6 +460,99 @@ static void test_other_model_unloads(void **state) {
   run_on(a, 0, false, false, g);
   same("model A after B unloaded", eager, g);
   unload(a);
+}
+
+/* Runs the requests on m and checks that nothing was allocated on the devices and no device memory
+ * moved since the load (graphs captured at the load's generation stay valid). */
+static void run_without_growth(servd_model *m, int gpus, result *res) {
+  fake_cuda_stats before, after;
+  fake_cuda_get_stats(&before);
+  uint64_t gen[2];
+  for (int d = 0; d < gpus; d++) gen[d] = servd_cuda_generation(d);
+  run_on(m, 0, false, false, res);
+  run_on(m, 0, false, false, res); /* every bucket replayed */
+  fake_cuda_get_stats(&after);
+  for (int d = 0; d < gpus; d++)
+    if (servd_cuda_generation(d) != gen[d])
+      fail_msg("cuda:%d: device memory moved after the load (generation %llu -> %llu)", d,
+               (unsigned long long)gen[d], (unsigned long long)servd_cuda_generation(d));
+  assert_int_equal(after.mallocs, before.mallocs);
+  assert_int_equal(after.device_bytes, before.device_bytes);
+  servd_model_stats st;
+  servd_model_get_stats(m, &st);
+  assert_true(st.cuda_graph_captures >= 3);
+  assert_true(st.cuda_graph_replays >= 6);
+  assert_int_equal(st.cuda_graph_capture_failures, 0);
+}
+
+/* Device memory after the load: the weights (what was in use when the warm-up began: the only
+ * model, so its weights as allocated, at least their bytes), the KV cache and the steps' measured
+ * share; nothing else (the warm-up's cache was given back). */
+static void check_accounting(servd_model *m, int gpus) {
+  servd_model_stats st;
+  servd_model_get_stats(m, &st);
+  fake_cuda_stats fs;
+  fake_cuda_get_stats(&fs);
+  size_t weights = 0;
+  for (int d = 0; d < gpus; d++) weights += servd_device_weights_bytes(d);
+  printf("after load: %zu bytes on the devices = weights %llu (%zu bytes of tensors) + KV %llu + steps %llu\n",
+         fs.device_bytes, (unsigned long long)st.gpu_base_bytes, weights, (unsigned long long)st.gpu_kv_bytes,
+         (unsigned long long)st.gpu_step_bytes);
+  assert_true(st.gpu_kv_bytes > 0 && st.gpu_step_bytes > 0);
+  assert_true(st.gpu_base_bytes >= weights && st.gpu_base_bytes < weights + weights / 2); /* size-class rounding */
+  assert_int_equal(fs.device_bytes, st.gpu_base_bytes + st.gpu_kv_bytes + st.gpu_step_bytes);
+}
+
+static void test_profiled_memory(void **state) {
+  (void)state;
+  static result g[NREQ];
+  servd_model *m = NULL;
+  if (load(true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  check_accounting(m, 1);
+  run_without_growth(m, 1, g);
+  same("after a profiled load", eager, g);
+  unload(m);
+}
+
+static void test_tp2_profiled_memory(void **state) {
+  (void)state;
+  static result e2[NREQ], g[NREQ];
+  run_tp(pkg_path, 2, false, 0, false, e2);
+  servd_model *m = NULL;
+  if (load_tp(pkg_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  check_accounting(m, 2);
+  run_without_growth(m, 2, g);
+  same("TP 2 after a profiled load", e2, g);
+  unload(m);
+}
+
+/* A device that holds the model, the steps' memory, the reserve kept free and room for a few
+ * contexts of KV cache: at --gpu-memory-fraction 1 the cache takes all the rest, and every step
+ * still finds the memory it needs (no allocation, no memory moved). */
+static void test_fraction_one(void **state) {
+  (void)state;
+  static result g[NREQ];
+  servd_model *m = NULL;
+  if (load(true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  servd_model_stats st;
+  servd_model_get_stats(m, &st);
+  fake_cuda_stats fs;
+  fake_cuda_get_stats(&fs);
+  size_t base = st.gpu_base_bytes + st.gpu_step_bytes; /* weights and steps */
+  assert_int_equal(base + st.gpu_kv_bytes, fs.device_bytes);
+  size_t per_block = st.gpu_kv_bytes / (size_t)st.kv_blocks_total;
+  unload(m);
+  /* 100 blocks beyond the reserve: fewer than max_seqs (8) full contexts of 32 blocks */
+  fake_cuda_set_memory(base + ((size_t)256 << 20) + 100 * per_block + per_block / 2);
+  int rc = load(true, 1.0, &m);
+  fake_cuda_set_memory((size_t)4 << 30);
+  if (rc) fail_msg("load at fraction 1: %s", servd_last_error());
+  servd_model_get_stats(m, &st);
+  printf("fraction 1: %d KV blocks\n", st.kv_blocks_total);
+  assert_int_equal(st.kv_blocks_total, 100);
+  run_without_growth(m, 1, g);
+  same("fraction 1", eager, g);
+  unload(m);
 }
 
 static void test_kv_does_not_fit(void **state) {
@@ -455,6 +600,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_capture_forward_raises), cmocka_unit_test(test_replay_failure_recovers),
       cmocka_unit_test(test_memory_moves),           cmocka_unit_test(test_chat_while_stepping),
       cmocka_unit_test(test_kv_does_not_fit),        cmocka_unit_test(test_tp2),
+      cmocka_unit_test(test_profiled_memory),        cmocka_unit_test(test_tp2_profiled_memory),
+      cmocka_unit_test(test_fraction_one),           cmocka_unit_test(test_tp2_step_timeout),
       cmocka_unit_test(test_tp2_rank_raises_in_capture), cmocka_unit_test(test_tp2_rank_raises_eager),
       cmocka_unit_test(test_tp2_replay_failure_recovers),
       cmocka_unit_test(test_other_model_unloads),

@@ -6,6 +6,11 @@
  * The package is the project's Llama code plus a subclass whose forward raises on rank 1 for a step
  * of exactly 13 tokens (the prefill of the 13-token prompt, run alone), before rank 0 reaches its first
  * all-reduce wait. Integration (interpreters are loaded with dlmopen, which the sanitizers cannot follow).
+ *
+ * The step timeout: for a step of exactly 17 tokens rank 1's forward loops forever in Python while
+ * rank 0 waits for it in an all-reduce. With a step timeout of 2 s the loop is interrupted
+ * (TimeoutError), the communicator aborted and rebuilt, the request fails with SERVD_EMODEL naming
+ * the step timeout and rank 1, and the next request gets the tokens of a run without the fault.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -25,6 +30,7 @@
 
 #define GEN 8
 #define FAULT_TOKENS 13
+#define HANG_TOKENS 17
 
 static char tmpdir[128], pkg_path[256];
 
@@ -35,6 +41,9 @@ static const char faulty_py[] =
     "    def forward(self, batch):\n"
     "        if servd.rank() == 1 and batch.n_tokens == 13:\n"
     "            raise RuntimeError('injected failure on rank 1')\n"
+    "        if servd.rank() == 1 and batch.n_tokens == 17:\n"
+    "            while True:\n"
+    "                pass\n"
     "        return super().forward(batch)\n";
 
 typedef struct result {
@@ -133,6 +142,42 @@ static void test_rank_failure_fails_step_and_engine_recovers(void **state) {
   servd_model_unload(m, 0);
 }
 
+static void test_step_timeout_ends_a_hang(void **state) {
+  (void)state;
+  servd_model_options o;
+  servd_model_options_default(&o);
+  assert_true(o.step_timeout_s == 120.0); /* the default */
+  o.path = pkg_path;
+  o.tp = 2;
+  o.max_seqs = 4;
+  o.kv_dtype = SERVD_F32;
+  o.step_timeout_s = 2;
+  servd_model *m = NULL;
+  int rc = servd_model_load(&o, &m);
+  if (rc) fprintf(stderr, "load: %s\n", servd_last_error());
+  assert_int_equal(rc, 0);
+
+  static result before, hang, after, hang2, after2;
+  run(m, 5, &before);
+  assert_int_equal(before.error_code, 0);
+  for (int k = 0; k < 2; k++) { /* twice: the communicator was rebuilt, the interpreter usable */
+    result *h = k ? &hang2 : &hang, *a = k ? &after2 : &after;
+    run(m, HANG_TOKENS, h);
+    printf("the hung step: %d %s: %s\n", h->error_code, h->error_type, h->error);
+    assert_int_equal(h->error_code, SERVD_EMODEL);
+    assert_string_equal(h->error_type, "TimeoutError");
+    assert_non_null(strstr(h->error, "step timeout of 2 s"));
+    assert_non_null(strstr(h->error, "rank 1"));
+    assert_int_equal(h->n, 0);
+    run(m, 5, a);
+    assert_int_equal(a->error_code, 0);
+    assert_int_equal(a->n, GEN);
+    assert_memory_equal(before.tokens, a->tokens, sizeof before.tokens);
+  }
+  assert_true(servd_model_ready(m));
+  servd_model_unload(m, 0);
+}
+
 int main(int argc, char **argv) {
   if (engine_test_start(argc, argv, "tp-fault", tmpdir, sizeof tmpdir)) return 1;
   /* code/llama/: the project's model code plus faulty.py */
@@ -153,6 +198,7 @@ int main(int argc, char **argv) {
   if (engine_test_synth_tiny(tmpdir, "faulty.mpk", pkg_path, sizeof pkg_path, &io)) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rank_failure_fails_step_and_engine_recovers),
+      cmocka_unit_test(test_step_timeout_ends_a_hang),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
