@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "crash_report.h"
 #include "serve.h"
 
 #if __has_include("generate.h")
@@ -25,6 +26,7 @@ int main(int argc, char **argv) {
    * graph registration would have every rank wait for handshakes with a rank whose CUDA graph capture
    * failed. The device layer sets it too; an operator's own setting wins. */
   setenv("NCCL_GRAPH_REGISTER", "0", 0);
+  servd_crash_report_install();
   int code;
   if (argc > 1 && strcmp(argv[1], "generate") == 0) {
 #ifdef SERVD_HAVE_GENERATE

@@ -623,7 +623,10 @@ bool servd_model_ready(const servd_model *m) {
   if (m->kind != SERVD_MODEL_CAUSAL_LM) return m->pool != NULL;
   servd_model_stats s;
   servd_model_get_stats(m, &s);
-  return !m->stopping && s.last_step_age_s < STUCK_SECONDS;
+  /* A step the step timeout will still end is not stuck yet: wait for it, and a margin. */
+  double stuck = STUCK_SECONDS;
+  if (m->o.step_timeout_s > 0 && m->o.step_timeout_s + 30 > stuck) stuck = m->o.step_timeout_s + 30;
+  return !m->stopping && s.last_step_age_s < stuck;
 }
 
 json_t *servd_model_metadata(const servd_model *m) {

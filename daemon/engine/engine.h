@@ -63,7 +63,8 @@ typedef struct servd_model_options {
   /* GPUs (causal-lm; generic packages stay on the CPU). gpus > 0: rank r runs on GPU r, so tp must
    * equal gpus; the KV cache lives on the GPUs, sized from what the weights leave free. */
   int gpus;                   /* 0: CPU */
-  double gpu_memory_fraction; /* of the free memory after the weights, for the KV cache: (0, 1] */
+  double gpu_memory_fraction; /* of the free memory after the weights and the warm-up steps, for the
+                               * KV cache: (0, 1] (all but 256 MiB at most) */
   bool cuda_graphs;           /* decode-only steps of up to cuda_graph_max_batch sequences as CUDA graphs */
   int cuda_graph_max_batch;
   /* Causal-lm: a rank's forward that has not returned after this many seconds is interrupted
@@ -87,7 +88,9 @@ void servd_model_unload(servd_model *m, int deadline_ms); /* accepts NULL */
 
 const char *servd_model_name(const servd_model *m);
 servd_model_kind servd_model_get_kind(const servd_model *m);
-bool servd_model_ready(const servd_model *m); /* loaded, scheduler making progress (not stuck) */
+/* Loaded, scheduler making progress: not stuck, i.e. pending work saw a finished step within the
+ * last 60 s, or within the step timeout plus 30 s when that is longer. */
+bool servd_model_ready(const servd_model *m);
 json_t *servd_model_metadata(const servd_model *m); /* new ref: KServe v2 model metadata */
 
 /* ---- causal-lm -------------------------------------------------------------------------------- */

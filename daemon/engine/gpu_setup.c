@@ -154,8 +154,11 @@ static int warm_run(servd_model *m, const warm_step *w, const char *what) {
     if (err.type[0] && m->tp > 1) snprintf(msg, sizeof msg, "%s (rank %d): %s", err.type, failed, err.message);
     else if (err.type[0]) snprintf(msg, sizeof msg, "%s: %s", err.type, err.message);
     else snprintf(msg, sizeof msg, "%s", servd_last_error());
-    return servd_fail(rc, "%s: the warm-up %s of %d tokens (%d sequences) failed: %s", mpk_path(m->pkg), what,
-                      w->b.n_tokens, w->b.attn.n_seqs, msg);
+    bool oom = rc == SERVD_ENOMEM || strcmp(err.type, "MemoryError") == 0 || strstr(msg, "out of memory");
+    return servd_fail(rc, "%s: the warm-up %s of %d tokens (%d sequence%s) failed: %s%s", mpk_path(m->pkg), what,
+                      w->b.n_tokens, w->b.attn.n_seqs, w->b.attn.n_seqs == 1 ? "" : "s", msg,
+                      oom ? " (what a step needs does not fit beside the weights: lower --max-batch-tokens or "
+                            "--max-seqs)" : "");
   }
   return 0;
 }

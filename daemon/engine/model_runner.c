@@ -343,10 +343,18 @@ static bool capture_all(servd_runner *r, const servd_forward_batch *padded, int 
   }
   for (int k = 0; k < r->world; k++) servd_device_step_drop(r->ds[k], bi);
   atomic_fetch_add(&r->st_capture_failures, 1);
-  if (servd_graph_capture_done(&r->gs, bi, false, rc == SERVD_EBUSY))
-    fprintf(stderr, "servd: CUDA graphs off for decode batches of %d sequence%s%s: the capture failed on rank %d: %s%s%s\n",
-            r->gs.buckets[bi], r->gs.buckets[bi] == 1 ? "" : "s", bi > 0 ? " (and fewer, down to the next bucket)" : "",
-            failed, cerr.type, cerr.type[0] ? ": " : "", cerr.type[0] ? cerr.message : servd_last_error());
+  if (servd_graph_capture_done(&r->gs, bi, false, rc == SERVD_EBUSY)) {
+    /* The bucket's whole range: "1 sequence", "3 to 4 sequences". */
+    int hi = r->gs.buckets[bi], lo = bi > 0 ? r->gs.buckets[bi - 1] + 1 : 1;
+    char range[48], why[700];
+    if (lo == hi) snprintf(range, sizeof range, "%d sequence%s", hi, hi == 1 ? "" : "s");
+    else snprintf(range, sizeof range, "%d to %d sequences", lo, hi);
+    /* A Python error names its rank here; other messages already do (run_round). */
+    if (cerr.type[0] && r->world > 1) snprintf(why, sizeof why, "rank %d: %s: %s", failed, cerr.type, cerr.message);
+    else if (cerr.type[0]) snprintf(why, sizeof why, "%s: %s", cerr.type, cerr.message);
+    else snprintf(why, sizeof why, "%s", servd_last_error());
+    fprintf(stderr, "servd: CUDA graphs off for decode batches of %s: the capture failed: %s\n", range, why);
+  }
   return false;
 }
 

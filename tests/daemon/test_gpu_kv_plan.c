@@ -65,6 +65,25 @@ static void test_too_small(void **state) {
   assert_int_equal(blocks, 128);
 }
 
+/* The reserve each rank keeps free bites only where the fraction would take it. */
+static void test_reserve(void **state) {
+  (void)state;
+  const size_t free_b[1] = {10000000000u};
+  servd_gpu_kv_in in = {.free_bytes = free_b, .n_ranks = 1, .fraction = 1, .per_block = 1000000, .block_size = 16,
+                        .ctx_blocks = 128, .max_seqs = 1000, .reserve = 1000000000u};
+  int blocks = 0;
+  const char *why = NULL;
+  assert_int_equal(servd_gpu_kv_plan(&in, &blocks, &why), 0);
+  assert_int_equal(blocks, 9000); /* 10 GB - 1 GB */
+  in.fraction = 0.5;
+  assert_int_equal(servd_gpu_kv_plan(&in, &blocks, &why), 0);
+  assert_int_equal(blocks, 5000); /* 5 GB leave more than the reserve */
+  const size_t tiny[1] = {900000000u}; /* less than the reserve: nothing fits */
+  in.free_bytes = tiny;
+  in.fraction = 1;
+  assert_int_equal(servd_gpu_kv_plan(&in, &blocks, &why), SERVD_ENOMEM);
+}
+
 static void test_limits(void **state) {
   (void)state;
   /* a cache so large its slots would overflow i32: capped at INT32_MAX / block_size blocks */
@@ -88,7 +107,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
       cmocka_unit_test(test_too_small),
-      cmocka_unit_test(test_limits),
+      cmocka_unit_test(test_limits), cmocka_unit_test(test_reserve),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -52,6 +52,8 @@ static void test_rule(void **state) {
       {SERVD_EINVAL, "UndefinedError", "'foo' is undefined", SERVD_CALL_TEMPLATE, SERVD_EMODEL},
       /* other codes keep their meaning */
       {SERVD_ETIMEDOUT, "TimeoutError", "deadline exceeded", SERVD_CALL_PREDICT, SERVD_ETIMEDOUT},
+      /* ... except a forward interrupted at the step timeout: the model's code hung */
+      {SERVD_ETIMEDOUT, "TimeoutError", "the forward step did not return", SERVD_CALL_FORWARD, SERVD_EMODEL},
       {SERVD_ENOMEM, "MemoryError", "predict outputs", SERVD_CALL_PREDICT, SERVD_ENOMEM},
       {SERVD_EINVAL, "", "", SERVD_CALL_PREDICT, SERVD_EINVAL}, /* not a Python exception */
   };
@@ -60,7 +62,8 @@ static void test_rule(void **state) {
     int got = classify(cases[i].rc, cases[i].type, cases[i].msg, cases[i].kind, &e);
     if (got != cases[i].want) fprintf(stderr, "case %zu (%s: %s): got %d\n", i, cases[i].type, cases[i].msg, got);
     assert_int_equal(got, cases[i].want);
-    bool python = cases[i].rc == SERVD_EINVAL && cases[i].type[0];
+    bool python = (cases[i].rc == SERVD_EINVAL ||
+                   (cases[i].rc == SERVD_ETIMEDOUT && cases[i].kind == SERVD_CALL_FORWARD)) && cases[i].type[0];
     assert_string_equal(e.type, python ? cases[i].type : "");
     assert_string_equal(e.message, python ? cases[i].msg : "");
     assert_int_equal(classify(cases[i].rc, cases[i].type, cases[i].msg, cases[i].kind, NULL), cases[i].want);

@@ -253,6 +253,24 @@ static void test_weight_footprint(void **state) {
   servd_tensor_release(h);
 }
 
+/* ---- the KV cache: its own cudaMalloc, given back to CUDA at once (not cached) --------------------- */
+static void test_kv_memory_given_back(void **state) {
+  (void)state;
+  fake_cuda_stats s0, s1, s2;
+  fake_cuda_get_stats(&s0);
+  servd_device_kv *kv = NULL;
+  assert_int_equal(servd_device_kv_create(0, 2, 64, 16, 3, &kv), 0);
+  fake_cuda_get_stats(&s1);
+  /* exactly its bytes: K and V of 2 layers, 3 blocks of 16 rows of 64 bf16 */
+  assert_int_equal(s1.device_bytes - s0.device_bytes, servd_device_kv_bytes(2, 64, 16, 3));
+  assert_int_equal(s1.device_bytes - s0.device_bytes, (size_t)2 * 2 * 3 * 16 * 64 * 2);
+  uint64_t g = servd_device_generation(0);
+  servd_device_kv_destroy(kv);
+  fake_cuda_get_stats(&s2);
+  assert_int_equal(s2.device_bytes, s0.device_bytes); /* free memory reads right after it */
+  assert_true(servd_device_generation(0) > g);        /* graphs over it are stale */
+}
+
 /* ---- nothing left ---------------------------------------------------------------------------------- */
 static void test_all_memory_back(void **state) {
   (void)state;
@@ -270,6 +288,7 @@ int main(void) {
       cmocka_unit_test(test_steps_and_graphs),
       cmocka_unit_test(test_kv_padding),
       cmocka_unit_test(test_weight_footprint),
+      cmocka_unit_test(test_kv_memory_given_back),
       cmocka_unit_test(test_all_memory_back),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

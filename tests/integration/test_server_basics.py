@@ -2,6 +2,7 @@
 checked by promtool, SIGTERM exit status."""
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -100,4 +101,11 @@ check(t.stop() == 0, "text-log servd exit")
 tlog = t.stderr()
 check(not any(l.startswith("FORGED") for l in tlog.splitlines()), f"forged access-log line:\n{tlog}")
 check("/v1/models\\x0aFORGED\\x20200\\x22" in tlog, f"escaped path missing from the access log:\n{tlog}")
+# A fatal signal leaves a report: the signal and a backtrace of file+offset frames for addr2line.
+c = Servd(a, [])
+os.kill(c.proc.pid, signal.SIGSEGV)
+c.proc.wait(timeout=60)
+clog = c.stderr()
+check(c.proc.returncode == -signal.SIGSEGV, f"servd after SIGSEGV: exit {c.proc.returncode}")
+check("servd: fatal signal 11 (SIGSEGV)" in clog and "/servd+0x" in clog, f"no crash report:\n{clog}")
 print("ok")

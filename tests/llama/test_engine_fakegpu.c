@@ -555,6 +555,28 @@ static void test_fraction_one(void **state) {
   unload(m);
 }
 
+/* A device with room for the weights but not for what the warm-up steps allocate: the load fails
+ * with the warm-up's reason (on the scheduler thread, where it runs) and leaves no device memory. */
+static void test_warmup_does_not_fit(void **state) {
+  (void)state;
+  servd_model *m = NULL;
+  if (load(true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  servd_model_stats st;
+  servd_model_get_stats(m, &st);
+  unload(m);
+  fake_cuda_set_memory(st.gpu_base_bytes + st.gpu_step_bytes / 4);
+  int rc = load(true, 0.9, &m);
+  fake_cuda_set_memory((size_t)4 << 30);
+  printf("load: rc %d: %s\n", rc, servd_last_error());
+  assert_int_not_equal(rc, 0);
+  assert_null(m);
+  assert_non_null(strstr(servd_last_error(), "warm-up"));
+  assert_non_null(strstr(servd_last_error(), "--max-batch-tokens"));
+  fake_cuda_stats fs;
+  fake_cuda_get_stats(&fs);
+  assert_int_equal(fs.device_bytes, 0);
+}
+
 static void test_kv_does_not_fit(void **state) {
   (void)state;
   /* 4 GiB of device memory, of which a fraction of 1e-4 (~0.4 MB) may hold KV cache: less than one
@@ -602,6 +624,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_kv_does_not_fit),        cmocka_unit_test(test_tp2),
       cmocka_unit_test(test_profiled_memory),        cmocka_unit_test(test_tp2_profiled_memory),
       cmocka_unit_test(test_fraction_one),           cmocka_unit_test(test_tp2_step_timeout),
+      cmocka_unit_test(test_warmup_does_not_fit),
       cmocka_unit_test(test_tp2_rank_raises_in_capture), cmocka_unit_test(test_tp2_rank_raises_eager),
       cmocka_unit_test(test_tp2_replay_failure_recovers),
       cmocka_unit_test(test_other_model_unloads),
