@@ -26,6 +26,9 @@ int main(int argc, char **argv) {
    * graph registration would have every rank wait for handshakes with a rank whose CUDA graph capture
    * failed. The device layer sets it too; an operator's own setting wins. */
   setenv("NCCL_GRAPH_REGISTER", "0", 0);
+  /* Load every CUDA kernel when a context is created (at startup, see serve.c), not lazily at a
+   * first launch that may come from inside an interpreter's call or a graph capture. */
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   servd_crash_report_install();
   int code;
   if (argc > 1 && strcmp(argv[1], "generate") == 0) {
