@@ -1,5 +1,6 @@
 #include "serve.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,16 +11,35 @@
 #include "api/api.h"
 #include "config.h"
 #include "http/server.h"
+#include "engine/gpu_prewarm.h"
 #include "servd/device.h"
 #include "servd/status.h"
 #include "servd/threadpool.h"
 
 /* Checks the GPUs asked for and says which backend serves. Returns 0, or the exit status 2 when
  * fewer GPUs are visible than --gpus asks for. */
+/* GPUs the NVIDIA kernel driver lists, without starting CUDA: a CPU-only servd never initializes the
+ * CUDA driver, whose threads then have no part in the process (one crashed at exit beside the
+ * interpreters' namespaces). */
+static int nvidia_gpus_listed(void) {
+  DIR *d = opendir("/proc/driver/nvidia/gpus");
+  if (!d) return 0;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
 static int report_backend(const servd_config *c) {
   int have = 0;
   char why[256] = "";
-  servd_device_count(&have, why, sizeof why);
+  if (c->gpus == 0) {
+    have = servd_device_built() ? nvidia_gpus_listed() : 0;
+    if (have == 0) snprintf(why, sizeof why, "%s", servd_device_built() ? "no NVIDIA GPU listed by the driver" : "servd was built without CUDA");
+  } else {
+    servd_device_count(&have, why, sizeof why);
+  }
   if (c->gpus == 0) {
     if (have > 0)
       fprintf(stderr, "servd: backend: CPU (no --gpus given; %d GPU%s visible: --gpus %d uses %s)\n", have,
@@ -196,6 +216,12 @@ int servd_serve_main(int argc, char **argv) {
   /* Every language model this process loads (also through the repository API) uses the GPUs. */
   servd_engine_set_gpu_defaults(s.cfg.gpus, s.cfg.gpu_memory_fraction, s.cfg.cuda_graphs, s.cfg.cuda_graph_max_batch);
   servd_engine_set_step_timeout(s.cfg.step_timeout_s);
+  /* Before the first interpreter namespace exists: see gpu_prewarm.c. */
+  for (int i = 0; s.cfg.gpus > 0 && i < s.cfg.n_models; i++) {
+    servd_model_options mo;
+    servd_config_model_options(&s.cfg, i, &mo);
+    servd_gpu_prewarm(&mo);
+  }
   if ((rc = servd_threadpool_init(s.cfg.threads)) != 0)
     fprintf(stderr, "servd: warning: compute threads: %s\n", servd_last_error());
   fprintf(stderr, "servd: %d compute threads\n", servd_threadpool_size());

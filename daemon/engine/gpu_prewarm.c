@@ -1,0 +1,91 @@
+/* Why: the CUDA driver (580, H200) crashed loading kernel modules once interpreter namespaces
+ * (dlmopen) existed in the process: cuBLAS loads its kernels lazily at a shape's first GEMM, which
+ * in a step is inside an interpreter's call. So servd creates each GPU's context at startup (with
+ * CUDA_MODULE_LOADING=EAGER: a module loads whole) and here runs, still before any namespace,
+ * one GEMM of every weight shape of the model for a spread of row counts, so that every cuBLAS kernel
+ * library a step can pick is loaded. Then it gives the scratch memory back. */
+#include "engine/gpu_prewarm.h"
+
+#include <stdio.h>
+
+#include "mpk/package.h"
+#include "servd/device.h"
+
+static int cfg_int(json_t *cfg, const char *a, const char *b, int dflt) {
+  json_t *v = json_object_get(cfg, a);
+  if (!json_is_integer(v) && b) v = json_object_get(cfg, b);
+  return json_is_integer(v) ? (int)json_integer_value(v) : dflt;
+}
+
+/* out (m, n) = x (m, k) @ w (n, k)^T for every m in rows, with bf16 and f32 outputs. */
+static int gemms(int device, int n, int k, const int *rows, int n_rows) {
+  int rc = 0;
+  int m_max = rows[n_rows - 1];
+  servd_tensor *w = NULL, *x = NULL, *ob = NULL, *of = NULL;
+  if ((rc = servd_device_tensor_new(device, SERVD_BF16, 2, (int64_t[]){n, k}, &w)) ||
+      (rc = servd_device_tensor_new(device, SERVD_BF16, 2, (int64_t[]){m_max, k}, &x)) ||
+      (rc = servd_device_tensor_new(device, SERVD_BF16, 2, (int64_t[]){m_max, n}, &ob)) ||
+      (rc = servd_device_tensor_new(device, SERVD_F32, 2, (int64_t[]){m_max, n}, &of)))
+    goto out;
+  for (int i = 0; i < n_rows && !rc; i++) {
+    servd_tensor *xv = servd_tensor_narrow(x, 0, 0, rows[i]);
+    servd_tensor *bv = servd_tensor_narrow(ob, 0, 0, rows[i]);
+    servd_tensor *fv = servd_tensor_narrow(of, 0, 0, rows[i]);
+    if (!xv || !bv || !fv)
+      rc = SERVD_ENOMEM;
+    else if (!(rc = servd_device_matmul(bv, xv, w)))
+      rc = servd_device_matmul(fv, xv, w);
+    servd_tensor_release(xv);
+    servd_tensor_release(bv);
+    servd_tensor_release(fv);
+  }
+  if (!rc) rc = servd_device_sync(device);
+out:
+  servd_tensor_release(w);
+  servd_tensor_release(x);
+  servd_tensor_release(ob);
+  servd_tensor_release(of);
+  return rc;
+}
+
+int servd_gpu_prewarm(const servd_model_options *o) {
+  if (o->gpus <= 0 || !o->path) return 0;
+  mpk_package *pkg = NULL;
+  int rc = mpk_open(o->path, &pkg);
+  if (rc) return 0; /* the load reports it */
+  json_t *cfg = mpk_config(pkg);
+  int dim = cfg_int(cfg, "hidden_size", "embedding_length", 0);
+  int heads = cfg_int(cfg, "num_attention_heads", "head_count", 0);
+  int kv = cfg_int(cfg, "num_key_value_heads", "head_count_kv", heads);
+  int hd = cfg_int(cfg, "head_dim", NULL, heads > 0 ? dim / heads : 0);
+  int ff = cfg_int(cfg, "intermediate_size", "feed_forward_length", 0);
+  int vocab = cfg_int(cfg, "vocab_size", NULL, 0);
+  int tp = o->tp > 0 ? o->tp : 1;
+  if (dim <= 0 || heads <= 0 || kv <= 0 || hd <= 0 || ff <= 0 || heads % tp || kv % tp || ff % tp) {
+    mpk_close(pkg);
+    return 0;
+  }
+  if (vocab <= 0) vocab = 32000;
+  int max_tokens = o->max_batch_tokens > 9 ? o->max_batch_tokens : 512;
+  int max_seqs = o->max_seqs > 9 ? o->max_seqs : 9;
+  /* cuBLAS serves m > 8 (a GEMV kernel the rest); its choice changes with m, so sample it densely
+   * where decode batches are and geometrically up to a step's budget. */
+  int rows[64], n_rows = 0;
+  for (int m = 9; m <= 64 && m <= max_tokens; m += m < 16 ? 7 : 8) rows[n_rows++] = m;
+  for (int m = 96; m < max_tokens && n_rows < 62; m = m * 3 / 2) rows[n_rows++] = m;
+  rows[n_rows++] = max_tokens;
+  int logit_rows[64], n_logit = 0;
+  for (int i = 0; i < n_rows && rows[i] <= max_seqs; i++) logit_rows[n_logit++] = rows[i];
+  if (n_logit == 0) logit_rows[n_logit++] = 9;
+  const int q = heads / tp * hd, kvc = kv / tp * hd, f = ff / tp, v = (vocab + tp - 1) / tp;
+  const int shapes[][2] = {{q, dim}, {kvc, dim}, {dim, q}, {f, dim}, {dim, f}};
+  for (int r = 0; r < tp && !rc; r++) {
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes && !rc; s++)
+      rc = gemms(r, shapes[s][0], shapes[s][1], rows, n_rows);
+    if (!rc) rc = gemms(r, v, dim, logit_rows, n_logit);
+  }
+  mpk_close(pkg);
+  servd_device_weights_trim(); /* gives the allocator's idle blocks back */
+  if (rc) fprintf(stderr, "servd: warning: cuBLAS warm-up of %s: %s\n", o->path, servd_last_error());
+  return rc;
+}
