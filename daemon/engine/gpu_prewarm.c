@@ -2,11 +2,12 @@
  * (dlmopen) existed in the process: cuBLAS loads its kernels lazily at a shape's first GEMM, which
  * in a step is inside an interpreter's call. So servd creates each GPU's context at startup (with
  * CUDA_MODULE_LOADING=EAGER: a module loads whole) and here runs, still before any namespace,
- * one GEMM of every weight shape of the model for a spread of row counts, so that every cuBLAS kernel
- * library a step can pick is loaded. Then it gives the scratch memory back. */
+ * one GEMM of every weight shape of the model for every row count a step can have (every 8th past
+ * 256), so that every cuBLAS kernel library a step can pick is loaded (about a second on an H200). Then it gives the scratch memory back. */
 #include "engine/gpu_prewarm.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "mpk/package.h"
 #include "servd/device.h"
@@ -68,13 +69,19 @@ int servd_gpu_prewarm(const servd_model_options *o) {
   if (vocab <= 0) vocab = 32000;
   int max_tokens = o->max_batch_tokens > 9 ? o->max_batch_tokens : 512;
   int max_seqs = o->max_seqs > 9 ? o->max_seqs : 9;
-  /* cuBLAS serves m > 8 (a GEMV kernel the rest); its choice changes with m, so sample it densely
-   * where decode batches are and geometrically up to a step's budget. */
-  int rows[64], n_rows = 0;
-  for (int m = 9; m <= 64 && m <= max_tokens; m += m < 16 ? 7 : 8) rows[n_rows++] = m;
-  for (int m = 96; m < max_tokens && n_rows < 62; m = m * 3 / 2) rows[n_rows++] = m;
+  /* cuBLAS serves m > 8 (a GEMV kernel the rest) and picks kernels, from kernel libraries it loads
+   * on first use, by m: every m up to 256, every 8th beyond, and the budget itself. */
+  int cap = 256 + (max_tokens > 256 ? (max_tokens - 256) / 8 + 2 : 1);
+  int *rows = malloc(sizeof *rows * (size_t)cap), *logit_rows = malloc(sizeof *rows * (size_t)cap);
+  if (!rows || !logit_rows) {
+    free(rows);
+    free(logit_rows);
+    mpk_close(pkg);
+    return SERVD_ENOMEM;
+  }
+  int n_rows = 0, n_logit = 0;
+  for (int m = 9; m < max_tokens; m += m < 256 ? 1 : 8) rows[n_rows++] = m;
   rows[n_rows++] = max_tokens;
-  int logit_rows[64], n_logit = 0;
   for (int i = 0; i < n_rows && rows[i] <= max_seqs; i++) logit_rows[n_logit++] = rows[i];
   if (n_logit == 0) logit_rows[n_logit++] = 9;
   const int q = heads / tp * hd, kvc = kv / tp * hd, f = ff / tp, v = (vocab + tp - 1) / tp;
@@ -84,6 +91,8 @@ int servd_gpu_prewarm(const servd_model_options *o) {
       rc = gemms(r, shapes[s][0], shapes[s][1], rows, n_rows);
     if (!rc) rc = gemms(r, v, dim, logit_rows, n_logit);
   }
+  free(rows);
+  free(logit_rows);
   mpk_close(pkg);
   servd_device_weights_trim(); /* gives the allocator's idle blocks back */
   if (rc) fprintf(stderr, "servd: warning: cuBLAS warm-up of %s: %s\n", o->path, servd_last_error());
