@@ -94,6 +94,25 @@ int servd__dev_check_same(const char *op, const servd_tensor *const *ts, int n) 
     if (rc_ != 0) return rc_; \
   } while (0)
 
+/* One tensor argument: its name in messages and the dtype it must have (-1: any device dtype). */
+typedef struct dev_arg {
+  const char *name;
+  const servd_tensor *t;
+  int dtype;
+} dev_arg;
+
+/* Checks each argument with servd__dev_check_tensor, in order, then that all are on one device. */
+static int check_args(const char *op, const dev_arg *args, int n) {
+  const servd_tensor *ts[4];
+  for (int i = 0; i < n; i++) {
+    TRY(servd__dev_check_tensor(op, args[i].name, args[i].t, args[i].dtype));
+    ts[i] = args[i].t;
+  }
+  return servd__dev_check_same(op, ts, n);
+}
+#define CHECK_ARGS(op, ...) \
+  check_args(op, (const dev_arg[]){__VA_ARGS__}, (int)(sizeof((const dev_arg[]){__VA_ARGS__}) / sizeof(dev_arg)))
+
 static int64_t cols(const servd_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
 static int64_t rows(const servd_tensor *t) {
   int64_t c = cols(t);
@@ -103,11 +122,7 @@ static int64_t rows(const servd_tensor *t) {
 int servd__dev_check_matmul(const servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
   const char *op = "device matmul";
   char a[128], b[128], c[128];
-  TRY(servd__dev_check_tensor(op, "x", x, SERVD_BF16));
-  TRY(servd__dev_check_tensor(op, "w", w, SERVD_BF16));
-  TRY(servd__dev_check_tensor(op, "out", out, -1));
-  const servd_tensor *ts[] = {x, w, out};
-  TRY(servd__dev_check_same(op, ts, 3));
+  TRY(CHECK_ARGS(op, {"x", x, SERVD_BF16}, {"w", w, SERVD_BF16}, {"out", out, -1}));
   if (out->dtype != SERVD_BF16 && out->dtype != SERVD_F32)
     return servd_fail(SERVD_EINVAL, "%s: out %s must be bf16 or f32", op, servd__dev_describe(out, a, sizeof a));
   if (x->ndim != 2 || w->ndim != 2 || out->ndim != 2 || x->shape[1] != w->shape[1] || out->shape[0] != x->shape[0] ||
@@ -128,11 +143,7 @@ int servd__dev_check_embedding(const servd_tensor *out, const servd_tensor *tabl
                                int64_t row_offset) {
   const char *op = "device embedding";
   char a[128], b[128], c[128];
-  TRY(servd__dev_check_tensor(op, "out", out, SERVD_BF16));
-  TRY(servd__dev_check_tensor(op, "table", table, SERVD_BF16));
-  TRY(servd__dev_check_tensor(op, "ids", ids, SERVD_I32));
-  const servd_tensor *ts[] = {out, table, ids};
-  TRY(servd__dev_check_same(op, ts, 3));
+  TRY(CHECK_ARGS(op, {"out", out, SERVD_BF16}, {"table", table, SERVD_BF16}, {"ids", ids, SERVD_I32}));
   if (table->ndim != 2 || ids->ndim != 1 || out->ndim != 2 || out->shape[0] != ids->shape[0] ||
       out->shape[1] != table->shape[1] || table->shape[0] == 0 || table->shape[1] == 0)
     return servd_fail(SERVD_EINVAL, "%s: out %s, table %s, ids %s: expected table (rows,d), ids (m), out (m,d)", op,
@@ -147,11 +158,7 @@ int servd__dev_check_embedding(const servd_tensor *out, const servd_tensor *tabl
 int servd__dev_check_rmsnorm(const servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
   const char *op = "device rmsnorm";
   char a[128], b[128], c[128];
-  TRY(servd__dev_check_tensor(op, "out", out, SERVD_BF16));
-  TRY(servd__dev_check_tensor(op, "x", x, SERVD_BF16));
-  TRY(servd__dev_check_tensor(op, "weight", w, SERVD_BF16));
-  const servd_tensor *ts[] = {out, x, w};
-  TRY(servd__dev_check_same(op, ts, 3));
+  TRY(CHECK_ARGS(op, {"out", out, SERVD_BF16}, {"x", x, SERVD_BF16}, {"weight", w, SERVD_BF16}));
   int64_t d = cols(x);
   if (x->ndim < 1 || out->ndim != x->ndim || servd_tensor_numel(out) != servd_tensor_numel(x) || cols(out) != d ||
       w->ndim != 1 || w->shape[0] != d || d == 0)
@@ -165,10 +172,7 @@ int servd__dev_check_rmsnorm(const servd_tensor *out, const servd_tensor *x, con
 int servd__dev_check_rope(const servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p) {
   const char *op = "device rope";
   char a[128], b[128];
-  TRY(servd__dev_check_tensor(op, "x", x, SERVD_BF16));
-  TRY(servd__dev_check_tensor(op, "positions", positions, SERVD_I32));
-  const servd_tensor *ts[] = {x, positions};
-  TRY(servd__dev_check_same(op, ts, 2));
+  TRY(CHECK_ARGS(op, {"x", x, SERVD_BF16}, {"positions", positions, SERVD_I32}));
   if (!p) return servd_fail(SERVD_EINVAL, "%s: NULL parameters", op);
   if (p->head_dim <= 0 || p->head_dim % 2 || (p->layout != SERVD_ROPE_INTERLEAVED && p->layout != SERVD_ROPE_HALF))
     return servd_fail(SERVD_EINVAL, "%s: head_dim %d (positive, even), layout %d", op, p->head_dim, (int)p->layout);
@@ -184,11 +188,7 @@ int servd__dev_check_rope(const servd_tensor *x, const servd_tensor *positions, 
 
 int servd__dev_check_binary(const char *op, const servd_tensor *out, const servd_tensor *a, const servd_tensor *b) {
   char x[128], y[128], z[128];
-  TRY(servd__dev_check_tensor(op, "out", out, SERVD_BF16));
-  TRY(servd__dev_check_tensor(op, "a", a, SERVD_BF16));
-  TRY(servd__dev_check_tensor(op, "b", b, SERVD_BF16));
-  const servd_tensor *ts[] = {out, a, b};
-  TRY(servd__dev_check_same(op, ts, 3));
+  TRY(CHECK_ARGS(op, {"out", out, SERVD_BF16}, {"a", a, SERVD_BF16}, {"b", b, SERVD_BF16}));
   bool same = out->ndim == a->ndim && a->ndim == b->ndim;
   for (int i = 0; same && i < a->ndim; i++) same = out->shape[i] == a->shape[i] && a->shape[i] == b->shape[i];
   if (!same)
@@ -201,10 +201,7 @@ int servd__dev_check_binary(const char *op, const servd_tensor *out, const servd
 int servd__dev_check_argmax(const servd_tensor *out, const servd_tensor *x) {
   const char *op = "device argmax";
   char a[128], b[128];
-  TRY(servd__dev_check_tensor(op, "out", out, SERVD_I32));
-  TRY(servd__dev_check_tensor(op, "x", x, SERVD_F32));
-  const servd_tensor *ts[] = {out, x};
-  TRY(servd__dev_check_same(op, ts, 2));
+  TRY(CHECK_ARGS(op, {"out", out, SERVD_I32}, {"x", x, SERVD_F32}));
   if (x->ndim != 2 || out->ndim != 1 || out->shape[0] != x->shape[0] || x->shape[1] == 0 || x->shape[0] > INT32_MAX ||
       x->shape[1] > INT32_MAX)
     return servd_fail(SERVD_EINVAL, "%s: out %s, x %s: expected x (m,n) with n > 0, out (m)", op,
@@ -215,11 +212,7 @@ int servd__dev_check_argmax(const servd_tensor *out, const servd_tensor *x) {
 int servd__dev_check_topk(const servd_tensor *values, const servd_tensor *indices, const servd_tensor *x, int k) {
   const char *op = "device topk";
   char a[128], b[128], c[128];
-  TRY(servd__dev_check_tensor(op, "values", values, SERVD_F32));
-  TRY(servd__dev_check_tensor(op, "indices", indices, SERVD_I32));
-  TRY(servd__dev_check_tensor(op, "x", x, SERVD_F32));
-  const servd_tensor *ts[] = {values, indices, x};
-  TRY(servd__dev_check_same(op, ts, 3));
+  TRY(CHECK_ARGS(op, {"values", values, SERVD_F32}, {"indices", indices, SERVD_I32}, {"x", x, SERVD_F32}));
   if (x->ndim != 2 || x->shape[0] > INT32_MAX || x->shape[1] > INT32_MAX || k < 1 || k > 64 || k > x->shape[1] ||
       values->ndim != 2 || indices->ndim != 2 || values->shape[0] != x->shape[0] || values->shape[1] != k ||
       indices->shape[0] != x->shape[0] || indices->shape[1] != k)

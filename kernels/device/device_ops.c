@@ -14,11 +14,17 @@
 static int64_t cols(const servd_tensor *t) { return t->shape[t->ndim - 1]; }
 static int64_t rows(const servd_tensor *t) { return cols(t) ? servd_tensor_numel(t) / cols(t) : 0; }
 
+/* Passes a failed check on; otherwise this thread's context on t's device (t is read only then, so it
+ * may be NULL when the check failed). */
+static int checked_ctx(const char *op, int checked, const servd_tensor *t, servd_cuda_ctx **c) {
+  if (checked != 0) return checked;
+  return servd__dev_ctx(op, t->device, c);
+}
+
 int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
   const char *op = "device matmul";
-  TRY(servd__dev_check_matmul(out, x, w));
   servd_cuda_ctx *c;
-  TRY(servd__dev_ctx(op, x->device, &c));
+  TRY(checked_ctx(op, servd__dev_check_matmul(out, x, w), x, &c));
   const int m = (int)x->shape[0], n = (int)w->shape[0], k = (int)x->shape[1];
   int rc = out->dtype == SERVD_F32 ? servd_cuda_matmul_f32out(c, DATA(out), DATA(x), DATA(w), m, n, k)
                                    : servd_cuda_matmul(c, DATA(out), DATA(x), DATA(w), m, n, k);
@@ -27,9 +33,8 @@ int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_te
 
 int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset) {
   const char *op = "device embedding";
-  TRY(servd__dev_check_embedding(out, table, ids, row_offset));
   servd_cuda_ctx *c;
-  TRY(servd__dev_ctx(op, table->device, &c));
+  TRY(checked_ctx(op, servd__dev_check_embedding(out, table, ids, row_offset), table, &c));
   return servd__dev_wrap(servd_cuda_embedding_rows(c, DATA(out), DATA(table), DATA(ids), (int)ids->shape[0],
                                                    (int)table->shape[1], table->shape[0], row_offset),
                          op);
@@ -37,51 +42,49 @@ int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const s
 
 int servd_device_rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps) {
   const char *op = "device rmsnorm";
-  TRY(servd__dev_check_rmsnorm(out, x, weight));
   servd_cuda_ctx *c;
-  TRY(servd__dev_ctx(op, x->device, &c));
+  TRY(checked_ctx(op, servd__dev_check_rmsnorm(out, x, weight), x, &c));
   return servd__dev_wrap(servd_cuda_rmsnorm(c, DATA(out), DATA(x), DATA(weight), (int)rows(x), (int)cols(x), eps), op);
 }
 
 int servd_device_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p) {
   const char *op = "device rope";
-  TRY(servd__dev_check_rope(x, positions, p));
   servd_cuda_ctx *c;
-  TRY(servd__dev_ctx(op, x->device, &c));
+  TRY(checked_ctx(op, servd__dev_check_rope(x, positions, p), x, &c));
   const int64_t m = x->shape[0], n_heads = m ? servd_tensor_numel(x) / m / p->head_dim : 0;
   if (m == 0) return SERVD_OK;
   return servd__dev_wrap(servd_cuda_rope(c, DATA(x), DATA(positions), (int)m, (int)n_heads, p), op);
 }
 
-int servd_device_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
-  const char *op = "device swiglu";
-  TRY(servd__dev_check_binary(op, out, gate, up));
+/* swiglu and add: bf16 elementwise over out, a and b of one shape. */
+typedef int (*elementwise_fn)(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *a, const servd_bf16_t *b,
+                              int64_t n);
+static int elementwise(const char *op, elementwise_fn fn, servd_tensor *out, const servd_tensor *a,
+                       const servd_tensor *b) {
   servd_cuda_ctx *c;
-  TRY(servd__dev_ctx(op, out->device, &c));
-  return servd__dev_wrap(servd_cuda_swiglu(c, DATA(out), DATA(gate), DATA(up), servd_tensor_numel(out)), op);
+  TRY(checked_ctx(op, servd__dev_check_binary(op, out, a, b), out, &c));
+  return servd__dev_wrap(fn(c, DATA(out), DATA(a), DATA(b), servd_tensor_numel(out)), op);
+}
+
+int servd_device_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
+  return elementwise("device swiglu", servd_cuda_swiglu, out, gate, up);
 }
 
 int servd_device_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b) {
-  const char *op = "device add";
-  TRY(servd__dev_check_binary(op, out, a, b));
-  servd_cuda_ctx *c;
-  TRY(servd__dev_ctx(op, out->device, &c));
-  return servd__dev_wrap(servd_cuda_add(c, DATA(out), DATA(a), DATA(b), servd_tensor_numel(out)), op);
+  return elementwise("device add", servd_cuda_add, out, a, b);
 }
 
 int servd_device_argmax(servd_tensor *out, const servd_tensor *x) {
   const char *op = "device argmax";
-  TRY(servd__dev_check_argmax(out, x));
   servd_cuda_ctx *c;
-  TRY(servd__dev_ctx(op, x->device, &c));
+  TRY(checked_ctx(op, servd__dev_check_argmax(out, x), x, &c));
   return servd__dev_wrap(servd_cuda_argmax(c, DATA(out), DATA(x), (int)x->shape[0], (int)x->shape[1]), op);
 }
 
 int servd_device_topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k) {
   const char *op = "device topk";
-  TRY(servd__dev_check_topk(values, indices, x, k));
   servd_cuda_ctx *c;
-  TRY(servd__dev_ctx(op, x->device, &c));
+  TRY(checked_ctx(op, servd__dev_check_topk(values, indices, x, k), x, &c));
   return servd__dev_wrap(
       servd_cuda_topk(c, DATA(values), DATA(indices), DATA(x), (int)x->shape[0], (int)x->shape[1], k), op);
 }

@@ -83,7 +83,29 @@ def check_fits(n, cap, what, device):
             "step capacity and reload the model)")
 
 
-class HostMemory:
+class RowViews:
+    """Views of the first n rows of the step's buffers (_buf) and of the logits tail's (_lbuf), made
+    once per n and kept; a subclass makes the buffers fit first (_ensure_step, _ensure_logits), which
+    may replace them and drop the views kept so far."""
+
+    def step_views(self, n, batch):
+        v = self._views.get(n)
+        if v is None:
+            self._ensure_step(n, batch)
+            v = tuple(b.narrow(0, 0, n) for b in self._buf)
+            self._views[n] = v
+        return v
+
+    def logit_views(self, r, batch):
+        v = self._logit_views.get(r)
+        if v is None:
+            self._ensure_logits(r, batch)
+            v = tuple(b.narrow(0, 0, r) for b in self._lbuf)
+            self._logit_views[r] = v
+        return v
+
+
+class HostMemory(RowViews):
     """CPU: the package's weight views as they are; f32 buffers grown on demand."""
 
     def __init__(self, servd, dims):
@@ -104,31 +126,21 @@ class HostMemory:
         self._cap = cap
         self._views = {}
 
-    def step_views(self, n, batch):
-        v = self._views.get(n)
-        if v is None:
-            if n > self._cap:
-                self._alloc(host_growth(n, self._cap, 16))
-            v = tuple(b.narrow(0, 0, n) for b in self._buf)
-            self._views[n] = v
-        return v
+    def _ensure_step(self, n, batch):
+        if n > self._cap:
+            self._alloc(host_growth(n, self._cap, 16))
 
-    def logit_views(self, r, batch):
-        v = self._logit_views.get(r)
-        if v is None:
-            if r > self._rcap:
-                d, e = self._dims, self._empty
-                cap = host_growth(r, self._rcap, 8)
-                bufs = [e((cap, cols)) for _, cols, _ in logits_layout(d["dim"], d["vn"], d["vocab"], d["world"], "cpu")]
-                self._lbuf = (bufs[0], bufs[1], bufs[2] if len(bufs) > 2 else bufs[1])
-                self._rcap = cap
-                self._logit_views = {}
-            v = tuple(b.narrow(0, 0, r) for b in self._lbuf)
-            self._logit_views[r] = v
-        return v
+    def _ensure_logits(self, r, batch):
+        if r > self._rcap:
+            d, e = self._dims, self._empty
+            cap = host_growth(r, self._rcap, 8)
+            bufs = [e((cap, cols)) for _, cols, _ in logits_layout(d["dim"], d["vn"], d["vocab"], d["world"], "cpu")]
+            self._lbuf = (bufs[0], bufs[1], bufs[2] if len(bufs) > 2 else bufs[1])
+            self._rcap = cap
+            self._logit_views = {}
 
 
-class DeviceMemory:
+class DeviceMemory(RowViews):
     """A GPU: shared bf16 weight copies; every buffer allocated once, at the first step."""
 
     def __init__(self, servd, dims, device):
@@ -153,23 +165,13 @@ class DeviceMemory:
         self._lbuf = (bufs[0], bufs[1], bufs[2] if len(bufs) > 2 else bufs[1])
         self._cap, self._rcap = cap, rcap
 
-    def step_views(self, n, batch):
-        v = self._views.get(n)
-        if v is None:
-            if not self._cap:
-                self._alloc(batch)
-            check_fits(n, self._cap, "tokens (batch.max_tokens)", self.device)
-            v = tuple(b.narrow(0, 0, n) for b in self._buf)
-            self._views[n] = v
-        return v
+    def _ensure_step(self, n, batch):
+        if not self._cap:
+            self._alloc(batch)
+        check_fits(n, self._cap, "tokens (batch.max_tokens)", self.device)
 
-    def logit_views(self, r, batch):
-        v = self._logit_views.get(r)
-        if v is None:
-            check_fits(r, self._rcap, "logit rows (batch.max_seqs)", self.device)
-            v = tuple(b.narrow(0, 0, r) for b in self._lbuf)
-            self._logit_views[r] = v
-        return v
+    def _ensure_logits(self, r, batch):
+        check_fits(r, self._rcap, "logit rows (batch.max_seqs)", self.device)
 
 
 def memory_for(servd, dims):

@@ -1,7 +1,9 @@
 #include "support.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,6 +39,49 @@ long long support_eval_int(servd_interp *it, const char *expr) {
   long long v = json_integer_value(r);
   json_decref(r);
   return v;
+}
+
+void support_expect_true(servd_interp *it, const char *expr) {
+  json_t *r = support_eval(it, expr);
+  if (!json_is_true(r))
+    fprintf(stderr, "expected true: %s\n", expr);
+  assert_true(json_is_true(r));
+  json_decref(r);
+}
+
+static void expect_raises(servd_interp *it, const char *code, const char *type, const char *msg, bool prefix) {
+  servd_py_error err;
+  int rc = servd_interp__exec(it, code, 0, &err);
+  assert_int_not_equal(rc, 0);
+  bool found = prefix ? strncmp(err.message, msg, strlen(msg)) == 0 : strstr(err.message, msg) != NULL;
+  if (strcmp(err.type, type) || !found)
+    fprintf(stderr, "%s -> %s: %s\n", code, err.type, err.message);
+  assert_string_equal(err.type, type);
+  if (prefix)
+    assert_memory_equal(err.message, msg, strlen(msg));
+  else
+    assert_non_null(strstr(err.message, msg));
+}
+
+void support_expect_raises(servd_interp *it, const char *code, const char *type, const char *msg_part) {
+  expect_raises(it, code, type, msg_part, false);
+}
+
+void support_expect_raises_prefix(servd_interp *it, const char *code, const char *type, const char *prefix) {
+  expect_raises(it, code, type, prefix, true);
+}
+
+int support_make_dir_with(char *dir_template, const char *file, const char *text) {
+  if (!mkdtemp(dir_template))
+    return -1;
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir_template, file);
+  FILE *f = fopen(path, "w");
+  if (!f)
+    return -1;
+  fputs(text, f);
+  fclose(f);
+  return 0;
 }
 
 double support_seconds(void) {

@@ -22,6 +22,15 @@ json_t *support_eval(servd_interp *it, const char *expr);
 long long support_eval_int(servd_interp *it, const char *expr);
 double support_seconds(void);
 double support_cpu_seconds(void); /* CPU time of the whole process */
+/* Asserts that expr evaluates to True in it (printing expr when not). */
+void support_expect_true(servd_interp *it, const char *expr);
+/* Asserts that code raises type in it with a message that contains msg_part (support_expect_raises) or
+ * starts with it (support_expect_raises_prefix); prints the error when it does not. */
+void support_expect_raises(servd_interp *it, const char *code, const char *type, const char *msg_part);
+void support_expect_raises_prefix(servd_interp *it, const char *code, const char *type, const char *prefix);
+/* Makes a new folder from dir_template (".../NAME-XXXXXX", rewritten in place) holding file with text;
+ * 0 or -1. */
+int support_make_dir_with(char *dir_template, const char *file, const char *text);
 /* Resident set size of this process in bytes (from /proc/self/statm). */
 size_t support_rss(void);
 /* Runs a shell command; returns its exit status. */

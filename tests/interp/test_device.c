@@ -30,23 +30,6 @@ static int teardown(void **state) {
   return 0;
 }
 
-static void expect_true(const char *expr) {
-  json_t *r = support_eval(&g_it, expr);
-  if (!json_is_true(r))
-    fprintf(stderr, "expected true: %s\n", expr);
-  assert_true(json_is_true(r));
-  json_decref(r);
-}
-
-static void expect_raises(const char *code, const char *type, const char *msg_prefix) {
-  servd_py_error err;
-  int rc = servd_interp__exec(&g_it, code, 0, &err);
-  assert_int_not_equal(rc, 0);
-  fprintf(stderr, "%s -> %s: %s\n", code, err.type, err.message);
-  assert_string_equal(err.type, type);
-  assert_memory_equal(err.message, msg_prefix, strlen(msg_prefix));
-}
-
 static void test_device_calls_fail_cleanly(void **state) {
   (void)state;
   if (!g_it.ns) {
@@ -54,18 +37,18 @@ static void test_device_calls_fail_cleanly(void **state) {
     return;
   }
   support_exec(&g_it, "import servd\nfrom servd import ops\nh = servd.tensor([[1.0, 2.0], [3.0, 4.0]])\n");
-  expect_true("servd.device() == 'cuda:0' and servd.rank() == 0");
-  expect_raises("servd.empty((2, 2), 'bf16', device='cuda')", "RuntimeError", "servd.empty: ");
-  expect_raises("servd.empty(4, device='cuda:1')", "RuntimeError", "servd.empty: ");
-  expect_raises("servd.upload(h)", "RuntimeError", "servd.upload: ");
-  expect_raises("servd.to_device(h)", "RuntimeError", "servd.to_device: ");
-  expect_raises("servd.sync()", "RuntimeError", "servd.sync: ");
-  expect_raises("servd.to_device(h, dtype='nope')", "ValueError", "unknown dtype");
-  expect_raises("servd.empty(4, device='gpu')", "ValueError", "servd.empty: device must be");
+  support_expect_true(&g_it, "servd.device() == 'cuda:0' and servd.rank() == 0");
+  support_expect_raises_prefix(&g_it, "servd.empty((2, 2), 'bf16', device='cuda')", "RuntimeError", "servd.empty: ");
+  support_expect_raises_prefix(&g_it, "servd.empty(4, device='cuda:1')", "RuntimeError", "servd.empty: ");
+  support_expect_raises_prefix(&g_it, "servd.upload(h)", "RuntimeError", "servd.upload: ");
+  support_expect_raises_prefix(&g_it, "servd.to_device(h)", "RuntimeError", "servd.to_device: ");
+  support_expect_raises_prefix(&g_it, "servd.sync()", "RuntimeError", "servd.sync: ");
+  support_expect_raises_prefix(&g_it, "servd.to_device(h, dtype='nope')", "ValueError", "unknown dtype");
+  support_expect_raises_prefix(&g_it, "servd.empty(4, device='gpu')", "ValueError", "servd.empty: device must be");
   /* the host side is unchanged */
-  expect_true("servd.empty(3, device='cpu').device == 'cpu' and h.to_host() is h");
+  support_expect_true(&g_it, "servd.empty(3, device='cpu').device == 'cpu' and h.to_host() is h");
   support_exec(&g_it, "o = servd.empty((2, 2))\nops.add(o, h, h)\n");
-  expect_true("o.tolist() == [[2.0, 4.0], [6.0, 8.0]]");
+  support_expect_true(&g_it, "o.tolist() == [[2.0, 4.0], [6.0, 8.0]]");
 }
 
 int main(int argc, char **argv) {

@@ -228,15 +228,8 @@ static const char *entry_py =
 static int setup(void **state) {
   (void)state;
   snprintf(g_dir, sizeof g_dir, "/tmp/servd-guestdev-XXXXXX");
-  if (!mkdtemp(g_dir))
+  if (support_make_dir_with(g_dir, "gpu_entry.py", entry_py) < 0)
     return -1;
-  char path[128];
-  snprintf(path, sizeof path, "%s/gpu_entry.py", g_dir);
-  FILE *f = fopen(path, "w");
-  if (!f)
-    return -1;
-  fputs(entry_py, f);
-  fclose(f);
   g_host = *servd_host_api__get();
   g_host.device_tensor_new = fake_new;
   g_host.device_upload = fake_upload;
@@ -275,30 +268,12 @@ static int teardown(void **state) {
   return 0;
 }
 
-static void expect_true(const char *expr) {
-  json_t *r = support_eval(&g_it, expr);
-  if (!json_is_true(r))
-    fprintf(stderr, "expected true: %s\n", expr);
-  assert_true(json_is_true(r));
-  json_decref(r);
-}
-
-static void expect_raises(const char *code, const char *type, const char *msg_part) {
-  servd_py_error err;
-  int rc = servd_interp__exec(&g_it, code, 0, &err);
-  assert_int_not_equal(rc, 0);
-  if (strcmp(err.type, type) || !strstr(err.message, msg_part))
-    fprintf(stderr, "%s -> %s: %s\n", code, err.type, err.message);
-  assert_string_equal(err.type, type);
-  assert_non_null(strstr(err.message, msg_part));
-}
-
 static void test_tensors(void **state) {
   (void)state;
-  expect_true("servd.device() == 'cuda:0' and servd.world_size() == 2");
+  support_expect_true(&g_it, "servd.device() == 'cuda:0' and servd.world_size() == 2");
   support_exec(&g_it, "h = servd.tensor([[1, 2, 3], [4, 5, 6]])\nd = servd.to_device(h)\n");
   assert_int_equal(g_upload_dtype, SERVD_F32);
-  expect_true("d.device == 'cuda:0' and d.dtype == 'f32' and d.shape == (2, 3) and repr(d) == 'servd.Tensor(f32[2,3], cuda:0)'");
+  support_expect_true(&g_it, "d.device == 'cuda:0' and d.dtype == 'f32' and d.shape == (2, 3) and repr(d) == 'servd.Tensor(f32[2,3], cuda:0)'");
   /* default device dtypes: f32/bf16/i32 kept, f16 and block dtypes to bf16; an explicit one wins */
   support_exec(&g_it, "servd.to_device(servd.tensor([0.5] * 32, dtype='q4_1'))\n");
   assert_int_equal(g_upload_dtype, SERVD_BF16);
@@ -312,40 +287,40 @@ static void test_tensors(void **state) {
   support_exec(&g_it, "servd.to_device(h)\n");
   assert_int_equal(g_calls[C_SYNC], syncs + 1); /* a private copy is complete when it returns */
   /* a device tensor is never read on the host */
-  expect_raises("memoryview(d)", "BufferError", "servd.Tensor is on cuda:0: copy it to the host with .to_host()");
-  expect_raises("bytes(d)", "BufferError", "is on cuda:0");
-  expect_raises("d.tolist()", "ValueError", "is on cuda:0: copy it to the host with .to_host()");
-  expect_raises("servd.tensor(d, shape=(2, 3))", "BufferError", "is on cuda:0");
+  support_expect_raises(&g_it, "memoryview(d)", "BufferError", "servd.Tensor is on cuda:0: copy it to the host with .to_host()");
+  support_expect_raises(&g_it, "bytes(d)", "BufferError", "is on cuda:0");
+  support_expect_raises(&g_it, "d.tolist()", "ValueError", "is on cuda:0: copy it to the host with .to_host()");
+  support_expect_raises(&g_it, "servd.tensor(d, shape=(2, 3))", "BufferError", "is on cuda:0");
   /* to_host, copy, views, empty */
-  expect_true("d.to_host().device == 'cpu' and d.to_host().tolist() == h.tolist() and d.to_host() is not d");
+  support_expect_true(&g_it, "d.to_host().device == 'cpu' and d.to_host().tolist() == h.tolist() and d.to_host() is not d");
   support_exec(&g_it, "e = servd.empty((2, 3), device='cuda')\nservd.copy(e, h)\nz = servd.empty((2, 3))\nservd.copy(z, e)\n");
-  expect_true("e.device == 'cuda:0' and z.tolist() == h.tolist()");
-  expect_true("e.view(3, 2).device == 'cuda:0' and e.narrow(1, 0, 2).device == 'cuda:0' and e.row(1).device == 'cuda:0'");
-  expect_true("servd.empty(2, 'i32', 'cuda:0').device == 'cuda:0' and servd.empty(2, device='cuda:1').device == 'cuda:1'");
+  support_expect_true(&g_it, "e.device == 'cuda:0' and z.tolist() == h.tolist()");
+  support_expect_true(&g_it, "e.view(3, 2).device == 'cuda:0' and e.narrow(1, 0, 2).device == 'cuda:0' and e.row(1).device == 'cuda:0'");
+  support_expect_true(&g_it, "servd.empty(2, 'i32', 'cuda:0').device == 'cuda:0' and servd.empty(2, device='cuda:1').device == 'cuda:1'");
   support_exec(&g_it, "d2 = servd.to_device(d)\n"); /* device to device: a new tensor and a copy */
-  expect_true("d2.device == 'cuda:0' and d2.to_host().tolist() == h.tolist()");
-  expect_raises("servd.to_device(d, dtype='bf16')", "ValueError", "dtype conversion between devices");
+  support_expect_true(&g_it, "d2.device == 'cuda:0' and d2.to_host().tolist() == h.tolist()");
+  support_expect_raises(&g_it, "servd.to_device(d, dtype='bf16')", "ValueError", "dtype conversion between devices");
   /* upload: the shared bf16 copy */
   int w = g_calls[C_WEIGHT];
-  expect_true("servd.upload(h).dtype == 'bf16' and servd.upload(h).device == 'cuda:0'");
+  support_expect_true(&g_it, "servd.upload(h).dtype == 'bf16' and servd.upload(h).device == 'cuda:0'");
   assert_int_equal(g_calls[C_WEIGHT], w + 2);
-  expect_raises("servd.upload(d)", "ValueError", "already");
+  support_expect_raises(&g_it, "servd.upload(d)", "ValueError", "already");
 }
 
 static void test_ops(void **state) {
   (void)state;
   support_exec(&g_it, "h = servd.tensor([[1, 2, 3], [4, 5, 6]])\nd = servd.to_device(h)\n"
                       "e = servd.empty((2, 3), device='cuda')\nops.add(e, d, d)\n");
-  expect_true("e.to_host().tolist() == [[2.0, 4.0, 6.0], [8.0, 10.0, 12.0]]");
+  support_expect_true(&g_it, "e.to_host().tolist() == [[2.0, 4.0, 6.0], [8.0, 10.0, 12.0]]");
   assert_int_equal(g_calls[C_OP], 1);
-  expect_raises("ops.add(e, d, h)", "ValueError", "servd.ops.add: add: out is on cuda:0 but b is on the cpu");
-  expect_raises("ops.matmul(e, h, h)", "ValueError", "matmul: out is on cuda:0 but x is on the cpu");
-  expect_raises("ops.softmax(d)", "ValueError", "softmax: x is on cuda:0 but softmax runs on the host only");
+  support_expect_raises(&g_it, "ops.add(e, d, h)", "ValueError", "servd.ops.add: add: out is on cuda:0 but b is on the cpu");
+  support_expect_raises(&g_it, "ops.matmul(e, h, h)", "ValueError", "matmul: out is on cuda:0 but x is on the cpu");
+  support_expect_raises(&g_it, "ops.softmax(d)", "ValueError", "softmax: x is on cuda:0 but softmax runs on the host only");
   /* collectives of device tensors go to the device communicator; host ones need the host one */
   support_exec(&g_it, "ops.allreduce(d)\n");
   assert_int_equal(g_calls[C_AR], 1);
-  expect_true("d.to_host().tolist() == [[2.0, 4.0, 6.0], [8.0, 10.0, 12.0]]");
-  expect_raises("ops.allreduce(h)", "RuntimeError", "no communicator");
+  support_expect_true(&g_it, "d.to_host().tolist() == [[2.0, 4.0, 6.0], [8.0, 10.0, 12.0]]");
+  support_expect_raises(&g_it, "ops.allreduce(h)", "RuntimeError", "no communicator");
   support_exec(&g_it, "g = servd.empty((2, 6), device='cuda')\nops.allgather_cols(g, d)\n");
   assert_int_equal(g_calls[C_AG], 1);
 }

@@ -47,18 +47,14 @@ static const char *entry_py =
     "    def info(self, a, b):\n"
     "        return {'sum': a + b, 'calls': self.calls, 'rank': servd.rank(), 'ws': servd.world_size()}\n";
 
+/* The pool's only interpreter, where every check runs. */
+static servd_interp *it0(void) { return servd_pool_get(g_pool, 0); }
+
 static int setup(void **state) {
   (void)state;
   snprintf(g_dir, sizeof g_dir, "/tmp/servd-interp-test-XXXXXX");
-  if (!mkdtemp(g_dir))
+  if (support_make_dir_with(g_dir, "doubler.py", entry_py) < 0)
     return -1;
-  char path[300];
-  snprintf(path, sizeof path, "%s/doubler.py", g_dir);
-  FILE *f = fopen(path, "w");
-  if (!f)
-    return -1;
-  fputs(entry_py, f);
-  fclose(f);
   servd_pool_options o = {.n_interpreters = 1, .world_size = 1, .extra_sys_path = g_dir};
   if (servd_pool_create(NULL, &o, &g_pool) < 0) {
     fprintf(stderr, "%s\n", servd_last_error());
@@ -80,55 +76,36 @@ static int teardown(void **state) {
   return 0;
 }
 
-static void expect_true(const char *expr) {
-  servd_interp *it = servd_pool_get(g_pool, 0);
-  json_t *r = support_eval(it, expr);
-  if (!json_is_true(r))
-    fprintf(stderr, "expected true: %s\n", expr);
-  assert_true(json_is_true(r));
-  json_decref(r);
-}
-
-static void expect_raises(const char *code, const char *type, const char *msg_part) {
-  servd_py_error err;
-  int rc = servd_interp__exec(servd_pool_get(g_pool, 0), code, 0, &err);
-  assert_int_not_equal(rc, 0);
-  if (strcmp(err.type, type) || !strstr(err.message, msg_part))
-    fprintf(stderr, "%s -> %s: %s\n", code, err.type, err.message);
-  assert_string_equal(err.type, type);
-  assert_non_null(strstr(err.message, msg_part));
-}
-
 static void test_tensor(void **state) {
   (void)state;
   support_exec(servd_pool_get(g_pool, 0), "t = servd.tensor([[1, 2, 3], [4, 5, 6]])\n"
                                           "i = servd.tensor([7, -8], dtype='i32')\n");
-  expect_true("t.shape == (2, 3) and t.dtype == 'f32' and t.device == 'cpu' and t.ndim == 2 and len(t) == 2");
-  expect_true("t.tolist() == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]");
-  expect_true("i.tolist() == [7, -8] and i.dtype == 'i32'");
+  support_expect_true(it0(), "t.shape == (2, 3) and t.dtype == 'f32' and t.device == 'cpu' and t.ndim == 2 and len(t) == 2");
+  support_expect_true(it0(), "t.tolist() == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]");
+  support_expect_true(it0(), "i.tolist() == [7, -8] and i.dtype == 'i32'");
   /* buffer protocol: format, shape, strides, writable owned storage */
-  expect_true("memoryview(t).format == 'f' and memoryview(t).shape == (2, 3) and memoryview(t).strides == (12, 4)");
+  support_expect_true(it0(), "memoryview(t).format == 'f' and memoryview(t).shape == (2, 3) and memoryview(t).strides == (12, 4)");
   support_exec(servd_pool_get(g_pool, 0), "m = memoryview(t); m[1, 2] = 9.5; del m\n");
-  expect_true("t.tolist()[1][2] == 9.5");
+  support_expect_true(it0(), "t.tolist()[1][2] == 9.5");
   /* views share data */
-  expect_true("t.row(1).tolist() == [4.0, 5.0, 9.5] and t.narrow(1, 1, 2).tolist() == [[2.0, 3.0], [5.0, 9.5]]");
-  expect_true("t.view(3, 2).tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 9.5]] and t.reshape(-1).shape == (6,)");
+  support_expect_true(it0(), "t.row(1).tolist() == [4.0, 5.0, 9.5] and t.narrow(1, 1, 2).tolist() == [[2.0, 3.0], [5.0, 9.5]]");
+  support_expect_true(it0(), "t.view(3, 2).tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 9.5]] and t.reshape(-1).shape == (6,)");
   /* bytes round trip, f16/bf16 of exactly representable values */
-  expect_true("servd.tensor(bytes(memoryview(t)), shape=(2, 3)).tolist() == t.tolist()");
-  expect_true("servd.tensor([1.5, -2.25, 0.0], dtype='f16').tolist() == [1.5, -2.25, 0.0]");
-  expect_true("servd.tensor([1.5, -2.25, 0.0], dtype='bf16').tolist() == [1.5, -2.25, 0.0]");
-  expect_true("memoryview(servd.tensor([1.5], dtype='f16')).format == 'e'");
-  expect_true("len(bytes(memoryview(servd.tensor([1.5, 2.0], dtype='bf16')))) == 4");
+  support_expect_true(it0(), "servd.tensor(bytes(memoryview(t)), shape=(2, 3)).tolist() == t.tolist()");
+  support_expect_true(it0(), "servd.tensor([1.5, -2.25, 0.0], dtype='f16').tolist() == [1.5, -2.25, 0.0]");
+  support_expect_true(it0(), "servd.tensor([1.5, -2.25, 0.0], dtype='bf16').tolist() == [1.5, -2.25, 0.0]");
+  support_expect_true(it0(), "memoryview(servd.tensor([1.5], dtype='f16')).format == 'e'");
+  support_expect_true(it0(), "len(bytes(memoryview(servd.tensor([1.5, 2.0], dtype='bf16')))) == 4");
   /* q8_0: one block, |error| <= scale/2 = max|x|/127/2 (ggml rounding) */
-  expect_true("all(abs(a - b) <= 31 / 127 / 2 + 1e-6 for a, b in "
+  support_expect_true(it0(), "all(abs(a - b) <= 31 / 127 / 2 + 1e-6 for a, b in "
               "zip(servd.tensor([i - 16 + 0.5 for i in range(32)], dtype='q8_0').tolist(), "
               "[i - 16 + 0.5 for i in range(32)]))");
-  expect_true("servd.empty((2, 4), dtype='i32').tolist() == [[0] * 4] * 2");
-  expect_raises("servd.tensor([[1, 2], [3]])", "ValueError", "ragged");
-  expect_raises("servd.tensor([1.0], dtype='nope')", "ValueError", "unknown dtype");
-  expect_raises("servd.tensor(b'abc', shape=(1,))", "ValueError", "bytes");
-  expect_raises("t.row(5)", "IndexError", "out of range");
-  expect_raises("servd.Tensor()", "TypeError", "");
+  support_expect_true(it0(), "servd.empty((2, 4), dtype='i32').tolist() == [[0] * 4] * 2");
+  support_expect_raises(it0(), "servd.tensor([[1, 2], [3]])", "ValueError", "ragged");
+  support_expect_raises(it0(), "servd.tensor([1.0], dtype='nope')", "ValueError", "unknown dtype");
+  support_expect_raises(it0(), "servd.tensor(b'abc', shape=(1,))", "ValueError", "bytes");
+  support_expect_raises(it0(), "t.row(5)", "IndexError", "out of range");
+  support_expect_raises(it0(), "servd.Tensor()", "TypeError", "");
 }
 
 static void test_ops(void **state) {
@@ -137,50 +114,50 @@ static void test_ops(void **state) {
   support_exec(servd_pool_get(g_pool, 0), "x = servd.tensor([[1, 2, 3], [4, 5, 6]])\n"
                                           "w = servd.tensor([[1, 0, 1], [0, 1, 1]])\n"
                                           "o = servd.empty((2, 2))\nops.matmul(o, x, w)\n");
-  expect_true("o.tolist() == [[4.0, 5.0], [10.0, 11.0]]");
+  support_expect_true(it0(), "o.tolist() == [[4.0, 5.0], [10.0, 11.0]]");
   support_exec(servd_pool_get(g_pool, 0), "s = servd.tensor([[0.0, 1.0, 2.0]])\nops.softmax(s)\n"
                                           "e = [math.exp(v) for v in (0.0, 1.0, 2.0)]\n");
   /* reference: math.exp in double; 1e-6 covers f32 rounding of values in (0, 1) */
-  expect_true("all(abs(a - b / sum(e)) < 1e-6 for a, b in zip(s.tolist()[0], e))");
+  support_expect_true(it0(), "all(abs(a - b / sum(e)) < 1e-6 for a, b in zip(s.tolist()[0], e))");
   support_exec(servd_pool_get(g_pool, 0), "am = servd.empty((2,), dtype='i32')\nops.argmax(am, x)\n");
-  expect_true("am.tolist() == [2, 2]");
+  support_expect_true(it0(), "am.tolist() == [2, 2]");
   support_exec(servd_pool_get(g_pool, 0), "r = servd.Rope('half', 4, 10000.0)\n");
-  expect_true("'half' in repr(r)");
-  expect_raises("ops.matmul(servd.empty((2, 2)), x, servd.empty((2, 4)))", "ValueError", "matmul");
-  expect_raises("ops.add(o, o, 3)", "TypeError", "servd.Tensor");
-  expect_raises("ops.matmul(o, x)", "TypeError", "3 arguments");
-  expect_raises("servd.package.tensor('w')", "RuntimeError", "no package");
-  expect_true("servd.rank() == 0 and servd.world_size() == 1 and servd.device() == 'cpu'");
-  expect_true("ops.allreduce(o) is None");
+  support_expect_true(it0(), "'half' in repr(r)");
+  support_expect_raises(it0(), "ops.matmul(servd.empty((2, 2)), x, servd.empty((2, 4)))", "ValueError", "matmul");
+  support_expect_raises(it0(), "ops.add(o, o, 3)", "TypeError", "servd.Tensor");
+  support_expect_raises(it0(), "ops.matmul(o, x)", "TypeError", "3 arguments");
+  support_expect_raises(it0(), "servd.package.tensor('w')", "RuntimeError", "no package");
+  support_expect_true(it0(), "servd.rank() == 0 and servd.world_size() == 1 and servd.device() == 'cpu'");
+  support_expect_true(it0(), "ops.allreduce(o) is None");
 }
 
 /* A CPU interpreter: the device calls say so; host copies and the single-rank gather work. */
 static void test_device_api_on_cpu(void **state) {
   (void)state;
-  expect_true("servd.device() == 'cpu' and servd.sync() is None");
-  expect_raises("servd.upload(servd.empty(4))", "RuntimeError", "servd.upload: this interpreter runs on the CPU");
-  expect_raises("servd.to_device(servd.empty(4))", "RuntimeError",
+  support_expect_true(it0(), "servd.device() == 'cpu' and servd.sync() is None");
+  support_expect_raises(it0(), "servd.upload(servd.empty(4))", "RuntimeError", "servd.upload: this interpreter runs on the CPU");
+  support_expect_raises(it0(), "servd.to_device(servd.empty(4))", "RuntimeError",
                 "servd.to_device: this interpreter runs on the CPU");
-  expect_raises("servd.empty(4, device='cuda')", "RuntimeError", "servd.empty: this interpreter runs on the CPU");
-  expect_raises("servd.empty((2, 2), 'bf16', 'cuda:0')", "RuntimeError", "servd.empty: this interpreter runs on the CPU");
-  expect_raises("servd.empty(4, device='bogus')", "ValueError",
+  support_expect_raises(it0(), "servd.empty(4, device='cuda')", "RuntimeError", "servd.empty: this interpreter runs on the CPU");
+  support_expect_raises(it0(), "servd.empty((2, 2), 'bf16', 'cuda:0')", "RuntimeError", "servd.empty: this interpreter runs on the CPU");
+  support_expect_raises(it0(), "servd.empty(4, device='bogus')", "ValueError",
                 "servd.empty: device must be \"cpu\", \"cuda\" or \"cuda:N\", not \"bogus\"");
-  expect_raises("servd.empty(4, device='cuda:x')", "ValueError", "not \"cuda:x\"");
-  expect_raises("servd.empty(4, device=0)", "TypeError", "device must be a str");
-  expect_raises("servd.upload([1.0])", "TypeError", "servd.upload: t must be a servd.Tensor");
-  expect_true("servd.empty((2, 3), device='cpu').device == 'cpu' and servd.empty(3, device=None).shape == (3,)");
+  support_expect_raises(it0(), "servd.empty(4, device='cuda:x')", "ValueError", "not \"cuda:x\"");
+  support_expect_raises(it0(), "servd.empty(4, device=0)", "TypeError", "device must be a str");
+  support_expect_raises(it0(), "servd.upload([1.0])", "TypeError", "servd.upload: t must be a servd.Tensor");
+  support_expect_true(it0(), "servd.empty((2, 3), device='cpu').device == 'cpu' and servd.empty(3, device=None).shape == (3,)");
   support_exec(servd_pool_get(g_pool, 0), "src = servd.tensor([[1, 2, 3], [4, 5, 6]])\n");
-  expect_true("src.to_host() is src");
+  support_expect_true(it0(), "src.to_host() is src");
   /* copy into a strided view: columns 1..3 of a (2, 5) tensor */
   support_exec(servd_pool_get(g_pool, 0), "wide = servd.empty((2, 5))\nservd.copy(wide.narrow(1, 1, 3), src)\n");
-  expect_true("wide.tolist() == [[0.0, 1.0, 2.0, 3.0, 0.0], [0.0, 4.0, 5.0, 6.0, 0.0]]");
-  expect_raises("servd.copy(servd.empty((3, 2)), src)", "ValueError", "servd.copy: copy: dst f32[3,2] and src f32[2,3] differ");
-  expect_raises("servd.copy(src)", "TypeError", "2 arguments");
+  support_expect_true(it0(), "wide.tolist() == [[0.0, 1.0, 2.0, 3.0, 0.0], [0.0, 4.0, 5.0, 6.0, 0.0]]");
+  support_expect_raises(it0(), "servd.copy(servd.empty((3, 2)), src)", "ValueError", "servd.copy: copy: dst f32[3,2] and src f32[2,3] differ");
+  support_expect_raises(it0(), "servd.copy(src)", "TypeError", "2 arguments");
   /* one rank: allgather_cols copies the only shard */
   support_exec(servd_pool_get(g_pool, 0), "g = servd.empty((2, 3))\nops.allgather_cols(g, src)\n");
-  expect_true("g.tolist() == src.tolist()");
-  expect_raises("ops.allgather_cols(servd.empty((2, 4)), src)", "ValueError", "one shape");
-  expect_true("'cpu' in repr(src)");
+  support_expect_true(it0(), "g.tolist() == src.tolist()");
+  support_expect_raises(it0(), "ops.allgather_cols(servd.empty((2, 4)), src)", "ValueError", "one shape");
+  support_expect_true(it0(), "'cpu' in repr(src)");
 }
 
 static void test_predict(void **state) {

@@ -12,14 +12,6 @@
 
 static char g_dir[64];
 
-static void expect_true(servd_interp *it, const char *expr) {
-  json_t *r = support_eval(it, expr);
-  if (!json_is_true(r))
-    fprintf(stderr, "expected true: %s\n", expr);
-  assert_true(json_is_true(r));
-  json_decref(r);
-}
-
 static void test_relocated_bundle(void **state) {
   (void)state;
   servd_py_paths *built = malloc(sizeof *built);
@@ -57,16 +49,16 @@ static void test_relocated_bundle(void **state) {
   char code[512];
   snprintf(code, sizeof code, "import sys, json, _json, servd\nD = '%s'\nmaps = open('/proc/self/maps').read()\n", g_dir);
   support_exec(it, code);
-  expect_true(it, "sys.prefix == D");
-  expect_true(it, "json.__file__ == D + '/lib/python3.11/json/__init__.py'");
-  expect_true(it, "_json.__file__.startswith(D + '/lib/python3.11/lib-dynload/')");
-  expect_true(it, "sys.path[:2] == [D + '/lib/python3.11', D + '/lib/python3.11/lib-dynload']");
-  expect_true(it, "(D + '/lib/libpython3.11.so.1.0') in maps");
-  expect_true(it, "(D + '/lib/servd/servd.cpython-311-x86_64-linux-gnu.so') in maps");
-  expect_true(it, "servd.device() == 'cpu'");
+  support_expect_true(it, "sys.prefix == D");
+  support_expect_true(it, "json.__file__ == D + '/lib/python3.11/json/__init__.py'");
+  support_expect_true(it, "_json.__file__.startswith(D + '/lib/python3.11/lib-dynload/')");
+  support_expect_true(it, "sys.path[:2] == [D + '/lib/python3.11', D + '/lib/python3.11/lib-dynload']");
+  support_expect_true(it, "(D + '/lib/libpython3.11.so.1.0') in maps");
+  support_expect_true(it, "(D + '/lib/servd/servd.cpython-311-x86_64-linux-gnu.so') in maps");
+  support_expect_true(it, "servd.device() == 'cpu'");
   if (have_allow) {
     support_exec(it, "import jinja2\n");
-    expect_true(it, "jinja2.__file__.startswith(D + '/dist/jinja2/')");
+    support_expect_true(it, "jinja2.__file__.startswith(D + '/dist/jinja2/')");
   }
   servd_pool_destroy(p);
   support_system("rm -rf %s", g_dir);

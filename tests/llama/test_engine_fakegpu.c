@@ -46,25 +46,15 @@
 
 #include <cmocka.h>
 
+#include "engine-gpu-test.h"
 #include "engine-test.h"
 #include "engine/engine.h"
 #include "fake_cuda.h"
 #include "servd/cuda.h"
 
-#define MAXTOK 32
 #define NREQ 4
 
-typedef struct result {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool done;
-  int32_t tokens[MAXTOK];
-  float gap[MAXTOK]; /* top-1 minus top-2 logprob at each step */
-  int n;
-  int error_code;
-  char error[512];
-  int bump_tokens; /* bump the device generation at each of the first bump_tokens tokens */
-} result;
+typedef engine_gpu_result result;
 
 static char pkg_path[256];
 /* Raises on rank 1 in its second step of one token (once per interpreter) and in every step of 13;
@@ -89,38 +79,17 @@ static char tmpdir[128];
 static const char *prompts[NREQ] = {"Hello there", "abc", "The quick brown fox", "0123456789"};
 static const int lengths[NREQ] = {20, 16, 12, 8};
 
-static void on_event(void *ud, const servd_event *ev) {
-  result *r = ud;
-  pthread_mutex_lock(&r->mu);
-  if (ev->kind == SERVD_EVENT_TOKEN) {
-    if (ev->token >= 0 && r->n < MAXTOK) {
-      r->gap[r->n] = ev->n_top >= 2 ? ev->top[0].logprob - ev->top[1].logprob : 1e9f;
-      r->tokens[r->n++] = ev->token;
-    }
-    if (r->n <= r->bump_tokens) servd_cuda_generation_bump(0); /* "memory moved" between steps */
-  } else {
-    r->done = true;
-    r->error_code = ev->error_code;
-    if (ev->error_message) snprintf(r->error, sizeof r->error, "%s", ev->error_message);
-    pthread_cond_signal(&r->cv);
-  }
-  pthread_mutex_unlock(&r->mu);
+/* Bumps the device generation at each of the first bump_tokens tokens ("memory moved" between steps). */
+static void bump(result *r) {
+  if (r->n <= r->bump_tokens) servd_cuda_generation_bump(0);
 }
 
 static double step_timeout_s = 120;
 
 static int load_tp(const char *path, int gpus, bool graphs, double fraction, servd_model **m) {
   servd_model_options o;
-  servd_model_options_default(&o);
+  engine_gpu_options(&o, path, gpus, graphs);
   o.step_timeout_s = step_timeout_s;
-  o.path = path;
-  o.max_seqs = 8;
-  o.max_batch_tokens = 256;
-  o.max_context = 512;
-  o.gpus = gpus;
-  o.tp = gpus;
-  o.cuda_graphs = graphs;
-  o.cuda_graph_max_batch = 8;
   o.gpu_memory_fraction = fraction;
   return servd_model_load(&o, m);
 }
@@ -149,32 +118,18 @@ static void *chat_main(void *p) {
 static int run_on(servd_model *m, int bump_tokens, bool chat, bool may_fail, result *res) {
   servd_request *req[NREQ];
   for (int i = 0; i < NREQ; i++) {
-    memset(&res[i], 0, sizeof res[i]);
-    pthread_mutex_init(&res[i].mu, NULL);
-    pthread_cond_init(&res[i].cv, NULL);
+    engine_gpu_result_init(&res[i]);
+    res[i].on_token = bump;
     res[i].bump_tokens = i == 0 ? bump_tokens : 0;
-    int32_t *ids;
-    int n;
-    assert_int_equal(servd_model_tokenize(m, prompts[i], strlen(prompts[i]), true, &ids, &n), 0);
-    servd_gen_params p;
-    servd_gen_params_default(&p);
-    p.temperature = 0;
-    p.max_tokens = lengths[i];
-    p.ignore_eos = true;
-    p.logprobs = 2;
-    int rc = servd_model_submit(m, ids, n, &p, on_event, &res[i], &req[i]);
-    free(ids);
-    if (rc) fail_msg("submit: %s", servd_last_error());
+    if (engine_gpu_submit_prompt(m, prompts[i], lengths[i], &res[i], &req[i]))
+      fail_msg("submit: %s", servd_last_error());
   }
   chat_job cj = {m, -1, ""};
   pthread_t th;
   if (chat) assert_int_equal(pthread_create(&th, NULL, chat_main, &cj), 0);
   int failed = 0;
   for (int i = 0; i < NREQ; i++) {
-    pthread_mutex_lock(&res[i].mu);
-    while (!res[i].done) pthread_cond_wait(&res[i].cv, &res[i].mu);
-    pthread_mutex_unlock(&res[i].mu);
-    servd_request_release(req[i]);
+    engine_gpu_wait(&res[i], req[i]);
     if (res[i].error_code) {
       if (!may_fail) fail_msg("request %d: %s", i, res[i].error);
       printf("request %d failed as injected: %s\n", i, res[i].error);
@@ -220,21 +175,6 @@ static void same(const char *what, const result *ref, const result *got) {
         fail_msg("%s: request %d token %d: %d, expected %d", what, i, t, got[i].tokens[t], ref[i].tokens[t]);
 }
 
-/* Equal until the first difference, which is allowed only on a near tie of the reference (bf16
- * rounding differs between one rank and two: partial sums are rounded before the all-reduce). */
-#define NEAR_TIE 0.25f
-static void close_to(const char *what, const result *ref, const result *got) {
-  for (int i = 0; i < NREQ; i++)
-    for (int t = 0; t < ref[i].n; t++) {
-      if (ref[i].tokens[t] == got[i].tokens[t]) continue;
-      if (ref[i].gap[t] > NEAR_TIE)
-        fail_msg("%s: request %d token %d: %d, expected %d (top-2 gap %g)", what, i, t, got[i].tokens[t],
-                 ref[i].tokens[t], ref[i].gap[t]);
-      printf("%s: request %d differs from token %d on a near tie (gap %g)\n", what, i, t, ref[i].gap[t]);
-      break;
-    }
-}
-
 static result eager[NREQ];
 static char faulty_path[256];
 
@@ -249,26 +189,25 @@ static void test_graphs_match_eager(void **state) {
   assert_int_equal(st.cuda_graph_capture_failures, 0);
 }
 
-static void test_capture_failures(void **state) {
-  (void)state;
+/* Every capture failing through inject (armed for 1000): the buckets fall back to eager steps. */
+static void check_captures_fail(void (*inject)(int n), const char *what) {
   static result g[NREQ];
-  fake_cuda_fail_captures(1000);
+  inject(1000);
   servd_model_stats st = run(true, 0, false, g);
-  fake_cuda_fail_captures(0);
-  same("every capture failing", eager, g);
+  inject(0);
+  same(what, eager, g);
   assert_true(st.cuda_graph_capture_failures >= 1);
   assert_int_equal(st.cuda_graph_replays, 0);
 }
 
+static void test_capture_failures(void **state) {
+  (void)state;
+  check_captures_fail(fake_cuda_fail_captures, "every capture failing");
+}
+
 static void test_capture_forward_raises(void **state) {
   (void)state;
-  static result g[NREQ];
-  fake_cuda_fail_launches_in_capture(1000);
-  servd_model_stats st = run(true, 0, false, g);
-  fake_cuda_fail_launches_in_capture(0);
-  same("the forward raising in every capture", eager, g);
-  assert_true(st.cuda_graph_capture_failures >= 1);
-  assert_int_equal(st.cuda_graph_replays, 0);
+  check_captures_fail(fake_cuda_fail_launches_in_capture, "the forward raising in every capture");
 }
 
 static void test_replay_failure_recovers(void **state) {
@@ -310,7 +249,7 @@ static void test_tp2(void **state) {
   static result e2[NREQ], g2[NREQ];
   run_tp(pkg_path, 2, false, 0, false, e2);
   servd_model_stats st = run_tp(pkg_path, 2, true, 0, false, g2);
-  close_to("TP 2 (eager) against TP 1", eager, e2);
+  engine_gpu_close_to("TP 2 (eager) against TP 1", eager, e2, NREQ);
   same("TP 2 graphs against TP 2 eager", e2, g2);
   assert_true(st.cuda_graph_captures >= 3);
   assert_true(st.cuda_graph_replays >= 6);
@@ -340,17 +279,41 @@ static void test_tp2_replay_failure_recovers(void **state) {
   assert_true(st.cuda_graph_captures >= 6); /* captured again after each failure */
 }
 
+/* Runs the requests on TP 2 with graphs into ref (a run without the fault), then loads the faulty
+ * package the same way with a step timeout of timeout_s and returns it. */
+static servd_model *reference_then_faulty(result *ref, double timeout_s) {
+  servd_model *m = NULL;
+  if (load_tp(pkg_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  run_on(m, 0, false, false, ref);
+  unload(m);
+  step_timeout_s = timeout_s;
+  int rc = load_tp(faulty_path, 2, true, 0.9, &m);
+  step_timeout_s = 120;
+  if (rc) fail_msg("load: %s", servd_last_error());
+  return m;
+}
+
+/* Submits one greedy request of n (at most 32) prompt tokens for 4 tokens, a step the faulty package
+ * fails on, and waits for it: it must fail with SERVD_EMODEL; bad holds its error. */
+static void run_faulty_step(servd_model *m, int n, const char *what, result *bad) {
+  engine_gpu_result_init(bad);
+  bad->on_token = bump;
+  int32_t ids[32];
+  for (int i = 0; i < n; i++) ids[i] = 3 + i;
+  servd_request *q = NULL;
+  assert_int_equal(engine_gpu_submit_ids(m, ids, n, 4, false, bad, &q), 0);
+  engine_gpu_wait(bad, q);
+  printf("%s: %d: %s\n", what, bad->error_code, bad->error);
+  assert_int_equal(bad->error_code, SERVD_EMODEL);
+}
+
 /* The package's forward raises on rank 1 once, in its second decode step of one sequence: the
  * capture of bucket 1 on rank 1 (rank 0 captures). The bucket is disabled on both ranks, the step
  * runs eagerly, the request completes with the tokens of a run without the fault. */
 static void test_tp2_rank_raises_in_capture(void **state) {
   (void)state;
   static result ref[NREQ], got[NREQ];
-  servd_model *m = NULL;
-  if (load_tp(pkg_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
-  run_on(m, 0, false, false, ref);
-  unload(m);
-  if (load_tp(faulty_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  servd_model *m = reference_then_faulty(ref, 120);
   run_on(m, 0, false, false, got);
   servd_model_stats st = unload(m);
   same("TP 2, rank 1 raising in a capture", ref, got);
@@ -364,29 +327,9 @@ static void test_tp2_rank_raises_eager(void **state) {
   (void)state;
   static result ref[NREQ], got[NREQ];
   static result bad;
-  servd_model *m = NULL;
-  if (load_tp(pkg_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
-  run_on(m, 0, false, false, ref);
-  unload(m);
-  if (load_tp(faulty_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  servd_model *m = reference_then_faulty(ref, 120);
   for (int round = 0; round < 2; round++) {
-    memset(&bad, 0, sizeof bad);
-    pthread_mutex_init(&bad.mu, NULL);
-    pthread_cond_init(&bad.cv, NULL);
-    int32_t ids[13];
-    for (int i = 0; i < 13; i++) ids[i] = 3 + i;
-    servd_gen_params p;
-    servd_gen_params_default(&p);
-    p.temperature = 0;
-    p.max_tokens = 4;
-    servd_request *q = NULL;
-    assert_int_equal(servd_model_submit(m, ids, 13, &p, on_event, &bad, &q), 0);
-    pthread_mutex_lock(&bad.mu);
-    while (!bad.done) pthread_cond_wait(&bad.cv, &bad.mu);
-    pthread_mutex_unlock(&bad.mu);
-    servd_request_release(q);
-    printf("the faulty step: %d: %s\n", bad.error_code, bad.error);
-    assert_int_equal(bad.error_code, SERVD_EMODEL);
+    run_faulty_step(m, 13, "the faulty step", &bad);
     assert_non_null(strstr(bad.error, "rank 1"));
     run_on(m, 0, false, false, got);
     same("TP 2 after rank 1 raised in an eager step", ref, got);
@@ -400,31 +343,8 @@ static void test_tp2_step_timeout(void **state) {
   (void)state;
   static result ref[NREQ], got[NREQ];
   static result bad;
-  servd_model *m = NULL;
-  if (load_tp(pkg_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
-  run_on(m, 0, false, false, ref);
-  unload(m);
-  step_timeout_s = 2;
-  int rc = load_tp(faulty_path, 2, true, 0.9, &m);
-  step_timeout_s = 120;
-  if (rc) fail_msg("load: %s", servd_last_error());
-  memset(&bad, 0, sizeof bad);
-  pthread_mutex_init(&bad.mu, NULL);
-  pthread_cond_init(&bad.cv, NULL);
-  int32_t ids[17];
-  for (int i = 0; i < 17; i++) ids[i] = 3 + i;
-  servd_gen_params p;
-  servd_gen_params_default(&p);
-  p.temperature = 0;
-  p.max_tokens = 4;
-  servd_request *q = NULL;
-  assert_int_equal(servd_model_submit(m, ids, 17, &p, on_event, &bad, &q), 0);
-  pthread_mutex_lock(&bad.mu);
-  while (!bad.done) pthread_cond_wait(&bad.cv, &bad.mu);
-  pthread_mutex_unlock(&bad.mu);
-  servd_request_release(q);
-  printf("the hung step: %d: %s\n", bad.error_code, bad.error);
-  assert_int_equal(bad.error_code, SERVD_EMODEL);
+  servd_model *m = reference_then_faulty(ref, 2);
+  run_faulty_step(m, 17, "the hung step", &bad);
   assert_non_null(strstr(bad.error, "TimeoutError (rank 1)"));
   assert_non_null(strstr(bad.error, "step timeout"));
   run_on(m, 0, false, false, got);
@@ -503,27 +423,28 @@ static void check_accounting(servd_model *m, int gpus) {
   assert_int_equal(fs.device_bytes, st.gpu_base_bytes + st.gpu_kv_bytes + st.gpu_step_bytes);
 }
 
-static void test_profiled_memory(void **state) {
-  (void)state;
+/* Loads on gpus GPUs with graphs, checks the accounting and that steps allocate nothing; the tokens
+ * must equal ref's. */
+static void check_profiled(int gpus, const result *ref, const char *what) {
   static result g[NREQ];
   servd_model *m = NULL;
-  if (load(true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
-  check_accounting(m, 1);
-  run_without_growth(m, 1, g);
-  same("after a profiled load", eager, g);
+  if (load_tp(pkg_path, gpus, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
+  check_accounting(m, gpus);
+  run_without_growth(m, gpus, g);
+  same(what, ref, g);
   unload(m);
+}
+
+static void test_profiled_memory(void **state) {
+  (void)state;
+  check_profiled(1, eager, "after a profiled load");
 }
 
 static void test_tp2_profiled_memory(void **state) {
   (void)state;
-  static result e2[NREQ], g[NREQ];
+  static result e2[NREQ];
   run_tp(pkg_path, 2, false, 0, false, e2);
-  servd_model *m = NULL;
-  if (load_tp(pkg_path, 2, true, 0.9, &m)) fail_msg("load: %s", servd_last_error());
-  check_accounting(m, 2);
-  run_without_growth(m, 2, g);
-  same("TP 2 after a profiled load", e2, g);
-  unload(m);
+  check_profiled(2, e2, "TP 2 after a profiled load");
 }
 
 /* A device that holds the model, the steps' memory, the reserve kept free and room for a few
@@ -601,17 +522,9 @@ int main(int argc, char **argv) {
     return 1;
   }
   /* The same model with a forward that raises once on rank 1, in the second step of one token. */
-  char code_dir[256], cmd[1024], path[512];
-  snprintf(code_dir, sizeof code_dir, "%s/llama", tmpdir);
-  snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && rm -rf '%s/__pycache__'", mpk_default_code_dir(), code_dir, code_dir);
-  if (system(cmd) != 0) return 1;
-  snprintf(path, sizeof path, "%s/faulty.py", code_dir);
-  FILE *f = fopen(path, "w");
-  if (!f || fwrite(faulty_py, 1, sizeof faulty_py - 1, f) != sizeof faulty_py - 1 || fclose(f)) return 1;
+  char code_dir[256], cmd[1024];
   mpk_import_options io;
-  mpk_import_options_init(&io);
-  io.code_dir = code_dir;
-  io.entry_point = "llama.faulty:Faulty";
+  if (engine_test_faulty_code(tmpdir, faulty_py, code_dir, sizeof code_dir, &io)) return 1;
   snprintf(faulty_path, sizeof faulty_path, "%s/faulty.mpk", tmpdir);
   if (mpk_synth("200mb", 11, SERVD_BF16, NULL, faulty_path, &io)) {
     fprintf(stderr, "synth: %s\n", servd_last_error());

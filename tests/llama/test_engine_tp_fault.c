@@ -101,18 +101,25 @@ static void run(servd_model *m, int n, result *r) {
   servd_request_release(q);
 }
 
-static void test_rank_failure_fails_step_and_engine_recovers(void **state) {
-  (void)state;
+/* The faulty package on two ranks (4 sequences, f32 KV cache); step_timeout_s 0 keeps the default. */
+static servd_model *load_tp2(double step_timeout_s) {
   servd_model_options o;
   servd_model_options_default(&o);
   o.path = pkg_path;
   o.tp = 2;
   o.max_seqs = 4;
   o.kv_dtype = SERVD_F32;
+  if (step_timeout_s > 0) o.step_timeout_s = step_timeout_s;
   servd_model *m = NULL;
   int rc = servd_model_load(&o, &m);
   if (rc) fprintf(stderr, "load: %s\n", servd_last_error());
   assert_int_equal(rc, 0);
+  return m;
+}
+
+static void test_rank_failure_fails_step_and_engine_recovers(void **state) {
+  (void)state;
+  servd_model *m = load_tp2(0);
 
   static result before, fault, after, fault2, after2;
   run(m, 5, &before);
@@ -144,18 +151,10 @@ static void test_rank_failure_fails_step_and_engine_recovers(void **state) {
 
 static void test_step_timeout_ends_a_hang(void **state) {
   (void)state;
-  servd_model_options o;
-  servd_model_options_default(&o);
-  assert_true(o.step_timeout_s == 120.0); /* the default */
-  o.path = pkg_path;
-  o.tp = 2;
-  o.max_seqs = 4;
-  o.kv_dtype = SERVD_F32;
-  o.step_timeout_s = 2;
-  servd_model *m = NULL;
-  int rc = servd_model_load(&o, &m);
-  if (rc) fprintf(stderr, "load: %s\n", servd_last_error());
-  assert_int_equal(rc, 0);
+  servd_model_options d;
+  servd_model_options_default(&d);
+  assert_true(d.step_timeout_s == 120.0); /* the default */
+  servd_model *m = load_tp2(2);
 
   static result before, hang, after, hang2, after2;
   run(m, 5, &before);
@@ -181,20 +180,9 @@ static void test_step_timeout_ends_a_hang(void **state) {
 int main(int argc, char **argv) {
   if (engine_test_start(argc, argv, "tp-fault", tmpdir, sizeof tmpdir)) return 1;
   /* code/llama/: the project's model code plus faulty.py */
-  char cmd[1024], code_dir[256], path[300];
-  snprintf(code_dir, sizeof code_dir, "%s/llama", tmpdir);
-  snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && rm -rf '%s/__pycache__'", mpk_default_code_dir(), code_dir, code_dir);
-  if (system(cmd) != 0) {
-    fprintf(stderr, "copying the model code from %s failed\n", mpk_default_code_dir());
-    return 1;
-  }
-  snprintf(path, sizeof path, "%s/faulty.py", code_dir);
-  FILE *f = fopen(path, "w");
-  if (!f || fwrite(faulty_py, 1, sizeof faulty_py - 1, f) != sizeof faulty_py - 1 || fclose(f)) return 1;
+  char cmd[1024], code_dir[256];
   mpk_import_options io;
-  mpk_import_options_init(&io);
-  io.code_dir = code_dir;
-  io.entry_point = "llama.faulty:Faulty";
+  if (engine_test_faulty_code(tmpdir, faulty_py, code_dir, sizeof code_dir, &io)) return 1;
   if (engine_test_synth_tiny(tmpdir, "faulty.mpk", pkg_path, sizeof pkg_path, &io)) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rank_failure_fails_step_and_engine_recovers),

@@ -73,50 +73,69 @@ static size_t ws_fwd(const uint8_t *s, size_t p, size_t hi) {
   return p;
 }
 
-/* Splits the text segments of `in` by the added tokens whose `normalized` flag equals `normalized`. */
-static int split_added(const servd_tokenizer *t, const uint8_t *s, const seg_list *in, bool normalized,
-                       pcre2_match_data *md, seg_list *out) {
+/* Each segment of `in` into out: an added token's as it is, a text segment through fn (with ctx). */
+typedef int (*text_seg_fn)(const void *ctx, seg g, seg_list *out);
+static int map_text_segments(const seg_list *in, text_seg_fn fn, const void *ctx, seg_list *out) {
   out->n = 0;
   for (size_t k = 0; k < in->n; k++) {
     seg g = in->v[k];
-    if (g.id >= 0) {
-      int rc = seg_push(out, g.off, g.len, g.id);
-      if (rc) return rc;
-      continue;
-    }
-    size_t lo = g.off, hi = (size_t)g.off + g.len, text_start = lo, p = lo;
-    while (p < hi) {
-      if (!t->added_first[s[p]]) {
-        p++;
-        continue;
-      }
-      const added_token *hit = NULL;
-      for (int i = 0; i < t->n_added; i++) { /* sorted by first byte, longest first */
-        const added_token *a = &t->added[i];
-        if ((uint8_t)a->match[0] != s[p] || a->normalized != normalized) continue;
-        if (a->match_len > hi - p || memcmp(a->match, s + p, a->match_len)) continue;
-        /* the neighbours are looked at within this segment, as Hugging Face's split does */
-        size_t end = p + a->match_len;
-        if (a->single_word && (word_before(t, md, s, lo, p) || (end < hi && word_at(t, md, s, end, hi)))) continue;
-        hit = a;
-        break;
-      }
-      if (!hit) {
-        p++;
-        continue;
-      }
-      size_t start = p, stop = p + hit->match_len;
-      if (hit->lstrip) start = ws_back(s, text_start, start);
-      if (hit->rstrip) stop = ws_fwd(s, stop, hi);
-      int rc = seg_push(out, (uint32_t)text_start, (uint32_t)(start - text_start), -1);
-      if (!rc) rc = seg_push(out, (uint32_t)start, (uint32_t)(stop - start), hit->id);
-      if (rc) return rc;
-      text_start = p = stop;
-    }
-    int rc = seg_push(out, (uint32_t)text_start, (uint32_t)(hi - text_start), -1);
+    int rc = g.id >= 0 ? seg_push(out, g.off, g.len, g.id) : fn(ctx, g, out);
     if (rc) return rc;
   }
   return 0;
+}
+
+typedef struct split_ctx {
+  const servd_tokenizer *t;
+  const uint8_t *s;
+  bool normalized;
+  pcre2_match_data *md;
+} split_ctx;
+
+/* Text segment g split by the added tokens whose `normalized` flag is c->normalized. */
+static int split_text(const void *ctx, seg g, seg_list *out) {
+  const split_ctx *c = ctx;
+  const servd_tokenizer *t = c->t;
+  const uint8_t *s = c->s;
+  bool normalized = c->normalized;
+  pcre2_match_data *md = c->md;
+  size_t lo = g.off, hi = (size_t)g.off + g.len, text_start = lo, p = lo;
+  while (p < hi) {
+    if (!t->added_first[s[p]]) {
+      p++;
+      continue;
+    }
+    const added_token *hit = NULL;
+    for (int i = 0; i < t->n_added; i++) { /* sorted by first byte, longest first */
+      const added_token *a = &t->added[i];
+      if ((uint8_t)a->match[0] != s[p] || a->normalized != normalized) continue;
+      if (a->match_len > hi - p || memcmp(a->match, s + p, a->match_len)) continue;
+      /* the neighbours are looked at within this segment, as Hugging Face's split does */
+      size_t end = p + a->match_len;
+      if (a->single_word && (word_before(t, md, s, lo, p) || (end < hi && word_at(t, md, s, end, hi)))) continue;
+      hit = a;
+      break;
+    }
+    if (!hit) {
+      p++;
+      continue;
+    }
+    size_t start = p, stop = p + hit->match_len;
+    if (hit->lstrip) start = ws_back(s, text_start, start);
+    if (hit->rstrip) stop = ws_fwd(s, stop, hi);
+    int rc = seg_push(out, (uint32_t)text_start, (uint32_t)(start - text_start), -1);
+    if (!rc) rc = seg_push(out, (uint32_t)start, (uint32_t)(stop - start), hit->id);
+    if (rc) return rc;
+    text_start = p = stop;
+  }
+  return seg_push(out, (uint32_t)text_start, (uint32_t)(hi - text_start), -1);
+}
+
+/* Splits the text segments of `in` by the added tokens whose `normalized` flag equals `normalized`. */
+static int split_added(const servd_tokenizer *t, const uint8_t *s, const seg_list *in, bool normalized,
+                       pcre2_match_data *md, seg_list *out) {
+  split_ctx c = {t, s, normalized, md};
+  return map_text_segments(in, split_text, &c, out);
 }
 
 /* Copy of s with each maximal invalid UTF-8 subpart replaced by U+FFFD. */
@@ -140,26 +159,29 @@ static int sanitize(const uint8_t *s, size_t n, size_t first_bad, tok_buf *out) 
   return 0;
 }
 
+typedef struct normalize_ctx {
+  const servd_tokenizer *t;
+  const uint8_t *s;
+  tok_buf *buf;
+} normalize_ctx;
+
+/* Text segment g normalized onto the end of c->buf; the segment pushed has its offsets into buf. */
+static int normalize_text(const void *ctx, seg g, seg_list *out) {
+  const normalize_ctx *c = ctx;
+  size_t start = c->buf->len;
+  int rc = spm__normalize(c->t, c->s + g.off, g.len, c->buf);
+  if (!rc && c->buf->len > (size_t)INT_MAX / 2)
+    rc = servd_fail(SERVD_ERANGE, "tokenizer: encode: normalized text too long");
+  if (!rc) rc = seg_push(out, (uint32_t)start, (uint32_t)(c->buf->len - start), -1);
+  return rc;
+}
+
 /* The text segments of `in` normalized into buf (added-token segments kept); offsets into buf. */
 static int normalize_segments(const servd_tokenizer *t, const uint8_t *s, const seg_list *in, tok_buf *buf,
                               seg_list *out) {
-  out->n = 0;
   buf->len = 0;
-  for (size_t k = 0; k < in->n; k++) {
-    seg g = in->v[k];
-    if (g.id >= 0) {
-      int rc = seg_push(out, g.off, g.len, g.id);
-      if (rc) return rc;
-      continue;
-    }
-    size_t start = buf->len;
-    int rc = spm__normalize(t, s + g.off, g.len, buf);
-    if (!rc && buf->len > (size_t)INT_MAX / 2)
-      rc = servd_fail(SERVD_ERANGE, "tokenizer: encode: normalized text too long");
-    if (!rc) rc = seg_push(out, (uint32_t)start, (uint32_t)(buf->len - start), -1);
-    if (rc) return rc;
-  }
-  return 0;
+  normalize_ctx c = {t, s, buf};
+  return map_text_segments(in, normalize_text, &c, out);
 }
 
 /* The Metaspace text in m as w->a spans: whole, or split before each replacement character. */
