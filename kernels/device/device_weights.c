@@ -108,7 +108,9 @@ void servd_device_weights_trim(void) {
   pthread_mutex_lock(&lock);
   for (entry **pp = &entries; *pp;) {
     entry *e = *pp;
-    if (e->dev && __atomic_load_n(&e->dev->refcount, __ATOMIC_ACQUIRE) == 1) {
+    /* Unused: the cache holds the only reference on the tensor and no view holds its storage. */
+    if (e->dev && __atomic_load_n(&e->dev->refcount, __ATOMIC_ACQUIRE) == 1 &&
+        servd_storage_refs(e->dev->storage) == 1) {
       *pp = e->next;
       e->next = drop;
       drop = e;

@@ -110,6 +110,7 @@ void servd_storage_release(servd_storage *s) {
 void *servd_storage_data(const servd_storage *s) { return s ? s->data : NULL; }
 size_t servd_storage_bytes(const servd_storage *s) { return s ? s->bytes : 0; }
 servd_storage_kind servd_storage_get_kind(const servd_storage *s) { return s->kind; }
+int servd_storage_refs(const servd_storage *s) { return atomic_load_explicit(&s->refs, memory_order_acquire); }
 
 /* ---- tensors ---------------------------------------------------------------------------------- */
 

@@ -253,6 +253,28 @@ static void test_weight_footprint(void **state) {
   servd_tensor_release(h);
 }
 
+/* ---- trim keeps a weight that only a view of it still uses -------------------------------------- */
+static void test_trim_keeps_viewed_weight(void **state) {
+  (void)state;
+  int64_t shape[2] = {64, 256};
+  servd_tensor *h = servd_tensor_new(SERVD_BF16, 2, shape), *w = NULL, *again = NULL;
+  servd_device_weights_trim(); /* only this test's entry below */
+  assert_int_equal(servd_device_weight(0, h, &w), 0);
+  const size_t held = servd_device_weights_bytes(0);
+  servd_tensor *rows = servd_tensor_narrow(w, 0, 8, 16); /* e.g. one rank's rows */
+  assert_non_null(rows);
+  servd_tensor_release(w);
+  servd_device_weights_trim();
+  assert_int_equal(servd_device_weights_bytes(0), held); /* still cached: the view uses it */
+  assert_int_equal(servd_device_weight(0, h, &again), 0);
+  assert_ptr_equal(again->storage, rows->storage); /* the same device copy, not a second upload */
+  servd_tensor_release(again);
+  servd_tensor_release(rows);
+  servd_device_weights_trim();
+  assert_true(servd_device_weights_bytes(0) < held); /* now unused: dropped */
+  servd_tensor_release(h);
+}
+
 /* ---- the KV cache: its own cudaMalloc, given back to CUDA at once (not cached) --------------------- */
 static void test_kv_memory_given_back(void **state) {
   (void)state;
@@ -288,6 +310,7 @@ int main(void) {
       cmocka_unit_test(test_steps_and_graphs),
       cmocka_unit_test(test_kv_padding),
       cmocka_unit_test(test_weight_footprint),
+      cmocka_unit_test(test_trim_keeps_viewed_weight),
       cmocka_unit_test(test_kv_memory_given_back),
       cmocka_unit_test(test_all_memory_back),
   };

@@ -64,6 +64,9 @@ SERVD_API servd_storage *servd_storage_wrap(void *data, size_t bytes, void (*rel
 SERVD_API void servd_storage_retain(servd_storage *s);
 SERVD_API void servd_storage_release(servd_storage *s); /* accepts NULL */
 SERVD_API void *servd_storage_data(const servd_storage *s);
+/* References held on s right now (tensors and views over it, and direct holders): lets a cache tell
+ * whether anything but itself still uses the memory. */
+SERVD_API int servd_storage_refs(const servd_storage *s);
 SERVD_API size_t servd_storage_bytes(const servd_storage *s);
 SERVD_API servd_storage_kind servd_storage_get_kind(const servd_storage *s);
 
