@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "engine/engine.h"
+#include "engine/gpu_prewarm.h"
 #include "servd/threadpool.h"
 
 #define MAX_STOPS 16
@@ -247,6 +248,12 @@ int servd_generate_main(int argc, char **argv) {
   mo.path = model;
   /* One sequence: the whole prompt in one chunk up to 2048 tokens. */
   mo.max_batch_tokens = 2048;
+  /* CUDA contexts and the cuBLAS warm-up before any interpreter namespace exists (gpu_prewarm.c). */
+  if (mo.gpus > 0 && (rc = servd_gpu_start_contexts(mo.gpus))) {
+    fprintf(stderr, "servd generate: %s\n", servd_last_error());
+    goto out;
+  }
+  if (mo.gpus > 0) servd_gpu_prewarm(&mo); /* a failure is only a warning: the load reports its own */
   double t0 = now_s();
   if ((rc = servd_model_load(&mo, &m))) {
     fprintf(stderr, "servd generate: loading %s: %s\n", model, servd_last_error());

@@ -67,11 +67,10 @@ static int report_backend(const servd_config *c) {
   /* Create each GPU's CUDA context (and load every kernel: CUDA_MODULE_LOADING=EAGER, set in main)
    * now, on this thread, before any interpreter namespace exists: on an H200 with driver 580 the
    * driver crashed creating its first context from a thread inside an interpreter's call. */
-  for (int d = 0; d < c->gpus; d++)
-    if (servd_device_sync(d) != 0) {
-      fprintf(stderr, "servd: cuda:%d: cannot start CUDA: %s\n", d, servd_last_error());
-      return 2;
-    }
+  if (servd_gpu_start_contexts(c->gpus) != 0) {
+    fprintf(stderr, "servd: %s\n", servd_last_error());
+    return 2;
+  }
   return 0;
 }
 

@@ -98,3 +98,11 @@ int servd_gpu_prewarm(const servd_model_options *o) {
   if (rc) fprintf(stderr, "servd: warning: cuBLAS warm-up of %s: %s\n", o->path, servd_last_error());
   return rc;
 }
+
+int servd_gpu_start_contexts(int gpus) {
+  for (int d = 0; d < gpus; d++) {
+    int rc = servd_device_sync(d);
+    if (rc) return servd_fail(rc, "cuda:%d: cannot start CUDA: %s", d, servd_last_error());
+  }
+  return 0;
+}

@@ -10,4 +10,8 @@
  * max_batch_tokens). Packages that are not Llama-like causal LMs are skipped (returns 0). */
 int servd_gpu_prewarm(const servd_model_options *o);
 
+/* Creates the calling thread's CUDA context on GPUs 0..gpus-1 (and so each GPU's primary context,
+ * loading servd's kernels): call it on the main thread before any interpreter namespace exists. */
+int servd_gpu_start_contexts(int gpus);
+
 #endif
