@@ -7,6 +7,7 @@
 #include "engine/gpu_prewarm.h"
 
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 
 #include "mpk/package.h"
@@ -86,6 +87,8 @@ int servd_gpu_prewarm(const servd_model_options *o) {
   if (n_logit == 0) logit_rows[n_logit++] = 9;
   const int q = heads / tp * hd, kvc = kv / tp * hd, f = ff / tp, v = (vocab + tp - 1) / tp;
   const int shapes[][2] = {{q, dim}, {kvc, dim}, {dim, q}, {f, dim}, {dim, f}};
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   for (int r = 0; r < tp && !rc; r++) {
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes && !rc; s++)
       rc = gemms(r, shapes[s][0], shapes[s][1], rows, n_rows);
@@ -95,7 +98,12 @@ int servd_gpu_prewarm(const servd_model_options *o) {
   free(logit_rows);
   mpk_close(pkg);
   servd_device_weights_trim(); /* gives the allocator's idle blocks back */
-  if (rc) fprintf(stderr, "servd: warning: cuBLAS warm-up of %s: %s\n", o->path, servd_last_error());
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (rc)
+    fprintf(stderr, "servd: warning: cuBLAS warm-up of %s: %s\n", o->path, servd_last_error());
+  else
+    fprintf(stderr, "servd: cuBLAS warm-up of %s: %d row counts x 6 weight shapes on %d GPU%s in %.2f s\n", o->path,
+            n_rows, tp, tp == 1 ? "" : "s", (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
   return rc;
 }
 

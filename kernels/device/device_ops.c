@@ -1,6 +1,11 @@
 /* Tensor-level device ops: check the tensors (same device, contiguous, dtypes, shapes), then run the
  * launcher on this thread's stream of that device. Nothing here waits for the GPU, so a decode step
  * made of these ops can be captured in a graph. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "device_internal.h"
 
 #define TRY(x)                \
@@ -21,11 +26,25 @@ static int checked_ctx(const char *op, int checked, const servd_tensor *t, servd
   return servd__dev_ctx(op, t->device, c);
 }
 
+/* SERVD_TRACE_GEMM=1: one stderr line per matmul before it is enqueued (shape, output dtype, thread),
+ * to tell which GEMM a driver fault happens in. */
+static int trace_gemm(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("SERVD_TRACE_GEMM");
+    on = e && *e && strcmp(e, "0") != 0;
+  }
+  return on;
+}
+
 int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
   const char *op = "device matmul";
   servd_cuda_ctx *c;
   TRY(checked_ctx(op, servd__dev_check_matmul(out, x, w), x, &c));
   const int m = (int)x->shape[0], n = (int)w->shape[0], k = (int)x->shape[1];
+  if (trace_gemm())
+    fprintf(stderr, "servd: gemm cuda:%d m=%d n=%d k=%d out=%s thread=%lu\n", x->device, m, n, k,
+            servd_dtype_name(out->dtype), (unsigned long)pthread_self());
   int rc = out->dtype == SERVD_F32 ? servd_cuda_matmul_f32out(c, DATA(out), DATA(x), DATA(w), m, n, k)
                                    : servd_cuda_matmul(c, DATA(out), DATA(x), DATA(w), m, n, k);
   return servd__dev_wrap(rc, op);
