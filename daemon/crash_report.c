@@ -48,7 +48,7 @@ static uintptr_t parse_hex(const char **p) {
 
 /* Finds the mapping holding addr in /proc/self/maps: its file and the file offset of addr. */
 static void describe(uintptr_t addr) {
-  static char buf[1 << 16]; /* only the reporting thread gets here: see the handler */
+  static char buf[1 << 18]; /* only the reporting thread gets here: see the handler */
   int fd = open("/proc/self/maps", O_RDONLY);
   if (fd < 0) return;
   size_t len = 0;
