@@ -6,6 +6,7 @@
  * touched by the scheduler thread only.
  */
 #include "engine/engine_impl.h"
+#include "engine/json_util.h"
 #include "engine/gpu_setup.h"
 #include "engine/model_error.h"
 
@@ -74,11 +75,6 @@ void servd_gen_params_default(servd_gen_params *p) {
 }
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
-
-static int json_int(json_t *obj, const char *key, int dflt) {
-  json_t *v = obj ? json_object_get(obj, key) : NULL;
-  return json_is_integer(v) ? (int)json_integer_value(v) : dflt;
-}
 
 static void add_eos(servd_model *m, int64_t id) {
   if (id < 0 || id >= m->vocab) return;
@@ -487,13 +483,13 @@ static int load_causal_lm(servd_model *m) {
   if ((rc = servd_tokenizer_load(tj, tl, &m->tok))) return rc;
 
   json_t *cfg = mpk_config(m->pkg);
-  int n_layers = json_int(cfg, "num_hidden_layers", json_int(cfg, "block_count", 0));
-  int n_heads = json_int(cfg, "num_attention_heads", json_int(cfg, "head_count", 0));
-  int n_kv = json_int(cfg, "num_key_value_heads", json_int(cfg, "head_count_kv", n_heads));
-  int dim = json_int(cfg, "hidden_size", json_int(cfg, "embedding_length", 0));
-  int head_dim = json_int(cfg, "head_dim", n_heads > 0 ? dim / n_heads : 0);
-  m->vocab = json_int(cfg, "vocab_size", servd_tokenizer_vocab_size(m->tok));
-  m->context_length = json_int(cfg, "max_position_embeddings", json_int(cfg, "context_length", 2048));
+  int n_layers = servd_json_int(cfg, "num_hidden_layers", servd_json_int(cfg, "block_count", 0));
+  int n_heads = servd_json_int(cfg, "num_attention_heads", servd_json_int(cfg, "head_count", 0));
+  int n_kv = servd_json_int(cfg, "num_key_value_heads", servd_json_int(cfg, "head_count_kv", n_heads));
+  int dim = servd_json_int(cfg, "hidden_size", servd_json_int(cfg, "embedding_length", 0));
+  int head_dim = servd_json_int(cfg, "head_dim", n_heads > 0 ? dim / n_heads : 0);
+  m->vocab = servd_json_int(cfg, "vocab_size", servd_tokenizer_vocab_size(m->tok));
+  m->context_length = servd_json_int(cfg, "max_position_embeddings", servd_json_int(cfg, "context_length", 2048));
   if (m->o.max_context > 0 && m->o.max_context < m->context_length) m->context_length = m->o.max_context;
   if (n_layers <= 0 || n_heads <= 0 || n_kv <= 0 || head_dim <= 0 || m->vocab <= 0 || m->context_length <= 0)
     return servd_fail(SERVD_EFORMAT, "%s: model config: num_hidden_layers=%d num_attention_heads=%d "

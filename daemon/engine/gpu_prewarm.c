@@ -5,6 +5,7 @@
  * one GEMM of every weight shape of the model for every row count a step can have (every 8th past
  * 256), so that every cuBLAS kernel library a step can pick is loaded (about a second on an H200). Then it gives the scratch memory back. */
 #include "engine/gpu_prewarm.h"
+#include "engine/json_util.h"
 
 #include <stdio.h>
 #include <time.h>
@@ -12,12 +13,6 @@
 
 #include "mpk/package.h"
 #include "servd/device.h"
-
-static int cfg_int(json_t *cfg, const char *a, const char *b, int dflt) {
-  json_t *v = json_object_get(cfg, a);
-  if (!json_is_integer(v) && b) v = json_object_get(cfg, b);
-  return json_is_integer(v) ? (int)json_integer_value(v) : dflt;
-}
 
 /* out (m, n) = x (m, k) @ w (n, k)^T for every m in rows, with bf16 and f32 outputs. */
 static int gemms(int device, int n, int k, const int *rows, int n_rows) {
@@ -56,12 +51,12 @@ int servd_gpu_prewarm(const servd_model_options *o) {
   int rc = mpk_open(o->path, &pkg);
   if (rc) return 0; /* the load reports it */
   json_t *cfg = mpk_config(pkg);
-  int dim = cfg_int(cfg, "hidden_size", "embedding_length", 0);
-  int heads = cfg_int(cfg, "num_attention_heads", "head_count", 0);
-  int kv = cfg_int(cfg, "num_key_value_heads", "head_count_kv", heads);
-  int hd = cfg_int(cfg, "head_dim", NULL, heads > 0 ? dim / heads : 0);
-  int ff = cfg_int(cfg, "intermediate_size", "feed_forward_length", 0);
-  int vocab = cfg_int(cfg, "vocab_size", NULL, 0);
+  int dim = servd_json_int(cfg, "hidden_size", servd_json_int(cfg, "embedding_length", 0));
+  int heads = servd_json_int(cfg, "num_attention_heads", servd_json_int(cfg, "head_count", 0));
+  int kv = servd_json_int(cfg, "num_key_value_heads", servd_json_int(cfg, "head_count_kv", heads));
+  int hd = servd_json_int(cfg, "head_dim", heads > 0 ? dim / heads : 0);
+  int ff = servd_json_int(cfg, "intermediate_size", servd_json_int(cfg, "feed_forward_length", 0));
+  int vocab = servd_json_int(cfg, "vocab_size", 0);
   int tp = o->tp > 0 ? o->tp : 1;
   if (dim <= 0 || heads <= 0 || kv <= 0 || hd <= 0 || ff <= 0 || heads % tp || kv % tp || ff % tp) {
     mpk_close(pkg);
