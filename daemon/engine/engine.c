@@ -302,9 +302,8 @@ static void *scheduler_main(void *arg) {
       continue;
     }
     if (n > 0) {
-      servd_forward_batch b = {.n_tokens = n, .tokens = m->sched.tok, .positions = m->sched.pos,
-                               .slots = m->sched.slot, .n_logit_rows = m->sched.n_logit_rows,
-                               .logit_rows = m->sched.logit_rows, .attn = sched_attn(&m->sched)};
+      servd_forward_batch b = {0};
+      servd_step_arrays_point(&m->sched.step, &b, n, m->sched.n_logit_rows, m->sched.n_planned);
       servd_tensor *logits = NULL;
       memset(&err, 0, sizeof err);
       int failed_rank = -1;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/model_runner.h"
+#include "engine/step_arrays.h"
 
 static double gb(size_t bytes) { return (double)bytes / 1e9; }
 
@@ -85,61 +86,43 @@ int servd_gpu_warmup_prepare(servd_model *m) {
 
 /* Host arrays of one warm-up step (at most cap tokens and seqs sequences). */
 typedef struct warm_step {
-  int32_t *tokens, *positions, *slots, *rows, *q_start, *q_len, *kv_len, *zeros;
-  const int32_t **tables;
+  servd_step_arrays a;
+  int32_t *zeros; /* (max_blocks) the block table of every sequence: block 0 */
   servd_forward_batch b;
 } warm_step;
 
 static void warm_free(warm_step *w) {
-  free(w->tokens);
-  free(w->positions);
-  free(w->slots);
-  free(w->rows);
-  free(w->q_start);
-  free(w->q_len);
-  free(w->kv_len);
+  servd_step_arrays_free(&w->a);
   free(w->zeros);
-  free(w->tables);
 }
 
 static int warm_alloc(warm_step *w, int cap, int seqs, int max_blocks) {
   memset(w, 0, sizeof *w);
-  size_t t = (size_t)cap, s = (size_t)seqs;
-  w->tokens = calloc(t, sizeof(int32_t));
-  w->positions = calloc(t, sizeof(int32_t));
-  w->slots = calloc(t, sizeof(int32_t));
-  w->rows = calloc(t, sizeof(int32_t));
-  w->q_start = calloc(s, sizeof(int32_t));
-  w->q_len = calloc(s, sizeof(int32_t));
-  w->kv_len = calloc(s, sizeof(int32_t));
-  w->zeros = calloc((size_t)max_blocks, sizeof(int32_t)); /* every block: block 0 */
-  w->tables = calloc(s, sizeof *w->tables);
-  if (!w->tokens || !w->positions || !w->slots || !w->rows || !w->q_start || !w->q_len || !w->kv_len || !w->zeros ||
-      !w->tables) {
+  int rc = servd_step_arrays_init(&w->a, cap, seqs, "GPU warm-up");
+  if (rc) return rc;
+  if (!(w->zeros = calloc((size_t)max_blocks, sizeof(int32_t)))) {
     warm_free(w);
-    return servd_fail(SERVD_ENOMEM, "GPU warm-up: step arrays for %d tokens", cap);
+    return servd_fail(SERVD_ENOMEM, "GPU warm-up: a block table of %d blocks", max_blocks);
   }
-  for (int i = 0; i < cap; i++) w->slots[i] = -1; /* kv_write skips: the cache is never written */
-  for (int i = 0; i < seqs; i++) w->tables[i] = w->zeros;
+  for (int i = 0; i < cap; i++) w->a.slots[i] = -1; /* kv_write skips: the cache is never written */
+  for (int i = 0; i < seqs; i++) w->a.block_tables[i] = w->zeros;
   return 0;
 }
 
 /* n_tokens tokens in sequences of at most seq_len (query and context alike: a prompt's first
  * chunk), logits for the first n_rows token rows. seq_len 1 is a decode step of padding rows. */
 static void warm_shape(warm_step *w, int n_tokens, int seq_len, int n_rows) {
+  servd_step_arrays *a = &w->a;
   int n_seqs = 0;
   for (int t = 0; t < n_tokens; n_seqs++) {
     int len = n_tokens - t < seq_len ? n_tokens - t : seq_len;
-    w->q_start[n_seqs] = t;
-    w->q_len[n_seqs] = w->kv_len[n_seqs] = len;
-    for (int i = 0; i < len; i++) w->positions[t + i] = i;
+    a->q_start[n_seqs] = t;
+    a->q_len[n_seqs] = a->kv_len[n_seqs] = len;
+    for (int i = 0; i < len; i++) a->positions[t + i] = i;
     t += len;
   }
-  for (int i = 0; i < n_rows; i++) w->rows[i] = i;
-  w->b = (servd_forward_batch){.n_tokens = n_tokens, .tokens = w->tokens, .positions = w->positions,
-                               .slots = w->slots, .n_logit_rows = n_rows, .logit_rows = w->rows,
-                               .attn = {.n_seqs = n_seqs, .q_start = w->q_start, .q_len = w->q_len,
-                                        .kv_len = w->kv_len, .block_tables = w->tables}};
+  for (int i = 0; i < n_rows; i++) a->logit_rows[i] = i;
+  servd_step_arrays_point(a, &w->b, n_tokens, n_rows, n_seqs);
 }
 
 static int warm_run(servd_model *m, const warm_step *w, const char *what) {

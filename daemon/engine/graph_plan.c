@@ -36,26 +36,11 @@ bool servd_step_is_decode(const servd_forward_batch *b) {
 int servd_padded_step_init(servd_padded_step *p, int cap) {
   memset(p, 0, sizeof *p);
   if (cap < 1) return servd_fail(SERVD_EINVAL, "padded step: capacity %d: expected >= 1", cap);
-  p->cap = cap;
-  int32_t **arrays[] = {&p->tokens, &p->positions, &p->slots, &p->logit_rows, &p->q_start, &p->q_len, &p->kv_len};
-  for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++)
-    if (!(*arrays[i] = malloc(sizeof(int32_t) * (size_t)cap))) goto fail;
-  if (!(p->block_tables = malloc(sizeof *p->block_tables * (size_t)cap))) goto fail;
-  return 0;
-fail:
-  servd_padded_step_free(p);
-  return servd_fail(SERVD_ENOMEM, "padded step: arrays for %d sequences", cap);
+  return servd_step_arrays_init(&p->step, cap, cap, "padded step");
 }
 
 void servd_padded_step_free(servd_padded_step *p) {
-  free(p->tokens);
-  free(p->positions);
-  free(p->slots);
-  free(p->logit_rows);
-  free(p->q_start);
-  free(p->q_len);
-  free(p->kv_len);
-  free(p->block_tables);
+  servd_step_arrays_free(&p->step);
   memset(p, 0, sizeof *p);
 }
 
@@ -64,37 +49,32 @@ int servd_pad_decode(servd_padded_step *p, const servd_forward_batch *b, int buc
     return servd_fail(SERVD_EINVAL, "pad decode: the step is not decode only (%d tokens, %d sequences, %d logit rows)",
                       b->n_tokens, b->attn.n_seqs, b->n_logit_rows);
   int n = b->attn.n_seqs;
-  if (bucket < n || bucket > p->cap)
-    return servd_fail(SERVD_EINVAL, "pad decode: %d sequences into a bucket of %d (capacity %d)", n, bucket, p->cap);
+  servd_step_arrays *a = &p->step;
+  if (bucket < n || bucket > a->max_seqs)
+    return servd_fail(SERVD_EINVAL, "pad decode: %d sequences into a bucket of %d (capacity %d)", n, bucket,
+                      a->max_seqs);
   size_t real = sizeof(int32_t) * (size_t)n;
-  memcpy(p->tokens, b->tokens, real);
-  memcpy(p->positions, b->positions, real);
-  memcpy(p->slots, b->slots, real);
-  memcpy(p->logit_rows, b->logit_rows, real);
-  memcpy(p->q_start, b->attn.q_start, real);
-  memcpy(p->q_len, b->attn.q_len, real);
-  memcpy(p->kv_len, b->attn.kv_len, real);
-  memcpy(p->block_tables, b->attn.block_tables, sizeof *p->block_tables * (size_t)n);
+  memcpy(a->tokens, b->tokens, real);
+  memcpy(a->positions, b->positions, real);
+  memcpy(a->slots, b->slots, real);
+  memcpy(a->logit_rows, b->logit_rows, real);
+  memcpy(a->q_start, b->attn.q_start, real);
+  memcpy(a->q_len, b->attn.q_len, real);
+  memcpy(a->kv_len, b->attn.kv_len, real);
+  memcpy(a->block_tables, b->attn.block_tables, sizeof *a->block_tables * (size_t)n);
   p->zero_table[0] = 0;
   for (int i = n; i < bucket; i++) {
-    p->tokens[i] = 0;
-    p->positions[i] = 0;
-    p->slots[i] = -1;
-    p->logit_rows[i] = i;
-    p->q_start[i] = i;
-    p->q_len[i] = 1;
-    p->kv_len[i] = 1;
-    p->block_tables[i] = p->zero_table;
+    a->tokens[i] = 0;
+    a->positions[i] = 0;
+    a->slots[i] = -1;
+    a->logit_rows[i] = i;
+    a->q_start[i] = i;
+    a->q_len[i] = 1;
+    a->kv_len[i] = 1;
+    a->block_tables[i] = p->zero_table;
   }
   p->batch = *b;
-  p->batch.n_tokens = bucket;
-  p->batch.tokens = p->tokens;
-  p->batch.positions = p->positions;
-  p->batch.slots = p->slots;
-  p->batch.n_logit_rows = bucket;
-  p->batch.logit_rows = p->logit_rows;
-  p->batch.attn = (servd_attn_batch){.n_seqs = bucket, .q_start = p->q_start, .q_len = p->q_len,
-                                     .kv_len = p->kv_len, .block_tables = p->block_tables};
+  servd_step_arrays_point(a, &p->batch, bucket, bucket, bucket);
   return 0;
 }
 

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/step_arrays.h"
 #include "servd/interp.h"
 
 /* Writes the buckets for max_batch (>= 1) in increasing order into out (room for cap) and returns
@@ -26,13 +27,11 @@ int servd_graph_bucket_index(const int *buckets, int n_buckets, int n);
  * wanted, so that the step's shape is fixed by its number of sequences. */
 bool servd_step_is_decode(const servd_forward_batch *b);
 
-/* Host arrays of a padded step, allocated once for up to `cap` sequences. */
+/* Host arrays of a padded step, allocated once for up to `cap` sequences (one token each). */
 typedef struct servd_padded_step {
-  int cap;
-  int32_t *tokens, *positions, *slots, *logit_rows, *q_start, *q_len, *kv_len;
-  const int32_t **block_tables;
+  servd_step_arrays step;    /* cap tokens, cap sequences */
   int32_t zero_table[1];     /* the block table of every padding row */
-  servd_forward_batch batch; /* the padded step (points into the arrays above), after servd_pad_decode */
+  servd_forward_batch batch; /* the padded step (points into step), after servd_pad_decode */
 } servd_padded_step;
 
 int servd_padded_step_init(servd_padded_step *p, int cap);

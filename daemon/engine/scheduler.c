@@ -46,38 +46,26 @@ int sched_init(servd_scheduler *s, const sched_config *cfg, servd_kv_cache *kv) 
   s->kv = kv;
   s->block_size = servd_kv_cache_block_size(kv);
   s->max_blocks_per_seq = (cfg->max_seq_len + s->block_size - 1) / s->block_size;
-  size_t t = (size_t)cfg->max_batch_tokens, n = (size_t)cfg->max_seqs;
+  size_t n = (size_t)cfg->max_seqs;
+  int rc = servd_step_arrays_init(&s->step, cfg->max_batch_tokens, cfg->max_seqs, "scheduler");
+  if (rc) goto fail;
   s->planned = calloc(n, sizeof *s->planned);
   s->starved = calloc(n, sizeof *s->starved);
-  s->tok = calloc(t, sizeof(int32_t));
-  s->pos = calloc(t, sizeof(int32_t));
-  s->slot = calloc(t, sizeof(int32_t));
-  s->logit_rows = calloc(t, sizeof(int32_t));
-  s->q_start = calloc(n, sizeof(int32_t));
-  s->q_len = calloc(n, sizeof(int32_t));
-  s->kv_len = calloc(n, sizeof(int32_t));
-  s->tables = calloc(n, sizeof *s->tables);
-  if (!s->planned || !s->starved || !s->tok || !s->pos || !s->slot || !s->logit_rows || !s->q_start ||
-      !s->q_len || !s->kv_len || !s->tables) {
-    sched_free(s);
-    return servd_fail(SERVD_ENOMEM, "scheduler: allocating step buffers for %d tokens, %d sequences",
-                      cfg->max_batch_tokens, cfg->max_seqs);
+  if (!s->planned || !s->starved) {
+    rc = servd_fail(SERVD_ENOMEM, "scheduler: sequence lists for %d sequences", cfg->max_seqs);
+    goto fail;
   }
   return 0;
+fail:
+  sched_free(s);
+  return rc;
 }
 
 void sched_free(servd_scheduler *s) {
   if (!s) return;
   free(s->planned);
   free(s->starved);
-  free(s->tok);
-  free(s->pos);
-  free(s->slot);
-  free(s->logit_rows);
-  free(s->q_start);
-  free(s->q_len);
-  free(s->kv_len);
-  free(s->tables);
+  servd_step_arrays_free(&s->step);
   memset(s, 0, sizeof *s);
 }
 
@@ -147,18 +135,19 @@ static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
   s->planned[i] = q;
   q->chunk = chunk;
   q->wants_logits = q->n_computed + chunk == q->n_tokens;
-  s->q_start[i] = s->n_tokens;
-  s->q_len[i] = chunk;
-  s->kv_len[i] = q->n_computed + chunk;
-  s->tables[i] = q->blocks;
+  servd_step_arrays *a = &s->step;
+  a->q_start[i] = s->n_tokens;
+  a->q_len[i] = chunk;
+  a->kv_len[i] = q->n_computed + chunk;
+  a->block_tables[i] = q->blocks;
   for (int j = 0; j < chunk; j++) {
     int p = q->n_computed + j, t = s->n_tokens + j;
-    s->tok[t] = q->tokens[p];
-    s->pos[t] = p;
-    s->slot[t] = q->blocks[p / s->block_size] * s->block_size + p % s->block_size;
+    a->tokens[t] = q->tokens[p];
+    a->positions[t] = p;
+    a->slots[t] = q->blocks[p / s->block_size] * s->block_size + p % s->block_size;
   }
   s->n_tokens += chunk;
-  if (q->wants_logits) s->logit_rows[s->n_logit_rows++] = s->n_tokens - 1;
+  if (q->wants_logits) a->logit_rows[s->n_logit_rows++] = s->n_tokens - 1;
 }
 
 int sched_plan(servd_scheduler *s) {
@@ -241,11 +230,7 @@ void sched_commit(servd_scheduler *s) {
   }
 }
 
-servd_attn_batch sched_attn(const servd_scheduler *s) {
-  servd_attn_batch b = {.n_seqs = s->n_planned, .q_start = s->q_start, .q_len = s->q_len,
-                        .kv_len = s->kv_len, .block_tables = s->tables};
-  return b;
-}
+servd_attn_batch sched_attn(const servd_scheduler *s) { return servd_step_arrays_attn(&s->step, s->n_planned); }
 
 int sched_used_blocks(const servd_scheduler *s) {
   return servd_kv_cache_n_blocks(s->kv) - servd_kv_cache_free_blocks(s->kv);

@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/step_arrays.h"
 #include "servd/ops.h"
 
 typedef enum sched_state { SCHED_NEW = 0, SCHED_WAITING, SCHED_RUNNING, SCHED_REMOVED } sched_state;
@@ -71,11 +72,9 @@ typedef struct servd_scheduler {
   sched_seq **planned;
   int n_planned;
   int n_tokens;
-  int32_t *tok, *pos, *slot, *logit_rows; /* (max_batch_tokens) */
   int n_logit_rows;
-  int32_t *q_start, *q_len, *kv_len;      /* (max_seqs) */
-  const int32_t **tables;                 /* (max_seqs) */
-  sched_seq **starved;                    /* sequences that can never fit the cache (max_seqs) */
+  servd_step_arrays step; /* the step's inputs: max_batch_tokens tokens, max_seqs sequences */
+  sched_seq **starved; /* sequences that can never fit the cache (max_seqs) */
   int n_starved;
 } servd_scheduler;
 
@@ -91,10 +90,10 @@ void sched_add(servd_scheduler *s, sched_seq *q);
 /* Takes a sequence out (finished or cancelled) and frees its blocks. Idempotent. */
 void sched_remove(servd_scheduler *s, sched_seq *q);
 
-/* Plans the next step: fills planned/tok/pos/slot/logit_rows and the attention layout. Sequences that
- * can never be served (their tokens need more blocks than the whole cache) are listed in starved[]
- * and already removed; the caller fails them. Returns the number of tokens planned (0: idle) or a
- * negative SERVD_E* code. */
+/* Plans the next step: fills planned and step (tokens, positions, slots, logit rows and the attention
+ * layout; n_tokens, n_logit_rows and n_planned count them). Sequences that can never be served
+ * (their tokens need more blocks than the whole cache) are listed in starved[] and already removed;
+ * the caller fails them. Returns the number of tokens planned (0: idle) or a negative SERVD_E* code. */
 int sched_plan(servd_scheduler *s);
 /* After the step ran: advances n_computed of every planned sequence. */
 void sched_commit(servd_scheduler *s);

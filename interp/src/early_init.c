@@ -11,23 +11,12 @@
 #define NNS_TUNABLE "glibc.rtld.nns=16"
 #define REEXEC_MARK "SERVD_INTERP_REEXEC"
 
-/* Each namespace's libc numbers its pthread keys from 0, and the key slots of a thread are shared by
- * all libcs. CPython takes the first keys of its namespace; keeping the main program's low keys
- * reserved (and never set) means no library of the main program shares a slot with them. */
-static void reserve_low_keys(void) {
-  for (int i = 0; i < 8; i++) {
-    pthread_key_t k;
-    if (pthread_key_create(&k, NULL) != 0 || k >= 8)
-      break;
-  }
-}
-
 int servd_interp_early_init(int argc, char **argv) {
   (void)argc;
   const char *cur = getenv("GLIBC_TUNABLES");
   if (cur && strstr(cur, NNS_TUNABLE)) {
     unsetenv(REEXEC_MARK);
-    reserve_low_keys();
+    servd_tls_keys__reserve_main(); /* before any library of the main program makes a key */
     return 0;
   }
   if (getenv(REEXEC_MARK))

@@ -34,6 +34,16 @@ typedef struct servd_ns {
   bool in_use;
 } servd_ns;
 
+/* ---- pthread key slots shared by the namespaces' libcs (tls_keys.c) ----------------------------
+ * Slots below SERVD_GUEST_KEYS are reserved for the interpreters; every other slot is the main
+ * program's. reserve_main takes the reserved ones in the main libc (once; early_init calls it first
+ * thing) and returns them as a mask; confine makes a new namespace's libc use only them. A namespace
+ * needs a few (CPython 2, OpenSSL about 4); SERVD_GUEST_KEYS_MIN is the least it may be left with. */
+#define SERVD_GUEST_KEYS 16
+#define SERVD_GUEST_KEYS_MIN 8
+uint32_t servd_tls_keys__reserve_main(void);
+int servd_tls_keys__confine(void *ns_handle, const char *what); /* before CPython starts in it */
+
 /* A free namespace, loading a new one (from paths) when none is. SERVD_ERANGE past SERVD_INTERP_MAX. */
 int servd_ns__acquire(const servd_py_paths *paths, servd_ns **out);
 void servd_ns__release(servd_ns *ns); /* after the guest's finalize */

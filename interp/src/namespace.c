@@ -47,6 +47,7 @@ static int load(servd_ns *ns, const servd_py_paths *paths) {
     goto fail;
   }
   ns->ctype_init(); /* this thread, before anything of the namespace runs here */
+  if ((rc = servd_tls_keys__confine(ns->py, paths->libpython))) goto fail;
   ns->guest = dlmopen(ns->lmid, path, RTLD_NOW | RTLD_LOCAL);
   if (!ns->guest) {
     rc = servd_fail(SERVD_EIO, "interp: dlmopen %s: %s", path, dlerror());

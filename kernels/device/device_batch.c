@@ -163,14 +163,22 @@ int servd_device_batch_upload(servd_device_batch *db, int n_tokens, const int32_
   }
   if (n_logit_rows) memcpy(p + F_LOGIT_ROWS * T, logit_rows, sizeof(int32_t) * (size_t)n_logit_rows);
   int32_t *ps = p + seq_off(db), *pt = p + table_off(db);
+  /* Only the first `used` columns of the tables go up (the longest sequence's blocks): kernels read
+   * a sequence's entries below its own block count only, so the columns past it on the device may
+   * hold an earlier step's blocks. A full upload was max_seqs x max_blocks (2 MiB a step at 128K). */
+  size_t used = 0;
+  for (int s = 0; s < n_seqs; s++) {
+    size_t nb = (size_t)(((int64_t)attn->kv_len[s] + block_size - 1) / block_size);
+    if (nb > used) used = nb;
+  }
   for (int s = 0; s < n_seqs; s++) {
     ps[s] = attn->q_start[s];
     ps[S + s] = attn->q_len[s];
     ps[2 * S + s] = attn->kv_len[s];
-    int64_t nb = ((int64_t)attn->kv_len[s] + block_size - 1) / block_size;
-    if (nb) memcpy(pt + (size_t)s * B, attn->block_tables[s], sizeof(int32_t) * (size_t)nb);
-    /* Unused entries are block 0: valid memory, never read for this kv_len. */
-    memset(pt + (size_t)s * B + nb, 0, sizeof(int32_t) * (B - (size_t)nb));
+    size_t nb = (size_t)(((int64_t)attn->kv_len[s] + block_size - 1) / block_size);
+    if (nb) memcpy(pt + (size_t)s * B, attn->block_tables[s], sizeof(int32_t) * nb);
+    /* Uploaded entries past this sequence's blocks are block 0: valid memory, never read. */
+    memset(pt + (size_t)s * B + nb, 0, sizeof(int32_t) * (used - nb));
   }
   for (int s = 0; s < n_seqs; s++) {
     db->h_seq[s] = ps[s];
@@ -188,7 +196,9 @@ int servd_device_batch_upload(servd_device_batch *db, int n_tokens, const int32_
   if (n_seqs) {
     DEV_CHECK(op, cudaMemcpy2DAsync(d + seq_off(db), S * w, ps, S * w, (size_t)n_seqs * w, 3, cudaMemcpyHostToDevice,
                                     stream));
-    DEV_CHECK(op, cudaMemcpyAsync(d + table_off(db), pt, (size_t)n_seqs * B * w, cudaMemcpyHostToDevice, stream));
+    if (used)
+      DEV_CHECK(op, cudaMemcpy2DAsync(d + table_off(db), B * w, pt, B * w, used * w, (size_t)n_seqs,
+                                      cudaMemcpyHostToDevice, stream));
   }
   DEV_CHECK(op, cudaEventRecord(db->copied, stream));
   db->pending = true;

@@ -73,9 +73,9 @@ static void test_chunked_prefill(void **state) {
   assert_false(q->wants_logits);
   assert_int_equal(f->s.n_logit_rows, 0);
   for (int t = 0; t < 8; t++) {
-    assert_int_equal(f->s.pos[t], t);
-    assert_int_equal(f->s.tok[t], t);
-    assert_int_equal(f->s.slot[t], q->blocks[t / 4] * 4 + t % 4);
+    assert_int_equal(f->s.step.positions[t], t);
+    assert_int_equal(f->s.step.tokens[t], t);
+    assert_int_equal(f->s.step.slots[t], q->blocks[t / 4] * 4 + t % 4);
   }
   assert_int_equal(q->n_blocks, 2); /* blocks taken only as far as the chunk reaches */
   sched_commit(&f->s);
@@ -83,7 +83,7 @@ static void test_chunked_prefill(void **state) {
   assert_int_equal(sched_plan(&f->s), 4);
   assert_true(q->wants_logits);
   assert_int_equal(f->s.n_logit_rows, 1);
-  assert_int_equal(f->s.logit_rows[0], 3);
+  assert_int_equal(f->s.step.logit_rows[0], 3);
   servd_attn_batch b = sched_attn(&f->s);
   assert_int_equal(b.n_seqs, 1);
   assert_int_equal(b.q_start[0], 0);
@@ -94,8 +94,8 @@ static void test_chunked_prefill(void **state) {
   q->tokens[q->n_tokens++] = 5;
   /* Decode: one token at position 20, a sixth block. */
   assert_int_equal(sched_plan(&f->s), 1);
-  assert_int_equal(f->s.pos[0], 20);
-  assert_int_equal(f->s.tok[0], 5);
+  assert_int_equal(f->s.step.positions[0], 20);
+  assert_int_equal(f->s.step.tokens[0], 5);
   assert_int_equal(q->n_blocks, 6);
   sched_commit(&f->s);
   teardown_fx(f);
@@ -185,7 +185,7 @@ static void test_preemption_recompute(void **state) {
   assert_int_equal(sched_plan(&f->s), 9);
   assert_ptr_equal(f->s.planned[0], b);
   assert_true(b->wants_logits);
-  for (int t = 0; t < 9; t++) assert_int_equal(f->s.tok[t], b->tokens[t]);
+  for (int t = 0; t < 9; t++) assert_int_equal(f->s.step.tokens[t], b->tokens[t]);
   sched_commit(&f->s);
   teardown_fx(f);
 }

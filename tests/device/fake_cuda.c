@@ -387,14 +387,21 @@ static cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spit
   return set_err(enqueue(s, run_copy2d, &a, sizeof a, blob));
 }
 
+static void count_h2d(enum cudaMemcpyKind kind, size_t bytes) {
+  if (kind != cudaMemcpyHostToDevice) return;
+  pthread_mutex_lock(&G);
+  stats.h2d_bytes += bytes;
+  pthread_mutex_unlock(&G);
+}
+
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t s) {
-  (void)kind;
+  count_h2d(kind, width * height);
   return copy2d(dst, dpitch, src, spitch, width, height, s);
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s) {
-  (void)kind;
+  count_h2d(kind, n);
   return copy2d(dst, n, src, n, n, 1, s);
 }
 

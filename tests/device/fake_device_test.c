@@ -12,6 +12,8 @@
  *  - a host wait inside a capture fails it, the stream works afterwards;
  *  - a tensor allocated before a capture and released after it makes the graph stale (launch refused);
  *  - padding rows (slot -1) leave the KV cache as it was;
+ *  - a step uploads the block-table columns its sequences use (bytes counted by the stand-in), and
+ *    the kernels find each sequence's blocks at its row;
  *  - a weight takes its bytes rounded up to 2 MiB, not to a power of two;
  *  - after everything is released and the weights trimmed, no device memory is held.
  */
@@ -26,6 +28,7 @@
 
 #include <cmocka.h>
 
+#include "device_internal.h"
 #include "fake_cuda.h"
 #include "servd/device.h"
 
@@ -238,6 +241,36 @@ static void test_kv_padding(void **state) {
   servd_device_kv_destroy(kv);
 }
 
+/* ---- a step uploads the blocks its sequences use, not the tables' whole capacity ------------------ */
+static void test_block_tables_upload_used_blocks(void **state) {
+  (void)state;
+  enum { SEQS = 4, MAX_BLOCKS = 8192, BS = 16 }; /* 128K tokens of context per sequence */
+  servd_device_batch *db = NULL;
+  assert_int_equal(servd_device_batch_create(0, SEQS, SEQS, MAX_BLOCKS, &db), 0);
+  /* kv_len 40, 1, 17, 33: 3, 1, 2 and 3 blocks; ids differ per sequence */
+  int32_t tok[SEQS] = {1, 2, 3, 4}, pos[SEQS] = {39, 0, 16, 32}, sl[SEQS] = {-1, -1, -1, -1}, rows[SEQS] = {0, 1, 2, 3};
+  int32_t qs[SEQS] = {0, 1, 2, 3}, ql[SEQS] = {1, 1, 1, 1}, kl[SEQS] = {40, 1, 17, 33};
+  int32_t t0[3] = {7, 8, 9}, t1[1] = {5}, t2[2] = {11, 12}, t3[3] = {1, 2, 3};
+  const int32_t *tables[SEQS] = {t0, t1, t2, t3};
+  servd_attn_batch a = {.n_seqs = SEQS, .q_start = qs, .q_len = ql, .kv_len = kl, .block_tables = tables};
+  fake_cuda_stats before, after;
+  fake_cuda_get_stats(&before);
+  assert_int_equal(servd_device_batch_upload(db, SEQS, tok, pos, sl, SEQS, rows, &a, BS), 0);
+  fake_cuda_get_stats(&after);
+  /* tokens, positions, slots, logit rows, q_start, q_len, kv_len: 4 bytes each per token or sequence;
+   * tables: 3 columns (the longest sequence's blocks) of 4 rows */
+  const uint64_t expect = 4 * SEQS * 4 + 3 * SEQS * 4 + (uint64_t)SEQS * 3 * 4;
+  assert_int_equal(after.h2d_bytes - before.h2d_bytes, expect);
+  /* What the kernels read: each sequence's own blocks, at its row of max_blocks entries. */
+  servd_cuda_attn_batch lay;
+  int n_tokens = 0;
+  assert_int_equal(servd__dev_batch_layout(db, "test", BS, 16, &lay, &n_tokens), 0);
+  assert_int_equal(servd_device_sync(0), 0);
+  for (int s = 0; s < SEQS; s++)
+    for (int i = 0; i < (kl[s] + BS - 1) / BS; i++) assert_int_equal(lay.block_tables[(size_t)s * MAX_BLOCKS + i], tables[s][i]);
+  servd_device_batch_destroy(db);
+}
+
 /* ---- device memory of a weight: its bytes rounded to 2 MiB pages, not to a power of two ---------- */
 static void test_weight_footprint(void **state) {
   (void)state;
@@ -309,6 +342,7 @@ int main(void) {
       cmocka_unit_test(test_weight_across_threads),
       cmocka_unit_test(test_steps_and_graphs),
       cmocka_unit_test(test_kv_padding),
+      cmocka_unit_test(test_block_tables_upload_used_blocks),
       cmocka_unit_test(test_weight_footprint),
       cmocka_unit_test(test_trim_keeps_viewed_weight),
       cmocka_unit_test(test_kv_memory_given_back),

@@ -8,7 +8,8 @@
  * tokens are equal until the first difference, which is allowed only where the reference's top two
  * logprobs are within NEAR_TIE (rounding can swap a near tie; a wrong step moves logits by far more);
  * after it the sequences differ legitimately and are not compared further. The graph path must have
- * captured buckets, replayed steps (no Python) and failed no capture; with graphs off neither.
+ * captured buckets, replayed steps (no Python) and failed no capture; with graphs off neither. Over
+ * the CUDA stand-in, serving allocates no device memory beyond what the load's warm-up left.
  *
  * Integration (interpreters are loaded with dlmopen, which the sanitizers cannot follow).
  */
@@ -53,6 +54,10 @@ static servd_model_stats run(int gpus, bool graphs, result *res) {
   servd_model *m = NULL;
   int rc = servd_model_load(&o, &m);
   if (rc) fail_msg("load (gpus %d): %s", gpus, servd_last_error());
+#ifdef SERVD_TEST_FAKE_GPU
+  fake_cuda_stats loaded;
+  fake_cuda_get_stats(&loaded);
+#endif
   servd_request *req[NREQ];
   for (int i = 0; i < NREQ; i++) {
     engine_gpu_result_init(&res[i]);
@@ -64,6 +69,15 @@ static servd_model_stats run(int gpus, bool graphs, result *res) {
     if (res[i].error_code) fail_msg("request %d (gpus %d, graphs %d): %s", i, gpus, graphs, res[i].error);
     assert_int_equal(res[i].n, lengths[i]);
   }
+#ifdef SERVD_TEST_FAKE_GPU
+  fake_cuda_stats served;
+  fake_cuda_get_stats(&served);
+  printf("fake GPU while serving (gpus %d, graphs %d): %llu mallocs, %zd bytes more than after load\n", gpus, graphs,
+         (unsigned long long)(served.mallocs - loaded.mallocs), (ssize_t)(served.device_bytes - loaded.device_bytes));
+  /* The load's warm-up steps (a full prefill, a full decode batch) left what serving needs: the KV
+   * cache was sized from the memory left after them, so serving must not allocate more. */
+  assert_int_equal(served.mallocs, loaded.mallocs);
+#endif
   servd_model_stats st;
   servd_model_get_stats(m, &st);
   servd_model_unload(m, 0);
