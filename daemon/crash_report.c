@@ -9,6 +9,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #define MAX_FRAMES 48
@@ -81,8 +84,81 @@ static void describe(uintptr_t addr) {
   }
 }
 
+static void put_dec(long v) {
+  char buf[24];
+  int i = (int)sizeof buf - 1;
+  buf[i] = 0;
+  unsigned long u = v < 0 ? -(unsigned long)v : (unsigned long)v;
+  do buf[--i] = (char)('0' + u % 10);
+  while ((u /= 10) && i > 1);
+  if (v < 0) buf[--i] = '-';
+  put(buf + i);
+}
+
+/* The faulting thread: its id and name (servd names its threads: scheduler, rank workers, ...). */
+static void put_thread(void) {
+  put("  thread ");
+  put_dec((long)syscall(SYS_gettid));
+  char name[32];
+  int fd = open("/proc/thread-self/comm", O_RDONLY);
+  ssize_t n = fd >= 0 ? read(fd, name, sizeof name - 1) : -1;
+  if (fd >= 0) close(fd);
+  if (n > 0) {
+    name[n] = 0;
+    if (name[n - 1] == '\n') name[n - 1] = 0;
+    put(" \"");
+    put(name);
+    put("\"");
+  }
+  put("\n");
+}
+
+#if defined(__x86_64__)
+/* Registers, each naming the file it points into, and the code bytes around the faulting
+ * instruction (read with process_vm_readv, which fails rather than faults on unmapped memory), so
+ * that a crash inside a library without symbols can still be disassembled: see docs/operations.md. */
+static void put_machine_state(const ucontext_t *uc) {
+  static const struct { const char *name; int reg; } regs[] = {
+      {"rip", REG_RIP}, {"rsp", REG_RSP}, {"rbp", REG_RBP}, {"rax", REG_RAX}, {"rbx", REG_RBX},
+      {"rcx", REG_RCX}, {"rdx", REG_RDX}, {"rsi", REG_RSI}, {"rdi", REG_RDI}, {"r8", REG_R8},
+      {"r9", REG_R9},   {"r10", REG_R10}, {"r11", REG_R11}, {"r12", REG_R12}, {"r13", REG_R13},
+      {"r14", REG_R14}, {"r15", REG_R15}};
+  put("  registers:\n");
+  for (size_t i = 0; i < sizeof regs / sizeof *regs; i++) {
+    put("    ");
+    put(regs[i].name);
+    put(" ");
+    uintptr_t v = (uintptr_t)uc->uc_mcontext.gregs[regs[i].reg];
+    put_hex(v);
+    describe(v);
+    put("\n");
+  }
+  enum { BEFORE = 48, AFTER = 16 };
+  uintptr_t pc = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+  unsigned char code[BEFORE + AFTER];
+  struct iovec local = {code, sizeof code}, remote = {(void *)(pc - BEFORE), sizeof code};
+  ssize_t got = syscall(SYS_process_vm_readv, (long)getpid(), &local, 1L, &remote, 1L, 0L);
+  size_t start = 0;
+  if (got != (ssize_t)sizeof code) { /* the bytes before pc may be unmapped: from pc on */
+    remote = (struct iovec){(void *)pc, AFTER};
+    local = (struct iovec){code + BEFORE, AFTER};
+    got = syscall(SYS_process_vm_readv, (long)getpid(), &local, 1L, &remote, 1L, 0L);
+    start = BEFORE;
+    if (got != AFTER) return;
+  }
+  put("  code at rip-");
+  put_dec((long)(BEFORE - start));
+  put(" (rip is the byte after '|'): ");
+  for (size_t i = start; i < sizeof code; i++) {
+    if (i == BEFORE) put("|");
+    char hx[3] = {"0123456789abcdef"[code[i] >> 4], "0123456789abcdef"[code[i] & 15], 0};
+    put(hx);
+  }
+  put("\n");
+}
+#endif
+
 static void on_fatal(int sig, siginfo_t *si, void *uc) {
-  (void)uc;
   static volatile sig_atomic_t reporting;
   if (!reporting) { /* one report: a second thread faulting meanwhile just dies */
     reporting = 1;
@@ -104,6 +180,10 @@ static void on_fatal(int sig, siginfo_t *si, void *uc) {
       describe((uintptr_t)frames[i]);
       put("\n");
     }
+    put_thread();
+#if defined(__x86_64__)
+    if (uc) put_machine_state(uc);
+#endif
   }
   signal(sig, SIG_DFL);
   raise(sig);

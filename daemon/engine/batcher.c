@@ -204,6 +204,7 @@ done:
 
 static void *worker_main(void *arg) {
   servd_batcher *b = arg;
+  pthread_setname_np(pthread_self(), "servd-batch"); /* names in crash reports, top -H, gdb */
   job **batch = calloc((size_t)b->max_size, sizeof *batch);
   pthread_mutex_lock(&b->mu);
   while (batch) {

@@ -260,6 +260,7 @@ static int scheduler_setup(servd_model *m);
 
 static void *scheduler_main(void *arg) {
   servd_model *m = arg;
+  pthread_setname_np(pthread_self(), "servd-sched"); /* names in crash reports, top -H, gdb */
   servd_py_error err;
   /* The setup that needs this thread (GPUs: rank 0's warm-up runs on the thread of its steps). */
   int src = scheduler_setup(m);

@@ -23,6 +23,7 @@ struct servd_interp_thread {
 
 static void *thread_main(void *p) {
   servd_interp_thread *t = p;
+  pthread_setname_np(pthread_self(), "servd-interp"); /* names in crash reports, top -H, gdb */
   pthread_mutex_lock(&t->mu);
   for (;;) {
     while (!t->pending && !t->quit) pthread_cond_wait(&t->cv, &t->mu);

@@ -96,6 +96,9 @@ static int run_rank(servd_runner *r, int rank, const servd_forward_batch *b, rou
 static void *worker_main(void *arg) {
   rank_worker *w = arg;
   servd_runner *r = w->r;
+  char name[16];
+  snprintf(name, sizeof name, "servd-rank%d", w->rank);
+  pthread_setname_np(pthread_self(), name); /* names in crash reports, top -H, gdb */
   uint64_t seen = 0;
   pthread_mutex_lock(&r->mu);
   for (;;) {

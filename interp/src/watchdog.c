@@ -22,6 +22,7 @@ int64_t servd_interp__now_ns(void) {
 
 static void *watchdog_main(void *arg) {
   (void)arg;
+  pthread_setname_np(pthread_self(), "servd-watchdog"); /* names in crash reports, top -H, gdb */
   pthread_mutex_lock(&g_mu);
   for (;;) {
     int64_t now = servd_interp__now_ns(), next = INT64_MAX;

@@ -202,6 +202,7 @@ static unsigned long worker_sleep(unsigned long seen, int deep, int *probe) {
 
 static void *worker_main(void *arg) {
   (void)arg;
+  pthread_setname_np(pthread_self(), "servd-pool"); /* names in crash reports, top -H, gdb */
   unsigned long seen = start_gen; /* not pool.gen: a job may be published before this thread runs */
   unsigned long park = atomic_load(&pool.park);
   /* Means over the last jobs (weight 1/64 each) of the ns computed per job and the ns spun before
