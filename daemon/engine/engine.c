@@ -258,9 +258,7 @@ static void reap(servd_model *m, int64_t now, bool drain_expired) {
 
 static int scheduler_setup(servd_model *m);
 
-static void *scheduler_main(void *arg) {
-  servd_model *m = arg;
-  pthread_setname_np(pthread_self(), "servd-sched"); /* names in crash reports, top -H, gdb */
+static void scheduler_run(servd_model *m) {
   servd_py_error err;
   /* The setup that needs this thread (GPUs: rank 0's warm-up runs on the thread of its steps). */
   int src = scheduler_setup(m);
@@ -270,7 +268,7 @@ static void *scheduler_main(void *arg) {
   m->last_progress_ns = servd_engine_now_ns();
   pthread_cond_broadcast(&m->wake);
   pthread_mutex_unlock(&m->mu);
-  if (src) return NULL;
+  if (src) return;
   for (;;) {
     pthread_mutex_lock(&m->mu);
     while (!m->quit && !has_work(m)) pthread_cond_wait(&m->wake, &m->mu);
@@ -365,6 +363,12 @@ static void *scheduler_main(void *arg) {
     }
     pthread_mutex_unlock(&m->mu);
   }
+}
+
+static void *scheduler_main(void *arg) {
+  pthread_setname_np(pthread_self(), "servd-sched"); /* names in crash reports, top -H, gdb */
+  scheduler_run(arg);
+  servd_device_thread_release(); /* rank 0 ran on a GPU here: its contexts go while the thread lives */
   return NULL;
 }
 

@@ -3,10 +3,12 @@
  * in a step is inside an interpreter's call. So servd creates each GPU's context at startup (with
  * CUDA_MODULE_LOADING=EAGER: a module loads whole) and here runs, still before any namespace,
  * one GEMM of every weight shape of the model for every row count a step can have (every 8th past
- * 256), so that every cuBLAS kernel library a step can pick is loaded (about a second on an H200). Then it gives the scratch memory back. */
+ * 256), so that every cuBLAS kernel library a step can pick is loaded (about a second on an H200). Then it gives the scratch memory back.
+ * It also chooses, by measuring, the GEMV kernel of each weight shape for decode steps (gemv_tune.cu). */
 #include "engine/gpu_prewarm.h"
 #include "engine/json_util.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
@@ -89,6 +91,17 @@ int servd_gpu_prewarm(const servd_model_options *o) {
       rc = gemms(r, shapes[s][0], shapes[s][1], rows, n_rows);
     if (!rc) rc = gemms(r, v, dim, logit_rows, n_logit);
   }
+  /* Decode steps (up to 8 rows) run a GEMV kernel: pick, on each GPU, the fastest of its variants
+   * for each weight shape, measured here (tens of milliseconds). */
+  const int tuned[][2] = {{q, dim}, {kvc, dim}, {dim, q}, {f, dim}, {dim, f}, {v, dim}};
+  for (int r = 0; r < tp && !rc; r++)
+    for (size_t s = 0; s < sizeof tuned / sizeof *tuned && !rc; s++) {
+      bool seen = false; /* a shape twice (q and o when square) is measured once */
+      for (size_t p = 0; p < s; p++) seen |= tuned[p][0] == tuned[s][0] && tuned[p][1] == tuned[s][1];
+      char report[512];
+      if (!seen && !(rc = servd_device_matmul_tune(r, tuned[s][0], tuned[s][1], report, sizeof report)))
+        fprintf(stderr, "servd: cuda:%d GEMV %s\n", r, report);
+    }
   free(rows);
   free(logit_rows);
   mpk_close(pkg);

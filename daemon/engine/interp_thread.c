@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "servd/device.h"
 #include "servd/status.h"
 
 struct servd_interp_thread {
@@ -38,6 +39,7 @@ static void *thread_main(void *p) {
     pthread_cond_broadcast(&t->cv);
   }
   pthread_mutex_unlock(&t->mu);
+  servd_device_thread_release(); /* weights were uploaded here: contexts go while the thread lives */
   return NULL;
 }
 

@@ -122,6 +122,7 @@ static void *worker_main(void *arg) {
     if (--r->pending == 0) pthread_cond_signal(&r->done);
   }
   pthread_mutex_unlock(&r->mu);
+  servd_device_thread_release(); /* its rank's contexts go while the thread lives */
   return NULL;
 }
 

@@ -1,9 +1,10 @@
-// Launchers for the bf16 matmul: the GEMV kernel for m <= 8, cuBLAS (tensor cores, f32 compute)
-// for larger batches.
+// Launchers for the bf16 matmul: a GEMV kernel for m <= 8 (the variant chosen for the shape, see
+// gemv_choice.h), cuBLAS (tensor cores, f32 compute) for larger batches.
 #include <cublas_v2.h>
 
 #include "cuda_common.cuh"
 #include "gemv.cuh"
+#include "gemv_choice.h"
 
 cublasHandle_t servd__cuda_blas(servd_cuda_ctx *c);
 
@@ -14,20 +15,47 @@ cublasHandle_t servd__cuda_blas(servd_cuda_ctx *c);
       return servd_fail(SERVD_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #call, cublasGetStatusString(st_)); \
   } while (0)
 
-template <typename OutT>
-static int launch_gemv(cudaStream_t s, OutT *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, int m, int n,
-                       int k) {
-  const int threads = 256, cols_per_block = threads / 32;
-  dim3 grid(servd__div_up(n, cols_per_block));
+template <typename OutT, int KS>
+static void launch_split(cudaStream_t s, OutT *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, int m, int n,
+                         int k) {
+  dim3 grid(servd__div_up(n, 8 / KS));
   switch (m) {
 #define CASE(M) \
-  case M: gemv_bf16_kernel<M, OutT><<<grid, threads, 0, s>>>(out, x, w, n, k); break;
+  case M: gemv_bf16_split_kernel<M, OutT, KS><<<grid, 256, 0, s>>>(out, x, w, n, k); break;
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
-    default: return servd_fail(SERVD_EINVAL, "cuda matmul: gemv m=%d > 8", m);
+  }
+}
+
+template <typename OutT>
+static int launch_gemv(cudaStream_t s, int variant, OutT *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, int m,
+                       int n, int k) {
+  if (m < 1 || m > 8) return servd_fail(SERVD_EINVAL, "cuda matmul: gemv m=%d outside 1..8", m);
+  const int threads = 256, cols_per_block = threads / 32;
+  switch (variant) {
+  case SERVD_GEMV_WARP: {
+    dim3 grid(servd__div_up(n, cols_per_block));
+    switch (m) {
+#define CASE(M) \
+  case M: gemv_bf16_kernel<M, OutT><<<grid, threads, 0, s>>>(out, x, w, n, k); break;
+      CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    }
+    break;
+  }
+  case SERVD_GEMV_SPLIT1: launch_split<OutT, 1>(s, out, x, w, m, n, k); break;
+  case SERVD_GEMV_SPLIT2: launch_split<OutT, 2>(s, out, x, w, m, n, k); break;
+  case SERVD_GEMV_SPLIT4: launch_split<OutT, 4>(s, out, x, w, m, n, k); break;
+  case SERVD_GEMV_SPLIT8: launch_split<OutT, 8>(s, out, x, w, m, n, k); break;
+  default: return servd_fail(SERVD_EINVAL, "cuda matmul: gemv variant %d", variant);
   }
   SERVD_CUDA_LAUNCH_CHECK();
   return SERVD_OK;
+}
+
+int servd__gemv_launch_f32(cudaStream_t s, int variant, float *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                           int m, int n, int k) {
+  return launch_gemv<float>(s, variant, out, x, w, m, n, k);
 }
 
 template <typename OutT>
@@ -40,7 +68,9 @@ static int matmul_any(servd_cuda_ctx *c, OutT *out, const servd_bf16_t *x, const
   SERVD_CUDA_DEVICE_SCOPE(c);
   const __nv_bfloat16 *xb = reinterpret_cast<const __nv_bfloat16 *>(x);
   const __nv_bfloat16 *wb = reinterpret_cast<const __nv_bfloat16 *>(w);
-  if (m <= 8) return launch_gemv<OutT>(servd__stream(c), out, xb, wb, m, n, k);
+  if (m <= 8)
+    return launch_gemv<OutT>(servd__stream(c), servd__gemv_choice(servd_cuda_ctx_device(c), n, k), out, xb, wb, m, n,
+                             k);
   // Row-major out (m,n) = x (m,k) w (n,k)^T is column-major out^T (n,m) = w^T' (n,k) x^T (k,m).
   const float alpha = 1.f, beta = 0.f;
   BLAS_CHECK(cublasGemmEx(servd__cuda_blas(c), CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, wb, CUDA_R_16BF, k, xb,

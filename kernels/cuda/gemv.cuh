@@ -55,3 +55,89 @@ __global__ void gemv_bf16_kernel(OutT *__restrict__ out, const __nv_bfloat16 *__
     }
   }
 }
+
+// Streaming 16-byte load of weights: read once, so kept out of L1 (where the activations live).
+__device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// The same product with more loads in flight: KS warps share one output column, each over a
+// contiguous 1/KS of k, every lane keeping four 16-byte weight loads in flight; the KS partial sums
+// meet in shared memory. Small n (the K/V projections: 1024 rows) then still fills the GPU with
+// loads, which one warp per column cannot. 256 threads; KS in {1, 2, 4, 8}.
+template <int M, typename OutT, int KS>
+__global__ void __launch_bounds__(256) gemv_bf16_split_kernel(OutT *__restrict__ out, const __nv_bfloat16 *__restrict__ x,
+                                                              const __nv_bfloat16 *__restrict__ w, int n, int k) {
+  constexpr int WARPS = 8, COLS = WARPS / KS;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int col = blockIdx.x * COLS + warp / KS, slice = warp % KS;
+  const int chunks = k / 8, per = (chunks + KS - 1) / KS;
+  const int c0 = slice * per, c1 = min(chunks, c0 + per);
+  float acc[M];
+#pragma unroll
+  for (int r = 0; r < M; r++) acc[r] = 0.f;
+  if (col < n) {
+    const uint4 *wrow = reinterpret_cast<const uint4 *>(w + (size_t)col * k);
+    int i = c0 + lane;
+    for (; i + 96 < c1; i += 128) {
+      uint4 wv[4] = {ldg_stream(wrow + i), ldg_stream(wrow + i + 32), ldg_stream(wrow + i + 64),
+                     ldg_stream(wrow + i + 96)};
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        float f[8];
+        bf16x8_to_f32(wv[u], f);
+#pragma unroll
+        for (int r = 0; r < M; r++) {
+          float xa[8];
+          bf16x8_to_f32(__ldg(reinterpret_cast<const uint4 *>(x + (size_t)r * k) + i + 32 * u), xa);
+#pragma unroll
+          for (int j = 0; j < 8; j++) acc[r] += f[j] * xa[j];
+        }
+      }
+    }
+    for (; i < c1; i += 32) {
+      float f[8];
+      bf16x8_to_f32(ldg_stream(wrow + i), f);
+#pragma unroll
+      for (int r = 0; r < M; r++) {
+        float xa[8];
+        bf16x8_to_f32(__ldg(reinterpret_cast<const uint4 *>(x + (size_t)r * k) + i), xa);
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[r] += f[j] * xa[j];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < M; r++) acc[r] = warp_sum(acc[r]);
+  if constexpr (KS == 1) {
+    if (lane == 0 && col < n) {
+#pragma unroll
+      for (int r = 0; r < M; r++) {
+        if constexpr (sizeof(OutT) == 4)
+          out[(size_t)r * n + col] = acc[r];
+        else
+          out[(size_t)r * n + col] = __float2bfloat16(acc[r]);
+      }
+    }
+  } else {
+    __shared__ float part[WARPS][M];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < M; r++) part[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (slice == 0 && lane < M && col < n) {
+      float v = 0.f;
+#pragma unroll
+      for (int s = 0; s < KS; s++) v += part[warp + s][lane];
+      if constexpr (sizeof(OutT) == 4)
+        out[(size_t)lane * n + col] = v;
+      else
+        out[(size_t)lane * n + col] = __float2bfloat16(v);
+    }
+  }
+}

@@ -65,6 +65,15 @@ static void destroy_thread_ctxs(void *p) {
 
 static void make_key(void) { key_rc = pthread_key_create(&ctx_key, destroy_thread_ctxs); }
 
+void servd_device_thread_release(void) {
+  pthread_once(&key_once, make_key);
+  if (key_rc) return;
+  thread_ctxs *t = pthread_getspecific(ctx_key);
+  if (!t) return;
+  pthread_setspecific(ctx_key, NULL); /* first: the destructor must not see it again */
+  destroy_thread_ctxs(t);
+}
+
 int servd__dev_ctx(const char *op, int device, servd_cuda_ctx **out) {
   *out = NULL;
   int rc = servd__dev_valid(op, device);

@@ -59,6 +59,7 @@ int servd_device_sync(int device) {
   (void)device;
   return NO_CUDA("device_sync");
 }
+void servd_device_thread_release(void) {}
 uint64_t servd_device_generation(int device) {
   (void)device;
   return 0;
@@ -66,6 +67,11 @@ uint64_t servd_device_generation(int device) {
 int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
   TRY(servd__dev_check_matmul(out, x, w));
   return NO_CUDA("device matmul");
+}
+int servd_device_matmul_tune(int device, int n, int k, char *report, size_t cap) {
+  (void)device, (void)n, (void)k;
+  if (report && cap) report[0] = 0;
+  return NO_CUDA("device matmul tune");
 }
 int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset) {
   TRY(servd__dev_check_embedding(out, table, ids, row_offset));

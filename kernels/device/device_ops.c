@@ -50,6 +50,13 @@ int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_te
   return servd__dev_wrap(rc, op);
 }
 
+int servd_device_matmul_tune(int device, int n, int k, char *report, size_t cap) {
+  const char *op = "device matmul tune";
+  servd_cuda_ctx *c;
+  TRY(servd__dev_ctx(op, device, &c));
+  return servd__dev_wrap(servd_cuda_gemv_tune(c, n, k, report, cap), op);
+}
+
 int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset) {
   const char *op = "device embedding";
   servd_cuda_ctx *c;

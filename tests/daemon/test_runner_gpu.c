@@ -143,6 +143,11 @@ int servd_device_sync(int device) {
   return 0;
 }
 
+/* Rank worker threads release their device contexts before they end (not in a thread-exit
+ * destructor): counted here. */
+static int thread_releases;
+void servd_device_thread_release(void) { __atomic_add_fetch(&thread_releases, 1, __ATOMIC_SEQ_CST); }
+
 void servd_device_comm_abort(servd_device_comm *c) {
   (void)c;
   __atomic_add_fetch(&comm_aborts, 1, __ATOMIC_SEQ_CST);
@@ -274,7 +279,7 @@ static fixture *make(bool graphs, int graph_max_batch) {
     syncs[k] = 0;
     last_timeout[k] = -1;
   }
-  graphs_alive = launches = comm_aborts = comm_resets = 0;
+  graphs_alive = launches = comm_aborts = comm_resets = thread_releases = 0;
   fail_capture_rank = fail_forward_rank = bump_on_upload = -1;
   servd_runner_gpu g = {.devices = f->devices, .dkv = f->dkv, .dcomm = (servd_device_comm *)(intptr_t)0x200,
                         .max_tokens = 16, .max_seqs = 16, .max_blocks_per_seq = 4, .block_size = 16,
@@ -286,6 +291,7 @@ static fixture *make(bool graphs, int graph_max_batch) {
 static void destroy(fixture *f) {
   servd_runner_destroy(f->r);
   assert_int_equal(graphs_alive, 0);
+  assert_int_equal(thread_releases, WORLD - 1); /* every rank worker (rank 0 runs on the caller's thread) */
   free(f);
 }
 

@@ -491,6 +491,13 @@ int servd_cuda_device_describe(int device, char *buf, size_t cap) {
   return SERVD_OK;
 }
 
+/* The stand-in has one matmul: nothing to choose between. */
+int servd_cuda_gemv_tune(servd_cuda_ctx *c, int n, int k, char *report, size_t cap) {
+  (void)c;
+  if (report && cap) snprintf(report, cap, "%d x %d: one kernel (fake)", n, k);
+  return SERVD_OK;
+}
+
 int servd_cuda_ctx_create(int device, servd_cuda_ctx **out) {
   *out = NULL;
   if (device < 0 || device >= n_dev) return servd_fail(SERVD_EDEVICE, "fake cuda: ctx on device %d", device);
@@ -507,6 +514,7 @@ int servd_cuda_ctx_create(int device, servd_cuda_ctx **out) {
   pthread_mutex_lock(&G);
   l->next = streams;
   streams = l;
+  stats.contexts++;
   pthread_mutex_unlock(&G);
   *out = c;
   return SERVD_OK;
@@ -515,6 +523,7 @@ int servd_cuda_ctx_create(int device, servd_cuda_ctx **out) {
 void servd_cuda_ctx_destroy(servd_cuda_ctx *c) {
   if (!c) return;
   pthread_mutex_lock(&G);
+  stats.contexts--;
   flush_locked(c->stream);
   for (struct CUevent_st *e = events; e; e = e->next)
     if (e->stream == c->stream) e->stream = NULL;

@@ -33,6 +33,7 @@ typedef struct fake_cuda_stats {
   uint64_t invalidations;          /* captures invalidated by a call that cannot be captured */
   size_t device_bytes;             /* device memory allocated now (every device) */
   uint64_t h2d_bytes;              /* bytes copied host to device (cudaMemcpy*Async, HostToDevice) */
+  int contexts;                    /* servd_cuda_ctx alive (every thread's) */
 } fake_cuda_stats;
 void fake_cuda_get_stats(fake_cuda_stats *s);
 /* Device memory of every device from now on (allocations beyond it fail as out of memory). */

@@ -14,6 +14,7 @@
  *  - padding rows (slot -1) leave the KV cache as it was;
  *  - a step uploads the block-table columns its sequences use (bytes counted by the stand-in), and
  *    the kernels find each sequence's blocks at its row;
+ *  - a thread's contexts go when it releases them, before it ends;
  *  - a weight takes its bytes rounded up to 2 MiB, not to a power of two;
  *  - after everything is released and the weights trimmed, no device memory is held.
  */
@@ -271,6 +272,38 @@ static void test_block_tables_upload_used_blocks(void **state) {
   servd_device_batch_destroy(db);
 }
 
+/* ---- a thread releases its contexts before it ends ---------------------------------------------- */
+static void *use_then_release(void *arg) {
+  int *live = arg;
+  fake_cuda_stats st;
+  assert_int_equal(servd_device_sync(0), 0); /* makes this thread's context */
+  fake_cuda_get_stats(&st);
+  live[0] = st.contexts;
+  servd_device_thread_release();
+  servd_device_thread_release(); /* twice: nothing left to release */
+  fake_cuda_get_stats(&st);
+  live[1] = st.contexts;
+  assert_int_equal(servd_device_sync(0), 0); /* usable again: a new context */
+  servd_device_thread_release();
+  fake_cuda_get_stats(&st);
+  live[2] = st.contexts;
+  return NULL;
+}
+
+static void test_thread_release(void **state) {
+  (void)state;
+  fake_cuda_stats before;
+  fake_cuda_get_stats(&before);
+  int live[3] = {0};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, use_then_release, live), 0);
+  pthread_join(t, NULL);
+  assert_int_equal(live[0], before.contexts + 1);
+  assert_int_equal(live[1], before.contexts); /* gone before the thread ended */
+  assert_int_equal(live[2], before.contexts);
+  servd_device_thread_release(); /* a thread that holds contexts of its own keeps none after */
+}
+
 /* ---- device memory of a weight: its bytes rounded to 2 MiB pages, not to a power of two ---------- */
 static void test_weight_footprint(void **state) {
   (void)state;
@@ -343,6 +376,7 @@ int main(void) {
       cmocka_unit_test(test_steps_and_graphs),
       cmocka_unit_test(test_kv_padding),
       cmocka_unit_test(test_block_tables_upload_used_blocks),
+      cmocka_unit_test(test_thread_release),
       cmocka_unit_test(test_weight_footprint),
       cmocka_unit_test(test_trim_keeps_viewed_weight),
       cmocka_unit_test(test_kv_memory_given_back),

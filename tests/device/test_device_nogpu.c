@@ -90,7 +90,9 @@ static void test_calls_fail_with_edevice(void **state) {
   assert_int_not_equal(servd_device_graph_end(0, &g), SERVD_OK); /* nothing is being captured */
   assert_null(g);
   assert_fails(servd_device_sync(0), SERVD_EDEVICE, "device_sync");
+  servd_device_thread_release(); /* nothing to release: a no-op */
   char buf[64];
+  assert_fails(servd_device_matmul_tune(0, 64, 64, buf, sizeof buf), SERVD_EDEVICE, "matmul tune");
   assert_fails(servd_device_describe(0, buf, sizeof buf), SERVD_EDEVICE, "device_describe");
   size_t fr = 1, tot = 1;
   assert_fails(servd_device_mem_info(0, &fr, &tot), SERVD_EDEVICE, "device_mem_info");

@@ -347,6 +347,51 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Decode tokens/s with CUDA graphs at batch 1 and 64 (tps[0], tps[1]), context growing from 128. */
+static int decode_speed(gpu_llama *g, const llama_shape *sh, double wbytes, double copy_bw, const char *what,
+                        double tps[2]) {
+  const int batches[2] = {1, 64};
+  for (int bi = 0; bi < 2; bi++) {
+    const int B = batches[bi];
+    int32_t tokens[64], ql[64], kl[64], next[64];
+    for (int i = 0; i < B; i++) {
+      ql[i] = 128;
+      kl[i] = 128;
+    }
+    int32_t *prompts = malloc(sizeof(int32_t) * 128 * B);
+    if (!prompts) return servd_fail(SERVD_ENOMEM, "decode_speed: prompts");
+    for (int i = 0; i < 128 * B; i++) prompts[i] = (i * 7919) % sh->vocab;
+    for (int i = 0; i < B; i += 8) { /* prefill 8 sequences at a time */
+      int nb = B - i < 8 ? B - i : 8;
+      int rc = gpu_llama_step(g, nb, prompts + 128 * i, ql, kl, next); /* rows of seqs 0..nb-1 */
+      if (rc) {
+        free(prompts);
+        return rc;
+      }
+    }
+    free(prompts);
+    for (int i = 0; i < B; i++) tokens[i] = next[i % 8];
+    const int steps = 64;
+    double times[64];
+    for (int st = 0; st < steps; st++) {
+      for (int i = 0; i < B; i++) kl[i] = 129 + st;
+      double t0 = now_s();
+      int rc = gpu_llama_decode_graph(g, B, tokens, kl, next);
+      if (rc) return rc;
+      times[st] = now_s() - t0;
+      for (int i = 0; i < B; i++) tokens[i] = next[i];
+    }
+    qsort(times + 2, steps - 2, sizeof(double), cmp_double);
+    const double med = times[2 + (steps - 2) / 2];
+    tps[bi] = B / med;
+    const double frac_copy = wbytes / med / copy_bw, frac_sheet = wbytes / med / 4.8e12;
+    line("Decode batch %d (%s): %.1f tokens/s (median step %.3f ms); weights streamed at %.2f TB/s = %.0f%% of the "
+         "measured copy rate, %.0f%% of 4.8 TB/s",
+         B, what, tps[bi], med * 1e3, wbytes / med / 1e12, 100 * frac_copy, 100 * frac_sheet);
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int quick = 0;
   const char *out_path = NULL;
@@ -422,41 +467,23 @@ int main(int argc, char **argv) {
     if (same < NEW && margins[same] > 0.05f) failures++;
   }
 
-  /* Decode speed with CUDA graphs at batch 1 and 64, context growing from 128. */
-  const int batches[2] = {1, 64};
-  double tps[2] = {0};
-  for (int bi = 0; bi < 2; bi++) {
-    const int B = batches[bi];
-    int32_t tokens[64], ql[64], kl[64], next[64];
-    for (int i = 0; i < B; i++) {
-      ql[i] = 128;
-      kl[i] = 128;
+  /* Decode speed with CUDA graphs at batch 1 and 64: first with the warp-per-column GEMV everywhere,
+   * then after servd_cuda_gemv_tune chose each weight shape's kernel (what servd does at startup). */
+  double tps[2] = {0}, tps_default[2] = {0};
+  CHECK_RC(decode_speed(g, &s, wbytes, copy_bw, "warp GEMV", tps_default));
+  {
+    const int shapes[][2] = {{s.heads * s.head_dim, s.hidden}, {s.kv_heads * s.head_dim, s.hidden},
+                             {s.hidden, s.heads * s.head_dim}, {s.inter, s.hidden}, {s.hidden, s.inter},
+                             {s.vocab, s.hidden}};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+      char rep[512];
+      CHECK_RC(servd_cuda_gemv_tune(c, shapes[i][0], shapes[i][1], rep, sizeof rep));
+      line("- GEMV %s", rep);
     }
-    int32_t *prompts = malloc(sizeof(int32_t) * 128 * B);
-    for (int i = 0; i < 128 * B; i++) prompts[i] = (i * 7919) % s.vocab;
-    for (int i = 0; i < B; i += 8) { /* prefill 8 sequences at a time */
-      int nb = B - i < 8 ? B - i : 8;
-      CHECK_RC(gpu_llama_step(g, nb, prompts + 128 * i, ql, kl, next)); /* rows of seqs 0..nb-1 */
-    }
-    free(prompts);
-    for (int i = 0; i < B; i++) tokens[i] = next[i % 8];
-    const int steps = 64;
-    double times[64];
-    for (int st = 0; st < steps; st++) {
-      for (int i = 0; i < B; i++) kl[i] = 129 + st;
-      double t0 = now_s();
-      CHECK_RC(gpu_llama_decode_graph(g, B, tokens, kl, next));
-      times[st] = now_s() - t0;
-      for (int i = 0; i < B; i++) tokens[i] = next[i];
-    }
-    qsort(times + 2, steps - 2, sizeof(double), cmp_double);
-    const double med = times[2 + (steps - 2) / 2];
-    tps[bi] = B / med;
-    const double frac_copy = wbytes / med / copy_bw, frac_sheet = wbytes / med / 4.8e12;
-    line("Decode batch %d: %.1f tokens/s (median step %.3f ms); weights streamed at %.2f TB/s = %.0f%% of the "
-         "measured copy rate, %.0f%% of 4.8 TB/s",
-         B, tps[bi], med * 1e3, wbytes / med / 1e12, 100 * frac_copy, 100 * frac_sheet);
   }
+  gpu_llama_drop_graphs(g);
+  CHECK_RC(decode_speed(g, &s, wbytes, copy_bw, "tuned GEMV", tps));
+  line("Batch 1 decode, tuned GEMV / warp GEMV: %.2fx", tps[0] / tps_default[0]);
   line("Batch 64 / batch 1 decode tokens/s: %.1fx (target 10x)", tps[1] / tps[0]);
   { /* prefill: 4 sequences of 512 tokens in one step */
     int32_t *toks = malloc(sizeof(int32_t) * 2048), ql[4] = {512, 512, 512, 512}, kl[4] = {512, 512, 512, 512};

@@ -125,9 +125,16 @@ int gpu_llama_create(servd_cuda_ctx *c, const llama_shape *s, int max_seqs, int 
   return servd_cuda_sync(c);
 }
 
+void gpu_llama_drop_graphs(gpu_llama *m) {
+  for (int i = 0; i < 128; i++) {
+    servd_cuda_graph_destroy(m->graphs[i]);
+    m->graphs[i] = NULL;
+  }
+}
+
 void gpu_llama_destroy(gpu_llama *m) {
   if (!m) return;
-  for (int i = 0; i < 128; i++) servd_cuda_graph_destroy(m->graphs[i]);
+  gpu_llama_drop_graphs(m);
   free(m->w.attn_norm); free(m->w.wq); free(m->w.wk); free(m->w.wv); free(m->w.wo);
   free(m->w.ffn_norm); free(m->w.w1); free(m->w.w2); free(m->w.w3);
   free(m->k_cache); free(m->v_cache);

@@ -39,6 +39,9 @@ int gpu_llama_step(gpu_llama *m, int n_seqs, const int32_t *tokens, const int32_
 /* Captures the decode step for n_seqs (q_len 1 each) in a CUDA graph once, then replays it; the
  * inputs (tokens, kv_len) are uploaded before each replay. */
 int gpu_llama_decode_graph(gpu_llama *m, int n_seqs, const int32_t *tokens, const int32_t *kv_len, int32_t *next);
+/* Destroys the captured decode graphs: the next decode_graph captures anew (after a kernel choice
+ * changed, servd_cuda_gemv_tune). */
+void gpu_llama_drop_graphs(gpu_llama *m);
 double gpu_llama_weight_bytes(const gpu_llama *m);
 
 /* CPU reference over host copies of the same weights (f32 activations). */

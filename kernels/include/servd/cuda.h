@@ -67,6 +67,12 @@ SERVD_API int servd_cuda_matmul(servd_cuda_ctx *c, servd_bf16_t *out, const serv
 /* out (m,n) f32 logits variant (for sampling precision). */
 SERVD_API int servd_cuda_matmul_f32out(servd_cuda_ctx *c, float *out, const servd_bf16_t *x, const servd_bf16_t *w,
                                        int m, int n, int k);
+/* Times the GEMV variants (the kernels of matmuls with m <= 8) for a weight (n, k) on c's device,
+ * refusing any whose products differ from the reference kernel's, and makes the fastest the one
+ * every later matmul of that shape on this device uses. report (may be NULL) gets one line: each
+ * variant's bandwidth and the choice. Call before capturing graphs (they keep the kernel they
+ * captured). SERVD_GEMV_TUNE=0 in the environment turns it off. */
+SERVD_API int servd_cuda_gemv_tune(servd_cuda_ctx *c, int n, int k, char *report, size_t cap);
 SERVD_API int servd_cuda_rmsnorm(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *x, const servd_bf16_t *w,
                                  int m, int d, float eps);
 /* In place on x (m, n_heads*head_dim); positions (m) device i32. */

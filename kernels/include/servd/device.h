@@ -59,6 +59,11 @@ SERVD_API size_t servd_device_weights_bytes(int device);
 SERVD_API int servd_device_copy(servd_tensor *dst, const servd_tensor *src);
 /* Waits for the work this thread enqueued on `device`. */
 SERVD_API int servd_device_sync(int device);
+/* Destroys the calling thread's CUDA contexts (streams, cuBLAS handles, scratch) after waiting for
+ * their work. Threads that used a device call it before they end: otherwise the contexts go in a
+ * thread-exit destructor, where CUDA calls are not safe (the driver tears down its own per-thread
+ * state in destructors of its own). Safe to call more than once, and on threads that used none. */
+SERVD_API void servd_device_thread_release(void);
 /* Bumped whenever device memory that a captured graph could reference is freed or moved (tensor
  * storage, or scratch of this thread's context that grew); a graph captured at generation g is valid
  * while the generation is still g. */
@@ -67,6 +72,10 @@ SERVD_API uint64_t servd_device_generation(int device);
 /* ---- ops: the CPU ops' contracts (servd/ops.h) with bf16 activations ---------------------------- */
 /* out (m,n) bf16 or f32 = x (m,k) bf16 @ w^T, w (n,k) bf16. */
 SERVD_API int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
+/* Picks, by measuring on the device, the kernel that matmuls with up to 8 rows use for a weight
+ * (n, k) from now on (servd_cuda_gemv_tune: variants that compute other products are refused).
+ * report (may be NULL) gets one line of the measured bandwidths. Before graphs are captured. */
+SERVD_API int servd_device_matmul_tune(int device, int n, int k, char *report, size_t cap);
 /* out (m,d) bf16: row ids[i]-row_offset of table (rows, d) bf16, zeros where that is outside the
  * table (vocabulary-parallel shards); ids i32 device (m). */
 SERVD_API int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids,
