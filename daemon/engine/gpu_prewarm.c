@@ -3,8 +3,9 @@
  * in a step is inside an interpreter's call. So servd creates each GPU's context at startup (with
  * CUDA_MODULE_LOADING=EAGER: a module loads whole) and here runs, still before any namespace,
  * one GEMM of every weight shape of the model for every row count a step can have (every 8th past
- * 256), so that every cuBLAS kernel library a step can pick is loaded (about a second on an H200). Then it gives the scratch memory back.
- * It also chooses, by measuring, the GEMV kernel of each weight shape for decode steps (gemv_tune.cu). */
+ * 256), so that every cuBLAS kernel library a step can pick is loaded (about a second on an H200).
+ * Then it gives the scratch memory back. It also chooses, by measuring, the GEMV kernel of each
+ * weight shape for decode steps (gemv_tune.cu), and turns on the fused kernels that pass their check. */
 #include "engine/gpu_prewarm.h"
 #include "engine/json_util.h"
 
@@ -92,16 +93,31 @@ int servd_gpu_prewarm(const servd_model_options *o) {
     if (!rc) rc = gemms(r, v, dim, logit_rows, n_logit);
   }
   /* Decode steps (up to 8 rows) run a GEMV kernel: pick, on each GPU, the fastest of its variants
-   * for each weight shape, measured here (tens of milliseconds). */
-  const int tuned[][2] = {{q, dim}, {kvc, dim}, {dim, q}, {f, dim}, {dim, f}, {v, dim}};
+   * for each weight shape, measured here (tens of milliseconds); Q/K/V and gate/up, which run as one
+   * launch over their weights, by their rows together. */
+  const int tuned[][2] = {{q, dim}, {kvc, dim},         {dim, q},    {f, dim},
+                          {dim, f}, {v, dim}, {q + 2 * kvc, dim}, {2 * f, dim}};
   for (int r = 0; r < tp && !rc; r++)
-    for (size_t s = 0; s < sizeof tuned / sizeof *tuned && !rc; s++) {
+    for (size_t s = 0; s < sizeof tuned / sizeof *tuned; s++) {
       bool seen = false; /* a shape twice (q and o when square) is measured once */
       for (size_t p = 0; p < s; p++) seen |= tuned[p][0] == tuned[s][0] && tuned[p][1] == tuned[s][1];
       char report[512];
-      if (!seen && !(rc = servd_device_matmul_tune(r, tuned[s][0], tuned[s][1], report, sizeof report)))
+      if (seen) continue;
+      if (servd_device_matmul_tune(r, tuned[s][0], tuned[s][1], report, sizeof report) == 0)
         fprintf(stderr, "servd: cuda:%d GEMV %s\n", r, report);
+      else /* the shape keeps the warp-per-column kernel */
+        fprintf(stderr, "servd: warning: cuda:%d GEMV choice for %d x %d: %s\n", r, tuned[s][0], tuned[s][1],
+                servd_last_error());
     }
+  /* The fused kernels (residual add + norm; several matmuls in one launch) run once they agree with
+   * their parts on this GPU; otherwise the parts run. */
+  for (int r = 0; r < tp && !rc; r++) {
+    char report[256];
+    if (servd_device_fused_check(r, report, sizeof report) == 0)
+      fprintf(stderr, "servd: cuda:%d fused kernels %s\n", r, report);
+    else
+      fprintf(stderr, "servd: warning: cuda:%d fused kernels off: %s\n", r, servd_last_error());
+  }
   free(rows);
   free(logit_rows);
   mpk_close(pkg);

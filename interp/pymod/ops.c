@@ -3,6 +3,7 @@
  * collectives are chosen here (batch.kv's device cache, pm.dcomm). */
 #include "pymod.h"
 
+#include <stddef.h>
 #include <string.h>
 
 /* Runs `call` (an int expression) without the GIL; raises on failure. The argument objects are held
@@ -111,6 +112,42 @@ static PyObject *op_add(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   servd_tensor *t[3];
   if (!targs(args, n, 3, 0, 3, "add", t)) return NULL;
   PM_RUN("add", add, pm_host->add(t[0], t[1], t[2]));
+}
+
+/* Members appended to the host table after the first release: present when the host's table is long
+ * enough to hold them (a newer servd module on an older host raises NotImplementedError). */
+#define PM_HOST_HAS(fn) (pm_host->size >= offsetof(servd_host_api, fn) + sizeof pm_host->fn && pm_host->fn)
+
+static PyObject *op_add_rmsnorm(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  servd_tensor *t[4];
+  if (!targs(args, n, 5, 0, 4, "add_rmsnorm", t)) return NULL;
+  double eps = PyFloat_AsDouble(args[4]);
+  if (eps == -1.0 && PyErr_Occurred()) return NULL;
+  if (!PM_HOST_HAS(add_rmsnorm))
+    return PyErr_Format(PyExc_NotImplementedError, "servd.ops.add_rmsnorm: not in this build");
+  PM_RUN("add_rmsnorm", add_rmsnorm, pm_host->add_rmsnorm(t[0], t[1], t[2], t[3], (float)eps));
+}
+
+static PyObject *op_matmul_many(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  if (n < 3 || n % 2 == 0 || (n - 1) / 2 > SERVD_DEVICE_MATMUL_MANY_MAX)
+    return PyErr_Format(PyExc_TypeError,
+                        "servd.ops.matmul_many(x, out0, w0, out1, w1, ...) takes x and 1 to %d (out, w) pairs "
+                        "(%zd arguments given)",
+                        SERVD_DEVICE_MATMUL_MANY_MAX, n);
+  servd_tensor *t[1 + 2 * SERVD_DEVICE_MATMUL_MANY_MAX];
+  if (!targs(args, n, n, 0, (int)n, "matmul_many", t)) return NULL;
+  const int count = (int)(n - 1) / 2;
+  servd_tensor *outs[SERVD_DEVICE_MATMUL_MANY_MAX];
+  const servd_tensor *ws[SERVD_DEVICE_MATMUL_MANY_MAX];
+  for (int i = 0; i < count; i++) {
+    outs[i] = t[1 + 2 * i];
+    ws[i] = t[2 + 2 * i];
+  }
+  if (!PM_HOST_HAS(matmul_many))
+    return PyErr_Format(PyExc_NotImplementedError, "servd.ops.matmul_many: not in this build");
+  PM_RUN("matmul_many", matmul_many, pm_host->matmul_many(count, outs, t[0], ws));
 }
 
 static PyObject *op_softmax(PyObject *m, PyObject *args, PyObject *kw) {
@@ -245,6 +282,9 @@ static PyMethodDef ops_methods[] = {
     FAST("rope", op_rope, "rope(x, positions, rope): in place"),
     FAST("swiglu", op_swiglu, "swiglu(out, gate, up)"),
     FAST("add", op_add, "add(out, a, b)"),
+    FAST("add_rmsnorm", op_add_rmsnorm, "add_rmsnorm(x, o, out, weight, eps): x += o; out = rmsnorm(x) * weight"),
+    FAST("matmul_many", op_matmul_many,
+         "matmul_many(x, out0, w0, out1, w1, ...): out_i = x @ w_i^T for 1 to 4 weights (one launch on a GPU)"),
     KW("softmax", op_softmax, "softmax(x, scale=1.0): rows, in place"),
     FAST("argmax", op_argmax, "argmax(out, x)"),
     FAST("topk", op_topk, "topk(values, indices, x, k)"),

@@ -104,6 +104,12 @@ typedef struct servd_host_api {
   int (*device_allgather_cols)(servd_device_comm *c, int rank, servd_tensor *out, const servd_tensor *x);
   /* a view of one field of the step's device inputs (new reference), NULL on failure */
   servd_tensor *(*device_batch_tensor)(const servd_device_batch *db, servd_device_batch_field f);
+
+  /* ---- fused ops, appended: what their parts compute (add then rmsnorm; one matmul per weight), on
+   * the host or on one device ---- */
+  int (*add_rmsnorm)(servd_tensor *x, const servd_tensor *o, servd_tensor *out, const servd_tensor *weight,
+                     float eps);
+  int (*matmul_many)(int count, servd_tensor *const *outs, const servd_tensor *x, const servd_tensor *const *ws);
 } servd_host_api;
 
 /* What one interpreter is started with. Strings are borrowed for the duration of init. */

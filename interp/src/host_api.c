@@ -78,6 +78,8 @@ static const servd_host_api g_api = {
     .device_allreduce_sum = servd_op__device_allreduce_sum,
     .device_allgather_cols = servd_op__device_allgather_cols,
     .device_batch_tensor = servd_device_batch_tensor,
+    .add_rmsnorm = servd_op__add_rmsnorm,
+    .matmul_many = servd_op__matmul_many,
 };
 
 const servd_host_api *servd_host_api__get(void) { return &g_api; }

@@ -68,6 +68,33 @@ int servd_op__matmul(servd_tensor *out, const servd_tensor *x, const servd_tenso
   return rc < 0 ? rc : d < 0 ? servd_matmul(out, x, w) : servd_device_matmul(out, x, w);
 }
 
+int servd_op__add_rmsnorm(servd_tensor *x, const servd_tensor *o, servd_tensor *out, const servd_tensor *weight,
+                          float eps) {
+  const arg a[] = {A(x), A(o), A(out), A(weight)};
+  int d = -1, rc = where("add_rmsnorm", a, N(a), &d);
+  if (rc < 0) return rc;
+  if (servd_tensor_data(out) == servd_tensor_data(x))
+    return servd_fail(SERVD_EINVAL, "add_rmsnorm: out must not be x (x keeps the sum)");
+  if (d >= 0) return servd_device_add_rmsnorm(x, o, out, weight, eps);
+  rc = servd_add(x, x, o);
+  return rc < 0 ? rc : servd_rmsnorm(out, x, weight, eps);
+}
+
+int servd_op__matmul_many(int count, servd_tensor *const *outs, const servd_tensor *x, const servd_tensor *const *ws) {
+  if (count < 1 || count > SERVD_DEVICE_MATMUL_MANY_MAX)
+    return servd_fail(SERVD_EINVAL, "matmul_many: %d weights (1..%d)", count, SERVD_DEVICE_MATMUL_MANY_MAX);
+  arg a[1 + 2 * SERVD_DEVICE_MATMUL_MANY_MAX] = {A(x)};
+  for (int i = 0; i < count; i++) {
+    a[1 + 2 * i] = (arg){"out", outs[i]};
+    a[2 + 2 * i] = (arg){"w", ws[i]};
+  }
+  int d = -1, rc = where("matmul_many", a, 1 + 2 * count, &d);
+  if (rc < 0) return rc;
+  if (d >= 0) return servd_device_matmul_many(count, outs, x, ws);
+  for (int i = 0; i < count && rc >= 0; i++) rc = servd_matmul(outs[i], x, ws[i]);
+  return rc < 0 ? rc : 0;
+}
+
 int servd_op__embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset) {
   const arg a[] = {A(out), A(table), A(ids)};
   int d, rc = where("embedding", a, N(a), &d);

@@ -58,6 +58,49 @@ int servd__gemv_launch_f32(cudaStream_t s, int variant, float *out, const __nv_b
   return launch_gemv<float>(s, variant, out, x, w, m, n, k);
 }
 
+int servd__gemv_launch_bf16(cudaStream_t s, int variant, __nv_bfloat16 *out, const __nv_bfloat16 *x,
+                            const __nv_bfloat16 *w, int m, int n, int k) {
+  return launch_gemv<__nv_bfloat16>(s, variant, out, x, w, m, n, k);
+}
+
+template <int KS>
+static void launch_many(cudaStream_t s, const gemv_segments<__nv_bfloat16> &sg, const __nv_bfloat16 *x, int m,
+                        int k) {
+  dim3 grid(servd__div_up(sg.start[sg.count], 8 / KS));
+  switch (m) {
+#define CASE(M) \
+  case M: gemv_bf16_many_kernel<M, __nv_bfloat16, KS><<<grid, 256, 0, s>>>(sg, x, k); break;
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+  }
+}
+
+int servd__gemv_many_launch(cudaStream_t s, int variant, int count, __nv_bfloat16 *const *outs,
+                            const __nv_bfloat16 *x, const __nv_bfloat16 *const *ws, const int *ns, int m, int k) {
+  if (count < 1 || count > SERVD_GEMV_MAX_SEGMENTS || m < 1 || m > 8)
+    return servd_fail(SERVD_EINVAL, "cuda matmul_many: %d weights, m=%d (1..%d weights, m 1..8)", count, m,
+                      SERVD_GEMV_MAX_SEGMENTS);
+  gemv_segments<__nv_bfloat16> sg = {};
+  sg.count = count;
+  for (int i = 0; i < count; i++) {
+    sg.w[i] = ws[i];
+    sg.out[i] = outs[i];
+    sg.n[i] = ns[i];
+    sg.start[i + 1] = sg.start[i] + ns[i];
+  }
+  if (sg.start[count] == 0) return SERVD_OK;
+  switch (variant) { /* the warp-per-column choice runs the split kernel with one warp per column */
+  case SERVD_GEMV_WARP:
+  case SERVD_GEMV_SPLIT1: launch_many<1>(s, sg, x, m, k); break;
+  case SERVD_GEMV_SPLIT2: launch_many<2>(s, sg, x, m, k); break;
+  case SERVD_GEMV_SPLIT4: launch_many<4>(s, sg, x, m, k); break;
+  case SERVD_GEMV_SPLIT8: launch_many<8>(s, sg, x, m, k); break;
+  default: return servd_fail(SERVD_EINVAL, "cuda matmul_many: gemv variant %d", variant);
+  }
+  SERVD_CUDA_LAUNCH_CHECK();
+  return SERVD_OK;
+}
+
 template <typename OutT>
 static int matmul_any(servd_cuda_ctx *c, OutT *out, const servd_bf16_t *x, const servd_bf16_t *w, int m, int n,
                       int k, cudaDataType_t out_type) {
@@ -86,4 +129,29 @@ extern "C" int servd_cuda_matmul(servd_cuda_ctx *c, servd_bf16_t *out, const ser
 extern "C" int servd_cuda_matmul_f32out(servd_cuda_ctx *c, float *out, const servd_bf16_t *x, const servd_bf16_t *w,
                                         int m, int n, int k) {
   return matmul_any<float>(c, out, x, w, m, n, k, CUDA_R_32F);
+}
+
+extern "C" int servd_cuda_matmul_many(servd_cuda_ctx *c, int count, servd_bf16_t *const *outs, const servd_bf16_t *x,
+                                      const servd_bf16_t *const *ws, const int *ns, int m, int k) {
+  if (count < 1 || count > SERVD_GEMV_MAX_SEGMENTS)
+    return servd_fail(SERVD_EINVAL, "cuda matmul_many: %d weights (1..%d)", count, SERVD_GEMV_MAX_SEGMENTS);
+  int total = 0;
+  for (int i = 0; i < count; i++) {
+    if (ns[i] < 0 || ns[i] > INT32_MAX - total)
+      return servd_fail(SERVD_EINVAL, "cuda matmul_many: weight %d has %d rows", i, ns[i]);
+    total += ns[i];
+  }
+  const int device = servd_cuda_ctx_device(c);
+  if (m >= 1 && m <= 8 && k > 0 && k % 8 == 0 && servd__fused_ok(device)) {
+    SERVD_CUDA_DEVICE_SCOPE(c);
+    return servd__gemv_many_launch(servd__stream(c), servd__gemv_choice(device, total, k), count,
+                                   reinterpret_cast<__nv_bfloat16 *const *>(outs),
+                                   reinterpret_cast<const __nv_bfloat16 *>(x),
+                                   reinterpret_cast<const __nv_bfloat16 *const *>(ws), ns, m, k);
+  }
+  for (int i = 0; i < count; i++) { /* the parts: one matmul per weight */
+    int rc = servd_cuda_matmul(c, outs[i], x, ws[i], m, ns[i], k);
+    if (rc) return rc;
+  }
+  return SERVD_OK;
 }

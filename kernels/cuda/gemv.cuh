@@ -68,13 +68,14 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
 // The same product with more loads in flight: KS warps share one output column, each over a
 // contiguous 1/KS of k, every lane keeping four 16-byte weight loads in flight; the KS partial sums
 // meet in shared memory. Small n (the K/V projections: 1024 rows) then still fills the GPU with
-// loads, which one warp per column cannot. 256 threads; KS in {1, 2, 4, 8}.
+// loads, which one warp per column cannot. 256 threads; KS in {1, 2, 4, 8}. The KS warps of a
+// column are consecutive; every thread of the block must call this (it may __syncthreads), with
+// col >= n for warps that have no column.
 template <int M, typename OutT, int KS>
-__global__ void __launch_bounds__(256) gemv_bf16_split_kernel(OutT *__restrict__ out, const __nv_bfloat16 *__restrict__ x,
-                                                              const __nv_bfloat16 *__restrict__ w, int n, int k) {
-  constexpr int WARPS = 8, COLS = WARPS / KS;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int col = blockIdx.x * COLS + warp / KS, slice = warp % KS;
+__device__ __forceinline__ void gemv_split_column(OutT *__restrict__ out, const __nv_bfloat16 *__restrict__ x,
+                                                  const __nv_bfloat16 *__restrict__ w, int n, int k, int col) {
+  constexpr int WARPS = 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slice = warp % KS;
   const int chunks = k / 8, per = (chunks + KS - 1) / KS;
   const int c0 = slice * per, c1 = min(chunks, c0 + per);
   float acc[M];
@@ -140,4 +141,33 @@ __global__ void __launch_bounds__(256) gemv_bf16_split_kernel(OutT *__restrict__
         out[(size_t)lane * n + col] = __float2bfloat16(v);
     }
   }
+}
+
+template <int M, typename OutT, int KS>
+__global__ void __launch_bounds__(256)
+    gemv_bf16_split_kernel(OutT *__restrict__ out, const __nv_bfloat16 *__restrict__ x,
+                           const __nv_bfloat16 *__restrict__ w, int n, int k) {
+  gemv_split_column<M, OutT, KS>(out, x, w, n, k, blockIdx.x * (8 / KS) + threadIdx.x / 32 / KS);
+}
+
+// Several weights against the same x in one launch (Q, K and V; gate and up): their columns are laid
+// end to end, each warp finds its weight by its column, and computes exactly what the split kernel
+// computes for that weight alone.
+#define SERVD_GEMV_MAX_SEGMENTS 4
+template <typename OutT>
+struct gemv_segments {
+  const __nv_bfloat16 *w[SERVD_GEMV_MAX_SEGMENTS];
+  OutT *out[SERVD_GEMV_MAX_SEGMENTS];
+  int n[SERVD_GEMV_MAX_SEGMENTS];
+  int start[SERVD_GEMV_MAX_SEGMENTS + 1]; /* start[i]: the first column of weight i; start[count]: all */
+  int count;
+};
+
+template <int M, typename OutT, int KS>
+__global__ void __launch_bounds__(256) gemv_bf16_many_kernel(const gemv_segments<OutT> sg,
+                                                             const __nv_bfloat16 *__restrict__ x, int k) {
+  const int g = blockIdx.x * (8 / KS) + threadIdx.x / 32 / KS;
+  int s = 0;
+  while (s + 1 < sg.count && g >= sg.start[s + 1]) s++;
+  gemv_split_column<M, OutT, KS>(sg.out[s], x, sg.w[s], sg.n[s], k, g - sg.start[s]);
 }

@@ -73,6 +73,21 @@ int servd_device_matmul_tune(int device, int n, int k, char *report, size_t cap)
   if (report && cap) report[0] = 0;
   return NO_CUDA("device matmul tune");
 }
+int servd_device_add_rmsnorm(servd_tensor *x, const servd_tensor *o, servd_tensor *out, const servd_tensor *weight,
+                             float eps) {
+  (void)x, (void)o, (void)out, (void)weight, (void)eps;
+  return NO_CUDA("device add_rmsnorm");
+}
+int servd_device_matmul_many(int count, servd_tensor *const *outs, const servd_tensor *x,
+                             const servd_tensor *const *ws) {
+  (void)count, (void)outs, (void)x, (void)ws;
+  return NO_CUDA("device matmul_many");
+}
+int servd_device_fused_check(int device, char *report, size_t cap) {
+  (void)device;
+  if (report && cap) report[0] = 0;
+  return NO_CUDA("device fused check");
+}
 int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset) {
   TRY(servd__dev_check_embedding(out, table, ids, row_offset));
   return NO_CUDA("device embedding");

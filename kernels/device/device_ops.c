@@ -100,6 +100,46 @@ int servd_device_add(servd_tensor *out, const servd_tensor *a, const servd_tenso
   return elementwise("device add", servd_cuda_add, out, a, b);
 }
 
+int servd_device_add_rmsnorm(servd_tensor *x, const servd_tensor *o, servd_tensor *out, const servd_tensor *weight,
+                             float eps) {
+  const char *op = "device add_rmsnorm";
+  servd_cuda_ctx *c;
+  TRY(servd__dev_check_binary(op, x, x, o));
+  TRY(checked_ctx(op, servd__dev_check_rmsnorm(out, x, weight), x, &c));
+  if (DATA(out) == DATA(x)) return servd_fail(SERVD_EINVAL, "%s: out must not be x (x keeps the sum)", op);
+  return servd__dev_wrap(
+      servd_cuda_add_rmsnorm(c, DATA(x), DATA(o), DATA(out), DATA(weight), (int)rows(x), (int)cols(x), eps), op);
+}
+
+int servd_device_matmul_many(int count, servd_tensor *const *outs, const servd_tensor *x,
+                             const servd_tensor *const *ws) {
+  const char *op = "device matmul_many";
+  if (count < 1 || count > SERVD_DEVICE_MATMUL_MANY_MAX)
+    return servd_fail(SERVD_EINVAL, "%s: %d weights (1..%d)", op, count, SERVD_DEVICE_MATMUL_MANY_MAX);
+  servd_bf16_t *o[SERVD_DEVICE_MATMUL_MANY_MAX];
+  const servd_bf16_t *w[SERVD_DEVICE_MATMUL_MANY_MAX];
+  int ns[SERVD_DEVICE_MATMUL_MANY_MAX];
+  for (int i = 0; i < count; i++) {
+    int rc = servd__dev_check_matmul(outs[i], x, ws[i]);
+    if (rc) return servd_fail(rc, "%s: weight %d: %s", op, i, servd_last_error());
+    if (outs[i]->dtype != SERVD_BF16)
+      return servd_fail(SERVD_EINVAL, "%s: out %d must be bf16 (f32 outputs: servd_device_matmul)", op, i);
+    o[i] = DATA(outs[i]);
+    w[i] = DATA(ws[i]);
+    ns[i] = (int)ws[i]->shape[0];
+  }
+  servd_cuda_ctx *c;
+  TRY(servd__dev_ctx(op, x->device, &c));
+  return servd__dev_wrap(servd_cuda_matmul_many(c, count, o, DATA(x), w, ns, (int)x->shape[0], (int)x->shape[1]), op);
+}
+
+int servd_device_fused_check(int device, char *report, size_t cap) {
+  const char *op = "device fused check";
+  servd_cuda_ctx *c;
+  TRY(servd__dev_ctx(op, device, &c));
+  return servd__dev_wrap(servd_cuda_fused_check(c, report, cap), op);
+}
+
 int servd_device_argmax(servd_tensor *out, const servd_tensor *x) {
   const char *op = "device argmax";
   servd_cuda_ctx *c;

@@ -18,6 +18,19 @@ import math
 import servd
 from servd import ops
 
+
+def _add_rmsnorm_parts(x, o, out, weight, eps):
+    """servd.ops.add_rmsnorm composed of its parts."""
+    ops.add(x, x, o)
+    ops.rmsnorm(out, x, weight, eps)
+
+
+def _matmul_many_parts(x, *pairs):
+    """servd.ops.matmul_many composed of its parts."""
+    for i in range(0, len(pairs), 2):
+        ops.matmul(pairs[i], x, pairs[i + 1])
+
+
 try:
     from . import placement
 except ImportError:  # model.py loaded as a lone file (tests/llama/numpy_servd.py)
@@ -167,16 +180,19 @@ class LlamaModel:
         P = self._ops
         matmul, rmsnorm, add, allreduce = P.matmul, P.rmsnorm, P.add, P.allreduce
         rope_op, kv_write, attention, swiglu = P.rope, P.kv_write, P.attention, P.swiglu
+        # Fused ops (one launch each on a GPU): the residual add with the norm after it, and the
+        # matmuls that share an input. They compute what their parts compute.
+        add_rmsnorm = getattr(P, "add_rmsnorm", _add_rmsnorm_parts)  # parts: a servd older than this code
+        matmul_many = getattr(P, "matmul_many", _matmul_many_parts)
+        layers = self.layers
+        last = len(layers) - 1
         t0 = self._clock() if self._prof else 0
         P.embedding(x, self.embed, batch.tokens, self.v0)
         if tp:
             allreduce(x)
-        li = 0
-        for an, wq, wk, wv, wo, fnorm, w1, w3, w2 in self.layers:
-            rmsnorm(h, x, an, eps)
-            matmul(q, h, wq)
-            matmul(k, h, wk)
-            matmul(v, h, wv)
+        rmsnorm(h, x, layers[0][0], eps)
+        for li, (an, wq, wk, wv, wo, fnorm, w1, w3, w2) in enumerate(layers):
+            matmul_many(h, q, wq, k, wk, v, wv)
             rope_op(q, pos, rope)
             rope_op(k, pos, rope)
             kv_write(kv, li, k, v, slots)
@@ -184,16 +200,16 @@ class LlamaModel:
             matmul(o, a, wo)
             if tp:
                 allreduce(o)
-            add(x, x, o)
-            rmsnorm(h, x, fnorm, eps)
-            matmul(g, h, w1)
-            matmul(u, h, w3)
+            add_rmsnorm(x, o, h, fnorm, eps)
+            matmul_many(h, g, w1, u, w3)
             swiglu(g, g, u)
             matmul(o, g, w2)
             if tp:
                 allreduce(o)
-            add(x, x, o)
-            li += 1
+            if li < last:
+                add_rmsnorm(x, o, h, layers[li + 1][0], eps)  # the next layer's attention norm
+            else:
+                add(x, x, o)
         rows = batch.logit_rows
         if len(rows) == 0:  # a prefill chunk that does not reach the end of its prompt
             if self._prof:
@@ -237,8 +253,9 @@ class LlamaModel:
 
         t = Timed()
         for name in ("matmul", "rmsnorm", "add", "allreduce", "rope", "kv_write", "attention", "swiglu",
-                     "embedding", "allgather_cols"):
-            setattr(t, name, timed(getattr(ops, name)))
+                     "embedding", "allgather_cols", "add_rmsnorm", "matmul_many"):
+            if hasattr(ops, name):
+                setattr(t, name, timed(getattr(ops, name)))
         self._ops, self._prof = t, prof
         return None
 

@@ -288,6 +288,91 @@ done:
   servd_tensor_release(lv), servd_tensor_release(li), servd_tensor_release(lg);
 }
 
+/* The fused ops, first turned on by their check on this GPU (which must pass), then against the CPU:
+ * add_rmsnorm's sum is the bf16 rounding of x + o on both sides (exact), its norm as check_rmsnorm
+ * allows; matmul_many's outputs against the CPU matmul of each weight, with the bf16-output
+ * allowance of check_matmul_shape in its simple form (outputs are O(1): weights 3/sqrt(k)). */
+static void check_fused(void) {
+  const char *name = "fused ops";
+  enum { M = 5, D = 4096, K = 4096 };
+  const int ns[3] = {4096, 1024, 1024}, rows_m[2] = {1, M};
+  char report[256] = "";
+  float *xv = NULL, *ov = NULL, *wv = NULL, *sumv = NULL, *got = NULL, *ref = NULL, *mw[3] = {NULL, NULL, NULL};
+  servd_tensor *sh = NULL, *wh = NULL, *rh = NULL, *xd = NULL, *od = NULL, *wd = NULL, *hd = NULL;
+  servd_tensor *mwh[3] = {NULL, NULL, NULL}, *mwd[3] = {NULL, NULL, NULL}, *mo[3] = {NULL, NULL, NULL};
+  servd_tensor *mxh = NULL, *mxd = NULL, *mref = NULL;
+  float *mx = NULL;
+  TRY(servd_device_fused_check(dc_device, report, sizeof report));
+  dc_verdict(strncmp(report, "on", 2) == 0, "fused kernels' own check", "%s", report);
+
+  const int64_t xshape[2] = {M, D}, wshape[1] = {D};
+  NN(xv = dc_rand_bf16((size_t)M * D, 2.f));
+  NN(ov = dc_rand_bf16((size_t)M * D, 2.f));
+  NN(wv = dc_rand_bf16(D, 1.f));
+  for (int i = 0; i < D; i++) wv[i] = dc_round_bf16(1.f + 0.5f * wv[i]);
+  NN(sumv = malloc((size_t)M * D * sizeof *sumv));
+  for (size_t i = 0; i < (size_t)M * D; i++) sumv[i] = dc_round_bf16(xv[i] + ov[i]);
+  NN(sh = dc_host_f32(sumv, 2, xshape));
+  NN(wh = dc_host_f32(wv, 1, wshape));
+  NN(rh = dc_host_f32(NULL, 2, xshape));
+  TRY(servd_rmsnorm(rh, sh, wh, 1e-5f));
+  TRY(dc_dev_f32(xv, 2, xshape, SERVD_BF16, &xd));
+  TRY(dc_dev_f32(ov, 2, xshape, SERVD_BF16, &od));
+  TRY(dc_dev_f32(wv, 1, wshape, SERVD_BF16, &wd));
+  TRY(dc_dev_new(SERVD_BF16, 2, xshape, &hd));
+  TRY(servd_device_add_rmsnorm(xd, od, hd, wd, 1e-5f));
+  NN(got = malloc((size_t)M * D * sizeof *got));
+  TRY(dc_download_f32(xd, got));
+  dc_expect_close("add_rmsnorm 5x4096: x + o", got, sumv, (size_t)M * D, 0, 0, NULL, "exact (bf16 of the sum)");
+  TRY(dc_download_f32(hd, got));
+  dc_expect_close("add_rmsnorm 5x4096: the norm", got, servd_tensor_data(rh), (size_t)M * D, 1e-6, ldexp(1, -6),
+                  NULL, "2^-6|ref| + 1e-6");
+
+  for (int i = 0; i < 3; i++) {
+    const int64_t shape[2] = {ns[i], K};
+    NN(mw[i] = dc_rand_bf16((size_t)ns[i] * K, 3.f / sqrtf((float)K)));
+    NN(mwh[i] = dc_host_as(SERVD_BF16, mw[i], 2, shape));
+    TRY(servd_device_upload(dc_device, mwh[i], SERVD_BF16, &mwd[i]));
+  }
+  for (int r = 0; r < 2; r++) {
+    const int m = rows_m[r];
+    const int64_t mxs[2] = {m, K};
+    NN(mx = dc_rand_bf16((size_t)m * K, 1.f));
+    NN(mxh = dc_host_f32(mx, 2, mxs));
+    TRY(servd_device_upload(dc_device, mxh, SERVD_BF16, &mxd));
+    for (int i = 0; i < 3; i++) {
+      const int64_t os[2] = {m, ns[i]};
+      TRY(dc_dev_new(SERVD_BF16, 2, os, &mo[i]));
+    }
+    TRY(servd_device_matmul_many(3, mo, mxd, (const servd_tensor *const *)mwd));
+    for (int i = 0; i < 3; i++) {
+      const int64_t os[2] = {m, ns[i]};
+      char label[96];
+      snprintf(label, sizeof label, "matmul_many m=%d: weight %d (%d x %d)", m, i, ns[i], K);
+      NN(mref = dc_host_f32(NULL, 2, os));
+      TRY(servd_matmul(mref, mxh, mwh[i]));
+      free(ref);
+      NN(ref = malloc((size_t)m * ns[i] * sizeof *ref));
+      TRY(dc_download_f32(mo[i], ref));
+      dc_expect_close(label, ref, servd_tensor_data(mref), (size_t)m * ns[i], 1e-3, ldexp(1, -7), NULL,
+                      "2^-7|ref| + 1e-3");
+      servd_tensor_release(mref), servd_tensor_release(mo[i]);
+      mref = mo[i] = NULL;
+    }
+    free(mx), servd_tensor_release(mxh), servd_tensor_release(mxd);
+    mx = NULL, mxh = mxd = NULL;
+  }
+done:
+  free(xv), free(ov), free(wv), free(sumv), free(got), free(ref), free(mx);
+  servd_tensor_release(sh), servd_tensor_release(wh), servd_tensor_release(rh), servd_tensor_release(xd);
+  servd_tensor_release(od), servd_tensor_release(wd), servd_tensor_release(hd), servd_tensor_release(mxh);
+  servd_tensor_release(mxd), servd_tensor_release(mref);
+  for (int i = 0; i < 3; i++) {
+    free(mw[i]);
+    servd_tensor_release(mwh[i]), servd_tensor_release(mwd[i]), servd_tensor_release(mo[i]);
+  }
+}
+
 void dc_check_ops(void) {
   check_matmul_shape(4096, 4096);
   check_matmul_shape(1001, 2056); /* odd n; k a multiple of 8 but not of 16 */
@@ -296,6 +381,7 @@ void dc_check_ops(void) {
   check_rope(0);
   check_rope(1);
   check_elementwise();
+  check_fused();
   check_select();
   check_errors();
 }

@@ -347,6 +347,21 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* n greedy tokens after a prompt of p tokens, one sequence (eager steps). */
+static int gpu_greedy(gpu_llama *g, const int32_t *prompt, int p, int32_t *out, int n) {
+  int32_t ql = p, kl = p, next;
+  int rc = gpu_llama_step(g, 1, prompt, &ql, &kl, &next);
+  if (rc) return rc;
+  out[0] = next;
+  for (int i = 1; i < n; i++) {
+    ql = 1;
+    kl = p + i;
+    if ((rc = gpu_llama_step(g, 1, &out[i - 1], &ql, &kl, &next))) return rc;
+    out[i] = next;
+  }
+  return 0;
+}
+
 /* Decode tokens/s with CUDA graphs at batch 1 and 64 (tps[0], tps[1]), context growing from 128. */
 static int decode_speed(gpu_llama *g, const llama_shape *sh, double wbytes, double copy_bw, const char *what,
                         double tps[2]) {
@@ -443,15 +458,7 @@ int main(int argc, char **argv) {
   int32_t gtok[NEW], ctok[NEW];
   float margins[NEW];
   {
-    int32_t ql = PROMPT, kl = PROMPT, next;
-    CHECK_RC(gpu_llama_step(g, 1, prompt, &ql, &kl, &next));
-    gtok[0] = next;
-    for (int i = 1; i < NEW; i++) {
-      ql = 1;
-      kl = PROMPT + i;
-      CHECK_RC(gpu_llama_step(g, 1, &gtok[i - 1], &ql, &kl, &next));
-      gtok[i] = next;
-    }
+    CHECK_RC(gpu_greedy(g, prompt, PROMPT, gtok, NEW));
     cpu_llama *cm = NULL;
     double t0 = now_s();
     CHECK_RC(cpu_llama_create(c, g, max_ctx, &cm));
@@ -484,6 +491,24 @@ int main(int argc, char **argv) {
   gpu_llama_drop_graphs(g);
   CHECK_RC(decode_speed(g, &s, wbytes, copy_bw, "tuned GEMV", tps));
   line("Batch 1 decode, tuned GEMV / warp GEMV: %.2fx", tps[0] / tps_default[0]);
+  { /* the fused kernels: the residual add with the next norm, Q/K/V and gate/up in one launch each */
+    char rep[256];
+    double tps_tuned[2] = {tps[0], tps[1]};
+    CHECK_RC(servd_cuda_fused_check(c, rep, sizeof rep));
+    line("- fused kernels: %s", rep);
+    if (strncmp(rep, "on", 2) != 0) failures++;
+    gpu_llama_drop_graphs(g);
+    CHECK_RC(decode_speed(g, &s, wbytes, copy_bw, "tuned GEMV, fused kernels", tps));
+    line("Batch 1 decode, fused / unfused (both tuned): %.2fx", tps[0] / tps_tuned[0]);
+    /* The same greedy tokens with the tuned and fused kernels as with the first ones (sums in
+     * another order may swap only a near tie: the CPU margin rule above). */
+    int32_t ftok[NEW];
+    CHECK_RC(gpu_greedy(g, prompt, PROMPT, ftok, NEW));
+    int fsame = 0;
+    while (fsame < NEW && ftok[fsame] == gtok[fsame]) fsame++;
+    line("Greedy tokens, tuned and fused kernels vs the first run: %d of %d identical", fsame, NEW);
+    if (fsame < NEW && margins[fsame] > 0.05f) failures++;
+  }
   line("Batch 64 / batch 1 decode tokens/s: %.1fx (target 10x)", tps[1] / tps[0]);
   { /* prefill: 4 sequences of 512 tokens in one step */
     int32_t *toks = malloc(sizeof(int32_t) * 2048), ql[4] = {512, 512, 512, 512}, kl[4] = {512, 512, 512, 512};

@@ -189,11 +189,13 @@ static int forward(gpu_llama *m, int n_seqs, int T, const int32_t *q_len, const 
                                     m->h_q_start, q_len, kv_len};
   const float scale = 1.0f / sqrtf((float)s->head_dim);
   TRY(servd_cuda_embedding(c, m->x, w->embed, m->d_tokens, T, h, s->vocab));
+  TRY(servd_cuda_rmsnorm(c, m->xb, m->x, w->attn_norm[0], T, h, s->eps));
   for (int l = 0; l < s->layers; l++) {
-    TRY(servd_cuda_rmsnorm(c, m->xb, m->x, w->attn_norm[l], T, h, s->eps));
-    TRY(servd_cuda_matmul(c, m->q, m->xb, w->wq[l], T, qd, h));
-    TRY(servd_cuda_matmul(c, m->k, m->xb, w->wk[l], T, kd, h));
-    TRY(servd_cuda_matmul(c, m->v, m->xb, w->wv[l], T, kd, h));
+    /* The fused ops (one launch each once servd_cuda_fused_check passed; their parts before). */
+    servd_bf16_t *qkv[3] = {m->q, m->k, m->v};
+    const servd_bf16_t *wqkv[3] = {w->wq[l], w->wk[l], w->wv[l]};
+    const int nqkv[3] = {qd, kd, kd};
+    TRY(servd_cuda_matmul_many(c, 3, qkv, m->xb, wqkv, nqkv, T, h));
     TRY(servd_cuda_rope(c, m->q, m->d_pos, T, s->heads, &s->rope));
     TRY(servd_cuda_rope(c, m->k, m->d_pos, T, s->kv_heads, &s->rope));
     TRY(servd_cuda_kv_write(c, m->k_cache[l], m->v_cache[l], m->k, m->v, m->d_slots, T, kd,
@@ -201,13 +203,17 @@ static int forward(gpu_llama *m, int n_seqs, int T, const int32_t *q_len, const 
     TRY(servd_cuda_attention(c, m->att, m->q, m->k_cache[l], m->v_cache[l], &ab, s->heads, s->kv_heads,
                              s->head_dim, BLOCK, scale));
     TRY(servd_cuda_matmul(c, m->xb, m->att, w->wo[l], T, h, qd));
-    TRY(servd_cuda_add(c, m->x, m->x, m->xb, (int64_t)T * h));
-    TRY(servd_cuda_rmsnorm(c, m->xb, m->x, w->ffn_norm[l], T, h, s->eps));
-    TRY(servd_cuda_matmul(c, m->h1, m->xb, w->w1[l], T, s->inter, h));
-    TRY(servd_cuda_matmul(c, m->h3, m->xb, w->w3[l], T, s->inter, h));
+    TRY(servd_cuda_add_rmsnorm(c, m->x, m->xb, m->xb, w->ffn_norm[l], T, h, s->eps));
+    servd_bf16_t *gu[2] = {m->h1, m->h3};
+    const servd_bf16_t *w13[2] = {w->w1[l], w->w3[l]};
+    const int ngu[2] = {s->inter, s->inter};
+    TRY(servd_cuda_matmul_many(c, 2, gu, m->xb, w13, ngu, T, h));
     TRY(servd_cuda_swiglu(c, m->h1, m->h1, m->h3, (int64_t)T * s->inter));
     TRY(servd_cuda_matmul(c, m->xb, m->h1, w->w2[l], T, h, s->inter));
-    TRY(servd_cuda_add(c, m->x, m->x, m->xb, (int64_t)T * h));
+    if (l + 1 < s->layers)
+      TRY(servd_cuda_add_rmsnorm(c, m->x, m->xb, m->xb, w->attn_norm[l + 1], T, h, s->eps));
+    else
+      TRY(servd_cuda_add(c, m->x, m->x, m->xb, (int64_t)T * h));
   }
   /* Only the last row of each sequence needs logits: gather them with the embedding kernel. */
   TRY(servd_cuda_embedding(c, m->last, m->x, m->d_last, n_seqs, h, T));

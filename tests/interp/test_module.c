@@ -131,6 +131,37 @@ static void test_ops(void **state) {
   support_expect_true(it0(), "ops.allreduce(o) is None");
 }
 
+/* The fused ops on the host: add_rmsnorm against hand-computed values and against its parts (bitwise),
+ * matmul_many against hand-computed values and one matmul per weight (weights of two dtypes). */
+static void test_fused_ops(void **state) {
+  (void)state;
+  servd_interp *it = servd_pool_get(g_pool, 0);
+  /* x + o = [[3, 4], [4, 0]]; rms = sqrt(12.5), sqrt(8); weight [1, 2]; eps 0 */
+  support_exec(it, "x = servd.tensor([[1, 2], [3, -1]])\no = servd.tensor([[2, 2], [1, 1]])\n"
+                   "nw = servd.tensor([1, 2])\nh = servd.empty((2, 2))\nops.add_rmsnorm(x, o, h, nw, 0.0)\n"
+                   "want = [[3 / math.sqrt(12.5), 8 / math.sqrt(12.5)], [4 / math.sqrt(8), 0.0]]\n");
+  support_expect_true(it, "x.tolist() == [[3.0, 4.0], [4.0, 0.0]]");
+  /* f32 rounding of values near 1: 1e-6 */
+  support_expect_true(it, "all(abs(a - b) < 1e-6 for r, s in zip(h.tolist(), want) for a, b in zip(r, s))");
+  support_exec(it, "x2 = servd.tensor([[1, 2], [3, -1]])\nh2 = servd.empty((2, 2))\n"
+                   "ops.add(x2, x2, o)\nops.rmsnorm(h2, x2, nw, 0.0)\n");
+  support_expect_true(it, "h.tolist() == h2.tolist() and x.tolist() == x2.tolist()");
+  support_expect_raises(it, "ops.add_rmsnorm(x, o, x, nw, 0.0)", "ValueError", "out must not be x");
+  support_expect_raises(it, "ops.add_rmsnorm(x, o, h, nw)", "TypeError", "5 arguments");
+
+  /* x (2,3) @ [[1,0,1],[0,1,1]]^T = [[4,5],[10,11]]; @ [[1,1,1]]^T = [[6],[15]] */
+  support_exec(it, "xm = servd.tensor([[1, 2, 3], [4, 5, 6]])\n"
+                   "wa = servd.tensor([[1, 0, 1], [0, 1, 1]])\nwb = servd.tensor([[1, 1, 1]], dtype='bf16')\n"
+                   "oa = servd.empty((2, 2))\nob = servd.empty((2, 1))\nops.matmul_many(xm, oa, wa, ob, wb)\n"
+                   "ra = servd.empty((2, 2))\nrb = servd.empty((2, 1))\nops.matmul(ra, xm, wa)\nops.matmul(rb, xm, wb)\n");
+  support_expect_true(it, "oa.tolist() == [[4.0, 5.0], [10.0, 11.0]] and ob.tolist() == [[6.0], [15.0]]");
+  support_expect_true(it, "oa.tolist() == ra.tolist() and ob.tolist() == rb.tolist()");
+  support_expect_raises(it, "ops.matmul_many(xm, oa)", "TypeError", "pairs");
+  support_expect_raises(it, "ops.matmul_many(xm, oa, wa, ob)", "TypeError", "pairs");
+  support_expect_raises(it, "ops.matmul_many(xm, oa, wa, oa, wa, oa, wa, oa, wa, oa, wa)", "TypeError", "pairs");
+  support_expect_raises(it, "ops.matmul_many(xm, ob, wa)", "ValueError", "matmul");
+}
+
 /* A CPU interpreter: the device calls say so; host copies and the single-rank gather work. */
 static void test_device_api_on_cpu(void **state) {
   (void)state;
@@ -345,6 +376,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tensor),
       cmocka_unit_test(test_ops),
+      cmocka_unit_test(test_fused_ops),
       cmocka_unit_test(test_device_api_on_cpu),
       cmocka_unit_test(test_predict),
       cmocka_unit_test(test_forward),

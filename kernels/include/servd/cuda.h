@@ -73,6 +73,19 @@ SERVD_API int servd_cuda_matmul_f32out(servd_cuda_ctx *c, float *out, const serv
  * variant's bandwidth and the choice. Call before capturing graphs (they keep the kernel they
  * captured). SERVD_GEMV_TUNE=0 in the environment turns it off. */
 SERVD_API int servd_cuda_gemv_tune(servd_cuda_ctx *c, int n, int k, char *report, size_t cap);
+/* x (m,d) += o, then out = rmsnorm(x) * w: what servd_cuda_add then servd_cuda_rmsnorm compute, in
+ * one launch once servd_cuda_fused_check passed on the device (the two launches until then). out
+ * must not be x; it may be o. */
+SERVD_API int servd_cuda_add_rmsnorm(servd_cuda_ctx *c, servd_bf16_t *x, const servd_bf16_t *o, servd_bf16_t *out,
+                                     const servd_bf16_t *w, int m, int d, float eps);
+/* outs[i] (m, ns[i]) bf16 = x (m,k) @ ws[i]^T for 1..4 weights: for m <= 8 one launch once
+ * servd_cuda_fused_check passed on the device; otherwise one matmul per weight. */
+SERVD_API int servd_cuda_matmul_many(servd_cuda_ctx *c, int count, servd_bf16_t *const *outs, const servd_bf16_t *x,
+                                     const servd_bf16_t *const *ws, const int *ns, int m, int k);
+/* Runs the fused kernels against their parts on c's device (random data) and turns them on for that
+ * device when they agree; report (may be NULL) gets one line. A disagreement is not an error: the
+ * kernels stay off. SERVD_FUSED=0 keeps them off. */
+SERVD_API int servd_cuda_fused_check(servd_cuda_ctx *c, char *report, size_t cap);
 SERVD_API int servd_cuda_rmsnorm(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *x, const servd_bf16_t *w,
                                  int m, int d, float eps);
 /* In place on x (m, n_heads*head_dim); positions (m) device i32. */

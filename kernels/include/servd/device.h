@@ -84,6 +84,19 @@ SERVD_API int servd_device_rmsnorm(servd_tensor *out, const servd_tensor *x, con
 SERVD_API int servd_device_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p);
 SERVD_API int servd_device_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up);
 SERVD_API int servd_device_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b);
+/* x += o, then out = rmsnorm(x) * weight (the residual add and the norm after it): what
+ * servd_device_add then servd_device_rmsnorm compute. out must not be x. */
+SERVD_API int servd_device_add_rmsnorm(servd_tensor *x, const servd_tensor *o, servd_tensor *out,
+                                       const servd_tensor *weight, float eps);
+/* outs[i] (m, n_i) bf16 = x (m,k) @ ws[i]^T for 1..SERVD_DEVICE_MATMUL_MANY_MAX weights (Q, K, V; gate,
+ * up): what one servd_device_matmul per weight computes, in one launch for decode steps. */
+#define SERVD_DEVICE_MATMUL_MANY_MAX 4
+SERVD_API int servd_device_matmul_many(int count, servd_tensor *const *outs, const servd_tensor *x,
+                                       const servd_tensor *const *ws);
+/* Checks the fused kernels (add_rmsnorm, matmul_many) against their parts on the device and turns
+ * them on there when they agree (servd_cuda_fused_check); before that, the fused ops run their parts.
+ * report (may be NULL) gets one line. */
+SERVD_API int servd_device_fused_check(int device, char *report, size_t cap);
 /* out i32 (m) device = argmax of each row of x (m,n) f32. */
 SERVD_API int servd_device_argmax(servd_tensor *out, const servd_tensor *x);
 /* values f32 (m,k), indices i32 (m,k) device, k <= 64. */
