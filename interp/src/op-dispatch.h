@@ -18,8 +18,8 @@ int servd_op__add(servd_tensor *out, const servd_tensor *a, const servd_tensor *
 int servd_op__argmax(servd_tensor *out, const servd_tensor *x);
 int servd_op__topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k);
 /* Fused: x += o, then out = rmsnorm(x) * weight (out must not be x); and outs[i] = x @ ws[i]^T for
- * 1..SERVD_DEVICE_MATMUL_MANY_MAX weights. On the host they are the parts in order; on a device, the
- * fused device op. */
+ * 1..SERVD_MATMUL_MANY_MAX weights: servd_add + servd_rmsnorm and servd_matmul_many on the host, the
+ * fused device ops on a device. */
 int servd_op__add_rmsnorm(servd_tensor *x, const servd_tensor *o, servd_tensor *out, const servd_tensor *weight,
                           float eps);
 int servd_op__matmul_many(int count, servd_tensor *const *outs, const servd_tensor *x, const servd_tensor *const *ws);

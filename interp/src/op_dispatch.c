@@ -90,9 +90,7 @@ int servd_op__matmul_many(int count, servd_tensor *const *outs, const servd_tens
   }
   int d = -1, rc = where("matmul_many", a, 1 + 2 * count, &d);
   if (rc < 0) return rc;
-  if (d >= 0) return servd_device_matmul_many(count, outs, x, ws);
-  for (int i = 0; i < count && rc >= 0; i++) rc = servd_matmul(outs[i], x, ws[i]);
-  return rc < 0 ? rc : 0;
+  return d < 0 ? servd_matmul_many(count, outs, x, ws) : servd_device_matmul_many(count, outs, x, ws);
 }
 
 int servd_op__embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset) {

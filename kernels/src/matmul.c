@@ -160,6 +160,48 @@ static void run_quant(void *ctx, int64_t b, int64_t e, int thread) {
     servd__quantize_q8x(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
 }
 
+/* Prepares x for w's dtype (q8 activations, or the AVX-512 bf16 layout, in thread scratch slot 0)
+ * and picks the kernel. */
+static int prepare(servd__mm *p, servd__mm_fn *fn) {
+  servd_isa isa = servd__isa();
+  if (servd_dtype_is_quantized(p->wt)) {
+    const bool vnni = servd__cpu_has_vnni();
+    p->xq.nb = p->k / SERVD_QK;
+    p->xq.quad = vnni && p->wt != SERVD_Q8_0;
+    p->xq.ldq = (p->xq.nb + 3) / 4 * 128; /* whole quads, a multiple of 64 bytes */
+    p->xq.lds = (p->xq.nb + 15) / 16 * 16;
+    size_t qbytes = (size_t)(p->m * p->xq.ldq), fbytes = (size_t)(p->m * p->xq.lds) * sizeof(float);
+    char *buf = servd__scratch(0, qbytes + 2 * fbytes);
+    if (!buf) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate %zu bytes of activation scratch", qbytes);
+    p->xq.qs = (int8_t *)buf;
+    p->xq.d = (float *)(buf + qbytes);
+    p->xq.s = (float *)(buf + qbytes + fbytes);
+    quant_task qt = {.p = p, .avx512 = isa == SERVD_ISA_AVX512};
+    servd_parallel_for(p->m, (1 << 16) / p->k + 1, run_quant, &qt); /* prefill: many rows */
+    *fn = vnni ? servd__mm_quant_avx512vnni : isa >= SERVD_ISA_AVX2 ? servd__mm_quant_avx2 : servd__mm_quant_scalar;
+  } else {
+    if (isa == SERVD_ISA_AVX512 && p->wt == SERVD_BF16 && p->k >= 32) {
+      p->ldxeo = p->k / 32 * 32;
+      float *xeo = servd__scratch(0, (size_t)(p->m * p->ldxeo) * sizeof(float));
+      if (!xeo) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate bf16 activation scratch");
+      servd__split_even_odd_avx512(p->x, p->ldx, p->m, p->k, xeo, p->ldxeo);
+      p->xeo = xeo;
+    }
+    *fn = isa == SERVD_ISA_AVX512 ? servd__mm_float_avx512
+          : isa == SERVD_ISA_AVX2 ? servd__mm_float_avx2
+                                  : servd__mm_float_scalar;
+  }
+  return 0;
+}
+
+/* Items of 32 columns (a whole register tile) by 128 x rows; small problems run inline. */
+enum { ITEM_COLS = 32, ITEM_ROWS = 128 };
+
+static int64_t grain_of(const servd__mm *p) {
+  const int64_t macs_per_item = (p->m < ITEM_ROWS ? p->m : ITEM_ROWS) * p->k * ITEM_COLS;
+  return (1 << 16) / macs_per_item + 1;
+}
+
 int servd_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
   servd__mm p;
   int rc = setup(&p, out, x, w);
@@ -169,41 +211,66 @@ int servd_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w
     for (int64_t i = 0; i < p.m; i++) memset(p.out + i * p.ldo, 0, (size_t)p.n * 4);
     return 0;
   }
-  servd_isa isa = servd__isa();
   servd__mm_fn fn;
-  if (servd_dtype_is_quantized(p.wt)) {
-    const bool vnni = servd__cpu_has_vnni();
-    p.xq.nb = p.k / SERVD_QK;
-    p.xq.quad = vnni && p.wt != SERVD_Q8_0;
-    p.xq.ldq = (p.xq.nb + 3) / 4 * 128; /* whole quads, a multiple of 64 bytes */
-    p.xq.lds = (p.xq.nb + 15) / 16 * 16;
-    size_t qbytes = (size_t)(p.m * p.xq.ldq), fbytes = (size_t)(p.m * p.xq.lds) * sizeof(float);
-    char *buf = servd__scratch(0, qbytes + 2 * fbytes);
-    if (!buf) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate %zu bytes of activation scratch", qbytes);
-    p.xq.qs = (int8_t *)buf;
-    p.xq.d = (float *)(buf + qbytes);
-    p.xq.s = (float *)(buf + qbytes + fbytes);
-    quant_task qt = {.p = &p, .avx512 = isa == SERVD_ISA_AVX512};
-    servd_parallel_for(p.m, (1 << 16) / p.k + 1, run_quant, &qt); /* prefill: many rows */
-    fn = vnni ? servd__mm_quant_avx512vnni : isa >= SERVD_ISA_AVX2 ? servd__mm_quant_avx2 : servd__mm_quant_scalar;
-  } else {
-    if (isa == SERVD_ISA_AVX512 && p.wt == SERVD_BF16 && p.k >= 32) {
-      p.ldxeo = p.k / 32 * 32;
-      float *xeo = servd__scratch(0, (size_t)(p.m * p.ldxeo) * sizeof(float));
-      if (!xeo) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate bf16 activation scratch");
-      servd__split_even_odd_avx512(p.x, p.ldx, p.m, p.k, xeo, p.ldxeo);
-      p.xeo = xeo;
-    }
-    fn = isa == SERVD_ISA_AVX512 ? servd__mm_float_avx512
-         : isa == SERVD_ISA_AVX2 ? servd__mm_float_avx2
-                                 : servd__mm_float_scalar;
-  }
-  /* Items of 32 columns (a whole register tile) by 128 x rows; small problems run inline. */
-  task t = {.p = &p, .fn = fn, .cols = 32, .rows = 128};
+  if ((rc = prepare(&p, &fn))) return rc;
+  task t = {.p = &p, .fn = fn, .cols = ITEM_COLS, .rows = ITEM_ROWS};
   t.n_items = (p.n + t.cols - 1) / t.cols;
   const int64_t items = t.n_items * ((p.m + t.rows - 1) / t.rows);
-  const int64_t macs_per_item = (p.m < t.rows ? p.m : t.rows) * p.k * t.cols;
-  const int64_t grain = (1 << 16) / macs_per_item + 1;
-  servd_parallel_for(items, grain, run_task, &t);
+  servd_parallel_for(items, grain_of(&p), run_task, &t);
+  return 0;
+}
+
+/* ---- several weights, one x ------------------------------------------------------------------- */
+
+/* Column blocks of every weight in a row: items [first[i], first[i+1]) are weight i's. */
+typedef struct many_task {
+  const servd__mm *p;
+  servd__mm_fn fn;
+  int count;
+  int64_t first[SERVD_MATMUL_MANY_MAX + 1];
+} many_task;
+
+static void run_many(void *ctx, int64_t b, int64_t e, int thread) {
+  const many_task *t = ctx;
+  (void)thread;
+  int s = 0;
+  for (int64_t it = b; it < e;) {
+    while (it >= t->first[s + 1]) s++;
+    const int64_t end = e < t->first[s + 1] ? e : t->first[s + 1];
+    const servd__mm *p = &t->p[s];
+    const int64_t j0 = (it - t->first[s]) * ITEM_COLS, j1 = (end - t->first[s]) * ITEM_COLS;
+    t->fn(p, j0, j1 < p->n ? j1 : p->n);
+    it = end;
+  }
+}
+
+int servd_matmul_many(int count, servd_tensor *const *outs, const servd_tensor *x, const servd_tensor *const *ws) {
+  if (count < 1 || count > SERVD_MATMUL_MANY_MAX || !outs || !ws)
+    return servd_fail(SERVD_EINVAL, "matmul_many: %d weights (1..%d)", count, SERVD_MATMUL_MANY_MAX);
+  servd__mm p[SERVD_MATMUL_MANY_MAX];
+  bool together = true;
+  for (int i = 0; i < count; i++) {
+    int rc = setup(&p[i], outs[i], x, ws[i]);
+    if (rc) return servd_fail(rc, "matmul_many: weight %d: %s", i, servd_last_error());
+    together &= p[i].wt == p[0].wt && p[i].n > 0;
+  }
+  /* One split when the x side is shared (one dtype) and one row block holds every row (decode). */
+  if (!together || count == 1 || p[0].m == 0 || p[0].m > ITEM_ROWS || p[0].k == 0) {
+    for (int i = 0; i < count; i++) {
+      int rc = servd_matmul(outs[i], x, ws[i]);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+  many_task t = {.p = p, .count = count};
+  int rc = prepare(&p[0], &t.fn);
+  if (rc) return rc;
+  for (int i = 0; i < count; i++) {
+    p[i].xq = p[0].xq;
+    p[i].xeo = p[0].xeo;
+    p[i].ldxeo = p[0].ldxeo;
+    t.first[i + 1] = t.first[i] + (p[i].n + ITEM_COLS - 1) / ITEM_COLS;
+  }
+  servd_parallel_for(t.first[count], grain_of(&p[0]), run_many, &t);
   return 0;
 }

@@ -298,6 +298,57 @@ static void test_concurrent_callers(void **state) {
   }
 }
 
+/* matmul_many against one servd_matmul per weight, to the bit (same kernels, same column tiles): every
+ * dtype, every ISA, 1 to 3 weights of odd sizes (a tile shared by no two weights), decode and prefill
+ * rows; weights of two dtypes (run one by one); and its argument errors. */
+static void many_case(servd_dtype dt, servd_dtype dt_last, int64_t m, int count) {
+  const int64_t k = 96, ns[3] = {70, 33, 1};
+  servd_tensor *x = rand_f32(m, k), *w[3], *got[3], *want[3];
+  for (int i = 0; i < count; i++) {
+    float *deq;
+    w[i] = make_w(i == count - 1 ? dt_last : dt, ns[i], k, &deq);
+    free(deq);
+    got[i] = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, ns[i]});
+    want[i] = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, ns[i]});
+    assert_int_equal(servd_matmul(want[i], x, w[i]), 0);
+  }
+  assert_int_equal(servd_matmul_many(count, got, x, (const servd_tensor *const *)w), 0);
+  for (int i = 0; i < count; i++) {
+    if (memcmp(servd_tensor_data(got[i]), servd_tensor_data(want[i]), (size_t)(m * ns[i]) * 4) != 0)
+      fail_msg("matmul_many %s/%s m=%lld weight %d of %d differs from servd_matmul", servd_dtype_name(dt),
+               servd_dtype_name(dt_last), (long long)m, i, count);
+    servd_tensor_release(w[i]), servd_tensor_release(got[i]), servd_tensor_release(want[i]);
+  }
+  servd_tensor_release(x);
+}
+
+static void test_matmul_many(void **state) {
+  (void)state;
+  servd_isa best = servd_cpu_best_isa();
+  for (int isa = SERVD_ISA_SCALAR; isa <= (int)best; isa++) {
+    if (servd_cpu_force_isa((servd_isa)isa) != 0) continue;
+    for (size_t d = 0; d < sizeof all_dtypes / sizeof *all_dtypes; d++)
+      for (int count = 1; count <= 3; count++) {
+        many_case(all_dtypes[d], all_dtypes[d], 1, count);
+        many_case(all_dtypes[d], all_dtypes[d], 5, count);
+        many_case(all_dtypes[d], all_dtypes[d], 130, count); /* past one row block: one by one */
+      }
+    many_case(SERVD_Q4_1, SERVD_Q8_0, 2, 3); /* different activation layouts: one by one */
+    many_case(SERVD_BF16, SERVD_F32, 2, 2);
+  }
+  servd_cpu_force_isa(SERVD_ISA_COUNT);
+  servd_tensor *x = rand_f32(2, 64), *o = servd_tensor_new(SERVD_F32, 2, (int64_t[]){2, 4});
+  servd_tensor *w = servd_tensor_new(SERVD_F32, 2, (int64_t[]){4, 64}), *wbad = servd_tensor_new(SERVD_F32, 2, (int64_t[]){5, 64});
+  servd_tensor *outs[5] = {o, o, o, o, o};
+  const servd_tensor *ws[5] = {w, w, w, w, w};
+  assert_int_equal(servd_matmul_many(0, outs, x, ws), SERVD_EINVAL);
+  assert_int_equal(servd_matmul_many(5, outs, x, ws), SERVD_EINVAL);
+  ws[1] = wbad;
+  assert_int_equal(servd_matmul_many(2, outs, x, ws), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "weight 1"));
+  servd_tensor_release(x), servd_tensor_release(o), servd_tensor_release(w), servd_tensor_release(wbad);
+}
+
 static void test_force_isa(void **state) {
   (void)state;
   servd_isa best = servd_cpu_best_isa();
@@ -315,6 +366,7 @@ int main(void) {
       cmocka_unit_test(test_force_isa),   cmocka_unit_test(test_float_shapes), cmocka_unit_test(test_quant_shapes),
       cmocka_unit_test(test_strided_views), cmocka_unit_test(test_empty),      cmocka_unit_test(test_errors),
       cmocka_unit_test(test_concurrent_callers), cmocka_unit_test(test_nonfinite_x),
+      cmocka_unit_test(test_matmul_many),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   servd_threadpool_shutdown();

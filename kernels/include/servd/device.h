@@ -90,7 +90,7 @@ SERVD_API int servd_device_add_rmsnorm(servd_tensor *x, const servd_tensor *o, s
                                        const servd_tensor *weight, float eps);
 /* outs[i] (m, n_i) bf16 = x (m,k) @ ws[i]^T for 1..SERVD_DEVICE_MATMUL_MANY_MAX weights (Q, K, V; gate,
  * up): what one servd_device_matmul per weight computes, in one launch for decode steps. */
-#define SERVD_DEVICE_MATMUL_MANY_MAX 4
+#define SERVD_DEVICE_MATMUL_MANY_MAX SERVD_MATMUL_MANY_MAX
 SERVD_API int servd_device_matmul_many(int count, servd_tensor *const *outs, const servd_tensor *x,
                                        const servd_tensor *const *ws);
 /* Checks the fused kernels (add_rmsnorm, matmul_many) against their parts on the device and turns
