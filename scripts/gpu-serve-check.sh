@@ -11,6 +11,9 @@
 # (b) a Llama-3.1-8B-shaped bf16 package (vocab 128256, hidden 4096, intermediate 14336, 32 layers,
 #     32 heads, 8 KV heads, llama3 RoPE; seeded random weights written here, then `modelpkg pack`),
 #     served by `servd --gpus 1` and loaded by servd-bench at concurrency 1 and 64 (128 tokens in and out);
+# (b') only when (b) ended in a fatal signal: the crash report's thread, rip and code bytes, then the
+#     same package served again with one suspect removed at a time (no cuBLAS in any step: token
+#     budget 8; the warp GEMV and no fused kernels; no CUDA graphs), each loaded with a few requests;
 # (c) a markdown report: machine, the figures, batch-64/batch-1 decode tokens/s against the 10x
 #     target, and batch-1 tokens/s x weight bytes / device copy bandwidth against 85%. The copy
 #     bandwidth: --copy-bw (TB/s, read + write), or the "Device copy" line of a gpu_check report
@@ -471,6 +474,54 @@ if ((b_ok)); then
     done
   fi
   [ -n "${pid:-}" ] && stop_servd "$pid" gpu-big
+fi
+
+# ---- (b') when servd died of a fatal signal on the 8B shape: which part of the step brings it -----
+# Each variant loads the same package again and runs a few requests: no cuBLAS in any step (token
+# budget 8: every matmul is a GEMV), the first GEMV kernel and no fused kernels, no CUDA graphs. The
+# crash report's thread, rip and code bytes go into the report.
+crash_summary() { # NAME: the fatal-signal lines of its stderr, on one line ('|' escaped for the table)
+  {
+    grep -A3 -m1 'fatal signal' "$W/$1.err" | head -4
+    grep -m1 '^  thread ' "$W/$1.err"
+    grep -m1 '    rip ' "$W/$1.err"
+    grep -m1 'code at rip' "$W/$1.err"
+  } | tr '\n' ' ' | sed 's/|/\\|/g'
+}
+if ((!b_ok)) && [ -f "$W/gpu-big.err" ] && grep -q 'fatal signal' "$W/gpu-big.err" && [ -f "$W/big.mpk" ]; then
+  row "(b') the crash" "report" "$(crash_summary gpu-big | cut -c1-900)"
+  read -ra base_args <<<"$SERVD_GPU_ARGS"
+  for variant in "no-cublas" "plain-kernels" "no-graphs"; do
+    (($(left) < 60)) && { log "(b') $variant: skipped, $(left) s of the budget left"; continue; }
+    vargs=("${base_args[@]}")
+    ((skip_gpu)) || vargs=(--gpus 1 "${vargs[@]}")
+    venv=()
+    case $variant in
+      no-cublas) vargs+=(--max-batch-tokens 8 --max-seqs 8) ;;
+      plain-kernels) venv=(SERVD_GEMV_TUNE=0 SERVD_FUSED=0) ;;
+      no-graphs) vargs+=(--cuda-graphs off) ;;
+    esac
+    for e in "${venv[@]}"; do export "${e?}"; done
+    if ! start_servd "diag-$variant" 240 "${vargs[@]}" --model "$W/big.mpk:llama8b"; then
+      row "(b') $variant" "FAIL" "did not start: $why"
+    else
+      t=$(tmo 60)
+      o=$(timeout -s INT -k 10 "$t" "$B/bin/servd-env" servd-bench --url "http://127.0.0.1:$port" --model llama8b \
+            --concurrency 2 --num-requests 6 --warmup 1 --input-len "$in_len" --output-len 32 --seed 2 --timeout 60 \
+            --quiet 2>&1)
+      rc=$?
+      sleep 1
+      if grep -q 'fatal signal' "$W/diag-$variant.err"; then
+        row "(b') $variant" "CRASH" "$(crash_summary "diag-$variant" | cut -c1-700)"
+      elif ((rc)); then
+        row "(b') $variant" "FAIL" "servd-bench exit $rc: $(tail -2 <<<"$o" | tr '\n' ' ')"
+      else
+        row "(b') $variant" "ok" "6 requests served without a crash"
+      fi
+      [ -n "${pid:-}" ] && stop_servd "$pid" "diag-$variant"
+    fi
+    for e in "${venv[@]}"; do unset "${e%%=*}"; done
+  done
 fi
 
 # ---- (c) the report ----------------------------------------------------------------------------

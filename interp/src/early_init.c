@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #define NNS_TUNABLE "glibc.rtld.nns=16"
@@ -15,6 +16,11 @@ int servd_interp_early_init(int argc, char **argv) {
   (void)argc;
   const char *cur = getenv("GLIBC_TUNABLES");
   if (cur && strstr(cur, NNS_TUNABLE)) {
+    if (getenv(REEXEC_MARK) && argv && argv[0]) {
+      /* exec of /proc/self/exe named the process "exe": give it back its own name (ps, pkill, top) */
+      const char *base = strrchr(argv[0], '/');
+      prctl(PR_SET_NAME, base ? base + 1 : argv[0], 0, 0, 0);
+    }
     unsetenv(REEXEC_MARK);
     servd_tls_keys__reserve_main(); /* before any library of the main program makes a key */
     return 0;

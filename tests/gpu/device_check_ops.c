@@ -373,9 +373,20 @@ done:
   }
 }
 
+/* The GEMV variant the device chooses for a shape, then that shape again against the CPU. */
+static void check_tuned_matmul(int n, int k) {
+  char report[512] = "";
+  int rc = servd_device_matmul_tune(dc_device, n, k, report, sizeof report);
+  dc_verdict(rc == 0, "GEMV choice", "%s", rc ? servd_last_error() : report);
+  if (rc == 0) check_matmul_shape(n, k);
+}
+
 void dc_check_ops(void) {
   check_matmul_shape(4096, 4096);
   check_matmul_shape(1001, 2056); /* odd n; k a multiple of 8 but not of 16 */
+  check_tuned_matmul(4096, 4096);
+  check_tuned_matmul(1024, 4096); /* few rows: where the split variants are meant to win */
+  check_tuned_matmul(1001, 2056);
   check_embedding();
   check_rmsnorm();
   check_rope(0);

@@ -103,6 +103,9 @@ check(not any(l.startswith("FORGED") for l in tlog.splitlines()), f"forged acces
 check("/v1/models\\x0aFORGED\\x20200\\x22" in tlog, f"escaped path missing from the access log:\n{tlog}")
 # A fatal signal leaves a report: the signal and a backtrace of file+offset frames for addr2line.
 c = Servd(a, [])
+# It re-executed itself (namespace tunables) under its own name, so ps, top and pkill find it.
+comm = open(f"/proc/{c.proc.pid}/comm").read().strip()
+check(comm == os.path.basename(a.servd)[:15], f"process name after the re-exec: {comm!r}")
 os.kill(c.proc.pid, signal.SIGSEGV)
 c.proc.wait(timeout=60)
 clog = c.stderr()
