@@ -22,7 +22,26 @@ struct servd_device_step {
   servd_tensor *host;  /* rank 0: (c.max_seqs, vocab) f32, allocated at the first download */
   servd_tensor *out;   /* a view of host's first rows, handed to the engine (reshaped per step) */
   int64_t timeout_ms;  /* deadline of each forward; 0: none */
+  /* Greedy picks (rank 0): each row's top logit and its index on the device, their host copies, and
+   * the (max_seqs, 2) i32 picks handed to the engine. Allocated with the step, before the KV cache
+   * takes the device's memory. */
+  servd_tensor *pick_val, *pick_idx, *pick_val_h, *pick_idx_h, *picks;
 };
+
+/* The pick buffers of rank 0 (one value and index per sequence). */
+static int create_picks(servd_device_step *s) {
+  const int64_t col[2] = {s->c.max_seqs, 1}, two[2] = {s->c.max_seqs, 2};
+  int rc;
+  if ((rc = servd_device_tensor_new(s->c.device, SERVD_F32, 2, col, &s->pick_val)) ||
+      (rc = servd_device_tensor_new(s->c.device, SERVD_I32, 2, col, &s->pick_idx)))
+    return rc;
+  s->pick_val_h = servd_tensor_new(SERVD_F32, 2, col);
+  s->pick_idx_h = servd_tensor_new(SERVD_I32, 2, col);
+  s->picks = servd_tensor_new(SERVD_I32, 2, two);
+  if (!s->pick_val_h || !s->pick_idx_h || !s->picks)
+    return servd_fail(SERVD_ENOMEM, "device step: pick buffers for %d sequences", s->c.max_seqs);
+  return 0;
+}
 
 int servd_device_step_create(const servd_device_step_config *c, servd_device_step **out) {
   *out = NULL;
@@ -41,6 +60,7 @@ int servd_device_step_create(const servd_device_step_config *c, servd_device_ste
     goto fail;
   }
   if ((rc = servd_device_batch_create(c->device, c->max_tokens, c->max_seqs, c->max_blocks_per_seq, &s->db))) goto fail;
+  if (c->rank == 0 && (rc = create_picks(s))) goto fail;
   *out = s;
   return 0;
 fail:
@@ -55,6 +75,8 @@ void servd_device_step_destroy(servd_device_step *s) {
   servd_device_batch_destroy(s->db);
   servd_tensor_release(s->out);
   servd_tensor_release(s->host);
+  servd_tensor *picks[] = {s->pick_val, s->pick_idx, s->pick_val_h, s->pick_idx_h, s->picks};
+  for (size_t i = 0; i < sizeof picks / sizeof *picks; i++) servd_tensor_release(picks[i]);
   free(s);
 }
 
@@ -130,9 +152,32 @@ static int download(servd_device_step *s, const servd_tensor *dl, int n_rows, se
   return 0;
 }
 
+/* Rows [0, n_rows) of dl reduced on the device to their top token (servd_device_topk, k = 1: the
+ * greedy order, ties to the lower id), downloaded as picks (see servd_forward_batch.want_picks). */
+static int download_picks(servd_device_step *s, const servd_tensor *dl, int n_rows, servd_tensor **picks) {
+  if (n_rows > s->c.max_seqs)
+    return servd_fail(SERVD_ERANGE, "device step: %d logit rows beyond the capacity of %d", n_rows, s->c.max_seqs);
+  /* Views on the stack over the first n_rows rows: no allocation per step. */
+  servd_tensor src = *dl, v = *s->pick_val, i = *s->pick_idx, vh = *s->pick_val_h, ih = *s->pick_idx_h;
+  src.shape[0] = v.shape[0] = i.shape[0] = vh.shape[0] = ih.shape[0] = n_rows;
+  int rc;
+  if (n_rows > 0 && ((rc = servd_device_topk(&v, &i, &src, 1)) || (rc = servd_device_copy(&ih, &i)) ||
+                     (rc = servd_device_copy(&vh, &v))))
+    return rc;
+  int32_t *out = servd_tensor_data(s->picks);
+  const int32_t *ids = servd_tensor_data(s->pick_idx_h);
+  const float *vals = servd_tensor_data(s->pick_val_h);
+  for (int r = 0; r < n_rows; r++) {
+    out[2 * r] = ids[r];
+    memcpy(&out[2 * r + 1], &vals[r], sizeof vals[r]);
+  }
+  *picks = servd_tensor_narrow(s->picks, 0, 0, n_rows);
+  return *picks ? 0 : servd_fail(SERVD_ENOMEM, "device step: picks view");
+}
+
 /* Rank 0's result of a forward that computed b->n_logit_rows rows, of which the engine gets n_rows. */
-static int take_logits(servd_device_step *s, servd_tensor *dl, int rows, int n_rows, servd_tensor **logits,
-                       servd_py_error *err) {
+static int take_logits(servd_device_step *s, servd_tensor *dl, int rows, int n_rows, bool picks,
+                       servd_tensor **logits, servd_py_error *err) {
   if (rows == 0) {
     servd_tensor_release(dl); /* no row wanted: the engine reads none (as on the CPU) */
     return 0;
@@ -152,7 +197,7 @@ static int take_logits(servd_device_step *s, servd_tensor *dl, int rows, int n_r
     servd_tensor_release(dl);
     return rc;
   }
-  int rc = download(s, dl, n_rows, logits);
+  int rc = picks ? download_picks(s, dl, n_rows, logits) : download(s, dl, n_rows, logits);
   servd_tensor_release(dl);
   return rc;
 }
@@ -172,7 +217,7 @@ int servd_device_step_eager(servd_device_step *s, servd_interp *it, const servd_
     servd_tensor_release(dl); /* ranks other than 0 return none */
     return 0;
   }
-  return take_logits(s, dl, b->n_logit_rows, n_rows, logits, err);
+  return take_logits(s, dl, b->n_logit_rows, n_rows, b->want_picks, logits, err);
 }
 
 int servd_device_step_capture(servd_device_step *s, servd_interp *it, const servd_forward_batch *b, int bucket,
@@ -235,7 +280,8 @@ int servd_device_step_replay(servd_device_step *s, servd_interp *it, const servd
     return servd_device_step_eager(s, it, b, n_rows, logits, err); /* the same race, seen by the launch */
   }
   if (!logits) return 0;
-  return download(s, s->slots[bucket].logits, n_rows, logits);
+  return b->want_picks ? download_picks(s, s->slots[bucket].logits, n_rows, logits)
+                       : download(s, s->slots[bucket].logits, n_rows, logits);
 }
 
 int servd_device_step_sync(servd_device_step *s) { return servd_device_sync(s->c.device); }

@@ -33,7 +33,9 @@ int servd_device_step_create(const servd_device_step_config *c, servd_device_ste
 void servd_device_step_destroy(servd_device_step *s); /* accepts NULL */
 
 /* The step's rows of logits the engine gets: rank 0 downloads rows [0, n_rows) of its forward's
- * logits (n_rows <= the rows the step computed: the rest are padding). Other ranks pass logits NULL. */
+ * logits (n_rows <= the rows the step computed: the rest are padding). Other ranks pass logits NULL.
+ * With b->want_picks, rank 0 downloads only each row's top token and its logit (picks, see
+ * servd_forward_batch). */
 
 /* Uploads b and runs the model's forward through Python. */
 int servd_device_step_eager(servd_device_step *s, servd_interp *it, const servd_forward_batch *b, int n_rows,

@@ -194,6 +194,8 @@ static void finish(servd_model *m, servd_request *r, const char *reason, int err
 }
 
 /* After the step that produced logits row `row` for r: sample, stream, check the end. */
+static void emit(servd_model *m, servd_request *r, const servd_sampled *s);
+
 static void advance(servd_model *m, servd_request *r, const float *row) {
   servd_sampled s;
   int rc = servd_sampler_sample(r->sampler, row, &s);
@@ -201,6 +203,20 @@ static void advance(servd_model *m, servd_request *r, const float *row) {
     finish(m, r, "error", rc, servd_last_error());
     return;
   }
+  emit(m, r, &s);
+}
+
+/* A plain-greedy request's token from the device's top-1 of its row (token, logit): what
+ * servd_sampler_sample picks from the whole row (no logit above -inf: token 0, its first index). */
+static void advance_pick(servd_model *m, servd_request *r, int32_t token, float logit) {
+  servd_sampled s = {.token = logit > -INFINITY ? token : 0};
+  emit(m, r, &s);
+}
+
+/* The request takes token s->token: accept, detokenize, stop strings, deliver, finish. */
+static void emit(servd_model *m, servd_request *r, const servd_sampled *sp) {
+  const servd_sampled s = *sp;
+  int rc;
   int32_t t = s.token;
   servd_sampler_accept(r->sampler, t);
   servd_finish fin = servd_sampler_finish(r->sampler, t);
@@ -237,6 +253,17 @@ static void advance(servd_model *m, servd_request *r, const float *row) {
 }
 
 /* ---- the scheduler thread ----------------------------------------------------------------------- */
+
+/* Every sequence of the planned step that wants logits picks the arg max of its raw row: a GPU step
+ * may then return picks (servd_forward_batch.want_picks). */
+static bool all_plain_greedy(const servd_model *m) {
+  for (int i = 0; i < m->sched.n_planned; i++) {
+    const sched_seq *q = m->sched.planned[i];
+    const servd_request *r = q->owner;
+    if (q->wants_logits && !servd_sampler_plain_greedy(r->sampler)) return false;
+  }
+  return true;
+}
 
 static bool has_work(servd_model *m) {
   return m->inbox_head || m->sched.waiting.n || m->sched.running.n;
@@ -303,11 +330,14 @@ static void scheduler_run(servd_model *m) {
     if (n > 0) {
       servd_forward_batch b = {0};
       servd_step_arrays_point(&m->sched.step, &b, n, m->sched.n_logit_rows, m->sched.n_planned);
+      b.want_picks = m->gpus > 0 && all_plain_greedy(m);
       servd_tensor *logits = NULL;
       memset(&err, 0, sizeof err);
       int failed_rank = -1;
       int rc = servd_runner_step(m->runner, &b, &logits, &err, &failed_rank);
-      bool bad_logits = rc == 0 && b.n_logit_rows > 0 &&
+      const bool picked = rc == 0 && b.want_picks && logits && logits->dtype == SERVD_I32 && logits->ndim == 2 &&
+                          logits->shape[0] == b.n_logit_rows && logits->shape[1] == 2;
+      bool bad_logits = rc == 0 && b.n_logit_rows > 0 && !picked &&
                         (!logits || logits->dtype != SERVD_F32 || logits->ndim != 2 ||
                          logits->shape[0] != b.n_logit_rows || logits->shape[1] < m->vocab);
       if (bad_logits) {
@@ -333,9 +363,21 @@ static void scheduler_run(servd_model *m) {
         for (int i = 0; i < m->sched.n_planned; i++) {
           sched_seq *q = m->sched.planned[i];
           if (!q->wants_logits) continue;
-          const float *lr = (const float *)((const char *)servd_tensor_data(logits) + row * logits->strides[0]);
+          const char *lr = (const char *)servd_tensor_data(logits) + row * logits->strides[0];
           row++;
-          if (q->state == SCHED_RUNNING) advance(m, q->owner, lr);
+          if (q->state != SCHED_RUNNING) continue;
+          if (picked) {
+            float logit;
+            memcpy(&logit, lr + sizeof(int32_t), sizeof logit);
+            advance_pick(m, q->owner, *(const int32_t *)lr, logit);
+          } else {
+            advance(m, q->owner, (const float *)lr);
+          }
+        }
+        if (picked) {
+          pthread_mutex_lock(&m->mu);
+          m->pick_steps++;
+          pthread_mutex_unlock(&m->mu);
         }
       }
       servd_tensor_release(logits);
@@ -651,6 +693,7 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   s->generation_tokens = m->generation_tokens;
   s->preemptions = m->preemptions;
   s->steps = m->steps;
+  s->pick_steps = m->pick_steps;
   s->kv_blocks_used = m->kv_used;
   bool pending = m->inbox_head || m->n_waiting || m->n_running;
   s->last_step_age_s = pending ? (double)(servd_engine_now_ns() - m->last_progress_ns) / 1e9 : 0.0;

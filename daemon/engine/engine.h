@@ -199,6 +199,8 @@ typedef struct servd_model_stats {
   uint64_t gpu_kv_bytes;   /* the KV cache */
   uint64_t gpu_step_bytes; /* what the warm-up steps left allocated: step buffers, activations,
                             * attention scratch, collective buffers, cached blocks */
+  /* Appended: GPU steps whose rows were all plain greedy, so only each row's top token crossed PCIe. */
+  uint64_t pick_steps;
 } servd_model_stats;
 void servd_model_get_stats(const servd_model *m, servd_model_stats *s);
 

@@ -87,6 +87,7 @@ struct servd_model {
   /* stats (under mu) */
   int n_waiting, n_running;
   uint64_t prompt_tokens, generation_tokens, steps, preemptions;
+  uint64_t pick_steps; /* GPU steps that returned picks (servd_forward_batch.want_picks) */
   int64_t last_progress_ns;
   int kv_used;
   servd_sampler_scratch *scratch; /* shared by the samplers: they all run on the scheduler thread */

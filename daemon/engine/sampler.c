@@ -342,6 +342,12 @@ WIDE static float topp_bound(const float *w, const float *e, int n, float mx, do
 /* Temperatures below 1e-5 are greedy (as in vLLM): dividing by them overflows float logits. */
 static bool is_greedy(const servd_gen_params *p) { return p->temperature < 1e-5f || p->top_k == 1; }
 
+bool servd_sampler_plain_greedy(const servd_sampler *s) {
+  const servd_gen_params *p = &s->p;
+  return is_greedy(p) && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+         p->frequency_penalty == 0.0f && p->logprobs < 0;
+}
+
 /* 1-4: w = penalized logits / temperature (NaN as -inf); returns their maximum. */
 static float prepare(servd_sampler *s, const float *logits) {
   const int n = s->n_vocab;

@@ -81,6 +81,10 @@ void servd_sampler_free(servd_sampler *s); /* accepts NULL */
 void servd_sampler_add_prompt(servd_sampler *s, const int32_t *ids, int n);
 /* Picks the next token from one row of n_vocab logits (read only). */
 int servd_sampler_sample(servd_sampler *s, const float *logits, servd_sampled *out);
+/* Whether the next token is the arg max of the raw logits alone (greedy, no penalties, no logprobs):
+ * then the first row index of the largest logit is the token (NaN counting as -inf; a row with no
+ * logit above -inf gives 0), which the engine may take from a device's top-1 instead of a whole row. */
+bool servd_sampler_plain_greedy(const servd_sampler *s);
 /* Records a generated token (penalties, count). */
 void servd_sampler_accept(servd_sampler *s, int32_t token);
 /* After accept: whether generation ends with this token. */

@@ -138,6 +138,29 @@ int servd_device_copy(servd_tensor *dst, const servd_tensor *src) {
   return 0;
 }
 
+int servd_device_tensor_new(int device, servd_dtype dtype, int ndim, const int64_t *shape, servd_tensor **out) {
+  *out = servd_tensor_new(dtype, ndim, shape);
+  if (!*out) return SERVD_ENOMEM;
+  (*out)->device = device;
+  return 0;
+}
+
+/* Top-1 of each row in the greedy order: the larger value, ties to the lower index. */
+int servd_device_topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k) {
+  assert_int_equal(k, 1);
+  assert_true(x->device >= 0 && values->device == x->device && indices->device == x->device);
+  assert_int_equal(values->shape[0], x->shape[0]);
+  for (int64_t i = 0; i < x->shape[0]; i++) {
+    const float *row = (const float *)((const char *)servd_tensor_data(x) + i * x->strides[0]);
+    int best = 0;
+    for (int j = 1; j < x->shape[1]; j++)
+      if (row[j] > row[best]) best = j;
+    ((float *)servd_tensor_data(values))[i] = row[best];
+    ((int32_t *)servd_tensor_data(indices))[i] = best;
+  }
+  return 0;
+}
+
 int servd_device_sync(int device) {
   __atomic_add_fetch(&syncs[device], 1, __ATOMIC_SEQ_CST);
   return 0;
@@ -318,6 +341,31 @@ static void run_ok(fixture *f, const step *s) {
     }
   }
   servd_tensor_release(logits);
+}
+
+/* Runs s asking for picks; checks them: each row's top token (the last, VOCAB - 1) and its logit. */
+static void run_picks(fixture *f, step *s) {
+  s->b.want_picks = true;
+  servd_tensor *picks = NULL;
+  servd_py_error err;
+  memset(&err, 0, sizeof err);
+  int failed = -2;
+  int rc = servd_runner_step(f->r, &s->b, &picks, &err, &failed);
+  if (rc) fail_msg("step: %s (%s: %s)", servd_last_error(), err.type, err.message);
+  assert_non_null(picks);
+  assert_true(picks->device < 0 && picks->dtype == SERVD_I32 && picks->ndim == 2);
+  assert_int_equal(picks->shape[0], s->b.n_logit_rows);
+  assert_int_equal(picks->shape[1], 2);
+  for (int i = 0; i < s->b.n_logit_rows; i++) {
+    const int32_t *row = (const int32_t *)((const char *)servd_tensor_data(picks) + i * picks->strides[0]);
+    int t = s->b.logit_rows[i];
+    float logit, want = 1000.0f * (float)s->b.tokens[t] + 10.0f * (float)s->b.positions[t] + (float)(VOCAB - 1);
+    memcpy(&logit, &row[1], sizeof logit);
+    assert_int_equal(row[0], VOCAB - 1);
+    if (logit != want) fail_msg("pick %d: logit %g, expected %g", i, logit, want);
+  }
+  servd_tensor_release(picks);
+  s->b.want_picks = false;
 }
 
 static void expect_calls(int rank0, int rank1) {
@@ -561,6 +609,22 @@ static void test_eager_and_new_cache(void **state) {
   destroy(f);
 }
 
+/* Greedy picks instead of logits: eager (the bucket's warm-up), at its capture and in replays; the
+ * padded rows are cut off as the logits' are. */
+static void test_picks(void **state) {
+  (void)state;
+  fixture *f = make(true, 8);
+  step s;
+  for (int k = 0; k < 4; k++) {
+    decode_step(&s, 3, 100 + 10 * k); /* padded to 4: warm-up, capture, replay, replay */
+    run_picks(f, &s);
+  }
+  assert_true(launches >= 2 * 2); /* captured and replayed on both ranks */
+  decode_step(&s, 3, 500);
+  run_ok(f, &s); /* the same bucket without picks: logits again */
+  destroy(f);
+}
+
 static void test_bad_config(void **state) {
   (void)state;
   int devices[WORLD] = {0, 1};
@@ -582,7 +646,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_warmup_capture_replay), cmocka_unit_test(test_generation_drops),
       cmocka_unit_test(test_capture_failure),       cmocka_unit_test(test_rank_failure),
-      cmocka_unit_test(test_graphs_off),            cmocka_unit_test(test_bad_config),
+      cmocka_unit_test(test_graphs_off),            cmocka_unit_test(test_picks),
+      cmocka_unit_test(test_bad_config),
       cmocka_unit_test(test_no_logits_step_syncs),  cmocka_unit_test(test_step_timeout_passed),
       cmocka_unit_test(test_eager_and_new_cache),
   };

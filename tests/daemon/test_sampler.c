@@ -102,6 +102,43 @@ static void test_greedy(void **st) {
   servd_sampler_free(s);
 }
 
+/* Which requests the engine may serve from a device's top-1 (servd_sampler_plain_greedy), and the
+ * rule it then applies, checked against the sampler itself: the first index of the largest logit,
+ * NaN as -inf, and token 0 when nothing is above -inf (the device's top-1 puts NaN below -inf, so
+ * the engine maps "top value not above -inf" to 0). */
+static void test_plain_greedy(void **st) {
+  (void)st;
+  servd_gen_params p = params();
+  p.temperature = 0;
+  servd_sampler *s = make(&p, 3, SERVD_LOGPROBS_RAW);
+  assert_true(servd_sampler_plain_greedy(s));
+  const float rows[][3] = {{-INFINITY, -INFINITY, -INFINITY}, {NAN, -INFINITY, NAN}, {NAN, 1.0f, 1.0f}, {2.0f, NAN, 3.0f}};
+  const int32_t want[] = {0, 0, 1, 2};
+  for (int r = 0; r < 4; r++) {
+    servd_sampled o;
+    assert_int_equal(servd_sampler_sample(s, rows[r], &o), 0);
+    assert_int_equal(o.token, want[r]);
+  }
+  servd_sampler_free(s);
+  struct { float temperature, rep, presence, frequency; int top_k, logprobs; bool plain; } cases[] = {
+      {0, 1, 0, 0, 0, -1, true},   {1e-6f, 1, 0, 0, 0, -1, true}, {0.7f, 1, 0, 0, 1, -1, true},
+      {0.7f, 1, 0, 0, 0, -1, false}, {0, 1.1f, 0, 0, 0, -1, false}, {0, 1, 0.5f, 0, 0, -1, false},
+      {0, 1, 0, 0.5f, 0, -1, false}, {0, 1, 0, 0, 0, 0, false},    {0, 1, 0, 0, 0, 2, false},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    servd_gen_params q = params();
+    q.temperature = cases[i].temperature;
+    q.repetition_penalty = cases[i].rep;
+    q.presence_penalty = cases[i].presence;
+    q.frequency_penalty = cases[i].frequency;
+    q.top_k = cases[i].top_k;
+    q.logprobs = cases[i].logprobs;
+    s = make(&q, 3, SERVD_LOGPROBS_RAW);
+    if (servd_sampler_plain_greedy(s) != cases[i].plain) fail_msg("case %zu: plain greedy should be %d", i, cases[i].plain);
+    servd_sampler_free(s);
+  }
+}
+
 static void test_supports(void **st) {
   (void)st;
   servd_gen_params p = params();
@@ -589,7 +626,8 @@ static void test_kept_sets(void **st) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_greedy),      cmocka_unit_test(test_supports),     cmocka_unit_test(test_large_vocab_truncation),
+      cmocka_unit_test(test_greedy), cmocka_unit_test(test_plain_greedy),
+      cmocka_unit_test(test_supports),     cmocka_unit_test(test_large_vocab_truncation),
       cmocka_unit_test(test_seed),        cmocka_unit_test(test_penalties),    cmocka_unit_test(test_logprobs_raw),
       cmocka_unit_test(test_finish),      cmocka_unit_test(test_bad_params),   cmocka_unit_test(test_stop_strings),
       cmocka_unit_test(test_kept_sets),   cmocka_unit_test(test_shared_scratch),

@@ -76,16 +76,28 @@ static inline int engine_gpu_submit_ids(servd_model *m, const int32_t *ids, int 
   return servd_model_submit(m, ids, n, &p, engine_gpu_on_event, r, req);
 }
 
-/* Tokenizes prompt and submits it: max_tokens greedy tokens, EOS ignored, top-2 logprobs. */
-static inline int engine_gpu_submit_prompt(servd_model *m, const char *prompt, int max_tokens, engine_gpu_result *r,
-                                           servd_request **req) {
+/* Tokenizes prompt and submits it: max_tokens greedy tokens, EOS ignored, top-2 logprobs (or none:
+ * a plain greedy request, whose GPU steps hand back picks rather than logits). */
+static inline int engine_gpu_submit_prompt_ex(servd_model *m, const char *prompt, int max_tokens, bool logprobs,
+                                              engine_gpu_result *r, servd_request **req) {
   int32_t *ids;
   int n;
   int rc = servd_model_tokenize(m, prompt, strlen(prompt), true, &ids, &n);
   if (rc) return rc;
-  rc = engine_gpu_submit_ids(m, ids, n, max_tokens, true, r, req);
+  servd_gen_params p;
+  servd_gen_params_default(&p);
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  p.logprobs = logprobs ? 2 : -1;
+  rc = servd_model_submit(m, ids, n, &p, engine_gpu_on_event, r, req);
   free(ids);
   return rc;
+}
+
+static inline int engine_gpu_submit_prompt(servd_model *m, const char *prompt, int max_tokens, engine_gpu_result *r,
+                                           servd_request **req) {
+  return engine_gpu_submit_prompt_ex(m, prompt, max_tokens, true, r, req);
 }
 
 /* Waits until r's request is done and releases it. */

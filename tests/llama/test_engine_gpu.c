@@ -9,7 +9,8 @@
  * logprobs are within NEAR_TIE (rounding can swap a near tie; a wrong step moves logits by far more);
  * after it the sequences differ legitimately and are not compared further. The graph path must have
  * captured buckets, replayed steps (no Python) and failed no capture; with graphs off neither. Over
- * the CUDA stand-in, serving allocates no device memory beyond what the load's warm-up left.
+ * the CUDA stand-in, serving allocates no device memory beyond what the load's warm-up left. The
+ * GPU steps of these greedy requests return picks (each row's top token), not logits.
  *
  * Integration (interpreters are loaded with dlmopen, which the sanitizers cannot follow).
  */
@@ -48,7 +49,7 @@ static const int lengths[NREQ] = {24, 20, 16, 12, 8};
 static bool on_cpu;
 
 /* Loads the model (gpus 0: CPU), runs the requests at once, fills res; returns the model's stats. */
-static servd_model_stats run(int gpus, bool graphs, result *res) {
+static servd_model_stats run(int gpus, bool graphs, bool logprobs, result *res) {
   servd_model_options o;
   engine_gpu_options(&o, pkg_path, on_cpu ? 0 : gpus, graphs);
   servd_model *m = NULL;
@@ -61,7 +62,7 @@ static servd_model_stats run(int gpus, bool graphs, result *res) {
   servd_request *req[NREQ];
   for (int i = 0; i < NREQ; i++) {
     engine_gpu_result_init(&res[i]);
-    rc = engine_gpu_submit_prompt(m, prompts[i], lengths[i], &res[i], &req[i]);
+    rc = engine_gpu_submit_prompt_ex(m, prompts[i], lengths[i], logprobs, &res[i], &req[i]);
     if (rc) fail_msg("submit: %s", servd_last_error());
   }
   for (int i = 0; i < NREQ; i++) {
@@ -94,10 +95,11 @@ static servd_model_stats run(int gpus, bool graphs, result *res) {
 
 static void test_gpu_matches(void **state) {
   (void)state;
-  static result cpu[NREQ], graphs[NREQ], eager[NREQ];
-  run(0, false, cpu);
-  servd_model_stats sg = run(1, true, graphs);
-  servd_model_stats se = run(1, false, eager);
+  static result cpu[NREQ], graphs[NREQ], eager[NREQ], picked[NREQ];
+  run(0, false, true, cpu);
+  servd_model_stats sg = run(1, true, true, graphs);
+  servd_model_stats se = run(1, false, true, eager);
+  servd_model_stats sp = run(1, true, false, picked); /* no logprobs: plain greedy, picks on the GPU */
   engine_gpu_close_to("GPU (eager) against the CPU", cpu, eager, NREQ);
   engine_gpu_close_to("GPU (graphs) against the GPU (eager)", eager, graphs, NREQ);
   printf("graphs: %llu eager steps, %llu captures, %llu replays, %llu capture failures\n",
@@ -111,6 +113,18 @@ static void test_gpu_matches(void **state) {
   assert_true(sg.cuda_graph_replays >= 12);
   assert_int_equal(se.cuda_graph_captures, 0);
   assert_int_equal(se.cuda_graph_replays, 0);
+  /* Without logprobs the steps hand back each row's top token, not its logits: the same tokens as the
+   * same GPU's logits gave (one order, ties to the lower id, both ways), with graphs too. */
+  printf("pick steps: %llu of %llu steps without logprobs; %llu with them\n", (unsigned long long)sp.pick_steps,
+         (unsigned long long)sp.steps, (unsigned long long)(sg.pick_steps + se.pick_steps));
+  assert_true(sp.pick_steps > 0);
+  assert_int_equal(sg.pick_steps + se.pick_steps, 0);
+  for (int i = 0; i < NREQ; i++) {
+    assert_int_equal(picked[i].n, graphs[i].n);
+    for (int t = 0; t < picked[i].n; t++)
+      if (picked[i].tokens[t] != graphs[i].tokens[t])
+        fail_msg("request %d token %d: %d with picks, %d from the logits", i, t, picked[i].tokens[t], graphs[i].tokens[t]);
+  }
 }
 
 int main(int argc, char **argv) {

@@ -98,6 +98,11 @@ typedef struct servd_forward_batch {
   servd_device_batch *dbatch;
   servd_device_kv *dkv;
   int max_tokens, max_seqs; /* the engine's step capacities (buffers sized once), 0: unknown */
+  /* The engine needs only each logit row's top token (every row is plain greedy). A GPU step may
+   * then hand back picks instead of logits: an I32 tensor (n_logit_rows, 2) of the token id and the
+   * bits of its f32 logit per row, so the vocabulary-wide rows never cross PCIe. The model code does
+   * not see it. */
+  bool want_picks;
 } servd_forward_batch;
 
 SERVD_API int servd_interp_forward(servd_interp *it, const servd_forward_batch *b, servd_tensor **logits,
