@@ -130,6 +130,10 @@ int servd_device_matmul_many(int count, servd_tensor *const *outs, const servd_t
   }
   servd_cuda_ctx *c;
   TRY(servd__dev_ctx(op, x->device, &c));
+  if (trace_gemm())
+    fprintf(stderr, "servd: gemm cuda:%d m=%d n=%d+%d%s k=%d out=bf16 (%d weights) thread=%lu\n", x->device,
+            (int)x->shape[0], ns[0], count > 1 ? ns[1] : 0, count > 2 ? "+..." : "", (int)x->shape[1], count,
+            (unsigned long)pthread_self());
   return servd__dev_wrap(servd_cuda_matmul_many(c, count, o, DATA(x), w, ns, (int)x->shape[0], (int)x->shape[1]), op);
 }
 
