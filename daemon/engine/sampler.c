@@ -432,9 +432,26 @@ static int32_t first_max(const float *w, int n, float mx) {
   return 0; /* all NaN / -inf */
 }
 
+/* The plain-greedy token in one pass over the row: the first index of the largest logit, NaN never
+ * (what prepare then first_max give: token 0 when nothing is above -inf). */
+static int32_t plain_argmax(const float *logits, int n) {
+  float best = -INFINITY;
+  int32_t tok = 0;
+  for (int i = 0; i < n; i++)
+    if (logits[i] > best) {
+      best = logits[i];
+      tok = i;
+    }
+  return tok;
+}
+
 int servd_sampler_sample(servd_sampler *s, const float *logits, servd_sampled *out) {
   const int n = s->n_vocab;
   const servd_gen_params *p = &s->p;
+  if (servd_sampler_plain_greedy(s)) { /* no penalties, no logprobs: nothing but the arg max */
+    *out = (servd_sampled){.token = plain_argmax(logits, n), .top = s->top};
+    return 0;
+  }
   float *w = s->work, *e = s->prob;
   const float mx = prepare(s, logits);
   int32_t tok;

@@ -120,6 +120,32 @@ static void test_plain_greedy(void **st) {
     assert_int_equal(o.token, want[r]);
   }
   servd_sampler_free(s);
+  /* The one-pass arg max against the full greedy path (logprobs on takes it), on rows with ties,
+   * NaN, -inf and +inf: the same token every time. */
+  {
+    enum { N = 257 };
+    servd_gen_params full = p;
+    full.logprobs = 0;
+    servd_sampler *a = make(&p, N, SERVD_LOGPROBS_RAW), *b = make(&full, N, SERVD_LOGPROBS_RAW);
+    assert_false(servd_sampler_plain_greedy(b));
+    uint32_t x = 12345;
+    float row[N];
+    for (int r = 0; r < 2000; r++) {
+      for (int i = 0; i < N; i++) {
+        x = x * 1664525u + 1013904223u;
+        const uint32_t k = x >> 24;
+        row[i] = k < 8 ? NAN : k < 16 ? -INFINITY : k == 16 && r % 7 == 0 ? INFINITY : (float)((x >> 8) % 64) - 32.0f;
+      }
+      if (r % 5 == 0)
+        for (int i = 0; i < N; i++) row[i] = i % 2 ? NAN : -INFINITY; /* nothing above -inf */
+      servd_sampled oa, ob;
+      assert_int_equal(servd_sampler_sample(a, row, &oa), 0);
+      assert_int_equal(servd_sampler_sample(b, row, &ob), 0);
+      if (oa.token != ob.token) fail_msg("row %d: one-pass arg max %d, full path %d", r, oa.token, ob.token);
+    }
+    servd_sampler_free(a);
+    servd_sampler_free(b);
+  }
   struct { float temperature, rep, presence, frequency; int top_k, logprobs; bool plain; } cases[] = {
       {0, 1, 0, 0, 0, -1, true},   {1e-6f, 1, 0, 0, 0, -1, true}, {0.7f, 1, 0, 0, 1, -1, true},
       {0.7f, 1, 0, 0, 0, -1, false}, {0, 1.1f, 0, 0, 0, -1, false}, {0, 1, 0.5f, 0, 0, -1, false},
