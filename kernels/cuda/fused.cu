@@ -10,18 +10,18 @@
 
 #include "cuda_common.cuh"
 #include "gemv_choice.h"
+#include "rms.cuh"
 
 namespace {
 constexpr int MAX_DEVICES = 64;
 int fused_ok_flags[MAX_DEVICES];
 
 // x += o (bf16, as add_kernel rounds it); out = x / rms(x) * w (as rmsnorm_kernel computes it: the
-// same per-thread sums and reduction, so the two agree to the bit). One block of 256 per row; each
+// same per-thread sums and block_rms_inv, so the two agree to the bit). One block of 256 per row; each
 // thread reads back only the x elements it wrote. out may be o: every o element is read before the
 // barrier, and out is written after it.
 __global__ void add_rmsnorm_kernel(__nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *o, __nv_bfloat16 *out,
                                    const __nv_bfloat16 *__restrict__ w, int d, float eps) {
-  __shared__ float partial[32];
   __nv_bfloat16 *xr = x + (size_t)blockIdx.x * d;
   const __nv_bfloat16 *orow = o + (size_t)blockIdx.x * d;
   __nv_bfloat16 *outr = out + (size_t)blockIdx.x * d;
@@ -32,16 +32,7 @@ __global__ void add_rmsnorm_kernel(__nv_bfloat16 *__restrict__ x, const __nv_bfl
     const float v = __bfloat162float(s);
     ss += v * v;
   }
-  ss = warp_sum(ss);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.f;
-    v = warp_sum(v);
-    if (threadIdx.x == 0) partial[0] = rsqrtf(v / d + eps);
-  }
-  __syncthreads();
-  const float inv = partial[0];
+  const float inv = block_rms_inv(ss, d, eps);
   for (int i = threadIdx.x; i < d; i += blockDim.x)
     outr[i] = __float2bfloat16(__bfloat162float(xr[i]) * inv * __bfloat162float(w[i]));
 }

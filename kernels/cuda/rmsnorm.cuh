@@ -3,11 +3,10 @@
 // before writing out[i] at the same i, and the sum over the row is complete (__syncthreads) before
 // any write.
 #pragma once
-#include "cuda_common.cuh"
+#include "rms.cuh"
 
 __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *__restrict__ w,
                                int d, float eps) {
-  __shared__ float partial[32];
   const __nv_bfloat16 *xr = x + (size_t)blockIdx.x * d;
   __nv_bfloat16 *outr = out + (size_t)blockIdx.x * d;
   float ss = 0.f;
@@ -15,16 +14,7 @@ __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const
     float v = __bfloat162float(xr[i]);
     ss += v * v;
   }
-  ss = warp_sum(ss);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.f;
-    v = warp_sum(v);
-    if (threadIdx.x == 0) partial[0] = rsqrtf(v / d + eps);
-  }
-  __syncthreads();
-  const float inv = partial[0];
+  const float inv = block_rms_inv(ss, d, eps);
   for (int i = threadIdx.x; i < d; i += blockDim.x)
     outr[i] = __float2bfloat16(__bfloat162float(xr[i]) * inv * __bfloat162float(w[i]));
 }
