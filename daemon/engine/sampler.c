@@ -248,9 +248,11 @@ static void select_top(cand *c, size_t n, size_t k) {
 }
 
 /* exp for x <= 0 with Cephes' polynomial (about 1 ulp), written so that the loops using it
- * vectorize without -ffast-math; below -87 it returns 0 (a masked or negligible token). */
+ * vectorize without -ffast-math; below -87 it returns 0 (a masked or negligible token), and for NaN
+ * (a NaN logit, or -inf - -inf) 0 too: the argument is clamped into [-87, 0] first, so the float to
+ * int conversion below never sees NaN or infinity. */
 static inline float exp_neg(float x) {
-  float xc = x < -87.0f ? -87.0f : x;
+  float xc = x >= -87.0f ? (x <= 0.0f ? x : 0.0f) : -87.0f;
   float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
   float r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
@@ -265,7 +267,7 @@ static inline float exp_neg(float x) {
   float scale;
   memcpy(&scale, &bits, sizeof scale);
   float y = q * scale;
-  return x < -87.0f ? 0.0f : y;
+  return x >= -87.0f ? y : 0.0f;
 }
 
 #define WIDE __attribute__((target_clones("avx512f", "avx2", "default")))

@@ -112,6 +112,21 @@ typedef struct task {
   int64_t cols, rows, n_items; /* n_items: column blocks per row block */
 } task;
 
+/* p's rows [r0, r0 + rows) as a matmul of their own (x, out and the prepared activations moved). */
+static servd__mm row_block(const servd__mm *p, int64_t r0, int64_t rows) {
+  servd__mm sub = *p;
+  sub.m = p->m - r0 < rows ? p->m - r0 : rows;
+  sub.x += r0 * p->ldx;
+  sub.out += r0 * p->ldo;
+  if (p->xq.qs) {
+    sub.xq.qs += r0 * p->xq.ldq;
+    sub.xq.d += r0 * p->xq.lds;
+    sub.xq.s += r0 * p->xq.lds;
+  }
+  if (p->xeo) sub.xeo += r0 * p->ldxeo;
+  return sub;
+}
+
 static void run_task(void *ctx, int64_t b, int64_t e, int thread) {
   const task *t = ctx;
   const servd__mm *p = t->p;
@@ -123,17 +138,7 @@ static void run_task(void *ctx, int64_t b, int64_t e, int thread) {
     if (t->rows >= p->m) {
       t->fn(p, j0, j1);
     } else {
-      servd__mm sub = *p;
-      const int64_t r0 = mb * t->rows;
-      sub.m = p->m - r0 < t->rows ? p->m - r0 : t->rows;
-      sub.x += r0 * p->ldx;
-      sub.out += r0 * p->ldo;
-      if (p->xq.qs) {
-        sub.xq.qs += r0 * p->xq.ldq;
-        sub.xq.d += r0 * p->xq.lds;
-        sub.xq.s += r0 * p->xq.lds;
-      }
-      if (p->xeo) sub.xeo += r0 * p->ldxeo;
+      const servd__mm sub = row_block(p, mb * t->rows, t->rows);
       t->fn(&sub, j0, j1);
     }
     it += jend - jb;
@@ -222,7 +227,8 @@ int servd_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w
 
 /* ---- several weights, one x ------------------------------------------------------------------- */
 
-/* Column blocks of every weight in a row: items [first[i], first[i+1]) are weight i's. */
+/* Items: row blocks of x times the column blocks of every weight laid end to end; within a row
+ * block, items [first[i], first[i+1]) are weight i's. */
 typedef struct many_task {
   const servd__mm *p;
   servd__mm_fn fn;
@@ -232,15 +238,22 @@ typedef struct many_task {
 
 static void run_many(void *ctx, int64_t b, int64_t e, int thread) {
   const many_task *t = ctx;
+  const int64_t per_block = t->first[t->count];
   (void)thread;
-  int s = 0;
   for (int64_t it = b; it < e;) {
-    while (it >= t->first[s + 1]) s++;
-    const int64_t end = e < t->first[s + 1] ? e : t->first[s + 1];
+    const int64_t mb = it / per_block, jb = it % per_block;
+    int s = 0;
+    while (jb >= t->first[s + 1]) s++;
+    const int64_t end = e - it < t->first[s + 1] - jb ? jb + (e - it) : t->first[s + 1];
     const servd__mm *p = &t->p[s];
-    const int64_t j0 = (it - t->first[s]) * ITEM_COLS, j1 = (end - t->first[s]) * ITEM_COLS;
-    t->fn(p, j0, j1 < p->n ? j1 : p->n);
-    it = end;
+    const int64_t j0 = (jb - t->first[s]) * ITEM_COLS, j1 = (end - t->first[s]) * ITEM_COLS;
+    if (p->m <= ITEM_ROWS) {
+      t->fn(p, j0, j1 < p->n ? j1 : p->n);
+    } else {
+      const servd__mm sub = row_block(p, mb * ITEM_ROWS, ITEM_ROWS);
+      t->fn(&sub, j0, j1 < p->n ? j1 : p->n);
+    }
+    it += end - jb;
   }
 }
 
@@ -254,8 +267,8 @@ int servd_matmul_many(int count, servd_tensor *const *outs, const servd_tensor *
     if (rc) return servd_fail(rc, "matmul_many: weight %d: %s", i, servd_last_error());
     together &= p[i].wt == p[0].wt && p[i].n > 0;
   }
-  /* One split when the x side is shared (one dtype) and one row block holds every row (decode). */
-  if (!together || count == 1 || p[0].m == 0 || p[0].m > ITEM_ROWS || p[0].k == 0) {
+  /* One split when the x side is shared (one dtype): x prepared once, one pass over the pool. */
+  if (!together || count == 1 || p[0].m == 0 || p[0].k == 0) {
     for (int i = 0; i < count; i++) {
       int rc = servd_matmul(outs[i], x, ws[i]);
       if (rc) return rc;
@@ -271,6 +284,7 @@ int servd_matmul_many(int count, servd_tensor *const *outs, const servd_tensor *
     p[i].ldxeo = p[0].ldxeo;
     t.first[i + 1] = t.first[i] + (p[i].n + ITEM_COLS - 1) / ITEM_COLS;
   }
-  servd_parallel_for(t.first[count], grain_of(&p[0]), run_many, &t);
+  const int64_t row_blocks = (p[0].m + ITEM_ROWS - 1) / ITEM_ROWS;
+  servd_parallel_for(row_blocks * t.first[count], grain_of(&p[0]), run_many, &t);
   return 0;
 }

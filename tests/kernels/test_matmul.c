@@ -299,8 +299,8 @@ static void test_concurrent_callers(void **state) {
 }
 
 /* matmul_many against one servd_matmul per weight, to the bit (same kernels, same column tiles): every
- * dtype, every ISA, 1 to 3 weights of odd sizes (a tile shared by no two weights), decode and prefill
- * rows; weights of two dtypes (run one by one); and its argument errors. */
+ * dtype, every ISA, 1 to 3 weights of odd sizes (a tile shared by no two weights), decode rows and
+ * two row blocks; weights of two dtypes (run one by one); and its argument errors. */
 static void many_case(servd_dtype dt, servd_dtype dt_last, int64_t m, int count) {
   const int64_t k = 96, ns[3] = {70, 33, 1};
   servd_tensor *x = rand_f32(m, k), *w[3], *got[3], *want[3];
@@ -331,7 +331,7 @@ static void test_matmul_many(void **state) {
       for (int count = 1; count <= 3; count++) {
         many_case(all_dtypes[d], all_dtypes[d], 1, count);
         many_case(all_dtypes[d], all_dtypes[d], 5, count);
-        many_case(all_dtypes[d], all_dtypes[d], 130, count); /* past one row block: one by one */
+        many_case(all_dtypes[d], all_dtypes[d], 130, count); /* two row blocks, the second of 2 rows */
       }
     many_case(SERVD_Q4_1, SERVD_Q8_0, 2, 3); /* different activation layouts: one by one */
     many_case(SERVD_BF16, SERVD_F32, 2, 2);

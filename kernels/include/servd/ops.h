@@ -34,8 +34,8 @@ SERVD_API servd_isa servd_cpu_active_isa(void);
  * multiplied with integer dot products; w is never dequantized whole. */
 SERVD_API int servd_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
 /* outs[i] = x @ ws[i]^T for 1..SERVD_MATMUL_MANY_MAX weights sharing x (Q, K and V; gate and up):
- * what one servd_matmul per weight computes, to the bit. Weights of one dtype and up to 128 rows of
- * x run as one split over the thread pool, with x quantized once. */
+ * what one servd_matmul per weight computes, to the bit. Weights of one dtype run as one split over
+ * the thread pool, with x prepared (quantized) once. */
 #define SERVD_MATMUL_MANY_MAX 4
 SERVD_API int servd_matmul_many(int count, servd_tensor *const *outs, const servd_tensor *x,
                                 const servd_tensor *const *ws);
