@@ -75,10 +75,7 @@ struct dev_buf {
 float bf16_diff(const uint16_t *a, const uint16_t *b, size_t n) {
   float worst = 0.f;
   for (size_t i = 0; i < n; i++) {
-    uint32_t ua = (uint32_t)a[i] << 16, ub = (uint32_t)b[i] << 16;
-    float fa, fb;
-    memcpy(&fa, &ua, 4);
-    memcpy(&fb, &ub, 4);
+    const float fa = servd_bf16_to_f32(a[i]), fb = servd_bf16_to_f32(b[i]);
     float d = fabsf(fa - fb) / (1.f + fabsf(fa));
     if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
   }
