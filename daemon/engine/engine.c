@@ -193,9 +193,9 @@ static void finish(servd_model *m, servd_request *r, const char *reason, int err
   finish_ex(m, r, reason, error_code, msg, NULL, strcmp(reason, "length") == 0 || strcmp(reason, "deadline") == 0);
 }
 
-/* After the step that produced logits row `row` for r: sample, stream, check the end. */
 static void emit(servd_model *m, servd_request *r, const servd_sampled *s);
 
+/* After the step that produced logits row `row` for r: sample, stream, check the end. */
 static void advance(servd_model *m, servd_request *r, const float *row) {
   servd_sampled s;
   int rc = servd_sampler_sample(r->sampler, row, &s);

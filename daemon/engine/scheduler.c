@@ -230,7 +230,6 @@ void sched_commit(servd_scheduler *s) {
   }
 }
 
-servd_attn_batch sched_attn(const servd_scheduler *s) { return servd_step_arrays_attn(&s->step, s->n_planned); }
 
 int sched_used_blocks(const servd_scheduler *s) {
   return servd_kv_cache_n_blocks(s->kv) - servd_kv_cache_free_blocks(s->kv);

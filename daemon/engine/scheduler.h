@@ -98,9 +98,6 @@ int sched_plan(servd_scheduler *s);
 /* After the step ran: advances n_computed of every planned sequence. */
 void sched_commit(servd_scheduler *s);
 
-/* The planned step as an attention layout (arrays owned by the scheduler). */
-servd_attn_batch sched_attn(const servd_scheduler *s);
-
 int sched_used_blocks(const servd_scheduler *s);
 
 #endif

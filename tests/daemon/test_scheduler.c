@@ -84,7 +84,7 @@ static void test_chunked_prefill(void **state) {
   assert_true(q->wants_logits);
   assert_int_equal(f->s.n_logit_rows, 1);
   assert_int_equal(f->s.step.logit_rows[0], 3);
-  servd_attn_batch b = sched_attn(&f->s);
+  servd_attn_batch b = servd_step_arrays_attn(&f->s.step, f->s.n_planned);
   assert_int_equal(b.n_seqs, 1);
   assert_int_equal(b.q_start[0], 0);
   assert_int_equal(b.q_len[0], 4);
