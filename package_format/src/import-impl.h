@@ -30,8 +30,14 @@ int mpk__load_json_file(const char *path, json_t **out);
  * when `json` is set. *present tells whether it was there. */
 int mpk__add_source_file(mpk_writer *w, const char *path, const char *entry, bool json, bool *present);
 
-/* Sets name, model_version, kind, entry_point in the manifest and embeds the code folder. */
-int mpk__common_fields(mpk_writer *w, const mpk_import_options *o, const char *default_name);
+struct mpk_arch;
+/* Sets name (default_name made safe unless o->name), model_version, kind, architecture, entry_point
+ * in the manifest and embeds the code folder: o->code_dir, else $SERVD_MODEL_CODE, else the
+ * architecture's folder found from the executable (code_dir.c). */
+int mpk__common_fields(mpk_writer *w, const mpk_import_options *o, const struct mpk_arch *a, const char *default_name);
+/* 0 unless `path` is a symbolic link resolving outside `root` (or not resolving): the packer never
+ * copies files from outside the folder it was given. */
+int mpk__source_inside(const char *root, const char *path);
 
 #define MPK_MAX_SIDE_FILE ((size_t)256 << 20) /* tokenizer.json and friends */
 

@@ -6,21 +6,13 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include "arch.h"
 #include "import-impl.h"
 #include "mpk-impl.h"
-
-#ifndef MPK_DEFAULT_CODE_DIR
-#define MPK_DEFAULT_CODE_DIR "models/llama"
-#endif
 
 void mpk_import_options_init(mpk_import_options *o) {
   memset(o, 0, sizeof *o);
   o->dtype = SERVD_Q8_0;
-}
-
-const char *mpk_default_code_dir(void) {
-  const char *e = getenv("SERVD_MODEL_CODE");
-  return e && *e ? e : MPK_DEFAULT_CODE_DIR;
 }
 
 void mpk__progress_add(mpk_progress *pr, uint64_t bytes) {
@@ -107,10 +99,26 @@ int mpk__add_source_file(mpk_writer *w, const char *path, const char *entry, boo
   return rc;
 }
 
+int mpk__source_inside(const char *root, const char *path) {
+  struct stat st;
+  if (lstat(path, &st) != 0 || !S_ISLNK(st.st_mode)) return 0; /* absent files are the caller's business */
+  char *r = realpath(root, NULL), *t = realpath(path, NULL);
+  int rc = 0;
+  size_t rl = r ? strlen(r) : 0;
+  if (!r || !t) rc = servd_fail(SERVD_EINVAL, "%s: a symbolic link that does not resolve: %s", path, strerror(errno));
+  else if (strncmp(t, r, rl) || (t[rl] != '/' && !(rl == 1 && r[0] == '/')))
+    rc = servd_fail(SERVD_EINVAL, "%s: a symbolic link to %s, outside %s: the packer takes only files inside the source folder "
+                    "(copy the file in instead of linking it)", path, t, r);
+  free(r);
+  free(t);
+  return rc;
+}
+
 static int cmp_cstr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* Adds dir's files under prefix, sorted (reproducible packages), recursing into folders. */
-static int add_tree(mpk_writer *w, const char *dir, const char *prefix, int depth) {
+/* Adds dir's files under prefix, sorted (reproducible packages), recursing into folders. Symbolic
+ * links are followed only when they stay inside `root`; other special files are refused. */
+static int add_tree(mpk_writer *w, const char *root, const char *dir, const char *prefix, int depth) {
   if (depth > 16) return servd_fail(SERVD_EINVAL, "%s: folders nested too deeply", dir);
   DIR *d = opendir(dir);
   if (!d) return servd_fail(SERVD_EIO, "%s: cannot open the code folder: %s", dir, strerror(errno));
@@ -134,12 +142,17 @@ static int add_tree(mpk_writer *w, const char *dir, const char *prefix, int dept
   qsort(names, n, sizeof *names, cmp_cstr);
   for (size_t i = 0; i < n && !rc; i++) {
     char path[4096], entry[2048];
-    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-    snprintf(entry, sizeof entry, "%s/%s", prefix, names[i]);
+    if (snprintf(path, sizeof path, "%s/%s", dir, names[i]) >= (int)sizeof path ||
+        snprintf(entry, sizeof entry, "%s/%s", prefix, names[i]) >= (int)sizeof entry) {
+      rc = servd_fail(SERVD_EINVAL, "%s/%s: path too long", dir, names[i]);
+      break;
+    }
     struct stat st;
-    if (stat(path, &st) != 0) continue;
-    if (S_ISDIR(st.st_mode)) rc = add_tree(w, path, entry, depth + 1);
+    if ((rc = mpk__source_inside(root, path))) break;
+    if (stat(path, &st) != 0) { rc = servd_fail(SERVD_EIO, "%s: %s", path, strerror(errno)); break; }
+    if (S_ISDIR(st.st_mode)) rc = add_tree(w, root, path, entry, depth + 1);
     else if (S_ISREG(st.st_mode)) rc = mpk__add_source_file(w, path, entry, false, NULL);
+    else rc = servd_fail(SERVD_EINVAL, "%s: not a regular file or folder (a device, FIFO or socket cannot be packed)", path);
   }
 fail:
   for (size_t i = 0; i < n; i++) free(names[i]);
@@ -160,15 +173,24 @@ int mpk_add_code_dir(mpk_writer *w, const char *dir) {
     return servd_fail(SERVD_EINVAL, "%s: the model code folder does not exist (set --code or SERVD_MODEL_CODE)", copy);
   char prefix[sizeof copy + 8]; /* "code/" + a base name that fits in copy */
   snprintf(prefix, sizeof prefix, "code/%s", base);
-  return add_tree(w, copy, prefix, 0);
+  return add_tree(w, copy, copy, prefix, 0);
 }
 
-int mpk__common_fields(mpk_writer *w, const mpk_import_options *o, const char *default_name) {
+int mpk__common_fields(mpk_writer *w, const mpk_import_options *o, const mpk_arch *a, const char *default_name) {
   int rc;
-  if ((rc = mpk_writer_set(w, "name", json_string(o->name ? o->name : default_name))) ||
+  char name[80], code[4096];
+  mpk__safe_name(default_name, name, sizeof name);
+  const char *dir = o->code_dir;
+  if (!dir && (dir = getenv("SERVD_MODEL_CODE")) && !*dir) dir = NULL;
+  if (!dir) {
+    if ((rc = mpk__code_dir_for(a, code, sizeof code))) return rc;
+    dir = code;
+  }
+  if ((rc = mpk_writer_set(w, "name", json_string(o->name ? o->name : name))) ||
       (rc = mpk_writer_set(w, "model_version", json_string(o->model_version ? o->model_version : "1"))) ||
       (rc = mpk_writer_set(w, "kind", json_string("causal-lm"))) ||
-      (rc = mpk_writer_set(w, "entry_point", json_string(o->entry_point ? o->entry_point : "llama.model:LlamaModel"))))
+      (rc = mpk_writer_set(w, "architecture", json_string(a->name))) ||
+      (rc = mpk_writer_set(w, "entry_point", json_string(o->entry_point ? o->entry_point : a->entry_point))))
     return rc;
-  return mpk_add_code_dir(w, o->code_dir ? o->code_dir : mpk_default_code_dir());
+  return mpk_add_code_dir(w, dir);
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "arch.h"
 #include "import-impl.h"
 #include "mpk-impl.h"
 #include "mpk/gguf.h"
@@ -13,28 +14,6 @@
 
 static int ggml_conv(const void *ctx, const void *src, float *dst, int64_t n) {
   return mpk_ggml_row_to_f32(*(const uint32_t *)ctx, src, dst, n);
-}
-
-/* GGUF llama tensor name -> Hugging Face name; unknown names are kept. */
-static void hf_name(const char *g, char *out, size_t cap) {
-  static const struct { const char *g, *hf; } top[] = {
-      {"token_embd.weight", "model.embed_tokens.weight"}, {"output_norm.weight", "model.norm.weight"},
-      {"output.weight", "lm_head.weight"}};
-  static const struct { const char *g, *hf; } blk[] = {
-      {"attn_norm.weight", "input_layernorm.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"attn_q.weight", "self_attn.q_proj.weight"},    {"attn_k.weight", "self_attn.k_proj.weight"},
-      {"attn_v.weight", "self_attn.v_proj.weight"},    {"attn_output.weight", "self_attn.o_proj.weight"},
-      {"ffn_gate.weight", "mlp.gate_proj.weight"},     {"ffn_up.weight", "mlp.up_proj.weight"},
-      {"ffn_down.weight", "mlp.down_proj.weight"}};
-  for (size_t i = 0; i < sizeof top / sizeof *top; i++)
-    if (!strcmp(g, top[i].g)) { snprintf(out, cap, "%s", top[i].hf); return; }
-  unsigned layer;
-  int used = 0;
-  if (sscanf(g, "blk.%u.%n", &layer, &used) == 1 && used > 0) {
-    for (size_t i = 0; i < sizeof blk / sizeof *blk; i++)
-      if (!strcmp(g + used, blk[i].g)) { snprintf(out, cap, "model.layers.%u.%s", layer, blk[i].hf); return; }
-  }
-  snprintf(out, cap, "%s", g);
 }
 
 static json_t *jstrn(const char *s, size_t n) { return json_stringn(s, n); } /* NULL unless valid UTF-8 */
@@ -213,75 +192,13 @@ fail:
   return rc;
 }
 
-/* The shortest decimal that reads back as the same f32 (1e-05, not 9.99999974737875e-06). */
-static double shortest_f32(double v) {
-  char b[32];
-  for (int prec = 1; prec <= 9; prec++) {
-    snprintf(b, sizeof b, "%.*g", prec, v);
-    if ((float)strtod(b, NULL) == (float)v) return strtod(b, NULL);
-  }
-  return v;
-}
-
-/* llama.* metadata -> a Hugging Face-style LlamaConfig. */
-static int make_config(const char *what, const mpk_gguf *g, bool tied, uint64_t n_vocab, json_t **out) {
-  static const struct { const char *key, *hf; bool required; } ints[] = {
-      {"llama.embedding_length", "hidden_size", true},        {"llama.feed_forward_length", "intermediate_size", true},
-      {"llama.block_count", "num_hidden_layers", true},       {"llama.attention.head_count", "num_attention_heads", true},
-      {"llama.attention.head_count_kv", "num_key_value_heads", false}, {"llama.context_length", "max_position_embeddings", false},
-      {"tokenizer.ggml.bos_token_id", "bos_token_id", false}, {"tokenizer.ggml.eos_token_id", "eos_token_id", false}};
-  json_t *c = json_pack("{s:s,s:[s]}", "model_type", "llama", "architectures", "LlamaForCausalLM");
-  int rc = 0;
-  uint64_t v[8] = {0};
-  for (size_t i = 0; i < 8; i++) {
-    int r = mpk_gguf_get_u64(g, ints[i].key, &v[i]);
-    if (r == SERVD_EINVAL && !ints[i].required) continue;
-    if (r == SERVD_EINVAL) { rc = servd_fail(SERVD_EFORMAT, "%s: %s: missing (required for a llama model)", what, ints[i].key); goto fail; }
-    if (r) { rc = r; goto fail; }
-    if ((v[i] == 0 && i < 6) || v[i] > (1ull << 31)) { rc = servd_fail(SERVD_EFORMAT, "%s: %s = %llu, expected %s..2^31", what, ints[i].key, (unsigned long long)v[i], i < 6 ? "1" : "0"); goto fail; }
-    json_object_set_new(c, ints[i].hf, json_integer((json_int_t)v[i]));
-  }
-  if (!json_object_get(c, "num_key_value_heads")) json_object_set(c, "num_key_value_heads", json_object_get(c, "num_attention_heads"));
-  uint64_t hidden = v[0], heads = v[3], head_dim = hidden / heads;
-  if (hidden % heads) { rc = servd_fail(SERVD_EFORMAT, "%s: embedding_length %llu is not a multiple of head_count %llu", what, (unsigned long long)hidden, (unsigned long long)heads); goto fail; }
-  uint64_t kl;
-  int r = mpk_gguf_get_u64(g, "llama.attention.key_length", &kl);
-  if (r == 0) head_dim = kl;
-  else if (r != SERVD_EINVAL) { rc = r; goto fail; }
-  json_object_set_new(c, "head_dim", json_integer((json_int_t)head_dim));
-  json_object_set_new(c, "vocab_size", json_integer((json_int_t)n_vocab));
-  double eps = 1e-5, theta = 10000.0;
-  if ((r = mpk_gguf_get_f64(g, "llama.attention.layer_norm_rms_epsilon", &eps)) && r != SERVD_EINVAL) { rc = r; goto fail; }
-  if ((r = mpk_gguf_get_f64(g, "llama.rope.freq_base", &theta)) && r != SERVD_EINVAL) { rc = r; goto fail; }
-  json_object_set_new(c, "rms_norm_eps", json_real(shortest_f32(eps))); /* stored as f32 in GGUF */
-  json_object_set_new(c, "rope_theta", json_real(theta));
-  json_object_set_new(c, "tie_word_embeddings", json_boolean(tied));
-  const char *st;
-  size_t sl;
-  double factor = 1.0;
-  if (mpk_gguf_get_str(g, "llama.rope.scaling.type", &st, &sl) == 0 && sl > 0 && !(sl == 4 && !memcmp(st, "none", 4))) {
-    mpk_gguf_get_f64(g, "llama.rope.scaling.factor", &factor);
-    json_t *rs = json_pack("{s:s%,s:f}", "type", st, sl, "factor", factor);
-    uint64_t orig;
-    if (mpk_gguf_get_u64(g, "llama.rope.scaling.original_context_length", &orig) == 0)
-      json_object_set_new(rs, "original_max_position_embeddings", json_integer((json_int_t)orig));
-    json_object_set_new(c, "rope_scaling", rs);
-  } else {
-    json_object_set_new(c, "rope_scaling", json_null());
-  }
-  *out = c;
-  return 0;
-fail:
-  json_decref(c);
-  return rc;
-}
-
 /* rope_freqs.weight (Llama 3.1/3.2: llama.cpp stores the rope scaling as per-dimension divisors of the
  * inverse frequencies) -> the config's rope_scaling, exactly as Hugging Face writes it, so the tensor
  * is not needed and HF and GGUF imports of one model agree. Refused unless the factors are exactly
  * a Llama 3 scaling: servd would otherwise run with other frequencies than the file's. */
-static int rope_scaling_from_freqs(const char *what, const mpk_gguf *g, const mpk_gguf_tensor *t, const void *data,
-                                   json_t *config) {
+static int rope_scaling_from_freqs(const char *what, const mpk_gguf *g, const char *ga, const mpk_gguf_tensor *t,
+                                   const void *data, json_t *config) {
+  char key[128];
   const int64_t head_dim = json_integer_value(json_object_get(config, "head_dim"));
   const double theta = json_number_value(json_object_get(config, "rope_theta"));
   if (t->type != MPK_GGML_F32)
@@ -293,15 +210,19 @@ static int rope_scaling_from_freqs(const char *what, const mpk_gguf *g, const mp
   /* llama.cpp applies a rope.scaling.factor on top of rope_freqs unless the type is "none". */
   const char *st = "linear";
   size_t sl = 6;
+  char q[300];
   double lin = 0.0;
-  int r = mpk_gguf_get_str(g, "llama.rope.scaling.type", &st, &sl);
+  snprintf(key, sizeof key, "%s.rope.scaling.type", ga);
+  int r = mpk_gguf_get_str(g, key, &st, &sl);
   if (r && r != SERVD_EINVAL) return r;
-  if ((r = mpk_gguf_get_f64(g, "llama.rope.scaling.factor", &lin)) && r != SERVD_EINVAL) return r;
+  snprintf(key, sizeof key, "%s.rope.scaling.factor", ga);
+  if ((r = mpk_gguf_get_f64(g, key, &lin)) && r != SERVD_EINVAL) return r;
   if (!(sl == 4 && !memcmp(st, "none", 4)) && lin != 0.0 && lin != 1.0)
-    return servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%s\" with llama.rope.scaling.type \"%.*s\" factor %g: the two scalings "
-                      "combined are not supported", what, t->name, (int)(sl > 32 ? 32 : sl), st, lin);
+    return servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%s\" with %s.rope.scaling.type \"%s\" factor %g: the two scalings "
+                      "combined are not supported", what, t->name, ga, mpk__printable(st, sl, q, sizeof q), lin);
   uint64_t orig = 0;
-  if ((r = mpk_gguf_get_u64(g, "llama.rope.scaling.original_context_length", &orig)) && r != SERVD_EINVAL) return r;
+  snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", ga);
+  if ((r = mpk_gguf_get_u64(g, key, &orig)) && r != SERVD_EINVAL) return r;
   if (orig > UINT32_MAX) orig = 0; /* no candidate; the search tries the usual ones */
   float ff[2048];
   if (head_dim / 2 > (int64_t)(sizeof ff / sizeof *ff))
@@ -312,7 +233,7 @@ static int rope_scaling_from_freqs(const char *what, const mpk_gguf *g, const mp
   if ((r = mpk__rope_fit_llama3(what, t->name, ff, (int)t->ne[0], theta, (uint32_t)orig, &fit))) return r;
   /* The keys and values of the model's Hugging Face config.json; all factors 1 is plain RoPE. */
   json_t *rs = fit.factor == 1.0 ? json_null()
-                                 : json_pack("{s:f,s:f,s:f,s:I,s:s}", "factor", shortest_f32(fit.factor), "high_freq_factor",
+                                 : json_pack("{s:f,s:f,s:f,s:I,s:s}", "factor", mpk__shortest_f32(fit.factor), "high_freq_factor",
                                              fit.high_freq_factor, "low_freq_factor", fit.low_freq_factor,
                                              "original_max_position_embeddings", (json_int_t)fit.original_max_positions,
                                              "rope_type", "llama3");
@@ -329,31 +250,57 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
   mpk_writer *w = NULL;
   json_t *config = NULL;
   tok_out tok = {0};
+  char **canon = NULL;
+  mpk_shapes shapes = {0};
+  const mpk_arch *arch;
   if ((rc = mpk__map_file_fd(gguf_path, &map)) || (rc = mpk_gguf_parse(gguf_path, map.data, map.len, &g))) goto fail;
-  const char *arch;
+  const char *as;
   size_t al;
-  if ((rc = mpk_gguf_get_str(g, "general.architecture", &arch, &al)) || al != 5 || memcmp(arch, "llama", 5)) {
-    rc = servd_fail(SERVD_EUNSUPPORTED, "%s: general.architecture: expected \"llama\"", gguf_path);
-    goto fail;
-  }
+  char ga[64];
+  rc = mpk_gguf_get_str(g, "general.architecture", &as, &al);
+  if (rc && rc != SERVD_EINVAL) goto fail;
+  if ((rc = mpk__arch_for_gguf(gguf_path, rc ? NULL : as, rc ? 0 : al, &arch))) goto fail;
+  snprintf(ga, sizeof ga, "%.*s", (int)al, as); /* one of the registry's names: short and plain */
   if ((rc = convert_tokenizer(gguf_path, g, &tok))) goto fail;
-  bool tied = true;
-  for (size_t i = 0; i < g->n_tensors; i++) tied &= strcmp(g->tensors[i].name, "output.weight") != 0;
-  uint64_t n_vocab = mpk_gguf_find(g, "tokenizer.ggml.tokens")->n;
-  if ((rc = make_config(gguf_path, g, tied, n_vocab, &config))) goto fail;
+
+  /* Canonical names and shapes (GGUF dimensions are innermost first), checked against the config
+   * before the first byte is written. */
+  canon = calloc(g->n_tensors + 1, sizeof *canon);
+  shapes.e = calloc(g->n_tensors + 1, sizeof *shapes.e);
+  if (!canon || !shapes.e) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", gguf_path); goto fail; }
   const mpk_gguf_tensor *rope_freqs = NULL;
-  for (size_t i = 0; i < g->n_tensors; i++)
-    if (!strcmp(g->tensors[i].name, "rope_freqs.weight")) rope_freqs = &g->tensors[i];
+  bool tied = true;
+  for (size_t i = 0; i < g->n_tensors; i++) {
+    const mpk_gguf_tensor *t = &g->tensors[i];
+    char cn[512];
+    mpk__arch_map_name(&arch->gguf_names, t->name, cn, sizeof cn);
+    if (!(canon[i] = strdup(cn))) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", gguf_path); goto fail; }
+    if (!strcmp(t->name, "rope_freqs.weight")) { rope_freqs = t; continue; }
+    tied &= strcmp(cn, "lm_head.weight") != 0;
+    mpk_shape_entry *e = &shapes.e[shapes.n++];
+    e->name = canon[i];
+    e->ndim = t->ndim;
+    for (int d = 0; d < t->ndim; d++) e->shape[d] = t->ne[t->ndim - 1 - d];
+  }
+  mpk__shapes_sort(&shapes);
+  for (size_t i = 1; i < shapes.n; i++)
+    if (!strcmp(shapes.e[i - 1].name, shapes.e[i].name)) {
+      rc = servd_fail(SERVD_EFORMAT, "%s: two tensors map to \"%s\"", gguf_path, shapes.e[i].name);
+      goto fail;
+    }
+  uint64_t n_vocab = mpk_gguf_find(g, "tokenizer.ggml.tokens")->n;
+  if ((rc = arch->gguf_config(arch, gguf_path, g, ga, tied, n_vocab, &config))) goto fail;
   if (rope_freqs &&
-      (rc = rope_scaling_from_freqs(gguf_path, g, rope_freqs, (const uint8_t *)map.data + rope_freqs->offset, config)))
+      (rc = rope_scaling_from_freqs(gguf_path, g, ga, rope_freqs, (const uint8_t *)map.data + rope_freqs->offset, config)))
     goto fail;
+  if ((rc = arch->check_config(gguf_path, config)) || (rc = arch->check_tensors(gguf_path, config, &shapes))) goto fail;
 
   if ((rc = mpk_writer_create(out_path, &w))) goto fail;
   char name[256] = "";
   const char *base = strrchr(gguf_path, '/') ? strrchr(gguf_path, '/') + 1 : gguf_path;
   snprintf(name, sizeof name, "%s", base);
   if (strlen(name) > 5 && !strcmp(name + strlen(name) - 5, ".gguf")) name[strlen(name) - 5] = 0;
-  if ((rc = mpk__common_fields(w, opt, name))) goto fail;
+  if ((rc = mpk__common_fields(w, opt, arch, name))) goto fail;
   if ((rc = mpk_writer_add_file(w, "tokenizer.json", tok.json, strlen(tok.json))) ||
       (rc = mpk_writer_add_file(w, "tokenizer_config.json", tok.cfg, strlen(tok.cfg))))
     goto fail;
@@ -368,7 +315,7 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
   tok.tokinfo = NULL;
   if ((rc = mpk_writer_set(w, "special_tokens", tok.special))) { tok.special = NULL; goto fail; }
   tok.special = NULL;
-  if ((rc = mpk_writer_set(w, "rope_layout", json_string("interleaved")))) goto fail;
+  if ((rc = mpk_writer_set(w, "rope_layout", json_string(arch->rope_layout_gguf)))) goto fail;
   if ((rc = mpk_writer_set(w, "config", config))) { config = NULL; goto fail; }
   config = NULL;
   json_t *src = json_pack("{s:s,s:s}", "format", "gguf", "file", base);
@@ -379,8 +326,7 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
   for (size_t i = 0; i < g->n_tensors; i++) {
     const mpk_gguf_tensor *t = &g->tensors[i];
     if (t == rope_freqs) continue; /* now the config's rope_scaling */
-    char hn[512];
-    hf_name(t->name, hn, sizeof hn);
+    const char *hn = canon[i];
     int64_t shape[4];
     for (int d = 0; d < t->ndim; d++) shape[d] = t->ne[t->ndim - 1 - d]; /* innermost first -> row-major */
     const void *data = (const uint8_t *)map.data + t->offset;
@@ -415,6 +361,9 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
   rc = mpk_writer_finish(w);
 fail:
   mpk_writer_destroy(w);
+  for (size_t i = 0; canon && i < g->n_tensors; i++) free(canon[i]);
+  free(canon);
+  free(shapes.e);
   mpk_gguf_free(g);
   mpk__unmap(&map);
   json_decref(config);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include "arch.h"
 #include "import-impl.h"
 #include "mpk-impl.h"
 #include "mpk/safetensors.h"
@@ -46,7 +47,7 @@ static int load_shards(const char *dir, shard **out, size_t *nout) {
   struct stat st;
   snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
   if (stat(path, &st) == 0) {
-    if ((rc = mpk__load_json_file(path, &idx))) return rc;
+    if ((rc = mpk__source_inside(dir, path)) || (rc = mpk__load_json_file(path, &idx))) return rc;
     json_t *wm = json_object_get(idx, "weight_map");
     if (!json_is_object(wm) || json_object_size(wm) == 0) {
       rc = servd_fail(SERVD_EFORMAT, "%s: weight_map: expected a non-empty object of tensor -> file", path);
@@ -73,7 +74,7 @@ static int load_shards(const char *dir, shard **out, size_t *nout) {
   }
   for (size_t i = 0; i < n; i++) {
     snprintf(path, sizeof path, "%s/%s", dir, sh[i].file);
-    if ((rc = mpk__map_file_fd(path, &sh[i].map)) || (rc = mpk_st_parse(path, sh[i].map.data, sh[i].map.len, &sh[i].h))) goto fail;
+    if ((rc = mpk__source_inside(dir, path)) || (rc = mpk__map_file_fd(path, &sh[i].map)) || (rc = mpk_st_parse(path, sh[i].map.data, sh[i].map.len, &sh[i].h))) goto fail;
   }
   if (idx) { /* the index and the shards must agree */
     json_t *wm = json_object_get(idx, "weight_map");
@@ -110,8 +111,16 @@ fail:
   return rc;
 }
 
-typedef struct tref { const char *name; size_t shard, idx; } tref;
-static int cmp_tref(const void *a, const void *b) { return strcmp(((const tref *)a)->name, ((const tref *)b)->name); }
+typedef struct tref { const char *name; size_t shard, idx; char *canon; } tref;
+static int cmp_tref(const void *a, const void *b) { return strcmp(((const tref *)a)->canon, ((const tref *)b)->canon); }
+
+/* Side files of the folder, each checked not to link out of it. */
+static int add_side_file(mpk_writer *w, const char *dir, const char *file, bool json, bool *present) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  int rc = mpk__source_inside(dir, path);
+  return rc ? rc : mpk__add_source_file(w, path, file, json, present);
+}
 
 int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options *opt) {
   mpk_import_options defaults;
@@ -120,40 +129,68 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
   char path[4096];
   json_t *config = NULL, *tcfg = NULL, *gcfg = NULL;
   shard *sh = NULL;
-  size_t nsh = 0;
+  size_t nsh = 0, nt = 0;
   tref *refs = NULL;
   mpk_writer *w = NULL;
+  mpk_shapes shapes = {0};
+  const mpk_arch *arch;
   snprintf(path, sizeof path, "%s/config.json", dir);
-  if ((rc = mpk__load_json_file(path, &config))) goto fail;
+  if ((rc = mpk__source_inside(dir, path)) || (rc = mpk__load_json_file(path, &config))) goto fail;
   if (!json_is_object(config)) { rc = servd_fail(SERVD_EFORMAT, "%s: expected a JSON object", path); goto fail; }
-  const char *mt = json_string_value(json_object_get(config, "model_type"));
-  if (!mt || (strcmp(mt, "llama") && strcmp(mt, "mistral"))) {
-    rc = servd_fail(SERVD_EUNSUPPORTED, "%s: model_type \"%s\": expected \"llama\" (Llama-architecture causal LM)", path, mt ? mt : "(none)");
-    goto fail;
-  }
+  if ((rc = mpk__arch_for_hf(path, config, &arch)) || (rc = arch->check_config(path, config))) goto fail;
   if ((rc = load_shards(dir, &sh, &nsh))) goto fail;
+
+  /* Tensors under canonical names, sorted for reproducible packages, checked against the config
+   * before the first byte is written. */
+  for (size_t i = 0; i < nsh; i++) nt += sh[i].h->n;
+  refs = calloc(nt ? nt : 1, sizeof *refs);
+  shapes.e = calloc(nt ? nt : 1, sizeof *shapes.e);
+  if (!refs || !shapes.e) { rc = servd_fail(SERVD_ENOMEM, "out of memory"); goto fail; }
+  mpk_progress pr = {.o = opt};
+  size_t k = 0;
+  for (size_t i = 0; i < nsh; i++)
+    for (size_t j = 0; j < sh[i].h->n; j++) {
+      const mpk_st_tensor *t = &sh[i].h->tensors[j];
+      char cn[512];
+      mpk__arch_map_name(&arch->hf_names, t->name, cn, sizeof cn);
+      refs[k] = (tref){t->name, i, j, strdup(cn)};
+      if (!refs[k++].canon) { rc = servd_fail(SERVD_ENOMEM, "out of memory"); goto fail; }
+      pr.total += t->end - t->begin;
+    }
+  qsort(refs, nt, sizeof *refs, cmp_tref);
+  for (size_t i = 0; i < nt; i++) {
+    const mpk_st_tensor *t = &sh[refs[i].shard].h->tensors[refs[i].idx];
+    if (i && !strcmp(refs[i - 1].canon, refs[i].canon)) {
+      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\" appears in two shards", dir, refs[i].canon);
+      goto fail;
+    }
+    mpk_shape_entry *e = &shapes.e[shapes.n++];
+    e->name = refs[i].canon;
+    e->ndim = t->ndim > SERVD_MAX_DIMS ? SERVD_MAX_DIMS : t->ndim;
+    memcpy(e->shape, t->shape, sizeof(int64_t) * (size_t)e->ndim);
+    if (t->ndim == 0) e->shape[0] = 1, e->ndim = 1; /* scalars become (1,) */
+  }
+  if ((rc = arch->check_tensors(dir, config, &shapes))) goto fail;
   if ((rc = mpk_writer_create(out_path, &w))) goto fail;
 
   char name[256];
   snprintf(path, sizeof path, "%s", dir);
   size_t l = strlen(path);
   while (l > 1 && path[l - 1] == '/') path[--l] = 0;
-  snprintf(name, sizeof name, "%.255s", strrchr(path, '/') ? strrchr(path, '/') + 1 : path); /* names are short; truncation is fine */
-  if ((rc = mpk__common_fields(w, opt, name))) goto fail;
+  snprintf(name, sizeof name, "%.255s", strrchr(path, '/') ? strrchr(path, '/') + 1 : path); /* made safe and short by common_fields */
+  if ((rc = mpk__common_fields(w, opt, arch, name))) goto fail;
 
   /* Tokenizer and side files, checked to be JSON. */
   bool has_tok, has_tcfg, has_gen, has_tmpl;
-  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-  if ((rc = mpk__add_source_file(w, path, "tokenizer.json", true, &has_tok))) goto fail;
-  if (!has_tok) { rc = servd_fail(SERVD_EINVAL, "%s: missing (a causal LM package needs its tokenizer)", path); goto fail; }
+  if ((rc = add_side_file(w, dir, "tokenizer.json", true, &has_tok))) goto fail;
+  if (!has_tok) { rc = servd_fail(SERVD_EINVAL, "%s/tokenizer.json: missing (a causal LM package needs its tokenizer)", dir); goto fail; }
+  if ((rc = add_side_file(w, dir, "tokenizer_config.json", true, &has_tcfg))) goto fail;
   snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-  if ((rc = mpk__add_source_file(w, path, "tokenizer_config.json", true, &has_tcfg))) goto fail;
   if (has_tcfg && (rc = mpk__load_json_file(path, &tcfg))) goto fail;
+  if ((rc = add_side_file(w, dir, "generation_config.json", true, &has_gen))) goto fail;
   snprintf(path, sizeof path, "%s/generation_config.json", dir);
-  if ((rc = mpk__add_source_file(w, path, "generation_config.json", true, &has_gen))) goto fail;
   if (has_gen && (rc = mpk__load_json_file(path, &gcfg))) goto fail;
-  snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-  if ((rc = mpk__add_source_file(w, path, "chat_template.jinja", false, &has_tmpl))) goto fail;
+  if ((rc = add_side_file(w, dir, "chat_template.jinja", false, &has_tmpl))) goto fail;
 
   json_t *tok = json_pack("{s:s}", "file", "tokenizer.json");
   if (has_tcfg) {
@@ -173,28 +210,10 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
   /* generation_config's eos ids complete the model config when it has none. */
   if (gcfg && !json_object_get(config, "eos_token_id") && json_object_get(gcfg, "eos_token_id"))
     json_object_set(config, "eos_token_id", json_object_get(gcfg, "eos_token_id"));
-  if ((rc = mpk_writer_set(w, "rope_layout", json_string("half")))) goto fail;
+  if ((rc = mpk_writer_set(w, "rope_layout", json_string(arch->rope_layout_hf)))) goto fail;
   json_incref(config);
   if ((rc = mpk_writer_set(w, "config", config))) goto fail;
 
-  /* Tensors, sorted by name for reproducible packages. */
-  size_t nt = 0;
-  for (size_t i = 0; i < nsh; i++) nt += sh[i].h->n;
-  refs = calloc(nt ? nt : 1, sizeof *refs);
-  if (!refs) { rc = servd_fail(SERVD_ENOMEM, "out of memory"); goto fail; }
-  mpk_progress pr = {.o = opt};
-  size_t k = 0;
-  for (size_t i = 0; i < nsh; i++)
-    for (size_t j = 0; j < sh[i].h->n; j++) {
-      refs[k++] = (tref){sh[i].h->tensors[j].name, i, j};
-      pr.total += sh[i].h->tensors[j].end - sh[i].h->tensors[j].begin;
-    }
-  qsort(refs, nt, sizeof *refs, cmp_tref);
-  for (size_t i = 1; i < nt; i++)
-    if (!strcmp(refs[i - 1].name, refs[i].name)) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\" appears in two shards", dir, refs[i].name);
-      goto fail;
-    }
   for (size_t i = 0; i < nt; i++) {
     const shard *s = &sh[refs[i].shard];
     const mpk_st_tensor *t = &s->h->tensors[refs[i].idx];
@@ -214,19 +233,21 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
       target = opt->dtype;
       if (servd_dtype_is_quantized(target) && (nd < 2 || shape[nd - 1] % SERVD_QK)) target = SERVD_F32;
     }
-    if (is_native && target == native) rc = mpk__emit_raw(w, &pr, t->name, target, nd, shape, data, t->end - t->begin, s->map.fd,
+    if (is_native && target == native) rc = mpk__emit_raw(w, &pr, refs[i].canon, target, nd, shape, data, t->end - t->begin, s->map.fd,
                                                               s->h->data_start + t->begin);
     else {
       st_src ctx = {t->dtype};
       uint64_t row = (uint64_t)shape[nd - 1] * t->elem_bytes;
-      rc = mpk__emit_converted(w, &pr, t->name, target, nd, shape, data, row, st_row_to_f32, &ctx);
+      rc = mpk__emit_converted(w, &pr, refs[i].canon, target, nd, shape, data, row, st_row_to_f32, &ctx);
     }
     if (rc) goto fail;
   }
   rc = mpk_writer_finish(w);
 fail:
   mpk_writer_destroy(w);
+  for (size_t i = 0; refs && i < nt; i++) free(refs[i].canon);
   free(refs);
+  free(shapes.e);
   for (size_t i = 0; sh && i < nsh; i++) {
     mpk_st_free(sh[i].h);
     mpk__unmap(&sh[i].map);

@@ -67,6 +67,16 @@ int mpk__zip_find(const mpk_zip *z, const char *name); /* index or -1 */
 /* Inflates a raw-deflate entry into exactly usize bytes (more or fewer is an error). */
 int mpk__inflate(const char *what, const uint8_t *src, uint64_t csize, uint64_t usize, uint8_t **out);
 
+/* Copies s into out as printable ASCII (other bytes, '\\' and '"' as \\xNN), at most 64 source
+ * bytes, for messages that quote a source's strings. Returns out. */
+const char *mpk__printable(const char *s, size_t n, char *out, size_t cap);
+/* A package name made from a file or folder name: characters outside [A-Za-z0-9._-] become '-',
+ * no leading '.', at most 64; "model" when nothing is left. */
+void mpk__safe_name(const char *src, char *out, size_t cap);
+
+/* The shortest decimal that reads back as the same f32 (1e-05, not 9.99999974737875e-06). */
+double mpk__shortest_f32(double v);
+
 void mpk__sha256_hex(const void *data, size_t len, char hex[65]);
 
 /* Checked arithmetic: false on overflow. */

@@ -8,6 +8,7 @@
 #include <openssl/evp.h>
 
 #include "mpk-impl.h"
+#include "mpk/integrity.h"
 #include "mpk/package.h"
 #include "mpk/safetensors.h"
 #include "mpk/writer.h"
@@ -106,6 +107,12 @@ static int check_manifest(const char *what, mpk_package *p) {
   if (!(p->name = req_str(what, m, "name", &rc)) || !(p->model_version = req_str(what, m, "model_version", &rc)) ||
       !(p->kind = req_str(what, m, "kind", &rc)) || !(p->entry_point = req_str(what, m, "entry_point", &rc)))
     return rc;
+  if ((rc = mpk_check_name(what, "manifest.json: name", p->name)) ||
+      (rc = mpk_check_name(what, "manifest.json: model_version", p->model_version)))
+    return rc;
+  json_t *an = json_object_get(m, "architecture"); /* registry name; checked against the registry by mpk_check_model */
+  if (an && (!json_is_string(an) || mpk_check_name(what, "manifest.json: architecture", json_string_value(an))))
+    return json_is_string(an) ? SERVD_EFORMAT : servd_fail(SERVD_EFORMAT, "%s: manifest.json: architecture: expected a string", what);
   if (strcmp(p->kind, "causal-lm") && strcmp(p->kind, "generic"))
     return servd_fail(SERVD_EFORMAT, "%s: manifest.json: kind \"%.32s\": expected \"causal-lm\" or \"generic\"", what, p->kind);
   const char *colon = strchr(p->entry_point, ':');
@@ -135,7 +142,7 @@ static int check_manifest(const char *what, mpk_package *p) {
   size_t listed = 0;
   for (int k = 0; k < p->nfiles; k++) {
     const mpk_zip_entry *e = &p->zip.e[p->files[k]];
-    if (!strcmp(e->name, "manifest.json")) continue;
+    if (!strcmp(e->name, "manifest.json") || !strcmp(e->name, MPK_SIGNATURE_ENTRY)) continue; /* not hashed there */
     json_t *f = json_object_get(files, e->name);
     json_t *sz = json_object_get(f, "size"), *h = json_object_get(f, "sha256");
     if (!json_is_object(f))
@@ -152,7 +159,7 @@ static int check_manifest(const char *what, mpk_package *p) {
     json_t *v;
     json_object_foreach(files, key, v) {
       int i = mpk__zip_find(&p->zip, key);
-      if (i < 0 || p->zip.e[i].is_dir || !strcmp(key, "manifest.json"))
+      if (i < 0 || p->zip.e[i].is_dir || !strcmp(key, "manifest.json") || !strcmp(key, MPK_SIGNATURE_ENTRY))
         return servd_fail(SERVD_EFORMAT, "%s: manifest.json: files lists \"%.128s\", which is not a file of the archive", what, key);
     }
   }
@@ -418,6 +425,7 @@ int mpk_file_info_at(const mpk_package *p, int i, mpk_file_info *out) {
   out->size = e->usize;
   out->stored_size = e->csize;
   out->method = e->method;
+  out->crc32 = e->crc;
   return 0;
 }
 
@@ -438,25 +446,5 @@ int mpk_file(mpk_package *p, const char *path, const void **data, size_t *len) {
   return 0;
 }
 
-int mpk_verify(mpk_package *p) {
-  json_t *files = json_object_get(p->manifest, "files");
-  for (int k = 0; k < p->nfiles; k++) {
-    int i = p->files[k];
-    const mpk_zip_entry *e = &p->zip.e[i];
-    const uint8_t *d = entry_data(p, i);
-    uLong crc = 0;
-    for (uint64_t off = 0; off < e->usize;) { /* crc32 takes 32-bit lengths */
-      uInt n = (uInt)(e->usize - off > (1u << 30) ? (1u << 30) : e->usize - off);
-      crc = crc32(crc, d + off, n);
-      off += n;
-    }
-    if (crc != e->crc) return servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": CRC-32 mismatch (corrupt data)", p->path, e->name);
-    if (!strcmp(e->name, "manifest.json")) continue;
-    char hex[65];
-    mpk__sha256_hex(d, e->usize, hex);
-    const char *want = json_string_value(json_object_get(json_object_get(files, e->name), "sha256"));
-    if (!want || strcmp(hex, want))
-      return servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": sha256 %s, manifest says %s", p->path, e->name, hex, want ? want : "(none)");
-  }
-  return 0;
-}
+/* One hashing path for every caller: mpk_verify_entries (integrity.c). */
+int mpk_verify(mpk_package *p) { return mpk_verify_entries(p, MPK_VERIFY_ALL); }

@@ -177,15 +177,66 @@ int mpk_check_entry_path(const char *what, const char *path, size_t len) {
   return 0;
 }
 
+const char *mpk__printable(const char *s, size_t n, char *out, size_t cap) {
+  size_t o = 0;
+  if (!cap) return out;
+  for (size_t i = 0; i < n && i < 64 && o + 5 < cap; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '"') out[o++] = (char)c;
+    else o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
+  }
+  if (n > 64 && o + 4 < cap) o += (size_t)snprintf(out + o, cap - o, "...");
+  out[o] = 0;
+  return out;
+}
+
 int mpk_check_tensor_name(const char *what, const char *name) {
   size_t n = strlen(name);
+  char q[400];
   if (n == 0 || n > 256 || name[0] == '.')
-    return servd_fail(SERVD_EFORMAT, "%s: tensor name \"%.64s\": expected 1..256 characters, not starting with '.'", what, name);
+    return servd_fail(SERVD_EFORMAT, "%s: tensor name \"%s\": expected 1..256 characters, not starting with '.'", what,
+                      mpk__printable(name, n, q, sizeof q));
   for (size_t i = 0; i < n; i++) {
     char c = name[i];
     if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
-      return servd_fail(SERVD_EFORMAT, "%s: tensor name \"%.64s\": character '%c' not allowed, expected [A-Za-z0-9._-]",
-                        what, name, c >= 0x20 && c < 0x7f ? c : '?');
+      return servd_fail(SERVD_EFORMAT, "%s: tensor name \"%s\": character '%c' not allowed, expected [A-Za-z0-9._-]",
+                        what, mpk__printable(name, n, q, sizeof q), c >= 0x20 && c < 0x7f ? c : '?');
   }
   return 0;
+}
+
+/* Names and versions reach logs, terminals and URLs: a small charset keeps escapes, newlines and
+ * path tricks out of all of them. */
+int mpk_check_name(const char *what, const char *field, const char *s) {
+  size_t n = strlen(s);
+  char q[400];
+  bool ok = n >= 1 && n <= 64 && s[0] != '.';
+  for (size_t i = 0; ok && i < n; i++) {
+    char c = s[i];
+    ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+  }
+  if (ok) return 0;
+  return servd_fail(SERVD_EFORMAT, "%s: %s \"%s\": expected 1..64 characters of [A-Za-z0-9._-], not starting with '.'", what,
+                    field, mpk__printable(s, n, q, sizeof q));
+}
+
+void mpk__safe_name(const char *src, char *out, size_t cap) {
+  size_t o = 0;
+  for (const char *p = src; *p && o + 1 < cap && o < 64; p++) {
+    char c = *p;
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (o == 0 && c == '.') continue;
+    out[o++] = ok ? c : '-';
+  }
+  if (o == 0 && cap > 5) o = (size_t)snprintf(out, cap, "model");
+  out[o] = 0;
+}
+
+double mpk__shortest_f32(double v) {
+  char b[32];
+  for (int prec = 1; prec <= 9; prec++) {
+    snprintf(b, sizeof b, "%.*g", prec, v);
+    if ((float)strtod(b, NULL) == (float)v) return strtod(b, NULL);
+  }
+  return v;
 }

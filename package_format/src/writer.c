@@ -123,6 +123,14 @@ int mpk_writer_set(mpk_writer *w, const char *key, json_t *value) {
     json_decref(value);
     return servd_fail(SERVD_EINVAL, "%s: manifest field \"%s\" is written by the writer", w->path, key);
   }
+  if (!strcmp(key, "name") || !strcmp(key, "model_version")) {
+    int rc = json_is_string(value) ? mpk_check_name(w->path, key, json_string_value(value))
+                                   : servd_fail(SERVD_EFORMAT, "%s: manifest field \"%s\": expected a string", w->path, key);
+    if (rc) {
+      json_decref(value);
+      return rc;
+    }
+  }
   json_object_set_new(w->meta, key, value);
   return 0;
 }

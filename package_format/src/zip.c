@@ -51,6 +51,27 @@ static int read_zip64(const char *what, const char *name, const uint8_t *extra, 
   return 0;
 }
 
+/* Unix modes (made by Unix or OS X: the high 16 bits of the external attributes) that extractors
+ * honour: a symlink entry becomes a link on disk (code/x.py -> /etc/passwd), a device or FIFO a
+ * special file, setuid/setgid/sticky bits privileges. Packages hold plain files and empty
+ * folders only. A mode with no type bits (some writers set permissions only) is a plain file. */
+static int check_mode(const char *what, const mpk_zip_entry *en, unsigned host, uint32_t ext) {
+  if (host != 3 && host != 19) return 0; /* other hosts' attributes carry no Unix file type */
+  unsigned mode = ext >> 16, type = mode & 0170000u;
+  const char *bad = NULL;
+  if (type == 0120000u) bad = "a symbolic link";
+  else if (type == 0020000u || type == 0060000u) bad = "a device";
+  else if (type == 0010000u) bad = "a FIFO";
+  else if (type == 0140000u) bad = "a socket";
+  else if (type != 0 && type != 0100000u && type != 0040000u) bad = "of an unknown file type";
+  else if (mode & 07000u) bad = "setuid, setgid or sticky";
+  else if (type == 0040000u && !en->is_dir) bad = "a folder with content";
+  else if (type == 0100000u && en->is_dir) bad = "a regular file named like a folder";
+  if (!bad) return 0;
+  return servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": mode 0%o is %s, expected a regular file or an empty folder", what, en->name,
+                    mode, bad);
+}
+
 int mpk__zip_find(const mpk_zip *z, const char *name) {
   size_t lo = 0, hi = z->n;
   while (lo < hi) {
@@ -162,6 +183,7 @@ int mpk__zip_parse(const char *what, const uint8_t *buf, size_t len, mpk_zip *z)
       rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": a folder entry with data", what, en->name);
       goto fail;
     }
+    if ((rc = check_mode(what, en, rd16(c + 4) >> 8, rd32(c + 38)))) goto fail;
     if (method == 0 && en->csize != en->usize) {
       rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": stored with %llu bytes but %llu uncompressed", what, en->name,
                       (unsigned long long)en->csize, (unsigned long long)en->usize);

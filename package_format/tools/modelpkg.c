@@ -4,13 +4,12 @@
  *                 [--dtype f32|bf16|f16|q8_0|q4_0] [--convert-all] [--quiet]
  *   modelpkg pack --kind generic --code DIR --entry-point M:C -o OUT.mpk [--weights F.safetensors]...
  *                 [--config CONFIG.json] [--name N] [--model-version V] [--quiet]
- *   modelpkg inspect PKG [--json]      modelpkg verify PKG      modelpkg list PKG|DIR
+ *   modelpkg inspect PKG [--json]      modelpkg verify [--key PUB.pem|DIR] PKG      modelpkg list PKG|DIR
+ *   modelpkg sign --key PRIVATE.pem PKG [-o OUT.mpk]
  *   modelpkg unpack PKG DIR            modelpkg synth CONFIG [--seed N] [--dtype f32|f16|bf16]
  *                                                  [--hf-out DIR] [-o OUT.mpk] [--quiet]
  * Exit status: 0 success, 1 failure (one line on stderr naming file, field and expectation), 2 usage.
  */
-#include <archive.h>
-#include <archive_entry.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -21,6 +20,7 @@
 #include <unistd.h>
 
 #include "mpk/import.h"
+#include "mpk/integrity.h"
 #include "mpk/package.h"
 #include "servd/status.h"
 
@@ -34,7 +34,10 @@ static int usage(void) {
           "         a model with predict(inputs) -> outputs; MODULE starts with DIR's name (DIR goes under code/);\n"
           "         tensors F32/F16/BF16, names unique across files; CONFIG: a JSON object (default {})\n"
           "       modelpkg inspect PKG [--json]\n"
-          "       modelpkg verify PKG\n"
+          "       modelpkg verify [--key PUBLIC.pem|DIR] PKG\n"
+          "         --key: also require a signature by that key (or one of DIR's *.pem keys)\n"
+          "       modelpkg sign --key PRIVATE.pem PKG [-o OUT.mpk]\n"
+          "         adds an Ed25519 signature of the manifest (in place unless -o)\n"
           "       modelpkg list PKG|DIR\n"
           "       modelpkg unpack PKG DIR\n"
           "       modelpkg synth CONFIG [--seed N] [--dtype f32|f16|bf16] [--hf-out DIR] [-o OUT.mpk] [--quiet]\n"
@@ -234,17 +237,46 @@ static int cmd_inspect(int argc, char **argv) {
 }
 
 static int cmd_verify(int argc, char **argv) {
-  if (argc != 1) return usage();
+  const char *key = NULL, *pkg = NULL, *signer = NULL;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--key") && i + 1 < argc) key = argv[++i];
+    else if (argv[i][0] != '-' && !pkg) pkg = argv[i];
+    else return usage();
+  }
+  if (!pkg) return usage();
   mpk_package *p;
+  mpk_keyring *keys = NULL;
   double t0 = now();
-  if (mpk_open(argv[0], &p)) return fail();
-  if (mpk_verify(p)) {
-    mpk_close(p);
+  if (key && mpk_keyring_load(key, &keys)) return fail();
+  if (mpk_open(pkg, &p)) {
+    mpk_keyring_free(keys);
     return fail();
   }
-  printf("%s: OK (%d entries, %d tensors, %llu bytes: schema, alignment, CRC-32 and SHA-256 hold) in %.2f s\n", argv[0],
-         mpk_file_count(p), mpk_tensor_count(p), (unsigned long long)mpk_size(p), now() - t0);
+  /* Hashes first: a signature vouches for the manifest, the hashes tie the entries to it. */
+  if (mpk_verify(p) || (keys && mpk_signature_check(p, keys, &signer))) {
+    mpk_close(p);
+    mpk_keyring_free(keys);
+    return fail();
+  }
+  printf("%s: OK (%d entries, %d tensors, %llu bytes: schema, alignment, CRC-32 and SHA-256 hold%s%s) in %.2f s\n", pkg,
+         mpk_file_count(p), mpk_tensor_count(p), (unsigned long long)mpk_size(p), signer ? "; Ed25519 signature by " : "",
+         signer ? signer : "", now() - t0);
   mpk_close(p);
+  mpk_keyring_free(keys);
+  return 0;
+}
+
+static int cmd_sign(int argc, char **argv) {
+  const char *key = NULL, *pkg = NULL, *out = NULL;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--key") && i + 1 < argc) key = argv[++i];
+    else if ((!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) && i + 1 < argc) out = argv[++i];
+    else if (argv[i][0] != '-' && !pkg) pkg = argv[i];
+    else return usage();
+  }
+  if (!key || !pkg) return usage();
+  if (mpk_sign(pkg, key, out ? out : pkg)) return fail();
+  printf("%s: signed (%s, Ed25519 over manifest.json)\n", out ? out : pkg, MPK_SIGNATURE_ENTRY);
   return 0;
 }
 
@@ -292,62 +324,19 @@ static int cmd_list(int argc, char **argv) {
   return 0;
 }
 
-/* Validates with mpk_open, then extracts with libarchive's safe extraction (no "..", no absolute
- * paths, no symlinks followed), an independent zip reader. */
+/* Validates (mpk_open, then every hash with mpk_verify) and extracts regular files only, all or
+ * nothing (mpk_unpack). */
 static int cmd_unpack(int argc, char **argv) {
   if (argc != 2) return usage();
   mpk_package *p;
   if (mpk_open(argv[0], &p)) return fail();
+  if (mpk_verify(p) || mpk_unpack(p, argv[1])) {
+    mpk_close(p);
+    return fail();
+  }
+  printf("unpacked %d entries into %s\n", mpk_file_count(p), argv[1]);
   mpk_close(p);
-  if (mkdir(argv[1], 0755) != 0 && errno != EEXIST) {
-    fprintf(stderr, "modelpkg: %s: cannot create: %s\n", argv[1], strerror(errno));
-    return 1;
-  }
-  char *pkg = realpath(argv[0], NULL);
-  if (!pkg || chdir(argv[1]) != 0) { /* extraction uses relative names only */
-    fprintf(stderr, "modelpkg: %s: %s\n", argv[1], strerror(errno));
-    free(pkg);
-    return 1;
-  }
-  struct archive *a = archive_read_new(), *disk = archive_write_disk_new();
-  archive_read_support_format_zip_seekable(a);
-  archive_write_disk_set_options(disk, ARCHIVE_EXTRACT_SECURE_NODOTDOT | ARCHIVE_EXTRACT_SECURE_SYMLINKS |
-                                           ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS | ARCHIVE_EXTRACT_NO_OVERWRITE);
-  int rc = 0;
-  if (archive_read_open_filename(a, pkg, 1 << 20) != ARCHIVE_OK) {
-    fprintf(stderr, "modelpkg: %s: %s\n", argv[0], archive_error_string(a));
-    rc = 1;
-    goto done;
-  }
-  struct archive_entry *e;
-  int n = 0;
-  while (archive_read_next_header(a, &e) == ARCHIVE_OK) {
-    const char *dst = archive_entry_pathname(e);
-    archive_entry_set_perm(e, 0644);
-    if (archive_write_header(disk, e) != ARCHIVE_OK) {
-      fprintf(stderr, "modelpkg: %s: %s\n", dst, archive_error_string(disk));
-      rc = 1;
-      goto done;
-    }
-    const void *buf;
-    size_t size;
-    la_int64_t off;
-    int r;
-    while ((r = archive_read_data_block(a, &buf, &size, &off)) == ARCHIVE_OK)
-      if (archive_write_data_block(disk, buf, size, off) != ARCHIVE_OK) break;
-    if (r != ARCHIVE_EOF || archive_write_finish_entry(disk) != ARCHIVE_OK) {
-      fprintf(stderr, "modelpkg: %s: %s\n", dst, r != ARCHIVE_EOF ? archive_error_string(a) : archive_error_string(disk));
-      rc = 1;
-      goto done;
-    }
-    n++;
-  }
-  printf("unpacked %d entries into %s\n", n, argv[1]);
-done:
-  free(pkg);
-  archive_read_free(a);
-  archive_write_free(disk);
-  return rc;
+  return 0;
 }
 
 static int cmd_synth(int argc, char **argv) {
@@ -391,6 +380,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "pack")) return cmd_pack(argc - 2, argv + 2);
   if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
   if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
+  if (!strcmp(cmd, "sign")) return cmd_sign(argc - 2, argv + 2);
   if (!strcmp(cmd, "list")) return cmd_list(argc - 2, argv + 2);
   if (!strcmp(cmd, "unpack")) return cmd_unpack(argc - 2, argv + 2);
   if (!strcmp(cmd, "synth")) return cmd_synth(argc - 2, argv + 2);

@@ -23,8 +23,8 @@ typedef void (*mpk_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 typedef struct mpk_import_options {
   const char *name;          /* package name; NULL: derived from the source */
   const char *model_version; /* NULL: "1" */
-  const char *code_dir;      /* NULL: $SERVD_MODEL_CODE or the project's models/llama */
-  const char *entry_point;   /* NULL: "llama.model:LlamaModel" */
+  const char *code_dir;      /* NULL: $SERVD_MODEL_CODE, else the architecture's models/<family> found from the executable */
+  const char *entry_point;   /* NULL: the architecture's ("llama.model:LlamaModel" for llama) */
   /* Target of tensors that have no native servd dtype (GGUF Q5_0 Q5_1 Q4_K Q5_K Q6_K, HF F64...).
    * Also applied to every 2-D weight of a Hugging Face import when convert_all is set. */
   servd_dtype dtype;
@@ -50,7 +50,9 @@ SERVD_API int mpk_pack_generic(const char *const *weights, size_t n_weights, con
 
 /* Embeds the files of `dir` under code/<basename of dir>/ (skips __pycache__ and *.pyc). */
 SERVD_API int mpk_add_code_dir(mpk_writer *w, const char *dir);
-/* The code folder the importers use by default: $SERVD_MODEL_CODE, else the build's models/llama. */
+/* The Llama code folder the importers use by default: $SERVD_MODEL_CODE, else
+ * <d>/share/servd/models/llama for the executable's folder d or one of its 3 parents (installs and
+ * the build tree); NULL when none exists. Borrowed, valid for the process's life. */
 SERVD_API const char *mpk_default_code_dir(void);
 
 /* Synthetic Llama ("tiny", "small-1b", "200mb"): random weights from `seed`. hf_dir (may be NULL)

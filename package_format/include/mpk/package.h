@@ -41,8 +41,23 @@ SERVD_API int mpk_file(mpk_package *p, const char *path, const void **data, size
 SERVD_API int mpk_file_count(const mpk_package *p);
 SERVD_API const char *mpk_file_path(const mpk_package *p, int i);
 
-/* Recomputes the SHA-256 of every entry and checks it against the manifest. */
+/* Recomputes the CRC-32 and SHA-256 of every entry and checks them against the central directory
+ * and the manifest (mpk/integrity.h checks a part: mpk_verify_entries). */
 SERVD_API int mpk_verify(mpk_package *p);
+
+/* Checks a causal-lm package against its architecture in the registry (manifest "architecture",
+ * else config.model_type): the config has the keys and ranges the family's model code needs, and
+ * every tensor that code takes exists with the shape the config implies. Generic packages pass.
+ * Not part of mpk_open (which checks the format, not the model); loaders call it before running
+ * the model's code. SERVD_EUNSUPPORTED for an unknown family (the message lists the known ones),
+ * SERVD_EFORMAT naming the tensor or config key otherwise. */
+SERVD_API int mpk_check_model(const mpk_package *p);
+
+/* Extracts every file of the package into the folder `dir`, which must not exist or be empty.
+ * Regular files (0644) and folders (0755) only, created without following links, written into
+ * "<dir>.tmp.XXXXXX" and renamed to `dir` at the end: on failure nothing is left. Call mpk_verify
+ * first when the hashes matter. */
+SERVD_API int mpk_unpack(mpk_package *p, const char *dir);
 
 /* ---- Extensions: index details for tools (inspect, list) and loaders. ---- */
 
@@ -64,6 +79,7 @@ typedef struct mpk_file_info {
   uint64_t size;        /* uncompressed bytes */
   uint64_t stored_size; /* bytes in the archive */
   int method;           /* 0 stored, 8 deflated */
+  uint32_t crc32;       /* CRC-32 of the uncompressed bytes, from the central directory */
 } mpk_file_info;
 
 SERVD_API int mpk_tensor_info_at(const mpk_package *p, int i, mpk_tensor_info *out); /* SERVD_ERANGE */

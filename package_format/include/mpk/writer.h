@@ -57,4 +57,8 @@ SERVD_API int mpk_check_entry_path(const char *what, const char *path, size_t le
 /* Checks a tensor name: 1..256 bytes of [A-Za-z0-9._-], not starting with '.'. */
 SERVD_API int mpk_check_tensor_name(const char *what, const char *name);
 
+/* Checks a package name or model version (`field` names which): 1..64 bytes of [A-Za-z0-9._-], not
+ * starting with '.'. 0 or SERVD_EFORMAT naming `what` and the value (escaped). */
+SERVD_API int mpk_check_name(const char *what, const char *field, const char *s);
+
 #endif

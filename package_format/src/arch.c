@@ -1,0 +1,185 @@
+/* The architecture registry's table and lookups, the helpers its rows share, and mpk_check_model. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arch.h"
+#include "mpk-impl.h"
+#include "mpk/package.h"
+#include "servd/status.h"
+
+/* One line per family. */
+static const mpk_arch *const arches[] = {&mpk__arch_llama};
+#define N_ARCHES (sizeof arches / sizeof *arches)
+
+static void join(char *buf, size_t cap, size_t *o, const char *const *list) {
+  for (size_t i = 0; list && list[i] && *o < cap; i++) *o += (size_t)snprintf(buf + *o, cap - *o, "%s%s", i ? ", " : "", list[i]);
+}
+
+void mpk__arch_known(char *buf, size_t cap) {
+  size_t o = 0;
+  buf[0] = 0;
+  for (size_t i = 0; i < N_ARCHES && o < cap; i++) {
+    const mpk_arch *a = arches[i];
+    o += (size_t)snprintf(buf + o, cap - o, "%s%s (model_type ", i ? "; " : "", a->name);
+    join(buf, cap, &o, a->hf_model_types);
+    if (o < cap) o += (size_t)snprintf(buf + o, cap - o, ", GGUF ");
+    join(buf, cap, &o, a->gguf_archs);
+    if (o < cap) o += (size_t)snprintf(buf + o, cap - o, ")");
+  }
+}
+
+static bool in_list(const char *const *list, const char *s, size_t n) {
+  for (size_t i = 0; list && list[i]; i++)
+    if (strlen(list[i]) == n && !memcmp(list[i], s, n)) return true;
+  return false;
+}
+
+const mpk_arch *mpk__arch_by_name(const char *name) {
+  for (size_t i = 0; name && i < N_ARCHES; i++)
+    if (!strcmp(arches[i]->name, name)) return arches[i];
+  return NULL;
+}
+
+int mpk__arch_for_hf(const char *what, const json_t *config, const mpk_arch **out) {
+  char known[512], q[400];
+  const char *mt = json_string_value(json_object_get(config, "model_type"));
+  json_t *archs = json_object_get(config, "architectures");
+  for (size_t i = 0; mt && i < N_ARCHES; i++)
+    if (in_list(arches[i]->hf_model_types, mt, strlen(mt))) return *out = arches[i], 0;
+  if (!mt && json_is_array(archs)) { /* model_type missing: the architectures list decides */
+    for (size_t i = 0; i < N_ARCHES; i++)
+      for (size_t j = 0; j < json_array_size(archs); j++) {
+        const char *s = json_string_value(json_array_get(archs, j));
+        if (s && in_list(arches[i]->hf_architectures, s, strlen(s))) return *out = arches[i], 0;
+      }
+  }
+  mpk__arch_known(known, sizeof known);
+  if (!mt)
+    return servd_fail(SERVD_EUNSUPPORTED, "%s: model_type: missing (and no known architectures entry); known architectures are: %s",
+                      what, known);
+  return servd_fail(SERVD_EUNSUPPORTED, "%s: model_type \"%s\" is no known architecture; known architectures are: %s", what,
+                    mpk__printable(mt, strlen(mt), q, sizeof q), known);
+}
+
+int mpk__arch_for_gguf(const char *what, const char *arch, size_t len, const mpk_arch **out) {
+  char known[512], q[400];
+  for (size_t i = 0; arch && i < N_ARCHES; i++)
+    if (in_list(arches[i]->gguf_archs, arch, len)) return *out = arches[i], 0;
+  mpk__arch_known(known, sizeof known);
+  if (!arch) return servd_fail(SERVD_EUNSUPPORTED, "%s: general.architecture: missing; known architectures are: %s", what, known);
+  return servd_fail(SERVD_EUNSUPPORTED, "%s: general.architecture \"%s\" is no known architecture; known architectures are: %s", what,
+                    mpk__printable(arch, len, q, sizeof q), known);
+}
+
+void mpk__arch_map_name(const mpk_name_map *m, const char *src, char *out, size_t cap) {
+  for (const mpk_name_pair *p = m->global; p && p->src; p++)
+    if (!strcmp(src, p->src)) { snprintf(out, cap, "%s", p->dst); return; }
+  size_t pl = m->block_prefix ? strlen(m->block_prefix) : 0;
+  if (pl && !strncmp(src, m->block_prefix, pl)) {
+    const char *s = src + pl;
+    char *end;
+    unsigned long layer = strtoul(s, &end, 10);
+    if (end > s && *end == '.' && s[0] != '+' && s[0] != '-' && (s[0] != '0' || end == s + 1))
+      for (const mpk_name_pair *p = m->block; p && p->src; p++)
+        if (!strcmp(end + 1, p->src)) { snprintf(out, cap, "model.layers.%lu.%s", layer, p->dst); return; }
+  }
+  snprintf(out, cap, "%s", src);
+}
+
+static int cmp_shape(const void *a, const void *b) {
+  return strcmp(((const mpk_shape_entry *)a)->name, ((const mpk_shape_entry *)b)->name);
+}
+
+void mpk__shapes_sort(mpk_shapes *s) { qsort(s->e, s->n, sizeof *s->e, cmp_shape); }
+
+const mpk_shape_entry *mpk__shapes_find(const mpk_shapes *s, const char *name) {
+  mpk_shape_entry key = {.name = name};
+  return s->n ? bsearch(&key, s->e, s->n, sizeof *s->e, cmp_shape) : NULL;
+}
+
+static void fmt_shape(int ndim, const int64_t *shape, char *buf, size_t cap) {
+  size_t o = (size_t)snprintf(buf, cap, "(");
+  for (int d = 0; d < ndim && o < cap; d++) o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
+  if (o < cap) snprintf(buf + o, cap - o, "%s)", ndim == 1 ? "," : "");
+}
+
+int mpk__shapes_expect(const char *what, const mpk_shapes *s, const char *name, int ndim, ...) {
+  int64_t want[SERVD_MAX_DIMS] = {0};
+  va_list ap;
+  va_start(ap, ndim);
+  for (int d = 0; d < ndim && d < SERVD_MAX_DIMS; d++) want[d] = va_arg(ap, int64_t);
+  va_end(ap);
+  char ws[96], hs[96];
+  fmt_shape(ndim, want, ws, sizeof ws);
+  const mpk_shape_entry *e = mpk__shapes_find(s, name);
+  if (!e) return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": missing, expected shape %s from the config", what, name, ws);
+  bool same = e->ndim == ndim;
+  for (int d = 0; same && d < ndim; d++) same = e->shape[d] == want[d];
+  if (same) return 0;
+  fmt_shape(e->ndim, e->shape, hs, sizeof hs);
+  return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": shape %s, expected %s from the config", what, name, hs, ws);
+}
+
+int mpk__cfg_int(const char *what, const json_t *c, const char *key, bool required, int64_t dflt, int64_t *out) {
+  json_t *v = json_object_get(c, key);
+  if (!v || json_is_null(v)) {
+    if (required) return servd_fail(SERVD_EFORMAT, "%s: config: \"%s\": missing, expected a positive integer", what, key);
+    *out = dflt;
+    return 0;
+  }
+  if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > ((json_int_t)1 << 31))
+    return servd_fail(SERVD_EFORMAT, "%s: config: \"%s\": expected an integer in 1..2^31", what, key);
+  *out = (int64_t)json_integer_value(v);
+  return 0;
+}
+
+int mpk__cfg_pos(const char *what, const json_t *c, const char *key, bool zero_ok, double dflt, double *out) {
+  json_t *v = json_object_get(c, key);
+  if (!v || json_is_null(v)) {
+    *out = dflt;
+    return 0;
+  }
+  double x = json_number_value(v);
+  if (!json_is_number(v) || !isfinite(x) || x < 0 || (x == 0 && !zero_ok))
+    return servd_fail(SERVD_EFORMAT, "%s: config: \"%s\": expected a finite number %s 0", what, key, zero_ok ? ">=" : ">");
+  *out = x;
+  return 0;
+}
+
+int mpk_check_model(const mpk_package *p) {
+  if (!p) return servd_fail(SERVD_EINVAL, "mpk_check_model: no package");
+  const char *what = mpk_path(p);
+  if (strcmp(mpk_kind(p), "causal-lm")) return 0; /* generic packages bring their own code and checks */
+  json_t *config = mpk_config(p);
+  const mpk_arch *a = NULL;
+  json_t *an = json_object_get(mpk_manifest(p), "architecture");
+  int rc;
+  if (an) {
+    char known[512], q[400];
+    const char *s = json_string_value(an);
+    if (!(a = mpk__arch_by_name(s))) {
+      mpk__arch_known(known, sizeof known);
+      return servd_fail(SERVD_EUNSUPPORTED, "%s: manifest.json: architecture \"%s\" is no known architecture; known architectures are: %s",
+                        what, s ? mpk__printable(s, strlen(s), q, sizeof q) : "(not a string)", known);
+    }
+  } else if ((rc = mpk__arch_for_hf(what, config, &a))) {
+    return rc;
+  }
+  mpk_shapes s = {calloc((size_t)mpk_tensor_count(p) + 1, sizeof *s.e), 0};
+  if (!s.e) return servd_fail(SERVD_ENOMEM, "%s: out of memory", what);
+  for (int i = 0; i < mpk_tensor_count(p); i++) {
+    mpk_tensor_info t;
+    if (mpk_tensor_info_at(p, i, &t)) continue;
+    mpk_shape_entry *e = &s.e[s.n++];
+    e->name = t.name;
+    e->ndim = t.ndim;
+    memcpy(e->shape, t.shape, sizeof e->shape);
+  }
+  mpk__shapes_sort(&s);
+  if (!(rc = a->check_config(what, config))) rc = a->check_tensors(what, config, &s);
+  free(s.e);
+  return rc;
+}

@@ -1,0 +1,93 @@
+/* The architecture registry: one row per model family (arch_<family>.c), one table (arch.c).
+ *
+ * A row says which sources the family accepts (Hugging Face config.json model_type/architectures,
+ * GGUF general.architecture), how their tensor names map to the package's canonical names (Hugging
+ * Face Llama style: model.layers.N.self_attn.q_proj.weight, ...), how a GGUF's metadata becomes the
+ * config, how a config and the tensor shapes are checked, the RoPE layout of each source, and which
+ * folder of models/ holds its code. The importers and mpk_check_model know no family: they ask this
+ * table. Adding a family is one arch_<family>.c, one line in arch.c and its code under models/.
+ */
+#ifndef MPK_ARCH_H
+#define MPK_ARCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "mpk/gguf.h"
+#include "servd/tensor.h"
+
+typedef struct mpk_name_pair { const char *src, *dst; } mpk_name_pair;
+
+/* Source tensor names -> canonical names. Whole names are looked up in `global`; per-layer names
+ * "<block_prefix><N>.<suffix>" in `block` by suffix, becoming "model.layers.<N>.<dst>". Tables end
+ * with {NULL, NULL}; a NULL table or prefix maps nothing. Names no table matches are kept. */
+typedef struct mpk_name_map {
+  const char *block_prefix;
+  const mpk_name_pair *global, *block;
+} mpk_name_map;
+
+/* The tensors of a package or a source under canonical names, sorted by name (mpk__shapes_sort). */
+typedef struct mpk_shape_entry {
+  const char *name; /* borrowed */
+  int ndim;
+  int64_t shape[SERVD_MAX_DIMS];
+} mpk_shape_entry;
+typedef struct mpk_shapes {
+  mpk_shape_entry *e;
+  size_t n;
+} mpk_shapes;
+
+typedef struct mpk_arch {
+  const char *name;                   /* registry name; the manifest's "architecture" */
+  const char *const *hf_model_types;  /* config.json model_type accepted; [0] is written for GGUF sources */
+  const char *const *hf_architectures; /* config.json architectures accepted; [0] is written for GGUF sources */
+  const char *const *gguf_archs;      /* general.architecture accepted (also its metadata key prefix) */
+  mpk_name_map gguf_names, hf_names;
+  const char *rope_layout_gguf, *rope_layout_hf; /* "interleaved" (llama.cpp permuted Q/K rows) or "half" */
+  const char *code;                   /* the code folder: models/<code>, packed as code/<code>/ */
+  const char *entry_point;            /* default "module:callable" of that code */
+  /* GGUF metadata (keys "<gguf_arch>.*") -> a Hugging Face-style config; *out owned by the caller. */
+  int (*gguf_config)(const struct mpk_arch *a, const char *what, const mpk_gguf *g, const char *gguf_arch, bool tied,
+                     uint64_t n_vocab, json_t **out);
+  /* Checks a config: the keys the model code needs, their types and ranges. `what` names the file. */
+  int (*check_config)(const char *what, const json_t *config);
+  /* Checks every tensor the model code takes against the (checked) config. */
+  int (*check_tensors)(const char *what, const json_t *config, const mpk_shapes *s);
+} mpk_arch;
+
+/* The rows (arch_<family>.c). */
+extern const mpk_arch mpk__arch_llama;
+
+/* Lookups; on failure SERVD_EUNSUPPORTED with a message naming `what`, the field, the value and the
+ * known architectures. */
+const mpk_arch *mpk__arch_by_name(const char *name); /* NULL when unknown (no message) */
+int mpk__arch_for_hf(const char *what, const json_t *config, const mpk_arch **out);
+int mpk__arch_for_gguf(const char *what, const char *arch, size_t len, const mpk_arch **out);
+/* "llama (model_type llama, mistral; GGUF llama), ..." for messages. */
+void mpk__arch_known(char *buf, size_t cap);
+
+/* Canonical name of source tensor `src` (written to out, truncated to cap). */
+void mpk__arch_map_name(const mpk_name_map *m, const char *src, char *out, size_t cap);
+
+void mpk__shapes_sort(mpk_shapes *s);
+const mpk_shape_entry *mpk__shapes_find(const mpk_shapes *s, const char *name); /* NULL when absent */
+/* Tensor `name` must exist with exactly `ndim` dimensions `...` (int64_t); SERVD_EFORMAT naming
+ * what, the tensor, its shape and the expected one. */
+int mpk__shapes_expect(const char *what, const mpk_shapes *s, const char *name, int ndim, ...);
+
+/* Config readers for the rows; messages name `what` and the key. */
+/* A positive integer at most 2^31 (required) or *out = dflt when absent or null (required false). */
+int mpk__cfg_int(const char *what, const json_t *c, const char *key, bool required, int64_t dflt, int64_t *out);
+/* A finite number > 0 (or >= 0 when zero_ok), *out = dflt when absent or null. */
+int mpk__cfg_pos(const char *what, const json_t *c, const char *key, bool zero_ok, double dflt, double *out);
+
+/* The code folder of `a` when no --code or SERVD_MODEL_CODE says otherwise: models/<a->code>
+ * under <d>/share/servd/ for the executable's folder d or one of its three parents (install
+ * layout <prefix>/bin + <prefix>/share/servd/models; the build tree has the same share/ link).
+ * Writes the path to out; SERVD_EINVAL naming the places searched when none exists. */
+int mpk__code_dir_for(const mpk_arch *a, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,205 @@
+/* Registry row: Llama (also Mistral-style checkpoints, which have the same tensors and forward;
+ * sliding-window attention is not applied). Code: models/llama. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arch.h"
+#include "mpk-impl.h"
+#include "servd/status.h"
+
+/* An optional finite float of the GGUF metadata; NaN or infinity is refused, naming the key,
+ * rather than replaced by the default (the model would silently run with other hyperparameters). */
+static int gguf_finite(const char *what, const mpk_gguf *g, const char *key, bool positive, double *v) {
+  int r = mpk_gguf_get_f64(g, key, v);
+  if (r == SERVD_EINVAL) return 0; /* absent: the default stays */
+  if (r) return r;
+  if (!isfinite(*v) || *v < 0 || (positive && *v == 0))
+    return servd_fail(SERVD_EFORMAT, "%s: %s = %g, expected a finite number %s 0", what, key, *v, positive ? ">" : ">=");
+  return 0;
+}
+
+/* <arch>.* metadata -> a Hugging Face-style LlamaConfig. */
+static int gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *g, const char *ga, bool tied, uint64_t n_vocab,
+                       json_t **out) {
+  static const struct { const char *key, *hf; bool required, tok; } ints[] = {
+      {"embedding_length", "hidden_size", true, false},          {"feed_forward_length", "intermediate_size", true, false},
+      {"block_count", "num_hidden_layers", true, false},         {"attention.head_count", "num_attention_heads", true, false},
+      {"attention.head_count_kv", "num_key_value_heads", false, false}, {"context_length", "max_position_embeddings", false, false},
+      {"bos_token_id", "bos_token_id", false, true},             {"eos_token_id", "eos_token_id", false, true}};
+  json_t *c = json_pack("{s:s,s:[s]}", "model_type", a->hf_model_types[0], "architectures", a->hf_architectures[0]);
+  int rc = 0;
+  char key[128];
+  uint64_t v[8] = {0};
+  for (size_t i = 0; i < 8; i++) {
+    snprintf(key, sizeof key, "%s.%s", ints[i].tok ? "tokenizer.ggml" : ga, ints[i].key);
+    int r = mpk_gguf_get_u64(g, key, &v[i]);
+    if (r == SERVD_EINVAL && !ints[i].required) continue;
+    if (r == SERVD_EINVAL) { rc = servd_fail(SERVD_EFORMAT, "%s: %s: missing (required for a %s model)", what, key, a->name); goto fail; }
+    if (r) { rc = r; goto fail; }
+    if ((v[i] == 0 && i < 6) || v[i] > (1ull << 31)) { rc = servd_fail(SERVD_EFORMAT, "%s: %s = %llu, expected %s..2^31", what, key, (unsigned long long)v[i], i < 6 ? "1" : "0"); goto fail; }
+    json_object_set_new(c, ints[i].hf, json_integer((json_int_t)v[i]));
+  }
+  if (!json_object_get(c, "num_key_value_heads")) json_object_set(c, "num_key_value_heads", json_object_get(c, "num_attention_heads"));
+  uint64_t hidden = v[0], heads = v[3], head_dim = hidden / heads;
+  if (hidden % heads) { rc = servd_fail(SERVD_EFORMAT, "%s: %s.embedding_length %llu is not a multiple of head_count %llu", what, ga, (unsigned long long)hidden, (unsigned long long)heads); goto fail; }
+  uint64_t kl;
+  snprintf(key, sizeof key, "%s.attention.key_length", ga);
+  int r = mpk_gguf_get_u64(g, key, &kl);
+  if (r == 0) head_dim = kl;
+  else if (r != SERVD_EINVAL) { rc = r; goto fail; }
+  json_object_set_new(c, "head_dim", json_integer((json_int_t)head_dim));
+  json_object_set_new(c, "vocab_size", json_integer((json_int_t)n_vocab));
+  double eps = 1e-5, theta = 10000.0;
+  snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", ga);
+  if ((rc = gguf_finite(what, g, key, true, &eps))) goto fail;
+  snprintf(key, sizeof key, "%s.rope.freq_base", ga);
+  if ((rc = gguf_finite(what, g, key, true, &theta))) goto fail;
+  json_object_set_new(c, "rms_norm_eps", json_real(mpk__shortest_f32(eps))); /* stored as f32 in GGUF */
+  json_object_set_new(c, "rope_theta", json_real(theta));
+  json_object_set_new(c, "tie_word_embeddings", json_boolean(tied));
+  const char *st;
+  size_t sl;
+  double factor = 1.0;
+  snprintf(key, sizeof key, "%s.rope.scaling.type", ga);
+  if (mpk_gguf_get_str(g, key, &st, &sl) == 0 && sl > 0 && !(sl == 4 && !memcmp(st, "none", 4))) {
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", ga);
+    if ((rc = gguf_finite(what, g, key, true, &factor))) goto fail;
+    json_t *rs = json_pack("{s:s%,s:f}", "type", st, sl, "factor", factor);
+    uint64_t orig;
+    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", ga);
+    if (mpk_gguf_get_u64(g, key, &orig) == 0) json_object_set_new(rs, "original_max_position_embeddings", json_integer((json_int_t)orig));
+    json_object_set_new(c, "rope_scaling", rs);
+  } else {
+    json_object_set_new(c, "rope_scaling", json_null());
+  }
+  *out = c;
+  return 0;
+fail:
+  json_decref(c);
+  return rc;
+}
+
+typedef struct dims {
+  int64_t hidden, inter, layers, heads, kv_heads, head_dim, vocab;
+} dims;
+
+/* The values models/llama/model.py reads, with its defaults. */
+static int read_dims(const char *what, const json_t *c, dims *d) {
+  int rc;
+  double x;
+  if ((rc = mpk__cfg_int(what, c, "hidden_size", true, 0, &d->hidden)) ||
+      (rc = mpk__cfg_int(what, c, "intermediate_size", true, 0, &d->inter)) ||
+      (rc = mpk__cfg_int(what, c, "num_hidden_layers", true, 0, &d->layers)) ||
+      (rc = mpk__cfg_int(what, c, "num_attention_heads", true, 0, &d->heads)) ||
+      (rc = mpk__cfg_int(what, c, "num_key_value_heads", false, d->heads, &d->kv_heads)) ||
+      (rc = mpk__cfg_int(what, c, "head_dim", false, d->hidden / d->heads, &d->head_dim)) ||
+      (rc = mpk__cfg_int(what, c, "vocab_size", false, -1, &d->vocab)) ||
+      (rc = mpk__cfg_pos(what, c, "rms_norm_eps", false, 1e-6, &x)) || (rc = mpk__cfg_pos(what, c, "rope_theta", false, 1e4, &x)))
+    return rc;
+  if (d->head_dim == 0)
+    return servd_fail(SERVD_EFORMAT, "%s: config: hidden_size %lld < num_attention_heads %lld and no head_dim", what,
+                      (long long)d->hidden, (long long)d->heads);
+  if (d->heads % d->kv_heads)
+    return servd_fail(SERVD_EFORMAT, "%s: config: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", what,
+                      (long long)d->heads, (long long)d->kv_heads);
+  if ((uint64_t)d->heads * (uint64_t)d->head_dim > (1ull << 31))
+    return servd_fail(SERVD_EFORMAT, "%s: config: num_attention_heads x head_dim too large", what);
+  json_t *tie = json_object_get(c, "tie_word_embeddings");
+  if (tie && !json_is_boolean(tie) && !json_is_null(tie))
+    return servd_fail(SERVD_EFORMAT, "%s: config: \"tie_word_embeddings\": expected true or false", what);
+  /* The model code applies no rope_scaling but Llama 3's; another one would load and run wrong. */
+  json_t *rs = json_object_get(c, "rope_scaling");
+  if (rs && !json_is_null(rs) && !(json_is_object(rs) && json_object_size(rs) == 0)) {
+    json_t *ty = json_object_get(rs, "rope_type");
+    if (!ty) ty = json_object_get(rs, "type");
+    double f = json_number_value(json_object_get(rs, "factor"));
+    if (!json_is_object(rs) || !json_is_string(ty) || strcmp(json_string_value(ty), "llama3") || !isfinite(f) || f <= 0) {
+      char q[300];
+      const char *s = json_string_value(ty);
+      return servd_fail(SERVD_EUNSUPPORTED, "%s: config: rope_scaling type \"%s\": expected null or \"llama3\" with a positive factor",
+                        what, s ? mpk__printable(s, strlen(s), q, sizeof q) : "");
+    }
+  }
+  return 0;
+}
+
+static int check_config(const char *what, const json_t *c) {
+  dims d;
+  return read_dims(what, c, &d);
+}
+
+static int check_tensors(const char *what, const json_t *c, const mpk_shapes *s) {
+  dims d;
+  int rc = read_dims(what, c, &d);
+  if (rc) return rc;
+  int64_t H = d.hidden, Q = d.heads * d.head_dim, KV = d.kv_heads * d.head_dim, I = d.inter;
+  const mpk_shape_entry *emb = mpk__shapes_find(s, "model.embed_tokens.weight");
+  int64_t V = d.vocab > 0 ? d.vocab : emb && emb->ndim == 2 ? emb->shape[0] : 1;
+  if ((rc = mpk__shapes_expect(what, s, "model.embed_tokens.weight", 2, V, H)) ||
+      (rc = mpk__shapes_expect(what, s, "model.norm.weight", 1, H)))
+    return rc;
+  /* The model code ties the head to the embedding when lm_head is absent; a config that says
+   * untied (false) while the head is missing contradicts the weights. */
+  if (mpk__shapes_find(s, "lm_head.weight")) {
+    if ((rc = mpk__shapes_expect(what, s, "lm_head.weight", 2, V, H))) return rc;
+  } else if (json_is_false(json_object_get(c, "tie_word_embeddings"))) {
+    return servd_fail(SERVD_EFORMAT, "%s: tensor \"lm_head.weight\": missing, expected (%lld, %lld) since tie_word_embeddings is false",
+                      what, (long long)V, (long long)H);
+  }
+  static const char *const norms[] = {"input_layernorm.weight", "post_attention_layernorm.weight"};
+  const struct { const char *n; int64_t rows, cols; } lin[] = {
+      {"self_attn.q_proj.weight", Q, H}, {"self_attn.k_proj.weight", KV, H}, {"self_attn.v_proj.weight", KV, H},
+      {"self_attn.o_proj.weight", H, Q}, {"mlp.gate_proj.weight", I, H},     {"mlp.up_proj.weight", I, H},
+      {"mlp.down_proj.weight", H, I}};
+  char name[128];
+  for (int64_t l = 0; l < d.layers; l++) {
+    for (size_t i = 0; i < 2; i++) {
+      snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, norms[i]);
+      if ((rc = mpk__shapes_expect(what, s, name, 1, H))) return rc;
+    }
+    for (size_t i = 0; i < sizeof lin / sizeof *lin; i++) {
+      snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, lin[i].n);
+      if ((rc = mpk__shapes_expect(what, s, name, 2, lin[i].rows, lin[i].cols))) return rc;
+    }
+  }
+  /* A layer beyond num_hidden_layers would be ignored silently: the config and weights disagree. */
+  snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)d.layers);
+  if (mpk__shapes_find(s, name))
+    return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": the config has num_hidden_layers %lld, expected no layer %lld", what, name,
+                      (long long)d.layers, (long long)d.layers);
+  return 0;
+}
+
+static const char *const hf_types[] = {"llama", "mistral", NULL};
+static const char *const hf_archs[] = {"LlamaForCausalLM", "MistralForCausalLM", NULL};
+static const char *const gguf_archs[] = {"llama", NULL};
+
+/* llama.cpp's names (gguf-py tensor_mapping.py, MODEL_ARCH.LLAMA). */
+static const mpk_name_pair gguf_global[] = {{"token_embd.weight", "model.embed_tokens.weight"},
+                                            {"output_norm.weight", "model.norm.weight"},
+                                            {"output.weight", "lm_head.weight"},
+                                            {NULL, NULL}};
+static const mpk_name_pair gguf_block[] = {
+    {"attn_norm.weight", "input_layernorm.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},     {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},     {NULL, NULL}};
+
+const mpk_arch mpk__arch_llama = {
+    .name = "llama",
+    .hf_model_types = hf_types,
+    .hf_architectures = hf_archs,
+    .gguf_archs = gguf_archs,
+    .gguf_names = {"blk.", gguf_global, gguf_block},
+    .hf_names = {NULL, NULL, NULL}, /* the canonical names are Llama's Hugging Face names */
+    .rope_layout_gguf = "interleaved", /* llama.cpp's converter permutes Q and K rows */
+    .rope_layout_hf = "half",
+    .code = "llama",
+    .entry_point = "llama.model:LlamaModel",
+    .gguf_config = gguf_config,
+    .check_config = check_config,
+    .check_tensors = check_tensors,
+};
