@@ -1,6 +1,7 @@
 /* Dynamic batching of generic predict calls: see batcher.h. */
 #include "engine/batcher.h"
 #include "engine/model_error.h"
+#include "servd/clock.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -33,12 +34,6 @@ struct servd_batcher {
   int n_workers;
   pthread_t *workers;
 };
-
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 int servd_predict_direct(servd_pool *pool, const servd_named_tensor *inputs, int n_inputs,
                          servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
@@ -216,10 +211,10 @@ static void *worker_main(void *arg) {
       for (job *j = b->head; j && n < b->max_size; j = j->next)
         if (j == b->head || compatible(b->head, j)) n++;
       int64_t until = b->head->t_ns + (int64_t)b->delay_ms * 1000000;
-      if (b->stop || n >= b->max_size || now_ns() >= until) break;
+      if (b->stop || n >= b->max_size || servd_now_ns() >= until) break;
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
-      int64_t wait = until - now_ns();
+      int64_t wait = until - servd_now_ns();
       ts.tv_sec += wait / 1000000000;
       ts.tv_nsec += wait % 1000000000;
       if (ts.tv_nsec >= 1000000000) {
@@ -308,7 +303,7 @@ int servd_batcher_predict(servd_batcher *b, const servd_named_tensor *inputs, in
   *n_outputs = 0;
   if (err) memset(err, 0, sizeof *err);
   if (n_inputs < 0 || n_inputs > 1024) return servd_fail(SERVD_EINVAL, "predict: %d inputs", n_inputs);
-  job j = {.in = inputs, .n_in = n_inputs, .deadline_ms = deadline_ms, .t_ns = now_ns()};
+  job j = {.in = inputs, .n_in = n_inputs, .deadline_ms = deadline_ms, .t_ns = servd_now_ns()};
   j.rows = n_inputs > 0 && inputs[0].tensor && inputs[0].tensor->ndim > 0 ? inputs[0].tensor->shape[0] : 0;
   pthread_mutex_lock(&b->mu);
   if (b->stop) {

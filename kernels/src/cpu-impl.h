@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "servd/blocks.h"
 #include "servd/ops.h"
 #include "servd/tensor.h"
 
@@ -45,13 +46,10 @@ typedef struct servd__mat {
 } servd__mat;
 bool servd__as_matrix(const servd_tensor *t, servd__mat *m);
 
-/* GGUF block layouts (ggml's block_q8_0, block_q4_0, block_q4_1); d and m are f16. */
-typedef struct servd__block_q8_0 { uint16_t d; int8_t qs[SERVD_QK]; } servd__block_q8_0;
-typedef struct servd__block_q4_0 { uint16_t d; uint8_t qs[SERVD_QK / 2]; } servd__block_q4_0;
-typedef struct servd__block_q4_1 { uint16_t d, m; uint8_t qs[SERVD_QK / 2]; } servd__block_q4_1;
-_Static_assert(sizeof(servd__block_q8_0) == 34, "q8_0 block");
-_Static_assert(sizeof(servd__block_q4_0) == 18, "q4_0 block");
-_Static_assert(sizeof(servd__block_q4_1) == 20, "q4_1 block");
+/* GGUF block layouts (servd/blocks.h), under the names the kernels use. */
+typedef servd_block_q8_0 servd__block_q8_0;
+typedef servd_block_q4_0 servd__block_q4_0;
+typedef servd_block_q4_1 servd__block_q4_1;
 
 /* Nearest integer, ties away from zero (roundf, as ggml's reference quantizers). v must be finite
  * and within int range. */

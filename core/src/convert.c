@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu-impl.h"
+#include "servd/blocks.h"
 #include "servd/tensor.h"
 
 static inline uint32_t f32_bits(float f) {
@@ -58,7 +58,7 @@ uint16_t servd_f32_to_bf16(float f) {
  * whose conversion C leaves undefined, become 0: garbage in, but no undefined behaviour. */
 static inline int to_int(float v) { return v > -256.0f && v < 256.0f ? (int)v : 0; }
 
-static void quantize_q8_0(const float *x, servd__block_q8_0 *y, int64_t nb) {
+static void quantize_q8_0(const float *x, servd_block_q8_0 *y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     float amax = 0.0f;
     for (int j = 0; j < SERVD_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
@@ -69,7 +69,7 @@ static void quantize_q8_0(const float *x, servd__block_q8_0 *y, int64_t nb) {
   }
 }
 
-static void quantize_q4_0(const float *x, servd__block_q4_0 *y, int64_t nb) {
+static void quantize_q4_0(const float *x, servd_block_q4_0 *y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     float amax = 0.0f, max = 0.0f;
     for (int j = 0; j < SERVD_QK; j++) {
@@ -89,7 +89,7 @@ static void quantize_q4_0(const float *x, servd__block_q4_0 *y, int64_t nb) {
   }
 }
 
-static void quantize_q4_1(const float *x, servd__block_q4_1 *y, int64_t nb) {
+static void quantize_q4_1(const float *x, servd_block_q4_1 *y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     float min = INFINITY, max = -INFINITY;
     for (int j = 0; j < SERVD_QK; j++) {
@@ -136,14 +136,14 @@ int servd_row_to_f32(servd_dtype t, const void *src, float *dst, int64_t n) {
     break;
   case SERVD_Q8_0:
     for (int64_t i = 0; i < nb; i++) {
-      const servd__block_q8_0 *b = (const servd__block_q8_0 *)src + i;
+      const servd_block_q8_0 *b = (const servd_block_q8_0 *)src + i;
       const float d = servd_f16_to_f32(b->d);
       for (int j = 0; j < SERVD_QK; j++) dst[i * SERVD_QK + j] = d * (float)b->qs[j];
     }
     break;
   case SERVD_Q4_0:
     for (int64_t i = 0; i < nb; i++) {
-      const servd__block_q4_0 *b = (const servd__block_q4_0 *)src + i;
+      const servd_block_q4_0 *b = (const servd_block_q4_0 *)src + i;
       const float d = servd_f16_to_f32(b->d);
       for (int j = 0; j < SERVD_QK / 2; j++) {
         dst[i * SERVD_QK + j] = d * (float)((b->qs[j] & 0x0f) - 8);
@@ -153,7 +153,7 @@ int servd_row_to_f32(servd_dtype t, const void *src, float *dst, int64_t n) {
     break;
   case SERVD_Q4_1:
     for (int64_t i = 0; i < nb; i++) {
-      const servd__block_q4_1 *b = (const servd__block_q4_1 *)src + i;
+      const servd_block_q4_1 *b = (const servd_block_q4_1 *)src + i;
       const float d = servd_f16_to_f32(b->d), m = servd_f16_to_f32(b->m);
       for (int j = 0; j < SERVD_QK / 2; j++) {
         dst[i * SERVD_QK + j] = d * (float)(b->qs[j] & 0x0f) + m;

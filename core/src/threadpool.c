@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "servd/clock.h"
 #include "servd/threadpool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -97,12 +98,6 @@ static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long start_gen; /* pool.gen when the workers were started */
 static _Thread_local int tls_thread = -1; /* the slot held while computing, else -1 */
 
-static long now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
 /* ---- slots ------------------------------------------------------------------------------------ */
 
 /* Claims a free slot without waiting; -1 if none is free (or the pool is stopped). */
@@ -137,13 +132,13 @@ static int slot_acquire(void) {
   /* Every slot computes. A slot is usually back within microseconds, so spin, but yield every few
    * microseconds: on a busy machine a holder may be waiting for this very core. Sleeping comes last,
    * because a futex wake-up on such a machine takes milliseconds. */
-  const long deadline = now_ns() + SLOT_SPIN_NS;
+  const long deadline = servd_now_ns() + SLOT_SPIN_NS;
   for (int i = 1;; i++) {
     cpu_relax();
     if ((s = slot_try()) >= 0) return s;
     if (!atomic_load_explicit(&pool.size, memory_order_relaxed)) return -1;
     if ((i & 63) == 0) {
-      if (now_ns() > deadline) break;
+      if (servd_now_ns() > deadline) break;
       sched_yield();
     }
   }
@@ -212,7 +207,7 @@ static void *worker_main(void *arg) {
    * tip a worker that computes most of the step. */
   long mean_work = 0, mean_spin = 0;
   long credit = PROBE_SPIN_NS; /* the spin allowed to a worker not worth it (earned by computing) */
-  long idle_since = now_ns();  /* when the last job ended */
+  long idle_since = servd_now_ns();  /* when the last job ended */
   for (;;) {
     unsigned long g = atomic_load_explicit(&pool.gen, memory_order_acquire);
     const int worth = mean_work * SPIN_PER_WORK >= mean_spin;
@@ -226,10 +221,10 @@ static void *worker_main(void *arg) {
         if (atomic_load_explicit(&pool.park, memory_order_relaxed) != park) break;
         /* No sched_yield here: on a busy machine it hands the core away for a whole time slice,
          * and the next job (microseconds away in a decode step) then runs without this thread. */
-        if ((i & 31) == 0 && now_ns() > deadline) break;
+        if ((i & 31) == 0 && servd_now_ns() > deadline) break;
       }
       /* Beyond the limit it was preemption, not spinning: not charged. */
-      spun = now_ns() - idle_since;
+      spun = servd_now_ns() - idle_since;
       if (spun > limit) spun = limit;
       credit = spun < credit ? credit - spun : 0;
     }
@@ -251,11 +246,11 @@ static void *worker_main(void *arg) {
         atomic_load_explicit(&pool.job.next, memory_order_relaxed) < pool.job.n) {
       const int s = slot_try();
       if (s >= 0) {
-        const long t0 = now_ns();
+        const long t0 = servd_now_ns();
         tls_thread = s;
         run_chunks(&pool.job, s);
         tls_thread = -1;
-        worked = now_ns() - t0;
+        worked = servd_now_ns() - t0;
         slot_release(s);
       }
     }
@@ -264,7 +259,7 @@ static void *worker_main(void *arg) {
       if (pool.caller_sleeping) pthread_cond_signal(&pool.cv_done);
       pthread_mutex_unlock(&pool.mu);
     }
-    idle_since = now_ns();
+    idle_since = servd_now_ns();
     mean_work += (worked - mean_work) / 64;
     if (spun >= 0) mean_spin += (spun - mean_spin) / 64;
     credit += worked * SPIN_PER_WORK;
@@ -335,11 +330,11 @@ int servd_threadpool_size(void) {
 static void take_turn(void) {
   unsigned long t = atomic_fetch_add(&pool.ticket_next, 1);
   if (atomic_load_explicit(&pool.ticket_serving, memory_order_acquire) == t) return;
-  long deadline = now_ns() + CALLER_SPIN_NS;
+  long deadline = servd_now_ns() + CALLER_SPIN_NS;
   for (int i = 1; atomic_load_explicit(&pool.ticket_serving, memory_order_acquire) != t; i++) {
     cpu_relax();
     if ((i & 255) == 0) sched_yield();
-    if ((i & 255) == 0 && now_ns() > deadline) {
+    if ((i & 255) == 0 && servd_now_ns() > deadline) {
       pthread_mutex_lock(&pool.mu);
       while (atomic_load(&pool.ticket_serving) != t) {
         pool.waiters++;
@@ -382,11 +377,11 @@ static void run_parallel(int64_t n, int64_t grain, servd_task_fn fn, void *ctx, 
   run_chunks(j, s);
   /* Every chunk is claimed: close the job, then wait for the workers still inside it. */
   atomic_store(&j->open, 0);
-  long deadline = now_ns() + CALLER_SPIN_NS;
+  long deadline = servd_now_ns() + CALLER_SPIN_NS;
   for (int i = 1; atomic_load(&j->active) != 0; i++) {
     cpu_relax();
     if ((i & 255) == 0) sched_yield();
-    if ((i & 255) == 0 && now_ns() > deadline) {
+    if ((i & 255) == 0 && servd_now_ns() > deadline) {
       pthread_mutex_lock(&pool.mu);
       while (atomic_load(&j->active) != 0) {
         pool.caller_sleeping = 1;

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu-impl.h"
 #include "servd/tensor.h"
 
 static const struct {
@@ -358,34 +357,4 @@ void servd_tensor_release(servd_tensor *t) {
   if (!t || __atomic_fetch_sub(&t->refcount, 1, __ATOMIC_ACQ_REL) != 1) return;
   servd_storage_release(t->storage);
   free(t);
-}
-
-bool servd__as_matrix(const servd_tensor *t, servd__mat *m) {
-  if (!t || t->ndim < 1 || !t->storage) return false;
-  int nd = t->ndim;
-  m->base = servd_tensor_data(t);
-  m->cols = t->shape[nd - 1];
-  m->rows = 1;
-  m->row_stride = (int64_t)servd_dtype_row_bytes(t->dtype, m->cols);
-  for (int i = 0; i < nd - 1; i++) {
-    if (t->shape[i] == 0) {
-      m->rows = 0;
-      return true;
-    }
-  }
-  /* Merge outer dims from the inside out: dim i must step over exactly shape[i+1] rows of dim i+1. */
-  bool have = false;
-  int64_t stride = 0;
-  for (int i = nd - 2; i >= 0; i--) {
-    if (t->shape[i] == 1) continue;
-    if (!have) {
-      stride = t->strides[i];
-      have = true;
-    } else if (t->strides[i] != stride * m->rows) {
-      return false;
-    }
-    m->rows *= t->shape[i];
-  }
-  if (have) m->row_stride = stride;
-  return true;
 }
