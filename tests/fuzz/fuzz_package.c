@@ -1,5 +1,5 @@
-/* libFuzzer: the package opener (zip, manifest, tensor index) on a memory file, then verify and
- * every tensor view. */
+/* libFuzzer: the package opener (zip, manifest, tensor index) on a memory file, then verify, the
+ * registry's model check and every tensor view. */
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -19,6 +19,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   mpk_package *p = NULL;
   if (mpk_open(path, &p) != 0) return 0;
   mpk_verify(p);
+  mpk_check_model(p);
   volatile uint8_t sink = 0;
   for (int i = 0; i < mpk_tensor_count(p); i++) {
     servd_tensor *t = NULL;
