@@ -6,7 +6,7 @@
  * touched by the scheduler thread only.
  */
 #include "engine/engine_impl.h"
-#include "engine/json_util.h"
+#include "engine/model_geometry.h"
 #include "engine/gpu_setup.h"
 #include "engine/model_error.h"
 
@@ -19,12 +19,6 @@
 
 
 #define STUCK_SECONDS 60.0
-
-int64_t servd_engine_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* Set once at startup (servd_engine_set_gpu_defaults), before any model loads. */
 static struct {
@@ -292,7 +286,7 @@ static void scheduler_run(servd_model *m) {
   pthread_mutex_lock(&m->mu);
   m->startup_rc = src;
   if (src) snprintf(m->startup_err, sizeof m->startup_err, "%s", servd_last_error());
-  m->last_progress_ns = servd_engine_now_ns();
+  m->last_progress_ns = servd_now_ns();
   pthread_cond_broadcast(&m->wake);
   pthread_mutex_unlock(&m->mu);
   if (src) return;
@@ -315,7 +309,7 @@ static void scheduler_run(servd_model *m) {
       sched_add(&m->sched, &r->seq);
       r = next;
     }
-    int64_t now = servd_engine_now_ns();
+    int64_t now = servd_now_ns();
     reap(m, now, m->quit && drain && now > drain);
 
     int n = sched_plan(&m->sched);
@@ -383,7 +377,7 @@ static void scheduler_run(servd_model *m) {
       servd_tensor_release(logits);
       pthread_mutex_lock(&m->mu);
       m->steps++;
-      m->last_progress_ns = servd_engine_now_ns();
+      m->last_progress_ns = servd_now_ns();
       pthread_mutex_unlock(&m->mu);
     }
     pthread_mutex_lock(&m->mu);
@@ -528,14 +522,11 @@ static int load_causal_lm(servd_model *m) {
   }
   if ((rc = servd_tokenizer_load(tj, tl, &m->tok))) return rc;
 
-  json_t *cfg = mpk_config(m->pkg);
-  int n_layers = servd_json_int(cfg, "num_hidden_layers", servd_json_int(cfg, "block_count", 0));
-  int n_heads = servd_json_int(cfg, "num_attention_heads", servd_json_int(cfg, "head_count", 0));
-  int n_kv = servd_json_int(cfg, "num_key_value_heads", servd_json_int(cfg, "head_count_kv", n_heads));
-  int dim = servd_json_int(cfg, "hidden_size", servd_json_int(cfg, "embedding_length", 0));
-  int head_dim = servd_json_int(cfg, "head_dim", n_heads > 0 ? dim / n_heads : 0);
-  m->vocab = servd_json_int(cfg, "vocab_size", servd_tokenizer_vocab_size(m->tok));
-  m->context_length = servd_json_int(cfg, "max_position_embeddings", servd_json_int(cfg, "context_length", 2048));
+  servd_model_geometry g;
+  servd_model_geometry_read(mpk_config(m->pkg), &g);
+  int n_layers = g.n_layers, n_heads = g.n_heads, n_kv = g.n_kv_heads, head_dim = g.head_dim;
+  m->vocab = g.vocab ? g.vocab : servd_tokenizer_vocab_size(m->tok);
+  m->context_length = g.context_length;
   if (m->o.max_context > 0 && m->o.max_context < m->context_length) m->context_length = m->o.max_context;
   if (n_layers <= 0 || n_heads <= 0 || n_kv <= 0 || head_dim <= 0 || m->vocab <= 0 || m->context_length <= 0)
     return servd_fail(SERVD_EFORMAT, "%s: model config: num_hidden_layers=%d num_attention_heads=%d "
@@ -560,7 +551,7 @@ static int load_causal_lm(servd_model *m) {
   }
   servd_runner_set_step_timeout(m->runner, (int64_t)(m->o.step_timeout_s * 1000.0 + 0.5));
 
-  m->last_progress_ns = servd_engine_now_ns();
+  m->last_progress_ns = servd_now_ns();
   m->startup_rc = 1;
   if (pthread_create(&m->thread, NULL, scheduler_main, m))
     return servd_fail(SERVD_ENOMEM, "%s: starting the scheduler thread", mpk_path(m->pkg));
@@ -633,7 +624,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
     pthread_mutex_lock(&m->mu);
     m->stopping = true;
     m->quit = true;
-    m->drain_deadline_ns = servd_engine_now_ns() + (int64_t)(deadline_ms > 0 ? deadline_ms : 0) * 1000000 + 1;
+    m->drain_deadline_ns = servd_now_ns() + (int64_t)(deadline_ms > 0 ? deadline_ms : 0) * 1000000 + 1;
     pthread_cond_broadcast(&m->wake);
     pthread_mutex_unlock(&m->mu);
     pthread_join(m->thread, NULL);
@@ -696,7 +687,7 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   s->pick_steps = m->pick_steps;
   s->kv_blocks_used = m->kv_used;
   bool pending = m->inbox_head || m->n_waiting || m->n_running;
-  s->last_step_age_s = pending ? (double)(servd_engine_now_ns() - m->last_progress_ns) / 1e9 : 0.0;
+  s->last_step_age_s = pending ? (double)(servd_now_ns() - m->last_progress_ns) / 1e9 : 0.0;
   pthread_mutex_unlock(&mm->mu);
   s->kv_blocks_total = m->kv[0] ? servd_kv_cache_n_blocks(m->kv[0]) : 0;
   s->n_interpreters = m->pool ? servd_pool_size(m->pool) : 0;
@@ -827,7 +818,7 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
   r->n_prompt = n_prompt;
   int room = m->context_length - n_prompt;
   if (r->p.max_tokens <= 0 || r->p.max_tokens > room) r->p.max_tokens = room;
-  if (p->deadline_ms > 0) r->deadline_ns = servd_engine_now_ns() + p->deadline_ms * 1000000;
+  if (p->deadline_ms > 0) r->deadline_ns = servd_now_ns() + p->deadline_ms * 1000000;
   r->p.stop = NULL;
   r->p.stop_token_ids = NULL;
 
@@ -880,7 +871,7 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
     rc = servd_fail(SERVD_EBUSY, "submit: model %s: %d requests waiting (max_queue)", m->name, m->o.max_queue);
     goto fail;
   }
-  if (!m->inbox_head) m->last_progress_ns = servd_engine_now_ns(); /* idle time is not being stuck */
+  if (!m->inbox_head) m->last_progress_ns = servd_now_ns(); /* idle time is not being stuck */
   if (m->inbox_tail) m->inbox_tail->inbox_next = r; else m->inbox_head = r;
   m->inbox_tail = r;
   m->n_inbox++;

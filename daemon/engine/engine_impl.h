@@ -12,6 +12,7 @@
 #include "engine/scheduler.h"
 #include "engine/sampler.h"
 #include "mpk/package.h"
+#include "servd/clock.h"
 #include "servd/interp.h"
 #include "servd/tokenizer.h"
 
@@ -92,7 +93,5 @@ struct servd_model {
   int kv_used;
   servd_sampler_scratch *scratch; /* shared by the samplers: they all run on the scheduler thread */
 };
-
-int64_t servd_engine_now_ns(void);
 
 #endif

@@ -7,14 +7,14 @@
  * Then it gives the scratch memory back. It also chooses, by measuring, the GEMV kernel of each
  * weight shape for decode steps (gemv_tune.cu), and turns on the fused kernels that pass their check. */
 #include "engine/gpu_prewarm.h"
-#include "engine/json_util.h"
+#include "engine/model_geometry.h"
 
 #include <stdbool.h>
 #include <stdio.h>
-#include <time.h>
 #include <stdlib.h>
 
 #include "mpk/package.h"
+#include "servd/clock.h"
 #include "servd/device.h"
 
 /* out (m, n) = x (m, k) @ w (n, k)^T for every m in rows, with bf16 and f32 outputs. */
@@ -53,13 +53,9 @@ int servd_gpu_prewarm(const servd_model_options *o) {
   mpk_package *pkg = NULL;
   int rc = mpk_open(o->path, &pkg);
   if (rc) return 0; /* the load reports it */
-  json_t *cfg = mpk_config(pkg);
-  int dim = servd_json_int(cfg, "hidden_size", servd_json_int(cfg, "embedding_length", 0));
-  int heads = servd_json_int(cfg, "num_attention_heads", servd_json_int(cfg, "head_count", 0));
-  int kv = servd_json_int(cfg, "num_key_value_heads", servd_json_int(cfg, "head_count_kv", heads));
-  int hd = servd_json_int(cfg, "head_dim", heads > 0 ? dim / heads : 0);
-  int ff = servd_json_int(cfg, "intermediate_size", servd_json_int(cfg, "feed_forward_length", 0));
-  int vocab = servd_json_int(cfg, "vocab_size", 0);
+  servd_model_geometry g;
+  servd_model_geometry_read(mpk_config(pkg), &g);
+  int dim = g.dim, heads = g.n_heads, kv = g.n_kv_heads, hd = g.head_dim, ff = g.ffn_dim, vocab = g.vocab;
   int tp = o->tp > 0 ? o->tp : 1;
   if (dim <= 0 || heads <= 0 || kv <= 0 || hd <= 0 || ff <= 0 || heads % tp || kv % tp || ff % tp) {
     mpk_close(pkg);
@@ -85,8 +81,7 @@ int servd_gpu_prewarm(const servd_model_options *o) {
   if (n_logit == 0) logit_rows[n_logit++] = 9;
   const int q = heads / tp * hd, kvc = kv / tp * hd, f = ff / tp, v = (vocab + tp - 1) / tp;
   const int shapes[][2] = {{q, dim}, {kvc, dim}, {dim, q}, {f, dim}, {dim, f}};
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const int64_t t0 = servd_now_ns();
   for (int r = 0; r < tp && !rc; r++) {
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes && !rc; s++)
       rc = gemms(r, shapes[s][0], shapes[s][1], rows, n_rows);
@@ -122,12 +117,12 @@ int servd_gpu_prewarm(const servd_model_options *o) {
   free(logit_rows);
   mpk_close(pkg);
   servd_device_weights_trim(); /* gives the allocator's idle blocks back */
-  clock_gettime(CLOCK_MONOTONIC, &t1);
+  const int64_t t1 = servd_now_ns();
   if (rc)
     fprintf(stderr, "servd: warning: cuBLAS warm-up of %s: %s\n", o->path, servd_last_error());
   else
     fprintf(stderr, "servd: cuBLAS warm-up of %s: %d row counts x 6 weight shapes on %d GPU%s in %.2f s\n", o->path,
-            n_rows, tp, tp == 1 ? "" : "s", (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
+            n_rows, tp, tp == 1 ? "" : "s", (double)(t1 - t0) / 1e9);
   return rc;
 }
 
