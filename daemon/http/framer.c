@@ -15,15 +15,22 @@ void servd_http_limits_default(servd_http_limits *l) {
   l->request_timeout_ms = 30000;
   l->idle_timeout_ms = 60000;
   l->max_output_bytes = 4u << 20;
+  l->max_input_bytes = 256u << 10;
+  l->max_pipelined = 32;
   l->max_connections = 4096;
+}
+
+/* Fails the request from inside a callback: the parser stops and feed reports status and msg.
+ * -1, not 1: from on_headers_complete, 1 would mean 'no body follows'. */
+static int fail(servd_http_framer *f, int status, const char *msg) {
+  f->err_status = status;
+  f->err_msg = msg;
+  return -1;
 }
 
 static int hb_add(servd_http_framer *f, const char *at, size_t len) {
   f->header_bytes += len;
-  if (f->header_bytes > f->lim.max_header_bytes) {
-    f->err_status = 431;
-    return 1;
-  }
+  if (f->header_bytes > f->lim.max_header_bytes) return fail(f, 431, "request header fields too large");
   servd_buf_append(&f->hbuf, at, len);
   return f->hbuf.oom ? 1 : 0;
 }
@@ -37,6 +44,7 @@ static int on_message_begin(http_parser *p) {
   f->header_bytes = 0;
   f->url_len = 0;
   f->err_status = 0;
+  f->err_msg = NULL;
   f->in_trailer = false;
   if (f->on_begin) f->on_begin(f->ud);
   return 0;
@@ -53,16 +61,15 @@ static int on_url(http_parser *p, const char *at, size_t len) {
  * move hbuf under the pointers already taken into it, so they are only counted against the limit. */
 static int trailer_add(servd_http_framer *f, size_t len) {
   f->header_bytes += len;
-  if (f->header_bytes > f->lim.max_header_bytes) {
-    f->err_status = 431;
-    return 1;
-  }
+  if (f->header_bytes > f->lim.max_header_bytes) return fail(f, 431, "request header fields too large");
   return 0;
 }
 
 static int on_header_field(http_parser *p, const char *at, size_t len) {
   servd_http_framer *f = p->data;
   if (f->in_trailer) return trailer_add(f, len);
+  /* The lenient parser lets SP into names (and a line that starts with one after the request line). */
+  if (memchr(at, ' ', len) || memchr(at, '\t', len)) return fail(f, 400, "whitespace in a header field name");
   if (f->n_headers == 0 && !f->in_value && f->hbuf.len == f->url_len) {
     servd_buf_append(&f->hbuf, "", 1); /* terminate the url */
   }
@@ -80,15 +87,36 @@ static int on_header_field(http_parser *p, const char *at, size_t len) {
   return hb_add(f, at, len);
 }
 
+/* True when the value at `at` continues a header line by obsolete line folding: the parser marks
+ * a folded part right after the line break (with or without its leading whitespace), a field's
+ * first part after its colon. */
+static bool folded(const servd_http_framer *f, const char *at) {
+  const char *q = at;
+  while (q > f->feed_start && (q[-1] == ' ' || q[-1] == '\t')) q--;
+  char before = q > f->feed_start ? q[-1] : f->last_byte;
+  return before == '\n';
+}
+
 static int on_header_value(http_parser *p, const char *at, size_t len) {
   servd_http_framer *f = p->data;
   if (f->in_trailer) return trailer_add(f, len);
+  /* An empty value is reported (len 0) at the next line's first byte: no fold there. */
+  if (len > 0 && folded(f, at)) return fail(f, 400, "obsolete line folding in a header field");
   if (!f->in_value) {
     servd_buf_append(&f->hbuf, "", 1); /* terminate the name */
     f->hoff[f->n_headers - 1][1] = f->hbuf.len;
     f->in_value = true;
   }
   return hb_add(f, at, len);
+}
+
+/* "chunked", in any case, with optional whitespace around it. */
+static bool te_is_chunked(const char *v) {
+  while (*v == ' ' || *v == '\t') v++;
+  if (strncasecmp(v, "chunked", 7) != 0) return false;
+  for (v += 7; *v == ' ' || *v == '\t'; v++) {
+  }
+  return *v == '\0';
 }
 
 static int on_headers_complete(http_parser *p) {
@@ -104,16 +132,22 @@ static int on_headers_complete(http_parser *p) {
   f->in_trailer = true;
   f->keep_alive = http_should_keep_alive(p) != 0;
   f->expect_continue = false;
+  if (p->http_major != 1) return fail(f, 505, "HTTP version not supported");
+  int n_te = 0;
   for (int i = 0; i < f->n_headers; i++) {
     f->headers[i].name = f->hbuf.data + f->hoff[i][0];
     f->headers[i].value = f->hbuf.data + f->hoff[i][1];
     if (strcasecmp(f->headers[i].name, "expect") == 0 && strcasecmp(f->headers[i].value, "100-continue") == 0)
       f->expect_continue = true;
+    if (strcasecmp(f->headers[i].name, "transfer-encoding") == 0) {
+      /* Only chunked is decoded: anything else would hand the handler coded bytes as the body. */
+      if (++n_te > 1) return fail(f, 400, "more than one Transfer-Encoding header field");
+      if (!te_is_chunked(f->headers[i].value)) return fail(f, 501, "transfer coding not implemented");
+      if (p->http_minor == 0) return fail(f, 400, "Transfer-Encoding in an HTTP/1.0 request");
+    }
   }
-  if ((p->flags & F_CONTENTLENGTH) && p->content_length > f->lim.max_body_bytes) {
-    f->err_status = 413;
-    return -1;
-  }
+  if ((p->flags & F_CONTENTLENGTH) && p->content_length > f->lim.max_body_bytes)
+    return fail(f, 413, "request body too large");
   if (f->expect_continue && f->on_continue) f->on_continue(f->ud);
   f->head = p->method == HTTP_HEAD;
   return 0;
@@ -121,12 +155,18 @@ static int on_headers_complete(http_parser *p) {
 
 static int on_body(http_parser *p, const char *at, size_t len) {
   servd_http_framer *f = p->data;
-  if (f->body.len + len > f->lim.max_body_bytes) {
-    f->err_status = 413; /* chunked uploads have no Content-Length to check up front */
-    return 1;
-  }
+  /* chunked uploads have no Content-Length to check up front */
+  if (f->body.len + len > f->lim.max_body_bytes) return fail(f, 413, "request body too large");
   servd_buf_append(&f->body, at, len);
   return f->body.oom ? 1 : 0;
+}
+
+/* A chunk's size is known before its data: one past the limit fails now rather than after the
+ * client sent (or, for an absurd size, never sent) that much. */
+static int on_chunk_header(http_parser *p) {
+  servd_http_framer *f = p->data;
+  if (p->content_length > f->lim.max_body_bytes - f->body.len) return fail(f, 413, "request body too large");
+  return 0;
 }
 
 static int on_message_complete(http_parser *p) {
@@ -144,6 +184,7 @@ static const http_parser_settings settings = {
     .on_header_value = on_header_value,
     .on_headers_complete = on_headers_complete,
     .on_body = on_body,
+    .on_chunk_header = on_chunk_header,
     .on_message_complete = on_message_complete,
 };
 
@@ -172,20 +213,23 @@ void servd_http_framer_free(servd_http_framer *f) {
 
 servd_frame_result servd_http_framer_feed(servd_http_framer *f, const char *data, size_t len, size_t *consumed,
                                           int *status, char *msg, size_t cap) {
+  f->feed_start = data;
   size_t n = http_parser_execute(&f->parser, &settings, data, len);
   enum http_errno e = HTTP_PARSER_ERRNO(&f->parser);
   *consumed = n;
+  for (size_t i = n; i > 0; i--)
+    if (data[i - 1] != ' ' && data[i - 1] != '\t') {
+      f->last_byte = data[i - 1];
+      break;
+    }
   if (e == HPE_PAUSED) {
     http_parser_pause(&f->parser, 0);
     return SERVD_FRAME_REQUEST;
   }
   if (e == HPE_OK) return SERVD_FRAME_MORE;
-  if (f->err_status == 431) {
-    *status = 431;
-    snprintf(msg, cap, "request header fields too large");
-  } else if (f->err_status == 413) {
-    *status = 413;
-    snprintf(msg, cap, "request body too large");
+  if (f->err_status) {
+    *status = f->err_status;
+    snprintf(msg, cap, "%s", f->err_msg ? f->err_msg : "malformed HTTP request");
   } else {
     *status = 400;
     snprintf(msg, cap, "malformed HTTP request: %s", http_errno_description(e));

@@ -4,7 +4,14 @@
  * arbitrary bytes. It stops after every complete request (servd answers requests of a connection
  * one at a time), and reports a limit or a syntax error as the status the server answers with:
  * 431 (request line + headers beyond max_header_bytes, or more than max_headers lines), 413 (a
- * Content-Length or a chunked body beyond max_body_bytes) or 400 (malformed).
+ * Content-Length, a chunk size or a chunked body beyond max_body_bytes), 505 (an HTTP major version
+ * other than 1), 501 (a transfer coding other than chunked) or 400 (malformed).
+ *
+ * http_parser 2.9 as Debian builds it (not HTTP_PARSER_STRICT) accepts what RFC 9112 says a server
+ * must reject, and request smuggling feeds on: whitespace inside a header name ("Transfer-Encoding :
+ * chunked" read as chunked), obsolete line folding, any version. The framer rejects these itself, as
+ * nginx does: 400 for whitespace in a field name, obs-fold, several Transfer-Encoding fields or one
+ * in an HTTP/1.0 request. (llhttp, its strict successor, is not packaged for Debian 12.)
  */
 #ifndef SERVD_HTTP_FRAMER_H
 #define SERVD_HTTP_FRAMER_H
@@ -36,7 +43,10 @@ typedef struct servd_http_framer {
   size_t header_bytes;
   servd_buf body;    /* owned */
   bool keep_alive, expect_continue, head; /* of the current request, once its headers are complete */
-  int err_status;    /* limit hit inside a parser callback: 413, 431 */
+  int err_status;    /* limit or strictness check failed inside a parser callback: 400, 413, 431, 501, 505 */
+  const char *err_msg; /* why, when err_status is set (static storage) */
+  const char *feed_start; /* the data of the current feed, for looking back from a callback */
+  char last_byte;    /* last byte other than SP / HT of the bytes fed before (obs-fold check) */
   /* Hooks for the server (each may be NULL): a request's first byte, its headers complete with
    * "Expect: 100-continue", and its last byte. */
   void (*on_begin)(void *ud);
@@ -50,7 +60,7 @@ int servd_http_framer_init(servd_http_framer *f, const servd_http_limits *lim);
 void servd_http_framer_free(servd_http_framer *f); /* accepts a zeroed framer */
 
 /* Parses up to len bytes. *consumed: how many were used (the rest, after a request, belong to the
- * next one). On SERVD_FRAME_ERROR, *status is 400, 413 or 431 and msg (cap bytes) says why. */
+ * next one). On SERVD_FRAME_ERROR, *status is 400, 413, 431, 501 or 505 and msg (cap bytes) says why. */
 servd_frame_result servd_http_framer_feed(servd_http_framer *f, const char *data, size_t len, size_t *consumed,
                                           int *status, char *msg, size_t cap);
 

@@ -10,7 +10,6 @@
 #include "servd/status.h"
 
 #define READ_CHUNK 65536
-#define PENDING_CAP (1u << 20) /* unparsed pipelined bytes held before reading pauses */
 
 typedef enum { C_IDLE, C_READING, C_HANDLING } conn_state;
 typedef enum { T_NONE, T_IDLE, T_REQUEST } timer_kind;
@@ -27,10 +26,15 @@ typedef struct conn {
   bool reading, closing, close_after, in_process, chunked, responded;
   bool close_at_end; /* the response said Connection: close */
   bool raw_stream;   /* HTTP/1.0 has no chunked encoding: stream bytes as they are, then close */
+  bool peer_eof;     /* the client has finished sending (EOF); answer what it sent, then close */
+  bool out_blocked;  /* back-pressure: the next request waits for the output to drain */
   char *rbuf;
   servd_buf pending; /* received, not yet parsed */
   servd_buf obuf, wbuf; /* accumulating output, output being written */
+  int resp_obuf, resp_wbuf; /* responses that ended in obuf, in wbuf */
   bool writing;
+  uint64_t writes_done, seen_writes; /* write progress, checked by the idle timer */
+  size_t seen_queue;
   bool dirty;             /* on srv->dirty: output queued while the server was in a batch */
   struct conn *dirty_next;
   uv_write_t wreq;
@@ -51,6 +55,8 @@ struct servd_http_server {
   int batch_depth;   /* > 0: flushes are deferred to servd_http_server_batch_end */
   conn *dirty;       /* connections with output deferred by the batch */
   uint64_t n_writes; /* uv_write calls issued */
+  size_t peak_out, peak_in;
+  uint64_t read_pauses;
   void (*done)(void *);
   void *done_ud;
 };
@@ -77,6 +83,7 @@ const char *servd_http_reason(int s) {
   case 501: return "Not Implemented";
   case 503: return "Service Unavailable";
   case 504: return "Gateway Timeout";
+  case 505: return "HTTP Version Not Supported";
   default: return "Unknown";
   }
 }
@@ -85,7 +92,7 @@ static void conn_close(conn *c);
 static void conn_process(conn *c);
 static void conn_flush(conn *c);
 static void error_response(conn *c, int status, const char *msg);
-static void read_start(conn *c);
+static void reading_update(conn *c);
 static void timer_set(conn *c, timer_kind k, int ms);
 
 /* ---- server-level bookkeeping ---------------------------------------------------------------- */
@@ -136,10 +143,16 @@ static void on_timer(uv_timer_t *t) {
     error_response(c, 408, "request not received in time");
     return;
   }
-  if (k == T_IDLE && c->writing) {
-    /* Still delivering a response to a slow reader: not idle. Its unsent bytes are bounded. */
-    timer_set(c, T_IDLE, c->srv->lim.idle_timeout_ms);
-    return;
+  if (k == T_IDLE && (c->writing || c->obuf.len)) {
+    /* Still delivering responses to a slow reader: idle only when its writes made no progress for a
+     * whole timeout (nginx's send_timeout). Its unsent bytes are bounded meanwhile. */
+    size_t q = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+    if (c->writes_done != c->seen_writes || q != c->seen_queue) {
+      c->seen_writes = c->writes_done;
+      c->seen_queue = q;
+      timer_set(c, T_IDLE, c->srv->lim.idle_timeout_ms);
+      return;
+    }
   }
   conn_close(c);
 }
@@ -156,9 +169,23 @@ static void timer_set(conn *c, timer_kind k, int ms) {
 
 /* ---- output ----------------------------------------------------------------------------------- */
 
+static size_t conn_unsent(const conn *c) { return c->obuf.len + c->wbuf.len; }
+
+/* Back-pressure on output (see server.h): whether the next request must wait for the writes. The
+ * marks differ so that reading does not stop and start again at every write. */
+static void out_update(conn *c) {
+  servd_http_server *s = c->srv;
+  size_t unsent = conn_unsent(c);
+  if (unsent > s->peak_out) s->peak_out = unsent;
+  size_t mark = c->out_blocked ? s->lim.max_output_bytes / 16 : s->lim.max_output_bytes / 4;
+  c->out_blocked = unsent > mark || c->resp_obuf + c->resp_wbuf >= s->lim.max_pipelined;
+}
+
 static void on_write(uv_write_t *w, int status) {
   conn *c = w->data;
   c->writing = false;
+  c->writes_done++;
+  c->resp_wbuf = 0;
   servd_buf_clear(&c->wbuf);
   if (c->wbuf.cap > (1u << 20)) servd_buf_free(&c->wbuf);
   if (status < 0) {
@@ -167,6 +194,9 @@ static void on_write(uv_write_t *w, int status) {
   }
   if (c->closing) return;
   conn_flush(c);
+  /* The output drained: the next pipelined request may go on. */
+  if (c->state != C_HANDLING) conn_process(c);
+  else reading_update(c);
 }
 
 static void on_shutdown_close(uv_shutdown_t *sh, int status) {
@@ -178,6 +208,8 @@ static void on_shutdown_close(uv_shutdown_t *sh, int status) {
 
 static void conn_flush(conn *c) {
   if (c->closing) return;
+  out_update(c);
+  if (c->out_blocked && c->reading) reading_update(c);
   if (c->srv->batch_depth > 0) {
     /* Inside a batch: one write per connection at its end instead of one per chunk. */
     if (!c->dirty) {
@@ -207,6 +239,8 @@ static void conn_flush(conn *c) {
   servd_buf tmp = c->wbuf;
   c->wbuf = c->obuf;
   c->obuf = tmp;
+  c->resp_wbuf = c->resp_obuf;
+  c->resp_obuf = 0;
   uv_buf_t b = uv_buf_init(c->wbuf.data, (unsigned)c->wbuf.len);
   c->wreq.data = c;
   c->srv->n_writes++;
@@ -216,8 +250,6 @@ static void conn_flush(conn *c) {
   }
   c->writing = true;
 }
-
-static size_t conn_unsent(const conn *c) { return c->obuf.len + c->wbuf.len; }
 
 /* ---- closing ---------------------------------------------------------------------------------- */
 
@@ -335,37 +367,49 @@ static void dispatch(conn *c) {
   servd_http_respond(r, 400, "application/json", "{\"error\": \"malformed request target\"}", 37);
 }
 
+/* Parses and dispatches pipelined requests while the connection is free and its output is not
+ * backed up (out_blocked), then decides whether to read more. */
 static void conn_process(conn *c) {
   if (c->in_process || c->closing) return;
   c->in_process = true;
   servd_http_server *s = c->srv;
-  while (!c->closing && !c->close_after && c->state != C_HANDLING && c->pending.len > 0) {
+  size_t off = 0; /* consumed once at the end: one memmove however many requests were parsed */
+  while (!c->closing && !c->close_after && c->state != C_HANDLING && !c->out_blocked && off < c->pending.len) {
     size_t n = 0;
     int status = 0;
     char msg[160];
-    servd_frame_result fr = servd_http_framer_feed(&c->fr, c->pending.data, c->pending.len, &n, &status, msg,
-                                                   sizeof msg);
+    servd_frame_result fr = servd_http_framer_feed(&c->fr, c->pending.data + off, c->pending.len - off, &n, &status,
+                                                   msg, sizeof msg);
+    off += n;
     if (fr == SERVD_FRAME_REQUEST) {
-      servd_buf_consume(&c->pending, n);
       dispatch(c);
       continue;
     }
     if (fr == SERVD_FRAME_ERROR) {
       error_response(c, status, msg);
-      servd_buf_clear(&c->pending);
+      off = c->pending.len;
       break;
     }
-    servd_buf_consume(&c->pending, n);
     if (n == 0) break;
   }
+  servd_buf_consume(&c->pending, off);
   c->in_process = false;
   if (c->closing || c->close_after) return;
-  if (c->pending.len < PENDING_CAP && !c->reading) {
-    read_start(c);
+  if (c->peer_eof && c->state != C_HANDLING && (c->pending.len == 0 || !c->out_blocked)) {
+    /* The client has finished sending and every complete request it sent is answered: deliver the
+     * output (a half-closing client reads it all), then close. */
+    c->close_after = true;
+    conn_flush(c);
+    return;
   }
-  if (c->state == C_IDLE && c->pending.len == 0 && c->timer_kind == T_NONE) {
-    if (s->stopping) conn_close(c);
-    else timer_set(c, T_IDLE, s->lim.idle_timeout_ms);
+  reading_update(c);
+  if (c->state == C_IDLE && c->timer_kind == T_NONE && (c->pending.len == 0 || c->out_blocked)) {
+    if (s->stopping && c->pending.len == 0) {
+      c->close_after = true;
+      conn_flush(c);
+    } else {
+      timer_set(c, T_IDLE, s->lim.idle_timeout_ms); /* also a send timeout while blocked (on_timer) */
+    }
   }
 }
 
@@ -380,12 +424,11 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b) {
   conn *c = st->data;
   if (nread < 0) {
-    if (nread == UV_EOF && c->state != C_HANDLING && (c->writing || c->obuf.len)) {
-      /* The client finished sending: deliver what is already answered, then close. */
-      uv_read_stop(st);
-      c->reading = false;
-      c->close_after = true;
-      conn_flush(c);
+    if (nread == UV_EOF && c->state != C_HANDLING) {
+      /* The client finished sending: answer what it sent, deliver it, then close (conn_process). */
+      c->peer_eof = true;
+      reading_update(c);
+      conn_process(c);
       return;
     }
     conn_close(c); /* an error, or EOF while a request runs: the client is gone, abort it */
@@ -398,16 +441,24 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b) {
     conn_close(c);
     return;
   }
-  if (c->pending.len >= PENDING_CAP) {
-    uv_read_stop(st);
-    c->reading = false;
-  }
+  if (c->pending.len > c->srv->peak_in) c->srv->peak_in = c->pending.len;
   if (c->state == C_IDLE && c->timer_kind == T_IDLE) timer_set(c, T_NONE, 0);
   conn_process(c);
 }
 
-static void read_start(conn *c) {
-  if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0) c->reading = true;
+/* Reads while the connection can take more: not closing, its input below max_input_bytes and its
+ * output not backed up. Stopping lets TCP flow control push back on the client. */
+static void reading_update(conn *c) {
+  bool want = !c->closing && !c->close_after && !c->peer_eof && !c->out_blocked &&
+              c->pending.len < c->srv->lim.max_input_bytes;
+  if (want == c->reading) return;
+  if (want) {
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0) c->reading = true;
+    return;
+  }
+  uv_read_stop((uv_stream_t *)&c->tcp);
+  c->reading = false;
+  if (c->out_blocked || c->pending.len >= c->srv->lim.max_input_bytes) c->srv->read_pauses++;
 }
 
 static void on_connection(uv_stream_t *l, int status) {
@@ -443,7 +494,7 @@ static void on_connection(uv_stream_t *l, int status) {
   c->fr.on_continue = on_request_continue;
   c->fr.on_complete = on_request_complete;
   c->fr.ud = c;
-  read_start(c);
+  reading_update(c);
   timer_set(c, T_IDLE, s->lim.idle_timeout_ms);
 }
 
@@ -459,6 +510,8 @@ int servd_http_server_create(uv_loop_t *loop, const servd_http_limits *limits, c
   if (limits) s->lim = *limits;
   else servd_http_limits_default(&s->lim);
   if (s->lim.max_headers < 1) s->lim.max_headers = 1;
+  if (s->lim.max_pipelined < 1) s->lim.max_pipelined = 1;
+  if (s->lim.max_input_bytes < READ_CHUNK) s->lim.max_input_bytes = READ_CHUNK;
   s->cb = *cb;
   *out = s;
   return 0;
@@ -510,6 +563,9 @@ void servd_http_server_stop_accepting(servd_http_server *s) {
 
 int servd_http_server_active_requests(const servd_http_server *s) { return s->active; }
 uint64_t servd_http_server_writes(const servd_http_server *s) { return s->n_writes; }
+size_t servd_http_server_peak_output(const servd_http_server *s) { return s->peak_out; }
+size_t servd_http_server_peak_input(const servd_http_server *s) { return s->peak_in; }
+uint64_t servd_http_server_read_pauses(const servd_http_server *s) { return s->read_pauses; }
 
 void servd_http_server_batch_begin(servd_http_server *s) { s->batch_depth++; }
 
@@ -570,6 +626,11 @@ static void req_end(conn *c) {
   bool close = c->close_at_end || c->srv->stopping;
   req_finish(c, false);
   c->close_at_end = false;
+  c->resp_obuf++; /* counts toward max_pipelined until written */
+  if (c->obuf.oom) {
+    conn_close(c); /* a truncated response must not reach the client */
+    return;
+  }
   if (close) {
     c->close_after = true;
     if (c->reading) {

@@ -7,6 +7,14 @@
  * connection (a reader that falls that far behind is disconnected instead of buffered without end).
  * Responses are either complete (Content-Length) or streamed with chunked transfer encoding.
  *
+ * Back-pressure, as nginx does it: a connection whose unsent output passes a quarter of
+ * max_output_bytes, or holds max_pipelined answered responses not yet handed to the socket, has
+ * its next request neither parsed nor read (uv_read_stop) until its writes drain below a sixteenth
+ * of max_output_bytes. Received, unparsed bytes are held up to max_input_bytes before reading
+ * pauses. A connection's memory is so bounded by about max_input_bytes + max_output_bytes / 4 + one
+ * response, however many requests its client pipelines without reading; none is lost or reordered.
+ * A connection between requests whose writes make no progress for idle_timeout_ms is closed.
+ *
  * Everything here runs on the loop thread. Handles are freed only in their close callbacks.
  */
 #ifndef SERVD_HTTP_SERVER_H
@@ -30,6 +38,8 @@ typedef struct servd_http_limits {
   int request_timeout_ms;  /* first byte to last byte of one request; 408 beyond */
   int idle_timeout_ms;     /* keep-alive connection without a request */
   size_t max_output_bytes; /* unsent response bytes per connection before it is dropped */
+  size_t max_input_bytes;  /* received, unparsed (pipelined) bytes per connection before reading pauses */
+  int max_pipelined;       /* answered responses awaiting the socket before the next request waits */
   int max_connections;     /* further connections are accepted and closed at once */
 } servd_http_limits;
 
@@ -92,6 +102,12 @@ int servd_http_server_active_requests(const servd_http_server *s);
 int servd_http_server_connections(const servd_http_server *s);
 /* Socket writes issued so far (uv_write calls); for tests and metrics. */
 uint64_t servd_http_server_writes(const servd_http_server *s);
+/* The most any one connection has held so far of unsent output (queued plus being written) and of
+ * received, unparsed input, in bytes; for tests and metrics. */
+size_t servd_http_server_peak_output(const servd_http_server *s);
+size_t servd_http_server_peak_input(const servd_http_server *s);
+/* Times a connection stopped reading because of back-pressure (output or input over its mark). */
+uint64_t servd_http_server_read_pauses(const servd_http_server *s);
 /* A batch of responses produced together (e.g. one wake-up's worth of engine events): between
  * begin and end, output is only queued, and batch_end writes each connection that got output once,
  * in the order it was queued. Nothing waits on a timer: the batch ends before the loop goes back to

@@ -1,6 +1,8 @@
 /* The HTTP/1.1 server over real sockets: keep-alive, pipelining order, limits (413, 431), malformed
  * input (400), slow clients (408), idle timeout, chunked streaming, batched output (one write per
- * connection per batch, in order), client aborts, output caps. */
+ * connection per batch, in order), client aborts, output caps, back-pressure on pipelining clients
+ * that do not read, strict framing (505, 501, 400 for what RFC 9112 says to reject). */
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -105,6 +107,14 @@ static void handle(void *ud, servd_http_req *r) {
     start_job(r, 3, 20);
   } else if (strcmp(r->path, "/flood") == 0) {
     start_job(r, 2, 1);
+  } else if (strcmp(r->path, "/big") == 0) {
+    /* A 16 KiB answer that starts with the query, so that the client can check the order. */
+    size_t n = 16 * 1024;
+    char *b = servd_arena_alloc(r->arena, n);
+    memset(b, 'x', n);
+    memcpy(b, r->query, strlen(r->query));
+    b[strlen(r->query)] = '\n';
+    servd_http_respond(r, 200, "text/plain", b, n);
   } else if (strcmp(r->path, "/hang") == 0) {
     r->ctx = NULL;
     r->on_abort = job_abort;
@@ -131,7 +141,8 @@ static void start_server(void *arg) {
   lim.max_body_bytes = 4096;
   lim.request_timeout_ms = 300;
   lim.idle_timeout_ms = 300;
-  lim.max_output_bytes = 64 * 1024;
+  lim.max_output_bytes = 64 * 1024; /* back-pressure above 16 KiB unsent, reading again below 4 KiB */
+  lim.max_input_bytes = 64 * 1024;
   servd_http_callbacks cb = {.handle = handle, .complete = complete};
   assert_int_equal(servd_http_server_create(&L.loop, &lim, &cb, &S), 0);
   assert_int_equal(servd_http_server_listen(S, "127.0.0.1", 0), 0);
@@ -476,8 +487,206 @@ static void test_head(void **st) {
   free(rd);
 }
 
+/* Reads a value of the server on its loop thread. */
+typedef struct peaks {
+  size_t out, in;
+  uint64_t pauses, writes;
+} peaks;
+
+static void read_peaks(void *arg) {
+  peaks *p = arg;
+  p->out = servd_http_server_peak_output(S);
+  p->in = servd_http_server_peak_input(S);
+  p->pauses = servd_http_server_read_pauses(S);
+  p->writes = servd_http_server_writes(S);
+}
+
+typedef struct sender {
+  int fd;
+  int n;
+  int failed;
+} sender;
+
+/* Sends n pipelined requests for 16 KiB answers, then half-closes: a client that writes everything
+ * before it reads anything. Blocks while the server pushes back. */
+static void *send_pipelined(void *arg) {
+  sender *sd = arg;
+  char *all = malloc((size_t)sd->n * 64);
+  size_t len = 0;
+  for (int i = 0; i < sd->n; i++) len += (size_t)sprintf(all + len, "GET /big?%d HTTP/1.1\r\nHost: h\r\n\r\n", i);
+  sd->failed = tc_send(sd->fd, all, len);
+  shutdown(sd->fd, SHUT_WR);
+  free(all);
+  return NULL;
+}
+
+/* The pipelining attack: 2000 requests for 16 KiB each (31 MiB of answers) from a client that does
+ * not read. The server answers only while the connection's unsent output is below its mark and
+ * stops reading meanwhile, so what it holds for the connection stays bounded whatever the client
+ * sends; once the client reads, every answer arrives, in order, including those for requests that
+ * came before the client's EOF. Before back-pressure the server queued every answer at once. */
+static void test_pipelining_backpressure(void **st) {
+  (void)st;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int small = 4096; /* before connect, so that the window stays small */
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  struct timeval tv = {20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  peaks p0;
+  tloop_run(&L, read_peaks, &p0);
+  sender sd = {.fd = fd, .n = 2000};
+  pthread_t th;
+  pthread_create(&th, NULL, send_pipelined, &sd);
+  /* Wait until the server has stopped answering (the kernel buffers are full): 150 ms without a
+   * completed request, 5 s at most. */
+  int last = -1, same = 0;
+  for (int i = 0; i < 500 && same < 15; i++) {
+    usleep(10000);
+    int now = atomic_load(&completes);
+    same = now == last ? same + 1 : 0;
+    last = now;
+  }
+  peaks mid;
+  tloop_run(&L, read_peaks, &mid);
+  /* Bounded: the output mark (16 KiB) plus one answer with its head; input: its mark plus a read. */
+  size_t out_bound = 16 * 1024 + 16 * 1024 + 512;
+  assert_true(mid.out <= out_bound);
+  assert_true(mid.in <= 64 * 1024 + 65536);
+  assert_true(mid.pauses > p0.pauses);
+  /* Now read everything: no answer lost, none out of order. */
+  tc_reader *rd = calloc(1, sizeof(*rd));
+  rd->fd = fd;
+  for (int i = 0; i < sd.n; i++) {
+    tc_resp r;
+    assert_int_equal(tc_read(rd, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.body_len, 16 * 1024);
+    assert_int_equal(atoi(r.body), i);
+    tc_resp_free(&r);
+  }
+  assert_true(tc_closed(fd)); /* the client's EOF: closed once everything was delivered */
+  pthread_join(th, NULL);
+  assert_int_equal(sd.failed, 0);
+  peaks end;
+  tloop_run(&L, read_peaks, &end);
+  assert_true(end.out <= out_bound);
+  free(rd);
+  close(fd);
+}
+
+/* Small answers to many pipelined requests: at most max_pipelined (32) answers wait for one socket
+ * write, so a client sending 256 at once gets them in at least 8 writes, all in order. */
+static void test_pipelining_depth_capped(void **st) {
+  (void)st;
+  int fd = tc_connect(port);
+  peaks p0, p1;
+  tloop_run(&L, read_peaks, &p0);
+  char *all = malloc(256 * 64);
+  size_t len = 0;
+  for (int i = 0; i < 256; i++) len += (size_t)sprintf(all + len, "GET /d%d HTTP/1.1\r\nHost: h\r\n\r\n", i);
+  assert_int_equal(tc_send(fd, all, len), 0);
+  free(all);
+  tc_reader *rd = calloc(1, sizeof(*rd));
+  rd->fd = fd;
+  for (int i = 0; i < 256; i++) {
+    tc_resp r;
+    char want[64];
+    snprintf(want, sizeof want, "GET /d%d q= h=- body=", i);
+    assert_int_equal(tc_read(rd, &r), 0);
+    assert_string_equal(r.body, want);
+    tc_resp_free(&r);
+  }
+  tloop_run(&L, read_peaks, &p1);
+  assert_true(p1.writes - p0.writes >= 256 / 32);
+  free(rd);
+  close(fd);
+}
+
+/* One raw request on a new connection; returns the status of the answer (-1 when none). */
+static int raw_status(const char *req) {
+  int fd = tc_connect(port);
+  tc_sends(fd, req);
+  tc_reader *rd = calloc(1, sizeof(*rd));
+  rd->fd = fd;
+  tc_resp r;
+  int status = tc_read(rd, &r) == 0 ? r.status : -1;
+  if (status != -1) tc_resp_free(&r);
+  free(rd);
+  close(fd);
+  return status;
+}
+
+/* What RFC 9112 says a server must reject and http_parser, built lenient, accepts (nginx's answers). */
+static void test_strict_framing(void **st) {
+  (void)st;
+  static const struct {
+    const char *req;
+    int status;
+  } cases[] = {
+      {"GET /v HTTP/9.9\r\nHost: h\r\n\r\n", 505},
+      {"GET /v HTTP/2.0\r\nHost: h\r\n\r\n", 505},
+      /* Whitespace before the colon: not Transfer-Encoding, and not a field at all. */
+      {"POST /t HTTP/1.1\r\nHost: h\r\nTransfer-Encoding : chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", 400},
+      {"GET /t HTTP/1.1\r\n Host: h\r\n\r\n", 400},
+      /* Codings other than chunked are not decoded. */
+      {"POST /t HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501},
+      {"POST /t HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n", 501},
+      {"POST /t HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400},
+      {"POST /t HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400},
+      /* Obsolete line folding, after a value and after an empty one. */
+      {"GET /f HTTP/1.1\r\nHost: h\r\nX-Test: a\r\n b\r\n\r\n", 400},
+      {"GET /f HTTP/1.1\r\nHost: h\r\nX-Test:\r\n\tb\r\n\r\n", 400},
+      /* An absurd chunk size is refused at once (413), not after the request timeout (408). */
+      {"POST /t HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffff\r\n", 413},
+  };
+  int wrong = 0;
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    int got = raw_status(cases[i].req);
+    if (got != cases[i].status) {
+      fprintf(stderr, "case %zu: %d, want %d\n", i, got, cases[i].status);
+      wrong++;
+    }
+  }
+  assert_int_equal(wrong, 0);
+  /* Still accepted: the coding's name in any case, spaces inside a value, an empty value, HTTP/1.0. */
+  tc_resp r;
+  int fd = tc_connect(port);
+  tc_reader *rd = calloc(1, sizeof(*rd));
+  rd->fd = fd;
+  tc_sends(fd, "POST /ok HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: Chunked \r\nX-Test: a  b\r\nX-Empty:\r\n\r\n"
+               "2\r\nhi\r\n0\r\n\r\n");
+  assert_int_equal(tc_read(rd, &r), 0);
+  assert_int_equal(r.status, 200);
+  assert_string_equal(r.body, "POST /ok q= h=a  b body=hi");
+  tc_resp_free(&r);
+  /* The same fold check across a split: the line break in one send, the fold in the next. */
+  tc_sends(fd, "GET /f HTTP/1.1\r\nHost: h\r\nX-Test: a\r\n");
+  usleep(20000);
+  tc_sends(fd, " b\r\n\r\n");
+  assert_int_equal(tc_read(rd, &r), 0);
+  assert_int_equal(r.status, 400);
+  tc_resp_free(&r);
+  free(rd);
+  close(fd);
+  fd = tc_connect(port);
+  rd = calloc(1, sizeof(*rd));
+  rd->fd = fd;
+  tc_sends(fd, "GET /v HTTP/1.0\r\n\r\n");
+  assert_int_equal(tc_read(rd, &r), 0);
+  assert_int_equal(r.status, 200);
+  tc_resp_free(&r);
+  free(rd);
+  close(fd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      /* First: it checks the server's peaks, which later tests' large outputs would raise. */
+      cmocka_unit_test(test_pipelining_backpressure), cmocka_unit_test(test_pipelining_depth_capped),
+      cmocka_unit_test(test_strict_framing),
       cmocka_unit_test(test_basic_and_keepalive), cmocka_unit_test(test_pipelining_keeps_order),
       cmocka_unit_test(test_body_too_large),      cmocka_unit_test(test_headers_too_large),
       cmocka_unit_test(test_malformed),           cmocka_unit_test(test_slow_client_and_idle),

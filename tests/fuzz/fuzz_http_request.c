@@ -7,9 +7,9 @@
  * may split it.
  * Each complete request's body goes to the validator of its route (/v1/completions,
  * /v1/chat/completions, /tokenize, /detokenize, /v2/models/NAME/infer), chosen by path alone so
- * that every method reaches it. Invariants: a framing error is 400, 413 or 431 with a message; a
- * refused body has a 4xx status and a non-empty, valid UTF-8 message (it goes into a JSON
- * response); accepted parameters are within their documented ranges.
+ * that every method reaches it. Invariants: a framing error is 400, 413, 431, 501 or 505 with a
+ * message; a refused body has a 4xx status and a non-empty, valid UTF-8 message (it goes into a
+ * JSON response); accepted parameters are within their documented ranges.
  */
 #include <jansson.h>
 #include <stdint.h>
@@ -197,7 +197,7 @@ static void run(const uint8_t *data, size_t size, const uint8_t *cuts, size_t n_
       servd_frame_result fr = servd_http_framer_feed(&f, pending.data, pending.len, &used, &status, msg, sizeof msg);
       CHECK(used <= pending.len);
       if (fr == SERVD_FRAME_ERROR) {
-        CHECK(status == 400 || status == 413 || status == 431);
+        CHECK(status == 400 || status == 413 || status == 431 || status == 501 || status == 505);
         CHECK(msg[0]);
         /* The target the error body is chosen by: NUL-terminated, within the request line. */
         const char *target = servd_http_framer_target(&f);
