@@ -1,6 +1,7 @@
 # Run once in every interpreter after Py_Initialize (embedded into the servd module at build time).
 # Installs the import hooks: package code comes from the package itself, a few allowed modules come
 # from Debian's dist-packages, and nothing else from the machine.
+import os
 import sys
 import importlib
 import importlib.machinery
@@ -83,7 +84,127 @@ class AllowFinder:
         return None
 
 
+# ---- guards: process-wide calls that would end or hijack the whole server -------------------------
+# Every interpreter shares one process with the daemon and the other models, so os._exit() in one
+# model's predict would end them all (without a log line), a signal handler would replace the
+# daemon's, and a fork would copy every interpreter and thread in an unsafe state. These calls raise
+# RuntimeError instead, before any package code runs. The guards stop calls made by mistake or by a
+# library; they are not a sandbox: ctypes can still crash the process. Code you do not trust runs
+# under process isolation (docs/operations.md).
+
+_REASON_END = "it would end the whole server"
+_REASON_FORK = ("it would copy the whole server (every interpreter and thread) into a child in an unsafe "
+                "state")
+_REASON_EXEC = "it would replace the whole server"
+_REASON_SIGNAL = "signal dispositions, masks and timers belong to the whole server, not to one model"
+_REASON_FAULT = "fatal-signal handlers belong to the server (it writes the crash report)"
+
+
+def _refusal(call, why):
+    """call: what was called, as the message names it ("os._exit()")."""
+    return RuntimeError(call + " is not allowed in servd model code: " + why +
+                      " (raise an exception to fail the request)")
+
+
+def _refuse(name, why):
+    def refused(*args, **kwargs):
+        raise _refusal(name + "()", why)
+    refused.__name__ = refused.__qualname__ = name.rpartition(".")[2]
+    return refused
+
+
+def _signal_zero_only(name, fn, sig_index):
+    """Signal 0 only checks that a target exists: allowed."""
+    def guarded(*args, **kwargs):
+        sig = args[sig_index] if len(args) > sig_index else kwargs.get("signalnum", kwargs.get("signal"))
+        if sig != 0:
+            raise _refusal(name + "(" + str(sig) + ")", _REASON_END)
+        return fn(*args, **kwargs)
+    guarded.__name__ = guarded.__qualname__ = name.rpartition(".")[2]
+    return guarded
+
+
+def _own_target(pid, pgid_call):
+    """Whether os.kill(pid)/os.killpg(pid) would reach this process or its parent (the server when
+    this process is an isolated model's child)."""
+    if pgid_call:
+        return pid in (0, os.getpgrp())
+    return pid in (0, -1, os.getpid(), os.getppid(), -os.getpgrp())
+
+
+# libc functions that must not be reached through ctypes either (the same calls, by another door).
+_FORBIDDEN_SYMBOLS = frozenset(
+    "_exit _Exit exit quick_exit abort kill killpg tgkill tkill raise pthread_kill sigqueue signal sigaction "
+    "sigprocmask pthread_sigmask alarm setitimer fork vfork _Fork clone clone3 execv execve execvp execvpe "
+    "execl execle execlp fexecve posix_spawn posix_spawnp system popen daemon setrlimit prlimit".split())
+
+_AUDIT_REFUSED = {
+    "os.fork": ("os.fork", _REASON_FORK),
+    "os.forkpty": ("os.forkpty", _REASON_FORK),
+    "os.exec": ("os.exec*", _REASON_EXEC),
+    "os.posix_spawn": ("os.posix_spawn", _REASON_FORK),
+    "os.spawn": ("os.spawn*", _REASON_FORK),
+    "os.system": ("os.system", _REASON_FORK),
+    "subprocess.Popen": ("subprocess.Popen", _REASON_FORK),
+    "resource.setrlimit": ("resource.setrlimit", "resource limits apply to the whole server"),
+    "resource.prlimit": ("resource.prlimit", "resource limits apply to the whole server"),
+}
+
+
+def _audit(event, args):
+    """An audit hook cannot be removed by Python code: it keeps the guards of the calls that raise
+    audit events even when their module is imported again."""
+    r = _AUDIT_REFUSED.get(event)
+    if r is not None:
+        raise _refusal(r[0] + "()", r[1])
+    if event == "os.kill" or event == "os.killpg":
+        if args[1] != 0 and _own_target(args[0], event == "os.killpg"):
+            raise _refusal(event + "(" + str(args[0]) + ", " + str(args[1]) + ")",
+                           _REASON_END + " (its own process or process group)")
+    elif event == "signal.pthread_kill":
+        if args[1] != 0:
+            raise _refusal(event + "(..., " + str(args[1]) + ")", _REASON_END + " (a signal to one of its threads)")
+    elif event == "ctypes.dlsym" or event == "ctypes.dlsym/handle":
+        if args[1] in _FORBIDDEN_SYMBOLS:
+            raise _refusal("ctypes access to " + str(args[1]) + "()",
+                           "it is a process-wide call (it could end or take over the whole server)")
+
+
+def install_guards():
+    import posix
+    import _signal
+    import faulthandler
+    import _posixsubprocess
+
+    for mod in (os, posix):
+        mod._exit = _refuse("os._exit", _REASON_END)
+        mod.abort = _refuse("os.abort", _REASON_END)
+    sigmods = [_signal] + [sys.modules[m] for m in ("signal",) if m in sys.modules]
+    for mod in sigmods:  # signal.py, imported later, takes these from _signal
+        for name in ("signal", "set_wakeup_fd", "setitimer", "alarm", "pthread_sigmask", "siginterrupt",
+                     "sigwait", "sigwaitinfo", "sigtimedwait"):
+            if hasattr(mod, name):
+                setattr(mod, name, _refuse("signal." + name, _REASON_SIGNAL))
+        mod.raise_signal = _signal_zero_only("signal.raise_signal", _signal.raise_signal, 0)
+    for name in ("enable", "register", "_sigsegv", "_sigabrt", "_sigfpe", "_read_null", "_fatal_error",
+                 "_fatal_error_c_thread", "_stack_overflow"):
+        if hasattr(faulthandler, name):
+            why = _REASON_END if name.startswith("_") else _REASON_FAULT
+            setattr(faulthandler, name, _refuse("faulthandler." + name, why))
+    real_later = faulthandler.dump_traceback_later
+
+    def dump_traceback_later(timeout, repeat=False, file=sys.stderr, exit=False):
+        if exit:
+            raise _refusal("faulthandler.dump_traceback_later(exit=True)", _REASON_END)
+        return real_later(timeout, repeat, file, False)
+
+    faulthandler.dump_traceback_later = dump_traceback_later
+    _posixsubprocess.fork_exec = _refuse("_posixsubprocess.fork_exec", _REASON_FORK)
+    sys.addaudithook(_audit)
+
+
 def setup(pkg_name, allow_dir, allow_modules, extra_sys_path, code_prefix, has_package):
+    install_guards()
     if has_package:
         sys.meta_path.insert(0, PackageFinder(pkg_name or "package", code_prefix))
     if allow_dir and allow_modules:
