@@ -59,13 +59,6 @@ static int targs(PyObject *const *args, Py_ssize_t n, Py_ssize_t want, int first
   return 1;
 }
 
-static PyObject *op_matmul(PyObject *m, PyObject *const *args, Py_ssize_t n) {
-  (void)m;
-  servd_tensor *t[3];
-  if (!targs(args, n, 3, 0, 3, "matmul", t)) return NULL;
-  PM_RUN("matmul", matmul, pm_host->matmul(t[0], t[1], t[2]));
-}
-
 static PyObject *op_embedding(PyObject *m, PyObject *args, PyObject *kw) {
   (void)m;
   static char *kwlist[] = {"out", "table", "ids", "row_offset", NULL};
@@ -77,15 +70,6 @@ static PyObject *op_embedding(PyObject *m, PyObject *args, PyObject *kw) {
   if (!t0 || !(t1 = targ(tab, 1, "embedding")) || !(t2 = targ(ids, 2, "embedding")))
     return NULL;
   PM_RUN("embedding", embedding, pm_host->embedding(t0, t1, t2, off));
-}
-
-static PyObject *op_rmsnorm(PyObject *m, PyObject *const *args, Py_ssize_t n) {
-  (void)m;
-  servd_tensor *t[3];
-  if (!targs(args, n, 4, 0, 3, "rmsnorm", t)) return NULL;
-  double eps = PyFloat_AsDouble(args[3]);
-  if (eps == -1.0 && PyErr_Occurred()) return NULL;
-  PM_RUN("rmsnorm", rmsnorm, pm_host->rmsnorm(t[0], t[1], t[2], (float)eps));
 }
 
 static PyObject *op_rope(PyObject *m, PyObject *const *args, Py_ssize_t n) {
@@ -100,32 +84,12 @@ static PyObject *op_rope(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   PM_RUN("rope", rope, pm_host->rope(t[0], t[1], p));
 }
 
-static PyObject *op_swiglu(PyObject *m, PyObject *const *args, Py_ssize_t n) {
-  (void)m;
-  servd_tensor *t[3];
-  if (!targs(args, n, 3, 0, 3, "swiglu", t)) return NULL;
-  PM_RUN("swiglu", swiglu, pm_host->swiglu(t[0], t[1], t[2]));
-}
-
-static PyObject *op_add(PyObject *m, PyObject *const *args, Py_ssize_t n) {
-  (void)m;
-  servd_tensor *t[3];
-  if (!targs(args, n, 3, 0, 3, "add", t)) return NULL;
-  PM_RUN("add", add, pm_host->add(t[0], t[1], t[2]));
-}
-
-/* Members appended to the host table after the first release: present when the host's table is long
- * enough to hold them (a newer servd module on an older host raises NotImplementedError). */
-#define PM_HOST_HAS(fn) (pm_host->size >= offsetof(servd_host_api, fn) + sizeof pm_host->fn && pm_host->fn)
-
 static PyObject *op_add_rmsnorm(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
   servd_tensor *t[4];
   if (!targs(args, n, 5, 0, 4, "add_rmsnorm", t)) return NULL;
   double eps = PyFloat_AsDouble(args[4]);
   if (eps == -1.0 && PyErr_Occurred()) return NULL;
-  if (!PM_HOST_HAS(add_rmsnorm))
-    return PyErr_Format(PyExc_NotImplementedError, "servd.ops.add_rmsnorm: not in this build");
   PM_RUN("add_rmsnorm", add_rmsnorm, pm_host->add_rmsnorm(t[0], t[1], t[2], t[3], (float)eps));
 }
 
@@ -145,8 +109,6 @@ static PyObject *op_matmul_many(PyObject *m, PyObject *const *args, Py_ssize_t n
     outs[i] = t[1 + 2 * i];
     ws[i] = t[2 + 2 * i];
   }
-  if (!PM_HOST_HAS(matmul_many))
-    return PyErr_Format(PyExc_NotImplementedError, "servd.ops.matmul_many: not in this build");
   PM_RUN("matmul_many", matmul_many, pm_host->matmul_many(count, outs, t[0], ws));
 }
 
@@ -160,22 +122,6 @@ static PyObject *op_softmax(PyObject *m, PyObject *args, PyObject *kw) {
   servd_tensor *t0 = targ(x, 0, "softmax");
   if (!t0) return NULL;
   PM_RUN("softmax", softmax, pm_host->softmax(t0, (float)scale));
-}
-
-static PyObject *op_argmax(PyObject *m, PyObject *const *args, Py_ssize_t n) {
-  (void)m;
-  servd_tensor *t[2];
-  if (!targs(args, n, 2, 0, 2, "argmax", t)) return NULL;
-  PM_RUN("argmax", argmax, pm_host->argmax(t[0], t[1]));
-}
-
-static PyObject *op_topk(PyObject *m, PyObject *const *args, Py_ssize_t n) {
-  (void)m;
-  servd_tensor *t[3];
-  if (!targs(args, n, 4, 0, 3, "topk", t)) return NULL;
-  int k = pm_as_int(args[3]);
-  if (k == -1 && PyErr_Occurred()) return NULL;
-  PM_RUN("topk", topk, pm_host->topk(t[0], t[1], t[2], k));
 }
 
 static PyObject *op_kv_write(PyObject *m, PyObject *const *args, Py_ssize_t n) {
@@ -226,7 +172,7 @@ static PyObject *op_attention(PyObject *m, PyObject *const *args, Py_ssize_t n) 
   PM_RUN("attention", attention, pm_host->attention(t[0], t[1], kv->kv, layer, &b->attn, heads, (float)scale));
 }
 
-static PyObject *op_allreduce(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+static PyObject *op_allreduce_sum(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
   servd_tensor *t[1];
   if (!targs(args, n, 1, 0, 1, "allreduce", t)) return NULL;
@@ -272,34 +218,80 @@ static PyObject *op_allgather_cols(PyObject *m, PyObject *const *args, Py_ssize_
   PM_RUN("allgather_cols", copy, pm_host->copy(t[0], t[1]));
 }
 
+/* ---- PY rows of servd/ops.def: the binding follows from the signature kind -------------------------
+ * PM_BIND_<kind>(name): parses args[0..n) (servd.Tensors first, then the scalars) and runs the op. */
+#define PM_BIND_T2(name)                                                                           \
+  servd_tensor *t[2];                                                                              \
+  if (!targs(args, n, 2, 0, 2, #name, t)) return NULL;                                             \
+  PM_RUN(#name, name, pm_host->name(t[0], t[1]));
+#define PM_BIND_T3(name)                                                                           \
+  servd_tensor *t[3];                                                                              \
+  if (!targs(args, n, 3, 0, 3, #name, t)) return NULL;                                             \
+  PM_RUN(#name, name, pm_host->name(t[0], t[1], t[2]));
+#define PM_BIND_T3F(name)                                                                          \
+  servd_tensor *t[3];                                                                              \
+  if (!targs(args, n, 4, 0, 3, #name, t)) return NULL;                                             \
+  double f = PyFloat_AsDouble(args[3]);                                                            \
+  if (f == -1.0 && PyErr_Occurred()) return NULL;                                                  \
+  PM_RUN(#name, name, pm_host->name(t[0], t[1], t[2], (float)f));
+#define PM_BIND_TOPK(name)                                                                         \
+  servd_tensor *t[3];                                                                              \
+  if (!targs(args, n, 4, 0, 3, #name, t)) return NULL;                                             \
+  int k = pm_as_int(args[3]);                                                                      \
+  if (k == -1 && PyErr_Occurred()) return NULL;                                                    \
+  PM_RUN(#name, name, pm_host->name(t[0], t[1], t[2], k));
+
+#define SERVD_OP(name, dispatch, py, sig, names)                                                   \
+  SERVD__IF_PY_##py(static PyObject *op_##name(PyObject *m, PyObject *const *args, Py_ssize_t n) { \
+    (void)m;                                                                                       \
+    PM_BIND_##sig(name)                                                                            \
+  })
+#include "servd/ops.def"
+#undef SERVD_OP
+
 #define FAST(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
 #define KW(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc}
 
+/* "matmul(out, x, w)": the row's parameter names */
+#define PM_STR_(x) #x
+#define PM_STR(x) PM_STR_(x)
 static PyMethodDef ops_methods[] = {
-    FAST("matmul", op_matmul, "matmul(out, x, w): out (m,n) = x (m,k) @ w^T, w (n,k) any dtype"),
+#define SERVD_OP(name, dispatch, py, sig, names) SERVD__IF_PY_##py(FAST(#name, op_##name, #name PM_STR(names)), )
+#include "servd/ops.def"
+#undef SERVD_OP
+    {NULL, NULL, 0, NULL},
+};
+
+/* PYHAND rows: one entry each (a row without its op_<name> does not compile). */
+static PyMethodDef hand_methods[] = {
     KW("embedding", op_embedding, "embedding(out, table, ids, row_offset=0)"),
-    FAST("rmsnorm", op_rmsnorm, "rmsnorm(out, x, weight, eps)"),
     FAST("rope", op_rope, "rope(x, positions, rope): in place"),
-    FAST("swiglu", op_swiglu, "swiglu(out, gate, up)"),
-    FAST("add", op_add, "add(out, a, b)"),
+    KW("softmax", op_softmax, "softmax(x, scale=1.0): rows, in place"),
+    FAST("kv_write", op_kv_write, "kv_write(kv, layer, k, v, slots)"),
+    FAST("attention", op_attention, "attention(out, q, kv, layer, batch, n_heads, scale)"),
+    FAST("allreduce", op_allreduce_sum, "allreduce(x): sum over the tensor-parallel ranks, in place"),
+    FAST("allgather_cols", op_allgather_cols, "allgather_cols(out, x)"),
     FAST("add_rmsnorm", op_add_rmsnorm, "add_rmsnorm(x, o, out, weight, eps): x += o; out = rmsnorm(x) * weight"),
     FAST("matmul_many", op_matmul_many,
          "matmul_many(x, out0, w0, out1, w1, ...): out_i = x @ w_i^T for 1 to 4 weights (one launch on a GPU)"),
-    KW("softmax", op_softmax, "softmax(x, scale=1.0): rows, in place"),
-    FAST("argmax", op_argmax, "argmax(out, x)"),
-    FAST("topk", op_topk, "topk(values, indices, x, k)"),
-    FAST("kv_write", op_kv_write, "kv_write(kv, layer, k, v, slots)"),
-    FAST("attention", op_attention, "attention(out, q, kv, layer, batch, n_heads, scale)"),
-    FAST("allreduce", op_allreduce, "allreduce(x): sum over the tensor-parallel ranks, in place"),
-    FAST("allgather_cols", op_allgather_cols, "allgather_cols(out, x)"),
     {NULL, NULL, 0, NULL},
 };
+/* Every PYHAND row has its binding (an op_<name> missing does not compile), and the hand table lists
+ * as many: the static assertion catches a row added without its entry. */
+#define SERVD_OP(name, dispatch, py, sig, names) SERVD__IF_PYHAND_##py((void (*)(void))op_##name, )
+static void (*const hand_bindings[])(void) = {
+#include "servd/ops.def"
+};
+#undef SERVD_OP
+_Static_assert(sizeof hand_methods / sizeof hand_methods[0] == sizeof hand_bindings / sizeof hand_bindings[0] + 1,
+               "interp/pymod/ops.c: hand_methods must list every PYHAND row of servd/ops.def");
 
 int pm_ops_init(PyObject *module) {
   PyObject *ops = PyModule_New("servd.ops");
   if (!ops)
     return -1;
-  if (PyModule_AddFunctions(ops, ops_methods) < 0 || PyModule_AddObjectRef(module, "ops", ops) < 0) {
+  if (PyModule_AddFunctions(ops, ops_methods) < 0 || PyModule_AddFunctions(ops, hand_methods) < 0 ||
+      PyModule_AddObjectRef(module, "ops", ops) < 0) {
     Py_DECREF(ops);
     return -1;
   }

@@ -24,9 +24,11 @@
 
 #include "servd/interp.h"
 
-#define SERVD_GUEST_ABI 1
+/* 2: load_entry takes a call number (load deadlines); 3: the ops members come from servd/ops.def */
+#define SERVD_GUEST_ABI 3
 
-/* NOTE: append members at the end; the guest checks `size` before using late members. */
+/* NOTE: append non-op members before the ops, ops as rows at the end of servd/ops.def; bump
+ * SERVD_GUEST_ABI when the layout changes otherwise. The guest checks `abi`, then `size`. */
 typedef struct servd_host_api {
   int abi;
   size_t size;
@@ -59,26 +61,6 @@ typedef struct servd_host_api {
   int (*row_to_f32)(servd_dtype t, const void *src, float *dst, int64_t n);
   int (*row_from_f32)(servd_dtype t, const float *src, void *dst, int64_t n);
 
-  /* ops; NULL when the kernel library of this build lacks one (the op raises NotImplementedError).
-   * matmul .. topk dispatch on their tensors' device (CPU kernel, device op, or SERVD_EINVAL for
-   * tensors on different devices); softmax, kv_write, attention and the collectives here take host
-   * tensors only (the device versions are below). */
-  int (*matmul)(servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
-  int (*embedding)(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset);
-  int (*rmsnorm)(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps);
-  int (*rope)(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p);
-  int (*swiglu)(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up);
-  int (*add)(servd_tensor *out, const servd_tensor *a, const servd_tensor *b);
-  int (*softmax)(servd_tensor *x, float scale);
-  int (*argmax)(servd_tensor *out, const servd_tensor *x);
-  int (*topk)(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k);
-  int (*kv_write)(servd_kv_cache *c, int layer, const servd_tensor *k, const servd_tensor *v,
-                  const servd_tensor *slots);
-  int (*attention)(servd_tensor *out, const servd_tensor *q, const servd_kv_cache *c, int layer,
-                   const servd_attn_batch *b, int n_heads, float scale);
-  int (*allreduce_sum)(servd_comm *c, int rank, servd_tensor *x);
-  int (*allgather_cols)(servd_comm *c, int rank, servd_tensor *out, const servd_tensor *x);
-
   /* the package (pkg is an opaque mpk_package*); NULL members when there is no package */
   int (*pkg_tensor)(void *pkg, const char *name, servd_tensor **out);
   int (*pkg_file)(void *pkg, const char *path, const void **data, size_t *len);
@@ -88,29 +70,28 @@ typedef struct servd_host_api {
   const char *(*pkg_file_path)(void *pkg, int i);
   char *(*pkg_manifest_json)(void *pkg); /* host->alloc'd JSON text of the manifest, or NULL */
 
-  /* ---- devices (servd/device.h), appended; every tensor argument is checked to be on the device of
-   * the cache/communicator before a device op runs ---- */
+  /* ---- devices (servd/device.h) ---- */
   int (*device_tensor_new)(int device, servd_dtype dtype, int ndim, const int64_t *shape, servd_tensor **out);
   int (*device_upload)(int device, const servd_tensor *host, servd_dtype dtype, servd_tensor **out);
   int (*device_weight)(int device, const servd_tensor *host, servd_tensor **out); /* shared, read-only */
-  int (*copy)(servd_tensor *dst, const servd_tensor *src); /* same dtype/shape, any direction */
   int (*device_sync)(int device);
   int (*device_kv_device)(const servd_device_kv *kv);
-  int (*device_kv_write)(servd_device_kv *kv, int layer, const servd_tensor *k, const servd_tensor *v,
-                         const servd_tensor *slots);
-  int (*device_attention)(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
-                          const servd_device_batch *db, int n_heads, float scale);
-  int (*device_allreduce_sum)(servd_device_comm *c, int rank, servd_tensor *x);
-  int (*device_allgather_cols)(servd_device_comm *c, int rank, servd_tensor *out, const servd_tensor *x);
   /* a view of one field of the step's device inputs (new reference), NULL on failure */
   servd_tensor *(*device_batch_tensor)(const servd_device_batch *db, servd_device_batch_field f);
 
-  /* ---- fused ops, appended: what their parts compute (add then rmsnorm; one matmul per weight), on
-   * the host or on one device ---- */
-  int (*add_rmsnorm)(servd_tensor *x, const servd_tensor *o, servd_tensor *out, const servd_tensor *weight,
-                     float eps);
-  int (*matmul_many)(int count, servd_tensor *const *outs, const servd_tensor *x, const servd_tensor *const *ws);
+  /* ---- ops: one member per row of servd/ops.def, in its order (servd_op__<name>, op-dispatch.h):
+   * the CPU kernel for host tensors, the device op for tensors on one device, SERVD_EINVAL for a
+   * mix; never NULL ---- */
+#define SERVD_OP(name, dispatch, py, sig, names) int (*name)(SERVD__PARAMS(sig, names));
+#include "servd/ops.def"
+#undef SERVD_OP
 } servd_host_api;
+
+/* The ops part of the table is exactly one function pointer per registry row: a row added to
+ * servd/ops.def without its member (or a member added by hand among the ops) fails here. */
+_Static_assert(sizeof(servd_host_api) == offsetof(servd_host_api, device_batch_tensor) +
+                                             sizeof(void *) + SERVD_OP_COUNT * sizeof(int (*)(void)),
+               "servd_host_api: the ops members must match servd/ops.def");
 
 /* What one interpreter is started with. Strings are borrowed for the duration of init. */
 typedef struct servd_guest_config {
@@ -143,8 +124,9 @@ typedef struct servd_guest_thread {
 typedef struct servd_guest_api {
   int abi;
   int (*init)(servd_guest_thread *th, const servd_guest_config *c, servd_py_error *err);
-  /* Imports the package's entry module and builds the entry object ("module:callable"). */
-  int (*load_entry)(servd_guest_thread *th, const char *entry_point, servd_py_error *err);
+  /* Imports the package's entry module and builds the entry object ("module:callable"); interrupt(seq)
+   * ends it with TimeoutError like any other call (the load deadline). */
+  int (*load_entry)(servd_guest_thread *th, uint64_t seq, const char *entry_point, servd_py_error *err);
   /* Package-free mode: runs code in __main__ (exec) or evaluates an expression to JSON text. */
   int (*exec)(servd_guest_thread *th, uint64_t seq, const char *code, servd_py_error *err);
   int (*eval_json)(servd_guest_thread *th, uint64_t seq, const char *expr, char **json_out, servd_py_error *err);

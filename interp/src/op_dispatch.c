@@ -62,12 +62,19 @@ static int device_only(const char *op, const arg *a, int n, int want, const char
   return 0;
 }
 
-int servd_op__matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
-  const arg a[] = {A(out), A(x), A(w)};
-  int d, rc = where("matmul", a, N(a), &d);
-  return rc < 0 ? rc : d < 0 ? servd_matmul(out, x, w) : servd_device_matmul(out, x, w);
-}
+/* ANY/ANYT rows of servd/ops.def: every tensor parameter on one device (or all on the host), then the
+ * CPU op or the device op. */
+#define ARG_OF(t) {#t, t},
+#define SERVD_OP(name, dispatch, py, sig, names)                                                         \
+  SERVD__IF_ANY_##dispatch(int servd_op__##name(SERVD__PARAMS(sig, names)) {                             \
+    const arg args_[] = {SERVD__EACH(sig, ARG_OF, names)}; /* not `a`: add's parameter */               \
+    int d, rc = where(#name, args_, N(args_), &d);                                                     \
+    return rc < 0 ? rc : d < 0 ? servd_##name(SERVD__ARGS(names)) : servd_device_##name(SERVD__ARGS(names)); \
+  })
+#include "servd/ops.def"
+#undef SERVD_OP
 
+/* ---- HAND rows ---------------------------------------------------------------------------------- */
 int servd_op__add_rmsnorm(servd_tensor *x, const servd_tensor *o, servd_tensor *out, const servd_tensor *weight,
                           float eps) {
   const arg a[] = {A(x), A(o), A(out), A(weight)};
@@ -91,52 +98,6 @@ int servd_op__matmul_many(int count, servd_tensor *const *outs, const servd_tens
   int d = -1, rc = where("matmul_many", a, 1 + 2 * count, &d);
   if (rc < 0) return rc;
   return d < 0 ? servd_matmul_many(count, outs, x, ws) : servd_device_matmul_many(count, outs, x, ws);
-}
-
-int servd_op__embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset) {
-  const arg a[] = {A(out), A(table), A(ids)};
-  int d, rc = where("embedding", a, N(a), &d);
-  return rc < 0   ? rc
-         : d < 0 ? servd_embedding(out, table, ids, row_offset)
-                 : servd_device_embedding(out, table, ids, row_offset);
-}
-
-int servd_op__rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps) {
-  const arg a[] = {A(out), A(x), A(weight)};
-  int d, rc = where("rmsnorm", a, N(a), &d);
-  return rc < 0 ? rc : d < 0 ? servd_rmsnorm(out, x, weight, eps) : servd_device_rmsnorm(out, x, weight, eps);
-}
-
-int servd_op__rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p) {
-  const arg a[] = {A(x), A(positions)};
-  int d, rc = where("rope", a, N(a), &d);
-  if (rc == 0 && !p)
-    rc = servd_fail(SERVD_EINVAL, "rope: no parameters");
-  return rc < 0 ? rc : d < 0 ? servd_rope(x, positions, p) : servd_device_rope(x, positions, p);
-}
-
-int servd_op__swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
-  const arg a[] = {A(out), A(gate), A(up)};
-  int d, rc = where("swiglu", a, N(a), &d);
-  return rc < 0 ? rc : d < 0 ? servd_swiglu(out, gate, up) : servd_device_swiglu(out, gate, up);
-}
-
-int servd_op__add(servd_tensor *out, const servd_tensor *a_, const servd_tensor *b) {
-  const arg a[] = {{"out", out}, {"a", a_}, {"b", b}};
-  int d, rc = where("add", a, N(a), &d);
-  return rc < 0 ? rc : d < 0 ? servd_add(out, a_, b) : servd_device_add(out, a_, b);
-}
-
-int servd_op__argmax(servd_tensor *out, const servd_tensor *x) {
-  const arg a[] = {A(out), A(x)};
-  int d, rc = where("argmax", a, N(a), &d);
-  return rc < 0 ? rc : d < 0 ? servd_argmax(out, x) : servd_device_argmax(out, x);
-}
-
-int servd_op__topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k) {
-  const arg a[] = {A(values), A(indices), A(x)};
-  int d, rc = where("topk", a, N(a), &d);
-  return rc < 0 ? rc : d < 0 ? servd_topk(values, indices, x, k) : servd_device_topk(values, indices, x, k);
 }
 
 int servd_op__softmax(servd_tensor *x, float scale) {

@@ -23,11 +23,15 @@ int servd__dev_wrap(int rc, const char *op) {
   return servd_fail(rc, "%s: %s", op, msg);
 }
 
-static bool device_dtype(servd_dtype t) { return t == SERVD_BF16 || t == SERVD_F32 || t == SERVD_I32; }
+/* Block dtypes live on a device as their packed rows (uploaded as they are, read by ops that take them,
+ * e.g. dequantize); copies to and from devices refuse them (servd__dev_check_copy). */
+static bool device_dtype(servd_dtype t) {
+  return t == SERVD_BF16 || t == SERVD_F32 || t == SERVD_I32 || servd_dtype_is_quantized(t);
+}
 
 int servd__dev_check_new(const char *op, servd_dtype dtype, int ndim, const int64_t *shape) {
   if (!device_dtype(dtype))
-    return servd_fail(SERVD_EINVAL, "%s: dtype %s (%d) is not a device dtype (bf16, f32, i32)", op,
+    return servd_fail(SERVD_EINVAL, "%s: dtype %s (%d) is not a device dtype (bf16, f32, i32, block dtypes)", op,
                       servd_dtype_name(dtype), (int)dtype);
   if (ndim < 0 || ndim > SERVD_MAX_DIMS || (ndim > 0 && !shape))
     return servd_fail(SERVD_EINVAL, "%s: ndim %d outside [0, %d]", op, ndim, SERVD_MAX_DIMS);
@@ -38,6 +42,9 @@ int servd__dev_check_new(const char *op, servd_dtype dtype, int ndim, const int6
       return servd_fail(SERVD_ERANGE, "%s: shape overflows (dimension %d = %lld)", op, i, (long long)shape[i]);
     n *= (uint64_t)shape[i];
   }
+  if (servd_dtype_is_quantized(dtype) && (ndim < 1 || shape[ndim - 1] % (int64_t)servd_dtype_block_elems(dtype)))
+    return servd_fail(SERVD_EINVAL, "%s: a %s tensor needs an innermost dimension that is a multiple of %zu", op,
+                      servd_dtype_name(dtype), servd_dtype_block_elems(dtype));
   return SERVD_OK;
 }
 
@@ -53,12 +60,15 @@ int servd__dev_check_upload(const char *op, const servd_tensor *host, servd_dtyp
     case SERVD_BF16:
     case SERVD_F32: ok = host->dtype != SERVD_I32; break;
     case SERVD_I32: ok = host->dtype == SERVD_I32; break;
+    case SERVD_Q8_0:
+    case SERVD_Q4_0:
+    case SERVD_Q4_1: ok = host->dtype == dtype; break; /* the packed rows as they are */
     default:
       return servd_fail(SERVD_EINVAL, "%s: dtype %s (%d) is not a device dtype (bf16, f32, i32)", op,
                         servd_dtype_name(dtype), (int)dtype);
   }
   if (!ok)
-    return servd_fail(SERVD_EINVAL, "%s: cannot convert %s to %s (bf16/f32 from float and block dtypes, i32 from i32)",
+    return servd_fail(SERVD_EINVAL, "%s: cannot convert %s to %s (bf16/f32 from float and block dtypes, i32 from i32, block dtypes as they are)",
                       op, servd__dev_describe(host, b, sizeof b), servd_dtype_name(dtype));
   return SERVD_OK;
 }
@@ -119,7 +129,7 @@ static int64_t rows(const servd_tensor *t) {
   return c ? servd_tensor_numel(t) / c : 0;
 }
 
-int servd__dev_check_matmul(const servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
+int servd__dev_check_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
   const char *op = "device matmul";
   char a[128], b[128], c[128];
   TRY(CHECK_ARGS(op, {"x", x, SERVD_BF16}, {"w", w, SERVD_BF16}, {"out", out, -1}));
@@ -139,7 +149,7 @@ int servd__dev_check_matmul(const servd_tensor *out, const servd_tensor *x, cons
   return SERVD_OK;
 }
 
-int servd__dev_check_embedding(const servd_tensor *out, const servd_tensor *table, const servd_tensor *ids,
+int servd__dev_check_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids,
                                int64_t row_offset) {
   const char *op = "device embedding";
   char a[128], b[128], c[128];
@@ -155,7 +165,8 @@ int servd__dev_check_embedding(const servd_tensor *out, const servd_tensor *tabl
   return SERVD_OK;
 }
 
-int servd__dev_check_rmsnorm(const servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
+int servd__dev_check_rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *w, float eps) {
+  (void)eps; /* any eps: the kernel adds it as given */
   const char *op = "device rmsnorm";
   char a[128], b[128], c[128];
   TRY(CHECK_ARGS(op, {"out", out, SERVD_BF16}, {"x", x, SERVD_BF16}, {"weight", w, SERVD_BF16}));
@@ -169,7 +180,7 @@ int servd__dev_check_rmsnorm(const servd_tensor *out, const servd_tensor *x, con
   return SERVD_OK;
 }
 
-int servd__dev_check_rope(const servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p) {
+int servd__dev_check_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p) {
   const char *op = "device rope";
   char a[128], b[128];
   TRY(CHECK_ARGS(op, {"x", x, SERVD_BF16}, {"positions", positions, SERVD_I32}));
@@ -198,7 +209,15 @@ int servd__dev_check_binary(const char *op, const servd_tensor *out, const servd
   return SERVD_OK;
 }
 
-int servd__dev_check_argmax(const servd_tensor *out, const servd_tensor *x) {
+int servd__dev_check_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
+  return servd__dev_check_binary("device swiglu", out, gate, up);
+}
+
+int servd__dev_check_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b) {
+  return servd__dev_check_binary("device add", out, a, b);
+}
+
+int servd__dev_check_argmax(servd_tensor *out, const servd_tensor *x) {
   const char *op = "device argmax";
   char a[128], b[128];
   TRY(CHECK_ARGS(op, {"out", out, SERVD_I32}, {"x", x, SERVD_F32}));
@@ -209,7 +228,7 @@ int servd__dev_check_argmax(const servd_tensor *out, const servd_tensor *x) {
   return SERVD_OK;
 }
 
-int servd__dev_check_topk(const servd_tensor *values, const servd_tensor *indices, const servd_tensor *x, int k) {
+int servd__dev_check_topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k) {
   const char *op = "device topk";
   char a[128], b[128], c[128];
   TRY(CHECK_ARGS(op, {"values", values, SERVD_F32}, {"indices", indices, SERVD_I32}, {"x", x, SERVD_F32}));
@@ -220,6 +239,11 @@ int servd__dev_check_topk(const servd_tensor *values, const servd_tensor *indice
                       "values and indices (m,k)", op, servd__dev_describe(values, a, sizeof a),
                       servd__dev_describe(indices, b, sizeof b), servd__dev_describe(x, c, sizeof c), k);
   return SERVD_OK;
+}
+
+int servd__dev_check_tensors(const char *op, const char *const *names, const servd_tensor *const *ts, int n) {
+  for (int i = 0; i < n; i++) TRY(servd__dev_check_tensor(op, names[i], ts[i], -1));
+  return servd__dev_check_same(op, ts, n);
 }
 
 int servd__dev_check_copy(const servd_tensor *dst, const servd_tensor *src) {

@@ -20,15 +20,26 @@ int servd__dev_check_same(const char *op, const servd_tensor *const *ts, int n);
 int servd__dev_wrap(int rc, const char *op);
 /* "bf16[2,3] on cuda:0" for messages. */
 const char *servd__dev_describe(const servd_tensor *t, char *buf, size_t cap);
-/* Validation of each op's tensors before any CUDA call. */
-int servd__dev_check_matmul(const servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
-int servd__dev_check_embedding(const servd_tensor *out, const servd_tensor *table, const servd_tensor *ids,
-                               int64_t row_offset);
-int servd__dev_check_rmsnorm(const servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
-int servd__dev_check_rope(const servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p);
+/* Validation of each op's tensors before any CUDA call: servd__dev_check_<name> with the op's own
+ * parameters for every ANY row of servd/ops.def (device_args.c); the no-CUDA stubs run them too. */
+#define SERVD_OP(name, dispatch, py, sig, names) \
+  SERVD__IF_ANYH_##dispatch(int servd__dev_check_##name(SERVD__PARAMS(sig, names));)
+#include "servd/ops.def"
+#undef SERVD_OP
 int servd__dev_check_binary(const char *op, const servd_tensor *out, const servd_tensor *a, const servd_tensor *b);
-int servd__dev_check_argmax(const servd_tensor *out, const servd_tensor *x);
-int servd__dev_check_topk(const servd_tensor *values, const servd_tensor *indices, const servd_tensor *x, int k);
+/* The checks of an ANYT row's device op: each tensor on a device and contiguous (any dtype the device
+ * holds), all on one device, then the op's contract servd__check_<name> (servd/ops.h). */
+#define SERVD__DEV_NAME_OF(t) #t,
+#define SERVD__DEV_TENSOR_OF(t) t,
+#define SERVD__DEV_CHECK_ANYT(name, sig, names)                                                          \
+  do {                                                                                                   \
+    static const char *const names_[] = {SERVD__EACH(sig, SERVD__DEV_NAME_OF, names)};                   \
+    const servd_tensor *const ts_[] = {SERVD__EACH(sig, SERVD__DEV_TENSOR_OF, names)};                   \
+    int rc_ = servd__dev_check_tensors("device " #name, names_, ts_, (int)(sizeof ts_ / sizeof ts_[0])); \
+    if (rc_ == 0) rc_ = servd__check_##name(SERVD__ARGS(names));                                         \
+    if (rc_ != 0) return rc_;                                                                            \
+  } while (0)
+int servd__dev_check_tensors(const char *op, const char *const *names, const servd_tensor *const *ts, int n);
 int servd__dev_check_copy(const servd_tensor *dst, const servd_tensor *src);
 int servd__dev_check_kv(const char *op, int n_layers, int kv_dim, int block_size, int n_blocks);
 int servd__dev_check_batch(const char *op, int max_tokens, int max_seqs, int max_blocks_per_seq);

@@ -183,8 +183,9 @@ int servd__dev_tensor(const char *op, int device, servd_dtype dtype, int ndim, c
   *out = NULL;
   int rc = servd__dev_check_new(op, dtype, ndim, shape);
   if (rc) return rc;
-  size_t bytes = servd_dtype_block_bytes(dtype);
-  for (int i = 0; i < ndim; i++) bytes *= (size_t)shape[i];
+  /* packed rows: block dtypes hold block_bytes per block_elems values of the innermost dimension */
+  size_t bytes = ndim ? servd_dtype_row_bytes(dtype, shape[ndim - 1]) : servd_dtype_block_bytes(dtype);
+  for (int i = 0; i + 1 < ndim; i++) bytes *= (size_t)shape[i];
   servd_storage *s;
   rc = servd__dev_storage(op, device, bytes, zero, &s);
   if (rc) return rc;

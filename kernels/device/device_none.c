@@ -64,10 +64,19 @@ uint64_t servd_device_generation(int device) {
   (void)device;
   return 0;
 }
-int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
-  TRY(servd__dev_check_matmul(out, x, w));
-  return NO_CUDA("device matmul");
-}
+/* The ops of the registry (servd/ops.def): their checks, then no CUDA. */
+#define SERVD_OP(name, dispatch, py, sig, names)                                                         \
+  SERVD__IF_ANYH_##dispatch(int servd_device_##name(SERVD__PARAMS(sig, names)) {                         \
+    TRY(servd__dev_check_##name(SERVD__ARGS(names)));                                                    \
+    return NO_CUDA("device " #name);                                                                     \
+  })                                                                                                     \
+  SERVD__IF_ANYT_##dispatch(int servd_device_##name(SERVD__PARAMS(sig, names)) {                         \
+    SERVD__DEV_CHECK_ANYT(name, sig, names);                                                             \
+    return NO_CUDA("device " #name);                                                                     \
+  })
+#include "servd/ops.def"
+#undef SERVD_OP
+
 int servd_device_matmul_tune(int device, int n, int k, char *report, size_t cap) {
   (void)device, (void)n, (void)k;
   if (report && cap) report[0] = 0;
@@ -87,35 +96,6 @@ int servd_device_fused_check(int device, char *report, size_t cap) {
   (void)device;
   if (report && cap) report[0] = 0;
   return NO_CUDA("device fused check");
-}
-int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids, int64_t row_offset) {
-  TRY(servd__dev_check_embedding(out, table, ids, row_offset));
-  return NO_CUDA("device embedding");
-}
-int servd_device_rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps) {
-  (void)eps;
-  TRY(servd__dev_check_rmsnorm(out, x, weight));
-  return NO_CUDA("device rmsnorm");
-}
-int servd_device_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p) {
-  TRY(servd__dev_check_rope(x, positions, p));
-  return NO_CUDA("device rope");
-}
-int servd_device_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
-  TRY(servd__dev_check_binary("device swiglu", out, gate, up));
-  return NO_CUDA("device swiglu");
-}
-int servd_device_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b) {
-  TRY(servd__dev_check_binary("device add", out, a, b));
-  return NO_CUDA("device add");
-}
-int servd_device_argmax(servd_tensor *out, const servd_tensor *x) {
-  TRY(servd__dev_check_argmax(out, x));
-  return NO_CUDA("device argmax");
-}
-int servd_device_topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k) {
-  TRY(servd__dev_check_topk(values, indices, x, k));
-  return NO_CUDA("device topk");
 }
 int servd_device_kv_create(int device, int n_layers, int kv_dim, int block_size, int n_blocks, servd_device_kv **out) {
   (void)device;

@@ -69,7 +69,7 @@ int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const s
 int servd_device_rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps) {
   const char *op = "device rmsnorm";
   servd_cuda_ctx *c;
-  TRY(checked_ctx(op, servd__dev_check_rmsnorm(out, x, weight), x, &c));
+  TRY(checked_ctx(op, servd__dev_check_rmsnorm(out, x, weight, eps), x, &c));
   return servd__dev_wrap(servd_cuda_rmsnorm(c, DATA(out), DATA(x), DATA(weight), (int)rows(x), (int)cols(x), eps), op);
 }
 
@@ -105,7 +105,7 @@ int servd_device_add_rmsnorm(servd_tensor *x, const servd_tensor *o, servd_tenso
   const char *op = "device add_rmsnorm";
   servd_cuda_ctx *c;
   TRY(servd__dev_check_binary(op, x, x, o));
-  TRY(checked_ctx(op, servd__dev_check_rmsnorm(out, x, weight), x, &c));
+  TRY(checked_ctx(op, servd__dev_check_rmsnorm(out, x, weight, eps), x, &c));
   if (DATA(out) == DATA(x)) return servd_fail(SERVD_EINVAL, "%s: out must not be x (x keeps the sum)", op);
   return servd__dev_wrap(
       servd_cuda_add_rmsnorm(c, DATA(x), DATA(o), DATA(out), DATA(weight), (int)rows(x), (int)cols(x), eps), op);
@@ -158,3 +158,15 @@ int servd_device_topk(servd_tensor *values, servd_tensor *indices, const servd_t
   return servd__dev_wrap(
       servd_cuda_topk(c, DATA(values), DATA(indices), DATA(x), (int)x->shape[0], (int)x->shape[1], k), op);
 }
+
+/* ANYT rows of servd/ops.def: the generic checks, then the op's tensor-level launcher (<name>.cu). */
+#define SERVD_OP(name, dispatch, py, sig, names)                                                         \
+  SERVD__IF_ANYT_##dispatch(int servd_device_##name(SERVD__PARAMS(sig, names)) {                         \
+    SERVD__DEV_CHECK_ANYT(name, sig, names);                                                             \
+    const servd_tensor *first_[] = {SERVD__EACH(sig, SERVD__DEV_TENSOR_OF, names)};                      \
+    servd_cuda_ctx *c;                                                                                   \
+    TRY(servd__dev_ctx("device " #name, first_[0]->device, &c));                                          \
+    return servd__dev_wrap(servd_cuda_##name(c, SERVD__ARGS(names)), "device " #name);                   \
+  })
+#include "servd/ops.def"
+#undef SERVD_OP

@@ -891,6 +891,45 @@ int servd_cuda_topk(servd_cuda_ctx *c, float *values, int32_t *indices, const fl
   return m > 0 ? launch(c, run_select, &a, sizeof a) : SERVD_OK;
 }
 
+/* ---- ANYT rows of servd/ops.def: the CPU op, run when the stream is flushed --------------------------
+ * Each tensor is kept as a host view of the same (stand-in device) bytes: the caller may release its
+ * tensor before the work runs, as with a real launch; the bytes stay until a wait (cudaFree flushes). */
+static servd_tensor host_alias(const servd_tensor *t) {
+  servd_tensor h = *t;
+  h.storage = servd_storage_wrap(servd_tensor_data(t), servd_tensor_nbytes(t), NULL, NULL);
+  if (!h.storage) abort();
+  h.offset = 0;
+  h.device = -1;
+  h.refcount = 1;
+  return h;
+}
+typedef struct anyt2_args {
+  int (*fn)(servd_tensor *, const servd_tensor *);
+  const char *name;
+  servd_tensor t0, t1;
+} anyt2_args;
+static void run_anyt2(const void *a_) {
+  const anyt2_args *a = a_;
+  servd_tensor x = a->t0, y = a->t1;
+  if (a->fn(&x, &y)) {
+    fprintf(stderr, "fake cuda %s: %s\n", a->name, servd_last_error());
+    abort();
+  }
+  servd_storage_release(x.storage), servd_storage_release(y.storage);
+}
+#define FAKE_ANYT_T2(name, p0_, p1_)                                                   \
+  anyt2_args args_ = {servd_##name, #name, host_alias(p0_), host_alias(p1_)};           \
+  int rc_ = launch(c, run_anyt2, &args_, sizeof args_);                                \
+  if (rc_) servd_storage_release(args_.t0.storage), servd_storage_release(args_.t1.storage); \
+  return rc_;
+/* A row of another signature kind needs its FAKE_ANYT_<kind> here (the build says which). */
+#define SERVD_OP(name, dispatch, py, sig, names)                                               \
+  SERVD__IF_ANYT_##dispatch(int servd_cuda_##name(servd_cuda_ctx *c, SERVD__PARAMS(sig, names)) { \
+    SERVD__CALL(FAKE_ANYT_##sig, name, SERVD__ARGS(names))                                      \
+  })
+#include "servd/ops.def"
+#undef SERVD_OP
+
 /* ---- graphs -------------------------------------------------------------------------------------- */
 struct servd_cuda_graph {
   fgraph g;

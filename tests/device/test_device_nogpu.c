@@ -155,7 +155,8 @@ static void test_upload_arguments(void **state) {
   servd_tensor *f = servd_tensor_new(SERVD_F32, 1, (int64_t[]){4});
   assert_fails(servd_device_upload(0, ids, SERVD_BF16, &t), SERVD_EINVAL, "cannot convert i32[4]");
   assert_fails(servd_device_upload(0, f, SERVD_I32, &t), SERVD_EINVAL, "cannot convert f32[4]");
-  assert_fails(servd_device_upload(0, f, SERVD_Q8_0, &t), SERVD_EINVAL, "not a device dtype");
+  /* block dtypes go to a device only as they are (dequantize reads them there) */
+  assert_fails(servd_device_upload(0, f, SERVD_Q8_0, &t), SERVD_EINVAL, "cannot convert f32[4] on the host to q8_0");
   assert_fails(servd_device_weight(0, ids, &t), SERVD_EINVAL, "device_weight: cannot convert");
   f->device = 0; /* a device tensor is no upload source */
   assert_fails(servd_device_upload(0, f, SERVD_BF16, &t), SERVD_EINVAL, "not on the host");

@@ -141,6 +141,15 @@ SERVD_API int servd_cuda_topk(servd_cuda_ctx *c, float *values, int32_t *indices
 SERVD_API int servd_cuda_sample(servd_cuda_ctx *c, int32_t *out, const float *logits, int m, int n,
                                 float temperature, const uint64_t *seeds /* device (m) */, uint64_t step);
 
+/* ---- ops of the registry (servd/ops.def): one tensor-level launcher per ANYT row, in its own
+ * <name>.cu. servd_device_<name> calls it on this context after checking that the tensors are on
+ * c's device and contiguous and that they meet the op's contract (servd__check_<name>), so the
+ * launcher only reads their shapes and launches. */
+#define SERVD_OP(name, dispatch, py, sig, names) \
+  SERVD__IF_ANYT_##dispatch(SERVD_API int servd_cuda_##name(servd_cuda_ctx *c, SERVD__PARAMS(sig, names));)
+#include "servd/ops.def"
+#undef SERVD_OP
+
 /* ---- CUDA graphs: capture a step once per batch-size bucket, replay it ---- */
 typedef struct servd_cuda_graph servd_cuda_graph;
 SERVD_API int servd_cuda_graph_begin(servd_cuda_ctx *c);

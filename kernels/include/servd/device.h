@@ -70,20 +70,17 @@ SERVD_API void servd_device_thread_release(void);
 SERVD_API uint64_t servd_device_generation(int device);
 
 /* ---- ops: the CPU ops' contracts (servd/ops.h) with bf16 activations ---------------------------- */
-/* out (m,n) bf16 or f32 = x (m,k) bf16 @ w^T, w (n,k) bf16. */
-SERVD_API int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
+/* servd_device_<name> of every ANY/ANYT row of servd/ops.def: the CPU op's contract with the device
+ * dtypes its row names (bf16 activations and weights unless it says otherwise). */
+#define SERVD_OP(name, dispatch, py, sig, names) \
+  SERVD__IF_ANY_##dispatch(SERVD_API int servd_device_##name(SERVD__PARAMS(sig, names));)
+#include "servd/ops.def"
+#undef SERVD_OP
+
 /* Picks, by measuring on the device, the kernel that matmuls with up to 8 rows use for a weight
  * (n, k) from now on (servd_cuda_gemv_tune: variants that compute other products are refused).
  * report (may be NULL) gets one line of the measured bandwidths. Before graphs are captured. */
 SERVD_API int servd_device_matmul_tune(int device, int n, int k, char *report, size_t cap);
-/* out (m,d) bf16: row ids[i]-row_offset of table (rows, d) bf16, zeros where that is outside the
- * table (vocabulary-parallel shards); ids i32 device (m). */
-SERVD_API int servd_device_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids,
-                                     int64_t row_offset);
-SERVD_API int servd_device_rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps);
-SERVD_API int servd_device_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p);
-SERVD_API int servd_device_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up);
-SERVD_API int servd_device_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b);
 /* x += o, then out = rmsnorm(x) * weight (the residual add and the norm after it): what
  * servd_device_add then servd_device_rmsnorm compute. out must not be x. */
 SERVD_API int servd_device_add_rmsnorm(servd_tensor *x, const servd_tensor *o, servd_tensor *out,
@@ -97,10 +94,6 @@ SERVD_API int servd_device_matmul_many(int count, servd_tensor *const *outs, con
  * them on there when they agree (servd_cuda_fused_check); before that, the fused ops run their parts.
  * report (may be NULL) gets one line. */
 SERVD_API int servd_device_fused_check(int device, char *report, size_t cap);
-/* out i32 (m) device = argmax of each row of x (m,n) f32. */
-SERVD_API int servd_device_argmax(servd_tensor *out, const servd_tensor *x);
-/* values f32 (m,k), indices i32 (m,k) device, k <= 64. */
-SERVD_API int servd_device_topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k);
 
 /* ---- paged KV cache on a device --------------------------------------------------------------------
  * Storage only: which blocks a sequence owns is kept by a host servd_kv_cache of the same geometry

@@ -29,24 +29,12 @@ SERVD_API const char *servd_isa_name(servd_isa isa);
 SERVD_API int servd_cpu_force_isa(servd_isa isa);
 SERVD_API servd_isa servd_cpu_active_isa(void);
 
-/* out (m,n) f32 = x (m,k) f32 @ w^T, w (n,k) in any dtype (f32 f16 bf16 q8_0 q4_0 q4_1), the
- * nn.Linear / GGUF layout. Quantized weights: x rows are quantized to 8 bits per block of 32 and
- * multiplied with integer dot products; w is never dequantized whole. */
-SERVD_API int servd_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
 /* outs[i] = x @ ws[i]^T for 1..SERVD_MATMUL_MANY_MAX weights sharing x (Q, K and V; gate and up):
  * what one servd_matmul per weight computes, to the bit. Weights of one dtype run as one split over
  * the thread pool, with x prepared (quantized) once. */
 #define SERVD_MATMUL_MANY_MAX 4
 SERVD_API int servd_matmul_many(int count, servd_tensor *const *outs, const servd_tensor *x,
                                 const servd_tensor *const *ws);
-
-/* out (m,d) f32 = rows ids[i] of table (vocab,d) in any dtype; ids i32 (m). Ids outside
- * [row_offset, row_offset+vocab) give zero rows (vocabulary-parallel shards), other negative: error. */
-SERVD_API int servd_embedding(servd_tensor *out, const servd_tensor *table, const servd_tensor *ids,
-                              int64_t row_offset);
-
-/* out (m,d) = x / sqrt(mean(x^2) + eps) * weight (d); weight f32/f16/bf16. out may alias x. */
-SERVD_API int servd_rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps);
 
 typedef enum servd_rope_layout {
   SERVD_ROPE_INTERLEAVED = 0, /* pairs (x[2i], x[2i+1]): GGUF llama weights */
@@ -64,20 +52,68 @@ typedef struct servd_rope_params {
   int original_max_positions;  /* e.g. 8192 */
 } servd_rope_params;
 
-/* In place on x (m, n_heads, head_dim) f32 (or (m, n_heads*head_dim)); positions i32 (m). */
-SERVD_API int servd_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_params *p);
+/* ---- the op registry (servd/ops.def) ----------------------------------------------------------------
+ * Signature kinds: SERVD_SIG_<kind>(names...) is the parameter list of every function of an op
+ * (CPU, device, dispatch, host table); SERVD_SIG_EACH_<kind>(M, names...) applies M to its tensor
+ * parameters, which come first (device checks, dispatch). RAW rows spell out their parameters. */
+#define SERVD_SIG_T2(a, b) servd_tensor *a, const servd_tensor *b
+#define SERVD_SIG_EACH_T2(M, a, b) M(a) M(b)
+#define SERVD_SIG_T3(a, b, c) servd_tensor *a, const servd_tensor *b, const servd_tensor *c
+#define SERVD_SIG_EACH_T3(M, a, b, c) M(a) M(b) M(c)
+#define SERVD_SIG_T3F(a, b, c, f) servd_tensor *a, const servd_tensor *b, const servd_tensor *c, float f
+#define SERVD_SIG_EACH_T3F(M, a, b, c, f) M(a) M(b) M(c)
+#define SERVD_SIG_T3L(a, b, c, l) servd_tensor *a, const servd_tensor *b, const servd_tensor *c, int64_t l
+#define SERVD_SIG_EACH_T3L(M, a, b, c, l) M(a) M(b) M(c)
+#define SERVD_SIG_TOPK(a, b, c, k) servd_tensor *a, servd_tensor *b, const servd_tensor *c, int k
+#define SERVD_SIG_EACH_TOPK(M, a, b, c, k) M(a) M(b) M(c)
+#define SERVD_SIG_ROPE(x, pos, p) servd_tensor *x, const servd_tensor *pos, const servd_rope_params *p
+#define SERVD_SIG_EACH_ROPE(M, x, pos, p) M(x) M(pos)
+#define SERVD_SIG_RAW(...) __VA_ARGS__
 
-/* out (m,n) = silu(gate) * up; all f32 (m,n). out may alias gate or up. */
-SERVD_API int servd_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up);
-/* out = a + b, f32, same shape. out may alias a or b. */
-SERVD_API int servd_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b);
+/* Helpers for the files that expand the registry. */
+#define SERVD__UNPAREN(...) __VA_ARGS__
+#define SERVD__CALL(m, ...) m(__VA_ARGS__)
+#define SERVD__PARAMS(sig, names) SERVD__CALL(SERVD_SIG_##sig, SERVD__UNPAREN names)
+#define SERVD__ARGS(names) SERVD__UNPAREN names
+#define SERVD__EACH(sig, M, names) SERVD__CALL(SERVD_SIG_EACH_##sig, M, SERVD__UNPAREN names)
+/* SERVD__IF_<want>_<dispatch>(x): x when a row's dispatch kind is <want> (ANY: ANY or ANYT). */
+#define SERVD__IF_ANY_ANY(...) __VA_ARGS__
+#define SERVD__IF_ANY_ANYT(...) __VA_ARGS__
+#define SERVD__IF_ANY_HAND(...)
+#define SERVD__IF_ANYH_ANY(...) __VA_ARGS__
+#define SERVD__IF_ANYH_ANYT(...)
+#define SERVD__IF_ANYH_HAND(...)
+#define SERVD__IF_ANYT_ANY(...)
+#define SERVD__IF_ANYT_ANYT(...) __VA_ARGS__
+#define SERVD__IF_ANYT_HAND(...)
+#define SERVD__IF_HAND_ANY(...)
+#define SERVD__IF_HAND_ANYT(...)
+#define SERVD__IF_HAND_HAND(...) __VA_ARGS__
+#define SERVD__IF_PY_PY(...) __VA_ARGS__
+#define SERVD__IF_PY_PYHAND(...)
+#define SERVD__IF_PY_NOPY(...)
+#define SERVD__IF_PYHAND_PY(...)
+#define SERVD__IF_PYHAND_PYHAND(...) __VA_ARGS__
+#define SERVD__IF_PYHAND_NOPY(...)
+
+typedef enum servd_op_id {
+#define SERVD_OP(name, dispatch, py, sig, names) SERVD_OP_##name,
+#include "servd/ops.def"
+#undef SERVD_OP
+  SERVD_OP_COUNT
+} servd_op_id;
+
+/* The CPU op servd_<name> of every ANY/ANYT row (its contract is in servd/ops.def) and, for ANYT
+ * rows, servd__check_<name>: the op's shape and dtype checks, which the device op runs too
+ * (internal to servd's libraries, not API). */
+#define SERVD_OP(name, dispatch, py, sig, names)                                                         \
+  SERVD__IF_ANY_##dispatch(SERVD_API int servd_##name(SERVD__PARAMS(sig, names));)                       \
+  SERVD__IF_ANYT_##dispatch(int servd__check_##name(SERVD__PARAMS(sig, names));)
+#include "servd/ops.def"
+#undef SERVD_OP
+
 /* Row-wise softmax in place over the last dim of x (m,n) f32, scaled: softmax(x*scale). */
 SERVD_API int servd_softmax(servd_tensor *x, float scale);
-/* out i32 (m) = argmax over each row of x (m,n) f32; ties: lowest index. */
-SERVD_API int servd_argmax(servd_tensor *out, const servd_tensor *x);
-/* Top k per row of x (m,n) f32, descending by value (ties: lower index first): values f32 (m,k),
- * indices i32 (m,k). */
-SERVD_API int servd_topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *x, int k);
 
 /* ---- Paged KV cache ------------------------------------------------------------------------------
  * Per layer, K and V are pools of `n_blocks` blocks of `block_size` token slots, each slot holding
