@@ -127,6 +127,13 @@ static int parse_on_off(const char *what, const char *v, bool *out) {
   return 0;
 }
 
+static int parse_isolation(const char *what, const char *v, servd_isolation *out) {
+  if (strcmp(v, "none") == 0) *out = SERVD_ISOLATION_NONE;
+  else if (strcmp(v, "process") == 0) *out = SERVD_ISOLATION_PROCESS;
+  else return servd_fail(SERVD_EINVAL, "%s: expected none or process, got '%s'", what, v);
+  return 0;
+}
+
 static int parse_access_log(const char *what, const char *v, int *out) {
   if (strcmp(v, "text") == 0) *out = SERVD_ACCESS_LOG_TEXT;
   else if (strcmp(v, "json") == 0) *out = SERVD_ACCESS_LOG_JSON;
@@ -204,7 +211,7 @@ static int check_keys(jctx *x, json_t *obj, const char *where, const char *const
 static int load_model_entry(jctx *x, servd_config *c, json_t *e, size_t i) {
   static const char *const keys[] = {"path", "name", "interpreters", "tp", "max_queue", "max_batch_tokens",
                                      "max_seqs", "kv_blocks", "block_size", "max_batch_size", "max_batch_delay_ms",
-                                     NULL};
+                                     "isolation", NULL};
   char where[32];
   snprintf(where, sizeof where, "models[%zu]", i);
   if (!json_is_object(e)) return servd_fail(SERVD_EINVAL, "config %s: %s must be an object", x->file, where);
@@ -225,6 +232,15 @@ static int load_model_entry(jctx *x, servd_config *c, json_t *e, size_t i) {
       (rc = j_int(x, e, "max_batch_size", 1, 4096, &m->max_batch_size)) ||
       (rc = j_int(x, e, "max_batch_delay_ms", 0, 60000, &m->max_batch_delay_ms)))
     return rc;
+  json_t *iso = json_object_get(e, "isolation");
+  if (iso && !json_is_null(iso)) {
+    char what[64];
+    snprintf(what, sizeof what, "config %s.isolation", where);
+    servd_isolation v;
+    if (!json_is_string(iso)) return servd_fail(SERVD_EINVAL, "%s: expected \"none\" or \"process\"", what);
+    if ((rc = parse_isolation(what, json_string_value(iso), &v))) return rc;
+    m->isolation = 1 + (int)v;
+  }
   return 0;
 }
 
@@ -340,6 +356,8 @@ void servd_config_usage(FILE *f) {
         "  --request-timeout S     default per-request deadline (default none)\n"
         "  --step-timeout S        interrupt a language model's forward step that has not returned after\n"
         "                          S seconds and fail that step's requests (default 120; 0: never)\n"
+        "  --isolation MODE        none or process: run each generic model's interpreters in a child\n"
+        "                          process of its own, restarted if it crashes (default none)\n"
         "  --model-repository DIR  directory of packages for POST /v2/repository/models/NAME/load\n"
         "  --max-body-bytes N      largest request body (default 8388608)\n"
         "  --help, --version\n",
@@ -457,6 +475,8 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
     } else if (flag_is(a, "--drain-timeout")) {
       if ((rc = VAL("--drain-timeout")) || (rc = parse_double("--drain-timeout", v, 0, 86400, &c->drain_timeout_s)))
         return rc;
+    } else if (flag_is(a, "--isolation")) {
+      if ((rc = VAL("--isolation")) || (rc = parse_isolation("--isolation", v, &c->isolation))) return rc;
     } else if (flag_is(a, "--step-timeout")) {
       if ((rc = VAL("--step-timeout")) || (rc = parse_double("--step-timeout", v, 0, 86400, &c->step_timeout_s)))
         return rc;
@@ -505,4 +525,5 @@ void servd_config_model_options(const servd_config *c, int i, servd_model_option
   o->cuda_graphs = c->cuda_graphs;
   o->cuda_graph_max_batch = c->cuda_graph_max_batch;
   o->step_timeout_s = c->step_timeout_s;
+  o->isolation = m->isolation ? (servd_isolation)(m->isolation - 1) : c->isolation;
 }

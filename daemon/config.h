@@ -16,6 +16,7 @@ typedef struct servd_model_config {
   /* 0: inherit the server-wide value */
   int interpreters, tp, max_queue, max_batch_tokens, max_seqs, kv_blocks, block_size, max_batch_size;
   int max_batch_delay_ms;
+  int isolation; /* 0: inherit; else 1 + servd_isolation */
 } servd_model_config;
 
 typedef struct servd_config {
@@ -33,6 +34,7 @@ typedef struct servd_config {
   double drain_timeout_s;
   double request_timeout_s; /* default per-request deadline; 0: none */
   double step_timeout_s;    /* a language model's forward step is interrupted after this; 0: never */
+  servd_isolation isolation; /* default of generic models (--isolation) */
   double read_timeout_s, idle_timeout_s;
   size_t max_body_bytes, max_header_bytes;
   int max_connections;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "crash_report.h"
+#include "engine/isolated.h"
 #include "serve.h"
 
 #if __has_include("generate.h")
@@ -31,7 +32,9 @@ int main(int argc, char **argv) {
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   servd_crash_report_install();
   int code;
-  if (argc > 1 && strcmp(argv[1], "generate") == 0) {
+  if (argc > 1 && strcmp(argv[1], "isolated-worker") == 0) {
+    code = servd_isolated_worker_main(argc - 1, argv + 1); /* a model's own process (engine/isolated.h) */
+  } else if (argc > 1 && strcmp(argv[1], "generate") == 0) {
 #ifdef SERVD_HAVE_GENERATE
     code = servd_generate_main(argc - 1, argv + 1);
 #else

@@ -215,6 +215,7 @@ int servd_serve_main(int argc, char **argv) {
   /* Every language model this process loads (also through the repository API) uses the GPUs. */
   servd_engine_set_gpu_defaults(s.cfg.gpus, s.cfg.gpu_memory_fraction, s.cfg.cuda_graphs, s.cfg.cuda_graph_max_batch);
   servd_engine_set_step_timeout(s.cfg.step_timeout_s);
+  servd_engine_set_isolation(s.cfg.isolation); /* repository loads too */
   /* Before the first interpreter namespace exists: see gpu_prewarm.c. */
   for (int i = 0; s.cfg.gpus > 0 && i < s.cfg.n_models; i++) {
     servd_model_options mo;

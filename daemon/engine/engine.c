@@ -31,6 +31,8 @@ static struct {
 static double step_timeout_default = 120.0;
 
 void servd_engine_set_step_timeout(double seconds) { step_timeout_default = seconds > 0 ? seconds : 0; }
+static servd_isolation isolation_default = SERVD_ISOLATION_NONE;
+void servd_engine_set_isolation(servd_isolation isolation) { isolation_default = isolation; }
 
 void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cuda_graphs, int cuda_graph_max_batch) {
   gpu_defaults.gpus = gpus > 0 ? gpus : 0;
@@ -57,6 +59,7 @@ void servd_model_options_default(servd_model_options *o) {
   o->cuda_graphs = gpu_defaults.graphs;
   o->cuda_graph_max_batch = gpu_defaults.graph_max_batch;
   o->step_timeout_s = step_timeout_default;
+  o->isolation = isolation_default;
 }
 
 void servd_gen_params_default(servd_gen_params *p) {
@@ -596,6 +599,10 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
     m->kind = SERVD_MODEL_GENERIC;
     int n = o->interpreters > 0 ? o->interpreters : 1;
     servd_pool_options po = {.n_interpreters = n, .world_size = 1, .extra_sys_path = o->extra_sys_path};
+    if (o->isolation == SERVD_ISOLATION_PROCESS) { /* its interpreters live in a child process */
+      if ((rc = servd_isolated_start(o, m->name, &m->iso))) goto fail;
+      goto loaded;
+    }
     /* Started and finalized on one thread (interp_thread.h): module code that imports `threading`
      * (logging does) would otherwise leave Py_FinalizeEx waiting at unload. */
     if ((rc = servd_interp_thread_start(&m->ithread))) goto fail;
@@ -605,6 +612,7 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
         (rc = servd_batcher_create(m->pool, o->max_batch_size, o->max_batch_delay_ms, &m->batcher)))
       goto fail;
   }
+loaded:
   *out = m;
   return 0;
 fail:
@@ -630,6 +638,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
     pthread_join(m->thread, NULL);
   }
   servd_runner_destroy(m->runner);
+  servd_isolated_stop(m->iso, deadline_ms);
   servd_batcher_destroy(m->batcher);
   if (m->ithread) servd_interp_thread_run(m->ithread, pool_destroy_job, m); /* finalize where it rendered */
   servd_interp_thread_stop(m->ithread);
@@ -653,6 +662,7 @@ servd_model_kind servd_model_get_kind(const servd_model *m) { return m->kind; }
 int servd_model_context_length(const servd_model *m) { return m->context_length; }
 
 bool servd_model_ready(const servd_model *m) {
+  if (m->iso) return servd_isolated_ready(m->iso);
   if (m->kind != SERVD_MODEL_CAUSAL_LM) return m->pool != NULL;
   servd_model_stats s;
   servd_model_get_stats(m, &s);
@@ -913,6 +923,7 @@ int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_
   if (err) memset(err, 0, sizeof *err);
   if (m->kind != SERVD_MODEL_GENERIC)
     return servd_fail(SERVD_EUNSUPPORTED, "predict: model %s is a language model", m->name);
+  if (m->iso) return servd_isolated_predict(m->iso, inputs, n_inputs, outputs, n_outputs, deadline_ms, err);
   if (m->batcher) return servd_batcher_predict(m->batcher, inputs, n_inputs, outputs, n_outputs, deadline_ms, err);
   return servd_predict_direct(m->pool, inputs, n_inputs, outputs, n_outputs, deadline_ms, err);
 }

@@ -43,6 +43,8 @@ typedef struct servd_model_error {
 
 typedef enum servd_model_kind { SERVD_MODEL_CAUSAL_LM = 0, SERVD_MODEL_GENERIC = 1 } servd_model_kind;
 
+typedef enum servd_isolation { SERVD_ISOLATION_NONE = 0, SERVD_ISOLATION_PROCESS = 1 } servd_isolation;
+
 typedef struct servd_model_options {
   const char *path;      /* package file */
   const char *name;      /* served name; NULL: the package's name */
@@ -71,6 +73,10 @@ typedef struct servd_model_options {
    * (TimeoutError raised in its Python code) and the step fails with SERVD_EMODEL; 0: no limit.
    * Native code that never returns to Python cannot be interrupted. */
   double step_timeout_s;
+  /* Generic packages: SERVD_ISOLATION_PROCESS runs the interpreters in a child process of their own
+   * (engine/isolated.h), so a crash of the model's code ends only that process. Language models
+   * always run in-process. */
+  servd_isolation isolation;
 } servd_model_options;
 
 /* Defaults; the GPU fields come from servd_engine_set_gpu_defaults (none set: CPU, 0.9, graphs on,
@@ -81,6 +87,8 @@ void servd_model_options_default(servd_model_options *o);
 void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cuda_graphs, int cuda_graph_max_batch);
 /* Process-wide default of step_timeout_s (seconds, 0: none); call before loading models. */
 void servd_engine_set_step_timeout(double seconds);
+/* Process-wide default of isolation (none set: SERVD_ISOLATION_NONE); call before loading models. */
+void servd_engine_set_isolation(servd_isolation isolation);
 /* Loads the package and starts its interpreters (and scheduler thread). *out owned by the caller. */
 int servd_model_load(const servd_model_options *o, servd_model **out);
 /* Stops accepting, lets running requests finish until deadline_ms (then cancels them), frees all. */

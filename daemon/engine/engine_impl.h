@@ -8,6 +8,7 @@
 #include "engine/batcher.h"
 #include "engine/engine.h"
 #include "engine/interp_thread.h"
+#include "engine/isolated.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "engine/sampler.h"
@@ -49,6 +50,7 @@ struct servd_model {
   int tp;
   servd_comm *comm;
   servd_batcher *batcher; /* generic packages with max_batch_size > 1 */
+  servd_isolated *iso;    /* generic packages with isolation: the child serving them (no pool here) */
 
   /* causal-lm */
   servd_tokenizer *tok;
