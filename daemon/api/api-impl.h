@@ -1,4 +1,5 @@
-/* Internal to daemon/api: shared state of the API and the helpers its route files use. */
+/* Internal to daemon/api: the API's shared state (models, engine events, counters). Declares no
+ * handler and no response helper: those are handlers.h and respond.h. */
 #ifndef SERVD_API_IMPL_H
 #define SERVD_API_IMPL_H
 
@@ -39,6 +40,8 @@ typedef struct api_model {
   api_hist ttft, itl, e2e;
   struct servd_http_req *waiter; /* repository load/unload request waiting for the outcome */
   bool unload_cancelled; /* running requests were cancelled at the unload deadline */
+  bool startup;          /* given at startup and not loaded yet: server readiness waits for it */
+  bool load_failed;      /* UNAVAILABLE because its last load failed (listed as FAILED, with error) */
   uv_timer_t *unload_timer;
   /* Generic models: predictions running (at most one per interpreter, so libuv's workers never all
    * block waiting for an interpreter) and a bounded FIFO of those waiting. */
@@ -130,38 +133,16 @@ struct servd_api {
   void *close_ud;
 };
 
-/* ---- responses ---- */
-void api_json(servd_http_req *r, int status, json_t *body); /* steals body */
-/* OpenAI error object {"error": {message, type, param, code}}. */
-void api_oai_error(servd_http_req *r, int status, const char *type, const char *param, const char *code,
-                   const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-/* KServe error {"error": "..."}. */
-void api_kserve_error(servd_http_req *r, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Status for an engine return code. */
-int api_status_for(int rc);
-
 /* ---- models ---- */
 api_model *api_model_find(servd_api *a, const char *name);
 bool api_model_ready(servd_api *a, api_model *am);
 void api_model_release_ref(servd_api *a, api_model *am); /* inflight-- and continue a pending unload */
-int api_repository_load(servd_api *a, servd_http_req *r, const char *name);
-int api_repository_unload(servd_api *a, servd_http_req *r, const char *name);
-void api_repository_index(servd_api *a, servd_http_req *r);
-
-/* ---- routes ---- */
-void api_oai_completions(servd_api *a, servd_http_req *r, bool chat);
-void api_oai_models(servd_api *a, servd_http_req *r);
-void api_oai_model(servd_api *a, servd_http_req *r, const char *name);
-void api_oai_tokenize(servd_api *a, servd_http_req *r);
-void api_oai_detokenize(servd_api *a, servd_http_req *r);
-void api_oai_event(servd_api *a, api_event *ev); /* an engine event on the loop */
-void api_kserve_server_meta(servd_api *a, servd_http_req *r);
-void api_kserve_model_meta(servd_api *a, servd_http_req *r, api_model *am);
-void api_kserve_model_ready(servd_api *a, servd_http_req *r, api_model *am);
-void api_kserve_infer(servd_api *a, servd_http_req *r, api_model *am);
 bool api_all_ready(servd_api *a);
-void api_metrics(servd_api *a, servd_http_req *r);
-void api_count(servd_api *a, const char *route, int status);
+
+/* The consumer of engine events (openai.c): one event, on the loop. */
+void api_oai_event(servd_api *a, api_event *ev);
+/* A request's response is complete: counts it for /metrics and writes the access log. */
+void api_request_done(servd_api *a, const servd_http_req *r);
 
 /* The engine callback: copies the event into the loop's queue. */
 void api_engine_cb(void *ud, const servd_event *ev);

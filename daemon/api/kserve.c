@@ -1,7 +1,9 @@
 /* KServe v2 / Open Inference Protocol over HTTP: server and model metadata, readiness, and
  * inference with JSON tensors (generic packages, run on a worker thread). */
 #include "api/api-impl.h"
+#include "api/handlers.h"
 #include "api/request_params.h"
+#include "api/respond.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -14,8 +16,9 @@
 #define SERVD_VERSION_STRING "0.1.0"
 #endif
 
-void api_kserve_server_meta(servd_api *a, servd_http_req *r) {
+void api_kserve_server_meta(servd_api *a, servd_http_req *r, const api_route_args *args) {
   (void)a;
+  (void)args;
   api_json(r, 200, json_pack("{s:s, s:s, s:[s, s]}", "name", "servd", "version", SERVD_VERSION_STRING, "extensions",
                              "model_repository", "metrics"));
 }
@@ -33,7 +36,8 @@ static bool model_usable(servd_api *a, servd_http_req *r, api_model *am) {
   return true;
 }
 
-void api_kserve_model_meta(servd_api *a, servd_http_req *r, api_model *am) {
+void api_kserve_model_meta(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  api_model *am = args->am;
   if (!model_usable(a, r, am)) return;
   json_t *m = a->ops->metadata(am->m);
   if (!json_is_object(m)) {
@@ -41,14 +45,15 @@ void api_kserve_model_meta(servd_api *a, servd_http_req *r, api_model *am) {
     m = json_object();
   }
   json_object_set_new(m, "name", json_string(am->name));
-  if (!json_object_get(m, "versions")) json_object_set_new(m, "versions", json_pack("[s]", "1"));
+  if (!json_object_get(m, "versions")) json_object_set_new(m, "versions", json_pack("[s]", API_MODEL_VERSION));
   if (!json_object_get(m, "platform")) json_object_set_new(m, "platform", json_string("servd"));
   if (!json_object_get(m, "inputs")) json_object_set_new(m, "inputs", json_array());
   if (!json_object_get(m, "outputs")) json_object_set_new(m, "outputs", json_array());
   api_json(r, 200, m);
 }
 
-void api_kserve_model_ready(servd_api *a, servd_http_req *r, api_model *am) {
+void api_kserve_model_ready(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  api_model *am = args->am;
   bool ready = api_model_ready(a, am) && !a->draining;
   api_json(r, ready ? 200 : 503, json_pack("{s:s, s:b}", "name", am->name, "ready", ready));
 }
@@ -165,7 +170,8 @@ static void infer_after(uv_work_t *w, int status) {
     /* The engine tells bad input (SERVD_EINVAL: 400) from a failure of the model's code
      * (SERVD_EMODEL: 500, with the exception's type and message as fields of their own). */
     char msg[1200];
-    snprintf(msg, sizeof msg, "model '%s' failed: %s", j->am->name, j->err[0] ? j->err : servd_strerror(j->rc));
+    snprintf(msg, sizeof msg, "model '%s' failed: %s", j->am->name,
+             j->err[0] ? api_user_cause(j->err) : servd_strerror(j->rc));
     if (j->rc == SERVD_EMODEL) {
       api_json(r, 500, json_pack("{s:s, s:s, s:{s:s, s:s}}", "error", msg, "type", "model_error", "exception",
                                  "type", j->merr.type, "message", j->merr.message));
@@ -187,7 +193,7 @@ static void infer_after(uv_work_t *w, int status) {
   servd_buf_init(&b);
   servd_buf_puts(&b, "{\"model_name\":");
   servd_buf_json_str(&b, j->am->name, strlen(j->am->name));
-  servd_buf_puts(&b, ",\"model_version\":\"1\"");
+  servd_buf_puts(&b, ",\"model_version\":\"" API_MODEL_VERSION "\"");
   if (j->id) {
     servd_buf_puts(&b, ",\"id\":");
     servd_buf_json_str(&b, json_string_value(j->id), json_string_length(j->id));
@@ -256,7 +262,8 @@ static void infer_start_waiting(servd_api *a, api_model *am) {
   }
 }
 
-void api_kserve_infer(servd_api *a, servd_http_req *r, api_model *am) {
+void api_kserve_infer(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  api_model *am = args->am;
   if (!model_usable(a, r, am)) return;
   if (a->ops->kind(am->m) != SERVD_MODEL_GENERIC) {
     api_kserve_error(r, 400, "model '%s' is a language model; use /v1/completions or /v1/chat/completions", am->name);

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/request_params.h"
+#include "api/params_check.h"
 #include "servd/status.h"
 #include "servd/tensor.h"
 
@@ -23,17 +23,39 @@ static int dtype_of(const char *name, servd_dtype *out) {
   return -1;
 }
 
-/* Counts the scalars of a (possibly nested) data array; -1 when something else is in it. */
-static long long count_leaves(json_t *j, int depth) {
-  if (!json_is_array(j)) return json_is_number(j) ? 1 : -1;
-  if (depth > SERVD_MAX_DIMS + 1) return -1;
-  long long n = 0;
-  for (size_t i = 0; i < json_array_size(j); i++) {
-    long long k = count_leaves(json_array_get(j, i), depth + 1);
-    if (k < 0) return -1;
-    n += k;
+/* Appends "[i]" to a field path such as "inputs[0].data". */
+static void path_index(char *path, size_t cap, size_t i) {
+  size_t n = strlen(path);
+  if (n < cap) snprintf(path + n, cap - n, "[%zu]", i);
+}
+
+/* Whether j is nested exactly as shape[d..]: a list of shape[d] entries at each depth, numbers at
+ * depth ndim. On failure writes what is wrong at which path into msg. */
+static bool nested_ok(json_t *j, const int64_t *shape, int ndim, int d, char *path, size_t pcap, char *msg,
+                      size_t cap) {
+  if (d == ndim) {
+    if (json_is_number(j)) return true;
+    snprintf(msg, cap, "%s must be a number, got %s", path, api_json_type(j));
+    return false;
   }
-  return n;
+  if (!json_is_array(j)) {
+    snprintf(msg, cap, "%s must be a list of %lld entries (shape[%d]), got %s", path, (long long)shape[d], d,
+             api_json_type(j));
+    return false;
+  }
+  if ((int64_t)json_array_size(j) != shape[d]) {
+    snprintf(msg, cap, "%s has %zu entries but shape[%d] is %lld: nested data must match the shape exactly", path,
+             json_array_size(j), d, (long long)shape[d]);
+    return false;
+  }
+  size_t len = strlen(path);
+  for (size_t i = 0; i < json_array_size(j); i++) {
+    path_index(path, pcap, i);
+    bool ok = nested_ok(json_array_get(j, i), shape, ndim, d + 1, path, pcap, msg, cap);
+    path[len] = '\0';
+    if (!ok) return false;
+  }
+  return true;
 }
 
 typedef struct fill_ctx {
@@ -65,22 +87,27 @@ static void fill(fill_ctx *f, json_t *j) {
   f->i++;
 }
 
-/* Parses one input tensor; on failure writes a message and returns NULL. */
-static servd_tensor *parse_input(json_t *in, size_t idx, char name[64], char *err, size_t cap) {
+/* Parses one input tensor; on failure records the error in c and returns NULL. */
+static servd_tensor *parse_input(api_check *c, json_t *in, size_t idx, char name[64]) {
+  char f[48]; /* the field at fault */
+  snprintf(f, sizeof f, "inputs[%zu]", idx);
+  if (!json_is_object(in)) return api_check_fail(c, f, "inputs[%zu] must be an object, got %s", idx, api_json_type(in)), NULL;
   json_t *jn = json_object_get(in, "name"), *js = json_object_get(in, "shape"), *jd = json_object_get(in, "datatype"),
          *data = json_object_get(in, "data");
-  if (!json_is_object(in)) return snprintf(err, cap, "inputs[%zu] must be an object", idx), NULL;
+  snprintf(f, sizeof f, "inputs[%zu].name", idx);
   if (!json_is_string(jn) || json_string_length(jn) == 0 || json_string_length(jn) > 63)
-    return snprintf(err, cap, "inputs[%zu].name must be a string of 1 to 63 bytes", idx), NULL;
+    return api_check_fail(c, f, "inputs[%zu].name must be a string of 1 to 63 bytes", idx), NULL;
   snprintf(name, 64, "%s", json_string_value(jn));
-  if (!json_is_string(jd)) return snprintf(err, cap, "input '%s': 'datatype' must be a string", name), NULL;
+  snprintf(f, sizeof f, "inputs[%zu].datatype", idx);
+  if (!json_is_string(jd)) return api_check_fail(c, f, "input '%s': 'datatype' must be a string", name), NULL;
   servd_dtype dt;
   if (dtype_of(json_string_value(jd), &dt) != 0)
-    return snprintf(err, cap, "input '%s': datatype '%s' is not supported (supported: FP32, FP16, BF16, INT32)", name,
-                    json_string_value(jd)),
+    return api_check_fail(c, f, "input '%s': datatype '%s' is not supported (supported: FP32, FP16, BF16, INT32)",
+                          name, json_string_value(jd)),
            NULL;
+  snprintf(f, sizeof f, "inputs[%zu].shape", idx);
   if (!json_is_array(js) || json_array_size(js) > SERVD_MAX_DIMS)
-    return snprintf(err, cap, "input '%s': 'shape' must be a list of at most %d dimensions", name, SERVD_MAX_DIMS),
+    return api_check_fail(c, f, "input '%s': 'shape' must be a list of at most %d dimensions", name, SERVD_MAX_DIMS),
            NULL;
   int64_t shape[SERVD_MAX_DIMS];
   int ndim = (int)json_array_size(js);
@@ -88,74 +115,79 @@ static servd_tensor *parse_input(json_t *in, size_t idx, char name[64], char *er
   for (int i = 0; i < ndim; i++) {
     json_t *e = json_array_get(js, (size_t)i);
     if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > (1ll << 31))
-      return snprintf(err, cap, "input '%s': shape[%d] must be a non-negative integer", name, i), NULL;
+      return api_check_fail(c, f, "input '%s': shape[%d] must be a non-negative integer", name, i), NULL;
     shape[i] = json_integer_value(e);
     numel *= shape[i];
-    if (numel > (1ll << 31)) return snprintf(err, cap, "input '%s': too many elements", name), NULL;
+    if (numel > (1ll << 31)) return api_check_fail(c, f, "input '%s': too many elements", name), NULL;
   }
-  if (!json_is_array(data)) return snprintf(err, cap, "input '%s': 'data' must be a list", name), NULL;
-  long long leaves = count_leaves(data, 0);
-  if (leaves < 0) return snprintf(err, cap, "input '%s': 'data' must hold only numbers (flat or nested)", name), NULL;
-  if (leaves != numel)
-    return snprintf(err, cap, "input '%s': shape holds %lld elements but data has %lld", name, numel, leaves), NULL;
+  snprintf(f, sizeof f, "inputs[%zu].data", idx);
+  if (!json_is_array(data)) return api_check_fail(c, f, "input '%s': 'data' must be a list", name), NULL;
+  /* Flat (row-major, numbers only) or nested exactly as the shape: a ragged list whose element count
+   * happens to match is not a tensor of that shape. */
+  bool flat = true;
+  for (size_t i = 0; i < json_array_size(data) && flat; i++) flat = json_is_number(json_array_get(data, i));
+  if (flat && (long long)json_array_size(data) != numel)
+    return api_check_fail(c, f, "input '%s': shape holds %lld elements but data has %zu", name, numel,
+                          json_array_size(data)),
+           NULL;
+  if (!flat) {
+    char path[160] = "data", msg[512];
+    if (!nested_ok(data, shape, ndim, 0, path, sizeof path, msg, sizeof msg))
+      return api_check_fail(c, f, "input '%s': %s", name, msg), NULL;
+  }
   servd_tensor *t = servd_tensor_new(dt, ndim, shape);
-  if (!t) return snprintf(err, cap, "input '%s': %s", name, servd_last_error()), NULL;
-  fill_ctx f = {dt, servd_tensor_data(t), 0, NULL};
-  fill(&f, data);
-  if (f.bad) {
+  if (!t) return api_check_fail(c, f, "input '%s': %s", name, servd_last_error()), NULL;
+  fill_ctx fc = {dt, servd_tensor_data(t), 0, NULL};
+  fill(&fc, data);
+  if (fc.bad) {
     servd_tensor_release(t);
-    return snprintf(err, cap, "input '%s': %s", name, f.bad), NULL;
+    return api_check_fail(c, f, "input '%s': %s", name, fc.bad), NULL;
   }
   return t;
-}
-
-static int fail(api_param_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(api_param_error *err, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err->message, sizeof err->message, fmt, ap);
-  va_end(ap);
-  api_utf8_fix(err->message); /* a long datatype may have been cut mid-character */
-  if (!err->message[0]) snprintf(err->message, sizeof err->message, "invalid inference request");
-  err->status = 400;
-  return -1;
 }
 
 int kserve_infer_parse(json_t *body, const api_param_limits *lim, kserve_infer_params *out, api_param_error *err) {
   memset(out, 0, sizeof(*out));
   memset(err, 0, sizeof(*err));
-  char msg[1024] = "";
-  if (!json_is_object(body)) return fail(err, "the request body must be a JSON object");
+  api_check c = {err, NULL, "", false};
+  if (!json_is_object(body)) return api_check_fail(&c, NULL, "the request body must be a JSON object"), -1;
   json_t *inputs = json_object_get(body, "inputs");
   json_t *outputs = json_object_get(body, "outputs");
   json_t *id = json_object_get(body, "id");
   json_t *params = json_object_get(body, "parameters");
   if (!json_is_array(inputs) || json_array_size(inputs) == 0 || json_array_size(inputs) > 64)
-    return fail(err, "'inputs' must be a list of 1 to 64 tensors");
-  if (id && !json_is_string(id)) return fail(err, "'id' must be a string");
+    return api_check_fail(&c, "inputs", "'inputs' must be a list of 1 to 64 tensors"), -1;
+  if (id && !json_is_string(id)) return api_check_fail(&c, "id", "'id' must be a string, got %s", api_json_type(id)), -1;
   if (outputs && (!json_is_array(outputs) || json_array_size(outputs) > 64))
-    return fail(err, "'outputs' must be a list of {\"name\": ...}");
+    return api_check_fail(&c, "outputs", "'outputs' must be a list of at most 64 {\"name\": ...}"), -1;
   for (size_t i = 0; outputs && i < json_array_size(outputs); i++)
-    if (!json_is_string(json_object_get(json_array_get(outputs, i), "name")))
-      return fail(err, "outputs[%zu].name must be a string", i);
+    if (!json_is_string(json_object_get(json_array_get(outputs, i), "name"))) {
+      char f[48];
+      snprintf(f, sizeof f, "outputs[%zu].name", i);
+      return api_check_fail(&c, f, "outputs[%zu].name must be a string", i), -1;
+    }
   out->deadline_ms = lim->default_deadline_ms;
   if (params) {
-    json_t *to = json_object_get(params, "timeout");
-    if (!json_is_object(params) ||
-        (to && (!json_is_number(to) || json_number_value(to) <= 0 || json_number_value(to) > 86400)))
-      return fail(err, "'parameters' must be an object; parameters.timeout a number of seconds in (0, 86400]");
-    if (to) out->deadline_ms = (int64_t)(json_number_value(to) * 1000.0);
+    if (!json_is_object(params))
+      return api_check_fail(&c, "parameters", "'parameters' must be an object, got %s", api_json_type(params)), -1;
+    /* The same 'timeout' as the OpenAI routes': one definition of what a request may ask. */
+    servd_gen_params gp;
+    memset(&gp, 0, sizeof gp);
+    if (api_params_adopt(params, API_ADOPT_DEADLINE, "parameters.", lim, NULL, &gp, err) != 0) return -1;
+    out->deadline_ms = gp.deadline_ms;
   }
   int n_in = (int)json_array_size(inputs);
   out->in = calloc((size_t)n_in, sizeof(*out->in));
-  if (!out->in) return fail(err, "out of memory");
+  if (!out->in) return api_check_fail(&c, NULL, "out of memory"), -1;
   for (int i = 0; i < n_in; i++) {
-    out->in[i].tensor = parse_input(json_array_get(inputs, (size_t)i), (size_t)i, out->in[i].name, msg, sizeof msg);
+    out->in[i].tensor = parse_input(&c, json_array_get(inputs, (size_t)i), (size_t)i, out->in[i].name);
     if (!out->in[i].tensor) goto fail;
     out->n_in = i + 1;
     for (int k = 0; k < i; k++)
       if (strcmp(out->in[k].name, out->in[i].name) == 0) {
-        snprintf(msg, sizeof msg, "input '%s' is given twice", out->in[i].name);
+        char f[48];
+        snprintf(f, sizeof f, "inputs[%d].name", i);
+        api_check_fail(&c, f, "input '%s' is given twice", out->in[i].name);
         goto fail;
       }
   }
@@ -164,7 +196,7 @@ int kserve_infer_parse(json_t *body, const api_param_limits *lim, kserve_infer_p
   return 0;
 fail:
   kserve_infer_params_free(out);
-  return fail(err, "%s", msg);
+  return -1;
 }
 
 int kserve_infer_parse_text(const char *text, size_t len, const api_param_limits *lim, kserve_infer_params *out,

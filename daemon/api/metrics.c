@@ -1,5 +1,7 @@
 /* GET /metrics in the Prometheus text exposition format (version 0.0.4). */
 #include "api/api-impl.h"
+#include "api/handlers.h"
+#include "api/respond.h"
 
 #include <string.h>
 
@@ -51,7 +53,8 @@ static void per_model(servd_api *a, servd_buf *b, const servd_model_stats *st, c
   }
 }
 
-void api_metrics(servd_api *a, servd_http_req *r) {
+void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  (void)args;
   servd_buf b;
   servd_buf_init(&b);
   int n_live = 0;

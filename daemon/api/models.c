@@ -1,5 +1,7 @@
 /* The models being served: background loading, repository load/unload, draining unloads. */
 #include "api/api-impl.h"
+#include "api/handlers.h"
+#include "api/respond.h"
 
 #include <libgen.h>
 #include <stdlib.h>
@@ -41,10 +43,13 @@ bool api_model_ready(servd_api *a, api_model *am) {
   return am->state == M_READY && am->m && a->ops->ready(am->m);
 }
 
+/* Server readiness (docs/operations.md#health): the models given at startup have loaded and every
+ * model serving is making progress. Loads and unloads asked for through the repository API, and
+ * loads that failed, do not count: one model's import never makes the whole server unready. */
 bool api_all_ready(servd_api *a) {
   if (a->draining) return false;
   for (api_model *am = a->models; am; am = am->next) {
-    if (am->state == M_LOADING || am->state == M_UNLOADING) return false;
+    if (am->state == M_LOADING && am->startup) return false;
     if (am->state == M_READY && !a->ops->ready(am->m)) return false;
   }
   return true;
@@ -128,27 +133,30 @@ static void job_after(uv_work_t *w, int status) {
   job *j = w->data;
   servd_api *a = j->a;
   api_model *am = j->am;
-  a->works--;
+  if (j->unload) a->works--;
   servd_http_req *waiter = am->waiter;
   am->waiter = NULL;
   if (waiter) waiter->on_abort = NULL;
+  if (!j->unload) am->startup = false;
   if (j->unload) {
     am->m = NULL;
     am->state = M_UNAVAILABLE;
+    am->load_failed = false;
     snprintf(am->error, sizeof am->error, "model '%s' is unloaded", am->name);
     fprintf(a->log, "servd: model '%s' unloaded\n", am->name);
     if (waiter) servd_http_respond(waiter, 200, "application/json", "", 0);
     unload_finished(a);
   } else if (j->rc != 0) {
     am->state = M_UNAVAILABLE;
+    am->load_failed = true;
     snprintf(am->error, sizeof am->error, "%s", j->msg);
     fprintf(a->log, "servd: model '%s' failed to load from %s: %s\n", am->name, am->path, j->msg);
     if (waiter) api_kserve_error(waiter, 400, "failed to load model '%s': %s", am->name, j->msg);
     if (a->o.on_model_loaded) a->o.on_model_loaded(a->o.ud, am->name, j->rc, j->msg);
-    if (a->unload_done) unload_finished(a);
   } else {
     am->m = j->m;
     am->state = M_READY;
+    am->load_failed = false;
     am->error[0] = '\0';
     if (!am->opts.name) {
       const char *pn = a->ops->name(am->m);
@@ -164,7 +172,10 @@ static void job_after(uv_work_t *w, int status) {
             a->ops->kind(am->m) == SERVD_MODEL_CAUSAL_LM ? "causal-lm" : "generic");
     if (waiter) servd_http_respond(waiter, 200, "application/json", "", 0);
     if (a->o.on_model_loaded) a->o.on_model_loaded(a->o.ud, am->name, 0, "");
-    if (a->unload_done) start_unload(a, am, 0); /* shutting down meanwhile */
+    if (a->unload_done) { /* shutting down meanwhile: unload_all did not count it */
+      a->unloads_pending++;
+      start_unload(a, am, 0);
+    }
   }
   fflush(a->log);
   free(j);
@@ -184,7 +195,8 @@ static int queue_job(servd_api *a, api_model *am, bool unload, int deadline_ms) 
     free(j);
     return servd_fail(SERVD_EIO, "model '%s': cannot queue work: %s", am->name, uv_strerror(rc));
   }
-  a->works++;
+  /* Loads are not waited for at shutdown (servd_api_drain_loads): only unloads count as work. */
+  if (unload) a->works++;
   return 0;
 }
 
@@ -208,6 +220,7 @@ int servd_api_load_model(servd_api *a, const servd_model_options *o) {
   am->opts.path = NULL;
   am->opts.name = o->name && o->name[0] ? am->name : NULL;
   am->state = M_LOADING;
+  am->startup = true;
   fprintf(a->log, "servd: loading model '%s' from %s\n", name, o->path);
   return queue_job(a, am, false, 0);
 }
@@ -279,14 +292,28 @@ void servd_api_unload_all(servd_api *a, int deadline_ms, void (*done)(void *), v
     if (am->state == M_READY) {
       a->unloads_pending++;
       start_unload(a, am, deadline_ms);
-    } else if (am->state == M_LOADING || am->state == M_UNLOADING) {
+    } else if (am->state == M_UNLOADING) {
       a->unloads_pending++; /* finishes through job_after */
-    }
+    } /* a load in progress is not waited for: see servd_api_drain_loads */
   }
   unload_finished(a);
 }
 
 /* ---- repository extension --------------------------------------------------------------------- */
+
+int servd_api_drain_loads(servd_api *a) {
+  int n = 0;
+  for (api_model *am = a->models; am; am = am->next) {
+    if (am->state != M_LOADING) continue;
+    n++;
+    servd_http_req *r = am->waiter;
+    if (!r) continue;
+    am->waiter = NULL;
+    r->on_abort = NULL;
+    api_kserve_error(r, 503, "server is shutting down; the load of model '%s' is abandoned", am->name);
+  }
+  return n;
+}
 
 static const char *state_name(api_model_state s) {
   switch (s) {
@@ -297,10 +324,13 @@ static const char *state_name(api_model_state s) {
   }
 }
 
-void api_repository_index(servd_api *a, servd_http_req *r) {
+void api_repository_index(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  (void)args;
   json_t *arr = json_array();
   for (api_model *am = a->models; am; am = am->next) {
-    json_t *e = json_pack("{s:s, s:s, s:s}", "name", am->name, "version", "1", "state", state_name(am->state));
+    /* A failed load is FAILED, with its reason; an unloaded model UNAVAILABLE. */
+    const char *state = am->state == M_UNAVAILABLE && am->load_failed ? "FAILED" : state_name(am->state);
+    json_t *e = json_pack("{s:s, s:s, s:s}", "name", am->name, "version", "1", "state", state);
     if (am->state == M_UNAVAILABLE && am->error[0]) json_object_set_new(e, "reason", json_string(am->error));
     json_array_append_new(arr, e);
   }
@@ -325,7 +355,7 @@ void api_repository_index(servd_api *a, servd_http_req *r) {
   api_json(r, 200, arr);
 }
 
-int api_repository_load(servd_api *a, servd_http_req *r, const char *name) {
+static int repository_load(servd_api *a, servd_http_req *r, const char *name) {
   if (a->draining) {
     api_kserve_error(r, 503, "server is shutting down");
     return 0;
@@ -388,7 +418,7 @@ int api_repository_load(servd_api *a, servd_http_req *r, const char *name) {
   return 0;
 }
 
-int api_repository_unload(servd_api *a, servd_http_req *r, const char *name) {
+static int repository_unload(servd_api *a, servd_http_req *r, const char *name) {
   api_model *am = api_model_find(a, name);
   if (!am) {
     api_kserve_error(r, 404, "model '%s' is not served here", name);
@@ -408,4 +438,12 @@ int api_repository_unload(servd_api *a, servd_http_req *r, const char *name) {
   fprintf(a->log, "servd: unloading model '%s' (%d requests running)\n", am->name, am->inflight);
   start_unload(a, am, a->o.unload_timeout_ms);
   return 0;
+}
+
+void api_repository_load(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  repository_load(a, r, args->model);
+}
+
+void api_repository_unload(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  repository_unload(a, r, args->model);
 }

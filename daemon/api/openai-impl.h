@@ -23,7 +23,8 @@ typedef struct oai {
   int n_gens, n_submitted, n_done;
   bool work_pending;
   int err_rc;
-  char err[1024];
+  char err[1024];      /* a message for the client (no engine stage prefixes) */
+  const char *err_param; /* the request field at fault, or NULL (static string) */
   char id[48];
   int64_t created;
   const char *model_name;

@@ -1,6 +1,8 @@
 /* OpenAI-compatible routes: /v1/completions, /v1/chat/completions (streaming as server-sent
  * events), /v1/models, and vLLM's /tokenize and /detokenize. */
+#include "api/handlers.h"
 #include "api/openai-impl.h"
+#include "api/respond.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -58,22 +60,27 @@ static void on_abort(servd_http_req *r) {
 }
 
 /* Ends the HTTP side with a complete response; o stays until its engine work is over. */
-static void oai_error(oai *o, int status, const char *type, const char *code, const char *fmt, const char *msg) {
+static void oai_error(oai *o, int status, const char *type, const char *param, const char *code, const char *fmt,
+                      const char *msg) {
   servd_http_req *r = o->req;
   o->req = NULL;
   if (r) {
     r->on_abort = NULL;
-    api_oai_error(r, status, type, NULL, code, fmt, msg);
+    api_oai_error(r, status, type, param, code, fmt, msg);
   }
 }
 
-static void oai_error_rc(oai *o, int rc, const char *msg) {
+/* An engine code: the field at fault is named only when the client is at fault (4xx). */
+static void oai_error_rc(oai *o, int rc, const char *param, const char *msg) {
   int st = api_status_for(rc);
   const char *type = st == 400 ? "invalid_request_error" : st == 429 ? "rate_limit_error" : "server_error";
   const char *code = st == 429 ? "rate_limit_exceeded" : st == 503 ? "service_unavailable"
                      : rc == SERVD_EMODEL ? "model_error" : NULL;
-  oai_error(o, st, type, code, "%s", msg);
+  oai_error(o, st, type, st == 400 ? param : NULL, code, "%s", msg);
 }
+
+/* The prompt's field of this request. */
+static const char *prompt_field(const oai *o) { return o->messages ? "messages" : "prompt"; }
 
 /* A JSON string of raw model output: invalid UTF-8 (a token cut mid-character at the end) becomes
  * U+FFFD instead of failing the response. */
@@ -230,7 +237,7 @@ static void respond_full(oai *o) {
       /* Parameters were checked at submit: a failure while generating is the server's or the model's. */
       int code = o->gens[i].error_code;
       int st = code == SERVD_EBUSY ? 429 : code == SERVD_ETIMEDOUT ? 504 : code == SERVD_ECANCELED ? 503 : 500;
-      oai_error(o, st, st == 429 ? "rate_limit_error" : "server_error", code == SERVD_EMODEL ? "model_error" : NULL,
+      oai_error(o, st, st == 429 ? "rate_limit_error" : "server_error", NULL, code == SERVD_EMODEL ? "model_error" : NULL,
                 "%s", o->gens[i].error);
       return;
     }
@@ -351,7 +358,8 @@ static void prep_work(uv_work_t *w) {
       o->detok_text = strdup("");
     } else if ((rc = a->ops->detokenize(m, p->ids, p->n_ids, &o->detok_text)) != 0) {
       o->err_rc = rc;
-      snprintf(o->err, sizeof o->err, "detokenize: %s", servd_last_error());
+      o->err_param = "tokens";
+      snprintf(o->err, sizeof o->err, "the token ids cannot be decoded: %s", api_user_cause(servd_last_error()));
     }
     return;
   }
@@ -360,7 +368,9 @@ static void prep_work(uv_work_t *w) {
     rc = a->ops->apply_chat_template(m, o->messages, o->add_generation_prompt, &text);
     if (rc != 0) {
       o->err_rc = rc;
-      snprintf(o->err, sizeof o->err, "chat template: %s", servd_last_error());
+      o->err_param = "messages";
+      snprintf(o->err, sizeof o->err, "the model's chat template cannot render these messages: %s",
+               api_user_cause(servd_last_error()));
       free(text);
       return;
     }
@@ -369,7 +379,9 @@ static void prep_work(uv_work_t *w) {
     free(text);
     if (rc != 0) {
       o->err_rc = rc;
-      snprintf(o->err, sizeof o->err, "tokenize: %s", servd_last_error());
+      o->err_param = "messages";
+      snprintf(o->err, sizeof o->err, "the rendered messages cannot be tokenized: %s",
+               api_user_cause(servd_last_error()));
     }
     return;
   }
@@ -379,7 +391,10 @@ static void prep_work(uv_work_t *w) {
     rc = a->ops->tokenize(m, p->text, strlen(p->text), o->add_special, &p->ids, &p->n_ids);
     if (rc != 0) {
       o->err_rc = rc;
-      snprintf(o->err, sizeof o->err, "tokenize prompt %d: %s", i, servd_last_error());
+      o->err_param = "prompt";
+      if (o->n_prompts > 1)
+        snprintf(o->err, sizeof o->err, "prompt %d cannot be tokenized: %s", i, api_user_cause(servd_last_error()));
+      else snprintf(o->err, sizeof o->err, "the prompt cannot be tokenized: %s", api_user_cause(servd_last_error()));
       return;
     }
   }
@@ -389,7 +404,7 @@ static void start_generation(oai *o) {
   servd_api *a = o->a;
   api_model *am = o->am;
   if (am->state != M_READY || a->draining) {
-    oai_error(o, 503, "server_error", "service_unavailable", "%s", "the model is not available (loading, unloading or "
+    oai_error(o, 503, "server_error", NULL, "service_unavailable", "%s", "the model is not available (loading, unloading or "
                                                                      "the server is draining)");
     return;
   }
@@ -398,7 +413,7 @@ static void start_generation(oai *o) {
     int np = o->prompts[i].n_ids;
     long long need = (long long)np + (o->gp.max_tokens > 0 ? o->gp.max_tokens : 1);
     if (np == 0) {
-      oai_error(o, 400, "invalid_request_error", NULL, "%s", "the prompt is empty after tokenization");
+      oai_error(o, 400, "invalid_request_error", prompt_field(o), NULL, "%s", "the prompt is empty after tokenization");
       return;
     }
     if (ctx > 0 && need > ctx) {
@@ -407,14 +422,15 @@ static void start_generation(oai *o) {
                "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in the "
                "prompt, %d for the completion). Please reduce the prompt or max_tokens.",
                ctx, need, np, o->gp.max_tokens > 0 ? o->gp.max_tokens : 1);
-      oai_error(o, 400, "invalid_request_error", NULL, "%s", msg);
+      /* The prompt alone overflowing is the prompt's fault; otherwise max_tokens asked too much. */
+      oai_error(o, 400, "invalid_request_error", np + 1 > ctx ? prompt_field(o) : "max_tokens", NULL, "%s", msg);
       return;
     }
   }
   o->n_gens = o->n_prompts * o->n;
   o->gens = calloc((size_t)o->n_gens, sizeof(gen));
   if (!o->gens) {
-    oai_error(o, 500, "server_error", NULL, "%s", "out of memory");
+    oai_error(o, 500, "server_error", NULL, NULL, "%s", "out of memory");
     return;
   }
   /* Everything is queued before the response starts, so a full queue is still a plain 429. Events
@@ -434,11 +450,16 @@ static void start_generation(oai *o) {
       char msg[768];
       if (rc == SERVD_EBUSY)
         snprintf(msg, sizeof msg, "the server is at capacity for model '%s': queue full; retry later", am->name);
-      else snprintf(msg, sizeof msg, "%s", servd_last_error());
+      else if (rc == SERVD_ECANCELED)
+        snprintf(msg, sizeof msg, "The model `%s` is unloading; retry later.", am->name);
+      else if (api_status_for(rc) == 400) /* what the API cannot check itself: token ids beyond the vocabulary */
+        snprintf(msg, sizeof msg, "the model cannot take this %s: %s", prompt_field(o), api_user_cause(servd_last_error()));
+      else
+        snprintf(msg, sizeof msg, "the generation could not start: %s", api_user_cause(servd_last_error()));
       /* Choices already queued are cancelled; o lives until their final events. */
       for (int k = 0; k < o->n_submitted; k++)
         if (o->gens[k].r) a->ops->cancel(o->gens[k].r);
-      oai_error_rc(o, rc, msg);
+      oai_error_rc(o, rc, prompt_field(o), msg);
       return;
     }
     g->next = a->gens;
@@ -492,7 +513,7 @@ static void prep_after(uv_work_t *w, int status) {
     oai_maybe_free(o);
     return;
   }
-  if (o->err_rc) oai_error_rc(o, o->err_rc, o->err);
+  if (o->err_rc) oai_error_rc(o, o->err_rc, o->err_param, o->err);
   else if (o->mode == OAI_TOKENIZE || o->mode == OAI_DETOKENIZE) respond_tokens(o);
   else start_generation(o);
   oai_maybe_free(o);
@@ -621,16 +642,29 @@ static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
   if (uv_queue_work(a->loop, w, prep_work, prep_after) != 0) {
     free(w);
     o->work_pending = false;
-    oai_error(o, 500, "server_error", NULL, "%s", "cannot queue work");
+    oai_error(o, 500, "server_error", NULL, NULL, "%s", "cannot queue work");
     oai_maybe_free(o);
     return;
   }
   a->works++;
 }
 
-void api_oai_completions(servd_api *a, servd_http_req *r, bool chat) { handle(a, r, chat ? OAI_CHAT : OAI_COMPLETIONS); }
-void api_oai_tokenize(servd_api *a, servd_http_req *r) { handle(a, r, OAI_TOKENIZE); }
-void api_oai_detokenize(servd_api *a, servd_http_req *r) { handle(a, r, OAI_DETOKENIZE); }
+void api_oai_completions(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  (void)args;
+  handle(a, r, OAI_COMPLETIONS);
+}
+void api_oai_chat_completions(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  (void)args;
+  handle(a, r, OAI_CHAT);
+}
+void api_oai_tokenize(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  (void)args;
+  handle(a, r, OAI_TOKENIZE);
+}
+void api_oai_detokenize(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  (void)args;
+  handle(a, r, OAI_DETOKENIZE);
+}
 
 static json_t *model_entry(servd_api *a, api_model *am) {
   json_t *e = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", am->name, "object", "model", "created",
@@ -640,14 +674,16 @@ static json_t *model_entry(servd_api *a, api_model *am) {
   return e;
 }
 
-void api_oai_models(servd_api *a, servd_http_req *r) {
+void api_oai_models(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  (void)args;
   json_t *data = json_array();
   for (api_model *am = a->models; am; am = am->next)
     if (am->state == M_READY) json_array_append_new(data, model_entry(a, am));
   api_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
 
-void api_oai_model(servd_api *a, servd_http_req *r, const char *name) {
+void api_oai_model(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  const char *name = args->model;
   api_model *am = api_model_find(a, name);
   r->model = am ? am->name : NULL;
   if (!am || am->state != M_READY) {

@@ -27,6 +27,21 @@ typedef struct api_param_error {
   char message[768]; /* valid UTF-8, never empty */
 } api_param_error;
 
+/* ---- parameters an engine request adopts, common to both protocols (params_adopt.c) ---- */
+
+enum {
+  API_ADOPT_DEADLINE = 1u << 0, /* timeout: seconds in (0, 86400]; else lim->default_deadline_ms */
+  API_ADOPT_SAMPLING = 1u << 1, /* max_tokens, max_completion_tokens, temperature, top_p, top_k, min_p,
+                                   penalties, seed, stop, stop_token_ids, ignore_eos */
+};
+
+/* Checks the fields of the given sets in obj (a JSON object: an OpenAI body, KServe's 'parameters')
+ * and writes them over *gp. where prefixes field names in messages and err->param ("" or
+ * "parameters."). Stop strings and ids are allocated from arena (may be NULL without
+ * API_ADOPT_SAMPLING). Returns 0, or -1 with *err set (400, param naming the field). */
+int api_params_adopt(json_t *obj, unsigned sets, const char *where, const api_param_limits *lim, servd_arena *arena,
+                     servd_gen_params *gp, api_param_error *err);
+
 /* Parses a request body that must be a JSON object. *out: own reference, NULL on error. */
 int api_body_parse(const char *text, size_t len, json_t **out, api_param_error *err);
 

@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "api/api.h"
+#include "api/route.h"
 #include "servd/tensor.h"
 #include "test_http_util.h"
 
@@ -76,6 +77,10 @@ static int fake_tokenize(servd_model *m, const char *t, size_t n, bool sp, int32
 }
 static int fake_detokenize(servd_model *m, const int32_t *ids, int n, char **text) {
   (void)m;
+  for (int i = 0; i < n; i++) /* as the tokenizer words it, stage prefixes included */
+    if (ids[i] > 255)
+      return servd_fail(SERVD_ERANGE, "tokenizer: decode: id %d at position %d is not in the vocabulary (size 256)",
+                        ids[i], i);
   *text = malloc((size_t)n + 1);
   for (int i = 0; i < n; i++) (*text)[i] = (char)ids[i];
   (*text)[n] = '\0';
@@ -150,8 +155,10 @@ static void *fake_run(void *p) {
 static int fake_submit(servd_model *m, const int32_t *prompt, int n, const servd_gen_params *p, servd_event_cb cb,
                        void *ud, servd_request **out) {
   (void)m;
-  (void)prompt;
   if (atomic_load(&fake_busy)) return servd_fail(SERVD_EBUSY, "queue full");
+  for (int i = 0; i < n; i++) /* as the engine words it */
+    if (prompt[i] >= 1000)
+      return servd_fail(SERVD_EINVAL, "submit: prompt token %d at %d outside the vocabulary of 1000", prompt[i], i);
   servd_request *r = calloc(1, sizeof(*r));
   r->cb = cb;
   r->ud = ud;
@@ -506,6 +513,10 @@ static void test_validation(void **st) {
       {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":-5}", 400, "max_tokens"},
       {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens"},
       {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":\"9\"}", 400, "max_tokens"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_completion_tokens\":0}", 400, "max_completion_tokens"},
+      {"/v1/chat/completions",
+       "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":2,"
+       "\"max_tokens\":\"many\"}", 400, "max_tokens"},
       {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"n\":1000}", 400, "n"},
       {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"logprobs\":99}", 400, "logprobs"},
       {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"stop\":5}", 400, "stop"},
@@ -687,6 +698,7 @@ static void test_kserve_infer(void **st) {
       {"{\"inputs\":[{\"name\":\"x\",\"shape\":[-1],\"datatype\":\"FP32\",\"data\":[]}]}", 400},
       {"{\"inputs\":[{\"name\":\"x\",\"shape\":[2],\"datatype\":\"FP32\",\"data\":[1,\"a\"]}]}", 400},
       {"{\"inputs\":[]}", 400},
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[2,2],\"datatype\":\"FP32\",\"data\":[[1,2,3],[4]]}]}", 400},
       {"{\"inputs\":", 400},
       {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}],\"outputs\":[{\"name\":\"q\"}]}",
        400},
@@ -853,6 +865,145 @@ static void test_metrics(void **st) {
   tc_resp_free(&r);
 }
 
+/* max_completion_tokens bounds a completion as max_tokens does (it was ignored on /v1/completions). */
+static void test_max_completion_tokens(void **st) {
+  (void)st;
+  int s;
+  json_t *j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"hi\",\"max_completion_tokens\":2}",
+                        &s, NULL);
+  assert_int_equal(s, 200);
+  json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+  assert_string_equal(json_string_value(json_object_get(c, "text")), "w0 w1 ");
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 2);
+  json_decref(j);
+}
+
+/* Failures the API can only learn from the engine read as answers to the client: no engine stage
+ * prefix, and the field at fault named. */
+static void test_engine_refusals_name_the_field(void **st) {
+  (void)st;
+  static const struct {
+    const char *path, *body, *param, *needle;
+  } cases[] = {
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":[5000],\"max_tokens\":1}", "prompt", "5000"},
+      {"/detokenize", "{\"model\":\"lm\",\"tokens\":[104,300]}", "tokens", "300"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int s;
+    json_t *j = post_json(open_srv.port, cases[i].path, cases[i].body, &s, NULL);
+    assert_int_equal(s, 400);
+    json_t *e = json_object_get(j, "error");
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    assert_non_null(msg);
+    if (strstr(msg, "submit:") || strstr(msg, "tokenizer:") || strstr(msg, "detokenize:") || strstr(msg, "decode:"))
+      fail_msg("case %zu: internal prefix in '%s'", i, msg);
+    assert_non_null(strstr(msg, cases[i].needle));
+    assert_string_equal(json_string_value(json_object_get(e, "param")), cases[i].param);
+    assert_string_equal(json_string_value(json_object_get(e, "type")), "invalid_request_error");
+    json_decref(j);
+  }
+}
+
+/* Every model has the one version "1": another version is a 404, on every versioned route. */
+static void test_versions(void **st) {
+  (void)st;
+  const char *body = "{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}";
+  int s;
+  json_t *j = post_json(open_srv.port, "/v2/models/gen/versions/1/infer", body, &s, NULL);
+  assert_int_equal(s, 200);
+  assert_string_equal(json_string_value(json_object_get(j, "model_version")), "1");
+  json_decref(j);
+  j = post_json(open_srv.port, "/v2/models/gen/versions/2/infer", body, &s, NULL);
+  assert_int_equal(s, 404);
+  assert_non_null(strstr(json_string_value(json_object_get(j, "error")), "version '2'"));
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/models/gen/versions/2", &s);
+  assert_int_equal(s, 404);
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/models/gen/versions/2/ready", &s);
+  assert_int_equal(s, 404);
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/models/gen/versions/1/ready", &s);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/models/gen/versions/1", &s);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/models/nope/versions/1", &s); /* an unknown model stays unknown */
+  assert_int_equal(s, 404);
+  assert_non_null(strstr(json_string_value(json_object_get(j, "error")), "not served"));
+  json_decref(j);
+}
+
+/* 405 carries Allow with every method the path takes; 404 for paths no row has. */
+static void test_router_statuses(void **st) {
+  (void)st;
+  static const struct {
+    const char *method, *path;
+    int status;
+    const char *allow;
+  } cases[] = {
+      {"POST", "/v2/health/live", 405, "GET, HEAD"},
+      {"GET", "/v1/chat/completions", 405, "POST"},
+      {"DELETE", "/v2/repository/index", 405, "GET, POST"},
+      {"GET", "/v2/models/gen/infer", 405, "POST"},
+      {"GET", "/v2/models/gen/versions/1/infer", 405, "POST"},
+      {"GET", "/v2/health/ready", 200, NULL},
+      {"GET", "/v2/", 200, NULL},
+      {"GET", "/v1/nothing", 404, NULL},
+      {"GET", "/v2/models/gen/explode", 404, NULL},
+      {"GET", "/v2/models//ready", 404, NULL},
+      {"GET", "/v1/models/", 404, NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    tc_resp r = tc_request(open_srv.port, cases[i].method, cases[i].path, NULL, NULL);
+    if (r.status != cases[i].status) fail_msg("%s %s: %d", cases[i].method, cases[i].path, r.status);
+    if (cases[i].allow) assert_string_equal(tc_header(&r, "Allow"), cases[i].allow);
+    tc_resp_free(&r);
+  }
+  /* Without the key, only the public rows answer. */
+  tc_resp r = tc_request(auth_srv.port, "GET", "/v1/nothing", NULL, NULL);
+  assert_int_equal(r.status, 401);
+  tc_resp_free(&r);
+  r = tc_request(auth_srv.port, "GET", "/metrics", NULL, NULL);
+  assert_int_equal(r.status, 401);
+  tc_resp_free(&r);
+  r = tc_request(auth_srv.port, "POST", "/health", NULL, "");
+  assert_int_equal(r.status, 405);
+  tc_resp_free(&r);
+}
+
+/* The table itself: every row complete, patterns well formed, no row shadowed by an earlier one. */
+static void test_route_table(void **st) {
+  (void)st;
+  assert_true(api_n_routes > 0);
+  for (size_t i = 0; i < api_n_routes; i++) {
+    const api_route *row = &api_routes[i];
+    assert_non_null(row->handler);
+    assert_non_null(row->label);
+    assert_true(row->methods != 0);
+    assert_true(row->pattern[0] == '/');
+    if (strstr(row->pattern, "{model}") && !strstr(row->pattern, "/repository/") &&
+        strncmp(row->pattern, "/v1/", 4) != 0)
+      assert_true(row->flags & API_ROUTE_MODEL);
+    for (size_t k = 0; k < i; k++)
+      if (strcmp(api_routes[k].pattern, row->pattern) == 0) assert_int_equal(api_routes[k].methods & row->methods, 0);
+  }
+  api_route_span m, v;
+  assert_true(api_route_match("/v2/models/{model}/versions/{version}/infer", "/v2/models/abc/versions/7/infer", &m, &v));
+  assert_int_equal(m.n, 3);
+  assert_memory_equal(m.p, "abc", 3);
+  assert_int_equal(v.n, 1);
+  assert_memory_equal(v.p, "7", 1);
+  assert_false(api_route_match("/v2/models/{model}/infer", "/v2/models//infer", &m, &v));
+  assert_false(api_route_match("/v2/models/{model}/infer", "/v2/models/a/b/infer", &m, &v));
+  assert_false(api_route_match("/v2/models/{model}", "/v2/models/a/", &m, &v));
+  assert_false(api_route_match("/v1/models", "/v1/models/x", &m, &v));
+  assert_true(api_route_match("/metrics", "/metrics", &m, &v));
+  assert_int_equal(m.n, 0);
+  assert_int_equal(api_route_method_bit("PUT"), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_health_and_meta), cmocka_unit_test(test_completion),
@@ -863,6 +1014,9 @@ int main(void) {
       cmocka_unit_test(test_disconnect_cancels), cmocka_unit_test(test_kserve_infer), cmocka_unit_test(test_kserve_concurrency),
       cmocka_unit_test(test_auth),            cmocka_unit_test(test_tokenize),
       cmocka_unit_test(test_repository),      cmocka_unit_test(test_metrics),
+      cmocka_unit_test(test_max_completion_tokens), cmocka_unit_test(test_engine_refusals_name_the_field),
+      cmocka_unit_test(test_versions),        cmocka_unit_test(test_router_statuses),
+      cmocka_unit_test(test_route_table),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

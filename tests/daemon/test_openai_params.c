@@ -241,7 +241,7 @@ static void test_kserve_errors(void **st) {
       {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"Q4\",\"data\":[1]}]}",
        "input 'x': datatype 'Q4' is not supported (supported: FP32, FP16, BF16, INT32)"},
       {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}],\"parameters\":{\"timeout\":0}}",
-       "'parameters' must be an object; parameters.timeout a number of seconds in (0, 86400]"},
+       "'parameters.timeout' must be in (0, 86400], got 0"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     kserve_infer_params p;
@@ -306,6 +306,130 @@ static void test_utf8_fix(void **st) {
   }
 }
 
+/* max_tokens and max_completion_tokens: both checked on both routes, the newer name wins. */
+static void test_max_tokens_names(void **st) {
+  (void)st;
+  servd_arena *a = servd_arena_create(4096);
+  oai_params p;
+  api_param_error e;
+  assert_int_equal(parse("{\"prompt\":\"x\",\"max_completion_tokens\":2}", OAI_COMPLETIONS, a, &p, &e), 0);
+  assert_int_equal(p.gp.max_tokens, 2);
+  oai_params_free(&p);
+  assert_int_equal(parse("{\"prompt\":\"x\",\"max_tokens\":9,\"max_completion_tokens\":3}", OAI_COMPLETIONS, a, &p, &e), 0);
+  assert_int_equal(p.gp.max_tokens, 3);
+  oai_params_free(&p);
+  assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":5}", OAI_CHAT, a, &p, &e),
+                   0);
+  assert_int_equal(p.gp.max_tokens, 5);
+  oai_params_free(&p);
+  static const struct {
+    oai_mode mode;
+    const char *body, *param;
+  } bad[] = {
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_completion_tokens\":0}", "max_completion_tokens"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_completion_tokens\":\"2\"}", "max_completion_tokens"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":2,\"max_completion_tokens\":-1}", "max_completion_tokens"},
+      {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":5,\"max_tokens\":\"x\"}",
+       "max_tokens"},
+      {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":1.5}",
+       "max_completion_tokens"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(parse(bad[i].body, bad[i].mode, a, &p, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, bad[i].param);
+    assert_non_null(strstr(e.message, bad[i].param));
+  }
+  servd_arena_destroy(a);
+}
+
+/* Every documented field is checked, on every route that takes it, and the error names it. */
+static void test_every_field_named(void **st) {
+  (void)st;
+  static const struct {
+    oai_mode mode;
+    const char *body, *param;
+  } bad[] = {
+      /* The engine takes at most 64 stop token ids: more must be the client's 400, not a submit failure. */
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stop_token_ids\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,"
+                        "22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,"
+                        "53,54,55,56,57,58,59,60,61,62,63,64,65]}", "stop_token_ids"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stop_token_ids\":[1,-1]}", "stop_token_ids"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"ignore_eos\":1}", "ignore_eos"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"min_p\":1.5}", "min_p"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"repetition_penalty\":0}", "repetition_penalty"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"frequency_penalty\":-3}", "frequency_penalty"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"timeout\":0}", "timeout"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"timeout\":90000}", "timeout"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"user\":5}", "user"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stream\":true,\"stream_options\":{\"include_usage\":1}}",
+       "stream_options.include_usage"},
+      {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"seed\":\"7\"}", "seed"},
+      {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_k\":1.5}", "top_k"},
+      {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",7]}", "stop"},
+      {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":21,\"logprobs\":true}",
+       "top_logprobs"},
+      {OAI_TOKENIZE, "{\"prompt\":\"x\",\"add_generation_prompt\":5}", "add_generation_prompt"},
+      {OAI_TOKENIZE, "{\"prompt\":\"x\",\"add_special_tokens\":\"no\"}", "add_special_tokens"},
+  };
+  servd_arena *a = servd_arena_create(4096);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    oai_params p;
+    api_param_error e;
+    if (parse(bad[i].body, bad[i].mode, a, &p, &e) != -1) fail_msg("case %zu accepted: %s", i, bad[i].body);
+    assert_int_equal(e.status, 400);
+    if (strcmp(e.param, bad[i].param) != 0) fail_msg("case %zu: param '%s', want '%s'", i, e.param, bad[i].param);
+    assert_non_null(strstr(e.message, bad[i].param));
+  }
+  servd_arena_destroy(a);
+}
+
+/* Nested data must be rectangular and match the shape; flat data must hold exactly the elements. */
+static void test_kserve_nested_data(void **st) {
+  (void)st;
+  static const struct {
+    const char *shape, *data;
+    bool ok;
+  } cases[] = {
+      {"[2,2]", "[[1,2],[3,4]]", true},
+      {"[2,2]", "[1,2,3,4]", true},
+      {"[2,0]", "[[],[]]", true},
+      {"[2,0]", "[]", true},
+      {"[1,2,2]", "[[[1,2],[3,4]]]", true},
+      {"[2,2]", "[[1,2,3],[4]]", false},  /* ragged, 4 elements */
+      {"[2,2]", "[[1],[2,3,4]]", false},
+      {"[2]", "[[1],[2]]", false},        /* deeper than the shape */
+      {"[2,2,1]", "[[1,2],[3,4]]", false}, /* shallower than the shape */
+      {"[4]", "[[1,2],[3,4]]", false},
+      {"[2,2]", "[[1,2],3,4]", false},     /* mixed */
+      {"[3,1]", "[[1],[2]]", false},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char body[512];
+    snprintf(body, sizeof body, "{\"inputs\":[{\"name\":\"x\",\"shape\":%s,\"datatype\":\"FP32\",\"data\":%s}]}",
+             cases[i].shape, cases[i].data);
+    kserve_infer_params p;
+    api_param_error e;
+    int rc = infer(body, &p, &e);
+    if ((rc == 0) != cases[i].ok) fail_msg("case %zu (shape %s, data %s): rc %d %s", i, cases[i].shape, cases[i].data, rc, e.message);
+    if (rc == 0) {
+      kserve_infer_params_free(&p);
+      continue;
+    }
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "inputs[0].data");
+    assert_non_null(strstr(e.message, "input 'x'"));
+  }
+  /* Nested values land in row-major order. */
+  kserve_infer_params p;
+  api_param_error e;
+  assert_int_equal(infer("{\"inputs\":[{\"name\":\"x\",\"shape\":[2,3],\"datatype\":\"INT32\","
+                         "\"data\":[[1,2,3],[4,5,6]]}]}", &p, &e), 0);
+  const int32_t *v = servd_tensor_data(p.in[0].tensor);
+  for (int i = 0; i < 6; i++) assert_int_equal(v[i], i + 1);
+  kserve_infer_params_free(&p);
+}
+
 int main(void) {
   json_object_seed(1);
   const struct CMUnitTest tests[] = {
@@ -313,6 +437,8 @@ int main(void) {
       cmocka_unit_test(test_chat_messages),          cmocka_unit_test(test_errors),
       cmocka_unit_test(test_kserve_inputs),          cmocka_unit_test(test_kserve_errors),
       cmocka_unit_test(test_long_messages_stay_utf8), cmocka_unit_test(test_utf8_fix),
+      cmocka_unit_test(test_max_tokens_names),      cmocka_unit_test(test_every_field_named),
+      cmocka_unit_test(test_kserve_nested_data),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,35 @@
+/* Every handler of the route table, one declaration each, all of the api_handler type. Included by
+ * routes.c (the table) and by each handler's own file, so that the compiler checks the signature;
+ * handler files include nothing of the router or of each other. */
+#ifndef SERVD_API_HANDLERS_H
+#define SERVD_API_HANDLERS_H
+
+#include "api/route.h"
+
+/* health.c */
+void api_health_live(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_health_ready(servd_api *a, servd_http_req *r, const api_route_args *args);
+
+/* openai.c */
+void api_oai_completions(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_oai_chat_completions(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_oai_models(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_oai_model(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_oai_tokenize(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_oai_detokenize(servd_api *a, servd_http_req *r, const api_route_args *args);
+
+/* kserve.c */
+void api_kserve_server_meta(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_kserve_model_meta(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_kserve_model_ready(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_kserve_infer(servd_api *a, servd_http_req *r, const api_route_args *args);
+
+/* models.c: Triton's repository extension */
+void api_repository_index(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_repository_load(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_repository_unload(servd_api *a, servd_http_req *r, const api_route_args *args);
+
+/* metrics.c */
+void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args);
+
+#endif

@@ -1,0 +1,83 @@
+/* JSON responses and errors of the API routes (see api/respond.h). */
+#include "api/respond.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/request_params.h"
+#include "servd/status.h"
+
+void api_json(servd_http_req *r, int status, json_t *body) {
+  char *s = body ? json_dumps(body, JSON_COMPACT) : NULL;
+  json_decref(body);
+  if (!s) {
+    static const char oom[] = "{\"error\": \"out of memory\"}";
+    servd_http_respond(r, 500, "application/json", oom, sizeof oom - 1);
+    return;
+  }
+  servd_http_respond(r, status, "application/json", s, strlen(s));
+  free(s);
+}
+
+void api_oai_error(servd_http_req *r, int status, const char *type, const char *param, const char *code,
+                   const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  api_utf8_fix(msg); /* names from the path or the body may be cut or not UTF-8; JSON needs it */
+  json_t *e = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type", type, "param",
+                        param ? json_string(param) : json_null(), "code",
+                        code ? json_string(code) : json_null());
+  if (status == 429 || status == 503) servd_http_set_header(r, "Retry-After", "1");
+  api_json(r, status, e);
+}
+
+void api_kserve_error(servd_http_req *r, int status, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  api_utf8_fix(msg); /* names from the path or the body may be cut or not UTF-8; JSON needs it */
+  if (status == 429 || status == 503) servd_http_set_header(r, "Retry-After", "1");
+  api_json(r, status, json_pack("{s:s}", "error", msg));
+}
+
+int api_status_for(int rc) {
+  switch (rc) {
+  case SERVD_EINVAL:
+  case SERVD_EFORMAT:
+  case SERVD_ERANGE:
+  case SERVD_EUNSUPPORTED: return 400;
+  case SERVD_EBUSY: return 429;
+  case SERVD_ECANCELED: return 503;
+  case SERVD_ETIMEDOUT: return 504;
+  case SERVD_EMODEL: return 500; /* the model's code failed, not the request */
+  default: return 500;
+  }
+}
+
+const char *api_user_cause(const char *msg) {
+  /* The stages daemon/engine and the tokenizer write before their messages, possibly nested
+   * ("tokenizer: decode: id 7 ..."). */
+  static const char *const stages[] = {"submit: ",         "chat template: ", "tokenize: ",   "detokenize: ",
+                                       "predict batch: ",  "predict: ",       "tokenizer: ",  "decode: ",
+                                       "detokenizer: "};
+  if (!msg) return "";
+  for (bool again = true; again;) {
+    again = false;
+    for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
+      size_t n = strlen(stages[i]);
+      if (strncmp(msg, stages[i], n) == 0) {
+        msg += n;
+        again = true;
+      }
+    }
+  }
+  return msg;
+}

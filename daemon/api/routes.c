@@ -1,0 +1,40 @@
+/* The route table: adding an endpoint is its handler (declared in handlers.h) and one row here.
+ * Rows are tried in order; the first whose pattern and method match serves the request. */
+#include "api/handlers.h"
+
+#define V "/versions/{version}"
+
+const api_route api_routes[] = {
+    /* Health probes answer without a key: orchestrators probe them. */
+    {API_GET | API_HEAD, "/health", "/health", API_ROUTE_PUBLIC, api_health_live},
+    {API_GET | API_HEAD, "/v2/health/live", "/v2/health/live", API_ROUTE_PUBLIC, api_health_live},
+    {API_GET | API_HEAD, "/v2/health/ready", "/v2/health/ready", API_ROUTE_PUBLIC, api_health_ready},
+
+    /* OpenAI-compatible, and vLLM's tokenizer routes. */
+    {API_POST, "/v1/completions", "/v1/completions", API_ROUTE_OAI, api_oai_completions},
+    {API_POST, "/v1/chat/completions", "/v1/chat/completions", API_ROUTE_OAI, api_oai_chat_completions},
+    {API_GET, "/v1/models", "/v1/models", API_ROUTE_OAI, api_oai_models},
+    {API_GET, "/v1/models/{model}", "/v1/models/{model}", API_ROUTE_OAI, api_oai_model},
+    {API_POST, "/tokenize", "/tokenize", API_ROUTE_OAI, api_oai_tokenize},
+    {API_POST, "/detokenize", "/detokenize", API_ROUTE_OAI, api_oai_detokenize},
+
+    /* KServe v2 / Open Inference Protocol; the versioned paths share their template's label. */
+    {API_GET, "/v2", "/v2", 0, api_kserve_server_meta},
+    {API_GET, "/v2/", "/v2", 0, api_kserve_server_meta},
+    {API_GET, "/v2/models/{model}", "/v2/models/{model}", API_ROUTE_MODEL, api_kserve_model_meta},
+    {API_GET, "/v2/models/{model}" V, "/v2/models/{model}", API_ROUTE_MODEL, api_kserve_model_meta},
+    {API_GET, "/v2/models/{model}/ready", "/v2/models/{model}/ready", API_ROUTE_MODEL, api_kserve_model_ready},
+    {API_GET, "/v2/models/{model}" V "/ready", "/v2/models/{model}/ready", API_ROUTE_MODEL, api_kserve_model_ready},
+    {API_POST, "/v2/models/{model}/infer", "/v2/models/{model}/infer", API_ROUTE_MODEL, api_kserve_infer},
+    {API_POST, "/v2/models/{model}" V "/infer", "/v2/models/{model}/infer", API_ROUTE_MODEL, api_kserve_infer},
+
+    /* Triton's repository extension: load takes names not served yet, so no API_ROUTE_MODEL. */
+    {API_POST | API_GET, "/v2/repository/index", "/v2/repository/index", 0, api_repository_index},
+    {API_POST, "/v2/repository/models/{model}/load", "/v2/repository/models/{model}/load", 0, api_repository_load},
+    {API_POST, "/v2/repository/models/{model}/unload", "/v2/repository/models/{model}/unload", 0,
+     api_repository_unload},
+
+    {API_GET, "/metrics", "/metrics", 0, api_metrics},
+};
+
+const size_t api_n_routes = sizeof api_routes / sizeof api_routes[0];
