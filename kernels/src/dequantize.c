@@ -1,0 +1,92 @@
+/* dequantize: out f32 (..., n) = the values of x (..., n) in a GGUF block dtype (servd/blocks.h),
+ * block by block. The scalar kernel is the reference for the device one (kernels/cuda/dequantize.cu);
+ * matmul never calls it (it computes on the blocks), it is for the code that needs the values:
+ * checks, conversions, ops without a quantized path. */
+#include "ops-impl.h"
+
+#include "servd/blocks.h"
+#include "servd/threadpool.h"
+
+int servd__check_dequantize(servd_tensor *out, const servd_tensor *x) {
+  char bo[96], bx[96];
+  bool ok = out && x && out->dtype == SERVD_F32 && servd_dtype_is_quantized(x->dtype) && x->ndim >= 1 &&
+            out->ndim == x->ndim;
+  for (int i = 0; ok && i < x->ndim; i++) ok = out->shape[i] == x->shape[i];
+  if (!ok)
+    return servd_fail(SERVD_EINVAL, "dequantize: expected x (..., n) q8_0/q4_0/q4_1 and out f32 of its shape; got "
+                      "out %s, x %s", ops__desc(out, bo, sizeof bo), ops__desc(x, bx, sizeof bx));
+  return 0;
+}
+
+static inline float f16(uint16_t h) { return servd_f16_to_f32(h); }
+
+/* One block of SERVD_QK values into y. */
+static void block_q8_0(float *y, const servd_block_q8_0 *b) {
+  const float d = f16(b->d);
+  for (int i = 0; i < SERVD_QK; i++) y[i] = d * (float)b->qs[i];
+}
+
+/* Nibble i < 16 is the low half of qs[i], nibble i + 16 the high half (ggml's order). */
+static void block_q4_0(float *y, const servd_block_q4_0 *b) {
+  const float d = f16(b->d);
+  for (int i = 0; i < SERVD_QK / 2; i++) {
+    y[i] = d * (float)((b->qs[i] & 15) - 8);
+    y[i + SERVD_QK / 2] = d * (float)((b->qs[i] >> 4) - 8);
+  }
+}
+
+static void block_q4_1(float *y, const servd_block_q4_1 *b) {
+  const float d = f16(b->d), m = f16(b->m);
+  for (int i = 0; i < SERVD_QK / 2; i++) {
+    y[i] = d * (float)(b->qs[i] & 15) + m;
+    y[i + SERVD_QK / 2] = d * (float)(b->qs[i] >> 4) + m;
+  }
+}
+
+typedef struct dq_job {
+  const servd_tensor *out, *x;
+  int64_t cols;
+} dq_job;
+
+/* Byte offset of outer row r (an index over every dimension but the innermost) of t: any outer
+ * strides, so views (narrowed rows, slices of a middle dimension) need no copy. */
+static int64_t row_offset(const servd_tensor *t, int64_t r) {
+  int64_t off = 0;
+  for (int i = t->ndim - 2; i >= 0; i--) {
+    off += (r % t->shape[i]) * t->strides[i];
+    r /= t->shape[i];
+  }
+  return off;
+}
+
+static void dq_task(void *ctx, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  const dq_job *j = ctx;
+  const servd_dtype dt = j->x->dtype;
+  const int64_t nb = j->cols / SERVD_QK;
+  const size_t bb = servd_dtype_block_bytes(dt);
+  const char *x0 = servd_tensor_data(j->x);
+  char *o0 = servd_tensor_data(j->out);
+  for (int64_t r = begin; r < end; r++) {
+    const char *src = x0 + row_offset(j->x, r);
+    float *dst = (float *)(o0 + row_offset(j->out, r));
+    for (int64_t b = 0; b < nb; b++, src += bb, dst += SERVD_QK) {
+      switch (dt) {
+      case SERVD_Q8_0: block_q8_0(dst, (const servd_block_q8_0 *)src); break;
+      case SERVD_Q4_0: block_q4_0(dst, (const servd_block_q4_0 *)src); break;
+      default: block_q4_1(dst, (const servd_block_q4_1 *)src); break;
+      }
+    }
+  }
+}
+
+int servd_dequantize(servd_tensor *out, const servd_tensor *x) {
+  int rc = servd__check_dequantize(out, x);
+  if (rc < 0) return rc;
+  dq_job j = {out, x, x->shape[x->ndim - 1]};
+  int64_t rows = j.cols ? servd_tensor_numel(x) / j.cols : 0;
+  if (rows == 0 || j.cols == 0) return 0;
+  int64_t grain = j.cols >= 8192 ? 1 : 8192 / j.cols;
+  servd_parallel_for(rows, grain, dq_task, &j);
+  return 0;
+}
