@@ -235,8 +235,10 @@ static int g_init(servd_guest_thread *th, const servd_guest_config *c, servd_py_
   return rc;
 }
 
-static int g_load_entry(servd_guest_thread *th, const char *entry_point, servd_py_error *err) {
+static int g_load_entry(servd_guest_thread *th, uint64_t seq, const char *entry_point, servd_py_error *err) {
   enter(th);
+  active_call c; /* the import runs under the load deadline: interrupt(seq) ends it */
+  begin_call(&c, seq);
   int rc = 0;
   PyObject *load = PyDict_GetItemString(g_boot, "load_entry");
   Py_CLEAR(g_entry);
@@ -252,7 +254,8 @@ static int g_load_entry(servd_guest_thread *th, const char *entry_point, servd_p
     }
   }
   if (!g_entry)
-    rc = take_error(err, "loading the entry object", NULL);
+    rc = take_error(err, "loading the entry object", &c);
+  end_call(&c);
   leave();
   return rc;
 }

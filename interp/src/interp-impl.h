@@ -57,7 +57,8 @@ const servd_host_api *servd_host_api__get(void);
 /* ---- deadline watchdog (watchdog.c) ------------------------------------------------------------
  * One thread for the process. A call with a deadline arms a record on its stack; past the deadline
  * the watchdog asks the guest to raise TimeoutError in that call (again every 100 ms until the call
- * returns, in case the code swallows it). */
+ * returns, in case the code swallows it), through a helper thread per namespace: an interrupt waits
+ * for that interpreter's GIL, which code blocked in native code may hold indefinitely. */
 typedef struct servd_wd_call {
   struct servd_wd_call *next;
   const servd_ns *ns;
@@ -98,6 +99,8 @@ void servd_interp__fini(servd_interp *it);
  * build the entry object from "module:callable" found on sys.path (extra_sys_path). */
 int servd_interp__exec(servd_interp *it, const char *code, int64_t deadline_ms, servd_py_error *err);
 int servd_interp__load_entry(servd_interp *it, const char *entry_point, servd_py_error *err);
+/* load_entry under a deadline (ms, 0: none): SERVD_ETIMEDOUT when interrupted there (pool.c). */
+int servd_interp__import_entry(servd_interp *it, const char *entry_point, int64_t deadline_ms, servd_py_error *err);
 int servd_interp__eval_json(servd_interp *it, const char *expr, json_t **result, int64_t deadline_ms,
                             servd_py_error *err);
 

@@ -153,11 +153,16 @@ int servd_interp_call_json(servd_interp *it, const char *method, json_t *args, j
 }
 
 int servd_interp_forward(servd_interp *it, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err) {
+  return servd_interp_forward_deadline(it, b, 0, logits, err);
+}
+
+int servd_interp_forward_deadline(servd_interp *it, const servd_forward_batch *b, int64_t timeout_ms,
+                                  servd_tensor **logits, servd_py_error *err) {
   *logits = NULL;
   if (!b || b->n_tokens < 0 || b->n_logit_rows < 0 || b->attn.n_seqs < 0)
     return servd_fail(SERVD_EINVAL, "interp forward: bad batch description");
   call_ctx cc;
-  int rc = call_begin(it, &cc, 0, err);
+  int rc = call_begin(it, &cc, timeout_ms, err);
   if (rc < 0)
     return rc;
   rc = it->ns->api->forward(cc.th, cc.seq, b, logits, err);
@@ -189,11 +194,15 @@ int servd_interp__eval_json(servd_interp *it, const char *expr, json_t **result,
 }
 
 int servd_interp__load_entry(servd_interp *it, const char *entry_point, servd_py_error *err) {
+  return servd_interp__import_entry(it, entry_point, 0, err);
+}
+
+int servd_interp__import_entry(servd_interp *it, const char *entry_point, int64_t deadline_ms, servd_py_error *err) {
   call_ctx cc;
-  int rc = call_begin(it, &cc, 0, err);
+  int rc = call_begin(it, &cc, deadline_ms, err);
   if (rc < 0)
     return rc;
-  rc = it->ns->api->load_entry(cc.th, entry_point, err);
+  rc = it->ns->api->load_entry(cc.th, cc.seq, entry_point, err);
   call_end(it, &cc);
   return rc;
 }

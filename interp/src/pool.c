@@ -32,6 +32,31 @@ static const char *tail_lines(const char *tb, int lines) {
   return tb;
 }
 
+/* Imports the package in `it` within what is left of the pool's load deadline (deadline_ns 0: none).
+ * Timed out: SERVD_ETIMEDOUT, err a TimeoutError whose message names the load timeout. */
+static int import_entry(servd_interp *it, mpk_package *pkg, const char *entry, int64_t timeout_ms,
+                        int64_t deadline_ns, servd_py_error *err) {
+  int64_t left_ms = 0;
+  if (deadline_ns) {
+    left_ms = (deadline_ns - servd_interp__now_ns()) / 1000000LL;
+    if (left_ms <= 0) { /* the interpreters started before it took all of it */
+      snprintf(err->type, sizeof err->type, "TimeoutError");
+      err->traceback[0] = 0;
+      snprintf(err->message, sizeof err->message, "was not imported within the load timeout of %.3g s",
+               (double)timeout_ms / 1000.0);
+      return servd_fail(SERVD_ETIMEDOUT, "package %s: load timeout", mpk_name(pkg));
+    }
+  }
+  int rc = servd_interp__import_entry(it, entry, left_ms, err);
+  if (rc == SERVD_ETIMEDOUT) {
+    snprintf(err->type, sizeof err->type, "TimeoutError");
+    snprintf(err->message, sizeof err->message,
+             "did not load within the load timeout of %.3g s and was interrupted (TimeoutError raised in "
+             "the import)", (double)timeout_ms / 1000.0);
+  }
+  return rc;
+}
+
 /* Every rank's GPU must exist: a clear error here rather than a failing device call in model code. */
 static int check_devices(const servd_pool_options *o, int ws) {
   if (!o->rank_devices)
@@ -83,6 +108,8 @@ int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool 
   }
   memset(p->its, 0, sizeof(servd_interp) * (size_t)o->n_interpreters);
   servd_py_error local, *err = o->error ? o->error : &local;
+  /* one deadline for the whole pool: each import gets what the earlier ones left */
+  int64_t deadline_ns = o->load_timeout_ms > 0 ? servd_interp__now_ns() + o->load_timeout_ms * 1000000LL : 0;
   for (int i = 0; i < o->n_interpreters; i++) {
     int rank = i % ws;
     servd_interp_config c = {.index = i, .rank = rank, .world_size = ws,
@@ -96,7 +123,12 @@ int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool 
     }
     p->n = i + 1;
     if (pkg) {
-      rc = p->its[i].ns->api->load_entry(servd_ns__thread(p->its[i].ns), entry, err);
+      rc = import_entry(&p->its[i], pkg, entry, o->load_timeout_ms, deadline_ns, err);
+      if (rc == SERVD_ETIMEDOUT) {
+        rc = servd_fail(rc, "interp %d: package %s: entry '%s' %s%s%s", i, mpk_name(pkg), entry, err->message,
+                        err->traceback[0] ? ":\n" : "", tail_lines(err->traceback, 4));
+        goto fail;
+      }
       if (rc < 0) {
         rc = servd_fail(rc, "interp %d: package %s: entry '%s' failed to load: %s: %s\n%s", i, mpk_name(pkg),
                         entry, err->type, err->message, tail_lines(err->traceback, 4));

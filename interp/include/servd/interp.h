@@ -38,6 +38,13 @@ typedef struct servd_pool_options {
                                  * package raised (type, message, full traceback) */
   const int *rank_devices;      /* NULL: every rank on the CPU; else rank r runs on GPU rank_devices[r] */
   servd_device_comm *dcomm;     /* NCCL collectives between GPU ranks (world_size > 1); borrowed */
+  /* 0: none. The imports of the package in all the interpreters (module bodies, the entry object's
+   * construction) must be done within this many ms of servd_pool_create's start: past it TimeoutError
+   * is raised inside the running import (again every 100 ms) and servd_pool_create fails with
+   * SERVD_ETIMEDOUT. Code blocked in native code does not see the exception until it returns to
+   * Python, so servd_pool_create may still not return: a caller that must not wait for that runs it
+   * on a thread it can abandon (daemon/engine does), leaving that pool's interpreters unusable. */
+  int64_t load_timeout_ms;
 } servd_pool_options;
 
 /* Creates the interpreters, imports the package's entry module from the package itself and builds
@@ -107,5 +114,11 @@ typedef struct servd_forward_batch {
 
 SERVD_API int servd_interp_forward(servd_interp *it, const servd_forward_batch *b, servd_tensor **logits,
                                    servd_py_error *err);
+/* servd_interp_forward with a deadline (timeout_ms 0: none): past it TimeoutError is raised inside the
+ * running forward (again every 100 ms until it returns) and the call returns SERVD_ETIMEDOUT with
+ * err->type "TimeoutError"; the interpreter stays usable. Native code that never returns to Python
+ * (an op, a collective that is never aborted) is not interrupted. */
+SERVD_API int servd_interp_forward_deadline(servd_interp *it, const servd_forward_batch *b, int64_t timeout_ms,
+                                            servd_tensor **logits, servd_py_error *err);
 
 #endif
