@@ -74,12 +74,25 @@ static int report_backend(const servd_config *c) {
   return 0;
 }
 
+/* Signals a process manager or an operator sends. The stopping ones drain (see begin_drain). SIGHUP
+ * and SIGUSR1/2 ask daemons to reload or reopen their logs: servd has nothing to reload (it logs to
+ * stderr, which the supervisor owns, and reads the model repository at each request), so it says
+ * so and serves on; their default action would end the process and cut every stream. SIGPIPE is
+ * ignored (servd_serve_main). */
+static const struct {
+  int signum;
+  bool drains;
+} handled_signals[] = {
+    {SIGTERM, true}, {SIGINT, true}, {SIGQUIT, true}, {SIGHUP, false}, {SIGUSR1, false}, {SIGUSR2, false},
+};
+#define N_SIGNALS (sizeof handled_signals / sizeof *handled_signals)
+
 typedef struct server {
   uv_loop_t *loop;
   servd_config cfg;
   servd_api *api;
   servd_http_server *http;
-  uv_signal_t sigterm, sigint;
+  uv_signal_t sigs[N_SIGNALS]; /* handled_signals, in order */
   uv_timer_t drain_timer;
   uint64_t drain_deadline, cancel_deadline;
   bool draining, cancelled, unloading, closing, startup_done;
@@ -90,8 +103,7 @@ static void on_handle_closed(uv_handle_t *h) { (void)h; }
 
 static void on_api_closed(void *ud) {
   server *s = ud;
-  uv_close((uv_handle_t *)&s->sigterm, on_handle_closed);
-  uv_close((uv_handle_t *)&s->sigint, on_handle_closed);
+  for (size_t i = 0; i < N_SIGNALS; i++) uv_close((uv_handle_t *)&s->sigs[i], on_handle_closed);
   uv_close((uv_handle_t *)&s->drain_timer, on_handle_closed);
 }
 
@@ -155,6 +167,12 @@ static void begin_drain(server *s, const char *why) {
 
 static void on_signal(uv_signal_t *h, int signum) {
   server *s = h->data;
+  if (!handled_signals[h - s->sigs].drains) {
+    fprintf(stderr, "servd: %s: nothing to reload (logs go to stderr, the model repository is read at each "
+                    "request); serving on\n", strsignal(signum));
+    fflush(stderr);
+    return;
+  }
   if (s->draining) {
     /* A second signal: the operator wants out now. */
     fprintf(stderr, "servd: second %s; exiting without draining\n", strsignal(signum));
@@ -269,16 +287,18 @@ int servd_serve_main(int argc, char **argv) {
     return rc == SERVD_EINVAL ? 2 : 1; /* a bad address is a configuration error; a taken port is not */
   }
   servd_api_set_server(s.api, s.http);
+  /* Before the port line: whoever waits for it may signal servd at once. */
+  uv_timer_init(s.loop, &s.drain_timer);
+  s.drain_timer.data = &s;
+  for (size_t i = 0; i < N_SIGNALS; i++) {
+    uv_signal_init(s.loop, &s.sigs[i]);
+    s.sigs[i].data = &s;
+    uv_signal_start(&s.sigs[i], on_signal, handled_signals[i].signum);
+  }
   fprintf(stderr, "servd: listening on http://%s:%d\n", s.cfg.host, servd_http_server_port(s.http));
   /* A line tests and scripts can wait for when they asked for port 0. */
   fprintf(stdout, "servd: port %d\n", servd_http_server_port(s.http));
   fflush(stdout);
-  uv_signal_init(s.loop, &s.sigterm);
-  uv_signal_init(s.loop, &s.sigint);
-  uv_timer_init(s.loop, &s.drain_timer);
-  s.sigterm.data = s.sigint.data = s.drain_timer.data = &s;
-  uv_signal_start(&s.sigterm, on_signal, SIGTERM);
-  uv_signal_start(&s.sigint, on_signal, SIGINT);
 
   for (int i = 0; i < s.cfg.n_models; i++) {
     servd_model_options mo;
