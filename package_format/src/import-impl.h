@@ -38,6 +38,10 @@ int mpk__common_fields(mpk_writer *w, const mpk_import_options *o, const struct 
 /* 0 unless `path` is a symbolic link resolving outside `root` (or not resolving): the packer never
  * copies files from outside the folder it was given. */
 int mpk__source_inside(const char *root, const char *path);
+/* A model folder's file (config, tokenizer, shards) may be a link to a regular file anywhere: the
+ * Hugging Face hub cache links the files of snapshots/REV to ../../blobs. Only code folders must keep their
+ * links inside (mpk__source_inside); anything but a regular file is refused. */
+int mpk__source_regular(const char *path);
 
 #define MPK_MAX_SIDE_FILE ((size_t)256 << 20) /* tokenizer.json and friends */
 

@@ -114,6 +114,14 @@ int mpk__source_inside(const char *root, const char *path) {
   return rc;
 }
 
+int mpk__source_regular(const char *path) {
+  struct stat st;
+  if (stat(path, &st) != 0) return 0; /* absent files are the caller's business */
+  if (!S_ISREG(st.st_mode))
+    return servd_fail(SERVD_EINVAL, "%s: not a regular file (a folder, device, FIFO or socket cannot be packed)", path);
+  return 0;
+}
+
 static int cmp_cstr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* Adds dir's files under prefix, sorted (reproducible packages), recursing into folders. Symbolic

@@ -47,7 +47,7 @@ static int load_shards(const char *dir, shard **out, size_t *nout) {
   struct stat st;
   snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
   if (stat(path, &st) == 0) {
-    if ((rc = mpk__source_inside(dir, path)) || (rc = mpk__load_json_file(path, &idx))) return rc;
+    if ((rc = mpk__source_regular(path)) || (rc = mpk__load_json_file(path, &idx))) return rc;
     json_t *wm = json_object_get(idx, "weight_map");
     if (!json_is_object(wm) || json_object_size(wm) == 0) {
       rc = servd_fail(SERVD_EFORMAT, "%s: weight_map: expected a non-empty object of tensor -> file", path);
@@ -74,7 +74,7 @@ static int load_shards(const char *dir, shard **out, size_t *nout) {
   }
   for (size_t i = 0; i < n; i++) {
     snprintf(path, sizeof path, "%s/%s", dir, sh[i].file);
-    if ((rc = mpk__source_inside(dir, path)) || (rc = mpk__map_file_fd(path, &sh[i].map)) || (rc = mpk_st_parse(path, sh[i].map.data, sh[i].map.len, &sh[i].h))) goto fail;
+    if ((rc = mpk__source_regular(path)) || (rc = mpk__map_file_fd(path, &sh[i].map)) || (rc = mpk_st_parse(path, sh[i].map.data, sh[i].map.len, &sh[i].h))) goto fail;
   }
   if (idx) { /* the index and the shards must agree */
     json_t *wm = json_object_get(idx, "weight_map");
@@ -114,11 +114,11 @@ fail:
 typedef struct tref { const char *name; size_t shard, idx; char *canon; } tref;
 static int cmp_tref(const void *a, const void *b) { return strcmp(((const tref *)a)->canon, ((const tref *)b)->canon); }
 
-/* Side files of the folder, each checked not to link out of it. */
+/* Side files of the folder (links to regular files are followed: the hub cache layout). */
 static int add_side_file(mpk_writer *w, const char *dir, const char *file, bool json, bool *present) {
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, file);
-  int rc = mpk__source_inside(dir, path);
+  int rc = mpk__source_regular(path);
   return rc ? rc : mpk__add_source_file(w, path, file, json, present);
 }
 
@@ -135,7 +135,7 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
   mpk_shapes shapes = {0};
   const mpk_arch *arch;
   snprintf(path, sizeof path, "%s/config.json", dir);
-  if ((rc = mpk__source_inside(dir, path)) || (rc = mpk__load_json_file(path, &config))) goto fail;
+  if ((rc = mpk__source_regular(path)) || (rc = mpk__load_json_file(path, &config))) goto fail;
   if (!json_is_object(config)) { rc = servd_fail(SERVD_EFORMAT, "%s: expected a JSON object", path); goto fail; }
   if ((rc = mpk__arch_for_hf(path, config, &arch)) || (rc = arch->check_config(path, config))) goto fail;
   if ((rc = load_shards(dir, &sh, &nsh))) goto fail;
