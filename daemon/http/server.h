@@ -84,8 +84,8 @@ typedef struct servd_http_callbacks {
   void (*handle)(void *ud, servd_http_req *r);
   /* After the response ended or the request was aborted (metrics, access log). May be NULL. */
   void (*complete)(void *ud, const servd_http_req *r);
-  /* Body of an error the server answers itself (400, 408, 413, 431) for a request target ("" when
-   * not yet known). NULL: {"error": message}. */
+  /* Body of an error the server answers itself (400, 408, 413, 431, 501, 505) for a request target
+   * ("" when not yet known). NULL: {"error": message}. */
   void (*error_body)(void *ud, const char *target, int status, const char *message, servd_buf *out);
   void *ud;
 } servd_http_callbacks;
