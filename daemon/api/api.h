@@ -56,7 +56,12 @@ int servd_api_models_loading(const servd_api *a);
 
 /* Draining: readiness fails and new inference requests get 503; running ones continue. */
 void servd_api_set_draining(servd_api *a, bool draining);
-/* Requests holding engine work (generations, predictions, template/tokenization jobs). */
+/* Shutdown: loads in progress are not waited for (a load can take up to the load timeout): their
+ * waiting repository requests get 503 now. Returns how many loads are still running; when the models
+ * are unloaded the process exits without waiting for them (servd_api_close needs none running). */
+int servd_api_drain_loads(servd_api *a);
+/* Requests holding engine work (generations, predictions, template/tokenization jobs, unloads; not
+ * loads). */
 int servd_api_inflight(const servd_api *a);
 /* Cancels every running generation (they end with finish_reason "cancelled"). */
 void servd_api_cancel_all(servd_api *a);

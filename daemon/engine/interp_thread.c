@@ -1,11 +1,13 @@
 /* The engine's interpreter-owning thread: see interp_thread.h. */
 #include "engine/interp_thread.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "servd/device.h"
 #include "servd/status.h"
@@ -20,7 +22,16 @@ struct servd_interp_thread {
   int rc;
   char err[1024]; /* the job's servd_last_error, carried to the caller's thread */
   bool pending, done, quit;
+  bool abandoned;             /* the caller gave up waiting: t and the job are the thread's */
+  void (*orphan)(void *arg);  /* called with the abandoned job's arg when it returns */
 };
+
+static void destroy(servd_interp_thread *t) {
+  pthread_mutex_destroy(&t->mu);
+  pthread_cond_destroy(&t->cv);
+  pthread_mutex_destroy(&t->callers);
+  free(t);
+}
 
 static void *thread_main(void *p) {
   servd_interp_thread *t = p;
@@ -36,6 +47,16 @@ static void *thread_main(void *p) {
     snprintf(t->err, sizeof t->err, "%s", rc ? servd_last_error() : "");
     t->pending = false;
     t->done = true;
+    if (t->abandoned) {
+      /* Nobody waits: the job returned after its caller gave up on it (see run_for). */
+      pthread_mutex_unlock(&t->mu);
+      fprintf(stderr, "servd: an abandoned interpreter job returned after all (status %d); its "
+              "interpreters stay quarantined\n", rc);
+      if (t->orphan) t->orphan(t->arg);
+      destroy(t);
+      servd_device_thread_release();
+      return NULL;
+    }
     pthread_cond_broadcast(&t->cv);
   }
   pthread_mutex_unlock(&t->mu);
@@ -84,8 +105,43 @@ void servd_interp_thread_stop(servd_interp_thread *t) {
   pthread_cond_broadcast(&t->cv);
   pthread_mutex_unlock(&t->mu);
   pthread_join(t->thread, NULL);
-  pthread_mutex_destroy(&t->mu);
-  pthread_cond_destroy(&t->cv);
-  pthread_mutex_destroy(&t->callers);
-  free(t);
+  destroy(t);
+}
+
+int servd_interp_thread_run_for(servd_interp_thread *t, int (*fn)(void *arg), void *arg, int64_t timeout_ms,
+                                void (*orphan)(void *arg), bool *abandoned) {
+  *abandoned = false;
+  if (timeout_ms <= 0) return servd_interp_thread_run(t, fn, arg);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until); /* pthread_cond_timedwait's default clock */
+  until.tv_sec += (time_t)(timeout_ms / 1000);
+  until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&t->callers);
+  pthread_mutex_lock(&t->mu);
+  t->fn = fn;
+  t->arg = arg;
+  t->orphan = orphan;
+  t->done = false;
+  t->pending = true;
+  pthread_cond_broadcast(&t->cv);
+  while (!t->done)
+    if (pthread_cond_timedwait(&t->cv, &t->mu, &until) == ETIMEDOUT && !t->done) break;
+  if (!t->done) {
+    t->abandoned = true;
+    pthread_detach(t->thread);
+    pthread_mutex_unlock(&t->mu);
+    pthread_mutex_unlock(&t->callers); /* nobody else holds t: the caller was its only user */
+    *abandoned = true;
+    return servd_fail(SERVD_ETIMEDOUT, "interpreter job did not return within %lld ms; abandoned",
+                      (long long)timeout_ms);
+  }
+  int rc = t->rc;
+  if (rc) servd_fail(rc, "%s", t->err);
+  pthread_mutex_unlock(&t->mu);
+  pthread_mutex_unlock(&t->callers);
+  return rc;
 }

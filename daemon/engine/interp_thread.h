@@ -14,11 +14,20 @@
 #ifndef SERVD_ENGINE_INTERP_THREAD_H
 #define SERVD_ENGINE_INTERP_THREAD_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 typedef struct servd_interp_thread servd_interp_thread;
 
 int servd_interp_thread_start(servd_interp_thread **out); /* *out owned by the caller */
 /* Runs fn(arg) on the thread and returns its result; calls from several threads run one at a time. */
 int servd_interp_thread_run(servd_interp_thread *t, int (*fn)(void *arg), void *arg);
 void servd_interp_thread_stop(servd_interp_thread *t); /* accepts NULL; joins the thread */
+/* servd_interp_thread_run that waits at most timeout_ms (0: no limit). When fn has not returned by
+ * then, the thread is abandoned: *abandoned is set, SERVD_ETIMEDOUT returned, and t and arg belong to
+ * the thread from then on (the caller never touches them again, not even to stop t). Should fn ever
+ * return, the thread calls orphan(arg) (NULL: nothing), frees t and ends. */
+int servd_interp_thread_run_for(servd_interp_thread *t, int (*fn)(void *arg), void *arg, int64_t timeout_ms,
+                                void (*orphan)(void *arg), bool *abandoned);
 
 #endif
