@@ -11,7 +11,7 @@
 #include "servd/status.h"
 
 /* One line per family. */
-static const mpk_arch *const arches[] = {&mpk__arch_llama};
+static const mpk_arch *const arches[] = {&mpk__arch_llama, &mpk__arch_mistral, &mpk__arch_qwen2, &mpk__arch_qwen3};
 #define N_ARCHES (sizeof arches / sizeof *arches)
 
 static void join(char *buf, size_t cap, size_t *o, const char *const *list) {
@@ -25,7 +25,7 @@ void mpk__arch_known(char *buf, size_t cap) {
     const mpk_arch *a = arches[i];
     o += (size_t)snprintf(buf + o, cap - o, "%s%s (model_type ", i ? "; " : "", a->name);
     join(buf, cap, &o, a->hf_model_types);
-    if (o < cap) o += (size_t)snprintf(buf + o, cap - o, ", GGUF ");
+    if (o < cap && a->gguf_archs) o += (size_t)snprintf(buf + o, cap - o, ", GGUF ");
     join(buf, cap, &o, a->gguf_archs);
     if (o < cap) o += (size_t)snprintf(buf + o, cap - o, ")");
   }
@@ -72,6 +72,11 @@ int mpk__arch_for_gguf(const char *what, const char *arch, size_t len, const mpk
   if (!arch) return servd_fail(SERVD_EUNSUPPORTED, "%s: general.architecture: missing; known architectures are: %s", what, known);
   return servd_fail(SERVD_EUNSUPPORTED, "%s: general.architecture \"%s\" is no known architecture; known architectures are: %s", what,
                     mpk__printable(arch, len, q, sizeof q), known);
+}
+
+int mpk__arch_config(const mpk_arch *a, const char *what, json_t *config) {
+  int rc = a->prepare_config ? a->prepare_config(what, config) : 0;
+  return rc ? rc : a->check_config(what, config);
 }
 
 void mpk__arch_map_name(const mpk_name_map *m, const char *src, char *out, size_t cap) {

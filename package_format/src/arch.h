@@ -5,7 +5,8 @@
  * Face Llama style: model.layers.N.self_attn.q_proj.weight, ...), how a GGUF's metadata becomes the
  * config, how a config and the tensor shapes are checked, the RoPE layout of each source, and which
  * folder of models/ holds its code. The importers and mpk_check_model know no family: they ask this
- * table. Adding a family is one arch_<family>.c, one line in arch.c and its code under models/.
+ * table. Adding a family is one arch_<family>.c, one line in arch.c and its code under models/
+ * (docs/architecture.md, "How to add a model family").
  */
 #ifndef MPK_ARCH_H
 #define MPK_ARCH_H
@@ -52,6 +53,9 @@ typedef struct mpk_arch {
   /* GGUF metadata (keys "<gguf_arch>.*") -> a Hugging Face-style config; *out owned by the caller. */
   int (*gguf_config)(const struct mpk_arch *a, const char *what, const mpk_gguf *g, const char *gguf_arch, bool tied,
                      uint64_t n_vocab, json_t **out);
+  /* Optional (NULL: none): adapts a source's config before the checks, at pack time only; e.g.
+   * Mistral caps the context at its sliding window. Says on stderr what it changed. */
+  int (*prepare_config)(const char *what, json_t *config);
   /* Checks a config: the keys the model code needs, their types and ranges. `what` names the file. */
   int (*check_config)(const char *what, const json_t *config);
   /* Checks every tensor the model code takes against the (checked) config. */
@@ -60,6 +64,34 @@ typedef struct mpk_arch {
 
 /* The rows (arch_<family>.c). */
 extern const mpk_arch mpk__arch_llama;
+extern const mpk_arch mpk__arch_mistral;
+extern const mpk_arch mpk__arch_qwen2;
+extern const mpk_arch mpk__arch_qwen3;
+
+/* An importer's config step: a->prepare_config (if any), then a->check_config. */
+int mpk__arch_config(const mpk_arch *a, const char *what, json_t *config);
+
+/* The Llama-style decoder that llama, mistral, qwen2 and qwen3 share (arch_dense.c, code
+ * models/llama): pre-norm blocks of RMSNorm, GQA attention with RoPE, SwiGLU MLP; what differs
+ * between those families is data. */
+typedef struct mpk_dense_opts {
+  const char *family;   /* for messages */
+  bool qkv_bias;        /* self_attn.{q,k,v}_proj.bias required (Qwen2) */
+  bool qk_norm;         /* self_attn.{q,k}_norm.weight of head_dim required (Qwen3) */
+  /* The config key of a sliding attention window ("sliding_window"), NULL when the family has none;
+   * `window_switch` (e.g. Qwen2's "use_sliding_window") must be true for it to apply, NULL: always. */
+  const char *window_key, *window_switch;
+} mpk_dense_opts;
+int mpk__dense_check_config(const char *what, const json_t *c, const mpk_dense_opts *o);
+int mpk__dense_check_tensors(const char *what, const json_t *c, const mpk_shapes *s, const mpk_dense_opts *o);
+/* servd's attention has no window: a window W smaller than the context C (max_position_embeddings,
+ * 2048 when absent, the engine's default) is refused by the check; at pack time this caps
+ * max_position_embeddings at W instead (exact: no sequence ever reaches W + 1 tokens), with a line on
+ * stderr. */
+int mpk__dense_cap_window(const char *what, json_t *c, const mpk_dense_opts *o);
+/* Config readers for GGUF rows: Llama's reader (arch_llama.c), generic over the metadata prefix. */
+int mpk__llama_gguf_config(const struct mpk_arch *a, const char *what, const mpk_gguf *g, const char *gguf_arch, bool tied,
+                           uint64_t n_vocab, json_t **out);
 
 /* Lookups; on failure SERVD_EUNSUPPORTED with a message naming `what`, the field, the value and the
  * known architectures. */

@@ -1,5 +1,5 @@
-/* Registry row: Llama (also Mistral-style checkpoints, which have the same tensors and forward;
- * sliding-window attention is not applied). Code: models/llama. */
+/* Registry row: Llama (Llama 2, 3, 3.1, 3.2, SmolLM2, TinyLlama; GGUF "llama", Mistral GGUFs
+ * included, since llama.cpp converts Mistral as "llama"). Code: models/llama. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,8 +20,8 @@ static int gguf_finite(const char *what, const mpk_gguf *g, const char *key, boo
   return 0;
 }
 
-/* <arch>.* metadata -> a Hugging Face-style LlamaConfig. */
-static int gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *g, const char *ga, bool tied, uint64_t n_vocab,
+/* <arch>.* metadata -> a Hugging Face-style LlamaConfig (the keys Qwen2/Qwen3 GGUFs share). */
+int mpk__llama_gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *g, const char *ga, bool tied, uint64_t n_vocab,
                        json_t **out) {
   static const struct { const char *key, *hf; bool required, tok; } ints[] = {
       {"embedding_length", "hidden_size", true, false},          {"feed_forward_length", "intermediate_size", true, false},
@@ -81,99 +81,16 @@ fail:
   return rc;
 }
 
-typedef struct dims {
-  int64_t hidden, inter, layers, heads, kv_heads, head_dim, vocab;
-} dims;
+static const mpk_dense_opts opts = {.family = "llama"};
 
-/* The values models/llama/model.py reads, with its defaults. */
-static int read_dims(const char *what, const json_t *c, dims *d) {
-  int rc;
-  double x;
-  if ((rc = mpk__cfg_int(what, c, "hidden_size", true, 0, &d->hidden)) ||
-      (rc = mpk__cfg_int(what, c, "intermediate_size", true, 0, &d->inter)) ||
-      (rc = mpk__cfg_int(what, c, "num_hidden_layers", true, 0, &d->layers)) ||
-      (rc = mpk__cfg_int(what, c, "num_attention_heads", true, 0, &d->heads)) ||
-      (rc = mpk__cfg_int(what, c, "num_key_value_heads", false, d->heads, &d->kv_heads)) ||
-      (rc = mpk__cfg_int(what, c, "head_dim", false, d->hidden / d->heads, &d->head_dim)) ||
-      (rc = mpk__cfg_int(what, c, "vocab_size", false, -1, &d->vocab)) ||
-      (rc = mpk__cfg_pos(what, c, "rms_norm_eps", false, 1e-6, &x)) || (rc = mpk__cfg_pos(what, c, "rope_theta", false, 1e4, &x)))
-    return rc;
-  if (d->head_dim == 0)
-    return servd_fail(SERVD_EFORMAT, "%s: config: hidden_size %lld < num_attention_heads %lld and no head_dim", what,
-                      (long long)d->hidden, (long long)d->heads);
-  if (d->heads % d->kv_heads)
-    return servd_fail(SERVD_EFORMAT, "%s: config: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", what,
-                      (long long)d->heads, (long long)d->kv_heads);
-  if ((uint64_t)d->heads * (uint64_t)d->head_dim > (1ull << 31))
-    return servd_fail(SERVD_EFORMAT, "%s: config: num_attention_heads x head_dim too large", what);
-  json_t *tie = json_object_get(c, "tie_word_embeddings");
-  if (tie && !json_is_boolean(tie) && !json_is_null(tie))
-    return servd_fail(SERVD_EFORMAT, "%s: config: \"tie_word_embeddings\": expected true or false", what);
-  /* The model code applies no rope_scaling but Llama 3's; another one would load and run wrong. */
-  json_t *rs = json_object_get(c, "rope_scaling");
-  if (rs && !json_is_null(rs) && !(json_is_object(rs) && json_object_size(rs) == 0)) {
-    json_t *ty = json_object_get(rs, "rope_type");
-    if (!ty) ty = json_object_get(rs, "type");
-    double f = json_number_value(json_object_get(rs, "factor"));
-    if (!json_is_object(rs) || !json_is_string(ty) || strcmp(json_string_value(ty), "llama3") || !isfinite(f) || f <= 0) {
-      char q[300];
-      const char *s = json_string_value(ty);
-      return servd_fail(SERVD_EUNSUPPORTED, "%s: config: rope_scaling type \"%s\": expected null or \"llama3\" with a positive factor",
-                        what, s ? mpk__printable(s, strlen(s), q, sizeof q) : "");
-    }
-  }
-  return 0;
-}
-
-static int check_config(const char *what, const json_t *c) {
-  dims d;
-  return read_dims(what, c, &d);
-}
+static int check_config(const char *what, const json_t *c) { return mpk__dense_check_config(what, c, &opts); }
 
 static int check_tensors(const char *what, const json_t *c, const mpk_shapes *s) {
-  dims d;
-  int rc = read_dims(what, c, &d);
-  if (rc) return rc;
-  int64_t H = d.hidden, Q = d.heads * d.head_dim, KV = d.kv_heads * d.head_dim, I = d.inter;
-  const mpk_shape_entry *emb = mpk__shapes_find(s, "model.embed_tokens.weight");
-  int64_t V = d.vocab > 0 ? d.vocab : emb && emb->ndim == 2 ? emb->shape[0] : 1;
-  if ((rc = mpk__shapes_expect(what, s, "model.embed_tokens.weight", 2, V, H)) ||
-      (rc = mpk__shapes_expect(what, s, "model.norm.weight", 1, H)))
-    return rc;
-  /* The model code ties the head to the embedding when lm_head is absent; a config that says
-   * untied (false) while the head is missing contradicts the weights. */
-  if (mpk__shapes_find(s, "lm_head.weight")) {
-    if ((rc = mpk__shapes_expect(what, s, "lm_head.weight", 2, V, H))) return rc;
-  } else if (json_is_false(json_object_get(c, "tie_word_embeddings"))) {
-    return servd_fail(SERVD_EFORMAT, "%s: tensor \"lm_head.weight\": missing, expected (%lld, %lld) since tie_word_embeddings is false",
-                      what, (long long)V, (long long)H);
-  }
-  static const char *const norms[] = {"input_layernorm.weight", "post_attention_layernorm.weight"};
-  const struct { const char *n; int64_t rows, cols; } lin[] = {
-      {"self_attn.q_proj.weight", Q, H}, {"self_attn.k_proj.weight", KV, H}, {"self_attn.v_proj.weight", KV, H},
-      {"self_attn.o_proj.weight", H, Q}, {"mlp.gate_proj.weight", I, H},     {"mlp.up_proj.weight", I, H},
-      {"mlp.down_proj.weight", H, I}};
-  char name[128];
-  for (int64_t l = 0; l < d.layers; l++) {
-    for (size_t i = 0; i < 2; i++) {
-      snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, norms[i]);
-      if ((rc = mpk__shapes_expect(what, s, name, 1, H))) return rc;
-    }
-    for (size_t i = 0; i < sizeof lin / sizeof *lin; i++) {
-      snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, lin[i].n);
-      if ((rc = mpk__shapes_expect(what, s, name, 2, lin[i].rows, lin[i].cols))) return rc;
-    }
-  }
-  /* A layer beyond num_hidden_layers would be ignored silently: the config and weights disagree. */
-  snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)d.layers);
-  if (mpk__shapes_find(s, name))
-    return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": the config has num_hidden_layers %lld, expected no layer %lld", what, name,
-                      (long long)d.layers, (long long)d.layers);
-  return 0;
+  return mpk__dense_check_tensors(what, c, s, &opts);
 }
 
-static const char *const hf_types[] = {"llama", "mistral", NULL};
-static const char *const hf_archs[] = {"LlamaForCausalLM", "MistralForCausalLM", NULL};
+static const char *const hf_types[] = {"llama", NULL};
+static const char *const hf_archs[] = {"LlamaForCausalLM", NULL};
 static const char *const gguf_archs[] = {"llama", NULL};
 
 /* llama.cpp's names (gguf-py tensor_mapping.py, MODEL_ARCH.LLAMA). */
@@ -199,7 +116,7 @@ const mpk_arch mpk__arch_llama = {
     .rope_layout_hf = "half",
     .code = "llama",
     .entry_point = "llama.model:LlamaModel",
-    .gguf_config = gguf_config,
+    .gguf_config = mpk__llama_gguf_config,
     .check_config = check_config,
     .check_tensors = check_tensors,
 };

@@ -137,7 +137,7 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
   snprintf(path, sizeof path, "%s/config.json", dir);
   if ((rc = mpk__source_regular(path)) || (rc = mpk__load_json_file(path, &config))) goto fail;
   if (!json_is_object(config)) { rc = servd_fail(SERVD_EFORMAT, "%s: expected a JSON object", path); goto fail; }
-  if ((rc = mpk__arch_for_hf(path, config, &arch)) || (rc = arch->check_config(path, config))) goto fail;
+  if ((rc = mpk__arch_for_hf(path, config, &arch)) || (rc = mpk__arch_config(arch, path, config))) goto fail;
   if ((rc = load_shards(dir, &sh, &nsh))) goto fail;
 
   /* Tensors under canonical names, sorted for reproducible packages, checked against the config

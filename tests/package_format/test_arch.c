@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "arch.h"
 #include "mpk-impl.h"
 #include "mpk/import.h"
 #include "mpk/package.h"
@@ -109,6 +110,47 @@ static void model_checks(void **state) {
   assert_int_equal(mpk_check_model(p), SERVD_EUNSUPPORTED);
   assert_null(strchr(servd_last_error(), 0x1b));
   assert_non_null(strstr(servd_last_error(), "qwen\\x1b[31m"));
+  mpk_close(p);
+}
+
+/* The rows that share Llama's decoder: each family's own tensors and keys, on the tiny Llama. */
+static void family_checks(void **state) {
+  (void)state;
+  mpk_package *p;
+  assert_int_equal(mpk_open(tiny_pkg(), &p), 0);
+  json_t *man = mpk_manifest(p), *cfg = mpk_config(p);
+  json_object_set_new(man, "architecture", json_string("qwen2"));
+  assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
+  assert_non_null(strstr(servd_last_error(), "\"model.layers.0.self_attn.q_proj.bias\": missing, expected shape (64,)"));
+  json_object_set_new(man, "architecture", json_string("qwen3"));
+  assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
+  assert_non_null(strstr(servd_last_error(), "\"model.layers.0.self_attn.q_norm.weight\": missing, expected shape (16,)"));
+  /* a window smaller than the context: refused at load (the attention has no window) */
+  json_object_set_new(man, "architecture", json_string("mistral"));
+  assert_int_equal(mpk_check_model(p), 0);
+  json_object_set_new(cfg, "max_position_embeddings", json_integer(256));
+  json_object_set_new(cfg, "sliding_window", json_integer(64));
+  assert_int_equal(mpk_check_model(p), SERVD_EUNSUPPORTED);
+  assert_non_null(strstr(servd_last_error(), "sliding_window 64 < max_position_embeddings 256"));
+  /* ... which packing turns into a context capped at the window */
+  json_t *c = json_deep_copy(cfg);
+  const mpk_arch *a = mpk__arch_by_name("mistral");
+  assert_int_equal(mpk__arch_config(a, "t", c), 0);
+  assert_int_equal(json_integer_value(json_object_get(c, "max_position_embeddings")), 64);
+  json_decref(c);
+  json_object_set_new(cfg, "sliding_window", json_integer(256));
+  assert_int_equal(mpk_check_model(p), 0);
+  /* Qwen's window applies only with use_sliding_window */
+  json_object_set_new(cfg, "sliding_window", json_integer(64));
+  json_object_set_new(man, "architecture", json_string("qwen2"));
+  assert_int_equal(mpk_check_model(p), SERVD_EFORMAT); /* past the config: the missing bias */
+  json_object_set_new(cfg, "use_sliding_window", json_true());
+  assert_int_equal(mpk_check_model(p), SERVD_EUNSUPPORTED);
+  assert_non_null(strstr(servd_last_error(), "sliding_window 64"));
+  /* the known architectures are listed when none matches */
+  json_object_set_new(man, "architecture", json_string("gemma9"));
+  assert_int_equal(mpk_check_model(p), SERVD_EUNSUPPORTED);
+  assert_non_null(strstr(servd_last_error(), "qwen2 (model_type qwen2, GGUF qwen2); qwen3"));
   mpk_close(p);
 }
 
@@ -232,7 +274,7 @@ static void unpack(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(model_checks), cmocka_unit_test(entry_modes), cmocka_unit_test(names),
+  const struct CMUnitTest tests[] = {cmocka_unit_test(model_checks), cmocka_unit_test(family_checks), cmocka_unit_test(entry_modes), cmocka_unit_test(names),
                                      cmocka_unit_test(unpack)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }
