@@ -216,10 +216,46 @@ static void test_step_timeout(void **state) {
   EXPECT_ERROR("--step-timeout", "--step-timeout", "soon");
 }
 
+/* --isolation sets the default of every model; a model's "isolation" key wins over it. */
+static void test_isolation(void **state) {
+  (void)state;
+  servd_config c;
+  servd_model_options o;
+  assert_int_equal(PARSE(&c, "--model", "/x.mpk"), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.isolation, SERVD_ISOLATION_NONE);
+  servd_config_free(&c);
+  assert_int_equal(PARSE(&c, "--isolation", "process", "--model", "/x.mpk"), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.isolation, SERVD_ISOLATION_PROCESS);
+  servd_config_free(&c);
+  const char *const extra[] = {"--isolation", "process", NULL};
+  assert_int_equal(parse_file(&c, "{\"models\": [{\"path\": \"/a.mpk\", \"isolation\": \"process\"}, "
+                                  "{\"path\": \"/b.mpk\"}, {\"path\": \"/c.mpk\", \"isolation\": \"none\"}]}",
+                              NULL), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.isolation, SERVD_ISOLATION_PROCESS);
+  servd_config_model_options(&c, 1, &o);
+  assert_int_equal(o.isolation, SERVD_ISOLATION_NONE);
+  servd_config_free(&c);
+  assert_int_equal(parse_file(&c, "{\"models\": [{\"path\": \"/c.mpk\", \"isolation\": \"none\"}, "
+                                  "{\"path\": \"/b.mpk\"}]}", extra), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.isolation, SERVD_ISOLATION_NONE);
+  servd_config_model_options(&c, 1, &o);
+  assert_int_equal(o.isolation, SERVD_ISOLATION_PROCESS);
+  servd_config_free(&c);
+  EXPECT_ERROR("expected none or process", "--isolation", "container");
+  assert_int_equal(parse_file(&c, "{\"models\": [{\"path\": \"/a.mpk\", \"isolation\": \"vm\"}]}", NULL),
+                   SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "models[0].isolation"));
+  servd_config_free(&c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),        cmocka_unit_test(test_gpu_flags),
-      cmocka_unit_test(test_step_timeout),
+      cmocka_unit_test(test_step_timeout),    cmocka_unit_test(test_isolation),
       cmocka_unit_test(test_bad_flags),       cmocka_unit_test(test_config_file),
       cmocka_unit_test(test_model_options),   cmocka_unit_test(test_help_mentions_gpu_flags),
   };
