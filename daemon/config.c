@@ -36,6 +36,7 @@ void servd_config_free(servd_config *c) {
   if (!c) return;
   free(c->host);
   free(c->api_key);
+  free(c->trusted_keys);
   for (int i = 0; i < c->n_repository; i++) free(c->repository[i]);
   free(c->repository);
   for (int i = 0; i < c->n_models; i++) {
@@ -250,7 +251,7 @@ int servd_config_load_file(servd_config *c, const char *path) {
                                      "access_log", "drain_timeout", "request_timeout", "read_timeout",
                                      "idle_timeout", "max_body_bytes", "max_header_bytes", "max_connections", "max_n",
                                      "model_repository", "models", "gpu_memory_fraction", "cuda_graphs",
-                                     "cuda_graph_max_batch", "step_timeout", NULL};
+                                     "cuda_graph_max_batch", "step_timeout", "metrics_public", "verify_weights", "trusted_keys", NULL};
   json_error_t err;
   json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
   if (!root)
@@ -272,6 +273,9 @@ int servd_config_load_file(servd_config *c, const char *path) {
       (rc = j_int(&x, root, "kv_blocks", 1, 1 << 24, &c->kv_blocks)) ||
       (rc = j_int(&x, root, "block_size", 1, 1024, &c->block_size)) ||
       (rc = j_str(&x, root, "api_key", &c->api_key)) ||
+      (rc = j_on_off(&x, root, "metrics_public", &c->metrics_public)) ||
+      (rc = j_on_off(&x, root, "verify_weights", &c->verify_weights)) ||
+      (rc = j_str(&x, root, "trusted_keys", &c->trusted_keys)) ||
       (rc = j_num(&x, root, "drain_timeout", 0, 86400, &c->drain_timeout_s)) ||
       (rc = j_num(&x, root, "request_timeout", 0, 86400, &c->request_timeout_s)) ||
       (rc = j_num(&x, root, "step_timeout", 0, 86400, &c->step_timeout_s)) ||
@@ -351,6 +355,10 @@ void servd_config_usage(FILE *f) {
         "  --max-batch-tokens N    token budget per scheduler step\n"
         "  --kv-blocks N           KV cache blocks per language model\n"
         "  --api-key KEY           require 'Authorization: Bearer KEY' (or set SERVD_API_KEY)\n"
+        "  --metrics-public        serve GET /metrics without the API key (Prometheus scrapers)\n"
+        "  --verify-weights        check the SHA-256 of the weights at load too (reads the whole model)\n"
+        "  --trusted-keys PATH     load only packages signed by one of these Ed25519 public keys (a PEM\n"
+        "                          file, or a folder of *.pem files); see modelpkg sign\n"
         "  --access-log FMT        text, json or off (default text, to stderr)\n"
         "  --drain-timeout S       on SIGTERM, let requests finish for S seconds (default 30)\n"
         "  --request-timeout S     default per-request deadline (default none)\n"
@@ -468,6 +476,12 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
         return rc;
     } else if (flag_is(a, "--kv-blocks")) {
       if ((rc = VAL("--kv-blocks")) || (rc = parse_int("--kv-blocks", v, 1, 1 << 24, &c->kv_blocks))) return rc;
+    } else if (strcmp(a, "--metrics-public") == 0) {
+      c->metrics_public = true;
+    } else if (strcmp(a, "--verify-weights") == 0) {
+      c->verify_weights = true;
+    } else if (flag_is(a, "--trusted-keys")) {
+      if ((rc = VAL("--trusted-keys")) || (rc = set_str(&c->trusted_keys, v))) return rc;
     } else if (flag_is(a, "--api-key")) {
       if ((rc = VAL("--api-key")) || (rc = set_str(&c->api_key, v))) return rc;
     } else if (flag_is(a, "--access-log")) {
@@ -525,5 +539,7 @@ void servd_config_model_options(const servd_config *c, int i, servd_model_option
   o->cuda_graphs = c->cuda_graphs;
   o->cuda_graph_max_batch = c->cuda_graph_max_batch;
   o->step_timeout_s = c->step_timeout_s;
+  o->verify_weights = c->verify_weights;
+  o->trusted_keys = c->trusted_keys;
   o->isolation = m->isolation ? (servd_isolation)(m->isolation - 1) : c->isolation;
 }

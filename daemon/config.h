@@ -30,6 +30,9 @@ typedef struct servd_config {
   bool cuda_graphs;           /* decode steps as CUDA graphs */
   int cuda_graph_max_batch;   /* largest decode batch run as a graph */
   char *api_key;
+  bool metrics_public;      /* GET /metrics without the API key (Prometheus scrapers) */
+  bool verify_weights;      /* hash the weights at load, not only the code and small entries */
+  char *trusted_keys;       /* NULL, or a PEM public key or folder of them: only signed packages load */
   int access_log;   /* servd_access_log */
   double drain_timeout_s;
   double request_timeout_s; /* default per-request deadline; 0: none */

@@ -10,6 +10,7 @@
 
 #include "api/api.h"
 #include "config.h"
+#include "trust.h"
 #include "http/server.h"
 #include "engine/gpu_prewarm.h"
 #include "servd/device.h"
@@ -233,6 +234,11 @@ int servd_serve_main(int argc, char **argv) {
   /* Every language model this process loads (also through the repository API) uses the GPUs. */
   servd_engine_set_gpu_defaults(s.cfg.gpus, s.cfg.gpu_memory_fraction, s.cfg.cuda_graphs, s.cfg.cuda_graph_max_batch);
   servd_engine_set_step_timeout(s.cfg.step_timeout_s);
+  servd_engine_set_package_checks(s.cfg.verify_weights, s.cfg.trusted_keys); /* repository loads too */
+  if (s.cfg.trusted_keys && (rc = servd_check_trusted_keys(s.cfg.trusted_keys)) != 0) {
+    servd_config_free(&s.cfg);
+    return rc;
+  }
   servd_engine_set_isolation(s.cfg.isolation); /* repository loads too */
   /* Before the first interpreter namespace exists: see gpu_prewarm.c. */
   for (int i = 0; s.cfg.gpus > 0 && i < s.cfg.n_models; i++) {

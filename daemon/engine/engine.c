@@ -9,6 +9,7 @@
 #include "engine/model_geometry.h"
 #include "engine/gpu_setup.h"
 #include "engine/model_error.h"
+#include "engine/package_checks.h"
 
 #include <errno.h>
 #include <math.h>
@@ -59,6 +60,7 @@ void servd_model_options_default(servd_model_options *o) {
   o->cuda_graphs = gpu_defaults.graphs;
   o->cuda_graph_max_batch = gpu_defaults.graph_max_batch;
   o->step_timeout_s = step_timeout_default;
+  servd__package_checks_default(o);
   o->isolation = isolation_default;
 }
 
@@ -576,6 +578,8 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
   if (o->max_batch_tokens < 1 || o->max_seqs < 1 || o->max_queue < 0)
     return servd_fail(SERVD_EINVAL, "model load: max_batch_tokens=%d max_seqs=%d max_queue=%d: expected >= 1",
                       o->max_batch_tokens, o->max_seqs, o->max_queue);
+  int64_t t0 = servd_engine_now_ns();
+  char checks[512] = "";
   servd_model *m = calloc(1, sizeof *m);
   if (!m) return servd_fail(SERVD_ENOMEM, "model load: allocation");
   m->o = *o;
@@ -586,6 +590,7 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
   pthread_mutex_init(&m->chat_mu, NULL);
   int rc;
   if ((rc = mpk_open(o->path, &m->pkg))) goto fail;
+  if ((rc = servd__model_check_package(m, checks, sizeof checks))) goto fail; /* before its code runs */
   m->name = strdup(o->name ? o->name : mpk_name(m->pkg));
   if (!m->name) {
     rc = servd_fail(SERVD_ENOMEM, "model load: name");
@@ -613,6 +618,7 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
       goto fail;
   }
 loaded:
+  servd__model_log_loaded(m, t0, checks);
   *out = m;
   return 0;
 fail:

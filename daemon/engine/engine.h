@@ -77,6 +77,11 @@ typedef struct servd_model_options {
    * (engine/isolated.h), so a crash of the model's code ends only that process. Language models
    * always run in-process. */
   servd_isolation isolation;
+  /* Package checks before anything of the package runs (mpk_load_check): the SHA-256 of the code and
+   * small entries always, of the weights too when verify_weights; with trusted_keys (a PEM public
+   * key or a folder of them, borrowed) only a package signed by one of those keys loads. */
+  bool verify_weights;
+  const char *trusted_keys;
 } servd_model_options;
 
 /* Defaults; the GPU fields come from servd_engine_set_gpu_defaults (none set: CPU, 0.9, graphs on,
@@ -87,6 +92,8 @@ void servd_model_options_default(servd_model_options *o);
 void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cuda_graphs, int cuda_graph_max_batch);
 /* Process-wide default of step_timeout_s (seconds, 0: none); call before loading models. */
 void servd_engine_set_step_timeout(double seconds);
+/* Process-wide defaults of verify_weights and trusted_keys (borrowed: must outlive every load). */
+void servd_engine_set_package_checks(bool verify_weights, const char *trusted_keys);
 /* Process-wide default of isolation (none set: SERVD_ISOLATION_NONE); call before loading models. */
 void servd_engine_set_isolation(servd_isolation isolation);
 /* Loads the package and starts its interpreters (and scheduler thread). *out owned by the caller. */
