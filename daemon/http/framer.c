@@ -28,6 +28,18 @@ static int fail(servd_http_framer *f, int status, const char *msg) {
   return -1;
 }
 
+/* Notes a problem found while the head is still arriving; on_headers_complete reports the first.
+ * Reporting it at once would depend on how the bytes were split: the parser hands a token to the
+ * callbacks at its end or at the end of the data given, so a split could show this problem before
+ * a syntax error that comes earlier in the same token. */
+static int note(servd_http_framer *f, int status, const char *msg) {
+  if (!f->bad_status) {
+    f->bad_status = status;
+    f->bad_msg = msg;
+  }
+  return 0;
+}
+
 static int hb_add(servd_http_framer *f, const char *at, size_t len) {
   f->header_bytes += len;
   if (f->header_bytes > f->lim.max_header_bytes) return fail(f, 431, "request header fields too large");
@@ -45,6 +57,7 @@ static int on_message_begin(http_parser *p) {
   f->url_len = 0;
   f->err_status = 0;
   f->err_msg = NULL;
+  f->bad_status = 0;
   f->in_trailer = false;
   if (f->on_begin) f->on_begin(f->ud);
   return 0;
@@ -69,7 +82,7 @@ static int on_header_field(http_parser *p, const char *at, size_t len) {
   servd_http_framer *f = p->data;
   if (f->in_trailer) return trailer_add(f, len);
   /* The lenient parser lets SP into names (and a line that starts with one after the request line). */
-  if (memchr(at, ' ', len) || memchr(at, '\t', len)) return fail(f, 400, "whitespace in a header field name");
+  if (memchr(at, ' ', len) || memchr(at, '\t', len)) note(f, 400, "whitespace in a header field name");
   if (f->n_headers == 0 && !f->in_value && f->hbuf.len == f->url_len) {
     servd_buf_append(&f->hbuf, "", 1); /* terminate the url */
   }
@@ -101,7 +114,7 @@ static int on_header_value(http_parser *p, const char *at, size_t len) {
   servd_http_framer *f = p->data;
   if (f->in_trailer) return trailer_add(f, len);
   /* An empty value is reported (len 0) at the next line's first byte: no fold there. */
-  if (len > 0 && folded(f, at)) return fail(f, 400, "obsolete line folding in a header field");
+  if (len > 0 && folded(f, at)) note(f, 400, "obsolete line folding in a header field");
   if (!f->in_value) {
     servd_buf_append(&f->hbuf, "", 1); /* terminate the name */
     f->hoff[f->n_headers - 1][1] = f->hbuf.len;
@@ -132,6 +145,7 @@ static int on_headers_complete(http_parser *p) {
   f->in_trailer = true;
   f->keep_alive = http_should_keep_alive(p) != 0;
   f->expect_continue = false;
+  if (f->bad_status) return fail(f, f->bad_status, f->bad_msg);
   if (p->http_major != 1) return fail(f, 505, "HTTP version not supported");
   int n_te = 0;
   for (int i = 0; i < f->n_headers; i++) {

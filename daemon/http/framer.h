@@ -45,6 +45,8 @@ typedef struct servd_http_framer {
   bool keep_alive, expect_continue, head; /* of the current request, once its headers are complete */
   int err_status;    /* limit or strictness check failed inside a parser callback: 400, 413, 431, 501, 505 */
   const char *err_msg; /* why, when err_status is set (static storage) */
+  int bad_status;    /* a strictness check failed in the head: reported when the head is complete */
+  const char *bad_msg;
   const char *feed_start; /* the data of the current feed, for looking back from a callback */
   char last_byte;    /* last byte other than SP / HT of the bytes fed before (obs-fold check) */
   /* Hooks for the server (each may be NULL): a request's first byte, its headers complete with
