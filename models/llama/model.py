@@ -1,4 +1,9 @@
-"""Llama-family causal LM for servd (Llama 2, Llama 3/3.1, SmolLM2, other Llama-architecture models).
+"""Llama-style causal LM for servd: Llama 2, Llama 3/3.1, SmolLM2, Mistral, Qwen2/Qwen2.5, Qwen3.
+
+The families share one decoder; what differs is data the package carries (docs/models.md): Q/K/V
+biases (Qwen2: present as tensors), an RMSNorm over each head of Q and K before RoPE (Qwen3: the
+q_norm/k_norm tensors), head_dim, rope_theta, the RoPE layout and tied embeddings (the config and
+the manifest). A sliding window (Mistral) is not applied: packages cap their context at it.
 
 Runs inside a servd interpreter. Weights are views into the mapped package (never copied); tensor-
 parallel rank r of w maps only its slices: column-parallel wq wk wv w1 w3 (output rows), row-parallel
@@ -49,6 +54,9 @@ _HF = {
     "wv": "model.layers.{}.self_attn.v_proj.weight", "wo": "model.layers.{}.self_attn.o_proj.weight",
     "w1": "model.layers.{}.mlp.gate_proj.weight", "w3": "model.layers.{}.mlp.up_proj.weight",
     "w2": "model.layers.{}.mlp.down_proj.weight",
+    "bq": "model.layers.{}.self_attn.q_proj.bias", "bk": "model.layers.{}.self_attn.k_proj.bias",
+    "bv": "model.layers.{}.self_attn.v_proj.bias",
+    "qn": "model.layers.{}.self_attn.q_norm.weight", "kn": "model.layers.{}.self_attn.k_norm.weight",
 }
 _GGUF = {
     "embed": "token_embd.weight", "norm": "output_norm.weight", "output": "output.weight",
@@ -56,6 +64,8 @@ _GGUF = {
     "wq": "blk.{}.attn_q.weight", "wk": "blk.{}.attn_k.weight", "wv": "blk.{}.attn_v.weight",
     "wo": "blk.{}.attn_output.weight", "w1": "blk.{}.ffn_gate.weight", "w3": "blk.{}.ffn_up.weight",
     "w2": "blk.{}.ffn_down.weight",
+    "bq": "blk.{}.attn_q.bias", "bk": "blk.{}.attn_k.bias", "bv": "blk.{}.attn_v.bias",
+    "qn": "blk.{}.attn_q_norm.weight", "kn": "blk.{}.attn_k_norm.weight",
 }
 
 
@@ -66,6 +76,15 @@ def _cfg(cfg, *keys, default=None):
     if default is None:
         raise ValueError(f"llama: model config lacks {keys[0]!r}")
     return default
+
+
+def _window(cfg):
+    """The sliding window that applies (0: none): Mistral's sliding_window, Qwen's only when
+    use_sliding_window is true."""
+    w = cfg.get("sliding_window")
+    if not w or ("use_sliding_window" in cfg and not cfg["use_sliding_window"]):
+        return 0
+    return int(w)
 
 
 def _split(n, rank, world, what, align=1):
@@ -161,6 +180,25 @@ class LlamaModel:
                 W(t("ffn_norm", i)),
                 W(rows(t("w1", i), f0, fn)), W(rows(t("w3", i), f0, fn)), W(cols(t("w2", i), f0, fn)),
             ))
+        # Family extras, per layer (None where the package has none): Q/K/V biases as one-row tables
+        # (added through ops.embedding, which broadcasts a row, then ops.add) and per-head norms.
+        has = lambda key: self._names[key].format(0) in names  # noqa: E731
+        self.has_bias, self.has_qk_norm = has("bq"), has("qn")
+        self.extras = []
+        for i in range(self.n_layers if (self.has_bias or self.has_qk_norm) else 0):
+            b = None
+            if self.has_bias:
+                b = (W(rows(t("bq", i), q0, qn).view(1, qn)), W(rows(t("bk", i), k0, kn).view(1, kn)),
+                     W(rows(t("bv", i), k0, kn).view(1, kn)))
+            nrm = (W(t("qn", i)), W(t("kn", i))) if self.has_qk_norm else None
+            self.extras.append((b, nrm))
+        self._extra_views = {}
+        self._zero_ids = None
+        window = _window(cfg)
+        ctx = int(cfg.get("max_position_embeddings") or 2048)
+        if window and window < ctx:
+            raise ValueError(f"llama: sliding_window {window} < max_position_embeddings {ctx}: servd's attention has "
+                             "no sliding window; repack with modelpkg, which caps the context at the window")
         self.scale = 1.0 / math.sqrt(hd)
         self._ops, self._prof, self._clock = ops, None, None
         # Reused buffer views per step size (host: grown on demand; GPU: allocated once, bounded).
@@ -191,8 +229,23 @@ class LlamaModel:
         if tp:
             allreduce(x)
         rmsnorm(h, x, layers[0][0], eps)
+        extras = self.extras
+        if extras:
+            zeros, scratch, qh, kh, _ = self._extras_for(n, q, k, g, batch)
         for li, (an, wq, wk, wv, wo, fnorm, w1, w3, w2) in enumerate(layers):
             matmul_many(h, q, wq, k, wk, v, wv)
+            if extras:
+                bias, qk_norm = extras[li]
+                if bias:  # out += the bias row: broadcast by an embedding of row 0, then added
+                    P.embedding(a, bias[0], zeros)
+                    add(q, q, a)
+                    P.embedding(scratch, bias[1], zeros)
+                    add(k, k, scratch)
+                    P.embedding(scratch, bias[2], zeros)
+                    add(v, v, scratch)
+                if qk_norm:  # RMSNorm over each head: rows of head_dim
+                    rmsnorm(qh, qh, qk_norm[0], eps)
+                    rmsnorm(kh, kh, qk_norm[1], eps)
             rope_op(q, pos, rope)
             rope_op(k, pos, rope)
             kv_write(kv, li, k, v, slots)
@@ -226,6 +279,25 @@ class LlamaModel:
             self._prof["forward_ns"] += self._clock() - t0
             self._prof["steps"] += 1
         return full
+
+    def _extras_for(self, n, q, k, g, batch):
+        """Views for the family extras at n tokens, made once per n: zero ids (n,) i32, a (n, kv
+        cols) scratch in the storage of g (free until the MLP), and q/k as rows of head_dim."""
+        v = self._extra_views.get(n)
+        if v is None or v[4] is not q:  # made for buffers since replaced (host growth)
+            hd, kc = self.head_dim, self.kv_cols
+            if self._zero_ids is None or self._zero_ids.shape[0] < n:
+                cap = max(n, placement.step_capacity(batch)[0], 16)
+                dev = None if not placement.on_device(servd.device()) else servd.device()
+                self._zero_ids = servd.empty((cap,), "i32", device=dev)
+                self._extra_views = {}
+            zeros = self._zero_ids.narrow(0, 0, n)
+            if kc > self.ff_cols:
+                raise ValueError(f"llama: {kc} key/value columns exceed the {self.ff_cols} MLP columns used as scratch")
+            scratch = g.view(n * self.ff_cols).narrow(0, 0, n * kc).view(n, kc)
+            v = (zeros, scratch, q.view(n * self.h_local, hd), k.view(n * self.kv_local, hd), q)
+            self._extra_views[n] = v
+        return v
 
     # ---- measuring Python's share of a step ----------------------------------------------------
     def profile(self, enable=True):

@@ -27,13 +27,17 @@ static json_t *pre_tokenizer_for(const char *pre, bool *known) {
       !strcmp(pre, "command-r") || !strcmp(pre, "exaone") || !strcmp(pre, "minerva-7b"))
     return json_pack("{s:s,s:[{s:s,s:b},o]}", "type", "Sequence", "pretokenizers", "type", "Digits", "individual_digits", 1,
                      bytelevel);
-  if (!strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3")) {
+  /* Llama 3 splits numbers in runs of up to 3 digits; Qwen2, Qwen2.5 and Qwen3 ("qwen2") digit by
+   * digit, with the same regex otherwise (their tokenizer.json). */
+  bool qwen = !strcmp(pre, "qwen2");
+  if (!strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3") || qwen) {
     json_decref(bytelevel);
+    char re[256];
+    snprintf(re, sizeof re, "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}%s| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+             qwen ? "" : "{1,3}");
     return json_pack("{s:s,s:[{s:s,s:{s:s},s:s,s:b},{s:s,s:b,s:b,s:b}]}", "type", "Sequence", "pretokenizers", "type", "Split",
-                     "pattern", "Regex",
-                     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-                     "behavior", "Isolated", "invert", 0, "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 1,
-                     "use_regex", 0);
+                     "pattern", "Regex", re, "behavior", "Isolated", "invert", 0, "type", "ByteLevel", "add_prefix_space", 0,
+                     "trim_offsets", 1, "use_regex", 0);
   }
   *known = false;
   return bytelevel;

@@ -4,6 +4,14 @@ Reads a Hugging Face model folder (config.json + *.safetensors) directly with nu
 logits in float64 the way transformers' LlamaForCausalLM does: RMSNorm, half-split RoPE (with Llama 3
 rope scaling), grouped-query causal attention, SwiGLU MLP, tied or separate output head. It shares no
 code with servd: it is the reference the model code is checked against.
+
+The families written the same way in transformers, with their differences (from their modeling files):
+  - MistralForCausalLM: sliding-window attention, a key at position s is seen from t when
+    t - s < sliding_window (the mask of transformers' sliding_window_causal mask);
+  - Qwen2ForCausalLM: q/k/v_proj with bias; a window only with use_sliding_window, in the layers
+    from max_window_layers on;
+  - Qwen3ForCausalLM: q_norm/k_norm, RMSNorm over head_dim of each head after the projection and
+    before RoPE; head_dim from the config; a window as Qwen2's.
 """
 import json
 import math
@@ -83,6 +91,17 @@ def rope_half(x, pos, inv):
     return x * cos + rot * sin
 
 
+def window_of(cfg, layer):
+    """Keys older than this many positions are masked in `layer` (None: no window)."""
+    mt = cfg.get("model_type", "llama")
+    win = cfg.get("sliding_window")
+    if mt == "mistral":
+        return win or None
+    if mt in ("qwen2", "qwen3") and cfg.get("use_sliding_window") and win:
+        return win if layer >= cfg.get("max_window_layers", 0) else None
+    return None
+
+
 def forward(cfg, w, tokens):
     """Logits (T, vocab) float64 for one sequence of token ids, positions 0..T-1."""
     d = cfg["hidden_size"]
@@ -95,13 +114,23 @@ def forward(cfg, w, tokens):
     pos = np.arange(T, dtype=np.float64)
     inv = inv_freq(cfg, hd)
     x = w["model.embed_tokens.weight"][np.asarray(tokens)]
-    mask = np.triu(np.full((T, T), -np.inf), 1)
+    causal = np.triu(np.full((T, T), -np.inf), 1)
+    age = np.arange(T)[:, None] - np.arange(T)[None, :]  # t - s
     for i in range(L):
         p = f"model.layers.{i}."
+        win = window_of(cfg, i)
+        mask = causal if not win else np.where(age >= win, -np.inf, causal)
         h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, nh, hd)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd)
+
+        def proj(name, heads):
+            y = h @ w[p + f"self_attn.{name}_proj.weight"].T
+            if p + f"self_attn.{name}_proj.bias" in w:
+                y = y + w[p + f"self_attn.{name}_proj.bias"]
+            y = y.reshape(T, heads, hd)
+            if p + f"self_attn.{name}_norm.weight" in w:
+                y = rmsnorm(y, w[p + f"self_attn.{name}_norm.weight"], eps)
+            return y
+        q, k, v = proj("q", nh), proj("k", nkv), proj("v", nkv)
         q = rope_half(q, pos, inv)
         k = rope_half(k, pos, inv)
         rep = nh // nkv

@@ -2,7 +2,16 @@
 and optionally as a GGUF file with q/k rows permuted for interleaved RoPE, the way llama.cpp's
 convert_hf_to_gguf.py does.
 
-    python3 make_tiny.py OUT_DIR [--llama3-scaling] [--untied] [--gguf OUT.gguf] [--seed N]
+    python3 make_tiny.py OUT_DIR [--family llama|mistral|qwen2|qwen3] [--llama3-scaling] [--untied]
+                         [--gguf OUT.gguf] [--seed N] [--eos ID,ID...]
+
+Families (as transformers' configs and llama.cpp's converter write them):
+  mistral  model_type "mistral", sliding_window 64 of max_position_embeddings 256; GGUF architecture
+           "llama" with permuted q/k rows (llama.cpp converts Mistral as Llama and keeps no window)
+  qwen2    q/k/v biases, rope_theta 1e6, no head_dim key, use_sliding_window false; GGUF "qwen2",
+           rows NOT permuted (NEOX RoPE), biases as blk.N.attn_{q,k,v}.bias
+  qwen3    q_norm/k_norm of head_dim 32 while hidden_size / heads is 16, rope_theta 1e6; GGUF "qwen3",
+           not permuted, blk.N.attn_{q,k}_norm.weight
 
 The tokenizer maps byte b to id b (no merges), so a prompt's ids are its UTF-8 bytes; ids 256.. are
 special tokens. Dimensions are chosen to split over 2 tensor-parallel ranks.
@@ -50,6 +59,16 @@ def config(args):
         hd = cfg["head_dim"] = args.head_dim or cfg["head_dim"]
         cfg.update(num_attention_heads=args.heads, num_key_value_heads=args.kv_heads or args.heads,
                    hidden_size=args.heads * hd, intermediate_size=args.heads * 32)
+    fam = args.family
+    if fam == "mistral":
+        cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=64)
+    elif fam == "qwen2":
+        cfg.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2", rope_theta=1000000.0,
+                   use_sliding_window=False, sliding_window=256, max_window_layers=2)
+        del cfg["head_dim"]  # Qwen2 configs have none: hidden_size / num_attention_heads
+    elif fam == "qwen3":
+        cfg.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", rope_theta=1000000.0, head_dim=32,
+                   attention_bias=False, use_sliding_window=False, sliding_window=None, max_window_layers=2)
     if args.llama3_scaling:
         cfg["rope_theta"] = 500000.0
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -57,9 +76,14 @@ def config(args):
     return cfg
 
 
+def head_dim(cfg):
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
 def weights(cfg, rng):
     d, f, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    hd, nh, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd, nh, nkv = head_dim(cfg), cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    fam = cfg["model_type"]
 
     def mat(r, c, s=None):
         return (rng.standard_normal((r, c)) * (s or 1.0 / np.sqrt(c))).astype(np.float32)
@@ -77,6 +101,12 @@ def weights(cfg, rng):
         w[p + "mlp.gate_proj.weight"] = mat(f, d)
         w[p + "mlp.up_proj.weight"] = mat(f, d)
         w[p + "mlp.down_proj.weight"] = mat(d, f)
+        if fam == "qwen2":  # biases large enough that dropping one moves the logits by O(1)
+            for n, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+                w[p + f"self_attn.{n}_proj.bias"] = (0.5 * rng.standard_normal(rows)).astype(np.float32)
+        if fam == "qwen3":
+            for n in ("q", "k"):
+                w[p + f"self_attn.{n}_norm.weight"] = (1 + 0.3 * rng.standard_normal(hd)).astype(np.float32)
     if not cfg["tie_word_embeddings"]:
         w["lm_head.weight"] = mat(V, d, 0.5)
     return w
@@ -124,7 +154,10 @@ def tokenizer_json(cfg):
 def write_gguf(path, cfg, w, quant=None):
     import gguf
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    g = gguf.GGUFWriter(path, "llama")
+    fam = cfg["model_type"]
+    arch = fam if fam in ("qwen2", "qwen3") else "llama"  # llama.cpp writes Mistral as "llama"
+    permute = arch == "llama"  # convert_hf_to_gguf permutes q/k for LlamaModel only
+    g = gguf.GGUFWriter(path, arch)
     qtype = {"q4_1": gguf.GGMLQuantizationType.Q4_1, "q8_0": gguf.GGMLQuantizationType.Q8_0,
              "q4_0": gguf.GGMLQuantizationType.Q4_0}.get(quant)
     add_plain = g.add_tensor
@@ -141,9 +174,9 @@ def write_gguf(path, cfg, w, quant=None):
     g.add_feed_forward_length(cfg["intermediate_size"])
     g.add_head_count(nh)
     g.add_head_count_kv(nkv)
-    g.add_rope_dimension_count(cfg["head_dim"])
-    g.add_key_length(cfg["head_dim"])
-    g.add_value_length(cfg["head_dim"])
+    g.add_rope_dimension_count(head_dim(cfg))
+    g.add_key_length(head_dim(cfg))
+    g.add_value_length(head_dim(cfg))
     g.add_rope_freq_base(cfg["rope_theta"])
     g.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     g.add_vocab_size(cfg["vocab_size"])
@@ -153,7 +186,7 @@ def write_gguf(path, cfg, w, quant=None):
         raise ValueError("GGUF variant: llama3 rope scaling goes in rope_freqs; not generated here")
     toks = tokens(cfg)
     g.add_tokenizer_model("gpt2")
-    g.add_tokenizer_pre("gpt-2")
+    g.add_tokenizer_pre("qwen2" if arch != "llama" else "gpt-2")  # llama.cpp's name for Qwen's regex
     g.add_token_list(toks)
     g.add_token_types([1 if i < 256 else 3 for i in range(len(toks))])
     g.add_token_merges([])
@@ -166,8 +199,15 @@ def write_gguf(path, cfg, w, quant=None):
         p = f"model.layers.{i}."
         g.add_tensor(f"blk.{i}.attn_norm.weight", w[p + "input_layernorm.weight"])
         g.add_tensor(f"blk.{i}.ffn_norm.weight", w[p + "post_attention_layernorm.weight"])
-        g.add_tensor(f"blk.{i}.attn_q.weight", permute_for_interleaved(w[p + "self_attn.q_proj.weight"], nh))
-        g.add_tensor(f"blk.{i}.attn_k.weight", permute_for_interleaved(w[p + "self_attn.k_proj.weight"], nkv))
+        perm = permute_for_interleaved if permute else (lambda a, n: a)
+        g.add_tensor(f"blk.{i}.attn_q.weight", perm(w[p + "self_attn.q_proj.weight"], nh))
+        g.add_tensor(f"blk.{i}.attn_k.weight", perm(w[p + "self_attn.k_proj.weight"], nkv))
+        for n in ("q", "k", "v"):
+            if p + f"self_attn.{n}_proj.bias" in w:
+                g.add_tensor(f"blk.{i}.attn_{n}.bias", w[p + f"self_attn.{n}_proj.bias"])
+        for n in ("q", "k"):
+            if p + f"self_attn.{n}_norm.weight" in w:
+                g.add_tensor(f"blk.{i}.attn_{n}_norm.weight", w[p + f"self_attn.{n}_norm.weight"])
         g.add_tensor(f"blk.{i}.attn_v.weight", w[p + "self_attn.v_proj.weight"])
         g.add_tensor(f"blk.{i}.attn_output.weight", w[p + "self_attn.o_proj.weight"])
         g.add_tensor(f"blk.{i}.ffn_gate.weight", w[p + "mlp.gate_proj.weight"])
@@ -193,6 +233,8 @@ def main():
     ap.add_argument("--heads", type=int)
     ap.add_argument("--kv-heads", type=int)
     ap.add_argument("--head-dim", type=int)
+    ap.add_argument("--family", choices=["llama", "mistral", "qwen2", "qwen3"], default="llama")
+    ap.add_argument("--eos", help="comma-separated eos_token_id of generation_config.json (several: a list)")
     args = ap.parse_args()
     cfg = config(args)
     w = weights(cfg, np.random.default_rng(args.seed))
@@ -205,7 +247,8 @@ def main():
     with open(os.path.join(args.out, "tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": CHAT_TEMPLATE}, f)
     with open(os.path.join(args.out, "generation_config.json"), "w") as f:
-        json.dump({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}, f)
+        eos = [int(e) for e in args.eos.split(",")] if args.eos else [cfg["eos_token_id"]]
+        json.dump({"bos_token_id": cfg["bos_token_id"], "eos_token_id": eos if len(eos) > 1 else eos[0]}, f)
     if args.gguf:
         write_gguf(args.gguf, cfg, w, args.gguf_quant)
 

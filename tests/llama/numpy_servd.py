@@ -25,6 +25,11 @@ class Tensor:
     def __len__(self):
         return self.a.shape[0]
 
+    def view(self, *shape):
+        v = self.a.view()
+        v.shape = shape  # raises for a non-contiguous array, as servd does
+        return Tensor(v)
+
     def narrow(self, dim, start, length):
         idx = [slice(None)] * self.a.ndim
         idx[dim] = slice(start, start + length)
@@ -65,7 +70,7 @@ def make_module(folder, rank, world, comm, layout):
     m.ops = ops
     m.Tensor, m.Rope = Tensor, Rope
     m.rank, m.world_size, m.device = (lambda: rank), (lambda: world), (lambda: "cpu")
-    m.empty = lambda shape, dtype="f32": Tensor(np.zeros(shape, np.float32 if dtype == "f32" else np.int32))
+    m.empty = lambda shape, dtype="f32", device=None: Tensor(np.zeros(shape, np.float32 if dtype == "f32" else np.int32))
     pkg = types.SimpleNamespace(config=cfg, manifest={"rope_layout": layout},
                                 tensor=lambda n: Tensor(w[n].astype(np.float32)),
                                 tensor_names=lambda: list(w), read_file=lambda p: open(os.path.join(folder, p), "rb").read())

@@ -1,0 +1,165 @@
+"""The model families beyond Llama (Mistral, Qwen2, Qwen3) against the independent numpy reference.
+
+Each family is a tiny random-weight model written by make_tiny.py as a Hugging Face folder and as a
+GGUF file (the conventions of llama.cpp's converter for that family), packed with `modelpkg pack`,
+run through the packaged model code exactly as the engine runs it (llama_logits: paged KV cache,
+prompt in chunks, greedy decoding, a second sequence one step behind in the same batches) and
+compared with llama_ref.py, written from the transformers modeling files. Tolerance as in
+test_llama.py: max |servd - ref| <= 2e-5 of the largest logit (f32 against float64); a dropped bias
+or per-head norm, or the wrong RoPE pairing, moves logits by O(1).
+
+Also: the manifest's architecture and rope_layout per source; Mistral's context capped at its
+sliding window at pack time (with the line saying so); TP=2; `servd generate` stopping at the
+second of two end-of-sequence ids of generation_config.json; and packing refused, naming the
+tensor or key, for a missing bias, a wrong per-head norm shape, an unexpected tensor and an unknown
+model_type.
+
+    test_families.py --logits BIN --modelpkg BIN [--servd BIN] --work DIR
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import llama_ref  # noqa: E402
+import make_tiny  # noqa: E402
+import test_llama as T  # noqa: E402  (servd_logits, compare, check share its failure list)
+
+check = T.check
+
+
+def manifest(pkg):
+    return json.loads(zipfile.ZipFile(pkg).read("manifest.json"))
+
+
+def pack_fails(args, src, out, expect):
+    r = subprocess.run([args.modelpkg, "pack", src, "-o", out, "--quiet"], capture_output=True, text=True, timeout=120)
+    msg = (r.stderr or r.stdout).strip()
+    check(r.returncode == 1 and expect in msg and not os.path.exists(out),
+          f"pack refused: {expect!r} in {msg!r}")
+
+
+def rewrite_weights(folder, fn):
+    _, w = llama_ref.load_folder(folder)
+    w = fn({k: v.astype(np.float32) for k, v in w.items()})
+    make_tiny.write_safetensors(os.path.join(folder, "model.safetensors"), w)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--logits", required=True)
+    ap.add_argument("--modelpkg", required=True)
+    ap.add_argument("--servd")
+    ap.add_argument("--work", required=True)
+    args = ap.parse_args()
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    py = sys.executable
+    try:
+        import gguf  # noqa: F401  (test-only, from .venv-test)
+        have_gguf = True
+    except ImportError:
+        have_gguf = False
+        print("note: python module gguf missing (scripts/install-deps.sh): the GGUF variants are skipped")
+
+    # (name, family, extra make_tiny args, GGUF?, TP=2?, expected architecture, rope_layout)
+    variants = [
+        ("qwen2-hf-tied", "qwen2", [], False, True, "qwen2", "half"),
+        ("qwen2-gguf-untied", "qwen2", ["--untied"], True, False, "qwen2", "half"),
+        ("qwen3-hf-tied", "qwen3", [], False, True, "qwen3", "half"),
+        ("qwen3-gguf-untied", "qwen3", ["--untied"], True, False, "qwen3", "half"),
+        ("mistral-hf-untied", "mistral", ["--untied"], False, True, "mistral", "half"),
+        ("mistral-gguf", "mistral", [], True, False, "llama", "interleaved"),
+    ]
+    for name, fam, extra, use_gguf, tp2, want_arch, want_rope in variants:
+        if use_gguf and not have_gguf:
+            continue
+        folder = os.path.join(args.work, name)
+        gg = os.path.join(args.work, name + ".gguf")
+        T.run([py, os.path.join(HERE, "make_tiny.py"), folder, "--family", fam] + extra + (["--gguf", gg] if use_gguf else []))
+        cfg, w = llama_ref.load_folder(folder)
+        out = os.path.join(args.work, name + ".mpk")
+        r = T.run([args.modelpkg, "pack", gg if use_gguf else folder, "-o", out])
+        m = manifest(out)
+        check(m.get("architecture") == want_arch and m.get("rope_layout") == want_rope,
+              f"{name}: architecture {m.get('architecture')!r}, rope_layout {m.get('rope_layout')!r}")
+        if use_gguf and fam.startswith("qwen"):  # tokenizer.ggml.pre "qwen2": digits one by one
+            pre = json.loads(zipfile.ZipFile(out).read("tokenizer.json"))["pre_tokenizer"]
+            check("is not known" not in r.stderr and pre["pretokenizers"][0]["pattern"]["Regex"].find("\\p{N}|") > 0,
+                  f"{name}: Qwen's pre-tokenizer regex")
+        if fam == "mistral" and not use_gguf:
+            # servd's attention has no window: the package serves at most sliding_window tokens,
+            # where full causal attention is exactly the windowed one.
+            check(m["config"]["max_position_embeddings"] == 64 and "capped at 64" in r.stderr,
+                  f"{name}: context capped at the sliding window ({m['config']['max_position_embeddings']}; {r.stderr.strip()!r})")
+        rows, gen, pair = T.servd_logits(args, out, os.path.join(args.work, name + ".bin"))
+        T.compare(name, cfg, w, rows, gen, pair)
+        if tp2:
+            rows2, gen2, pair2 = T.servd_logits(args, out, os.path.join(args.work, name + ".tp2.bin"), tp=2, chunk=7)
+            check(gen2 == gen, f"{name}: TP=2 greedy tokens == TP=1")
+            T.compare(name + " tp2", cfg, w, rows2, gen2, pair2)
+
+    # Within the window a windowed reference equals the full one (what makes the cap exact); beyond
+    # it they differ, so the reference does apply the window.
+    cfg, w = llama_ref.load_folder(os.path.join(args.work, "mistral-hf-untied"))
+    toks = (T.PROMPT * 4)[:80]
+    win = llama_ref.forward(cfg, w, toks)
+    full = llama_ref.forward(dict(cfg, sliding_window=None), w, toks)
+    check(np.abs(win[:64] - full[:64]).max() < 1e-12 and np.abs(win[64:] - full[64:]).max() > 1e-3,
+          "reference: the window changes nothing within 64 tokens and something beyond")
+
+    # Several end-of-sequence ids (Qwen2.5's generation_config has [<|im_end|>, <|endoftext|>]): the
+    # engine stops at the second one. It is chosen as the reference's k-th greedy token.
+    if args.servd and os.path.exists(args.servd):
+        text = "Hello there"
+        cfg, w = llama_ref.load_folder(os.path.join(args.work, "qwen2-hf-tied"))
+        ref = llama_ref.greedy(cfg, w, list(text.encode()), 12)
+        k = next((i for i in range(1, 12) if ref[i] not in ref[:i]), 0)
+        folder = os.path.join(args.work, "qwen2-eos")
+        T.run([py, os.path.join(HERE, "make_tiny.py"), folder, "--family", "qwen2", "--eos", f"270,{ref[k]}"])
+        pkg = os.path.join(args.work, "qwen2-eos.mpk")
+        T.run([args.modelpkg, "pack", folder, "-o", pkg, "--quiet"])
+        ids = os.path.join(args.work, "eos.ids")
+        T.run([args.servd, "generate", "--model", pkg, "--prompt", text, "--max-tokens", "12", "--no-special",
+               "--kv-f32", "--threads", "2", "--ids-out", ids, "--quiet"])
+        got = [int(x) for x in open(ids).read().split()]
+        check(got == ref[:k + 1], f"servd generate: stops at the second eos id {ref[k]}: {got} == {ref[:k + 1]}")
+    else:
+        print("note: no servd executable: the end-of-sequence check is skipped")
+
+    # Bad input: each refusal names the tensor or key.
+    bad = os.path.join(args.work, "bad.mpk")
+    folder = os.path.join(args.work, "qwen2-bad")
+    T.run([py, os.path.join(HERE, "make_tiny.py"), folder, "--family", "qwen2"])
+    rewrite_weights(folder, lambda w: {k: v for k, v in w.items() if k != "model.layers.1.self_attn.k_proj.bias"})
+    pack_fails(args, folder, bad, 'tensor "model.layers.1.self_attn.k_proj.bias": missing, expected shape (32,)')
+    folder = os.path.join(args.work, "qwen3-bad")
+    T.run([py, os.path.join(HERE, "make_tiny.py"), folder, "--family", "qwen3"])
+    rewrite_weights(folder, lambda w: dict(w, **{"model.layers.0.self_attn.q_norm.weight": np.ones(16, np.float32)}))
+    pack_fails(args, folder, bad, 'tensor "model.layers.0.self_attn.q_norm.weight": shape (16,), expected (32,)')
+    # Qwen3 tensors under a Llama config: the code would ignore the norms.
+    c = json.load(open(os.path.join(folder, "config.json")))
+    rewrite_weights(folder, lambda w: dict(w, **{"model.layers.0.self_attn.q_norm.weight": np.ones(32, np.float32)}))
+    json.dump(dict(c, model_type="llama", architectures=["LlamaForCausalLM"]), open(os.path.join(folder, "config.json"), "w"))
+    pack_fails(args, folder, bad, 'tensor "model.layers.0.self_attn.q_norm.weight": unexpected for a llama model')
+    json.dump(dict(c, model_type="qwen9"), open(os.path.join(folder, "config.json"), "w"))
+    pack_fails(args, folder, bad, 'model_type "qwen9" is no known architecture; known architectures are: llama')
+    json.dump(dict(c, use_sliding_window="yes"), open(os.path.join(folder, "config.json"), "w"))
+    pack_fails(args, folder, bad, '"use_sliding_window": expected true or false')
+
+    if T.failures:
+        print(f"{len(T.failures)} check(s) failed")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
