@@ -15,6 +15,10 @@
 static tloop L;
 static servd_http_server *S;
 static int port;
+/* The same limits but long timeouts: the back-pressure tests' stalls must not look idle, and its
+ * peaks are theirs alone. */
+static servd_http_server *P;
+static int pport;
 static atomic_int aborts, completes, flood_dropped;
 static atomic_int batch_writes = -1; /* socket writes issued by one batch of 200 chunks */
 
@@ -147,18 +151,23 @@ static void start_server(void *arg) {
   assert_int_equal(servd_http_server_create(&L.loop, &lim, &cb, &S), 0);
   assert_int_equal(servd_http_server_listen(S, "127.0.0.1", 0), 0);
   port = servd_http_server_port(S);
+  lim.request_timeout_ms = lim.idle_timeout_ms = 20000;
+  assert_int_equal(servd_http_server_create(&L.loop, &lim, &cb, &P), 0);
+  assert_int_equal(servd_http_server_listen(P, "127.0.0.1", 0), 0);
+  pport = servd_http_server_port(P);
 }
 
 static void stop_server(void *arg) {
   (void)arg;
   servd_http_server_close(S, NULL, NULL);
+  servd_http_server_close(P, NULL, NULL);
 }
 
 static int setup(void **st) {
   (void)st;
   tloop_start(&L);
   tloop_run(&L, start_server, NULL);
-  return port > 0 ? 0 : -1;
+  return port > 0 && pport > 0 ? 0 : -1;
 }
 
 static int teardown(void **st) {
@@ -495,10 +504,10 @@ typedef struct peaks {
 
 static void read_peaks(void *arg) {
   peaks *p = arg;
-  p->out = servd_http_server_peak_output(S);
-  p->in = servd_http_server_peak_input(S);
-  p->pauses = servd_http_server_read_pauses(S);
-  p->writes = servd_http_server_writes(S);
+  p->out = servd_http_server_peak_output(P);
+  p->in = servd_http_server_peak_input(P);
+  p->pauses = servd_http_server_read_pauses(P);
+  p->writes = servd_http_server_writes(P);
 }
 
 typedef struct sender {
@@ -525,16 +534,22 @@ static void *send_pipelined(void *arg) {
  * stops reading meanwhile, so what it holds for the connection stays bounded whatever the client
  * sends; once the client reads, every answer arrives, in order, including those for requests that
  * came before the client's EOF. Before back-pressure the server queued every answer at once. */
-static void test_pipelining_backpressure(void **st) {
-  (void)st;
+/* A client with a small receive window (set before connect, so that it stays small). */
+static int connect_small_window(int to_port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  int small = 4096; /* before connect, so that the window stays small */
+  int small = 4096;
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)to_port)};
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
   struct timeval tv = {20, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+static void test_pipelining_backpressure(void **st) {
+  (void)st;
+  int fd = connect_small_window(pport);
   peaks p0;
   tloop_run(&L, read_peaks, &p0);
   sender sd = {.fd = fd, .n = 2000};
@@ -581,7 +596,7 @@ static void test_pipelining_backpressure(void **st) {
  * write, so a client sending 256 at once gets them in at least 8 writes, all in order. */
 static void test_pipelining_depth_capped(void **st) {
   (void)st;
-  int fd = tc_connect(port);
+  int fd = tc_connect(pport);
   peaks p0, p1;
   tloop_run(&L, read_peaks, &p0);
   char *all = malloc(256 * 64);
@@ -602,6 +617,28 @@ static void test_pipelining_depth_capped(void **st) {
   tloop_run(&L, read_peaks, &p1);
   assert_true(p1.writes - p0.writes >= 256 / 32);
   free(rd);
+  close(fd);
+}
+
+static void count_connections(void *arg) { *(int *)arg = servd_http_server_connections(S); }
+
+/* A pipelining client that never reads: between requests, once the server's writes make no
+ * progress for the idle timeout (300 ms here), the connection is closed (nginx's send_timeout)
+ * instead of being held, bounded but for ever. */
+static void test_stuck_reader_closed(void **st) {
+  (void)st;
+  int fd = connect_small_window(port);
+  sender sd = {.fd = fd, .n = 200};
+  pthread_t th;
+  pthread_create(&th, NULL, send_pipelined, &sd);
+  int n = -1;
+  for (int i = 0; i < 300; i++) { /* 3 s at most */
+    usleep(10000);
+    tloop_run(&L, count_connections, &n);
+    if (n == 0) break;
+  }
+  assert_int_equal(n, 0);
+  pthread_join(th, NULL); /* its send fails or completes once the server has closed */
   close(fd);
 }
 
@@ -684,9 +721,8 @@ static void test_strict_framing(void **st) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      /* First: it checks the server's peaks, which later tests' large outputs would raise. */
       cmocka_unit_test(test_pipelining_backpressure), cmocka_unit_test(test_pipelining_depth_capped),
-      cmocka_unit_test(test_strict_framing),
+      cmocka_unit_test(test_stuck_reader_closed),     cmocka_unit_test(test_strict_framing),
       cmocka_unit_test(test_basic_and_keepalive), cmocka_unit_test(test_pipelining_keeps_order),
       cmocka_unit_test(test_body_too_large),      cmocka_unit_test(test_headers_too_large),
       cmocka_unit_test(test_malformed),           cmocka_unit_test(test_slow_client_and_idle),
