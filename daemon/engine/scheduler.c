@@ -49,6 +49,7 @@ int sched_init(servd_scheduler *s, const sched_config *cfg, servd_kv_cache *kv) 
   size_t n = (size_t)cfg->max_seqs;
   int rc = servd_step_arrays_init(&s->step, cfg->max_batch_tokens, cfg->max_seqs, "scheduler");
   if (rc) goto fail;
+  if ((rc = prefix_cache_init(&s->pc, kv, cfg->prefix_cache))) goto fail;
   s->planned = calloc(n, sizeof *s->planned);
   s->starved = calloc(n, sizeof *s->starved);
   if (!s->planned || !s->starved) {
@@ -66,6 +67,7 @@ void sched_free(servd_scheduler *s) {
   free(s->planned);
   free(s->starved);
   servd_step_arrays_free(&s->step);
+  prefix_cache_free(&s->pc);
   memset(s, 0, sizeof *s);
 }
 
@@ -74,6 +76,8 @@ int sched_seq_init(servd_scheduler *s, sched_seq *q) {
   if (!q->blocks) return servd_fail(SERVD_ENOMEM, "scheduler: block table of %d blocks", s->max_blocks_per_seq);
   q->n_blocks = 0;
   q->n_computed = 0;
+  q->n_cached = 0;
+  q->chain = (prefix_chain){0};
   q->state = SCHED_NEW;
   q->prev = q->next = NULL;
   return 0;
@@ -92,9 +96,10 @@ void sched_add(servd_scheduler *s, sched_seq *q) {
 }
 
 static void release_blocks(servd_scheduler *s, sched_seq *q) {
-  if (q->n_blocks) servd_kv_cache_free(s->kv, q->n_blocks, q->blocks);
+  if (q->n_blocks) prefix_cache_release(&s->pc, q->n_blocks, q->blocks);
   q->n_blocks = 0;
   q->n_computed = 0;
+  q->chain = (prefix_chain){0};
 }
 
 void sched_remove(servd_scheduler *s, sched_seq *q) {
@@ -121,7 +126,7 @@ static int grow(servd_scheduler *s, sched_seq *q, int n) {
   if (need <= 0) return 0;
   if (q->n_blocks + need > s->max_blocks_per_seq)
     return servd_fail(SERVD_ERANGE, "scheduler: %d tokens exceed the context of %d", n, s->cfg.max_seq_len);
-  int rc = servd_kv_cache_alloc(s->kv, need, q->blocks + q->n_blocks);
+  int rc = prefix_cache_alloc(&s->pc, need, q->blocks + q->n_blocks);
   if (rc) return rc;
   q->n_blocks += need;
   return 0;
@@ -201,8 +206,6 @@ int sched_plan(servd_scheduler *s) {
   /* Admit waiting sequences in arrival order. */
   while (s->waiting.head && budget > 0 && s->running.n < s->cfg.max_seqs) {
     sched_seq *q = s->waiting.head;
-    int chunk = q->n_tokens - q->n_computed;
-    if (chunk > budget) chunk = budget;
     if (blocks_for(s, q->n_tokens) > total_blocks || q->n_tokens > s->cfg.max_seq_len) {
       /* can never be held at once */
       if (s->n_starved == s->cfg.max_seqs) break; /* report the rest next step */
@@ -210,9 +213,29 @@ int sched_plan(servd_scheduler *s) {
       s->starved[s->n_starved++] = q;
       continue;
     }
-    int rc = grow(s, q, q->n_computed + chunk);
-    if (rc == SERVD_EBUSY) break;
+    /* A waiting sequence holds no blocks. Its cached beginning is shared, short of the last token
+     * (computed again so that its logits exist). Nothing is taken unless all it needs fits. */
+    int evictable_hits = 0;
+    prefix_chain chain;
+    int hit = prefix_cache_match(&s->pc, s->cfg.cache_key, q->tokens, (q->n_tokens - 1) / s->block_size, q->blocks,
+                                 &chain, &evictable_hits);
+    int start = hit * s->block_size;
+    int chunk = q->n_tokens - start;
+    if (chunk > budget) chunk = budget;
+    if (blocks_for(s, start + chunk) - hit > prefix_cache_available(&s->pc) - evictable_hits) break;
+    int rc = prefix_cache_acquire(&s->pc, hit, q->blocks);
     if (rc) return rc;
+    q->n_blocks = hit;
+    q->n_computed = start;
+    q->chain = chain;
+    if ((rc = grow(s, q, start + chunk))) {
+      release_blocks(s, q);
+      if (rc == SERVD_EBUSY) break;
+      return rc;
+    }
+    s->pc.queries += (uint64_t)q->n_tokens;
+    s->pc.hits += (uint64_t)start;
+    if (q->n_preempted == 0) q->n_cached = start;
     list_remove(&s->waiting, q);
     q->state = SCHED_RUNNING;
     list_push_back(&s->running, q);
@@ -225,12 +248,21 @@ int sched_plan(servd_scheduler *s) {
 void sched_commit(servd_scheduler *s) {
   for (int i = 0; i < s->n_planned; i++) {
     sched_seq *q = s->planned[i];
-    if (q->state == SCHED_RUNNING) q->n_computed += q->chunk;
+    if (q->state == SCHED_RUNNING) {
+      q->n_computed += q->chunk;
+      /* Full blocks whose K/V this step completed become findable. */
+      while (s->pc.enabled && (q->chain.n + 1) * s->block_size <= q->n_computed) {
+        int i = q->chain.n;
+        prefix_cache_register(&s->pc, s->cfg.cache_key, &q->chain, q->blocks[i], q->tokens + (size_t)i * s->block_size);
+      }
+    }
     q->chunk = 0;
   }
 }
 
 
 int sched_used_blocks(const servd_scheduler *s) {
-  return servd_kv_cache_n_blocks(s->kv) - servd_kv_cache_free_blocks(s->kv);
+  return servd_kv_cache_n_blocks(s->kv) - servd_kv_cache_free_blocks(s->kv) - s->pc.n_evictable;
 }
+
+int sched_cached_blocks(const servd_scheduler *s) { return s->pc.n_cached; }

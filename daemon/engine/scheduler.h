@@ -11,6 +11,11 @@
  *  - KV blocks for a chunk are taken just before it runs. When none are left, the newest running
  *    sequence is preempted: its blocks are freed, n_computed returns to 0 and it goes back to the
  *    waiting queue in its arrival place, to be recomputed later (prompt plus tokens generated so far).
+ *  - Prefix caching (prefix_cache.h, cfg.prefix_cache): at admission a sequence shares every cached
+ *    full block its tokens start with and computes only the rest (at least its last token, whose
+ *    logits are needed); only computed tokens count against the budget. After each step, the full
+ *    blocks it completed are registered. A released block stays cached until memory is needed, so
+ *    a preempted sequence finds its own blocks again when they survived.
  *
  * Block ids come from one servd_kv_cache (the allocator); with tensor parallelism the other ranks'
  * caches use the same ids, so only the allocator cache hands out blocks.
@@ -22,6 +27,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/prefix_cache.h"
 #include "engine/step_arrays.h"
 #include "servd/ops.h"
 
@@ -43,6 +49,9 @@ typedef struct sched_seq {
   int n_preempted;
   struct sched_seq *prev, *next;
 
+  prefix_chain chain; /* its full blocks registered in (or found in) the prefix cache */
+  int n_cached;       /* tokens of the prompt found in the prefix cache at its first admission */
+
   /* Plan of the current step (valid after sched_plan). */
   int chunk;          /* tokens computed this step */
   bool wants_logits;  /* the chunk ends at the last token: the caller samples the next one */
@@ -57,11 +66,14 @@ typedef struct sched_config {
   int max_batch_tokens; /* token budget per step */
   int max_seqs;         /* running sequences at most */
   int max_seq_len;      /* context length: tokens of one sequence at most */
+  bool prefix_cache;    /* share cached full blocks between sequences with a common prefix */
+  uint64_t cache_key;   /* the model's key: blocks are only found by sequences of the same key */
 } sched_config;
 
 typedef struct servd_scheduler {
   sched_config cfg;
   servd_kv_cache *kv; /* allocator; borrowed */
+  servd_prefix_cache pc; /* every block goes through it (a plain allocator when disabled) */
   int block_size;
   int max_blocks_per_seq;
   sched_list waiting, running;
@@ -98,6 +110,9 @@ int sched_plan(servd_scheduler *s);
 /* After the step ran: advances n_computed of every planned sequence. */
 void sched_commit(servd_scheduler *s);
 
+/* Blocks held by sequences (cached blocks nobody holds count as free: they are evicted on demand). */
 int sched_used_blocks(const servd_scheduler *s);
+/* Full blocks in the prefix cache (held or evictable). */
+int sched_cached_blocks(const servd_scheduler *s);
 
 #endif

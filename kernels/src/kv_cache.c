@@ -8,11 +8,13 @@
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* The block allocator: a stack of free ids (low ids handed out first) and per-block use flags. */
+/* The block allocator: a stack of free ids (low ids handed out first) and per-block reference
+ * counts. A block is shared by every holder of a reference (sequences with a common prefix, the
+ * engine's prefix cache) and returns to the stack when the last one lets go. */
 static int init_free_list(servd_kv_cache *c) {
   c->free_ids = malloc((size_t)c->n_blocks * sizeof *c->free_ids);
-  c->in_use = calloc((size_t)c->n_blocks, 1);
-  if (!c->free_ids || !c->in_use) return SERVD_ENOMEM;
+  c->refs = calloc((size_t)c->n_blocks, sizeof *c->refs);
+  if (!c->free_ids || !c->refs) return SERVD_ENOMEM;
   for (int i = 0; i < c->n_blocks; i++) c->free_ids[i] = c->n_blocks - 1 - i;
   c->n_free = c->n_blocks;
   return pthread_mutex_init(&c->mu, NULL) != 0 ? SERVD_ENOMEM : 0; /* last: nothing to undo after it */
@@ -63,7 +65,7 @@ fail:
   if (c && c->pool) munmap(c->pool, c->pool_bytes);
   if (c) {
     free(c->free_ids);
-    free(c->in_use);
+    free(c->refs);
   }
   free(c);
   return servd_fail(SERVD_ENOMEM, "kv_cache_create: out of memory for %d layers x %d blocks x %d tokens x %d heads x %d dims of %s",
@@ -95,7 +97,7 @@ int servd_kv_cache_create_blocks_only(servd_kv_cache **out, int n_layers, int n_
 fail:
   if (c) {
     free(c->free_ids);
-    free(c->in_use);
+    free(c->refs);
   }
   free(c);
   return servd_fail(SERVD_ENOMEM, "kv_cache_create_blocks_only: out of memory for the free list of %d blocks",
@@ -107,7 +109,7 @@ void servd_kv_cache_destroy(servd_kv_cache *c) {
   pthread_mutex_destroy(&c->mu);
   if (c->pool) munmap(c->pool, c->pool_bytes);
   free(c->free_ids);
-  free(c->in_use);
+  free(c->refs);
   free(c);
 }
 
@@ -134,10 +136,37 @@ int servd_kv_cache_alloc(servd_kv_cache *c, int n, int32_t *ids) {
   }
   for (int i = 0; i < n; i++) {
     ids[i] = c->free_ids[--c->n_free];
-    c->in_use[ids[i]] = 1;
+    c->refs[ids[i]] = 1;
   }
   pthread_mutex_unlock(&c->mu);
   return 0;
+}
+
+int servd_kv_cache_ref(servd_kv_cache *c, int n, const int32_t *ids) {
+  if (!c || n < 0 || (n > 0 && !ids))
+    return servd_fail(SERVD_EINVAL, "kv_cache_ref: expected a cache, n >= 0 and an ids array; got n %d", n);
+  pthread_mutex_lock(&c->mu);
+  for (int i = 0; i < n; i++) {
+    int32_t b = ids[i];
+    if (b < 0 || b >= c->n_blocks || c->refs[b] <= 0) {
+      for (int k = 0; k < i; k++) c->refs[ids[k]]--; /* all or nothing */
+      pthread_mutex_unlock(&c->mu);
+      return servd_fail(SERVD_EINVAL, "kv_cache_ref: block %d is %s", b,
+                        b < 0 || b >= c->n_blocks ? "out of range" : "free (only a held block can be shared)");
+    }
+    c->refs[b]++;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return 0;
+}
+
+int servd_kv_cache_refcount(const servd_kv_cache *c, int32_t id) {
+  if (!c || id < 0 || id >= c->n_blocks) return 0;
+  servd_kv_cache *m = (servd_kv_cache *)c; /* the lock is not part of the logical state */
+  pthread_mutex_lock(&m->mu);
+  int r = m->refs[id];
+  pthread_mutex_unlock(&m->mu);
+  return r;
 }
 
 void servd_kv_cache_free(servd_kv_cache *c, int n, const int32_t *ids) {
@@ -147,9 +176,8 @@ void servd_kv_cache_free(servd_kv_cache *c, int n, const int32_t *ids) {
    * blocks stay in ascending ids, which attention then reads as one stream per kv head */
   for (int i = n - 1; i >= 0; i--) {
     int32_t b = ids[i];
-    if (b < 0 || b >= c->n_blocks || !c->in_use[b]) continue; /* not ours to take back */
-    c->in_use[b] = 0;
-    c->free_ids[c->n_free++] = b;
+    if (b < 0 || b >= c->n_blocks || c->refs[b] <= 0) continue; /* not ours to take back */
+    if (--c->refs[b] == 0) c->free_ids[c->n_free++] = b;
   }
   pthread_mutex_unlock(&c->mu);
 }

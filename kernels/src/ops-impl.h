@@ -93,7 +93,8 @@ struct servd_kv_cache {
   pthread_mutex_t mu; /* guards the free list */
   int32_t *free_ids;  /* stack of free block ids */
   int n_free;
-  uint8_t *in_use;    /* per block, so a stray or double free is ignored */
+  int32_t *refs;      /* per block: holders (sequences, the prefix cache); 0 = free, so a stray or
+                       * extra free is ignored */
 };
 
 /* Start of kv head g's run in block blk; kv 0 = K (transposed), 1 = V. */

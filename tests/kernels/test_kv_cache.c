@@ -54,6 +54,39 @@ static void test_accounting(void **state) {
   servd_kv_cache_destroy(NULL);
 }
 
+/* Shared blocks: a block returns to the free list only when its last holder frees it. */
+static void test_refcounts(void **state) {
+  (void)state;
+  servd_kv_cache *c = NULL;
+  assert_int_equal(servd_kv_cache_create_blocks_only(&c, 2, 3, 64, 16, 4), 0);
+  int32_t a[4], b[4];
+  assert_int_equal(servd_kv_cache_alloc(c, 2, a), 0);
+  assert_int_equal(servd_kv_cache_refcount(c, a[0]), 1);
+  assert_int_equal(servd_kv_cache_ref(c, 2, a), 0); /* a second holder */
+  assert_int_equal(servd_kv_cache_ref(c, 1, a), 0); /* a third on a[0] */
+  assert_int_equal(servd_kv_cache_refcount(c, a[0]), 3);
+  assert_int_equal(servd_kv_cache_refcount(c, a[1]), 2);
+  servd_kv_cache_free(c, 2, a);
+  assert_int_equal(servd_kv_cache_free_blocks(c), 2); /* still held */
+  servd_kv_cache_free(c, 2, a);
+  assert_int_equal(servd_kv_cache_free_blocks(c), 3); /* a[1] is back, a[0] still held once */
+  assert_int_equal(servd_kv_cache_refcount(c, a[1]), 0);
+  assert_int_equal(servd_kv_cache_refcount(c, a[0]), 1);
+  /* Only held blocks can be shared; a failed ref adds nothing. */
+  const int32_t mixed[2] = {a[0], a[1]};
+  assert_int_equal(servd_kv_cache_ref(c, 2, mixed), SERVD_EINVAL);
+  assert_int_equal(servd_kv_cache_refcount(c, a[0]), 1);
+  const int32_t bad[1] = {7};
+  assert_int_equal(servd_kv_cache_ref(c, 1, bad), SERVD_EINVAL);
+  assert_int_equal(servd_kv_cache_refcount(c, 7), 0);
+  assert_int_equal(servd_kv_cache_alloc(c, 3, b), 0);
+  for (int i = 0; i < 3; i++) assert_int_not_equal(b[i], a[0]);
+  servd_kv_cache_free(c, 1, a);
+  servd_kv_cache_free(c, 3, b);
+  assert_int_equal(servd_kv_cache_free_blocks(c), 4);
+  servd_kv_cache_destroy(c);
+}
+
 typedef struct churn_arg {
   servd_kv_cache *c;
   atomic_int *owner; /* per block: 0 free, else thread id + 1 */
@@ -214,6 +247,7 @@ static void test_bad_input(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_accounting),
+      cmocka_unit_test(test_refcounts),
       cmocka_unit_test(test_threads),
       cmocka_unit_test(test_write_f32),
       cmocka_unit_test(test_write_f16),

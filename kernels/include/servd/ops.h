@@ -132,8 +132,16 @@ SERVD_API void servd_kv_cache_destroy(servd_kv_cache *c); /* accepts NULL */
 SERVD_API int servd_kv_cache_block_size(const servd_kv_cache *c);
 SERVD_API int servd_kv_cache_n_blocks(const servd_kv_cache *c);
 SERVD_API int servd_kv_cache_free_blocks(const servd_kv_cache *c);
-/* Takes n free blocks into ids[]; SERVD_EBUSY (taking none) if fewer than n are free. Thread-safe. */
+/* Blocks are reference counted: alloc hands out blocks holding one reference, ref adds one to held
+ * blocks (a second sequence sharing a prefix block, the engine's prefix cache), free drops one and
+ * the block is free again when none is left. All thread-safe. */
+/* Takes n free blocks into ids[]; SERVD_EBUSY (taking none) if fewer than n are free. */
 SERVD_API int servd_kv_cache_alloc(servd_kv_cache *c, int n, int32_t *ids);
+/* Adds a reference to each of n held blocks; SERVD_EINVAL (adding none) if one is free or unknown. */
+SERVD_API int servd_kv_cache_ref(servd_kv_cache *c, int n, const int32_t *ids);
+/* References held on block id (0: free or out of range). */
+SERVD_API int servd_kv_cache_refcount(const servd_kv_cache *c, int32_t id);
+/* Drops one reference of each of n blocks; ids that are free or unknown are ignored. */
 SERVD_API void servd_kv_cache_free(servd_kv_cache *c, int n, const int32_t *ids);
 
 /* Writes k, v (t, n_kv_heads*head_dim) f32 of layer into slots i32 (t) (slot = block*block_size+off). */
