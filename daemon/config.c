@@ -20,6 +20,7 @@ void servd_config_init(servd_config *c) {
   c->cuda_graphs = true;
   c->cuda_graph_max_batch = 64;
   c->step_timeout_s = 120;
+  c->load_timeout_s = 300;
   c->interpreters = 1;
   c->max_queue = 256;
   c->access_log = SERVD_ACCESS_LOG_TEXT;
@@ -251,7 +252,8 @@ int servd_config_load_file(servd_config *c, const char *path) {
                                      "access_log", "drain_timeout", "request_timeout", "read_timeout",
                                      "idle_timeout", "max_body_bytes", "max_header_bytes", "max_connections", "max_n",
                                      "model_repository", "models", "gpu_memory_fraction", "cuda_graphs",
-                                     "cuda_graph_max_batch", "step_timeout", "metrics_public", "verify_weights", "trusted_keys", NULL};
+                                     "cuda_graph_max_batch", "step_timeout", "metrics_public", "verify_weights", "trusted_keys",
+                                     "load_timeout", NULL};
   json_error_t err;
   json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
   if (!root)
@@ -279,6 +281,7 @@ int servd_config_load_file(servd_config *c, const char *path) {
       (rc = j_num(&x, root, "drain_timeout", 0, 86400, &c->drain_timeout_s)) ||
       (rc = j_num(&x, root, "request_timeout", 0, 86400, &c->request_timeout_s)) ||
       (rc = j_num(&x, root, "step_timeout", 0, 86400, &c->step_timeout_s)) ||
+      (rc = j_num(&x, root, "load_timeout", 0, 86400, &c->load_timeout_s)) ||
       (rc = j_num(&x, root, "read_timeout", 0.001, 3600, &c->read_timeout_s)) ||
       (rc = j_num(&x, root, "idle_timeout", 0.001, 86400, &c->idle_timeout_s)) ||
       (rc = j_num(&x, root, "max_body_bytes", 1024, 1ull << 32, &body)) ||
@@ -364,6 +367,8 @@ void servd_config_usage(FILE *f) {
         "  --request-timeout S     default per-request deadline (default none)\n"
         "  --step-timeout S        interrupt a language model's forward step that has not returned after\n"
         "                          S seconds and fail that step's requests (default 120; 0: never)\n"
+        "  --load-timeout S        fail a model load whose package import has not finished after S\n"
+        "                          seconds (default 300; 0: never)\n"
         "  --isolation MODE        none or process: run each generic model's interpreters in a child\n"
         "                          process of its own, restarted if it crashes (default none)\n"
         "  --model-repository DIR  directory of packages for POST /v2/repository/models/NAME/load\n"
@@ -491,6 +496,9 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
         return rc;
     } else if (flag_is(a, "--isolation")) {
       if ((rc = VAL("--isolation")) || (rc = parse_isolation("--isolation", v, &c->isolation))) return rc;
+    } else if (flag_is(a, "--load-timeout")) {
+      if ((rc = VAL("--load-timeout")) || (rc = parse_double("--load-timeout", v, 0, 86400, &c->load_timeout_s)))
+        return rc;
     } else if (flag_is(a, "--step-timeout")) {
       if ((rc = VAL("--step-timeout")) || (rc = parse_double("--step-timeout", v, 0, 86400, &c->step_timeout_s)))
         return rc;
@@ -539,6 +547,7 @@ void servd_config_model_options(const servd_config *c, int i, servd_model_option
   o->cuda_graphs = c->cuda_graphs;
   o->cuda_graph_max_batch = c->cuda_graph_max_batch;
   o->step_timeout_s = c->step_timeout_s;
+  o->load_timeout_s = c->load_timeout_s;
   o->verify_weights = c->verify_weights;
   o->trusted_keys = c->trusted_keys;
   o->isolation = m->isolation ? (servd_isolation)(m->isolation - 1) : c->isolation;

@@ -37,6 +37,7 @@ typedef struct servd_config {
   double drain_timeout_s;
   double request_timeout_s; /* default per-request deadline; 0: none */
   double step_timeout_s;    /* a language model's forward step is interrupted after this; 0: never */
+  double load_timeout_s;    /* a model's package import must finish within this; 0: no limit */
   servd_isolation isolation; /* default of generic models (--isolation) */
   double read_timeout_s, idle_timeout_s;
   size_t max_body_bytes, max_header_bytes;

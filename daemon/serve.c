@@ -118,6 +118,14 @@ static void on_http_closed(void *ud) {
 static void on_unloaded(void *ud) {
   server *s = ud;
   uv_timer_stop(&s->drain_timer);
+  int loading = servd_api_models_loading(s->api);
+  if (loading > 0) {
+    /* Its worker still runs the load (possibly an import that never returns): nothing to wait for. */
+    fprintf(stderr, "servd: %d model load%s in progress abandoned; exiting with status %d\n", loading,
+            loading == 1 ? "" : "s", s->exit_code);
+    fflush(NULL);
+    _exit(s->exit_code);
+  }
   fprintf(stderr, "servd: all models unloaded; exiting with status %d\n", s->exit_code);
   servd_http_server_close(s->http, on_http_closed, s);
 }
@@ -161,6 +169,7 @@ static void begin_drain(server *s, const char *why) {
   fprintf(stderr, "servd: %s: no longer accepting connections; draining for up to %.0f s\n", why,
           s->cfg.drain_timeout_s);
   servd_api_set_draining(s->api, true);
+  servd_api_drain_loads(s->api); /* a load in progress is abandoned, not waited for */
   servd_http_server_stop_accepting(s->http);
   s->drain_deadline = uv_now(s->loop) + (uint64_t)(s->cfg.drain_timeout_s * 1000.0);
   uv_timer_start(&s->drain_timer, drain_tick, 0, 50);
@@ -234,6 +243,7 @@ int servd_serve_main(int argc, char **argv) {
   /* Every language model this process loads (also through the repository API) uses the GPUs. */
   servd_engine_set_gpu_defaults(s.cfg.gpus, s.cfg.gpu_memory_fraction, s.cfg.cuda_graphs, s.cfg.cuda_graph_max_batch);
   servd_engine_set_step_timeout(s.cfg.step_timeout_s);
+  servd_engine_set_load_timeout(s.cfg.load_timeout_s); /* repository loads too */
   servd_engine_set_package_checks(s.cfg.verify_weights, s.cfg.trusted_keys); /* repository loads too */
   if (s.cfg.trusted_keys && (rc = servd_check_trusted_keys(s.cfg.trusted_keys)) != 0) {
     servd_config_free(&s.cfg);

@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,8 @@ static struct {
 static double step_timeout_default = 120.0;
 
 void servd_engine_set_step_timeout(double seconds) { step_timeout_default = seconds > 0 ? seconds : 0; }
+static double load_timeout_default = 300.0;
+void servd_engine_set_load_timeout(double seconds) { load_timeout_default = seconds > 0 ? seconds : 0; }
 static servd_isolation isolation_default = SERVD_ISOLATION_NONE;
 void servd_engine_set_isolation(servd_isolation isolation) { isolation_default = isolation; }
 
@@ -60,6 +63,7 @@ void servd_model_options_default(servd_model_options *o) {
   o->cuda_graphs = gpu_defaults.graphs;
   o->cuda_graph_max_batch = gpu_defaults.graph_max_batch;
   o->step_timeout_s = step_timeout_default;
+  o->load_timeout_s = load_timeout_default;
   servd__package_checks_default(o);
   o->isolation = isolation_default;
 }
@@ -416,14 +420,71 @@ static void *scheduler_main(void *arg) {
 /* ---- loading ------------------------------------------------------------------------------------ */
 
 /* Jobs for the interpreter thread (interp_thread.h): the pool starts, renders and ends there. */
+
+/* Creating the pool runs the package's import, under the load timeout. It holds what the import
+ * uses (not the model): should the import block where TimeoutError cannot reach it, the job is
+ * abandoned with its thread and must stay valid without the model. */
 typedef struct pool_job {
-  servd_model *m;
-  const servd_pool_options *po;
+  mpk_package *pkg;
+  servd_pool_options po;
+  servd_pool *pool;
 } pool_job;
+
+static _Atomic int quarantined_interpreters;
+
+int servd_engine_quarantined_interpreters(void) { return atomic_load(&quarantined_interpreters); }
+
+/* Past the load timeout TimeoutError is raised in the import; the thread is given this much more to
+ * unwind and finalize the interpreters before the load is abandoned. */
+#define LOAD_GRACE_MS 2000
 
 static int pool_create_job(void *arg) {
   pool_job *j = arg;
-  return servd_pool_create(j->m->pkg, j->po, &j->m->pool);
+  return servd_pool_create(j->pkg, &j->po, &j->pool);
+}
+
+/* An abandoned pool creation returned after all: its interpreters stay quarantined (never finalized,
+ * never reused: they ran code that would not stop), so only the job's own memory goes. */
+static void pool_job_orphan(void *arg) { free(arg); }
+
+/* Starts the interpreter thread and creates m->pool on it within the load timeout. An import that
+ * cannot be interrupted is abandoned: the thread, the package, the communicators the interpreters
+ * hold and the interpreters themselves are left to it (quarantined), and the load fails. */
+static int create_pool(servd_model *m, const servd_pool_options *po) {
+  int rc;
+  if ((rc = servd_interp_thread_start(&m->ithread))) return rc;
+  pool_job *j = calloc(1, sizeof *j);
+  if (!j) return servd_fail(SERVD_ENOMEM, "model load: pool job");
+  j->pkg = m->pkg;
+  j->po = *po;
+  double lt = m->o.load_timeout_s > 0 ? m->o.load_timeout_s : 0;
+  j->po.load_timeout_ms = (int64_t)(lt * 1000.0 + 0.5);
+  bool abandoned = false;
+  rc = servd_interp_thread_run_for(m->ithread, pool_create_job, j,
+                                   j->po.load_timeout_ms > 0 ? j->po.load_timeout_ms + LOAD_GRACE_MS : 0,
+                                   pool_job_orphan, &abandoned);
+  if (abandoned) {
+    m->ithread = NULL;
+    m->pkg = NULL; /* mapped by the quarantined interpreters */
+    m->comm = NULL;
+    m->dcomm = NULL;
+    int n = po->n_interpreters;
+    atomic_fetch_add(&quarantined_interpreters, n);
+    fprintf(stderr, "servd: model '%s': the package's import did not end %d ms after the load timeout; "
+            "the load is abandoned and its %d interpreter%s quarantined (never reused; %d in this process)\n",
+            m->name, LOAD_GRACE_MS, n, n == 1 ? " is" : "s are", servd_engine_quarantined_interpreters());
+    return servd_fail(SERVD_ETIMEDOUT, "the package's import did not finish within the load timeout of %.3g s "
+                      "(--load-timeout) and could not be interrupted (blocked outside Python code, e.g. in "
+                      "native code or a sleep); the load was abandoned", lt);
+  }
+  m->pool = j->pool;
+  free(j);
+  if (rc == SERVD_ETIMEDOUT) { /* interrupted in Python: the interpreters were finalized */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", servd_last_error());
+    rc = servd_fail(rc, "load timeout (--load-timeout): %s", msg);
+  }
+  return rc;
 }
 
 static int pool_destroy_job(void *arg) {
@@ -457,9 +518,7 @@ static int load_on_cpu(servd_model *m, int n_layers, int kv_heads, int head_dim,
   servd_pool_options po = {.n_interpreters = m->tp + 1, .world_size = m->tp, .comm = m->comm,
                            .extra_sys_path = m->o.extra_sys_path};
   if (po.n_interpreters > SERVD_INTERP_MAX) po.n_interpreters = m->tp;
-  if ((rc = servd_interp_thread_start(&m->ithread))) return rc;
-  pool_job pj = {m, &po};
-  if ((rc = servd_interp_thread_run(m->ithread, pool_create_job, &pj))) return rc;
+  if ((rc = create_pool(m, &po))) return rc;
   m->chat_interp = po.n_interpreters > m->tp ? m->tp : 0;
   return servd_runner_create(m->pool, m->kv, m->tp, m->comm, &m->runner);
 }
@@ -487,9 +546,7 @@ static int load_on_gpus(servd_model *m) {
   servd_pool_options po = {.n_interpreters = m->tp + 1, .world_size = m->tp, .dcomm = m->dcomm,
                            .rank_devices = m->devices, .extra_sys_path = m->o.extra_sys_path};
   if (po.n_interpreters > SERVD_INTERP_MAX) po.n_interpreters = m->tp;
-  if ((rc = servd_interp_thread_start(&m->ithread))) return rc;
-  pool_job pj = {m, &po};
-  if ((rc = servd_interp_thread_run(m->ithread, pool_create_job, &pj))) return rc;
+  if ((rc = create_pool(m, &po))) return rc;
   m->chat_interp = po.n_interpreters > m->tp ? m->tp : 0;
   if ((rc = servd_interp_thread_run(m->ithread, sync_devices_job, m))) return rc;
   if ((rc = servd_gpu_warmup_prepare(m))) return rc;
@@ -610,9 +667,7 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
     }
     /* Started and finalized on one thread (interp_thread.h): module code that imports `threading`
      * (logging does) would otherwise leave Py_FinalizeEx waiting at unload. */
-    if ((rc = servd_interp_thread_start(&m->ithread))) goto fail;
-    pool_job pj = {m, &po};
-    if ((rc = servd_interp_thread_run(m->ithread, pool_create_job, &pj))) goto fail;
+    if ((rc = create_pool(m, &po))) goto fail;
     if (o->max_batch_size > 1 &&
         (rc = servd_batcher_create(m->pool, o->max_batch_size, o->max_batch_delay_ms, &m->batcher)))
       goto fail;

@@ -73,6 +73,12 @@ typedef struct servd_model_options {
    * (TimeoutError raised in its Python code) and the step fails with SERVD_EMODEL; 0: no limit.
    * Native code that never returns to Python cannot be interrupted. */
   double step_timeout_s;
+  /* The package's import in the model's interpreters (module bodies, the entry object's construction)
+   * must finish within this many seconds (0: no limit): past it TimeoutError is raised in it and the
+   * load fails with SERVD_ETIMEDOUT. An import that cannot be interrupted (blocked in native code)
+   * is abandoned 2 s later: the load fails all the same and its interpreters are quarantined (never
+   * reused, never finalized; servd_engine_quarantined_interpreters counts them). */
+  double load_timeout_s;
   /* Generic packages: SERVD_ISOLATION_PROCESS runs the interpreters in a child process of their own
    * (engine/isolated.h), so a crash of the model's code ends only that process. Language models
    * always run in-process. */
@@ -92,6 +98,10 @@ void servd_model_options_default(servd_model_options *o);
 void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cuda_graphs, int cuda_graph_max_batch);
 /* Process-wide default of step_timeout_s (seconds, 0: none); call before loading models. */
 void servd_engine_set_step_timeout(double seconds);
+/* Process-wide default of load_timeout_s (seconds, 0: none; none set: 300). */
+void servd_engine_set_load_timeout(double seconds);
+/* Interpreters of abandoned loads in this process (each holds one of the SERVD_INTERP_MAX). */
+int servd_engine_quarantined_interpreters(void);
 /* Process-wide defaults of verify_weights and trusted_keys (borrowed: must outlive every load). */
 void servd_engine_set_package_checks(bool verify_weights, const char *trusted_keys);
 /* Process-wide default of isolation (none set: SERVD_ISOLATION_NONE); call before loading models. */
