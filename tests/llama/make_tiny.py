@@ -59,7 +59,7 @@ def config(args):
         hd = cfg["head_dim"] = args.head_dim or cfg["head_dim"]
         cfg.update(num_attention_heads=args.heads, num_key_value_heads=args.kv_heads or args.heads,
                    hidden_size=args.heads * hd, intermediate_size=args.heads * 32)
-    fam = args.family
+    fam = getattr(args, "family", "llama")  # callers that build their own Namespace: llama
     if fam == "mistral":
         cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=64)
     elif fam == "qwen2":
