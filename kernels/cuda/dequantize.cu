@@ -5,7 +5,8 @@
 
 #include <cuda_fp16.h>
 
-#include "servd/blocks.h"
+// Block sizes of servd/blocks.h (a C header: its static assertions are not C++).
+enum { Q8_0_BYTES = 34, Q4_0_BYTES = 18, Q4_1_BYTES = 20 };
 
 __device__ __forceinline__ float f16_at(const unsigned char *p) {
   return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
@@ -21,19 +22,19 @@ __global__ void dequantize_kernel(float *__restrict__ out, const unsigned char *
   if (b >= n_blocks) return;
   float *y = out + b * SERVD_QK;
   if (DTYPE == SERVD_Q8_0) {
-    const unsigned char *blk = x + b * sizeof(servd_block_q8_0);
+    const unsigned char *blk = x + b * Q8_0_BYTES;
     const float d = f16_at(blk);
     const signed char *qs = (const signed char *)(blk + 2);
     y[j] = d * (float)qs[j];
     y[j + SERVD_QK / 2] = d * (float)qs[j + SERVD_QK / 2];
   } else if (DTYPE == SERVD_Q4_0) {
-    const unsigned char *blk = x + b * sizeof(servd_block_q4_0);
+    const unsigned char *blk = x + b * Q4_0_BYTES;
     const float d = f16_at(blk);
     const unsigned char q = blk[2 + j];
     y[j] = d * (float)((q & 15) - 8);
     y[j + SERVD_QK / 2] = d * (float)((q >> 4) - 8);
   } else {
-    const unsigned char *blk = x + b * sizeof(servd_block_q4_1);
+    const unsigned char *blk = x + b * Q4_1_BYTES;
     const float d = f16_at(blk), m = f16_at(blk + 2);
     const unsigned char q = blk[4 + j];
     y[j] = d * (float)(q & 15) + m;

@@ -15,7 +15,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "guest.h"
 #include "op-dispatch.h"
+
+const servd_host_api *servd_host_api__get(void); /* interp-impl.h, which needs Python headers */
 
 static servd_tensor *mat(servd_dtype d, int64_t r, int64_t c, const float *v) {
   int64_t shape[2] = {r, c};
@@ -156,6 +159,50 @@ static void test_host_copy(void **state) {
   servd_tensor_release(src);
 }
 
+/* The registry reaches the host table: one member per row, in order, each the row's dispatcher. */
+static void test_registry_table(void **state) {
+  (void)state;
+  const servd_host_api *api = servd_host_api__get();
+  assert_int_equal(api->abi, SERVD_GUEST_ABI);
+  assert_int_equal(api->size, sizeof(servd_host_api));
+  int rows = 0;
+#define SERVD_OP(name, dispatch, py, sig, names)                        \
+  assert_true(api->name == servd_op__##name);                          \
+  assert_int_equal(SERVD_OP_##name, rows++);
+#include "servd/ops.def"
+#undef SERVD_OP
+  assert_int_equal(rows, SERVD_OP_COUNT);
+}
+
+/* dequantize, an op added through the registry alone: host tensors reach the CPU kernel (one q8_0
+ * block, by hand), mixed devices are refused by the generated dispatch, all-device tensors without
+ * CUDA reach the generated stub, which checks the arguments first. */
+static void test_dequantize_dispatch(void **state) {
+  (void)state;
+  servd_tensor *q = servd_tensor_new(SERVD_Q8_0, 2, (int64_t[]){1, 32}), *o = mat(SERVD_F32, 1, 32, NULL);
+  assert_non_null(q);
+  unsigned char *b = servd_tensor_data(q);
+  b[0] = 0x00, b[1] = 0x40; /* d = 2.0 (f16 0x4000) */
+  for (int i = 0; i < 32; i++) b[2 + i] = (unsigned char)(int8_t)(i - 3);
+  assert_int_equal(servd_op__dequantize(o, q), 0);
+  const float *ov = servd_tensor_data(o);
+  for (int i = 0; i < 32; i++) assert_true(ov[i] == 2.0f * (float)(i - 3));
+  q->device = 1;
+  expect_fail(servd_op__dequantize(o, q), SERVD_EINVAL, "dequantize: out is on the cpu but x is on cuda:1");
+  if (!servd_device_built()) {
+    o->device = 1;
+    expect_fail(servd_op__dequantize(o, q), SERVD_EDEVICE, "device dequantize: servd was built without CUDA");
+    servd_tensor *wide = mat(SERVD_F32, 1, 64, NULL); /* the op's own contract, before any CUDA */
+    wide->device = 1;
+    expect_fail(servd_op__dequantize(wide, q), SERVD_EINVAL, "dequantize: expected x (..., n) q8_0/q4_0/q4_1");
+    wide->device = -1;
+    servd_tensor_release(wide);
+  }
+  q->device = o->device = -1;
+  servd_tensor_release(q);
+  servd_tensor_release(o);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_runs_cpu_op),
@@ -163,6 +210,8 @@ int main(void) {
       cmocka_unit_test(test_host_and_device_only),
       cmocka_unit_test(test_device_op_without_cuda),
       cmocka_unit_test(test_host_copy),
+      cmocka_unit_test(test_registry_table),
+      cmocka_unit_test(test_dequantize_dispatch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
