@@ -108,6 +108,9 @@ class DevTensor(ns.Tensor):
     def narrow(self, dim, start, length):
         return DevTensor(ns.Tensor.narrow(self, dim, start, length).a, self._dt, self.device)
 
+    def view(self, *shape):
+        return DevTensor(ns.Tensor.view(self, *shape).a, self._dt, self.device)
+
 
 def root(a):
     while a.base is not None:
@@ -303,19 +306,19 @@ def compare(name, res):
     check(toks[len(PROMPT):] == greedy, f"{name}: greedy tokens {toks[len(PROMPT):]} == reference {greedy}")
 
 
-def device_checks(name, res, world, tied):
+def device_checks(name, res, world, tied, extra_allocs=0, per_layer=9):
     for r, d in enumerate(res):
         st, model = d["st"], d["model"]
         check(not st.errors, f"{name} rank {r}: every op on one device with the device dtypes, contiguous, "
               f"touching only buffers, weights and step inputs ({st.op_calls} calls)"
               + ("" if not st.errors else ": " + "; ".join(sorted(set(st.errors))[:4])))
-        n_act, n_logit = 9, 2 + (world > 1)
+        n_act, n_logit = 9 + extra_allocs, 2 + (world > 1)
         check(d["allocs_first"] == n_act + n_logit and len(st.allocs) == n_act + n_logit,
               f"{name} rank {r}: {n_act + n_logit} device buffers allocated at the first step, none after "
               f"(got {d['allocs_first']} then {len(st.allocs)})")
         rows = sorted({a.shape[0] for a in st.allocs})
         check(rows == sorted({16, 8}), f"{name} rank {r}: buffer rows {rows}: max_tokens 16 and max_seqs 8")
-        expect = 1 + (not tied) + 1 + 9 * model.n_layers
+        expect = 1 + (not tied) + 1 + per_layer * model.n_layers
         check(len(st.uploads) == expect and st.host_empty == 0,
               f"{name} rank {r}: {expect} weights uploaded once each ({len(st.uploads)}), no host buffers "
               f"({st.host_empty})")
@@ -338,6 +341,14 @@ def test_device(folders):
     check(vn == [91, 91, 90], f"TP3 over a vocabulary of 272: shards {vn}")
     compare("cuda TP3 uneven vocabulary", res)
     device_checks("cuda TP3", res, 3, True)
+
+    # Other families (docs/models.md): Qwen2's Q/K/V biases (3 more weights per layer, broadcast by an
+    # embedding of zero ids: one more buffer) and Qwen3's per-head norms (2 more per layer).
+    for fam, per_layer in (("qwen2", 12), ("qwen3", 11)):
+        for world in (1, 2):
+            res = run(folders[fam], world, "cuda:0")
+            compare(f"cuda TP{world} {fam}", res)
+            device_checks(f"cuda TP{world} {fam}", res, world, True, extra_allocs=1, per_layer=per_layer)
 
     # Beyond the capacities: a clear error, not a reallocation.
     d = run(folders["tied"], 1, "cuda:0")[0]
@@ -372,7 +383,8 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     folders = {}
-    for key, extra in (("tied", []), ("untied", ["--untied"]), ("three", ["--heads", "6", "--kv-heads", "3"])):
+    for key, extra in (("tied", []), ("untied", ["--untied"]), ("three", ["--heads", "6", "--kv-heads", "3"]),
+                       ("qwen2", ["--family", "qwen2"]), ("qwen3", ["--family", "qwen3"])):
         folders[key] = os.path.join(args.work, key)
         subprocess.run([sys.executable, os.path.join(HERE, "make_tiny.py"), folders[key]] + extra,
                        check=True, capture_output=True)
