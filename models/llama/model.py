@@ -82,7 +82,8 @@ def _window(cfg):
     """The sliding window that applies (0: none): Mistral's sliding_window, Qwen's only when
     use_sliding_window is true."""
     w = cfg.get("sliding_window")
-    if not w or ("use_sliding_window" in cfg and not cfg["use_sliding_window"]):
+    switch = cfg.get("model_type") in ("qwen2", "qwen3")  # transformers' default use_sliding_window: false
+    if not w or (switch and not cfg.get("use_sliding_window")):
         return 0
     return int(w)
 
