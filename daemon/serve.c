@@ -267,6 +267,7 @@ int servd_serve_main(int argc, char **argv) {
   servd_api_options_default(&ao);
   ao.ops = &servd_engine_model_ops;
   ao.api_key = s.cfg.api_key;
+  ao.metrics_public = s.cfg.metrics_public;
   ao.access_log = (servd_access_log)s.cfg.access_log;
   ao.default_deadline_ms = (int)(s.cfg.request_timeout_s * 1000.0);
   ao.max_n = s.cfg.max_n;

@@ -23,6 +23,7 @@ typedef enum servd_access_log { SERVD_ACCESS_LOG_OFF = 0, SERVD_ACCESS_LOG_TEXT,
 typedef struct servd_api_options {
   const servd_model_ops *ops;     /* required: &servd_engine_model_ops to use the engine */
   const char *api_key;            /* NULL or "": no authentication (copied) */
+  bool metrics_public;            /* API_ROUTE_METRICS rows (GET /metrics) need no key */
   servd_access_log access_log;
   FILE *log;                      /* access log and operational messages; NULL: stderr */
   int default_deadline_ms;        /* per-request deadline when the request names none; 0: none */

@@ -3,10 +3,21 @@
 #include "api/handlers.h"
 #include "api/respond.h"
 
+/* Live: the loop answers and no loaded model's engine is stuck. A stuck engine (work pending, no
+ * step finished for the step timeout plus 30 s, 60 s at least: servd_model_ready) is a rank hung in
+ * native code that the step timeout cannot interrupt; it does not recover, so the orchestrator
+ * should restart the process. A draining server stays live (its models report not ready). */
+static bool all_live(servd_api *a) {
+  if (a->draining) return true;
+  for (api_model *am = a->models; am; am = am->next)
+    if (am->state == M_READY && !a->ops->ready(am->m)) return false;
+  return true;
+}
+
 void api_health_live(servd_api *a, servd_http_req *r, const api_route_args *args) {
-  (void)a;
   (void)args;
-  api_json(r, 200, json_pack("{s:b}", "live", 1));
+  bool live = all_live(a);
+  api_json(r, live ? 200 : 503, json_pack("{s:b}", "live", live));
 }
 
 void api_health_ready(servd_api *a, servd_http_req *r, const api_route_args *args) {

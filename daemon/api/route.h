@@ -36,6 +36,7 @@ enum {
   API_ROUTE_PUBLIC = 1u << 0, /* no API key needed (health probes) */
   API_ROUTE_OAI = 1u << 1,    /* errors in OpenAI's shape, else KServe v2's */
   API_ROUTE_MODEL = 1u << 2,  /* {model} must name a model known to the server: 404 otherwise */
+  API_ROUTE_METRICS = 1u << 3, /* public when servd_api_options.metrics_public (Prometheus scrapers) */
 };
 
 typedef struct api_route {

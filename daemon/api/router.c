@@ -87,7 +87,7 @@ static void on_request(void *ud, servd_http_req *r) {
     if (!api_route_match(row->pattern, p, &m, &v)) continue;
     if (!first) first = row;
     allowed |= row->methods;
-    public &= (row->flags & API_ROUTE_PUBLIC) != 0;
+    public &= (row->flags & API_ROUTE_PUBLIC) || ((row->flags & API_ROUTE_METRICS) && a->o.metrics_public);
     if (!hit && (row->methods & bit)) {
       hit = row;
       model = m;

@@ -34,7 +34,7 @@ const api_route api_routes[] = {
     {API_POST, "/v2/repository/models/{model}/unload", "/v2/repository/models/{model}/unload", 0,
      api_repository_unload},
 
-    {API_GET, "/metrics", "/metrics", 0, api_metrics},
+    {API_GET, "/metrics", "/metrics", API_ROUTE_METRICS, api_metrics},
 };
 
 const size_t api_n_routes = sizeof api_routes / sizeof api_routes[0];

@@ -325,6 +325,8 @@ static json_t *get_json(int port, const char *path, int *status) {
   return j;
 }
 
+static void set_draining(void *arg) { servd_api_set_draining(open_srv.api, *(bool *)arg); }
+
 /* ---- tests ------------------------------------------------------------------------------------ */
 
 static void test_health_and_meta(void **st) {
@@ -341,6 +343,16 @@ static void test_health_and_meta(void **st) {
   j = get_json(open_srv.port, "/v2/health/ready", &s);
   assert_int_equal(s, 503);
   json_decref(j);
+  j = get_json(open_srv.port, "/v2/health/live", &s); /* a stuck engine fails liveness too: restart it */
+  assert_int_equal(s, 503);
+  assert_true(json_is_false(json_object_get(j, "live")));
+  json_decref(j);
+  bool on = true, off = false;
+  tloop_run(&L, set_draining, &on); /* draining: not ready, but live until it exits */
+  j = get_json(open_srv.port, "/v2/health/live", &s);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  tloop_run(&L, set_draining, &off);
   j = get_json(open_srv.port, "/v2/models/lm/ready", &s);
   assert_int_equal(s, 503);
   json_decref(j);
