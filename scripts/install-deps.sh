@@ -8,7 +8,7 @@ pkgs=(
   build-essential cmake pkg-config git ca-certificates
   clang libclang-rt-14-dev
   libuv1-dev libjansson-dev libarchive-dev libpcre2-dev libcmocka-dev libssl-dev
-  libhttp-parser-dev libopenblas-dev
+  libhttp-parser-dev libopenblas-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler
   libpython3.11-dev python3 python3-jinja2 python3-numpy python3-venv python3-pip
   prometheus curl gnuplot-nox linux-perf
 )
@@ -31,3 +31,6 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -c "import openai, tokenizers, gguf, sentencepiece" 2>/dev/null ||
   "$venv/bin/pip" install --quiet "openai>=1.0" "tokenizers>=0.15" "gguf>=0.6" "jsonschema" "sentencepiece"
+# The official KServe/Triton gRPC client and grpc's health-checking stubs (tests of the gRPC listener).
+"$venv/bin/python" -c "import tritonclient.grpc, grpc_health.v1" 2>/dev/null ||
+  "$venv/bin/pip" install --quiet "tritonclient[grpc]" "grpcio-health-checking"

@@ -1,6 +1,7 @@
 /* KServe v2 / Open Inference Protocol over HTTP: server and model metadata, readiness, and
  * inference with JSON tensors (generic packages, run on a worker thread). */
 #include "api/api-impl.h"
+#include "api/frontend-impl.h"
 #include "api/handlers.h"
 #include "api/request_params.h"
 #include "api/respond.h"
@@ -121,6 +122,8 @@ typedef struct infer_job {
   char err[1024];
   servd_model_error merr; /* the exception behind SERVD_EMODEL / SERVD_EINVAL */
   json_t *id, *wanted; /* own references, touched on the loop only */
+  api_predict_cb cb;   /* other front ends (gRPC): called instead of answering req */
+  void *cb_ud;
 } infer_job;
 
 static void infer_free(infer_job *j) {
@@ -156,6 +159,29 @@ static bool wanted(infer_job *j, const char *name) {
 
 static void infer_start_waiting(servd_api *a, api_model *am);
 
+/* Hands a prediction's outcome to the front end that asked (the outputs with it). */
+static void predict_deliver(infer_job *j) {
+  char msg[1200] = "";
+  int status = 200;
+  if (j->rc != 0) {
+    status = j->rc == SERVD_EMODEL ? 500 : api_status_for(j->rc);
+    if (j->rc == SERVD_EMODEL && j->merr.type[0])
+      snprintf(msg, sizeof msg, "model '%s' failed: %s: %s", j->am->name, j->merr.type, j->merr.message);
+    else
+      snprintf(msg, sizeof msg, "model '%s' failed: %s", j->am->name,
+               j->err[0] ? api_user_cause(j->err) : servd_strerror(j->rc));
+  }
+  api_predict_cb cb = j->cb;
+  j->cb = NULL;
+  servd_named_tensor *out = j->rc == 0 ? j->out : NULL;
+  int n_out = j->rc == 0 ? j->n_out : 0;
+  if (out) {
+    j->out = NULL;
+    j->n_out = 0;
+  }
+  cb(j->cb_ud, status, msg, out, n_out);
+}
+
 static void infer_after(uv_work_t *w, int status) {
   (void)status;
   infer_job *j = w->data;
@@ -163,6 +189,10 @@ static void infer_after(uv_work_t *w, int status) {
   a->works--;
   j->am->predict_running--;
   infer_start_waiting(a, j->am);
+  if (j->cb) {
+    predict_deliver(j);
+    goto done;
+  }
   servd_http_req *r = j->req;
   if (!r) goto done;
   r->on_abort = NULL;
@@ -250,13 +280,19 @@ static void infer_start_waiting(servd_api *a, api_model *am) {
     if (!am->wait_head) am->wait_tail = NULL;
     am->predict_waiting--;
     j->next = NULL;
-    if (!j->req) {
+    if (!j->req && !j->cb) {
       infer_free(j);
       continue;
     }
     if (infer_queue(a, j) != 0) {
-      j->req->on_abort = NULL;
-      api_kserve_error(j->req, 500, "cannot queue work");
+      if (j->cb) {
+        j->rc = SERVD_ENOMEM;
+        snprintf(j->err, sizeof j->err, "cannot queue work");
+        predict_deliver(j);
+      } else {
+        j->req->on_abort = NULL;
+        api_kserve_error(j->req, 500, "cannot queue work");
+      }
       infer_free(j);
     }
   }
@@ -318,4 +354,53 @@ void api_kserve_infer(servd_api *a, servd_http_req *r, const api_route_args *arg
   else am->wait_head = j;
   am->wait_tail = j;
   am->predict_waiting++;
+}
+
+/* The queue of api_kserve_infer for other front ends: the same slots and the same bounded FIFO,
+ * so HTTP and gRPC predictions of one model wait in one line. */
+int api_kserve_predict(servd_api *a, api_model *am, servd_named_tensor *in, int n_in, int64_t deadline_ms,
+                       api_predict_cb cb, void *ud, struct infer_job **out, char *msg, size_t cap) {
+  *out = NULL;
+  infer_job *j = calloc(1, sizeof(*j));
+  if (!j) {
+    for (int i = 0; i < n_in; i++) servd_tensor_release(in[i].tensor);
+    free(in);
+    snprintf(msg, cap, "out of memory");
+    return 500;
+  }
+  j->a = a;
+  j->in = in;
+  j->n_in = n_in;
+  j->deadline_ms = deadline_ms;
+  j->am = am;
+  am->inflight++;
+  a->inflight++;
+  j->cb = cb;
+  j->cb_ud = ud;
+  j->w.data = j;
+  if (am->predict_running < predict_slots(a, am)) {
+    if (infer_queue(a, j) != 0) {
+      snprintf(msg, cap, "cannot queue work");
+      infer_free(j);
+      return 500;
+    }
+    *out = j;
+    return 0;
+  }
+  int max_wait = am->opts.max_queue > 0 ? am->opts.max_queue : 256;
+  if (am->predict_waiting >= max_wait) {
+    snprintf(msg, cap, "model '%s' is at capacity: %d requests waiting; retry later", am->name, am->predict_waiting);
+    infer_free(j);
+    return 429;
+  }
+  if (am->wait_tail) am->wait_tail->next = j;
+  else am->wait_head = j;
+  am->wait_tail = j;
+  am->predict_waiting++;
+  *out = j;
+  return 0;
+}
+
+void api_kserve_predict_abandon(struct infer_job *j) {
+  if (j) j->cb = NULL; /* as infer_abort: the prediction cannot be stopped; its result is dropped */
 }

@@ -1,0 +1,18 @@
+/* Internal to daemon/api: the prediction queue of kserve.c as frontend.c uses it. */
+#ifndef SERVD_API_FRONTEND_IMPL_H
+#define SERVD_API_FRONTEND_IMPL_H
+
+#include "api/api-impl.h"
+#include "api/frontend.h"
+
+struct infer_job;
+
+/* Queues a prediction of am (a generic model the caller checked is usable). Takes in[] and its
+ * tensors. Returns 0 with *out set (cb runs once on the loop, unless abandoned first), or an HTTP
+ * status (429, 500) with msg. */
+int api_kserve_predict(servd_api *a, api_model *am, servd_named_tensor *in, int n_in, int64_t deadline_ms,
+                       api_predict_cb cb, void *ud, struct infer_job **out, char *msg, size_t cap);
+/* cb will not run; the prediction finishes (it cannot be stopped) and its result is dropped. */
+void api_kserve_predict_abandon(struct infer_job *j);
+
+#endif

@@ -1,0 +1,47 @@
+/* Calls for servd's front ends other than HTTP (the gRPC listener, daemon/grpc): the same models,
+ * readiness, API key and prediction queue as the HTTP routes, without HTTP.
+ *
+ * Outcomes are HTTP statuses, the API layer's one vocabulary (200, 400, 401, 404, 429, 500, 503,
+ * 504); a front end maps them to its own codes. Loop thread only.
+ */
+#ifndef SERVD_API_FRONTEND_H
+#define SERVD_API_FRONTEND_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "api/api.h"
+
+/* The server's readiness as /v2/health/ready reports it. */
+bool servd_api_server_ready(servd_api *a);
+/* Whether an 'authorization' value ("Bearer KEY", or NULL when absent) passes; true without a key. */
+bool servd_api_authorized(servd_api *a, const char *authorization);
+/* The per-request deadline when a request names none (ms; 0: none). */
+int servd_api_default_deadline(const servd_api *a);
+
+/* Readiness of one model: 200 ready, 404 unknown (or a version other than "" / "1"), 503 loading,
+ * unloading, draining or stuck; msg says which. */
+int servd_api_model_status(servd_api *a, const char *name, const char *version, char *msg, size_t cap);
+/* The model's metadata as GET /v2/models/{m} answers it ({"name", "versions", "platform", "inputs",
+ * "outputs"}), a new reference; NULL with *status (404, 503) and msg otherwise. */
+json_t *servd_api_model_metadata(servd_api *a, const char *name, const char *version, int *status, char *msg,
+                                 size_t cap);
+
+typedef struct servd_api_prediction servd_api_prediction;
+/* A prediction's outcome: status 200 with the outputs (the callee owns out[] and its tensors), or
+ * an error status with a message (out NULL). */
+typedef void (*api_predict_cb)(void *ud, int status, const char *message, servd_named_tensor *out, int n_out);
+/* Queues a prediction of a generic model, as POST /v2/models/{m}/infer does. Takes in[] (malloc'd)
+ * and its tensors whatever the outcome. Returns 0 with *out set (cb runs once, later, on the loop,
+ * unless abandoned first) or an HTTP status with msg: 404, 503, 400 (a language model), 429 (the
+ * model's queue is full), 500. */
+int servd_api_predict(servd_api *a, const char *model, const char *version, servd_named_tensor *in, int n_in,
+                      int64_t deadline_ms, api_predict_cb cb, void *ud, servd_api_prediction **out, char *msg,
+                      size_t cap);
+/* The client went away: cb will not run. The prediction itself cannot be stopped; its result is
+ * dropped. Accepts NULL. */
+void servd_api_predict_abandon(servd_api_prediction *p);
+
+#endif

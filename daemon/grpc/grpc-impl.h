@@ -1,0 +1,76 @@
+/* Internal to daemon/grpc: one call (an HTTP/2 stream) as the method handlers see it, and the wire
+ * helpers (wire.c) the tests and the fuzz target use too. */
+#ifndef SERVD_GRPC_IMPL_H
+#define SERVD_GRPC_IMPL_H
+
+#include <protobuf-c/protobuf-c.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "api/frontend.h"
+#include "grpc_service.pb-c.h" /* generated from proto/grpc_service.proto */
+
+/* gRPC status codes (grpc/status.h). */
+enum {
+  GRPC_OK = 0,
+  GRPC_CANCELLED = 1,
+  GRPC_UNKNOWN = 2,
+  GRPC_INVALID_ARGUMENT = 3,
+  GRPC_DEADLINE_EXCEEDED = 4,
+  GRPC_NOT_FOUND = 5,
+  GRPC_RESOURCE_EXHAUSTED = 8,
+  GRPC_UNIMPLEMENTED = 12,
+  GRPC_INTERNAL = 13,
+  GRPC_UNAVAILABLE = 14,
+  GRPC_UNAUTHENTICATED = 16,
+};
+
+typedef struct grpc_call grpc_call;
+
+struct grpc_call {
+  servd_api *api;
+  const char *authorization; /* metadata value or NULL; valid until the call ends */
+  int64_t timeout_ms;        /* from grpc-timeout; -1: none */
+  /* Set by an asynchronous handler: called once if the client goes away (RST_STREAM, a closed
+   * connection) before the call was answered; the handler must then drop the call. */
+  void (*on_cancel)(grpc_call *c);
+  void *ctx;
+  void *stream_; /* internal */
+};
+
+/* A method: `/package.Service/Method` and its handler. The handler answers now or later (on the
+ * loop) with exactly one of grpc_reply / grpc_fail; msg (the request message, unframed) is valid
+ * only during the call. */
+typedef void (*grpc_handler)(grpc_call *c, const uint8_t *msg, size_t len);
+typedef struct grpc_method {
+  const char *path;
+  bool is_public; /* answers without the API key (health probes) */
+  grpc_handler handler;
+} grpc_method;
+
+extern const grpc_method grpc_methods[];
+extern const size_t grpc_n_methods;
+const grpc_method *grpc_method_find(const char *path);
+
+/* Answers with one message (packed here); c is invalid afterwards. */
+void grpc_reply(grpc_call *c, const ProtobufCMessage *m);
+/* Answers with a status and no message; c is invalid afterwards. */
+void grpc_fail(grpc_call *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The gRPC code for an API status (frontend.h's HTTP statuses). */
+int grpc_code_for_status(int http_status);
+
+/* ---- wire helpers (wire.c) ---- */
+
+/* grpc-timeout ("1..8 digits" then H M S m u n) in milliseconds, rounded up; -1 when malformed. */
+int64_t grpc_timeout_parse(const char *v);
+/* grpc-message: percent-encodes bytes outside 0x20-0x7e and '%' into out (NUL-terminated, cut to cap). */
+void grpc_message_encode(const char *msg, char *out, size_t cap);
+
+/* The method handlers' request decoding (service.c, infer.c), also the fuzz target's entry: unpacks
+ * a ModelInferRequest and builds its input tensors. Returns 0 with *in / *n_in (malloc'd, tensors
+ * owned) or a gRPC code with msg. */
+int grpc_infer_inputs(const Inference__ModelInferRequest *req, servd_named_tensor **in, int *n_in, char *msg,
+                      size_t cap);
+
+#endif

@@ -1,0 +1,177 @@
+/* The method table and the unary methods that need no model work: inference.GRPCInferenceService's
+ * liveness, readiness and metadata, and grpc.health.v1.Health/Check. ModelInfer is infer.c. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grpc/grpc-impl.h"
+#include "health.pb-c.h"
+
+#ifndef SERVD_VERSION_STRING
+#define SERVD_VERSION_STRING "0.1.0"
+#endif
+
+void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len); /* infer.c */
+
+/* Unpacks the request, or answers INVALID_ARGUMENT and returns NULL. */
+static ProtobufCMessage *unpack(grpc_call *c, const ProtobufCMessageDescriptor *d, const uint8_t *msg, size_t len) {
+  ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, len, msg);
+  if (!m) grpc_fail(c, GRPC_INVALID_ARGUMENT, "malformed %s message", d->name);
+  return m;
+}
+
+static void server_live(grpc_call *c, const uint8_t *msg, size_t len) {
+  ProtobufCMessage *q = unpack(c, &inference__server_live_request__descriptor, msg, len);
+  if (!q) return;
+  protobuf_c_message_free_unpacked(q, NULL);
+  Inference__ServerLiveResponse r = INFERENCE__SERVER_LIVE_RESPONSE__INIT;
+  r.live = 1;
+  grpc_reply(c, &r.base);
+}
+
+static void server_ready(grpc_call *c, const uint8_t *msg, size_t len) {
+  ProtobufCMessage *q = unpack(c, &inference__server_ready_request__descriptor, msg, len);
+  if (!q) return;
+  protobuf_c_message_free_unpacked(q, NULL);
+  Inference__ServerReadyResponse r = INFERENCE__SERVER_READY_RESPONSE__INIT;
+  r.ready = servd_api_server_ready(c->api);
+  grpc_reply(c, &r.base);
+}
+
+static void model_ready(grpc_call *c, const uint8_t *msg, size_t len) {
+  Inference__ModelReadyRequest *q =
+      (Inference__ModelReadyRequest *)unpack(c, &inference__model_ready_request__descriptor, msg, len);
+  if (!q) return;
+  char err[1024];
+  int st = servd_api_model_status(c->api, q->name, q->version, err, sizeof err);
+  protobuf_c_message_free_unpacked(&q->base, NULL);
+  if (st == 404) {
+    /* Triton answers an unknown model with an error, not with ready: false. */
+    grpc_fail(c, GRPC_NOT_FOUND, "%s", err);
+    return;
+  }
+  Inference__ModelReadyResponse r = INFERENCE__MODEL_READY_RESPONSE__INIT;
+  r.ready = st == 200;
+  grpc_reply(c, &r.base);
+}
+
+static void server_metadata(grpc_call *c, const uint8_t *msg, size_t len) {
+  ProtobufCMessage *q = unpack(c, &inference__server_metadata_request__descriptor, msg, len);
+  if (!q) return;
+  protobuf_c_message_free_unpacked(q, NULL);
+  static char *ext[] = {"model_repository", "metrics"};
+  Inference__ServerMetadataResponse r = INFERENCE__SERVER_METADATA_RESPONSE__INIT;
+  r.name = "servd";
+  r.version = SERVD_VERSION_STRING;
+  r.n_extensions = 2;
+  r.extensions = ext;
+  grpc_reply(c, &r.base);
+}
+
+/* Tensor metadata from the JSON the HTTP route answers with. Strings borrowed from j. */
+static int tensors_from_json(json_t *arr, Inference__ModelMetadataResponse__TensorMetadata ***out, size_t *n) {
+  size_t k = json_array_size(arr);
+  *n = 0;
+  *out = NULL;
+  if (k == 0) return 0;
+  Inference__ModelMetadataResponse__TensorMetadata **v = calloc(k, sizeof *v + sizeof **v);
+  if (!v) return -1;
+  Inference__ModelMetadataResponse__TensorMetadata *items = (void *)(v + k);
+  for (size_t i = 0; i < k; i++) {
+    json_t *t = json_array_get(arr, i);
+    Inference__ModelMetadataResponse__TensorMetadata init = INFERENCE__MODEL_METADATA_RESPONSE__TENSOR_METADATA__INIT;
+    items[i] = init;
+    const char *nm = json_string_value(json_object_get(t, "name"));
+    const char *dt = json_string_value(json_object_get(t, "datatype"));
+    if (nm) items[i].name = (char *)nm;
+    if (dt) items[i].datatype = (char *)dt;
+    json_t *sh = json_object_get(t, "shape");
+    size_t nd = json_array_size(sh);
+    if (nd) {
+      items[i].shape = calloc(nd, sizeof(int64_t));
+      if (!items[i].shape) nd = 0;
+      for (size_t d = 0; d < nd; d++) items[i].shape[d] = json_integer_value(json_array_get(sh, d));
+    }
+    items[i].n_shape = nd;
+    v[i] = &items[i];
+  }
+  *out = v;
+  *n = k;
+  return 0;
+}
+
+static void tensors_free(Inference__ModelMetadataResponse__TensorMetadata **v, size_t n) {
+  for (size_t i = 0; i < n; i++) free(v[i]->shape);
+  free(v);
+}
+
+static void model_metadata(grpc_call *c, const uint8_t *msg, size_t len) {
+  Inference__ModelMetadataRequest *q =
+      (Inference__ModelMetadataRequest *)unpack(c, &inference__model_metadata_request__descriptor, msg, len);
+  if (!q) return;
+  char err[1024];
+  int st = 0;
+  json_t *m = servd_api_model_metadata(c->api, q->name, q->version, &st, err, sizeof err);
+  protobuf_c_message_free_unpacked(&q->base, NULL);
+  if (!m) {
+    grpc_fail(c, grpc_code_for_status(st), "%s", err);
+    return;
+  }
+  Inference__ModelMetadataResponse r = INFERENCE__MODEL_METADATA_RESPONSE__INIT;
+  r.name = (char *)json_string_value(json_object_get(m, "name"));
+  const char *platform = json_string_value(json_object_get(m, "platform"));
+  r.platform = (char *)(platform ? platform : "servd");
+  static char *versions[] = {"1"};
+  r.versions = versions;
+  r.n_versions = 1;
+  if (tensors_from_json(json_object_get(m, "inputs"), &r.inputs, &r.n_inputs) != 0 ||
+      tensors_from_json(json_object_get(m, "outputs"), &r.outputs, &r.n_outputs) != 0) {
+    tensors_free(r.inputs, r.n_inputs);
+    json_decref(m);
+    grpc_fail(c, GRPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  grpc_reply(c, &r.base);
+  tensors_free(r.inputs, r.n_inputs);
+  tensors_free(r.outputs, r.n_outputs);
+  json_decref(m);
+}
+
+/* grpc.health.v1: "" is the server; a service name of this server is the server too; anything
+ * else is NOT_FOUND, as grpc's own health service answers. */
+static void health_check(grpc_call *c, const uint8_t *msg, size_t len) {
+  Grpc__Health__V1__HealthCheckRequest *q =
+      (Grpc__Health__V1__HealthCheckRequest *)unpack(c, &grpc__health__v1__health_check_request__descriptor, msg, len);
+  if (!q) return;
+  bool known = q->service[0] == '\0' || strcmp(q->service, "inference.GRPCInferenceService") == 0;
+  char name[128];
+  snprintf(name, sizeof name, "%s", q->service);
+  protobuf_c_message_free_unpacked(&q->base, NULL);
+  if (!known) {
+    grpc_fail(c, GRPC_NOT_FOUND, "unknown service '%s'", name);
+    return;
+  }
+  Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  r.status = servd_api_server_ready(c->api) ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                                            : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+  grpc_reply(c, &r.base);
+}
+
+#define SVC "/inference.GRPCInferenceService/"
+const grpc_method grpc_methods[] = {
+    /* Probes answer without the API key, as the HTTP health probes do. */
+    {SVC "ServerLive", true, server_live},
+    {SVC "ServerReady", true, server_ready},
+    {"/grpc.health.v1.Health/Check", true, health_check},
+    {SVC "ModelReady", false, model_ready},
+    {SVC "ServerMetadata", false, server_metadata},
+    {SVC "ModelMetadata", false, model_metadata},
+    {SVC "ModelInfer", false, grpc_model_infer},
+};
+const size_t grpc_n_methods = sizeof grpc_methods / sizeof grpc_methods[0];
+
+const grpc_method *grpc_method_find(const char *path) {
+  for (size_t i = 0; i < grpc_n_methods; i++)
+    if (strcmp(grpc_methods[i].path, path) == 0) return &grpc_methods[i];
+  return NULL;
+}
