@@ -144,7 +144,7 @@ int mpk_load_check(mpk_package *p, const mpk_load_checks *c, char *report, size_
     n++;
   }
   if (report && report_len)
-    snprintf(report, report_len, "%s; %d entries hashed (%.1f MB%s) in %.0f ms", signer, n, (double)bytes / 1e6,
+    snprintf(report, report_len, "%s; %d entries hashed (%.2f MB%s) in %.0f ms", signer, n, (double)bytes / 1e6,
              c->verify_weights ? ", weights included" : ", weights not checked", (now_s() - t0) * 1e3);
 done:
   mpk_keyring_free(keys);
