@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine/gpu_prewarm.h"
+#include "package_cache.h"
 #include "servd/threadpool.h"
 
 #define MAX_STOPS 16
@@ -63,6 +64,9 @@ static void on_event(void *ud, const servd_event *ev) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: servd generate --model PKG --prompt TEXT [options]\n"
+          "  --model PKG             a package, a GGUF file or a Hugging Face folder (packed once into the\n"
+          "                          package cache and reused while it is unchanged)\n"
+          "  --package-cache DIR     where those packages are kept (default ~/.cache/servd/packages)\n"
           "  --chat                  render the prompt as a user message with the package's chat template\n"
           "  --system TEXT           system message (with --chat)\n"
           "  --max-tokens N          tokens to generate (default 256)\n"
@@ -112,7 +116,7 @@ static int parse_float(const char *s, const char *what, float *out) {
 int servd_generate_main(int argc, char **argv) {
   enum { O_CHAT = 256, O_SYSTEM, O_MAXTOK, O_TP, O_THREADS, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_SEED, O_REP,
          O_PRES, O_FREQ, O_STOP, O_IGNORE_EOS, O_NO_SPECIAL, O_MAXCTX, O_KVF32, O_IDS, O_PIDS, O_QUIET, O_HELP,
-         O_GPUS, O_GPU_FRAC, O_GRAPHS, O_GRAPH_MAX };
+         O_GPUS, O_GPU_FRAC, O_GRAPHS, O_GRAPH_MAX, O_PKG_CACHE };
   static const struct option opts[] = {
       {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
       {"chat", no_argument, 0, O_CHAT}, {"system", required_argument, 0, O_SYSTEM},
@@ -127,9 +131,10 @@ int servd_generate_main(int argc, char **argv) {
       {"ids-out", required_argument, 0, O_IDS}, {"prompt-ids-out", required_argument, 0, O_PIDS}, {"quiet", no_argument, 0, O_QUIET},
       {"help", no_argument, 0, O_HELP}, {"gpus", required_argument, 0, O_GPUS},
       {"gpu-memory-fraction", required_argument, 0, O_GPU_FRAC}, {"cuda-graphs", required_argument, 0, O_GRAPHS},
-      {"cuda-graph-max-batch", required_argument, 0, O_GRAPH_MAX}, {0, 0, 0, 0}};
+      {"cuda-graph-max-batch", required_argument, 0, O_GRAPH_MAX}, {"package-cache", required_argument, 0, O_PKG_CACHE},
+      {0, 0, 0, 0}};
 
-  const char *model = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *pids_path = NULL;
+  const char *model = NULL, *pkg_cache = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *pids_path = NULL;
   bool chat = false, add_special = true, quiet = false;
   int threads = 0;
   bool tp_given = false;
@@ -150,6 +155,7 @@ int servd_generate_main(int argc, char **argv) {
     int bad = 0;
     switch (c) {
     case 'm': model = optarg; break;
+    case O_PKG_CACHE: pkg_cache = optarg; break;
     case 'p': prompt = optarg; break;
     case O_CHAT: chat = true; break;
     case O_SYSTEM: system = optarg; break;
@@ -236,7 +242,7 @@ int servd_generate_main(int argc, char **argv) {
   servd_request *req = NULL;
   int32_t *ids = NULL;
   int n_ids = 0;
-  char *text = NULL;
+  char *text = NULL, *pkg = NULL;
   gen_state g = {.quiet = quiet};
   pthread_mutex_init(&g.mu, NULL);
   pthread_cond_init(&g.cv, NULL);
@@ -245,7 +251,12 @@ int servd_generate_main(int argc, char **argv) {
     fprintf(stderr, "servd generate: %s\n", servd_last_error());
     goto out;
   }
-  mo.path = model;
+  if ((rc = servd_package_cache_resolve(pkg_cache, model, &pkg))) {
+    fprintf(stderr, "servd generate: %s\n", servd_last_error());
+    if (rc == SERVD_EINVAL) status = 2;
+    goto out;
+  }
+  mo.path = pkg;
   /* One sequence: the whole prompt in one chunk up to 2048 tokens. */
   mo.max_batch_tokens = 2048;
   /* CUDA contexts and the cuBLAS warm-up before any interpreter namespace exists (gpu_prewarm.c). */
@@ -321,6 +332,7 @@ out:
   servd_model_unload(m, 0);
   free(ids);
   free(text);
+  free(pkg);
   pthread_mutex_destroy(&g.mu);
   pthread_cond_destroy(&g.cv);
   return status;
