@@ -134,6 +134,21 @@ static int grow(servd_scheduler *s, sched_seq *q, int n) {
 
 static int blocks_for(const servd_scheduler *s, int n) { return (n + s->block_size - 1) / s->block_size; }
 
+/* Whether a running sequence is about to compute q's next full block after its first `hit` cached
+ * ones (same tokens from the start, that block not computed yet). Then q waits for it rather than
+ * compute the same K/V alongside: requests arriving together with a common prompt (a burst behind
+ * one system prompt, the n choices of one request) compute it once. The one computing it is running,
+ * so the wait ends: the block is registered, or that sequence is preempted and no longer counts. */
+static bool prefix_pending(const servd_scheduler *s, const sched_seq *q, int hit) {
+  int end = (hit + 1) * s->block_size;
+  if (!s->pc.enabled || end > q->n_tokens - 1) return false;
+  for (const sched_seq *r = s->running.head; r; r = r->next)
+    if (r->n_computed < end && r->n_tokens >= end &&
+        memcmp(r->tokens, q->tokens, (size_t)end * sizeof *q->tokens) == 0)
+      return true;
+  return false;
+}
+
 /* Appends q's chunk to the step's layout. */
 static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
   int i = s->n_planned++;
@@ -219,6 +234,7 @@ int sched_plan(servd_scheduler *s) {
     prefix_chain chain;
     int hit = prefix_cache_match(&s->pc, s->cfg.cache_key, q->tokens, (q->n_tokens - 1) / s->block_size, q->blocks,
                                  &chain, &evictable_hits);
+    if (prefix_pending(s, q, hit)) break;
     int start = hit * s->block_size;
     int chunk = q->n_tokens - start;
     if (chunk > budget) chunk = budget;
@@ -233,8 +249,10 @@ int sched_plan(servd_scheduler *s) {
       if (rc == SERVD_EBUSY) break;
       return rc;
     }
-    s->pc.queries += (uint64_t)q->n_tokens;
-    s->pc.hits += (uint64_t)start;
+    if (s->pc.enabled) {
+      s->pc.queries += (uint64_t)q->n_tokens;
+      s->pc.hits += (uint64_t)start;
+    }
     if (q->n_preempted == 0) q->n_cached = start;
     list_remove(&s->waiting, q);
     q->state = SCHED_RUNNING;

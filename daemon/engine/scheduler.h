@@ -15,7 +15,9 @@
  *    full block its tokens start with and computes only the rest (at least its last token, whose
  *    logits are needed); only computed tokens count against the budget. After each step, the full
  *    blocks it completed are registered. A released block stays cached until memory is needed, so
- *    a preempted sequence finds its own blocks again when they survived.
+ *    a preempted sequence finds its own blocks again when they survived. A waiting sequence whose
+ *    next full block a running one is about to compute waits for it (one admission stop, as when
+ *    blocks are short) instead of computing it too.
  *
  * Block ids come from one servd_kv_cache (the allocator); with tensor parallelism the other ranks'
  * caches use the same ids, so only the allocator cache hands out blocks.

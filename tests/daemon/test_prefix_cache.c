@@ -354,13 +354,32 @@ static void test_preempt_shared(void **state) {
   teardown_fx(f);
 }
 
+/* Two requests with one prompt arriving together (a burst, or n choices): the second waits while
+ * the first computes the common blocks, then finds them all; with chunked prefill it waits chunk by
+ * chunk. Everything else in the queue waits behind it, as for blocks. */
+static void test_burst_computes_once(void **state) {
+  (void)state;
+  fixture *f = setup_fx(32, 8);
+  sched_seq *a = add_seq(f, 0, 18, 18);
+  sched_seq *b = add_seq(f, 1, 18, 18);
+  assert_int_equal(step(f), 8); /* a's first chunk only */
+  assert_int_equal(b->state, SCHED_WAITING);
+  assert_int_equal(step(f), 8);
+  assert_int_equal(b->state, SCHED_WAITING); /* finds 2 blocks, a is computing the third */
+  assert_int_equal(step(f), 2 + 2);          /* a's last 2; b: 4 blocks found, its last 2 */
+  assert_int_equal(b->state, SCHED_RUNNING);
+  assert_int_equal(b->n_cached, 16);
+  for (int i = 0; i < 4; i++) assert_int_equal(b->blocks[i], a->blocks[i]);
+  teardown_fx(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lookups),           cmocka_unit_test(test_forced_collisions),
       cmocka_unit_test(test_lru_eviction),      cmocka_unit_test(test_orphaned_child),
       cmocka_unit_test(test_duplicate_register), cmocka_unit_test(test_disabled),
       cmocka_unit_test(test_sched_hits),        cmocka_unit_test(test_shared_block_outlives_owner),
-      cmocka_unit_test(test_preempt_shared),
+      cmocka_unit_test(test_preempt_shared),    cmocka_unit_test(test_burst_computes_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
