@@ -1,5 +1,6 @@
 /* Scalar f16/bf16 conversions and row conversion/quantization for every dtype (ggml reference
- * rounding: q8_0, q4_0, q4_1 match ggml's quantize_row_*_ref bit for bit). */
+ * rounding: q8_0, q4_0, q4_1 match ggml's quantize_row_*_ref bit for bit; k-quants dequantize as
+ * ggml does and quantize by plain rounding, see below). */
 #include <math.h>
 #include <string.h>
 
@@ -109,6 +110,157 @@ static void quantize_q4_1(const float *x, servd_block_q4_1 *y, int64_t nb) {
   }
 }
 
+/* ---- k-quants: reference dequantization as in ggml (dequantize_row_q*_K); quantization by plain
+ * rounding (ggml's quantize_row_q*_K_ref searches each sub-block's scale and min; ours does not, so
+ * rows quantized here err a little more, but GGUF k-quant tensors arrive quantized and are kept). */
+
+static void dequant_q4_k(const servd_block_q4_k *b, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++, b++) {
+    const float d = servd_f16_to_f32(b->d), dmin = servd_f16_to_f32(b->dmin);
+    for (int c = 0; c < 4; c++) {
+      uint8_t sc0, m0, sc1, m1;
+      servd_k4_scale_min(2 * c, b->scales, &sc0, &m0);
+      servd_k4_scale_min(2 * c + 1, b->scales, &sc1, &m1);
+      const float d0 = d * sc0, c0 = dmin * m0, d1 = d * sc1, c1 = dmin * m1;
+      for (int l = 0; l < 32; l++) {
+        y[64 * c + l] = d0 * (float)(b->qs[32 * c + l] & 0xF) - c0;
+        y[64 * c + 32 + l] = d1 * (float)(b->qs[32 * c + l] >> 4) - c1;
+      }
+    }
+    y += SERVD_QK_K;
+  }
+}
+
+static void dequant_q5_k(const servd_block_q5_k *b, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++, b++) {
+    const float d = servd_f16_to_f32(b->d), dmin = servd_f16_to_f32(b->dmin);
+    for (int c = 0; c < 4; c++) {
+      uint8_t sc0, m0, sc1, m1;
+      servd_k4_scale_min(2 * c, b->scales, &sc0, &m0);
+      servd_k4_scale_min(2 * c + 1, b->scales, &sc1, &m1);
+      const float d0 = d * sc0, c0 = dmin * m0, d1 = d * sc1, c1 = dmin * m1;
+      for (int l = 0; l < 32; l++) {
+        const int h0 = (b->qh[l] >> (2 * c)) & 1, h1 = (b->qh[l] >> (2 * c + 1)) & 1;
+        y[64 * c + l] = d0 * (float)((b->qs[32 * c + l] & 0xF) | h0 << 4) - c0;
+        y[64 * c + 32 + l] = d1 * (float)((b->qs[32 * c + l] >> 4) | h1 << 4) - c1;
+      }
+    }
+    y += SERVD_QK_K;
+  }
+}
+
+static void dequant_q6_k(const servd_block_q6_k *b, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++, b++) {
+    const float d = servd_f16_to_f32(b->d);
+    for (int h = 0; h < 2; h++) {
+      const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+      for (int t = 0; t < 4; t++) {
+        for (int l = 0; l < 32; l++) {
+          const int lo = t < 2 ? ql[l + 32 * (t & 1)] & 0xF : ql[l + 32 * (t & 1)] >> 4;
+          const int q = (lo | ((qh[l] >> (2 * t)) & 3) << 4) - 32;
+          const int e = 128 * h + 32 * t + l;
+          y[e] = d * (float)b->scales[e / 16] * (float)q;
+        }
+      }
+    }
+    y += SERVD_QK_K;
+  }
+}
+
+static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* q4_k (nmax 15) and q5_k (nmax 31): per sub-block of 32 an affine grid from min(0, min x) to max x,
+ * its scale and min stored as 6-bit multiples of the super-block's d and dmin. */
+static void quantize_k4(const float *x, uint8_t *dh, uint8_t *dminh, uint8_t *scales, uint8_t *q, int nmax) {
+  float scale[8], min[8], max_scale = 0.0f, max_min = 0.0f;
+  for (int j = 0; j < 8; j++) {
+    float mn = 0.0f, mx = -INFINITY;
+    for (int l = 0; l < 32; l++) {
+      mn = fminf(mn, x[32 * j + l]);
+      mx = fmaxf(mx, x[32 * j + l]);
+    }
+    scale[j] = (mx - mn) / (float)nmax;
+    min[j] = -mn;
+    max_scale = fmaxf(max_scale, scale[j]);
+    max_min = fmaxf(max_min, min[j]);
+  }
+  const uint16_t d16 = servd_f32_to_f16(max_scale / 63.0f), m16 = servd_f32_to_f16(max_min / 63.0f);
+  memcpy(dh, &d16, 2);
+  memcpy(dminh, &m16, 2);
+  const float d = servd_f16_to_f32(d16), dmin = servd_f16_to_f32(m16);
+  memset(scales, 0, 12);
+  for (int j = 0; j < 8; j++) {
+    const int ls = d > 0 ? clampi(to_int(roundf(scale[j] / d)), 0, 63) : 0;
+    const int lm = dmin > 0 ? clampi(to_int(roundf(min[j] / dmin)), 0, 63) : 0;
+    if (j < 4) {
+      scales[j] |= (uint8_t)ls;
+      scales[j + 4] |= (uint8_t)lm;
+    } else {
+      scales[j + 4] = (uint8_t)((ls & 0xF) | (lm & 0xF) << 4);
+      scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
+      scales[j] |= (uint8_t)((lm >> 4) << 6);
+    }
+    const float dl = d * (float)ls, ml = dmin * (float)lm;
+    for (int l = 0; l < 32; l++)
+      q[32 * j + l] = (uint8_t)(dl > 0 ? clampi(to_int(roundf((x[32 * j + l] + ml) / dl)), 0, nmax) : 0);
+  }
+}
+
+static void quantize_q4_k(const float *x, servd_block_q4_k *y, int64_t nb) {
+  uint8_t q[SERVD_QK_K];
+  for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
+    quantize_k4(x, (uint8_t *)&y->d, (uint8_t *)&y->dmin, y->scales, q, 15);
+    for (int c = 0; c < 4; c++)
+      for (int l = 0; l < 32; l++) y->qs[32 * c + l] = (uint8_t)(q[64 * c + l] | q[64 * c + 32 + l] << 4);
+  }
+}
+
+static void quantize_q5_k(const float *x, servd_block_q5_k *y, int64_t nb) {
+  uint8_t q[SERVD_QK_K];
+  for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
+    quantize_k4(x, (uint8_t *)&y->d, (uint8_t *)&y->dmin, y->scales, q, 31);
+    memset(y->qh, 0, sizeof y->qh);
+    for (int c = 0; c < 4; c++) {
+      for (int l = 0; l < 32; l++) {
+        const int a = q[64 * c + l], b = q[64 * c + 32 + l];
+        y->qs[32 * c + l] = (uint8_t)((a & 0xF) | (b & 0xF) << 4);
+        y->qh[l] |= (uint8_t)((a >> 4) << (2 * c) | (b >> 4) << (2 * c + 1));
+      }
+    }
+  }
+}
+
+/* q6_k: per group of 16 a symmetric grid with q in -32..31, its scale an int8 multiple of d. */
+static void quantize_q6_k(const float *x, servd_block_q6_k *y, int64_t nb) {
+  uint8_t q[SERVD_QK_K];
+  for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
+    float scale[16], max_scale = 0.0f;
+    for (int g = 0; g < 16; g++) {
+      float amax = 0.0f;
+      for (int l = 0; l < 16; l++) amax = fmaxf(amax, fabsf(x[16 * g + l]));
+      scale[g] = amax / 31.0f;
+      max_scale = fmaxf(max_scale, scale[g]);
+    }
+    y->d = servd_f32_to_f16(max_scale / 127.0f);
+    const float d = servd_f16_to_f32(y->d);
+    for (int g = 0; g < 16; g++) {
+      const int ls = d > 0 ? clampi(to_int(roundf(scale[g] / d)), 0, 127) : 0;
+      y->scales[g] = (int8_t)ls;
+      const float dl = d * (float)ls;
+      for (int l = 0; l < 16; l++)
+        q[16 * g + l] = (uint8_t)(dl > 0 ? clampi(to_int(roundf(x[16 * g + l] / dl)), -32, 31) + 32 : 32);
+    }
+    for (int h = 0; h < 2; h++) {
+      const uint8_t *v = q + 128 * h;
+      for (int l = 0; l < 32; l++) {
+        y->ql[64 * h + l] = (uint8_t)((v[l] & 0xF) | (v[l + 64] & 0xF) << 4);
+        y->ql[64 * h + l + 32] = (uint8_t)((v[l + 32] & 0xF) | (v[l + 96] & 0xF) << 4);
+        y->qh[32 * h + l] = (uint8_t)(v[l] >> 4 | (v[l + 32] >> 4) << 2 | (v[l + 64] >> 4) << 4 | (v[l + 96] >> 4) << 6);
+      }
+    }
+  }
+}
+
 static int check_row(const char *op, servd_dtype t, const void *a, const void *b, int64_t n) {
   if ((unsigned)t >= SERVD_DTYPE_COUNT)
     return servd_fail(SERVD_EINVAL, "%s: invalid dtype %d", op, (int)t);
@@ -161,6 +313,9 @@ int servd_row_to_f32(servd_dtype t, const void *src, float *dst, int64_t n) {
       }
     }
     break;
+  case SERVD_Q4_K: dequant_q4_k(src, dst, n / SERVD_QK_K); break;
+  case SERVD_Q5_K: dequant_q5_k(src, dst, n / SERVD_QK_K); break;
+  case SERVD_Q6_K: dequant_q6_k(src, dst, n / SERVD_QK_K); break;
   default: return servd_fail(SERVD_EINVAL, "row_to_f32: invalid dtype %d", (int)t);
   }
   return 0;
@@ -190,6 +345,9 @@ int servd_row_from_f32(servd_dtype t, const float *src, void *dst, int64_t n) {
   case SERVD_Q8_0: quantize_q8_0(src, dst, nb); break;
   case SERVD_Q4_0: quantize_q4_0(src, dst, nb); break;
   case SERVD_Q4_1: quantize_q4_1(src, dst, nb); break;
+  case SERVD_Q4_K: quantize_q4_k(src, dst, n / SERVD_QK_K); break;
+  case SERVD_Q5_K: quantize_q5_k(src, dst, n / SERVD_QK_K); break;
+  case SERVD_Q6_K: quantize_q6_k(src, dst, n / SERVD_QK_K); break;
   default: return servd_fail(SERVD_EINVAL, "row_from_f32: invalid dtype %d", (int)t);
   }
   return 0;

@@ -13,7 +13,7 @@ int servd__check_dequantize(servd_tensor *out, const servd_tensor *x) {
             out->ndim == x->ndim;
   for (int i = 0; ok && i < x->ndim; i++) ok = out->shape[i] == x->shape[i];
   if (!ok)
-    return servd_fail(SERVD_EINVAL, "dequantize: expected x (..., n) q8_0/q4_0/q4_1 and out f32 of its shape; got "
+    return servd_fail(SERVD_EINVAL, "dequantize: expected x (..., n) q8_0/q4_0/q4_1/q4_k/q6_k/q5_k and out f32 of its shape; got "
                       "out %s, x %s", ops__desc(out, bo, sizeof bo), ops__desc(x, bx, sizeof bx));
   return 0;
 }
@@ -70,6 +70,10 @@ static void dq_task(void *ctx, int64_t begin, int64_t end, int thread) {
   for (int64_t r = begin; r < end; r++) {
     const char *src = x0 + row_offset(j->x, r);
     float *dst = (float *)(o0 + row_offset(j->out, r));
+    if (servd_dtype_block_elems(dt) != SERVD_QK) { /* k-quants: the reference decoder, a row at a time */
+      servd_row_to_f32(dt, src, dst, j->cols);
+      continue;
+    }
     for (int64_t b = 0; b < nb; b++, src += bb, dst += SERVD_QK) {
       switch (dt) {
       case SERVD_Q8_0: block_q8_0(dst, (const servd_block_q8_0 *)src); break;

@@ -40,13 +40,28 @@ static inline void servd__q8x_clear_tail(const servd__q8x *q, int64_t r) {
   if (q->quad && q->nb % 4) memset(q->qs + r * q->ldq + q->nb / 4 * 128, 0, 128);
 }
 
+/* x rows quantized for k-quant weights, as ggml's block_q8_K: per 256 values int8 q with
+ * x ~= q * d, and bsums[g] = sum of q over values 16g..16g+15 (the k-quant sub-block offsets, q4_k's
+ * mins and q6_k's -32, multiply these instead of every element).
+ * Row r super-block b: qs[r*ldq + 256b ..], d[r*nb + b], bsums[(r*nb + b)*16 ..]. */
+typedef struct servd__q8k {
+  int8_t *qs;
+  float *d;
+  int16_t *bsums;
+  int64_t nb;  /* super-blocks per row */
+  int64_t ldq; /* bytes between rows of qs */
+} servd__q8k;
+
+static inline bool servd__is_kquant(servd_dtype t) { return t == SERVD_Q4_K || t == SERVD_Q5_K || t == SERVD_Q6_K; }
+
 typedef struct servd__mm {
   const char *x, *w;
   char *out;
   int64_t ldx, ldw, ldo; /* bytes between rows */
   int64_t m, n, k;
   servd_dtype wt;
-  servd__q8x xq; /* block dtypes only */
+  servd__q8x xq; /* q8_0 q4_0 q4_1 only */
+  servd__q8k xk; /* k-quants only */
   /* bf16 weights on AVX-512: x with each run of 32 values stored as its 16 even then 16 odd
    * elements (the order in which a 32-bit load splits bf16 pairs); whole runs only. */
   const float *xeo;
@@ -59,9 +74,13 @@ typedef void (*servd__mm_fn)(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__quantize_q8x(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8x *q);
 void servd__quantize_q8x_avx512(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8x *q);
 
+/* Quantizes m rows of x (k a multiple of 256) into q (matmul_k.c). */
+void servd__quantize_q8k(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8k *q);
+
 /* Scalar reference kernels (matmul.c). */
 void servd__mm_float_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* f32 f16 bf16 */
 void servd__mm_quant_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* q8_0 q4_0 q4_1 */
+void servd__mm_kquant_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* q4_k q5_k q6_k (matmul_k.c) */
 
 /* SIMD kernels; NULL-free: each covers every shape for its dtypes. */
 void servd__mm_float_avx2(const servd__mm *p, int64_t j0, int64_t j1);
@@ -70,5 +89,6 @@ void servd__mm_float_avx512(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__split_even_odd_avx512(const char *x, int64_t ldx, int64_t m, int64_t k, float *xeo, int64_t ldxeo);
 void servd__mm_quant_avx2(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1);
+void servd__mm_kquant_avx2(const servd__mm *p, int64_t j0, int64_t j1); /* matmul_k_avx2.c */
 
 #endif

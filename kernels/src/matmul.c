@@ -85,7 +85,7 @@ static int setup(servd__mm *p, servd_tensor *out, const servd_tensor *x, const s
   if (x->dtype != SERVD_F32 || out->dtype != SERVD_F32)
     return bad(out, x, w, "x and out must be f32");
   if (w->dtype == SERVD_I32 || (unsigned)w->dtype >= SERVD_DTYPE_COUNT)
-    return bad(out, x, w, "w must be f32, f16, bf16, q8_0, q4_0 or q4_1");
+    return bad(out, x, w, "w must be f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k or q5_k");
   if (w->ndim != 2) return bad(out, x, w, "w must be 2-D (n,k)");
   if (x->device >= 0 || w->device >= 0 || out->device >= 0) return bad(out, x, w, "tensors must be on the host");
   if (!servd__as_matrix(x, &mx) || !servd__as_matrix(w, &mw) || !servd__as_matrix(out, &mo))
@@ -123,6 +123,11 @@ static servd__mm row_block(const servd__mm *p, int64_t r0, int64_t rows) {
     sub.xq.d += r0 * p->xq.lds;
     sub.xq.s += r0 * p->xq.lds;
   }
+  if (p->xk.qs) {
+    sub.xk.qs += r0 * p->xk.ldq;
+    sub.xk.d += r0 * p->xk.nb;
+    sub.xk.bsums += r0 * p->xk.nb * 16;
+  }
   if (p->xeo) sub.xeo += r0 * p->ldxeo;
   return sub;
 }
@@ -159,7 +164,13 @@ static void run_quant(void *ctx, int64_t b, int64_t e, int thread) {
   q.qs += b * q.ldq;
   q.d += b * q.lds;
   q.s += b * q.lds;
-  if (t->avx512)
+  if (servd__is_kquant(p->wt)) {
+    servd__q8k k = p->xk;
+    k.qs += b * k.ldq;
+    k.d += b * k.nb;
+    k.bsums += b * k.nb * 16;
+    servd__quantize_q8k(p->x + b * p->ldx, p->ldx, e - b, p->k, &k);
+  } else if (t->avx512)
     servd__quantize_q8x_avx512(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
   else
     servd__quantize_q8x(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
@@ -169,7 +180,19 @@ static void run_quant(void *ctx, int64_t b, int64_t e, int thread) {
  * and picks the kernel. */
 static int prepare(servd__mm *p, servd__mm_fn *fn) {
   servd_isa isa = servd__isa();
-  if (servd_dtype_is_quantized(p->wt)) {
+  if (servd__is_kquant(p->wt)) {
+    p->xk.nb = p->k / SERVD_QK_K;
+    p->xk.ldq = p->k; /* a multiple of 256 */
+    const size_t qbytes = (size_t)(p->m * p->k), dbytes = (size_t)(p->m * p->xk.nb) * sizeof(float);
+    char *buf = servd__scratch(0, qbytes + dbytes + (size_t)(p->m * p->xk.nb) * 16 * sizeof(int16_t));
+    if (!buf) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate %zu bytes of activation scratch", qbytes);
+    p->xk.qs = (int8_t *)buf;
+    p->xk.d = (float *)(buf + qbytes);
+    p->xk.bsums = (int16_t *)(buf + qbytes + dbytes);
+    quant_task qt = {.p = p};
+    servd_parallel_for(p->m, (1 << 16) / p->k + 1, run_quant, &qt);
+    *fn = isa >= SERVD_ISA_AVX2 ? servd__mm_kquant_avx2 : servd__mm_kquant_scalar;
+  } else if (servd_dtype_is_quantized(p->wt)) {
     const bool vnni = servd__cpu_has_vnni();
     p->xq.nb = p->k / SERVD_QK;
     p->xq.quad = vnni && p->wt != SERVD_Q8_0;
@@ -280,6 +303,7 @@ int servd_matmul_many(int count, servd_tensor *const *outs, const servd_tensor *
   if (rc) return rc;
   for (int i = 0; i < count; i++) {
     p[i].xq = p[0].xq;
+    p[i].xk = p[0].xk;
     p[i].xeo = p[0].xeo;
     p[i].ldxeo = p[0].ldxeo;
     t.first[i + 1] = t.first[i] + (p[i].n + ITEM_COLS - 1) / ITEM_COLS;

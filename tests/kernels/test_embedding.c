@@ -20,7 +20,7 @@ static servd_tensor *ids_of(int n, const int32_t *v) {
 
 static void test_all_dtypes(void **state) {
   (void)state;
-  enum { V = 10, D = 96 };
+  enum { V = 10, D = 256 }; /* a whole k-quant super-block */
   float src[V * D], row[D];
   for (int i = 0; i < V * D; i++) src[i] = sinf((float)i * 0.37f) * (float)(1 + i % 7);
   const int32_t idv[] = {3, 0, 9, 3, 12, 5}; /* 12 lies outside this shard */
