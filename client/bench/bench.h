@@ -54,7 +54,9 @@ typedef struct bench_config {
   double duration_s;    /* 0 when num_requests is used */
   int warmup;
   /* prompts */
-  int input_len;        /* random prompts: about this many tokens */
+  int input_len;        /* random prompts: about this many tokens (after the shared prefix) */
+  int shared_prefix_len; /* random prompts: a shared prefix of about this many tokens first (0: none) */
+  int prefixes;          /* distinct shared prefixes; request i uses prefix i % prefixes */
   int output_len;       /* max_tokens; 0 with a dataset: estimated from the reply */
   const char *dataset;  /* ShareGPT JSONL or JSON array; NULL: random prompts */
   uint64_t seed;

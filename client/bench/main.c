@@ -33,6 +33,9 @@ static void usage(FILE *f) {
 "  --seed N               seeds prompts and arrivals; the same seed repeats the run (default 0)\n"
 "prompts (completions, chat):\n"
 "  --input-len N          random prompts of about N tokens (default 128)\n"
+"  --shared-prefix-len N  random prompts start with a shared prefix of about N tokens (default 0),\n"
+"                         then --input-len tokens of their own (prefix caching workloads)\n"
+"  --prefixes K           K distinct shared prefixes, request i takes prefix i mod K (default 1)\n"
 "  --output-len N         max_tokens (default 128; with --dataset: estimated from the reply)\n"
 "  --dataset FILE         ShareGPT conversations (JSONL or JSON array): first human turn\n"
 "  --no-ignore-eos        do not send ignore_eos: true (sent by default so outputs have their length)\n"
@@ -162,7 +165,8 @@ static bool known_datatype(const char *t) {
 
 enum {
   OPT_URL = 256, OPT_HOST, OPT_PORT, OPT_API, OPT_ENDPOINT, OPT_MODEL, OPT_KEY, OPT_TIMEOUT,
-  OPT_CONC, OPT_RATE, OPT_MAXCONC, OPT_NUM, OPT_DUR, OPT_WARM, OPT_SEED, OPT_IN, OPT_OUT,
+  OPT_CONC, OPT_RATE, OPT_MAXCONC, OPT_NUM, OPT_DUR, OPT_WARM, OPT_SEED, OPT_IN, OPT_OUT, OPT_PREFIX_LEN,
+  OPT_PREFIXES,
   OPT_DATASET, OPT_NO_EOS, OPT_NO_MIN, OPT_USAGE, OPT_TEMP, OPT_EXTRA, OPT_COUNT, OPT_SHAPE,
   OPT_DTYPE, OPT_INAME, OPT_JSON, OPT_PERREQ, OPT_QUIET, OPT_HELP
 };
@@ -185,6 +189,8 @@ static const struct option kOptions[] = {
     {"warmup", required_argument, 0, OPT_WARM},
     {"seed", required_argument, 0, OPT_SEED},
     {"input-len", required_argument, 0, OPT_IN},
+    {"shared-prefix-len", required_argument, 0, OPT_PREFIX_LEN},
+    {"prefixes", required_argument, 0, OPT_PREFIXES},
     {"output-len", required_argument, 0, OPT_OUT},
     {"dataset", required_argument, 0, OPT_DATASET},
     {"no-ignore-eos", no_argument, 0, OPT_NO_EOS},
@@ -300,6 +306,14 @@ static int parse_args(bench_config *cfg, int argc, char **argv) {
       if (parse_long(opt, a, 1, &l) || l > 10000000) return -1;
       cfg->input_len = (int)l;
       break;
+    case OPT_PREFIX_LEN:
+      if (parse_long(opt, a, 0, &l) || l > 10000000) return -1;
+      cfg->shared_prefix_len = (int)l;
+      break;
+    case OPT_PREFIXES:
+      if (parse_long(opt, a, 1, &l) || l > 1000000) return -1;
+      cfg->prefixes = (int)l;
+      break;
     case OPT_OUT:
       if (parse_long(opt, a, 1, &l) || l > 10000000) return -1;
       cfg->output_len = (int)l;
@@ -408,6 +422,7 @@ int main(int argc, char **argv) {
   cfg.port = 8000;
   cfg.timeout_s = 300;
   cfg.input_len = 128;
+  cfg.prefixes = 1;
   cfg.output_len = 128;
   cfg.ignore_eos = true;
   cfg.min_tokens = true;

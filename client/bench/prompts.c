@@ -198,7 +198,8 @@ const char *bench_prompts_get(bench_prompts *p, uint64_t idx, int *in_tokens, in
     return e->prompt;
   }
   int n = p->cfg->input_len > 0 ? p->cfg->input_len : 1;
-  size_t need = (size_t)n * 12 + 1; /* longest word is 9 bytes plus a space */
+  int np = p->cfg->shared_prefix_len > 0 ? p->cfg->shared_prefix_len : 0;
+  size_t need = (size_t)(np + n) * 12 + 1; /* longest word is 9 bytes plus a space */
   if (need > p->cap) {
     char *b = realloc(p->buf, need);
     if (!b) return NULL;
@@ -206,17 +207,30 @@ const char *bench_prompts_get(bench_prompts *p, uint64_t idx, int *in_tokens, in
     p->cap = need;
   }
   bench_rng r;
-  bench_rng_seed(&r, bench_mix(p->cfg->seed, idx));
   size_t len = 0;
+  /* The shared prefix: a function of (seed, prefix number) only, so requests that draw the same
+   * number send the same words; the own part after it is a function of (seed, idx). */
+  if (np > 0) {
+    uint64_t k = idx % (uint64_t)(p->cfg->prefixes > 0 ? p->cfg->prefixes : 1);
+    bench_rng_seed(&r, bench_mix(bench_mix(p->cfg->seed, 0x9f3e1c5ULL), k));
+    for (int i = 0; i < np; i++) {
+      const char *w = kWords[bench_rng_next(&r) % N_WORDS];
+      size_t wl = strlen(w);
+      if (i) p->buf[len++] = ' ';
+      memcpy(p->buf + len, w, wl);
+      len += wl;
+    }
+  }
+  bench_rng_seed(&r, bench_mix(p->cfg->seed, idx));
   for (int i = 0; i < n; i++) {
     const char *w = kWords[bench_rng_next(&r) % N_WORDS];
     size_t wl = strlen(w);
-    if (i) p->buf[len++] = ' ';
+    if (len) p->buf[len++] = ' ';
     memcpy(p->buf + len, w, wl);
     len += wl;
   }
   p->buf[len] = '\0';
-  *in_tokens = n;
+  *in_tokens = np + n;
   *out_tokens = p->cfg->output_len > 0 ? p->cfg->output_len : 128;
   return p->buf;
 }

@@ -118,6 +118,8 @@ static json_t *config_json(const bench_config *cfg) {
     json_object_set_new(c, "prompts", json_string(cfg->dataset ? "dataset" : "random"));
     json_object_set_new(c, "dataset", nullable_str(cfg->dataset));
     json_object_set_new(c, "input_len", cfg->dataset ? json_null() : json_integer(cfg->input_len));
+    json_object_set_new(c, "shared_prefix_len", json_integer(cfg->dataset ? 0 : cfg->shared_prefix_len));
+    json_object_set_new(c, "prefixes", json_integer(cfg->prefixes));
     json_object_set_new(c, "output_len", cfg->output_len > 0 ? json_integer(cfg->output_len) : json_null());
     json_object_set_new(c, "ignore_eos", json_boolean(cfg->ignore_eos));
     json_object_set_new(c, "min_tokens", json_boolean(cfg->ignore_eos && cfg->min_tokens));

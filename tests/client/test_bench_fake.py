@@ -207,6 +207,20 @@ class BenchTest(unittest.TestCase):
         # 19 exponential gaps of mean 10 ms: far below the 1 s a serial run would need
         self.assertLess(a["results"]["duration_s"], 1.0)
 
+    def test_shared_prefix(self):
+        with FakeServer("--ttft-ms", "1", "--itl-ms", "1", "--tokens", "2") as srv:
+            doc, _ = self.run_bench(srv.port, "--concurrency", "2", "--num-requests", "6", "--seed", "3",
+                                    "--shared-prefix-len", "40", "--prefixes", "2", "--input-len", "5")
+            prompts = srv.stats()["prompts"]
+        self.assertEqual(doc["config"]["shared_prefix_len"], 40)
+        self.assertEqual(doc["config"]["prefixes"], 2)
+        self.assertEqual(doc["results"]["input_tokens"], 6 * 45)
+        words = [p.split() for p in prompts]
+        self.assertTrue(all(len(w) == 45 for w in words))
+        heads = {" ".join(w[:40]) for w in words}
+        self.assertEqual(len(heads), 2)  # request i takes prefix i mod 2
+        self.assertEqual(len({" ".join(w[40:]) for w in words}), 6)  # own parts differ
+
     def test_duration_mode(self):
         with FakeServer("--ttft-ms", "20", "--itl-ms", "10", "--tokens", "4") as srv:
             doc, _ = self.run_bench(srv.port, "--concurrency", "2", "--duration", "0.6")

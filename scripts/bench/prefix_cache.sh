@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Prefix caching on against off, in one run (docs/performance.md, "Prefix caching"):
+#   1. shared prefix: REQS requests whose prompts start with the same ~PREFIX-token prefix, then
+#      TAIL tokens of their own, CONC at a time, OUT tokens out: request throughput, TTFT p50;
+#   2. never hitting: random prompts (nothing shared), decode-heavy: output tok/s, the cost of the
+#      bookkeeping when the cache never helps.
+# Usage: scripts/bench/prefix_cache.sh [BUILD_DIR] [MODEL.mpk]
+# Environment: THREADS (2), REQS (24), CONC (8), PREFIX (830), TAIL (32), OUT (32), PORT (18431),
+# MISS_REQS (16), MISS_CONC (4), MISS_IN (64), MISS_OUT (96).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build}
+model=${2:-$root/.cache/smollm2-135m-instruct-q4_1.mpk}
+threads=${THREADS:-2} reqs=${REQS:-24} conc=${CONC:-8} prefix=${PREFIX:-830} tail=${TAIL:-32}
+out=${OUT:-32} port=${PORT:-18431}
+miss_reqs=${MISS_REQS:-16} miss_conc=${MISS_CONC:-4} miss_in=${MISS_IN:-64} miss_out=${MISS_OUT:-96}
+work=$(mktemp -d /tmp/servd-prefix-bench.XXXXXX)
+pid=
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+
+start() { # $1: extra flag ("" or --no-prefix-cache)
+  "$build/daemon/servd" --model "$model" --port "$port" --threads "$threads" --access-log off $1 \
+    2>"$work/servd.log" &
+  pid=$!
+  for _ in $(seq 1 300); do
+    curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "servd did not become ready:" >&2
+  cat "$work/servd.log" >&2
+  exit 1
+}
+stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
+
+bench() { # $1: result name; the rest: servd-bench options
+  local name=$1
+  shift
+  "$build/client/servd-bench" --port "$port" --api completions --no-min-tokens --quiet --json "$work/$name.json" "$@" >/dev/null
+}
+
+metric() { grep -E "^$1\{" "$work/metrics" | awk '{s += $2} END {print s + 0}'; }
+
+for mode in on off; do
+  flag=
+  [ "$mode" = off ] && flag=--no-prefix-cache
+  start "$flag"
+  bench "shared-$mode" --num-requests "$reqs" --concurrency "$conc" --shared-prefix-len "$prefix" \
+    --input-len "$tail" --output-len "$out" --seed 1
+  bench "miss-$mode" --num-requests "$miss_reqs" --concurrency "$miss_conc" --input-len "$miss_in" \
+    --output-len "$miss_out" --seed 2
+  curl -sf "http://127.0.0.1:$port/metrics" >"$work/metrics"
+  echo "$mode: prefix cache queries $(metric servd_prefix_cache_queries_total) tokens, hits $(metric servd_prefix_cache_hits_total) tokens"
+  stop
+done
+
+python3 - "$work" <<'PY'
+import json, sys
+w = sys.argv[1]
+r = {n: json.load(open(f"{w}/{n}.json"))["results"] for n in ("shared-on", "shared-off", "miss-on", "miss-off")}
+def row(name, key, sub=None):
+    on, off = r[f"{name}-on"][key], r[f"{name}-off"][key]
+    if sub: on, off = on[sub], off[sub]
+    return on, off
+print(f"{'workload':<14}{'metric':<22}{'cache on':>12}{'cache off':>12}{'on/off':>9}")
+for name, key, sub, label in (("shared", "duration_s", None, "duration s"),
+                              ("shared", "requests_per_s", None, "requests/s"),
+                              ("shared", "ttft_ms", "median", "TTFT p50 ms"),
+                              ("shared", "e2e_ms", "median", "e2e p50 ms"),
+                              ("miss", "output_tokens_per_s", None, "output tok/s"),
+                              ("miss", "tpot_ms", "median", "TPOT p50 ms"),
+                              ("miss", "ttft_ms", "median", "TTFT p50 ms")):
+    on, off = row(name, key, sub)
+    print(f"{name:<14}{label:<22}{on:>12.3f}{off:>12.3f}{on / off:>9.3f}")
+for n in r:
+    if r[n]["failed"]: print(f"{n}: {r[n]['failed']} requests failed", file=sys.stderr)
+PY
