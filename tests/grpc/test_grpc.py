@@ -9,7 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from servd_harness import Servd, check, example_package, fail, parse_args, skip  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servd_harness import check, example_package, parse_args, skip  # noqa: E402
+from grpc_start import start  # noqa: E402
 
 a = parse_args()
 try:
@@ -23,32 +25,6 @@ pkg = example_package(a, "mlp_classifier")
 LIMIT = 256 * 1024
 
 
-def start(args):
-    """servd with --grpc-port 0; returns (servd, gRPC port), reading the port from servd's stdout."""
-    import subprocess
-    import time
-    s = Servd.__new__(Servd)
-    s.log_path = os.path.join(a.work, f"servd-grpc-{os.getpid()}-{time.monotonic_ns()}.log")
-    s.log = open(s.log_path, "w")
-    s.proc = subprocess.Popen([a.servd, "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0"] + args,
-                              stdout=subprocess.PIPE, stderr=s.log, text=True)
-    s.port = gport = None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and s.port is None:
-        line = s.proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith("servd: grpc port "):
-            gport = int(line.split()[3])
-        elif line.startswith("servd: port "):
-            s.port = int(line.split()[2])
-    if s.port is None or gport is None:
-        s.proc.kill()
-        fail(f"servd did not start with a gRPC port:\n{s.stderr()}")
-    s.wait_ready(120)
-    return s, gport
-
-
 def code_of(fn):
     try:
         fn()
@@ -59,7 +35,7 @@ def code_of(fn):
     return grpc.StatusCode.OK, ""
 
 
-s, gport = start(["--model", f"{pkg}:mlp", "--interpreters", "2", "--grpc-max-message-bytes", str(LIMIT)])
+s, gport = start(a, ["--model", f"{pkg}:mlp", "--interpreters", "2", "--grpc-max-message-bytes", str(LIMIT)])
 target = f"127.0.0.1:{gport}"
 c = tc.InferenceServerClient(target)
 check(c.is_server_live(), "ServerLive")
@@ -173,7 +149,7 @@ c.close()
 check(s.stop() == 0, "exit status after SIGTERM")
 
 # The API key: ServerLive and health answer without it, everything else needs `authorization: Bearer`.
-s, gport = start(["--model", f"{pkg}:mlp", "--api-key", "sekret"])
+s, gport = start(a, ["--model", f"{pkg}:mlp", "--api-key", "sekret"])
 target = f"127.0.0.1:{gport}"
 c = tc.InferenceServerClient(target)
 check(c.is_server_live(), "ServerLive without the key")
