@@ -34,6 +34,8 @@ struct servd_sampler {
   cand *cand;  /* (n_vocab) */
   servd_sampler_scratch *own;
   servd_top_logprob top[SERVD_SAMPLER_MAX_TOP];
+  uint32_t *mask;   /* (ceil(n_vocab / 32)) allowed tokens, when masked */
+  bool mask_ready;  /* mask holds this step's constraint */
 };
 
 struct servd_sampler_scratch {
@@ -137,7 +139,8 @@ int servd_sampler_create(const servd_sampler_config *c, servd_sampler **out) {
   s->prob = x->prob;
   s->cand = x->cand;
   s->stop_ids = malloc(((size_t)p->n_stop_token_ids + 1) * sizeof *s->stop_ids);
-  if (!s->count || !s->seen || !s->seen_ids || !s->stop_ids) {
+  if (c->masked) s->mask = calloc((n + 31) / 32, sizeof *s->mask);
+  if (!s->count || !s->seen || !s->seen_ids || !s->stop_ids || (c->masked && !s->mask)) {
     rc = servd_fail(SERVD_ENOMEM, "sampler: out of memory for a vocabulary of %d", c->n_vocab);
     goto fail;
   }
@@ -170,8 +173,16 @@ void servd_sampler_free(servd_sampler *s) {
   free(s->seen_ids);
   servd_sampler_scratch_free(s->own);
   free(s->stop_ids);
+  free(s->mask);
   free(s);
 }
+
+uint32_t *servd_sampler_mask(servd_sampler *s, int *n_words) {
+  *n_words = s->mask ? (s->n_vocab + 31) / 32 : 0;
+  return s->mask;
+}
+
+void servd_sampler_mask_ready(servd_sampler *s) { s->mask_ready = s->mask != NULL; }
 
 static void mark_seen(servd_sampler *s, int32_t id, uint8_t bit) {
   if (!s->seen[id]) s->seen_ids[s->n_seen++] = id;
@@ -346,7 +357,7 @@ static bool is_greedy(const servd_gen_params *p) { return p->temperature < 1e-5f
 
 bool servd_sampler_plain_greedy(const servd_sampler *s) {
   const servd_gen_params *p = &s->p;
-  return is_greedy(p) && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+  return !s->mask && is_greedy(p) && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
          p->frequency_penalty == 0.0f && p->logprobs < 0;
 }
 
@@ -356,6 +367,16 @@ static float prepare(servd_sampler *s, const float *logits) {
   const servd_gen_params *p = &s->p;
   float *w = s->work;
   for (int i = 0; i < n; i++) w[i] = logits[i] == logits[i] ? logits[i] : -INFINITY; /* NaN: never */
+  if (s->mask_ready) { /* whole words of allowed tokens (most of them, in JSON strings) cost one test */
+    s->mask_ready = false;
+    for (int k = 0; k < (n + 31) / 32; k++) {
+      uint32_t bits = s->mask[k];
+      if (bits == UINT32_MAX) continue;
+      int end = k * 32 + 32 < n ? k * 32 + 32 : n;
+      for (int i = k * 32; i < end; i++)
+        if (!(bits >> (i - k * 32) & 1)) w[i] = -INFINITY;
+    }
+  }
   for (int i = 0; i < s->n_seen; i++) {
     int32_t id = s->seen_ids[i];
     float x = w[id];
@@ -459,6 +480,8 @@ int servd_sampler_sample(servd_sampler *s, const float *logits, servd_sampled *o
   int32_t tok;
   double z = 0; /* sum of e over the vocabulary, when computed */
   bool have_e = false;
+  if (s->mask && mx == -INFINITY) /* greedy would otherwise take token 0 */
+    return servd_fail(SERVD_EINVAL, "sampler: the constraint allows no token these logits can produce");
   if (is_greedy(p) || mx == INFINITY) { /* an infinite logit is certain */
     tok = first_max(w, n, mx);
   } else {

@@ -53,6 +53,7 @@ typedef struct servd_sampler_config {
   servd_logprob_mode logprob_mode;
   servd_sampler_scratch *scratch; /* NULL: the sampler owns its scratch; else borrowed, must outlive
                                      the sampler, and its samplers are used from one thread at a time */
+  bool masked;                 /* constrained decoding: the sampler owns a token mask (servd_sampler_mask) */
 } servd_sampler_config;
 
 typedef struct servd_sampler servd_sampler;
@@ -85,6 +86,14 @@ int servd_sampler_sample(servd_sampler *s, const float *logits, servd_sampled *o
  * then the first row index of the largest logit is the token (NaN counting as -inf; a row with no
  * logit above -inf gives 0), which the engine may take from a device's top-1 instead of a whole row. */
 bool servd_sampler_plain_greedy(const servd_sampler *s);
+/* Constrained decoding (config.masked): the allowed-token bitmask, ceil(n_vocab / 32) words, bit
+ * (i % 32) of word i / 32 set when token i may be sampled, written in place by the grammar engine
+ * before each step (borrowed; NULL when the sampler is not masked). servd_sampler_mask_ready says it
+ * holds this step's mask: the next sample (or kept) call gives every other token -inf right after
+ * the NaN check, before penalties and temperature, and then forgets it, so a stale mask never
+ * applies twice. A masked sampler is never plain greedy (the whole row is needed). */
+uint32_t *servd_sampler_mask(servd_sampler *s, int *n_words);
+void servd_sampler_mask_ready(servd_sampler *s);
 /* Records a generated token (penalties, count). */
 void servd_sampler_accept(servd_sampler *s, int32_t token);
 /* After accept: whether generation ends with this token. */
