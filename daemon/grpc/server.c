@@ -225,7 +225,7 @@ static void dispatch(stream *s) {
   c->srv->active_calls++;
   grpc_call *call = &s->call;
   if (s->bad_header) {
-    grpc_fail(call, GRPC_INVALID_ARGUMENT, "request headers over %u bytes", c->srv->lim.max_header_list_bytes);
+    grpc_fail(call, GRPC_RESOURCE_EXHAUSTED, "request headers over %u bytes", c->srv->lim.max_header_list_bytes);
     return;
   }
   if (!s->grpc_ct) {
