@@ -1,6 +1,6 @@
 /* GGUF (llama architecture) -> package: model config from llama.* metadata, tokenizer.ggml.* as an
  * equivalent Hugging Face tokenizer.json, the chat template, and tensors under Hugging Face names.
- * F32 F16 BF16 Q8_0 Q4_0 Q4_1 are kept as they are; Q5_0 Q5_1 Q4_K Q5_K Q6_K are converted to the
+ * F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q5_K Q6_K are kept as they are; Q5_0 Q5_1 are converted to the
  * chosen dtype. GGUF Q/K rows are permuted for interleaved-pair RoPE: rope_layout "interleaved".
  * rope_freqs.weight becomes the config's Llama 3 rope_scaling (rope_fit.c) and is not stored. */
 #include <stdio.h>
@@ -343,7 +343,10 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
     case MPK_GGML_Q8_0: keep = SERVD_Q8_0; break;
     case MPK_GGML_Q4_0: keep = SERVD_Q4_0; break;
     case MPK_GGML_Q4_1: keep = SERVD_Q4_1; break;
-    case MPK_GGML_Q5_0: case MPK_GGML_Q5_1: case MPK_GGML_Q4_K: case MPK_GGML_Q5_K: case MPK_GGML_Q6_K:
+    case MPK_GGML_Q4_K: keep = SERVD_Q4_K; break;
+    case MPK_GGML_Q5_K: keep = SERVD_Q5_K; break;
+    case MPK_GGML_Q6_K: keep = SERVD_Q6_K; break;
+    case MPK_GGML_Q5_0: case MPK_GGML_Q5_1:
       native = false;
       keep = opt->dtype;
       if (servd_dtype_is_quantized(keep) && (t->ndim < 2 || t->ne[0] % SERVD_QK)) keep = SERVD_F32;

@@ -163,7 +163,7 @@ def main():
             dt, shape, data = tensors[hf_name(gname)]
             assert shape == tuple(int(x) for x in reversed(t.shape)), (gname, shape, t.shape)  # ne innermost first
             qt = t.tensor_type
-            if qt in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1):
+            if qt in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K):
                 assert dt == qt.name.lower(), (gname, dt)
                 assert bytes(data) == t.data.tobytes(), gname  # kept as they are: same bytes as gguf-py reads
             else:
