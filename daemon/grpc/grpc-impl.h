@@ -30,17 +30,21 @@ typedef struct grpc_call grpc_call;
 
 struct grpc_call {
   servd_api *api;
+  uv_loop_t *loop;
   const char *authorization; /* metadata value or NULL; valid until the call ends */
   int64_t timeout_ms;        /* from grpc-timeout; -1: none */
-  /* Set by an asynchronous handler: called once if the client goes away (RST_STREAM, a closed
-   * connection) before the call was answered; the handler must then drop the call. */
+  /* Set by an asynchronous handler: called once when the stream goes away (RST_STREAM, a closed
+   * connection, or the end of a streaming call) unless the handler cleared it first (before its
+   * answer); the handler must then drop the call. */
   void (*on_cancel)(grpc_call *c);
+  /* Set by a long-lived handler: called when the server starts draining (stops accepting). */
+  void (*on_drain)(grpc_call *c);
   void *ctx;
   void *stream_; /* internal */
 };
 
 /* A method: `/package.Service/Method` and its handler. The handler answers now or later (on the
- * loop) with exactly one of grpc_reply / grpc_fail; msg (the request message, unframed) is valid
+ * loop) with grpc_reply or grpc_fail (a streaming handler: grpc_send, then grpc_fail); msg (the request message, unframed) is valid
  * only during the call. */
 typedef void (*grpc_handler)(grpc_call *c, const uint8_t *msg, size_t len);
 typedef struct grpc_method {
@@ -55,7 +59,12 @@ const grpc_method *grpc_method_find(const char *path);
 
 /* Answers with one message (packed here); c is invalid afterwards. */
 void grpc_reply(grpc_call *c, const ProtobufCMessage *m);
-/* Answers with a status and no message; c is invalid afterwards. */
+/* Server streaming: sends one message and keeps the call open (packed here). The call ends with
+ * grpc_fail (GRPC_OK for a normal end) or when the client cancels (on_cancel). */
+void grpc_send(grpc_call *c, const ProtobufCMessage *m);
+/* A call that lives as long as the client wants (a watch): it does not hold up draining. */
+void grpc_call_background(grpc_call *c);
+/* Answers with a status (after any messages sent); c is invalid afterwards. */
 void grpc_fail(grpc_call *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* The gRPC code for an API status (frontend.h's HTTP statuses). */
 int grpc_code_for_status(int http_status);

@@ -19,6 +19,7 @@
 #define WRITE_CHUNK (256 * 1024)
 #define LOCAL_WINDOW (16 * 1024 * 1024) /* connection receive window: large messages in few round trips */
 #define STREAM_WINDOW (1024 * 1024)
+#define CONN_BUFFER_MIN ((size_t)256 << 20) /* request bytes one connection may be receiving at once */
 
 typedef struct conn conn;
 
@@ -35,14 +36,18 @@ typedef struct stream {
   uint8_t prefix[5];   /* the message's length prefix, as it arrives */
   size_t prefix_got;
   uint32_t msg_len;
-  uint8_t *msg;        /* msg_len bytes once the prefix is known */
-  size_t msg_got;
+  uint8_t *msg;        /* msg_cap bytes, grown as the message arrives */
+  size_t msg_got, msg_cap;
+  bool counted;        /* msg_len is in c->buffering */
   int n_msgs;          /* prefixes seen: a unary call carries exactly one */
   int refused;         /* a gRPC code decided while receiving (too large, compressed): 0 none */
   char refused_msg[160];
   bool dispatched, answered;
-  uint8_t *out;        /* the framed response message */
-  size_t out_len, out_off;
+  bool headers_sent;   /* response HEADERS submitted */
+  bool background;     /* a long-lived stream (Health/Watch): not an active call for draining */
+  bool finished;       /* the outcome is known: no more messages */
+  uint8_t *out;        /* framed response messages not yet handed to nghttp2 */
+  size_t out_len, out_off, out_cap;
   int code;
   char *message;
 } stream;
@@ -56,6 +61,7 @@ struct conn {
   uv_write_t wreq;
   uv_buf_t wbuf;
   bool writing, closing, goaway;
+  size_t buffering; /* announced lengths of the messages its streams are receiving */
 };
 
 struct servd_grpc_server {
@@ -90,6 +96,7 @@ static stream *stream_new(conn *c, int32_t id) {
   s->c = c;
   s->id = id;
   s->call.api = c->srv->api;
+  s->call.loop = c->srv->loop;
   s->call.timeout_ms = -1;
   s->call.stream_ = s;
   s->next = c->streams;
@@ -102,25 +109,47 @@ static stream *stream_new(conn *c, int32_t id) {
 static void stream_cancel(stream *s) {
   if (s->dispatched && !s->answered) {
     s->answered = true;
-    s->c->srv->active_calls--;
-    if (s->call.on_cancel) s->call.on_cancel(&s->call);
+    if (!s->background) s->c->srv->active_calls--;
   }
+  void (*cb)(grpc_call *) = s->call.on_cancel;
+  s->call.on_cancel = NULL;
+  if (cb) cb(&s->call);
+}
+
+/* The request message is no longer needed (handled, refused or the stream is gone). */
+static void stream_drop_msg(stream *s) {
+  if (s->counted) s->c->buffering -= s->msg_len;
+  s->counted = false;
+  free(s->msg);
+  s->msg = NULL;
+  s->msg_cap = 0;
 }
 
 static void stream_free(stream *s) {
   stream_cancel(s);
   conn *c = s->c;
+  stream_drop_msg(s);
   if (s->prev) s->prev->next = s->next;
   else c->streams = s->next;
   if (s->next) s->next->prev = s->prev;
   free(s->authorization);
-  free(s->msg);
   free(s->out);
   free(s->message);
   free(s);
 }
 
 /* ---- answers ---------------------------------------------------------------------------------- */
+
+#define NV(n, v, vl) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NONE}
+
+/* Trailers carrying the call's status; nghttp2 copies them. */
+static int submit_trailers(stream *s) {
+  char code[16], enc[1024];
+  snprintf(code, sizeof code, "%d", s->code);
+  grpc_message_encode(s->message ? s->message : "", enc, sizeof enc);
+  nghttp2_nv tr[] = {NV("grpc-status", code, strlen(code)), NV("grpc-message", enc, strlen(enc))};
+  return nghttp2_submit_trailer(s->c->h2, s->id, tr, enc[0] ? 2 : 1);
+}
 
 static ssize_t read_out(nghttp2_session *h2, int32_t id, uint8_t *buf, size_t len, uint32_t *flags,
                         nghttp2_data_source *src, void *ud) {
@@ -133,66 +162,94 @@ static ssize_t read_out(nghttp2_session *h2, int32_t id, uint8_t *buf, size_t le
   memcpy(buf, s->out + s->out_off, n);
   s->out_off += n;
   if (s->out_off == s->out_len) {
+    s->out_off = s->out_len = 0;
+    if (!s->finished) return n ? (ssize_t)n : NGHTTP2_ERR_DEFERRED; /* a stream: resumed by grpc_send */
     *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
-    nghttp2_nv tr[] = {{(uint8_t *)"grpc-status", (uint8_t *)"0", 11, 1, NGHTTP2_NV_FLAG_NONE}};
-    if (nghttp2_submit_trailer(h2, id, tr, 1) != 0) return NGHTTP2_ERR_CALLBACK_FAILURE;
+    if (submit_trailers(s) != 0) return NGHTTP2_ERR_CALLBACK_FAILURE;
   }
   return (ssize_t)n;
 }
 
-#define NV(n, v, vl) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NONE}
+/* Appends one length-prefixed message to the stream's output. */
+static int out_append(stream *s, const ProtobufCMessage *m) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  if (n > UINT32_MAX) return -1;
+  if (s->out_len + n + 5 > s->out_cap) {
+    size_t nc = s->out_len + n + 5;
+    uint8_t *nb = realloc(s->out, nc);
+    if (!nb) return -1;
+    s->out = nb;
+    s->out_cap = nc;
+  }
+  uint8_t *p = s->out + s->out_len;
+  p[0] = 0;
+  p[1] = (uint8_t)(n >> 24);
+  p[2] = (uint8_t)(n >> 16);
+  p[3] = (uint8_t)(n >> 8);
+  p[4] = (uint8_t)n;
+  protobuf_c_message_pack(m, p + 5);
+  s->out_len += n + 5;
+  return 0;
+}
 
-/* Marks the call answered and submits its frames; s->out holds the message, or s->code an error. */
-static void stream_answer(stream *s) {
+/* Sends what the stream has: response headers with a data source the first time, else wakes the
+ * deferred data source. */
+static void out_push(stream *s) {
   conn *c = s->c;
-  if (s->answered) return;
-  s->answered = true;
-  if (s->dispatched) c->srv->active_calls--;
-  if (s->out) {
+  if (!s->headers_sent) {
     nghttp2_nv h[] = {NV(":status", "200", 3), NV("content-type", "application/grpc", 16)};
     nghttp2_data_provider prd = {.source.ptr = s, .read_callback = read_out};
+    s->headers_sent = true;
     if (nghttp2_submit_response(c->h2, s->id, h, 2, &prd) != 0) {
       conn_close(c);
       return;
     }
   } else {
-    char code[16];
-    snprintf(code, sizeof code, "%d", s->code);
-    char enc[1024];
-    grpc_message_encode(s->message ? s->message : "", enc, sizeof enc);
-    nghttp2_nv h[] = {NV(":status", "200", 3), NV("content-type", "application/grpc", 16),
-                      NV("grpc-status", code, strlen(code)), NV("grpc-message", enc, strlen(enc))};
-    if (nghttp2_submit_response(c->h2, s->id, h, enc[0] ? 4 : 3, NULL) != 0) {
-      conn_close(c);
-      return;
-    }
+    nghttp2_session_resume_data(c->h2, s->id);
   }
   conn_flush(c);
 }
 
-void grpc_reply(grpc_call *call, const ProtobufCMessage *m) {
+/* The call has its outcome: the handler is done with it. */
+static void stream_finish(stream *s) {
+  s->finished = true;
+  if (!s->answered) {
+    s->answered = true;
+    if (s->dispatched && !s->background) s->c->srv->active_calls--;
+  }
+}
+
+void grpc_call_background(grpc_call *call) {
   stream *s = call->stream_;
-  size_t n = protobuf_c_message_get_packed_size(m);
-  s->out = malloc(n + 5);
-  if (!s->out || n > UINT32_MAX) {
-    grpc_fail(call, GRPC_RESOURCE_EXHAUSTED, "response of %zu bytes: out of memory", n);
+  if (s->background || s->answered) return;
+  s->background = true;
+  s->c->srv->active_calls--;
+}
+
+void grpc_send(grpc_call *call, const ProtobufCMessage *m) {
+  stream *s = call->stream_;
+  if (s->finished) return;
+  if (out_append(s, m) != 0) {
+    grpc_fail(call, GRPC_RESOURCE_EXHAUSTED, "response: out of memory");
     return;
   }
-  s->out[0] = 0;
-  s->out[1] = (uint8_t)(n >> 24);
-  s->out[2] = (uint8_t)(n >> 16);
-  s->out[3] = (uint8_t)(n >> 8);
-  s->out[4] = (uint8_t)n;
-  protobuf_c_message_pack(m, s->out + 5);
-  s->out_len = n + 5;
-  stream_answer(s);
+  out_push(s);
+}
+
+void grpc_reply(grpc_call *call, const ProtobufCMessage *m) {
+  stream *s = call->stream_;
+  if (out_append(s, m) != 0) {
+    grpc_fail(call, GRPC_RESOURCE_EXHAUSTED, "response of %zu bytes: out of memory",
+              protobuf_c_message_get_packed_size(m));
+    return;
+  }
+  s->code = GRPC_OK;
+  stream_finish(s);
+  out_push(s);
 }
 
 void grpc_fail(grpc_call *call, int code, const char *fmt, ...) {
   stream *s = call->stream_;
-  free(s->out);
-  s->out = NULL;
-  s->code = code;
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -200,7 +257,26 @@ void grpc_fail(grpc_call *call, int code, const char *fmt, ...) {
   va_end(ap);
   free(s->message);
   s->message = strdup(msg);
-  stream_answer(s);
+  s->code = code;
+  stream_finish(s);
+  if (s->headers_sent) {
+    /* Messages went out already: the status follows them in the trailers. */
+    out_push(s);
+    return;
+  }
+  /* Trailers-only: one HEADERS frame with the status, ending the stream. */
+  conn *c = s->c;
+  char cs[16], enc[1024];
+  snprintf(cs, sizeof cs, "%d", code);
+  grpc_message_encode(msg, enc, sizeof enc);
+  nghttp2_nv h[] = {NV(":status", "200", 3), NV("content-type", "application/grpc", 16), NV("grpc-status", cs, strlen(cs)),
+                    NV("grpc-message", enc, strlen(enc))};
+  s->headers_sent = true;
+  if (nghttp2_submit_response(c->h2, s->id, h, enc[0] ? 4 : 3, NULL) != 0) {
+    conn_close(c);
+    return;
+  }
+  conn_flush(c);
 }
 
 int grpc_code_for_status(int st) {
@@ -224,38 +300,32 @@ static void dispatch(stream *s) {
   s->dispatched = true;
   c->srv->active_calls++;
   grpc_call *call = &s->call;
-  if (s->bad_header) {
-    grpc_fail(call, GRPC_RESOURCE_EXHAUSTED, "request headers over %u bytes", c->srv->lim.max_header_list_bytes);
-    return;
-  }
-  if (!s->grpc_ct) {
-    grpc_fail(call, GRPC_INVALID_ARGUMENT, "content-type must be application/grpc");
-    return;
-  }
-  if (s->refused) {
-    grpc_fail(call, s->refused, "%s", s->refused_msg);
-    return;
-  }
+  /* The message leaves the connection's budget now; the handler gets it for the call's duration. */
+  uint8_t *msg = s->msg;
+  s->msg = NULL;
+  bool whole = s->n_msgs == 1 && s->msg_got == s->msg_len;
+  stream_drop_msg(s);
   const grpc_method *m = grpc_method_find(s->path);
-  if (!m) {
+  if (s->bad_header)
+    grpc_fail(call, GRPC_RESOURCE_EXHAUSTED, "request headers over %u bytes", c->srv->lim.max_header_list_bytes);
+  else if (!s->grpc_ct)
+    grpc_fail(call, GRPC_INVALID_ARGUMENT, "content-type must be application/grpc");
+  else if (s->refused)
+    grpc_fail(call, s->refused, "%s", s->refused_msg);
+  else if (!m)
     grpc_fail(call, GRPC_UNIMPLEMENTED, "unknown method %s", s->path);
-    return;
-  }
-  if (!m->is_public && !servd_api_authorized(c->srv->api, s->authorization)) {
+  else if (!m->is_public && !servd_api_authorized(c->srv->api, s->authorization))
     grpc_fail(call, GRPC_UNAUTHENTICATED, "missing or incorrect API key: send 'authorization: Bearer <key>'");
-    return;
-  }
-  if (s->n_msgs != 1 || s->msg_got != s->msg_len) {
-    grpc_fail(call, GRPC_INVALID_ARGUMENT, "a unary call carries exactly one complete message (got %d%s)",
-              s->n_msgs, s->n_msgs == 1 ? ", truncated" : "");
-    return;
-  }
-  if (call->timeout_ms == 0) {
+  else if (!whole)
+    grpc_fail(call, GRPC_INVALID_ARGUMENT, "a unary call carries exactly one complete message (got %d%s)", s->n_msgs,
+              s->n_msgs == 1 ? ", truncated" : "");
+  else if (call->timeout_ms == 0)
     grpc_fail(call, GRPC_DEADLINE_EXCEEDED, "deadline exceeded before the call started");
-    return;
+  else {
+    call->authorization = s->authorization;
+    m->handler(call, msg ? msg : (const uint8_t *)"", s->msg_len);
   }
-  call->authorization = s->authorization;
-  m->handler(call, s->msg ? s->msg : (const uint8_t *)"", s->msg_len);
+  free(msg);
 }
 
 /* ---- nghttp2 callbacks ------------------------------------------------------------------------ */
@@ -309,7 +379,7 @@ static int on_data(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t
   (void)flags;
   conn *c = ud;
   stream *s = nghttp2_session_get_stream_user_data(h2, id);
-  if (!s || s->refused) return 0;
+  if (!s || s->refused || s->dispatched) return 0;
   while (len > 0) {
     if (s->prefix_got < 5) {
       size_t k = 5 - s->prefix_got < len ? 5 - s->prefix_got : len;
@@ -338,11 +408,20 @@ static int on_data(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t
         dispatch(s); /* answered now: the client need not send the rest */
         return 0;
       }
-      if (s->msg_len > 0 && !(s->msg = malloc(s->msg_len))) {
+      /* All streams of a connection together: a client cannot make it hold max_concurrent_streams
+       * messages of the largest size at once. */
+      size_t budget = c->srv->lim.max_message_bytes * 2 > CONN_BUFFER_MIN ? c->srv->lim.max_message_bytes * 2
+                                                                          : CONN_BUFFER_MIN;
+      if (c->buffering + s->msg_len > budget) {
         s->refused = GRPC_RESOURCE_EXHAUSTED;
-        snprintf(s->refused_msg, sizeof s->refused_msg, "message of %u bytes: out of memory", s->msg_len);
+        snprintf(s->refused_msg, sizeof s->refused_msg,
+                 "message of %u bytes: the connection is receiving %zu bytes of messages already (at most %zu)",
+                 s->msg_len, c->buffering, budget);
+        dispatch(s);
         return 0;
       }
+      c->buffering += s->msg_len;
+      s->counted = true;
       continue;
     }
     size_t k = s->msg_len - s->msg_got;
@@ -352,6 +431,22 @@ static int on_data(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t
       continue;
     }
     if (k > len) k = len;
+    if (s->msg_got + k > s->msg_cap) {
+      /* Grown as bytes arrive (doubling): an announced length costs nothing until it is sent. */
+      size_t nc = s->msg_cap ? s->msg_cap * 2 : 16384;
+      while (nc < s->msg_got + k) nc *= 2;
+      if (nc > s->msg_len) nc = s->msg_len;
+      uint8_t *nb = realloc(s->msg, nc);
+      if (!nb) {
+        stream_drop_msg(s);
+        s->refused = GRPC_RESOURCE_EXHAUSTED;
+        snprintf(s->refused_msg, sizeof s->refused_msg, "message of %u bytes: out of memory", s->msg_len);
+        dispatch(s);
+        return 0;
+      }
+      s->msg = nb;
+      s->msg_cap = nc;
+    }
     memcpy(s->msg + s->msg_got, data, k);
     s->msg_got += k;
     data += k;
@@ -603,6 +698,8 @@ void servd_grpc_server_stop_accepting(servd_grpc_server *s) {
   for (conn *c = s->conns; c; c = c->next) {
     if (c->closing || c->goaway) continue;
     c->goaway = true;
+    for (stream *st = c->streams; st; st = st->next)
+      if (st->call.on_drain && !st->finished) st->call.on_drain(&st->call);
     /* Calls in progress finish; the client opens no new ones here. */
     nghttp2_submit_goaway(c->h2, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(c->h2),
                           NGHTTP2_NO_ERROR, NULL, 0);

@@ -1,17 +1,18 @@
 /* The method table and the unary methods that need no model work: inference.GRPCInferenceService's
- * liveness, readiness and metadata, and grpc.health.v1.Health/Check. ModelInfer is infer.c. */
+ * liveness, readiness and metadata. ModelInfer is infer.c, grpc.health.v1 health.c. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "grpc/grpc-impl.h"
-#include "health.pb-c.h"
 
 #ifndef SERVD_VERSION_STRING
 #define SERVD_VERSION_STRING "0.1.0"
 #endif
 
-void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len); /* infer.c */
+void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len);  /* infer.c */
+void grpc_health_check(grpc_call *c, const uint8_t *msg, size_t len); /* health.c */
+void grpc_health_watch(grpc_call *c, const uint8_t *msg, size_t len); /* health.c */
 
 /* Unpacks the request, or answers INVALID_ARGUMENT and returns NULL. */
 static ProtobufCMessage *unpack(grpc_call *c, const ProtobufCMessageDescriptor *d, const uint8_t *msg, size_t len) {
@@ -137,32 +138,13 @@ static void model_metadata(grpc_call *c, const uint8_t *msg, size_t len) {
   json_decref(m);
 }
 
-/* grpc.health.v1: "" is the server; a service name of this server is the server too; anything
- * else is NOT_FOUND, as grpc's own health service answers. */
-static void health_check(grpc_call *c, const uint8_t *msg, size_t len) {
-  Grpc__Health__V1__HealthCheckRequest *q =
-      (Grpc__Health__V1__HealthCheckRequest *)unpack(c, &grpc__health__v1__health_check_request__descriptor, msg, len);
-  if (!q) return;
-  bool known = q->service[0] == '\0' || strcmp(q->service, "inference.GRPCInferenceService") == 0;
-  char name[128];
-  snprintf(name, sizeof name, "%s", q->service);
-  protobuf_c_message_free_unpacked(&q->base, NULL);
-  if (!known) {
-    grpc_fail(c, GRPC_NOT_FOUND, "unknown service '%s'", name);
-    return;
-  }
-  Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-  r.status = servd_api_server_ready(c->api) ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
-                                            : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
-  grpc_reply(c, &r.base);
-}
-
 #define SVC "/inference.GRPCInferenceService/"
 const grpc_method grpc_methods[] = {
     /* Probes answer without the API key, as the HTTP health probes do. */
     {SVC "ServerLive", true, server_live},
     {SVC "ServerReady", true, server_ready},
-    {"/grpc.health.v1.Health/Check", true, health_check},
+    {"/grpc.health.v1.Health/Check", true, grpc_health_check},
+    {"/grpc.health.v1.Health/Watch", true, grpc_health_watch},
     {SVC "ModelReady", false, model_ready},
     {SVC "ServerMetadata", false, server_metadata},
     {SVC "ModelMetadata", false, model_metadata},

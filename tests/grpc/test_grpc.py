@@ -3,6 +3,7 @@ inference with raw tensors, checked against the HTTP route's answer for the same
 own protobuf stubs (typed contents, malformed messages), grpcio-health-checking (Check), the status
 codes of bad calls, each followed by a good one, and the API key as `authorization` metadata."""
 import os
+import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -160,5 +161,17 @@ check(code == grpc.StatusCode.UNAUTHENTICATED, f"wrong key: {code}")
 r = infer_raw(client=c, headers={"authorization": "Bearer sekret"})
 check(r.as_numpy("label").tolist() == h_out["label"]["data"], "with the key")
 c.close()
-check(s.stop() == 0, "exit status after SIGTERM")
+
+# Health/Watch: SERVING now, NOT_SERVING as soon as the server drains (SIGTERM), without the key.
+ch = grpc.insecure_channel(target)
+w = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=30)
+check(next(w).status == health_pb2.HealthCheckResponse.SERVING, "Watch: SERVING")
+u = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service="nope"), timeout=30)
+check(next(u).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN, "Watch of an unknown service")
+u.cancel()
+s.proc.send_signal(signal.SIGTERM)
+check(next(w).status == health_pb2.HealthCheckResponse.NOT_SERVING, "Watch: NOT_SERVING while draining")
+w.cancel()
+ch.close()
+check(s.stop(None) == 0, "exit status after SIGTERM")
 print("ok")
