@@ -7,6 +7,7 @@
 
 #include "http/buf.h"
 #include "http/framer.h"
+#include "http/tls.h"
 #include "servd/status.h"
 
 #define READ_CHUNK 65536
@@ -41,6 +42,8 @@ typedef struct conn {
   servd_buf ehdr; /* extra response headers of the current request */
   servd_arena *arena;
   servd_http_req req;
+  servd_tls_conn *tls; /* NULL on a plaintext listener; then obuf/wbuf hold plaintext, else wbuf ciphertext */
+  bool tls_started;    /* the first bytes arrived (a plaintext request is told apart from a handshake) */
 } conn;
 
 struct servd_http_server {
@@ -57,6 +60,8 @@ struct servd_http_server {
   uint64_t n_writes; /* uv_write calls issued */
   size_t peak_out, peak_in;
   uint64_t read_pauses;
+  servd_tls_ctx *tls; /* borrowed; NULL: plaintext */
+  uint64_t tls_failures;
   void (*done)(void *);
   void *done_ud;
 };
@@ -125,6 +130,7 @@ static void on_conn_handle_closed(uv_handle_t *h) {
   servd_buf_free(&c->wbuf);
   servd_buf_free(&c->ehdr);
   servd_arena_destroy(c->arena);
+  servd_tls_conn_destroy(c->tls);
   free(c->rbuf);
   free(c);
   server_maybe_done(s);
@@ -169,7 +175,11 @@ static void timer_set(conn *c, timer_kind k, int ms) {
 
 /* ---- output ----------------------------------------------------------------------------------- */
 
-static size_t conn_unsent(const conn *c) { return c->obuf.len + c->wbuf.len; }
+/* Plaintext not yet encrypted, ciphertext being written, and ciphertext OpenSSL produced since (a
+ * TLS connection's limits so count the bytes that really wait for the socket). */
+static size_t conn_unsent(const conn *c) {
+  return c->obuf.len + c->wbuf.len + (c->tls ? servd_tls_conn_output_pending(c->tls) : 0);
+}
 
 /* Back-pressure on output (see server.h): whether the next request must wait for the writes. The
  * marks differ so that reading does not stop and start again at every write. */
@@ -206,6 +216,18 @@ static void on_shutdown_close(uv_shutdown_t *sh, int status) {
   conn_close(c);
 }
 
+/* Encrypts the queued plaintext into wbuf (empty: no write in flight), with a close_notify when this
+ * is the last output, and any handshake bytes OpenSSL produced since the last write. */
+static int tls_seal(conn *c) {
+  if (c->obuf.len) {
+    if (servd_tls_conn_write(c->tls, c->obuf.data, c->obuf.len) != 0) return -1;
+    servd_buf_clear(&c->obuf);
+    if (c->obuf.cap > (1u << 20)) servd_buf_free(&c->obuf);
+  }
+  if (c->close_after) servd_tls_conn_close_notify(c->tls);
+  return servd_tls_conn_take_output(c->tls, &c->wbuf);
+}
+
 static void conn_flush(conn *c) {
   if (c->closing) return;
   out_update(c);
@@ -220,7 +242,11 @@ static void conn_flush(conn *c) {
     return;
   }
   if (c->writing) return;
-  if (c->obuf.len == 0) {
+  if (c->tls && tls_seal(c) != 0) {
+    conn_close(c);
+    return;
+  }
+  if (c->obuf.len == 0 && c->wbuf.len == 0) {
     if (c->close_after) {
       /* Half-close so the client reads everything before the connection goes. */
       uv_shutdown_t *sh = malloc(sizeof(*sh));
@@ -236,9 +262,11 @@ static void conn_flush(conn *c) {
     }
     return;
   }
-  servd_buf tmp = c->wbuf;
-  c->wbuf = c->obuf;
-  c->obuf = tmp;
+  if (!c->tls) {
+    servd_buf tmp = c->wbuf;
+    c->wbuf = c->obuf;
+    c->obuf = tmp;
+  }
   c->resp_wbuf = c->resp_obuf;
   c->resp_obuf = 0;
   uv_buf_t b = uv_buf_init(c->wbuf.data, (unsigned)c->wbuf.len);
@@ -421,6 +449,73 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
   *b = uv_buf_init(c->rbuf, READ_CHUNK);
 }
 
+/* Debug lines (SERVD_DEBUG set): what a client did wrong that an operator only sometimes wants to see. */
+static void debug_log(conn *c, const char *fmt, const char *arg) {
+  static int on = -1;
+  if (on < 0) on = getenv("SERVD_DEBUG") && getenv("SERVD_DEBUG")[0];
+  if (!on) return;
+  char peer[64] = "?";
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+    if (ss.ss_family == AF_INET6) uv_ip6_name((struct sockaddr_in6 *)&ss, peer, sizeof peer);
+    else uv_ip4_name((struct sockaddr_in *)&ss, peer, sizeof peer);
+  }
+  fprintf(stderr, "servd: debug: %s: ", peer);
+  fprintf(stderr, fmt, arg);
+  fputc('\n', stderr);
+}
+
+/* Ciphertext from the socket: its plaintext goes to pending, handshake replies out. Returns 0 to go
+ * on, -1 when the connection is being closed (a plaintext request, a failed handshake, a bad record). */
+static int tls_read(conn *c, const char *data, size_t len) {
+  servd_http_server *s = c->srv;
+  if (!c->tls_started) {
+    c->tls_started = true;
+    if (servd_tls_looks_like_http(data, len)) {
+      /* As nginx does: an answer in plaintext that the client can show, then close. */
+      s->tls_failures++;
+      debug_log(c, "%s", "plaintext HTTP on the TLS port");
+      servd_tls_conn_destroy(c->tls);
+      c->tls = NULL;
+      error_response(c, 400, "plain HTTP request sent to the HTTPS port");
+      return -1;
+    }
+  }
+  bool was_established = servd_tls_conn_established(c->tls);
+  servd_tls_status st = servd_tls_conn_input(c->tls, data, len, &c->pending);
+  if (st == SERVD_TLS_ERROR) {
+    s->tls_failures++;
+    debug_log(c, was_established ? "TLS record error: %s" : "TLS handshake failed: %s", servd_tls_conn_error(c->tls));
+    /* Deliver the alert OpenSSL queued, if any, then close. */
+    c->close_after = true;
+    if (c->reading) {
+      uv_read_stop((uv_stream_t *)&c->tcp);
+      c->reading = false;
+    }
+    if (c->state == C_HANDLING) {
+      conn_close(c);
+      return -1;
+    }
+    timer_set(c, T_NONE, 0);
+    conn_flush(c);
+    return -1;
+  }
+  if (!was_established && servd_tls_conn_established(c->tls) && c->state == C_IDLE && c->timer_kind == T_IDLE)
+    timer_set(c, T_IDLE, s->lim.idle_timeout_ms); /* the handshake deadline becomes the idle timeout */
+  if (servd_tls_conn_output_pending(c->tls)) conn_flush(c); /* handshake messages, session tickets */
+  if (st == SERVD_TLS_EOF) {
+    /* close_notify: the client sends nothing more, as at a TCP EOF (on_read). */
+    if (c->state == C_HANDLING) {
+      conn_close(c);
+      return -1;
+    }
+    c->peer_eof = true;
+    reading_update(c);
+  }
+  return c->closing ? -1 : 0;
+}
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b) {
   conn *c = st->data;
   if (nread < 0) {
@@ -436,13 +531,19 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b) {
   }
   if (nread == 0) return;
   if (c->close_after) return; /* an error response is on its way; ignore the rest */
-  servd_buf_append(&c->pending, b->base, (size_t)nread);
+  if (c->tls) {
+    if (tls_read(c, b->base, (size_t)nread) != 0) return;
+  } else {
+    servd_buf_append(&c->pending, b->base, (size_t)nread);
+  }
   if (c->pending.oom) {
     conn_close(c);
     return;
   }
   if (c->pending.len > c->srv->peak_in) c->srv->peak_in = c->pending.len;
-  if (c->state == C_IDLE && c->timer_kind == T_IDLE) timer_set(c, T_NONE, 0);
+  /* Bytes of a handshake in progress do not stop its deadline. */
+  if (c->state == C_IDLE && c->timer_kind == T_IDLE && (!c->tls || servd_tls_conn_established(c->tls)))
+    timer_set(c, T_NONE, 0);
   conn_process(c);
 }
 
@@ -490,12 +591,18 @@ static void on_connection(uv_stream_t *l, int status) {
     return;
   }
   uv_tcp_nodelay(&c->tcp, 1);
+  if (s->tls && !(c->tls = servd_tls_conn_create(s->tls))) {
+    conn_close(c);
+    return;
+  }
   c->fr.on_begin = on_request_begin;
   c->fr.on_continue = on_request_continue;
   c->fr.on_complete = on_request_complete;
   c->fr.ud = c;
   reading_update(c);
-  timer_set(c, T_IDLE, s->lim.idle_timeout_ms);
+  /* A handshake must be done within the request deadline (a client that stalls in it holds a
+   * connection as a slow request would); then the idle timeout applies. */
+  timer_set(c, T_IDLE, c->tls ? s->lim.request_timeout_ms : s->lim.idle_timeout_ms);
 }
 
 /* ---- public ----------------------------------------------------------------------------------- */
@@ -584,6 +691,9 @@ void servd_http_server_batch_end(servd_http_server *s) {
 }
 
 int servd_http_server_connections(const servd_http_server *s) { return s->n_conns; }
+
+void servd_http_server_set_tls(servd_http_server *s, servd_tls_ctx *tls) { s->tls = tls; }
+uint64_t servd_http_server_tls_failures(const servd_http_server *s) { return s->tls_failures; }
 
 void servd_http_server_close(servd_http_server *s, void (*done)(void *), void *ud) {
   servd_http_server_stop_accepting(s);

@@ -27,6 +27,7 @@
 
 #include "http/arena.h"
 #include "http/buf.h"
+#include "http/tls.h"
 
 typedef struct servd_http_server servd_http_server;
 typedef struct servd_http_req servd_http_req;
@@ -108,6 +109,13 @@ size_t servd_http_server_peak_output(const servd_http_server *s);
 size_t servd_http_server_peak_input(const servd_http_server *s);
 /* Times a connection stopped reading because of back-pressure (output or input over its mark). */
 uint64_t servd_http_server_read_pauses(const servd_http_server *s);
+/* Serves HTTPS (see http/tls.h) on connections accepted from now on; tls is borrowed and must
+ * outlive the server. Plaintext requests on such a listener get a plaintext 400 and are closed, as
+ * nginx answers them; failed handshakes are closed (logged with SERVD_DEBUG set). TLS output counts
+ * toward max_output_bytes as ciphertext. */
+void servd_http_server_set_tls(servd_http_server *s, servd_tls_ctx *tls);
+/* Connections closed for a failed handshake, a bad record or plaintext on a TLS listener. */
+uint64_t servd_http_server_tls_failures(const servd_http_server *s);
 /* A batch of responses produced together (e.g. one wake-up's worth of engine events): between
  * begin and end, output is only queued, and batch_end writes each connection that got output once,
  * in the order it was queued. Nothing waits on a timer: the batch ends before the loop goes back to
