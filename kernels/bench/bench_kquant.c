@@ -1,0 +1,62 @@
+/* bench_kquant: batch-1 and small-batch matmul of k-quant weights against q4_1 at the same shape,
+ * timed in alternating rounds of the same run (medians), as GB/s of weight bytes.
+ *
+ * Usage: bench_kquant [threads] [rounds]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "servd/ops.h"
+#include "servd/threadpool.h"
+
+#include "bench-util.h"
+
+static servd_tensor *weight(servd_dtype dt, int n, int k) {
+  servd_tensor *w = servd_tensor_new(dt, 2, (int64_t[]){n, k});
+  float *row = malloc((size_t)k * sizeof(float));
+  for (int j = 0; j < n; j++) {
+    for (int l = 0; l < k; l++) row[l] = (float)((j * 7919 + l * 104729) % 2001) / 1000.0f - 1.0f;
+    servd_row_from_f32(dt, row, (char *)servd_tensor_data(w) + (size_t)j * w->strides[0], k);
+  }
+  free(row);
+  return w;
+}
+
+int main(int argc, char **argv) {
+  const int threads = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 7;
+  servd_threadpool_init(threads);
+  static const int shapes[][2] = {{576, 1536}, {4096, 4096}, {14336, 4096}};
+  static const int ms[] = {1, 8};
+  static const servd_dtype dts[] = {SERVD_Q4_1, SERVD_Q4_K, SERVD_Q5_K, SERVD_Q6_K};
+  enum { ND = sizeof dts / sizeof *dts };
+  printf("| n x k | m | %s GB/s | %s GB/s | %s GB/s | %s GB/s | q4_k / q4_1 time |\n|---|---|---|---|---|---|---|\n",
+         servd_dtype_name(dts[0]), servd_dtype_name(dts[1]), servd_dtype_name(dts[2]), servd_dtype_name(dts[3]));
+  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+    const int n = shapes[s][0], k = shapes[s][1];
+    servd_tensor *w[ND];
+    for (int d = 0; d < ND; d++) w[d] = weight(dts[d], n, k);
+    for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+      const int m = ms[mi];
+      servd_tensor *x = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, k}), *o = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, n});
+      for (int i = 0; i < m * k; i++) ((float *)servd_tensor_data(x))[i] = (float)(i % 17) / 8.0f - 1.0f;
+      double t[ND][64], ratio[64];
+      const int calls = (int)(2e8 / ((double)n * k)) + 1;
+      for (int r = 0; r < rounds && r < 64; r++) {
+        for (int d = 0; d < ND; d++) {
+          servd_matmul(o, x, w[d]);
+          const double t0 = bench_now_s();
+          for (int c = 0; c < calls; c++) servd_matmul(o, x, w[d]);
+          t[d][r] = (bench_now_s() - t0) / calls;
+        }
+        ratio[r] = t[1][r] / t[0][r];
+      }
+      printf("| %dx%d | %d |", n, k, m);
+      for (int d = 0; d < ND; d++) printf(" %.1f |", (double)servd_tensor_nbytes(w[d]) / bench_median(t[d], rounds) * 1e-9);
+      printf(" %.2f |\n", bench_median(ratio, rounds));
+      servd_tensor_release(x);
+      servd_tensor_release(o);
+    }
+    for (int d = 0; d < ND; d++) servd_tensor_release(w[d]);
+  }
+  return 0;
+}
