@@ -11,6 +11,7 @@
 #endif
 
 void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len);  /* infer.c */
+void grpc_model_config(grpc_call *c, const uint8_t *msg, size_t len);  /* model_config.c */
 void grpc_health_check(grpc_call *c, const uint8_t *msg, size_t len); /* health.c */
 void grpc_health_watch(grpc_call *c, const uint8_t *msg, size_t len); /* health.c */
 
@@ -149,6 +150,7 @@ const grpc_method grpc_methods[] = {
     {SVC "ServerMetadata", false, server_metadata},
     {SVC "ModelMetadata", false, model_metadata},
     {SVC "ModelInfer", false, grpc_model_infer},
+    {SVC "ModelConfig", false, grpc_model_config},
 };
 const size_t grpc_n_methods = sizeof grpc_methods / sizeof grpc_methods[0];
 

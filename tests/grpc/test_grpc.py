@@ -47,6 +47,9 @@ meta = c.get_server_metadata()
 check(meta.name == "servd" and "model_repository" in meta.extensions, f"ServerMetadata: {meta}")
 mm = c.get_model_metadata("mlp")
 check(mm.name == "mlp" and list(mm.versions) == ["1"], f"ModelMetadata: {mm}")
+cfg = c.get_model_config("mlp").config
+check(cfg.name == "mlp" and cfg.backend == "servd" and [i.name for i in cfg.input] == [i.name for i in mm.inputs],
+      f"ModelConfig: {cfg}")
 
 # The classifier's input width, from the error its HTTP route gives for a wrong one.
 st, body = s.json("POST", "/v2/models/mlp/infer",
@@ -112,6 +115,7 @@ cases = [
     ("unknown model", lambda: infer_raw(model="nope"), grpc.StatusCode.NOT_FOUND),
     ("unknown model ready", lambda: stub.ModelReady(service_pb2.ModelReadyRequest(name="nope")),
      grpc.StatusCode.NOT_FOUND),
+    ("unknown model config", lambda: c.get_model_config("nope"), grpc.StatusCode.NOT_FOUND),
     ("unknown version", lambda: stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="mlp", version="7")),
      grpc.StatusCode.NOT_FOUND),
     ("wrong raw byte size", lambda: stub.ModelInfer(wrong_size, timeout=30), grpc.StatusCode.INVALID_ARGUMENT),
