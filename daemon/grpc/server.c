@@ -61,6 +61,7 @@ struct conn {
   uv_write_t wreq;
   uv_buf_t wbuf;
   bool writing, closing, goaway;
+  bool in_recv; /* inside nghttp2_session_mem_recv: output waits until it returns */
   size_t buffering; /* announced lengths of the messages its streams are receiving */
 };
 
@@ -519,7 +520,7 @@ static void on_write(uv_write_t *w, int status) {
 }
 
 static void conn_flush(conn *c) {
-  if (c->writing || c->closing) return;
+  if (c->writing || c->closing || c->in_recv) return;
   size_t cap = 0, len = 0;
   char *buf = NULL;
   while (len < WRITE_CHUNK) {
@@ -576,7 +577,9 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
     return;
   }
   if (n == 0 || c->closing) return;
+  c->in_recv = true; /* answers given from its callbacks are sent once it returns */
   ssize_t r = nghttp2_session_mem_recv(c->h2, (const uint8_t *)b->base, (size_t)n);
+  c->in_recv = false;
   if (r < 0) {
     /* A protocol violation or a flood: nghttp2 has queued GOAWAY where it could. */
     nghttp2_session_terminate_session(c->h2, NGHTTP2_PROTOCOL_ERROR);
