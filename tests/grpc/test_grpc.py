@@ -2,6 +2,7 @@
 inference with raw tensors, checked against the HTTP route's answer for the same input), Triton's
 own protobuf stubs (typed contents, malformed messages), grpcio-health-checking (Check), the status
 codes of bad calls, each followed by a good one, and the API key as `authorization` metadata."""
+import json
 import os
 import signal
 import sys
@@ -178,4 +179,24 @@ check(next(w).status == health_pb2.HealthCheckResponse.NOT_SERVING, "Watch: NOT_
 w.cancel()
 ch.close()
 check(s.stop(None) == 0, "exit status after SIGTERM")
+
+# No gRPC listener unless one is asked for; the config file's keys ask as the flags do.
+s, gport = start(a, [], grpc_flag=False)
+check(gport is None, "a gRPC listener without --grpc-port")
+check(s.stop() == 0, "exit status after SIGTERM")
+conf = os.path.join(a.work, "grpc.json")
+with open(conf, "w") as f:
+    json.dump({"grpc_port": 0, "grpc_max_message_bytes": 4096}, f)
+s, gport = start(a, ["--config", conf, "--model", f"{pkg}:mlp"], grpc_flag=False)
+check(gport is not None, "grpc_port from the config file")
+c = tc.InferenceServerClient(f"127.0.0.1:{gport}")
+check(c.is_server_live(), "ServerLive on the port of the config file")
+over = service_pb2.ModelInferRequest(model_name="mlp")
+over.inputs.add(name="x", datatype="FP32", shape=[1, 2048]).contents.fp32_contents.extend([0.0] * 2048)
+ch = grpc.insecure_channel(f"127.0.0.1:{gport}")
+code, _ = code_of(lambda: service_pb2_grpc.GRPCInferenceServiceStub(ch).ModelInfer(over, timeout=30))
+ch.close()
+check(code == grpc.StatusCode.RESOURCE_EXHAUSTED, f"grpc_max_message_bytes from the config file: {code}")
+c.close()
+check(s.stop() == 0, "exit status after SIGTERM")
 print("ok")
