@@ -339,3 +339,12 @@ class LlamaModel:
     def chat_template(self, messages, add_generation_prompt=True):
         from . import chat
         return chat.render(messages, add_generation_prompt)
+
+    # ---- constrained decoding (guided.py) ------------------------------------------------------
+    def guide_compile(self, kind, spec, n_vocab, eos_ids):
+        from . import guided
+        return guided.compile(kind, spec, n_vocab, eos_ids)
+
+    def guide_step(self, rows, free_ids):
+        from . import guided
+        return guided.step(rows, free_ids)
