@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,6 +32,10 @@
 #define STABLE_S 60.0        /* a child that served this long resets the backoff */
 #define ANSWER_GRACE_MS 1000 /* past a call's deadline, for the child's TimeoutError to arrive */
 #define REAP_WAIT_MS 5000    /* after EOF or at stop, before SIGKILL */
+/* Past the load timeout, how long servd waits for the child's answer before it kills the child: the
+ * child's own engine abandons an import that cannot be interrupted 2 s after the timeout and then
+ * reports the failure; the rest covers the exec and its start. */
+#define LOAD_KILL_MARGIN_MS 5000
 
 typedef struct pending {
   struct pending *next;
@@ -44,6 +49,7 @@ typedef struct pending {
 struct servd_isolated {
   char *path, *name, *extra_sys_path, *exe;
   int interpreters, max_batch_size, max_batch_delay_ms, max_queue;
+  double load_timeout_s; /* the child's import is bounded by it, as an in-process load is */
   pthread_mutex_t mu, send_mu;
   pthread_cond_t cv;
   pthread_t monitor;
@@ -147,6 +153,26 @@ static int spawn(servd_isolated *iso, int *sock_out, pid_t *pid_out) {
   return 0;
 }
 
+/* Waits until the child's first message (its load's outcome) can be read: 0, SERVD_ETIMEDOUT past the
+ * load timeout plus LOAD_KILL_MARGIN_MS, SERVD_ECANCELED when the model is stopped meanwhile (an
+ * unload need not wait for a load it will throw away). */
+static int wait_loaded(servd_isolated *iso, int sock) {
+  int64_t until = iso->load_timeout_s > 0
+                      ? now_ns() + (int64_t)(iso->load_timeout_s * 1e9) + (int64_t)LOAD_KILL_MARGIN_MS * 1000000
+                      : 0;
+  for (;;) {
+    pthread_mutex_lock(&iso->mu);
+    bool stopping = iso->stopping;
+    pthread_mutex_unlock(&iso->mu);
+    if (stopping) return SERVD_ECANCELED;
+    if (until && now_ns() >= until) return SERVD_ETIMEDOUT;
+    struct pollfd p = {.fd = sock, .events = POLLIN};
+    int r = poll(&p, 1, 100);
+    if (r > 0) return 0; /* readable, or EOF/error: iso_recv tells */
+    if (r < 0 && errno != EINTR) return 0;
+  }
+}
+
 /* Starts a child and waits until it has loaded the model. On failure err holds why. */
 static int start_child(servd_isolated *iso, int *sock_out, pid_t *pid_out, char *err, size_t cap) {
   int sock = -1;
@@ -156,10 +182,11 @@ static int start_child(servd_isolated *iso, int *sock_out, pid_t *pid_out, char 
     snprintf(err, cap, "%s", servd_last_error());
     return rc;
   }
-  json_t *hello = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:s?}", "path", iso->path, "name", iso->name,
+  json_t *hello = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:s?}", "path", iso->path, "name", iso->name,
                             "interpreters", iso->interpreters, "max_batch_size", iso->max_batch_size,
                             "max_batch_delay_ms", iso->max_batch_delay_ms, "max_queue", iso->max_queue,
-                            "threads", servd_threadpool_size(), "extra_sys_path", iso->extra_sys_path);
+                            "threads", servd_threadpool_size(), "load_timeout", iso->load_timeout_s,
+                            "extra_sys_path", iso->extra_sys_path);
   char *text = hello ? json_dumps(hello, JSON_COMPACT) : NULL;
   json_decref(hello);
   iso_frame f = {.fd = -1};
@@ -168,6 +195,23 @@ static int start_child(servd_isolated *iso, int *sock_out, pid_t *pid_out, char 
   } else {
     rc = iso_send(sock, ISO_HELLO, 0, text, strlen(text), NULL, 0);
     free(text);
+  }
+  if (!rc) {
+    rc = wait_loaded(iso, sock);
+    if (rc == SERVD_ETIMEDOUT || rc == SERVD_ECANCELED) {
+      kill(pid, SIGKILL);
+      char why[256];
+      reap(pid, 0, why, sizeof why);
+      if (rc == SERVD_ETIMEDOUT)
+        snprintf(err, cap,
+                 "the load timeout (%g s) passed and its process (pid %d) had not finished loading %g s later: "
+                 "the process is killed",
+                 iso->load_timeout_s, (int)pid, LOAD_KILL_MARGIN_MS / 1000.0);
+      else
+        snprintf(err, cap, "the model is unloading: its process (pid %d) is killed while loading", (int)pid);
+      close(sock);
+      return servd_fail(rc, "%s", err);
+    }
   }
   if (!rc) rc = iso_recv(sock, &f);
   if (rc) {
@@ -230,6 +274,8 @@ static void *monitor_main(void *arg) {
       } else if (rc) {
         iso->backoff_s = iso->backoff_s * 2 > BACKOFF_MAX_S ? BACKOFF_MAX_S : iso->backoff_s * 2;
         iso->restart_at_ns = now_ns() + (int64_t)(iso->backoff_s * 1e9);
+        snprintf(iso->down_why, sizeof iso->down_why, "its restart failed: %.340s", err);
+        iso->restarts++;
         fprintf(stderr, "servd: model '%s': restart failed: %s; next try in %.1f s\n", iso->name, err, iso->backoff_s);
         continue;
       } else {
@@ -321,6 +367,7 @@ int servd_isolated_start(const servd_model_options *o, const char *name, servd_i
   iso->max_batch_size = o->max_batch_size;
   iso->max_batch_delay_ms = o->max_batch_delay_ms;
   iso->max_queue = o->max_queue;
+  iso->load_timeout_s = o->load_timeout_s > 0 ? o->load_timeout_s : 0;
   iso->sock = -1;
   pthread_mutex_init(&iso->mu, NULL);
   pthread_mutex_init(&iso->send_mu, NULL);
@@ -392,6 +439,21 @@ int servd_isolated_restarts(const servd_isolated *iso) {
   int n = m->restarts;
   pthread_mutex_unlock(&m->mu);
   return n;
+}
+
+bool servd_isolated_down(const servd_isolated *iso, char *why, size_t cap) {
+  servd_isolated *m = (servd_isolated *)iso;
+  pthread_mutex_lock(&m->mu);
+  bool down = !m->up && !m->stopping && m->first_done && m->first_rc == 0;
+  if (down && why && cap) {
+    int64_t left_ms = (m->restart_at_ns - now_ns()) / 1000000;
+    if (left_ms > 0)
+      snprintf(why, cap, "%s; restart %d in %.1f s", m->down_why, m->restarts, (double)left_ms / 1000.0);
+    else
+      snprintf(why, cap, "%s; restart %d is loading", m->down_why, m->restarts);
+  }
+  pthread_mutex_unlock(&m->mu);
+  return down;
 }
 
 int servd_isolated_predict(servd_isolated *iso, const servd_named_tensor *inputs, int n_inputs,

@@ -10,12 +10,15 @@
  * When the child dies (EOF on the socket; waitpid says why) the calls in flight fail with
  * SERVD_EMODEL naming the signal or exit status, the model is not ready, calls meanwhile get
  * SERVD_ECANCELED (503), and the monitor starts a new child after a backoff (0.1 s doubling to
- * 30 s; back to 0.1 s once a child has served for 60 s). Design and costs: docs/operations.md.
+ * 30 s; back to 0.1 s once a child has served for 60 s). The child's load is bounded by the load
+ * timeout as an in-process load is; a child that has not answered 5 s after it is killed.
+ * Design and costs: docs/operations.md.
  */
 #ifndef SERVD_ENGINE_ISOLATED_H
 #define SERVD_ENGINE_ISOLATED_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "engine/engine.h"
 
@@ -34,8 +37,12 @@ int servd_isolated_predict(servd_isolated *iso, const servd_named_tensor *inputs
                            servd_model_error *err);
 /* The child is up and serving. */
 bool servd_isolated_ready(const servd_isolated *iso);
-/* Children started after the first (restarts). */
+/* Children started after the first (restarts, failed ones included). */
 int servd_isolated_restarts(const servd_isolated *iso);
+/* The child died and servd is restarting it (backoff, or the new child loading); not while stopping.
+ * why (may be NULL): the cause and the restart's progress, e.g. "the model's process (pid 812) was
+ * killed by signal 11 (SIGSEGV); restart 3 in 0.4 s". */
+bool servd_isolated_down(const servd_isolated *iso, char *why, size_t cap);
 
 /* The child's main: `servd isolated-worker FD` (argv[0] "isolated-worker"). Returns the exit status. */
 int servd_isolated_worker_main(int argc, char **argv);

@@ -133,6 +133,10 @@ int servd_isolated_worker_main(int argc, char **argv) {
   mo.max_batch_delay_ms = jint(o, "max_batch_delay_ms", 0);
   mo.max_queue = jint(o, "max_queue", mo.max_queue);
   mo.extra_sys_path = json_string_value(json_object_get(o, "extra_sys_path"));
+  /* servd's --load-timeout: the import here is bounded as an in-process load is (servd kills this
+   * process if no answer comes a few seconds after it). */
+  json_t *lt = json_object_get(o, "load_timeout");
+  if (json_is_number(lt)) mo.load_timeout_s = json_number_value(lt);
   mo.isolation = SERVD_ISOLATION_NONE; /* this process is the isolation */
   servd_model *m = NULL;
   int rc = path ? servd_threadpool_init(jint(o, "threads", 0)) : servd_fail(SERVD_EINVAL, "no package path");
