@@ -34,3 +34,7 @@ fi
 # The official KServe/Triton gRPC client and grpc's health-checking stubs (tests of the gRPC listener).
 "$venv/bin/python" -c "import tritonclient.grpc, grpc_health.v1" 2>/dev/null ||
   "$venv/bin/pip" install --quiet "tritonclient[grpc]" "grpcio-health-checking"
+
+# Python packages servd's interpreters use at run time (llguidance: structured outputs), pinned,
+# into the directory a build tree's servd puts on sys.path (build/python-deps).
+"$here/scripts/install-python-deps.sh" "$here/build/python-deps"
