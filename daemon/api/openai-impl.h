@@ -18,6 +18,9 @@ typedef struct oai {
   json_t *messages;    /* chat / tokenize: the messages (own reference) */
   servd_gen_params gp;
   int logprobs;        /* -1: none; else top count */
+  servd_guide_kind guide_kind; /* constrained decoding: the request's constraint (arena spec) */
+  const char *guide_spec, *guide_param;
+  char *guide;         /* its grammar from the model (malloc'd); gp.guide points here */
   char *detok_text;    /* detokenize result (malloc'd) */
   gen *gens;
   int n_gens, n_submitted, n_done;

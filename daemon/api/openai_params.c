@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/openai_guided.h"
 #include "api/params_check.h"
 #include "http/buf.h"
 
@@ -217,12 +218,8 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
   if (!unsupported(v, body, "tools", "tool calling is not supported") ||
       !unsupported(v, body, "logit_bias", "logit bias is not supported"))
     return false;
-  json_t *rf = api_check_field(body, "response_format");
-  if (rf) {
-    json_t *t = json_object_get(rf, "type");
-    if (!json_is_object(rf) || !json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
-      return api_check_fail(v, "response_format", "only {\"type\": \"text\"} is supported for 'response_format'");
-  }
+  if (!oai_parse_guided(v, body, o) || !oai_refuse_unimplemented(v, body)) return false;
+  if (chat && !api_check_bool(v, body, "add_generation_prompt", &o->add_generation_prompt)) return false;
   json_t *user = api_check_field(body, "user");
   if (user && !json_is_string(user)) return api_check_fail(v, "user", "'user' must be a string");
   if ((long long)o->n * o->n_prompts > 256)

@@ -63,6 +63,10 @@ typedef struct oai_params {
   json_t *messages;    /* chat / tokenize: normalized {role, content[, name]} (own reference) */
   servd_gen_params gp; /* stop strings and stop ids in the arena */
   int logprobs;        /* -1: none; else top count */
+  /* Constrained decoding: response_format json_object/json_schema, or vLLM's guided_* fields. */
+  servd_guide_kind guide_kind;  /* SERVD_GUIDE_NONE: unconstrained */
+  const char *guide_spec;       /* arena: schema (JSON text), regex, choices (JSON list) or grammar */
+  const char *guide_param;      /* the field it came from (static string), for errors */
 } oai_params;
 
 /* Validates body (any JSON value; 'model' is not looked at) for mode. Returns 0 with *out filled
