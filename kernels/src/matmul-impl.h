@@ -50,6 +50,9 @@ typedef struct servd__q8k {
   int16_t *bsums;
   int64_t nb;  /* super-blocks per row */
   int64_t ldq; /* bytes between rows of qs */
+  /* Set for the AVX-512 q4_k/q5_k kernel: each super-block's 32-value runs are stored in the
+   * order 0,2,1,3,4,6,5,7 (the order of a 64-byte load's low then high nibbles); bsums stay natural. */
+  bool perm;
 } servd__q8k;
 
 static inline bool servd__is_kquant(servd_dtype t) { return t == SERVD_Q4_K || t == SERVD_Q5_K || t == SERVD_Q6_K; }
@@ -90,5 +93,6 @@ void servd__split_even_odd_avx512(const char *x, int64_t ldx, int64_t m, int64_t
 void servd__mm_quant_avx2(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_kquant_avx2(const servd__mm *p, int64_t j0, int64_t j1); /* matmul_k_avx2.c */
+void servd__mm_kquant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1); /* matmul_k_avx512vnni.c */
 
 #endif

@@ -189,9 +189,11 @@ static int prepare(servd__mm *p, servd__mm_fn *fn) {
     p->xk.qs = (int8_t *)buf;
     p->xk.d = (float *)(buf + qbytes);
     p->xk.bsums = (int16_t *)(buf + qbytes + dbytes);
+    const bool vnni = servd__cpu_has_vnni();
+    p->xk.perm = vnni && p->wt != SERVD_Q6_K;
     quant_task qt = {.p = p};
     servd_parallel_for(p->m, (1 << 16) / p->k + 1, run_quant, &qt);
-    *fn = isa >= SERVD_ISA_AVX2 ? servd__mm_kquant_avx2 : servd__mm_kquant_scalar;
+    *fn = vnni ? servd__mm_kquant_avx512vnni : isa >= SERVD_ISA_AVX2 ? servd__mm_kquant_avx2 : servd__mm_kquant_scalar;
   } else if (servd_dtype_is_quantized(p->wt)) {
     const bool vnni = servd__cpu_has_vnni();
     p->xq.nb = p->k / SERVD_QK;

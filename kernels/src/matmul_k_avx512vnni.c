@@ -1,0 +1,194 @@
+/* AVX-512 VNNI matmul kernel for k-quant weights (q4_k q5_k q6_k) against q8_K activations.
+ *
+ * Per weight super-block (256 values) the quanta are unpacked into four zmm of unsigned bytes, each
+ * covering two 32-value sub-blocks (one per 256-bit half), and the sub-block scales into four zmm of
+ * i16 (vpermw from one vector). Per x row a step of 64 values is then two instructions: maddubs
+ * (u8 x s8 pairs -> i16, at most 2*63*127: no saturation) and vpdpwssd, which multiplies the pair
+ * sums by their sub-block scale and accumulates in i32 (at most 8 * 2*16002*128 per block: fits).
+ * The offsets (q4_k/q5_k: -dmin*m[j]; q6_k: -32*d*sc[g]) multiply the 16-value sums of x (bsums).
+ *
+ * x layout: q6_k's 64-value steps are natural runs of x. A q4_k/q5_k zmm of 64 packed bytes holds
+ * sub-blocks (0,2) in its low nibbles and (1,3) in its high ones, so for those dtypes the quantizer
+ * stores x's 32-value runs in the order 0,2,1,3,4,6,5,7 (servd__q8k.perm) and every load is whole.
+ *
+ * Amortization: the decoded weights and scales of a super-block stay in registers while up to RQ
+ * x rows pass over them (batched decode, prefill); weights never reach memory as floats.
+ */
+#include <immintrin.h>
+
+#include "matmul-impl.h"
+
+#define RQ 4
+
+static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+/* q4_k/q5_k 12-byte scales -> bytes 0..7: the eight 6-bit scales, 8..15: the eight mins (as
+ * servd_k4_scale_min), with two byte shuffles and masks instead of per-scale bit fiddling.
+ * Reads 16 bytes: the block's qs follow its scales. */
+static inline __m128i k4_scales_mins(const uint8_t *scales) {
+  const __m128i q = _mm_loadu_si128((const __m128i *)scales);
+  /* low parts: sc[0..3] = q[0..3]&63, sc[4..7] = q[8..11]&15, m[0..3] = q[4..7]&63, m[4..7] = q[8..11]>>4 */
+  const __m128i a = _mm_shuffle_epi8(q, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i lo = _mm_or_si128(
+      _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
+      _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+  /* top 2 bits of sc[4..7] from q[0..3] >> 6, of m[4..7] from q[4..7] >> 6 */
+  const __m128i b = _mm_shuffle_epi8(q, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(b, 2), _mm_set1_epi8(0x30)));
+}
+
+/* vpermw indices of the scale vectors (words of a 16-word vector of scales), built once:
+ * k4[s]: step s of q4_k/q5_k, words 0..15 take sub-block perm(2s), 16..31 perm(2s+1);
+ * k6[s]: step s of q6_k, word t takes group 4s + t/8; k4m: bsum group g takes min m[g/2] (word 8+g/2). */
+static uint16_t idx_k4[4][32], idx_k6[4][32], idx_k4m[32];
+
+__attribute__((constructor)) static void idx_init(void) {
+  static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (int s = 0; s < 4; s++)
+    for (int t = 0; t < 32; t++) {
+      idx_k4[s][t] = (uint16_t)order[2 * s + t / 16];
+      idx_k6[s][t] = (uint16_t)(4 * s + t / 8);
+    }
+  for (int g = 0; g < 32; g++) idx_k4m[g] = (uint16_t)(g < 16 ? 8 + g / 2 : 0);
+}
+
+static inline __m512i idx(const uint16_t *t) { return _mm512_loadu_si512(t); }
+
+static inline __attribute__((always_inline)) void krows(const servd__mm *p, const char *w, int64_t i0, float *res,
+                                                        const int R, const servd_dtype wt) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const servd__q8k *q = &p->xk;
+  const int64_t nb = q->nb;
+  const int8_t *xq[RQ];
+  __m512 acc[RQ];
+  __m256 accm[RQ];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    xq[r] = q->qs + (i0 + r) * q->ldq;
+    acc[r] = _mm512_setzero_ps();
+    accm[r] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; b++) {
+    __m512i wv[4], sv[4];
+    __m256i msv; /* i16 multipliers of the 16 bsums */
+    float dw, cw;
+    if (wt == SERVD_Q6_K) {
+      const servd_block_q6_k *blk = (const servd_block_q6_k *)w + b;
+      dw = f16(blk->d);
+      cw = -32.0f * dw;
+      msv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)blk->scales));
+      const __m512i sc16 = _mm512_castsi256_si512(msv);
+      /* step s covers values 64s..64s+63: 16-value groups 4s..4s+3, 8 words each */
+#pragma GCC unroll 4
+      for (int s = 0; s < 4; s++)
+        sv[s] = _mm512_permutexvar_epi16(idx(idx_k6[s]), sc16);
+      /* half h: ql[64h..] low nibbles are values 128h + 0..63, high nibbles 128h + 64..127; their
+       * top 2 bits are qh[32h + l] >> 2t for the 32-value run t: moved to bits 4..5 by 64-bit shifts
+       * (bits that cross bytes are masked off). */
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; h++) {
+        const __m512i l = _mm512_loadu_si512(blk->ql + 64 * h);
+        const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk->qh + 32 * h)));
+        const __m512i m30 = _mm512_set1_epi8(0x30);
+        const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi64(hb, _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2)), m30);
+        const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi64(hb, _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2)), m30);
+        /* (l & 0x0f) | h: ternary logic 0xEA = (a & b) | c */
+        wv[2 * h] = _mm512_ternarylogic_epi32(m4, l, h01, 0xEA);
+        wv[2 * h + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(l, 4), h23, 0xEA);
+      }
+    } else {
+      const uint16_t *dd;
+      const uint8_t *scales, *qs;
+      if (wt == SERVD_Q4_K) {
+        const servd_block_q4_k *blk = (const servd_block_q4_k *)w + b;
+        dd = &blk->d;
+        scales = blk->scales;
+        qs = blk->qs;
+      } else {
+        const servd_block_q5_k *blk = (const servd_block_q5_k *)w + b;
+        dd = &blk->d;
+        scales = blk->scales;
+        qs = blk->qs;
+      }
+      dw = f16(dd[0]);
+      cw = -f16(dd[1]);
+      const __m128i sm = k4_scales_mins(scales);
+      const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(sm)); /* words 0..7 sc, 8..15 m */
+      msv = _mm512_castsi512_si256(_mm512_permutexvar_epi16(idx(idx_k4m), sc16)); /* group g takes m[g / 2] */
+      /* step s = 2h + (high nibbles): sub-blocks (4h, 4h+2) low, (4h+1, 4h+3) high */
+#pragma GCC unroll 4
+      for (int s = 0; s < 4; s++) sv[s] = _mm512_permutexvar_epi16(idx(idx_k4[s]), sc16);
+      __m512i qh = _mm512_setzero_si512();
+      if (wt == SERVD_Q5_K)
+        qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((const servd_block_q5_k *)w + b)->qh));
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; h++) {
+        const __m512i l = _mm512_loadu_si512(qs + 64 * h);
+        if (wt == SERVD_Q4_K) {
+          wv[2 * h] = _mm512_and_si512(l, m4);
+          wv[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
+        } else {
+          /* bit 4 of sub-block j's values is bit j of qh[l]: the halves of step s need bits
+           * (4h, 4h+2) or (4h+1, 4h+3) moved to bit 4 (64-bit shifts; the rest masked off) */
+          const __m512i m10 = _mm512_set1_epi8(0x10);
+          __m512i hl, hh;
+          if (h == 0) {
+            hl = _mm512_sllv_epi64(qh, _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2));
+            hh = _mm512_sllv_epi64(qh, _mm512_setr_epi64(3, 3, 3, 3, 1, 1, 1, 1));
+          } else {
+            hl = _mm512_srlv_epi64(qh, _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2));
+            hh = _mm512_srlv_epi64(qh, _mm512_setr_epi64(1, 1, 1, 1, 3, 3, 3, 3));
+          }
+          wv[2 * h] = _mm512_ternarylogic_epi32(m4, l, _mm512_and_si512(hl, m10), 0xEA);
+          wv[2 * h + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(l, 4), _mm512_and_si512(hh, m10), 0xEA);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+      const int8_t *xb = xq[r] + b * SERVD_QK_K;
+      /* two chains of two: shorter latency when one row runs alone */
+      __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                       _mm512_maddubs_epi16(wv[0], _mm512_load_si512((const void *)xb)), sv[0]);
+      __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                       _mm512_maddubs_epi16(wv[2], _mm512_load_si512((const void *)(xb + 128))), sv[2]);
+      s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(wv[1], _mm512_load_si512((const void *)(xb + 64))), sv[1]);
+      s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(wv[3], _mm512_load_si512((const void *)(xb + 192))), sv[3]);
+      const int64_t rb = (i0 + r) * nb + b;
+      const float dx = q->d[rb];
+      const __m256i bs = _mm256_loadu_si256((const __m256i *)(q->bsums + rb * 16));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(dw * dx), acc[r]);
+      accm[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, msv)), _mm256_set1_ps(cw * dx), accm[r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++)
+    res[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], _mm512_castps256_ps512(accm[r])));
+}
+
+#define KROWS_FN(wt, name)                                                                                  \
+  static void name(const servd__mm *p, const char *w, int64_t i0, float *res, int R) {                     \
+    switch (R) {                                                                                            \
+    case 1: krows(p, w, i0, res, 1, wt); break;                                                             \
+    case 2: krows(p, w, i0, res, 2, wt); break;                                                             \
+    case 3: krows(p, w, i0, res, 3, wt); break;                                                             \
+    default: krows(p, w, i0, res, 4, wt); break;                                                            \
+    }                                                                                                       \
+  }
+KROWS_FN(SERVD_Q4_K, rows_q4_k)
+KROWS_FN(SERVD_Q5_K, rows_q5_k)
+KROWS_FN(SERVD_Q6_K, rows_q6_k)
+
+void servd__mm_kquant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
+  void (*fn)(const servd__mm *, const char *, int64_t, float *, int) =
+      p->wt == SERVD_Q4_K ? rows_q4_k : p->wt == SERVD_Q5_K ? rows_q5_k : rows_q6_k;
+  float res[RQ];
+  for (int64_t j = j0; j < j1; j++) {
+    const char *w = p->w + j * p->ldw;
+    for (int64_t i = 0; i < p->m; i += RQ) {
+      const int R = p->m - i < RQ ? (int)(p->m - i) : RQ;
+      fn(p, w, i, res, R);
+      for (int r = 0; r < R; r++) ((float *)(p->out + (i + r) * p->ldo))[j] = res[r];
+    }
+  }
+}
