@@ -1,0 +1,56 @@
+/* geglu: out = gelu_tanh(gate) * up, element-wise over rows (Gemma's MLP). The scalar kernel is the
+ * reference for the device one (kernels/cuda/geglu.cu); an MLP step spends far less here than in its
+ * three matmuls, so there is no SIMD version yet. */
+#include "ops-impl.h"
+
+#include <math.h>
+
+#include "servd/threadpool.h"
+
+int servd__check_geglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
+  char bo[96], bg[96], bu[96];
+  bool ok = out && gate && up && (out->dtype == SERVD_F32 || out->dtype == SERVD_BF16) && gate->dtype == out->dtype &&
+            up->dtype == out->dtype && out->ndim == gate->ndim && out->ndim == up->ndim;
+  for (int i = 0; ok && i < out->ndim; i++) ok = out->shape[i] == gate->shape[i] && out->shape[i] == up->shape[i];
+  if (!ok)
+    return servd_fail(SERVD_EINVAL, "geglu: expected out, gate, up of one shape and one dtype (f32, bf16 on a device); got "
+                      "out %s, gate %s, up %s", ops__desc(out, bo, sizeof bo), ops__desc(gate, bg, sizeof bg),
+                      ops__desc(up, bu, sizeof bu));
+  return 0;
+}
+
+/* The tanh form of transformers' gelu_pytorch_tanh, in f32 as torch computes it for f32 tensors. */
+static void geglu_row(float *out, const float *g, const float *u, int64_t n) {
+  const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+  for (int64_t i = 0; i < n; i++) {
+    float x = g[i];
+    out[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * u[i];
+  }
+}
+
+typedef struct geglu_job {
+  ops__rows o, g, u;
+} geglu_job;
+
+static void geglu_task(void *ctx, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  const geglu_job *j = ctx;
+  for (int64_t r = begin; r < end; r++)
+    geglu_row((float *)(j->o.data + r * j->o.stride), (const float *)(j->g.data + r * j->g.stride),
+              (const float *)(j->u.data + r * j->u.stride), j->o.cols);
+}
+
+int servd_geglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
+  char bo[96];
+  geglu_job j;
+  int rc = servd__check_geglu(out, gate, up);
+  if (rc) return rc;
+  if (out->dtype != SERVD_F32 || ops__as_rows(out, &j.o) || ops__as_rows(gate, &j.g) || ops__as_rows(up, &j.u))
+    return servd_fail(SERVD_EINVAL, "geglu: on the cpu out, gate, up must be f32 with contiguous rows; got out %s",
+                      ops__desc(out, bo, sizeof bo));
+  if (j.o.rows == 0 || j.o.cols == 0) return 0;
+  /* tanh costs ~20x an add: ~2k elements per task keeps decode rows on the caller thread */
+  int64_t grain = j.o.cols >= 2048 ? 1 : 2048 / j.o.cols;
+  servd_parallel_for(j.o.rows, grain, geglu_task, &j);
+  return 0;
+}
