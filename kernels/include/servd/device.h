@@ -1,5 +1,5 @@
 /* Device tensors and the ops of a Llama forward pass on them: the layer between servd_tensor and the
- * CUDA launchers of servd/cuda.h, used by the interpreters' `servd` module and by the engine.
+ * CUDA launchers of kernels/cuda (its private servd/cuda.h), used by the interpreters' `servd` module and by the engine.
  *
  * A device tensor is a servd_tensor with device >= 0 (test t->device: its storage is device memory
  * from a caching allocator, wrapped as SERVD_STORAGE_BORROWED since servd_storage_wrap makes no
