@@ -79,6 +79,7 @@ void servd__quantize_q8x_avx512(const char *x, int64_t ldx, int64_t m, int64_t k
 
 /* Quantizes m rows of x (k a multiple of 256) into q (matmul_k.c). */
 void servd__quantize_q8k(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8k *q);
+void servd__quantize_q8k_avx512(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8k *q); /* VNNI CPUs */
 
 /* Scalar reference kernels (matmul.c). */
 void servd__mm_float_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* f32 f16 bf16 */

@@ -169,7 +169,7 @@ static void run_quant(void *ctx, int64_t b, int64_t e, int thread) {
     k.qs += b * k.ldq;
     k.d += b * k.nb;
     k.bsums += b * k.nb * 16;
-    servd__quantize_q8k(p->x + b * p->ldx, p->ldx, e - b, p->k, &k);
+    (t->avx512 ? servd__quantize_q8k_avx512 : servd__quantize_q8k)(p->x + b * p->ldx, p->ldx, e - b, p->k, &k);
   } else if (t->avx512)
     servd__quantize_q8x_avx512(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
   else
@@ -191,7 +191,7 @@ static int prepare(servd__mm *p, servd__mm_fn *fn) {
     p->xk.bsums = (int16_t *)(buf + qbytes + dbytes);
     const bool vnni = servd__cpu_has_vnni();
     p->xk.perm = vnni && p->wt != SERVD_Q6_K;
-    quant_task qt = {.p = p};
+    quant_task qt = {.p = p, .avx512 = vnni}; /* its quantizer lives with the VNNI kernel */
     servd_parallel_for(p->m, (1 << 16) / p->k + 1, run_quant, &qt);
     *fn = vnni ? servd__mm_kquant_avx512vnni : isa >= SERVD_ISA_AVX2 ? servd__mm_kquant_avx2 : servd__mm_kquant_scalar;
   } else if (servd_dtype_is_quantized(p->wt)) {

@@ -15,6 +15,8 @@
  * x rows pass over them (batched decode, prefill); weights never reach memory as floats.
  */
 #include <immintrin.h>
+#include <math.h>
+#include <string.h>
 
 #include "matmul-impl.h"
 
@@ -164,6 +166,69 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++)
     res[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], _mm512_castps256_ps512(accm[r])));
+}
+
+/* q8_K activations with AVX-512: as servd__quantize_q8k value for value (roundf emulated as in
+ * servd__quantize_q8x_avx512), with the 16-value sums taken by vpsadbw on the stored bytes. */
+void servd__quantize_q8k_avx512(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8k *q) {
+  const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f);
+  /* vpmovqw order of the sums below (groups 0,4,1,5,2,6,3,7 then 8,12,...) back to natural */
+  static const uint16_t unmix[16] = {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15};
+  (void)k;
+  for (int64_t r = 0; r < m; r++) {
+    const float *xr = (const float *)(x + r * ldx);
+    int8_t *qs = q->qs + r * q->ldq;
+    for (int64_t b = 0; b < q->nb; b++, xr += SERVD_QK_K, qs += SERVD_QK_K) {
+      int16_t *bs = q->bsums + (r * q->nb + b) * 16;
+      __m512 am = _mm512_setzero_ps();
+      __mmask16 bad = 0;
+#pragma GCC unroll 16
+      for (int g = 0; g < 16; g++) {
+        const __m512 v = _mm512_loadu_ps(xr + 16 * g);
+        am = _mm512_max_ps(am, _mm512_andnot_ps(sign, v));
+        bad |= _mm512_fpclass_ps_mask(v, 0x99); /* NaN and both infinities */
+      }
+      if (bad) { /* as the scalar quantizer: the block's outputs become NaN */
+        memset(qs, 0, SERVD_QK_K);
+        memset(bs, 0, 16 * sizeof *bs);
+        q->d[r * q->nb + b] = NAN;
+        continue;
+      }
+      const float d = _mm512_reduce_max_ps(am) / 127.0f, id = d ? 1.0f / d : 0.0f;
+      const __m512 idv = _mm512_set1_ps(id);
+#pragma GCC unroll 16
+      for (int g = 0; g < 16; g++) {
+        const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(xr + 16 * g), idv), a = _mm512_andnot_ps(sign, s);
+        __m512 t = _mm512_roundscale_ps(_mm512_add_ps(a, half), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        t = _mm512_mask_sub_ps(t, _mm512_cmp_ps_mask(_mm512_sub_ps(t, a), half, _CMP_GT_OQ), t, _mm512_set1_ps(1.0f));
+        t = _mm512_or_ps(t, _mm512_and_ps(sign, s));
+        const int run = g / 2, to = q->perm ? (run & 4) | (run & 1) << 1 | (run >> 1 & 1) : run;
+        _mm_storeu_si128((__m128i *)(qs + 32 * to + 16 * (g & 1)), _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(t)));
+      }
+      /* Sums of 16: vpsadbw of q + 128 gives 8-byte sums + 1024; a run permutation keeps each
+       * 16-value group whole, so the sums are read from the natural group positions. */
+      __m512i sad[4];
+      const __m512i flip = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; c++) {
+        /* groups 4c..4c+3 = values 64c..64c+63 = runs 2c, 2c+1, wherever they are stored */
+        const int r0 = 2 * c, r1 = 2 * c + 1;
+        const int t0 = q->perm ? (r0 & 4) | (r0 & 1) << 1 | (r0 >> 1 & 1) : r0;
+        const int t1 = q->perm ? (r1 & 4) | (r1 & 1) << 1 | (r1 >> 1 & 1) : r1;
+        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(qs + 32 * t0))),
+                                             _mm256_loadu_si256((const __m256i *)(qs + 32 * t1)), 1);
+        sad[c] = _mm512_sad_epu8(_mm512_xor_si512(z, flip), _mm512_setzero_si512());
+      }
+      /* 128-bit lane i of A: groups (4*0 + i, 4*1 + i) as u64; of B: (8 + i, 12 + i) */
+      const __m512i A = _mm512_add_epi64(_mm512_unpacklo_epi64(sad[0], sad[1]), _mm512_unpackhi_epi64(sad[0], sad[1]));
+      const __m512i B = _mm512_add_epi64(_mm512_unpacklo_epi64(sad[2], sad[3]), _mm512_unpackhi_epi64(sad[2], sad[3]));
+      __m256i sums = _mm256_set_m128i(_mm512_cvtepi64_epi16(B), _mm512_cvtepi64_epi16(A));
+      sums = _mm256_sub_epi16(_mm256_permutexvar_epi16(_mm256_loadu_si256((const __m256i *)unmix), sums),
+                              _mm256_set1_epi16(2048));
+      _mm256_storeu_si256((__m256i *)bs, sums);
+      q->d[r * q->nb + b] = d;
+    }
+  }
 }
 
 #define KROWS_FN(wt, name)                                                                                  \
