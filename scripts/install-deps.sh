@@ -6,7 +6,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 
 pkgs=(
   build-essential cmake pkg-config git ca-certificates
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format
   libuv1-dev libjansson-dev libarchive-dev libpcre2-dev libcmocka-dev libssl-dev
   libhttp-parser-dev libopenblas-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler
   libpython3.11-dev python3 python3-jinja2 python3-numpy python3-venv python3-pip
