@@ -55,8 +55,8 @@ int prefix_cache_init(servd_prefix_cache *pc, servd_kv_cache *kv, bool enabled) 
   pc->lru_prev = malloc(n * sizeof *pc->lru_prev);
   pc->lru_next = malloc(n * sizeof *pc->lru_next);
   pc->in_lru = calloc(n, 1);
-  if (!pc->serial || !pc->parent_serial || !pc->hash || !pc->key || !pc->tokens || !pc->chain_next ||
-      !pc->bucket || !pc->lru_prev || !pc->lru_next || !pc->in_lru) {
+  if (!pc->serial || !pc->parent_serial || !pc->hash || !pc->key || !pc->tokens || !pc->chain_next || !pc->bucket ||
+      !pc->lru_prev || !pc->lru_next || !pc->in_lru) {
     prefix_cache_free(pc);
     return servd_fail(SERVD_ENOMEM, "prefix cache: bookkeeping of %d blocks of %d tokens", (int)n,
                       servd_kv_cache_block_size(kv));
@@ -83,8 +83,10 @@ void prefix_cache_free(servd_prefix_cache *pc) {
 static void lru_unlink(servd_prefix_cache *pc, int32_t b) {
   if (!pc->in_lru[b]) return;
   int32_t p = pc->lru_prev[b], n = pc->lru_next[b];
-  if (p >= 0) pc->lru_next[p] = n; else pc->lru_head = n;
-  if (n >= 0) pc->lru_prev[n] = p; else pc->lru_tail = p;
+  if (p >= 0) pc->lru_next[p] = n;
+  else pc->lru_head = n;
+  if (n >= 0) pc->lru_prev[n] = p;
+  else pc->lru_tail = p;
   pc->in_lru[b] = 0;
   pc->n_evictable--;
 }
@@ -92,7 +94,8 @@ static void lru_unlink(servd_prefix_cache *pc, int32_t b) {
 static void lru_push_tail(servd_prefix_cache *pc, int32_t b) {
   pc->lru_prev[b] = pc->lru_tail;
   pc->lru_next[b] = -1;
-  if (pc->lru_tail >= 0) pc->lru_next[pc->lru_tail] = b; else pc->lru_head = b;
+  if (pc->lru_tail >= 0) pc->lru_next[pc->lru_tail] = b;
+  else pc->lru_head = b;
   pc->lru_tail = b;
   pc->in_lru[b] = 1;
   pc->n_evictable++;
@@ -117,8 +120,8 @@ static void unregister(servd_prefix_cache *pc, int32_t b) {
   pc->n_cached--;
 }
 
-int prefix_cache_match(const servd_prefix_cache *pc, uint64_t key, const int32_t *tokens, int max_blocks,
-                       int32_t *ids, prefix_chain *chain, int *n_evictable) {
+int prefix_cache_match(const servd_prefix_cache *pc, uint64_t key, const int32_t *tokens, int max_blocks, int32_t *ids,
+                       prefix_chain *chain, int *n_evictable) {
   prefix_chain c = {0};
   int free_hits = 0;
   if (pc->enabled && pc->n_cached > 0) {

@@ -75,8 +75,8 @@ uint64_t prefix_cache_hash(uint64_t parent, const int32_t *tokens, int n, uint64
 /* Finds the longest run of cached full blocks that starts tokens[], at most max_blocks of them, for
  * key. Their ids go to ids[] and chain to where the run ends; no reference is taken. *n_evictable:
  * how many of them nobody holds now (taking them does not use up free memory). Returns the count. */
-int prefix_cache_match(const servd_prefix_cache *pc, uint64_t key, const int32_t *tokens, int max_blocks,
-                       int32_t *ids, prefix_chain *chain, int *n_evictable);
+int prefix_cache_match(const servd_prefix_cache *pc, uint64_t key, const int32_t *tokens, int max_blocks, int32_t *ids,
+                       prefix_chain *chain, int *n_evictable);
 /* Takes a reference on each of n blocks that prefix_cache_match found (they leave the LRU list). */
 int prefix_cache_acquire(servd_prefix_cache *pc, int n, const int32_t *ids);
 /* Blocks an allocation can get: free ones plus evictable cached ones. */

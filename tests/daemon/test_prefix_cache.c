@@ -147,7 +147,7 @@ static void test_orphaned_child(void **state) {
   int32_t a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, x[8] = {9, 9, 9, 9, 5, 6, 7, 8};
   int32_t ida[2], got[2], idx;
   computed(&f, 1, a, 2, ida);
-  prefix_cache_release(&f.pc, 1, ida);     /* the parent first in line */
+  prefix_cache_release(&f.pc, 1, ida); /* the parent first in line */
   prefix_cache_release(&f.pc, 1, ida + 1);
   assert_int_equal(prefix_cache_alloc(&f.pc, 1, &idx), 0);
   assert_int_equal(idx, ida[0]);
@@ -212,7 +212,10 @@ static fixture *setup_fx(int n_blocks, int budget) {
   fixture *f = calloc(1, sizeof *f);
   assert_non_null(f);
   assert_int_equal(servd_kv_cache_create_blocks_only(&f->kv, 1, 1, 4, BS, n_blocks), 0);
-  sched_config c = {.max_batch_tokens = budget, .max_seqs = 4, .max_seq_len = CTX, .prefix_cache = true,
+  sched_config c = {.max_batch_tokens = budget,
+                    .max_seqs = 4,
+                    .max_seq_len = CTX,
+                    .prefix_cache = true,
                     .cache_key = 5};
   assert_int_equal(sched_init(&f->s, &c, f->kv), 0);
   return f;
@@ -375,11 +378,16 @@ static void test_burst_computes_once(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_lookups),           cmocka_unit_test(test_forced_collisions),
-      cmocka_unit_test(test_lru_eviction),      cmocka_unit_test(test_orphaned_child),
-      cmocka_unit_test(test_duplicate_register), cmocka_unit_test(test_disabled),
-      cmocka_unit_test(test_sched_hits),        cmocka_unit_test(test_shared_block_outlives_owner),
-      cmocka_unit_test(test_preempt_shared),    cmocka_unit_test(test_burst_computes_once),
+      cmocka_unit_test(test_lookups),
+      cmocka_unit_test(test_forced_collisions),
+      cmocka_unit_test(test_lru_eviction),
+      cmocka_unit_test(test_orphaned_child),
+      cmocka_unit_test(test_duplicate_register),
+      cmocka_unit_test(test_disabled),
+      cmocka_unit_test(test_sched_hits),
+      cmocka_unit_test(test_shared_block_outlives_owner),
+      cmocka_unit_test(test_preempt_shared),
+      cmocka_unit_test(test_burst_computes_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
