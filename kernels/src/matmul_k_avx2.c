@@ -11,23 +11,11 @@
 #include <string.h>
 
 #include "matmul-impl.h"
+#include "matmul_k-impl.h"
 
 #define RQ 4
 
 static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
-
-/* Bytes 0..7: the eight 6-bit scales, 8..15: the eight mins of a q4_k/q5_k block (as
- * servd_k4_scale_min, four at a time). */
-static inline __m128i k4_scales_mins(const uint8_t *scales) {
-  uint32_t u[4];
-  memcpy(u, scales, 12);
-  u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-  const uint32_t a = u[1] & 0x3f3f3f3fu;
-  u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-  u[2] = a;
-  u[0] &= 0x3f3f3f3fu;
-  return _mm_loadu_si128((const __m128i *)u);
-}
 
 static inline __attribute__((always_inline)) void krows(const servd__mm *p, const char *w, int64_t i0, float *res,
                                                         const int R, const servd_dtype wt) {
@@ -67,7 +55,7 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
       }
       dw = f16(dd[0]);
       cw = -f16(dd[1]);
-      const __m128i sm = k4_scales_mins(scales);
+      const __m128i sm = servd__k4_scales_mins(scales);
       _mm_storeu_si128((__m128i *)sc, sm);
       const __m128i dup = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
       msv = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, dup)); /* group g takes m[g / 2] */

@@ -19,25 +19,11 @@
 #include <string.h>
 
 #include "matmul-impl.h"
+#include "matmul_k-impl.h"
 
-#define RQ 4
+#define RQ 8 /* rows per pass over a weight row: 8 accumulators + 8 decoded vectors fit in 32 zmm */
 
 static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
-
-/* q4_k/q5_k 12-byte scales -> bytes 0..7: the eight 6-bit scales, 8..15: the eight mins (as
- * servd_k4_scale_min), with two byte shuffles and masks instead of per-scale bit fiddling.
- * Reads 16 bytes: the block's qs follow its scales. */
-static inline __m128i k4_scales_mins(const uint8_t *scales) {
-  const __m128i q = _mm_loadu_si128((const __m128i *)scales);
-  /* low parts: sc[0..3] = q[0..3]&63, sc[4..7] = q[8..11]&15, m[0..3] = q[4..7]&63, m[4..7] = q[8..11]>>4 */
-  const __m128i a = _mm_shuffle_epi8(q, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-  const __m128i lo = _mm_or_si128(
-      _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
-      _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
-  /* top 2 bits of sc[4..7] from q[0..3] >> 6, of m[4..7] from q[4..7] >> 6 */
-  const __m128i b = _mm_shuffle_epi8(q, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
-  return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(b, 2), _mm_set1_epi8(0x30)));
-}
 
 /* vpermw indices of the scale vectors (words of a 16-word vector of scales), built once:
  * k4[s]: step s of q4_k/q5_k, words 0..15 take sub-block perm(2s), 16..31 perm(2s+1);
@@ -62,13 +48,12 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
   const servd__q8k *q = &p->xk;
   const int64_t nb = q->nb;
   const int8_t *xq[RQ];
+  /* per row: lanes 0..7 sum the scaled sub-block dots (times d), lanes 8..15 the offsets */
   __m512 acc[RQ];
-  __m256 accm[RQ];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; r++) {
     xq[r] = q->qs + (i0 + r) * q->ldq;
     acc[r] = _mm512_setzero_ps();
-    accm[r] = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < nb; b++) {
     __m512i wv[4], sv[4];
@@ -114,7 +99,7 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
       }
       dw = f16(dd[0]);
       cw = -f16(dd[1]);
-      const __m128i sm = k4_scales_mins(scales);
+      const __m128i sm = servd__k4_scales_mins(scales);
       const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(sm)); /* words 0..7 sc, 8..15 m */
       msv = _mm512_castsi512_si256(_mm512_permutexvar_epi16(idx(idx_k4m), sc16)); /* group g takes m[g / 2] */
       /* step s = 2h + (high nibbles): sub-blocks (4h, 4h+2) low, (4h+1, 4h+3) high */
@@ -146,7 +131,8 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
         }
       }
     }
-#pragma GCC unroll 4
+    const __m512 dwc = _mm512_insertf32x8(_mm512_set1_ps(dw), _mm256_set1_ps(cw), 1);
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
       const int8_t *xb = xq[r] + b * SERVD_QK_K;
       /* two chains of two: shorter latency when one row runs alone */
@@ -159,13 +145,14 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
       const int64_t rb = (i0 + r) * nb + b;
       const float dx = q->d[rb];
       const __m256i bs = _mm256_loadu_si256((const __m256i *)(q->bsums + rb * 16));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(dw * dx), acc[r]);
-      accm[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, msv)), _mm256_set1_ps(cw * dx), accm[r]);
+      const __m512i s = _mm512_add_epi32(s0, s1);
+      const __m256i dot = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(dot), _mm256_madd_epi16(bs, msv), 1);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(dwc, _mm512_set1_ps(dx)), acc[r]);
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; r++)
-    res[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], _mm512_castps256_ps512(accm[r])));
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) res[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
 /* q8_K activations with AVX-512: as servd__quantize_q8k value for value (roundf emulated as in
@@ -237,7 +224,11 @@ void servd__quantize_q8k_avx512(const char *x, int64_t ldx, int64_t m, int64_t k
     case 1: krows(p, w, i0, res, 1, wt); break;                                                             \
     case 2: krows(p, w, i0, res, 2, wt); break;                                                             \
     case 3: krows(p, w, i0, res, 3, wt); break;                                                             \
-    default: krows(p, w, i0, res, 4, wt); break;                                                            \
+    case 4: krows(p, w, i0, res, 4, wt); break;                                                             \
+    case 5: krows(p, w, i0, res, 5, wt); break;                                                             \
+    case 6: krows(p, w, i0, res, 6, wt); break;                                                             \
+    case 7: krows(p, w, i0, res, 7, wt); break;                                                             \
+    default: krows(p, w, i0, res, 8, wt); break;                                                            \
     }                                                                                                       \
   }
 KROWS_FN(SERVD_Q4_K, rows_q4_k)
