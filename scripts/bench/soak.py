@@ -14,7 +14,8 @@ Afterwards (idle) it reads /metrics and reports, in --out/soak.json and on stdou
   daemon crashes (must be 0: servd alive at the end and exit 0 at SIGTERM), leaked KV blocks (blocks
   in use once idle; must be 0), servd's RSS drift after the warm-up (%), and outcomes by kind (the
   expected ones: 4xx for bad requests, 500 ModelProcessDied and 503 for the crashing model; the
-  unexpected ones must be 0). Exit status 1 when a must-be-0 is not 0.
+  unexpected ones must be 0), and whether the crashing model serves again once left alone (45 s at
+  most). Exit status 1 when a must-be-0 is not 0 or the model did not come back.
 
 Usage: scripts/bench/soak.py [--duration S] [--concurrency N] [--model PKG] [--build DIR] [--out DIR]
   Full soak: nice -n 10 scripts/bench/soak.py --duration 1800
@@ -317,6 +318,16 @@ def main():
         running = (metric(text, "servd_requests_running", "lm") or 0) + (metric(text, "servd_requests_waiting", "lm") or 0)
         if leaked == 0 and running == 0 and metric(text, "servd_api_requests_in_flight") == 0:
             break
+    # The crashing model must come back once left alone (its backoff is 30 s at most).
+    recovered_s = None
+    t_rec = time.monotonic()
+    while alive and recovered_s is None and time.monotonic() - t_rec < 45:
+        try:
+            if s.infer("crashy", 1.0)[0] == 200:
+                recovered_s = round(time.monotonic() - t_rec, 1)
+        except OSError:
+            pass
+        time.sleep(0.5)
     idle_rss = None
     if alive:
         with open(f"/proc/{proc.pid}/status") as f:
@@ -373,6 +384,7 @@ def main():
         "rss_drift_after_warmup_less_kv_first_touch_pct": None if drift_ex is None else round(drift_ex, 2),
         "rss_series": s.rss,
         "isolated_restarts": metric(text, "servd_isolated_model_restarts_total", "crashy"),
+        "isolated_model_back_after_s": recovered_s,
         "quarantined_interpreters": metric(text, "servd_engine_quarantined_interpreters"),
         "bench": {"exit": bench_rc, "completed": bench_res.get("completed"), "failed": bench_res.get("failed"),
                   "errors": bench_res.get("errors"), "output_tokens_per_s": bench_res.get("output_tokens_per_s")},
@@ -383,7 +395,8 @@ def main():
     with open(os.path.join(out, "soak.json"), "w") as f:
         json.dump(report, f, indent=1)
     print(json.dumps(report, indent=1))
-    bad = crashes or crash_reports or leaked != 0 or running != 0 or s.tally.unexpected or bench_rc != 0
+    bad = (crashes or crash_reports or leaked != 0 or running != 0 or s.tally.unexpected or bench_rc != 0
+           or recovered_s is None)
     print(f"soak: {'FAILED' if bad else 'OK'} (report {out}/soak.json, log {out}/servd.log)")
     return 1 if bad else 0
 
