@@ -142,7 +142,8 @@ static PyObject *op_kv_write(PyObject *m, PyObject *const *args, Py_ssize_t n) {
 static PyObject *op_attention(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   (void)m;
   servd_tensor *t[2];
-  if (!targs(args, n, 7, 0, 2, "attention", t)) return NULL;
+  /* an 8th argument is the sliding window (0: none) */
+  if (!targs(args, n, n == 8 ? 8 : 7, 0, 2, "attention", t)) return NULL;
   KVCacheObject *kv = kvarg(args[2], "attention");
   if (!kv) return NULL;
   int layer = pm_as_int(args[3]);
@@ -160,7 +161,13 @@ static PyObject *op_attention(PyObject *m, PyObject *const *args, Py_ssize_t n) 
   if (heads == -1 && PyErr_Occurred()) return NULL;
   double scale = PyFloat_AsDouble(args[6]);
   if (scale == -1.0 && PyErr_Occurred()) return NULL;
+  int window = n == 8 ? pm_as_int(args[7]) : 0;
+  if (window == -1 && PyErr_Occurred()) return NULL;
   if (kv->dkv) {
+    if (window) {
+      PyErr_SetString(PyExc_ValueError, "servd.ops.attention: a sliding window is not implemented on a device yet");
+      return NULL;
+    }
     if (!b->dbatch) {
       PyErr_SetString(PyExc_ValueError, "servd.ops.attention: the cache is on a device but this servd.Batch has "
                                         "no device inputs");
@@ -169,6 +176,9 @@ static PyObject *op_attention(PyObject *m, PyObject *const *args, Py_ssize_t n) 
     PM_RUN("attention", device_attention,
            pm_host->device_attention(t[0], t[1], kv->dkv, layer, b->dbatch, heads, (float)scale));
   }
+  if (window)
+    PM_RUN("attention", attention_window,
+           pm_host->attention_window(t[0], t[1], kv->kv, layer, &b->attn, heads, (float)scale, window));
   PM_RUN("attention", attention, pm_host->attention(t[0], t[1], kv->kv, layer, &b->attn, heads, (float)scale));
 }
 
@@ -268,7 +278,7 @@ static PyMethodDef hand_methods[] = {
     FAST("rope", op_rope, "rope(x, positions, rope): in place"),
     KW("softmax", op_softmax, "softmax(x, scale=1.0): rows, in place"),
     FAST("kv_write", op_kv_write, "kv_write(kv, layer, k, v, slots)"),
-    FAST("attention", op_attention, "attention(out, q, kv, layer, batch, n_heads, scale)"),
+    FAST("attention", op_attention, "attention(out, q, kv, layer, batch, n_heads, scale, window=0)"),
     FAST("allreduce", op_allreduce_sum, "allreduce(x): sum over the tensor-parallel ranks, in place"),
     FAST("allgather_cols", op_allgather_cols, "allgather_cols(out, x)"),
     FAST("add_rmsnorm", op_add_rmsnorm, "add_rmsnorm(x, o, out, weight, eps): x += o; out = rmsnorm(x) * weight"),

@@ -120,6 +120,13 @@ int servd_op__attention(servd_tensor *out, const servd_tensor *q, const servd_kv
   return rc < 0 ? rc : servd_attention(out, q, c, layer, b, n_heads, scale);
 }
 
+int servd_op__attention_window(servd_tensor *out, const servd_tensor *q, const servd_kv_cache *c, int layer,
+                               const servd_attn_batch *b, int n_heads, float scale, int window) {
+  const arg a[] = {A(out), A(q)};
+  int rc = host_only("attention", a, N(a), "the KV cache is on the cpu");
+  return rc < 0 ? rc : servd_attention_window(out, q, c, layer, b, n_heads, scale, window);
+}
+
 int servd_op__allreduce_sum(servd_comm *c, int rank, servd_tensor *x) {
   const arg a[] = {A(x)};
   int rc = host_only("allreduce", a, N(a), "the communicator is for host tensors");

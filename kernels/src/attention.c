@@ -73,6 +73,7 @@ typedef struct attn_job {
   int heads_per_item, n_sub, rows_per_item;
   int pf_blocks; /* prefetch distance in blocks */
   float scale;
+  int window; /* 0: none */
 } attn_job;
 
 static int64_t seq_items(const attn_job *j, int s) {
@@ -91,26 +92,28 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
   float sc[ATTN_MAX_Q][ATTN_TILE] __attribute__((aligned(64)));
   float mx[ATTN_MAX_Q], sum[ATTN_MAX_Q];
   const float *qp[ATTN_MAX_Q];
-  int lim[ATTN_MAX_Q]; /* keys [0, lim) are visible to that query */
+  int lim[ATTN_MAX_Q], lo[ATTN_MAX_Q]; /* keys [lo, lim) are visible to that query */
   int nq = 0;
   for (int r = r0; r < r1; r++)
     for (int h = h0; h < h1; h++, nq++) {
       qp[nq] = (const float *)(j->q.data + (int64_t)(q_start + r) * j->q.stride) + (size_t)(g * j->rep + h) * hd;
       lim[nq] = kv_len - q_len + r + 1;
+      lo[nq] = j->window > 0 && lim[nq] > j->window ? lim[nq] - j->window : 0;
       mx[nq] = -INFINITY;
       sum[nq] = 0.0f;
       memset(acc[nq], 0, (size_t)hd * sizeof(float));
     }
   int end = kv_len - q_len + r1; /* the last row sees the most keys */
+  int begin = lo[0];              /* the first row the oldest (lo grows with the row) */
   /* the kernels prefetch pf_blocks ahead of what they read, so the first blocks are fetched here */
-  for (int t = 0; t < end && t < j->pf_blocks * bs; t += bs)
+  for (int t = begin - begin % bs; t < end && t < begin + j->pf_blocks * bs; t += bs)
     for (int kv = 0; kv < 2; kv++) {
       const char *r = ops__kv_run(c, j->layer, kv, table[t / bs], g);
       for (size_t o = 0; o < c->head_bytes; o += 64) __builtin_prefetch(r + o);
     }
   /* A tile is up to ATTN_TILE keys and may span blocks: scores and value sums run per block segment,
    * the softmax bookkeeping once per tile. */
-  for (int t0 = 0; t0 < end;) {
+  for (int t0 = begin; t0 < end;) {
     int n = end - t0 < ATTN_TILE ? end - t0 : ATTN_TILE;
     for (int t = t0; t < t0 + n;) {
       int off = t % bs, m = bs - off < t0 + n - t ? bs - off : t0 + n - t;
@@ -124,15 +127,17 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
      * over the tile serves every query of the item */
     for (int i = 0; i < nq; i++) {
       int ni = lim[i] - t0 < n ? lim[i] - t0 : n;
+      int a = lo[i] > t0 ? lo[i] - t0 : 0; /* keys before the window: weight 0 */
       float *si = sc[i];
-      if (ni <= 0) {
+      if (ni <= a) {
         memset(si, 0, (size_t)n * sizeof(float));
         continue;
       }
-      float m_new = kn->max(si, ni);
+      float m_new = kn->max(si + a, ni - a);
       if (m_new < mx[i]) m_new = mx[i];
       float corr = expf(mx[i] - m_new); /* 0 on the first tile: mx is -inf */
-      float ps = kn->exp_shift_sum(si, ni, 1.0f, m_new);
+      float ps = kn->exp_shift_sum(si + a, ni - a, 1.0f, m_new);
+      for (int jj = 0; jj < a; jj++) si[jj] = 0.0f;
       for (int jj = ni; jj < n; jj++) si[jj] = 0.0f;
       if (corr != 1.0f) kn->mul(acc[i], hd, corr);
       sum[i] = sum[i] * corr + ps;
@@ -208,9 +213,14 @@ static const char *check_seq(const servd_attn_batch *b, int s, int64_t t, const 
 
 int servd_attention(servd_tensor *out, const servd_tensor *q, const servd_kv_cache *c, int layer,
                     const servd_attn_batch *b, int n_heads, float scale) {
+  return servd_attention_window(out, q, c, layer, b, n_heads, scale, 0);
+}
+
+int servd_attention_window(servd_tensor *out, const servd_tensor *q, const servd_kv_cache *c, int layer,
+                           const servd_attn_batch *b, int n_heads, float scale, int window) {
   char bo[96], bq[96], msg[160];
   const char *why = NULL;
-  attn_job j = {.c = c, .layer = layer, .b = b, .n_heads = n_heads, .scale = scale};
+  attn_job j = {.c = c, .layer = layer, .b = b, .n_heads = n_heads, .scale = scale, .window = window};
   if (!c) {
     why = "cache is NULL";
   } else if (layer < 0 || layer >= c->n_layers) {
@@ -227,12 +237,14 @@ int servd_attention(servd_tensor *out, const servd_tensor *q, const servd_kv_cac
     why = "scale must be finite";
   } else if (!b || b->n_seqs < 0 || (b->n_seqs > 0 && (!b->q_start || !b->q_len || !b->kv_len || !b->block_tables))) {
     why = "batch must give q_start, q_len, kv_len and block_tables for n_seqs >= 0 sequences";
+  } else if (window < 0) {
+    why = "window must be >= 0 (0: none)";
   }
   for (int s = 0; !why && s < b->n_seqs; s++) why = check_seq(b, s, j.q.rows, c, msg, sizeof msg);
   if (why)
     return servd_fail(SERVD_EINVAL,
-                      "attention: %s; got out %s, q %s, layer %d, n_heads %d, cache %d layers x %d kv heads x %d dims %s",
-                      why, ops__desc(out, bo, sizeof bo), ops__desc(q, bq, sizeof bq), layer, n_heads,
+                      "attention: %s; got out %s, q %s, layer %d, n_heads %d, window %d, cache %d layers x %d kv heads x %d dims %s",
+                      why, ops__desc(out, bo, sizeof bo), ops__desc(q, bq, sizeof bq), layer, n_heads, window,
                       c ? c->n_layers : 0, c ? c->n_kv_heads : 0, c ? c->head_dim : 0,
                       c ? servd_dtype_name(c->dtype) : "-");
   j.kn = &kernels[ops__isa()];

@@ -1,4 +1,5 @@
-/* geglu: out = gelu_tanh(gate) * up, element-wise over rows (Gemma's MLP). The scalar kernel is the
+/* geglu: out = gelu_tanh(gate) * up, element-wise over rows (Gemma's MLP); f32, and bf16 rows as
+ * the device computes them. The scalar kernel is the
  * reference for the device one (kernels/cuda/geglu.cu); an MLP step spends far less here than in its
  * three matmuls, so there is no SIMD version yet. */
 #include "ops-impl.h"
@@ -20,23 +21,34 @@ int servd__check_geglu(servd_tensor *out, const servd_tensor *gate, const servd_
 }
 
 /* The tanh form of transformers' gelu_pytorch_tanh, in f32 as torch computes it for f32 tensors. */
-static void geglu_row(float *out, const float *g, const float *u, int64_t n) {
+static inline float geglu1(float x, float u) {
   const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-  for (int64_t i = 0; i < n; i++) {
-    float x = g[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * u[i];
-  }
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * u;
+}
+
+static void geglu_row(float *out, const float *g, const float *u, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = geglu1(g[i], u[i]);
+}
+
+/* bf16 rows (what the device kernel computes: f32 inside, rounded once), for the CUDA stand-in. */
+static void geglu_row_bf16(uint16_t *out, const uint16_t *g, const uint16_t *u, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = servd_f32_to_bf16(geglu1(servd_bf16_to_f32(g[i]), servd_bf16_to_f32(u[i])));
 }
 
 typedef struct geglu_job {
   ops__rows o, g, u;
+  bool bf16;
 } geglu_job;
 
 static void geglu_task(void *ctx, int64_t begin, int64_t end, int thread) {
   (void)thread;
   const geglu_job *j = ctx;
   for (int64_t r = begin; r < end; r++)
-    geglu_row((float *)(j->o.data + r * j->o.stride), (const float *)(j->g.data + r * j->g.stride),
+    if (j->bf16)
+      geglu_row_bf16((uint16_t *)(j->o.data + r * j->o.stride), (const uint16_t *)(j->g.data + r * j->g.stride),
+                     (const uint16_t *)(j->u.data + r * j->u.stride), j->o.cols);
+    else
+      geglu_row((float *)(j->o.data + r * j->o.stride), (const float *)(j->g.data + r * j->g.stride),
               (const float *)(j->u.data + r * j->u.stride), j->o.cols);
 }
 
@@ -45,9 +57,10 @@ int servd_geglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor 
   geglu_job j;
   int rc = servd__check_geglu(out, gate, up);
   if (rc) return rc;
-  if (out->dtype != SERVD_F32 || ops__as_rows(out, &j.o) || ops__as_rows(gate, &j.g) || ops__as_rows(up, &j.u))
-    return servd_fail(SERVD_EINVAL, "geglu: on the cpu out, gate, up must be f32 with contiguous rows; got out %s",
+  if (ops__as_rows(out, &j.o) || ops__as_rows(gate, &j.g) || ops__as_rows(up, &j.u))
+    return servd_fail(SERVD_EINVAL, "geglu: out, gate, up must have contiguous rows; got out %s",
                       ops__desc(out, bo, sizeof bo));
+  j.bf16 = out->dtype == SERVD_BF16;
   if (j.o.rows == 0 || j.o.cols == 0) return 0;
   /* tanh costs ~20x an add: ~2k elements per task keeps decode rows on the caller thread */
   int64_t grain = j.o.cols >= 2048 ? 1 : 2048 / j.o.cols;

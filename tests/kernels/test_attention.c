@@ -42,6 +42,7 @@ typedef struct problem {
   float *k[8], *v[8]; /* [kv_len][n_kv*hd], rounded as the cache stores them */
   servd_tensor *q, *out;
   int t;
+  int window; /* sliding window of the run (0: none) */
 } problem;
 
 static float stored(const problem *p, float x) {
@@ -129,6 +130,7 @@ static int run(problem *p, float scale) {
   for (int s = 0; s < p->n_seqs; s++) tables[s] = p->tables[s];
   servd_attn_batch b = {p->n_seqs, p->q_start, p->q_len, p->kv_len, tables};
   for (int64_t i = 0; i < (int64_t)p->t * p->n_heads * p->hd; i++) f(p->out)[i] = NAN;
+  if (p->window) return servd_attention_window(p->out, p->q, p->c, 1, &b, p->n_heads, scale, p->window);
   return servd_attention(p->out, p->q, p->c, 1, &b, p->n_heads, scale);
 }
 
@@ -145,16 +147,17 @@ static void check(const problem *p, float scale, const char *what) {
         int g = h / rep;
         double mx = -INFINITY, sum = 0;
         assert_true(pos + 1 <= 4096);
-        for (int j = 0; j <= pos; j++) {
+        int j0 = p->window && pos + 1 > p->window ? pos + 1 - p->window : 0; /* the window's oldest key */
+        for (int j = j0; j <= pos; j++) {
           double d = 0;
           for (int e = 0; e < hd; e++) d += (double)qrow[h * hd + e] * p->k[s][j * w + g * hd + e];
           sc[j] = d * scale;
           mx = fmax(mx, sc[j]);
         }
-        for (int j = 0; j <= pos; j++) sum += (sc[j] = exp(sc[j] - mx));
+        for (int j = j0; j <= pos; j++) sum += (sc[j] = exp(sc[j] - mx));
         for (int e = 0; e < hd; e++) {
           double ref = 0;
-          for (int j = 0; j <= pos; j++) ref += sc[j] * p->v[s][j * w + g * hd + e];
+          for (int j = j0; j <= pos; j++) ref += sc[j] * p->v[s][j * w + g * hd + e];
           ref /= sum;
           /* Scores are f32 dot products of <= 128 terms of |q| <= 2, |k| <= 1 (error <= ~1e-5 after
            * scaling); weights go through a ~2 ulp exp and f32 running sums; the output is a convex
@@ -211,6 +214,34 @@ static void test_shapes(void **state) {
     }
   }
   servd_cpu_force_isa(SERVD_ISA_COUNT);
+}
+
+/* Sliding windows (keys older than pos - window + 1 masked) over every shape: windows of one key,
+ * within a block, across tiles, and wider than every context (the same as none). */
+static void test_window(void **state) {
+  (void)state;
+  static const int windows[] = {1, 5, 17, 70, 5000};
+  for (int isa = 0; isa < SERVD_ISA_COUNT; isa++) {
+    if (servd_cpu_force_isa((servd_isa)isa) != 0) continue;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+      for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
+        const shape_case *sc = &cases[i];
+        problem p;
+        setup(&p, sc->n_kv, sc->hd, sc->n_heads, sc->bs, sc->dt, sc->n_seqs, sc->q_len, sc->kv_len, true);
+        p.window = windows[w];
+        float scale = 1.0f / sqrtf((float)sc->hd);
+        assert_int_equal(run(&p, scale), 0);
+        check(&p, scale, sc->what);
+        teardown_problem(&p);
+      }
+  }
+  servd_cpu_force_isa(SERVD_ISA_COUNT);
+  problem p;
+  const int ql[1] = {3}, kl[1] = {9};
+  setup(&p, 1, 16, 1, 4, SERVD_F32, 1, ql, kl, true);
+  p.window = -1;
+  assert_int_equal(run(&p, 0.25f), SERVD_EINVAL);
+  teardown_problem(&p);
 }
 
 /* A 50-token prompt in two chunks: the second chunk's queries attend to the first chunk's keys. */
@@ -298,7 +329,7 @@ static void test_bad_input(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shapes),
-      cmocka_unit_test(test_chunked_prefill),
+      cmocka_unit_test(test_window), cmocka_unit_test(test_chunked_prefill),
       cmocka_unit_test(test_large_scores),
       cmocka_unit_test(test_bad_input),
   };

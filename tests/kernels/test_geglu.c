@@ -74,9 +74,18 @@ static void test_refusals(void **state) {
   servd_tensor *h = servd_tensor_new(SERVD_BF16, 2, s);
   assert_int_equal(servd_geglu(a, a, b), SERVD_EINVAL); /* shapes differ */
   assert_int_equal(servd_geglu(a, h, a), SERVD_EINVAL); /* dtypes differ */
-  assert_int_equal(servd_geglu(h, h, h), SERVD_EINVAL); /* bf16 is for devices */
   assert_int_equal(servd_geglu(NULL, a, a), SERVD_EINVAL);
   assert_int_equal(servd_geglu(a, a, a), 0);
+  /* bf16 (the device's dtype): f32 inside, rounded once: gelu_tanh(1) * 2 = 1.68238... -> bf16 1.6796875 */
+  uint16_t *ph = servd_tensor_data(h);
+  for (int i = 0; i < 16; i++) ph[i] = servd_f32_to_bf16(i % 2 ? 2.0f : 1.0f);
+  servd_tensor *h2 = servd_tensor_new(SERVD_BF16, 2, s);
+  uint16_t *ph2 = servd_tensor_data(h2);
+  for (int i = 0; i < 16; i++) ph2[i] = servd_f32_to_bf16(2.0f);
+  assert_int_equal(servd_geglu(h2, h, h2), 0);
+  assert_true(servd_bf16_to_f32(ph2[0]) == servd_bf16_to_f32(servd_f32_to_bf16(1.68238398f)));
+  assert_true(fabsf(servd_bf16_to_f32(ph2[1]) - (float)ref(2.0, 2.0)) < 0.02f);
+  servd_tensor_release(h2);
   servd_tensor_release(a);
   servd_tensor_release(b);
   servd_tensor_release(h);

@@ -164,6 +164,10 @@ typedef struct servd_attn_batch {
  * (n_heads a multiple of the cache's n_kv_heads); q (t, n_heads*head_dim) f32. */
 SERVD_API int servd_attention(servd_tensor *out, const servd_tensor *q, const servd_kv_cache *c, int layer,
                               const servd_attn_batch *b, int n_heads, float scale);
+/* As servd_attention with a sliding window (Gemma 3's local layers): the query at position p sees
+ * keys p - window + 1 .. p only. window 0: none (servd_attention). */
+SERVD_API int servd_attention_window(servd_tensor *out, const servd_tensor *q, const servd_kv_cache *c, int layer,
+                                     const servd_attn_batch *b, int n_heads, float scale, int window);
 
 /* ---- Collectives between tensor-parallel ranks in one process ----------------------------------- */
 typedef struct servd_comm servd_comm;
