@@ -1,4 +1,5 @@
-"""Llama-style causal LM for servd: Llama 2, Llama 3/3.1, SmolLM2, Mistral, Qwen2/Qwen2.5, Qwen3.
+"""Llama-style causal LM for servd: Llama 2, Llama 3/3.1, SmolLM2, Mistral, Qwen2/Qwen2.5, Qwen3, and
+Gemma 3 text (Gemma3Model, at the end: the same weights and buffers, its own forward).
 
 The families share one decoder; what differs is data the package carries (docs/models.md): Q/K/V
 biases (Qwen2: present as tensors), an RMSNorm over each head of Q and K before RoPE (Qwen3: the
@@ -98,6 +99,8 @@ def _split(n, rank, world, what, align=1):
 
 
 class LlamaModel:
+    GEMMA = False  # Gemma3Model: the window and rope_scaling are its own
+
     def __init__(self):
         pkg = servd.package
         cfg = dict(pkg.config)
@@ -130,7 +133,7 @@ class LlamaModel:
             rkw = dict(factor=float(rs["factor"]), low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
                        high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
                        original_max_positions=int(rs.get("original_max_position_embeddings", 8192)))
-        elif rs:
+        elif rs and not self.GEMMA:
             raise ValueError(f"llama: unsupported rope_scaling {rs!r} (supported: llama3)")
         self.rope = servd.Rope(layout=layout, head_dim=self.head_dim,
                                theta=float(_cfg(cfg, "rope_theta", "rope_freq_base", default=10000.0)), **rkw)
@@ -195,7 +198,7 @@ class LlamaModel:
             self.extras.append((b, nrm))
         self._extra_views = {}
         self._zero_ids = None
-        window = _window(cfg)
+        window = 0 if self.GEMMA else _window(cfg)
         ctx = int(cfg.get("max_position_embeddings") or 2048)
         if window and window < ctx:
             raise ValueError(f"llama: sliding_window {window} < max_position_embeddings {ctx}: servd's attention has "
@@ -325,7 +328,7 @@ class LlamaModel:
             pass
 
         t = Timed()
-        for name in ("matmul", "rmsnorm", "add", "allreduce", "rope", "kv_write", "attention", "swiglu",
+        for name in ("matmul", "rmsnorm", "add", "allreduce", "rope", "kv_write", "attention", "swiglu", "geglu",
                      "embedding", "allgather_cols", "add_rmsnorm", "matmul_many"):
             if hasattr(ops, name):
                 setattr(t, name, timed(getattr(ops, name)))
@@ -348,3 +351,147 @@ class LlamaModel:
     def guide_step(self, rows, free_ids):
         from . import guided
         return guided.step(rows, free_ids)
+
+
+# ---- Gemma 3 -------------------------------------------------------------------------------------
+_GEMMA_HF = {"in": "model.layers.{}.input_layernorm.weight", "post_attn": "model.layers.{}.post_attention_layernorm.weight",
+             "pre_ff": "model.layers.{}.pre_feedforward_layernorm.weight",
+             "post_ff": "model.layers.{}.post_feedforward_layernorm.weight"}
+_GEMMA_GGUF = {"in": "blk.{}.attn_norm.weight", "post_attn": "blk.{}.post_attention_norm.weight",
+               "pre_ff": "blk.{}.ffn_norm.weight", "post_ff": "blk.{}.post_ffw_norm.weight"}
+
+
+def _round_to(x, dtype):
+    """x rounded to dtype's precision (transformers casts the embedding normalizer to the weights' dtype)."""
+    import struct
+    b = struct.unpack("<I", struct.pack("<f", x))[0]
+    if dtype == "bf16":
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        return struct.unpack("<f", struct.pack("<I", b))[0]
+    if dtype == "f16":
+        return struct.unpack("<e", struct.pack("<e", x))[0]
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+class Gemma3Model(LlamaModel):
+    """Gemma 3 text (transformers' modeling_gemma3): embeddings times sqrt(hidden), RMSNorm times
+    (1 + w), a norm before and after attention and the MLP, per-head Q/K norms, queries scaled by
+    query_pre_attn_scalar^-0.5, gelu_tanh(gate) * up, local layers (sliding window, RoPE base
+    rope_local_base_freq) and global ones (rope_theta, linear rope_scaling).
+
+    Norm weights: a package from Hugging Face holds w (the code adds 1), one from a GGUF 1 + w (llama.cpp's
+    converter adds it; the manifest's source.format says which). Both become f32 tensors made once at load. The embedding scale s costs no op: the
+    residual stream is kept in units of 1/s (x' = x / s). Every reader of x is an RMSNorm, exact on
+    x' with eps / s^2; every writer is a post-norm, whose weight is divided by s. So the hidden
+    states differ from transformers' by the factor s, the logits do not."""
+    GEMMA = True
+
+    def __init__(self):
+        super().__init__()
+        pkg = servd.package
+        cfg = dict(pkg.config)
+        if cfg.get("final_logit_softcapping") or cfg.get("attn_logit_softcapping"):
+            raise ValueError("gemma3: logit soft-capping is not supported (Gemma 3 has none)")
+        names = _GEMMA_GGUF if self._names is _GGUF else _GEMMA_HF
+        # modelpkg renames a GGUF's tensors to the canonical names; the source says what the norms hold
+        gguf = self._names is _GGUF or (pkg.manifest.get("source") or {}).get("format") == "gguf"
+        shift = 0.0 if gguf else 1.0
+        W = self._mem.weight
+        emb_dtype = pkg.tensor(self._names["embed"]).dtype
+        s = _round_to(math.sqrt(self.dim), emb_dtype if not gguf else "f32")  # llama.cpp: f32 sqrt
+        self.embed_scale = s
+
+        def vec(t, div=1.0):  # (shift + w) / div, f32, made once
+            return W(servd.tensor([(shift + float(x)) / div for x in t.tolist()], "f32"))
+        L = self.n_layers
+        self.g_in = [vec(pkg.tensor(names["in"].format(i))) for i in range(L)]
+        self.g_pre_ff = [vec(pkg.tensor(names["pre_ff"].format(i))) for i in range(L)]
+        self.g_post_attn = [vec(pkg.tensor(names["post_attn"].format(i)), s) for i in range(L)]
+        self.g_post_ff = [vec(pkg.tensor(names["post_ff"].format(i)), s) for i in range(L)]
+        self.g_qk = [(vec(pkg.tensor(self._names["qn"].format(i))), vec(pkg.tensor(self._names["kn"].format(i))))
+                     for i in range(L)]
+        self.norm = vec(pkg.tensor(self._names["norm"]))
+        self.eps_res = self.eps / (s * s)  # the norms that read the residual stream in units of 1/s
+
+        layout = pkg.manifest.get("rope_layout") or "half"
+        hd = self.head_dim
+        self.rope_local = servd.Rope(layout=layout, head_dim=hd, theta=float(cfg.get("rope_local_base_freq") or 1e4))
+        rs = cfg.get("rope_scaling") or {}
+        kind = rs.get("rope_type", rs.get("type"))
+        if rs and kind != "linear":
+            raise ValueError(f"gemma3: unsupported rope_scaling {rs!r} (supported: linear)")
+        factor = float(rs.get("factor", 1.0)) if rs else 1.0
+        # Linear scaling (every frequency / factor) is servd.Rope's llama3 scaling with every
+        # wavelength above low_freq_factor * original_max_positions = 1.
+        rkw = dict(factor=factor, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=1) \
+            if factor > 1.0 else {}
+        self.rope_global = servd.Rope(layout=layout, head_dim=hd, theta=float(cfg.get("rope_theta") or 1e6), **rkw)
+        lt = cfg.get("layer_types")
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        self.sliding = [lt[i] == "sliding_attention" if lt else (i + 1) % pattern != 0 for i in range(L)]
+        self.window = int(cfg.get("sliding_window") or 4096)
+        self.scale = float(cfg.get("query_pre_attn_scalar") or 256) ** -0.5
+
+    def forward(self, batch):
+        n = batch.n_tokens
+        x, h, o, q, k, v, a, g, u = self._step_views(n, batch)
+        _, _, qh, kh, _ = self._extras_for(n, q, k, g, batch)
+        tp = self.world > 1
+        eps, eps_res, scale, hl, win = self.eps, self.eps_res, self.scale, self.h_local, self.window
+        kv, pos, slots = batch.kv, batch.positions, batch.slots
+        P = self._ops
+        matmul, rmsnorm, add, allreduce = P.matmul, P.rmsnorm, P.add, P.allreduce
+        rope_op, kv_write, attention, geglu = P.rope, P.kv_write, P.attention, P.geglu
+        add_rmsnorm = getattr(P, "add_rmsnorm", _add_rmsnorm_parts)
+        matmul_many = getattr(P, "matmul_many", _matmul_many_parts)
+        t0 = self._clock() if self._prof else 0
+        P.embedding(x, self.embed, batch.tokens, self.v0)  # x' = embedding / s: no scaling needed
+        if tp:
+            allreduce(x)
+        rmsnorm(h, x, self.g_in[0], eps_res)
+        last = self.n_layers - 1
+        for li, (_, wq, wk, wv, wo, _, w1, w3, w2) in enumerate(self.layers):
+            matmul_many(h, q, wq, k, wk, v, wv)
+            qn, kn = self.g_qk[li]
+            rmsnorm(qh, qh, qn, eps)
+            rmsnorm(kh, kh, kn, eps)
+            local = self.sliding[li]
+            rope = self.rope_local if local else self.rope_global
+            rope_op(q, pos, rope)
+            rope_op(k, pos, rope)
+            kv_write(kv, li, k, v, slots)
+            if local:
+                attention(a, q, kv, li, batch, hl, scale, win)
+            else:
+                attention(a, q, kv, li, batch, hl, scale)
+            matmul(o, a, wo)
+            if tp:
+                allreduce(o)
+            rmsnorm(o, o, self.g_post_attn[li], eps)
+            add_rmsnorm(x, o, h, self.g_pre_ff[li], eps_res)
+            matmul_many(h, g, w1, u, w3)
+            geglu(g, g, u)
+            matmul(o, g, w2)
+            if tp:
+                allreduce(o)
+            rmsnorm(o, o, self.g_post_ff[li], eps)
+            if li < last:
+                add_rmsnorm(x, o, h, self.g_in[li + 1], eps_res)
+            else:
+                add(x, x, o)
+        rows = batch.logit_rows
+        if len(rows) == 0:
+            if self._prof:
+                self._prof["forward_ns"] += self._clock() - t0
+                self._prof["steps"] += 1
+            return None
+        sel, lg, full = self._logit_bufs(len(rows), batch)
+        P.embedding(sel, x, rows)
+        rmsnorm(sel, sel, self.norm, eps_res)
+        matmul(lg, sel, self.output)
+        if tp:
+            P.allgather_cols(full, lg)
+        if self._prof:
+            self._prof["forward_ns"] += self._clock() - t0
+            self._prof["steps"] += 1
+        return full

@@ -12,6 +12,13 @@ The families written the same way in transformers, with their differences (from 
     from max_window_layers on;
   - Qwen3ForCausalLM: q_norm/k_norm, RMSNorm over head_dim of each head after the projection and
     before RoPE; head_dim from the config; a window as Qwen2's.
+
+Gemma 3 (transformers' modeling_gemma3, Gemma3ForCausalLM) differs enough to have its own forward,
+forward_gemma3: embeddings times sqrt(hidden_size) (the normalizer in the weights' dtype, f32 here),
+RMSNorm times (1 + w), norms after attention and after the MLP as well as before each, q_norm/k_norm,
+scores times query_pre_attn_scalar^-0.5, gelu_pytorch_tanh(gate) * up, local layers (sliding window,
+RoPE base rope_local_base_freq) and global ones (rope_theta, linear rope_scaling), final logit
+soft-capping when configured.
 """
 import json
 import math
@@ -104,6 +111,8 @@ def window_of(cfg, layer):
 
 def forward(cfg, w, tokens):
     """Logits (T, vocab) float64 for one sequence of token ids, positions 0..T-1."""
+    if cfg.get("model_type") == "gemma3_text":
+        return forward_gemma3(cfg, w, tokens)
     d = cfg["hidden_size"]
     nh = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads", nh)
@@ -150,6 +159,70 @@ def forward(cfg, w, tokens):
     if head is None or cfg.get("tie_word_embeddings", False) and "lm_head.weight" not in w:
         head = w["model.embed_tokens.weight"]
     return x @ head.T
+
+
+def gemma3_is_sliding(cfg, layer):
+    """transformers' Gemma3TextConfig: layer_types, else every layer but each pattern-th is local."""
+    lt = cfg.get("layer_types")
+    if lt:
+        return lt[layer] == "sliding_attention"
+    return (layer + 1) % int(cfg.get("sliding_window_pattern", 6)) != 0
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def forward_gemma3(cfg, w, tokens):
+    d = cfg["hidden_size"]
+    nh = cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads", nh)
+    hd = cfg.get("head_dim") or 256
+    eps = float(cfg.get("rms_norm_eps", 1e-6))
+    T = len(tokens)
+    pos = np.arange(T, dtype=np.float64)
+
+    def norm(x, wt):  # Gemma3RMSNorm: (1 + w)
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (1.0 + wt)
+
+    def inv(theta, factor=1.0):
+        return 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)) / factor
+    rs = cfg.get("rope_scaling") or {}
+    factor = float(rs.get("factor", 1.0)) if rs.get("rope_type", rs.get("type")) == "linear" else 1.0
+    inv_global = inv(float(cfg.get("rope_theta", 1e6)), factor)
+    inv_local = inv(float(cfg.get("rope_local_base_freq", 1e4)))
+    scale = float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5
+    win = int(cfg.get("sliding_window") or 4096)
+    x = w["model.embed_tokens.weight"][np.asarray(tokens)] * float(np.float32(math.sqrt(d)))
+    causal = np.triu(np.full((T, T), -np.inf), 1)
+    age = np.arange(T)[:, None] - np.arange(T)[None, :]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        local = gemma3_is_sliding(cfg, i)
+        mask = np.where(age >= win, -np.inf, causal) if local else causal
+        iv = inv_local if local else inv_global
+        h = norm(x, w[p + "input_layernorm.weight"])
+
+        def proj(name, heads):
+            return (h @ w[p + f"self_attn.{name}_proj.weight"].T).reshape(T, heads, hd)
+        q = rope_half(norm(proj("q", nh), w[p + "self_attn.q_norm.weight"]), pos, iv)
+        k = rope_half(norm(proj("k", nkv), w[p + "self_attn.k_norm.weight"]), pos, iv)
+        v = proj("v", nkv)
+        k = np.repeat(k, nh // nkv, axis=1)
+        v = np.repeat(v, nh // nkv, axis=1)
+        s = np.einsum("thd,shd->hts", q, k) * scale + mask
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        a = np.einsum("hts,shd->thd", s, v).reshape(T, nh * hd)
+        x = x + norm(a @ w[p + "self_attn.o_proj.weight"].T, w[p + "post_attention_layernorm.weight"])
+        h = norm(x, w[p + "pre_feedforward_layernorm.weight"])
+        m = gelu_tanh(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
+        x = x + norm(m @ w[p + "mlp.down_proj.weight"].T, w[p + "post_feedforward_layernorm.weight"])
+    x = norm(x, w["model.norm.weight"])
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    logits = x @ head.T
+    cap = cfg.get("final_logit_softcapping")
+    return np.tanh(logits / cap) * cap if cap else logits
 
 
 def greedy(cfg, w, prompt, n):

@@ -12,6 +12,12 @@ Families (as transformers' configs and llama.cpp's converter write them):
            rows NOT permuted (NEOX RoPE), biases as blk.N.attn_{q,k,v}.bias
   qwen3    q_norm/k_norm of head_dim 32 while hidden_size / heads is 16, rope_theta 1e6; GGUF "qwen3",
            not permuted, blk.N.attn_{q,k}_norm.weight
+  gemma3   model_type "gemma3_text": 6 layers, hidden 48 (sqrt not exact), head_dim 16 while hidden /
+           heads is 12, query_pre_attn_scalar 24, sliding_window 8, pattern 6 (layer 5 global) or
+           --layer-types, rope_theta 1e6 / rope_local_base_freq 1e4 (--linear-scaling: factor 8 on
+           global layers), norm weights w of (1 + w) near 0; GGUF "gemma3" as llama.cpp's converter
+           writes it: every *norm.weight + 1, not permuted, blk.N.post_attention_norm / ffn_norm
+           (pre-feedforward) / post_ffw_norm, gemma3.attention.sliding_window
 
 The tokenizer maps byte b to id b (no merges), so a prompt's ids are its UTF-8 bytes; ids 256.. are
 special tokens. Dimensions are chosen to split over 2 tensor-parallel ranks.
@@ -69,6 +75,15 @@ def config(args):
     elif fam == "qwen3":
         cfg.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", rope_theta=1000000.0, head_dim=32,
                    attention_bias=False, use_sliding_window=False, sliding_window=None, max_window_layers=2)
+    elif fam == "gemma3":
+        cfg.update(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=6,
+                   hidden_size=48, head_dim=16, query_pre_attn_scalar=24, sliding_window=8, sliding_window_pattern=6,
+                   rope_theta=1000000.0, rope_local_base_freq=10000.0, rms_norm_eps=1e-6, rope_scaling=None,
+                   hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None, attn_logit_softcapping=None)
+        if getattr(args, "layer_types", False):  # other than the pattern's: layers 1 and 3 global
+            cfg["layer_types"] = ["full_attention" if i in (1, 3) else "sliding_attention" for i in range(6)]
+        if getattr(args, "linear_scaling", False):
+            cfg["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}
     if args.llama3_scaling:
         cfg["rope_theta"] = 500000.0
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -90,6 +105,8 @@ def weights(cfg, rng):
 
     w = {"model.embed_tokens.weight": mat(V, d, 0.35),
          "model.norm.weight": (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)}
+    if fam == "gemma3_text":
+        return gemma3_weights(cfg, rng, mat, w)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
@@ -110,6 +127,90 @@ def weights(cfg, rng):
     if not cfg["tie_word_embeddings"]:
         w["lm_head.weight"] = mat(V, d, 0.5)
     return w
+
+
+def gemma3_weights(cfg, rng, mat, w):
+    """Gemma3RMSNorm weights are w of (1 + w): near 0 (as checkpoints hold them), 0.3 spread so that
+    a dropped or doubled 1 moves the logits by O(1)."""
+    d, f = cfg["hidden_size"], cfg["intermediate_size"]
+    hd, nh, nkv = head_dim(cfg), cfg["num_attention_heads"], cfg["num_key_value_heads"]
+
+    def nw(n):
+        return (0.3 * rng.standard_normal(n)).astype(np.float32)
+    w["model.embed_tokens.weight"] = mat(cfg["vocab_size"], d, 0.1)  # times sqrt(48) in the forward
+    w["model.norm.weight"] = nw(d)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            w[p + n + ".weight"] = nw(d)
+        w[p + "self_attn.q_proj.weight"] = mat(nh * hd, d)
+        w[p + "self_attn.k_proj.weight"] = mat(nkv * hd, d)
+        w[p + "self_attn.v_proj.weight"] = mat(nkv * hd, d)
+        w[p + "self_attn.o_proj.weight"] = mat(d, nh * hd)
+        w[p + "self_attn.q_norm.weight"] = nw(hd)
+        w[p + "self_attn.k_norm.weight"] = nw(hd)
+        w[p + "mlp.gate_proj.weight"] = mat(f, d)
+        w[p + "mlp.up_proj.weight"] = mat(f, d)
+        w[p + "mlp.down_proj.weight"] = mat(d, f)
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = mat(cfg["vocab_size"], d, 0.5)
+    return w
+
+
+def write_gguf_gemma3(path, cfg, w):
+    """As llama.cpp's convert_hf_to_gguf.py (Gemma3Model) writes a Gemma 3 text model."""
+    import gguf
+    g = gguf.GGUFWriter(path, "gemma3")
+    hd = head_dim(cfg)
+    g.add_name("tiny-gemma3")
+    g.add_context_length(cfg["max_position_embeddings"])
+    g.add_embedding_length(cfg["hidden_size"])
+    g.add_block_count(cfg["num_hidden_layers"])
+    g.add_feed_forward_length(cfg["intermediate_size"])
+    g.add_head_count(cfg["num_attention_heads"])
+    g.add_head_count_kv(cfg["num_key_value_heads"])
+    g.add_key_length(hd)
+    g.add_value_length(hd)
+    g.add_rope_freq_base(cfg["rope_theta"])
+    g.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    g.add_sliding_window(cfg["sliding_window"])
+    rs = cfg.get("rope_scaling")
+    if rs:
+        g.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        g.add_rope_scaling_factor(rs["factor"])
+    g.add_file_type(0)
+    toks = tokens(cfg)
+    g.add_tokenizer_model("gpt2")
+    g.add_tokenizer_pre("gpt-2")
+    g.add_token_list(toks)
+    g.add_token_types([1 if i < 256 else 3 for i in range(len(toks))])
+    g.add_token_merges([])
+    g.add_bos_token_id(cfg["bos_token_id"])
+    g.add_eos_token_id(cfg["eos_token_id"])
+    g.add_add_bos_token(False)
+    g.add_chat_template(CHAT_TEMPLATE)
+
+    def norm(a):  # the converter's norm_shift: GGUF norms hold 1 + w
+        return (a + 1).astype(np.float32)
+    g.add_tensor("token_embd.weight", w["model.embed_tokens.weight"])
+    names = [("attn_norm", "input_layernorm"), ("post_attention_norm", "post_attention_layernorm"),
+             ("ffn_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm"),
+             ("attn_q_norm", "self_attn.q_norm"), ("attn_k_norm", "self_attn.k_norm"),
+             ("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj"),
+             ("attn_output", "self_attn.o_proj"), ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"),
+             ("ffn_down", "mlp.down_proj")]
+    for i in range(cfg["num_hidden_layers"]):
+        for gn, hn in names:
+            a = w[f"model.layers.{i}.{hn}.weight"]
+            g.add_tensor(f"blk.{i}.{gn}.weight", norm(a) if gn.endswith("norm") else a)
+    g.add_tensor("output_norm.weight", norm(w["model.norm.weight"]))
+    if "lm_head.weight" in w:
+        g.add_tensor("output.weight", w["lm_head.weight"])
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
 
 
 def write_safetensors(path, tensors):
@@ -152,6 +253,8 @@ def tokenizer_json(cfg):
 
 
 def write_gguf(path, cfg, w, quant=None):
+    if cfg["model_type"] == "gemma3_text":
+        return write_gguf_gemma3(path, cfg, w)
     import gguf
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     fam = cfg["model_type"]
@@ -233,7 +336,9 @@ def main():
     ap.add_argument("--heads", type=int)
     ap.add_argument("--kv-heads", type=int)
     ap.add_argument("--head-dim", type=int)
-    ap.add_argument("--family", choices=["llama", "mistral", "qwen2", "qwen3"], default="llama")
+    ap.add_argument("--family", choices=["llama", "mistral", "qwen2", "qwen3", "gemma3"], default="llama")
+    ap.add_argument("--layer-types", action="store_true", help="gemma3: a layer_types list other than the pattern")
+    ap.add_argument("--linear-scaling", action="store_true", help="gemma3: rope_scaling linear 8 on global layers")
     ap.add_argument("--eos", help="comma-separated eos_token_id of generation_config.json (several: a list)")
     args = ap.parse_args()
     cfg = config(args)
