@@ -1,4 +1,4 @@
-"""The model families beyond Llama (Mistral, Qwen2, Qwen3) against the independent numpy reference.
+"""The model families beyond Llama (Mistral, Qwen2, Qwen3, Gemma 3) against the independent numpy reference.
 
 Each family is a tiny random-weight model written by make_tiny.py as a Hugging Face folder and as a
 GGUF file (the conventions of llama.cpp's converter for that family), packed with `modelpkg pack`,
@@ -7,6 +7,11 @@ prompt in chunks, greedy decoding, a second sequence one step behind in the same
 compared with llama_ref.py, written from the transformers modeling files. Tolerance as in
 test_llama.py: max |servd - ref| <= 2e-5 of the largest logit (f32 against float64); a dropped bias
 or per-head norm, or the wrong RoPE pairing, moves logits by O(1).
+
+Gemma 3: Hugging Face (tied, TP=2; an explicit layer_types with linear RoPE scaling; the "gemma3"
+config with text_config and language_model.* tensor names) and GGUF (norms stored as 1 + w, the query
+scale llama.cpp derives from head_dim, linear scaling from gemma3.rope.scaling.*): local layers use
+the attention window (8 tokens of a 37-token sequence), so a window dropped or misplaced fails.
 
 Also: the manifest's architecture and rope_layout per source; Mistral's context capped at its
 sliding window at pack time (with the line saying so); TP=2; `servd generate` stopping at the
@@ -77,6 +82,9 @@ def main():
         ("qwen3-gguf-untied", "qwen3", ["--untied"], True, False, "qwen3", "half"),
         ("mistral-hf-untied", "mistral", ["--untied"], False, True, "mistral", "half"),
         ("mistral-gguf", "mistral", [], True, False, "llama", "interleaved"),
+        ("gemma3-hf-tied", "gemma3", [], False, True, "gemma3", "half"),
+        ("gemma3-hf-types-linear", "gemma3", ["--layer-types", "--linear-scaling"], False, False, "gemma3", "half"),
+        ("gemma3-gguf-linear", "gemma3", ["--linear-scaling"], True, False, "gemma3", "half"),
     ]
     for name, fam, extra, use_gguf, tp2, want_arch, want_rope in variants:
         if use_gguf and not have_gguf:
@@ -99,6 +107,8 @@ def main():
             # where full causal attention is exactly the windowed one.
             check(m["config"]["max_position_embeddings"] == 64 and "capped at 64" in r.stderr,
                   f"{name}: context capped at the sliding window ({m['config']['max_position_embeddings']}; {r.stderr.strip()!r})")
+        if fam == "gemma3" and use_gguf:  # llama.cpp's query scale: head_dim^-0.5 (no query_pre_attn_scalar key)
+            cfg = dict(cfg, query_pre_attn_scalar=cfg["head_dim"])
         rows, gen, pair = T.servd_logits(args, out, os.path.join(args.work, name + ".bin"))
         T.compare(name, cfg, w, rows, gen, pair)
         if tp2:
@@ -114,6 +124,31 @@ def main():
     full = llama_ref.forward(dict(cfg, sliding_window=None), w, toks)
     check(np.abs(win[:64] - full[:64]).max() < 1e-12 and np.abs(win[64:] - full[64:]).max() > 1e-3,
           "reference: the window changes nothing within 64 tokens and something beyond")
+
+    # Gemma 3: the reference's window, (1 + w) norms and local/global RoPE each change the logits (so
+    # the comparisons above would catch servd dropping one).
+    cfg, w = llama_ref.load_folder(os.path.join(args.work, "gemma3-hf-tied"))
+    toks = T.PROMPT
+    base = llama_ref.forward(cfg, w, toks)
+    for what, c2 in (("no window", dict(cfg, sliding_window=10 ** 6)), ("all global", dict(cfg, sliding_window_pattern=1)),
+                     ("linear scaling", dict(cfg, rope_scaling={"rope_type": "linear", "factor": 8.0})),
+                     ("query scale", dict(cfg, query_pre_attn_scalar=16))):
+        check(np.abs(llama_ref.forward(c2, w, toks) - base).max() > 1e-3, f"gemma3 reference: {what} changes the logits")
+
+    # "gemma3" (Gemma3ForConditionalGeneration): the text model of text_config under language_model.*
+    folder = os.path.join(args.work, "gemma3-hf-tied")
+    mm = os.path.join(args.work, "gemma3-multimodal")
+    shutil.copytree(folder, mm)
+    json.dump({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": cfg,
+               "vision_config": {"model_type": "siglip_vision_model"}}, open(os.path.join(mm, "config.json"), "w"))
+    rewrite_weights(mm, lambda w: dict({"language_model." + k: v for k, v in w.items()},
+                                       **{"vision_tower.patch.weight": np.ones(4, np.float32)}))
+    out = os.path.join(args.work, "gemma3-multimodal.mpk")
+    r = T.run([args.modelpkg, "pack", mm, "-o", out])
+    check(manifest(out)["config"]["model_type"] == "gemma3_text" and "text_config" in r.stderr,
+          f"gemma3 with text_config: packed as gemma3_text ({r.stderr.strip()!r})")
+    rows, gen, pair = T.servd_logits(args, out, os.path.join(args.work, "gemma3-multimodal.bin"))
+    T.compare("gemma3-multimodal", cfg, w, rows, gen, pair)
 
     # Several end-of-sequence ids (Qwen2.5's generation_config has [<|im_end|>, <|endoftext|>]): the
     # engine stops at the second one. It is chosen as the reference's k-th greedy token.
@@ -153,6 +188,18 @@ def main():
     pack_fails(args, folder, bad, 'model_type "qwen9" is no known architecture; known architectures are: llama')
     json.dump(dict(c, use_sliding_window="yes"), open(os.path.join(folder, "config.json"), "w"))
     pack_fails(args, folder, bad, '"use_sliding_window": expected true or false')
+    folder = os.path.join(args.work, "gemma3-bad")
+    T.run([py, os.path.join(HERE, "make_tiny.py"), folder, "--family", "gemma3"])
+    c = json.load(open(os.path.join(folder, "config.json")))
+    for key, val, expect in (("final_logit_softcapping", 30.0, '"final_logit_softcapping": expected null'),
+                             ("rope_scaling", {"rope_type": "yarn", "factor": 8.0}, 'rope_scaling type "yarn"'),
+                             ("layer_types", ["full_attention"] * 5, '"layer_types": expected 6 of'),
+                             ("hidden_activation", "gelu", '"hidden_activation": expected "gelu_pytorch_tanh"')):
+        json.dump(dict(c, **{key: val}), open(os.path.join(folder, "config.json"), "w"))
+        pack_fails(args, folder, bad, expect)
+    json.dump(c, open(os.path.join(folder, "config.json"), "w"))
+    rewrite_weights(folder, lambda w: {k: v for k, v in w.items() if k != "model.layers.2.post_feedforward_layernorm.weight"})
+    pack_fails(args, folder, bad, 'tensor "model.layers.2.post_feedforward_layernorm.weight": missing, expected shape (48,)')
 
     if T.failures:
         print(f"{len(T.failures)} check(s) failed")
