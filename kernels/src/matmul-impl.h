@@ -50,10 +50,20 @@ typedef struct servd__q8k {
   int16_t *bsums;
   int64_t nb;  /* super-blocks per row */
   int64_t ldq; /* bytes between rows of qs */
-  /* Set for the AVX-512 q4_k/q5_k kernel: each super-block's 32-value runs are stored in the
-   * order 0,2,1,3,4,6,5,7 (the order of a 64-byte load's low then high nibbles); bsums stay natural. */
+  /* Set for the AVX-512 q4_k/q5_k kernel: each super-block's 16-value groups are stored in the
+   * order of servd__q8k_group_off (bsums stay natural). */
   bool perm;
 } servd__q8k;
+
+/* Byte offset in a q8k super-block of the 16-value group g (0..15). perm: the 64-byte step
+ * t = 2*(j%2) + g%2 of sub-block j = g/2 holds it in its 16-byte lane c = j/2: the values
+ * that a q4_k block's 16-byte runs qs[32c + 16P ..] give as low (even j = 2c) or high (odd j = 2c+1)
+ * nibbles, so each step's 4 lanes hold 4 sub-blocks of one parity, in the same lanes every time. */
+static inline int servd__q8k_group_off(const servd__q8k *q, int g) {
+  if (!q->perm) return 16 * g;
+  const int j = g / 2, t = 2 * (j % 2) + g % 2;
+  return 64 * t + 16 * (j / 2);
+}
 
 static inline bool servd__is_kquant(servd_dtype t) { return t == SERVD_Q4_K || t == SERVD_Q5_K || t == SERVD_Q6_K; }
 

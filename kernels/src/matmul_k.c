@@ -34,9 +34,7 @@ void servd__quantize_q8k(const char *x, int64_t ldx, int64_t m, int64_t k, const
       const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
       for (int g = 0; g < 16; g++) {
         int sum = 0;
-        /* perm: runs 1 and 2 (5 and 6) trade places: swap bits 0 and 1 of the run index */
-        const int run = g / 2, to = q->perm ? (run & 4) | (run & 1) << 1 | (run >> 1 & 1) : run;
-        int8_t *dst = qs + 32 * to + 16 * (g & 1);
+        int8_t *dst = qs + servd__q8k_group_off(q, g);
         for (int j = 16 * g; j < 16 * g + 16; j++) {
           const int v = servd__round(xr[j] * id);
           dst[j - 16 * g] = (int8_t)v;

@@ -29,16 +29,23 @@ static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
 /* vpermw indices of the scale vectors (words of a 16-word vector of scales), built once:
  * k4[s]: step s of q4_k/q5_k, words 0..15 take sub-block perm(2s), 16..31 perm(2s+1);
  * k6[s]: step s of q6_k, word t takes group 4s + t/8; k4m: bsum group g takes min m[g/2] (word 8+g/2). */
-static uint16_t idx_k4[4][32], idx_k6[4][32], idx_k4m[32];
+static uint16_t idx_k4[2][32], idx_k6[4][32], idx_k4m[32], unmix[2][16];
 
 __attribute__((constructor)) static void idx_init(void) {
-  static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
   for (int s = 0; s < 4; s++)
-    for (int t = 0; t < 32; t++) {
-      idx_k4[s][t] = (uint16_t)order[2 * s + t / 16];
-      idx_k6[s][t] = (uint16_t)(4 * s + t / 8);
-    }
+    for (int t = 0; t < 32; t++) idx_k6[s][t] = (uint16_t)(4 * s + t / 8);
+  for (int e = 0; e < 2; e++)
+    for (int t = 0; t < 32; t++) idx_k4[e][t] = (uint16_t)(t % 2 ? 16 : 2 * (t / 8) + e); /* word 16 is 0 */
   for (int g = 0; g < 32; g++) idx_k4m[g] = (uint16_t)(g < 16 ? 8 + g / 2 : 0);
+  /* the quantizer's sums come in slot order 0,4,1,5,2,6,3,7, 8,12,9,13,...; group g sits in slot
+   * servd__q8k_group_off / 16 */
+  for (int perm = 0; perm < 2; perm++) {
+    const servd__q8k q = {.perm = perm};
+    for (int g = 0; g < 16; g++) {
+      const int p = servd__q8k_group_off(&q, g) / 16, o = p & 7;
+      unmix[perm][g] = (uint16_t)((p & 8) + (o < 4 ? 2 * o : 2 * (o - 4) + 1));
+    }
+  }
 }
 
 static inline __m512i idx(const uint16_t *t) { return _mm512_loadu_si512(t); }
@@ -91,34 +98,33 @@ static inline __attribute__((always_inline)) void decode(const char *w, int64_t 
     dw = f16(dd[0]);
     cw = -f16(dd[1]);
     const __m128i sm = servd__k4_scales_mins(scales);
-    const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(sm)); /* words 0..7 sc, 8..15 m */
+    const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(sm)); /* words 0..7 sc, 8..15 m, then 0 */
     msv = _mm512_castsi512_si256(_mm512_permutexvar_epi16(idx(idx_k4m), sc16)); /* group g takes m[g / 2] */
-    /* step s = 2h + (high nibbles): sub-blocks (4h, 4h+2) low, (4h+1, 4h+3) high */
-#pragma GCC unroll 4
-    for (int s = 0; s < 4; s++) sv[s] = _mm512_permutexvar_epi16(idx(idx_k4[s]), sc16);
-    __m512i qh = _mm512_setzero_si512();
-    if (wt == SERVD_Q5_K)
-      qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((const servd_block_q5_k *)w + b)->qh));
+    /* dword lanes 4c..4c+3 of the even (odd) sums take sc[2c] (sc[2c+1]) in their low word, 0 */
+    sv[0] = _mm512_permutexvar_epi16(idx(idx_k4[0]), sc16);
+    sv[1] = _mm512_permutexvar_epi16(idx(idx_k4[1]), sc16);
+    /* run P of each 32-byte chunk c (qs[32c + 16P ..]) into 128-bit lane c: quadwords 4c+2P, +1 */
+    const __m512i a = _mm512_loadu_si512(qs), b2 = _mm512_loadu_si512(qs + 64);
+    const __m512i z0 = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), b2);
+    const __m512i z1 = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15), b2);
+    if (wt == SERVD_Q4_K) {
+      wv[0] = _mm512_and_si512(z0, m4);
+      wv[1] = _mm512_and_si512(z1, m4);
+      wv[2] = _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4);
+      wv[3] = _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4);
+    } else {
+      /* bit 4 of sub-block j's value l is bit j of qh[l]: lane c of an even (odd) step needs bit 2c
+       * (2c+1) of qh[16P + i] at bit 4: rotations of 64-bit lanes (62 = right by 2, ...), the
+       * bits that cross bytes masked off */
+      const __m512i m10 = _mm512_set1_epi8(0x10);
+      const uint8_t *qhp = ((const servd_block_q5_k *)w + b)->qh;
+      const __m512i ev = _mm512_setr_epi64(4, 4, 2, 2, 0, 0, 62, 62), od = _mm512_setr_epi64(3, 3, 1, 1, 63, 63, 61, 61);
 #pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-      const __m512i l = _mm512_loadu_si512(qs + 64 * h);
-      if (wt == SERVD_Q4_K) {
-        wv[2 * h] = _mm512_and_si512(l, m4);
-        wv[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
-      } else {
-        /* bit 4 of sub-block j's values is bit j of qh[l]: the halves of step s need bits
-         * (4h, 4h+2) or (4h+1, 4h+3) moved to bit 4 (64-bit shifts; the rest masked off) */
-        const __m512i m10 = _mm512_set1_epi8(0x10);
-        __m512i hl, hh;
-        if (h == 0) {
-          hl = _mm512_sllv_epi64(qh, _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2));
-          hh = _mm512_sllv_epi64(qh, _mm512_setr_epi64(3, 3, 3, 3, 1, 1, 1, 1));
-        } else {
-          hl = _mm512_srlv_epi64(qh, _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2));
-          hh = _mm512_srlv_epi64(qh, _mm512_setr_epi64(1, 1, 1, 1, 3, 3, 3, 3));
-        }
-        wv[2 * h] = _mm512_ternarylogic_epi32(m4, l, _mm512_and_si512(hl, m10), 0xEA);
-        wv[2 * h + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(l, 4), _mm512_and_si512(hh, m10), 0xEA);
+      for (int P = 0; P < 2; P++) {
+        const __m512i qh = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(qhp + 16 * P)));
+        const __m512i z = P ? z1 : z0;
+        wv[P] = _mm512_ternarylogic_epi32(m4, z, _mm512_and_si512(_mm512_rolv_epi64(qh, ev), m10), 0xEA);
+        wv[2 + P] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(z, 4), _mm512_and_si512(_mm512_rolv_epi64(qh, od), m10), 0xEA);
       }
     }
   }
@@ -153,14 +159,25 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++) {
         const int8_t *xb = xq[r] + b * SERVD_QK_K;
-        /* two chains of two (madd, then vpdpwssd): shorter latency when one row runs alone */
-        __m512i s0 = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[0], _mm512_load_si512((const void *)xb)), sv[0]);
-        __m512i s1 = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[2], _mm512_load_si512((const void *)(xb + 128))), sv[2]);
-        s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(wv[1], _mm512_load_si512((const void *)(xb + 64))), sv[1]);
-        s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(wv[3], _mm512_load_si512((const void *)(xb + 192))), sv[3]);
+        const __m512i x0 = _mm512_load_si512((const void *)xb), x1 = _mm512_load_si512((const void *)(xb + 64));
+        const __m512i x2 = _mm512_load_si512((const void *)(xb + 128)), x3 = _mm512_load_si512((const void *)(xb + 192));
+        __m512i s;
+        if (wt == SERVD_Q6_K) {
+          /* two chains of two (madd, then vpdpwssd): shorter latency when one row runs alone */
+          __m512i s0 = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[0], x0), sv[0]);
+          __m512i s1 = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[2], x2), sv[2]);
+          s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(wv[1], x1), sv[1]);
+          s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(wv[3], x3), sv[3]);
+          s = _mm512_add_epi32(s0, s1);
+        } else {
+          /* even and odd sub-blocks in fixed lanes: unscaled dots by vpdpbusd (|sum| <= 8*31*127,
+           * an i16), then one scale multiply each (madd / vpdpwssd on the low words) */
+          const __m512i ev = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], x0), wv[1], x1);
+          const __m512i od = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[2], x2), wv[3], x3);
+          s = _mm512_dpwssd_epi32(_mm512_madd_epi16(ev, sv[0]), od, sv[1]);
+        }
         const int64_t rb = (i0 + r) * nb + b;
         const __m256i bs = _mm256_loadu_si256((const __m256i *)(q->bsums + rb * 16));
-        const __m512i s = _mm512_add_epi32(s0, s1);
         const __m256i dot = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
         const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(dot), _mm256_madd_epi16(bs, msv), 1);
         acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(dwc, _mm512_set1_ps(q->d[rb])), acc[c][r]);
@@ -177,8 +194,6 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
  * servd__quantize_q8x_avx512), with the 16-value sums taken by vpsadbw on the stored bytes. */
 void servd__quantize_q8k_avx512(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8k *q) {
   const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f);
-  /* vpmovqw order of the sums below (groups 0,4,1,5,2,6,3,7 then 8,12,...) back to natural */
-  static const uint16_t unmix[16] = {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15};
   (void)k;
   for (int64_t r = 0; r < m; r++) {
     const float *xr = (const float *)(x + r * ldx);
@@ -207,28 +222,21 @@ void servd__quantize_q8k_avx512(const char *x, int64_t ldx, int64_t m, int64_t k
         __m512 t = _mm512_roundscale_ps(_mm512_add_ps(a, half), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
         t = _mm512_mask_sub_ps(t, _mm512_cmp_ps_mask(_mm512_sub_ps(t, a), half, _CMP_GT_OQ), t, _mm512_set1_ps(1.0f));
         t = _mm512_or_ps(t, _mm512_and_ps(sign, s));
-        const int run = g / 2, to = q->perm ? (run & 4) | (run & 1) << 1 | (run >> 1 & 1) : run;
-        _mm_storeu_si128((__m128i *)(qs + 32 * to + 16 * (g & 1)), _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(t)));
+        _mm_storeu_si128((__m128i *)(qs + servd__q8k_group_off(q, g)), _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(t)));
       }
-      /* Sums of 16: vpsadbw of q + 128 gives 8-byte sums + 1024; a run permutation keeps each
-       * 16-value group whole, so the sums are read from the natural group positions. */
+      /* Sums of 16: vpsadbw of q + 128 gives 8-byte sums + 1024, taken over the bytes as stored
+       * (16-byte slot p = 4t + lane of step t) and put back in group order by unmix. */
       __m512i sad[4];
       const __m512i flip = _mm512_set1_epi8((char)0x80);
 #pragma GCC unroll 4
-      for (int c = 0; c < 4; c++) {
-        /* groups 4c..4c+3 = values 64c..64c+63 = runs 2c, 2c+1, wherever they are stored */
-        const int r0 = 2 * c, r1 = 2 * c + 1;
-        const int t0 = q->perm ? (r0 & 4) | (r0 & 1) << 1 | (r0 >> 1 & 1) : r0;
-        const int t1 = q->perm ? (r1 & 4) | (r1 & 1) << 1 | (r1 >> 1 & 1) : r1;
-        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(qs + 32 * t0))),
-                                             _mm256_loadu_si256((const __m256i *)(qs + 32 * t1)), 1);
-        sad[c] = _mm512_sad_epu8(_mm512_xor_si512(z, flip), _mm512_setzero_si512());
-      }
-      /* 128-bit lane i of A: groups (4*0 + i, 4*1 + i) as u64; of B: (8 + i, 12 + i) */
+      for (int t = 0; t < 4; t++)
+        sad[t] = _mm512_sad_epu8(_mm512_xor_si512(_mm512_load_si512((const void *)(qs + 64 * t)), flip),
+                                 _mm512_setzero_si512());
+      /* 128-bit lane i of A: slots (i, 4 + i) as u64; of B: (8 + i, 12 + i) */
       const __m512i A = _mm512_add_epi64(_mm512_unpacklo_epi64(sad[0], sad[1]), _mm512_unpackhi_epi64(sad[0], sad[1]));
       const __m512i B = _mm512_add_epi64(_mm512_unpacklo_epi64(sad[2], sad[3]), _mm512_unpackhi_epi64(sad[2], sad[3]));
       __m256i sums = _mm256_set_m128i(_mm512_cvtepi64_epi16(B), _mm512_cvtepi64_epi16(A));
-      sums = _mm256_sub_epi16(_mm256_permutexvar_epi16(_mm256_loadu_si256((const __m256i *)unmix), sums),
+      sums = _mm256_sub_epi16(_mm256_permutexvar_epi16(_mm256_loadu_si256((const __m256i *)unmix[q->perm]), sums),
                               _mm256_set1_epi16(2048));
       _mm256_storeu_si256((__m256i *)bs, sums);
       q->d[r * q->nb + b] = d;
