@@ -1,18 +1,21 @@
 /* AVX-512 VNNI matmul kernel for k-quant weights (q4_k q5_k q6_k) against q8_K activations.
  *
- * Per weight super-block (256 values) the quanta are unpacked into four zmm of unsigned bytes, each
- * covering two 32-value sub-blocks (one per 256-bit half), and the sub-block scales into four zmm of
- * i16 (vpermw from one vector). Per x row a step of 64 values is then two instructions: maddubs
- * (u8 x s8 pairs -> i16, at most 2*63*127: no saturation) and vpdpwssd, which multiplies the pair
- * sums by their sub-block scale and accumulates in i32 (at most 8 * 2*16002*128 per block: fits).
- * The offsets (q4_k/q5_k: -dmin*m[j]; q6_k: -32*d*sc[g]) multiply the 16-value sums of x (bsums).
+ * out (m,n) = x (m,k) @ w (n,k)^T, w in 256-value super-blocks. Per super-block the weight quanta
+ * are unpacked into four zmm of unsigned bytes (64 values each) and the sub-block scales, unpacked
+ * by byte shuffles (servd__k4_scales_mins), into i16 vectors by vpermw. Then per x row:
+ * - q4_k/q5_k: a 16-byte run qs[32c + 16P ..] holds sub-block 2c in its low nibbles and 2c+1 in its
+ *   high ones, so two quadword permutes give zmm whose lane c always belongs to sub-block 2c (low
+ *   nibbles) or 2c+1 (high). x is stored to match (servd__q8k.perm, servd__q8k_group_off): four
+ *   vpdpbusd give the unscaled even and odd sub-block dots (|dot| <= 8*31*127 fits an i16), then one
+ *   madd and one vpdpwssd apply the eight scales: 6 multiplies per 256 values.
+ * - q6_k: 16-value sub-blocks and 6-bit quanta (dots would overflow i16): maddubs (u8 x s8 pairs,
+ *   at most 2*63*127) then vpdpwssd by the sub-block scale per 64 values: 8 multiplies.
+ * The offsets (q4_k/q5_k: -dmin*m[j]; q6_k: -32*d*sc[g]) multiply the 16-value sums of x (bsums);
+ * dots and offsets share one f32 accumulator per row (lanes 0..7 and 8..15).
  *
- * x layout: q6_k's 64-value steps are natural runs of x. A q4_k/q5_k zmm of 64 packed bytes holds
- * sub-blocks (0,2) in its low nibbles and (1,3) in its high ones, so for those dtypes the quantizer
- * stores x's 32-value runs in the order 0,2,1,3,4,6,5,7 (servd__q8k.perm) and every load is whole.
- *
- * Amortization: the decoded weights and scales of a super-block stay in registers while up to RQ
- * x rows pass over them (batched decode, prefill); weights never reach memory as floats.
+ * Amortization: a super-block is decoded once for up to RQ x rows (batched decode, prefill); at
+ * batch 1, four weight rows share the x loads and one scale unpack. Weights never reach memory as
+ * floats.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -27,7 +30,7 @@
 static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
 
 /* vpermw indices of the scale vectors (words of a 16-word vector of scales), built once:
- * k4[s]: step s of q4_k/q5_k, words 0..15 take sub-block perm(2s), 16..31 perm(2s+1);
+ * k4[e]: q4_k/q5_k parity e, dword lane 4c+i takes sc[2c + e] in its low word and 0 (word 16);
  * k6[s]: step s of q6_k, word t takes group 4s + t/8; k4m: bsum group g takes min m[g/2] (word 8+g/2). */
 static uint16_t idx_k4[2][32], idx_k6[4][32], idx_k4m[32], unmix[2][16];
 

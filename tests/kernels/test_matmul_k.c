@@ -234,6 +234,38 @@ static void test_matmul_many_kquant(void **state) {
   servd_tensor_release(x);
 }
 
+/* A NaN or inf in x makes its row's outputs NaN on every ISA (the q8_K quantizers mark the block),
+ * and leaves the other rows as the scalar reference computes them. */
+static void test_nonfinite_x(void **state) {
+  (void)state;
+  for (size_t t = 0; t < sizeof kdtypes / sizeof *kdtypes; t++) {
+    servd_tensor *x = tnew(SERVD_F32, 2, 3, 512), *w = rand_kw(kdtypes[t], 9, 512);
+    servd_tensor *ref = tnew(SERVD_F32, 2, 3, 9), *out = tnew(SERVD_F32, 2, 3, 9);
+    for (int i = 0; i < 3 * 512; i++) f(x)[i] = frand(-1.0f, 1.0f);
+    f(x)[300] = NAN;
+    f(x)[2 * 512 + 7] = INFINITY;
+    assert_int_equal(servd_cpu_force_isa(SERVD_ISA_SCALAR), 0);
+    assert_int_equal(servd_matmul(ref, x, w), 0);
+    for (int isa = SERVD_ISA_SCALAR; isa <= (int)servd_cpu_best_isa(); isa++) {
+      assert_int_equal(servd_cpu_force_isa((servd_isa)isa), 0);
+      assert_int_equal(servd_matmul(out, x, w), 0);
+      for (int j = 0; j < 9; j++) {
+        if (!isnan(f(out)[j]) || !isnan(f(out)[2 * 9 + j]))
+          fail_msg("%s %s: column %d not NaN", servd_dtype_name(kdtypes[t]), servd_isa_name((servd_isa)isa), j);
+        const float got = f(out)[9 + j], want = f(ref)[9 + j];
+        if (!(fabsf(got - want) <= 1e-4f * (1.0f + fabsf(want))))
+          fail_msg("%s %s: row 1 column %d: %g vs scalar %g", servd_dtype_name(kdtypes[t]),
+                   servd_isa_name((servd_isa)isa), j, got, want);
+      }
+    }
+    servd_cpu_force_isa(SERVD_ISA_COUNT);
+    servd_tensor_release(x);
+    servd_tensor_release(w);
+    servd_tensor_release(ref);
+    servd_tensor_release(out);
+  }
+}
+
 /* k not a whole number of super-blocks is refused. */
 static void test_refused(void **state) {
   (void)state;
@@ -252,7 +284,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decoder_vs_ggufpy), cmocka_unit_test(test_quantize_round_trip),
       cmocka_unit_test(test_matmul_kquant),     cmocka_unit_test(test_matmul_many_kquant),
-      cmocka_unit_test(test_refused),
+      cmocka_unit_test(test_nonfinite_x),       cmocka_unit_test(test_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
