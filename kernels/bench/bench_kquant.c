@@ -1,7 +1,8 @@
 /* bench_kquant: batch-1 and small-batch matmul of k-quant weights against q4_1 at the same shape,
  * timed in alternating rounds of the same run (medians), as GB/s of weight bytes. The last column
  * compares the fastest rounds (bytes per second, q4_k over q4_1): on a shared machine the best round
- * is the one least disturbed by other work.
+ * is the one least disturbed by other work. "q4_k avx2" is q4_k with the ISA forced to AVX2 for its
+ * calls (the kernel AVX-512 machines ran before the VNNI one), in the same rounds.
  *
  * Usage: bench_kquant [threads] [rounds]
  */
@@ -29,10 +30,12 @@ int main(int argc, char **argv) {
   servd_threadpool_init(threads);
   static const int shapes[][2] = {{576, 1536}, {4096, 4096}, {14336, 4096}};
   static const int ms[] = {1, 8};
-  static const servd_dtype dts[] = {SERVD_Q4_1, SERVD_Q4_K, SERVD_Q5_K, SERVD_Q6_K};
+  /* the last entry is q4_k again, timed with the ISA forced to AVX2 */
+  static const servd_dtype dts[] = {SERVD_Q4_1, SERVD_Q4_K, SERVD_Q5_K, SERVD_Q6_K, SERVD_Q4_K};
   enum { ND = sizeof dts / sizeof *dts };
-  printf("| n x k | m | %s GB/s | %s GB/s | %s GB/s | %s GB/s | q4_k / q4_1 time | q4_k / q4_1 GB/s, best rounds |\n"
-         "|---|---|---|---|---|---|---|---|\n",
+  const bool avx2 = servd_cpu_best_isa() > SERVD_ISA_AVX2;
+  printf("| n x k | m | %s GB/s | %s GB/s | %s GB/s | %s GB/s | q4_k avx2 GB/s | q4_k / q4_1 time | q4_k / q4_1 GB/s, best rounds |\n"
+         "|---|---|---|---|---|---|---|---|---|\n",
          servd_dtype_name(dts[0]), servd_dtype_name(dts[1]), servd_dtype_name(dts[2]), servd_dtype_name(dts[3]));
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
     const int n = shapes[s][0], k = shapes[s][1];
@@ -46,10 +49,18 @@ int main(int argc, char **argv) {
       const int calls = (int)(2e8 / ((double)n * k)) + 1;
       for (int r = 0; r < rounds && r < 64; r++) {
         for (int d = 0; d < ND; d++) {
+          if (d == ND - 1) {
+            if (!avx2) {
+              t[d][r] = 0;
+              continue;
+            }
+            servd_cpu_force_isa(SERVD_ISA_AVX2);
+          }
           servd_matmul(o, x, w[d]);
           const double t0 = bench_now_s();
           for (int c = 0; c < calls; c++) servd_matmul(o, x, w[d]);
           t[d][r] = (bench_now_s() - t0) / calls;
+          if (d == ND - 1) servd_cpu_force_isa(SERVD_ISA_COUNT); /* back to the best */
         }
         ratio[r] = t[1][r] / t[0][r];
       }
@@ -59,7 +70,13 @@ int main(int argc, char **argv) {
         for (int r = 1; r < rounds && r < 64; r++) best[d] = t[d][r] < best[d] ? t[d][r] : best[d];
       }
       printf("| %dx%d | %d |", n, k, m);
-      for (int d = 0; d < ND; d++) printf(" %.1f |", (double)servd_tensor_nbytes(w[d]) / bench_median(t[d], rounds) * 1e-9);
+      for (int d = 0; d < ND; d++) {
+        const double tm = bench_median(t[d], rounds);
+        if (tm > 0)
+          printf(" %.1f |", (double)servd_tensor_nbytes(w[d]) / tm * 1e-9);
+        else
+          printf(" - |");
+      }
       printf(" %.2f | %.2f |\n", bench_median(ratio, rounds),
              (double)servd_tensor_nbytes(w[1]) / best[1] / ((double)servd_tensor_nbytes(w[0]) / best[0]));
       servd_tensor_release(x);
