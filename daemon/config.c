@@ -15,9 +15,12 @@ void servd_config_init(servd_config *c) {
   memset(c, 0, sizeof(*c));
   c->host = strdup("127.0.0.1");
   c->port = 8000;
+  c->grpc_port = -1;
+  c->grpc_max_message_bytes = 64u << 20;
   c->tp = 0; /* resolved after parsing: 1, or the number of GPUs */
   c->gpu_memory_fraction = 0.90;
   c->cuda_graphs = true;
+  c->prefix_cache = true;
   c->cuda_graph_max_batch = 64;
   c->step_timeout_s = 120;
   c->load_timeout_s = 300;
@@ -38,6 +41,10 @@ void servd_config_free(servd_config *c) {
   free(c->host);
   free(c->api_key);
   free(c->trusted_keys);
+  free(c->tls_cert);
+  free(c->tls_key);
+  free(c->tls_ca);
+  free(c->package_cache);
   for (int i = 0; i < c->n_repository; i++) free(c->repository[i]);
   free(c->repository);
   for (int i = 0; i < c->n_models; i++) {
@@ -221,7 +228,7 @@ static int load_model_entry(jctx *x, servd_config *c, json_t *e, size_t i) {
   if (rc) return rc;
   json_t *p = json_object_get(e, "path");
   if (!json_is_string(p) || !json_string_length(p))
-    return servd_fail(SERVD_EINVAL, "config %s: %s.path must be a package file path", x->file, where);
+    return servd_fail(SERVD_EINVAL, "config %s: %s.path must be a package, GGUF file or Hugging Face folder path", x->file, where);
   servd_model_config *m = add_model(c);
   if (!m) return servd_fail(SERVD_ENOMEM, "config: out of memory");
   if ((rc = j_str(x, e, "path", &m->path)) || (rc = j_str(x, e, "name", &m->name)) ||
@@ -252,8 +259,9 @@ int servd_config_load_file(servd_config *c, const char *path) {
                                      "access_log", "drain_timeout", "request_timeout", "read_timeout",
                                      "idle_timeout", "max_body_bytes", "max_header_bytes", "max_connections", "max_n",
                                      "model_repository", "models", "gpu_memory_fraction", "cuda_graphs",
-                                     "cuda_graph_max_batch", "step_timeout", "metrics_public", "verify_weights", "trusted_keys",
-                                     "load_timeout", NULL};
+                                     "cuda_graph_max_batch", "step_timeout", "metrics_public", "verify_weights", "trusted_keys", "load_timeout",
+                                     "prefix_cache", "package_cache", "grpc_port", "grpc_max_message_bytes",
+                                     "tls_cert", "tls_key", "tls_ca", NULL};
   json_error_t err;
   json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
   if (!root)
@@ -261,6 +269,7 @@ int servd_config_load_file(servd_config *c, const char *path) {
   jctx x = {path};
   int rc = 0;
   double body = (double)c->max_body_bytes, hdr = (double)c->max_header_bytes;
+  double grpc_msg = (double)c->grpc_max_message_bytes;
   if (!json_is_object(root)) {
     rc = servd_fail(SERVD_EINVAL, "config %s: the top level must be an object", path);
     goto out;
@@ -277,7 +286,11 @@ int servd_config_load_file(servd_config *c, const char *path) {
       (rc = j_str(&x, root, "api_key", &c->api_key)) ||
       (rc = j_on_off(&x, root, "metrics_public", &c->metrics_public)) ||
       (rc = j_on_off(&x, root, "verify_weights", &c->verify_weights)) ||
+      (rc = j_on_off(&x, root, "prefix_cache", &c->prefix_cache)) ||
       (rc = j_str(&x, root, "trusted_keys", &c->trusted_keys)) ||
+      (rc = j_str(&x, root, "tls_cert", &c->tls_cert)) || (rc = j_str(&x, root, "tls_key", &c->tls_key)) ||
+      (rc = j_str(&x, root, "tls_ca", &c->tls_ca)) ||
+      (rc = j_str(&x, root, "package_cache", &c->package_cache)) ||
       (rc = j_num(&x, root, "drain_timeout", 0, 86400, &c->drain_timeout_s)) ||
       (rc = j_num(&x, root, "request_timeout", 0, 86400, &c->request_timeout_s)) ||
       (rc = j_num(&x, root, "step_timeout", 0, 86400, &c->step_timeout_s)) ||
@@ -290,8 +303,11 @@ int servd_config_load_file(servd_config *c, const char *path) {
       (rc = j_int(&x, root, "max_n", 1, 256, &c->max_n)) ||
       (rc = j_fraction(&x, root, "gpu_memory_fraction", &c->gpu_memory_fraction)) ||
       (rc = j_on_off(&x, root, "cuda_graphs", &c->cuda_graphs)) ||
-      (rc = j_int(&x, root, "cuda_graph_max_batch", 1, MAX_GRAPH_BATCH, &c->cuda_graph_max_batch)))
+      (rc = j_int(&x, root, "cuda_graph_max_batch", 1, MAX_GRAPH_BATCH, &c->cuda_graph_max_batch)) ||
+      (rc = j_int(&x, root, "grpc_port", -1, 65535, &c->grpc_port)) ||
+      (rc = j_num(&x, root, "grpc_max_message_bytes", 1024, 4294967295.0, &grpc_msg)))
     goto out;
+  c->grpc_max_message_bytes = (size_t)grpc_msg;
   c->max_body_bytes = (size_t)body;
   c->max_header_bytes = (size_t)hdr;
   json_t *al = json_object_get(root, "access_log");
@@ -340,7 +356,11 @@ void servd_config_usage(FILE *f) {
   fputs("usage: servd [serve] [options]\n"
         "       servd generate ...   (run a model from the command line; see servd generate --help)\n"
         "\n"
-        "  --model PATH[:NAME]     serve the package at PATH (as NAME); repeat for several models\n"
+        "  --model PATH[:NAME]     serve the package at PATH (as NAME); repeat for several models. PATH\n"
+        "                          may also be a GGUF file or a Hugging Face folder: packed once into\n"
+        "                          the package cache and reused while it is unchanged\n"
+        "  --package-cache DIR     where those packages are kept (default $XDG_CACHE_HOME/servd/packages\n"
+        "                          or ~/.cache/servd/packages)\n"
         "  --config FILE           JSON config file (flags given on the command line win)\n"
         "  --host ADDR             address to listen on (default 127.0.0.1)\n"
         "  --port N                port (default 8000; 0 picks a free port)\n"
@@ -358,6 +378,7 @@ void servd_config_usage(FILE *f) {
         "  --max-batch-tokens N    token budget per scheduler step\n"
         "  --kv-blocks N           KV cache blocks per language model\n"
         "  --api-key KEY           require 'Authorization: Bearer KEY' (or set SERVD_API_KEY)\n"
+        "  --no-prefix-cache       compute every prompt in full (no sharing of common prompt beginnings)\n"
         "  --metrics-public        serve GET /metrics without the API key (Prometheus scrapers)\n"
         "  --verify-weights        check the SHA-256 of the weights at load too (reads the whole model)\n"
         "  --trusted-keys PATH     load only packages signed by one of these Ed25519 public keys (a PEM\n"
@@ -367,12 +388,19 @@ void servd_config_usage(FILE *f) {
         "  --request-timeout S     default per-request deadline (default none)\n"
         "  --step-timeout S        interrupt a language model's forward step that has not returned after\n"
         "                          S seconds and fail that step's requests (default 120; 0: never)\n"
-        "  --load-timeout S        fail a model load whose package import has not finished after S\n"
-        "                          seconds (default 300; 0: never)\n"
         "  --isolation MODE        none or process: run each generic model's interpreters in a child\n"
         "                          process of its own, restarted if it crashes (default none)\n"
+        "  --load-timeout S        fail a model load whose package import has not finished after S\n"
+        "                          seconds (default 300; 0: never)\n"
         "  --model-repository DIR  directory of packages for POST /v2/repository/models/NAME/load\n"
         "  --max-body-bytes N      largest request body (default 8388608)\n"
+        "  --grpc-port N           also serve KServe v2 gRPC on port N (default: no gRPC listener;\n"
+        "                          0 picks a free port)\n"
+        "  --grpc-max-message-bytes N  largest gRPC request message (default 67108864)\n"
+        "  --tls-cert FILE         serve HTTPS: PEM certificate chain (with --tls-key; both are\n"
+        "                          re-read on SIGHUP)\n"
+        "  --tls-key FILE          PEM private key of --tls-cert\n"
+        "  --tls-ca FILE           require client certificates signed by these PEM CAs (mutual TLS)\n"
         "  --help, --version\n",
         f);
 }
@@ -449,6 +477,8 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
       if ((rc = VAL("--config"))) return rc;
     } else if (flag_is(a, "--model")) {
       if ((rc = VAL("--model")) || (rc = add_model_spec(c, v))) return rc;
+    } else if (flag_is(a, "--package-cache")) {
+      if ((rc = VAL("--package-cache")) || (rc = set_str(&c->package_cache, v))) return rc;
     } else if (flag_is(a, "--host")) {
       if ((rc = VAL("--host")) || (rc = set_str(&c->host, v))) return rc;
     } else if (flag_is(a, "--port")) {
@@ -481,6 +511,8 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
         return rc;
     } else if (flag_is(a, "--kv-blocks")) {
       if ((rc = VAL("--kv-blocks")) || (rc = parse_int("--kv-blocks", v, 1, 1 << 24, &c->kv_blocks))) return rc;
+    } else if (strcmp(a, "--no-prefix-cache") == 0) {
+      c->prefix_cache = false;
     } else if (strcmp(a, "--metrics-public") == 0) {
       c->metrics_public = true;
     } else if (strcmp(a, "--verify-weights") == 0) {
@@ -494,11 +526,11 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
     } else if (flag_is(a, "--drain-timeout")) {
       if ((rc = VAL("--drain-timeout")) || (rc = parse_double("--drain-timeout", v, 0, 86400, &c->drain_timeout_s)))
         return rc;
-    } else if (flag_is(a, "--isolation")) {
-      if ((rc = VAL("--isolation")) || (rc = parse_isolation("--isolation", v, &c->isolation))) return rc;
     } else if (flag_is(a, "--load-timeout")) {
       if ((rc = VAL("--load-timeout")) || (rc = parse_double("--load-timeout", v, 0, 86400, &c->load_timeout_s)))
         return rc;
+    } else if (flag_is(a, "--isolation")) {
+      if ((rc = VAL("--isolation")) || (rc = parse_isolation("--isolation", v, &c->isolation))) return rc;
     } else if (flag_is(a, "--step-timeout")) {
       if ((rc = VAL("--step-timeout")) || (rc = parse_double("--step-timeout", v, 0, 86400, &c->step_timeout_s)))
         return rc;
@@ -508,6 +540,19 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
         return rc;
     } else if (flag_is(a, "--model-repository")) {
       if ((rc = VAL("--model-repository")) || (rc = add_repository(c, v))) return rc;
+    } else if (flag_is(a, "--tls-cert")) {
+      if ((rc = VAL("--tls-cert")) || (rc = set_str(&c->tls_cert, v))) return rc;
+    } else if (flag_is(a, "--tls-key")) {
+      if ((rc = VAL("--tls-key")) || (rc = set_str(&c->tls_key, v))) return rc;
+    } else if (flag_is(a, "--tls-ca")) {
+      if ((rc = VAL("--tls-ca")) || (rc = set_str(&c->tls_ca, v))) return rc;
+    } else if (flag_is(a, "--grpc-port")) {
+      if ((rc = VAL("--grpc-port")) || (rc = parse_int("--grpc-port", v, 0, 65535, &c->grpc_port))) return rc;
+    } else if (flag_is(a, "--grpc-max-message-bytes")) {
+      if ((rc = VAL("--grpc-max-message-bytes")) ||
+          (rc = parse_double("--grpc-max-message-bytes", v, 1024, 4294967295.0, &d)))
+        return rc;
+      c->grpc_max_message_bytes = (size_t)d;
     } else if (flag_is(a, "--max-body-bytes")) {
       if ((rc = VAL("--max-body-bytes")) || (rc = parse_double("--max-body-bytes", v, 1024, 4294967296.0, &d)))
         return rc;
@@ -521,6 +566,12 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
     for (int k = 0; k < i; k++)
       if (c->models[i].name && c->models[k].name && strcmp(c->models[i].name, c->models[k].name) == 0)
         return servd_fail(SERVD_EINVAL, "two models are named '%s'", c->models[i].name);
+  if (!c->tls_cert != !c->tls_key)
+    return servd_fail(SERVD_EINVAL, "%s: TLS needs both --tls-cert and --tls-key (tls_cert and tls_key)",
+                      c->tls_cert ? "--tls-cert without --tls-key" : "--tls-key without --tls-cert");
+  if (c->tls_ca && !c->tls_cert)
+    return servd_fail(SERVD_EINVAL, "--tls-ca needs --tls-cert and --tls-key (client certificates are asked for "
+                      "only over TLS)");
   return resolve_tp(c);
 }
 
@@ -547,8 +598,9 @@ void servd_config_model_options(const servd_config *c, int i, servd_model_option
   o->cuda_graphs = c->cuda_graphs;
   o->cuda_graph_max_batch = c->cuda_graph_max_batch;
   o->step_timeout_s = c->step_timeout_s;
-  o->load_timeout_s = c->load_timeout_s;
   o->verify_weights = c->verify_weights;
+  o->prefix_cache = c->prefix_cache;
   o->trusted_keys = c->trusted_keys;
+  o->load_timeout_s = c->load_timeout_s;
   o->isolation = m->isolation ? (servd_isolation)(m->isolation - 1) : c->isolation;
 }

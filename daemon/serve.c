@@ -11,7 +11,10 @@
 #include "api/api.h"
 #include "config.h"
 #include "trust.h"
+#include "package_cache.h"
 #include "http/server.h"
+#include "http/tls.h"
+#include "grpc/grpc.h"
 #include "engine/gpu_prewarm.h"
 #include "servd/device.h"
 #include "servd/status.h"
@@ -76,9 +79,9 @@ static int report_backend(const servd_config *c) {
 }
 
 /* Signals a process manager or an operator sends. The stopping ones drain (see begin_drain). SIGHUP
- * and SIGUSR1/2 ask daemons to reload or reopen their logs: servd has nothing to reload (it logs to
- * stderr, which the supervisor owns, and reads the model repository at each request), so it says
- * so and serves on; their default action would end the process and cut every stream. SIGPIPE is
+ * and SIGUSR1/2 ask daemons to reload or reopen their logs: SIGHUP reloads the TLS certificate when
+ * servd serves TLS; otherwise servd has nothing to reload (it logs to stderr, which the supervisor
+ * owns, and reads the model repository at each request), so it says so and serves on; their default action would end the process and cut every stream. SIGPIPE is
  * ignored (servd_serve_main). */
 static const struct {
   int signum;
@@ -93,6 +96,8 @@ typedef struct server {
   servd_config cfg;
   servd_api *api;
   servd_http_server *http;
+  servd_grpc_server *grpc; /* NULL without --grpc-port */
+  servd_tls_ctx *tls;       /* NULL without --tls-cert; outlives the listener */
   uv_signal_t sigs[N_SIGNALS]; /* handled_signals, in order */
   uv_timer_t drain_timer;
   uint64_t drain_deadline, cancel_deadline;
@@ -102,15 +107,43 @@ typedef struct server {
 
 static void on_handle_closed(uv_handle_t *h) { (void)h; }
 
+/* GGUF files and Hugging Face folders given as models become cached packages, before servd listens
+ * (a first start packs them; later ones only check the key). Returns 0 or the exit status: 2 for a
+ * path that is no model or a cache folder servd cannot use, 1 when packing fails. */
+static int resolve_model_sources(servd_config *c) {
+  for (int i = 0; i < c->n_models; i++) {
+    char *pkg;
+    int rc = servd_package_cache_resolve(c->package_cache, c->models[i].path, &pkg);
+    if (rc) {
+      fprintf(stderr, "servd: %s\n", servd_last_error());
+      return rc == SERVD_EINVAL ? 2 : 1;
+    }
+    free(c->models[i].path);
+    c->models[i].path = pkg;
+  }
+  return 0;
+}
+
 static void on_api_closed(void *ud) {
   server *s = ud;
   for (size_t i = 0; i < N_SIGNALS; i++) uv_close((uv_handle_t *)&s->sigs[i], on_handle_closed);
   uv_close((uv_handle_t *)&s->drain_timer, on_handle_closed);
 }
 
+static void on_grpc_closed(void *ud) {
+  server *s = ud;
+  s->grpc = NULL;
+  servd_api_close(s->api, on_api_closed, s);
+  s->api = NULL;
+}
+
 static void on_http_closed(void *ud) {
   server *s = ud;
   s->http = NULL;
+  if (s->grpc) {
+    servd_grpc_server_close(s->grpc, on_grpc_closed, s);
+    return;
+  }
   servd_api_close(s->api, on_api_closed, s);
   s->api = NULL;
 }
@@ -143,7 +176,7 @@ static void unload_overdue(uv_timer_t *t) {
 static void drain_tick(uv_timer_t *t) {
   server *s = t->data;
   uint64_t now = uv_now(s->loop);
-  int active = s->http ? servd_http_server_active_requests(s->http) : 0;
+  int active = (s->http ? servd_http_server_active_requests(s->http) : 0) + servd_grpc_server_active_calls(s->grpc);
   int inflight = s->api ? servd_api_inflight(s->api) : 0;
   if (s->unloading) return;
   if (active > 0 || inflight > 0) {
@@ -171,12 +204,31 @@ static void begin_drain(server *s, const char *why) {
   servd_api_set_draining(s->api, true);
   servd_api_drain_loads(s->api); /* a load in progress is abandoned, not waited for */
   servd_http_server_stop_accepting(s->http);
+  servd_grpc_server_stop_accepting(s->grpc);
   s->drain_deadline = uv_now(s->loop) + (uint64_t)(s->cfg.drain_timeout_s * 1000.0);
   uv_timer_start(&s->drain_timer, drain_tick, 0, 50);
 }
 
+/* SIGHUP with TLS: connections accepted from now on get the certificate and key as they are on disk;
+ * open ones keep theirs. A file that does not load leaves the old pair serving. */
+static void reload_tls(server *s) {
+  char desc[512];
+  if (servd_tls_ctx_reload(s->tls) != 0) {
+    fprintf(stderr, "servd: Hangup: TLS reload failed, still serving the previous certificate: %s\n",
+            servd_last_error());
+  } else {
+    servd_tls_ctx_describe(s->tls, desc, sizeof desc);
+    fprintf(stderr, "servd: Hangup: TLS certificate reloaded (%s); new connections use it\n", desc);
+  }
+  fflush(stderr);
+}
+
 static void on_signal(uv_signal_t *h, int signum) {
   server *s = h->data;
+  if (signum == SIGHUP && s->tls) {
+    reload_tls(s);
+    return;
+  }
   if (!handled_signals[h - s->sigs].drains) {
     fprintf(stderr, "servd: %s: nothing to reload (logs go to stderr, the model repository is read at each "
                     "request); serving on\n", strsignal(signum));
@@ -236,6 +288,20 @@ int servd_serve_main(int argc, char **argv) {
     servd_config_free(&s.cfg);
     return 0;
   }
+  if (s.cfg.tls_cert) {
+    /* Before anything slow: a bad certificate or key is a configuration error naming the file. */
+    static const char *const alpn[] = {"http/1.1"}; /* add "h2" once this listener speaks it */
+    servd_tls_options to = {s.cfg.tls_cert, s.cfg.tls_key, s.cfg.tls_ca, alpn, 1};
+    if (servd_tls_ctx_create(&to, &s.tls) != 0) {
+      fprintf(stderr, "servd: %s\n", servd_last_error());
+      servd_config_free(&s.cfg);
+      return 2;
+    }
+  }
+  if ((rc = resolve_model_sources(&s.cfg)) != 0) {
+    servd_config_free(&s.cfg);
+    return rc;
+  }
   if ((rc = report_backend(&s.cfg)) != 0) {
     servd_config_free(&s.cfg);
     return rc;
@@ -243,13 +309,14 @@ int servd_serve_main(int argc, char **argv) {
   /* Every language model this process loads (also through the repository API) uses the GPUs. */
   servd_engine_set_gpu_defaults(s.cfg.gpus, s.cfg.gpu_memory_fraction, s.cfg.cuda_graphs, s.cfg.cuda_graph_max_batch);
   servd_engine_set_step_timeout(s.cfg.step_timeout_s);
-  servd_engine_set_load_timeout(s.cfg.load_timeout_s); /* repository loads too */
+  servd_engine_set_isolation(s.cfg.isolation); /* repository loads too */
   servd_engine_set_package_checks(s.cfg.verify_weights, s.cfg.trusted_keys); /* repository loads too */
   if (s.cfg.trusted_keys && (rc = servd_check_trusted_keys(s.cfg.trusted_keys)) != 0) {
     servd_config_free(&s.cfg);
     return rc;
   }
-  servd_engine_set_isolation(s.cfg.isolation); /* repository loads too */
+  servd_engine_set_load_timeout(s.cfg.load_timeout_s); /* repository loads too */
+  servd_engine_set_prefix_cache(s.cfg.prefix_cache);
   /* Before the first interpreter namespace exists: see gpu_prewarm.c. */
   for (int i = 0; s.cfg.gpus > 0 && i < s.cfg.n_models; i++) {
     servd_model_options mo;
@@ -294,7 +361,8 @@ int servd_serve_main(int argc, char **argv) {
   lim.idle_timeout_ms = (int)(s.cfg.idle_timeout_s * 1000.0);
   lim.max_connections = s.cfg.max_connections;
   servd_http_callbacks cb = servd_api_http_callbacks(s.api);
-  if ((rc = servd_http_server_create(s.loop, &lim, &cb, &s.http)) != 0 ||
+  if ((rc = servd_http_server_create(s.loop, &lim, &cb, &s.http)) == 0) servd_http_server_set_tls(s.http, s.tls);
+  if (rc != 0 ||
       (rc = servd_http_server_listen(s.http, s.cfg.host, s.cfg.port)) != 0) {
     fprintf(stderr, "servd: %s\n", servd_last_error());
     if (s.http) servd_http_server_close(s.http, NULL, NULL);
@@ -304,6 +372,22 @@ int servd_serve_main(int argc, char **argv) {
     return rc == SERVD_EINVAL ? 2 : 1; /* a bad address is a configuration error; a taken port is not */
   }
   servd_api_set_server(s.api, s.http);
+  if (s.cfg.grpc_port >= 0) {
+    servd_grpc_limits gl;
+    servd_grpc_limits_default(&gl);
+    gl.max_message_bytes = s.cfg.grpc_max_message_bytes;
+    gl.max_connections = s.cfg.max_connections;
+    if ((rc = servd_grpc_server_create(s.loop, s.api, &gl, &s.grpc)) != 0 ||
+        (rc = servd_grpc_server_listen(s.grpc, s.cfg.host, s.cfg.grpc_port)) != 0) {
+      fprintf(stderr, "servd: %s\n", servd_last_error());
+      servd_grpc_server_close(s.grpc, NULL, NULL);
+      servd_http_server_close(s.http, NULL, NULL);
+      servd_api_close(s.api, NULL, NULL);
+      uv_run(s.loop, UV_RUN_DEFAULT);
+      servd_config_free(&s.cfg);
+      return rc == SERVD_EINVAL ? 2 : 1;
+    }
+  }
   /* Before the port line: whoever waits for it may signal servd at once. */
   uv_timer_init(s.loop, &s.drain_timer);
   s.drain_timer.data = &s;
@@ -312,8 +396,13 @@ int servd_serve_main(int argc, char **argv) {
     s.sigs[i].data = &s;
     uv_signal_start(&s.sigs[i], on_signal, handled_signals[i].signum);
   }
-  fprintf(stderr, "servd: listening on http://%s:%d\n", s.cfg.host, servd_http_server_port(s.http));
+  fprintf(stderr, "servd: listening on %s://%s:%d\n", s.tls ? "https" : "http", s.cfg.host,
+          servd_http_server_port(s.http));
   /* A line tests and scripts can wait for when they asked for port 0. */
+  if (s.grpc) {
+    fprintf(stderr, "servd: gRPC (KServe v2) on %s:%d\n", s.cfg.host, servd_grpc_server_port(s.grpc));
+    fprintf(stdout, "servd: grpc port %d\n", servd_grpc_server_port(s.grpc));
+  }
   fprintf(stdout, "servd: port %d\n", servd_http_server_port(s.http));
   fflush(stdout);
 
@@ -335,6 +424,7 @@ int servd_serve_main(int argc, char **argv) {
   uv_run(s.loop, UV_RUN_DEFAULT);
   uv_loop_close(s.loop);
   int code = s.exit_code;
+  servd_tls_ctx_destroy(s.tls);
   servd_config_free(&s.cfg);
   return code;
 }

@@ -69,6 +69,7 @@ typedef struct api_event {
   servd_top_logprob top[API_MAX_TOP];
   char finish[16];
   int prompt_tokens, completion_tokens, error_code;
+  int cached_tokens; /* prompt tokens found in the prefix cache */
   char *text;
   size_t text_len, text_cap;
   char error[512];
@@ -86,6 +87,7 @@ typedef struct gen {
   bool done;
   char finish[16];
   int prompt_tokens, completion_tokens, error_code;
+  int cached_tokens;
   char *error;
   servd_buf text;     /* non-streaming: the generated text */
   json_t *lp;         /* non-streaming logprobs being collected */

@@ -60,6 +60,7 @@ void api_engine_cb(void *ud, const servd_event *ev) {
   else e->n_top = 0;
   snprintf(e->finish, sizeof e->finish, "%s", ev->finish_reason ? ev->finish_reason : "");
   e->prompt_tokens = ev->prompt_tokens;
+  e->cached_tokens = ev->cached_tokens;
   e->completion_tokens = ev->completion_tokens;
   e->error_code = ev->error_code;
   snprintf(e->error, sizeof e->error, "%s", ev->error_message ? ev->error_message : "");

@@ -19,4 +19,7 @@ const servd_model_ops servd_engine_model_ops = {
     .release = servd_request_release,
     .predict = servd_model_predict,
     .get_stats = servd_model_get_stats,
+    .guide_compile = servd_model_guide_compile,
+    .restarting = servd_model_restarting,
+    .quarantined_interpreters = servd_engine_quarantined_interpreters,
 };

@@ -10,7 +10,9 @@
 static bool all_live(servd_api *a) {
   if (a->draining) return true;
   for (api_model *am = a->models; am; am = am->next)
-    if (am->state == M_READY && !a->ops->ready(am->m)) return false;
+    if (am->state == M_READY && !a->ops->ready(am->m) &&
+        !(a->ops->restarting && a->ops->restarting(am->m, NULL, 0))) /* a crashed isolated model: it mends */
+      return false;
   return true;
 }
 

@@ -112,6 +112,19 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
   per_model(a, &b, st, "servd_generation_tokens_total", "counter", "Tokens generated.", F(generation_tokens), G_U64);
   per_model(a, &b, st, "servd_preemptions_total", "counter", "Sequences preempted when KV blocks ran out.",
             F(preemptions), G_U64);
+  per_model(a, &b, st, "servd_prefix_cache_queries_total", "counter",
+            "Tokens looked up in the prefix cache when sequences were admitted.", F(prefix_cache_queries), G_U64);
+  per_model(a, &b, st, "servd_prefix_cache_hits_total", "counter",
+            "Tokens found in the prefix cache (their K/V reused, not computed).", F(prefix_cache_hits), G_U64);
+  per_model(a, &b, st, "servd_kv_cache_blocks_cached", "gauge",
+            "Full KV blocks in the prefix cache (shared or evictable).", F(kv_blocks_cached), G_INT);
+  per_model(a, &b, st, "servd_guided_rows_total", "counter",
+            "Token masks computed for constrained decoding (one per constrained sequence per step).", F(guided_rows),
+            G_U64);
+  per_model(a, &b, st, "servd_guided_mask_seconds_total", "counter",
+            "Time the scheduler spent in the grammar engine computing token masks.", F(guided_mask_seconds), G_DBL);
+  per_model(a, &b, st, "servd_guided_sequences", "gauge", "Sequences holding a grammar matcher.",
+            F(guided_sequences), G_INT);
   per_model(a, &b, st, "servd_scheduler_steps_total", "counter", "Scheduler steps run.", F(steps), G_U64);
   per_model(a, &b, st, "servd_scheduler_last_step_age_seconds", "gauge",
             "Seconds since the scheduler last finished a step while work was pending.", F(last_step_age_s), G_DBL);
@@ -136,6 +149,22 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
       label(&b, am->name);
       servd_buf_printf(&b, "\",interpreter=\"%d\"} %.6f\n", k, s->interp_busy_seconds[k]);
     }
+  }
+  head(&b, "servd_isolated_model_restarts_total", "counter",
+       "Times the process of a process-isolated model was started again after it died.");
+  i = 0;
+  for (api_model *am = a->models; am; am = am->next) {
+    if (am->state != M_READY && am->state != M_UNLOADING) continue;
+    const servd_model_stats *s = &st[i++];
+    if (!s->isolated) continue;
+    servd_buf_puts(&b, "servd_isolated_model_restarts_total{model=\"");
+    label(&b, am->name);
+    servd_buf_printf(&b, "\"} %d\n", s->isolated_restarts);
+  }
+  if (a->ops->quarantined_interpreters) {
+    head(&b, "servd_engine_quarantined_interpreters", "gauge",
+         "Interpreters of abandoned loads, never reused until servd restarts (at most 15 per process).");
+    servd_buf_printf(&b, "servd_engine_quarantined_interpreters %d\n", a->ops->quarantined_interpreters());
   }
   head(&b, "servd_api_requests_in_flight", "gauge", "API requests holding engine work.");
   servd_buf_printf(&b, "servd_api_requests_in_flight %d\n", servd_api_inflight(a));

@@ -28,6 +28,12 @@ typedef struct servd_model_ops {
   int (*predict)(servd_model *m, const servd_named_tensor *inputs, int n_inputs, servd_named_tensor **outputs,
                  int *n_outputs, int64_t deadline_ms, servd_model_error *err);
   void (*get_stats)(const servd_model *m, servd_model_stats *s);
+  /* Appended; NULL: the model has no constrained decoding (a constrained request is a 400). */
+  int (*guide_compile)(servd_model *m, servd_guide_kind kind, const char *spec, char **grammar);
+  /* Appended; NULL: never (the model is ready or not, nothing in between). */
+  bool (*restarting)(const servd_model *m, char *why, size_t cap);
+  /* Appended; NULL: none. servd_engine_quarantined_interpreters. */
+  int (*quarantined_interpreters)(void);
 } servd_model_ops;
 
 /* The engine's implementation (daemon/api/engine_ops.c). */

@@ -43,14 +43,21 @@ bool api_model_ready(servd_api *a, api_model *am) {
   return am->state == M_READY && am->m && a->ops->ready(am->m);
 }
 
+/* A serving model whose process died and is being restarted (isolation "process"). */
+static bool restarting(servd_api *a, api_model *am, char *why, size_t cap) {
+  return am->state == M_READY && am->m && a->ops->restarting && a->ops->restarting(am->m, why, cap);
+}
+
 /* Server readiness (docs/operations.md#health): the models given at startup have loaded and every
  * model serving is making progress. Loads and unloads asked for through the repository API, and
- * loads that failed, do not count: one model's import never makes the whole server unready. */
+ * loads that failed, do not count: one model's import never makes the whole server unready. Nor
+ * does an isolated model restarting after a crash: it counts as a failed load does (a crash loop
+ * must not take the whole server out of service; its own readiness says it is down). */
 bool api_all_ready(servd_api *a) {
   if (a->draining) return false;
   for (api_model *am = a->models; am; am = am->next) {
     if (am->state == M_LOADING && am->startup) return false;
-    if (am->state == M_READY && !a->ops->ready(am->m)) return false;
+    if (am->state == M_READY && !a->ops->ready(am->m) && !restarting(a, am, NULL, 0)) return false;
   }
   return true;
 }
@@ -330,8 +337,13 @@ void api_repository_index(servd_api *a, servd_http_req *r, const api_route_args 
   for (api_model *am = a->models; am; am = am->next) {
     /* A failed load is FAILED, with its reason; an unloaded model UNAVAILABLE. */
     const char *state = am->state == M_UNAVAILABLE && am->load_failed ? "FAILED" : state_name(am->state);
+    /* A model restarting after its process died is UNAVAILABLE until it serves again, with why. */
+    char why[512];
+    bool down = restarting(a, am, why, sizeof why);
+    if (down) state = "UNAVAILABLE";
     json_t *e = json_pack("{s:s, s:s, s:s}", "name", am->name, "version", "1", "state", state);
-    if (am->state == M_UNAVAILABLE && am->error[0]) json_object_set_new(e, "reason", json_string(am->error));
+    if (down) json_object_set_new(e, "reason", json_string(why));
+    else if (am->state == M_UNAVAILABLE && am->error[0]) json_object_set_new(e, "reason", json_string(am->error));
     json_array_append_new(arr, e);
   }
   /* Packages present in the repository directories but not loaded are listed too. */

@@ -37,6 +37,7 @@ static void oai_free(oai *o) {
   free(o->gens);
   for (int i = 0; i < o->n_prompts; i++) free(o->prompts[i].ids);
   json_decref(o->messages);
+  free(o->guide);
   free(o->detok_text);
   servd_buf_free(&o->sse);
   if (o->am) api_model_release_ref(a, o->am);
@@ -155,8 +156,17 @@ static json_t *usage_json(oai *o) {
   long long prompt = 0, completion = 0;
   for (int i = 0; i < o->n_prompts; i++) prompt += o->prompts[i].n_ids;
   for (int i = 0; i < o->n_gens; i++) completion += o->gens[i].completion_tokens;
-  return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)prompt, "completion_tokens",
-                   (json_int_t)completion, "total_tokens", (json_int_t)(prompt + completion));
+  /* A prompt counts once, however many choices ran it: its best prefix-cache hit among them. */
+  long long cached = 0;
+  for (int i = 0; i < o->n_prompts; i++) {
+    int best = 0;
+    for (int k = i * o->n; k < (i + 1) * o->n && k < o->n_gens; k++)
+      if (o->gens[k].cached_tokens > best) best = o->gens[k].cached_tokens;
+    cached += best;
+  }
+  return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)prompt, "completion_tokens",
+                   (json_int_t)completion, "total_tokens", (json_int_t)(prompt + completion),
+                   "prompt_tokens_details", "cached_tokens", (json_int_t)cached);
 }
 
 /* ---- streaming -------------------------------------------------------------------------------- */
@@ -319,6 +329,7 @@ void api_oai_event(servd_api *a, api_event *ev) {
   }
   if (ev->completion_tokens > 0) g->completion_tokens = ev->completion_tokens;
   if (ev->prompt_tokens > 0) g->prompt_tokens = ev->prompt_tokens;
+  if (ev->cached_tokens > 0) g->cached_tokens = ev->cached_tokens;
   api_hist_observe(&am->e2e, (double)(ev->t_ns - o->t_start) / 1e9);
   if (g->r) a->ops->release(g->r);
   g->r = NULL;
@@ -362,6 +373,18 @@ static void prep_work(uv_work_t *w) {
       snprintf(o->err, sizeof o->err, "the token ids cannot be decoded: %s", api_user_cause(servd_last_error()));
     }
     return;
+  }
+  if (o->guide_kind != SERVD_GUIDE_NONE) { /* an invalid constraint is the client's 400, before any work */
+    rc = a->ops->guide_compile ? a->ops->guide_compile(m, o->guide_kind, o->guide_spec, &o->guide)
+                               : servd_fail(SERVD_EUNSUPPORTED, "this server has no constrained decoding");
+    if (rc != 0) {
+      o->err_rc = rc;
+      o->err_param = o->guide_param;
+      snprintf(o->err, sizeof o->err, "'%s' cannot be enforced: %s", o->guide_param,
+               api_user_cause(servd_last_error()));
+      return;
+    }
+    o->gp.guide = o->guide;
   }
   if (o->messages) {
     char *text = NULL;
@@ -631,6 +654,9 @@ static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
   o->messages = p.messages;
   o->gp = p.gp;
   o->logprobs = p.logprobs;
+  o->guide_kind = p.guide_kind;
+  o->guide_spec = p.guide_spec;
+  o->guide_param = p.guide_param;
   o->am = am;
   am->inflight++;
   a->inflight++;

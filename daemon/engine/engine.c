@@ -6,6 +6,7 @@
  * touched by the scheduler thread only.
  */
 #include "engine/engine_impl.h"
+#include "engine/py_deps.h"
 #include "engine/model_geometry.h"
 #include "engine/gpu_setup.h"
 #include "engine/model_error.h"
@@ -31,10 +32,12 @@ static struct {
 } gpu_defaults = {0, 0.90, true, 64};
 
 static double step_timeout_default = 120.0;
+static double load_timeout_default = 300.0;
 
 void servd_engine_set_step_timeout(double seconds) { step_timeout_default = seconds > 0 ? seconds : 0; }
-static double load_timeout_default = 300.0;
 void servd_engine_set_load_timeout(double seconds) { load_timeout_default = seconds > 0 ? seconds : 0; }
+static bool prefix_cache_default = true;
+void servd_engine_set_prefix_cache(bool on) { prefix_cache_default = on; }
 static servd_isolation isolation_default = SERVD_ISOLATION_NONE;
 void servd_engine_set_isolation(servd_isolation isolation) { isolation_default = isolation; }
 
@@ -63,9 +66,11 @@ void servd_model_options_default(servd_model_options *o) {
   o->cuda_graphs = gpu_defaults.graphs;
   o->cuda_graph_max_batch = gpu_defaults.graph_max_batch;
   o->step_timeout_s = step_timeout_default;
-  o->load_timeout_s = load_timeout_default;
   servd__package_checks_default(o);
+  o->load_timeout_s = load_timeout_default;
   o->isolation = isolation_default;
+  o->prefix_cache = prefix_cache_default;
+  o->extra_sys_path = servd_py_deps_dir(); /* servd's own Python packages (llguidance), when installed */
 }
 
 void servd_gen_params_default(servd_gen_params *p) {
@@ -137,6 +142,7 @@ static void request_unref(servd_request *r) {
   servd_detok_free(r->detok);
   servd_stop_matcher_free(r->stopper);
   servd_sampler_free(r->sampler);
+  free(r->guide.grammar);
   pthread_mutex_destroy(&r->cb_mu);
   free(r);
 }
@@ -163,7 +169,7 @@ static void finish_ex(servd_model *m, servd_request *r, const char *reason, int 
       l1 = 0;
     if (!stopped && servd_stop_matcher_flush(r->stopper, &t2, &l2) == 0 && (l1 || l2)) {
       /* Two pieces at most: send them as one delta. */
-      servd_event ev = {.kind = SERVD_EVENT_TOKEN, .token = -1, .prompt_tokens = r->n_prompt,
+      servd_event ev = {.kind = SERVD_EVENT_TOKEN, .token = -1, .prompt_tokens = r->n_prompt, .cached_tokens = r->seq.n_cached,
                         .completion_tokens = r->n_generated};
       if (l1) {
         ev.text = t1;
@@ -178,10 +184,11 @@ static void finish_ex(servd_model *m, servd_request *r, const char *reason, int 
     }
   }
   servd_event ev = {.kind = error_code ? SERVD_EVENT_ERROR : SERVD_EVENT_DONE,
-                    .text = "", .finish_reason = reason, .prompt_tokens = r->n_prompt,
+                    .text = "", .finish_reason = reason, .prompt_tokens = r->n_prompt, .cached_tokens = r->seq.n_cached,
                     .completion_tokens = r->n_generated, .error_code = error_code,
                     .error_message = msg, .token = -1, .error_type = error_type};
   sched_remove(&m->sched, &r->seq);
+  servd_guide_end(m, r);
   /* Stats first: whoever sees the final event sees the freed blocks and counts. */
   pthread_mutex_lock(&m->mu);
   m->n_running = m->sched.running.n;
@@ -201,6 +208,14 @@ static void emit(servd_model *m, servd_request *r, const servd_sampled *s);
 /* After the step that produced logits row `row` for r: sample, stream, check the end. */
 static void advance(servd_model *m, servd_request *r, const float *row) {
   servd_sampled s;
+  if (r->guide.grammar && r->guide.status == 1) { /* the grammar is complete: the text is too */
+    finish_ex(m, r, "stop", 0, NULL, NULL, true);
+    return;
+  }
+  if (r->guide.grammar && r->guide.status) {
+    finish_ex(m, r, "error", SERVD_EMODEL, r->guide.error, NULL, false);
+    return;
+  }
   int rc = servd_sampler_sample(r->sampler, row, &s);
   if (rc) {
     finish(m, r, "error", rc, servd_last_error());
@@ -245,7 +260,7 @@ static void emit(servd_model *m, servd_request *r, const servd_sampled *sp) {
     }
   }
   servd_event ev = {.kind = SERVD_EVENT_TOKEN, .text = text, .text_len = len, .token = t,
-                    .logprob = s.logprob, .top = s.top, .n_top = s.n_top, .prompt_tokens = r->n_prompt,
+                    .logprob = s.logprob, .top = s.top, .n_top = s.n_top, .prompt_tokens = r->n_prompt, .cached_tokens = r->seq.n_cached,
                     .completion_tokens = r->n_generated};
   deliver(r, &ev);
 
@@ -362,6 +377,7 @@ static void scheduler_run(servd_model *m) {
           finish_ex(m, m->sched.planned[i]->owner, "error", code, msg, etype, false);
       } else {
         sched_commit(&m->sched);
+        servd_guides_prepare(m); /* the constrained rows' token masks, before any row samples */
         int row = 0;
         for (int i = 0; i < m->sched.n_planned; i++) {
           sched_seq *q = m->sched.planned[i];
@@ -389,11 +405,15 @@ static void scheduler_run(servd_model *m) {
       m->last_progress_ns = servd_now_ns();
       pthread_mutex_unlock(&m->mu);
     }
+    servd_guides_flush(m); /* matchers of the requests that ended in this round */
     pthread_mutex_lock(&m->mu);
     m->n_waiting = m->sched.waiting.n;
     m->n_running = m->sched.running.n;
     m->kv_used = sched_used_blocks(&m->sched);
     m->preemptions = m->sched.preemptions;
+    m->kv_cached = sched_cached_blocks(&m->sched);
+    m->prefix_queries = m->sched.pc.queries;
+    m->prefix_hits = m->sched.pc.hits;
     if (n == 0 && has_work(m) && !m->inbox_head) {
       /* Work is pending but nothing can run (waiting for blocks that only a finishing request would
        * free cannot happen: then something runs). Sleep briefly to watch deadlines and cancels. */
@@ -566,8 +586,10 @@ static int scheduler_setup(servd_model *m) {
     if ((rc = servd_gpu_profile_and_setup(m, &blocks))) return rc;
   }
   sched_config sc = {.max_batch_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
-                     .max_seq_len = m->context_length};
+                     .max_seq_len = m->context_length, .prefix_cache = m->o.prefix_cache,
+                     .cache_key = prefix_cache_key(m->name, m->o.path)};
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
+  if ((rc = servd_guides_create(&m->guides))) return rc;
   return servd_sampler_scratch_create(m->vocab, &m->scratch);
 }
 
@@ -635,7 +657,7 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
   if (o->max_batch_tokens < 1 || o->max_seqs < 1 || o->max_queue < 0)
     return servd_fail(SERVD_EINVAL, "model load: max_batch_tokens=%d max_seqs=%d max_queue=%d: expected >= 1",
                       o->max_batch_tokens, o->max_seqs, o->max_queue);
-  int64_t t0 = servd_engine_now_ns();
+  int64_t t0 = servd_now_ns();
   char checks[512] = "";
   servd_model *m = calloc(1, sizeof *m);
   if (!m) return servd_fail(SERVD_ENOMEM, "model load: allocation");
@@ -710,6 +732,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   servd_gpu_teardown(m); /* after the pool: the interpreters held device tensors */
   servd_tokenizer_free(m->tok);
   servd_sampler_scratch_free(m->scratch);
+  servd_guides_free(m->guides);
   mpk_close(m->pkg);
   pthread_mutex_destroy(&m->mu);
   pthread_cond_destroy(&m->wake);
@@ -731,6 +754,10 @@ bool servd_model_ready(const servd_model *m) {
   double stuck = STUCK_SECONDS;
   if (m->o.step_timeout_s > 0 && m->o.step_timeout_s + 30 > stuck) stuck = m->o.step_timeout_s + 30;
   return !m->stopping && s.last_step_age_s < stuck;
+}
+
+bool servd_model_restarting(const servd_model *m, char *why, size_t cap) {
+  return m->iso && servd_isolated_down(m->iso, why, cap);
 }
 
 json_t *servd_model_metadata(const servd_model *m) {
@@ -757,6 +784,10 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   s->steps = m->steps;
   s->pick_steps = m->pick_steps;
   s->kv_blocks_used = m->kv_used;
+  s->kv_blocks_cached = m->kv_cached;
+  s->prefix_cache_queries = m->prefix_queries;
+  s->prefix_cache_hits = m->prefix_hits;
+  servd_guides_stats(m->guides, &s->guided_rows, &s->guided_mask_seconds, &s->guided_sequences);
   bool pending = m->inbox_head || m->n_waiting || m->n_running;
   s->last_step_age_s = pending ? (double)(servd_now_ns() - m->last_progress_ns) / 1e9 : 0.0;
   pthread_mutex_unlock(&mm->mu);
@@ -765,6 +796,8 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   if (s->n_interpreters > 16) s->n_interpreters = 16;
   for (int i = 0; i < s->n_interpreters; i++)
     s->interp_busy_seconds[i] = servd_interp_busy_seconds(servd_pool_get(m->pool, i));
+  s->isolated = m->iso != NULL;
+  s->isolated_restarts = m->iso ? servd_isolated_restarts(m->iso) : 0;
   s->gpus = m->gpus;
   for (int r = 0; r < m->gpus && r < m->tp; r++) {
     s->gpu_step_bytes += m->gpu_step_bytes[r];
@@ -926,7 +959,12 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
   }
   if ((rc = servd_stop_matcher_create(r->p.stop, r->p.n_stop, &r->stopper))) goto fail;
   servd_sampler_config sc = {.n_vocab = m->vocab, .params = &r->p, .eos_ids = m->eos, .n_eos = m->n_eos,
-                             .logprob_mode = SERVD_LOGPROBS_RAW, .scratch = m->scratch};
+                             .logprob_mode = SERVD_LOGPROBS_RAW, .scratch = m->scratch, .masked = p->guide != NULL};
+  r->p.guide = NULL; /* the request's own copy is r->guide.grammar */
+  if (p->guide && !(r->guide.grammar = strdup(p->guide))) {
+    rc = servd_fail(SERVD_ENOMEM, "submit: grammar");
+    goto fail;
+  }
   if ((rc = servd_sampler_create(&sc, &r->sampler))) goto fail;
   servd_sampler_add_prompt(r->sampler, prompt, n_prompt);
   if ((rc = servd_detok_create(m->tok, true, &r->detok))) goto fail;

@@ -79,15 +79,18 @@ typedef struct servd_model_options {
    * is abandoned 2 s later: the load fails all the same and its interpreters are quarantined (never
    * reused, never finalized; servd_engine_quarantined_interpreters counts them). */
   double load_timeout_s;
-  /* Generic packages: SERVD_ISOLATION_PROCESS runs the interpreters in a child process of their own
-   * (engine/isolated.h), so a crash of the model's code ends only that process. Language models
-   * always run in-process. */
-  servd_isolation isolation;
   /* Package checks before anything of the package runs (mpk_load_check): the SHA-256 of the code and
    * small entries always, of the weights too when verify_weights; with trusted_keys (a PEM public
    * key or a folder of them, borrowed) only a package signed by one of those keys loads. */
   bool verify_weights;
   const char *trusted_keys;
+  /* Generic packages: SERVD_ISOLATION_PROCESS runs the interpreters in a child process of their own
+   * (engine/isolated.h), so a crash of the model's code ends only that process. Language models
+   * always run in-process. */
+  servd_isolation isolation;
+  /* Causal-lm: automatic prefix caching (engine/prefix_cache.h): requests share the KV blocks of a
+   * common prompt beginning, computed once. */
+  bool prefix_cache;
 } servd_model_options;
 
 /* Defaults; the GPU fields come from servd_engine_set_gpu_defaults (none set: CPU, 0.9, graphs on,
@@ -98,14 +101,16 @@ void servd_model_options_default(servd_model_options *o);
 void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cuda_graphs, int cuda_graph_max_batch);
 /* Process-wide default of step_timeout_s (seconds, 0: none); call before loading models. */
 void servd_engine_set_step_timeout(double seconds);
+/* Process-wide default of isolation (none set: SERVD_ISOLATION_NONE); call before loading models. */
+void servd_engine_set_isolation(servd_isolation isolation);
+/* Process-wide defaults of verify_weights and trusted_keys (borrowed: must outlive every load). */
+void servd_engine_set_package_checks(bool verify_weights, const char *trusted_keys);
+/* Process-wide default of prefix_cache (none set: on). */
+void servd_engine_set_prefix_cache(bool on);
 /* Process-wide default of load_timeout_s (seconds, 0: none; none set: 300). */
 void servd_engine_set_load_timeout(double seconds);
 /* Interpreters of abandoned loads in this process (each holds one of the SERVD_INTERP_MAX). */
 int servd_engine_quarantined_interpreters(void);
-/* Process-wide defaults of verify_weights and trusted_keys (borrowed: must outlive every load). */
-void servd_engine_set_package_checks(bool verify_weights, const char *trusted_keys);
-/* Process-wide default of isolation (none set: SERVD_ISOLATION_NONE); call before loading models. */
-void servd_engine_set_isolation(servd_isolation isolation);
 /* Loads the package and starts its interpreters (and scheduler thread). *out owned by the caller. */
 int servd_model_load(const servd_model_options *o, servd_model **out);
 /* Stops accepting, lets running requests finish until deadline_ms (then cancels them), frees all. */
@@ -116,6 +121,9 @@ servd_model_kind servd_model_get_kind(const servd_model *m);
 /* Loaded, scheduler making progress: not stuck, i.e. pending work saw a finished step within the
  * last 60 s, or within the step timeout plus 30 s when that is longer. */
 bool servd_model_ready(const servd_model *m);
+/* Not ready because its process died and is being restarted (isolation "process"): a condition that
+ * mends itself, unlike a stuck engine. why (may be NULL): the cause and the restart's progress. */
+bool servd_model_restarting(const servd_model *m, char *why, size_t cap);
 json_t *servd_model_metadata(const servd_model *m); /* new ref: KServe v2 model metadata */
 
 /* ---- causal-lm -------------------------------------------------------------------------------- */
@@ -124,6 +132,21 @@ int servd_model_detokenize(servd_model *m, const int32_t *ids, int n, char **tex
 /* Renders the package's chat template over messages (a JSON array of {role, content}). */
 int servd_model_apply_chat_template(servd_model *m, json_t *messages, bool add_generation_prompt, char **text);
 int servd_model_context_length(const servd_model *m);
+
+/* Constrained decoding (structured outputs): what the output must match. */
+typedef enum servd_guide_kind {
+  SERVD_GUIDE_NONE = 0,
+  SERVD_GUIDE_JSON_SCHEMA = 1, /* spec: a JSON Schema (JSON text) */
+  SERVD_GUIDE_JSON_OBJECT = 2, /* spec: "" (any JSON object) */
+  SERVD_GUIDE_REGEX = 3,       /* spec: a regular expression (Rust regex syntax), matched whole */
+  SERVD_GUIDE_CHOICE = 4,      /* spec: a JSON list of strings, one of which is the output */
+  SERVD_GUIDE_GRAMMAR = 5,     /* spec: a Lark or GBNF grammar */
+} servd_guide_kind;
+/* Checks a constraint in the model's grammar engine and translates it into *grammar (caller frees)
+ * for servd_gen_params.guide. SERVD_EINVAL with a message naming the problem for an invalid or
+ * unsupported constraint; SERVD_EUNSUPPORTED when the model's package has no guided decoding hooks;
+ * SERVD_EMODEL when the grammar engine itself fails (not installed). Runs on the interpreter thread. */
+int servd_model_guide_compile(servd_model *m, servd_guide_kind kind, const char *spec, char **grammar);
 
 typedef struct servd_gen_params {
   int max_tokens;           /* <= 0: up to the context length */
@@ -143,6 +166,9 @@ typedef struct servd_gen_params {
   int n_stop_token_ids;
   bool ignore_eos;
   int64_t deadline_ms;      /* 0: none; else wall-clock budget from submit */
+  /* Appended: constrained decoding, a grammar from servd_model_guide_compile (copied at submit);
+   * NULL: none. Every sampled token then obeys it, and the grammar's completion ends the text. */
+  const char *guide;
 } servd_gen_params;
 
 void servd_gen_params_default(servd_gen_params *p);
@@ -174,6 +200,8 @@ typedef struct servd_event {
   /* Appended: for error_code SERVD_EMODEL, the exception type name ("RuntimeError"); else NULL.
    * Valid during the callback. The failure of a step fails only the requests of that step. */
   const char *error_type;
+  /* Appended: prompt tokens whose K/V came from the prefix cache (OpenAI cached_tokens). */
+  int cached_tokens;
 } servd_event;
 
 /* Called on the engine's thread; must not block. After a final event the engine never touches ud. */
@@ -226,6 +254,17 @@ typedef struct servd_model_stats {
                             * attention scratch, collective buffers, cached blocks */
   /* Appended: GPU steps whose rows were all plain greedy, so only each row's top token crossed PCIe. */
   uint64_t pick_steps;
+  /* Appended: prefix cache, in tokens: looked up at admission and found (hits); full blocks cached. */
+  uint64_t prefix_cache_queries, prefix_cache_hits;
+  int kv_blocks_cached;
+  /* Appended: constrained decoding: rows whose token mask was computed, the time those calls took
+   * (the whole call into the grammar engine, per step), sequences holding a matcher now. */
+  uint64_t guided_rows;
+  double guided_mask_seconds;
+  int guided_sequences;
+  /* Appended: isolation "process": the model's process was started again this many times. */
+  bool isolated;
+  int isolated_restarts;
 } servd_model_stats;
 void servd_model_get_stats(const servd_model *m, servd_model_stats *s);
 

@@ -7,6 +7,7 @@
 
 #include "engine/batcher.h"
 #include "engine/engine.h"
+#include "engine/guide.h"
 #include "engine/interp_thread.h"
 #include "engine/isolated.h"
 #include "engine/model_runner.h"
@@ -38,6 +39,7 @@ struct servd_request {
   servd_detok *detok;
   servd_sampler *sampler;
   servd_stop_matcher *stopper;
+  servd_guide_seq guide;    /* constrained decoding (engine/guide.h) */
   struct servd_request *inbox_next;
 };
 
@@ -93,7 +95,10 @@ struct servd_model {
   uint64_t pick_steps; /* GPU steps that returned picks (servd_forward_batch.want_picks) */
   int64_t last_progress_ns;
   int kv_used;
+  int kv_cached;                          /* full blocks in the prefix cache */
+  uint64_t prefix_queries, prefix_hits;   /* tokens */
   servd_sampler_scratch *scratch; /* shared by the samplers: they all run on the scheduler thread */
+  servd_guides *guides;           /* constrained decoding (causal-lm) */
 };
 
 #endif

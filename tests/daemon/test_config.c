@@ -252,12 +252,35 @@ static void test_isolation(void **state) {
   servd_config_free(&c);
 }
 
+/* Prefix caching is on unless --no-prefix-cache or "prefix_cache": false; it reaches every model. */
+static void test_prefix_cache(void **state) {
+  (void)state;
+  servd_config c;
+  servd_model_options o;
+  assert_int_equal(PARSE(&c, "--model", "/x.mpk"), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_true(o.prefix_cache);
+  servd_config_free(&c);
+  assert_int_equal(PARSE(&c, "--no-prefix-cache", "--model", "/x.mpk"), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_false(o.prefix_cache);
+  servd_config_free(&c);
+  assert_int_equal(parse_file(&c, "{\"prefix_cache\": false, \"models\": [{\"path\": \"/a.mpk\"}]}", NULL), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_false(o.prefix_cache);
+  servd_config_free(&c);
+  assert_int_equal(parse_file(&c, "{\"prefix_cache\": 3}", NULL), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "prefix_cache"));
+  servd_config_free(&c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),        cmocka_unit_test(test_gpu_flags),
       cmocka_unit_test(test_step_timeout),    cmocka_unit_test(test_isolation),
       cmocka_unit_test(test_bad_flags),       cmocka_unit_test(test_config_file),
       cmocka_unit_test(test_model_options),   cmocka_unit_test(test_help_mentions_gpu_flags),
+      cmocka_unit_test(test_prefix_cache),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

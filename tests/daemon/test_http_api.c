@@ -58,10 +58,17 @@ static void fake_unload(servd_model *m, int d) {
 }
 static const char *fake_name(const servd_model *m) { return m->name; }
 static servd_model_kind fake_kind(const servd_model *m) { return m->kind; }
+/* The generic model "gen" as a process-isolated model whose process died and restarts. */
+static atomic_bool fake_gen_restarting = false;
 static bool fake_is_ready(const servd_model *m) {
-  (void)m;
-  return atomic_load(&fake_ready);
+  return atomic_load(&fake_ready) && !(atomic_load(&fake_gen_restarting) && strcmp(m->name, "gen") == 0);
 }
+static bool fake_restarting(const servd_model *m, char *why, size_t cap) {
+  bool down = atomic_load(&fake_gen_restarting) && strcmp(m->name, "gen") == 0;
+  if (down && why) snprintf(why, cap, "the model's process (pid 7) was killed by signal 11 (SIGSEGV); restart 2 in 0.4 s");
+  return down;
+}
+static int fake_quarantined(void) { return 3; }
 static json_t *fake_meta(const servd_model *m) {
   (void)m;
   return json_pack("{s:[{s:s, s:s, s:[i]}], s:[{s:s, s:s, s:[i]}]}", "inputs", "name", "x", "datatype", "FP32",
@@ -214,10 +221,11 @@ static int fake_predict(servd_model *m, const servd_named_tensor *in, int n_in, 
   return 0;
 }
 static void fake_stats(const servd_model *m, servd_model_stats *s) {
-  (void)m;
   memset(s, 0, sizeof(*s));
   s->kv_blocks_total = 100;
   s->kv_blocks_used = atomic_load(&n_live);
+  s->isolated = strcmp(m->name, "gen") == 0;
+  s->isolated_restarts = s->isolated ? 2 : 0;
   s->running = atomic_load(&n_live);
   s->n_interpreters = 2;
   s->interp_busy_seconds[0] = 1.5;
@@ -228,7 +236,8 @@ static const servd_model_ops fake_ops = {
     .unload = fake_unload, .name = fake_name, .kind = fake_kind, .ready = fake_is_ready, .metadata = fake_meta,
     .tokenize = fake_tokenize, .detokenize = fake_detokenize, .apply_chat_template = fake_template,
     .context_length = fake_ctx, .submit = fake_submit, .cancel = fake_cancel, .release = fake_release,
-    .predict = fake_predict, .get_stats = fake_stats,
+    .predict = fake_predict, .get_stats = fake_stats, .restarting = fake_restarting,
+    .quarantined_interpreters = fake_quarantined,
 };
 
 /* ---- servers ---------------------------------------------------------------------------------- */
@@ -851,6 +860,48 @@ static void test_repository(void **st) {
   json_decref(j);
 }
 
+/* A process-isolated model restarting after a crash is not ready itself, but the server stays ready
+ * and live (a crash loop must not take the pod out of service); the index says why. */
+static void test_restarting_model(void **st) {
+  (void)st;
+  int s;
+  atomic_store(&fake_gen_restarting, true);
+  json_t *j = get_json(open_srv.port, "/v2/health/ready", &s);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/health/live", &s);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = get_json(open_srv.port, "/v2/models/gen/ready", &s);
+  assert_int_equal(s, 503);
+  json_decref(j);
+  j = post_json(open_srv.port, "/v2/repository/index", "", &s, NULL);
+  assert_int_equal(s, 200);
+  bool seen = false;
+  for (size_t i = 0; i < json_array_size(j); i++) {
+    json_t *e = json_array_get(j, i);
+    if (strcmp(json_string_value(json_object_get(e, "name")), "gen") != 0) continue;
+    seen = true;
+    assert_string_equal(json_string_value(json_object_get(e, "state")), "UNAVAILABLE");
+    assert_non_null(strstr(json_string_value(json_object_get(e, "reason")), "SIGSEGV"));
+  }
+  assert_true(seen);
+  json_decref(j);
+  tc_resp r = tc_request(open_srv.port, "GET", "/metrics", NULL, NULL);
+  assert_int_equal(r.status, 200);
+  assert_non_null(strstr(r.body, "servd_isolated_model_restarts_total{model=\"gen\"} 2\n"));
+  assert_null(strstr(r.body, "servd_isolated_model_restarts_total{model=\"lm\"}"));
+  assert_non_null(strstr(r.body, "\nservd_engine_quarantined_interpreters 3\n"));
+  tc_resp_free(&r);
+  /* Stuck, not restarting: the server is not ready again. */
+  atomic_store(&fake_gen_restarting, false);
+  atomic_store(&fake_ready, false);
+  j = get_json(open_srv.port, "/v2/health/ready", &s);
+  assert_int_equal(s, 503);
+  json_decref(j);
+  atomic_store(&fake_ready, true);
+}
+
 static void test_metrics(void **st) {
   (void)st;
   tc_resp r = tc_request(open_srv.port, "GET", "/metrics", NULL, NULL);
@@ -1025,7 +1076,7 @@ int main(void) {
       cmocka_unit_test(test_busy_is_429),     cmocka_unit_test(test_engine_error_is_500),
       cmocka_unit_test(test_disconnect_cancels), cmocka_unit_test(test_kserve_infer), cmocka_unit_test(test_kserve_concurrency),
       cmocka_unit_test(test_auth),            cmocka_unit_test(test_tokenize),
-      cmocka_unit_test(test_repository),      cmocka_unit_test(test_metrics),
+      cmocka_unit_test(test_repository),      cmocka_unit_test(test_metrics), cmocka_unit_test(test_restarting_model),
       cmocka_unit_test(test_max_completion_tokens), cmocka_unit_test(test_engine_refusals_name_the_field),
       cmocka_unit_test(test_versions),        cmocka_unit_test(test_router_statuses),
       cmocka_unit_test(test_route_table),
