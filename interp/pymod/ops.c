@@ -164,15 +164,14 @@ static PyObject *op_attention(PyObject *m, PyObject *const *args, Py_ssize_t n) 
   int window = n == 8 ? pm_as_int(args[7]) : 0;
   if (window == -1 && PyErr_Occurred()) return NULL;
   if (kv->dkv) {
-    if (window) {
-      PyErr_SetString(PyExc_ValueError, "servd.ops.attention: a sliding window is not implemented on a device yet");
-      return NULL;
-    }
     if (!b->dbatch) {
       PyErr_SetString(PyExc_ValueError, "servd.ops.attention: the cache is on a device but this servd.Batch has "
                                         "no device inputs");
       return NULL;
     }
+    if (window)
+      PM_RUN("attention", device_attention_window,
+             pm_host->device_attention_window(t[0], t[1], kv->dkv, layer, b->dbatch, heads, (float)scale, window));
     PM_RUN("attention", device_attention,
            pm_host->device_attention(t[0], t[1], kv->dkv, layer, b->dbatch, heads, (float)scale));
   }

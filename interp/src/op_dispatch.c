@@ -163,6 +163,18 @@ int servd_op__device_attention(servd_tensor *out, const servd_tensor *q, const s
   return rc < 0 ? rc : servd_device_attention(out, q, kv, layer, db, n_heads, scale);
 }
 
+int servd_op__device_attention_window(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
+                                      const servd_device_batch *db, int n_heads, float scale, int window) {
+  if (!kv || !db)
+    return servd_fail(SERVD_EINVAL, "attention: the step has no device %s", kv ? "batch" : "KV cache");
+  int kd = servd_device_kv_device(kv);
+  char what[48];
+  snprintf(what, sizeof what, "the KV cache is on cuda:%d", kd);
+  const arg a[] = {A(out), A(q)};
+  int rc = device_only("attention", a, N(a), kd, what);
+  return rc < 0 ? rc : servd_device_attention_window(out, q, kv, layer, db, n_heads, scale, window);
+}
+
 int servd_op__device_allreduce_sum(servd_device_comm *c, int rank, servd_tensor *x) {
   const arg a[] = {A(x)};
   int rc = device_only("allreduce", a, N(a), -1, "the communicator is for device tensors");

@@ -45,7 +45,7 @@ static int decode_splits(int n_sms, int n_seqs, int n_heads, int max_blocks) {
 template <int DPL>
 static int launch_decode(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q, const servd_bf16_t *kc,
                          const servd_bf16_t *vc, const servd_cuda_attn_batch *b, int n_heads, int group,
-                         int block_size, float scale) {
+                         int block_size, float scale, int window) {
   constexpr int HD = DPL * 32;
   const int n_sms = servd__cuda_sm_count(c);
   const int n_splits = decode_splits(n_sms, b->n_seqs, n_heads, b->max_blocks);
@@ -58,7 +58,8 @@ static int launch_decode(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_
   dim3 grid(b->n_seqs, n_heads, n_splits);
   decode_split_kernel<DPL><<<grid, 128, 0, servd__stream(c)>>>(part_acc, part_ml, CBF(q), CBF(kc), CBF(vc),
                                                                b->q_start, b->kv_len, b->block_tables,
-                                                               b->max_blocks, n_heads, group, block_size, scale);
+                                                               b->max_blocks, n_heads, group, block_size, scale,
+                                                               window);
   SERVD_CUDA_LAUNCH_CHECK();
   decode_reduce_kernel<<<dim3(b->n_seqs, n_heads), HD, 0, servd__stream(c)>>>(BF(out), part_acc, part_ml,
                                                                               b->q_start, n_heads, n_splits, HD);
@@ -69,7 +70,7 @@ static int launch_decode(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_
 template <int DPL>
 static int launch_prefill(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q, const servd_bf16_t *kc,
                           const servd_bf16_t *vc, const servd_cuda_attn_batch *b, int n_heads, int group,
-                          int block_size, float scale) {
+                          int block_size, float scale, int window) {
   constexpr int HD = DPL * 32;
   int n_tiles = 0;
   for (int s = 0; s < b->n_seqs; s++) n_tiles += (int)servd__div_up(b->h_q_len[s], SERVD_ATTN_BQ);
@@ -96,7 +97,7 @@ static int launch_prefill(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16
                                         (int)smem));
   prefill_tile_kernel<DPL><<<dim3(n_tiles, n_heads), 128, smem, servd__stream(c)>>>(
       BF(out), CBF(q), CBF(kc), CBF(vc), dplan, dplan + n_tiles, b->q_start, b->q_len, b->kv_len, b->block_tables,
-      b->max_blocks, n_heads, group, block_size, scale);
+      b->max_blocks, n_heads, group, block_size, scale, window);
   SERVD_CUDA_LAUNCH_CHECK();
   return SERVD_OK;
 }
@@ -104,17 +105,26 @@ static int launch_prefill(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16
 template <int DPL>
 static int dispatch(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q, const servd_bf16_t *kc,
                     const servd_bf16_t *vc, const servd_cuda_attn_batch *b, int n_heads, int group, int block_size,
-                    float scale) {
+                    float scale, int window) {
   bool decode_only = true;
   for (int s = 0; s < b->n_seqs; s++) decode_only &= b->h_q_len[s] == 1;
-  if (decode_only) return launch_decode<DPL>(c, out, q, kc, vc, b, n_heads, group, block_size, scale);
-  return launch_prefill<DPL>(c, out, q, kc, vc, b, n_heads, group, block_size, scale);
+  if (decode_only) return launch_decode<DPL>(c, out, q, kc, vc, b, n_heads, group, block_size, scale, window);
+  return launch_prefill<DPL>(c, out, q, kc, vc, b, n_heads, group, block_size, scale, window);
 }
 
 extern "C" int servd_cuda_attention(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q,
                                     const servd_bf16_t *k_cache, const servd_bf16_t *v_cache,
                                     const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads, int head_dim,
                                     int block_size, float scale) {
+  return servd_cuda_attention_window(c, out, q, k_cache, v_cache, b, n_heads, n_kv_heads, head_dim, block_size, scale,
+                                     0);
+}
+
+extern "C" int servd_cuda_attention_window(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q,
+                                           const servd_bf16_t *k_cache, const servd_bf16_t *v_cache,
+                                           const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads, int head_dim,
+                                           int block_size, float scale, int window) {
+  if (window < 0) return servd_fail(SERVD_EINVAL, "cuda attention: window %d (0: none)", window);
   if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || block_size <= 0 || b->n_seqs < 0 ||
       b->max_blocks <= 0)
     return servd_fail(SERVD_EINVAL, "cuda attention: bad heads %d/%d, block_size %d, seqs %d, max_blocks %d",
@@ -128,10 +138,10 @@ extern "C" int servd_cuda_attention(servd_cuda_ctx *c, servd_bf16_t *out, const 
   SERVD_CUDA_DEVICE_SCOPE(c);
   const int group = n_heads / n_kv_heads;
   switch (head_dim) {
-    case 64: return dispatch<2>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale);
-    case 96: return dispatch<3>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale);
-    case 128: return dispatch<4>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale);
-    case 256: return dispatch<8>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale);
+    case 64: return dispatch<2>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale, window);
+    case 96: return dispatch<3>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale, window);
+    case 128: return dispatch<4>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale, window);
+    case 256: return dispatch<8>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale, window);
     default: return servd_fail(SERVD_EUNSUPPORTED, "cuda attention: head_dim %d (supported: 64, 96, 128, 256)", head_dim);
   }
 }

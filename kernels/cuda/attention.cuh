@@ -45,17 +45,19 @@ __global__ void decode_split_kernel(float *part_acc, float *part_ml, const __nv_
                                     const __nv_bfloat16 *__restrict__ kc, const __nv_bfloat16 *__restrict__ vc,
                                     const int32_t *__restrict__ q_start, const int32_t *__restrict__ kv_len,
                                     const int32_t *__restrict__ tables, int max_blocks, int n_heads,
-                                    int group, int block_size, float scale) {
+                                    int group, int block_size, float scale, int window) {
   constexpr int HD = DPL * 32;
   const int seq = blockIdx.x, head = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
   const int len = max(kv_len[seq], 0);
-  // This split's share of the real context, in whole cache blocks: chunk * n_splits >= len, and
+  // A sliding window (> 0) leaves keys [lo, len) to the one query row at len - 1.
+  const int lo = window > 0 && len > window ? len - window : 0;
+  // This split's share of the real context, in whole cache blocks: chunk * n_splits >= len - lo, and
   // every split starting at or past len is empty. No int overflow: chunk <= len / n_splits + 1 +
   // block_size, so split * chunk <= len + n_splits * (1 + block_size).
-  const int per = (len + n_splits - 1) / n_splits;
+  const int per = (len - lo + n_splits - 1) / n_splits;
   const int chunk = (per + block_size - 1) / block_size * block_size;
-  const int begin = min(len, split * chunk);
+  const int begin = min(len, lo + split * chunk);
   const int end = min(len, begin + chunk);
   const long long part = ((long long)seq * n_heads + head) * n_splits + split;
   if (begin >= end) { /* the same for the whole block: an empty split, skipped by the reduce */
@@ -143,7 +145,8 @@ __global__ void prefill_tile_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *__r
                                     const __nv_bfloat16 *__restrict__ kc, const __nv_bfloat16 *__restrict__ vc,
                                     const int32_t *tile_seq, const int32_t *tile_q0, const int32_t *q_start,
                                     const int32_t *q_len, const int32_t *kv_len, const int32_t *tables,
-                                    int max_blocks, int n_heads, int group, int block_size, float scale) {
+                                    int max_blocks, int n_heads, int group, int block_size, float scale,
+                                    int window) {
   constexpr int HD = DPL * 32, KS = HD + 2; /* padded K rows: conflict-free bf16x2 reads */
   constexpr int ROWS_PER_WARP = SERVD_ATTN_BQ / 4;
   extern __shared__ unsigned char smem_raw[];
@@ -172,7 +175,9 @@ __global__ void prefill_tile_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *__r
     for (int j = 0; j < DPL; j++) acc[r][j] = 0.f;
   }
   const int kv_end = first_pos + q0 + rows; /* causal limit of the tile's last row */
-  for (int t0 = 0; t0 < kv_end; t0 += SERVD_ATTN_BK) {
+  /* a sliding window (> 0): row p sees keys (p - window, p]; the tile's first row sees the oldest */
+  const int kv_begin = window > 0 && first_pos + q0 + 1 > window ? first_pos + q0 + 1 - window : 0;
+  for (int t0 = kv_begin; t0 < kv_end; t0 += SERVD_ATTN_BK) {
     __syncthreads();
     for (int i = threadIdx.x; i < SERVD_ATTN_BK * HD; i += blockDim.x) {
       const int j = i / HD, d = i % HD, pos = t0 + j;
@@ -191,8 +196,9 @@ __global__ void prefill_tile_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *__r
       const int row = warp * ROWS_PER_WARP + r;
       if (row >= rows) break;
       const int row_pos = first_pos + q0 + row, pos = t0 + lane;
+      const bool seen = pos <= row_pos && (window <= 0 || pos > row_pos - window);
       float s = -FLT_MAX;
-      if (pos <= row_pos) {
+      if (seen) {
         s = 0.f;
         const __nv_bfloat162 *k2 = reinterpret_cast<const __nv_bfloat162 *>(ks + lane * KS);
         const float2 *q2 = reinterpret_cast<const float2 *>(qs + row * HD);
@@ -204,7 +210,7 @@ __global__ void prefill_tile_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *__r
         }
       }
       const float m_new = fmaxf(m[r], warp_max(s));
-      const float p = pos <= row_pos ? __expf(s - m_new) : 0.f;
+      const float p = seen ? __expf(s - m_new) : 0.f;
       const float corr = __expf(m[r] - m_new);
       l[r] = l[r] * corr + warp_sum(p);
       m[r] = m_new;

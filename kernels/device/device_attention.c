@@ -5,6 +5,11 @@ int servd__dev_batch_device(const servd_device_batch *db);
 
 int servd_device_attention(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
                            const servd_device_batch *db, int n_heads, float scale) {
+  return servd_device_attention_window(out, q, kv, layer, db, n_heads, scale, 0);
+}
+
+int servd_device_attention_window(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
+                                  const servd_device_batch *db, int n_heads, float scale, int window) {
   const char *op = "device attention";
   char a[128], b[128];
   if (!kv || !db) return servd_fail(SERVD_EINVAL, "%s: NULL %s", op, kv ? "batch" : "cache");
@@ -18,6 +23,7 @@ int servd_device_attention(servd_tensor *out, const servd_tensor *q, const servd
                       op, servd__dev_describe(q, a, sizeof a), servd__dev_describe(out, b, sizeof b),
                       servd__dev_batch_device(db), device);
   if (layer < 0 || layer >= n_layers) return servd_fail(SERVD_EINVAL, "%s: layer %d of %d", op, layer, n_layers);
+  if (window < 0) return servd_fail(SERVD_EINVAL, "%s: window %d (0: none)", op, window);
   if (q->ndim != 2 || out->ndim != 2 || out->shape[0] != q->shape[0] || out->shape[1] != q->shape[1] || n_heads < 1 ||
       q->shape[1] % n_heads)
     return servd_fail(SERVD_EINVAL, "%s: q %s, out %s, %d heads: expected q and out (t, n_heads*head_dim)", op,
@@ -36,8 +42,8 @@ int servd_device_attention(servd_tensor *out, const servd_tensor *q, const servd
   servd_cuda_ctx *c;
   rc = servd__dev_ctx(op, device, &c);
   if (rc) return rc;
-  rc = servd_cuda_attention(c, servd_tensor_data(out), servd_tensor_data(q), servd__dev_kv_layer(kv, layer, 0),
-                            servd__dev_kv_layer(kv, layer, 1), &lay, n_heads, kv_dim / (int)head_dim, (int)head_dim,
-                            block_size, scale);
+  rc = servd_cuda_attention_window(c, servd_tensor_data(out), servd_tensor_data(q), servd__dev_kv_layer(kv, layer, 0),
+                                   servd__dev_kv_layer(kv, layer, 1), &lay, n_heads, kv_dim / (int)head_dim,
+                                   (int)head_dim, block_size, scale, window);
   return servd__dev_wrap(rc, op);
 }

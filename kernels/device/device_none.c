@@ -147,6 +147,12 @@ int servd_device_attention(servd_tensor *out, const servd_tensor *q, const servd
   (void)out, (void)q, (void)kv, (void)layer, (void)db, (void)n_heads, (void)scale;
   return NO_CUDA("device attention");
 }
+
+int servd_device_attention_window(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
+                                  const servd_device_batch *db, int n_heads, float scale, int window) {
+  (void)out, (void)q, (void)kv, (void)layer, (void)db, (void)n_heads, (void)scale, (void)window;
+  return NO_CUDA("device attention");
+}
 int servd_device_comm_create(int world_size, const int *devices, servd_device_comm **out) {
   *out = NULL;
   TRY(servd__dev_check_comm("device_comm_create", world_size, devices));

@@ -797,6 +797,7 @@ typedef struct attn_args {
   servd_cuda_attn_batch b; /* device arrays read at run time; the host ones are not kept */
   int n_heads, n_kv_heads, head_dim, block_size;
   float scale;
+  int window;
 } attn_args;
 static void run_attention(const void *a_) {
   const attn_args *a = a_;
@@ -808,12 +809,13 @@ static void run_attention(const void *a_) {
     float *sc = malloc(sizeof(float) * (size_t)(kl > 0 ? kl : 1));
     if (!sc) abort();
     for (int i = 0; i < ql; i++) {
-      const int pos = kl - ql + i; /* attends to [0, pos] */
+      const int pos = kl - ql + i; /* attends to [lo, pos] */
+      const int lo = a->window > 0 && pos + 1 > a->window ? pos + 1 - a->window : 0;
       for (int h = 0; h < a->n_heads; h++) {
         const servd_bf16_t *q = a->q + ((size_t)(qs + i) * a->n_heads + h) * hd;
         const size_t koff = (size_t)(h / group) * hd;
         float mx = -INFINITY;
-        for (int t = 0; t <= pos; t++) {
+        for (int t = lo; t <= pos; t++) {
           const size_t row = (size_t)table[t / a->block_size] * a->block_size + (size_t)(t % a->block_size);
           float d = 0;
           for (int e = 0; e < hd; e++) d += bf(q, e) * bf(a->kc, row * kv_dim + koff + e);
@@ -821,11 +823,11 @@ static void run_attention(const void *a_) {
           if (sc[t] > mx) mx = sc[t];
         }
         float l = 0;
-        for (int t = 0; t <= pos; t++) l += sc[t] = expf(sc[t] - mx);
+        for (int t = lo; t <= pos; t++) l += sc[t] = expf(sc[t] - mx);
         servd_bf16_t *o = a->out + ((size_t)(qs + i) * a->n_heads + h) * hd;
         for (int e = 0; e < hd; e++) {
           float acc = 0;
-          for (int t = 0; t <= pos; t++) {
+          for (int t = lo; t <= pos; t++) {
             const size_t row = (size_t)table[t / a->block_size] * a->block_size + (size_t)(t % a->block_size);
             acc += sc[t] * bf(a->vc, row * kv_dim + koff + e);
           }
@@ -839,6 +841,12 @@ static void run_attention(const void *a_) {
 int servd_cuda_attention(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q, const servd_bf16_t *k_cache,
                          const servd_bf16_t *v_cache, const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads,
                          int head_dim, int block_size, float scale) {
+  return servd_cuda_attention_window(c, out, q, k_cache, v_cache, b, n_heads, n_kv_heads, head_dim, block_size, scale, 0);
+}
+int servd_cuda_attention_window(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q,
+                                const servd_bf16_t *k_cache, const servd_bf16_t *v_cache, const servd_cuda_attn_batch *b,
+                                int n_heads, int n_kv_heads, int head_dim, int block_size, float scale, int window) {
+  if (window < 0) return servd_fail(SERVD_EINVAL, "fake cuda attention: window %d", window);
   if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || block_size <= 0 || b->n_seqs < 0 ||
       b->max_blocks <= 0)
     return servd_fail(SERVD_EINVAL, "fake cuda attention: heads %d/%d", n_heads, n_kv_heads);
@@ -849,7 +857,7 @@ int servd_cuda_attention(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_
   if (head_dim != 64 && head_dim != 96 && head_dim != 128 && head_dim != 256)
     return servd_fail(SERVD_EUNSUPPORTED, "fake cuda attention: head_dim %d", head_dim);
   if (!b->n_seqs) return SERVD_OK;
-  attn_args a = {out, q, k_cache, v_cache, *b, n_heads, n_kv_heads, head_dim, block_size, scale};
+  attn_args a = {out, q, k_cache, v_cache, *b, n_heads, n_kv_heads, head_dim, block_size, scale, window};
   a.b.h_q_start = a.b.h_q_len = a.b.h_kv_len = NULL;
   return launch(c, run_attention, &a, sizeof a);
 }

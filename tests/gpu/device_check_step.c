@@ -183,6 +183,18 @@ static void check_attention(void) {
     dc_expect_close(label, got, servd_tensor_data(rh), (size_t)T * A_QD, ldexp(1, -7), ldexp(1, -7), NULL,
                     "2^-7 + 2^-7|ref|");
   }
+  /* Sliding windows (Gemma 3's local layers): one key, within a tile, across cache blocks and splits. */
+  static const int windows[] = {1, 20, 100, 700};
+  for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
+    char label[160];
+    snprintf(label, sizeof label, "attention window %d: the same mixed batch, keys older than pos - %d masked",
+             windows[w], windows[w] - 1);
+    TRY(servd_attention_window(rh, qh, ckv, 0, &ab, A_HEADS, scale, windows[w]));
+    TRY(servd_device_attention_window(od, qd, dkv, 0, db, A_HEADS, scale, windows[w]));
+    TRY(dc_download_f32(od, got));
+    dc_expect_close(label, got, servd_tensor_data(rh), (size_t)T * A_QD, ldexp(1, -7), ldexp(1, -7), NULL,
+                    "2^-7 + 2^-7|ref|");
+  }
 done:
   servd_kv_cache_destroy(ckv);
   servd_device_kv_destroy(dkv);

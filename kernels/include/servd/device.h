@@ -136,6 +136,11 @@ SERVD_API int servd_device_batch_capacity(const servd_device_batch *db, int *max
  * for the layout of the step last uploaded to db. head_dim from q's width / n_heads. */
 SERVD_API int servd_device_attention(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
                                      const servd_device_batch *db, int n_heads, float scale);
+/* As servd_device_attention with a sliding window: the query at position p sees keys p - window + 1
+ * .. p (0: none). */
+SERVD_API int servd_device_attention_window(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv,
+                                            int layer, const servd_device_batch *db, int n_heads, float scale,
+                                            int window);
 
 /* ---- collectives between ranks of one process (NCCL, one communicator per rank) -------------- */
 typedef struct servd_device_comm servd_device_comm;

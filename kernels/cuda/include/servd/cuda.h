@@ -128,6 +128,12 @@ SERVD_API int servd_cuda_attention(servd_cuda_ctx *c, servd_bf16_t *out, const s
                                    const servd_bf16_t *k_cache, const servd_bf16_t *v_cache,
                                    const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads, int head_dim,
                                    int block_size, float scale);
+/* As servd_cuda_attention with a sliding window: the query at position p sees keys p - window + 1 ..
+ * p (window 0: none; both kernels start at the oldest key a row sees). */
+SERVD_API int servd_cuda_attention_window(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q,
+                                          const servd_bf16_t *k_cache, const servd_bf16_t *v_cache,
+                                          const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads, int head_dim,
+                                          int block_size, float scale, int window);
 
 /* Selection order (as the CPU ops): larger first, ties to the lower index, NaN below every number.
  * Every returned index is in [0, n): a row of -inf or of NaN gives 0. */
