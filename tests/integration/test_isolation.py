@@ -3,8 +3,10 @@ ctypes (ctypes.string_at(0)) for a negative first value runs with "isolation": "
 config file. Its crash fails that request with a 500 naming the signal, servd and the other model
 (in-process) keep serving, and the isolated model comes back after its restart. Also: answers and
 model errors cross the process boundary unchanged (small tensors inline, a 256 KiB one through
-shared memory), requests while it restarts get 503, repeated crashes back off, and at SIGTERM the
-child ends with servd."""
+shared memory), requests while it restarts get 503, repeated crashes back off, a crash loop (the
+model crashes at every start) takes only that model out of service (its readiness 503, the server's
+200, the repository index says why, /metrics counts the restarts), and at SIGTERM the child ends
+with servd."""
 import hashlib
 import json
 import os
@@ -14,7 +16,7 @@ import time
 import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servd_harness import Servd, check, parse_args  # noqa: E402
+from servd_harness import Servd, check, metric_value, parse_args  # noqa: E402
 
 MODEL_PY = """\
 import ctypes
@@ -25,6 +27,10 @@ from servd import ops
 
 
 class Crashy:
+    def __init__(self):
+        if os.path.exists("@MARKER@"):
+            ctypes.string_at(0)            # crashes at every start while the marker exists
+
     def predict(self, inputs):
         x = inputs["x"]
         first = memoryview(x).cast("B").cast("f")[0]
@@ -63,6 +69,10 @@ def outputs(resp):
 
 
 a = parse_args()
+marker = os.path.join(a.work, "crashy.crash-loop")
+if os.path.exists(marker):
+    os.unlink(marker)
+MODEL_PY = MODEL_PY.replace("@MARKER@", marker)
 pkg = os.path.join(a.work, "crashy.mpk")
 make_package(pkg, "crashy", "Crashy", MODEL_PY)
 plain = os.path.join(a.work, "steady.mpk")
@@ -125,6 +135,41 @@ log = s.stderr()
 delays = [float(d) for d in re.findall(r"model 'crashy': .*killed by signal 11 \(SIGSEGV\).*restarting in ([0-9.]+) s", log)]
 check(len(delays) == 2 and delays[1] > delays[0], f"backoff: {delays}\n{log}")
 check(log.count("model 'crashy': restarted") == 2, f"restart log lines:\n{log}")
+
+# A crash loop: every start crashes while the marker exists. Only that model is out of service.
+open(marker, "w").close()
+st, resp, _ = infer(s, "crashy", -1)
+check(st == 500 and "SIGSEGV" in resp.get("error", ""), f"third crash: {st} {resp}")
+deadline = time.monotonic() + 30
+while "model 'crashy': restart failed" not in s.stderr():
+    check(time.monotonic() < deadline, f"no failed restart in the log:\n{s.stderr()}")
+    time.sleep(0.05)
+check(s.request("GET", "/v2/models/crashy/ready")[0] == 503, "crashy ready in its crash loop")
+st, _, body = s.request("GET", "/v2/health/ready")
+check(st == 200, f"/v2/health/ready is {st} while an isolated model restarts: {body}")
+check(s.request("GET", "/v2/health/live")[0] == 200, "not live while an isolated model restarts")
+check(s.request("GET", "/v2/models/steady/ready")[0] == 200, "steady not ready during the crash loop")
+st, idx = s.json("POST", "/v2/repository/index", {})
+entry = {m["name"]: m for m in idx}.get("crashy", {})
+check(st == 200 and entry.get("state") == "UNAVAILABLE" and "SIGSEGV" in entry.get("reason", "")
+      and "restart" in entry.get("reason", ""), f"index entry of the crash loop: {entry}")
+text = s.metrics()
+restarts = metric_value(text, "servd_isolated_model_restarts_total", {"model": "crashy"})
+check(restarts is not None and restarts >= 4, f"restart counter: {restarts}")
+check(metric_value(text, "servd_isolated_model_restarts_total", {"model": "steady"}) is None,
+      "an in-process model has a restart counter")
+check("\nservd_engine_quarantined_interpreters 0\n" in text, "quarantined interpreters gauge")
+check(metric_value(text, "servd_model_ready", {"model": "crashy"}) == 0, "servd_model_ready of crashy")
+st, resp, data = infer(s, "steady", 1.0)
+check(st == 200, f"steady during the crash loop: {st} {resp}")
+os.unlink(marker)  # the next start succeeds: back to serving, back in the index
+deadline = time.monotonic() + 60
+while infer(s, "crashy", 1.0)[0] != 200:
+    check(time.monotonic() < deadline, f"the isolated model did not come back after its crash loop\n{s.stderr()}")
+    time.sleep(0.05)
+st, idx = s.json("POST", "/v2/repository/index", {})
+entry = {m["name"]: m for m in idx}.get("crashy", {})
+check(entry.get("state") == "READY" and "reason" not in entry, f"index entry after the crash loop: {entry}")
 
 last = int(outputs(infer(s, "crashy", 1.0)[1])["pid"]["data"][0])
 rc = s.stop()

@@ -5,10 +5,13 @@ by TimeoutError at the load timeout), `sleeper` sleeps at import (inside C: cann
 the load is abandoned and its interpreter quarantined), `good` doubles its input and is also given
 at startup. Each bad load answers 400 within the timeout (plus the 2 s grace), the model is FAILED
 with the reason, the server stays ready because its configured model serves, unload and reload
-work, and SIGTERM during a load in progress exits promptly."""
+work, and SIGTERM during a load in progress exits promptly. Under --isolation process the child's
+import is bounded the same way, and a child that stops altogether (`stopper` sends itself SIGSTOP
+while importing) is killed 5 s after the load timeout, its load FAILED with the reason."""
 import hashlib
 import json
 import os
+import platform
 import signal
 import sys
 import threading
@@ -32,6 +35,9 @@ class Model:
 """
 SPIN_PY = "while True:\n    pass\n"
 SLEEPER_PY = "import time\ntime.sleep(3600)\n"
+# A process that never answers again: kill(getpid(), SIGSTOP) as a raw system call (62: x86-64's kill).
+STOPPER_PY = ("import ctypes\nimport os\nimport signal\n"
+              "ctypes.CDLL('libc.so.6').syscall(62, os.getpid(), int(signal.SIGSTOP))\n")
 
 LOAD_TIMEOUT = 1.0
 ABANDON_AFTER = LOAD_TIMEOUT + 2.0  # the engine's grace before it abandons an import
@@ -95,7 +101,7 @@ def failing_load(s, name, max_took, reason_part):
 a = parse_args()
 repo = os.path.join(a.work, "load-timeout-repo")
 os.makedirs(repo, exist_ok=True)
-for name, code in (("good", GOOD_PY), ("spin", SPIN_PY), ("sleeper", SLEEPER_PY)):
+for name, code in (("good", GOOD_PY), ("spin", SPIN_PY), ("sleeper", SLEEPER_PY), ("stopper", STOPPER_PY)):
     make_package(os.path.join(repo, f"{name}.mpk"), name, code)
 
 s = Servd(a, ["--model", os.path.join(repo, "good.mpk") + ":good", "--model-repository", repo,
@@ -133,4 +139,18 @@ check(rc == 0, f"SIGTERM: exit status {rc}\n{log}")
 check(took < 5.0, f"SIGTERM took {took:.1f} s with a load in progress\n{log}")
 check(out.get("status") in (503, None), f"the pending load got {out}")
 check("did not unload" not in log, f"models did not unload:\n{log}")
-print(f"OK (spin and sleeper failed in time; exit {took:.2f} s after SIGTERM)")
+
+# Process isolation: the child gets the load timeout; servd kills a child that never answers.
+s = Servd(a, ["--model", os.path.join(repo, "good.mpk") + ":good", "--model-repository", repo,
+              "--load-timeout", str(LOAD_TIMEOUT), "--interpreters", "1", "--isolation", "process"])
+infer_good(s)
+check("isolated in process" in s.stderr(), f"good is not isolated:\n{s.stderr()}")
+failing_load(s, "spin", LOAD_TIMEOUT + 4.0, "interrupted")
+failing_load(s, "sleeper", ABANDON_AFTER + 4.0, "abandoned")
+if platform.machine() == "x86_64":  # the system call number above
+    failing_load(s, "stopper", LOAD_TIMEOUT + 5.0 + 4.0, "killed")
+check(s.request("GET", "/v2/health/ready")[0] == 200, "not ready after the isolated loads failed")
+infer_good(s)
+rc = s.stop(signal.SIGTERM, timeout=30)
+check(rc == 0, f"SIGTERM (isolated): exit status {rc}\n{s.stderr()}")
+print(f"OK (spin and sleeper failed in time, in-process and isolated; stopper killed; exit {took:.2f} s after SIGTERM)")
