@@ -188,8 +188,11 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
     __m128i sm[NWMAX];
     if (NW == NWMAX && wt != SERVD_Q6_K) {
       const __m512i sm4 = k4_scales_mins_x4(w, b, bb);
-#pragma GCC unroll 4
-      for (int c = 0; c < NW; c++) sm[c] = _mm512_extracti32x4_epi32(sm4, c);
+      /* immediates spelled out: unoptimized builds do not unroll the loop into constants */
+      sm[0] = _mm512_castsi512_si128(sm4);
+      sm[1] = _mm512_extracti32x4_epi32(sm4, 1);
+      sm[2] = _mm512_extracti32x4_epi32(sm4, 2);
+      sm[3] = _mm512_extracti32x4_epi32(sm4, 3);
     }
 #pragma GCC unroll 4
     for (int c = 0; c < NW; c++) {
