@@ -90,6 +90,28 @@ check(len(content) == 3 and all(len(e.top_logprobs) == 2 for e in content), f"ch
 r = client.chat.completions.create(model="tiny", messages=msgs, max_completion_tokens=2, extra_body={"ignore_eos": True})
 check(r.usage.completion_tokens == 2, "max_completion_tokens")
 
+# Prefix caching: a prompt sent again reuses its full KV blocks (16 tokens each), reported as
+# usage.prompt_tokens_details.cached_tokens, with the same greedy text; the metrics count the hits.
+long_prompt = "The quick brown fox jumps over the lazy dog, and then it runs far away. " * 6
+first = client.completions.create(model="tiny", prompt=long_prompt, max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True})
+again = client.completions.create(model="tiny", prompt=long_prompt, max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True})
+n_prompt = again.usage.prompt_tokens
+cached = again.usage.prompt_tokens_details.cached_tokens
+check(first.usage.prompt_tokens_details.cached_tokens == 0, f"first: {first.usage}")
+check(cached == (n_prompt - 1) // 16 * 16 and cached > 0, f"cached_tokens {cached} of {n_prompt}")
+check(again.choices[0].text == first.choices[0].text, "the cache changed the greedy text")
+# n = 2 choices of a new prompt: one computes the prompt, the other waits for it and shares its blocks.
+two = client.completions.create(model="tiny", prompt="Two choices: " + long_prompt, max_tokens=4, n=2, temperature=0,
+                                extra_body={"ignore_eos": True})
+cached2 = two.usage.prompt_tokens_details.cached_tokens
+check(cached2 == (two.usage.prompt_tokens - 1) // 16 * 16, f"n=2 cached_tokens {cached2} of {two.usage.prompt_tokens}")
+check(two.choices[0].text == two.choices[1].text, "greedy choices differ")
+metrics = s.metrics()
+hits = [ln for ln in metrics.splitlines() if ln.startswith('servd_prefix_cache_hits_total{model="tiny"}')]
+check(hits and float(hits[0].split()[-1]) >= cached, f"prefix cache metrics: {hits}")
+
 # Errors come back as the client's exception types.
 for bad in [dict(temperature=-1), dict(max_tokens=-1), dict(top_p=5), dict(n=0), dict(presence_penalty=9)]:
     try:
