@@ -193,7 +193,11 @@ def forward_gemma3(cfg, w, tokens):
     inv_local = inv(float(cfg.get("rope_local_base_freq", 1e4)))
     scale = float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5
     win = int(cfg.get("sliding_window") or 4096)
-    x = w["model.embed_tokens.weight"][np.asarray(tokens)] * float(np.float32(math.sqrt(d)))
+    norm_scale = float(np.float32(math.sqrt(d)))
+    if cfg.get("torch_dtype") == "bfloat16":  # Gemma3TextScaledWordEmbedding: scale.to(weight.dtype)
+        u = np.array([norm_scale], dtype="<f4").view("<u4").astype(np.uint64)
+        norm_scale = float(np.array([((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16], dtype="<u4").view("<f4")[0])
+    x = w["model.embed_tokens.weight"][np.asarray(tokens)] * norm_scale
     causal = np.triu(np.full((T, T), -np.inf), 1)
     age = np.arange(T)[:, None] - np.arange(T)[None, :]
     for i in range(cfg["num_hidden_layers"]):

@@ -213,11 +213,17 @@ def write_gguf_gemma3(path, cfg, w):
     g.close()
 
 
-def write_safetensors(path, tensors):
+def write_safetensors(path, tensors, bf16=()):
+    """F32 tensors, those named in bf16 as BF16 (rounded to nearest even)."""
     header, off, blobs = {}, 0, []
     for name in sorted(tensors):
         a = np.ascontiguousarray(tensors[name], dtype="<f4")
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        dt = "F32"
+        if name in bf16:
+            u = a.view("<u4").astype(np.uint64)
+            a = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+            dt = "BF16"
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
         blobs.append(a.tobytes())
         off += a.nbytes
     header["__metadata__"] = {"format": "pt"}

@@ -135,6 +135,23 @@ def main():
                      ("query scale", dict(cfg, query_pre_attn_scalar=16))):
         check(np.abs(llama_ref.forward(c2, w, toks) - base).max() > 1e-3, f"gemma3 reference: {what} changes the logits")
 
+    # A bf16 checkpoint: transformers casts sqrt(hidden) to bf16 (sqrt(48) = 6.928 -> 6.9375), and so
+    # does the model code for a bf16 embedding; the f32 scale would move the logits by ~1e-3.
+    bf = os.path.join(args.work, "gemma3-bf16")
+    shutil.copytree(os.path.join(args.work, "gemma3-hf-tied"), bf)
+    json.dump(dict(cfg, torch_dtype="bfloat16"), open(os.path.join(bf, "config.json"), "w"))
+    _, w32 = llama_ref.load_folder(bf)
+    make_tiny.write_safetensors(os.path.join(bf, "model.safetensors"), {k: v.astype(np.float32) for k, v in w32.items()},
+                                bf16=("model.embed_tokens.weight",))
+    cfg_bf, w_bf = llama_ref.load_folder(bf)
+    out = os.path.join(args.work, "gemma3-bf16.mpk")
+    T.run([args.modelpkg, "pack", bf, "-o", out, "--quiet"])
+    rows, gen, pair = T.servd_logits(args, out, os.path.join(args.work, "gemma3-bf16.bin"))
+    T.compare("gemma3-bf16", cfg_bf, w_bf, rows, gen, pair)
+    f32_scale = llama_ref.forward(dict(cfg_bf, torch_dtype="float32"), w_bf, T.PROMPT)
+    check(np.abs(f32_scale - llama_ref.forward(cfg_bf, w_bf, T.PROMPT)).max() > 1e-4,
+          "gemma3 reference: the bf16 normalizer changes the logits")
+
     # "gemma3" (Gemma3ForConditionalGeneration): the text model of text_config under language_model.*
     folder = os.path.join(args.work, "gemma3-hf-tied")
     mm = os.path.join(args.work, "gemma3-multimodal")
