@@ -147,6 +147,25 @@ static void family_checks(void **state) {
   json_object_set_new(cfg, "use_sliding_window", json_true());
   assert_int_equal(mpk_check_model(p), SERVD_EUNSUPPORTED);
   assert_non_null(strstr(servd_last_error(), "sliding_window 64"));
+  /* Gemma 3: its four norms per block; soft-capping refused; GGUF and multimodal names mapped */
+  json_object_set_new(man, "architecture", json_string("gemma3"));
+  json_object_del(cfg, "use_sliding_window");
+  assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
+  assert_non_null(strstr(servd_last_error(), "\"model.layers.0.pre_feedforward_layernorm.weight\": missing"));
+  json_object_set_new(cfg, "final_logit_softcapping", json_real(30.0));
+  assert_int_equal(mpk_check_model(p), SERVD_EUNSUPPORTED);
+  assert_non_null(strstr(servd_last_error(), "\"final_logit_softcapping\": expected null"));
+  json_object_del(cfg, "final_logit_softcapping");
+  const mpk_arch *g3 = mpk__arch_by_name("gemma3");
+  char cn[128];
+  mpk__arch_map_name(&g3->gguf_names, "blk.2.post_ffw_norm.weight", cn, sizeof cn);
+  assert_string_equal(cn, "model.layers.2.post_feedforward_layernorm.weight");
+  mpk__arch_map_name(&g3->gguf_names, "blk.0.ffn_norm.weight", cn, sizeof cn);
+  assert_string_equal(cn, "model.layers.0.pre_feedforward_layernorm.weight");
+  mpk__arch_map_name(&g3->hf_names, "language_model.model.layers.11.self_attn.q_norm.weight", cn, sizeof cn);
+  assert_string_equal(cn, "model.layers.11.self_attn.q_norm.weight");
+  mpk__arch_map_name(&g3->hf_names, "language_model.model.embed_tokens.weight", cn, sizeof cn);
+  assert_string_equal(cn, "model.embed_tokens.weight");
   /* the known architectures are listed when none matches */
   json_object_set_new(man, "architecture", json_string("gemma9"));
   assert_int_equal(mpk_check_model(p), SERVD_EUNSUPPORTED);
