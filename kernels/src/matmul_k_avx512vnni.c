@@ -76,11 +76,11 @@ static inline __attribute__((always_inline)) void decode(const char *w, int64_t 
                                                          const servd_dtype wt) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   __m256i msv;
-  float dw, cw;
+  float dw = 0, cw = 0;
   if (wt == SERVD_Q6_K) {
     const servd_block_q6_k *blk = (const servd_block_q6_k *)w + b;
     dw = f16(blk->d);
-    cw = -32.0f * dw;
+    cw = 32.0f * dw; /* offsets are subtracted at the end */
     msv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)blk->scales));
     const __m512i sc16 = _mm512_castsi256_si512(msv);
     /* step s covers values 64s..64s+63: 16-value groups 4s..4s+3, 8 words each */
@@ -115,8 +115,10 @@ static inline __attribute__((always_inline)) void decode(const char *w, int64_t 
       scales = blk->scales;
       qs = blk->qs;
     }
-    dw = f16(dd[0]);
-    cw = -f16(dd[1]);
+    if (!smp) {
+      dw = f16(dd[0]);
+      cw = f16(dd[1]);
+    }
     const __m128i sm = smp ? *smp : servd__k4_scales_mins(scales); /* smp: unpacked by the caller */
     const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(sm)); /* words 0..7 sc, 8..15 m, then 0 */
     msv = _mm512_castsi512_si256(_mm512_permutexvar_epi16(idx(idx_k4m), sc16)); /* group g takes m[g / 2] */
@@ -149,7 +151,7 @@ static inline __attribute__((always_inline)) void decode(const char *w, int64_t 
     }
   }
   *msvp = msv;
-  *dwc = _mm512_insertf32x8(_mm512_set1_ps(dw), _mm256_set1_ps(cw), 1);
+  if (!smp) *dwc = _mm512_insertf32x8(_mm512_set1_ps(dw), _mm256_set1_ps(cw), 1); /* else the caller's */
 }
 
 /* res[c][r] = x row i0+r . weight row w[c], for R x rows and NW weight rows (R*NW <= RQ). Each
@@ -161,7 +163,8 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
   const servd__q8k *q = &p->xk;
   const int64_t nb = q->nb;
   const int8_t *xq[RQ];
-  /* per row: lanes 0..7 sum the scaled sub-block dots (times d), lanes 8..15 the offsets */
+  /* per row: lanes 0..7 sum the scaled sub-block dots (times d), lanes 8..15 the offsets (as
+   * positive magnitudes: dmin*m, 32*d*sc; subtracted at the end) */
   __m512 acc[NWMAX][RQ];
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++) {
@@ -186,8 +189,20 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
       }
     }
     __m128i sm[NWMAX];
+    __m512 dwc4[NWMAX];
     if (NW == NWMAX && wt != SERVD_Q6_K) {
       const __m512i sm4 = k4_scales_mins_x4(w, b, bb);
+      /* d and dmin of the four blocks in one conversion: [d0 dmin0 d1 dmin1 ...], then
+       * [d x8, dmin x8] per row by one permute */
+      uint32_t hd[NWMAX];
+#pragma GCC unroll 4
+      for (int c = 0; c < NW; c++) memcpy(&hd[c], w[c] + b * bb, 4);
+      const __m512 h = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hd)));
+#pragma GCC unroll 4
+      for (int c = 0; c < NW; c++)
+        dwc4[c] = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                                         _mm512_set1_epi32(2 * c)),
+                                        h);
       /* immediates spelled out: unoptimized builds do not unroll the loop into constants */
       sm[0] = _mm512_castsi512_si128(sm4);
       sm[1] = _mm512_extracti32x4_epi32(sm4, 1);
@@ -198,7 +213,7 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
     for (int c = 0; c < NW; c++) {
       __m512i wv[4], sv[4];
       __m256i msv;
-      __m512 dwc;
+      __m512 dwc = NW == NWMAX && wt != SERVD_Q6_K ? dwc4[c] : _mm512_setzero_ps();
       decode(w[c], b, NW == NWMAX && wt != SERVD_Q6_K ? &sm[c] : NULL, wv, sv, &msv, &dwc, wt);
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++) {
@@ -231,7 +246,8 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
 #pragma GCC unroll 4
   for (int c = 0; c < NW; c++)
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) res[c][r] = _mm512_reduce_add_ps(acc[c][r]);
+    for (int r = 0; r < R; r++)
+      res[c][r] = _mm512_reduce_add_ps(_mm512_mul_ps(acc[c][r], _mm512_insertf32x8(_mm512_set1_ps(1.0f), _mm256_set1_ps(-1.0f), 1)));
 }
 
 /* q8_K activations with AVX-512: as servd__quantize_q8k value for value (roundf emulated as in
