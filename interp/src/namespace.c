@@ -1,5 +1,6 @@
 /* Link-map namespaces: one dlmopen'd libpython3.11 plus the servd module each. */
 #include "interp-impl.h"
+#include "heap-check.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -28,7 +29,9 @@ servd_guest_thread *servd_ns__thread(const servd_ns *ns) {
 static int load(servd_ns *ns, const servd_py_paths *paths) {
   const char *path = paths->pymod;
   int rc = 0;
-  ns->py = dlmopen(LM_ID_NEWLM, paths->libpython, RTLD_NOW | RTLD_LOCAL);
+  Lmid_t where = LM_ID_NEWLM;
+  if (servd_heap_check__on() && (rc = servd_heap_check__open_ns(ns->slot, &where))) return rc;
+  ns->py = dlmopen(where, paths->libpython, RTLD_NOW | RTLD_LOCAL);
   if (!ns->py) {
     const char *e = dlerror();
     const char *hint = e && strstr(e, "static TLS")
