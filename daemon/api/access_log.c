@@ -55,6 +55,10 @@ static void access_log(servd_api *a, const servd_http_req *r) {
       servd_buf_puts(&b, ",\"model\":");
       servd_buf_json_str(&b, r->model, strlen(r->model));
     }
+    if (r->request_id) {
+      servd_buf_puts(&b, ",\"request_id\":");
+      servd_buf_json_str(&b, r->request_id, strlen(r->request_id));
+    }
     servd_buf_puts(&b, "}\n");
     if (!b.oom) fwrite(b.data, 1, b.len, a->log);
     servd_buf_free(&b);
@@ -68,6 +72,10 @@ static void access_log(servd_api *a, const servd_http_req *r) {
     if (r->model) {
       fputs(" model=", a->log);
       log_field(a->log, r->model);
+    }
+    if (r->request_id) {
+      fputs(" request_id=", a->log);
+      log_field(a->log, r->request_id);
     }
     fputc('\n', a->log);
   }

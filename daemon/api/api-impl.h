@@ -27,6 +27,20 @@ void api_hist_observe(api_hist *h, double v);
 
 typedef enum { M_LOADING, M_READY, M_UNLOADING, M_UNAVAILABLE } api_model_state;
 
+/* vLLM's per-model series of a language model (metrics_vllm.c), with vLLM's buckets, so that
+ * dashboards and autoscaling rules written for vLLM read servd unchanged. */
+typedef struct api_vllm_stats {
+  api_hist ttft, itl, e2e, queue, prefill, decode, inference, prompt_tokens, generation_tokens, max_tokens;
+  double tok_bounds[API_HIST_MAX]; /* 1-2-5 series up to the context length, as vLLM's */
+  uint64_t finished[3];            /* by vLLM's finished_reason: stop, length, abort */
+} api_vllm_stats;
+
+/* A generic model's predictions (metrics_generic.c). */
+typedef struct api_infer_stats {
+  api_hist latency;
+  uint64_t ok, failed;
+} api_infer_stats;
+
 typedef struct api_model {
   struct api_model *next;
   char *name; /* owned */
@@ -38,6 +52,8 @@ typedef struct api_model {
   int inflight;          /* api requests holding engine work on this model */
   int64_t created;       /* unix seconds */
   api_hist ttft, itl, e2e;
+  api_vllm_stats vllm;
+  api_infer_stats infer;
   struct servd_http_req *waiter; /* repository load/unload request waiting for the outcome */
   bool unload_cancelled; /* running requests were cancelled at the unload deadline */
   bool startup;          /* given at startup and not loaded yet: server readiness waits for it */
@@ -74,6 +90,7 @@ typedef struct api_event {
   size_t text_len, text_cap;
   char error[512];
   uint64_t t_ns;
+  double queue_s, prefill_s, decode_s; /* final events: the engine's request phases */
 } api_event;
 
 /* One submitted engine request (a choice of an OpenAI request). */
@@ -148,6 +165,26 @@ void api_request_done(servd_api *a, const servd_http_req *r);
 
 /* The engine callback: copies the event into the loop's queue. */
 void api_engine_cb(void *ud, const servd_event *ev);
+
+/* ---- metrics beside servd's own (metrics.c) ---- */
+void api_vllm_init(api_vllm_stats *v);
+/* A token of a language-model request: its time to first token (first) or since the previous one. */
+void api_vllm_token(api_model *am, bool first, double secs);
+/* A language-model request's final event, e2e_s after the request arrived; max_tokens as asked (<= 0: none). */
+void api_vllm_finished(servd_api *a, api_model *am, const api_event *ev, double e2e_s, int max_tokens);
+/* Appends the vllm: families; st holds the stats of the live models (READY or UNLOADING) in order. */
+void api_metrics_vllm(servd_api *a, servd_buf *b, const servd_model_stats *st);
+void api_infer_init(api_infer_stats *s);
+/* A generic model's prediction ended (ok or not), secs after it was accepted. */
+void api_infer_done(api_model *am, bool ok, double secs);
+void api_metrics_generic(servd_api *a, servd_buf *b);
+/* Prometheus label value escaping (backslash, quote, newline). */
+void api_prom_label(servd_buf *b, const char *v);
+
+/* ---- request ids (request_id.c) ---- */
+/* Sets r->request_id from a client's id when it is usable (1..128 printable ASCII bytes, no space),
+ * else to a new random 128-bit hex id. Returns r->request_id (arena), NULL only out of memory. */
+const char *api_request_id_set(servd_http_req *r, const char *client);
 
 /* Monotonic nanoseconds. */
 uint64_t api_now_ns(void);

@@ -81,6 +81,9 @@ void api_engine_cb(void *ud, const servd_event *ev) {
     }
   }
   e->t_ns = api_now_ns();
+  e->queue_s = ev->queue_s;
+  e->prefill_s = ev->prefill_s;
+  e->decode_s = ev->decode_s;
   e->spare = NULL;
   if (ev->kind != SERVD_EVENT_TOKEN) { /* final: the engine never touches g again */
     e->spare = g->ev_cache;

@@ -124,6 +124,7 @@ typedef struct infer_job {
   json_t *id, *wanted; /* own references, touched on the loop only */
   api_predict_cb cb;   /* other front ends (gRPC): called instead of answering req */
   void *cb_ud;
+  uint64_t t_accept;   /* api_now_ns() when accepted (servd_inference_latency_seconds) */
 } infer_job;
 
 static void infer_free(infer_job *j) {
@@ -188,6 +189,7 @@ static void infer_after(uv_work_t *w, int status) {
   servd_api *a = j->a;
   a->works--;
   j->am->predict_running--;
+  api_infer_done(j->am, j->rc == 0, (double)(api_now_ns() - j->t_accept) / 1e9);
   infer_start_waiting(a, j->am);
   if (j->cb) {
     predict_deliver(j);
@@ -322,9 +324,12 @@ void api_kserve_infer(servd_api *a, servd_http_req *r, const api_route_args *arg
   }
   /* j owns what p held from here on. */
   j->a = a;
+  j->t_accept = api_now_ns();
   j->in = p.in;
   j->n_in = p.n_in;
   j->id = p.id;
+  /* KServe's request id, when the client sent no X-Request-Id header. */
+  if (json_is_string(p.id) && !servd_http_header_get(r, "x-request-id")) api_request_id_set(r, json_string_value(p.id));
   j->wanted = p.wanted;
   j->deadline_ms = p.deadline_ms;
   j->am = am;
@@ -369,6 +374,7 @@ int api_kserve_predict(servd_api *a, api_model *am, servd_named_tensor *in, int 
     return 500;
   }
   j->a = a;
+  j->t_accept = api_now_ns();
   j->in = in;
   j->n_in = n_in;
   j->deadline_ms = deadline_ms;

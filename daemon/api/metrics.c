@@ -168,6 +168,8 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
   }
   head(&b, "servd_api_requests_in_flight", "gauge", "API requests holding engine work.");
   servd_buf_printf(&b, "servd_api_requests_in_flight %d\n", servd_api_inflight(a));
+  api_metrics_generic(a, &b);
+  api_metrics_vllm(a, &b, st);
   free(st);
   if (b.oom) api_kserve_error(r, 500, "out of memory");
   else servd_http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.data, b.len);

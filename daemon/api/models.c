@@ -83,6 +83,8 @@ static api_model *model_new(servd_api *a, const char *name, const char *path) {
   api_hist_init(&am->ttft, ttft_bounds, N_OF(ttft_bounds));
   api_hist_init(&am->itl, itl_bounds, N_OF(itl_bounds));
   api_hist_init(&am->e2e, e2e_bounds, N_OF(e2e_bounds));
+  api_vllm_init(&am->vllm);
+  api_infer_init(&am->infer);
   /* Keep configuration order in listings. */
   api_model **tail = &a->models;
   while (*tail) tail = &(*tail)->next;

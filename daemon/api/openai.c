@@ -281,14 +281,12 @@ void api_oai_event(servd_api *a, api_event *ev) {
   gen *g = ev->g;
   oai *o = g->owner;
   api_model *am = g->am;
-  (void)a;
   if (ev->kind == SERVD_EVENT_TOKEN) {
-    if (!g->t_first) {
-      g->t_first = ev->t_ns;
-      api_hist_observe(&am->ttft, (double)(ev->t_ns - o->t_start) / 1e9);
-    } else {
-      api_hist_observe(&am->itl, (double)(ev->t_ns - g->t_last) / 1e9);
-    }
+    bool first = !g->t_first;
+    double secs = (double)(ev->t_ns - (first ? o->t_start : g->t_last)) / 1e9;
+    if (first) g->t_first = ev->t_ns;
+    api_hist_observe(first ? &am->ttft : &am->itl, secs);
+    api_vllm_token(am, first, secs);
     g->t_last = ev->t_ns;
     if (!o->req) return;
     /* token -1: text held back by the engine (stop strings, UTF-8) and released at the end. */
@@ -331,6 +329,7 @@ void api_oai_event(servd_api *a, api_event *ev) {
   if (ev->prompt_tokens > 0) g->prompt_tokens = ev->prompt_tokens;
   if (ev->cached_tokens > 0) g->cached_tokens = ev->cached_tokens;
   api_hist_observe(&am->e2e, (double)(ev->t_ns - o->t_start) / 1e9);
+  api_vllm_finished(a, am, ev, (double)(ev->t_ns - o->t_start) / 1e9, o->gp.max_tokens);
   if (g->r) a->ops->release(g->r);
   g->r = NULL;
   gen_unlink(a, g);
@@ -606,6 +605,8 @@ static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
     api_oai_error(r, perr.status, "invalid_request_error", NULL, NULL, "%s", perr.message);
     return;
   }
+  json_t *rid = json_object_get(body, "request_id"); /* vLLM's body field; the header wins, as in vLLM */
+  if (json_is_string(rid) && !servd_http_header_get(r, "x-request-id")) api_request_id_set(r, json_string_value(rid));
   api_model *am = resolve_model(a, r, body, true);
   if (!am) {
     json_decref(body);

@@ -77,6 +77,7 @@ static void method_not_allowed(servd_http_req *r, bool oai, unsigned allowed) {
 static void on_request(void *ud, servd_http_req *r) {
   servd_api *a = ud;
   const char *p = r->path;
+  api_request_id_set(r, servd_http_header_get(r, "x-request-id")); /* every answer carries one */
   unsigned bit = api_route_method_bit(r->method);
   const api_route *hit = NULL, *first = NULL;
   api_route_span model, version, m, v;

@@ -155,6 +155,17 @@ static void deliver(servd_request *r, const servd_event *ev) {
   pthread_mutex_unlock(&r->cb_mu);
 }
 
+static double secs_between(int64_t from, int64_t to) { return from && to > from ? (double)(to - from) / 1e9 : 0.0; }
+
+/* vLLM's request phases, for /metrics: a request ending before its first step (cancelled, deadline)
+ * spent all its time queued. */
+static void phase_times(const servd_request *r, servd_event *ev) {
+  int64_t now = servd_now_ns();
+  ev->queue_s = secs_between(r->t_queued_ns, r->t_scheduled_ns ? r->t_scheduled_ns : now);
+  ev->prefill_s = secs_between(r->t_scheduled_ns, r->t_first_ns ? r->t_first_ns : now);
+  ev->decode_s = secs_between(r->t_first_ns, r->t_last_ns);
+}
+
 /* Ends r with a final event. flush: text held back (a possible stop-string prefix, an incomplete
  * UTF-8 sequence) goes out first; not after a stop string matched, a cancel or an error. */
 static void finish_ex(servd_model *m, servd_request *r, const char *reason, int error_code, const char *msg,
@@ -187,6 +198,7 @@ static void finish_ex(servd_model *m, servd_request *r, const char *reason, int 
                     .text = "", .finish_reason = reason, .prompt_tokens = r->n_prompt, .cached_tokens = r->seq.n_cached,
                     .completion_tokens = r->n_generated, .error_code = error_code,
                     .error_message = msg, .token = -1, .error_type = error_type};
+  phase_times(r, &ev);
   sched_remove(&m->sched, &r->seq);
   servd_guide_end(m, r);
   /* Stats first: whoever sees the final event sees the freed blocks and counts. */
@@ -240,6 +252,8 @@ static void emit(servd_model *m, servd_request *r, const servd_sampled *sp) {
   servd_finish fin = servd_sampler_finish(r->sampler, t);
   r->seq.tokens[r->seq.n_tokens++] = t;
   r->n_generated++;
+  r->t_last_ns = servd_now_ns();
+  if (!r->t_first_ns) r->t_first_ns = r->t_last_ns;
   pthread_mutex_lock(&m->mu);
   m->generation_tokens++;
   pthread_mutex_unlock(&m->mu);
@@ -349,6 +363,10 @@ static void scheduler_run(servd_model *m) {
       servd_forward_batch b = {0};
       servd_step_arrays_point(&m->sched.step, &b, n, m->sched.n_logit_rows, m->sched.n_planned);
       b.want_picks = m->gpus > 0 && all_plain_greedy(m);
+      for (int i = 0; i < m->sched.n_planned; i++) {
+        servd_request *pr = m->sched.planned[i]->owner;
+        if (!pr->t_scheduled_ns) pr->t_scheduled_ns = now;
+      }
       servd_tensor *logits = NULL;
       memset(&err, 0, sizeof err);
       int failed_rank = -1;
@@ -920,6 +938,7 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
   r->ud = ud;
   r->p = *p;
   r->n_prompt = n_prompt;
+  r->t_queued_ns = servd_now_ns();
   int room = m->context_length - n_prompt;
   if (r->p.max_tokens <= 0 || r->p.max_tokens > room) r->p.max_tokens = room;
   if (p->deadline_ms > 0) r->deadline_ns = servd_now_ns() + p->deadline_ms * 1000000;

@@ -202,6 +202,9 @@ typedef struct servd_event {
   const char *error_type;
   /* Appended: prompt tokens whose K/V came from the prefix cache (OpenAI cached_tokens). */
   int cached_tokens;
+  /* Appended, final events only (seconds, 0 for a phase never reached): queued until first
+   * scheduled, first scheduled until the first token, first token until the last. */
+  double queue_s, prefill_s, decode_s;
 } servd_event;
 
 /* Called on the engine's thread; must not block. After a final event the engine never touches ud. */

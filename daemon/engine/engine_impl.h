@@ -41,6 +41,9 @@ struct servd_request {
   servd_stop_matcher *stopper;
   servd_guide_seq guide;    /* constrained decoding (engine/guide.h) */
   struct servd_request *inbox_next;
+  /* servd_now_ns() at submit, first scheduled, first and latest token (0: not yet): the final
+   * event's queue, prefill and decode times. */
+  int64_t t_queued_ns, t_scheduled_ns, t_first_ns, t_last_ns;
 };
 
 struct servd_model {

@@ -727,6 +727,7 @@ static void write_head(conn *c, int status, const char *ctype, long long content
   else if (c->raw_stream) servd_buf_puts(&c->obuf, "Cache-Control: no-cache\r\n");
   else servd_buf_puts(&c->obuf, "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n");
   servd_buf_puts(&c->obuf, keep ? "Connection: keep-alive\r\n" : "Connection: close\r\n");
+  if (r->request_id) servd_buf_printf(&c->obuf, "X-Request-Id: %s\r\n", r->request_id);
   if (c->ehdr.len) servd_buf_append(&c->obuf, c->ehdr.data, c->ehdr.len);
   servd_buf_append(&c->obuf, "\r\n", 2);
   if (!keep) c->close_at_end = true;

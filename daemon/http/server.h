@@ -73,6 +73,7 @@ struct servd_http_req {
   void (*on_abort)(servd_http_req *r);
   const char *route; /* label for metrics and logs (static storage) */
   const char *model; /* model named by the request, for logs (arena or static) */
+  const char *request_id; /* sent as X-Request-Id on the response and logged (arena or static); NULL: none */
 
   /* Filled in by the server. */
   int status;          /* 0 until a response started; 499 when the client went away first */
