@@ -22,4 +22,6 @@ const servd_model_ops servd_engine_model_ops = {
     .guide_compile = servd_model_guide_compile,
     .restarting = servd_model_restarting,
     .quarantined_interpreters = servd_engine_quarantined_interpreters,
+    .tools_render = servd_model_tools_render,
+    .tools_parse = servd_model_tools_parse,
 };

@@ -34,6 +34,9 @@ typedef struct servd_model_ops {
   bool (*restarting)(const servd_model *m, char *why, size_t cap);
   /* Appended; NULL: none. servd_engine_quarantined_interpreters. */
   int (*quarantined_interpreters)(void);
+  /* Appended; NULL: no tool calling (a request with tools is a 400). servd_model_tools_*. */
+  int (*tools_render)(servd_model *m, json_t *messages, json_t *tools, bool add_generation_prompt, json_t **out);
+  int (*tools_parse)(servd_model *m, const char *text, json_t *spec, json_t **out);
 } servd_model_ops;
 
 /* The engine's implementation (daemon/api/engine_ops.c). */

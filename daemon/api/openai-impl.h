@@ -21,6 +21,7 @@ typedef struct oai {
   servd_guide_kind guide_kind; /* constrained decoding: the request's constraint (arena spec) */
   const char *guide_spec, *guide_param;
   char *guide;         /* its grammar from the model (malloc'd); gp.guide points here */
+  oai_tools *tools;    /* chat with tools (api/openai_tools.h); NULL: none */
   char *detok_text;    /* detokenize result (malloc'd) */
   gen *gens;
   int n_gens, n_submitted, n_done;

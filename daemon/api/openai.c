@@ -2,6 +2,7 @@
  * events), /v1/models, and vLLM's /tokenize and /detokenize. */
 #include "api/handlers.h"
 #include "api/openai-impl.h"
+#include "api/openai_tools.h"
 #include "api/respond.h"
 
 #include <inttypes.h>
@@ -38,6 +39,7 @@ static void oai_free(oai *o) {
   for (int i = 0; i < o->n_prompts; i++) free(o->prompts[i].ids);
   json_decref(o->messages);
   free(o->guide);
+  oai_tools_free(o->tools);
   free(o->detok_text);
   servd_buf_free(&o->sse);
   if (o->am) api_model_release_ref(a, o->am);
@@ -219,6 +221,59 @@ static int sse_choice(oai *o, gen *g, const char *text, size_t len, json_t *lp, 
 
 static int sse_raw(oai *o, const char *s, size_t n) { return servd_http_stream_write(o->req, s, n); }
 
+/* One chat chunk for choice g whose delta is the given object (stolen). */
+static int sse_delta(oai *o, gen *g, json_t *delta) {
+  servd_buf *b = &o->sse;
+  servd_buf_clear(b);
+  sse_head(o, b);
+  char *d = json_dumps(delta, JSON_COMPACT);
+  json_decref(delta);
+  servd_buf_printf(b, ",\"choices\":[{\"index\":%d,\"delta\":%s,\"logprobs\":null,\"finish_reason\":null}]}\n\n",
+                   g->index, d ? d : "{}");
+  free(d);
+  if (b->oom) return -1;
+  return servd_http_stream_write(o->req, b->data, b->len);
+}
+
+/* The end of a streamed choice with tools: what text was held back and is no call after all, then
+ * each call as OpenAI streams it: a first delta with its index, id, type, name and arguments "",
+ * then the arguments in pieces. */
+static int sse_tool_calls(oai *o, gen *g) {
+  json_t *calls = oai_tools_calls(o->tools, g->index);
+  if (!calls) {
+    size_t from;
+    size_t to = oai_tools_releasable(o->tools, g->index, g->text.data, g->text.len, &from);
+    to = g->text.len; /* the end: nothing more can start a call */
+    if (to > from && sse_choice(o, g, g->text.data + from, to - from, NULL, NULL) != 0) return -1;
+    return 0;
+  }
+  bool legacy = oai_tools_legacy(o->tools);
+  size_t i;
+  json_t *c;
+  json_array_foreach(calls, i, c) {
+    if (legacy && i > 0) break;
+    json_t *fn = json_object_get(c, "function");
+    json_t *first = json_pack("{s:O, s:s}", "name", json_object_get(fn, "name"), "arguments", "");
+    json_t *d = legacy ? json_pack("{s:o}", "function_call", first)
+                       : json_pack("{s:[{s:i, s:O, s:s, s:o}]}", "tool_calls", "index", (int)i, "id",
+                                   json_object_get(c, "id"), "type", "function", "function", first);
+    if (sse_delta(o, g, d) != 0) return -1;
+    const char *args = json_string_value(json_object_get(fn, "arguments"));
+    size_t n = strlen(args), at = 0;
+    while (at < n) { /* pieces of about a token's size, never inside a UTF-8 character */
+      size_t k = n - at < 16 ? n - at : 16;
+      while (at + k < n && ((unsigned char)args[at + k] & 0xC0) == 0x80) k++;
+      json_t *piece = json_stringn(args + at, k);
+      json_t *f = json_pack("{s:o}", "arguments", piece);
+      d = legacy ? json_pack("{s:o}", "function_call", f)
+                 : json_pack("{s:[{s:i, s:o}]}", "tool_calls", "index", (int)i, "function", f);
+      if (sse_delta(o, g, d) != 0) return -1;
+      at += k;
+    }
+  }
+  return 0;
+}
+
 static void stream_finish(oai *o) {
   if (o->include_usage) {
     servd_buf *b = &o->sse;
@@ -257,7 +312,20 @@ static void respond_full(oai *o) {
     json_t *text = json_text(g->text.data ? g->text.data : "", g->text.len);
     json_t *lp = g->lp ? json_incref(g->lp) : json_null();
     json_t *c;
-    if (chat)
+    json_t *calls = chat ? oai_tools_calls(o->tools, i) : NULL;
+    if (calls) { /* the text outside the calls, or null when there is none */
+      const char *rest = oai_tools_content(o->tools, i);
+      json_decref(text);
+      text = rest ? json_text(rest, strlen(rest)) : json_null();
+    }
+    if (calls && oai_tools_legacy(o->tools))
+      c = json_pack("{s:i, s:{s:s, s:o, s:O}, s:o, s:s}", "index", g->index, "message", "role", "assistant",
+                    "content", text, "function_call", json_object_get(json_array_get(calls, 0), "function"),
+                    "logprobs", lp, "finish_reason", g->finish);
+    else if (calls)
+      c = json_pack("{s:i, s:{s:s, s:o, s:O}, s:o, s:s}", "index", g->index, "message", "role", "assistant",
+                    "content", text, "tool_calls", calls, "logprobs", lp, "finish_reason", g->finish);
+    else if (chat)
       c = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", g->index, "message", "role", "assistant", "content",
                     text, "logprobs", lp, "finish_reason", g->finish);
     else
@@ -276,6 +344,58 @@ static void respond_full(oai *o) {
 
 /* Engine text is raw bytes; JSON needs valid UTF-8, so the bytes go through the escaper first. */
 static void append_text(gen *g, const char *s, size_t n) { servd_buf_append(&g->text, s, n); }
+
+static void gen_complete(oai *o, gen *g);
+
+/* ---- tool calls: the output parsed by the package's hook on a worker thread -------------------- */
+
+typedef struct parse_work {
+  uv_work_t w;
+  oai *o;
+  gen *g;
+  int rc;
+  char err[512];
+} parse_work;
+
+static void parse_run(uv_work_t *w) {
+  parse_work *p = w->data;
+  oai *o = p->o;
+  gen *g = p->g;
+  p->rc = oai_tools_parse(o->tools, o->a->ops, o->am->m, g->index, g->text.data, g->text.len);
+  if (p->rc) snprintf(p->err, sizeof p->err, "the tool-call parser failed: %s", api_user_cause(servd_last_error()));
+}
+
+static void parse_after(uv_work_t *w, int status) {
+  (void)status;
+  parse_work *p = w->data;
+  oai *o = p->o;
+  gen *g = p->g;
+  o->a->works--;
+  if (p->rc) {
+    g->error = strdup(p->err);
+    g->error_code = SERVD_EMODEL;
+    snprintf(g->finish, sizeof g->finish, "error");
+  } else if (oai_tools_calls(o->tools, g->index) && strcmp(g->finish, "length")) {
+    snprintf(g->finish, sizeof g->finish, "%s", oai_tools_legacy(o->tools) ? "function_call" : "tool_calls");
+  }
+  free(p);
+  gen_complete(o, g);
+}
+
+/* 0: the parse is queued and completes the choice; else the caller completes it now. */
+static int tools_parse_start(oai *o, gen *g) {
+  parse_work *p = calloc(1, sizeof *p);
+  if (!p) return -1;
+  p->o = o;
+  p->g = g;
+  p->w.data = p;
+  if (uv_queue_work(o->a->loop, &p->w, parse_run, parse_after) != 0) {
+    free(p);
+    return -1;
+  }
+  o->a->works++;
+  return 0;
+}
 
 void api_oai_event(servd_api *a, api_event *ev) {
   gen *g = ev->g;
@@ -303,6 +423,13 @@ void api_oai_event(servd_api *a, api_event *ev) {
         }
       }
       g->text_offset += ev->text_len;
+      if (o->tools) { /* text from where a call starts is held for the parser at the end */
+        if (ev->text_len) append_text(g, ev->text, ev->text_len);
+        size_t from, to = oai_tools_releasable(o->tools, g->index, g->text.data, g->text.len, &from);
+        if (to > from || lp) sse_choice(o, g, g->text.data ? g->text.data + from : "", to - from, lp, NULL);
+        json_decref(lp);
+        return;
+      }
       sse_choice(o, g, ev->text ? ev->text : "", ev->text_len, lp, NULL);
       json_decref(lp);
       return;
@@ -333,6 +460,13 @@ void api_oai_event(servd_api *a, api_event *ev) {
   if (g->r) a->ops->release(g->r);
   g->r = NULL;
   gen_unlink(a, g);
+  if (o->tools && !g->error && o->req && tools_parse_start(o, g) == 0) return; /* gen_complete follows */
+  gen_complete(o, g);
+}
+
+/* A choice's last words: the final chunk when streaming, and the response once all are done. */
+static void gen_complete(oai *o, gen *g) {
+  if (o->req && o->stream && !g->error && o->tools) sse_tool_calls(o, g); /* a failed write clears o->req */
   if (o->req && o->stream) {
     if (g->error) {
       servd_buf *b = &o->sse;
@@ -387,7 +521,23 @@ static void prep_work(uv_work_t *w) {
   }
   if (o->messages) {
     char *text = NULL;
-    rc = a->ops->apply_chat_template(m, o->messages, o->add_generation_prompt, &text);
+    if (o->tools) {
+      const char *param = "messages";
+      char *grammar = NULL;
+      rc = oai_tools_prepare(o->tools, a->ops, m, o->messages, o->add_generation_prompt, o->n_prompts * o->n, &text,
+                             &grammar, &param);
+      o->guide = grammar;
+      o->gp.guide = grammar;
+      if (rc != 0 && param && strcmp(param, "messages")) {
+        o->err_rc = rc;
+        o->err_param = param;
+        snprintf(o->err, sizeof o->err, "'%s' cannot be enforced: %s", param, api_user_cause(servd_last_error()));
+        free(text);
+        return;
+      }
+    } else {
+      rc = a->ops->apply_chat_template(m, o->messages, o->add_generation_prompt, &text);
+    }
     if (rc != 0) {
       o->err_rc = rc;
       o->err_param = "messages";
@@ -658,6 +808,7 @@ static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
   o->guide_kind = p.guide_kind;
   o->guide_spec = p.guide_spec;
   o->guide_param = p.guide_param;
+  o->tools = p.tools;
   o->am = am;
   am->inflight++;
   a->inflight++;

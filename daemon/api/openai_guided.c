@@ -184,8 +184,6 @@ static const struct {
     {"kv_transfer_params", OK_NONE, "KV transfer"},
     {"vllm_xargs", OK_NONE, "vllm_xargs"},
     /* OpenAI fields */
-    {"functions", OK_NONE, "legacy function calling"},
-    {"function_call", OK_NONE, "legacy function calling"},
     {"prediction", OK_NONE, "predicted outputs"},
     {"audio", OK_NONE, "audio output"},
     {"modalities", OK_LIST_TEXT, "modalities other than text"},

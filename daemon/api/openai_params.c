@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "api/openai_guided.h"
+#include "api/openai_tools.h"
 #include "api/params_check.h"
 #include "http/buf.h"
 
@@ -128,6 +129,10 @@ static bool parse_messages(api_check *v, oai_params *o, json_t *body) {
     json_t *name = json_object_get(e, "name");
     if (json_is_string(name)) json_object_set(msg, "name", name);
     json_array_append_new(out, msg);
+    if (!oai_check_message_tools(v, param, e, msg)) {
+      json_decref(out);
+      return false;
+    }
   }
   o->messages = out;
   o->n_prompts = 1; /* the rendered template */
@@ -215,10 +220,14 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
     if (!unsupported(v, body, "suffix", "insertion is not supported")) return false;
   }
   o->gp.logprobs = o->logprobs;
-  if (!unsupported(v, body, "tools", "tool calling is not supported") ||
-      !unsupported(v, body, "logit_bias", "logit bias is not supported"))
+  if (!chat && (!unsupported(v, body, "tools", "tool calling is for /v1/chat/completions") ||
+                !unsupported(v, body, "tool_choice", "tool calling is for /v1/chat/completions") ||
+                !unsupported(v, body, "functions", "function calling is for /v1/chat/completions") ||
+                !unsupported(v, body, "function_call", "function calling is for /v1/chat/completions")))
     return false;
+  if (!unsupported(v, body, "logit_bias", "logit bias is not supported")) return false;
   if (!oai_parse_guided(v, body, o) || !oai_refuse_unimplemented(v, body)) return false;
+  if (chat && !oai_parse_tools(v, body, o)) return false;
   if (chat && !api_check_bool(v, body, "add_generation_prompt", &o->add_generation_prompt)) return false;
   json_t *user = api_check_field(body, "user");
   if (user && !json_is_string(user)) return api_check_fail(v, "user", "'user' must be a string");
@@ -251,5 +260,6 @@ void oai_params_free(oai_params *p) {
   if (!p) return;
   for (int i = 0; p->prompts && i < p->n_prompts; i++) free(p->prompts[i].ids);
   json_decref(p->messages);
+  oai_tools_free(p->tools);
   memset(p, 0, sizeof(*p));
 }

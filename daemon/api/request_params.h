@@ -55,6 +55,8 @@ typedef struct oai_prompt {
   int n_ids;
 } oai_prompt;
 
+typedef struct oai_tools oai_tools; /* api/openai_tools.h */
+
 typedef struct oai_params {
   bool stream, include_usage, add_special, add_generation_prompt;
   int n;               /* choices per prompt */
@@ -67,6 +69,7 @@ typedef struct oai_params {
   servd_guide_kind guide_kind;  /* SERVD_GUIDE_NONE: unconstrained */
   const char *guide_spec;       /* arena: schema (JSON text), regex, choices (JSON list) or grammar */
   const char *guide_param;      /* the field it came from (static string), for errors */
+  oai_tools *tools;             /* chat: tools, tool_choice, ... (owned); NULL: none or "none" */
 } oai_params;
 
 /* Validates body (any JSON value; 'model' is not looked at) for mode. Returns 0 with *out filled

@@ -141,12 +141,22 @@ typedef enum servd_guide_kind {
   SERVD_GUIDE_REGEX = 3,       /* spec: a regular expression (Rust regex syntax), matched whole */
   SERVD_GUIDE_CHOICE = 4,      /* spec: a JSON list of strings, one of which is the output */
   SERVD_GUIDE_GRAMMAR = 5,     /* spec: a Lark or GBNF grammar */
+  SERVD_GUIDE_TOOLS = 6,       /* spec: {"tools", "choice" ("required" or a name), "parallel", "family"}: a
+                                  forced tool call in the model's call format (tools.py) */
 } servd_guide_kind;
 /* Checks a constraint in the model's grammar engine and translates it into *grammar (caller frees)
  * for servd_gen_params.guide. SERVD_EINVAL with a message naming the problem for an invalid or
  * unsupported constraint; SERVD_EUNSUPPORTED when the model's package has no guided decoding hooks;
  * SERVD_EMODEL when the grammar engine itself fails (not installed). Runs on the interpreter thread. */
 int servd_model_guide_compile(servd_model *m, servd_guide_kind kind, const char *spec, char **grammar);
+
+/* Tool calling (tool_hooks.c, the package's tools.py), on the interpreter thread. Render: the chat
+ * with tools (OpenAI form) in the package's template, *out = {"prompt", "markers", "family"}. Parse:
+ * the output of a request, spec = {"tools", "parallel", "family"}, *out = {"content", "calls":
+ * [{"name", "arguments"}]}. *out: a new reference. SERVD_EINVAL: the client's input is at fault. */
+int servd_model_tools_render(servd_model *m, json_t *messages, json_t *tools, bool add_generation_prompt,
+                             json_t **out);
+int servd_model_tools_parse(servd_model *m, const char *text, json_t *spec, json_t **out);
 
 typedef struct servd_gen_params {
   int max_tokens;           /* <= 0: up to the context length */

@@ -54,7 +54,7 @@ int servd_model_guide_compile(servd_model *m, servd_guide_kind kind, const char 
   *grammar = NULL;
   if (m->kind != SERVD_MODEL_CAUSAL_LM || m->chat_interp < 0 || !m->ithread || !m->guides)
     return servd_fail(SERVD_EUNSUPPORTED, "guided decoding: model %s is not a language model", m->name);
-  if (kind <= SERVD_GUIDE_NONE || kind > SERVD_GUIDE_GRAMMAR || !spec)
+  if (kind <= SERVD_GUIDE_NONE || kind > SERVD_GUIDE_TOOLS || !spec)
     return servd_fail(SERVD_EINVAL, "guided decoding: no constraint");
   json_t *eos = json_array();
   for (int i = 0; i < m->n_eos; i++) json_array_append_new(eos, json_integer(m->eos[i]));

@@ -12,6 +12,10 @@ import servd
 
 _compiled = None
 _extra = None
+_source = ""
+_tools_var = False
+_added = None
+_tcfg = {}
 
 
 def _tokstr(v):
@@ -28,7 +32,7 @@ def _read_json(path):
 
 
 def _load():
-    global _compiled, _extra
+    global _compiled, _extra, _source, _tools_var, _tcfg
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -67,6 +71,12 @@ def _load():
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     _compiled = env.from_string(src)
+    _source = src
+    # A template that reads `tools` renders them itself (the transformers convention); others get
+    # them as a system-prompt preamble (tools.py).
+    from jinja2 import meta
+    _tools_var = "tools" in meta.find_undeclared_variables(env.parse(src))
+    _tcfg = tcfg
 
     special = dict(man.get("special_tokens") or {})
     extra = {}
@@ -74,6 +84,38 @@ def _load():
         v = _tokstr(special.get(k)) or _tokstr(tcfg.get(k))
         extra[k] = v
     _extra = extra
+
+
+def _added_tokens(tok, tcfg):
+    names = [_tokstr(v) for v in (tcfg.get("added_tokens_decoder") or {}).values()]
+    try:
+        tj = json.loads(servd.package.read_file(tok.get("file") or "tokenizer.json"))
+        names += [t.get("content", "") for t in tj.get("added_tokens") or []]
+    except Exception:  # no tokenizer.json (a GGUF package): the template's markers decide
+        pass
+    return [n for n in names if n]
+
+
+def template_source():
+    if _compiled is None:
+        _load()
+    return _source
+
+
+def supports_tools():
+    if _compiled is None:
+        _load()
+    return _tools_var
+
+
+def has_token(text):
+    """Whether text is an added token of the tokenizer (read on first use: tokenizer.json is large)."""
+    global _added
+    if _compiled is None:
+        _load()
+    if _added is None:
+        _added = frozenset(_added_tokens(servd.package.manifest.get("tokenizer") or {}, _tcfg))
+    return text in _added
 
 
 def render(messages, add_generation_prompt=True, **kwargs):

@@ -25,7 +25,7 @@ _tok_key = None
 _matchers = {}
 
 # The request's kinds, as the engine numbers them (servd_guide_kind, engine.h).
-KINDS = {1: "json_schema", 2: "json_object", 3: "regex", 4: "choice", 5: "grammar"}
+KINDS = {1: "json_schema", 2: "json_object", 3: "regex", 4: "choice", 5: "grammar", 6: "tools"}
 
 # Compact JSON: no free whitespace between tokens, the separators OpenAI's structured outputs use.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -74,6 +74,9 @@ def _grammar(llg, kind, spec):
         return llg.grammar_from("choice", spec)
     if kind == "grammar":  # Lark, or llama.cpp's GBNF
         return llg.grammar_from("grammar", spec)
+    if kind == "tools":  # a forced tool call in the family's format (tools.py)
+        from . import tools
+        return llg.grammar_from("lark", tools.grammar(json.loads(spec)))
     raise ValueError("unknown constraint kind " + repr(kind))
 
 

@@ -352,6 +352,15 @@ class LlamaModel:
         from . import guided
         return guided.step(rows, free_ids)
 
+    # ---- tool calling (tools.py) ---------------------------------------------------------------
+    def tool_render(self, messages, add_generation_prompt, tools):
+        from . import tools as t
+        return t.render(messages, add_generation_prompt, tools)
+
+    def tool_parse(self, text, spec):
+        from . import tools as t
+        return t.parse(text, spec)
+
 
 # ---- Gemma 3 -------------------------------------------------------------------------------------
 _GEMMA_HF = {"in": "model.layers.{}.input_layernorm.weight", "post_attn": "model.layers.{}.post_attention_layernorm.weight",

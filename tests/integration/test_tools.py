@@ -1,0 +1,192 @@
+"""Tool calling through the official openai client against servd serving a tiny random-weight Llama
+(ChatML template without tool support: the tools go in a Hermes-style system preamble). Whatever such
+a model would say, tool_choice "required" and a named function must give a parseable call to an
+allowed function with arguments valid against its schema, at temperature 1 over several seeds;
+streamed deltas reassemble to the non-streamed call of the same seed; a history with tool calls and
+results renders; legacy functions map onto the same; bad inputs are 400s naming the field."""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servd_harness import Servd, check, fail, parse_args, skip  # noqa: E402
+
+a = parse_args()
+try:
+    import jsonschema
+    import openai
+except ImportError as e:
+    skip(f"{e.name} is not installed (use .venv-test)")
+deps = os.environ.get("SERVD_PY_DEPS") or os.path.join(os.path.dirname(os.path.dirname(a.servd)), "python-deps")
+if not os.path.isdir(os.path.join(deps, "llguidance")):
+    skip(f"llguidance is not installed in {deps} (scripts/install-python-deps.sh {deps})")
+
+
+def tiny_long(a):
+    """The tiny Llama with a 4096-token context: its byte-level tokenizer makes the tools preamble
+    some 700 tokens, more than the 512 of `modelpkg synth tiny`."""
+    hf, out = os.path.join(a.work, "tools-tiny-hf"), os.path.join(a.work, "tools-tiny.mpk")
+    if os.path.exists(out):
+        return out
+    for cmd in ([a.modelpkg, "synth", "tiny", "--hf-out", hf, "-o", out + ".short", "--quiet"],):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            skip(f"modelpkg synth tiny failed: {r.stderr.strip()}")
+    cfg_path = os.path.join(hf, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["max_position_embeddings"] = 4096
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    r = subprocess.run([a.modelpkg, "pack", hf, "-o", out, "--quiet"], capture_output=True, text=True)
+    check(r.returncode == 0, f"modelpkg pack: {r.stderr.strip()}")
+    return out
+
+
+pkg = tiny_long(a)
+s = Servd(a, ["--model", f"{pkg}:tiny"], env={"SERVD_PY_DEPS": deps})
+client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0, timeout=120)
+msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+# Bounded schemas: the grammar itself ends each call well within max_tokens.
+weather = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 10},
+    "unit": {"enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "unit", "days"], "additionalProperties": False}
+clock = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 6}}, "required": ["zone"],
+         "additionalProperties": False}
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast", "parameters": weather}},
+         {"type": "function", "function": {"name": "get_time", "parameters": clock}}]
+schemas = {"get_weather": weather, "get_time": clock}
+
+
+def check_calls(r, what, only=None, one=False):
+    ch = r.choices[0]
+    calls = ch.message.tool_calls
+    check(calls, f"{what}: no tool_calls: {ch.message!r}")
+    check(ch.finish_reason == "tool_calls", f"{what}: finish_reason {ch.finish_reason}")
+    check(ch.message.content is None, f"{what}: content {ch.message.content!r} with only calls")
+    if one:
+        check(len(calls) == 1, f"{what}: {len(calls)} calls with parallel_tool_calls false")
+    for c in calls:
+        check(c.type == "function" and c.id.startswith("call_") and len(c.id) > 10, f"{what}: call {c!r}")
+        check(c.function.name in schemas and (only is None or c.function.name == only),
+              f"{what}: called {c.function.name!r}")
+        try:
+            args = json.loads(c.function.arguments)
+        except ValueError:
+            fail(f"{what}: arguments are not JSON: {c.function.arguments!r}")
+        try:
+            jsonschema.validate(args, schemas[c.function.name])
+        except jsonschema.ValidationError as e:
+            fail(f"{what}: {c.function.arguments!r} does not validate: {e.message}")
+    return calls
+
+
+for seed in range(4):
+    r = client.chat.completions.create(model="tiny", messages=msgs, tools=tools, tool_choice="required",
+                                       max_tokens=1200, temperature=1.0, seed=seed)
+    check_calls(r, f"required, seed {seed}")
+    r = client.chat.completions.create(model="tiny", messages=msgs, tools=tools, max_tokens=1200, temperature=1.0,
+                                       seed=seed, tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                       parallel_tool_calls=False)
+    check_calls(r, f"named, seed {seed}", only="get_time", one=True)
+
+
+# Streaming: the deltas reassemble to the non-streamed call of the same seed, with no content.
+def streamed(**kw):
+    calls, content, finish = {}, "", None
+    for chunk in client.chat.completions.create(model="tiny", messages=msgs, tools=tools, stream=True, **kw):
+        if not chunk.choices:
+            continue
+        ch = chunk.choices[0]
+        content += ch.delta.content or ""
+        finish = ch.finish_reason or finish
+        for d in ch.delta.tool_calls or []:
+            if d.index not in calls:
+                check(d.id and d.type == "function" and d.function.name and d.function.arguments == "",
+                      f"first delta of a call carries id, type, name and empty arguments: {d!r}")
+                calls[d.index] = {"id": d.id, "name": d.function.name, "arguments": ""}
+            else:
+                check(d.id is None and d.function.name is None, f"later delta repeats id or name: {d!r}")
+                calls[d.index]["arguments"] += d.function.arguments or ""
+    return [calls[i] for i in sorted(calls)], content, finish
+
+
+for seed in (11, 12):
+    kw = dict(tool_choice="required", max_tokens=1200, temperature=1.0, seed=seed)
+    full = client.chat.completions.create(model="tiny", messages=msgs, tools=tools, **kw)
+    want = [(c.function.name, c.function.arguments) for c in check_calls(full, f"stream ref, seed {seed}")]
+    got, content, finish = streamed(**kw)
+    check([(c["name"], c["arguments"]) for c in got] == want, f"seed {seed}: streamed {got} != {want}")
+    check(content == "" and finish == "tool_calls", f"seed {seed}: streamed content {content!r}, finish {finish}")
+
+# auto: whatever the random model says, the request succeeds; text without a call stays content.
+r = client.chat.completions.create(model="tiny", messages=msgs, tools=tools, max_tokens=8, temperature=0)
+check(r.choices[0].message.content is not None or r.choices[0].message.tool_calls, "auto: some answer")
+got, content, finish = streamed(max_tokens=8, temperature=0)
+check(content == (r.choices[0].message.content or "") or got, f"auto stream {content!r} vs {r.choices[0].message.content!r}")
+# tool_choice none: plain text.
+r = client.chat.completions.create(model="tiny", messages=msgs, tools=tools, tool_choice="none", max_tokens=4,
+                                   temperature=0)
+check(r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length"), "none: text")
+
+# A history with a call and its result renders; the next turn can call again.
+hist = msgs + [
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius", "days": 1}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+    {"role": "user", "content": "And the time?"}]
+r = client.chat.completions.create(model="tiny", messages=hist, tools=tools, tool_choice="required", max_tokens=1200,
+                                   temperature=1.0, seed=3)
+check_calls(r, "after a tool result")
+st, tok = s.json("POST", "/tokenize", {"model": "tiny", "messages": hist})
+check(st == 200 and tok["count"] > 0, f"/tokenize of a history with tool calls: {st} {tok}")
+
+# Legacy functions / function_call: the same machinery, answered as message.function_call.
+r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=1200, temperature=1.0, seed=5,
+                                   functions=[t["function"] for t in tools], function_call={"name": "get_weather"})
+fc = r.choices[0].message.function_call
+check(fc and fc.name == "get_weather" and r.choices[0].finish_reason == "function_call", f"legacy: {r.choices[0]!r}")
+jsonschema.validate(json.loads(fc.arguments), weather)
+
+
+def expect_400(param, **kw):
+    try:
+        client.chat.completions.create(model="tiny", messages=kw.pop("messages", msgs), max_tokens=5, **kw)
+    except openai.BadRequestError as e:
+        err = e.body if isinstance(e.body, dict) else {}
+        check(err.get("param") == param, f"{kw}: 400 names {err.get('param')!r}, not {param!r}: {err}")
+        return err.get("message", "")
+    fail(f"{str(kw)[:200]}: no 400")
+
+
+expect_400("tools", extra_body={"tools": {"type": "function"}})
+expect_400("tools[0].function.name", tools=[{"type": "function", "function": {"parameters": clock}}])
+expect_400("tools[0].function.name", tools=[{"type": "function", "function": {"name": "has space"}}])
+expect_400("tools[1].function", tools=[tools[1], tools[1]])
+expect_400("tools[0]", tools=[{"type": "retrieval"}])
+expect_400("tools[0].function.parameters", tools=[{"type": "function", "function": {"name": "f", "parameters": 3}}])
+msg = expect_400("tool_choice", tools=tools, tool_choice={"type": "function", "function": {"name": "nope"}})
+check("nope" in msg, f"unknown function message: {msg}")
+expect_400("tool_choice", tools=tools, tool_choice="sometimes")
+expect_400("tool_choice", tool_choice="required")
+msg = expect_400("tools", tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(1000)])
+check("128" in msg, f"too many tools message: {msg}")
+expect_400("tool_choice", tools=tools, tool_choice="required", response_format={"type": "json_object"})
+expect_400("messages[1].tool_calls", messages=msgs + [{"role": "assistant", "tool_calls": [{"function": {}}]}])
+expect_400("messages[0].tool_calls", messages=[{"role": "user", "content": "x", "tool_calls": []}])
+expect_400("functions", tools=tools, functions=[tools[0]["function"]])
+expect_400("tools", tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
+           tool_choice="required")
+try:
+    client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"tools": tools})
+    fail("tools on /v1/completions: no 400")
+except openai.BadRequestError as e:
+    check(e.body.get("param") == "tools", f"completions tools: {e.body}")
+
+rc = s.stop()
+check(rc == 0, f"servd exit code {rc}")
+print("PASS")
