@@ -23,10 +23,22 @@ if not os.path.isdir(os.path.join(deps, "llguidance")):
     skip(f"llguidance is not installed in {deps} (scripts/install-python-deps.sh {deps})")
 
 
-def tiny_long(a):
+# A ChatML template that renders tools itself, as Qwen 2.5's does (shortened).
+QWEN_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools><|im_end|>\n"
+    "{%- endif %}{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n{% for c in m.tool_calls %}"
+    "<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}"
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+
+
+def tiny_long(a, name="tools-tiny", template=None):
     """The tiny Llama with a 4096-token context: its byte-level tokenizer makes the tools preamble
     some 700 tokens, more than the 512 of `modelpkg synth tiny`."""
-    hf, out = os.path.join(a.work, "tools-tiny-hf"), os.path.join(a.work, "tools-tiny.mpk")
+    hf, out = os.path.join(a.work, name + "-hf"), os.path.join(a.work, name + ".mpk")
     if os.path.exists(out):
         return out
     for cmd in ([a.modelpkg, "synth", "tiny", "--hf-out", hf, "-o", out + ".short", "--quiet"],):
@@ -39,13 +51,21 @@ def tiny_long(a):
     cfg["max_position_embeddings"] = 4096
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
+    if template:
+        tc_path = os.path.join(hf, "tokenizer_config.json")
+        with open(tc_path) as f:
+            tc = json.load(f)
+        tc["chat_template"] = template
+        with open(tc_path, "w") as f:
+            json.dump(tc, f)
     r = subprocess.run([a.modelpkg, "pack", hf, "-o", out, "--quiet"], capture_output=True, text=True)
     check(r.returncode == 0, f"modelpkg pack: {r.stderr.strip()}")
     return out
 
 
 pkg = tiny_long(a)
-s = Servd(a, ["--model", f"{pkg}:tiny"], env={"SERVD_PY_DEPS": deps})
+qwen = tiny_long(a, "tools-qwen", QWEN_TEMPLATE)
+s = Servd(a, ["--model", f"{pkg}:tiny", "--model", f"{qwen}:qwen"], env={"SERVD_PY_DEPS": deps})
 client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0, timeout=120)
 msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
 
@@ -144,6 +164,20 @@ r = client.chat.completions.create(model="tiny", messages=hist, tools=tools, too
 check_calls(r, "after a tool result")
 st, tok = s.json("POST", "/tokenize", {"model": "tiny", "messages": hist})
 check(st == 200 and tok["count"] > 0, f"/tokenize of a history with tool calls: {st} {tok}")
+
+# A template that reads `tools` renders them itself (no preamble): its prompt holds the tools' JSON
+# and is far shorter than the preamble's; the history's calls are rendered from their decoded arguments.
+def prompt_len(model, **kw):
+    return client.chat.completions.create(model=model, messages=hist, max_tokens=1, **kw).usage.prompt_tokens
+
+
+bare, with_tools = prompt_len("qwen"), prompt_len("qwen", tools=tools)
+tools_json = sum(len(json.dumps(t)) for t in tools)  # bytes; the tiny vocabulary merges a few pairs
+check(with_tools - bare >= tools_json // 2, f"qwen template: {with_tools} - {bare} tokens for {tools_json} bytes of tools")
+check(prompt_len("tiny", tools=tools) - with_tools > 200, "the preamble is used only without template support")
+r = client.chat.completions.create(model="qwen", messages=hist, tools=tools, tool_choice="required", max_tokens=1200,
+                                   temperature=1.0, seed=8)
+check_calls(r, "qwen template")
 
 # Legacy functions / function_call: the same machinery, answered as message.function_call.
 r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=1200, temperature=1.0, seed=5,
