@@ -76,8 +76,8 @@ int mpk__arch_for_gguf(const char *what, const char *arch, size_t len, const mpk
 }
 
 int mpk__arch_config(const mpk_arch *a, const char *what, json_t *config) {
-  int rc = a->prepare_config ? a->prepare_config(what, config) : 0;
-  return rc ? rc : a->check_config(what, config);
+  int rc = a->prepare_config ? a->prepare_config(a, what, config) : 0;
+  return rc ? rc : a->check_config(a, what, config);
 }
 
 void mpk__arch_map_name(const mpk_name_map *m, const char *src, char *out, size_t cap) {
@@ -155,6 +155,93 @@ int mpk__cfg_pos(const char *what, const json_t *c, const char *key, bool zero_o
   return 0;
 }
 
+int mpk__decoder_dims_read(const char *what, const json_t *c, int64_t head_dim_dflt, mpk_decoder_dims *d) {
+  int rc;
+  if ((rc = mpk__cfg_int(what, c, "hidden_size", true, 0, &d->hidden)) ||
+      (rc = mpk__cfg_int(what, c, "intermediate_size", true, 0, &d->inter)) ||
+      (rc = mpk__cfg_int(what, c, "num_hidden_layers", true, 0, &d->layers)) ||
+      (rc = mpk__cfg_int(what, c, "num_attention_heads", true, 0, &d->heads)) ||
+      (rc = mpk__cfg_int(what, c, "num_key_value_heads", false, d->heads, &d->kv_heads)) ||
+      (rc = mpk__cfg_int(what, c, "head_dim", false, head_dim_dflt ? head_dim_dflt : d->hidden / d->heads, &d->head_dim)))
+    return rc;
+  return mpk__cfg_int(what, c, "vocab_size", false, -1, &d->vocab);
+}
+
+int mpk__decoder_dims_check(const char *what, const mpk_decoder_dims *d) {
+  if (d->head_dim == 0)
+    return servd_fail(SERVD_EFORMAT, "%s: config: hidden_size %lld < num_attention_heads %lld and no head_dim", what,
+                      (long long)d->hidden, (long long)d->heads);
+  if (d->heads % d->kv_heads)
+    return servd_fail(SERVD_EFORMAT, "%s: config: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", what,
+                      (long long)d->heads, (long long)d->kv_heads);
+  if ((uint64_t)d->heads * (uint64_t)d->head_dim > (1ull << 31))
+    return servd_fail(SERVD_EFORMAT, "%s: config: num_attention_heads x head_dim too large", what);
+  return 0;
+}
+
+int mpk__cfg_tie(const char *what, const json_t *c) {
+  json_t *tie = json_object_get(c, "tie_word_embeddings");
+  if (tie && !json_is_boolean(tie) && !json_is_null(tie))
+    return servd_fail(SERVD_EFORMAT, "%s: config: \"tie_word_embeddings\": expected true or false", what);
+  return 0;
+}
+
+int mpk__cfg_rope_scaling(const char *what, const json_t *c, const char *type, double min_factor, bool min_strict,
+                          const char *expected) {
+  json_t *rs = json_object_get(c, "rope_scaling");
+  if (!rs || json_is_null(rs) || (json_is_object(rs) && json_object_size(rs) == 0)) return 0;
+  json_t *ty = json_object_get(rs, "rope_type");
+  if (!ty) ty = json_object_get(rs, "type");
+  double f = json_number_value(json_object_get(rs, "factor"));
+  if (json_is_object(rs) && json_is_string(ty) && !strcmp(json_string_value(ty), type) && isfinite(f) &&
+      (min_strict ? f > min_factor : f >= min_factor))
+    return 0;
+  char q[300];
+  const char *s = json_string_value(ty);
+  return servd_fail(SERVD_EUNSUPPORTED, "%s: config: rope_scaling type \"%s\": expected null or %s", what,
+                    s ? mpk__printable(s, strlen(s), q, sizeof q) : "", expected);
+}
+
+int mpk__decoder_check_tensors(const char *what, const json_t *c, const mpk_shapes *s, const mpk_decoder_dims *d,
+                               const mpk_layer_tensor *t, size_t n, const char *family) {
+  int rc;
+  int64_t H = d->hidden;
+  const mpk_shape_entry *emb = mpk__shapes_find(s, "model.embed_tokens.weight");
+  int64_t V = d->vocab > 0 ? d->vocab : emb && emb->ndim == 2 ? emb->shape[0] : 1;
+  if ((rc = mpk__shapes_expect(what, s, "model.embed_tokens.weight", 2, V, H)) ||
+      (rc = mpk__shapes_expect(what, s, "model.norm.weight", 1, H)))
+    return rc;
+  /* The model code ties the head to the embedding when lm_head is absent; a config that says
+   * untied (false) while the head is missing contradicts the weights. */
+  if (mpk__shapes_find(s, "lm_head.weight")) {
+    if ((rc = mpk__shapes_expect(what, s, "lm_head.weight", 2, V, H))) return rc;
+  } else if (json_is_false(json_object_get(c, "tie_word_embeddings"))) {
+    return servd_fail(SERVD_EFORMAT, "%s: tensor \"lm_head.weight\": missing, expected (%lld, %lld) since tie_word_embeddings is false",
+                      what, (long long)V, (long long)H);
+  }
+  char name[128];
+  for (int64_t l = 0; l < d->layers; l++)
+    for (size_t i = 0; i < n; i++) {
+      snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, t[i].name);
+      /* A tensor of an option the family lacks would be ignored by the code: a wrong family. */
+      if (!t[i].on) {
+        if (mpk__shapes_find(s, name))
+          return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": unexpected for a %s model (its code would ignore it)", what, name,
+                            family);
+        continue;
+      }
+      if ((rc = t[i].ndim == 1 ? mpk__shapes_expect(what, s, name, 1, t[i].rows)
+                               : mpk__shapes_expect(what, s, name, 2, t[i].rows, t[i].cols)))
+        return rc;
+    }
+  /* A layer beyond num_hidden_layers would be ignored silently: the config and weights disagree. */
+  snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)d->layers);
+  if (mpk__shapes_find(s, name))
+    return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": the config has num_hidden_layers %lld, expected no layer %lld", what, name,
+                      (long long)d->layers, (long long)d->layers);
+  return 0;
+}
+
 int mpk_check_model(const mpk_package *p) {
   if (!p) return servd_fail(SERVD_EINVAL, "mpk_check_model: no package");
   const char *what = mpk_path(p);
@@ -185,7 +272,7 @@ int mpk_check_model(const mpk_package *p) {
     memcpy(e->shape, t.shape, sizeof e->shape);
   }
   mpk__shapes_sort(&s);
-  if (!(rc = a->check_config(what, config))) rc = a->check_tensors(what, config, &s);
+  if (!(rc = a->check_config(a, what, config))) rc = a->check_tensors(a, what, config, &s);
   free(s.e);
   return rc;
 }

@@ -55,11 +55,13 @@ typedef struct mpk_arch {
                      uint64_t n_vocab, json_t **out);
   /* Optional (NULL: none): adapts a source's config before the checks, at pack time only; e.g.
    * Mistral caps the context at its sliding window. Says on stderr what it changed. */
-  int (*prepare_config)(const char *what, json_t *config);
+  int (*prepare_config)(const struct mpk_arch *a, const char *what, json_t *config);
   /* Checks a config: the keys the model code needs, their types and ranges. `what` names the file. */
-  int (*check_config)(const char *what, const json_t *config);
+  int (*check_config)(const struct mpk_arch *a, const char *what, const json_t *config);
   /* Checks every tensor the model code takes against the (checked) config. */
-  int (*check_tensors)(const char *what, const json_t *config, const mpk_shapes *s);
+  int (*check_tensors)(const struct mpk_arch *a, const char *what, const json_t *config, const mpk_shapes *s);
+  /* The options of the shared dense checks (mpk__dense_*), for the rows that use them; else NULL. */
+  const struct mpk_dense_opts *dense;
 } mpk_arch;
 
 /* The rows (arch_<family>.c). */
@@ -83,13 +85,47 @@ typedef struct mpk_dense_opts {
    * `window_switch` (e.g. Qwen2's "use_sliding_window") must be true for it to apply, NULL: always. */
   const char *window_key, *window_switch;
 } mpk_dense_opts;
-int mpk__dense_check_config(const char *what, const json_t *c, const mpk_dense_opts *o);
-int mpk__dense_check_tensors(const char *what, const json_t *c, const mpk_shapes *s, const mpk_dense_opts *o);
+/* The hooks of those rows; each reads its options from a->dense. */
+int mpk__dense_check_config(const mpk_arch *a, const char *what, const json_t *c);
+int mpk__dense_check_tensors(const mpk_arch *a, const char *what, const json_t *c, const mpk_shapes *s);
 /* servd's attention has no window: a window W smaller than the context C (max_position_embeddings,
  * 2048 when absent, the engine's default) is refused by the check; at pack time this caps
  * max_position_embeddings at W instead (exact: no sequence ever reaches W + 1 tokens), with a line on
  * stderr. */
-int mpk__dense_cap_window(const char *what, json_t *c, const mpk_dense_opts *o);
+int mpk__dense_cap_window(const mpk_arch *a, const char *what, json_t *c);
+
+/* What every decoder row (dense and Gemma 3) reads and checks alike. */
+typedef struct mpk_decoder_dims {
+  int64_t hidden, inter, layers, heads, kv_heads, head_dim, vocab; /* vocab -1: absent */
+} mpk_decoder_dims;
+/* The integer keys hidden_size, intermediate_size, num_hidden_layers, num_attention_heads (required),
+ * num_key_value_heads (default heads), head_dim (default head_dim_dflt, 0: hidden / heads) and
+ * vocab_size. */
+int mpk__decoder_dims_read(const char *what, const json_t *c, int64_t head_dim_dflt, mpk_decoder_dims *d);
+/* Refuses a zero head_dim, heads not a multiple of kv_heads and heads x head_dim over 2^31. */
+int mpk__decoder_dims_check(const char *what, const mpk_decoder_dims *d);
+/* "tie_word_embeddings" absent, null or a boolean. */
+int mpk__cfg_tie(const char *what, const json_t *c);
+/* "rope_scaling" absent, null, {} or {"rope_type" (or "type"): `type`, "factor": f} with a finite f
+ * >= min_factor (> when min_strict); else SERVD_EUNSUPPORTED ending "expected null or `expected`". */
+int mpk__cfg_rope_scaling(const char *what, const json_t *c, const char *type, double min_factor, bool min_strict,
+                          const char *expected);
+/* A tensor of every layer: `name` after "model.layers.N.", of shape (rows,) or (rows, cols); when not
+ * `on` (an option the family lacks) it must be absent, since the code would ignore it. */
+typedef struct mpk_layer_tensor {
+  const char *name;
+  int ndim;
+  int64_t rows, cols;
+  bool on;
+} mpk_layer_tensor;
+/* The tensors of a decoder with d's dimensions: model.embed_tokens.weight (V, H), model.norm.weight
+ * (H,), lm_head.weight (V, H) unless tied, t[0..n) of each layer and no layer d->layers. V is
+ * d->vocab, or the embedding's rows when absent. `family` names it in messages. */
+int mpk__decoder_check_tensors(const char *what, const json_t *c, const mpk_shapes *s, const mpk_decoder_dims *d,
+                               const mpk_layer_tensor *t, size_t n, const char *family);
+/* llama.cpp's names of the embedding, final norm and head (gguf-py tensor_mapping.py), which every
+ * GGUF row so far shares. */
+extern const mpk_name_pair mpk__gguf_llama_global[];
 /* Config readers for GGUF rows: Llama's reader (arch_llama.c), generic over the metadata prefix. */
 int mpk__llama_gguf_config(const struct mpk_arch *a, const char *what, const mpk_gguf *g, const char *gguf_arch, bool tied,
                            uint64_t n_vocab, json_t **out);

@@ -21,20 +21,15 @@
 #include "servd/status.h"
 
 typedef struct dims {
-  int64_t hidden, inter, layers, heads, kv_heads, head_dim, vocab, window, pattern;
+  mpk_decoder_dims m;
+  int64_t window, pattern;
 } dims;
 
 /* The values Gemma3Model reads, with transformers' Gemma3TextConfig defaults. */
 static int read_dims(const char *what, const json_t *c, dims *d) {
   int rc;
   double x;
-  if ((rc = mpk__cfg_int(what, c, "hidden_size", true, 0, &d->hidden)) ||
-      (rc = mpk__cfg_int(what, c, "intermediate_size", true, 0, &d->inter)) ||
-      (rc = mpk__cfg_int(what, c, "num_hidden_layers", true, 0, &d->layers)) ||
-      (rc = mpk__cfg_int(what, c, "num_attention_heads", true, 0, &d->heads)) ||
-      (rc = mpk__cfg_int(what, c, "num_key_value_heads", false, d->heads, &d->kv_heads)) ||
-      (rc = mpk__cfg_int(what, c, "head_dim", false, 256, &d->head_dim)) ||
-      (rc = mpk__cfg_int(what, c, "vocab_size", false, -1, &d->vocab)) ||
+  if ((rc = mpk__decoder_dims_read(what, c, 256, &d->m)) ||
       (rc = mpk__cfg_int(what, c, "sliding_window", false, 4096, &d->window)) ||
       (rc = mpk__cfg_int(what, c, "sliding_window_pattern", false, 6, &d->pattern)) ||
       (rc = mpk__cfg_pos(what, c, "rms_norm_eps", false, 1e-6, &x)) ||
@@ -42,21 +37,14 @@ static int read_dims(const char *what, const json_t *c, dims *d) {
       (rc = mpk__cfg_pos(what, c, "rope_local_base_freq", false, 1e4, &x)) ||
       (rc = mpk__cfg_pos(what, c, "query_pre_attn_scalar", false, 256, &x)))
     return rc;
-  if (d->heads % d->kv_heads)
-    return servd_fail(SERVD_EFORMAT, "%s: config: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", what,
-                      (long long)d->heads, (long long)d->kv_heads);
-  if ((uint64_t)d->heads * (uint64_t)d->head_dim > (1ull << 31))
-    return servd_fail(SERVD_EFORMAT, "%s: config: num_attention_heads x head_dim too large", what);
-  return 0;
+  return mpk__decoder_dims_check(what, &d->m);
 }
 
-static int check_config(const char *what, const json_t *c) {
+static int check_config(const mpk_arch *a, const char *what, const json_t *c) {
+  (void)a;
   dims d;
-  int rc = read_dims(what, c, &d);
-  if (rc) return rc;
-  json_t *tie = json_object_get(c, "tie_word_embeddings");
-  if (tie && !json_is_boolean(tie) && !json_is_null(tie))
-    return servd_fail(SERVD_EFORMAT, "%s: config: \"tie_word_embeddings\": expected true or false", what);
+  int rc;
+  if ((rc = read_dims(what, c, &d)) || (rc = mpk__cfg_tie(what, c))) return rc;
   /* Gemma 2's soft-capping (Gemma 3 has none): servd has no op for it; refused rather than ignored. */
   static const char *const caps[] = {"attn_logit_softcapping", "final_logit_softcapping"};
   for (int i = 0; i < 2; i++) {
@@ -71,34 +59,23 @@ static int check_config(const char *what, const json_t *c) {
     return servd_fail(SERVD_EUNSUPPORTED, "%s: config: \"hidden_activation\": expected \"gelu_pytorch_tanh\"", what);
   json_t *lt = json_object_get(c, "layer_types");
   if (lt && !json_is_null(lt)) {
-    bool ok = json_is_array(lt) && (int64_t)json_array_size(lt) == d.layers;
+    bool ok = json_is_array(lt) && (int64_t)json_array_size(lt) == d.m.layers;
     for (size_t i = 0; ok && i < json_array_size(lt); i++) {
       const char *s = json_string_value(json_array_get(lt, i));
       ok = s && (!strcmp(s, "sliding_attention") || !strcmp(s, "full_attention"));
     }
     if (!ok)
       return servd_fail(SERVD_EFORMAT, "%s: config: \"layer_types\": expected %lld of \"sliding_attention\" or \"full_attention\"",
-                        what, (long long)d.layers);
+                        what, (long long)d.m.layers);
   }
   /* Global layers: no scaling, or transformers' linear (positions divided by factor). */
-  json_t *rs = json_object_get(c, "rope_scaling");
-  if (rs && !json_is_null(rs) && !(json_is_object(rs) && json_object_size(rs) == 0)) {
-    json_t *ty = json_object_get(rs, "rope_type");
-    if (!ty) ty = json_object_get(rs, "type");
-    double f = json_number_value(json_object_get(rs, "factor"));
-    if (!json_is_object(rs) || !json_is_string(ty) || strcmp(json_string_value(ty), "linear") || !isfinite(f) || f < 1) {
-      char q[300];
-      const char *s = json_string_value(ty);
-      return servd_fail(SERVD_EUNSUPPORTED, "%s: config: rope_scaling type \"%s\": expected null or \"linear\" with a factor >= 1",
-                        what, s ? mpk__printable(s, strlen(s), q, sizeof q) : "");
-    }
-  }
-  return 0;
+  return mpk__cfg_rope_scaling(what, c, "linear", 1, false, "\"linear\" with a factor >= 1");
 }
 
 /* "gemma3" (Gemma3ForConditionalGeneration): the text model's config is text_config; its keys are
  * lifted to the top (the vision tower's tensors are packed but not used). */
-static int prepare_config(const char *what, json_t *c) {
+static int prepare_config(const mpk_arch *a, const char *what, json_t *c) {
+  (void)a;
   json_t *tc = json_object_get(c, "text_config");
   const char *mt = json_string_value(json_object_get(c, "model_type"));
   if (!mt || strcmp(mt, "gemma3")) return 0;
@@ -112,43 +89,20 @@ static int prepare_config(const char *what, json_t *c) {
   return 0;
 }
 
-static int check_tensors(const char *what, const json_t *c, const mpk_shapes *s) {
+static int check_tensors(const mpk_arch *a, const char *what, const json_t *c, const mpk_shapes *s) {
   dims d;
   int rc = read_dims(what, c, &d);
   if (rc) return rc;
-  int64_t H = d.hidden, Q = d.heads * d.head_dim, KV = d.kv_heads * d.head_dim, I = d.inter, D = d.head_dim;
-  const mpk_shape_entry *emb = mpk__shapes_find(s, "model.embed_tokens.weight");
-  int64_t V = d.vocab > 0 ? d.vocab : emb && emb->ndim == 2 ? emb->shape[0] : 1;
-  if ((rc = mpk__shapes_expect(what, s, "model.embed_tokens.weight", 2, V, H)) ||
-      (rc = mpk__shapes_expect(what, s, "model.norm.weight", 1, H)))
-    return rc;
-  if (mpk__shapes_find(s, "lm_head.weight")) {
-    if ((rc = mpk__shapes_expect(what, s, "lm_head.weight", 2, V, H))) return rc;
-  } else if (json_is_false(json_object_get(c, "tie_word_embeddings"))) {
-    return servd_fail(SERVD_EFORMAT, "%s: tensor \"lm_head.weight\": missing, expected (%lld, %lld) since tie_word_embeddings is false",
-                      what, (long long)V, (long long)H);
-  }
-  const struct { const char *n; int nd; int64_t rows, cols; } t[] = {
-      {"input_layernorm.weight", 1, H, 0},          {"post_attention_layernorm.weight", 1, H, 0},
-      {"pre_feedforward_layernorm.weight", 1, H, 0}, {"post_feedforward_layernorm.weight", 1, H, 0},
-      {"self_attn.q_proj.weight", 2, Q, H},          {"self_attn.k_proj.weight", 2, KV, H},
-      {"self_attn.v_proj.weight", 2, KV, H},         {"self_attn.o_proj.weight", 2, H, Q},
-      {"self_attn.q_norm.weight", 1, D, 0},          {"self_attn.k_norm.weight", 1, D, 0},
-      {"mlp.gate_proj.weight", 2, I, H},             {"mlp.up_proj.weight", 2, I, H},
-      {"mlp.down_proj.weight", 2, H, I}};
-  char name[128];
-  for (int64_t l = 0; l < d.layers; l++)
-    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
-      snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, t[i].n);
-      if ((rc = t[i].nd == 1 ? mpk__shapes_expect(what, s, name, 1, t[i].rows)
-                             : mpk__shapes_expect(what, s, name, 2, t[i].rows, t[i].cols)))
-        return rc;
-    }
-  snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)d.layers);
-  if (mpk__shapes_find(s, name))
-    return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": the config has num_hidden_layers %lld, expected no layer %lld", what, name,
-                      (long long)d.layers, (long long)d.layers);
-  return 0;
+  int64_t H = d.m.hidden, Q = d.m.heads * d.m.head_dim, KV = d.m.kv_heads * d.m.head_dim, I = d.m.inter, D = d.m.head_dim;
+  const mpk_layer_tensor t[] = {
+      {"input_layernorm.weight", 1, H, 0, true},          {"post_attention_layernorm.weight", 1, H, 0, true},
+      {"pre_feedforward_layernorm.weight", 1, H, 0, true}, {"post_feedforward_layernorm.weight", 1, H, 0, true},
+      {"self_attn.q_proj.weight", 2, Q, H, true},          {"self_attn.k_proj.weight", 2, KV, H, true},
+      {"self_attn.v_proj.weight", 2, KV, H, true},         {"self_attn.o_proj.weight", 2, H, Q, true},
+      {"self_attn.q_norm.weight", 1, D, 0, true},          {"self_attn.k_norm.weight", 1, D, 0, true},
+      {"mlp.gate_proj.weight", 2, I, H, true},             {"mlp.up_proj.weight", 2, I, H, true},
+      {"mlp.down_proj.weight", 2, H, I, true}};
+  return mpk__decoder_check_tensors(what, c, s, &d.m, t, sizeof t / sizeof *t, a->name);
 }
 
 /* gemma3.* metadata: Llama's keys, then what llama.cpp fixes for Gemma 3 (see the top). */
@@ -179,10 +133,6 @@ static const char *const hf_types[] = {"gemma3_text", "gemma3", NULL};
 static const char *const hf_archs[] = {"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", NULL};
 static const char *const gguf_archs[] = {"gemma3", NULL};
 
-static const mpk_name_pair gguf_global[] = {{"token_embd.weight", "model.embed_tokens.weight"},
-                                            {"output_norm.weight", "model.norm.weight"},
-                                            {"output.weight", "lm_head.weight"},
-                                            {NULL, NULL}};
 static const mpk_name_pair gguf_block[] = {
     {"attn_norm.weight", "input_layernorm.weight"},
     {"post_attention_norm.weight", "post_attention_layernorm.weight"},
@@ -219,7 +169,7 @@ const mpk_arch mpk__arch_gemma3 = {
     .hf_model_types = hf_types,
     .hf_architectures = hf_archs,
     .gguf_archs = gguf_archs,
-    .gguf_names = {"blk.", gguf_global, gguf_block},
+    .gguf_names = {"blk.", mpk__gguf_llama_global, gguf_block},
     .hf_names = {"language_model.model.layers.", hf_global, hf_block},
     .rope_layout_gguf = "half",
     .rope_layout_hf = "half",

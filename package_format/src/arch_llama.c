@@ -83,21 +83,15 @@ fail:
 
 static const mpk_dense_opts opts = {.family = "llama"};
 
-static int check_config(const char *what, const json_t *c) { return mpk__dense_check_config(what, c, &opts); }
-
-static int check_tensors(const char *what, const json_t *c, const mpk_shapes *s) {
-  return mpk__dense_check_tensors(what, c, s, &opts);
-}
-
 static const char *const hf_types[] = {"llama", NULL};
 static const char *const hf_archs[] = {"LlamaForCausalLM", NULL};
 static const char *const gguf_archs[] = {"llama", NULL};
 
 /* llama.cpp's names (gguf-py tensor_mapping.py, MODEL_ARCH.LLAMA). */
-static const mpk_name_pair gguf_global[] = {{"token_embd.weight", "model.embed_tokens.weight"},
-                                            {"output_norm.weight", "model.norm.weight"},
-                                            {"output.weight", "lm_head.weight"},
-                                            {NULL, NULL}};
+const mpk_name_pair mpk__gguf_llama_global[] = {{"token_embd.weight", "model.embed_tokens.weight"},
+                                                {"output_norm.weight", "model.norm.weight"},
+                                                {"output.weight", "lm_head.weight"},
+                                                {NULL, NULL}};
 static const mpk_name_pair gguf_block[] = {
     {"attn_norm.weight", "input_layernorm.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
     {"attn_q.weight", "self_attn.q_proj.weight"},    {"attn_k.weight", "self_attn.k_proj.weight"},
@@ -110,13 +104,14 @@ const mpk_arch mpk__arch_llama = {
     .hf_model_types = hf_types,
     .hf_architectures = hf_archs,
     .gguf_archs = gguf_archs,
-    .gguf_names = {"blk.", gguf_global, gguf_block},
+    .gguf_names = {"blk.", mpk__gguf_llama_global, gguf_block},
     .hf_names = {NULL, NULL, NULL}, /* the canonical names are Llama's Hugging Face names */
     .rope_layout_gguf = "interleaved", /* llama.cpp's converter permutes Q and K rows */
     .rope_layout_hf = "half",
     .code = "llama",
     .entry_point = "llama.model:LlamaModel",
     .gguf_config = mpk__llama_gguf_config,
-    .check_config = check_config,
-    .check_tensors = check_tensors,
+    .check_config = mpk__dense_check_config,
+    .check_tensors = mpk__dense_check_tensors,
+    .dense = &opts,
 };

@@ -8,12 +8,6 @@
 
 static const mpk_dense_opts opts = {.family = "mistral", .window_key = "sliding_window"};
 
-static int prepare_config(const char *what, json_t *c) { return mpk__dense_cap_window(what, c, &opts); }
-static int check_config(const char *what, const json_t *c) { return mpk__dense_check_config(what, c, &opts); }
-static int check_tensors(const char *what, const json_t *c, const mpk_shapes *s) {
-  return mpk__dense_check_tensors(what, c, s, &opts);
-}
-
 static const char *const hf_types[] = {"mistral", NULL};
 static const char *const hf_archs[] = {"MistralForCausalLM", NULL};
 
@@ -29,7 +23,8 @@ const mpk_arch mpk__arch_mistral = {
     .code = "llama",
     .entry_point = "llama.model:LlamaModel",
     .gguf_config = mpk__llama_gguf_config,
-    .prepare_config = prepare_config,
-    .check_config = check_config,
-    .check_tensors = check_tensors,
+    .prepare_config = mpk__dense_cap_window,
+    .check_config = mpk__dense_check_config,
+    .check_tensors = mpk__dense_check_tensors,
+    .dense = &opts,
 };

@@ -10,20 +10,10 @@
 static const mpk_dense_opts opts = {
     .family = "qwen3", .qk_norm = true, .window_key = "sliding_window", .window_switch = "use_sliding_window"};
 
-static int prepare_config(const char *what, json_t *c) { return mpk__dense_cap_window(what, c, &opts); }
-static int check_config(const char *what, const json_t *c) { return mpk__dense_check_config(what, c, &opts); }
-static int check_tensors(const char *what, const json_t *c, const mpk_shapes *s) {
-  return mpk__dense_check_tensors(what, c, s, &opts);
-}
-
 static const char *const hf_types[] = {"qwen3", NULL};
 static const char *const hf_archs[] = {"Qwen3ForCausalLM", NULL};
 static const char *const gguf_archs[] = {"qwen3", NULL};
 
-static const mpk_name_pair gguf_global[] = {{"token_embd.weight", "model.embed_tokens.weight"},
-                                            {"output_norm.weight", "model.norm.weight"},
-                                            {"output.weight", "lm_head.weight"},
-                                            {NULL, NULL}};
 static const mpk_name_pair gguf_block[] = {
     {"attn_norm.weight", "input_layernorm.weight"},   {"ffn_norm.weight", "post_attention_layernorm.weight"},
     {"attn_q.weight", "self_attn.q_proj.weight"},      {"attn_k.weight", "self_attn.k_proj.weight"},
@@ -37,14 +27,15 @@ const mpk_arch mpk__arch_qwen3 = {
     .hf_model_types = hf_types,
     .hf_architectures = hf_archs,
     .gguf_archs = gguf_archs,
-    .gguf_names = {"blk.", gguf_global, gguf_block},
+    .gguf_names = {"blk.", mpk__gguf_llama_global, gguf_block},
     .hf_names = {NULL, NULL, NULL},
     .rope_layout_gguf = "half",
     .rope_layout_hf = "half",
     .code = "llama",
     .entry_point = "llama.model:LlamaModel",
     .gguf_config = mpk__llama_gguf_config,
-    .prepare_config = prepare_config,
-    .check_config = check_config,
-    .check_tensors = check_tensors,
+    .prepare_config = mpk__dense_cap_window,
+    .check_config = mpk__dense_check_config,
+    .check_tensors = mpk__dense_check_tensors,
+    .dense = &opts,
 };

@@ -297,7 +297,7 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
   if (rope_freqs &&
       (rc = rope_scaling_from_freqs(gguf_path, g, ga, rope_freqs, (const uint8_t *)map.data + rope_freqs->offset, config)))
     goto fail;
-  if ((rc = mpk__arch_config(arch, gguf_path, config)) || (rc = arch->check_tensors(gguf_path, config, &shapes))) goto fail;
+  if ((rc = mpk__arch_config(arch, gguf_path, config)) || (rc = arch->check_tensors(arch, gguf_path, config, &shapes))) goto fail;
 
   if ((rc = mpk_writer_create(out_path, &w))) goto fail;
   char name[256] = "";

@@ -170,7 +170,7 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
     memcpy(e->shape, t->shape, sizeof(int64_t) * (size_t)e->ndim);
     if (t->ndim == 0) e->shape[0] = 1, e->ndim = 1; /* scalars become (1,) */
   }
-  if ((rc = arch->check_tensors(dir, config, &shapes))) goto fail;
+  if ((rc = arch->check_tensors(arch, dir, config, &shapes))) goto fail;
   if ((rc = mpk_writer_create(out_path, &w))) goto fail;
 
   char name[256];
