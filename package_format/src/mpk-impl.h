@@ -58,6 +58,11 @@ typedef struct mpk_zip {
 int mpk__zip_parse(const char *what, const uint8_t *buf, size_t len, mpk_zip *z);
 void mpk__zip_free(mpk_zip *z);
 int mpk__zip_find(const mpk_zip *z, const char *name); /* index or -1 */
+/* Writes the records after a central directory of n entries at cd_start (cd_size bytes) into t: the
+ * ZIP64 end record and its locator when z64, then the end of central directory record (whose
+ * counts and offsets then say 0xFFFF...). Returns the length (98 at most). */
+#define MPK_ZIP_END_MAX (56 + 20 + 22)
+size_t mpk__zip_end_records(uint8_t t[MPK_ZIP_END_MAX], uint64_t n, uint64_t cd_start, uint64_t cd_size, bool z64);
 
 /* Bounds for compressed entries (foreign zips): one entry, and all of them together. */
 #define MPK_MAX_INFLATE ((uint64_t)64 << 20)

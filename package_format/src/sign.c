@@ -263,35 +263,8 @@ static int write_tail(int fd, const char *tmp, const uint8_t *base, const mpk_zi
   cd_size += hl;
   n++;
   bool z64 = n >= 0xFFFF || cd_start >= 0xFFFFFFFFull || cd_size >= 0xFFFFFFFFull;
-  uint8_t t[76 + 22];
-  size_t tl = 0;
-  if (z64) {
-    wr32(t, 0x06064b50);
-    wr64(t + 4, 44);
-    wr16(t + 12, (3 << 8) | 45);
-    wr16(t + 14, 45);
-    wr32(t + 16, 0);
-    wr32(t + 20, 0);
-    wr64(t + 24, n);
-    wr64(t + 32, n);
-    wr64(t + 40, cd_size);
-    wr64(t + 48, cd_start);
-    wr32(t + 56, 0x07064b50);
-    wr32(t + 60, 0);
-    wr64(t + 64, cd_start + cd_size);
-    wr32(t + 72, 1);
-    tl = 76;
-  }
-  uint8_t *e = t + tl;
-  wr32(e, 0x06054b50);
-  wr16(e + 4, 0);
-  wr16(e + 6, 0);
-  wr16(e + 8, z64 ? 0xFFFF : (uint16_t)n);
-  wr16(e + 10, z64 ? 0xFFFF : (uint16_t)n);
-  wr32(e + 12, z64 ? 0xFFFFFFFFu : (uint32_t)cd_size);
-  wr32(e + 16, z64 ? 0xFFFFFFFFu : (uint32_t)cd_start);
-  wr16(e + 20, 0);
-  return write_all(fd, tmp, t, tl + 22);
+  uint8_t t[MPK_ZIP_END_MAX];
+  return write_all(fd, tmp, t, mpk__zip_end_records(t, n, cd_start, cd_size, z64));
 }
 
 int mpk_sign(const char *path, const char *key_path, const char *out_path) {

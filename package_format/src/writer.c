@@ -396,36 +396,8 @@ static int write_central(mpk_writer *w) {
   }
   uint64_t cd_size = w->pos - cd_start;
   bool z64 = w->n >= 0xFFFF || cd_start >= U32_MAX_FIELD || cd_size >= U32_MAX_FIELD || w->force_zip64;
-  uint8_t t[56 + 20 + 22];
-  size_t tl = 0;
-  if (z64) {
-    uint64_t e64 = w->pos;
-    wr32(t, 0x06064b50);
-    wr64(t + 4, 44);
-    wr16(t + 12, (3 << 8) | 45);
-    wr16(t + 14, 45);
-    wr32(t + 16, 0);
-    wr32(t + 20, 0);
-    wr64(t + 24, w->n);
-    wr64(t + 32, w->n);
-    wr64(t + 40, cd_size);
-    wr64(t + 48, cd_start);
-    wr32(t + 56, 0x07064b50);
-    wr32(t + 60, 0);
-    wr64(t + 64, e64);
-    wr32(t + 72, 1);
-    tl = 76;
-  }
-  uint8_t *e = t + tl;
-  wr32(e, 0x06054b50);
-  wr16(e + 4, 0);
-  wr16(e + 6, 0);
-  wr16(e + 8, z64 ? 0xFFFF : (uint16_t)w->n);
-  wr16(e + 10, z64 ? 0xFFFF : (uint16_t)w->n);
-  wr32(e + 12, z64 ? 0xFFFFFFFFu : (uint32_t)cd_size);
-  wr32(e + 16, z64 ? 0xFFFFFFFFu : (uint32_t)cd_start);
-  wr16(e + 20, 0);
-  return write_all(w, t, tl + 22);
+  uint8_t t[MPK_ZIP_END_MAX];
+  return write_all(w, t, mpk__zip_end_records(t, w->n, cd_start, cd_size, z64));
 }
 
 int mpk_writer_finish(mpk_writer *w) {
