@@ -496,15 +496,8 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   t->piece_off[t->n_ids] = (uint32_t)t->pieces.len;
 
   if ((rc = parse_post(t, json_object_get(root, "post_processor"), "post_processor"))) goto fail;
-
-  free(vocab_str);
-  free(vocab_len);
-  free(norm_added);
-  free(ntmp.p);
-  free(tmp.p);
-  json_decref(root);
   *out = t;
-  return 0;
+  t = NULL; /* the caller's now: only the scratch is freed below */
 fail:
   free(vocab_str);
   free(vocab_len);
