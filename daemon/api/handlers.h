@@ -18,6 +18,9 @@ void api_oai_model(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_oai_tokenize(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_oai_detokenize(servd_api *a, servd_http_req *r, const api_route_args *args);
 
+/* responses.c */
+void api_oai_responses(servd_api *a, servd_http_req *r, const api_route_args *args);
+
 /* kserve.c */
 void api_kserve_server_meta(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_kserve_model_meta(servd_api *a, servd_http_req *r, const api_route_args *args);

@@ -5,7 +5,23 @@
 #include "api/api-impl.h"
 #include "api/request_params.h"
 
-typedef struct oai {
+typedef struct oai oai;
+
+/* Another route's output over the chat machinery (responses.c): the chat request runs as usual and
+ * these replace its chunks and its body. n is 1. Each is called on the loop with o->req set. */
+typedef struct oai_sink {
+  const char *id_prefix;                                       /* o->id: prefix + hex */
+  void (*stream_begin)(oai *o);                                /* the 200 is sent */
+  void (*stream_text)(oai *o, gen *g, const char *s, size_t n); /* content released (n > 0) */
+  void (*stream_end)(oai *o, gen *g);  /* g is over: finish or error set, its calls parsed */
+  void (*stream_finish)(oai *o);       /* every choice is over: ends the stream (oai_stream_close) */
+  void (*respond)(oai *o);             /* not streaming, no choice failed: the body (oai_respond) */
+  /* The route's name for a chat field in an error ("messages[2]" -> "input"), into out. */
+  void (*param)(const char *chat_param, char *out, size_t cap);
+  void (*ctx_free)(void *ctx);         /* o->sink_ctx, when o is freed */
+} oai_sink;
+
+struct oai {
   servd_api *a;
   servd_http_req *req; /* NULL once the response has been sent or the client went away */
   api_model *am;
@@ -34,6 +50,20 @@ typedef struct oai {
   const char *model_name;
   servd_buf sse;
   uint64_t t_start;
-} oai;
+  const oai_sink *sink; /* NULL: chat completions' own output */
+  void *sink_ctx;
+};
+
+/* For sinks (openai.c). A stream write; -1 when the client is gone (o->req is NULL then). */
+int oai_stream_write(oai *o, const char *s, size_t n);
+/* Ends the stream, or sends the 200 body (stolen), and lets go of the HTTP request. */
+void oai_stream_close(oai *o);
+void oai_respond(oai *o, json_t *body);
+/* A JSON string of raw model output (invalid UTF-8 becomes U+FFFD). */
+json_t *oai_json_text(const char *s, size_t n);
+
+/* Serves body (stolen) as a chat completions request whose output sink formats; sink_ctx is freed
+ * with sink->ctx_free, also when this answers an error itself. */
+void oai_chat_serve(servd_api *a, servd_http_req *r, json_t *body, const oai_sink *sink, void *sink_ctx);
 
 #endif

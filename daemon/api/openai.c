@@ -43,6 +43,7 @@ static void oai_free(oai *o) {
   free(o->detok_text);
   servd_buf_free(&o->sse);
   if (o->am) api_model_release_ref(a, o->am);
+  if (o->sink && o->sink->ctx_free) o->sink->ctx_free(o->sink_ctx);
   servd_arena_destroy(o->arena);
   free(o);
 }
@@ -67,6 +68,11 @@ static void oai_error(oai *o, int status, const char *type, const char *param, c
                       const char *msg) {
   servd_http_req *r = o->req;
   o->req = NULL;
+  char renamed[64];
+  if (o->sink && param) {
+    o->sink->param(param, renamed, sizeof renamed);
+    param = renamed;
+  }
   if (r) {
     r->on_abort = NULL;
     api_oai_error(r, status, type, param, code, fmt, msg);
@@ -97,6 +103,8 @@ static json_t *json_text(const char *s, size_t n) {
   servd_buf_free(&b);
   return t ? t : json_string("");
 }
+
+json_t *oai_json_text(const char *s, size_t n) { return json_text(s, n); }
 
 /* ---- JSON pieces ------------------------------------------------------------------------------ */
 
@@ -221,6 +229,27 @@ static int sse_choice(oai *o, gen *g, const char *text, size_t len, json_t *lp, 
 
 static int sse_raw(oai *o, const char *s, size_t n) { return servd_http_stream_write(o->req, s, n); }
 
+int oai_stream_write(oai *o, const char *s, size_t n) { return o->req ? sse_raw(o, s, n) : -1; }
+
+void oai_stream_close(oai *o) {
+  servd_http_req *r = o->req;
+  if (!r) return;
+  o->req = NULL;
+  r->on_abort = NULL;
+  servd_http_stream_end(r);
+}
+
+void oai_respond(oai *o, json_t *body) {
+  servd_http_req *r = o->req;
+  if (!r) {
+    json_decref(body);
+    return;
+  }
+  o->req = NULL;
+  r->on_abort = NULL;
+  api_json(r, 200, body);
+}
+
 /* One chat chunk for choice g whose delta is the given object (stolen). */
 static int sse_delta(oai *o, gen *g, json_t *delta) {
   servd_buf *b = &o->sse;
@@ -306,6 +335,10 @@ static void respond_full(oai *o) {
                 "%s", o->gens[i].error);
       return;
     }
+  if (o->sink) {
+    o->sink->respond(o);
+    return;
+  }
   json_t *choices = json_array();
   for (int i = 0; i < o->n_gens; i++) {
     gen *g = &o->gens[i];
@@ -426,11 +459,14 @@ void api_oai_event(servd_api *a, api_event *ev) {
       if (o->tools) { /* text from where a call starts is held for the parser at the end */
         if (ev->text_len) append_text(g, ev->text, ev->text_len);
         size_t from, to = oai_tools_releasable(o->tools, g->index, g->text.data, g->text.len, &from);
-        if (to > from || lp) sse_choice(o, g, g->text.data ? g->text.data + from : "", to - from, lp, NULL);
+        if (o->sink) {
+          if (to > from) o->sink->stream_text(o, g, g->text.data + from, to - from);
+        } else if (to > from || lp) sse_choice(o, g, g->text.data ? g->text.data + from : "", to - from, lp, NULL);
         json_decref(lp);
         return;
       }
-      sse_choice(o, g, ev->text ? ev->text : "", ev->text_len, lp, NULL);
+      if (!o->sink) sse_choice(o, g, ev->text ? ev->text : "", ev->text_len, lp, NULL);
+      else if (ev->text_len) o->sink->stream_text(o, g, ev->text, ev->text_len);
       json_decref(lp);
       return;
     }
@@ -466,8 +502,17 @@ void api_oai_event(servd_api *a, api_event *ev) {
 
 /* A choice's last words: the final chunk when streaming, and the response once all are done. */
 static void gen_complete(oai *o, gen *g) {
-  if (o->req && o->stream && !g->error && o->tools) sse_tool_calls(o, g); /* a failed write clears o->req */
-  if (o->req && o->stream) {
+  if (o->req && o->stream && o->sink) {
+    if (!g->error && o->tools && !oai_tools_calls(o->tools, g->index)) { /* held back, and no call after all */
+      size_t from;
+      oai_tools_releasable(o->tools, g->index, g->text.data, g->text.len, &from);
+      if (g->text.len > from) o->sink->stream_text(o, g, g->text.data + from, g->text.len - from);
+    }
+    if (o->req) o->sink->stream_end(o, g);
+  } else if (o->req && o->stream && !g->error && o->tools) {
+    sse_tool_calls(o, g); /* a failed write clears o->req */
+  }
+  if (o->req && o->stream && !o->sink) {
     if (g->error) {
       servd_buf *b = &o->sse;
       servd_buf_clear(b);
@@ -483,7 +528,8 @@ static void gen_complete(oai *o, gen *g) {
   g->done = true;
   o->n_done++;
   if (o->n_done == o->n_submitted && !o->work_pending && o->req) {
-    if (o->stream) stream_finish(o);
+    if (o->stream && o->sink) o->sink->stream_finish(o);
+    else if (o->stream) stream_finish(o);
     else respond_full(o);
   }
   oai_maybe_free(o);
@@ -640,7 +686,9 @@ static void start_generation(oai *o) {
     o->n_submitted++;
   }
   if (o->stream) servd_http_stream_begin(o->req, 200, "text/event-stream");
-  if (o->stream && o->mode == OAI_CHAT) {
+  if (o->stream && o->sink) {
+    o->sink->stream_begin(o);
+  } else if (o->stream && o->mode == OAI_CHAT) {
     /* The first chunk of each choice carries the role, as OpenAI's does. */
     for (int i = 0; i < o->n_gens && o->req; i++) {
       gen *g = &o->gens[i];
@@ -748,18 +796,15 @@ static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, b
   return am;
 }
 
-static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
-  json_t *body = NULL;
+/* Serves body (stolen) for mode; sink (NULL: the mode's own output) takes sink_ctx. */
+static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, const oai_sink *sink, void *sink_ctx) {
   api_param_error perr;
-  if (api_body_parse(r->body, r->body_len, &body, &perr) != 0) {
-    api_oai_error(r, perr.status, "invalid_request_error", NULL, NULL, "%s", perr.message);
-    return;
-  }
   json_t *rid = json_object_get(body, "request_id"); /* vLLM's body field; the header wins, as in vLLM */
   if (json_is_string(rid) && !servd_http_header_get(r, "x-request-id")) api_request_id_set(r, json_string_value(rid));
   api_model *am = resolve_model(a, r, body, true);
   if (!am) {
     json_decref(body);
+    if (sink && sink->ctx_free) sink->ctx_free(sink_ctx);
     return;
   }
   oai *o = calloc(1, sizeof(*o));
@@ -770,16 +815,19 @@ static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
     free(w);
     servd_arena_destroy(arena);
     json_decref(body);
+    if (sink && sink->ctx_free) sink->ctx_free(sink_ctx);
     api_oai_error(r, 500, "server_error", NULL, NULL, "out of memory");
     return;
   }
   o->a = a;
+  o->sink = sink;
+  o->sink_ctx = sink_ctx;
   o->mode = mode;
   o->arena = arena;
   o->t_start = r->start_ns;
   o->created = (int64_t)time(NULL);
   o->model_name = servd_arena_strdup(arena, am->name);
-  make_id(a, mode == OAI_CHAT ? "chatcmpl-" : "cmpl-", o->id, sizeof o->id);
+  make_id(a, sink ? sink->id_prefix : mode == OAI_CHAT ? "chatcmpl-" : "cmpl-", o->id, sizeof o->id);
   api_param_limits lim;
   a->ops->gen_params_default(&lim.defaults);
   lim.max_n = a->o.max_n;
@@ -788,6 +836,11 @@ static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
   int prc = oai_params_parse(body, mode, &lim, arena, &p, &perr);
   json_decref(body);
   if (prc != 0) {
+    if (sink && perr.param[0]) {
+      char renamed[sizeof perr.param];
+      sink->param(perr.param, renamed, sizeof renamed);
+      snprintf(perr.param, sizeof perr.param, "%s", renamed);
+    }
     api_oai_error(r, perr.status, "invalid_request_error", perr.param[0] ? perr.param : NULL, NULL, "%s",
                   perr.message);
     free(w);
@@ -825,6 +878,20 @@ static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
     return;
   }
   a->works++;
+}
+
+static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
+  json_t *body = NULL;
+  api_param_error perr;
+  if (api_body_parse(r->body, r->body_len, &body, &perr) != 0) {
+    api_oai_error(r, perr.status, "invalid_request_error", NULL, NULL, "%s", perr.message);
+    return;
+  }
+  serve(a, r, body, mode, NULL, NULL);
+}
+
+void oai_chat_serve(servd_api *a, servd_http_req *r, json_t *body, const oai_sink *sink, void *sink_ctx) {
+  serve(a, r, body, OAI_CHAT, sink, sink_ctx);
 }
 
 void api_oai_completions(servd_api *a, servd_http_req *r, const api_route_args *args) {
