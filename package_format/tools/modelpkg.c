@@ -248,22 +248,21 @@ static int cmd_verify(int argc, char **argv) {
   mpk_keyring *keys = NULL;
   double t0 = now();
   if (key && mpk_keyring_load(key, &keys)) return fail();
-  if (mpk_open(pkg, &p)) {
-    mpk_keyring_free(keys);
-    return fail();
-  }
+  int rc = 0;
   /* Hashes first: a signature vouches for the manifest, the hashes tie the entries to it. */
-  if (mpk_verify(p) || (keys && mpk_signature_check(p, keys, &signer))) {
-    mpk_close(p);
-    mpk_keyring_free(keys);
-    return fail();
+  if (mpk_open(pkg, &p)) {
+    p = NULL;
+    rc = fail();
+  } else if (mpk_verify(p) || (keys && mpk_signature_check(p, keys, &signer))) {
+    rc = fail();
+  } else {
+    printf("%s: OK (%d entries, %d tensors, %llu bytes: schema, alignment, CRC-32 and SHA-256 hold%s%s) in %.2f s\n", pkg,
+           mpk_file_count(p), mpk_tensor_count(p), (unsigned long long)mpk_size(p), signer ? "; Ed25519 signature by " : "",
+           signer ? signer : "", now() - t0);
   }
-  printf("%s: OK (%d entries, %d tensors, %llu bytes: schema, alignment, CRC-32 and SHA-256 hold%s%s) in %.2f s\n", pkg,
-         mpk_file_count(p), mpk_tensor_count(p), (unsigned long long)mpk_size(p), signer ? "; Ed25519 signature by " : "",
-         signer ? signer : "", now() - t0);
   mpk_close(p);
   mpk_keyring_free(keys);
-  return 0;
+  return rc;
 }
 
 static int cmd_sign(int argc, char **argv) {
