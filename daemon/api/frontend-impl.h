@@ -1,4 +1,4 @@
-/* Internal to daemon/api: the prediction queue of kserve.c as frontend.c uses it. */
+/* Internal to daemon/api: the prediction queue and the metadata of kserve.c as frontend.c uses them. */
 #ifndef SERVD_API_FRONTEND_IMPL_H
 #define SERVD_API_FRONTEND_IMPL_H
 
@@ -12,6 +12,9 @@ struct infer_job;
  * status (429, 500) with msg. */
 int api_kserve_predict(servd_api *a, api_model *am, servd_named_tensor *in, int n_in, int64_t deadline_ms,
                        api_predict_cb cb, void *ud, struct infer_job **out, char *msg, size_t cap);
+/* The metadata of am (a usable generic model): what its ops say, with "name" set and "versions" and
+ * "platform" filled in when absent. The caller owns the result. */
+json_t *api_kserve_metadata(servd_api *a, api_model *am);
 /* cb will not run; the prediction finishes (it cannot be stopped) and its result is dropped. */
 void api_kserve_predict_abandon(struct infer_job *j);
 

@@ -74,15 +74,7 @@ json_t *servd_api_model_metadata(servd_api *a, const char *name, const char *ver
     return NULL;
   }
   if ((*status = usable(a, am, msg, cap)) != 200) return NULL;
-  json_t *m = a->ops->metadata(am->m);
-  if (!json_is_object(m)) {
-    json_decref(m);
-    m = json_object();
-  }
-  json_object_set_new(m, "name", json_string(am->name));
-  if (!json_object_get(m, "versions")) json_object_set_new(m, "versions", json_pack("[s]", API_MODEL_VERSION));
-  if (!json_object_get(m, "platform")) json_object_set_new(m, "platform", json_string("servd"));
-  return m;
+  return api_kserve_metadata(a, am);
 }
 
 int servd_api_predict(servd_api *a, const char *model, const char *version, servd_named_tensor *in, int n_in,

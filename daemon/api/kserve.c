@@ -37,9 +37,7 @@ static bool model_usable(servd_api *a, servd_http_req *r, api_model *am) {
   return true;
 }
 
-void api_kserve_model_meta(servd_api *a, servd_http_req *r, const api_route_args *args) {
-  api_model *am = args->am;
-  if (!model_usable(a, r, am)) return;
+json_t *api_kserve_metadata(servd_api *a, api_model *am) {
   json_t *m = a->ops->metadata(am->m);
   if (!json_is_object(m)) {
     json_decref(m);
@@ -48,6 +46,13 @@ void api_kserve_model_meta(servd_api *a, servd_http_req *r, const api_route_args
   json_object_set_new(m, "name", json_string(am->name));
   if (!json_object_get(m, "versions")) json_object_set_new(m, "versions", json_pack("[s]", API_MODEL_VERSION));
   if (!json_object_get(m, "platform")) json_object_set_new(m, "platform", json_string("servd"));
+  return m;
+}
+
+void api_kserve_model_meta(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  api_model *am = args->am;
+  if (!model_usable(a, r, am)) return;
+  json_t *m = api_kserve_metadata(a, am);
   if (!json_object_get(m, "inputs")) json_object_set_new(m, "inputs", json_array());
   if (!json_object_get(m, "outputs")) json_object_set_new(m, "outputs", json_array());
   api_json(r, 200, m);
