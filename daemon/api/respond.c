@@ -22,30 +22,38 @@ void api_json(servd_http_req *r, int status, json_t *body) {
   free(s);
 }
 
+/* The message of an error, made valid UTF-8: names from the path or the body may be cut or not
+ * UTF-8, and JSON needs it. */
+static void error_message(char *msg, size_t cap, const char *fmt, va_list ap) {
+  vsnprintf(msg, cap, fmt, ap);
+  api_utf8_fix(msg);
+}
+
+/* An error body; 429 and 503 ask the client to retry after a second. */
+static void error_json(servd_http_req *r, int status, json_t *body) {
+  if (status == 429 || status == 503) servd_http_set_header(r, "Retry-After", "1");
+  api_json(r, status, body);
+}
+
 void api_oai_error(servd_http_req *r, int status, const char *type, const char *param, const char *code,
                    const char *fmt, ...) {
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  error_message(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  api_utf8_fix(msg); /* names from the path or the body may be cut or not UTF-8; JSON needs it */
-  json_t *e = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type", type, "param",
-                        param ? json_string(param) : json_null(), "code",
-                        code ? json_string(code) : json_null());
-  if (status == 429 || status == 503) servd_http_set_header(r, "Retry-After", "1");
-  api_json(r, status, e);
+  error_json(r, status,
+             json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type", type, "param",
+                       param ? json_string(param) : json_null(), "code", code ? json_string(code) : json_null()));
 }
 
 void api_kserve_error(servd_http_req *r, int status, const char *fmt, ...) {
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  error_message(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  api_utf8_fix(msg); /* names from the path or the body may be cut or not UTF-8; JSON needs it */
-  if (status == 429 || status == 503) servd_http_set_header(r, "Retry-After", "1");
-  api_json(r, status, json_pack("{s:s}", "error", msg));
+  error_json(r, status, json_pack("{s:s}", "error", msg));
 }
 
 int api_status_for(int rc) {
