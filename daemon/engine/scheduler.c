@@ -21,10 +21,12 @@ static void list_push_back(sched_list *l, sched_seq *q) {
   l->n++;
 }
 
-/* Inserts keeping arrival order (a preempted sequence returns to its place in the queue). */
-static void list_insert_ordered(sched_list *l, sched_seq *q) {
-  sched_seq *at = l->head;
-  while (at && at->order < q->order) at = at->next;
+/* Whether a runs before b in the waiting queue: better priority, then earlier arrival. */
+static bool runs_before(const sched_seq *a, const sched_seq *b) {
+  return a->priority != b->priority ? a->priority < b->priority : a->order < b->order;
+}
+
+static void list_insert_before(sched_list *l, sched_seq *at, sched_seq *q) {
   if (!at) {
     list_push_back(l, q);
     return;
@@ -34,6 +36,21 @@ static void list_insert_ordered(sched_list *l, sched_seq *q) {
   if (at->prev) at->prev->next = q; else l->head = q;
   at->prev = q;
   l->n++;
+}
+
+/* Waiting queue: (priority, arrival) order, so a preempted sequence returns to its place. */
+static void list_insert_ordered(sched_list *l, sched_seq *q) {
+  sched_seq *at = l->tail;
+  while (at && runs_before(q, at)) at = at->prev; /* from the tail: new arrivals go last */
+  list_insert_before(l, at ? at->next : l->head, q);
+}
+
+/* Running list: by priority only, a newcomer after its equals, so that with one priority the list
+ * stays in admission order and the tail (the preemption victim) is the worst, newest sequence. */
+static void list_insert_running(sched_list *l, sched_seq *q) {
+  sched_seq *at = l->tail;
+  while (at && q->priority < at->priority) at = at->prev;
+  list_insert_before(l, at ? at->next : l->head, q);
 }
 
 int sched_init(servd_scheduler *s, const sched_config *cfg, servd_kv_cache *kv) {
@@ -92,7 +109,7 @@ void sched_seq_free(sched_seq *q) {
 void sched_add(servd_scheduler *s, sched_seq *q) {
   q->order = s->next_order++;
   q->state = SCHED_WAITING;
-  list_push_back(&s->waiting, q);
+  list_insert_ordered(&s->waiting, q);
 }
 
 static void release_blocks(servd_scheduler *s, sched_seq *q) {
@@ -116,6 +133,8 @@ static void preempt(servd_scheduler *s, sched_seq *q) {
   release_blocks(s, q);
   q->state = SCHED_WAITING;
   q->n_preempted++;
+  q->chunk = 0;
+  q->wants_logits = false;
   s->preemptions++;
   list_insert_ordered(&s->waiting, q);
 }
@@ -160,6 +179,8 @@ static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
   a->q_len[i] = chunk;
   a->kv_len[i] = q->n_computed + chunk;
   a->block_tables[i] = q->blocks;
+  if (q->n_tokens - q->n_computed == 1) s->n_decode_rows++;
+  else s->n_prefill_tokens += chunk;
   for (int j = 0; j < chunk; j++) {
     int p = q->n_computed + j, t = s->n_tokens + j;
     a->tokens[t] = q->tokens[p];
@@ -170,8 +191,27 @@ static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
   if (q->wants_logits) a->logit_rows[s->n_logit_rows++] = s->n_tokens - 1;
 }
 
-int sched_plan(servd_scheduler *s) {
-  s->n_planned = s->n_tokens = s->n_logit_rows = s->n_starved = 0;
+/* Prefill tokens a step carrying `decoders` decode rows may add within max_step_ns. Unbounded until
+ * a prefill cost was measured (the first steps teach it); never under one block, so prefill always
+ * progresses even when the decodes alone fill the target. */
+static int prefill_cap(const servd_scheduler *s, int decoders) {
+  if (!s->cfg.max_step_ns || decoders == 0 || s->cost.prefill_token_ns <= 0) return INT32_MAX;
+  double left = (double)s->cfg.max_step_ns - s->cost.decode_row_ns * decoders;
+  double n = left / s->cost.prefill_token_ns;
+  if (n < s->block_size) return s->block_size;
+  return n > INT32_MAX ? INT32_MAX : (int)n;
+}
+
+/* The worst running sequence (the running list's tail) has a worse priority than q. */
+static bool outranks_running(const servd_scheduler *s, const sched_seq *q) {
+  return s->running.tail && s->running.tail->priority > q->priority;
+}
+
+#define PLAN_AGAIN 1 /* a running sequence was preempted for a waiting one of better priority */
+
+static int plan_once(servd_scheduler *s, bool may_preempt) {
+  s->n_planned = s->n_tokens = s->n_logit_rows = 0;
+  s->n_decode_rows = s->n_prefill_tokens = 0;
   int budget = s->cfg.max_batch_tokens;
   int total_blocks = servd_kv_cache_n_blocks(s->kv);
 
@@ -179,8 +219,10 @@ int sched_plan(servd_scheduler *s) {
   int decoders = 0;
   for (sched_seq *q = s->running.head; q; q = q->next)
     if (q->n_tokens - q->n_computed == 1) decoders++;
+  /* Prefill tokens left to this step: bounded by max_step_ns when it carries decodes. */
+  int prefill_left = s->prefill_cap = prefill_cap(s, decoders);
 
-  /* Running sequences, oldest first; preempt from the newest end when blocks run out. */
+  /* Running sequences, best first; preempt from the worst, newest end when blocks run out. */
   for (sched_seq *q = s->running.head; q && budget > 0;) {
     sched_seq *next = q->next;
     int need = q->n_tokens - q->n_computed;
@@ -189,6 +231,7 @@ int sched_plan(servd_scheduler *s) {
     int chunk = need;
     int room = budget - decoders;
     if (chunk > room) chunk = room;
+    if (!decoding && chunk > prefill_left) chunk = prefill_left;
     if (chunk <= 0) {
       q = next;
       continue;
@@ -215,11 +258,12 @@ int sched_plan(servd_scheduler *s) {
     if (rc) return rc;
     emit(s, q, chunk);
     budget -= chunk;
+    if (!decoding) prefill_left -= chunk;
     q = next;
   }
 
-  /* Admit waiting sequences in arrival order. */
-  while (s->waiting.head && budget > 0 && s->running.n < s->cfg.max_seqs) {
+  /* Admit waiting sequences in (priority, arrival) order. */
+  while (s->waiting.head && budget > 0 && prefill_left > 0) {
     sched_seq *q = s->waiting.head;
     if (blocks_for(s, q->n_tokens) > total_blocks || q->n_tokens > s->cfg.max_seq_len) {
       /* can never be held at once */
@@ -227,6 +271,11 @@ int sched_plan(servd_scheduler *s) {
       sched_remove(s, q);
       s->starved[s->n_starved++] = q;
       continue;
+    }
+    if (s->running.n >= s->cfg.max_seqs) {
+      if (!may_preempt || !outranks_running(s, q)) break;
+      preempt(s, s->running.tail);
+      return PLAN_AGAIN;
     }
     /* A waiting sequence holds no blocks. Its cached beginning is shared, short of the last token
      * (computed again so that its logits exist). Nothing is taken unless all it needs fits. */
@@ -238,16 +287,26 @@ int sched_plan(servd_scheduler *s) {
     int start = hit * s->block_size;
     int chunk = q->n_tokens - start;
     if (chunk > budget) chunk = budget;
-    if (blocks_for(s, start + chunk) - hit > prefix_cache_available(&s->pc) - evictable_hits) break;
-    int rc = prefix_cache_acquire(&s->pc, hit, q->blocks);
-    if (rc) return rc;
-    q->n_blocks = hit;
-    q->n_computed = start;
-    q->chain = chain;
-    if ((rc = grow(s, q, start + chunk))) {
-      release_blocks(s, q);
-      if (rc == SERVD_EBUSY) break;
-      return rc;
+    if (chunk > prefill_left) chunk = prefill_left;
+    bool fits = blocks_for(s, start + chunk) - hit <= prefix_cache_available(&s->pc) - evictable_hits;
+    int rc = 0;
+    if (fits) {
+      if ((rc = prefix_cache_acquire(&s->pc, hit, q->blocks))) return rc;
+      q->n_blocks = hit;
+      q->n_computed = start;
+      q->chain = chain;
+      if ((rc = grow(s, q, start + chunk))) {
+        release_blocks(s, q);
+        if (rc != SERVD_EBUSY) return rc;
+        fits = false;
+      }
+    }
+    if (!fits) {
+      /* Short of blocks: a better priority takes them from the worst running sequence. The plan
+       * so far may hold that one, so it is made again from the start without it. */
+      if (!may_preempt || !outranks_running(s, q)) break;
+      preempt(s, s->running.tail);
+      return PLAN_AGAIN;
     }
     if (s->pc.enabled) {
       s->pc.queries += (uint64_t)q->n_tokens;
@@ -256,11 +315,23 @@ int sched_plan(servd_scheduler *s) {
     if (q->n_preempted == 0) q->n_cached = start;
     list_remove(&s->waiting, q);
     q->state = SCHED_RUNNING;
-    list_push_back(&s->running, q);
+    list_insert_running(&s->running, q);
     emit(s, q, chunk);
     budget -= chunk;
+    prefill_left -= chunk;
   }
   return s->n_tokens;
+}
+
+int sched_plan(servd_scheduler *s) {
+  s->n_starved = 0;
+  /* Each retry preempts a running sequence for a better one; the bound only guards against a cycle
+   * the ordering rules out. Sequences admitted by an abandoned attempt are running now and keep the
+   * blocks they took. */
+  int rc = PLAN_AGAIN;
+  for (int tries = 0; rc == PLAN_AGAIN && tries <= 2 * s->cfg.max_seqs; tries++) rc = plan_once(s, true);
+  if (rc == PLAN_AGAIN) rc = plan_once(s, false);
+  return rc;
 }
 
 void sched_commit(servd_scheduler *s) {
@@ -278,6 +349,25 @@ void sched_commit(servd_scheduler *s) {
   }
 }
 
+
+/* Weight of a new measurement in the running estimates: about the last five steps count. */
+#define COST_ALPHA 0.2
+
+static void ewma(double *avg, double x) { *avg = *avg > 0 ? *avg + COST_ALPHA * (x - *avg) : x; }
+
+void sched_observe(servd_scheduler *s, int64_t step_ns) {
+  if (step_ns <= 0 || s->n_tokens == 0) return;
+  double t = (double)step_ns;
+  if (s->n_prefill_tokens == 0) {
+    ewma(&s->cost.decode_row_ns, t / s->n_decode_rows);
+    return;
+  }
+  /* A mixed step: what its decode rows are estimated to cost is not the prefill's. Without a decode
+   * estimate yet the whole step counts, which overestimates prefill: smaller chunks, not stalls. */
+  double prefill = t - s->cost.decode_row_ns * s->n_decode_rows;
+  if (prefill < 0) prefill = 0;
+  ewma(&s->cost.prefill_token_ns, prefill / s->n_prefill_tokens);
+}
 
 int sched_used_blocks(const servd_scheduler *s) {
   return servd_kv_cache_n_blocks(s->kv) - servd_kv_cache_free_blocks(s->kv) - s->pc.n_evictable;

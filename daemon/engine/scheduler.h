@@ -2,9 +2,12 @@
  * how many of their tokens, with KV blocks allocated as sequences grow.
  *
  * Policy (iteration-level, as in vLLM/Orca):
- *  - FCFS by arrival order. Running sequences are served first, oldest first; waiting ones are
- *    admitted in order while the token budget, the running-sequence limit and free KV blocks allow
- *    (a waiting sequence that does not fit stops admission: nobody overtakes it).
+ *  - Priority, then FCFS by arrival order (priority: lower runs first, 0 by default, vLLM's
+ *    `priority`). Running sequences are served first, best priority first and oldest first among
+ *    equals; waiting ones are admitted in (priority, arrival) order while the token budget, the
+ *    running-sequence limit and free KV blocks allow (a waiting sequence that does not fit stops
+ *    admission: nobody overtakes it). When the head of the queue lacks blocks or a running slot and
+ *    a running sequence has a worse priority, the worst one (newest among equals) is preempted for it.
  *  - A sequence needs n_tokens - n_computed tokens computed. A decoding sequence needs one; a
  *    prefilling one gets a chunk of its prompt up to what the budget leaves after reserving one
  *    token for every running decoder, so long prompts never stall decodes (chunked prefill).
@@ -18,6 +21,13 @@
  *    a preempted sequence finds its own blocks again when they survived. A waiting sequence whose
  *    next full block a running one is about to compute waits for it (one admission stop, as when
  *    blocks are short) instead of computing it too.
+ *
+ *  - Latency-bounded steps (cfg.max_step_ns): the scheduler learns an exponentially weighted cost
+ *    per decode row and per prefill token from the steps the engine times (sched_observe). A step
+ *    that carries decodes gets only the prefill tokens that fit the target next to its decodes, but
+ *    at least one block's worth, so prefill always progresses; a step without decodes uses the whole
+ *    budget (no inter-token latency is at stake). A decode then waits at most about one target for
+ *    its next token instead of behind a max_batch_tokens prefill chunk.
  *
  * Block ids come from one servd_kv_cache (the allocator); with tensor parallelism the other ranks'
  * caches use the same ids, so only the allocator cache hands out blocks.
@@ -47,6 +57,7 @@ typedef struct sched_seq {
   int32_t *blocks;    /* block table, capacity max_blocks_per_seq (allocated by sched_seq_init) */
   int n_blocks;
   uint64_t order;     /* arrival order (FCFS) */
+  int priority;       /* lower runs first; set by the caller before sched_add */
   sched_state state;
   int n_preempted;
   struct sched_seq *prev, *next;
@@ -70,7 +81,14 @@ typedef struct sched_config {
   int max_seq_len;      /* context length: tokens of one sequence at most */
   bool prefix_cache;    /* share cached full blocks between sequences with a common prefix */
   uint64_t cache_key;   /* the model's key: blocks are only found by sequences of the same key */
+  int64_t max_step_ns;  /* target duration of a step that carries decodes; 0: no bound */
 } sched_config;
+
+/* What steps cost, learned from sched_observe (nanoseconds; 0 until a step of that kind was seen). */
+typedef struct sched_cost {
+  double decode_row_ns;     /* per decoding sequence, the step's fixed cost included */
+  double prefill_token_ns;  /* per prefill token, beyond the decode rows' estimate */
+} sched_cost;
 
 typedef struct servd_scheduler {
   sched_config cfg;
@@ -90,6 +108,10 @@ typedef struct servd_scheduler {
   servd_step_arrays step; /* the step's inputs: max_batch_tokens tokens, max_seqs sequences */
   sched_seq **starved; /* sequences that can never fit the cache (max_seqs) */
   int n_starved;
+  int n_decode_rows;     /* of the plan: decoding sequences */
+  int n_prefill_tokens;  /* of the plan: tokens of prefilling (or recomputing) sequences */
+  int prefill_cap;       /* of the plan: prefill tokens allowed by max_step_ns (INT32_MAX: unbounded) */
+  sched_cost cost;
 } servd_scheduler;
 
 int sched_init(servd_scheduler *s, const sched_config *cfg, servd_kv_cache *kv);
@@ -111,6 +133,9 @@ void sched_remove(servd_scheduler *s, sched_seq *q);
 int sched_plan(servd_scheduler *s);
 /* After the step ran: advances n_computed of every planned sequence. */
 void sched_commit(servd_scheduler *s);
+/* After the planned step ran in step_ns (the whole step: forward and sampling): updates the cost
+ * model the next plans bound their prefill with. Call before the next sched_plan. */
+void sched_observe(servd_scheduler *s, int64_t step_ns);
 
 /* Blocks held by sequences (cached blocks nobody holds count as free: they are evicted on demand). */
 int sched_used_blocks(const servd_scheduler *s);

@@ -1,5 +1,6 @@
 /* Continuous-batching scheduler over a real paged KV cache: budgets, chunked prefill, FCFS,
- * block allocation, preemption and starvation, checked against hand-computed plans. */
+ * priorities, block allocation, preemption and starvation, latency-bounded steps, checked against
+ * hand-computed plans and a fake step-cost model. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -29,9 +30,10 @@ static fixture *setup_fx(int block_size, int n_blocks, int budget, int max_seqs)
   return f;
 }
 
-static sched_seq *add_seq(fixture *f, int i, int n_prompt) {
+static sched_seq *add_seq_prio(fixture *f, int i, int n_prompt, int priority) {
   sched_seq *q = &f->seqs[i];
   memset(q, 0, sizeof *q);
+  q->priority = priority;
   for (int j = 0; j < n_prompt; j++) f->toks[i][j] = 1000 * i + j;
   q->tokens = f->toks[i];
   q->n_tokens = n_prompt;
@@ -40,6 +42,8 @@ static sched_seq *add_seq(fixture *f, int i, int n_prompt) {
   sched_add(&f->s, q);
   return q;
 }
+
+static sched_seq *add_seq(fixture *f, int i, int n_prompt) { return add_seq_prio(f, i, n_prompt, 0); }
 
 /* Runs one step: plan, commit, append a token to every sequence that got logits. */
 static int step(fixture *f) {
@@ -224,12 +228,186 @@ static void test_remove_frees(void **state) {
   teardown_fx(f);
 }
 
+/* ---- priorities ---- */
+
+static void test_priority_order(void **state) {
+  (void)state;
+  /* One running slot: admission follows (priority, arrival). */
+  fixture *f = setup_fx(4, 64, 64, 1);
+  sched_seq *a = add_seq_prio(f, 0, 4, 0), *b = add_seq_prio(f, 1, 4, 5), *c = add_seq_prio(f, 2, 4, -1);
+  sched_seq *d = add_seq_prio(f, 3, 4, -1), *e = add_seq_prio(f, 4, 4, 0);
+  sched_seq *want[] = {c, d, a, e, b};
+  for (int k = 0; k < 5; k++) {
+    assert_int_equal(step(f), 4);
+    assert_ptr_equal(f->s.planned[0], want[k]);
+    /* Equal or worse priorities wait for the slot: nobody is preempted. */
+    assert_int_equal(step(f), 1);
+    assert_ptr_equal(f->s.planned[0], want[k]);
+    sched_remove(&f->s, want[k]);
+  }
+  assert_int_equal(f->s.preemptions, 0);
+  teardown_fx(f);
+}
+
+static void test_priority_preempts_for_blocks(void **state) {
+  (void)state;
+  /* 8 blocks of 4 slots. low holds 6 blocks and grows into a 7th; e (same priority) must wait, h
+   * (better) takes low's blocks: low is preempted and returns ahead of e, its equal that came later. */
+  fixture *f = setup_fx(4, 8, 64, 4);
+  sched_seq *low = add_seq_prio(f, 0, 24, 3);
+  assert_int_equal(step(f), 24);
+  sched_seq *e = add_seq_prio(f, 1, 12, 3);
+  assert_int_equal(step(f), 1); /* e does not fit next to low, and does not preempt an equal */
+  assert_int_equal(e->state, SCHED_WAITING);
+  assert_int_equal(f->s.preemptions, 0);
+  sched_seq *h = add_seq_prio(f, 2, 12, 0);
+  assert_int_equal(sched_plan(&f->s), 12);
+  assert_int_equal(f->s.n_planned, 1);
+  assert_ptr_equal(f->s.planned[0], h);
+  assert_int_equal(f->s.preemptions, 1);
+  assert_int_equal(low->state, SCHED_WAITING);
+  assert_int_equal(low->n_blocks, 0);
+  assert_ptr_equal(f->s.waiting.head, low);
+  assert_ptr_equal(low->next, e);
+  sched_commit(&f->s);
+  teardown_fx(f);
+}
+
+static void test_priority_preempts_worst_newest(void **state) {
+  (void)state;
+  /* Three running slots, all taken: a better request preempts the worst priority, newest among equals. */
+  fixture *f = setup_fx(4, 64, 64, 3);
+  sched_seq *a = add_seq_prio(f, 0, 4, 1), *b = add_seq_prio(f, 1, 4, 1), *c = add_seq_prio(f, 2, 4, 0);
+  assert_int_equal(step(f), 12);
+  assert_ptr_equal(f->s.running.head, c); /* best first, then a and b in admission order */
+  sched_seq *h = add_seq_prio(f, 3, 4, -1);
+  assert_int_equal(sched_plan(&f->s), 2 + 4); /* c and a decode, h prefills */
+  assert_int_equal(b->state, SCHED_WAITING);
+  assert_int_equal(a->state, SCHED_RUNNING);
+  assert_int_equal(f->s.preemptions, 1);
+  assert_ptr_equal(f->s.planned[0], c);
+  assert_ptr_equal(f->s.planned[1], a);
+  assert_ptr_equal(f->s.planned[2], h);
+  sched_commit(&f->s);
+  teardown_fx(f);
+}
+
+/* ---- latency-bounded steps ---- */
+
+static void test_step_bound_caps_prefill(void **state) {
+  (void)state;
+  fixture *f = setup_fx(4, 64, 64, 4);
+  f->s.cfg.max_step_ns = 100;
+  f->s.cost = (sched_cost){.decode_row_ns = 10, .prefill_token_ns = 2};
+  sched_seq *b = add_seq(f, 1, 100);
+  /* No decodes: the whole budget. */
+  assert_int_equal(step(f), 64);
+  sched_remove(&f->s, b);
+  sched_seq *a = add_seq(f, 0, 3);
+  assert_int_equal(step(f), 3);
+  b = add_seq(f, 2, 100);
+  /* a decodes: (100 - 10) / 2 = 45 prefill tokens fit the target, not the 63 the budget leaves. */
+  assert_int_equal(sched_plan(&f->s), 1 + 45);
+  assert_int_equal(f->s.prefill_cap, 45);
+  assert_int_equal(b->chunk, 45);
+  assert_int_equal(f->s.n_decode_rows, 1);
+  assert_int_equal(f->s.n_prefill_tokens, 45);
+  sched_commit(&f->s);
+  a->tokens[a->n_tokens++] = 7;
+  /* Decodes alone nearly fill the target: prefill still progresses by one block. */
+  f->s.cost.decode_row_ns = 99;
+  assert_int_equal(sched_plan(&f->s), 1 + 4);
+  assert_int_equal(b->chunk, 4);
+  sched_commit(&f->s);
+  a->tokens[a->n_tokens++] = 7;
+  /* No target: the budget only. */
+  f->s.cfg.max_step_ns = 0;
+  assert_int_equal(sched_plan(&f->s), 1 + 51);
+  sched_commit(&f->s);
+  teardown_fx(f);
+}
+
+static void test_observe_learns_costs(void **state) {
+  (void)state;
+  fixture *f = setup_fx(4, 64, 64, 4);
+  add_seq(f, 0, 3);
+  add_seq(f, 1, 3);
+  step(f);
+  sched_observe(&f->s, 600); /* prefill only, no decode estimate yet: all of it is prefill */
+  assert_true(f->s.cost.prefill_token_ns == 100);
+  step(f);
+  sched_observe(&f->s, 40); /* two decode rows */
+  assert_true(f->s.cost.decode_row_ns == 20);
+  step(f);
+  sched_observe(&f->s, 60); /* 30 each: the average moves a fifth of the way */
+  assert_true(f->s.cost.decode_row_ns == 22);
+  add_seq(f, 2, 10);
+  step(f); /* 2 decode rows (44 estimated) and 10 prefill tokens */
+  sched_observe(&f->s, 44 + 10 * 50);
+  assert_true(f->s.cost.prefill_token_ns == 100 + 0.2 * (50 - 100));
+  teardown_fx(f);
+}
+
+/* Fake cost model: a step costs 1000 per decode row and 100 per prefill token. Four streams decode
+ * while four long prompts arrive; the scheduler learns the costs from the steps it observes. Once it
+ * has, no step carrying decodes exceeds the target beyond its one-block floor, prefill progresses in
+ * every step that has any pending, and every request finishes. */
+static void test_step_bound_simulation(void **state) {
+  (void)state;
+  fixture *f = setup_fx(4, 256, 256, 8);
+  const int64_t target = 10000;
+  f->s.cfg.max_step_ns = target;
+  for (int i = 0; i < 4; i++) add_seq(f, i, 3);
+  int finished = 0, steps = 0, capped = 0;
+  bool done[8] = {false};
+  while (finished < 8 && steps < 400) {
+    if (steps == 3)
+      for (int i = 4; i < 8; i++) add_seq(f, i, 200);
+    bool learned = f->s.cost.prefill_token_ns > 0;
+    int n = sched_plan(&f->s);
+    assert_true(n > 0);
+    steps++;
+    int64_t t = 1000 * (int64_t)f->s.n_decode_rows + 100 * (int64_t)f->s.n_prefill_tokens;
+    bool prefill_pending = false;
+    for (int i = 0; i < 8; i++)
+      if (!done[i] && f->seqs[i].state != SCHED_NEW && f->seqs[i].n_tokens - f->seqs[i].n_computed > 1)
+        prefill_pending = true;
+    if (prefill_pending) assert_true(f->s.n_prefill_tokens > 0);
+    if (learned && f->s.n_decode_rows > 0) {
+      assert_true(f->s.n_prefill_tokens <= f->s.prefill_cap);
+      assert_true(t <= target || f->s.n_prefill_tokens <= 4);
+      if (f->s.n_prefill_tokens > 0 && f->s.n_prefill_tokens + f->s.n_decode_rows < 256) capped++;
+    }
+    sched_commit(&f->s);
+    sched_observe(&f->s, t);
+    for (int k = 0; k < f->s.n_planned; k++) {
+      sched_seq *q = f->s.planned[k];
+      if (!q->wants_logits) continue;
+      q->tokens[q->n_tokens++] = 7;
+      int i = (int)(q - f->seqs);
+      if (q->n_tokens >= (i < 4 ? 3 : 200) + 16) {
+        sched_remove(&f->s, q);
+        done[i] = true;
+        finished++;
+      }
+    }
+  }
+  assert_int_equal(finished, 8);
+  assert_true(capped > 0); /* the bound did act */
+  assert_true(f->s.cost.decode_row_ns == 1000);
+  assert_true(f->s.cost.prefill_token_ns > 99 && f->s.cost.prefill_token_ns < 101);
+  teardown_fx(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chunked_prefill),      cmocka_unit_test(test_decode_reserved_during_prefill),
       cmocka_unit_test(test_fcfs_max_seqs),        cmocka_unit_test(test_no_overtaking),
       cmocka_unit_test(test_preemption_recompute), cmocka_unit_test(test_starved),
-      cmocka_unit_test(test_remove_frees),
+      cmocka_unit_test(test_remove_frees),         cmocka_unit_test(test_priority_order),
+      cmocka_unit_test(test_priority_preempts_for_blocks), cmocka_unit_test(test_priority_preempts_worst_newest),
+      cmocka_unit_test(test_step_bound_caps_prefill),      cmocka_unit_test(test_observe_learns_costs),
+      cmocka_unit_test(test_step_bound_simulation),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
