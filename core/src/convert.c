@@ -1,5 +1,5 @@
 /* Scalar f16/bf16 conversions and row conversion/quantization for every dtype (ggml reference
- * rounding: q8_0, q4_0, q4_1 match ggml's quantize_row_*_ref bit for bit; k-quants dequantize as
+ * rounding: q8_0, q4_0, q4_1, q5_0, q5_1 match ggml's quantize_row_*_ref bit for bit; k-quants dequantize as
  * ggml does and quantize by plain rounding, see below). */
 #include <math.h>
 #include <string.h>
@@ -107,6 +107,53 @@ static void quantize_q4_1(const float *x, servd_block_q4_1 *y, int64_t nb) {
       const uint8_t qa = (uint8_t)(a < 15 ? a : 15), qb = (uint8_t)(b < 15 ? b : 15);
       y[i].qs[j] = (uint8_t)(qa | (qb << 4));
     }
+  }
+}
+
+/* q5_0 / q5_1: as q4_0 / q4_1 on 32 levels, bit 4 of element j in bit j of qh. */
+static void quantize_q5_0(const float *x, servd_block_q5_0 *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < SERVD_QK; j++) {
+      if (amax < fabsf(x[j])) {
+        amax = fabsf(x[j]);
+        max = x[j];
+      }
+    }
+    const float d = max / -16.0f;
+    const float id = d ? 1.0f / d : 0.0f;
+    y[i].d = servd_f32_to_f16(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < SERVD_QK / 2; j++) {
+      const int8_t a = (int8_t)to_int(x[j] * id + 16.5f), b = (int8_t)to_int(x[j + SERVD_QK / 2] * id + 16.5f);
+      const uint8_t qa = (uint8_t)(a < 31 ? a : 31), qb = (uint8_t)(b < 31 ? b : 31);
+      y[i].qs[j] = (uint8_t)((qa & 0xF) | (qb & 0xF) << 4);
+      qh |= (uint32_t)(qa >> 4) << j | (uint32_t)(qb >> 4) << (j + SERVD_QK / 2);
+    }
+    for (int k = 0; k < 4; k++) y[i].qh[k] = (uint8_t)(qh >> (8 * k));
+  }
+}
+
+static void quantize_q5_1(const float *x, servd_block_q5_1 *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
+    float min = INFINITY, max = -INFINITY;
+    for (int j = 0; j < SERVD_QK; j++) {
+      if (x[j] < min) min = x[j];
+      if (x[j] > max) max = x[j];
+    }
+    const float d = (max - min) / 31.0f;
+    const float id = d ? 1.0f / d : 0.0f;
+    y[i].d = servd_f32_to_f16(d);
+    y[i].m = servd_f32_to_f16(min);
+    uint32_t qh = 0;
+    for (int j = 0; j < SERVD_QK / 2; j++) {
+      /* ggml does not clamp here (the rounding cannot pass 31 for finite x); NaN/inf rows stay in range */
+      const int a = to_int((x[j] - min) * id + 0.5f), b = to_int((x[j + SERVD_QK / 2] - min) * id + 0.5f);
+      const uint8_t qa = (uint8_t)(a < 31 ? a : 31), qb = (uint8_t)(b < 31 ? b : 31);
+      y[i].qs[j] = (uint8_t)((qa & 0xF) | (qb & 0xF) << 4);
+      qh |= (uint32_t)(qa >> 4) << j | (uint32_t)(qb >> 4) << (j + SERVD_QK / 2);
+    }
+    for (int k = 0; k < 4; k++) y[i].qh[k] = (uint8_t)(qh >> (8 * k));
   }
 }
 
@@ -313,6 +360,20 @@ int servd_row_to_f32(servd_dtype t, const void *src, float *dst, int64_t n) {
       }
     }
     break;
+  case SERVD_Q5_0:
+    for (int64_t i = 0; i < nb; i++) {
+      const servd_block_q5_0 *b = (const servd_block_q5_0 *)src + i;
+      const float d = servd_f16_to_f32(b->d);
+      for (int j = 0; j < SERVD_QK; j++) dst[i * SERVD_QK + j] = d * (float)(servd_q5_at(b->qh, b->qs, j) - 16);
+    }
+    break;
+  case SERVD_Q5_1:
+    for (int64_t i = 0; i < nb; i++) {
+      const servd_block_q5_1 *b = (const servd_block_q5_1 *)src + i;
+      const float d = servd_f16_to_f32(b->d), m = servd_f16_to_f32(b->m);
+      for (int j = 0; j < SERVD_QK; j++) dst[i * SERVD_QK + j] = d * (float)servd_q5_at(b->qh, b->qs, j) + m;
+    }
+    break;
   case SERVD_Q4_K: dequant_q4_k(src, dst, n / SERVD_QK_K); break;
   case SERVD_Q5_K: dequant_q5_k(src, dst, n / SERVD_QK_K); break;
   case SERVD_Q6_K: dequant_q6_k(src, dst, n / SERVD_QK_K); break;
@@ -345,6 +406,8 @@ int servd_row_from_f32(servd_dtype t, const float *src, void *dst, int64_t n) {
   case SERVD_Q8_0: quantize_q8_0(src, dst, nb); break;
   case SERVD_Q4_0: quantize_q4_0(src, dst, nb); break;
   case SERVD_Q4_1: quantize_q4_1(src, dst, nb); break;
+  case SERVD_Q5_0: quantize_q5_0(src, dst, nb); break;
+  case SERVD_Q5_1: quantize_q5_1(src, dst, nb); break;
   case SERVD_Q4_K: quantize_q4_k(src, dst, n / SERVD_QK_K); break;
   case SERVD_Q5_K: quantize_q5_k(src, dst, n / SERVD_QK_K); break;
   case SERVD_Q6_K: quantize_q6_k(src, dst, n / SERVD_QK_K); break;

@@ -13,7 +13,7 @@ int servd__check_dequantize(servd_tensor *out, const servd_tensor *x) {
             out->ndim == x->ndim;
   for (int i = 0; ok && i < x->ndim; i++) ok = out->shape[i] == x->shape[i];
   if (!ok)
-    return servd_fail(SERVD_EINVAL, "dequantize: expected x (..., n) q8_0/q4_0/q4_1/q4_k/q6_k/q5_k and out f32 of its shape; got "
+    return servd_fail(SERVD_EINVAL, "dequantize: expected x (..., n) q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k/q5_k and out f32 of its shape; got "
                       "out %s, x %s", ops__desc(out, bo, sizeof bo), ops__desc(x, bx, sizeof bx));
   return 0;
 }
@@ -41,6 +41,17 @@ static void block_q4_1(float *y, const servd_block_q4_1 *b) {
     y[i] = d * (float)(b->qs[i] & 15) + m;
     y[i + SERVD_QK / 2] = d * (float)(b->qs[i] >> 4) + m;
   }
+}
+
+/* 5-bit values: nibbles as q4, bit 4 of element i in bit i of qh. */
+static void block_q5_0(float *y, const servd_block_q5_0 *b) {
+  const float d = f16(b->d);
+  for (int i = 0; i < SERVD_QK; i++) y[i] = d * (float)(servd_q5_at(b->qh, b->qs, i) - 16);
+}
+
+static void block_q5_1(float *y, const servd_block_q5_1 *b) {
+  const float d = f16(b->d), m = f16(b->m);
+  for (int i = 0; i < SERVD_QK; i++) y[i] = d * (float)servd_q5_at(b->qh, b->qs, i) + m;
 }
 
 typedef struct dq_job {
@@ -78,6 +89,8 @@ static void dq_task(void *ctx, int64_t begin, int64_t end, int thread) {
       switch (dt) {
       case SERVD_Q8_0: block_q8_0(dst, (const servd_block_q8_0 *)src); break;
       case SERVD_Q4_0: block_q4_0(dst, (const servd_block_q4_0 *)src); break;
+      case SERVD_Q5_0: block_q5_0(dst, (const servd_block_q5_0 *)src); break;
+      case SERVD_Q5_1: block_q5_1(dst, (const servd_block_q5_1 *)src); break;
       default: block_q4_1(dst, (const servd_block_q4_1 *)src); break;
       }
     }

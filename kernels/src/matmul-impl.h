@@ -66,6 +66,7 @@ static inline int servd__q8k_group_off(const servd__q8k *q, int g) {
 }
 
 static inline bool servd__is_kquant(servd_dtype t) { return t == SERVD_Q4_K || t == SERVD_Q5_K || t == SERVD_Q6_K; }
+static inline bool servd__is_q5(servd_dtype t) { return t == SERVD_Q5_0 || t == SERVD_Q5_1; }
 
 typedef struct servd__mm {
   const char *x, *w;
@@ -73,7 +74,7 @@ typedef struct servd__mm {
   int64_t ldx, ldw, ldo; /* bytes between rows */
   int64_t m, n, k;
   servd_dtype wt;
-  servd__q8x xq; /* q8_0 q4_0 q4_1 only */
+  servd__q8x xq; /* q8_0 q4_0 q4_1 q5_0 q5_1 only */
   servd__q8k xk; /* k-quants only */
   /* bf16 weights on AVX-512: x with each run of 32 values stored as its 16 even then 16 odd
    * elements (the order in which a 32-bit load splits bf16 pairs); whole runs only. */
@@ -95,6 +96,7 @@ void servd__quantize_q8k_avx512(const char *x, int64_t ldx, int64_t m, int64_t k
 void servd__mm_float_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* f32 f16 bf16 */
 void servd__mm_quant_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* q8_0 q4_0 q4_1 */
 void servd__mm_kquant_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* q4_k q5_k q6_k (matmul_k.c) */
+void servd__mm_q5_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* q5_0 q5_1 (matmul_q5.c) */
 
 /* SIMD kernels; NULL-free: each covers every shape for its dtypes. */
 void servd__mm_float_avx2(const servd__mm *p, int64_t j0, int64_t j1);
@@ -105,5 +107,8 @@ void servd__mm_quant_avx2(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_kquant_avx2(const servd__mm *p, int64_t j0, int64_t j1); /* matmul_k_avx2.c */
 void servd__mm_kquant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1); /* matmul_k_avx512vnni.c */
+/* q5_0 q5_1 on natural-layout q8 activations (matmul_q5_avx2.c, matmul_q5_avx512vnni.c) */
+void servd__mm_q5_avx2(const servd__mm *p, int64_t j0, int64_t j1);
+void servd__mm_q5_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1);
 
 #endif

@@ -13,7 +13,7 @@
 static void test_dtypes(void **state) {
   (void)state;
   static const struct { const char *name; size_t be, bb; } want[] = {
-      {"f32", 1, 4}, {"f16", 1, 2}, {"bf16", 1, 2}, {"i32", 1, 4}, {"q8_0", 32, 34}, {"q4_0", 32, 18}, {"q4_1", 32, 20}, {"q4_k", 256, 144}, {"q6_k", 256, 210}, {"q5_k", 256, 176}};
+      {"f32", 1, 4}, {"f16", 1, 2}, {"bf16", 1, 2}, {"i32", 1, 4}, {"q8_0", 32, 34}, {"q4_0", 32, 18}, {"q4_1", 32, 20}, {"q4_k", 256, 144}, {"q6_k", 256, 210}, {"q5_k", 256, 176}, {"q5_0", 32, 22}, {"q5_1", 32, 24}};
   for (int t = 0; t < SERVD_DTYPE_COUNT; t++) {
     servd_dtype d;
     assert_string_equal(servd_dtype_name((servd_dtype)t), want[t].name);

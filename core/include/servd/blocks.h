@@ -1,8 +1,10 @@
 /* GGUF quantized block layouts, as stored in packages and GGUF files (ggml's block_q8_0, block_q4_0,
- * block_q4_1). Every block holds SERVD_QK elements; d and m are f16 bit patterns.
+ * block_q4_1, block_q5_0, block_q5_1). Every block holds SERVD_QK elements; d and m are f16 bit patterns.
  *   q8_0: x[i] = d * qs[i]                                                       (34 bytes)
  *   q4_0: x[i] = d * (nibble(i) - 8), nibble(i < 16) = qs[i] & 15, else qs[i-16] >> 4 (18 bytes)
  *   q4_1: x[i] = d * nibble(i) + m, nibbles as q4_0                              (20 bytes)
+ *   q5_0: x[i] = d * (q(i) - 16), q(i) = nibble(i) | (bit i of qh, little-endian u32) << 4 (22 bytes)
+ *   q5_1: x[i] = d * q(i) + m, q(i) as q5_0                                      (24 bytes)
  *
  * k-quants (ggml's block_q4_K, block_q6_K, block_q5_K): SERVD_QK_K = 256 elements per super-block.
  *   q4_k: d, dmin (f16); scales[12]: eight 6-bit scales sc[j] and mins m[j] (servd_k4_scale_min);
@@ -29,6 +31,16 @@ typedef struct servd_block_q4_1 { uint16_t d, m; uint8_t qs[SERVD_QK / 2]; } ser
 _Static_assert(sizeof(servd_block_q8_0) == 34, "q8_0 block");
 _Static_assert(sizeof(servd_block_q4_0) == 18, "q4_0 block");
 _Static_assert(sizeof(servd_block_q4_1) == 20, "q4_1 block");
+typedef struct servd_block_q5_0 { uint16_t d; uint8_t qh[4], qs[SERVD_QK / 2]; } servd_block_q5_0;
+typedef struct servd_block_q5_1 { uint16_t d, m; uint8_t qh[4], qs[SERVD_QK / 2]; } servd_block_q5_1;
+_Static_assert(sizeof(servd_block_q5_0) == 22, "q5_0 block");
+_Static_assert(sizeof(servd_block_q5_1) == 24, "q5_1 block");
+
+/* The 5-bit value of element i (0..31) of a q5_0/q5_1 block. */
+static inline int servd_q5_at(const uint8_t *qh, const uint8_t *qs, int i) {
+  const int lo = i < SERVD_QK / 2 ? qs[i] & 0xF : qs[i - SERVD_QK / 2] >> 4;
+  return lo | ((qh[i / 8] >> (i % 8)) & 1) << 4;
+}
 
 typedef struct servd_block_q4_k { uint16_t d, dmin; uint8_t scales[12], qs[SERVD_QK_K / 2]; } servd_block_q4_k;
 typedef struct servd_block_q5_k {

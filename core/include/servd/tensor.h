@@ -6,7 +6,7 @@
  *
  * Layout: shape[0] is the outermost dimension. strides[] are in bytes. The innermost dimension of
  * every tensor is contiguous: for plain dtypes strides[ndim-1] == element size; for GGUF block dtypes
- * (q8_0, q4_0, q4_1, q4_k, q6_k, q5_k) the innermost dimension is a run of packed blocks, its length is a multiple of
+ * (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, q5_k) the innermost dimension is a run of packed blocks, its length is a multiple of
  * the block size and strides[ndim-1] == block bytes / block elements is not an integer, so it is
  * stored as 0 and never used. Outer strides may be anything (views of rows, column slices of a row).
  */
@@ -37,10 +37,12 @@ typedef enum servd_dtype {
   SERVD_Q4_K = 7, /* 8 x 32: 4-bit q, 6-bit scale and min; x = d*sc*q - dmin*m   (144 bytes) */
   SERVD_Q6_K = 8, /* 16 x 16: 6-bit q, int8 scale; x = d*sc*(q - 32)             (210 bytes) */
   SERVD_Q5_K = 9, /* 8 x 32: 5-bit q, 6-bit scale and min; x = d*sc*q - dmin*m   (176 bytes) */
+  SERVD_Q5_0 = 10, /* blocks of 32: f16 d, 4 bytes high bits, 16 bytes nibbles; x = d*(q-16) (22 bytes) */
+  SERVD_Q5_1 = 11, /* blocks of 32: f16 d, f16 m, high bits, nibbles; x = d*q + m  (24 bytes) */
   SERVD_DTYPE_COUNT
 } servd_dtype;
 
-#define SERVD_QK 32    /* elements per block of q8_0, q4_0, q4_1 */
+#define SERVD_QK 32    /* elements per block of q8_0, q4_0, q4_1, q5_0, q5_1 */
 #define SERVD_QK_K 256 /* elements per super-block of the k-quants q4_k, q6_k, q5_k */
 #define SERVD_MAX_DIMS 4
 #define SERVD_ALIGN 64
