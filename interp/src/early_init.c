@@ -1,6 +1,6 @@
 /* servd_interp_early_init: make room for many namespaces before anything else runs. */
 #include "interp-impl.h"
-#include "heap-check.h"
+#include "heap_check-impl.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -79,7 +79,7 @@ typedef struct servd_host_api {
   /* a view of one field of the step's device inputs (new reference), NULL on failure */
   servd_tensor *(*device_batch_tensor)(const servd_device_batch *db, servd_device_batch_field f);
 
-  /* ---- ops: one member per row of servd/ops.def, in its order (servd_op__<name>, op-dispatch.h):
+  /* ---- ops: one member per row of servd/ops.def, in its order (servd_op__<name>, op_dispatch.h):
    * the CPU kernel for host tensors, the device op for tensors on one device, SERVD_EINVAL for a
    * mix; never NULL ---- */
 #define SERVD_OP(name, dispatch, py, sig, names) int (*name)(SERVD__PARAMS(sig, names));

@@ -1,6 +1,6 @@
 /* The host's side of the heap checking mode: where the checker is, and putting it in front of the
  * main heap (LD_PRELOAD at the early re-exec) and of each namespace's heap (dlmopen'd first). */
-#include "heap-check.h"
+#include "heap_check-impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "mpk/package.h"
-#include "op-dispatch.h"
+#include "op_dispatch.h"
 
 /* The table is mechanism-neutral (void *pkg); these adapt the package library's typed calls. */
 static int pkg_tensor(void *p, const char *name, servd_tensor **out) { return mpk_tensor(p, name, out); }

@@ -1,6 +1,6 @@
 /* Link-map namespaces: one dlmopen'd libpython3.11 plus the servd module each. */
 #include "interp-impl.h"
-#include "heap-check.h"
+#include "heap_check-impl.h"
 
 #include <limits.h>
 #include <pthread.h>

@@ -1,5 +1,5 @@
-/* The host table's ops: the CPU kernel or the device op, by where the tensors are (op-dispatch.h). */
-#include "op-dispatch.h"
+/* The host table's ops: the CPU kernel or the device op, by where the tensors are (op_dispatch.h). */
+#include "op_dispatch.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -10,7 +10,7 @@
 #include "import-impl.h"
 #include "mpk-impl.h"
 #include "mpk/gguf.h"
-#include "rope-fit.h"
+#include "rope_fit.h"
 
 static int ggml_conv(const void *ctx, const void *src, float *dst, int64_t n) {
   return mpk_ggml_row_to_f32(*(const uint32_t *)ctx, src, dst, n);

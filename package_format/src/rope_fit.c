@@ -2,7 +2,7 @@
  * instead of metadata. servd's RoPE takes the four Llama 3 parameters, so the importer turns the
  * tensor back into them, and accepts only parameters that reproduce every factor: anything else
  * (learned or otherwise scaled frequencies) would run silently wrong. */
-#include "rope-fit.h"
+#include "rope_fit.h"
 
 #include <math.h>
 #include <stdbool.h>

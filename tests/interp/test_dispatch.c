@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "guest.h"
-#include "op-dispatch.h"
+#include "op_dispatch.h"
 
 const servd_host_api *servd_host_api__get(void); /* interp-impl.h, which needs Python headers */
 

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "op-dispatch.h"
+#include "op_dispatch.h"
 
 enum { C_NEW, C_UPLOAD, C_WEIGHT, C_COPY, C_SYNC, C_KVW, C_ATT, C_AR, C_AG, C_BT, C_OP, C_N };
 static int g_calls[C_N];

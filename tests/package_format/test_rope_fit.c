@@ -11,7 +11,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "rope-fit.h"
+#include "rope_fit.h"
 #include "servd/status.h"
 
 /* Llama 3.2 1B/3B: head_dim 64, theta 500000, (factor 32, low 1, high 4, original 8192). */
