@@ -1,0 +1,261 @@
+/* q5_0 / q5_1 weights: the reference decoder and quantizer against gguf-py's (q5_fixture.h,
+ * make_q5_fixture.py), the lookups built on the decoder (embedding, dequantize), and matmul on every
+ * ISA.
+ *
+ * Tolerances:
+ * - decoder vs gguf-py: the same f32 operations (d * (q - 16), d * q + m), so equal up to 1 ulp.
+ * - quantizer vs gguf-py: ggml's reference rounding on both sides, so the same bytes.
+ * - matmul scalar reference vs f32 over the dequantized weights: activation rounding errs by at most
+ *   d_x/2 = amax_b/254 per element, so |err| <= sum_b amax_b/254 * sum_{i in b}|w_i|; allowed 1.01x
+ *   plus 2^-20 of sum|x*w|.
+ * - SIMD vs the scalar reference: same q8 activations, exact integer block dots; they differ by f32
+ *   rounding of the block terms, each at most sum|x_b| * wmax_b (|d|*(31 + 16) for q5_0, |d|*31 + |m|
+ *   for q5_1); allowed (8 + 2*nb) * 2^-22 of their sum. A mis-placed high bit changes a result by
+ *   16*d*|x| somewhere, orders of magnitude above this.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TEST_RNG_SEED 0x51354b31u
+#include "test-util.h"
+
+#include "q5_fixture.h"
+#include "servd/blocks.h"
+
+static const servd_dtype q5dtypes[] = {SERVD_Q5_0, SERVD_Q5_1};
+
+static const uint8_t *fixture_bytes(servd_dtype t) { return t == SERVD_Q5_0 ? q5_q5_0_bytes : q5_q5_1_bytes; }
+static const float *fixture_values(servd_dtype t) { return t == SERVD_Q5_0 ? q5_q5_0_values : q5_q5_1_values; }
+static const uint8_t *fixture_quantized(servd_dtype t) {
+  return t == SERVD_Q5_0 ? q5_q5_0_quantized : q5_q5_1_quantized;
+}
+
+static void near_ulp(const float *got, const float *want, int64_t n, const char *what) {
+  for (int64_t i = 0; i < n; i++) {
+    if (fabsf(got[i] - want[i]) > fabsf(want[i]) * 0x1p-23f) fail_msg("%s[%lld]: %a, gguf-py %a", what, (long long)i, got[i], want[i]);
+  }
+}
+
+static void test_decoder_vs_ggufpy(void **state) {
+  (void)state;
+  enum { NB = Q5_FIXTURE_BLOCKS, K = SERVD_QK, ROWS = NB / 2 };
+  float y[NB * K];
+  for (size_t t = 0; t < sizeof q5dtypes / sizeof *q5dtypes; t++) {
+    const servd_dtype dt = q5dtypes[t];
+    const size_t bb = servd_dtype_block_bytes(dt);
+    assert_int_equal(servd_row_to_f32(dt, fixture_bytes(dt), y, NB * K), 0);
+    near_ulp(y, fixture_values(dt), NB * K, servd_dtype_name(dt));
+
+    /* The same blocks as a (ROWS, 64) table: embedding rows and the dequantize op. */
+    servd_tensor *tab = tnew(dt, 2, ROWS, 2 * K);
+    memcpy(servd_tensor_data(tab), fixture_bytes(dt), NB * bb);
+    const int32_t idv[] = {3, 0, 1, 3, 2};
+    servd_tensor *ids = tnew(SERVD_I32, 1, 5, 0), *out = tnew(SERVD_F32, 2, 5, 2 * K);
+    servd_tensor *dq = tnew(SERVD_F32, 2, ROWS, 2 * K);
+    memcpy(servd_tensor_data(ids), idv, sizeof idv);
+    assert_int_equal(servd_embedding(out, tab, ids, 0), 0);
+    for (int i = 0; i < 5; i++) near_ulp(f(out) + i * 2 * K, fixture_values(dt) + idv[i] * 2 * K, 2 * K, "embedding");
+    memset(servd_tensor_data(dq), 0xff, servd_tensor_nbytes(dq));
+    assert_int_equal(servd_dequantize(dq, tab), 0);
+    near_ulp(f(dq), fixture_values(dt), NB * K, "dequantize");
+    /* A row that is not whole blocks is refused. */
+    assert_int_equal(servd_row_to_f32(dt, fixture_bytes(dt), y, 48), SERVD_EINVAL);
+    servd_tensor_release(tab);
+    servd_tensor_release(ids);
+    servd_tensor_release(out);
+    servd_tensor_release(dq);
+  }
+}
+
+static void test_quantizer_vs_ggufpy(void **state) {
+  (void)state;
+  enum { NB = Q5_FIXTURE_BLOCKS };
+  uint8_t buf[NB * 24];
+  float y[NB * SERVD_QK];
+  for (size_t t = 0; t < sizeof q5dtypes / sizeof *q5dtypes; t++) {
+    const servd_dtype dt = q5dtypes[t];
+    const size_t bb = servd_dtype_block_bytes(dt);
+    assert_int_equal(servd_row_from_f32(dt, q5_x, buf, NB * SERVD_QK), 0);
+    for (size_t i = 0; i < NB * bb; i++)
+      if (buf[i] != fixture_quantized(dt)[i])
+        fail_msg("%s: byte %zu (block %zu) is %u, gguf-py %u", servd_dtype_name(dt), i, i / bb, buf[i], fixture_quantized(dt)[i]);
+    /* and back within half a step (31 levels over the block's range) plus the f16 scale */
+    assert_int_equal(servd_row_to_f32(dt, buf, y, NB * SERVD_QK), 0);
+    for (int b = 0; b < NB; b++) {
+      float mn = INFINITY, mx = -INFINITY, am = 0.0f;
+      for (int i = 0; i < SERVD_QK; i++) {
+        mn = fminf(mn, q5_x[b * 32 + i]);
+        mx = fmaxf(mx, q5_x[b * 32 + i]);
+        am = fmaxf(am, fabsf(q5_x[b * 32 + i]));
+      }
+      const float step = dt == SERVD_Q5_0 ? am / 16.0f : (mx - mn) / 31.0f;
+      for (int i = 0; i < SERVD_QK; i++) {
+        const float e = fabsf(y[b * 32 + i] - q5_x[b * 32 + i]);
+        if (e > step * 0.5f + am * 0x1p-9f + 1e-6f)
+          fail_msg("%s: x[%d] = %g came back %g", servd_dtype_name(dt), b * 32 + i, q5_x[b * 32 + i], y[b * 32 + i]);
+      }
+    }
+  }
+}
+
+/* A random but valid weight: random quanta and high bits, d (q5_1: and m) from f16 of small values. */
+static servd_tensor *rand_w(servd_dtype dt, int64_t n, int64_t k) {
+  servd_tensor *w = tnew(dt, 2, n, k);
+  const size_t bb = servd_dtype_block_bytes(dt);
+  uint8_t *p = servd_tensor_data(w);
+  for (int64_t b = 0; b < n * k / SERVD_QK; b++, p += bb) {
+    for (size_t i = 0; i < bb; i++) p[i] = (uint8_t)(frand(0.0f, 256.0f));
+    const uint16_t d = servd_f32_to_f16(frand(-0.02f, 0.02f)), m = servd_f32_to_f16(frand(-0.3f, 0.3f));
+    memcpy(p, &d, 2);
+    if (dt == SERVD_Q5_1) memcpy(p + 2, &m, 2);
+  }
+  return w;
+}
+
+/* Bound on |term| per weight of block b of row j (see the tolerances above). */
+static double wmax(servd_dtype dt, const servd_tensor *w, int64_t j, int64_t b) {
+  const uint8_t *p = (const uint8_t *)servd_tensor_data(w) + j * w->strides[0] + b * servd_dtype_block_bytes(dt);
+  uint16_t d, m;
+  memcpy(&d, p, 2);
+  if (dt == SERVD_Q5_0) return fabs(servd_f16_to_f32(d)) * 47;
+  memcpy(&m, p + 2, 2);
+  return fabs(servd_f16_to_f32(d)) * 31 + fabs(servd_f16_to_f32(m));
+}
+
+typedef struct shape { int64_t m, n, k; } shape;
+
+static void check_case(servd_dtype dt, shape s) {
+  servd_tensor *x = tnew(SERVD_F32, 2, s.m, s.k), *w = rand_w(dt, s.n, s.k);
+  for (int64_t i = 0; i < s.m * s.k; i++) f(x)[i] = frand(-1.0f, 1.0f) * (i % 7 == 0 ? 4.0f : 1.0f);
+  float *wd = malloc((size_t)(s.n * s.k) * sizeof(float));
+  for (int64_t j = 0; j < s.n; j++)
+    assert_int_equal(servd_row_to_f32(dt, (char *)servd_tensor_data(w) + j * w->strides[0], wd + j * s.k, s.k), 0);
+  servd_tensor *ref = tnew(SERVD_F32, 2, s.m, s.n), *out = tnew(SERVD_F32, 2, s.m, s.n);
+  const int64_t nb = s.k / SERVD_QK;
+
+  assert_int_equal(servd_cpu_force_isa(SERVD_ISA_SCALAR), 0);
+  assert_int_equal(servd_matmul(ref, x, w), 0);
+  for (int64_t i = 0; i < s.m; i++) {
+    const float *xr = f(x) + i * s.k;
+    for (int64_t j = 0; j < s.n; j++) {
+      double exact = 0, bound = 0, mag = 0;
+      for (int64_t b = 0; b < nb; b++) {
+        double amax = 0, wsum = 0;
+        for (int l = 0; l < SERVD_QK; l++) {
+          const int64_t e = b * SERVD_QK + l;
+          exact += (double)xr[e] * wd[j * s.k + e];
+          mag += fabs((double)xr[e] * wd[j * s.k + e]);
+          amax = fmax(amax, fabs(xr[e]));
+          wsum += fabs(wd[j * s.k + e]);
+        }
+        bound += amax / 254.0 * wsum;
+      }
+      const double got = f(ref)[i * s.n + j];
+      if (fabs(got - exact) > 1.01 * bound + 0x1p-20 * mag + 1e-6)
+        fail_msg("%s scalar (%lld,%lld,%lld) [%lld,%lld]: %g vs f32 %g (bound %g)", servd_dtype_name(dt),
+                 (long long)s.m, (long long)s.n, (long long)s.k, (long long)i, (long long)j, got, exact, bound);
+    }
+  }
+  for (int isa = SERVD_ISA_AVX2; isa <= (int)servd_cpu_best_isa(); isa++) {
+    assert_int_equal(servd_cpu_force_isa((servd_isa)isa), 0);
+    memset(servd_tensor_data(out), 0xff, servd_tensor_nbytes(out));
+    assert_int_equal(servd_matmul(out, x, w), 0);
+    for (int64_t i = 0; i < s.m; i++) {
+      for (int64_t j = 0; j < s.n; j++) {
+        double terms = 0;
+        for (int64_t b = 0; b < nb; b++) {
+          double xs = 0;
+          for (int l = 0; l < SERVD_QK; l++) xs += fabs(f(x)[i * s.k + b * SERVD_QK + l]);
+          terms += xs * wmax(dt, w, j, b);
+        }
+        const double got = f(out)[i * s.n + j], want = f(ref)[i * s.n + j];
+        if (!(fabs(got - want) <= (8 + 2 * nb) * 0x1p-22 * terms))
+          fail_msg("%s %s (%lld,%lld,%lld) [%lld,%lld]: %.9g vs scalar %.9g (tol %g)", servd_dtype_name(dt),
+                   servd_isa_name((servd_isa)isa), (long long)s.m, (long long)s.n, (long long)s.k, (long long)i,
+                   (long long)j, got, want, (8 + 2 * nb) * 0x1p-22 * terms);
+      }
+    }
+  }
+  servd_cpu_force_isa(SERVD_ISA_COUNT);
+  free(wd);
+  servd_tensor_release(x);
+  servd_tensor_release(w);
+  servd_tensor_release(ref);
+  servd_tensor_release(out);
+}
+
+static void test_matmul_q5(void **state) {
+  (void)state;
+  /* test_matmul.c's quantized shapes: one block, odd block counts (the VNNI kernel's half-filled
+   * last pair), decode (m = 1) and batched rows around the 4-row tile, the 576-wide rows of
+   * SmolLM2, more than one 128-row block, column counts off the 32-column item and 4-column tile. */
+  static const shape shapes[] = {{1, 1, 32},  {1, 3, 96},   {1, 33, 160}, {2, 17, 224}, {3, 70, 32},
+                                 {4, 9, 288}, {5, 37, 576}, {8, 16, 64},  {9, 41, 352}, {17, 23, 96},
+                                 {1, 130, 2080}, {130, 5, 64}, {2, 7, 128}, {1, 9, 640}};
+  for (size_t t = 0; t < sizeof q5dtypes / sizeof *q5dtypes; t++)
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) check_case(q5dtypes[t], shapes[i]);
+}
+
+/* Several q5 weights sharing one x (the q/k/v and gate/up projections) match one by one. */
+static void test_matmul_many_q5(void **state) {
+  (void)state;
+  servd_tensor *x = tnew(SERVD_F32, 2, 3, 576);
+  for (int i = 0; i < 3 * 576; i++) f(x)[i] = frand(-1.0f, 1.0f);
+  servd_tensor *ws[3] = {rand_w(SERVD_Q5_0, 40, 576), rand_w(SERVD_Q5_0, 7, 576), rand_w(SERVD_Q5_0, 33, 576)};
+  servd_tensor *outs[3], *one[3];
+  for (int i = 0; i < 3; i++) {
+    outs[i] = tnew(SERVD_F32, 2, 3, ws[i]->shape[0]);
+    one[i] = tnew(SERVD_F32, 2, 3, ws[i]->shape[0]);
+    assert_int_equal(servd_matmul(one[i], x, ws[i]), 0);
+  }
+  assert_int_equal(servd_matmul_many(3, outs, x, (const servd_tensor *const *)ws), 0);
+  for (int i = 0; i < 3; i++) {
+    assert_memory_equal(servd_tensor_data(outs[i]), servd_tensor_data(one[i]), servd_tensor_nbytes(one[i]));
+    servd_tensor_release(ws[i]);
+    servd_tensor_release(outs[i]);
+    servd_tensor_release(one[i]);
+  }
+  servd_tensor_release(x);
+}
+
+/* A NaN or inf in x makes its row's outputs NaN on every ISA (the q8 quantizers mark the block), and
+ * leaves the other rows as the scalar reference computes them. */
+static void test_nonfinite_x(void **state) {
+  (void)state;
+  for (size_t t = 0; t < sizeof q5dtypes / sizeof *q5dtypes; t++) {
+    servd_tensor *x = tnew(SERVD_F32, 2, 3, 96), *w = rand_w(q5dtypes[t], 9, 96);
+    servd_tensor *ref = tnew(SERVD_F32, 2, 3, 9), *out = tnew(SERVD_F32, 2, 3, 9);
+    for (int i = 0; i < 3 * 96; i++) f(x)[i] = frand(-1.0f, 1.0f);
+    f(x)[70] = NAN;
+    f(x)[2 * 96 + 7] = INFINITY;
+    assert_int_equal(servd_cpu_force_isa(SERVD_ISA_SCALAR), 0);
+    assert_int_equal(servd_matmul(ref, x, w), 0);
+    for (int isa = SERVD_ISA_SCALAR; isa <= (int)servd_cpu_best_isa(); isa++) {
+      assert_int_equal(servd_cpu_force_isa((servd_isa)isa), 0);
+      assert_int_equal(servd_matmul(out, x, w), 0);
+      for (int j = 0; j < 9; j++) {
+        if (!isnan(f(out)[j]) || !isnan(f(out)[2 * 9 + j]))
+          fail_msg("%s %s: column %d not NaN", servd_dtype_name(q5dtypes[t]), servd_isa_name((servd_isa)isa), j);
+        const float got = f(out)[9 + j], want = f(ref)[9 + j];
+        if (!(fabsf(got - want) <= 1e-4f * (1.0f + fabsf(want))))
+          fail_msg("%s %s: row 1 column %d: %g vs scalar %g", servd_dtype_name(q5dtypes[t]),
+                   servd_isa_name((servd_isa)isa), j, got, want);
+      }
+    }
+    servd_cpu_force_isa(SERVD_ISA_COUNT);
+    servd_tensor_release(x);
+    servd_tensor_release(w);
+    servd_tensor_release(ref);
+    servd_tensor_release(out);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_decoder_vs_ggufpy), cmocka_unit_test(test_quantizer_vs_ggufpy),
+      cmocka_unit_test(test_matmul_q5),         cmocka_unit_test(test_matmul_many_q5),
+      cmocka_unit_test(test_nonfinite_x),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
