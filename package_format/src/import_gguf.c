@@ -1,7 +1,7 @@
 /* GGUF (llama architecture) -> package: model config from llama.* metadata, tokenizer.ggml.* as an
  * equivalent Hugging Face tokenizer.json, the chat template, and tensors under Hugging Face names.
- * F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q5_K Q6_K are kept as they are; Q5_0 Q5_1 are converted to the
- * chosen dtype. GGUF Q/K rows are permuted for interleaved-pair RoPE: rope_layout "interleaved".
+ * F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K are kept as they are (every type it reads).
+ * GGUF Q/K rows are permuted for interleaved-pair RoPE: rope_layout "interleaved".
  * rope_freqs.weight becomes the config's Llama 3 rope_scaling (rope_fit.c) and is not stored. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,10 +11,6 @@
 #include "mpk-impl.h"
 #include "mpk/gguf.h"
 #include "rope_fit.h"
-
-static int ggml_conv(const void *ctx, const void *src, float *dst, int64_t n) {
-  return mpk_ggml_row_to_f32(*(const uint32_t *)ctx, src, dst, n);
-}
 
 static json_t *jstrn(const char *s, size_t n) { return json_stringn(s, n); } /* NULL unless valid UTF-8 */
 
@@ -335,7 +331,6 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
     for (int d = 0; d < t->ndim; d++) shape[d] = t->ne[t->ndim - 1 - d]; /* innermost first -> row-major */
     const void *data = (const uint8_t *)map.data + t->offset;
     servd_dtype keep;
-    bool native = true;
     switch (t->type) {
     case MPK_GGML_F32: keep = SERVD_F32; break;
     case MPK_GGML_F16: keep = SERVD_F16; break;
@@ -346,23 +341,14 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
     case MPK_GGML_Q4_K: keep = SERVD_Q4_K; break;
     case MPK_GGML_Q5_K: keep = SERVD_Q5_K; break;
     case MPK_GGML_Q6_K: keep = SERVD_Q6_K; break;
-    case MPK_GGML_Q5_0: case MPK_GGML_Q5_1:
-      native = false;
-      keep = opt->dtype;
-      if (servd_dtype_is_quantized(keep) && (t->ndim < 2 || t->ne[0] % SERVD_QK)) keep = SERVD_F32;
-      break;
+    case MPK_GGML_Q5_0: keep = SERVD_Q5_0; break;
+    case MPK_GGML_Q5_1: keep = SERVD_Q5_1; break;
     default:
       rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%s\": ggml type %s is not supported (expected F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)",
                       gguf_path, t->name, mpk_ggml_type_name(t->type) ? mpk_ggml_type_name(t->type) : "?");
       goto fail;
     }
-    if (native) rc = mpk__emit_raw(w, &pr, hn, keep, t->ndim, shape, data, t->nbytes, map.fd, t->offset);
-    else {
-      uint32_t be, bb;
-      mpk_ggml_type_size(t->type, &be, &bb);
-      uint32_t ty = t->type;
-      rc = mpk__emit_converted(w, &pr, hn, keep, t->ndim, shape, data, (uint64_t)t->ne[0] / be * bb, ggml_conv, &ty);
-    }
+    rc = mpk__emit_raw(w, &pr, hn, keep, t->ndim, shape, data, t->nbytes, map.fd, t->offset);
     if (rc) goto fail;
   }
   rc = mpk_writer_finish(w);

@@ -163,24 +163,13 @@ def main():
             dt, shape, data = tensors[hf_name(gname)]
             assert shape == tuple(int(x) for x in reversed(t.shape)), (gname, shape, t.shape)  # ne innermost first
             qt = t.tensor_type
-            if qt in (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K):
-                assert dt == qt.name.lower(), (gname, dt)
-                assert bytes(data) == t.data.tobytes(), gname  # kept as they are: same bytes as gguf-py reads
-            else:
-                want = quants.dequantize(t.data, qt).reshape(shape)
-                if target == "f32":
-                    assert dt == "f32"
-                    got = pkgread.to_f32(dt, shape, data)
-                    # same formula in float32; allow rounding-order differences
-                    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * float(np.abs(want).max()))
-                else:
-                    assert dt == "q8_0"
-                    got = quants.dequantize(np.frombuffer(data, np.uint8).reshape(shape[0], -1), Q.Q8_0)
-                    # Q8_0: half a step (amax/127/2) per 32-block, plus the f16 rounding of the
-                    # block scale (relative 2^-11, times |q| <= 127): at most 0.57 of a step
-                    blk = np.abs(want.reshape(-1, 32)).max(axis=1, keepdims=True)
-                    err = np.abs(got.reshape(-1, 32) - want.reshape(-1, 32))
-                    assert (err <= blk / 127 * 0.57 + 1e-6).all(), (gname, float((err / (blk / 127 + 1e-30)).max()))
+            # every GGUF type servd reads is kept as it is, whatever --dtype says: same bytes as gguf-py reads
+            assert dt == qt.name.lower(), (gname, dt)
+            assert bytes(data) == t.data.tobytes(), gname
+        if target == "f32":  # inspect names the block dtypes (one line per dtype with its tensors)
+            shown = run("inspect", out).stdout
+            for name in ("q5_0", "q5_1", "q4_k", "q8_0"):
+                assert name in shown, (name, shown)
 
     # Tokenizer: the converted tokenizer.json loads in Hugging Face tokenizers and round-trips.
     import zipfile
