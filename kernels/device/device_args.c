@@ -62,7 +62,9 @@ int servd__dev_check_upload(const char *op, const servd_tensor *host, servd_dtyp
     case SERVD_I32: ok = host->dtype == SERVD_I32; break;
     case SERVD_Q8_0:
     case SERVD_Q4_0:
-    case SERVD_Q4_1: ok = host->dtype == dtype; break; /* the packed rows as they are */
+    case SERVD_Q4_1:
+    case SERVD_Q5_0:
+    case SERVD_Q5_1: ok = host->dtype == dtype; break; /* the packed rows as they are */
     default:
       return servd_fail(SERVD_EINVAL, "%s: dtype %s (%d) is not a device dtype (bf16, f32, i32)", op,
                         servd_dtype_name(dtype), (int)dtype);

@@ -360,41 +360,45 @@ static void test_kv_memory_given_back(void **state) {
 }
 
 /* ---- an op of the registry's generated device path (ANYT): dequantize ------------------------------
- * q4_1 rows uploaded as they are, dequantized on the stand-in device after the caller released its
- * input (the work runs when the download waits), equal to the CPU op; the device checks refuse a
- * host tensor and a mismatched shape before any launch. */
+ * q4_1, q5_0 and q5_1 rows uploaded as they are, dequantized on the stand-in device after the caller
+ * released its input (the work runs when the download waits), equal to the CPU op; the device checks
+ * refuse a host tensor and a mismatched shape before any launch. */
 static void *dequantize_main(void *arg) {
   (void)arg;
-  servd_tensor *f = host_f32(3, 64, 0.5f), *hq = servd_tensor_new(SERVD_Q4_1, 2, (int64_t[]){3, 64});
-  for (int r = 0; r < 3; r++)
-    assert_int_equal(servd_row_from_f32(SERVD_Q4_1, (const float *)servd_tensor_data(f) + r * 64,
-                                        (char *)servd_tensor_data(hq) + r * hq->strides[0], 64), 0);
-  servd_tensor *want = servd_tensor_new(SERVD_F32, 2, (int64_t[]){3, 64});
-  assert_int_equal(servd_dequantize(want, hq), 0);
-  servd_tensor *dq, *dout;
-  assert_int_equal(servd_device_upload(0, hq, SERVD_Q4_1, &dq), 0);
-  assert_int_equal(servd_device_tensor_new(0, SERVD_F32, 2, (int64_t[]){3, 64}, &dout), 0);
-  assert_int_equal(servd_device_dequantize(dout, hq), SERVD_EINVAL); /* x on the host */
-  assert_non_null(strstr(servd_last_error(), "device dequantize: x"));
-  servd_tensor *narrow;
-  assert_int_equal(servd_device_tensor_new(0, SERVD_F32, 2, (int64_t[]){3, 32}, &narrow), 0);
-  assert_int_equal(servd_device_dequantize(narrow, dq), SERVD_EINVAL);
-  assert_non_null(strstr(servd_last_error(), "dequantize: expected"));
-  servd_tensor_release(narrow);
-  fake_cuda_stats before, after;
-  fake_cuda_get_stats(&before);
-  assert_int_equal(servd_device_dequantize(dout, dq), 0);
-  fake_cuda_get_stats(&after);
-  assert_int_equal(after.kernels, before.kernels + 1);
-  servd_tensor_release(dq);
-  servd_tensor *got = servd_tensor_new(SERVD_F32, 2, (int64_t[]){3, 64});
-  assert_int_equal(servd_device_copy(got, dout), 0);
-  assert_memory_equal(servd_tensor_data(got), servd_tensor_data(want), servd_tensor_nbytes(want));
-  servd_tensor_release(got);
-  servd_tensor_release(dout);
-  servd_tensor_release(want);
-  servd_tensor_release(hq);
-  servd_tensor_release(f);
+  static const servd_dtype dts[] = {SERVD_Q4_1, SERVD_Q5_0, SERVD_Q5_1};
+  for (size_t t = 0; t < sizeof dts / sizeof *dts; t++) {
+    const servd_dtype dt = dts[t];
+    servd_tensor *f = host_f32(3, 64, 0.5f), *hq = servd_tensor_new(dt, 2, (int64_t[]){3, 64});
+    for (int r = 0; r < 3; r++)
+      assert_int_equal(servd_row_from_f32(dt, (const float *)servd_tensor_data(f) + r * 64,
+                                          (char *)servd_tensor_data(hq) + r * hq->strides[0], 64), 0);
+    servd_tensor *want = servd_tensor_new(SERVD_F32, 2, (int64_t[]){3, 64});
+    assert_int_equal(servd_dequantize(want, hq), 0);
+    servd_tensor *dq, *dout;
+    assert_int_equal(servd_device_upload(0, hq, dt, &dq), 0);
+    assert_int_equal(servd_device_tensor_new(0, SERVD_F32, 2, (int64_t[]){3, 64}, &dout), 0);
+    assert_int_equal(servd_device_dequantize(dout, hq), SERVD_EINVAL); /* x on the host */
+    assert_non_null(strstr(servd_last_error(), "device dequantize: x"));
+    servd_tensor *narrow;
+    assert_int_equal(servd_device_tensor_new(0, SERVD_F32, 2, (int64_t[]){3, 32}, &narrow), 0);
+    assert_int_equal(servd_device_dequantize(narrow, dq), SERVD_EINVAL);
+    assert_non_null(strstr(servd_last_error(), "dequantize: expected"));
+    servd_tensor_release(narrow);
+    fake_cuda_stats before, after;
+    fake_cuda_get_stats(&before);
+    assert_int_equal(servd_device_dequantize(dout, dq), 0);
+    fake_cuda_get_stats(&after);
+    assert_int_equal(after.kernels, before.kernels + 1);
+    servd_tensor_release(dq);
+    servd_tensor *got = servd_tensor_new(SERVD_F32, 2, (int64_t[]){3, 64});
+    assert_int_equal(servd_device_copy(got, dout), 0);
+    assert_memory_equal(servd_tensor_data(got), servd_tensor_data(want), servd_tensor_nbytes(want));
+    servd_tensor_release(got);
+    servd_tensor_release(dout);
+    servd_tensor_release(want);
+    servd_tensor_release(hq);
+    servd_tensor_release(f);
+  }
   servd_device_thread_release();
   return NULL;
 }
