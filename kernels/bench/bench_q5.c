@@ -1,0 +1,85 @@
+/* bench_q5: batch-1 and small-batch matmul of q5_0/q5_1 weights against q4_1 at the default model's
+ * shapes (SmolLM2-135M: hidden 576, intermediate 1536) and one large one, timed in alternating rounds
+ * of the same run; each figure is the fastest round (on a shared machine the one least disturbed by
+ * other work). Columns: microseconds per call and GB/s of weight bytes; "q5_0 avx2" is q5_0 with the
+ * ISA forced to AVX2 (what machines without VNNI run), in the same rounds.
+ *
+ * Usage: bench_q5 [threads] [rounds]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "servd/ops.h"
+#include "servd/threadpool.h"
+
+#include "bench-util.h"
+
+static servd_tensor *weight(servd_dtype dt, int n, int k) {
+  servd_tensor *w = servd_tensor_new(dt, 2, (int64_t[]){n, k});
+  float *row = malloc((size_t)k * sizeof(float));
+  for (int j = 0; j < n; j++) {
+    for (int l = 0; l < k; l++) row[l] = (float)((j * 7919 + l * 104729) % 2001) / 1000.0f - 1.0f;
+    servd_row_from_f32(dt, row, (char *)servd_tensor_data(w) + (size_t)j * w->strides[0], k);
+  }
+  free(row);
+  return w;
+}
+
+int main(int argc, char **argv) {
+  const int threads = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 7;
+  servd_threadpool_init(threads);
+  static const int shapes[][2] = {{576, 576}, {1536, 576}, {576, 1536}, {4096, 4096}};
+  static const int ms[] = {1, 8};
+  /* the last entry is q5_0 again, timed with the ISA forced to AVX2 */
+  static const servd_dtype dts[] = {SERVD_Q4_1, SERVD_Q5_0, SERVD_Q5_1, SERVD_Q5_0};
+  enum { ND = sizeof dts / sizeof *dts };
+  const bool avx2 = servd_cpu_best_isa() > SERVD_ISA_AVX2;
+  printf("| n x k | m | q4_1 us | q5_0 us | q5_1 us | q5_0 avx2 us | q4_1 GB/s | q5_0 GB/s | q5_0 / q4_1 time |\n"
+         "|---|---|---|---|---|---|---|---|---|\n");
+  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+    const int n = shapes[s][0], k = shapes[s][1];
+    servd_tensor *w[ND];
+    for (int d = 0; d < ND; d++) w[d] = weight(dts[d], n, k);
+    for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+      const int m = ms[mi];
+      servd_tensor *x = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, k}), *o = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, n});
+      for (int i = 0; i < m * k; i++) ((float *)servd_tensor_data(x))[i] = (float)(i % 17) / 8.0f - 1.0f;
+      double t[ND][64];
+      const int calls = (int)(5e7 / ((double)n * k)) + 1;
+      for (int r = 0; r < rounds && r < 64; r++) {
+        for (int d = 0; d < ND; d++) {
+          if (d == ND - 1) {
+            if (!avx2) {
+              t[d][r] = 0;
+              continue;
+            }
+            servd_cpu_force_isa(SERVD_ISA_AVX2);
+          }
+          servd_matmul(o, x, w[d]);
+          const double t0 = bench_now_s();
+          for (int c = 0; c < calls; c++) servd_matmul(o, x, w[d]);
+          t[d][r] = (bench_now_s() - t0) / calls;
+          if (d == ND - 1) servd_cpu_force_isa(SERVD_ISA_COUNT); /* back to the best */
+        }
+      }
+      double best[ND];
+      for (int d = 0; d < ND; d++) {
+        best[d] = t[d][0];
+        for (int r = 1; r < rounds && r < 64; r++) best[d] = t[d][r] < best[d] ? t[d][r] : best[d];
+      }
+      printf("| %dx%d | %d |", n, k, m);
+      for (int d = 0; d < ND; d++) {
+        if (best[d] > 0)
+          printf(" %.1f |", best[d] * 1e6);
+        else
+          printf(" - |");
+      }
+      for (int d = 0; d < 2; d++) printf(" %.1f |", (double)servd_tensor_nbytes(w[d]) / best[d] * 1e-9);
+      printf(" %.2f |\n", best[1] / best[0]);
+      servd_tensor_release(x);
+      servd_tensor_release(o);
+    }
+    for (int d = 0; d < ND; d++) servd_tensor_release(w[d]);
+  }
+  return 0;
+}
