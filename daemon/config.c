@@ -21,6 +21,7 @@ void servd_config_init(servd_config *c) {
   c->gpu_memory_fraction = 0.90;
   c->cuda_graphs = true;
   c->prefix_cache = true;
+  c->max_step_ms = SERVD_DEFAULT_MAX_STEP_MS;
   c->cuda_graph_max_batch = 64;
   c->step_timeout_s = 120;
   c->load_timeout_s = 300;
@@ -260,7 +261,7 @@ int servd_config_load_file(servd_config *c, const char *path) {
                                      "idle_timeout", "max_body_bytes", "max_header_bytes", "max_connections", "max_n",
                                      "model_repository", "models", "gpu_memory_fraction", "cuda_graphs",
                                      "cuda_graph_max_batch", "step_timeout", "metrics_public", "verify_weights", "trusted_keys", "load_timeout",
-                                     "prefix_cache", "package_cache", "grpc_port", "grpc_max_message_bytes",
+                                     "prefix_cache", "max_step_ms", "max_model_len", "package_cache", "grpc_port", "grpc_max_message_bytes",
                                      "tls_cert", "tls_key", "tls_ca", NULL};
   json_error_t err;
   json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
@@ -287,6 +288,8 @@ int servd_config_load_file(servd_config *c, const char *path) {
       (rc = j_on_off(&x, root, "metrics_public", &c->metrics_public)) ||
       (rc = j_on_off(&x, root, "verify_weights", &c->verify_weights)) ||
       (rc = j_on_off(&x, root, "prefix_cache", &c->prefix_cache)) ||
+      (rc = j_int(&x, root, "max_step_ms", 0, 60000, &c->max_step_ms)) ||
+      (rc = j_int(&x, root, "max_model_len", 0, 1 << 24, &c->max_model_len)) ||
       (rc = j_str(&x, root, "trusted_keys", &c->trusted_keys)) ||
       (rc = j_str(&x, root, "tls_cert", &c->tls_cert)) || (rc = j_str(&x, root, "tls_key", &c->tls_key)) ||
       (rc = j_str(&x, root, "tls_ca", &c->tls_ca)) ||
@@ -379,6 +382,10 @@ void servd_config_usage(FILE *f) {
         "  --kv-blocks N           KV cache blocks per language model\n"
         "  --api-key KEY           require 'Authorization: Bearer KEY' (or set SERVD_API_KEY)\n"
         "  --no-prefix-cache       compute every prompt in full (no sharing of common prompt beginnings)\n"
+        "  --max-step-ms MS        target duration of a step carrying decodes: its prefill chunk is cut to\n"
+        "                          fit (default 100; 0: the token budget only)\n"
+        "  --max-model-len N       cap each language model's context at N tokens (longer prompts: 400\n"
+        "                          context_length_exceeded); the KV cache is sized for it\n"
         "  --metrics-public        serve GET /metrics without the API key (Prometheus scrapers)\n"
         "  --verify-weights        check the SHA-256 of the weights at load too (reads the whole model)\n"
         "  --trusted-keys PATH     load only packages signed by one of these Ed25519 public keys (a PEM\n"
@@ -511,6 +518,11 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
         return rc;
     } else if (flag_is(a, "--kv-blocks")) {
       if ((rc = VAL("--kv-blocks")) || (rc = parse_int("--kv-blocks", v, 1, 1 << 24, &c->kv_blocks))) return rc;
+    } else if (flag_is(a, "--max-step-ms")) {
+      if ((rc = VAL("--max-step-ms")) || (rc = parse_int("--max-step-ms", v, 0, 60000, &c->max_step_ms))) return rc;
+    } else if (flag_is(a, "--max-model-len")) {
+      if ((rc = VAL("--max-model-len")) || (rc = parse_int("--max-model-len", v, 1, 1 << 24, &c->max_model_len)))
+        return rc;
     } else if (strcmp(a, "--no-prefix-cache") == 0) {
       c->prefix_cache = false;
     } else if (strcmp(a, "--metrics-public") == 0) {
@@ -600,6 +612,8 @@ void servd_config_model_options(const servd_config *c, int i, servd_model_option
   o->step_timeout_s = c->step_timeout_s;
   o->verify_weights = c->verify_weights;
   o->prefix_cache = c->prefix_cache;
+  o->max_step_ms = c->max_step_ms;
+  if (c->max_model_len > 0) o->max_context = c->max_model_len; /* as servd generate --max-context */
   o->trusted_keys = c->trusted_keys;
   o->load_timeout_s = c->load_timeout_s;
   o->isolation = m->isolation ? (servd_isolation)(m->isolation - 1) : c->isolation;

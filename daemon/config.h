@@ -31,6 +31,8 @@ typedef struct servd_config {
   double gpu_memory_fraction; /* of the free memory after the weights, for the KV cache: (0, 1] */
   bool cuda_graphs;           /* decode steps as CUDA graphs */
   bool prefix_cache;          /* share the KV blocks of common prompt beginnings (--no-prefix-cache) */
+  int max_step_ms;            /* target of a step that carries decodes (--max-step-ms); 0: no bound */
+  int max_model_len;          /* cap on each language model's context and KV sizing (--max-model-len); 0: none */
   int cuda_graph_max_batch;   /* largest decode batch run as a graph */
   char *api_key;
   bool metrics_public;      /* GET /metrics without the API key (Prometheus scrapers) */

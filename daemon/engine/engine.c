@@ -38,6 +38,8 @@ void servd_engine_set_step_timeout(double seconds) { step_timeout_default = seco
 void servd_engine_set_load_timeout(double seconds) { load_timeout_default = seconds > 0 ? seconds : 0; }
 static bool prefix_cache_default = true;
 void servd_engine_set_prefix_cache(bool on) { prefix_cache_default = on; }
+static int max_step_ms_default = SERVD_DEFAULT_MAX_STEP_MS;
+void servd_engine_set_max_step_ms(int ms) { max_step_ms_default = ms > 0 ? ms : 0; }
 static servd_isolation isolation_default = SERVD_ISOLATION_NONE;
 void servd_engine_set_isolation(servd_isolation isolation) { isolation_default = isolation; }
 
@@ -70,6 +72,7 @@ void servd_model_options_default(servd_model_options *o) {
   o->load_timeout_s = load_timeout_default;
   o->isolation = isolation_default;
   o->prefix_cache = prefix_cache_default;
+  o->max_step_ms = max_step_ms_default;
   o->extra_sys_path = servd_py_deps_dir(); /* servd's own Python packages (llguidance), when installed */
 }
 
@@ -129,6 +132,41 @@ static void find_eos(servd_model *m) {
   }
   servd_fail(0, "%s", ""); /* the look-ups above may have recorded harmless misses */
 }
+
+/* Request defaults from the package's generation_config.json (packs of Hugging Face models keep it),
+ * the fields vLLM takes from it: a request that omits them gets the model's recommended sampling. */
+static void read_gen_defaults(servd_model *m) {
+  servd_gen_params_default(&m->gen_defaults);
+  const void *data;
+  size_t len;
+  if (mpk_file(m->pkg, "generation_config.json", &data, &len)) {
+    servd_fail(0, "%s", ""); /* most packages have none */
+    return;
+  }
+  json_t *j = json_loadb(data, len, 0, NULL), *v;
+  servd_gen_params *p = &m->gen_defaults;
+  if ((v = json_object_get(j, "temperature")) && json_is_number(v) && json_number_value(v) >= 0 &&
+      json_number_value(v) <= 2)
+    p->temperature = (float)json_number_value(v);
+  if ((v = json_object_get(j, "top_p")) && json_is_number(v) && json_number_value(v) > 0 && json_number_value(v) <= 1)
+    p->top_p = (float)json_number_value(v);
+  if ((v = json_object_get(j, "min_p")) && json_is_number(v) && json_number_value(v) >= 0 && json_number_value(v) <= 1)
+    p->min_p = (float)json_number_value(v);
+  if ((v = json_object_get(j, "top_k")) && json_is_integer(v) && json_integer_value(v) >= 0 &&
+      json_integer_value(v) <= (1 << 20))
+    p->top_k = (int)json_integer_value(v);
+  if ((v = json_object_get(j, "repetition_penalty")) && json_is_number(v) && json_number_value(v) > 0 &&
+      json_number_value(v) <= 10)
+    p->repetition_penalty = (float)json_number_value(v);
+  json_decref(j);
+}
+
+void servd_model_gen_params_default(const servd_model *m, servd_gen_params *p) {
+  if (m && m->kind == SERVD_MODEL_CAUSAL_LM) *p = m->gen_defaults;
+  else servd_gen_params_default(p);
+}
+
+int servd_model_vocab_size(const servd_model *m) { return m->vocab; }
 
 /* ---- requests ----------------------------------------------------------------------------------- */
 
@@ -266,8 +304,12 @@ static void emit(servd_model *m, servd_request *r, const servd_sampled *sp) {
   if (!stop_tok) {
     const char *d;
     size_t dl;
-    if ((rc = servd_detok_push(r->detok, t, &d, &dl)) == 0)
+    if ((rc = servd_detok_push(r->detok, t, &d, &dl)) == 0 && r->n_generated <= r->p.min_tokens) {
+      text = d; /* stop strings count only after min_tokens (vLLM): the matcher has held nothing yet */
+      len = dl;
+    } else if (rc == 0) {
       rc = servd_stop_matcher_push(r->stopper, d, dl, &text, &len, &stopped);
+    }
     if (rc) {
       finish(m, r, "error", rc, servd_last_error());
       return;
@@ -370,6 +412,7 @@ static void scheduler_run(servd_model *m) {
       servd_tensor *logits = NULL;
       memset(&err, 0, sizeof err);
       int failed_rank = -1;
+      int64_t t_step = servd_now_ns();
       int rc = servd_runner_step(m->runner, &b, &logits, &err, &failed_rank);
       const bool picked = rc == 0 && b.want_picks && logits && logits->dtype == SERVD_I32 && logits->ndim == 2 &&
                           logits->shape[0] == b.n_logit_rows && logits->shape[1] == 2;
@@ -416,6 +459,8 @@ static void scheduler_run(servd_model *m) {
           m->pick_steps++;
           pthread_mutex_unlock(&m->mu);
         }
+        /* What a decode waited for: the forward and the sampling, the cost the next plans bound. */
+        sched_observe(&m->sched, servd_now_ns() - t_step);
       }
       servd_tensor_release(logits);
       pthread_mutex_lock(&m->mu);
@@ -605,7 +650,8 @@ static int scheduler_setup(servd_model *m) {
   }
   sched_config sc = {.max_batch_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
                      .max_seq_len = m->context_length, .prefix_cache = m->o.prefix_cache,
-                     .cache_key = prefix_cache_key(m->name, m->o.path)};
+                     .cache_key = prefix_cache_key(m->name, m->o.path),
+                     .max_step_ns = (int64_t)m->o.max_step_ms * 1000000};
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
   if ((rc = servd_guides_create(&m->guides))) return rc;
   return servd_sampler_scratch_create(m->vocab, &m->scratch);
@@ -639,6 +685,7 @@ static int load_causal_lm(servd_model *m) {
     return servd_fail(SERVD_EINVAL, "%s: --tp %d does not divide num_attention_heads=%d and "
                       "num_key_value_heads=%d", mpk_path(m->pkg), m->tp, n_heads, n_kv);
   find_eos(m);
+  read_gen_defaults(m);
 
   int bs = m->o.block_size > 0 ? m->o.block_size : 16;
   m->n_layers = n_layers;
@@ -908,6 +955,7 @@ static int check_params(const servd_model *m, int n_prompt, const servd_gen_para
   if (p->n_stop_token_ids < 0 || p->n_stop_token_ids > 64 || (p->n_stop_token_ids && !p->stop_token_ids))
     return servd_fail(SERVD_EINVAL, "submit: %d stop token ids: expected at most 64", p->n_stop_token_ids);
   if (p->deadline_ms < 0) return servd_fail(SERVD_EINVAL, "submit: negative deadline");
+  if (p->min_tokens < 0) return servd_fail(SERVD_EINVAL, "submit: min_tokens %d: expected >= 0", p->min_tokens);
   return 0;
 }
 
@@ -954,6 +1002,7 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
   r->seq.n_tokens = n_prompt;
   r->seq.owner = r;
   if ((rc = sched_seq_init(&m->sched, &r->seq))) goto fail;
+  r->seq.priority = p->priority;
   if (p->n_stop) {
     r->stop_copy = calloc((size_t)p->n_stop, sizeof *r->stop_copy);
     if (!r->stop_copy) {
@@ -985,6 +1034,8 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
     goto fail;
   }
   if ((rc = servd_sampler_create(&sc, &r->sampler))) goto fail;
+  r->p.logit_bias = NULL; /* the sampler keeps its own copy */
+  r->p.n_logit_bias = 0;
   servd_sampler_add_prompt(r->sampler, prompt, n_prompt);
   if ((rc = servd_detok_create(m->tok, true, &r->detok))) goto fail;
 

@@ -91,6 +91,10 @@ typedef struct servd_model_options {
   /* Causal-lm: automatic prefix caching (engine/prefix_cache.h): requests share the KV blocks of a
    * common prompt beginning, computed once. */
   bool prefix_cache;
+  /* Causal-lm: a step that carries decodes should take about this long at most (0: no bound): its
+   * prefill chunk is cut to what the learned step costs leave (engine/scheduler.h), so a decode does
+   * not stall behind a max_batch_tokens chunk. Appended. */
+  int max_step_ms;
 } servd_model_options;
 
 /* Defaults; the GPU fields come from servd_engine_set_gpu_defaults (none set: CPU, 0.9, graphs on,
@@ -107,6 +111,12 @@ void servd_engine_set_isolation(servd_isolation isolation);
 void servd_engine_set_package_checks(bool verify_weights, const char *trusted_keys);
 /* Process-wide default of prefix_cache (none set: on). */
 void servd_engine_set_prefix_cache(bool on);
+/* Process-wide default of max_step_ms (0: no bound; none set: SERVD_DEFAULT_MAX_STEP_MS). */
+void servd_engine_set_max_step_ms(int ms);
+/* A 32-sequence decode step of the default model takes ~80 ms on a small CPU host: a 100 ms target
+ * lets about 20 ms of prefill ride along instead of a 512-token chunk (~700 ms), while on a GPU,
+ * where steps take a few ms, it rarely binds. */
+#define SERVD_DEFAULT_MAX_STEP_MS 100
 /* Process-wide default of load_timeout_s (seconds, 0: none; none set: 300). */
 void servd_engine_set_load_timeout(double seconds);
 /* Interpreters of abandoned loads in this process (each holds one of the SERVD_INTERP_MAX). */
@@ -158,6 +168,12 @@ int servd_model_tools_render(servd_model *m, json_t *messages, json_t *tools, bo
                              json_t **out);
 int servd_model_tools_parse(servd_model *m, const char *text, json_t *spec, json_t **out);
 
+/* One entry of OpenAI's logit_bias: added to the token's logit before penalties and temperature. */
+typedef struct servd_logit_bias {
+  int32_t token;
+  float bias; /* [-100, 100]; -100 bans the token in practice */
+} servd_logit_bias;
+
 typedef struct servd_gen_params {
   int max_tokens;           /* <= 0: up to the context length */
   float temperature;        /* 0: greedy */
@@ -179,9 +195,26 @@ typedef struct servd_gen_params {
   /* Appended: constrained decoding, a grammar from servd_model_guide_compile (copied at submit);
    * NULL: none. Every sampled token then obeys it, and the grammar's completion ends the text. */
   const char *guide;
+  /* Appended: OpenAI's logit_bias (copied at submit; ids inside the vocabulary, at most
+   * SERVD_MAX_LOGIT_BIAS), and vLLM's min_tokens: until that many tokens are generated the
+   * end-of-sequence and stop token ids are masked and stop strings are not looked for. */
+  const servd_logit_bias *logit_bias;
+  int n_logit_bias;
+  int min_tokens;
+  /* Appended: vLLM's priority: lower runs first (default 0); equal priorities are served in arrival
+   * order. A waiting request short of KV blocks or a running slot preempts the running request of the
+   * worst priority when that one is worse than its own (engine/scheduler.h). */
+  int priority;
 } servd_gen_params;
 
+#define SERVD_MAX_LOGIT_BIAS 300 /* OpenAI's limit */
+
 void servd_gen_params_default(servd_gen_params *p);
+/* The defaults of m's requests: servd_gen_params_default, then the package's generation_config.json
+ * (temperature, top_p, top_k, min_p, repetition_penalty), as vLLM applies them to requests that omit
+ * those fields. */
+void servd_model_gen_params_default(const servd_model *m, servd_gen_params *p);
+int servd_model_vocab_size(const servd_model *m);
 
 typedef enum servd_event_kind {
   SERVD_EVENT_TOKEN = 0, /* text delta (may be empty while a UTF-8 sequence is incomplete) */
@@ -202,7 +235,8 @@ typedef struct servd_event {
   float logprob;
   const servd_top_logprob *top; /* n_top entries, valid during the callback */
   int n_top;
-  const char *finish_reason; /* "stop", "length", "cancelled", "deadline" */
+  const char *finish_reason; /* "stop", "length", "cancelled", "deadline" (the OpenAI routes map the last
+                                two onto OpenAI's set: api_oai_finish_reason) */
   int prompt_tokens;
   int completion_tokens;
   int error_code;

@@ -274,13 +274,57 @@ static void test_prefix_cache(void **state) {
   servd_config_free(&c);
 }
 
+/* --max-model-len / "max_model_len" caps every model's context (the engine's max_context). */
+static void test_max_model_len(void **state) {
+  (void)state;
+  servd_config c;
+  servd_model_options o;
+  assert_int_equal(PARSE(&c, "--model", "/x.mpk"), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.max_context, 0);
+  servd_config_free(&c);
+  assert_int_equal(PARSE(&c, "--max-model-len", "512", "--model", "/x.mpk"), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.max_context, 512);
+  servd_config_free(&c);
+  assert_int_equal(parse_file(&c, "{\"max_model_len\": 64, \"models\": [{\"path\": \"/a.mpk\"}]}", NULL), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.max_context, 64);
+  servd_config_free(&c);
+  assert_int_equal(PARSE(&c, "--max-model-len", "0", "--model", "/x.mpk"), SERVD_EINVAL);
+  servd_config_free(&c);
+}
+
+/* The step target: 100 ms by default, --max-step-ms or "max_step_ms" (0 turns it off); every model. */
+static void test_max_step_ms(void **state) {
+  (void)state;
+  servd_config c;
+  servd_model_options o;
+  assert_int_equal(PARSE(&c, "--model", "/x.mpk"), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.max_step_ms, 100);
+  servd_config_free(&c);
+  assert_int_equal(PARSE(&c, "--max-step-ms", "0", "--model", "/x.mpk"), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.max_step_ms, 0);
+  servd_config_free(&c);
+  assert_int_equal(parse_file(&c, "{\"max_step_ms\": 40, \"models\": [{\"path\": \"/a.mpk\"}]}", NULL), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.max_step_ms, 40);
+  servd_config_free(&c);
+  assert_int_equal(PARSE(&c, "--max-step-ms", "-1", "--model", "/x.mpk"), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "--max-step-ms"));
+  servd_config_free(&c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),        cmocka_unit_test(test_gpu_flags),
       cmocka_unit_test(test_step_timeout),    cmocka_unit_test(test_isolation),
       cmocka_unit_test(test_bad_flags),       cmocka_unit_test(test_config_file),
       cmocka_unit_test(test_model_options),   cmocka_unit_test(test_help_mentions_gpu_flags),
-      cmocka_unit_test(test_prefix_cache),
+      cmocka_unit_test(test_prefix_cache),    cmocka_unit_test(test_max_step_ms),
+      cmocka_unit_test(test_max_model_len),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
