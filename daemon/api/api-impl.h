@@ -102,7 +102,8 @@ typedef struct gen {
   servd_request *r;
   int index;
   bool done;
-  char finish[16];
+  char finish[16];        /* OpenAI's finish_reason (api_oai_finish_reason) */
+  char finish_detail[16]; /* the engine's own ending when finish stands for it ("deadline"), else "" */
   int prompt_tokens, completion_tokens, error_code;
   int cached_tokens;
   char *error;

@@ -24,4 +24,6 @@ const servd_model_ops servd_engine_model_ops = {
     .quarantined_interpreters = servd_engine_quarantined_interpreters,
     .tools_render = servd_model_tools_render,
     .tools_parse = servd_model_tools_parse,
+    .model_gen_params_default = servd_model_gen_params_default,
+    .vocab_size = servd_model_vocab_size,
 };

@@ -8,6 +8,7 @@
 
 /* health.c */
 void api_health_live(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_version(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_health_ready(servd_api *a, servd_http_req *r, const api_route_args *args);
 
 /* openai.c */

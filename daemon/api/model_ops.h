@@ -37,6 +37,9 @@ typedef struct servd_model_ops {
   /* Appended; NULL: no tool calling (a request with tools is a 400). servd_model_tools_*. */
   int (*tools_render)(servd_model *m, json_t *messages, json_t *tools, bool add_generation_prompt, json_t **out);
   int (*tools_parse)(servd_model *m, const char *text, json_t *spec, json_t **out);
+  /* Appended; NULL: gen_params_default for every model, and no vocabulary check of logit_bias. */
+  void (*model_gen_params_default)(const servd_model *m, servd_gen_params *p);
+  int (*vocab_size)(const servd_model *m);
 } servd_model_ops;
 
 /* The engine's implementation (daemon/api/engine_ops.c). */

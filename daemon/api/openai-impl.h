@@ -56,6 +56,9 @@ struct oai {
 
 /* For sinks (openai.c). A stream write; -1 when the client is gone (o->req is NULL then). */
 int oai_stream_write(oai *o, const char *s, size_t n);
+/* OpenAI's finish_reason for an engine ending (finish_reason.c): "stop" and "length" as they are,
+ * "deadline" -> "length" (cut short by a limit), "cancelled" and anything else -> "stop". */
+const char *api_oai_finish_reason(const char *engine_reason);
 /* Ends the stream, or sends the 200 body (stolen), and lets go of the HTTP request. */
 void oai_stream_close(oai *o);
 void oai_respond(oai *o, json_t *body);

@@ -222,6 +222,10 @@ static int sse_choice(oai *o, gen *g, const char *text, size_t len, json_t *lp, 
   servd_buf_puts(b, ",\"finish_reason\":");
   if (finish) servd_buf_json_str(b, finish, strlen(finish));
   else servd_buf_puts(b, "null");
+  if (finish && g->finish_detail[0]) {
+    servd_buf_puts(b, ",\"servd_finish_detail\":");
+    servd_buf_json_str(b, g->finish_detail, strlen(g->finish_detail));
+  }
   servd_buf_puts(b, "}]}\n\n");
   if (b->oom) return -1;
   return servd_http_stream_write(o->req, b->data, b->len);
@@ -364,6 +368,7 @@ static void respond_full(oai *o) {
     else
       c = json_pack("{s:i, s:o, s:o, s:s}", "index", g->index, "text", text, "logprobs", lp, "finish_reason",
                     g->finish);
+    if (c && g->finish_detail[0]) json_object_set_new(c, "servd_finish_detail", json_string(g->finish_detail));
     json_array_append_new(choices, c);
   }
   json_t *resp = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", o->id, "object",
@@ -486,7 +491,10 @@ void api_oai_event(servd_api *a, api_event *ev) {
     g->error_code = ev->error_code;
     snprintf(g->finish, sizeof g->finish, "error");
   } else {
-    snprintf(g->finish, sizeof g->finish, "%s", ev->finish[0] ? ev->finish : "stop");
+    const char *why = ev->finish[0] ? ev->finish : "stop";
+    const char *oai_why = api_oai_finish_reason(why);
+    snprintf(g->finish, sizeof g->finish, "%s", oai_why);
+    snprintf(g->finish_detail, sizeof g->finish_detail, "%s", strcmp(why, oai_why) ? why : "");
   }
   if (ev->completion_tokens > 0) g->completion_tokens = ev->completion_tokens;
   if (ev->prompt_tokens > 0) g->prompt_tokens = ev->prompt_tokens;
@@ -634,14 +642,20 @@ static void start_generation(oai *o) {
       oai_error(o, 400, "invalid_request_error", prompt_field(o), NULL, "%s", "the prompt is empty after tokenization");
       return;
     }
+    if (ctx > 0 && np >= ctx) { /* the prompt alone leaves no room for one token: vLLM's wording */
+      char msg[512];
+      snprintf(msg, sizeof msg, "This model's maximum context length is %d tokens. However, your %s resulted in "
+               "%d tokens. Please reduce the length of the %s.", ctx, prompt_field(o), np, prompt_field(o));
+      oai_error(o, 400, "invalid_request_error", prompt_field(o), "context_length_exceeded", "%s", msg);
+      return;
+    }
     if (ctx > 0 && need > ctx) {
       char msg[512];
       snprintf(msg, sizeof msg,
                "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in the "
                "prompt, %d for the completion). Please reduce the prompt or max_tokens.",
                ctx, need, np, o->gp.max_tokens > 0 ? o->gp.max_tokens : 1);
-      /* The prompt alone overflowing is the prompt's fault; otherwise max_tokens asked too much. */
-      oai_error(o, 400, "invalid_request_error", np + 1 > ctx ? prompt_field(o) : "max_tokens", NULL, "%s", msg);
+      oai_error(o, 400, "invalid_request_error", "max_tokens", "context_length_exceeded", "%s", msg);
       return;
     }
   }
@@ -829,7 +843,10 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   o->model_name = servd_arena_strdup(arena, am->name);
   make_id(a, sink ? sink->id_prefix : mode == OAI_CHAT ? "chatcmpl-" : "cmpl-", o->id, sizeof o->id);
   api_param_limits lim;
-  a->ops->gen_params_default(&lim.defaults);
+  memset(&lim, 0, sizeof lim);
+  if (a->ops->model_gen_params_default) a->ops->model_gen_params_default(am->m, &lim.defaults);
+  else a->ops->gen_params_default(&lim.defaults);
+  if (a->ops->vocab_size) lim.n_vocab = a->ops->vocab_size(am->m);
   lim.max_n = a->o.max_n;
   lim.default_deadline_ms = a->o.default_deadline_ms;
   oai_params p;

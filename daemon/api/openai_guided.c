@@ -170,7 +170,6 @@ static const struct {
     {"prompt_logprobs", OK_NONE, "prompt logprobs"},
     {"allowed_token_ids", OK_NONE, "allowed token ids"},
     {"bad_words", OK_NONE, "bad words"},
-    {"min_tokens", OK_ZERO, "min_tokens"},
     {"logits_processors", OK_NONE, "logits processors"},
     {"return_tokens_as_token_ids", OK_FALSE, "tokens as token ids"},
     {"return_token_ids", OK_FALSE, "token ids in the response"},
@@ -180,7 +179,6 @@ static const struct {
     {"chat_template_kwargs", OK_NONE, "chat template arguments"},
     {"documents", OK_NONE, "documents"},
     {"mm_processor_kwargs", OK_NONE, "multimodal inputs"},
-    {"priority", OK_ZERO, "request priorities"},
     {"kv_transfer_params", OK_NONE, "KV transfer"},
     {"vllm_xargs", OK_NONE, "vllm_xargs"},
     /* OpenAI fields */

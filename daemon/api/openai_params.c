@@ -185,7 +185,8 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
   o->add_generation_prompt = true;
   bool present;
   long long x = 0;
-  if (api_params_adopt(body, API_ADOPT_SAMPLING | API_ADOPT_DEADLINE, "", lim, v->arena, &o->gp, v->err) != 0)
+  if (api_params_adopt(body, API_ADOPT_SAMPLING | API_ADOPT_DEADLINE | API_ADOPT_PRIORITY, "", lim, v->arena, &o->gp,
+                       v->err) != 0)
     return v->failed = true, false;
   if (!api_check_int(v, body, "n", 1, lim->max_n, &present, &x)) return false;
   if (present) o->n = (int)x;
@@ -225,7 +226,6 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
                 !unsupported(v, body, "functions", "function calling is for /v1/chat/completions") ||
                 !unsupported(v, body, "function_call", "function calling is for /v1/chat/completions")))
     return false;
-  if (!unsupported(v, body, "logit_bias", "logit bias is not supported")) return false;
   if (!oai_parse_guided(v, body, o) || !oai_refuse_unimplemented(v, body)) return false;
   if (chat && !oai_parse_tools(v, body, o)) return false;
   if (chat && !api_check_bool(v, body, "add_generation_prompt", &o->add_generation_prompt)) return false;

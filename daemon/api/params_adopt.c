@@ -1,9 +1,10 @@
 /* The request parameters an engine request adopts, shared by the OpenAI-compatible routes (the
  * body's fields) and KServe v2 inference (the request's 'parameters'): one row per numeric or
  * boolean field, with its range and its place in servd_gen_params, then the fields of other shapes
- * (seed, stop strings, stop token ids, timeout). */
+ * (seed, stop strings, stop token ids, timeout, priority). */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "api/params_check.h"
@@ -30,6 +31,7 @@ static const struct {
     /* Both names are checked wherever they appear; the newer one wins when both are given. */
     {"max_tokens", F_INT, 1, 1 << 24, false, offsetof(servd_gen_params, max_tokens)},
     {"max_completion_tokens", F_INT, 1, 1 << 24, false, offsetof(servd_gen_params, max_tokens)},
+    {"min_tokens", F_INT, 0, 1 << 24, false, offsetof(servd_gen_params, min_tokens)},
     {"ignore_eos", F_BOOL, 0, 0, false, offsetof(servd_gen_params, ignore_eos)},
 };
 
@@ -97,11 +99,49 @@ static bool adopt_stop(api_check *c, json_t *obj, servd_gen_params *gp) {
   return true;
 }
 
+/* OpenAI's logit_bias: {"<token id>": bias in [-100, 100]}, at most 300 entries. */
+static bool adopt_logit_bias(api_check *c, json_t *obj, const api_param_limits *lim, servd_gen_params *gp) {
+  const char *w = c->where;
+  json_t *lb = api_check_field(obj, "logit_bias");
+  if (!lb) return true;
+  if (!json_is_object(lb))
+    return api_check_fail(c, "logit_bias", "'%slogit_bias' must be an object mapping token ids to biases, got %s", w,
+                          api_json_type(lb));
+  size_t n = json_object_size(lb);
+  if (n > SERVD_MAX_LOGIT_BIAS)
+    return api_check_fail(c, "logit_bias", "'%slogit_bias' may hold at most %d entries, got %zu", w,
+                          SERVD_MAX_LOGIT_BIAS, n);
+  if (!n) return true;
+  servd_logit_bias *b = servd_arena_alloc(c->arena, n * sizeof *b);
+  if (!b) return api_check_fail(c, NULL, "out of memory");
+  const char *key;
+  json_t *val;
+  size_t i = 0;
+  json_object_foreach(lb, key, val) {
+    char *end = NULL;
+    long long id = strtoll(key, &end, 10);
+    if (!*key || *end || id < 0 || id > INT32_MAX || (key[0] == '0' && key[1]))
+      return api_check_fail(c, "logit_bias", "'%slogit_bias' keys must be token ids, got \"%.40s\"", w, key);
+    if (lim->n_vocab > 0 && id >= lim->n_vocab)
+      return api_check_fail(c, "logit_bias", "'%slogit_bias' token id %lld is outside the vocabulary of %d tokens", w,
+                            id, lim->n_vocab);
+    if (!json_is_number(val) || !(json_number_value(val) >= -100 && json_number_value(val) <= 100))
+      return api_check_fail(c, "logit_bias", "'%slogit_bias'[\"%s\"] must be a number in [-100, 100]", w, key);
+    b[i++] = (servd_logit_bias){(int32_t)id, (float)json_number_value(val)};
+  }
+  gp->logit_bias = b;
+  gp->n_logit_bias = (int)n;
+  return true;
+}
+
 int api_params_adopt(json_t *obj, unsigned sets, const char *where, const api_param_limits *lim, servd_arena *arena,
                      servd_gen_params *gp, api_param_error *err) {
   api_check c = {err, arena, where ? where : "", false};
   if (sets & API_ADOPT_SAMPLING) {
-    if (!adopt_fields(&c, obj, gp) || !adopt_stop(&c, obj, gp)) return -1;
+    if (!adopt_fields(&c, obj, gp) || !adopt_stop(&c, obj, gp) || !adopt_logit_bias(&c, obj, lim, gp)) return -1;
+    if (gp->max_tokens > 0 && gp->min_tokens > gp->max_tokens)
+      return api_check_fail(&c, "min_tokens", "'%smin_tokens' (%d) must not exceed max_tokens (%d)", c.where,
+                            gp->min_tokens, gp->max_tokens), -1;
     json_t *seed = api_check_field(obj, "seed");
     if (seed) {
       long long x;
@@ -110,6 +150,13 @@ int api_params_adopt(json_t *obj, unsigned sets, const char *where, const api_pa
       gp->has_seed = true;
       gp->seed = (uint64_t)x;
     }
+  }
+  if (sets & API_ADOPT_PRIORITY) {
+    bool present = false;
+    long long x = 0;
+    /* Any int as in vLLM, short of the ends, which are left to servers' own uses. */
+    if (!api_check_int(&c, obj, "priority", -1000000000, 1000000000, &present, &x)) return -1;
+    if (present) gp->priority = (int)x;
   }
   if (sets & API_ADOPT_DEADLINE) {
     bool present = false;

@@ -18,6 +18,7 @@ typedef struct api_param_limits {
   servd_gen_params defaults; /* engine defaults, before the request's fields */
   int max_n;                 /* largest n (choices per prompt) */
   int default_deadline_ms;   /* when the request names no timeout; 0: none */
+  int n_vocab;               /* logit_bias ids must be below it; 0: unchecked (the engine checks) */
 } api_param_limits;
 
 /* Why a request was refused. */
@@ -31,8 +32,10 @@ typedef struct api_param_error {
 
 enum {
   API_ADOPT_DEADLINE = 1u << 0, /* timeout: seconds in (0, 86400]; else lim->default_deadline_ms */
-  API_ADOPT_SAMPLING = 1u << 1, /* max_tokens, max_completion_tokens, temperature, top_p, top_k, min_p,
-                                   penalties, seed, stop, stop_token_ids, ignore_eos */
+  API_ADOPT_SAMPLING = 1u << 1, /* max_tokens, max_completion_tokens, min_tokens, temperature, top_p,
+                                   top_k, min_p, penalties, seed, stop, stop_token_ids, ignore_eos,
+                                   logit_bias */
+  API_ADOPT_PRIORITY = 1u << 2, /* priority: an integer, lower runs first (vLLM's extension) */
 };
 
 /* Checks the fields of the given sets in obj (a JSON object: an OpenAI body, KServe's 'parameters')
@@ -90,6 +93,8 @@ typedef struct kserve_infer_params {
   json_t *id;             /* own reference or NULL */
   json_t *wanted;         /* 'outputs' (own reference) or NULL: every output */
   int64_t deadline_ms;
+  int priority;           /* parameters.priority (0 when absent) */
+  bool binary_out;        /* parameters.binary_data_output: outputs as raw bytes unless they say otherwise */
 } kserve_infer_params;
 
 /* Validates an inference request and builds its input tensors. Returns 0 (free with
@@ -97,6 +102,11 @@ typedef struct kserve_infer_params {
 int kserve_infer_parse(json_t *body, const api_param_limits *lim, kserve_infer_params *out, api_param_error *err);
 int kserve_infer_parse_text(const char *text, size_t len, const api_param_limits *lim, kserve_infer_params *out,
                             api_param_error *err);
+/* The same for a body of the binary tensor data extension (kserve_binary.h): header_length is the
+ * request's Inference-Header-Content-Length (NULL: none, the body is all JSON); bad framing is a 400
+ * naming what is wrong. */
+int kserve_infer_parse_framed(const char *text, size_t len, const char *header_length, const api_param_limits *lim,
+                              kserve_infer_params *out, api_param_error *err);
 void kserve_infer_params_free(kserve_infer_params *p); /* accepts a zeroed struct */
 
 /* Makes s (NUL-terminated) valid UTF-8 in place, as JSON strings must be: a character that

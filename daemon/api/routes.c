@@ -36,6 +36,7 @@ const api_route api_routes[] = {
      api_repository_unload},
 
     {API_GET, "/metrics", "/metrics", API_ROUTE_METRICS, api_metrics},
+    {API_GET, "/version", "/version", API_ROUTE_PUBLIC, api_version},
 };
 
 const size_t api_n_routes = sizeof api_routes / sizeof api_routes[0];

@@ -78,6 +78,7 @@ struct servd_model {
   int vocab;
   int32_t eos[SERVD_MAX_EOS];
   int n_eos;
+  servd_gen_params gen_defaults; /* servd_gen_params_default + the package's generation_config.json */
   pthread_mutex_t chat_mu; /* serializes template rendering on the spare interpreter */
   int chat_interp;         /* index of the interpreter that renders templates (-1: none) */
   servd_interp_thread *ithread; /* causal-lm: starts, renders templates on, and finalizes the pool */

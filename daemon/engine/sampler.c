@@ -18,6 +18,8 @@ struct servd_sampler {
   servd_gen_params p; /* stop strings not kept */
   int32_t *stop_ids;
   int n_stop_ids;
+  servd_logit_bias *bias; /* logit_bias, copied */
+  int n_bias;
   int32_t eos[8];
   int n_eos;
   servd_logprob_mode lp_mode;
@@ -111,6 +113,13 @@ int servd_sampler_create(const servd_sampler_config *c, servd_sampler **out) {
   if (p->logprobs > SERVD_SAMPLER_MAX_TOP)
     return servd_fail(SERVD_EINVAL, "sampler: logprobs %d: at most %d top tokens", p->logprobs, SERVD_SAMPLER_MAX_TOP);
   if (c->n_eos < 0 || c->n_eos > 8) return servd_fail(SERVD_EINVAL, "sampler: %d eos ids: at most 8", c->n_eos);
+  if (p->n_logit_bias < 0 || p->n_logit_bias > SERVD_MAX_LOGIT_BIAS || (p->n_logit_bias && !p->logit_bias))
+    return servd_fail(SERVD_EINVAL, "sampler: %d logit_bias entries: at most %d", p->n_logit_bias,
+                      SERVD_MAX_LOGIT_BIAS);
+  for (int i = 0; i < p->n_logit_bias; i++)
+    if (p->logit_bias[i].token < 0 || p->logit_bias[i].token >= c->n_vocab || !isfinite(p->logit_bias[i].bias))
+      return servd_fail(SERVD_EINVAL, "sampler: logit_bias for token %d: outside the vocabulary (%d) or not finite",
+                        p->logit_bias[i].token, c->n_vocab);
   for (int i = 0; i < p->n_stop_token_ids; i++)
     if (p->stop_token_ids[i] < 0 || p->stop_token_ids[i] >= c->n_vocab)
       return servd_fail(SERVD_EINVAL, "sampler: stop_token_ids[%d] = %d is outside the vocabulary (%d)", i,
@@ -140,13 +149,17 @@ int servd_sampler_create(const servd_sampler_config *c, servd_sampler **out) {
   s->cand = x->cand;
   s->stop_ids = malloc(((size_t)p->n_stop_token_ids + 1) * sizeof *s->stop_ids);
   if (c->masked) s->mask = calloc((n + 31) / 32, sizeof *s->mask);
-  if (!s->count || !s->seen || !s->seen_ids || !s->stop_ids || (c->masked && !s->mask)) {
+  s->bias = malloc(((size_t)p->n_logit_bias + 1) * sizeof *s->bias);
+  if (!s->count || !s->seen || !s->seen_ids || !s->stop_ids || !s->bias || (c->masked && !s->mask)) {
     rc = servd_fail(SERVD_ENOMEM, "sampler: out of memory for a vocabulary of %d", c->n_vocab);
     goto fail;
   }
   if (p->n_stop_token_ids) memcpy(s->stop_ids, p->stop_token_ids, (size_t)p->n_stop_token_ids * sizeof(int32_t));
   s->n_stop_ids = p->n_stop_token_ids;
   s->p.stop_token_ids = NULL;
+  if (p->n_logit_bias) memcpy(s->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof *s->bias);
+  s->n_bias = p->n_logit_bias;
+  s->p.logit_bias = NULL;
   s->n_eos = c->n_eos;
   if (c->n_eos) memcpy(s->eos, c->eos_ids, (size_t)c->n_eos * sizeof(int32_t));
 
@@ -174,6 +187,7 @@ void servd_sampler_free(servd_sampler *s) {
   servd_sampler_scratch_free(s->own);
   free(s->stop_ids);
   free(s->mask);
+  free(s->bias);
   free(s);
 }
 
@@ -203,10 +217,15 @@ void servd_sampler_accept(servd_sampler *s, int32_t token) {
 
 int servd_sampler_n_generated(const servd_sampler *s) { return s->n_generated; }
 
+/* min_tokens: end-of-sequence and stop ids neither end generation nor (prepare) get sampled yet. */
+static bool before_min(const servd_sampler *s) { return s->n_generated < s->p.min_tokens; }
+
 servd_finish servd_sampler_finish(const servd_sampler *s, int32_t token) {
-  for (int i = 0; i < s->n_stop_ids; i++)
+  /* accept counted this token as number n_generated: a stop id ends generation only past min_tokens */
+  bool may_stop = s->n_generated > s->p.min_tokens;
+  for (int i = 0; i < s->n_stop_ids && may_stop; i++)
     if (s->stop_ids[i] == token) return SERVD_FINISH_STOP_TOKEN;
-  if (!s->p.ignore_eos)
+  if (!s->p.ignore_eos && may_stop)
     for (int i = 0; i < s->n_eos; i++)
       if (s->eos[i] == token) return SERVD_FINISH_EOS;
   if (s->p.max_tokens > 0 && s->n_generated >= s->p.max_tokens) return SERVD_FINISH_LENGTH;
@@ -357,11 +376,12 @@ static bool is_greedy(const servd_gen_params *p) { return p->temperature < 1e-5f
 
 bool servd_sampler_plain_greedy(const servd_sampler *s) {
   const servd_gen_params *p = &s->p;
-  return !s->mask && is_greedy(p) && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+  return !s->mask && !s->n_bias && !before_min(s) && is_greedy(p) && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
          p->frequency_penalty == 0.0f && p->logprobs < 0;
 }
 
-/* 1-4: w = penalized logits / temperature (NaN as -inf); returns their maximum. */
+/* 0-4: w = biased, penalized logits / temperature (NaN and masked tokens as -inf); returns their
+ * maximum. */
 static float prepare(servd_sampler *s, const float *logits) {
   const int n = s->n_vocab;
   const servd_gen_params *p = &s->p;
@@ -376,6 +396,12 @@ static float prepare(servd_sampler *s, const float *logits) {
       for (int i = k * 32; i < end; i++)
         if (!(bits >> (i - k * 32) & 1)) w[i] = -INFINITY;
     }
+  }
+  for (int i = 0; i < s->n_bias; i++) w[s->bias[i].token] += s->bias[i].bias; /* -inf stays -inf */
+  if (before_min(s)) {
+    for (int i = 0; i < s->n_stop_ids; i++) w[s->stop_ids[i]] = -INFINITY;
+    for (int i = 0; i < s->n_eos && !s->p.ignore_eos; i++)
+      if (s->eos[i] >= 0 && s->eos[i] < n) w[s->eos[i]] = -INFINITY;
   }
   for (int i = 0; i < s->n_seen; i++) {
     int32_t id = s->seen_ids[i];

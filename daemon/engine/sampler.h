@@ -5,6 +5,8 @@
  * servd_sampler_accept(token), then servd_sampler_finish(token) tells whether generation ends.
  *
  * Processing order (that of Hugging Face transformers' logits processors and warpers):
+ *   0. logit_bias added to the logits (OpenAI); while fewer than min_tokens tokens are generated, the
+ *      end-of-sequence (unless ignore_eos) and stop token ids get -inf (vLLM's min_tokens);
  *   1. repetition penalty r over every token seen in the prompt or the output: a positive logit is
  *      divided by r, a negative one multiplied by r;
  *   2. presence / frequency penalties over output tokens (OpenAI): logit -= presence (once a token has
@@ -73,7 +75,8 @@ typedef enum servd_finish {
 } servd_finish;
 
 /* SERVD_EINVAL for bad parameters (negative temperature, top_p outside (0, 1], min_p outside [0, 1],
- * repetition_penalty <= 0, logprobs > SERVD_SAMPLER_MAX_TOP, ids outside the vocabulary).
+ * repetition_penalty <= 0, logprobs > SERVD_SAMPLER_MAX_TOP, stop or logit_bias ids outside the
+ * vocabulary, more than SERVD_MAX_LOGIT_BIAS biases).
  * *out owned by the caller. Without params->has_seed the stream is seeded from the system. */
 int servd_sampler_create(const servd_sampler_config *c, servd_sampler **out);
 void servd_sampler_free(servd_sampler *s); /* accepts NULL */
@@ -96,7 +99,8 @@ uint32_t *servd_sampler_mask(servd_sampler *s, int *n_words);
 void servd_sampler_mask_ready(servd_sampler *s);
 /* Records a generated token (penalties, count). */
 void servd_sampler_accept(servd_sampler *s, int32_t token);
-/* After accept: whether generation ends with this token. */
+/* After accept: whether generation ends with this token (never by a stop or end-of-sequence id within
+ * the first min_tokens tokens). */
 servd_finish servd_sampler_finish(const servd_sampler *s, int32_t token);
 int servd_sampler_n_generated(const servd_sampler *s);
 /* The tokens a draw could pick from for these logits, in ascending id order, without drawing (for

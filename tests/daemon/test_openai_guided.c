@@ -82,7 +82,7 @@ static void test_refusals(void **st) {
       {CHAT "\"guided_decoding_backend\":\"xgrammar\"}", "guided_decoding_backend", "'guided_decoding_backend' must be"},
       {CHAT "\"use_beam_search\":true}", "use_beam_search", "'use_beam_search' is not supported: servd does not implement beam search"},
       {CHAT "\"skip_special_tokens\":false}", "skip_special_tokens", "'skip_special_tokens' is not supported"},
-      {CHAT "\"min_tokens\":2}", "min_tokens", "'min_tokens' is not supported"},
+      {CHAT "\"max_tokens\":2,\"min_tokens\":3}", "min_tokens", "'min_tokens' (3) must not exceed max_tokens (2)"},
       {CHAT "\"modalities\":[\"text\",\"audio\"]}", "modalities", "'modalities' is not supported"},
       {CHAT "\"echo\":true}", "echo", "'echo' is not supported"},
       {CHAT "\"add_generation_prompt\":1}", "add_generation_prompt", "'add_generation_prompt' must be a boolean"},

@@ -650,6 +650,99 @@ static void test_kept_sets(void **st) {
   free(got);
 }
 
+/* logit_bias is added to the raw logits before the repetition penalty and temperature (OpenAI): the
+ * processed distribution against one computed by hand. */
+static void test_logit_bias(void **st) {
+  (void)st;
+  servd_gen_params p = params();
+  p.temperature = 0.5f;
+  p.repetition_penalty = 2.0f;
+  p.logprobs = 5;
+  servd_logit_bias bias[3] = {{0, 1.0f}, {3, -100.0f}, {4, 0.75f}};
+  p.logit_bias = bias;
+  p.n_logit_bias = 3;
+  float logits[5] = {2.0f, -1.0f, 0.5f, 3.0f, 0.25f};
+  servd_sampler *s = make(&p, 5, SERVD_LOGPROBS_PROCESSED);
+  assert_false(servd_sampler_plain_greedy(s));
+  int32_t prompt[2] = {0, 4};
+  servd_sampler_add_prompt(s, prompt, 2);
+  /* by hand: 0: (2 + 1) / 2 = 1.5; 1: -1; 2: 0.5; 3: 3 - 100 = -97; 4: (0.25 + 0.75) / 2 = 0.5;
+   * then / 0.5 */
+  const double want[5] = {3.0, -2.0, 1.0, -194.0, 1.0};
+  servd_sampled o;
+  assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+  assert_int_equal(o.n_top, 5);
+  const int order[5] = {0, 2, 4, 1, 3};
+  for (int k = 0; k < 5; k++) {
+    assert_int_equal(o.top[k].token, order[k]);
+    /* tolerance: float32 values up to 200 (ulp 1.5e-5) */
+    assert_true(fabsl(o.top[k].logprob - ref_logprob(want, 5, order[k])) < 1e-4L);
+  }
+  servd_sampler_free(s);
+
+  /* -100 bans in practice: never drawn, the others keep their relative frequencies */
+  p = params();
+  servd_logit_bias ban = {0, -100.0f};
+  p.logit_bias = &ban;
+  p.n_logit_bias = 1;
+  expect_support(&p, 0x3FEu);
+  /* +log 3 triples a token's odds: token 9 (0.01) becomes three times as likely as 8 */
+  servd_logit_bias dbl = {9, (float)log(3.0)};
+  p.logit_bias = &dbl;
+  int counts[10];
+  enum { N = 40000 };
+  draw(&p, N, counts);
+  double z = 1.0 + 0.02, q9 = 0.03 / z, q8 = 0.01 / z;
+  assert_true(fabs(counts[9] - N * q9) < 5 * sqrt(N * q9 * (1 - q9)));
+  assert_true(fabs(counts[8] - N * q8) < 5 * sqrt(N * q8 * (1 - q8)));
+
+  /* ids outside the vocabulary and too many entries are refused */
+  servd_logit_bias out = {10, 1.0f};
+  p.logit_bias = &out;
+  int32_t eos = 1;
+  servd_sampler_config c = {.n_vocab = 10, .params = &p, .eos_ids = &eos, .n_eos = 1};
+  assert_int_equal(servd_sampler_create(&c, &s), SERVD_EINVAL);
+  p.n_logit_bias = SERVD_MAX_LOGIT_BIAS + 1;
+  assert_int_equal(servd_sampler_create(&c, &s), SERVD_EINVAL);
+}
+
+/* min_tokens: end-of-sequence and stop ids are masked and end nothing until that many tokens. */
+static void test_min_tokens(void **st) {
+  (void)st;
+  servd_gen_params p = params();
+  p.temperature = 0;
+  int32_t stop_ids[1] = {7};
+  p.stop_token_ids = stop_ids;
+  p.n_stop_token_ids = 1;
+  p.min_tokens = 3;
+  float logits[10] = {0, 10.0f, 0, 0, 0, 0, 0, 9.0f, 8.0f, 0}; /* eos (1) first, then stop id 7 */
+  servd_sampler *s = make(&p, 10, SERVD_LOGPROBS_RAW);
+  for (int k = 0; k < 3; k++) {
+    assert_false(servd_sampler_plain_greedy(s)); /* the eos row would win a plain arg max */
+    servd_sampled o;
+    assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+    assert_int_equal(o.token, 8);
+    servd_sampler_accept(s, o.token);
+    assert_int_equal(servd_sampler_finish(s, 1), SERVD_FINISH_NONE); /* even if it were drawn */
+    assert_int_equal(servd_sampler_finish(s, 7), SERVD_FINISH_NONE);
+  }
+  assert_true(servd_sampler_plain_greedy(s));
+  servd_sampled o;
+  assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+  assert_int_equal(o.token, 1);
+  servd_sampler_accept(s, o.token);
+  assert_int_equal(servd_sampler_finish(s, 1), SERVD_FINISH_EOS);
+  assert_int_equal(servd_sampler_finish(s, 7), SERVD_FINISH_STOP_TOKEN);
+  servd_sampler_free(s);
+
+  /* ignore_eos leaves the eos id to the model, the stop id stays masked */
+  p.ignore_eos = true;
+  s = make(&p, 10, SERVD_LOGPROBS_RAW);
+  assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+  assert_int_equal(o.token, 1);
+  servd_sampler_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_greedy), cmocka_unit_test(test_plain_greedy),
@@ -657,6 +750,7 @@ int main(void) {
       cmocka_unit_test(test_seed),        cmocka_unit_test(test_penalties),    cmocka_unit_test(test_logprobs_raw),
       cmocka_unit_test(test_finish),      cmocka_unit_test(test_bad_params),   cmocka_unit_test(test_stop_strings),
       cmocka_unit_test(test_kept_sets),   cmocka_unit_test(test_shared_scratch),
+      cmocka_unit_test(test_logit_bias),  cmocka_unit_test(test_min_tokens),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
