@@ -31,9 +31,10 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -c "import openai, tokenizers, gguf, sentencepiece" 2>/dev/null ||
   "$venv/bin/pip" install --quiet "openai>=1.0" "tokenizers>=0.15" "gguf>=0.6" "jsonschema" "sentencepiece"
-# The official KServe/Triton gRPC client and grpc's health-checking stubs (tests of the gRPC listener).
-"$venv/bin/python" -c "import tritonclient.grpc, grpc_health.v1" 2>/dev/null ||
-  "$venv/bin/pip" install --quiet "tritonclient[grpc]" "grpcio-health-checking"
+# The official KServe/Triton clients (tests of the gRPC listener and of KServe over HTTP, binary
+# tensors included) and grpc's health-checking stubs.
+"$venv/bin/python" -c "import tritonclient.grpc, tritonclient.http, grpc_health.v1" 2>/dev/null ||
+  "$venv/bin/pip" install --quiet "tritonclient[grpc,http]" "grpcio-health-checking"
 
 # Python packages servd's interpreters use at run time (llguidance: structured outputs), pinned,
 # into the directory a build tree's servd puts on sys.path (build/python-deps).

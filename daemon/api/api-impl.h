@@ -41,6 +41,22 @@ typedef struct api_infer_stats {
   uint64_t ok, failed;
 } api_infer_stats;
 
+/* A generic model's predictions as Triton's statistics extension reports them (kserve_stats.c):
+ * counts and summed nanoseconds per phase. */
+typedef struct api_kserve_duration {
+  uint64_t count, ns;
+} api_kserve_duration;
+typedef struct api_kserve_stats {
+  uint64_t last_inference_ms; /* unix milliseconds of the last prediction's end; 0: none yet */
+  uint64_t inference_count, execution_count;
+  api_kserve_duration success, fail, queue, compute_input, compute_infer, compute_output;
+} api_kserve_stats;
+/* One prediction's phases, in api_now_ns() time: accepted (its input parsed for HTTP, parse_ns
+ * before), started on a worker, model done, answered. */
+typedef struct api_kserve_times {
+  uint64_t parse_ns, accept, start, done, answered;
+} api_kserve_times;
+
 typedef struct api_model {
   struct api_model *next;
   char *name; /* owned */
@@ -54,6 +70,7 @@ typedef struct api_model {
   api_hist ttft, itl, e2e;
   api_vllm_stats vllm;
   api_infer_stats infer;
+  api_kserve_stats kstats;
   struct servd_http_req *waiter; /* repository load/unload request waiting for the outcome */
   bool unload_cancelled; /* running requests were cancelled at the unload deadline */
   bool startup;          /* given at startup and not loaded yet: server readiness waits for it */
@@ -179,6 +196,8 @@ void api_infer_init(api_infer_stats *s);
 /* A generic model's prediction ended (ok or not), secs after it was accepted. */
 void api_infer_done(api_model *am, bool ok, double secs);
 void api_metrics_generic(servd_api *a, servd_buf *b);
+/* A generic model's prediction was answered (ok: with its outputs) after the phases of t. */
+void api_kserve_stats_add(api_model *am, bool ok, const api_kserve_times *t);
 /* Prometheus label value escaping (backslash, quote, newline). */
 void api_prom_label(servd_buf *b, const char *v);
 

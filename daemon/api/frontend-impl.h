@@ -1,4 +1,5 @@
-/* Internal to daemon/api: the prediction queue and the metadata of kserve.c as frontend.c uses them. */
+/* Internal to daemon/api: the prediction queue and the metadata of kserve.c as frontend.c and the
+ * other KServe files (kserve_config.c, kserve_stats.c) use them. */
 #ifndef SERVD_API_FRONTEND_IMPL_H
 #define SERVD_API_FRONTEND_IMPL_H
 
@@ -15,7 +16,12 @@ int api_kserve_predict(servd_api *a, api_model *am, servd_named_tensor *in, int 
 /* The metadata of am (a usable generic model): what its ops say, with "name" set and "versions" and
  * "platform" filled in when absent. The caller owns the result. */
 json_t *api_kserve_metadata(servd_api *a, api_model *am);
+/* Whether am can answer now; else answers r 404 (not loaded) or 503 (loading, unloading, draining). */
+bool api_kserve_usable(servd_api *a, servd_http_req *r, api_model *am);
 /* cb will not run; the prediction finishes (it cannot be stopped) and its result is dropped. */
 void api_kserve_predict_abandon(struct infer_job *j);
+
+/* The consumer of a front end's generation events (frontend_llm.c): gens without an OpenAI owner. */
+void api_fe_generate_event(servd_api *a, api_event *ev);
 
 #endif

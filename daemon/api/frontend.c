@@ -38,7 +38,7 @@ static api_model *find(servd_api *a, const char *name, const char *version, char
   return am;
 }
 
-/* As kserve.c's model_usable: 200, or 404 / 503 with msg. */
+/* As kserve.c's api_kserve_usable: 200, or 404 / 503 with msg. */
 static int usable(servd_api *a, api_model *am, char *msg, size_t cap) {
   if (am->state == M_UNAVAILABLE) {
     snprintf(msg, cap, "model '%s' is not loaded%s%s", am->name, am->error[0] ? ": " : "", am->error);

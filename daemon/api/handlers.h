@@ -28,6 +28,11 @@ void api_kserve_model_meta(servd_api *a, servd_http_req *r, const api_route_args
 void api_kserve_model_ready(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_kserve_infer(servd_api *a, servd_http_req *r, const api_route_args *args);
 
+/* kserve_config.c, kserve_stats.c: Triton's model configuration and statistics extensions */
+void api_kserve_model_config(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_kserve_model_stats(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_kserve_all_stats(servd_api *a, servd_http_req *r, const api_route_args *args);
+
 /* models.c: Triton's repository extension */
 void api_repository_index(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_repository_load(servd_api *a, servd_http_req *r, const api_route_args *args);

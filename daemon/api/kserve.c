@@ -1,8 +1,9 @@
 /* KServe v2 / Open Inference Protocol over HTTP: server and model metadata, readiness, and
- * inference with JSON tensors (generic packages, run on a worker thread). */
+ * inference with JSON or binary tensors (kserve_binary.h; generic packages, run on a worker thread). */
 #include "api/api-impl.h"
 #include "api/frontend-impl.h"
 #include "api/handlers.h"
+#include "api/kserve_binary.h"
 #include "api/request_params.h"
 #include "api/respond.h"
 
@@ -20,11 +21,12 @@
 void api_kserve_server_meta(servd_api *a, servd_http_req *r, const api_route_args *args) {
   (void)a;
   (void)args;
-  api_json(r, 200, json_pack("{s:s, s:s, s:[s, s]}", "name", "servd", "version", SERVD_VERSION_STRING, "extensions",
-                             "model_repository", "metrics"));
+  api_json(r, 200, json_pack("{s:s, s:s, s:[s, s, s, s, s]}", "name", "servd", "version", SERVD_VERSION_STRING,
+                             "extensions", "model_repository", "metrics", "binary_tensor_data", "statistics",
+                             "model_configuration"));
 }
 
-static bool model_usable(servd_api *a, servd_http_req *r, api_model *am) {
+bool api_kserve_usable(servd_api *a, servd_http_req *r, api_model *am) {
   if (am->state == M_UNAVAILABLE) {
     api_kserve_error(r, 404, "model '%s' is not loaded%s%s", am->name, am->error[0] ? ": " : "", am->error);
     return false;
@@ -51,7 +53,7 @@ json_t *api_kserve_metadata(servd_api *a, api_model *am) {
 
 void api_kserve_model_meta(servd_api *a, servd_http_req *r, const api_route_args *args) {
   api_model *am = args->am;
-  if (!model_usable(a, r, am)) return;
+  if (!api_kserve_usable(a, r, am)) return;
   json_t *m = api_kserve_metadata(a, am);
   if (!json_object_get(m, "inputs")) json_object_set_new(m, "inputs", json_array());
   if (!json_object_get(m, "outputs")) json_object_set_new(m, "outputs", json_array());
@@ -130,6 +132,8 @@ typedef struct infer_job {
   api_predict_cb cb;   /* other front ends (gRPC): called instead of answering req */
   void *cb_ud;
   uint64_t t_accept;   /* api_now_ns() when accepted (servd_inference_latency_seconds) */
+  api_kserve_times tm; /* start and done written by the worker, read on the loop after it */
+  bool binary_out;     /* parameters.binary_data_output */
 } infer_job;
 
 static void infer_free(infer_job *j) {
@@ -150,8 +154,10 @@ static void infer_abort(servd_http_req *r) {
 
 static void infer_work(uv_work_t *w) {
   infer_job *j = w->data;
+  j->tm.start = api_now_ns();
   j->rc = j->a->ops->predict(j->am->m, j->in, j->n_in, &j->out, &j->n_out, j->deadline_ms, &j->merr);
   if (j->rc != 0) snprintf(j->err, sizeof j->err, "%s", servd_last_error());
+  j->tm.done = api_now_ns();
 }
 
 static bool wanted(infer_job *j, const char *name) {
@@ -161,6 +167,17 @@ static bool wanted(infer_job *j, const char *name) {
     if (json_is_string(n) && strcmp(json_string_value(n), name) == 0) return true;
   }
   return false;
+}
+
+/* Whether output name goes back as raw bytes: its own parameters.binary_data, else the request's
+ * parameters.binary_data_output. */
+static bool out_binary(infer_job *j, const char *name) {
+  for (size_t i = 0; j->wanted && i < json_array_size(j->wanted); i++) {
+    json_t *o = json_array_get(j->wanted, i), *n = json_object_get(o, "name");
+    json_t *b = json_object_get(json_object_get(o, "parameters"), "binary_data");
+    if (json_is_string(n) && strcmp(json_string_value(n), name) == 0 && json_is_boolean(b)) return json_is_true(b);
+  }
+  return j->binary_out;
 }
 
 static void infer_start_waiting(servd_api *a, api_model *am);
@@ -196,12 +213,16 @@ static void infer_after(uv_work_t *w, int status) {
   j->am->predict_running--;
   api_infer_done(j->am, j->rc == 0, (double)(api_now_ns() - j->t_accept) / 1e9);
   infer_start_waiting(a, j->am);
+  bool answered = false, ok = false;
   if (j->cb) {
+    ok = j->rc == 0;
     predict_deliver(j);
+    answered = true;
     goto done;
   }
   servd_http_req *r = j->req;
   if (!r) goto done;
+  answered = true;
   r->on_abort = NULL;
   if (j->rc != 0) {
     /* The engine tells bad input (SERVD_EINVAL: 400) from a failure of the model's code
@@ -226,8 +247,9 @@ static void infer_after(uv_work_t *w, int status) {
       goto done;
     }
   }
-  servd_buf b;
+  servd_buf b, raw; /* the JSON header, the binary outputs' bytes */
   servd_buf_init(&b);
+  servd_buf_init(&raw);
   servd_buf_puts(&b, "{\"model_name\":");
   servd_buf_json_str(&b, j->am->name, strlen(j->am->name));
   servd_buf_puts(&b, ",\"model_version\":\"" API_MODEL_VERSION "\"");
@@ -243,6 +265,7 @@ static void infer_after(uv_work_t *w, int status) {
     const char *dn = t ? dtype_name(t->dtype) : NULL;
     if (!dn || t->device >= 0) {
       servd_buf_free(&b);
+      servd_buf_free(&raw);
       api_kserve_error(r, 500, "model '%s' returned output '%s' of a type the JSON protocol cannot carry",
                        j->am->name, j->out[k].name);
       goto done;
@@ -253,15 +276,36 @@ static void infer_after(uv_work_t *w, int status) {
     servd_buf_json_str(&b, j->out[k].name, strnlen(j->out[k].name, sizeof j->out[k].name));
     servd_buf_printf(&b, ",\"datatype\":\"%s\",\"shape\":[", dn);
     for (int d = 0; d < t->ndim; d++) servd_buf_printf(&b, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+    if (out_binary(j, j->out[k].name)) {
+      servd_buf_printf(&b, "],\"parameters\":{\"binary_data_size\":%zu}}", kserve_binary_put(&raw, t));
+      continue;
+    }
     servd_buf_puts(&b, "],\"data\":");
     put_data(&b, t);
     servd_buf_puts(&b, "}");
   }
   servd_buf_puts(&b, "]}");
-  if (b.oom) api_kserve_error(r, 500, "out of memory");
-  else servd_http_respond(r, 200, "application/json", b.data, b.len);
+  if (b.oom || raw.oom) {
+    api_kserve_error(r, 500, "out of memory");
+  } else if (raw.len) {
+    char hl[32];
+    snprintf(hl, sizeof hl, "%zu", b.len);
+    servd_http_set_header(r, KSERVE_HEADER_LENGTH, hl);
+    servd_buf_append(&b, raw.data, raw.len);
+    if (b.oom) api_kserve_error(r, 500, "out of memory");
+    else servd_http_respond(r, 200, "application/octet-stream", b.data, b.len);
+    ok = !b.oom;
+  } else {
+    servd_http_respond(r, 200, "application/json", b.data, b.len);
+    ok = true;
+  }
   servd_buf_free(&b);
+  servd_buf_free(&raw);
 done:
+  if (answered) {
+    j->tm.answered = api_now_ns();
+    api_kserve_stats_add(j->am, ok, &j->tm);
+  }
   infer_free(j);
 }
 
@@ -307,7 +351,7 @@ static void infer_start_waiting(servd_api *a, api_model *am) {
 
 void api_kserve_infer(servd_api *a, servd_http_req *r, const api_route_args *args) {
   api_model *am = args->am;
-  if (!model_usable(a, r, am)) return;
+  if (!api_kserve_usable(a, r, am)) return;
   if (a->ops->kind(am->m) != SERVD_MODEL_GENERIC) {
     api_kserve_error(r, 400, "model '%s' is a language model; use /v1/completions or /v1/chat/completions", am->name);
     return;
@@ -317,7 +361,9 @@ void api_kserve_infer(servd_api *a, servd_http_req *r, const api_route_args *arg
   lim.default_deadline_ms = a->o.default_deadline_ms;
   kserve_infer_params p;
   api_param_error perr;
-  if (kserve_infer_parse_text(r->body, r->body_len, &lim, &p, &perr) != 0) {
+  uint64_t t_parse = api_now_ns();
+  if (kserve_infer_parse_framed(r->body, r->body_len, servd_http_header_get(r, KSERVE_HEADER_LENGTH), &lim, &p,
+                                &perr) != 0) {
     api_kserve_error(r, perr.status, "%s", perr.message);
     return;
   }
@@ -330,6 +376,9 @@ void api_kserve_infer(servd_api *a, servd_http_req *r, const api_route_args *arg
   /* j owns what p held from here on. */
   j->a = a;
   j->t_accept = api_now_ns();
+  j->tm.accept = j->t_accept;
+  j->tm.parse_ns = j->t_accept - t_parse;
+  j->binary_out = p.binary_out;
   j->in = p.in;
   j->n_in = p.n_in;
   j->id = p.id;
@@ -380,6 +429,7 @@ int api_kserve_predict(servd_api *a, api_model *am, servd_named_tensor *in, int 
   }
   j->a = a;
   j->t_accept = api_now_ns();
+  j->tm.accept = j->t_accept;
   j->in = in;
   j->n_in = n_in;
   j->deadline_ms = deadline_ms;

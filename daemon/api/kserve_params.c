@@ -1,10 +1,12 @@
-/* Validation of KServe v2 / Open Inference Protocol inference requests (JSON tensors), apart from
- * the server: the request's fields and its input tensors, built in the engine's dtypes. */
+/* Validation of KServe v2 / Open Inference Protocol inference requests (JSON tensors, and raw ones
+ * of the binary tensor data extension: kserve_binary.h), apart from the server: the request's fields
+ * and its input tensors, built in the engine's dtypes. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/kserve_binary.h"
 #include "api/params_check.h"
 #include "servd/status.h"
 #include "servd/tensor.h"
@@ -87,8 +89,34 @@ static void fill(fill_ctx *f, json_t *j) {
   f->i++;
 }
 
-/* Parses one input tensor; on failure records the error in c and returns NULL. */
-static servd_tensor *parse_input(api_check *c, json_t *in, size_t idx, char name[64]) {
+/* The input's bytes from the binary tail (parameters.binary_data_size), as t's elements. */
+static bool take_binary(api_check *c, const char *f, const char *name, json_t *size, kserve_tail *tail,
+                        servd_tensor *t) {
+  long long n;
+  size_t want = (size_t)servd_tensor_numel(t) * servd_dtype_block_bytes(t->dtype);
+  if (!api_check_as_int(size, &n) || n < 0)
+    return api_check_fail(c, f, "input '%s': parameters.binary_data_size must be a non-negative integer", name);
+  if (!tail)
+    return api_check_fail(c, f,
+                          "input '%s' has parameters.binary_data_size but the request has no " KSERVE_HEADER_LENGTH
+                          " header: the length of the JSON header is needed to find the binary data",
+                          name);
+  if ((size_t)n != want)
+    return api_check_fail(c, f, "input '%s': parameters.binary_data_size is %lld but its shape and datatype take %zu bytes",
+                          name, n, want);
+  if (want > tail->len - tail->used)
+    return api_check_fail(c, f,
+                          "input '%s': parameters.binary_data_size is %lld but only %zu bytes of binary data remain "
+                          "after the JSON header (" KSERVE_HEADER_LENGTH ") and the inputs before it",
+                          name, n, tail->len - tail->used);
+  memcpy(servd_tensor_data(t), tail->p + tail->used, want);
+  tail->used += want;
+  return true;
+}
+
+/* Parses one input tensor (its data from tail when binary); on failure records the error in c and
+ * returns NULL. */
+static servd_tensor *parse_input(api_check *c, json_t *in, size_t idx, char name[64], kserve_tail *tail) {
   char f[48]; /* the field at fault */
   snprintf(f, sizeof f, "inputs[%zu]", idx);
   if (!json_is_object(in)) return api_check_fail(c, f, "inputs[%zu] must be an object, got %s", idx, api_json_type(in)), NULL;
@@ -120,6 +148,23 @@ static servd_tensor *parse_input(api_check *c, json_t *in, size_t idx, char name
     numel *= shape[i];
     if (numel > (1ll << 31)) return api_check_fail(c, f, "input '%s': too many elements", name), NULL;
   }
+  json_t *ip = json_object_get(in, "parameters");
+  json_t *bsize = json_object_get(ip, "binary_data_size");
+  snprintf(f, sizeof f, "inputs[%zu].parameters", idx);
+  if (ip && !json_is_object(ip))
+    return api_check_fail(c, f, "input '%s': 'parameters' must be an object, got %s", name, api_json_type(ip)), NULL;
+  if (bsize) {
+    snprintf(f, sizeof f, "inputs[%zu].parameters.binary_data_size", idx);
+    if (data)
+      return api_check_fail(c, f, "input '%s' has both 'data' and parameters.binary_data_size: send one", name), NULL;
+    servd_tensor *t = servd_tensor_new(dt, ndim, shape);
+    if (!t) return api_check_fail(c, f, "input '%s': %s", name, servd_last_error()), NULL;
+    if (!take_binary(c, f, name, bsize, tail, t)) {
+      servd_tensor_release(t);
+      return NULL;
+    }
+    return t;
+  }
   snprintf(f, sizeof f, "inputs[%zu].data", idx);
   if (!json_is_array(data)) return api_check_fail(c, f, "input '%s': 'data' must be a list", name), NULL;
   /* Flat (row-major, numbers only) or nested exactly as the shape: a ragged list whose element count
@@ -146,7 +191,17 @@ static servd_tensor *parse_input(api_check *c, json_t *in, size_t idx, char name
   return t;
 }
 
-int kserve_infer_parse(json_t *body, const api_param_limits *lim, kserve_infer_params *out, api_param_error *err) {
+/* Whether j, when present, is a boolean; records the error otherwise. */
+static bool opt_bool(api_check *c, json_t *params, const char *key, const char *field, bool *out) {
+  json_t *j = json_object_get(params, key);
+  if (!j) return true;
+  if (!json_is_boolean(j)) return api_check_fail(c, field, "%s must be a boolean, got %s", field, api_json_type(j));
+  *out = json_is_true(j);
+  return true;
+}
+
+static int parse(json_t *body, kserve_tail *tail, const api_param_limits *lim, kserve_infer_params *out,
+                 api_param_error *err) {
   memset(out, 0, sizeof(*out));
   memset(err, 0, sizeof(*err));
   api_check c = {err, NULL, "", false};
@@ -160,12 +215,20 @@ int kserve_infer_parse(json_t *body, const api_param_limits *lim, kserve_infer_p
   if (id && !json_is_string(id)) return api_check_fail(&c, "id", "'id' must be a string, got %s", api_json_type(id)), -1;
   if (outputs && (!json_is_array(outputs) || json_array_size(outputs) > 64))
     return api_check_fail(&c, "outputs", "'outputs' must be a list of at most 64 {\"name\": ...}"), -1;
-  for (size_t i = 0; outputs && i < json_array_size(outputs); i++)
-    if (!json_is_string(json_object_get(json_array_get(outputs, i), "name"))) {
-      char f[48];
-      snprintf(f, sizeof f, "outputs[%zu].name", i);
-      return api_check_fail(&c, f, "outputs[%zu].name must be a string", i), -1;
-    }
+  for (size_t i = 0; outputs && i < json_array_size(outputs); i++) {
+    json_t *o = json_array_get(outputs, i), *op = json_object_get(o, "parameters");
+    char f[64];
+    snprintf(f, sizeof f, "outputs[%zu].name", i);
+    if (!json_is_string(json_object_get(o, "name"))) return api_check_fail(&c, f, "outputs[%zu].name must be a string", i), -1;
+    snprintf(f, sizeof f, "outputs[%zu].parameters", i);
+    if (op && !json_is_object(op)) return api_check_fail(&c, f, "%s must be an object", f), -1;
+    snprintf(f, sizeof f, "outputs[%zu].parameters.binary_data", i);
+    bool b;
+    if (!opt_bool(&c, op, "binary_data", f, &b)) return -1;
+    snprintf(f, sizeof f, "outputs[%zu].parameters.classification", i);
+    if (json_object_get(op, "classification"))
+      return api_check_fail(&c, f, "%s is not supported: outputs are returned as tensors", f), -1;
+  }
   out->deadline_ms = lim->default_deadline_ms;
   if (params) {
     if (!json_is_object(params))
@@ -173,14 +236,17 @@ int kserve_infer_parse(json_t *body, const api_param_limits *lim, kserve_infer_p
     /* The same 'timeout' as the OpenAI routes': one definition of what a request may ask. */
     servd_gen_params gp;
     memset(&gp, 0, sizeof gp);
-    if (api_params_adopt(params, API_ADOPT_DEADLINE, "parameters.", lim, NULL, &gp, err) != 0) return -1;
+    if (api_params_adopt(params, API_ADOPT_DEADLINE | API_ADOPT_PRIORITY, "parameters.", lim, NULL, &gp, err) != 0)
+      return -1;
     out->deadline_ms = gp.deadline_ms;
+    out->priority = gp.priority;
+    if (!opt_bool(&c, params, "binary_data_output", "parameters.binary_data_output", &out->binary_out)) return -1;
   }
   int n_in = (int)json_array_size(inputs);
   out->in = calloc((size_t)n_in, sizeof(*out->in));
   if (!out->in) return api_check_fail(&c, NULL, "out of memory"), -1;
   for (int i = 0; i < n_in; i++) {
-    out->in[i].tensor = parse_input(&c, json_array_get(inputs, (size_t)i), (size_t)i, out->in[i].name);
+    out->in[i].tensor = parse_input(&c, json_array_get(inputs, (size_t)i), (size_t)i, out->in[i].name, tail);
     if (!out->in[i].tensor) goto fail;
     out->n_in = i + 1;
     for (int k = 0; k < i; k++)
@@ -191,6 +257,13 @@ int kserve_infer_parse(json_t *body, const api_param_limits *lim, kserve_infer_p
         goto fail;
       }
   }
+  if (tail && tail->used != tail->len) {
+    api_check_fail(&c, NULL,
+                   "the body has %zu bytes of binary data after the JSON header (" KSERVE_HEADER_LENGTH
+                   ") but the inputs' parameters.binary_data_size add up to %zu",
+                   tail->len, tail->used);
+    goto fail;
+  }
   out->id = json_incref(id);
   out->wanted = json_incref(outputs);
   return 0;
@@ -199,14 +272,39 @@ fail:
   return -1;
 }
 
-int kserve_infer_parse_text(const char *text, size_t len, const api_param_limits *lim, kserve_infer_params *out,
-                            api_param_error *err) {
+int kserve_infer_parse(json_t *body, const api_param_limits *lim, kserve_infer_params *out, api_param_error *err) {
+  return parse(body, NULL, lim, out, err);
+}
+
+int kserve_infer_parse_framed(const char *text, size_t len, const char *header_length, const api_param_limits *lim,
+                              kserve_infer_params *out, api_param_error *err) {
   memset(out, 0, sizeof(*out));
+  memset(err, 0, sizeof(*err));
+  size_t json_len;
+  if (kserve_binary_split(header_length, len, &json_len, err->message, sizeof err->message) != 0) {
+    err->status = 400;
+    return -1;
+  }
   json_t *body = NULL;
-  if (api_body_parse(text, len, &body, err) != 0) return -1;
-  int rc = kserve_infer_parse(body, lim, out, err);
+  if (api_body_parse(text, json_len, &body, err) != 0) {
+    if (header_length) { /* the header's length is the likelier culprit than the client's JSON */
+      char cause[sizeof err->message];
+      snprintf(cause, sizeof cause, "%s", err->message);
+      snprintf(err->message, sizeof err->message, "the first %zu bytes (" KSERVE_HEADER_LENGTH ") are no JSON header: %.600s",
+               json_len, cause);
+      api_utf8_fix(err->message);
+    }
+    return -1;
+  }
+  kserve_tail tail = {text + json_len, len - json_len, 0};
+  int rc = parse(body, header_length ? &tail : NULL, lim, out, err);
   json_decref(body);
   return rc;
+}
+
+int kserve_infer_parse_text(const char *text, size_t len, const api_param_limits *lim, kserve_infer_params *out,
+                            api_param_error *err) {
+  return kserve_infer_parse_framed(text, len, NULL, lim, out, err);
 }
 
 void kserve_infer_params_free(kserve_infer_params *p) {

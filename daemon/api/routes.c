@@ -22,12 +22,19 @@ const api_route api_routes[] = {
     /* KServe v2 / Open Inference Protocol; the versioned paths share their template's label. */
     {API_GET, "/v2", "/v2", 0, api_kserve_server_meta},
     {API_GET, "/v2/", "/v2", 0, api_kserve_server_meta},
+    /* Before {model}: Triton's path for every model's statistics (a model named "stats" keeps its
+     * other routes). */
+    {API_GET, "/v2/models/stats", "/v2/models/stats", 0, api_kserve_all_stats},
     {API_GET, "/v2/models/{model}", "/v2/models/{model}", API_ROUTE_MODEL, api_kserve_model_meta},
     {API_GET, "/v2/models/{model}" V, "/v2/models/{model}", API_ROUTE_MODEL, api_kserve_model_meta},
     {API_GET, "/v2/models/{model}/ready", "/v2/models/{model}/ready", API_ROUTE_MODEL, api_kserve_model_ready},
     {API_GET, "/v2/models/{model}" V "/ready", "/v2/models/{model}/ready", API_ROUTE_MODEL, api_kserve_model_ready},
     {API_POST, "/v2/models/{model}/infer", "/v2/models/{model}/infer", API_ROUTE_MODEL, api_kserve_infer},
     {API_POST, "/v2/models/{model}" V "/infer", "/v2/models/{model}/infer", API_ROUTE_MODEL, api_kserve_infer},
+    {API_GET, "/v2/models/{model}/config", "/v2/models/{model}/config", API_ROUTE_MODEL, api_kserve_model_config},
+    {API_GET, "/v2/models/{model}" V "/config", "/v2/models/{model}/config", API_ROUTE_MODEL, api_kserve_model_config},
+    {API_GET, "/v2/models/{model}/stats", "/v2/models/{model}/stats", API_ROUTE_MODEL, api_kserve_model_stats},
+    {API_GET, "/v2/models/{model}" V "/stats", "/v2/models/{model}/stats", API_ROUTE_MODEL, api_kserve_model_stats},
 
     /* Triton's repository extension: load takes names not served yet, so no API_ROUTE_MODEL. */
     {API_POST | API_GET, "/v2/repository/index", "/v2/repository/index", 0, api_repository_index},
