@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <cmocka.h>
 #include <jansson.h>
@@ -430,6 +431,41 @@ static void test_kserve_nested_data(void **st) {
   kserve_infer_params_free(&p);
 }
 
+/* vLLM's priority: an integer on both OpenAI routes and in KServe's parameters; 0 when absent. */
+static void test_priority(void **st) {
+  (void)st;
+  servd_arena *a = servd_arena_create(4096);
+  oai_params p;
+  api_param_error e;
+  assert_int_equal(parse("{\"prompt\":\"x\"}", OAI_COMPLETIONS, a, &p, &e), 0);
+  assert_int_equal(p.gp.priority, 0);
+  oai_params_free(&p);
+  assert_int_equal(parse("{\"prompt\":\"x\",\"priority\":-3}", OAI_COMPLETIONS, a, &p, &e), 0);
+  assert_int_equal(p.gp.priority, -3);
+  oai_params_free(&p);
+  assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"priority\":7}", OAI_CHAT, a, &p, &e), 0);
+  assert_int_equal(p.gp.priority, 7);
+  oai_params_free(&p);
+  static const char *const bad[] = {"{\"prompt\":\"x\",\"priority\":\"1\"}", "{\"prompt\":\"x\",\"priority\":1.5}",
+                                    "{\"prompt\":\"x\",\"priority\":3000000000}"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(parse(bad[i], OAI_COMPLETIONS, a, &p, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "priority");
+  }
+  servd_arena_destroy(a);
+  kserve_infer_params k;
+  const char *in = "{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[1]}]";
+  char body[256];
+  snprintf(body, sizeof body, "%s,\"parameters\":{\"priority\":2}}", in);
+  assert_int_equal(infer(body, &k, &e), 0);
+  assert_int_equal(k.priority, 2);
+  kserve_infer_params_free(&k);
+  snprintf(body, sizeof body, "%s,\"parameters\":{\"priority\":true}}", in);
+  assert_int_equal(infer(body, &k, &e), -1);
+  assert_string_equal(e.param, "parameters.priority");
+}
+
 int main(void) {
   json_object_seed(1);
   const struct CMUnitTest tests[] = {
@@ -438,7 +474,7 @@ int main(void) {
       cmocka_unit_test(test_kserve_inputs),          cmocka_unit_test(test_kserve_errors),
       cmocka_unit_test(test_long_messages_stay_utf8), cmocka_unit_test(test_utf8_fix),
       cmocka_unit_test(test_max_tokens_names),      cmocka_unit_test(test_every_field_named),
-      cmocka_unit_test(test_kserve_nested_data),
+      cmocka_unit_test(test_kserve_nested_data),     cmocka_unit_test(test_priority),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
