@@ -1,10 +1,11 @@
-"""Llama-style causal LM for servd: Llama 2, Llama 3/3.1, SmolLM2, Mistral, Qwen2/Qwen2.5, Qwen3, and
-Gemma 3 text (Gemma3Model, at the end: the same weights and buffers, its own forward).
+"""Llama-style causal LM for servd: Llama 2, Llama 3/3.1, SmolLM2, Mistral, Qwen2/Qwen2.5, Qwen3, Phi-3,
+and Gemma 3 text (Gemma3Model, at the end: the same weights and buffers, its own forward).
 
 The families share one decoder; what differs is data the package carries (docs/models.md): Q/K/V
 biases (Qwen2: present as tensors), an RMSNorm over each head of Q and K before RoPE (Qwen3: the
-q_norm/k_norm tensors), head_dim, rope_theta, the RoPE layout and tied embeddings (the config and
-the manifest). A sliding window (Mistral) is not applied: packages cap their context at it.
+q_norm/k_norm tensors), fused Q/K/V and gate/up tensors (Phi-3: taken as row views), head_dim,
+rope_theta, the RoPE layout and tied embeddings (the config and the manifest). Mistral's sliding
+window is not applied (packages cap their context at it); Phi-3's runs in the attention op.
 
 Runs inside a servd interpreter. Weights are views into the mapped package (never copied); tensor-
 parallel rank r of w maps only its slices: column-parallel wq wk wv w1 w3 (output rows), row-parallel
@@ -58,6 +59,8 @@ _HF = {
     "bq": "model.layers.{}.self_attn.q_proj.bias", "bk": "model.layers.{}.self_attn.k_proj.bias",
     "bv": "model.layers.{}.self_attn.v_proj.bias",
     "qn": "model.layers.{}.self_attn.q_norm.weight", "kn": "model.layers.{}.self_attn.k_norm.weight",
+    # Phi-3: fused Q/K/V rows (Q, then K, then V) and gate/up rows (gate first)
+    "wqkv": "model.layers.{}.self_attn.qkv_proj.weight", "w13": "model.layers.{}.mlp.gate_up_proj.weight",
 }
 _GGUF = {
     "embed": "token_embd.weight", "norm": "output_norm.weight", "output": "output.weight",
@@ -80,8 +83,8 @@ def _cfg(cfg, *keys, default=None):
 
 
 def _window(cfg):
-    """The sliding window that applies (0: none): Mistral's sliding_window, Qwen's only when
-    use_sliding_window is true."""
+    """The sliding window that applies (0: none): Mistral's and Phi-3's sliding_window, Qwen's only
+    when use_sliding_window is true."""
     w = cfg.get("sliding_window")
     switch = cfg.get("model_type") in ("qwen2", "qwen3")  # transformers' default use_sliding_window: false
     if not w or (switch and not cfg.get("use_sliding_window")):
@@ -133,8 +136,11 @@ class LlamaModel:
             rkw = dict(factor=float(rs["factor"]), low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
                        high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
                        original_max_positions=int(rs.get("original_max_position_embeddings", 8192)))
-        elif rs and not self.GEMMA:
+        elif rs and not self.GEMMA:  # Phi-3's longrope included: the rope op has no per-dimension factors
             raise ValueError(f"llama: unsupported rope_scaling {rs!r} (supported: llama3)")
+        if float(cfg.get("partial_rotary_factor") or 1.0) != 1.0:
+            raise ValueError("llama: partial_rotary_factor other than 1.0 is not supported (the rope op rotates "
+                             "whole heads)")
         self.rope = servd.Rope(layout=layout, head_dim=self.head_dim,
                                theta=float(_cfg(cfg, "rope_theta", "rope_freq_base", default=10000.0)), **rkw)
 
@@ -175,14 +181,29 @@ class LlamaModel:
         self.output = self.embed if tied else W(rows(pkg.tensor(out_name), self.v0, self.vn))
         self.norm = W(t("norm"))
 
+        # Phi-3 holds Q/K/V and gate/up fused: each is a view of its rows (canonical names only:
+        # modelpkg renames a GGUF's attn_qkv / ffn_up).
+        fused = _HF["wqkv"].format(0) in names
+        Qr, KVr = self.n_heads * hd, self.n_kv_heads * hd
+
+        def qkv(i):
+            f = pkg.tensor(_HF["wqkv"].format(i))
+            return f.narrow(0, q0, qn), f.narrow(0, Qr + k0, kn), f.narrow(0, Qr + KVr + k0, kn)
+
+        def gate_up(i):
+            f = pkg.tensor(_HF["w13"].format(i))
+            return f.narrow(0, f0, fn), f.narrow(0, hidden + f0, fn)
+
         self.layers = []
         for i in range(self.n_layers):
+            if fused:
+                (wq, wk, wv), (w1, w3) = qkv(i), gate_up(i)
+            else:
+                wq, wk, wv = rows(t("wq", i), q0, qn), rows(t("wk", i), k0, kn), rows(t("wv", i), k0, kn)
+                w1, w3 = rows(t("w1", i), f0, fn), rows(t("w3", i), f0, fn)
             self.layers.append((
-                W(t("attn_norm", i)),
-                W(rows(t("wq", i), q0, qn)), W(rows(t("wk", i), k0, kn)), W(rows(t("wv", i), k0, kn)),
-                W(cols(t("wo", i), q0, qn)),
-                W(t("ffn_norm", i)),
-                W(rows(t("w1", i), f0, fn)), W(rows(t("w3", i), f0, fn)), W(cols(t("w2", i), f0, fn)),
+                W(t("attn_norm", i)), W(wq), W(wk), W(wv), W(cols(t("wo", i), q0, qn)),
+                W(t("ffn_norm", i)), W(w1), W(w3), W(cols(t("w2", i), f0, fn)),
             ))
         # Family extras, per layer (None where the package has none): Q/K/V biases as one-row tables
         # (added through ops.embedding, which broadcasts a row, then ops.add) and per-head norms.
@@ -200,7 +221,9 @@ class LlamaModel:
         self._zero_ids = None
         window = 0 if self.GEMMA else _window(cfg)
         ctx = int(cfg.get("max_position_embeddings") or 2048)
-        if window and window < ctx:
+        # Phi-3 runs its window in the attention op (the others' packages cap the context at it).
+        self.window = window if fused and window < ctx else 0
+        if window and window < ctx and not self.window:
             raise ValueError(f"llama: sliding_window {window} < max_position_embeddings {ctx}: servd's attention has "
                              "no sliding window; repack with modelpkg, which caps the context at the window")
         self.scale = 1.0 / math.sqrt(hd)
@@ -217,7 +240,7 @@ class LlamaModel:
         n = batch.n_tokens
         x, h, o, q, k, v, a, g, u = self._step_views(n, batch)
         tp = self.world > 1
-        eps, rope, scale, hl = self.eps, self.rope, self.scale, self.h_local
+        eps, rope, scale, hl, win = self.eps, self.rope, self.scale, self.h_local, self.window
         kv, pos, slots = batch.kv, batch.positions, batch.slots
         P = self._ops
         matmul, rmsnorm, add, allreduce = P.matmul, P.rmsnorm, P.add, P.allreduce
@@ -253,7 +276,10 @@ class LlamaModel:
             rope_op(q, pos, rope)
             rope_op(k, pos, rope)
             kv_write(kv, li, k, v, slots)
-            attention(a, q, kv, li, batch, hl, scale)
+            if win:
+                attention(a, q, kv, li, batch, hl, scale, win)
+            else:
+                attention(a, q, kv, li, batch, hl, scale)
             matmul(o, a, wo)
             if tp:
                 allreduce(o)

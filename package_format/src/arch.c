@@ -12,7 +12,7 @@
 
 /* One line per family. */
 static const mpk_arch *const arches[] = {&mpk__arch_llama, &mpk__arch_mistral, &mpk__arch_qwen2, &mpk__arch_qwen3,
-                                         &mpk__arch_gemma3};
+                                         &mpk__arch_gemma3, &mpk__arch_phi3};
 #define N_ARCHES (sizeof arches / sizeof *arches)
 
 static void join(char *buf, size_t cap, size_t *o, const char *const *list) {

@@ -70,6 +70,7 @@ extern const mpk_arch mpk__arch_mistral;
 extern const mpk_arch mpk__arch_qwen2;
 extern const mpk_arch mpk__arch_qwen3;
 extern const mpk_arch mpk__arch_gemma3;
+extern const mpk_arch mpk__arch_phi3;
 
 /* An importer's config step: a->prepare_config (if any), then a->check_config. */
 int mpk__arch_config(const mpk_arch *a, const char *what, json_t *config);

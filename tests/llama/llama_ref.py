@@ -12,6 +12,13 @@ The families written the same way in transformers, with their differences (from 
     from max_window_layers on;
   - Qwen3ForCausalLM: q_norm/k_norm, RMSNorm over head_dim of each head after the projection and
     before RoPE; head_dim from the config; a window as Qwen2's.
+  - Phi3ForCausalLM (modeling_phi3): self_attn.qkv_proj split into Q, K, V rows in that order,
+    mlp.gate_up_proj into gate then up (chunk(2)); a sliding window as Mistral's; RoPE over
+    int(head_dim * partial_rotary_factor) dims; LongRoPE (rope_scaling "longrope"/"su"): each inverse
+    frequency divided by long_factor[i] when the sequence is longer than
+    original_max_position_embeddings, else by short_factor[i], and cos/sin times the attention factor
+    (rope_scaling's attention_factor, else sqrt(1 + ln(s) / ln(original)) for s = max_position_embeddings /
+    original_max_position_embeddings > 1, else 1).
 
 Gemma 3 (transformers' modeling_gemma3, Gemma3ForCausalLM) differs enough to have its own forward,
 forward_gemma3: embeddings times sqrt(hidden_size) (the normalizer in the weights' dtype, f32 here),
@@ -84,6 +91,37 @@ def inv_freq(cfg, head_dim):
     return inv
 
 
+def longrope(cfg, head_dim, seq_len):
+    """Phi-3's LongRoPE (transformers' _compute_longrope_parameters and its dynamic update): the
+    inverse frequencies and the attention factor for a sequence of seq_len positions."""
+    rs = cfg["rope_scaling"]
+    orig = int(cfg.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
+    factor = cfg["max_position_embeddings"] / orig
+    mscale = rs.get("attention_factor")
+    if mscale is None:
+        mscale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    ext = np.asarray(rs["long_factor"] if seq_len > orig else rs["short_factor"], dtype=np.float64)
+    base = float(cfg.get("rope_theta", 10000.0))
+    return 1.0 / (ext * base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)), float(mscale)
+
+
+def split_fused(cfg, w):
+    """Phi-3's fused projections as the separate ones (a copy of w with q/k/v and gate/up added)."""
+    nh = cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads", nh)
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
+    w = dict(w)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        qkv = w.pop(p + "self_attn.qkv_proj.weight")
+        w[p + "self_attn.q_proj.weight"] = qkv[:nh * hd]
+        w[p + "self_attn.k_proj.weight"] = qkv[nh * hd:(nh + nkv) * hd]
+        w[p + "self_attn.v_proj.weight"] = qkv[(nh + nkv) * hd:]
+        gate, up = np.split(w.pop(p + "mlp.gate_up_proj.weight"), 2, axis=0)
+        w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"] = gate, up
+    return w
+
+
 def rmsnorm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
@@ -102,7 +140,7 @@ def window_of(cfg, layer):
     """Keys older than this many positions are masked in `layer` (None: no window)."""
     mt = cfg.get("model_type", "llama")
     win = cfg.get("sliding_window")
-    if mt == "mistral":
+    if mt in ("mistral", "phi3"):
         return win or None
     if mt in ("qwen2", "qwen3") and cfg.get("use_sliding_window") and win:
         return win if layer >= cfg.get("max_window_layers", 0) else None
@@ -121,7 +159,18 @@ def forward(cfg, w, tokens):
     L = cfg["num_hidden_layers"]
     T = len(tokens)
     pos = np.arange(T, dtype=np.float64)
-    inv = inv_freq(cfg, hd)
+    inv, mscale = inv_freq(cfg, hd), 1.0
+    rd = int(hd * float(cfg.get("partial_rotary_factor") or 1.0))  # Phi-3: rotary dims
+    if cfg.get("model_type") == "phi3":
+        w = split_fused(cfg, w)
+        rs = cfg.get("rope_scaling") or {}
+        if rs.get("rope_type", rs.get("type")) in ("longrope", "su"):
+            inv, mscale = longrope(cfg, rd, T)
+        else:
+            inv = inv_freq(cfg, rd)
+
+    def rope(y):  # the first rd dims rotated (half-split), cos and sin times mscale
+        return np.concatenate([rope_half(y[..., :rd], pos, inv) * mscale, y[..., rd:]], axis=-1)
     x = w["model.embed_tokens.weight"][np.asarray(tokens)]
     causal = np.triu(np.full((T, T), -np.inf), 1)
     age = np.arange(T)[:, None] - np.arange(T)[None, :]  # t - s
@@ -140,8 +189,8 @@ def forward(cfg, w, tokens):
                 y = rmsnorm(y, w[p + f"self_attn.{name}_norm.weight"], eps)
             return y
         q, k, v = proj("q", nh), proj("k", nkv), proj("v", nkv)
-        q = rope_half(q, pos, inv)
-        k = rope_half(k, pos, inv)
+        q = rope(q)
+        k = rope(k)
         rep = nh // nkv
         k = np.repeat(k, rep, axis=1)
         v = np.repeat(v, rep, axis=1)

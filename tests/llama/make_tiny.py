@@ -18,12 +18,18 @@ Families (as transformers' configs and llama.cpp's converter write them):
            global layers), norm weights w of (1 + w) near 0; GGUF "gemma3" as llama.cpp's converter
            writes it: every *norm.weight + 1, not permuted, blk.N.post_attention_norm / ffn_norm
            (pre-feedforward) / post_ffw_norm, gemma3.attention.sliding_window
+  phi3     model_type "phi3": fused self_attn.qkv_proj (Q, K, V rows) and mlp.gate_up_proj (gate first),
+           no head_dim key, sliding_window 8 (Phi-3-mini: 2047 of 4096), untied (--longrope: rope_scaling
+           longrope with short/long factors and original_max_position_embeddings 64 of 256); GGUF "phi3"
+           as llama.cpp's converter writes it: blk.N.attn_qkv, ffn_up holding gate_up, not permuted,
+           phi3.attention.sliding_window, rope_factors_long/short.weight for LongRoPE
 
 The tokenizer maps byte b to id b (no merges), so a prompt's ids are its UTF-8 bytes; ids 256.. are
 special tokens. Dimensions are chosen to split over 2 tensor-parallel ranks.
 """
 import argparse
 import json
+import math
 import os
 import struct
 import sys
@@ -84,6 +90,16 @@ def config(args):
             cfg["layer_types"] = ["full_attention" if i in (1, 3) else "sliding_attention" for i in range(6)]
         if getattr(args, "linear_scaling", False):
             cfg["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}
+    elif fam == "phi3":
+        cfg.update(architectures=["Phi3ForCausalLM"], model_type="phi3", sliding_window=8, hidden_act="silu",
+                   original_max_position_embeddings=cfg["max_position_embeddings"], rope_scaling=None,
+                   tie_word_embeddings=False)
+        del cfg["head_dim"]  # Phi3Config has none: hidden_size / num_attention_heads
+        if getattr(args, "longrope", False):
+            half = cfg["hidden_size"] // cfg["num_attention_heads"] // 2
+            cfg["original_max_position_embeddings"] = 64
+            cfg["rope_scaling"] = {"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(half)],
+                                   "long_factor": [1.0 + 0.9 * i for i in range(half)]}
     if args.llama3_scaling:
         cfg["rope_theta"] = 500000.0
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -107,6 +123,8 @@ def weights(cfg, rng):
          "model.norm.weight": (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)}
     if fam == "gemma3_text":
         return gemma3_weights(cfg, rng, mat, w)
+    if fam == "phi3":
+        return phi3_weights(cfg, rng, mat, w)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
@@ -156,6 +174,71 @@ def gemma3_weights(cfg, rng, mat, w):
     if not cfg["tie_word_embeddings"]:
         w["lm_head.weight"] = mat(cfg["vocab_size"], d, 0.5)
     return w
+
+
+def phi3_weights(cfg, rng, mat, w):
+    """Phi-3's tensors: qkv_proj rows Q then K then V, gate_up_proj rows gate then up."""
+    d, f = cfg["hidden_size"], cfg["intermediate_size"]
+    hd, nh, nkv = head_dim(cfg), cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+        w[p + "post_attention_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+        w[p + "self_attn.qkv_proj.weight"] = mat((nh + 2 * nkv) * hd, d)
+        w[p + "self_attn.o_proj.weight"] = mat(d, nh * hd)
+        w[p + "mlp.gate_up_proj.weight"] = mat(2 * f, d)
+        w[p + "mlp.down_proj.weight"] = mat(d, f)
+    w["lm_head.weight"] = mat(cfg["vocab_size"], d, 0.5)
+    return w
+
+
+def write_gguf_phi3(path, cfg, w):
+    """As llama.cpp's convert_hf_to_gguf.py (Phi3MiniModel) writes a Phi-3: fused tensors kept (ffn_up is
+    gate_up), rows not permuted, LongRoPE factors as rope_factors_long/short.weight."""
+    import gguf
+    g = gguf.GGUFWriter(path, "phi3")
+    hd = head_dim(cfg)
+    g.add_name("tiny-phi3")
+    g.add_context_length(cfg["max_position_embeddings"])
+    g.add_rope_scaling_orig_ctx_len(cfg["original_max_position_embeddings"])
+    g.add_embedding_length(cfg["hidden_size"])
+    g.add_feed_forward_length(cfg["intermediate_size"])
+    g.add_block_count(cfg["num_hidden_layers"])
+    g.add_head_count(cfg["num_attention_heads"])
+    g.add_head_count_kv(cfg["num_key_value_heads"])
+    g.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    g.add_rope_dimension_count(hd)
+    g.add_rope_freq_base(cfg["rope_theta"])
+    g.add_file_type(0)
+    g.add_sliding_window(cfg["sliding_window"])
+    toks = tokens(cfg)
+    g.add_tokenizer_model("gpt2")
+    g.add_tokenizer_pre("gpt-2")
+    g.add_token_list(toks)
+    g.add_token_types([1 if i < 256 else 3 for i in range(len(toks))])
+    g.add_token_merges([])
+    g.add_bos_token_id(cfg["bos_token_id"])
+    g.add_eos_token_id(cfg["eos_token_id"])
+    g.add_add_bos_token(False)
+    g.add_chat_template(CHAT_TEMPLATE)
+    rs = cfg.get("rope_scaling")
+    if rs:
+        scale = cfg["max_position_embeddings"] / cfg["original_max_position_embeddings"]
+        g.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(cfg["original_max_position_embeddings"])))
+        g.add_tensor("rope_factors_long.weight", np.asarray(rs["long_factor"], np.float32))
+        g.add_tensor("rope_factors_short.weight", np.asarray(rs["short_factor"], np.float32))
+    g.add_tensor("token_embd.weight", w["model.embed_tokens.weight"])
+    names = [("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm"), ("attn_qkv", "self_attn.qkv_proj"),
+             ("attn_output", "self_attn.o_proj"), ("ffn_up", "mlp.gate_up_proj"), ("ffn_down", "mlp.down_proj")]
+    for i in range(cfg["num_hidden_layers"]):
+        for gn, hn in names:
+            g.add_tensor(f"blk.{i}.{gn}.weight", w[f"model.layers.{i}.{hn}.weight"])
+    g.add_tensor("output_norm.weight", w["model.norm.weight"])
+    g.add_tensor("output.weight", w["lm_head.weight"])
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
 
 
 def write_gguf_gemma3(path, cfg, w):
@@ -261,6 +344,8 @@ def tokenizer_json(cfg):
 def write_gguf(path, cfg, w, quant=None):
     if cfg["model_type"] == "gemma3_text":
         return write_gguf_gemma3(path, cfg, w)
+    if cfg["model_type"] == "phi3":
+        return write_gguf_phi3(path, cfg, w)
     import gguf
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     fam = cfg["model_type"]
@@ -342,9 +427,10 @@ def main():
     ap.add_argument("--heads", type=int)
     ap.add_argument("--kv-heads", type=int)
     ap.add_argument("--head-dim", type=int)
-    ap.add_argument("--family", choices=["llama", "mistral", "qwen2", "qwen3", "gemma3"], default="llama")
+    ap.add_argument("--family", choices=["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"], default="llama")
     ap.add_argument("--layer-types", action="store_true", help="gemma3: a layer_types list other than the pattern")
     ap.add_argument("--linear-scaling", action="store_true", help="gemma3: rope_scaling linear 8 on global layers")
+    ap.add_argument("--longrope", action="store_true", help="phi3: rope_scaling longrope (short and long factors)")
     ap.add_argument("--eos", help="comma-separated eos_token_id of generation_config.json (several: a list)")
     args = ap.parse_args()
     cfg = config(args)

@@ -1,4 +1,4 @@
-"""The model families beyond Llama (Mistral, Qwen2, Qwen3, Gemma 3) against the independent numpy reference.
+"""The model families beyond Llama (Mistral, Qwen2, Qwen3, Gemma 3, Phi-3) against the independent numpy reference.
 
 Each family is a tiny random-weight model written by make_tiny.py as a Hugging Face folder and as a
 GGUF file (the conventions of llama.cpp's converter for that family), packed with `modelpkg pack`,
@@ -12,6 +12,11 @@ Gemma 3: Hugging Face (tied, TP=2; an explicit layer_types with linear RoPE scal
 config with text_config and language_model.* tensor names) and GGUF (norms stored as 1 + w, the query
 scale llama.cpp derives from head_dim, linear scaling from gemma3.rope.scaling.*): local layers use
 the attention window (8 tokens of a 37-token sequence), so a window dropped or misplaced fails.
+
+Phi-3: Hugging Face (TP=2) and GGUF (attn_qkv, ffn_up holding gate_up): the fused tensors taken as
+row views, the sliding window (8) in the attention op. LongRoPE: the reference's short and long
+factors change the logits; packing refuses it from both sources (the rope op has no per-dimension
+factors). Refusals for a fused tensor of the wrong shape, another rope type, a partial rotary factor.
 
 Also: the manifest's architecture and rope_layout per source; Mistral's context capped at its
 sliding window at pack time (with the line saying so); TP=2; `servd generate` stopping at the
@@ -85,6 +90,8 @@ def main():
         ("gemma3-hf-tied", "gemma3", [], False, True, "gemma3", "half"),
         ("gemma3-hf-types-linear", "gemma3", ["--layer-types", "--linear-scaling"], False, False, "gemma3", "half"),
         ("gemma3-gguf-linear", "gemma3", ["--linear-scaling"], True, False, "gemma3", "half"),
+        ("phi3-hf", "phi3", [], False, True, "phi3", "half"),
+        ("phi3-gguf", "phi3", [], True, False, "phi3", "half"),
     ]
     for name, fam, extra, use_gguf, tp2, want_arch, want_rope in variants:
         if use_gguf and not have_gguf:
@@ -134,6 +141,31 @@ def main():
                      ("linear scaling", dict(cfg, rope_scaling={"rope_type": "linear", "factor": 8.0})),
                      ("query scale", dict(cfg, query_pre_attn_scalar=16))):
         check(np.abs(llama_ref.forward(c2, w, toks) - base).max() > 1e-3, f"gemma3 reference: {what} changes the logits")
+
+    # Phi-3: the reference's window and the order within the fused tensors change the logits; LongRoPE
+    # (short factors within original_max_position_embeddings, long ones beyond) changes them too.
+    pcfg, pw = llama_ref.load_folder(os.path.join(args.work, "phi3-hf"))
+    pbase = llama_ref.forward(pcfg, pw, T.PROMPT)
+    swapped = {k: (np.concatenate(np.split(v, 2)[::-1]) if k.endswith("gate_up_proj.weight") else v) for k, v in pw.items()}
+    check(np.abs(llama_ref.forward(dict(pcfg, sliding_window=None), pw, T.PROMPT) - pbase).max() > 1e-3
+          and np.abs(llama_ref.forward(pcfg, swapped, T.PROMPT) - pbase).max() > 1e-3,
+          "phi3 reference: the window and the gate/up order change the logits")
+    folder = os.path.join(args.work, "phi3-longrope")
+    gg = folder + ".gguf"
+    T.run([py, os.path.join(HERE, "make_tiny.py"), folder, "--family", "phi3", "--longrope"]
+          + (["--gguf", gg] if have_gguf else []))
+    lcfg, lw = llama_ref.load_folder(folder)
+    short, long_ = llama_ref.forward(lcfg, lw, T.PROMPT), llama_ref.forward(lcfg, lw, (T.PROMPT * 3)[:80])
+    plain = dict(lcfg, rope_scaling=None)
+    check(np.abs(short - llama_ref.forward(plain, lw, T.PROMPT)).max() > 1e-3
+          and np.abs(long_[:len(T.PROMPT)] - llama_ref.forward(plain, lw, (T.PROMPT * 3)[:80])[:len(T.PROMPT)]).max() > 1e-3
+          and np.abs(long_[:len(T.PROMPT)] - short).max() > 1e-3,
+          "phi3 reference: LongRoPE's short and long factors change the logits")
+    # servd's rope op has no per-dimension factors: both sources are refused, naming the type.
+    bad = os.path.join(args.work, "bad.mpk")
+    pack_fails(args, folder, bad, 'rope_scaling type "longrope": LongRoPE needs per-dimension frequency factors')
+    if have_gguf:
+        pack_fails(args, gg, bad, 'rope_scaling type "longrope": LongRoPE needs per-dimension frequency factors')
 
     # A bf16 checkpoint: transformers casts sqrt(hidden) to bf16 (sqrt(48) = 6.928 -> 6.9375), and so
     # does the model code for a bf16 embedding; the f32 scale would move the logits by ~1e-3.
@@ -217,6 +249,19 @@ def main():
     json.dump(c, open(os.path.join(folder, "config.json"), "w"))
     rewrite_weights(folder, lambda w: {k: v for k, v in w.items() if k != "model.layers.2.post_feedforward_layernorm.weight"})
     pack_fails(args, folder, bad, 'tensor "model.layers.2.post_feedforward_layernorm.weight": missing, expected shape (48,)')
+
+    folder = os.path.join(args.work, "phi3-bad")
+    T.run([py, os.path.join(HERE, "make_tiny.py"), folder, "--family", "phi3"])
+    c = json.load(open(os.path.join(folder, "config.json")))
+    for key, val, expect in (("rope_scaling", {"type": "yarn", "factor": 4.0}, 'rope_scaling type "yarn": expected null'),
+                             ("partial_rotary_factor", 0.5, '"partial_rotary_factor" 0.5: expected 1.0')):
+        json.dump(dict(c, **{key: val}), open(os.path.join(folder, "config.json"), "w"))
+        pack_fails(args, folder, bad, expect)
+    json.dump(c, open(os.path.join(folder, "config.json"), "w"))
+    # qkv_proj of heads x head_dim rows only (K and V missing): (64, 64), expected (128, 64)
+    rewrite_weights(folder, lambda w: dict(w, **{"model.layers.1.self_attn.qkv_proj.weight":
+                                                 w["model.layers.1.self_attn.qkv_proj.weight"][:64]}))
+    pack_fails(args, folder, bad, 'tensor "model.layers.1.self_attn.qkv_proj.weight": shape (64, 64), expected (128, 64)')
 
     if T.failures:
         print(f"{len(T.failures)} check(s) failed")
