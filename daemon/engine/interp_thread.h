@@ -22,7 +22,10 @@ typedef struct servd_interp_thread servd_interp_thread;
 int servd_interp_thread_start(servd_interp_thread **out); /* *out owned by the caller */
 /* Runs fn(arg) on the thread and returns its result; calls from several threads run one at a time. */
 int servd_interp_thread_run(servd_interp_thread *t, int (*fn)(void *arg), void *arg);
-void servd_interp_thread_stop(servd_interp_thread *t); /* accepts NULL; joins the thread */
+/* Accepts NULL. The thread releases its device contexts and is kept for the next start (a few are
+ * kept, the others joined): a thread that ran interpreter code leaves memory behind when it ends
+ * (see servd_interp_thread_stop). */
+void servd_interp_thread_stop(servd_interp_thread *t);
 /* servd_interp_thread_run that waits at most timeout_ms (0: no limit). When fn has not returned by
  * then, the thread is abandoned: *abandoned is set, SERVD_ETIMEDOUT returned, and t and arg belong to
  * the thread from then on (the caller never touches them again, not even to stop t). Should fn ever
