@@ -124,7 +124,8 @@ def sp_vocab(sp):
 
 
 def make_gguf(path, tokens, scores, types, bos=1, eos=2, unk=0, add_bos=True, add_eos=False, space_prefix=None):
-    """A llama GGUF with the given SentencePiece vocabulary and two tiny tensors."""
+    """A llama GGUF with the given SentencePiece vocabulary and a complete one-layer model of zeros
+    (modelpkg checks every tensor against the config before it packs)."""
     import gguf
     import numpy as np
     w = gguf.GGUFWriter(path, "llama")
@@ -149,6 +150,10 @@ def make_gguf(path, tokens, scores, types, bos=1, eos=2, unk=0, add_bos=True, ad
         w.add_add_space_prefix(space_prefix)
     w.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
     w.add_tensor("output_norm.weight", np.ones(8, dtype=np.float32))
+    shapes = {"attn_norm": (8,), "ffn_norm": (8,), "attn_q": (8, 8), "attn_k": (8, 8), "attn_v": (8, 8),
+              "attn_output": (8, 8), "ffn_gate": (16, 8), "ffn_up": (16, 8), "ffn_down": (8, 16)}
+    for name, shape in shapes.items():
+        w.add_tensor(f"blk.0.{name}.weight", np.zeros(shape, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
