@@ -1,6 +1,7 @@
 /* The API's lifecycle and the queue that carries engine events from engine threads to the loop.
  * Routing is router.c over the table of routes.c; responses are respond.c. */
 #include "api/api-impl.h"
+#include "api/frontend-impl.h" /* api_fe_generate_event */
 
 #include <stdlib.h>
 #include <string.h>
@@ -113,7 +114,8 @@ static void on_async(uv_async_t *h) {
   api_event *last = NULL;
   int n = 0; /* nodes to recycle: the events and the spares handed back */
   for (e = fifo; e; e = e->next) {
-    api_oai_event(a, e);
+    if (e->g->owner) api_oai_event(a, e);
+    else api_fe_generate_event(a, e); /* a front end's generation (gRPC) */
     a->n_events++;
     n++;
     if (e->spare) { /* splice the request's unused nodes in after its final event */

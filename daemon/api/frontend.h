@@ -44,4 +44,41 @@ int servd_api_predict(servd_api *a, const char *model, const char *version, serv
  * dropped. Accepts NULL. */
 void servd_api_predict_abandon(servd_api_prediction *p);
 
+/* ---- language models (frontend_llm.c) ------------------------------------------------------- */
+
+/* Whether the served model named is a language model (false when unknown or not loaded). */
+bool servd_api_is_language_model(servd_api *a, const char *name);
+
+/* The sampling defaults of the model's requests (its generation_config.json over the engine's), for
+ * the caller to override field by field before servd_api_generate. */
+void servd_api_generate_defaults(servd_api *a, const char *model, servd_gen_params *gp);
+
+typedef struct servd_api_generation servd_api_generation;
+/* What a generation delivers: text pieces as the engine releases them, then one final event. */
+typedef struct servd_api_gen_event {
+  bool final;
+  const char *text; /* the new text (not NUL-terminated), valid during the call; len may be 0 when final */
+  size_t len;
+  /* Final events only: status 200 with finish_reason ("stop", "length", "deadline"), or an HTTP
+   * status (400 bad input, 429 queue full, 500, 503) with message. */
+  int status;
+  const char *message;
+  const char *finish_reason;
+  int prompt_tokens, completion_tokens;
+} servd_api_gen_event;
+/* Called on the loop; after the final event the generation is gone. */
+typedef void (*api_generate_cb)(void *ud, const servd_api_gen_event *ev);
+
+/* Starts a text generation on a language model, as POST /v1/completions does: prompt (len bytes,
+ * copied) is tokenized on a worker thread (special tokens added), checked against the context
+ * length and submitted with gp (copied, stop strings included; guide and logit_bias are not taken).
+ * Returns 0 with *out set (cb runs on the loop for each piece of text and once more at the end,
+ * unless cancelled first) or an HTTP status with msg: 404, 503, 400 (not a language model). */
+int servd_api_generate(servd_api *a, const char *model, const char *version, const char *prompt, size_t len,
+                       const servd_gen_params *gp, api_generate_cb cb, void *ud, servd_api_generation **out,
+                       char *msg, size_t cap);
+/* The client went away: cb will not run again, and the engine stops the request at its next step
+ * (its KV blocks are freed). Accepts NULL. */
+void servd_api_generate_cancel(servd_api_generation *g);
+
 #endif

@@ -39,18 +39,25 @@ struct grpc_call {
   void (*on_cancel)(grpc_call *c);
   /* Set by a long-lived handler: called when the server starts draining (stops accepting). */
   void (*on_drain)(grpc_call *c);
+  /* Client streaming methods: set by the handler when the call opens; on_message gets each request
+   * message as it arrives (valid only during the call), on_half_close the client's END_STREAM. */
+  void (*on_message)(grpc_call *c, const uint8_t *msg, size_t len);
+  void (*on_half_close)(grpc_call *c);
   void *ctx;
   void *stream_; /* internal */
 };
 
 /* A method: `/package.Service/Method` and its handler. The handler answers now or later (on the
  * loop) with grpc_reply or grpc_fail (a streaming handler: grpc_send, then grpc_fail); msg (the request message, unframed) is valid
- * only during the call. */
+ * only during the call. A client streaming method's handler is called when the request headers
+ * arrive, with msg NULL: it sets on_message and on_half_close, and ends the call with grpc_fail
+ * (GRPC_OK for a normal end). */
 typedef void (*grpc_handler)(grpc_call *c, const uint8_t *msg, size_t len);
 typedef struct grpc_method {
   const char *path;
   bool is_public; /* answers without the API key (health probes) */
   grpc_handler handler;
+  bool client_streaming; /* any number of request messages (ModelStreamInfer) */
 } grpc_method;
 
 extern const grpc_method grpc_methods[];
@@ -81,5 +88,28 @@ void grpc_message_encode(const char *msg, char *out, size_t cap);
  * owned) or a gRPC code with msg. */
 int grpc_infer_inputs(const Inference__ModelInferRequest *req, servd_named_tensor **in, int *n_in, char *msg,
                       size_t cap);
+
+/* A language-model request (llm_inputs.c): TensorRT-LLM's ensemble inputs as generation parameters. */
+typedef struct grpc_llm_request {
+  const uint8_t *prompt; /* text_input, borrowed from the request message */
+  size_t prompt_len;
+  servd_gen_params gp; /* gp.stop points at stop[] */
+  bool stream;         /* send the text as it comes (the input 'stream', else the method's default) */
+  bool exclude_input;  /* exclude_input_in_output (default true); false: the prompt leads a whole text */
+  int out_ndim;        /* text_output's shape: [1] or [1, 1], as text_input's */
+  int32_t end_id;
+  char *stop[16];
+} grpc_llm_request;
+/* Decodes q over defaults (servd_api_generate_defaults). Returns 0 or a gRPC code with msg; free r
+ * with grpc_llm_request_free whatever the outcome. */
+int grpc_llm_inputs(const Inference__ModelInferRequest *q, const servd_gen_params *defaults, bool stream_default,
+                    grpc_llm_request *r, char *msg, size_t cap);
+void grpc_llm_request_free(grpc_llm_request *r);
+
+/* The deadline of an inference (ms; 0: none): grpc-timeout, else Triton's "timeout" parameter
+ * (microseconds), else the server's default; the earliest when several are given (infer.c). */
+int64_t grpc_infer_deadline(grpc_call *c, const Inference__ModelInferRequest *q);
+/* ModelInfer of a language model (llm_infer.c): q is read during the call only. */
+void grpc_llm_infer(grpc_call *c, const Inference__ModelInferRequest *q);
 
 #endif

@@ -1,6 +1,6 @@
 /* ModelInfer: a ModelInferRequest's tensors (infer_inputs.c) into the API's prediction queue, the
  * outputs back as raw_output_contents (as Triton answers: little-endian,
- * row-major), on the loop when the prediction ends. */
+ * row-major), on the loop when the prediction ends. A language model's request is llm_infer.c's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,7 +152,7 @@ done:
 
 /* The deadline of the call: grpc-timeout, else Triton's "timeout" parameter (microseconds), else the
  * server's default; the earliest when several are given. */
-static int64_t deadline_of(grpc_call *c, const Inference__ModelInferRequest *q) {
+int64_t grpc_infer_deadline(grpc_call *c, const Inference__ModelInferRequest *q) {
   int64_t ms = c->timeout_ms >= 0 ? c->timeout_ms : 0;
   for (size_t i = 0; i < q->n_parameters; i++) {
     const Inference__ModelInferRequest__ParametersEntry *e = q->parameters[i];
@@ -173,6 +173,11 @@ void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len) {
     grpc_fail(c, GRPC_INVALID_ARGUMENT, "malformed inference.ModelInferRequest message");
     return;
   }
+  if (servd_api_is_language_model(c->api, q->model_name)) { /* text_input to text_output: llm_infer.c */
+    grpc_llm_infer(c, q);
+    inference__model_infer_request__free_unpacked(q, NULL);
+    return;
+  }
   char err[1200];
   servd_named_tensor *in = NULL;
   int n_in = 0;
@@ -190,7 +195,7 @@ void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len) {
       if (!(ic->wanted[ic->n_wanted] = strdup(q->outputs[ic->n_wanted]->name))) goto oom;
   }
   ic->c = c;
-  int st = servd_api_predict(c->api, q->model_name, q->model_version, in, n_in, deadline_of(c, q), on_done, ic,
+  int st = servd_api_predict(c->api, q->model_name, q->model_version, in, n_in, grpc_infer_deadline(c, q), on_done, ic,
                              &ic->p, err, sizeof err);
   in = NULL; /* taken whatever the outcome */
   if (st != 0) {

@@ -43,6 +43,7 @@ typedef struct stream {
   int refused;         /* a gRPC code decided while receiving (too large, compressed): 0 none */
   char refused_msg[160];
   bool dispatched, answered;
+  bool streaming;      /* a client streaming method: dispatched at its headers, messages as they come */
   bool headers_sent;   /* response HEADERS submitted */
   bool background;     /* a long-lived stream (Health/Watch): not an active call for draining */
   bool finished;       /* the outcome is known: no more messages */
@@ -307,6 +308,7 @@ static void dispatch(stream *s) {
   bool whole = s->n_msgs == 1 && s->msg_got == s->msg_len;
   stream_drop_msg(s);
   const grpc_method *m = grpc_method_find(s->path);
+  s->streaming = m && m->client_streaming;
   if (s->bad_header)
     grpc_fail(call, GRPC_RESOURCE_EXHAUSTED, "request headers over %u bytes", c->srv->lim.max_header_list_bytes);
   else if (!s->grpc_ct)
@@ -317,7 +319,7 @@ static void dispatch(stream *s) {
     grpc_fail(call, GRPC_UNIMPLEMENTED, "unknown method %s", s->path);
   else if (!m->is_public && !servd_api_authorized(c->srv->api, s->authorization))
     grpc_fail(call, GRPC_UNAUTHENTICATED, "missing or incorrect API key: send 'authorization: Bearer <key>'");
-  else if (!whole)
+  else if (!whole && !s->streaming)
     grpc_fail(call, GRPC_INVALID_ARGUMENT, "a unary call carries exactly one complete message (got %d%s)", s->n_msgs,
               s->n_msgs == 1 ? ", truncated" : "");
   else if (call->timeout_ms == 0)
@@ -326,6 +328,32 @@ static void dispatch(stream *s) {
     call->authorization = s->authorization;
     m->handler(call, msg ? msg : (const uint8_t *)"", s->msg_len);
   }
+  free(msg);
+}
+
+/* A message refused while receiving (s->refused set): a unary call is answered now; an open
+ * streaming call ends, its handler told first. */
+static void refuse(stream *s) {
+  if (!s->dispatched) {
+    dispatch(s);
+    return;
+  }
+  if (s->finished) return;
+  stream_drop_msg(s);
+  stream_cancel(s);
+  grpc_fail(&s->call, s->refused, "%s", s->refused_msg);
+}
+
+/* A streaming call's request message is complete: handed to the handler, and the next one starts. */
+static void deliver(stream *s) {
+  uint8_t *msg = s->msg;
+  size_t len = s->msg_len;
+  s->msg = NULL;
+  stream_drop_msg(s);
+  s->prefix_got = 0;
+  s->msg_got = 0;
+  s->msg_len = 0;
+  if (!s->finished && s->call.on_message) s->call.on_message(&s->call, msg ? msg : (const uint8_t *)"", len);
   free(msg);
 }
 
@@ -380,8 +408,8 @@ static int on_data(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t
   (void)flags;
   conn *c = ud;
   stream *s = nghttp2_session_get_stream_user_data(h2, id);
-  if (!s || s->refused || s->dispatched) return 0;
-  while (len > 0) {
+  if (!s || s->refused || (s->dispatched && !s->streaming) || s->finished) return 0;
+  while (len > 0 && !s->finished) {
     if (s->prefix_got < 5) {
       size_t k = 5 - s->prefix_got < len ? 5 - s->prefix_got : len;
       memcpy(s->prefix + s->prefix_got, data, k);
@@ -389,7 +417,7 @@ static int on_data(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t
       data += k;
       len -= k;
       if (s->prefix_got < 5) break;
-      if (++s->n_msgs > 1) {
+      if (++s->n_msgs > 1 && !s->streaming) {
         s->refused = GRPC_INVALID_ARGUMENT;
         snprintf(s->refused_msg, sizeof s->refused_msg, "a unary call carries exactly one message");
         return 0;
@@ -399,6 +427,7 @@ static int on_data(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t
       if (s->prefix[0] != 0) {
         s->refused = GRPC_UNIMPLEMENTED;
         snprintf(s->refused_msg, sizeof s->refused_msg, "compressed messages are not supported");
+        if (s->streaming) refuse(s);
         return 0;
       }
       if (s->msg_len > c->srv->lim.max_message_bytes) {
@@ -406,7 +435,7 @@ static int on_data(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t
         s->refused = GRPC_RESOURCE_EXHAUSTED;
         snprintf(s->refused_msg, sizeof s->refused_msg, "message of %u bytes is over the limit of %zu bytes",
                  s->msg_len, c->srv->lim.max_message_bytes);
-        dispatch(s); /* answered now: the client need not send the rest */
+        refuse(s); /* answered now: the client need not send the rest */
         return 0;
       }
       /* All streams of a connection together: a client cannot make it hold max_concurrent_streams
@@ -418,11 +447,12 @@ static int on_data(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t
         snprintf(s->refused_msg, sizeof s->refused_msg,
                  "message of %u bytes: the connection is receiving %zu bytes of messages already (at most %zu)",
                  s->msg_len, c->buffering, budget);
-        dispatch(s);
+        refuse(s);
         return 0;
       }
       c->buffering += s->msg_len;
       s->counted = true;
+      if (s->streaming && s->msg_len == 0) deliver(s);
       continue;
     }
     size_t k = s->msg_len - s->msg_got;
@@ -442,7 +472,7 @@ static int on_data(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t
         stream_drop_msg(s);
         s->refused = GRPC_RESOURCE_EXHAUSTED;
         snprintf(s->refused_msg, sizeof s->refused_msg, "message of %u bytes: out of memory", s->msg_len);
-        dispatch(s);
+        refuse(s);
         return 0;
       }
       s->msg = nb;
@@ -452,16 +482,24 @@ static int on_data(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t
     s->msg_got += k;
     data += k;
     len -= k;
+    if (s->streaming && s->msg_got == s->msg_len) deliver(s);
   }
   return 0;
 }
 
 static int on_frame_recv(nghttp2_session *h2, const nghttp2_frame *f, void *ud) {
   (void)ud;
-  if ((f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) || !(f->hd.flags & NGHTTP2_FLAG_END_STREAM))
-    return 0;
+  if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
   stream *s = nghttp2_session_get_stream_user_data(h2, f->hd.stream_id);
-  if (s && !s->dispatched) dispatch(s);
+  if (!s) return 0;
+  if (f->hd.type == NGHTTP2_HEADERS && f->headers.cat == NGHTTP2_HCAT_REQUEST && !s->dispatched) {
+    /* A client streaming call opens at its headers; a unary one waits for its message. */
+    const grpc_method *m = grpc_method_find(s->path);
+    if (m && m->client_streaming) dispatch(s);
+  }
+  if (!(f->hd.flags & NGHTTP2_FLAG_END_STREAM)) return 0;
+  if (!s->dispatched) dispatch(s);
+  else if (s->streaming && !s->finished && s->call.on_half_close) s->call.on_half_close(&s->call);
   return 0;
 }
 

@@ -1,5 +1,6 @@
 /* The method table and the unary methods that need no model work: inference.GRPCInferenceService's
- * liveness, readiness and metadata. ModelInfer is infer.c, grpc.health.v1 health.c. */
+ * liveness, readiness and metadata. ModelInfer is infer.c (llm_infer.c for language models, and
+ * ModelStreamInfer), grpc.health.v1 health.c. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 
 void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len);  /* infer.c */
 void grpc_model_config(grpc_call *c, const uint8_t *msg, size_t len);  /* model_config.c */
+void grpc_model_stream_infer(grpc_call *c, const uint8_t *msg, size_t len); /* llm_infer.c */
 void grpc_health_check(grpc_call *c, const uint8_t *msg, size_t len); /* health.c */
 void grpc_health_watch(grpc_call *c, const uint8_t *msg, size_t len); /* health.c */
 
@@ -142,15 +144,16 @@ static void model_metadata(grpc_call *c, const uint8_t *msg, size_t len) {
 #define SVC "/inference.GRPCInferenceService/"
 const grpc_method grpc_methods[] = {
     /* Probes answer without the API key, as the HTTP health probes do. */
-    {SVC "ServerLive", true, server_live},
-    {SVC "ServerReady", true, server_ready},
-    {"/grpc.health.v1.Health/Check", true, grpc_health_check},
-    {"/grpc.health.v1.Health/Watch", true, grpc_health_watch},
-    {SVC "ModelReady", false, model_ready},
-    {SVC "ServerMetadata", false, server_metadata},
-    {SVC "ModelMetadata", false, model_metadata},
-    {SVC "ModelInfer", false, grpc_model_infer},
-    {SVC "ModelConfig", false, grpc_model_config},
+    {SVC "ServerLive", true, server_live, false},
+    {SVC "ServerReady", true, server_ready, false},
+    {"/grpc.health.v1.Health/Check", true, grpc_health_check, false},
+    {"/grpc.health.v1.Health/Watch", true, grpc_health_watch, false},
+    {SVC "ModelReady", false, model_ready, false},
+    {SVC "ServerMetadata", false, server_metadata, false},
+    {SVC "ModelMetadata", false, model_metadata, false},
+    {SVC "ModelInfer", false, grpc_model_infer, false},
+    {SVC "ModelConfig", false, grpc_model_config, false},
+    {SVC "ModelStreamInfer", false, grpc_model_stream_infer, true},
 };
 const size_t grpc_n_methods = sizeof grpc_methods / sizeof grpc_methods[0];
 
