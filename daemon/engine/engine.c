@@ -648,6 +648,7 @@ static int scheduler_setup(servd_model *m) {
     int blocks = 0;
     if ((rc = servd_gpu_profile_and_setup(m, &blocks))) return rc;
   }
+  servd_runner_set_step_timeout(m->runner, (int64_t)(m->o.step_timeout_s * 1000.0 + 0.5));
   sched_config sc = {.max_batch_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
                      .max_seq_len = m->context_length, .prefix_cache = m->o.prefix_cache,
                      .cache_key = prefix_cache_key(m->name, m->o.path),
@@ -698,7 +699,9 @@ static int load_causal_lm(servd_model *m) {
   } else {
     if ((rc = load_on_cpu(m, n_layers, n_kv / m->tp, head_dim, bs))) return rc;
   }
-  servd_runner_set_step_timeout(m->runner, (int64_t)(m->o.step_timeout_s * 1000.0 + 0.5));
+  /* Warm-up steps (GPUs: on the scheduler thread, in scheduler_setup) are part of the load: the load
+   * timeout bounds them, not the step timeout, which is sized for serving steps. */
+  servd_runner_set_step_timeout(m->runner, (int64_t)(m->o.load_timeout_s * 1000.0 + 0.5));
 
   m->last_progress_ns = servd_now_ns();
   m->startup_rc = 1;
