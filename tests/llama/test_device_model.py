@@ -136,6 +136,7 @@ RULES = {
 class Stats:
     def __init__(self):
         self.allocs, self.uploads, self.host_empty, self.device_api = [], {}, 0, 0
+        self.upload_sources = []
         self.batch_roots, self.errors, self.op_calls = set(), [], 0
 
 
@@ -168,6 +169,9 @@ def devicify(m, here, rank, world, st):
         key = (t.a.__array_interface__["data"][0], t.a.shape, t.a.strides)
         if key not in st.uploads:  # shared per host bytes, as servd_device_weight
             st.uploads[key] = DevTensor(np.ascontiguousarray(t.a, np.float32), "bf16", device)
+            # servd's weights are mapped for the model's life, so their addresses never come back;
+            # here a host array could be freed and its address reused by another: keep it alive.
+            st.upload_sources.append(t.a)
         return st.uploads[key]
 
     m.device = lambda: device
