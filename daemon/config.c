@@ -219,9 +219,19 @@ static int check_keys(jctx *x, json_t *obj, const char *where, const char *const
 }
 
 static int load_model_entry(jctx *x, servd_config *c, json_t *e, size_t i) {
-  static const char *const keys[] = {"path", "name", "interpreters", "tp", "max_queue", "max_batch_tokens",
-                                     "max_seqs", "kv_blocks", "block_size", "max_batch_size", "max_batch_delay_ms",
-                                     "isolation", NULL};
+  static const char *const keys[] = {"path",
+                                     "name",
+                                     "interpreters",
+                                     "tp",
+                                     "max_queue",
+                                     "max_batch_tokens",
+                                     "max_seqs",
+                                     "kv_blocks",
+                                     "block_size",
+                                     "max_batch_size",
+                                     "max_batch_delay_ms",
+                                     "isolation",
+                                     NULL};
   char where[32];
   snprintf(where, sizeof where, "models[%zu]", i);
   if (!json_is_object(e)) return servd_fail(SERVD_EINVAL, "config %s: %s must be an object", x->file, where);
@@ -229,7 +239,8 @@ static int load_model_entry(jctx *x, servd_config *c, json_t *e, size_t i) {
   if (rc) return rc;
   json_t *p = json_object_get(e, "path");
   if (!json_is_string(p) || !json_string_length(p))
-    return servd_fail(SERVD_EINVAL, "config %s: %s.path must be a package, GGUF file or Hugging Face folder path", x->file, where);
+    return servd_fail(SERVD_EINVAL, "config %s: %s.path must be a package, GGUF file or Hugging Face folder path",
+                      x->file, where);
   servd_model_config *m = add_model(c);
   if (!m) return servd_fail(SERVD_ENOMEM, "config: out of memory");
   if ((rc = j_str(x, e, "path", &m->path)) || (rc = j_str(x, e, "name", &m->name)) ||
@@ -255,14 +266,47 @@ static int load_model_entry(jctx *x, servd_config *c, json_t *e, size_t i) {
 }
 
 int servd_config_load_file(servd_config *c, const char *path) {
-  static const char *const keys[] = {"host", "port", "threads", "gpus", "tp", "interpreters", "max_queue",
-                                     "max_batch_tokens", "max_seqs", "kv_blocks", "block_size", "api_key",
-                                     "access_log", "drain_timeout", "request_timeout", "read_timeout",
-                                     "idle_timeout", "max_body_bytes", "max_header_bytes", "max_connections", "max_n",
-                                     "model_repository", "models", "gpu_memory_fraction", "cuda_graphs",
-                                     "cuda_graph_max_batch", "step_timeout", "metrics_public", "verify_weights", "trusted_keys", "load_timeout",
-                                     "prefix_cache", "max_step_ms", "max_model_len", "package_cache", "grpc_port", "grpc_max_message_bytes",
-                                     "tls_cert", "tls_key", "tls_ca", NULL};
+  static const char *const keys[] = {"host",
+                                     "port",
+                                     "threads",
+                                     "gpus",
+                                     "tp",
+                                     "interpreters",
+                                     "max_queue",
+                                     "max_batch_tokens",
+                                     "max_seqs",
+                                     "kv_blocks",
+                                     "block_size",
+                                     "api_key",
+                                     "access_log",
+                                     "drain_timeout",
+                                     "request_timeout",
+                                     "read_timeout",
+                                     "idle_timeout",
+                                     "max_body_bytes",
+                                     "max_header_bytes",
+                                     "max_connections",
+                                     "max_n",
+                                     "model_repository",
+                                     "models",
+                                     "gpu_memory_fraction",
+                                     "cuda_graphs",
+                                     "cuda_graph_max_batch",
+                                     "step_timeout",
+                                     "metrics_public",
+                                     "verify_weights",
+                                     "trusted_keys",
+                                     "load_timeout",
+                                     "prefix_cache",
+                                     "max_step_ms",
+                                     "max_model_len",
+                                     "package_cache",
+                                     "grpc_port",
+                                     "grpc_max_message_bytes",
+                                     "tls_cert",
+                                     "tls_key",
+                                     "tls_ca",
+                                     NULL};
   json_error_t err;
   json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
   if (!root)
@@ -283,16 +327,14 @@ int servd_config_load_file(servd_config *c, const char *path) {
       (rc = j_int(&x, root, "max_batch_tokens", 1, 1 << 20, &c->max_batch_tokens)) ||
       (rc = j_int(&x, root, "max_seqs", 1, 4096, &c->max_seqs)) ||
       (rc = j_int(&x, root, "kv_blocks", 1, 1 << 24, &c->kv_blocks)) ||
-      (rc = j_int(&x, root, "block_size", 1, 1024, &c->block_size)) ||
-      (rc = j_str(&x, root, "api_key", &c->api_key)) ||
+      (rc = j_int(&x, root, "block_size", 1, 1024, &c->block_size)) || (rc = j_str(&x, root, "api_key", &c->api_key)) ||
       (rc = j_on_off(&x, root, "metrics_public", &c->metrics_public)) ||
       (rc = j_on_off(&x, root, "verify_weights", &c->verify_weights)) ||
       (rc = j_on_off(&x, root, "prefix_cache", &c->prefix_cache)) ||
       (rc = j_int(&x, root, "max_step_ms", 0, 60000, &c->max_step_ms)) ||
       (rc = j_int(&x, root, "max_model_len", 0, 1 << 24, &c->max_model_len)) ||
-      (rc = j_str(&x, root, "trusted_keys", &c->trusted_keys)) ||
-      (rc = j_str(&x, root, "tls_cert", &c->tls_cert)) || (rc = j_str(&x, root, "tls_key", &c->tls_key)) ||
-      (rc = j_str(&x, root, "tls_ca", &c->tls_ca)) ||
+      (rc = j_str(&x, root, "trusted_keys", &c->trusted_keys)) || (rc = j_str(&x, root, "tls_cert", &c->tls_cert)) ||
+      (rc = j_str(&x, root, "tls_key", &c->tls_key)) || (rc = j_str(&x, root, "tls_ca", &c->tls_ca)) ||
       (rc = j_str(&x, root, "package_cache", &c->package_cache)) ||
       (rc = j_num(&x, root, "drain_timeout", 0, 86400, &c->drain_timeout_s)) ||
       (rc = j_num(&x, root, "request_timeout", 0, 86400, &c->request_timeout_s)) ||
@@ -437,12 +479,15 @@ static int resolve_tp(servd_config *c) {
     return 0;
   }
   if (c->tp != 0 && c->tp != c->gpus)
-    return servd_fail(SERVD_EINVAL, "--tp %d with --gpus %d: on GPUs each tensor-parallel rank needs a GPU of its own "
+    return servd_fail(SERVD_EINVAL,
+                      "--tp %d with --gpus %d: on GPUs each tensor-parallel rank needs a GPU of its own "
                       "(NCCL runs one rank per GPU), so --tp must equal --gpus; use --tp %d, or --gpus %d if that "
-                      "many GPUs are present", c->tp, c->gpus, c->gpus, c->tp);
+                      "many GPUs are present",
+                      c->tp, c->gpus, c->gpus, c->tp);
   for (int i = 0; i < c->n_models; i++)
     if (c->models[i].tp != 0 && c->models[i].tp != c->gpus)
-      return servd_fail(SERVD_EINVAL, "model '%s': tp %d with --gpus %d: on GPUs each tensor-parallel rank needs a "
+      return servd_fail(SERVD_EINVAL,
+                        "model '%s': tp %d with --gpus %d: on GPUs each tensor-parallel rank needs a "
                         "GPU of its own (NCCL runs one rank per GPU), so tp must equal --gpus",
                         c->models[i].name ? c->models[i].name : c->models[i].path, c->models[i].tp, c->gpus);
   c->tp = c->gpus;
@@ -467,8 +512,7 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
     const char *a = argv[i];
     const char *v = NULL;
     double d = 0;
-#define VAL(flag)                                   \
-  (v = flag_value(argc, argv, &i, flag, &err), err ? SERVD_EINVAL : 0)
+#define VAL(flag) (v = flag_value(argc, argv, &i, flag, &err), err ? SERVD_EINVAL : 0)
     if (strcmp(a, "serve") == 0 && i == 1) continue;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       servd_config_usage(stdout);
@@ -583,7 +627,7 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
                       c->tls_cert ? "--tls-cert without --tls-key" : "--tls-key without --tls-cert");
   if (c->tls_ca && !c->tls_cert)
     return servd_fail(SERVD_EINVAL, "--tls-ca needs --tls-cert and --tls-key (client certificates are asked for "
-                      "only over TLS)");
+                                    "only over TLS)");
   return resolve_tp(c);
 }
 
@@ -592,7 +636,7 @@ void servd_config_model_options(const servd_config *c, int i, servd_model_option
   servd_model_options_default(o);
   o->path = m->path;
   o->name = m->name;
-#define PICK(field, global)      \
+#define PICK(field, global) \
   if (m->field > 0) o->field = m->field; \
   else if ((global) > 0) o->field = (global);
   PICK(interpreters, c->interpreters)

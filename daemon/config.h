@@ -24,9 +24,9 @@ typedef struct servd_config {
   int port;
   int grpc_port;                 /* gRPC listener; -1: none (0 picks a free port) */
   size_t grpc_max_message_bytes; /* largest gRPC request message */
-  int threads;      /* compute threads; 0: online CPUs */
-  int gpus;         /* GPUs required; 0: CPU backend */
-  int tp;           /* tensor-parallel ranks; 0 until parsed: then 1, or gpus with GPUs */
+  int threads;                   /* compute threads; 0: online CPUs */
+  int gpus;                      /* GPUs required; 0: CPU backend */
+  int tp;                        /* tensor-parallel ranks; 0 until parsed: then 1, or gpus with GPUs */
   int interpreters, max_queue, max_batch_tokens, max_seqs, kv_blocks, block_size;
   double gpu_memory_fraction; /* of the free memory after the weights, for the KV cache: (0, 1] */
   bool cuda_graphs;           /* decode steps as CUDA graphs */
@@ -40,18 +40,18 @@ typedef struct servd_config {
   char *trusted_keys;       /* NULL, or a PEM public key or folder of them: only signed packages load */
   char *tls_cert, *tls_key; /* both or neither: HTTPS on the HTTP port (PEM files, re-read on SIGHUP) */
   char *tls_ca;             /* NULL, or PEM CAs: clients must present a certificate they signed */
-  int access_log;   /* servd_access_log */
+  int access_log;           /* servd_access_log */
   double drain_timeout_s;
-  double request_timeout_s; /* default per-request deadline; 0: none */
-  double step_timeout_s;    /* a language model's forward step is interrupted after this; 0: never */
+  double request_timeout_s;  /* default per-request deadline; 0: none */
+  double step_timeout_s;     /* a language model's forward step is interrupted after this; 0: never */
   servd_isolation isolation; /* default of generic models (--isolation) */
-  double load_timeout_s;    /* a model's package import must finish within this; 0: no limit */
+  double load_timeout_s;     /* a model's package import must finish within this; 0: no limit */
   double read_timeout_s, idle_timeout_s;
   size_t max_body_bytes, max_header_bytes;
   int max_connections;
   int max_n;
   char *package_cache; /* NULL: the default; where GGUF and Hugging Face sources are packed (package_cache.h) */
-  char **repository; /* directories for the repository API */
+  char **repository;   /* directories for the repository API */
   int n_repository;
   servd_model_config *models;
   int n_models;

@@ -118,11 +118,13 @@ static void put_thread(void) {
  * instruction (read with process_vm_readv, which fails rather than faults on unmapped memory), so
  * that a crash inside a library without symbols can still be disassembled: see docs/operations.md. */
 static void put_machine_state(const ucontext_t *uc) {
-  static const struct { const char *name; int reg; } regs[] = {
-      {"rip", REG_RIP}, {"rsp", REG_RSP}, {"rbp", REG_RBP}, {"rax", REG_RAX}, {"rbx", REG_RBX},
-      {"rcx", REG_RCX}, {"rdx", REG_RDX}, {"rsi", REG_RSI}, {"rdi", REG_RDI}, {"r8", REG_R8},
-      {"r9", REG_R9},   {"r10", REG_R10}, {"r11", REG_R11}, {"r12", REG_R12}, {"r13", REG_R13},
-      {"r14", REG_R14}, {"r15", REG_R15}};
+  static const struct {
+    const char *name;
+    int reg;
+  } regs[] = {{"rip", REG_RIP}, {"rsp", REG_RSP}, {"rbp", REG_RBP}, {"rax", REG_RAX}, {"rbx", REG_RBX},
+              {"rcx", REG_RCX}, {"rdx", REG_RDX}, {"rsi", REG_RSI}, {"rdi", REG_RDI}, {"r8", REG_R8},
+              {"r9", REG_R9},   {"r10", REG_R10}, {"r11", REG_R11}, {"r12", REG_R12}, {"r13", REG_R13},
+              {"r14", REG_R14}, {"r15", REG_R15}};
   put("  registers:\n");
   for (size_t i = 0; i < sizeof regs / sizeof *regs; i++) {
     put("    ");
@@ -168,7 +170,11 @@ static void on_fatal(int sig, siginfo_t *si, void *uc) {
     num[1] = (char)('0' + sig % 10);
     put(sig < 10 ? num + 1 : num);
     put(" (");
-    put(sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGILL ? "SIGILL" : sig == SIGFPE ? "SIGFPE" : "SIGABRT");
+    put(sig == SIGSEGV  ? "SIGSEGV"
+        : sig == SIGBUS ? "SIGBUS"
+        : sig == SIGILL ? "SIGILL"
+        : sig == SIGFPE ? "SIGFPE"
+                        : "SIGABRT");
     put("), address ");
     put_hex((uintptr_t)si->si_addr);
     put("; backtrace (file+offset: addr2line -e FILE OFFSET):\n");

@@ -62,31 +62,30 @@ static void on_event(void *ud, const servd_event *ev) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: servd generate --model PKG --prompt TEXT [options]\n"
-          "  --model PKG             a package, a GGUF file or a Hugging Face folder (packed once into the\n"
-          "                          package cache and reused while it is unchanged)\n"
-          "  --package-cache DIR     where those packages are kept (default ~/.cache/servd/packages)\n"
-          "  --chat                  render the prompt as a user message with the package's chat template\n"
-          "  --system TEXT           system message (with --chat)\n"
-          "  --max-tokens N          tokens to generate (default 256)\n"
-          "  --tp N                  tensor-parallel ranks (default 1; with --gpus N: N)\n"
-          "  --gpus N                run on GPUs 0..N-1, one tensor-parallel rank each (default 0: CPU)\n"
-          "  --gpu-memory-fraction F share of the free GPU memory after the weights for the KV cache (0.9)\n"
-          "  --cuda-graphs on|off    decode steps as CUDA graphs (default on)\n"
-          "  --cuda-graph-max-batch B  largest decode batch run as a graph (default 64)\n"
-          "  --threads N             compute threads (default: all CPUs)\n"
-          "  --temperature T         0: greedy (default 0)\n"
-          "  --top-p P --top-k K --min-p P --seed S\n"
-          "  --repetition-penalty R --presence-penalty P --frequency-penalty F\n"
-          "  --stop TEXT             stop string (repeatable)\n"
-          "  --ignore-eos            keep going past end-of-sequence tokens\n"
-          "  --no-special            do not add the tokenizer's special tokens (e.g. BOS) to the prompt\n"
-          "  --max-context N         cap the context length (and the KV cache with it)\n"
-          "  --kv-f32                keep the KV cache in f32 (default f16)\n"
-          "  --ids-out FILE          write the generated token ids, one per line\n"
-          "  --prompt-ids-out FILE   write the prompt's token ids, one per line\n"
-          "  --quiet                 do not print the text\n");
+  fprintf(f, "usage: servd generate --model PKG --prompt TEXT [options]\n"
+             "  --model PKG             a package, a GGUF file or a Hugging Face folder (packed once into the\n"
+             "                          package cache and reused while it is unchanged)\n"
+             "  --package-cache DIR     where those packages are kept (default ~/.cache/servd/packages)\n"
+             "  --chat                  render the prompt as a user message with the package's chat template\n"
+             "  --system TEXT           system message (with --chat)\n"
+             "  --max-tokens N          tokens to generate (default 256)\n"
+             "  --tp N                  tensor-parallel ranks (default 1; with --gpus N: N)\n"
+             "  --gpus N                run on GPUs 0..N-1, one tensor-parallel rank each (default 0: CPU)\n"
+             "  --gpu-memory-fraction F share of the free GPU memory after the weights for the KV cache (0.9)\n"
+             "  --cuda-graphs on|off    decode steps as CUDA graphs (default on)\n"
+             "  --cuda-graph-max-batch B  largest decode batch run as a graph (default 64)\n"
+             "  --threads N             compute threads (default: all CPUs)\n"
+             "  --temperature T         0: greedy (default 0)\n"
+             "  --top-p P --top-k K --min-p P --seed S\n"
+             "  --repetition-penalty R --presence-penalty P --frequency-penalty F\n"
+             "  --stop TEXT             stop string (repeatable)\n"
+             "  --ignore-eos            keep going past end-of-sequence tokens\n"
+             "  --no-special            do not add the tokenizer's special tokens (e.g. BOS) to the prompt\n"
+             "  --max-context N         cap the context length (and the KV cache with it)\n"
+             "  --kv-f32                keep the KV cache in f32 (default f16)\n"
+             "  --ids-out FILE          write the generated token ids, one per line\n"
+             "  --prompt-ids-out FILE   write the prompt's token ids, one per line\n"
+             "  --quiet                 do not print the text\n");
 }
 
 static int parse_int(const char *s, const char *what, int lo, int hi, int *out) {
@@ -114,25 +113,65 @@ static int parse_float(const char *s, const char *what, float *out) {
 }
 
 int servd_generate_main(int argc, char **argv) {
-  enum { O_CHAT = 256, O_SYSTEM, O_MAXTOK, O_TP, O_THREADS, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_SEED, O_REP,
-         O_PRES, O_FREQ, O_STOP, O_IGNORE_EOS, O_NO_SPECIAL, O_MAXCTX, O_KVF32, O_IDS, O_PIDS, O_QUIET, O_HELP,
-         O_GPUS, O_GPU_FRAC, O_GRAPHS, O_GRAPH_MAX, O_PKG_CACHE };
-  static const struct option opts[] = {
-      {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
-      {"chat", no_argument, 0, O_CHAT}, {"system", required_argument, 0, O_SYSTEM},
-      {"max-tokens", required_argument, 0, O_MAXTOK}, {"tp", required_argument, 0, O_TP},
-      {"threads", required_argument, 0, O_THREADS}, {"temperature", required_argument, 0, O_TEMP},
-      {"top-p", required_argument, 0, O_TOPP}, {"top-k", required_argument, 0, O_TOPK},
-      {"min-p", required_argument, 0, O_MINP}, {"seed", required_argument, 0, O_SEED},
-      {"repetition-penalty", required_argument, 0, O_REP}, {"presence-penalty", required_argument, 0, O_PRES},
-      {"frequency-penalty", required_argument, 0, O_FREQ}, {"stop", required_argument, 0, O_STOP},
-      {"ignore-eos", no_argument, 0, O_IGNORE_EOS}, {"no-special", no_argument, 0, O_NO_SPECIAL},
-      {"max-context", required_argument, 0, O_MAXCTX}, {"kv-f32", no_argument, 0, O_KVF32},
-      {"ids-out", required_argument, 0, O_IDS}, {"prompt-ids-out", required_argument, 0, O_PIDS}, {"quiet", no_argument, 0, O_QUIET},
-      {"help", no_argument, 0, O_HELP}, {"gpus", required_argument, 0, O_GPUS},
-      {"gpu-memory-fraction", required_argument, 0, O_GPU_FRAC}, {"cuda-graphs", required_argument, 0, O_GRAPHS},
-      {"cuda-graph-max-batch", required_argument, 0, O_GRAPH_MAX}, {"package-cache", required_argument, 0, O_PKG_CACHE},
-      {0, 0, 0, 0}};
+  enum {
+    O_CHAT = 256,
+    O_SYSTEM,
+    O_MAXTOK,
+    O_TP,
+    O_THREADS,
+    O_TEMP,
+    O_TOPP,
+    O_TOPK,
+    O_MINP,
+    O_SEED,
+    O_REP,
+    O_PRES,
+    O_FREQ,
+    O_STOP,
+    O_IGNORE_EOS,
+    O_NO_SPECIAL,
+    O_MAXCTX,
+    O_KVF32,
+    O_IDS,
+    O_PIDS,
+    O_QUIET,
+    O_HELP,
+    O_GPUS,
+    O_GPU_FRAC,
+    O_GRAPHS,
+    O_GRAPH_MAX,
+    O_PKG_CACHE
+  };
+  static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                       {"prompt", required_argument, 0, 'p'},
+                                       {"chat", no_argument, 0, O_CHAT},
+                                       {"system", required_argument, 0, O_SYSTEM},
+                                       {"max-tokens", required_argument, 0, O_MAXTOK},
+                                       {"tp", required_argument, 0, O_TP},
+                                       {"threads", required_argument, 0, O_THREADS},
+                                       {"temperature", required_argument, 0, O_TEMP},
+                                       {"top-p", required_argument, 0, O_TOPP},
+                                       {"top-k", required_argument, 0, O_TOPK},
+                                       {"min-p", required_argument, 0, O_MINP},
+                                       {"seed", required_argument, 0, O_SEED},
+                                       {"repetition-penalty", required_argument, 0, O_REP},
+                                       {"presence-penalty", required_argument, 0, O_PRES},
+                                       {"frequency-penalty", required_argument, 0, O_FREQ},
+                                       {"stop", required_argument, 0, O_STOP},
+                                       {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+                                       {"no-special", no_argument, 0, O_NO_SPECIAL},
+                                       {"max-context", required_argument, 0, O_MAXCTX},
+                                       {"kv-f32", no_argument, 0, O_KVF32},
+                                       {"ids-out", required_argument, 0, O_IDS},
+                                       {"prompt-ids-out", required_argument, 0, O_PIDS},
+                                       {"quiet", no_argument, 0, O_QUIET},
+                                       {"help", no_argument, 0, O_HELP},
+                                       {"gpus", required_argument, 0, O_GPUS},
+                                       {"gpu-memory-fraction", required_argument, 0, O_GPU_FRAC},
+                                       {"cuda-graphs", required_argument, 0, O_GRAPHS},
+                                       {"cuda-graph-max-batch", required_argument, 0, O_GRAPH_MAX},
+                                       {"package-cache", required_argument, 0, O_PKG_CACHE},
+                                       {0, 0, 0, 0}};
 
   const char *model = NULL, *pkg_cache = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *pids_path = NULL;
   bool chat = false, add_special = true, quiet = false;
@@ -233,8 +272,10 @@ int servd_generate_main(int argc, char **argv) {
 
   if (mo.gpus > 0 && !tp_given) mo.tp = mo.gpus;
   if (mo.gpus > 0 && mo.tp != mo.gpus) {
-    fprintf(stderr, "servd generate: --tp %d with --gpus %d: on GPUs each tensor-parallel rank needs a GPU of its own "
-            "(NCCL runs one rank per GPU), so --tp must equal --gpus\n", mo.tp, mo.gpus);
+    fprintf(stderr,
+            "servd generate: --tp %d with --gpus %d: on GPUs each tensor-parallel rank needs a GPU of its own "
+            "(NCCL runs one rank per GPU), so --tp must equal --gpus\n",
+            mo.tp, mo.gpus);
     return 2;
   }
   int status = 1, rc;
@@ -323,8 +364,10 @@ int servd_generate_main(int argc, char **argv) {
   }
   double prefill = g.completion_tokens ? g.t_first - t_submit : 0;
   double decode = g.t_last - g.t_first;
-  fprintf(stderr, "[load %.2f s] prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens, decode %.1f tok/s; "
-          "finish: %s\n", t_load, n_ids, prefill, prefill > 0 ? n_ids / prefill : 0.0, g.completion_tokens,
+  fprintf(stderr,
+          "[load %.2f s] prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens, decode %.1f tok/s; "
+          "finish: %s\n",
+          t_load, n_ids, prefill, prefill > 0 ? n_ids / prefill : 0.0, g.completion_tokens,
           decode > 0 ? (g.completion_tokens - 1) / decode : 0.0, g.reason);
   status = 0;
 out:

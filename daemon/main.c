@@ -21,7 +21,8 @@
 int main(int argc, char **argv) {
 #ifdef SERVD_HAVE_INTERP
   /* May re-execute the process with the glibc tunables that many interpreters need. */
-  if (servd_interp_early_init(argc, argv) != 0) fprintf(stderr, "servd: warning: interpreter setup: %s\n", servd_last_error());
+  if (servd_interp_early_init(argc, argv) != 0)
+    fprintf(stderr, "servd: warning: interpreter setup: %s\n", servd_last_error());
 #endif
   /* Before any thread or NCCL communicator exists (setenv is not safe beside other threads): NCCL's
    * graph registration would have every rank wait for handshakes with a rank whose CUDA graph capture

@@ -22,15 +22,15 @@
 #include "servd/status.h"
 
 #define KEY_VERSION "servd-package-cache 1"
-#define GGUF_HEAD (4u << 20)      /* header, metadata and tensor table of usual GGUF files */
+#define GGUF_HEAD (4u << 20) /* header, metadata and tensor table of usual GGUF files */
 #define GGUF_SAMPLE (64u << 10)
 #define GGUF_SAMPLES 16
 #define JSON_WHOLE_MAX (64u << 20) /* *.json files hashed whole up to this size */
 #define WALK_DEPTH 2
 
-#define ACCEPTS                                                                                             \
+#define ACCEPTS \
   "servd accepts a model package (a .mpk zip built with `modelpkg pack SRC -o OUT.mpk`), a GGUF file, or a " \
-  "Hugging Face model folder holding config.json; the last two are packed once into the package cache "     \
+  "Hugging Face model folder holding config.json; the last two are packed once into the package cache " \
   "(--package-cache DIR)"
 
 int servd_source_detect(const char *path, servd_source_kind *kind) {
@@ -53,8 +53,10 @@ int servd_source_detect(const char *path, servd_source_kind *kind) {
   if (n == 4 && memcmp(m, "PK\3\4", 4) == 0) *kind = SERVD_SOURCE_PACKAGE;
   else if (n == 4 && memcmp(m, "GGUF", 4) == 0) *kind = SERVD_SOURCE_GGUF;
   else
-    return servd_fail(SERVD_EINVAL, "--model %s: neither a package nor a GGUF file (its first bytes are not "
-                      "\"PK\\3\\4\" or \"GGUF\"). %s", path, ACCEPTS);
+    return servd_fail(SERVD_EINVAL,
+                      "--model %s: neither a package nor a GGUF file (its first bytes are not "
+                      "\"PK\\3\\4\" or \"GGUF\"). %s",
+                      path, ACCEPTS);
   return 0;
 }
 
@@ -68,7 +70,8 @@ int servd_package_cache_default_dir(char *out, size_t cap) {
     struct passwd *pw;
     if ((!home || !home[0]) && (pw = getpwuid(getuid()))) home = pw->pw_dir;
     if (!home || !home[0])
-      return servd_fail(SERVD_EINVAL, "no package cache folder: neither XDG_CACHE_HOME nor HOME is set (give --package-cache DIR)");
+      return servd_fail(SERVD_EINVAL,
+                        "no package cache folder: neither XDG_CACHE_HOME nor HOME is set (give --package-cache DIR)");
     k = snprintf(out, cap, "%s/.cache/servd/packages", home);
   }
   if (k < 0 || (size_t)k >= cap) return servd_fail(SERVD_EINVAL, "package cache folder: path too long");
@@ -78,7 +81,8 @@ int servd_package_cache_default_dir(char *out, size_t cap) {
 /* mkdir -p; what it creates is 0700 (packages may hold private weights). */
 static int make_dirs(const char *dir) {
   char p[PATH_MAX];
-  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return servd_fail(SERVD_ERANGE, "--package-cache: path too long");
+  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
+    return servd_fail(SERVD_ERANGE, "--package-cache: path too long");
   for (char *s = p + 1;; s++) {
     if (*s != '/' && *s) continue;
     char c = *s;
@@ -89,8 +93,7 @@ static int make_dirs(const char *dir) {
     if (!c) break;
   }
   struct stat st;
-  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-    return servd_fail(SERVD_EIO, "package cache %s: not a folder", dir);
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return servd_fail(SERVD_EIO, "package cache %s: not a folder", dir);
   return 0;
 }
 
@@ -136,7 +139,8 @@ static int h_gguf(EVP_MD_CTX *h, const char *path) {
   h_u64(h, (uint64_t)st.st_ino);
   uint64_t size = (uint64_t)st.st_size;
   bool bad = h_range(h, fd, 0, GGUF_HEAD, buf) != 0;
-  for (int i = 1; i < GGUF_SAMPLES && !bad; i++) bad = h_range(h, fd, size / GGUF_SAMPLES * (uint64_t)i, GGUF_SAMPLE, buf) != 0;
+  for (int i = 1; i < GGUF_SAMPLES && !bad; i++)
+    bad = h_range(h, fd, size / GGUF_SAMPLES * (uint64_t)i, GGUF_SAMPLE, buf) != 0;
   if (!bad && size > GGUF_SAMPLE) bad = h_range(h, fd, size - GGUF_SAMPLE, GGUF_SAMPLE, buf) != 0;
   if (bad) rc = servd_fail(SERVD_EIO, "%s: %s", path, strerror(errno));
 out:
@@ -231,7 +235,9 @@ static void source_stem(const char *abs, char *out, size_t cap) {
   size_t j = 0;
   for (const char *p = base; *p && j + 1 < cap && j < 64; p++)
     out[j++] = (char)((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
-                              *p == '_' || *p == '-' ? *p : '_');
+                              *p == '_' || *p == '-'
+                          ? *p
+                          : '_');
   out[j] = 0;
   if (j > 5 && strcmp(out + j - 5, ".gguf") == 0) out[j - 5] = 0;
   if (!out[0] || strcmp(out, ".") == 0) snprintf(out, cap, "model");
@@ -256,8 +262,8 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total) {
   double t = now_s();
   if (t - p->last < 10 || done >= total) return;
   p->last = t;
-  fprintf(stderr, "servd: packing %s: %.0f%% (%.1f of %.1f MB)\n", p->src, total ? 100.0 * (double)done / (double)total : 0.0,
-          (double)done / 1e6, (double)total / 1e6);
+  fprintf(stderr, "servd: packing %s: %.0f%% (%.1f of %.1f MB)\n", p->src,
+          total ? 100.0 * (double)done / (double)total : 0.0, (double)done / 1e6, (double)total / 1e6);
 }
 
 /* Removes <prefix>*.mpk entries but `keep`, and <prefix>*.tmp.* leftovers of a build that died (the
@@ -270,7 +276,8 @@ static void remove_stale(const char *dir, const char *prefix, const char *keep) 
     if (strncmp(e->d_name, prefix, pl) != 0 || strcmp(e->d_name, keep) == 0) continue;
     if (!ends_with(e->d_name, ".mpk") && !strstr(e->d_name, ".mpk.tmp.")) continue;
     if (unlinkat(dirfd(d), e->d_name, 0) == 0 && ends_with(e->d_name, ".mpk"))
-      fprintf(stderr, "servd: package cache: removed %s/%s (built from an older version of the source)\n", dir, e->d_name);
+      fprintf(stderr, "servd: package cache: removed %s/%s (built from an older version of the source)\n", dir,
+              e->d_name);
   }
   closedir(d);
 }
@@ -292,7 +299,8 @@ int servd_package_cache_resolve(const char *dir, const char *src, char **out) {
   if (rc) return rc;
   if (kind == SERVD_SOURCE_PACKAGE) return (*out = strdup(src)) ? 0 : servd_fail(SERVD_ENOMEM, "out of memory");
 
-  char why[512], def[PATH_MAX], abs[PATH_MAX], key[65], sid[65], stem[80], prefix[128], name[192], pkg[PATH_MAX], lock[PATH_MAX];
+  char why[512], def[PATH_MAX], abs[PATH_MAX], key[65], sid[65], stem[80], prefix[128], name[192], pkg[PATH_MAX],
+      lock[PATH_MAX];
   if (!dir && (rc = servd_package_cache_default_dir(def, sizeof def))) return rc;
   if (!dir) dir = def;
   if (!realpath(src, abs)) return servd_fail(SERVD_EINVAL, "--model %s: %s", src, strerror(errno));
@@ -346,7 +354,8 @@ int servd_package_cache_resolve(const char *dir, const char *src, char **out) {
   }
   struct stat st;
   stat(pkg, &st);
-  fprintf(stderr, "servd: package cache: built %s (%.1f MB) in %.2f s\n", pkg, (double)st.st_size / 1e6, now_s() - pl.t0);
+  fprintf(stderr, "servd: package cache: built %s (%.1f MB) in %.2f s\n", pkg, (double)st.st_size / 1e6,
+          now_s() - pl.t0);
   remove_stale(dir, prefix, name);
 done:
   if (!(*out = strdup(pkg))) rc = servd_fail(SERVD_ENOMEM, "out of memory");
@@ -356,6 +365,8 @@ unlock:
   return rc;
 unusable:
   snprintf(why, sizeof why, "%s", servd_last_error());
-  return servd_fail(SERVD_EINVAL, "%s. Give a writable folder with --package-cache DIR (config key package_cache), or pack the "
-                    "model yourself (`modelpkg pack %s -o MODEL.mpk`) and serve the package", why, src);
+  return servd_fail(SERVD_EINVAL,
+                    "%s. Give a writable folder with --package-cache DIR (config key package_cache), or pack the "
+                    "model yourself (`modelpkg pack %s -o MODEL.mpk`) and serve the package",
+                    why, src);
 }

@@ -40,7 +40,9 @@ static int report_backend(const servd_config *c) {
   char why[256] = "";
   if (c->gpus == 0) {
     have = servd_device_built() ? nvidia_gpus_listed() : 0;
-    if (have == 0) snprintf(why, sizeof why, "%s", servd_device_built() ? "no NVIDIA GPU listed by the driver" : "servd was built without CUDA");
+    if (have == 0)
+      snprintf(why, sizeof why, "%s",
+               servd_device_built() ? "no NVIDIA GPU listed by the driver" : "servd was built without CUDA");
   } else {
     servd_device_count(&have, why, sizeof why);
   }
@@ -48,14 +50,14 @@ static int report_backend(const servd_config *c) {
     if (have > 0)
       fprintf(stderr, "servd: backend: CPU (no --gpus given; %d GPU%s visible: --gpus %d uses %s)\n", have,
               have == 1 ? "" : "s", have, have == 1 ? "it" : "them");
-    else
-      fprintf(stderr, "servd: backend: CPU (%s)\n", why[0] ? why : "no GPU visible");
+    else fprintf(stderr, "servd: backend: CPU (%s)\n", why[0] ? why : "no GPU visible");
     return 0;
   }
   if (have < c->gpus) {
     if (!why[0]) snprintf(why, sizeof why, "%d visible", have);
-    fprintf(stderr, "servd: --gpus %d asks for %d GPU%s but %d %s available (%s). Run with --gpus 0 (or without "
-                    "--gpus) to serve on the CPU backend.\n",
+    fprintf(stderr,
+            "servd: --gpus %d asks for %d GPU%s but %d %s available (%s). Run with --gpus 0 (or without "
+            "--gpus) to serve on the CPU backend.\n",
             c->gpus, c->gpus, c->gpus == 1 ? "" : "s", have, have == 1 ? "is" : "are", why);
     return 2;
   }
@@ -96,8 +98,8 @@ typedef struct server {
   servd_config cfg;
   servd_api *api;
   servd_http_server *http;
-  servd_grpc_server *grpc; /* NULL without --grpc-port */
-  servd_tls_ctx *tls;       /* NULL without --tls-cert; outlives the listener */
+  servd_grpc_server *grpc;     /* NULL without --grpc-port */
+  servd_tls_ctx *tls;          /* NULL without --tls-cert; outlives the listener */
   uv_signal_t sigs[N_SIGNALS]; /* handled_signals, in order */
   uv_timer_t drain_timer;
   uint64_t drain_deadline, cancel_deadline;
@@ -230,8 +232,10 @@ static void on_signal(uv_signal_t *h, int signum) {
     return;
   }
   if (!handled_signals[h - s->sigs].drains) {
-    fprintf(stderr, "servd: %s: nothing to reload (logs go to stderr, the model repository is read at each "
-                    "request); serving on\n", strsignal(signum));
+    fprintf(stderr,
+            "servd: %s: nothing to reload (logs go to stderr, the model repository is read at each "
+            "request); serving on\n",
+            strsignal(signum));
     fflush(stderr);
     return;
   }
@@ -309,7 +313,7 @@ int servd_serve_main(int argc, char **argv) {
   /* Every language model this process loads (also through the repository API) uses the GPUs. */
   servd_engine_set_gpu_defaults(s.cfg.gpus, s.cfg.gpu_memory_fraction, s.cfg.cuda_graphs, s.cfg.cuda_graph_max_batch);
   servd_engine_set_step_timeout(s.cfg.step_timeout_s);
-  servd_engine_set_isolation(s.cfg.isolation); /* repository loads too */
+  servd_engine_set_isolation(s.cfg.isolation);                               /* repository loads too */
   servd_engine_set_package_checks(s.cfg.verify_weights, s.cfg.trusted_keys); /* repository loads too */
   if (s.cfg.trusted_keys && (rc = servd_check_trusted_keys(s.cfg.trusted_keys)) != 0) {
     servd_config_free(&s.cfg);
@@ -363,8 +367,7 @@ int servd_serve_main(int argc, char **argv) {
   lim.max_connections = s.cfg.max_connections;
   servd_http_callbacks cb = servd_api_http_callbacks(s.api);
   if ((rc = servd_http_server_create(s.loop, &lim, &cb, &s.http)) == 0) servd_http_server_set_tls(s.http, s.tls);
-  if (rc != 0 ||
-      (rc = servd_http_server_listen(s.http, s.cfg.host, s.cfg.port)) != 0) {
+  if (rc != 0 || (rc = servd_http_server_listen(s.http, s.cfg.host, s.cfg.port)) != 0) {
     fprintf(stderr, "servd: %s\n", servd_last_error());
     if (s.http) servd_http_server_close(s.http, NULL, NULL);
     servd_api_close(s.api, NULL, NULL);

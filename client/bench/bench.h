@@ -40,31 +40,31 @@ typedef struct bench_config {
   /* target */
   char host[256];
   int port;
-  char base_path[512];  /* URL prefix without trailing '/', often "" */
-  char endpoint[1600];  /* full request path, derived from api unless --endpoint */
+  char base_path[512]; /* URL prefix without trailing '/', often "" */
+  char endpoint[1600]; /* full request path, derived from api unless --endpoint */
   bench_api api;
-  const char *model;    /* borrowed from argv */
-  const char *api_key;  /* borrowed from argv or the environment; NULL: no header */
+  const char *model;   /* borrowed from argv */
+  const char *api_key; /* borrowed from argv or the environment; NULL: no header */
   double timeout_s;
   /* load shape: concurrency > 0 or request_rate > 0 */
   int concurrency;
-  double request_rate;  /* requests per second, Poisson arrivals */
-  int max_concurrency;  /* rate mode: cap on requests in flight; 0 = unlimited */
-  long num_requests;    /* 0 when duration_s is used */
-  double duration_s;    /* 0 when num_requests is used */
+  double request_rate; /* requests per second, Poisson arrivals */
+  int max_concurrency; /* rate mode: cap on requests in flight; 0 = unlimited */
+  long num_requests;   /* 0 when duration_s is used */
+  double duration_s;   /* 0 when num_requests is used */
   int warmup;
   /* prompts */
-  int input_len;        /* random prompts: about this many tokens (after the shared prefix) */
+  int input_len;         /* random prompts: about this many tokens (after the shared prefix) */
   int shared_prefix_len; /* random prompts: a shared prefix of about this many tokens first (0: none) */
   int prefixes;          /* distinct shared prefixes; request i uses prefix i % prefixes */
-  int output_len;       /* max_tokens; 0 with a dataset: estimated from the reply */
-  const char *dataset;  /* ShareGPT JSONL or JSON array; NULL: random prompts */
+  int output_len;        /* max_tokens; 0 with a dataset: estimated from the reply */
+  const char *dataset;   /* ShareGPT JSONL or JSON array; NULL: random prompts */
   uint64_t seed;
-  bool ignore_eos;      /* send ignore_eos: true (and min_tokens unless no_min_tokens) */
+  bool ignore_eos; /* send ignore_eos: true (and min_tokens unless no_min_tokens) */
   bool min_tokens;
-  bool include_usage;   /* send stream_options.include_usage (server's count, for comparison only) */
+  bool include_usage;     /* send stream_options.include_usage (server's count, for comparison only) */
   const char *extra_body; /* JSON object merged into every request body */
-  double temperature;   /* < 0: not sent */
+  double temperature;     /* < 0: not sent */
   bench_count_mode count_mode;
   /* KServe v2 */
   int64_t shape[BENCH_MAX_DIMS];
@@ -73,7 +73,7 @@ typedef struct bench_config {
   const char *input_name;
   /* output */
   const char *json_path;
-  bool per_request;     /* include every request in the JSON */
+  bool per_request; /* include every request in the JSON */
   bool quiet;
   int argc;
   char **argv;
@@ -81,21 +81,21 @@ typedef struct bench_config {
 
 /* One measured request. Times are uv_hrtime() nanoseconds. */
 typedef struct bench_record {
-  int err;              /* bench_err */
-  int http_status;      /* 0 when no status line was read */
-  uint64_t t_start;     /* when the request was issued (before connect on a new connection) */
-  uint64_t t_first;     /* first non-empty content chunk; 0: none */
-  uint64_t t_last;      /* latest non-empty content chunk */
-  uint64_t t_end;       /* response complete or failure */
-  int in_tokens;        /* requested or estimated prompt tokens; tokenize mode: counted */
-  int out_chunks;       /* SSE chunks with non-empty text */
-  int out_tokens;       /* counted output tokens (chunks, or /tokenize) */
+  int err;                      /* bench_err */
+  int http_status;              /* 0 when no status line was read */
+  uint64_t t_start;             /* when the request was issued (before connect on a new connection) */
+  uint64_t t_first;             /* first non-empty content chunk; 0: none */
+  uint64_t t_last;              /* latest non-empty content chunk */
+  uint64_t t_end;               /* response complete or failure */
+  int in_tokens;                /* requested or estimated prompt tokens; tokenize mode: counted */
+  int out_chunks;               /* SSE chunks with non-empty text */
+  int out_tokens;               /* counted output tokens (chunks, or /tokenize) */
   long usage_completion_tokens; /* server's claim from a usage object; -1 when absent */
-  float *itl_ms;        /* gaps between successive non-empty chunks; owned, capacity itl_cap */
+  float *itl_ms;                /* gaps between successive non-empty chunks; owned, capacity itl_cap */
   int n_itl, itl_cap;
-  char *text;           /* generated text, kept only in tokenize mode; owned */
+  char *text; /* generated text, kept only in tokenize mode; owned */
   size_t text_len, text_cap;
-  long prompt_index;    /* which prompt was sent */
+  long prompt_index; /* which prompt was sent */
   char errmsg[128];
 } bench_record;
 
@@ -120,19 +120,19 @@ typedef struct bench_rng {
 } bench_rng;
 void bench_rng_seed(bench_rng *r, uint64_t seed);
 uint64_t bench_rng_next(bench_rng *r);
-double bench_rng_uniform(bench_rng *r);           /* [0, 1) */
+double bench_rng_uniform(bench_rng *r);                  /* [0, 1) */
 double bench_rng_exponential(bench_rng *r, double rate); /* mean 1/rate */
-uint64_t bench_mix(uint64_t a, uint64_t b);       /* a well-mixed seed from two numbers */
+uint64_t bench_mix(uint64_t a, uint64_t b);              /* a well-mixed seed from two numbers */
 
 /* Incremental Server-Sent Events parser: feed bytes, get one callback per event's data. */
 typedef struct bench_sse {
-  char *line;           /* current line; owned */
+  char *line; /* current line; owned */
   size_t line_len, line_cap;
-  char *data;           /* data of the current event; owned */
+  char *data; /* data of the current event; owned */
   size_t data_len, data_cap;
   bool has_data;
-  bool last_cr;          /* the previous byte was CR, so a following LF is not a new line */
-  size_t max_len;       /* a line or event longer than this is an error */
+  bool last_cr;   /* the previous byte was CR, so a following LF is not a new line */
+  size_t max_len; /* a line or event longer than this is an error */
 } bench_sse;
 /* Called for each complete event with its data (NUL-terminated). Returns 0 or -1 to stop. */
 typedef int (*bench_sse_cb)(void *ctx, const char *data, size_t len);
@@ -144,7 +144,7 @@ int bench_sse_feed(bench_sse *s, const char *buf, size_t len, bench_sse_cb cb, v
 
 /* What one OpenAI stream chunk carried. */
 typedef struct bench_chunk {
-  const char *text;     /* borrowed from the parsed JSON; NULL or "" when no content */
+  const char *text; /* borrowed from the parsed JSON; NULL or "" when no content */
   size_t text_len;
   bool is_error;
   long usage_completion_tokens; /* -1 when absent */
@@ -153,8 +153,7 @@ typedef struct bench_chunk {
 /* Parses one data payload (not "[DONE]"). Returns 0, or -1 for malformed JSON. *json_out holds the
  * parsed document (the caller releases it with json_decref) so that text stays valid. */
 struct json_t;
-int bench_chunk_parse(const char *data, size_t len, bench_api api, bench_chunk *out,
-                      struct json_t **json_out);
+int bench_chunk_parse(const char *data, size_t len, bench_api api, bench_chunk *out, struct json_t **json_out);
 
 /* Summary statistics; percentiles interpolate linearly between order statistics (numpy's default). */
 typedef struct bench_summary {
@@ -172,10 +171,10 @@ typedef struct bench_results {
   long errors[BENCH_ERR__COUNT];
   long http_status_count[600]; /* by status code, for BENCH_ERR_HTTP */
   long input_tokens, output_tokens, output_chunks;
-  long usage_output_tokens;    /* sum of the server's claims; -1 when none reported */
+  long usage_output_tokens; /* sum of the server's claims; -1 when none reported */
   double requests_per_s, output_tokens_per_s, total_tokens_per_s;
   bench_summary ttft, tpot, itl, e2e;
-  bench_record *records;       /* measured requests, n_records; owned */
+  bench_record *records; /* measured requests, n_records; owned */
   long n_records;
   char started_at[32];
   char first_error[160];       /* message of the first failed measured request */

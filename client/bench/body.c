@@ -37,8 +37,7 @@ char *bench_body_openai(const bench_config *cfg, const char *prompt, int max_tok
   }
   json_object_set_new(o, "max_tokens", json_integer(max_tokens));
   json_object_set_new(o, "stream", json_true());
-  if (cfg->include_usage)
-    json_object_set_new(o, "stream_options", json_pack("{s:b}", "include_usage", 1));
+  if (cfg->include_usage) json_object_set_new(o, "stream_options", json_pack("{s:b}", "include_usage", 1));
   if (cfg->ignore_eos) {
     /* vLLM and llama.cpp's server accept ignore_eos; vLLM also min_tokens. Servers that do not
      * know them ignore them (or reject them: then use --no-ignore-eos / --no-min-tokens). */
@@ -75,8 +74,8 @@ char *bench_body_kserve(const bench_config *cfg, uint64_t seed) {
   int64_t count = 1;
   for (int i = 0; i < cfg->ndim; i++) count *= cfg->shape[i];
   const char *dt = cfg->datatype;
-  bool is_float = strcmp(dt, "FP32") == 0 || strcmp(dt, "FP64") == 0 || strcmp(dt, "FP16") == 0 ||
-                  strcmp(dt, "BF16") == 0;
+  bool is_float =
+      strcmp(dt, "FP32") == 0 || strcmp(dt, "FP64") == 0 || strcmp(dt, "FP16") == 0 || strcmp(dt, "BF16") == 0;
   bool is_bool = strcmp(dt, "BOOL") == 0;
   bool is_bytes = strcmp(dt, "BYTES") == 0;
   bench_rng r;
@@ -98,8 +97,8 @@ char *bench_body_kserve(const bench_config *cfg, uint64_t seed) {
     }
     json_array_append_new(data, v);
   }
-  json_t *input = json_pack("{s:s, s:o, s:s, s:o}", "name", cfg->input_name, "shape", shape,
-                            "datatype", dt, "data", data);
+  json_t *input =
+      json_pack("{s:s, s:o, s:s, s:o}", "name", cfg->input_name, "shape", shape, "datatype", dt, "data", data);
   json_t *o = json_pack("{s:[o]}", "inputs", input);
   if (o && merge_extra(cfg, o)) {
     json_decref(o);

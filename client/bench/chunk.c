@@ -14,8 +14,7 @@ static void take_text(json_t *v, bench_chunk *out) {
   }
 }
 
-int bench_chunk_parse(const char *data, size_t len, bench_api api, bench_chunk *out,
-                      json_t **json_out) {
+int bench_chunk_parse(const char *data, size_t len, bench_api api, bench_chunk *out, json_t **json_out) {
   memset(out, 0, sizeof *out);
   out->usage_completion_tokens = -1;
   *json_out = NULL;

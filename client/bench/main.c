@@ -10,52 +10,51 @@
 #include "bench.h"
 
 static void usage(FILE *f) {
-  fprintf(f,
-"usage: servd-bench [options]\n"
-"Load generator for OpenAI-compatible servers (servd, llama.cpp's llama-server, vLLM) and KServe v2.\n"
-"\n"
-"target:\n"
-"  --url URL              http://host:port[/prefix] (default http://127.0.0.1:8000)\n"
-"  --host H, --port P     instead of --url\n"
-"  --api KIND             completions (default), chat, or kserve\n"
-"  --endpoint PATH        request path (default /v1/completions, /v1/chat/completions,\n"
-"                         or /v2/models/MODEL/infer)\n"
-"  --model NAME           model name sent in requests (needed by vLLM and for kserve)\n"
-"  --api-key KEY          sent as 'Authorization: Bearer KEY' (default: $SERVD_BENCH_API_KEY)\n"
-"  --timeout S            per-request timeout in seconds (default 300)\n"
-"load:\n"
-"  --concurrency N        N requests in flight at all times (default 1)\n"
-"  --request-rate R       Poisson arrivals at R requests/s instead\n"
-"  --max-concurrency N    with --request-rate: at most N in flight, others wait (default: no cap)\n"
-"  --num-requests N       measured requests (default 100)\n"
-"  --duration S           or: issue requests for S seconds, then wait for those in flight\n"
-"  --warmup N             requests before measuring, excluded from results (default 0)\n"
-"  --seed N               seeds prompts and arrivals; the same seed repeats the run (default 0)\n"
-"prompts (completions, chat):\n"
-"  --input-len N          random prompts of about N tokens (default 128)\n"
-"  --shared-prefix-len N  random prompts start with a shared prefix of about N tokens (default 0),\n"
-"                         then --input-len tokens of their own (prefix caching workloads)\n"
-"  --prefixes K           K distinct shared prefixes, request i takes prefix i mod K (default 1)\n"
-"  --output-len N         max_tokens (default 128; with --dataset: estimated from the reply)\n"
-"  --dataset FILE         ShareGPT conversations (JSONL or JSON array): first human turn\n"
-"  --no-ignore-eos        do not send ignore_eos: true (sent by default so outputs have their length)\n"
-"  --no-min-tokens        do not send min_tokens = max_tokens along with ignore_eos\n"
-"  --usage                ask for stream_options.include_usage; the server's count is shown beside ours\n"
-"  --temperature T        send this temperature (default: not sent)\n"
-"  --extra-body JSON      object merged into every request body\n"
-"  --count-tokens MODE    chunks (default): one token per non-empty stream chunk;\n"
-"                         tokenize: count the streamed text and prompt with the server's /tokenize\n"
-"kserve:\n"
-"  --shape D1,D2,...      input tensor shape (default 1,16)\n"
-"  --datatype T           FP32 (default), FP64, FP16, INT8..INT64, UINT8..UINT64, BOOL, BYTES\n"
-"  --input-name NAME      input tensor name (default input)\n"
-"output:\n"
-"  --json FILE            write results as JSON (schema: client/bench-result.schema.json)\n"
-"  --per-request          include every request (TTFT, ITL list, error) in the JSON\n"
-"  --quiet                no table on stdout\n"
-"Ctrl-C stops issuing and reports what finished; a second Ctrl-C abandons requests in flight.\n"
-"exit status: 0 when the run finished and at least one request succeeded, 1 when none did,\n"
-"2 for bad options or setup failures.\n");
+  fprintf(f, "usage: servd-bench [options]\n"
+             "Load generator for OpenAI-compatible servers (servd, llama.cpp's llama-server, vLLM) and KServe v2.\n"
+             "\n"
+             "target:\n"
+             "  --url URL              http://host:port[/prefix] (default http://127.0.0.1:8000)\n"
+             "  --host H, --port P     instead of --url\n"
+             "  --api KIND             completions (default), chat, or kserve\n"
+             "  --endpoint PATH        request path (default /v1/completions, /v1/chat/completions,\n"
+             "                         or /v2/models/MODEL/infer)\n"
+             "  --model NAME           model name sent in requests (needed by vLLM and for kserve)\n"
+             "  --api-key KEY          sent as 'Authorization: Bearer KEY' (default: $SERVD_BENCH_API_KEY)\n"
+             "  --timeout S            per-request timeout in seconds (default 300)\n"
+             "load:\n"
+             "  --concurrency N        N requests in flight at all times (default 1)\n"
+             "  --request-rate R       Poisson arrivals at R requests/s instead\n"
+             "  --max-concurrency N    with --request-rate: at most N in flight, others wait (default: no cap)\n"
+             "  --num-requests N       measured requests (default 100)\n"
+             "  --duration S           or: issue requests for S seconds, then wait for those in flight\n"
+             "  --warmup N             requests before measuring, excluded from results (default 0)\n"
+             "  --seed N               seeds prompts and arrivals; the same seed repeats the run (default 0)\n"
+             "prompts (completions, chat):\n"
+             "  --input-len N          random prompts of about N tokens (default 128)\n"
+             "  --shared-prefix-len N  random prompts start with a shared prefix of about N tokens (default 0),\n"
+             "                         then --input-len tokens of their own (prefix caching workloads)\n"
+             "  --prefixes K           K distinct shared prefixes, request i takes prefix i mod K (default 1)\n"
+             "  --output-len N         max_tokens (default 128; with --dataset: estimated from the reply)\n"
+             "  --dataset FILE         ShareGPT conversations (JSONL or JSON array): first human turn\n"
+             "  --no-ignore-eos        do not send ignore_eos: true (sent by default so outputs have their length)\n"
+             "  --no-min-tokens        do not send min_tokens = max_tokens along with ignore_eos\n"
+             "  --usage                ask for stream_options.include_usage; the server's count is shown beside ours\n"
+             "  --temperature T        send this temperature (default: not sent)\n"
+             "  --extra-body JSON      object merged into every request body\n"
+             "  --count-tokens MODE    chunks (default): one token per non-empty stream chunk;\n"
+             "                         tokenize: count the streamed text and prompt with the server's /tokenize\n"
+             "kserve:\n"
+             "  --shape D1,D2,...      input tensor shape (default 1,16)\n"
+             "  --datatype T           FP32 (default), FP64, FP16, INT8..INT64, UINT8..UINT64, BOOL, BYTES\n"
+             "  --input-name NAME      input tensor name (default input)\n"
+             "output:\n"
+             "  --json FILE            write results as JSON (schema: client/bench-result.schema.json)\n"
+             "  --per-request          include every request (TTFT, ITL list, error) in the JSON\n"
+             "  --quiet                no table on stdout\n"
+             "Ctrl-C stops issuing and reports what finished; a second Ctrl-C abandons requests in flight.\n"
+             "exit status: 0 when the run finished and at least one request succeeded, 1 when none did,\n"
+             "2 for bad options or setup failures.\n");
 }
 
 static int parse_long(const char *opt, const char *s, long min, long *out) {
@@ -149,26 +148,55 @@ static int parse_shape(bench_config *cfg, const char *s) {
   }
   if (cfg->ndim) return 0;
 bad:
-  fprintf(stderr, "servd-bench: --shape expects up to %d positive integers like 1,3,224,224, "
-                  "got '%s'\n", BENCH_MAX_DIMS, s);
+  fprintf(stderr,
+          "servd-bench: --shape expects up to %d positive integers like 1,3,224,224, "
+          "got '%s'\n",
+          BENCH_MAX_DIMS, s);
   return -1;
 }
 
 static bool known_datatype(const char *t) {
-  static const char *const types[] = {"BOOL",  "UINT8", "UINT16", "UINT32", "UINT64", "INT8",
-                                      "INT16", "INT32", "INT64",  "FP16",   "BF16",   "FP32",
-                                      "FP64",  "BYTES", NULL};
+  static const char *const types[] = {"BOOL",  "UINT8", "UINT16", "UINT32", "UINT64", "INT8",  "INT16", "INT32",
+                                      "INT64", "FP16",  "BF16",   "FP32",   "FP64",   "BYTES", NULL};
   for (int i = 0; types[i]; i++)
     if (strcmp(t, types[i]) == 0) return true;
   return false;
 }
 
 enum {
-  OPT_URL = 256, OPT_HOST, OPT_PORT, OPT_API, OPT_ENDPOINT, OPT_MODEL, OPT_KEY, OPT_TIMEOUT,
-  OPT_CONC, OPT_RATE, OPT_MAXCONC, OPT_NUM, OPT_DUR, OPT_WARM, OPT_SEED, OPT_IN, OPT_OUT, OPT_PREFIX_LEN,
+  OPT_URL = 256,
+  OPT_HOST,
+  OPT_PORT,
+  OPT_API,
+  OPT_ENDPOINT,
+  OPT_MODEL,
+  OPT_KEY,
+  OPT_TIMEOUT,
+  OPT_CONC,
+  OPT_RATE,
+  OPT_MAXCONC,
+  OPT_NUM,
+  OPT_DUR,
+  OPT_WARM,
+  OPT_SEED,
+  OPT_IN,
+  OPT_OUT,
+  OPT_PREFIX_LEN,
   OPT_PREFIXES,
-  OPT_DATASET, OPT_NO_EOS, OPT_NO_MIN, OPT_USAGE, OPT_TEMP, OPT_EXTRA, OPT_COUNT, OPT_SHAPE,
-  OPT_DTYPE, OPT_INAME, OPT_JSON, OPT_PERREQ, OPT_QUIET, OPT_HELP
+  OPT_DATASET,
+  OPT_NO_EOS,
+  OPT_NO_MIN,
+  OPT_USAGE,
+  OPT_TEMP,
+  OPT_EXTRA,
+  OPT_COUNT,
+  OPT_SHAPE,
+  OPT_DTYPE,
+  OPT_INAME,
+  OPT_JSON,
+  OPT_PERREQ,
+  OPT_QUIET,
+  OPT_HELP
 };
 
 static const struct option kOptions[] = {
@@ -333,8 +361,7 @@ static int parse_args(bench_config *cfg, int argc, char **argv) {
       bool ok = json_is_object(j);
       json_decref(j);
       if (!ok) {
-        fprintf(stderr, "servd-bench: --extra-body expects a JSON object: %s\n",
-                j ? "not an object" : jerr.text);
+        fprintf(stderr, "servd-bench: --extra-body expects a JSON object: %s\n", j ? "not an object" : jerr.text);
         return -1;
       }
       cfg->extra_body = a;
@@ -363,12 +390,8 @@ static int parse_args(bench_config *cfg, int argc, char **argv) {
     case OPT_PERREQ: cfg->per_request = true; break;
     case OPT_QUIET: cfg->quiet = true; break;
     case OPT_HELP:
-    case 'h':
-      usage(stdout);
-      exit(0);
-    default:
-      usage(stderr);
-      return -1;
+    case 'h': usage(stdout); exit(0);
+    default: usage(stderr); return -1;
     }
   }
   if (optind < argc) {
@@ -404,8 +427,7 @@ static int parse_args(bench_config *cfg, int argc, char **argv) {
   }
   if (!endpoint_arg) {
     if (cfg->api == BENCH_API_KSERVE)
-      snprintf(cfg->endpoint, sizeof cfg->endpoint, "%s/v2/models/%s/infer", cfg->base_path,
-               cfg->model);
+      snprintf(cfg->endpoint, sizeof cfg->endpoint, "%s/v2/models/%s/infer", cfg->base_path, cfg->model);
     else
       snprintf(cfg->endpoint, sizeof cfg->endpoint, "%s%s", cfg->base_path,
                cfg->api == BENCH_API_CHAT ? "/v1/chat/completions" : "/v1/completions");

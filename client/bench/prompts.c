@@ -10,28 +10,28 @@
 /* Common English words that byte-pair tokenizers (Llama, GPT-2, Qwen, SmolLM) encode as a single
  * token when preceded by a space, so n words make a prompt of about n tokens. */
 static const char *const kWords[] = {
-    "the",    "of",    "and",   "to",     "in",     "is",    "you",   "that",  "it",    "he",
-    "was",    "for",   "on",    "are",    "as",     "with",  "his",   "they",  "at",    "be",
-    "this",   "have",  "from",  "or",     "one",    "had",   "by",    "word",  "but",   "not",
-    "what",   "all",   "were",  "we",     "when",   "your",  "can",   "said",  "there", "use",
-    "an",     "each",  "which", "she",    "do",     "how",   "their", "if",    "will",  "up",
-    "other",  "about", "out",   "many",   "then",   "them",  "these", "so",    "some",  "her",
-    "would",  "make",  "like",  "him",    "into",   "time",  "has",   "look",  "two",   "more",
-    "write",  "go",    "see",   "number", "no",     "way",   "could", "people", "my",   "than",
-    "first",  "water", "been",  "call",   "who",    "its",   "now",   "find",  "long",  "down",
-    "day",    "did",   "get",   "come",   "made",   "may",   "part",  "over",  "new",   "sound",
-    "take",   "only",  "little", "work",  "know",   "place", "year",  "live",  "me",    "back",
-    "give",   "most",  "very",  "after",  "thing",  "our",   "just",  "name",  "good",  "man",
-    "think",  "say",   "great", "where",  "help",   "through", "much", "before", "line", "right",
-    "too",    "mean",  "old",   "any",    "same",   "tell",  "boy",   "follow", "came", "want",
-    "show",   "also",  "around", "form",  "three",  "small", "set",   "put",   "end",   "does",
-    "another", "well", "large", "must",   "big",    "even",  "such",  "because", "turn", "here",
-    "why",    "ask",   "went",  "men",    "read",   "need",  "land",  "different", "home", "us",
-    "move",   "try",   "kind",  "hand",   "picture", "again", "change", "off", "play",  "spell",
-    "air",    "away",  "animal", "house", "point",  "page",  "letter", "mother", "answer", "found",
-    "study",  "still", "learn", "should", "world",  "high",  "every", "near",  "add",   "food",
-    "between", "own",  "below", "country", "plant", "last",  "school", "father", "keep", "tree",
-    "never",  "start", "city",  "earth",  "eye",    "light", "thought", "head", "under", "story",
+    "the",     "of",    "and",    "to",      "in",      "is",      "you",     "that",      "it",     "he",
+    "was",     "for",   "on",     "are",     "as",      "with",    "his",     "they",      "at",     "be",
+    "this",    "have",  "from",   "or",      "one",     "had",     "by",      "word",      "but",    "not",
+    "what",    "all",   "were",   "we",      "when",    "your",    "can",     "said",      "there",  "use",
+    "an",      "each",  "which",  "she",     "do",      "how",     "their",   "if",        "will",   "up",
+    "other",   "about", "out",    "many",    "then",    "them",    "these",   "so",        "some",   "her",
+    "would",   "make",  "like",   "him",     "into",    "time",    "has",     "look",      "two",    "more",
+    "write",   "go",    "see",    "number",  "no",      "way",     "could",   "people",    "my",     "than",
+    "first",   "water", "been",   "call",    "who",     "its",     "now",     "find",      "long",   "down",
+    "day",     "did",   "get",    "come",    "made",    "may",     "part",    "over",      "new",    "sound",
+    "take",    "only",  "little", "work",    "know",    "place",   "year",    "live",      "me",     "back",
+    "give",    "most",  "very",   "after",   "thing",   "our",     "just",    "name",      "good",   "man",
+    "think",   "say",   "great",  "where",   "help",    "through", "much",    "before",    "line",   "right",
+    "too",     "mean",  "old",    "any",     "same",    "tell",    "boy",     "follow",    "came",   "want",
+    "show",    "also",  "around", "form",    "three",   "small",   "set",     "put",       "end",    "does",
+    "another", "well",  "large",  "must",    "big",     "even",    "such",    "because",   "turn",   "here",
+    "why",     "ask",   "went",   "men",     "read",    "need",    "land",    "different", "home",   "us",
+    "move",    "try",   "kind",   "hand",    "picture", "again",   "change",  "off",       "play",   "spell",
+    "air",     "away",  "animal", "house",   "point",   "page",    "letter",  "mother",    "answer", "found",
+    "study",   "still", "learn",  "should",  "world",   "high",    "every",   "near",      "add",    "food",
+    "between", "own",   "below",  "country", "plant",   "last",    "school",  "father",    "keep",   "tree",
+    "never",   "start", "city",   "earth",   "eye",     "light",   "thought", "head",      "under",  "story",
 };
 #define N_WORDS (sizeof kWords / sizeof kWords[0])
 
@@ -44,7 +44,7 @@ struct bench_prompts {
   const bench_config *cfg; /* borrowed; outlives the prompts */
   char *buf;               /* the latest random prompt; owned */
   size_t cap;
-  entry *entries;          /* dataset, in a seeded shuffled order; owned */
+  entry *entries; /* dataset, in a seeded shuffled order; owned */
   long n;
 };
 
@@ -133,8 +133,10 @@ static int load_dataset(bench_prompts *p, const char *path) {
       if (n == 0 || strspn(line, " \t\r\n") == (size_t)n) continue;
       json_t *item = json_loadb(line, (size_t)n, 0, &jerr);
       if (!json_is_object(item)) {
-        fprintf(stderr, "servd-bench: dataset %s:%ld: expected a JSON object with "
-                        "\"conversations\": %s\n", path, lineno, item ? "not an object" : jerr.text);
+        fprintf(stderr,
+                "servd-bench: dataset %s:%ld: expected a JSON object with "
+                "\"conversations\": %s\n",
+                path, lineno, item ? "not an object" : jerr.text);
         json_decref(item);
         free(line);
         goto done;
@@ -149,8 +151,10 @@ static int load_dataset(bench_prompts *p, const char *path) {
     free(line);
   }
   if (p->n == 0) {
-    fprintf(stderr, "servd-bench: dataset %s has no conversation whose first turn is from "
-                    "\"human\"\n", path);
+    fprintf(stderr,
+            "servd-bench: dataset %s has no conversation whose first turn is from "
+            "\"human\"\n",
+            path);
     goto done;
   }
   rc = 0;

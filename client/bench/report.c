@@ -10,37 +10,32 @@ static const char *api_name(bench_api a) {
   return a == BENCH_API_CHAT ? "chat" : a == BENCH_API_KSERVE ? "kserve" : "completions";
 }
 
-static const char *count_name(bench_count_mode m) {
-  return m == BENCH_COUNT_TOKENIZE ? "tokenize" : "chunks";
-}
+static const char *count_name(bench_count_mode m) { return m == BENCH_COUNT_TOKENIZE ? "tokenize" : "chunks"; }
 
 static void row(const char *name, const bench_summary *s) {
   if (s->count == 0) {
     printf("  %-6s %10s %10s %10s %10s %10s %8s\n", name, "-", "-", "-", "-", "-", "0");
     return;
   }
-  printf("  %-6s %10.2f %10.2f %10.2f %10.2f %10.2f %8ld\n", name, s->mean, s->median, s->p90,
-         s->p99, s->max, s->count);
+  printf("  %-6s %10.2f %10.2f %10.2f %10.2f %10.2f %8ld\n", name, s->mean, s->median, s->p90, s->p99, s->max,
+         s->count);
 }
 
 void bench_report_table(const bench_config *cfg, const bench_results *res) {
   bool llm = cfg->api != BENCH_API_KSERVE;
   printf("==================== servd-bench ====================\n");
   printf("%-34s http://%s:%d%s\n", "Target:", cfg->host, cfg->port, cfg->endpoint);
-  printf("%-34s %s%s%s\n", "API / model:", api_name(cfg->api), cfg->model ? " / " : "",
-         cfg->model ? cfg->model : "");
+  printf("%-34s %s%s%s\n", "API / model:", api_name(cfg->api), cfg->model ? " / " : "", cfg->model ? cfg->model : "");
   if (cfg->request_rate > 0) {
-    printf("%-34s rate %.3g req/s (Poisson, seed %llu), max concurrency ", "Load:",
-           cfg->request_rate, (unsigned long long)cfg->seed);
-    if (cfg->max_concurrency > 0)
-      printf("%d\n", cfg->max_concurrency);
-    else
-      printf("unlimited\n");
+    printf("%-34s rate %.3g req/s (Poisson, seed %llu), max concurrency ", "Load:", cfg->request_rate,
+           (unsigned long long)cfg->seed);
+    if (cfg->max_concurrency > 0) printf("%d\n", cfg->max_concurrency);
+    else printf("unlimited\n");
   } else {
     printf("%-34s concurrency %d\n", "Load:", cfg->concurrency);
   }
-  printf("%-34s %ld completed, %ld failed (%d warm-up excluded, %ld of them failed)\n",
-         "Requests:", res->completed, res->failed, cfg->warmup, res->warmup_failed);
+  printf("%-34s %ld completed, %ld failed (%d warm-up excluded, %ld of them failed)\n", "Requests:", res->completed,
+         res->failed, cfg->warmup, res->warmup_failed);
   if (res->interrupted) printf("%-34s %s\n", "Interrupted:", "yes, results cover what finished");
   printf("%-34s %.3f\n", "Duration (s):", res->duration_s);
   printf("%-34s %.3f\n", "Request throughput (req/s):", res->requests_per_s);
@@ -50,8 +45,7 @@ void bench_report_table(const bench_config *cfg, const bench_results *res) {
            : cfg->dataset                          ? "estimated, 4 characters per token"
                                                    : "requested");
     printf("%-34s %ld (%s; %ld non-empty chunks)\n", "Output tokens:", res->output_tokens,
-           res->counted_by == BENCH_COUNT_TOKENIZE ? "counted by /tokenize"
-                                                   : "one per non-empty stream chunk",
+           res->counted_by == BENCH_COUNT_TOKENIZE ? "counted by /tokenize" : "one per non-empty stream chunk",
            res->output_chunks);
     if (res->usage_output_tokens >= 0)
       printf("%-34s %ld\n", "Output tokens (server's usage):", res->usage_output_tokens);
@@ -83,9 +77,8 @@ void bench_report_table(const bench_config *cfg, const bench_results *res) {
 }
 
 static json_t *summary_json(const bench_summary *s) {
-  return json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "count", (json_int_t)s->count,
-                   "mean", s->mean, "median", s->median, "p90", s->p90, "p99", s->p99, "min", s->min,
-                   "max", s->max, "stddev", s->stddev);
+  return json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "count", (json_int_t)s->count, "mean", s->mean, "median",
+                   s->median, "p90", s->p90, "p99", s->p99, "min", s->min, "max", s->max, "stddev", s->stddev);
 }
 
 static json_t *nullable_int(long v) { return v >= 0 ? json_integer(v) : json_null(); }
@@ -103,7 +96,8 @@ static json_t *config_json(const bench_config *cfg) {
   json_object_set_new(c, "load", json_string(cfg->request_rate > 0 ? "rate" : "concurrency"));
   json_object_set_new(c, "concurrency", cfg->request_rate > 0 ? json_null() : json_integer(cfg->concurrency));
   json_object_set_new(c, "request_rate", cfg->request_rate > 0 ? json_real(cfg->request_rate) : json_null());
-  json_object_set_new(c, "max_concurrency", cfg->max_concurrency > 0 ? json_integer(cfg->max_concurrency) : json_null());
+  json_object_set_new(c, "max_concurrency",
+                      cfg->max_concurrency > 0 ? json_integer(cfg->max_concurrency) : json_null());
   json_object_set_new(c, "num_requests", cfg->num_requests > 0 ? json_integer(cfg->num_requests) : json_null());
   json_object_set_new(c, "duration_s", cfg->duration_s > 0 ? json_real(cfg->duration_s) : json_null());
   json_object_set_new(c, "warmup", json_integer(cfg->warmup));
@@ -112,8 +106,9 @@ static json_t *config_json(const bench_config *cfg) {
   if (cfg->api == BENCH_API_KSERVE) {
     json_t *shape = json_array();
     for (int i = 0; i < cfg->ndim; i++) json_array_append_new(shape, json_integer(cfg->shape[i]));
-    json_object_set_new(c, "kserve", json_pack("{s:o, s:s, s:s}", "shape", shape, "datatype",
-                                               cfg->datatype, "input_name", cfg->input_name));
+    json_object_set_new(
+        c, "kserve",
+        json_pack("{s:o, s:s, s:s}", "shape", shape, "datatype", cfg->datatype, "input_name", cfg->input_name));
   } else {
     json_object_set_new(c, "prompts", json_string(cfg->dataset ? "dataset" : "random"));
     json_object_set_new(c, "dataset", nullable_str(cfg->dataset));
@@ -141,7 +136,8 @@ static json_t *request_json(const bench_config *cfg, const bench_record *rec) {
   json_object_set_new(o, "prompt_index", json_integer(rec->prompt_index));
   json_object_set_new(o, "e2e_ms", json_real((double)(rec->t_end - rec->t_start) / 1e6));
   if (cfg->api == BENCH_API_KSERVE) return o;
-  json_object_set_new(o, "ttft_ms", rec->t_first ? json_real((double)(rec->t_first - rec->t_start) / 1e6) : json_null());
+  json_object_set_new(o, "ttft_ms",
+                      rec->t_first ? json_real((double)(rec->t_first - rec->t_start) / 1e6) : json_null());
   json_object_set_new(o, "input_tokens", json_integer(rec->in_tokens));
   json_object_set_new(o, "output_tokens", json_integer(rec->out_tokens));
   json_object_set_new(o, "output_chunks", json_integer(rec->out_chunks));
@@ -200,8 +196,7 @@ int bench_report_json(const bench_config *cfg, const bench_results *res, const c
   }
   json_object_set_new(r, "e2e_ms", summary_json(&res->e2e));
   json_t *errs = json_object();
-  for (int e = 1; e < BENCH_ERR__COUNT; e++)
-    json_object_set_new(errs, bench_err_name(e), json_integer(res->errors[e]));
+  for (int e = 1; e < BENCH_ERR__COUNT; e++) json_object_set_new(errs, bench_err_name(e), json_integer(res->errors[e]));
   json_t *by_status = json_object();
   for (int s = 0; s < 600; s++)
     if (res->http_status_count[s]) {
@@ -215,8 +210,7 @@ int bench_report_json(const bench_config *cfg, const bench_results *res, const c
   json_object_set_new(root, "results", r);
   if (cfg->per_request) {
     json_t *reqs = json_array();
-    for (long i = 0; i < res->n_records; i++)
-      json_array_append_new(reqs, request_json(cfg, &res->records[i]));
+    for (long i = 0; i < res->n_records; i++) json_array_append_new(reqs, request_json(cfg, &res->records[i]));
     json_object_set_new(root, "requests", reqs);
   }
   int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_REAL_PRECISION(10));

@@ -17,9 +17,9 @@
 #include "bench.h"
 
 #define READ_BUF 65536
-#define MAX_SSE_LINE (16u << 20)     /* a longer SSE line is a parse error, not unbounded memory */
-#define MAX_BODY (256u << 20)        /* KServe / tokenize response bodies */
-#define MAX_ERROR_BODY 400           /* bytes of an error response kept for the message */
+#define MAX_SSE_LINE (16u << 20)       /* a longer SSE line is a parse error, not unbounded memory */
+#define MAX_BODY (256u << 20)          /* KServe / tokenize response bodies */
+#define MAX_ERROR_BODY 400             /* bytes of an error response kept for the message */
 #define WARMUP_INDEX_BASE (1ull << 40) /* prompt indices of warm-up requests, apart from measured */
 
 typedef enum phase { PH_WARMUP, PH_MEASURE, PH_TOKENIZE, PH_DONE } phase;
@@ -37,9 +37,9 @@ typedef struct conn {
   http_parser parser;
   worker *w;
   bool connected;
-  bool reused;      /* it served a request before, so the server may close it as we write */
-  bool eof;         /* the server closed its side */
-  size_t received;  /* response bytes read for the current request */
+  bool reused;     /* it served a request before, so the server may close it as we write */
+  bool eof;        /* the server closed its side */
+  size_t received; /* response bytes read for the current request */
   char rbuf[READ_BUF];
 } conn;
 
@@ -54,12 +54,12 @@ struct worker {
   char *req;        /* request bytes; owned */
   size_t req_len, req_cap;
   bench_sse sse;
-  char *body;       /* non-stream response body; owned */
+  char *body; /* non-stream response body; owned */
   size_t body_len, body_cap;
   int status;
   bool msg_complete, done_seen, retried;
-  int fail_err;     /* set by a parser callback; acted on after http_parser_execute */
-  int pending_err;  /* a synchronous failure, reported from the timer */
+  int fail_err;    /* set by a parser callback; acted on after http_parser_execute */
+  int pending_err; /* a synchronous failure, reported from the timer */
   char fail_msg[128];
   uint64_t now;
   worker *next_idle;
@@ -97,7 +97,7 @@ static void finish(worker *w, int err, const char *msg);
 static void advance(run *r);
 
 const char *bench_err_name(int err) {
-  static const char *const names[BENCH_ERR__COUNT] = {"ok",    "connect", "timeout",   "http",
+  static const char *const names[BENCH_ERR__COUNT] = {"ok",    "connect",    "timeout", "http",
                                                       "parse", "disconnect", "stream"};
   return err >= 0 && err < BENCH_ERR__COUNT ? names[err] : "unknown";
 }
@@ -250,8 +250,7 @@ static void complete(worker *w) {
   msg[0] = '\0';
   if (w->kind == RK_STREAM) {
     /* a last event without its blank line still counts */
-    if (!w->done_seen && w->sse.has_data && bench_sse_feed(&w->sse, "\n\n", 2, on_sse_event, w) == 0 &&
-        w->fail_err) {
+    if (!w->done_seen && w->sse.has_data && bench_sse_feed(&w->sse, "\n\n", 2, on_sse_event, w) == 0 && w->fail_err) {
       err = w->fail_err;
       snprintf(msg, sizeof msg, "%s", w->fail_msg);
     } else if (!w->done_seen) {
@@ -265,8 +264,8 @@ static void complete(worker *w) {
     if (w->kind == RK_KSERVE) {
       if (!json_is_array(json_object_get(doc, "outputs"))) {
         err = BENCH_ERR_PARSE;
-        snprintf(msg, sizeof msg, "KServe response without an \"outputs\" array%s%.60s",
-                 doc ? "" : ": ", doc ? "" : jerr.text);
+        snprintf(msg, sizeof msg, "KServe response without an \"outputs\" array%s%.60s", doc ? "" : ": ",
+                 doc ? "" : jerr.text);
       }
     } else { /* tokenize: llama.cpp and vLLM return {"tokens": [...]}, vLLM also "count" */
       json_t *t = json_object_get(doc, "tokens");
@@ -317,8 +316,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
       c->eof = true;
       http_parser_execute(&c->parser, &w->r->settings, NULL, 0);
       /* a stream that reached [DONE] is whole even if the last empty chunk never came */
-      if (w->msg_complete || (w->kind == RK_STREAM && w->done_seen && is_2xx(w->status) &&
-                              !w->fail_err)) {
+      if (w->msg_complete || (w->kind == RK_STREAM && w->done_seen && is_2xx(w->status) && !w->fail_err)) {
         complete(w);
         return;
       }
@@ -575,14 +573,12 @@ static void finish(worker *w, int err, const char *msg) {
   } else if (r->ph == PH_MEASURE) {
     r->t_last_end = rec->t_end;
     if (err && !r->res->first_error[0])
-      snprintf(r->res->first_error, sizeof r->res->first_error, "%s: %s", bench_err_name(err),
-               rec->errmsg);
+      snprintf(r->res->first_error, sizeof r->res->first_error, "%s: %s", bench_err_name(err), rec->errmsg);
     if (keep_record(r, rec)) fprintf(stderr, "servd-bench: out of memory keeping results\n");
   } else if (r->ph == PH_TOKENIZE) {
     bench_record *t = &r->res->records[w->tok_target / 2];
     if (err) {
-      if (!r->tok_failed)
-        snprintf(r->res->tokenize_error, sizeof r->res->tokenize_error, "%s", rec->errmsg);
+      if (!r->tok_failed) snprintf(r->res->tokenize_error, sizeof r->res->tokenize_error, "%s", rec->errmsg);
       r->tok_failed = true;
     } else if (w->tok_target % 2 == 0) {
       t->out_tokens = rec->out_tokens;
@@ -684,12 +680,8 @@ static void dispatch(worker *w) {
     make_idle(w);
     advance(r);
     return;
-  case PH_TOKENIZE:
-    start_tokenize(r, w);
-    return;
-  case PH_DONE:
-    make_idle(w);
-    return;
+  case PH_TOKENIZE: start_tokenize(r, w); return;
+  case PH_DONE: make_idle(w); return;
   }
 }
 
@@ -711,10 +703,8 @@ static void on_arrival(uv_timer_t *t) {
       return;
     }
     worker *w = take_worker(r);
-    if (w)
-      start_one(r, w);
-    else
-      r->queued++;
+    if (w) start_one(r, w);
+    else r->queued++;
     r->next_arrival += (uint64_t)(bench_rng_exponential(&r->arrival_rng, r->cfg->request_rate) * 1e9);
   }
   schedule_arrival(r);
@@ -754,13 +744,10 @@ static void advance(run *r) {
     return;
   }
   if (r->ph == PH_TOKENIZE && r->tok_next < r->tok_total && !r->tok_failed) return;
-  if (r->ph == PH_WARMUP)
-    begin_phase(r, PH_MEASURE);
-  else if (r->ph == PH_MEASURE && r->cfg->count_mode == BENCH_COUNT_TOKENIZE &&
-           r->cfg->api != BENCH_API_KSERVE)
+  if (r->ph == PH_WARMUP) begin_phase(r, PH_MEASURE);
+  else if (r->ph == PH_MEASURE && r->cfg->count_mode == BENCH_COUNT_TOKENIZE && r->cfg->api != BENCH_API_KSERVE)
     begin_phase(r, PH_TOKENIZE);
-  else
-    begin_phase(r, PH_DONE);
+  else begin_phase(r, PH_DONE);
 }
 
 static void begin_phase(run *r, phase ph) {
@@ -824,8 +811,10 @@ static void on_sigint(uv_signal_t *h, int signum) {
       r->tok_failed = true;
       snprintf(r->res->tokenize_error, sizeof r->res->tokenize_error, "interrupted");
     }
-    fprintf(stderr, "servd-bench: interrupted: waiting for %d request(s) in flight, then reporting "
-                    "(interrupt again to abandon them)\n", busy_workers(r));
+    fprintf(stderr,
+            "servd-bench: interrupted: waiting for %d request(s) in flight, then reporting "
+            "(interrupt again to abandon them)\n",
+            busy_workers(r));
     advance(r);
     return;
   }
@@ -964,11 +953,9 @@ int bench_run(const bench_config *cfg, bench_prompts *prompts, bench_results *re
       rec->out_tokens = rec->out_chunks;
       bench_prompts_get(prompts, (uint64_t)rec->prompt_index, &rec->in_tokens, &out);
     }
-  compute(cfg, res, cfg->count_mode == BENCH_COUNT_TOKENIZE && cfg->api != BENCH_API_KSERVE &&
-                        !r->tok_failed);
+  compute(cfg, res, cfg->count_mode == BENCH_COUNT_TOKENIZE && cfg->api != BENCH_API_KSERVE && !r->tok_failed);
   if (cfg->count_mode == BENCH_COUNT_TOKENIZE && r->tok_failed)
-    fprintf(stderr, "servd-bench: /tokenize failed (%s); output tokens are counted as chunks\n",
-            res->tokenize_error);
+    fprintf(stderr, "servd-bench: /tokenize failed (%s); output tokens are counted as chunks\n", res->tokenize_error);
   rc = 0;
 fail:
   if (r->arrival_active) {

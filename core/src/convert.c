@@ -34,7 +34,7 @@ uint16_t servd_f32_to_f16(float f) {
   uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
   uint32_t a = u & 0x7fffffffu;
   if (a >= 0x7f800000u) return sign | (a > 0x7f800000u ? 0x7e00 : 0x7c00); /* nan / inf */
-  if (a >= 0x477ff000u) return sign | 0x7c00; /* rounds to >= 65536: inf */
+  if (a >= 0x477ff000u) return sign | 0x7c00;                              /* rounds to >= 65536: inf */
   if (a < 0x38800000u) {
     /* Result is subnormal (or zero) in f16: add 0.5 as a magic number so the FPU rounds to
      * nearest even at the 2^-24 unit. */
@@ -302,15 +302,15 @@ static void quantize_q6_k(const float *x, servd_block_q6_k *y, int64_t nb) {
       for (int l = 0; l < 32; l++) {
         y->ql[64 * h + l] = (uint8_t)((v[l] & 0xF) | (v[l + 64] & 0xF) << 4);
         y->ql[64 * h + l + 32] = (uint8_t)((v[l + 32] & 0xF) | (v[l + 96] & 0xF) << 4);
-        y->qh[32 * h + l] = (uint8_t)(v[l] >> 4 | (v[l + 32] >> 4) << 2 | (v[l + 64] >> 4) << 4 | (v[l + 96] >> 4) << 6);
+        y->qh[32 * h + l] =
+            (uint8_t)(v[l] >> 4 | (v[l + 32] >> 4) << 2 | (v[l + 64] >> 4) << 4 | (v[l + 96] >> 4) << 6);
       }
     }
   }
 }
 
 static int check_row(const char *op, servd_dtype t, const void *a, const void *b, int64_t n) {
-  if ((unsigned)t >= SERVD_DTYPE_COUNT)
-    return servd_fail(SERVD_EINVAL, "%s: invalid dtype %d", op, (int)t);
+  if ((unsigned)t >= SERVD_DTYPE_COUNT) return servd_fail(SERVD_EINVAL, "%s: invalid dtype %d", op, (int)t);
   if (n < 0 || n % (int64_t)servd_dtype_block_elems(t) != 0)
     return servd_fail(SERVD_EINVAL, "%s: %lld elements is not a whole number of %s blocks", op, (long long)n,
                       servd_dtype_name(t));

@@ -10,10 +10,10 @@ static const struct {
   const char *name;
   size_t block_elems, block_bytes;
 } dtypes[SERVD_DTYPE_COUNT] = {
-    [SERVD_F32] = {"f32", 1, 4},   [SERVD_F16] = {"f16", 1, 2},   [SERVD_BF16] = {"bf16", 1, 2},
-    [SERVD_I32] = {"i32", 1, 4},   [SERVD_Q8_0] = {"q8_0", 32, 34}, [SERVD_Q4_0] = {"q4_0", 32, 18},
-    [SERVD_Q4_1] = {"q4_1", 32, 20}, [SERVD_Q4_K] = {"q4_k", 256, 144}, [SERVD_Q6_K] = {"q6_k", 256, 210},
-    [SERVD_Q5_K] = {"q5_k", 256, 176}, [SERVD_Q5_0] = {"q5_0", 32, 22}, [SERVD_Q5_1] = {"q5_1", 32, 24},
+    [SERVD_F32] = {"f32", 1, 4},       [SERVD_F16] = {"f16", 1, 2},       [SERVD_BF16] = {"bf16", 1, 2},
+    [SERVD_I32] = {"i32", 1, 4},       [SERVD_Q8_0] = {"q8_0", 32, 34},   [SERVD_Q4_0] = {"q4_0", 32, 18},
+    [SERVD_Q4_1] = {"q4_1", 32, 20},   [SERVD_Q4_K] = {"q4_k", 256, 144}, [SERVD_Q6_K] = {"q6_k", 256, 210},
+    [SERVD_Q5_K] = {"q5_k", 256, 176}, [SERVD_Q5_0] = {"q5_0", 32, 22},   [SERVD_Q5_1] = {"q5_1", 32, 24},
 };
 
 static bool dtype_ok(servd_dtype t) { return (unsigned)t < SERVD_DTYPE_COUNT; }
@@ -27,7 +27,8 @@ int servd_dtype_from_name(const char *name, servd_dtype *out) {
       return 0;
     }
   }
-  return servd_fail(SERVD_EINVAL, "dtype: unknown name '%s' (expected f32 f16 bf16 i32 q8_0 q4_0 q4_1 q4_k q6_k q5_k q5_0 q5_1)",
+  return servd_fail(SERVD_EINVAL,
+                    "dtype: unknown name '%s' (expected f32 f16 bf16 i32 q8_0 q4_0 q4_1 q4_k q6_k q5_k q5_0 q5_1)",
                     name ? name : "(null)");
 }
 
@@ -38,8 +39,8 @@ bool servd_dtype_is_quantized(servd_dtype t) { return dtype_ok(t) && dtypes[t].b
 /* 0 (and a recorded error) when n is negative or not a whole number of blocks. */
 size_t servd_dtype_row_bytes(servd_dtype t, int64_t n) {
   if (!dtype_ok(t) || n < 0 || n % (int64_t)dtypes[t].block_elems != 0) {
-    servd_fail(SERVD_EINVAL, "dtype_row_bytes: %lld elements of %s is not a whole number of blocks",
-               (long long)n, servd_dtype_name(t));
+    servd_fail(SERVD_EINVAL, "dtype_row_bytes: %lld elements of %s is not a whole number of blocks", (long long)n,
+               servd_dtype_name(t));
     return 0;
   }
   return (size_t)n / dtypes[t].block_elems * dtypes[t].block_bytes;
@@ -205,7 +206,7 @@ servd_tensor *servd_tensor_new(servd_dtype t, int ndim, const int64_t *shape) {
 static size_t dtype_align(servd_dtype t) { return dtypes[t].block_elems == 1 ? dtypes[t].block_bytes : 2; }
 
 servd_tensor *servd_tensor_from_storage(servd_storage *s, size_t offset, servd_dtype t, int ndim,
-                                       const int64_t *shape) {
+                                        const int64_t *shape) {
   int64_t strides[SERVD_MAX_DIMS];
   size_t bytes;
   if (!s) {
@@ -226,7 +227,7 @@ servd_tensor *servd_tensor_from_storage(servd_storage *s, size_t offset, servd_d
 }
 
 servd_tensor *servd_tensor_view(const servd_tensor *base, size_t offset, int ndim, const int64_t *shape,
-                               const int64_t *strides) {
+                                const int64_t *strides) {
   char s[128];
   if (!base || ndim < 1 || ndim > SERVD_MAX_DIMS || !shape || !strides) {
     servd_fail(SERVD_EINVAL, "tensor_view: bad arguments (ndim %d)", ndim);
@@ -236,7 +237,8 @@ servd_tensor *servd_tensor_view(const servd_tensor *base, size_t offset, int ndi
   size_t be = dtypes[t].block_elems, bb = dtypes[t].block_bytes;
   int64_t inner = be == 1 ? (int64_t)bb : 0;
   if (strides[ndim - 1] != inner || shape[ndim - 1] < 0 || (uint64_t)shape[ndim - 1] % be != 0) {
-    servd_fail(SERVD_EINVAL, "tensor_view: %s view [%s] needs a contiguous innermost dimension (stride %lld, whole blocks)",
+    servd_fail(SERVD_EINVAL,
+               "tensor_view: %s view [%s] needs a contiguous innermost dimension (stride %lld, whole blocks)",
                dtypes[t].name, fmt_shape(s, sizeof s, ndim, shape), (long long)inner);
     return NULL;
   }
@@ -250,7 +252,8 @@ servd_tensor *servd_tensor_view(const servd_tensor *base, size_t offset, int ndi
     }
     if (shape[i] == 0) empty = true;
     __int128 ext = (__int128)(shape[i] > 0 ? shape[i] - 1 : 0) * strides[i];
-    if (ext < 0) lo += ext; else hi += ext;
+    if (ext < 0) lo += ext;
+    else hi += ext;
   }
   __int128 start = (__int128)base->offset + offset;
   if (!empty && (start + lo < 0 || start + hi > (__int128)base->storage->bytes)) {
@@ -335,8 +338,7 @@ servd_tensor *servd_tensor_reshape(const servd_tensor *base, int ndim, const int
   size_t bytes;
   char a[128], b[128];
   if (!base || !servd_tensor_is_contiguous(base)) {
-    servd_fail(SERVD_EINVAL, "tensor_reshape: source %s is not contiguous",
-               servd_tensor_describe(base, a, sizeof a));
+    servd_fail(SERVD_EINVAL, "tensor_reshape: source %s is not contiguous", servd_tensor_describe(base, a, sizeof a));
     return NULL;
   }
   if (contiguous_layout("tensor_reshape", base->dtype, ndim, shape, strides, &bytes) != 0) return NULL;

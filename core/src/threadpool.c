@@ -48,22 +48,23 @@
 
 #define MAX_THREADS 1024
 #define SLOT_WORDS (MAX_THREADS / 64)
-#define WORKER_SPIN_NS 200000L /* a worker stays hot at most this long after its last job: covers
+#define WORKER_SPIN_NS \
+  200000L                      /* a worker stays hot at most this long after its last job: covers
                                    * the gaps inside and between decode steps, without burning a core
                                    * while the server does other work (1 ms spun ~30% of a busy server) */
 #define SPIN_PER_WORK 1        /* ns a worker may spin per ns it computes */
 #define DEEP_SLEEP_NS 2000000L /* a worker not worth its spinning looks for jobs this often */
 #define PROBE_SPIN_NS 20000L   /* credit of a worker that found jobs after a deep sleep */
-#define CALLER_SPIN_NS 100000L  /* a caller spins this long for the turn or for workers */
-#define SLOT_SPIN_NS 500000L    /* a caller spins (yielding) this long for a free slot */
+#define CALLER_SPIN_NS 100000L /* a caller spins this long for the turn or for workers */
+#define SLOT_SPIN_NS 500000L   /* a caller spins (yielding) this long for a free slot */
 
 typedef struct job {
   servd_task_fn fn;
   void *ctx;
   int64_t n, chunk;
-  atomic_llong next;    /* next unclaimed item */
-  atomic_ulong open;    /* the generation of the job while workers may join it, else 0 */
-  atomic_int active;    /* workers inside the job */
+  atomic_llong next; /* next unclaimed item */
+  atomic_ulong open; /* the generation of the job while workers may join it, else 0 */
+  atomic_int active; /* workers inside the job */
 } job;
 
 static struct {
@@ -76,10 +77,10 @@ static struct {
   atomic_int n_workers;
   atomic_ulong free_slots[SLOT_WORDS]; /* bit set: that slot is free */
   atomic_int slot_waiters;             /* callers asleep on cv_slot (changed under mu) */
-  atomic_ulong gen; /* bumped once per published job; 64 bits never wrap, so 0 means "closed" */
-  atomic_ulong park; /* bumped by servd_threadpool_quiesce: spinning workers go to sleep */
-  atomic_int sleepers; /* workers asleep until the next job (raised under mu; a waker zeroes it) */
-  atomic_long deep_sleeps; /* for tests */
+  atomic_ulong gen;                    /* bumped once per published job; 64 bits never wrap, so 0 means "closed" */
+  atomic_ulong park;                   /* bumped by servd_threadpool_quiesce: spinning workers go to sleep */
+  atomic_int sleepers;                 /* workers asleep until the next job (raised under mu; a waker zeroes it) */
+  atomic_long deep_sleeps;             /* for tests */
   atomic_int stop;
   job job;
   atomic_ulong ticket_next, ticket_serving;
@@ -95,7 +96,7 @@ static struct {
 /* Static, so that starting the pool cannot fail for memory (8 KiB). */
 static pthread_t workers[MAX_THREADS - 1];
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
-static unsigned long start_gen; /* pool.gen when the workers were started */
+static unsigned long start_gen;           /* pool.gen when the workers were started */
 static _Thread_local int tls_thread = -1; /* the slot held while computing, else -1 */
 
 /* ---- slots ------------------------------------------------------------------------------------ */
@@ -198,7 +199,7 @@ static unsigned long worker_sleep(unsigned long seen, int deep, int *probe) {
 static void *worker_main(void *arg) {
   (void)arg;
   pthread_setname_np(pthread_self(), "servd-pool"); /* names in crash reports, top -H, gdb */
-  unsigned long seen = start_gen; /* not pool.gen: a job may be published before this thread runs */
+  unsigned long seen = start_gen;                   /* not pool.gen: a job may be published before this thread runs */
   unsigned long park = atomic_load(&pool.park);
   /* Means over the last jobs (weight 1/64 each) of the ns computed per job and the ns spun before
    * it, a spin that ran out included (one ended by servd_threadpool_quiesce is not: the caller
@@ -206,8 +207,8 @@ static void *worker_main(void *arg) {
    * it spins. The window is long enough that the end of one decode step (a spin run out) does not
    * tip a worker that computes most of the step. */
   long mean_work = 0, mean_spin = 0;
-  long credit = PROBE_SPIN_NS; /* the spin allowed to a worker not worth it (earned by computing) */
-  long idle_since = servd_now_ns();  /* when the last job ended */
+  long credit = PROBE_SPIN_NS;      /* the spin allowed to a worker not worth it (earned by computing) */
+  long idle_since = servd_now_ns(); /* when the last job ended */
   for (;;) {
     unsigned long g = atomic_load_explicit(&pool.gen, memory_order_acquire);
     const int worth = mean_work * SPIN_PER_WORK >= mean_spin;
@@ -242,8 +243,7 @@ static void *worker_main(void *arg) {
      * Compute only with a slot; small jobs of other callers may hold them all. */
     atomic_fetch_add(&pool.job.active, 1);
     long worked = 0;
-    if (atomic_load(&pool.job.open) == g &&
-        atomic_load_explicit(&pool.job.next, memory_order_relaxed) < pool.job.n) {
+    if (atomic_load(&pool.job.open) == g && atomic_load_explicit(&pool.job.next, memory_order_relaxed) < pool.job.n) {
       const int s = slot_try();
       if (s >= 0) {
         const long t0 = servd_now_ns();
@@ -412,10 +412,8 @@ void servd_parallel_for(int64_t n, int64_t grain, servd_task_fn fn, void *ctx) {
     }
     tls_thread = s;
     /* Holding a slot, the pool cannot stop: n_workers is current. */
-    if (small || atomic_load(&pool.n_workers) == 0)
-      fn(ctx, 0, n, s);
-    else
-      run_parallel(n, grain, fn, ctx, s);
+    if (small || atomic_load(&pool.n_workers) == 0) fn(ctx, 0, n, s);
+    else run_parallel(n, grain, fn, ctx, s);
     tls_thread = -1;
     slot_release(s);
     if (!small) give_turn();

@@ -25,10 +25,8 @@ static void log_field(FILE *f, const char *s) {
     return;
   }
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p < 0x20 || *p == 0x7f || *p == '"' || *p == '\\' || *p == ' ')
-      fprintf(f, "\\x%02x", *p);
-    else
-      fputc(*p, f);
+    if (*p < 0x20 || *p == 0x7f || *p == '"' || *p == '\\' || *p == ' ') fprintf(f, "\\x%02x", *p);
+    else fputc(*p, f);
   }
 }
 

@@ -15,8 +15,8 @@
 #define API_EV_TAKE 16 /* free event nodes an engine thread takes per lock */
 
 typedef struct api_hist {
-  int n;                          /* finite bounds */
-  const double *bounds;           /* upper bounds, seconds */
+  int n;                             /* finite bounds */
+  const double *bounds;              /* upper bounds, seconds */
   uint64_t counts[API_HIST_MAX + 1]; /* per bucket (not cumulative); last is +Inf */
   double sum;
   uint64_t count;
@@ -65,16 +65,16 @@ typedef struct api_model {
   servd_model *m;
   api_model_state state;
   char error[1024];
-  int inflight;          /* api requests holding engine work on this model */
-  int64_t created;       /* unix seconds */
+  int inflight;    /* api requests holding engine work on this model */
+  int64_t created; /* unix seconds */
   api_hist ttft, itl, e2e;
   api_vllm_stats vllm;
   api_infer_stats infer;
   api_kserve_stats kstats;
   struct servd_http_req *waiter; /* repository load/unload request waiting for the outcome */
-  bool unload_cancelled; /* running requests were cancelled at the unload deadline */
-  bool startup;          /* given at startup and not loaded yet: server readiness waits for it */
-  bool load_failed;      /* UNAVAILABLE because its last load failed (listed as FAILED, with error) */
+  bool unload_cancelled;         /* running requests were cancelled at the unload deadline */
+  bool startup;                  /* given at startup and not loaded yet: server readiness waits for it */
+  bool load_failed;              /* UNAVAILABLE because its last load failed (listed as FAILED, with error) */
   uv_timer_t *unload_timer;
   /* Generic models: predictions running (at most one per interpreter, so libuv's workers never all
    * block waiting for an interpreter) and a bounded FIFO of those waiting. */
@@ -157,8 +157,8 @@ struct servd_api {
   int n_free_events;
   uint64_t n_events, n_batches; /* handled on the loop (metrics) */
   gen *gens;
-  int works;     /* worker-thread jobs in flight */
-  int inflight;  /* requests holding engine work */
+  int works;    /* worker-thread jobs in flight */
+  int inflight; /* requests holding engine work */
   bool draining;
   api_route_count routes[128];
   int n_routes;

@@ -18,20 +18,24 @@
 
 typedef struct servd_api servd_api;
 
-typedef enum servd_access_log { SERVD_ACCESS_LOG_OFF = 0, SERVD_ACCESS_LOG_TEXT, SERVD_ACCESS_LOG_JSON } servd_access_log;
+typedef enum servd_access_log {
+  SERVD_ACCESS_LOG_OFF = 0,
+  SERVD_ACCESS_LOG_TEXT,
+  SERVD_ACCESS_LOG_JSON
+} servd_access_log;
 
 typedef struct servd_api_options {
-  const servd_model_ops *ops;     /* required: &servd_engine_model_ops to use the engine */
-  const char *api_key;            /* NULL or "": no authentication (copied) */
-  bool metrics_public;            /* API_ROUTE_METRICS rows (GET /metrics) need no key */
+  const servd_model_ops *ops; /* required: &servd_engine_model_ops to use the engine */
+  const char *api_key;        /* NULL or "": no authentication (copied) */
+  bool metrics_public;        /* API_ROUTE_METRICS rows (GET /metrics) need no key */
   servd_access_log access_log;
-  FILE *log;                      /* access log and operational messages; NULL: stderr */
-  int default_deadline_ms;        /* per-request deadline when the request names none; 0: none */
-  int max_n;                      /* largest n (choices per request) */
-  const char *const *repository;  /* directories searched by repository load, as <dir>/<name>.mpk */
+  FILE *log;                     /* access log and operational messages; NULL: stderr */
+  int default_deadline_ms;       /* per-request deadline when the request names none; 0: none */
+  int max_n;                     /* largest n (choices per request) */
+  const char *const *repository; /* directories searched by repository load, as <dir>/<name>.mpk */
   int n_repository;
   servd_model_options model_defaults; /* repository loads: non-zero fields override the engine's defaults */
-  int unload_timeout_ms;          /* how long an unload lets running requests finish */
+  int unload_timeout_ms;              /* how long an unload lets running requests finish */
   /* Called on the loop when a model finished loading (rc 0) or failed (message). May be NULL. */
   void (*on_model_loaded)(void *ud, const char *name, int rc, const char *message);
   void *ud;

@@ -46,7 +46,9 @@ static int usable(servd_api *a, api_model *am, char *msg, size_t cap) {
   }
   if (am->state != M_READY || a->draining) {
     snprintf(msg, cap, "model '%s' is %s", am->name,
-             am->state == M_LOADING ? "loading" : a->draining ? "draining" : "unloading");
+             am->state == M_LOADING ? "loading"
+             : a->draining          ? "draining"
+                                    : "unloading");
     return 503;
   }
   return 200;

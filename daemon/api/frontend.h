@@ -75,8 +75,8 @@ typedef void (*api_generate_cb)(void *ud, const servd_api_gen_event *ev);
  * Returns 0 with *out set (cb runs on the loop for each piece of text and once more at the end,
  * unless cancelled first) or an HTTP status with msg: 404, 503, 400 (not a language model). */
 int servd_api_generate(servd_api *a, const char *model, const char *version, const char *prompt, size_t len,
-                       const servd_gen_params *gp, api_generate_cb cb, void *ud, servd_api_generation **out,
-                       char *msg, size_t cap);
+                       const servd_gen_params *gp, api_generate_cb cb, void *ud, servd_api_generation **out, char *msg,
+                       size_t cap);
 /* The client went away: cb will not run again, and the engine stops the request at its next step
  * (its KV blocks are freed). Accepts NULL. */
 void servd_api_generate_cancel(servd_api_generation *g);

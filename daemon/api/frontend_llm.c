@@ -53,8 +53,12 @@ static void generation_free(servd_api_generation *x) {
 /* The final event to the front end (when it is still there), then x is gone. */
 static void finish(servd_api_generation *x, int status, const char *message, const char *why) {
   if (x->cb) {
-    servd_api_gen_event ev = {.final = true, .text = "", .status = status, .message = message,
-                              .finish_reason = why, .prompt_tokens = x->g.prompt_tokens,
+    servd_api_gen_event ev = {.final = true,
+                              .text = "",
+                              .status = status,
+                              .message = message,
+                              .finish_reason = why,
+                              .prompt_tokens = x->g.prompt_tokens,
                               .completion_tokens = x->g.completion_tokens};
     x->cb(x->ud, &ev);
   }
@@ -68,7 +72,8 @@ bool servd_api_is_language_model(servd_api *a, const char *name) {
 
 void servd_api_generate_defaults(servd_api *a, const char *model, servd_gen_params *gp) {
   api_model *am = model && model[0] ? api_model_find(a, model) : NULL;
-  if (am && am->m && am->state == M_READY && a->ops->model_gen_params_default) a->ops->model_gen_params_default(am->m, gp);
+  if (am && am->m && am->state == M_READY && a->ops->model_gen_params_default)
+    a->ops->model_gen_params_default(am->m, gp);
   else a->ops->gen_params_default(gp);
 }
 
@@ -173,8 +178,8 @@ void api_fe_generate_event(servd_api *a, api_event *ev) {
 /* ---- entry points ----------------------------------------------------------------------------- */
 
 int servd_api_generate(servd_api *a, const char *model, const char *version, const char *prompt, size_t len,
-                       const servd_gen_params *gp, api_generate_cb cb, void *ud, servd_api_generation **out,
-                       char *msg, size_t cap) {
+                       const servd_gen_params *gp, api_generate_cb cb, void *ud, servd_api_generation **out, char *msg,
+                       size_t cap) {
   *out = NULL;
   msg[0] = '\0';
   api_model *am = model && model[0] ? api_model_find(a, model) : NULL;
@@ -188,7 +193,9 @@ int servd_api_generate(servd_api *a, const char *model, const char *version, con
   }
   if (am->state != M_READY || a->draining) {
     snprintf(msg, cap, "model '%s' is %s", am->name,
-             am->state == M_LOADING ? "loading" : a->draining ? "draining" : "unloading");
+             am->state == M_LOADING ? "loading"
+             : a->draining          ? "draining"
+                                    : "unloading");
     return 503;
   }
   if (a->ops->kind(am->m) != SERVD_MODEL_CAUSAL_LM) {

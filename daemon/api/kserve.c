@@ -21,9 +21,9 @@
 void api_kserve_server_meta(servd_api *a, servd_http_req *r, const api_route_args *args) {
   (void)a;
   (void)args;
-  api_json(r, 200, json_pack("{s:s, s:s, s:[s, s, s, s, s]}", "name", "servd", "version", SERVD_VERSION_STRING,
-                             "extensions", "model_repository", "metrics", "binary_tensor_data", "statistics",
-                             "model_configuration"));
+  api_json(r, 200,
+           json_pack("{s:s, s:s, s:[s, s, s, s, s]}", "name", "servd", "version", SERVD_VERSION_STRING, "extensions",
+                     "model_repository", "metrics", "binary_tensor_data", "statistics", "model_configuration"));
 }
 
 bool api_kserve_usable(servd_api *a, servd_http_req *r, api_model *am) {
@@ -33,7 +33,9 @@ bool api_kserve_usable(servd_api *a, servd_http_req *r, api_model *am) {
   }
   if (am->state != M_READY || a->draining) {
     api_kserve_error(r, 503, "model '%s' is %s", am->name,
-                     am->state == M_LOADING ? "loading" : a->draining ? "draining" : "unloading");
+                     am->state == M_LOADING ? "loading"
+                     : a->draining          ? "draining"
+                                            : "unloading");
     return false;
   }
   return true;
@@ -128,8 +130,8 @@ typedef struct infer_job {
   int rc;
   char err[1024];
   servd_model_error merr; /* the exception behind SERVD_EMODEL / SERVD_EINVAL */
-  json_t *id, *wanted; /* own references, touched on the loop only */
-  api_predict_cb cb;   /* other front ends (gRPC): called instead of answering req */
+  json_t *id, *wanted;    /* own references, touched on the loop only */
+  api_predict_cb cb;      /* other front ends (gRPC): called instead of answering req */
   void *cb_ud;
   uint64_t t_accept;   /* api_now_ns() when accepted (servd_inference_latency_seconds) */
   api_kserve_times tm; /* start and done written by the worker, read on the loop after it */
@@ -231,8 +233,9 @@ static void infer_after(uv_work_t *w, int status) {
     snprintf(msg, sizeof msg, "model '%s' failed: %s", j->am->name,
              j->err[0] ? api_user_cause(j->err) : servd_strerror(j->rc));
     if (j->rc == SERVD_EMODEL) {
-      api_json(r, 500, json_pack("{s:s, s:s, s:{s:s, s:s}}", "error", msg, "type", "model_error", "exception",
-                                 "type", j->merr.type, "message", j->merr.message));
+      api_json(r, 500,
+               json_pack("{s:s, s:s, s:{s:s, s:s}}", "error", msg, "type", "model_error", "exception", "type",
+                         j->merr.type, "message", j->merr.message));
     } else {
       api_kserve_error(r, api_status_for(j->rc), "%s", msg);
     }
@@ -266,8 +269,8 @@ static void infer_after(uv_work_t *w, int status) {
     if (!dn || t->device >= 0) {
       servd_buf_free(&b);
       servd_buf_free(&raw);
-      api_kserve_error(r, 500, "model '%s' returned output '%s' of a type the JSON protocol cannot carry",
-                       j->am->name, j->out[k].name);
+      api_kserve_error(r, 500, "model '%s' returned output '%s' of a type the JSON protocol cannot carry", j->am->name,
+                       j->out[k].name);
       goto done;
     }
     if (!first) servd_buf_puts(&b, ",");

@@ -20,8 +20,9 @@ int kserve_binary_split(const char *header, size_t body_len, size_t *json_len, c
     return -1;
   }
   if (n == 0 || n > body_len) {
-    snprintf(msg, cap, KSERVE_HEADER_LENGTH " is %llu but the body has %zu bytes: the JSON header must be 1 to %zu bytes",
-             n, body_len, body_len);
+    snprintf(msg, cap,
+             KSERVE_HEADER_LENGTH " is %llu but the body has %zu bytes: the JSON header must be 1 to %zu bytes", n,
+             body_len, body_len);
     return -1;
   }
   *json_len = (size_t)n;

@@ -39,9 +39,8 @@ void api_kserve_model_config(servd_api *a, servd_http_req *r, const api_route_ar
   json_t *m = api_kserve_metadata(a, am);
   const char *platform = json_string_value(json_object_get(m, "platform"));
   json_t *c = json_pack("{s:s, s:s, s:s, s:i, s:o, s:o}", "name", am->name, "platform", platform ? platform : "servd",
-                        "backend", "servd",
-                        "max_batch_size", 0, "input", config_tensors(json_object_get(m, "inputs")), "output",
-                        config_tensors(json_object_get(m, "outputs")));
+                        "backend", "servd", "max_batch_size", 0, "input", config_tensors(json_object_get(m, "inputs")),
+                        "output", config_tensors(json_object_get(m, "outputs")));
   json_decref(m);
   if (!c) api_kserve_error(r, 500, "out of memory");
   else api_json(r, 200, c);

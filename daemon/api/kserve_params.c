@@ -102,7 +102,8 @@ static bool take_binary(api_check *c, const char *f, const char *name, json_t *s
                           " header: the length of the JSON header is needed to find the binary data",
                           name);
   if ((size_t)n != want)
-    return api_check_fail(c, f, "input '%s': parameters.binary_data_size is %lld but its shape and datatype take %zu bytes",
+    return api_check_fail(c, f,
+                          "input '%s': parameters.binary_data_size is %lld but its shape and datatype take %zu bytes",
                           name, n, want);
   if (want > tail->len - tail->used)
     return api_check_fail(c, f,
@@ -119,7 +120,8 @@ static bool take_binary(api_check *c, const char *f, const char *name, json_t *s
 static servd_tensor *parse_input(api_check *c, json_t *in, size_t idx, char name[64], kserve_tail *tail) {
   char f[48]; /* the field at fault */
   snprintf(f, sizeof f, "inputs[%zu]", idx);
-  if (!json_is_object(in)) return api_check_fail(c, f, "inputs[%zu] must be an object, got %s", idx, api_json_type(in)), NULL;
+  if (!json_is_object(in))
+    return api_check_fail(c, f, "inputs[%zu] must be an object, got %s", idx, api_json_type(in)), NULL;
   json_t *jn = json_object_get(in, "name"), *js = json_object_get(in, "shape"), *jd = json_object_get(in, "datatype"),
          *data = json_object_get(in, "data");
   snprintf(f, sizeof f, "inputs[%zu].name", idx);
@@ -130,8 +132,8 @@ static servd_tensor *parse_input(api_check *c, json_t *in, size_t idx, char name
   if (!json_is_string(jd)) return api_check_fail(c, f, "input '%s': 'datatype' must be a string", name), NULL;
   servd_dtype dt;
   if (dtype_of(json_string_value(jd), &dt) != 0)
-    return api_check_fail(c, f, "input '%s': datatype '%s' is not supported (supported: FP32, FP16, BF16, INT32)",
-                          name, json_string_value(jd)),
+    return api_check_fail(c, f, "input '%s': datatype '%s' is not supported (supported: FP32, FP16, BF16, INT32)", name,
+                          json_string_value(jd)),
            NULL;
   snprintf(f, sizeof f, "inputs[%zu].shape", idx);
   if (!json_is_array(js) || json_array_size(js) > SERVD_MAX_DIMS)
@@ -212,14 +214,16 @@ static int parse(json_t *body, kserve_tail *tail, const api_param_limits *lim, k
   json_t *params = json_object_get(body, "parameters");
   if (!json_is_array(inputs) || json_array_size(inputs) == 0 || json_array_size(inputs) > 64)
     return api_check_fail(&c, "inputs", "'inputs' must be a list of 1 to 64 tensors"), -1;
-  if (id && !json_is_string(id)) return api_check_fail(&c, "id", "'id' must be a string, got %s", api_json_type(id)), -1;
+  if (id && !json_is_string(id))
+    return api_check_fail(&c, "id", "'id' must be a string, got %s", api_json_type(id)), -1;
   if (outputs && (!json_is_array(outputs) || json_array_size(outputs) > 64))
     return api_check_fail(&c, "outputs", "'outputs' must be a list of at most 64 {\"name\": ...}"), -1;
   for (size_t i = 0; outputs && i < json_array_size(outputs); i++) {
     json_t *o = json_array_get(outputs, i), *op = json_object_get(o, "parameters");
     char f[64];
     snprintf(f, sizeof f, "outputs[%zu].name", i);
-    if (!json_is_string(json_object_get(o, "name"))) return api_check_fail(&c, f, "outputs[%zu].name must be a string", i), -1;
+    if (!json_is_string(json_object_get(o, "name")))
+      return api_check_fail(&c, f, "outputs[%zu].name must be a string", i), -1;
     snprintf(f, sizeof f, "outputs[%zu].parameters", i);
     if (op && !json_is_object(op)) return api_check_fail(&c, f, "%s must be an object", f), -1;
     snprintf(f, sizeof f, "outputs[%zu].parameters.binary_data", i);
@@ -290,8 +294,8 @@ int kserve_infer_parse_framed(const char *text, size_t len, const char *header_l
     if (header_length) { /* the header's length is the likelier culprit than the client's JSON */
       char cause[sizeof err->message];
       snprintf(cause, sizeof cause, "%s", err->message);
-      snprintf(err->message, sizeof err->message, "the first %zu bytes (" KSERVE_HEADER_LENGTH ") are no JSON header: %.600s",
-               json_len, cause);
+      snprintf(err->message, sizeof err->message,
+               "the first %zu bytes (" KSERVE_HEADER_LENGTH ") are no JSON header: %.600s", json_len, cause);
       api_utf8_fix(err->message);
     }
     return -1;

@@ -39,12 +39,12 @@ static json_t *model_stats(const api_model *am) {
   const api_kserve_stats *s = &am->kstats;
   api_kserve_duration none = {0, 0};
   return json_pack("{s:s, s:s, s:I, s:I, s:I, s:{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}, s:[]}", "name", am->name,
-                   "version", API_MODEL_VERSION, "last_inference", (json_int_t)s->last_inference_ms,
-                   "inference_count", (json_int_t)s->inference_count, "execution_count",
-                   (json_int_t)s->execution_count, "inference_stats", "success", duration(&s->success), "fail",
-                   duration(&s->fail), "queue", duration(&s->queue), "compute_input", duration(&s->compute_input),
-                   "compute_infer", duration(&s->compute_infer), "compute_output", duration(&s->compute_output),
-                   "cache_hit", duration(&none), "cache_miss", duration(&none), "batch_stats");
+                   "version", API_MODEL_VERSION, "last_inference", (json_int_t)s->last_inference_ms, "inference_count",
+                   (json_int_t)s->inference_count, "execution_count", (json_int_t)s->execution_count, "inference_stats",
+                   "success", duration(&s->success), "fail", duration(&s->fail), "queue", duration(&s->queue),
+                   "compute_input", duration(&s->compute_input), "compute_infer", duration(&s->compute_infer),
+                   "compute_output", duration(&s->compute_output), "cache_hit", duration(&none), "cache_miss",
+                   duration(&none), "batch_stats");
 }
 
 static void answer(servd_http_req *r, json_t *list) {

@@ -123,8 +123,8 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
             G_U64);
   per_model(a, &b, st, "servd_guided_mask_seconds_total", "counter",
             "Time the scheduler spent in the grammar engine computing token masks.", F(guided_mask_seconds), G_DBL);
-  per_model(a, &b, st, "servd_guided_sequences", "gauge", "Sequences holding a grammar matcher.",
-            F(guided_sequences), G_INT);
+  per_model(a, &b, st, "servd_guided_sequences", "gauge", "Sequences holding a grammar matcher.", F(guided_sequences),
+            G_INT);
   per_model(a, &b, st, "servd_scheduler_steps_total", "counter", "Scheduler steps run.", F(steps), G_U64);
   per_model(a, &b, st, "servd_scheduler_last_step_age_seconds", "gauge",
             "Seconds since the scheduler last finished a step while work was pending.", F(last_step_age_s), G_DBL);

@@ -8,10 +8,10 @@
 #include <string.h>
 
 /* vLLM's buckets, seconds. */
-static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,   0.75,
+static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
                                      1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
-static const double itl_bounds[] = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,  0.3,  0.4, 0.5,
-                                    0.75, 1.0,   2.5,  5.0,   7.5,  10.0, 20.0, 40.0, 80.0};
+static const double itl_bounds[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
 static const double request_bounds[] = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
                                         30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 #define N_OF(x) ((int)(sizeof(x) / sizeof((x)[0])))
@@ -114,8 +114,7 @@ static void hist(servd_buf *b, const char *name, const live *l, int n, size_t of
 
 typedef enum { V_RUNNING, V_WAITING, V_KV_USAGE, V_PROMPT, V_GENERATION, V_PREEMPT, V_PC_QUERIES, V_PC_HITS } vkind;
 
-static void value(servd_buf *b, const char *name, const char *type, const char *help, const live *l, int n,
-                  vkind k) {
+static void value(servd_buf *b, const char *name, const char *type, const char *help, const live *l, int n, vkind k) {
   head(b, name, type, help);
   for (int i = 0; i < n; i++) {
     const servd_model_stats *s = l[i].st;
@@ -158,8 +157,8 @@ void api_metrics_vllm(servd_api *a, servd_buf *b, const servd_model_stats *st) {
   value(b, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", l, n, V_RUNNING);
   value(b, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", l, n, V_WAITING);
   value(b, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", l, n, V_KV_USAGE);
-  value(b, "vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage (vLLM's older name). 1 means 100 percent usage.", l,
-        n, V_KV_USAGE);
+  value(b, "vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage (vLLM's older name). 1 means 100 percent usage.", l, n,
+        V_KV_USAGE);
   value(b, "vllm:num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.", l, n,
         V_PREEMPT);
   value(b, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", l, n, V_PROMPT);
@@ -182,8 +181,7 @@ void api_metrics_vllm(servd_api *a, servd_buf *b, const servd_model_stats *st) {
   hist(b, "vllm:time_per_output_token_seconds", l, n, H(itl),
        "Histogram of time per output token in seconds (vLLM's older name of inter-token latency).");
   hist(b, "vllm:e2e_request_latency_seconds", l, n, H(e2e), "Histogram of e2e request latency in seconds.");
-  hist(b, "vllm:request_queue_time_seconds", l, n, H(queue),
-       "Histogram of time spent in WAITING phase for request.");
+  hist(b, "vllm:request_queue_time_seconds", l, n, H(queue), "Histogram of time spent in WAITING phase for request.");
   hist(b, "vllm:request_inference_time_seconds", l, n, H(inference),
        "Histogram of time spent in RUNNING phase for request.");
   hist(b, "vllm:request_prefill_time_seconds", l, n, H(prefill),

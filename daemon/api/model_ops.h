@@ -21,8 +21,8 @@ typedef struct servd_model_ops {
   int (*detokenize)(servd_model *m, const int32_t *ids, int n, char **text);
   int (*apply_chat_template)(servd_model *m, json_t *messages, bool add_generation_prompt, char **text);
   int (*context_length)(const servd_model *m);
-  int (*submit)(servd_model *m, const int32_t *prompt, int n_prompt, const servd_gen_params *p,
-                servd_event_cb cb, void *ud, servd_request **out);
+  int (*submit)(servd_model *m, const int32_t *prompt, int n_prompt, const servd_gen_params *p, servd_event_cb cb,
+                void *ud, servd_request **out);
   void (*cancel)(servd_request *r);
   void (*release)(servd_request *r);
   int (*predict)(servd_model *m, const servd_named_tensor *inputs, int n_inputs, servd_named_tensor **outputs,

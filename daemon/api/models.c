@@ -11,7 +11,7 @@
 
 #include "servd/status.h"
 
-static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
                                      0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
 static const double itl_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
                                     0.15,  0.2,    0.3,   0.4,  0.5,   0.75, 1.0,   2.5};
@@ -39,9 +39,7 @@ api_model *api_model_find(servd_api *a, const char *name) {
   return NULL;
 }
 
-bool api_model_ready(servd_api *a, api_model *am) {
-  return am->state == M_READY && am->m && a->ops->ready(am->m);
-}
+bool api_model_ready(servd_api *a, api_model *am) { return am->state == M_READY && am->m && a->ops->ready(am->m); }
 
 /* A serving model whose process died and is being restarted (isolation "process"). */
 static bool restarting(servd_api *a, api_model *am, char *why, size_t cap) {
@@ -303,7 +301,7 @@ void servd_api_unload_all(servd_api *a, int deadline_ms, void (*done)(void *), v
       start_unload(a, am, deadline_ms);
     } else if (am->state == M_UNLOADING) {
       a->unloads_pending++; /* finishes through job_after */
-    } /* a load in progress is not waited for: see servd_api_drain_loads */
+    }                       /* a load in progress is not waited for: see servd_api_drain_loads */
   }
   unload_finished(a);
 }
@@ -397,8 +395,8 @@ static int repository_load(servd_api *a, servd_http_req *r, const char *name) {
       if (stat(cand, &st) == 0 && S_ISREG(st.st_mode)) snprintf(path, sizeof path, "%s", cand);
     }
     if (!path[0]) {
-      api_kserve_error(r, 404, "model '%s' is not in the model repository (%d director%s searched for '%s.mpk')",
-                       name, a->o.n_repository, a->o.n_repository == 1 ? "y" : "ies", name);
+      api_kserve_error(r, 404, "model '%s' is not in the model repository (%d director%s searched for '%s.mpk')", name,
+                       a->o.n_repository, a->o.n_repository == 1 ? "y" : "ies", name);
       return 0;
     }
     am = model_new(a, name, path);
@@ -408,11 +406,13 @@ static int repository_load(servd_api *a, servd_http_req *r, const char *name) {
     }
     const servd_model_options *d = &a->o.model_defaults;
     a->ops->options_default(&am->opts);
-#define OVERRIDE(f) if (d->f > 0) am->opts.f = d->f;
-    OVERRIDE(interpreters) OVERRIDE(tp) OVERRIDE(max_queue) OVERRIDE(max_batch_tokens) OVERRIDE(max_seqs)
-    OVERRIDE(kv_blocks) OVERRIDE(block_size) OVERRIDE(max_batch_size) OVERRIDE(max_batch_delay_ms)
+#define OVERRIDE(f) \
+  if (d->f > 0) am->opts.f = d->f;
+    OVERRIDE(interpreters)
+    OVERRIDE(tp) OVERRIDE(max_queue) OVERRIDE(max_batch_tokens) OVERRIDE(max_seqs) OVERRIDE(kv_blocks)
+        OVERRIDE(block_size) OVERRIDE(max_batch_size) OVERRIDE(max_batch_delay_ms)
 #undef OVERRIDE
-    am->opts.path = NULL;
+            am->opts.path = NULL;
     am->opts.name = am->name;
   }
   if (!am->path) {

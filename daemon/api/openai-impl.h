@@ -10,15 +10,15 @@ typedef struct oai oai;
 /* Another route's output over the chat machinery (responses.c): the chat request runs as usual and
  * these replace its chunks and its body. n is 1. Each is called on the loop with o->req set. */
 typedef struct oai_sink {
-  const char *id_prefix;                                       /* o->id: prefix + hex */
-  void (*stream_begin)(oai *o);                                /* the 200 is sent */
+  const char *id_prefix;                                        /* o->id: prefix + hex */
+  void (*stream_begin)(oai *o);                                 /* the 200 is sent */
   void (*stream_text)(oai *o, gen *g, const char *s, size_t n); /* content released (n > 0) */
-  void (*stream_end)(oai *o, gen *g);  /* g is over: finish or error set, its calls parsed */
-  void (*stream_finish)(oai *o);       /* every choice is over: ends the stream (oai_stream_close) */
-  void (*respond)(oai *o);             /* not streaming, no choice failed: the body (oai_respond) */
+  void (*stream_end)(oai *o, gen *g);                           /* g is over: finish or error set, its calls parsed */
+  void (*stream_finish)(oai *o); /* every choice is over: ends the stream (oai_stream_close) */
+  void (*respond)(oai *o);       /* not streaming, no choice failed: the body (oai_respond) */
   /* The route's name for a chat field in an error ("messages[2]" -> "input"), into out. */
   void (*param)(const char *chat_param, char *out, size_t cap);
-  void (*ctx_free)(void *ctx);         /* o->sink_ctx, when o is freed */
+  void (*ctx_free)(void *ctx); /* o->sink_ctx, when o is freed */
 } oai_sink;
 
 struct oai {
@@ -26,24 +26,24 @@ struct oai {
   servd_http_req *req; /* NULL once the response has been sent or the client went away */
   api_model *am;
   oai_mode mode;
-  servd_arena *arena;  /* this request's own allocations; outlives the HTTP request if needed */
+  servd_arena *arena; /* this request's own allocations; outlives the HTTP request if needed */
   bool stream, include_usage, add_special, add_generation_prompt;
-  int n;               /* choices per prompt */
+  int n; /* choices per prompt */
   int n_prompts;
   oai_prompt *prompts;
-  json_t *messages;    /* chat / tokenize: the messages (own reference) */
+  json_t *messages; /* chat / tokenize: the messages (own reference) */
   servd_gen_params gp;
-  int logprobs;        /* -1: none; else top count */
+  int logprobs;                /* -1: none; else top count */
   servd_guide_kind guide_kind; /* constrained decoding: the request's constraint (arena spec) */
   const char *guide_spec, *guide_param;
-  char *guide;         /* its grammar from the model (malloc'd); gp.guide points here */
-  oai_tools *tools;    /* chat with tools (api/openai_tools.h); NULL: none */
-  char *detok_text;    /* detokenize result (malloc'd) */
+  char *guide;      /* its grammar from the model (malloc'd); gp.guide points here */
+  oai_tools *tools; /* chat with tools (api/openai_tools.h); NULL: none */
+  char *detok_text; /* detokenize result (malloc'd) */
   gen *gens;
   int n_gens, n_submitted, n_done;
   bool work_pending;
   int err_rc;
-  char err[1024];      /* a message for the client (no engine stage prefixes) */
+  char err[1024];        /* a message for the client (no engine stage prefixes) */
   const char *err_param; /* the request field at fault, or NULL (static string) */
   char id[48];
   int64_t created;

@@ -83,8 +83,10 @@ static void oai_error(oai *o, int status, const char *type, const char *param, c
 static void oai_error_rc(oai *o, int rc, const char *param, const char *msg) {
   int st = api_status_for(rc);
   const char *type = st == 400 ? "invalid_request_error" : st == 429 ? "rate_limit_error" : "server_error";
-  const char *code = st == 429 ? "rate_limit_exceeded" : st == 503 ? "service_unavailable"
-                     : rc == SERVD_EMODEL ? "model_error" : NULL;
+  const char *code = st == 429            ? "rate_limit_exceeded"
+                     : st == 503          ? "service_unavailable"
+                     : rc == SERVD_EMODEL ? "model_error"
+                                          : NULL;
   oai_error(o, st, type, st == 400 ? param : NULL, code, "%s", msg);
 }
 
@@ -132,12 +134,12 @@ static json_t *chat_lp_entry(oai *o, const api_event *ev) {
   json_t *top = json_array();
   for (int i = 0; i < ev->n_top && i < o->logprobs; i++) {
     char *tt = token_text(o, ev->top[i].token);
-    json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", json_text(tt ? tt : "", tt ? strlen(tt) : 0), "logprob",
-                                         clamp_lp(ev->top[i].logprob), "bytes", bytes_of(tt ? tt : "")));
+    json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", json_text(tt ? tt : "", tt ? strlen(tt) : 0),
+                                         "logprob", clamp_lp(ev->top[i].logprob), "bytes", bytes_of(tt ? tt : "")));
     free(tt);
   }
-  json_t *e = json_pack("{s:o, s:f, s:o, s:o}", "token", json_text(t ? t : "", t ? strlen(t) : 0), "logprob", clamp_lp(ev->logprob), "bytes",
-                        bytes_of(t ? t : ""), "top_logprobs", top);
+  json_t *e = json_pack("{s:o, s:f, s:o, s:o}", "token", json_text(t ? t : "", t ? strlen(t) : 0), "logprob",
+                        clamp_lp(ev->logprob), "bytes", bytes_of(t ? t : ""), "top_logprobs", top);
   free(t);
   return e;
 }
@@ -175,8 +177,8 @@ static json_t *usage_json(oai *o) {
     cached += best;
   }
   return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)prompt, "completion_tokens",
-                   (json_int_t)completion, "total_tokens", (json_int_t)(prompt + completion),
-                   "prompt_tokens_details", "cached_tokens", (json_int_t)cached);
+                   (json_int_t)completion, "total_tokens", (json_int_t)(prompt + completion), "prompt_tokens_details",
+                   "cached_tokens", (json_int_t)cached);
 }
 
 /* ---- streaming -------------------------------------------------------------------------------- */
@@ -335,8 +337,8 @@ static void respond_full(oai *o) {
       /* Parameters were checked at submit: a failure while generating is the server's or the model's. */
       int code = o->gens[i].error_code;
       int st = code == SERVD_EBUSY ? 429 : code == SERVD_ETIMEDOUT ? 504 : code == SERVD_ECANCELED ? 503 : 500;
-      oai_error(o, st, st == 429 ? "rate_limit_error" : "server_error", NULL, code == SERVD_EMODEL ? "model_error" : NULL,
-                "%s", o->gens[i].error);
+      oai_error(o, st, st == 429 ? "rate_limit_error" : "server_error", NULL,
+                code == SERVD_EMODEL ? "model_error" : NULL, "%s", o->gens[i].error);
       return;
     }
   if (o->sink) {
@@ -356,24 +358,24 @@ static void respond_full(oai *o) {
       text = rest ? json_text(rest, strlen(rest)) : json_null();
     }
     if (calls && oai_tools_legacy(o->tools))
-      c = json_pack("{s:i, s:{s:s, s:o, s:O}, s:o, s:s}", "index", g->index, "message", "role", "assistant",
-                    "content", text, "function_call", json_object_get(json_array_get(calls, 0), "function"),
-                    "logprobs", lp, "finish_reason", g->finish);
+      c = json_pack("{s:i, s:{s:s, s:o, s:O}, s:o, s:s}", "index", g->index, "message", "role", "assistant", "content",
+                    text, "function_call", json_object_get(json_array_get(calls, 0), "function"), "logprobs", lp,
+                    "finish_reason", g->finish);
     else if (calls)
-      c = json_pack("{s:i, s:{s:s, s:o, s:O}, s:o, s:s}", "index", g->index, "message", "role", "assistant",
-                    "content", text, "tool_calls", calls, "logprobs", lp, "finish_reason", g->finish);
+      c = json_pack("{s:i, s:{s:s, s:o, s:O}, s:o, s:s}", "index", g->index, "message", "role", "assistant", "content",
+                    text, "tool_calls", calls, "logprobs", lp, "finish_reason", g->finish);
     else if (chat)
-      c = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", g->index, "message", "role", "assistant", "content",
-                    text, "logprobs", lp, "finish_reason", g->finish);
+      c = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", g->index, "message", "role", "assistant", "content", text,
+                    "logprobs", lp, "finish_reason", g->finish);
     else
       c = json_pack("{s:i, s:o, s:o, s:s}", "index", g->index, "text", text, "logprobs", lp, "finish_reason",
                     g->finish);
     if (c && g->finish_detail[0]) json_object_set_new(c, "servd_finish_detail", json_string(g->finish_detail));
     json_array_append_new(choices, c);
   }
-  json_t *resp = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", o->id, "object",
-                           chat ? "chat.completion" : "text_completion", "created", (json_int_t)o->created, "model",
-                           o->model_name, "choices", choices, "usage", usage_json(o));
+  json_t *resp =
+      json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", o->id, "object", chat ? "chat.completion" : "text_completion",
+                "created", (json_int_t)o->created, "model", o->model_name, "choices", choices, "usage", usage_json(o));
   servd_http_req *r = o->req;
   o->req = NULL;
   r->on_abort = NULL;
@@ -526,8 +528,9 @@ static void gen_complete(oai *o, gen *g) {
       servd_buf_clear(b);
       servd_buf_puts(b, "data: {\"error\":{\"message\":");
       servd_buf_json_str(b, g->error, strlen(g->error));
-      servd_buf_puts(b, g->error_code == SERVD_EMODEL ? ",\"type\":\"server_error\",\"param\":null,\"code\":\"model_error\"}}\n\n"
-                                                : ",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\n");
+      servd_buf_puts(b, g->error_code == SERVD_EMODEL
+                            ? ",\"type\":\"server_error\",\"param\":null,\"code\":\"model_error\"}}\n\n"
+                            : ",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\n");
       sse_raw(o, b->data, b->len);
     } else {
       sse_choice(o, g, o->mode == OAI_CHAT ? NULL : "", 0, NULL, g->finish);
@@ -630,8 +633,9 @@ static void start_generation(oai *o) {
   servd_api *a = o->a;
   api_model *am = o->am;
   if (am->state != M_READY || a->draining) {
-    oai_error(o, 503, "server_error", NULL, "service_unavailable", "%s", "the model is not available (loading, unloading or "
-                                                                     "the server is draining)");
+    oai_error(o, 503, "server_error", NULL, "service_unavailable", "%s",
+              "the model is not available (loading, unloading or "
+              "the server is draining)");
     return;
   }
   int ctx = a->ops->context_length(am->m);
@@ -644,8 +648,10 @@ static void start_generation(oai *o) {
     }
     if (ctx > 0 && np >= ctx) { /* the prompt alone leaves no room for one token: vLLM's wording */
       char msg[512];
-      snprintf(msg, sizeof msg, "This model's maximum context length is %d tokens. However, your %s resulted in "
-               "%d tokens. Please reduce the length of the %s.", ctx, prompt_field(o), np, prompt_field(o));
+      snprintf(msg, sizeof msg,
+               "This model's maximum context length is %d tokens. However, your %s resulted in "
+               "%d tokens. Please reduce the length of the %s.",
+               ctx, prompt_field(o), np, prompt_field(o));
       oai_error(o, 400, "invalid_request_error", prompt_field(o), "context_length_exceeded", "%s", msg);
       return;
     }
@@ -682,12 +688,11 @@ static void start_generation(oai *o) {
       char msg[768];
       if (rc == SERVD_EBUSY)
         snprintf(msg, sizeof msg, "the server is at capacity for model '%s': queue full; retry later", am->name);
-      else if (rc == SERVD_ECANCELED)
-        snprintf(msg, sizeof msg, "The model `%s` is unloading; retry later.", am->name);
+      else if (rc == SERVD_ECANCELED) snprintf(msg, sizeof msg, "The model `%s` is unloading; retry later.", am->name);
       else if (api_status_for(rc) == 400) /* what the API cannot check itself: token ids beyond the vocabulary */
-        snprintf(msg, sizeof msg, "the model cannot take this %s: %s", prompt_field(o), api_user_cause(servd_last_error()));
-      else
-        snprintf(msg, sizeof msg, "the generation could not start: %s", api_user_cause(servd_last_error()));
+        snprintf(msg, sizeof msg, "the model cannot take this %s: %s", prompt_field(o),
+                 api_user_cause(servd_last_error()));
+      else snprintf(msg, sizeof msg, "the generation could not start: %s", api_user_cause(servd_last_error()));
       /* Choices already queued are cancelled; o lives until their final events. */
       for (int k = 0; k < o->n_submitted; k++)
         if (o->gens[k].r) a->ops->cancel(o->gens[k].r);
@@ -709,8 +714,10 @@ static void start_generation(oai *o) {
       servd_buf *b = &o->sse;
       servd_buf_clear(b);
       sse_head(o, b);
-      servd_buf_printf(b, ",\"choices\":[{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
-                          "\"logprobs\":null,\"finish_reason\":null}]}\n\n", g->index);
+      servd_buf_printf(b,
+                       ",\"choices\":[{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                       "\"logprobs\":null,\"finish_reason\":null}]}\n\n",
+                       g->index);
       g->role_sent = true;
       if (sse_raw(o, b->data, b->len) != 0) return;
     }
@@ -733,8 +740,9 @@ static void respond_tokens(oai *o) {
   servd_http_req *r = o->req;
   o->req = NULL;
   r->on_abort = NULL;
-  api_json(r, 200, json_pack("{s:i, s:i, s:o}", "count", p->n_ids, "max_model_len",
-                             a->ops->context_length(o->am->m), "tokens", ids));
+  api_json(r, 200,
+           json_pack("{s:i, s:i, s:o}", "count", p->n_ids, "max_model_len", a->ops->context_length(o->am->m), "tokens",
+                     ids));
 }
 
 static void prep_after(uv_work_t *w, int status) {
@@ -786,8 +794,8 @@ static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, b
   } else {
     am = api_model_find(a, json_string_value(jm));
     if (!am) {
-      api_oai_error(r, 404, "invalid_request_error", "model", "model_not_found",
-                    "The model `%s` does not exist.", json_string_value(jm));
+      api_oai_error(r, 404, "invalid_request_error", "model", "model_not_found", "The model `%s` does not exist.",
+                    json_string_value(jm));
       return NULL;
     }
   }
@@ -798,8 +806,10 @@ static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, b
     return NULL;
   }
   if (am->state != M_READY || a->draining) {
-    api_oai_error(r, 503, "server_error", NULL, "service_unavailable", "The model `%s` is %s; retry later.",
-                  am->name, am->state == M_LOADING ? "loading" : a->draining ? "draining" : "unloading");
+    api_oai_error(r, 503, "server_error", NULL, "service_unavailable", "The model `%s` is %s; retry later.", am->name,
+                  am->state == M_LOADING ? "loading"
+                  : a->draining          ? "draining"
+                                         : "unloading");
     return NULL;
   }
   if (need_lm && a->ops->kind(am->m) != SERVD_MODEL_CAUSAL_LM) {
@@ -858,8 +868,7 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
       sink->param(perr.param, renamed, sizeof renamed);
       snprintf(perr.param, sizeof perr.param, "%s", renamed);
     }
-    api_oai_error(r, perr.status, "invalid_request_error", perr.param[0] ? perr.param : NULL, NULL, "%s",
-                  perr.message);
+    api_oai_error(r, perr.status, "invalid_request_error", perr.param[0] ? perr.param : NULL, NULL, "%s", perr.message);
     free(w);
     oai_free(o);
     return;

@@ -37,8 +37,10 @@ static bool set_json_object(api_check *v, oai_params *o, const char *param) {
 static bool parse_json_schema(api_check *v, oai_params *o, json_t *rf) {
   json_t *js = json_object_get(rf, "json_schema");
   if (!json_is_object(js))
-    return api_check_fail(v, "response_format.json_schema", "'response_format.json_schema' must be an object with "
-                          "'name' and 'schema' for type \"json_schema\", got %s", js ? api_json_type(js) : "nothing");
+    return api_check_fail(v, "response_format.json_schema",
+                          "'response_format.json_schema' must be an object with "
+                          "'name' and 'schema' for type \"json_schema\", got %s",
+                          js ? api_json_type(js) : "nothing");
   json_t *name = api_check_field(js, "name");
   if (name && !json_is_string(name))
     return api_check_fail(v, "response_format.json_schema.name", "'response_format.json_schema.name' must be a string");
@@ -62,14 +64,17 @@ static bool parse_response_format(api_check *v, oai_params *o, json_t *body) {
   if (!rf) return true;
   json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
   if (!json_is_string(t))
-    return api_check_fail(v, "response_format", "'response_format' must be an object with a 'type' (\"text\", "
+    return api_check_fail(v, "response_format",
+                          "'response_format' must be an object with a 'type' (\"text\", "
                           "\"json_object\" or \"json_schema\")");
   const char *type = json_string_value(t);
   if (!strcmp(type, "text")) return true;
   if (!strcmp(type, "json_object")) return set_json_object(v, o, "response_format");
   if (!strcmp(type, "json_schema")) return parse_json_schema(v, o, rf);
-  return api_check_fail(v, "response_format.type", "'response_format.type' must be \"text\", \"json_object\" or "
-                        "\"json_schema\", got \"%s\"", type);
+  return api_check_fail(v, "response_format.type",
+                        "'response_format.type' must be \"text\", \"json_object\" or "
+                        "\"json_schema\", got \"%s\"",
+                        type);
 }
 
 static bool parse_choice(api_check *v, oai_params *o, const char *param, json_t *c) {
@@ -119,8 +124,10 @@ static bool parse_structured_outputs(api_check *v, oai_params *o, json_t *body) 
     bool ok = false;
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) ok |= !strcmp(key, known[i]);
     if (!ok && !json_is_null(val))
-      return api_check_fail(v, "structured_outputs", "'structured_outputs.%s' is not supported (supported: json, "
-                            "regex, choice, grammar, json_object)", key);
+      return api_check_fail(v, "structured_outputs",
+                            "'structured_outputs.%s' is not supported (supported: json, "
+                            "regex, choice, grammar, json_object)",
+                            key);
   }
   if (!parse_one(v, o, so, "json", "structured_outputs.json") ||
       !parse_one(v, o, so, "regex", "structured_outputs.regex") ||
@@ -143,7 +150,8 @@ bool oai_parse_guided(api_check *v, json_t *body, oai_params *o) {
   if (backend) {
     const char *b = json_string_value(backend);
     if (!b || (strcmp(b, "llguidance") && strcmp(b, "guidance") && strcmp(b, "auto")))
-      return api_check_fail(v, "guided_decoding_backend", "'guided_decoding_backend' must be \"llguidance\" (the "
+      return api_check_fail(v, "guided_decoding_backend",
+                            "'guided_decoding_backend' must be \"llguidance\" (the "
                             "one servd has) or \"auto\"");
   }
   return true;

@@ -44,8 +44,10 @@ static bool parse_prompt(api_check *v, oai_params *o, json_t *body) {
     return true;
   }
   if (!json_is_array(p) || json_array_size(p) == 0)
-    return api_check_fail(v, "prompt", "'prompt' must be a string, a non-empty list of strings, a list of token ids or a "
-                            "list of lists of token ids, got %s", api_json_type(p));
+    return api_check_fail(v, "prompt",
+                          "'prompt' must be a string, a non-empty list of strings, a list of token ids or a "
+                          "list of lists of token ids, got %s",
+                          api_json_type(p));
   json_t *first = json_array_get(p, 0);
   if (json_is_integer(first)) {
     o->n_prompts = 1;
@@ -65,7 +67,8 @@ static bool parse_prompt(api_check *v, oai_params *o, json_t *body) {
     } else if (json_is_array(e)) {
       if (!parse_ids(v, "prompt", e, &o->prompts[i].ids, &o->prompts[i].n_ids)) return false;
     } else {
-      return api_check_fail(v, "prompt", "'prompt'[%zu] must be a string or a list of token ids, got %s", i, api_json_type(e));
+      return api_check_fail(v, "prompt", "'prompt'[%zu] must be a string or a list of token ids, got %s", i,
+                            api_json_type(e));
     }
   }
   return true;
@@ -77,7 +80,7 @@ static bool parse_messages(api_check *v, oai_params *o, json_t *body) {
   if (!m) return api_check_fail(v, "messages", "'messages' is required: a non-empty list of {role, content}");
   if (!json_is_array(m) || json_array_size(m) == 0)
     return api_check_fail(v, "messages", "'messages' must be a non-empty list of {role, content}, got %s",
-               json_is_array(m) ? "an empty list" : api_json_type(m));
+                          json_is_array(m) ? "an empty list" : api_json_type(m));
   if (json_array_size(m) > 4096) return api_check_fail(v, "messages", "too many messages (%zu)", json_array_size(m));
   static const char *roles[] = {"system", "user", "assistant", "tool", "developer"};
   json_t *out = json_array();
@@ -87,7 +90,8 @@ static bool parse_messages(api_check *v, oai_params *o, json_t *body) {
     snprintf(param, sizeof param, "messages[%zu]", i);
     if (!json_is_object(e)) {
       json_decref(out);
-      return api_check_fail(v, param, "'%s' must be an object with 'role' and 'content', got %s", param, api_json_type(e));
+      return api_check_fail(v, param, "'%s' must be an object with 'role' and 'content', got %s", param,
+                            api_json_type(e));
     }
     json_t *role = json_object_get(e, "role");
     bool ok = false;
@@ -114,8 +118,10 @@ static bool parse_messages(api_check *v, oai_params *o, json_t *body) {
             !json_is_string(t)) {
           servd_buf_free(&b);
           json_decref(out);
-          return api_check_fail(v, param, "'%s.content'[%zu] must be {\"type\": \"text\", \"text\": string}; only text "
-                               "content is supported", param, k);
+          return api_check_fail(v, param,
+                                "'%s.content'[%zu] must be {\"type\": \"text\", \"text\": string}; only text "
+                                "content is supported",
+                                param, k);
         }
         servd_buf_append(&b, json_string_value(t), json_string_length(t));
       }
@@ -123,7 +129,8 @@ static bool parse_messages(api_check *v, oai_params *o, json_t *body) {
       servd_buf_free(&b);
     } else {
       json_decref(out);
-      return api_check_fail(v, param, "'%s.content' must be a string or a list of text parts, got %s", param, api_json_type(content));
+      return api_check_fail(v, param, "'%s.content' must be a string or a list of text parts, got %s", param,
+                            api_json_type(content));
     }
     json_t *msg = json_pack("{s:O, s:o}", "role", role, "content", text);
     json_t *name = json_object_get(e, "name");
@@ -197,7 +204,8 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
   json_t *so = api_check_field(body, "stream_options");
   if (so) {
     if (!json_is_object(so)) return api_check_fail(v, "stream_options", "'stream_options' must be an object");
-    if (!o->stream) return api_check_fail(v, "stream_options", "'stream_options' is only allowed when 'stream' is true");
+    if (!o->stream)
+      return api_check_fail(v, "stream_options", "'stream_options' is only allowed when 'stream' is true");
     v->where = "stream_options.";
     bool ok = api_check_bool(v, so, "include_usage", &o->include_usage);
     v->where = "";
@@ -211,8 +219,11 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
     if (lp) o->logprobs = present ? (int)x : 0;
   } else {
     json_t *lp = api_check_field(body, "logprobs");
-    if (lp && json_is_boolean(lp)) return api_check_fail(v, "logprobs", "'logprobs' must be an integer in [0, %d] for "
-                                                              "completions", MAX_TOP_LOGPROBS);
+    if (lp && json_is_boolean(lp))
+      return api_check_fail(v, "logprobs",
+                            "'logprobs' must be an integer in [0, %d] for "
+                            "completions",
+                            MAX_TOP_LOGPROBS);
     if (!api_check_int(v, body, "logprobs", 0, MAX_TOP_LOGPROBS, &present, &x)) return false;
     if (present) o->logprobs = (int)x;
     json_t *echo = api_check_field(body, "echo");
@@ -246,8 +257,8 @@ int oai_params_parse(json_t *body, oai_mode mode, const api_param_limits *lim, s
   return -1;
 }
 
-int oai_params_parse_text(const char *text, size_t len, oai_mode mode, const api_param_limits *lim,
-                          servd_arena *arena, oai_params *out, api_param_error *err) {
+int oai_params_parse_text(const char *text, size_t len, oai_mode mode, const api_param_limits *lim, servd_arena *arena,
+                          oai_params *out, api_param_error *err) {
   memset(out, 0, sizeof(*out));
   json_t *body = NULL;
   if (api_body_parse(text, len, &body, err) != 0) return -1;

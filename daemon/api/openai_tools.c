@@ -20,11 +20,11 @@ typedef struct tool_gen {
 } tool_gen;
 
 struct oai_tools {
-  json_t *tools;    /* [{type: "function", function: {name, description?, parameters}}] */
+  json_t *tools; /* [{type: "function", function: {name, description?, parameters}}] */
   choice_kind choice;
-  char name[72];    /* CHOICE_NAMED: the function */
+  char name[72]; /* CHOICE_NAMED: the function */
   bool parallel, legacy;
-  json_t *markers;  /* from the package: text that starts a call */
+  json_t *markers; /* from the package: text that starts a call */
   json_t *family;
   tool_gen *g;
   int n_gens;
@@ -62,18 +62,21 @@ static bool name_ok(const char *s, size_t n) {
 /* One function definition into its normalized copy (*out, new reference). */
 static bool check_function(api_check *v, const char *param, json_t *f, json_t **out) {
   char p[96];
-  if (!json_is_object(f)) return api_check_fail(v, param, "'%s' must be an object with a 'name', got %s", param, api_json_type(f));
+  if (!json_is_object(f))
+    return api_check_fail(v, param, "'%s' must be an object with a 'name', got %s", param, api_json_type(f));
   json_t *name = json_object_get(f, "name");
   snprintf(p, sizeof p, "%s.name", param);
   if (!json_is_string(name)) return api_check_fail(v, p, "'%s' is required: a string", p);
   if (!name_ok(json_string_value(name), json_string_length(name)))
-    return api_check_fail(v, p, "'%s' must be 1 to 64 letters, digits, '_' or '-', got \"%.64s\"", p, json_string_value(name));
+    return api_check_fail(v, p, "'%s' must be 1 to 64 letters, digits, '_' or '-', got \"%.64s\"", p,
+                          json_string_value(name));
   json_t *desc = api_check_field(f, "description");
   snprintf(p, sizeof p, "%s.description", param);
   if (desc && !json_is_string(desc)) return api_check_fail(v, p, "'%s' must be a string", p);
   json_t *params = api_check_field(f, "parameters");
   snprintf(p, sizeof p, "%s.parameters", param);
-  if (params && !json_is_object(params)) return api_check_fail(v, p, "'%s' must be a JSON Schema object, got %s", p, api_json_type(params));
+  if (params && !json_is_object(params))
+    return api_check_fail(v, p, "'%s' must be a JSON Schema object, got %s", p, api_json_type(params));
   json_t *strict = api_check_field(f, "strict");
   snprintf(p, sizeof p, "%s.strict", param);
   if (strict && !json_is_boolean(strict)) return api_check_fail(v, p, "'%s' must be a boolean", p);
@@ -87,15 +90,20 @@ static bool check_function(api_check *v, const char *param, json_t *f, json_t **
 static bool has_name(json_t *tools, const char *name) {
   size_t i;
   json_t *t;
-  json_array_foreach(tools, i, t) if (!strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")), name)) return true;
+  json_array_foreach(
+      tools, i,
+      t) if (!strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")), name)) return true;
   return false;
 }
 
 static bool parse_list(api_check *v, const char *key, json_t *arr, bool legacy, json_t **out) {
-  if (!json_is_array(arr)) return api_check_fail(v, key, "'%s' must be a list of %s, got %s", key, legacy ? "function definitions" : "tools", api_json_type(arr));
+  if (!json_is_array(arr))
+    return api_check_fail(v, key, "'%s' must be a list of %s, got %s", key, legacy ? "function definitions" : "tools",
+                          api_json_type(arr));
   size_t n = json_array_size(arr);
   if (n == 0) return api_check_fail(v, key, "'%s' must not be empty (leave it out for no tools)", key);
-  if (n > OAI_MAX_TOOLS) return api_check_fail(v, key, "'%s' has %zu entries; at most %d are allowed", key, n, OAI_MAX_TOOLS);
+  if (n > OAI_MAX_TOOLS)
+    return api_check_fail(v, key, "'%s' has %zu entries; at most %d are allowed", key, n, OAI_MAX_TOOLS);
   char *dump = json_dumps(arr, JSON_COMPACT);
   size_t bytes = dump ? strlen(dump) : 0;
   free(dump);
@@ -140,15 +148,18 @@ static bool parse_choice(api_check *v, const char *key, json_t *c, oai_tools *t)
     if (!strcmp(s, "none")) return t->choice = CHOICE_AUTO, t->name[0] = 1, true; /* name[0] == 1: "none" */
     if (!strcmp(s, "required") && !t->legacy) return t->choice = CHOICE_REQUIRED, true;
     return api_check_fail(v, key, "'%s' must be \"none\", \"auto\"%s or {%s\"name\": ...}, got \"%.64s\"", key,
-                          t->legacy ? "" : ", \"required\"", t->legacy ? "" : "\"type\": \"function\", \"function\": ", s);
+                          t->legacy ? "" : ", \"required\"",
+                          t->legacy ? "" : "\"type\": \"function\", \"function\": ", s);
   }
   json_t *fn = c;
   if (!t->legacy) {
     json_t *type = json_is_object(c) ? json_object_get(c, "type") : NULL;
     fn = json_is_object(c) ? json_object_get(c, "function") : NULL;
     if (!json_is_string(type) || strcmp(json_string_value(type), "function") || !json_is_object(fn))
-      return api_check_fail(v, key, "'%s' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
-                            "\"function\": {\"name\": ...}}", key);
+      return api_check_fail(v, key,
+                            "'%s' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                            "\"function\": {\"name\": ...}}",
+                            key);
   }
   json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
   if (!json_is_string(name)) return api_check_fail(v, key, "'%s' must name a function: {\"name\": ...}", key);
@@ -213,10 +224,13 @@ bool oai_check_message_tools(api_check *v, const char *param, json_t *in, json_t
       json_t *id = json_is_object(c) ? json_object_get(c, "id") : NULL;
       json_t *name = json_is_object(f) ? json_object_get(f, "name") : NULL;
       json_t *args = json_is_object(f) ? json_object_get(f, "arguments") : NULL;
-      if (!json_is_string(name) || (args && !json_is_string(args) && !json_is_object(args)) || (id && !json_is_string(id))) {
+      if (!json_is_string(name) || (args && !json_is_string(args) && !json_is_object(args)) ||
+          (id && !json_is_string(id))) {
         json_decref(norm);
-        return api_check_fail(v, p, "'%s'[%zu] must be {\"id\": string, \"type\": \"function\", \"function\": "
-                              "{\"name\": string, \"arguments\": string}}", p, i);
+        return api_check_fail(v, p,
+                              "'%s'[%zu] must be {\"id\": string, \"type\": \"function\", \"function\": "
+                              "{\"name\": string, \"arguments\": string}}",
+                              p, i);
       }
       json_t *nc = json_pack("{s:s, s:{s:O, s:o}}", "type", "function", "function", "name", name, "arguments",
                              args ? json_incref(args) : json_string("{}"));
@@ -256,9 +270,9 @@ int oai_tools_prepare(oai_tools *t, const servd_model_ops *ops, servd_model *m, 
   if (!forced(t)) return 0;
   *param = t->legacy ? "function_call" : "tool_choice";
   if (!ops->guide_compile) return servd_fail(SERVD_EUNSUPPORTED, "this server has no constrained decoding");
-  json_t *spec = json_pack("{s:O, s:s, s:b, s:O}", "tools", t->tools, "choice",
-                           t->choice == CHOICE_NAMED ? t->name : "required", "parallel", t->parallel, "family",
-                           t->family ? t->family : json_null());
+  json_t *spec =
+      json_pack("{s:O, s:s, s:b, s:O}", "tools", t->tools, "choice", t->choice == CHOICE_NAMED ? t->name : "required",
+                "parallel", t->parallel, "family", t->family ? t->family : json_null());
   char *text = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
   json_decref(spec);
   if (!text) return servd_fail(SERVD_ENOMEM, "tool calling: out of memory");

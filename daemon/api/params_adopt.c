@@ -83,8 +83,8 @@ static bool adopt_stop(api_check *c, json_t *obj, servd_gen_params *gp) {
                             api_json_type(ids));
     size_t n = json_array_size(ids);
     if (n > MAX_STOP_IDS)
-      return api_check_fail(c, "stop_token_ids", "'%sstop_token_ids' may hold at most %d ids, got %zu", w,
-                            MAX_STOP_IDS, n);
+      return api_check_fail(c, "stop_token_ids", "'%sstop_token_ids' may hold at most %d ids, got %zu", w, MAX_STOP_IDS,
+                            n);
     int32_t *p = servd_arena_alloc(c->arena, (n ? n : 1) * sizeof(int32_t));
     if (!p) return api_check_fail(c, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
@@ -141,7 +141,8 @@ int api_params_adopt(json_t *obj, unsigned sets, const char *where, const api_pa
     if (!adopt_fields(&c, obj, gp) || !adopt_stop(&c, obj, gp) || !adopt_logit_bias(&c, obj, lim, gp)) return -1;
     if (gp->max_tokens > 0 && gp->min_tokens > gp->max_tokens)
       return api_check_fail(&c, "min_tokens", "'%smin_tokens' (%d) must not exceed max_tokens (%d)", c.where,
-                            gp->min_tokens, gp->max_tokens), -1;
+                            gp->min_tokens, gp->max_tokens),
+             -1;
     json_t *seed = api_check_field(obj, "seed");
     if (seed) {
       long long x;

@@ -75,7 +75,8 @@ bool api_check_int(api_check *c, json_t *obj, const char *key, long long lo, lon
   if (!j) return true;
   const char *w = c->where ? c->where : "";
   long long x;
-  if (!api_check_as_int(j, &x)) return api_check_fail(c, key, "'%s%s' must be an integer, got %s", w, key, api_json_type(j));
+  if (!api_check_as_int(j, &x))
+    return api_check_fail(c, key, "'%s%s' must be an integer, got %s", w, key, api_json_type(j));
   if (x < lo || x > hi) return api_check_fail(c, key, "'%s%s' must be in [%lld, %lld], got %lld", w, key, lo, hi, x);
   *out = x;
   return true;

@@ -20,8 +20,7 @@ static int utf8_seq(const unsigned char *s) {
     if ((s[i] & 0xC0) != 0x80) return 0;
     cp = (cp << 6) | (s[i] & 0x3F);
   }
-  if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
-    return 0;
+  if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
   return n;
 }
 

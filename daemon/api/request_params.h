@@ -23,8 +23,8 @@ typedef struct api_param_limits {
 
 /* Why a request was refused. */
 typedef struct api_param_error {
-  int status;       /* 4xx */
-  char param[48];   /* the offending field, "" when none */
+  int status;        /* 4xx */
+  char param[48];    /* the offending field, "" when none */
   char message[768]; /* valid UTF-8, never empty */
 } api_param_error;
 
@@ -53,8 +53,8 @@ int api_body_parse(const char *text, size_t len, json_t **out, api_param_error *
 typedef enum { OAI_COMPLETIONS, OAI_CHAT, OAI_TOKENIZE, OAI_DETOKENIZE } oai_mode;
 
 typedef struct oai_prompt {
-  const char *text;   /* arena; NULL when given as token ids */
-  int32_t *ids;       /* malloc'd (by the tokenizer or the parser) */
+  const char *text; /* arena; NULL when given as token ids */
+  int32_t *ids;     /* malloc'd (by the tokenizer or the parser) */
   int n_ids;
 } oai_prompt;
 
@@ -62,17 +62,17 @@ typedef struct oai_tools oai_tools; /* api/openai_tools.h */
 
 typedef struct oai_params {
   bool stream, include_usage, add_special, add_generation_prompt;
-  int n;               /* choices per prompt */
+  int n; /* choices per prompt */
   int n_prompts;
   oai_prompt *prompts; /* arena; their ids malloc'd */
   json_t *messages;    /* chat / tokenize: normalized {role, content[, name]} (own reference) */
   servd_gen_params gp; /* stop strings and stop ids in the arena */
   int logprobs;        /* -1: none; else top count */
   /* Constrained decoding: response_format json_object/json_schema, or vLLM's guided_* fields. */
-  servd_guide_kind guide_kind;  /* SERVD_GUIDE_NONE: unconstrained */
-  const char *guide_spec;       /* arena: schema (JSON text), regex, choices (JSON list) or grammar */
-  const char *guide_param;      /* the field it came from (static string), for errors */
-  oai_tools *tools;             /* chat: tools, tool_choice, ... (owned); NULL: none or "none" */
+  servd_guide_kind guide_kind; /* SERVD_GUIDE_NONE: unconstrained */
+  const char *guide_spec;      /* arena: schema (JSON text), regex, choices (JSON list) or grammar */
+  const char *guide_param;     /* the field it came from (static string), for errors */
+  oai_tools *tools;            /* chat: tools, tool_choice, ... (owned); NULL: none or "none" */
 } oai_params;
 
 /* Validates body (any JSON value; 'model' is not looked at) for mode. Returns 0 with *out filled
@@ -81,8 +81,8 @@ typedef struct oai_params {
 int oai_params_parse(json_t *body, oai_mode mode, const api_param_limits *lim, servd_arena *arena, oai_params *out,
                      api_param_error *err);
 /* The same from the body's text: malformed JSON and a body that is no object are errors too. */
-int oai_params_parse_text(const char *text, size_t len, oai_mode mode, const api_param_limits *lim,
-                          servd_arena *arena, oai_params *out, api_param_error *err);
+int oai_params_parse_text(const char *text, size_t len, oai_mode mode, const api_param_limits *lim, servd_arena *arena,
+                          oai_params *out, api_param_error *err);
 void oai_params_free(oai_params *p); /* frees the ids and messages; accepts a zeroed struct */
 
 /* ---- KServe v2 inference requests ---- */
@@ -90,11 +90,11 @@ void oai_params_free(oai_params *p); /* frees the ids and messages; accepts a ze
 typedef struct kserve_infer_params {
   servd_named_tensor *in; /* malloc'd; tensors owned */
   int n_in;
-  json_t *id;             /* own reference or NULL */
-  json_t *wanted;         /* 'outputs' (own reference) or NULL: every output */
+  json_t *id;     /* own reference or NULL */
+  json_t *wanted; /* 'outputs' (own reference) or NULL: every output */
   int64_t deadline_ms;
-  int priority;           /* parameters.priority (0 when absent) */
-  bool binary_out;        /* parameters.binary_data_output: outputs as raw bytes unless they say otherwise */
+  int priority;    /* parameters.priority (0 when absent) */
+  bool binary_out; /* parameters.binary_data_output: outputs as raw bytes unless they say otherwise */
 } kserve_infer_params;
 
 /* Validates an inference request and builds its input tensors. Returns 0 (free with

@@ -73,9 +73,8 @@ int api_status_for(int rc) {
 const char *api_user_cause(const char *msg) {
   /* The stages daemon/engine and the tokenizer write before their messages, possibly nested
    * ("tokenizer: decode: id 7 ..."). */
-  static const char *const stages[] = {"submit: ",         "chat template: ", "tokenize: ",   "detokenize: ",
-                                       "predict batch: ",  "predict: ",       "tokenizer: ",  "decode: ",
-                                       "detokenizer: "};
+  static const char *const stages[] = {"submit: ",  "chat template: ", "tokenize: ", "detokenize: ", "predict batch: ",
+                                       "predict: ", "tokenizer: ",     "decode: ",   "detokenizer: "};
   if (!msg) return "";
   for (bool again = true; again;) {
     again = false;

@@ -61,8 +61,8 @@ static void fc_id(const oai *o, int i, char *out, size_t cap) { snprintf(out, ca
 static json_t *message_item(const oai *o, const char *status, json_t *text) {
   char id[64];
   msg_id(o, id, sizeof id);
-  json_t *content = text ? json_pack("[{s:s, s:o, s:[]}]", "type", "output_text", "text", text, "annotations")
-                         : json_array();
+  json_t *content =
+      text ? json_pack("[{s:s, s:o, s:[]}]", "type", "output_text", "text", text, "annotations") : json_array();
   return json_pack("{s:s, s:s, s:s, s:s, s:o}", "type", "message", "id", id, "status", status, "role", "assistant",
                    "content", content);
 }
@@ -110,10 +110,10 @@ static int event(oai *o, const char *type, json_t *fields) {
 
 static void stream_begin(oai *o) {
   resp *x = o->sink_ctx;
-  if (event(o, "response.created", json_pack("{s:o}", "response", response_json(o, x, "in_progress", json_array(),
-                                                                                NULL))) == 0)
-    event(o, "response.in_progress", json_pack("{s:o}", "response", response_json(o, x, "in_progress", json_array(),
-                                                                                  NULL)));
+  if (event(o, "response.created",
+            json_pack("{s:o}", "response", response_json(o, x, "in_progress", json_array(), NULL))) == 0)
+    event(o, "response.in_progress",
+          json_pack("{s:o}", "response", response_json(o, x, "in_progress", json_array(), NULL)));
 }
 
 static json_t *text_part(const char *s, size_t n) {
@@ -124,11 +124,12 @@ static int message_open(oai *o, resp *x) {
   x->msg_index = x->n_items++;
   char id[64];
   msg_id(o, id, sizeof id);
-  if (event(o, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", x->msg_index, "item",
-                                                       message_item(o, "in_progress", NULL))) != 0)
+  if (event(o, "response.output_item.added",
+            json_pack("{s:i, s:o}", "output_index", x->msg_index, "item", message_item(o, "in_progress", NULL))) != 0)
     return -1;
-  return event(o, "response.content_part.added", json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index",
-                                                           x->msg_index, "content_index", 0, "part", text_part("", 0)));
+  return event(o, "response.content_part.added",
+               json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", x->msg_index, "content_index", 0,
+                         "part", text_part("", 0)));
 }
 
 /* A delta is written directly: it is the one event per token. */
@@ -139,9 +140,11 @@ static void stream_text(oai *o, gen *g, const char *s, size_t n) {
   servd_buf_append(&x->text, s, n);
   servd_buf *b = &o->sse;
   servd_buf_clear(b);
-  servd_buf_printf(b, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\","
-                      "\"sequence_number\":%d,\"item_id\":\"msg_%s\",\"output_index\":%d,\"content_index\":0,"
-                      "\"delta\":", x->seq++, o->id + 5, x->msg_index);
+  servd_buf_printf(b,
+                   "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\","
+                   "\"sequence_number\":%d,\"item_id\":\"msg_%s\",\"output_index\":%d,\"content_index\":0,"
+                   "\"delta\":",
+                   x->seq++, o->id + 5, x->msg_index);
   servd_buf_json_str(b, s, n);
   servd_buf_puts(b, ",\"logprobs\":[]}\n\n");
   if (!b->oom) oai_stream_write(o, b->data, b->len);
@@ -153,11 +156,12 @@ static int message_close(oai *o, resp *x, const char *status) {
   const char *t = x->text.data ? x->text.data : "";
   int at = x->msg_index;
   x->msg_index = -1;
-  if (event(o, "response.output_text.done", json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", id, "output_index", at,
-                                                      "content_index", 0, "text", oai_json_text(t, x->text.len),
-                                                      "logprobs")) != 0 ||
-      event(o, "response.content_part.done", json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", at,
-                                                       "content_index", 0, "part", text_part(t, x->text.len))) != 0)
+  if (event(o, "response.output_text.done",
+            json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", id, "output_index", at, "content_index", 0, "text",
+                      oai_json_text(t, x->text.len), "logprobs")) != 0 ||
+      event(o, "response.content_part.done",
+            json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", at, "content_index", 0, "part",
+                      text_part(t, x->text.len))) != 0)
     return -1;
   json_t *item = message_item(o, status, oai_json_text(t, x->text.len));
   json_array_append(x->output, item);
@@ -169,12 +173,12 @@ static int call_stream(oai *o, resp *x, int i, json_t *call) {
   char id[64];
   fc_id(o, i, id, sizeof id);
   const char *args = json_string_value(json_object_get(json_object_get(call, "function"), "arguments"));
-  if (event(o, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", at, "item",
-                                                       call_item(o, i, call, "in_progress", false))) != 0 ||
-      event(o, "response.function_call_arguments.delta", json_pack("{s:s, s:i, s:s}", "item_id", id, "output_index",
-                                                                   at, "delta", args ? args : "")) != 0 ||
-      event(o, "response.function_call_arguments.done", json_pack("{s:s, s:i, s:s}", "item_id", id, "output_index",
-                                                                  at, "arguments", args ? args : "")) != 0)
+  if (event(o, "response.output_item.added",
+            json_pack("{s:i, s:o}", "output_index", at, "item", call_item(o, i, call, "in_progress", false))) != 0 ||
+      event(o, "response.function_call_arguments.delta",
+            json_pack("{s:s, s:i, s:s}", "item_id", id, "output_index", at, "delta", args ? args : "")) != 0 ||
+      event(o, "response.function_call_arguments.done",
+            json_pack("{s:s, s:i, s:s}", "item_id", id, "output_index", at, "arguments", args ? args : "")) != 0)
     return -1;
   json_t *item = call_item(o, i, call, "completed", true);
   json_array_append(x->output, item);
@@ -186,8 +190,8 @@ static void stream_end(oai *o, gen *g) {
   if (g->error) {
     x->failed = true;
     json_t *err = json_pack("{s:s, s:s}", "code", "server_error", "message", g->error);
-    event(o, "response.failed", json_pack("{s:o}", "response", response_json(o, x, "failed", json_incref(x->output),
-                                                                             err)));
+    event(o, "response.failed",
+          json_pack("{s:o}", "response", response_json(o, x, "failed", json_incref(x->output), err)));
     return;
   }
   json_t *calls = o->tools ? oai_tools_calls(o->tools, g->index) : NULL;
@@ -232,8 +236,7 @@ void api_oai_responses(servd_api *a, servd_http_req *r, const api_route_args *ar
   int rc = resp_params_parse(body, &q, &perr);
   json_decref(body);
   if (rc != 0) {
-    api_oai_error(r, perr.status, "invalid_request_error", perr.param[0] ? perr.param : NULL, NULL, "%s",
-                  perr.message);
+    api_oai_error(r, perr.status, "invalid_request_error", perr.param[0] ? perr.param : NULL, NULL, "%s", perr.message);
     return;
   }
   resp *x = calloc(1, sizeof *x);

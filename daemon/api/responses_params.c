@@ -10,15 +10,47 @@
 
 /* Fields of the Responses API that servd takes, and servd's sampling extensions (as on chat). */
 static const char *const known[] = {
-    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
-    "parallel_tool_calls", "text", "stream", "store", "metadata", "user", "previous_response_id",
-    "seed", "top_k", "min_p", "ignore_eos", "stop", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "model",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "text",
+    "stream",
+    "store",
+    "metadata",
+    "user",
+    "previous_response_id",
+    "seed",
+    "top_k",
+    "min_p",
+    "ignore_eos",
+    "stop",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
 };
 
 /* Copied into the chat body as they are: the chat parser checks them under the same names. */
 static const char *const passed[] = {
-    "model", "temperature", "top_p", "parallel_tool_calls", "user", "stream",
-    "seed", "top_k", "min_p", "ignore_eos", "stop", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "model",
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "user",
+    "stream",
+    "seed",
+    "top_k",
+    "min_p",
+    "ignore_eos",
+    "stop",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
 };
 
 static bool is_one_of(const char *s, const char *const *set, size_t n) {
@@ -43,8 +75,10 @@ static json_t *content_text(api_check *v, const char *param, json_t *content) {
     json_t *t = json_object_get(part, "text");
     if (!type || (strcmp(type, "input_text") && strcmp(type, "output_text")) || !json_is_string(t)) {
       servd_buf_free(&b);
-      api_check_fail(v, param, "'%s'[%zu] must be {\"type\": \"input_text\", \"text\": string}; only text content is "
-                     "supported", param, k);
+      api_check_fail(v, param,
+                     "'%s'[%zu] must be {\"type\": \"input_text\", \"text\": string}; only text content is "
+                     "supported",
+                     param, k);
       return NULL;
     }
     servd_buf_append(&b, json_string_value(t), json_string_length(t));
@@ -105,12 +139,12 @@ static bool input_item(api_check *v, json_t *msgs, json_t *e, size_t i) {
     snprintf(op, sizeof op, "%s.output", param);
     json_t *out = content_text(v, op, json_object_get(e, "output"));
     if (!out) return false;
-    return json_array_append_new(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", call_id,
-                                                 "content", out)) == 0 ||
+    return json_array_append_new(
+               msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", call_id, "content", out)) == 0 ||
            api_check_fail(v, NULL, "out of memory");
   }
-  return api_check_fail(v, param, "'%s.type' must be message, function_call or function_call_output, got \"%s\"",
-                        param, type);
+  return api_check_fail(v, param, "'%s.type' must be message, function_call or function_call_output, got \"%s\"", param,
+                        type);
 }
 
 static bool parse_input(api_check *v, json_t *body, json_t *chat) {
@@ -148,8 +182,10 @@ static bool parse_tools(api_check *v, json_t *body, json_t *chat, json_t *echo) 
     snprintf(param, sizeof param, "tools[%zu]", i);
     const char *type = json_string_value(json_object_get(t, "type"));
     if (!json_is_object(t) || !type || strcmp(type, "function"))
-      return api_check_fail(v, param, "'%s' must be a function tool {\"type\": \"function\", \"name\", ...}; servd has "
-                            "no built-in tools", param);
+      return api_check_fail(v, param,
+                            "'%s' must be a function tool {\"type\": \"function\", \"name\", ...}; servd has "
+                            "no built-in tools",
+                            param);
     json_t *fn = json_object();
     const char *keys[] = {"name", "description", "parameters", "strict"};
     for (size_t k = 0; k < 4; k++)
@@ -169,7 +205,8 @@ static bool parse_tool_choice(api_check *v, json_t *body, json_t *chat, json_t *
   const char *type = json_string_value(json_object_get(tc, "type"));
   json_t *name = json_object_get(tc, "name");
   if (!json_is_object(tc) || !type || strcmp(type, "function") || !json_is_string(name))
-    return api_check_fail(v, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+    return api_check_fail(v, "tool_choice",
+                          "'tool_choice' must be \"none\", \"auto\", \"required\" or "
                           "{\"type\": \"function\", \"name\": string}");
   json_object_set_new(chat, "tool_choice", json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name));
   return true;
@@ -197,7 +234,8 @@ static bool parse_text(api_check *v, json_t *body, json_t *chat, json_t *echo) {
   if (!f) return true;
   const char *type = json_string_value(json_object_get(f, "type"));
   if (!json_is_object(f) || !type)
-    return api_check_fail(v, "text.format", "'text.format' must be an object with 'type': text, json_object or "
+    return api_check_fail(v, "text.format",
+                          "'text.format' must be an object with 'type': text, json_object or "
                           "json_schema");
   if (!strcmp(type, "text")) return true;
   if (!strcmp(type, "json_object")) {
@@ -205,8 +243,10 @@ static bool parse_text(api_check *v, json_t *body, json_t *chat, json_t *echo) {
     return true;
   }
   if (strcmp(type, "json_schema"))
-    return api_check_fail(v, "text.format.type", "'text.format.type' must be text, json_object or json_schema, got "
-                          "\"%s\"", type);
+    return api_check_fail(v, "text.format.type",
+                          "'text.format.type' must be text, json_object or json_schema, got "
+                          "\"%s\"",
+                          type);
   json_t *name = json_object_get(f, "name"), *schema = json_object_get(f, "schema");
   if (!json_is_string(name)) return api_check_fail(v, "text.format.name", "'text.format.name' must be a string");
   if (!json_is_object(schema))
@@ -233,14 +273,15 @@ static bool parse(api_check *v, json_t *body, json_t *chat, json_t *echo) {
     if (is_one_of(key, passed, sizeof passed / sizeof passed[0])) json_object_set(chat, key, val);
   }
   if (api_check_field(body, "previous_response_id"))
-    return api_check_fail(v, "previous_response_id", "'previous_response_id' is not supported: servd keeps no "
+    return api_check_fail(v, "previous_response_id",
+                          "'previous_response_id' is not supported: servd keeps no "
                           "responses; send the whole conversation in 'input'");
   bool store = false;
   if (!api_check_bool(v, body, "store", &store)) return false;
   json_t *md = api_check_field(body, "metadata");
   if (md && !json_is_object(md)) return api_check_fail(v, "metadata", "'metadata' must be an object of strings");
-  json_object_foreach(md, key, val)
-    if (!json_is_string(val)) return api_check_fail(v, "metadata", "'metadata' must be an object of strings");
+  json_object_foreach(md, key, val) if (!json_is_string(val)) return api_check_fail(
+      v, "metadata", "'metadata' must be an object of strings");
   bool present;
   long long max = 0;
   if (!api_check_int(v, body, "max_output_tokens", 1, 1 << 30, &present, &max)) return false;

@@ -21,9 +21,9 @@ struct api_model;
 /* What the router hands a handler. Strings live in the request's arena (valid until the response
  * completes); am is borrowed from the API's model list. */
 typedef struct api_route_args {
-  const char *model;     /* the {model} capture, or NULL */
-  const char *version;   /* the {version} capture, or NULL */
-  struct api_model *am;  /* with API_ROUTE_MODEL: the model named by {model}, never NULL */
+  const char *model;    /* the {model} capture, or NULL */
+  const char *version;  /* the {version} capture, or NULL */
+  struct api_model *am; /* with API_ROUTE_MODEL: the model named by {model}, never NULL */
 } api_route_args;
 
 typedef void (*api_handler)(servd_api *a, servd_http_req *r, const api_route_args *args);
@@ -33,9 +33,9 @@ enum { API_GET = 1u << 0, API_HEAD = 1u << 1, API_POST = 1u << 2 };
 
 /* What the router does before the handler runs. */
 enum {
-  API_ROUTE_PUBLIC = 1u << 0, /* no API key needed (health probes) */
-  API_ROUTE_OAI = 1u << 1,    /* errors in OpenAI's shape, else KServe v2's */
-  API_ROUTE_MODEL = 1u << 2,  /* {model} must name a model known to the server: 404 otherwise */
+  API_ROUTE_PUBLIC = 1u << 0,  /* no API key needed (health probes) */
+  API_ROUTE_OAI = 1u << 1,     /* errors in OpenAI's shape, else KServe v2's */
+  API_ROUTE_MODEL = 1u << 2,   /* {model} must name a model known to the server: 404 otherwise */
   API_ROUTE_METRICS = 1u << 3, /* public when servd_api_options.metrics_public (Prometheus scrapers) */
 };
 

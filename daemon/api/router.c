@@ -18,8 +18,9 @@ bool api_route_match(const char *pat, const char *path, api_route_span *model, a
       if (!close) return false;
       size_t n = strcspn(path, "/");
       if (n == 0) return false;
-      api_route_span *slot = strncmp(pat, "{model}", 7) == 0 ? model : strncmp(pat, "{version}", 9) == 0 ? version
-                                                                                                        : NULL;
+      api_route_span *slot = strncmp(pat, "{model}", 7) == 0     ? model
+                             : strncmp(pat, "{version}", 9) == 0 ? version
+                                                                 : NULL;
       if (slot) *slot = (api_route_span){path, n};
       pat = close + 1;
       path += n;

@@ -35,9 +35,8 @@ struct servd_batcher {
   pthread_t *workers;
 };
 
-int servd_predict_direct(servd_pool *pool, const servd_named_tensor *inputs, int n_inputs,
-                         servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
-                         servd_model_error *merr) {
+int servd_predict_direct(servd_pool *pool, const servd_named_tensor *inputs, int n_inputs, servd_named_tensor **outputs,
+                         int *n_outputs, int64_t deadline_ms, servd_model_error *merr) {
   *outputs = NULL;
   *n_outputs = 0;
   if (merr) memset(merr, 0, sizeof *merr);
@@ -64,7 +63,8 @@ int servd_predict_direct(servd_pool *pool, const servd_named_tensor *inputs, int
     int code = servd_model_error_code(rc, &err, SERVD_CALL_PREDICT, merr);
     char msg[512]; /* servd_fail writes the buffer servd_last_error returns: copy it first */
     snprintf(msg, sizeof msg, "%s", servd_last_error());
-    rc = err.type[0] ? servd_fail(code, "predict: %s: %s", err.type, err.message) : servd_fail(code, "predict: %s", msg);
+    rc =
+        err.type[0] ? servd_fail(code, "predict: %s: %s", err.type, err.message) : servd_fail(code, "predict: %s", msg);
     goto done;
   }
   servd_named_tensor *o = calloc((size_t)n_out + 1, sizeof *o);
@@ -161,8 +161,10 @@ static void run_batch(servd_batcher *b, job **jobs, int n) {
   if ((rc = servd_predict_direct(b->pool, in, n_in, &out, &n_out, deadline, &merr))) goto done;
   for (int o = 0; o < n_out; o++)
     if (!out[o].tensor || out[o].tensor->ndim < 1 || out[o].tensor->shape[0] != total) {
-      rc = servd_fail(SERVD_EFORMAT, "predict batch: output \"%s\" must have the batch's %lld rows first "
-                      "(dynamic batching)", out[o].name, (long long)total);
+      rc = servd_fail(SERVD_EFORMAT,
+                      "predict batch: output \"%s\" must have the batch's %lld rows first "
+                      "(dynamic batching)",
+                      out[o].name, (long long)total);
       goto done;
     }
   int64_t off = 0;
@@ -254,8 +256,10 @@ static void *worker_main(void *arg) {
 int servd_batcher_create(servd_pool *pool, int max_batch_size, int max_batch_delay_ms, servd_batcher **out) {
   *out = NULL;
   if (!pool || max_batch_size < 2 || max_batch_size > 4096 || max_batch_delay_ms < 0 || max_batch_delay_ms > 60000)
-    return servd_fail(SERVD_EINVAL, "batcher: max_batch_size=%d (expected 2..4096), max_batch_delay_ms=%d "
-                      "(expected 0..60000)", max_batch_size, max_batch_delay_ms);
+    return servd_fail(SERVD_EINVAL,
+                      "batcher: max_batch_size=%d (expected 2..4096), max_batch_delay_ms=%d "
+                      "(expected 0..60000)",
+                      max_batch_size, max_batch_delay_ms);
   servd_batcher *b = calloc(1, sizeof *b);
   if (!b) return servd_fail(SERVD_ENOMEM, "batcher: allocation");
   b->pool = pool;
@@ -297,8 +301,7 @@ void servd_batcher_destroy(servd_batcher *b) {
 }
 
 int servd_batcher_predict(servd_batcher *b, const servd_named_tensor *inputs, int n_inputs,
-                          servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
-                          servd_model_error *err) {
+                          servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms, servd_model_error *err) {
   *outputs = NULL;
   *n_outputs = 0;
   if (err) memset(err, 0, sizeof *err);
@@ -310,7 +313,8 @@ int servd_batcher_predict(servd_batcher *b, const servd_named_tensor *inputs, in
     pthread_mutex_unlock(&b->mu);
     return servd_fail(SERVD_ECANCELED, "predict: the model is unloading");
   }
-  if (b->tail) b->tail->next = &j; else b->head = &j;
+  if (b->tail) b->tail->next = &j;
+  else b->head = &j;
   b->tail = &j;
   pthread_cond_broadcast(&b->work);
   while (!j.done) pthread_cond_wait(&b->done, &b->mu);

@@ -21,12 +21,10 @@ void servd_batcher_destroy(servd_batcher *b); /* accepts NULL; fails queued jobs
 
 /* Same contract as servd_model_predict. */
 int servd_batcher_predict(servd_batcher *b, const servd_named_tensor *inputs, int n_inputs,
-                          servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
-                          servd_model_error *err);
+                          servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms, servd_model_error *err);
 
 /* One predict on an idle interpreter of pool (no batching). err may be NULL. */
-int servd_predict_direct(servd_pool *pool, const servd_named_tensor *inputs, int n_inputs,
-                         servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
-                         servd_model_error *err);
+int servd_predict_direct(servd_pool *pool, const servd_named_tensor *inputs, int n_inputs, servd_named_tensor **outputs,
+                         int *n_outputs, int64_t deadline_ms, servd_model_error *err);
 
 #endif

@@ -16,8 +16,8 @@ typedef struct graph_slot {
 struct servd_device_step {
   servd_device_step_config c;
   servd_device_batch *db;
-  graph_slot *slots; /* c.n_buckets */
-  int n_graphs;      /* slots holding a graph */
+  graph_slot *slots;   /* c.n_buckets */
+  int n_graphs;        /* slots holding a graph */
   uint64_t generation; /* servd_device_generation when the graphs held were captured */
   servd_tensor *host;  /* rank 0: (c.max_seqs, vocab) f32, allocated at the first download */
   servd_tensor *out;   /* a view of host's first rows, handed to the engine (reshaped per step) */
@@ -47,7 +47,8 @@ int servd_device_step_create(const servd_device_step_config *c, servd_device_ste
   *out = NULL;
   if (c->device < 0 || c->rank < 0 || !c->dkv || c->max_tokens < 1 || c->max_seqs < 1 || c->max_blocks_per_seq < 1 ||
       c->block_size < 1 || c->n_buckets < 0)
-    return servd_fail(SERVD_EINVAL, "device step: device %d, rank %d, max_tokens %d, max_seqs %d, max_blocks_per_seq %d, "
+    return servd_fail(SERVD_EINVAL,
+                      "device step: device %d, rank %d, max_tokens %d, max_seqs %d, max_blocks_per_seq %d, "
                       "block_size %d, %d graph buckets, %s device cache: expected a cache and positive sizes",
                       c->device, c->rank, c->max_tokens, c->max_seqs, c->max_blocks_per_seq, c->block_size,
                       c->n_buckets, c->dkv ? "a" : "no");
@@ -104,9 +105,9 @@ static bool logits_shape_ok(const servd_tensor *t, int rows) {
 static int bad_logits(const servd_device_step *s, const servd_tensor *t, int rows, servd_py_error *err) {
   char d[128] = "None";
   if (t) servd_tensor_describe(t, d, sizeof d);
-  int rc = servd_fail(SERVD_EMODEL, "forward returned logits %s on %s%d: expected f32 (%d, vocab)", d,
-                      t && t->device >= 0 ? "cuda:" : "the host, rank ", t && t->device >= 0 ? t->device : s->c.rank,
-                      rows);
+  int rc =
+      servd_fail(SERVD_EMODEL, "forward returned logits %s on %s%d: expected f32 (%d, vocab)", d,
+                 t && t->device >= 0 ? "cuda:" : "the host, rank ", t && t->device >= 0 ? t->device : s->c.rank, rows);
   if (err) {
     snprintf(err->type, sizeof err->type, "%s", "TypeError");
     snprintf(err->message, sizeof err->message, "%s", servd_last_error());
@@ -176,8 +177,8 @@ static int download_picks(servd_device_step *s, const servd_tensor *dl, int n_ro
 }
 
 /* Rank 0's result of a forward that computed b->n_logit_rows rows, of which the engine gets n_rows. */
-static int take_logits(servd_device_step *s, servd_tensor *dl, int rows, int n_rows, bool picks,
-                       servd_tensor **logits, servd_py_error *err) {
+static int take_logits(servd_device_step *s, servd_tensor *dl, int rows, int n_rows, bool picks, servd_tensor **logits,
+                       servd_py_error *err) {
   if (rows == 0) {
     servd_tensor_release(dl); /* no row wanted: the engine reads none (as on the CPU) */
     return 0;
@@ -272,7 +273,8 @@ int servd_device_step_replay(servd_device_step *s, servd_interp *it, const servd
    * is stale, so this rank runs the same step through the model's code. Its collectives are the
    * graph's, in the same order, so ranks that replay and this one still meet. The runner drops the
    * graphs before the next step. */
-  if (servd_device_generation(s->c.device) != s->generation) return servd_device_step_eager(s, it, b, n_rows, logits, err);
+  if (servd_device_generation(s->c.device) != s->generation)
+    return servd_device_step_eager(s, it, b, n_rows, logits, err);
   int rc = upload(s, b);
   if (rc) return rc;
   if ((rc = servd_device_graph_launch(s->slots[bucket].graph))) {

@@ -21,12 +21,12 @@ typedef struct servd_device_step servd_device_step;
 
 typedef struct servd_device_step_config {
   int device, rank;
-  servd_device_kv *dkv;   /* this rank's device cache; borrowed */
-  int max_tokens;         /* capacities of the device batch (including padding up to the buckets) */
+  servd_device_kv *dkv; /* this rank's device cache; borrowed */
+  int max_tokens;       /* capacities of the device batch (including padding up to the buckets) */
   int max_seqs;
   int max_blocks_per_seq;
   int block_size;
-  int n_buckets;          /* graph slots (0: graphs off) */
+  int n_buckets; /* graph slots (0: graphs off) */
 } servd_device_step_config;
 
 int servd_device_step_create(const servd_device_step_config *c, servd_device_step **out);

@@ -20,7 +20,6 @@
 #include <string.h>
 #include <time.h>
 
-
 #define STUCK_SECONDS 60.0
 
 /* Set once at startup (servd_engine_set_gpu_defaults), before any model loads. */
@@ -214,11 +213,13 @@ static void finish_ex(servd_model *m, servd_request *r, const char *reason, int 
     bool stopped = false;
     if (r->detok && servd_detok_flush(r->detok, &t1, &l1) == 0 && l1)
       servd_stop_matcher_push(r->stopper, t1, l1, &t1, &l1, &stopped);
-    else
-      l1 = 0;
+    else l1 = 0;
     if (!stopped && servd_stop_matcher_flush(r->stopper, &t2, &l2) == 0 && (l1 || l2)) {
       /* Two pieces at most: send them as one delta. */
-      servd_event ev = {.kind = SERVD_EVENT_TOKEN, .token = -1, .prompt_tokens = r->n_prompt, .cached_tokens = r->seq.n_cached,
+      servd_event ev = {.kind = SERVD_EVENT_TOKEN,
+                        .token = -1,
+                        .prompt_tokens = r->n_prompt,
+                        .cached_tokens = r->seq.n_cached,
                         .completion_tokens = r->n_generated};
       if (l1) {
         ev.text = t1;
@@ -233,9 +234,15 @@ static void finish_ex(servd_model *m, servd_request *r, const char *reason, int 
     }
   }
   servd_event ev = {.kind = error_code ? SERVD_EVENT_ERROR : SERVD_EVENT_DONE,
-                    .text = "", .finish_reason = reason, .prompt_tokens = r->n_prompt, .cached_tokens = r->seq.n_cached,
-                    .completion_tokens = r->n_generated, .error_code = error_code,
-                    .error_message = msg, .token = -1, .error_type = error_type};
+                    .text = "",
+                    .finish_reason = reason,
+                    .prompt_tokens = r->n_prompt,
+                    .cached_tokens = r->seq.n_cached,
+                    .completion_tokens = r->n_generated,
+                    .error_code = error_code,
+                    .error_message = msg,
+                    .token = -1,
+                    .error_type = error_type};
   phase_times(r, &ev);
   sched_remove(&m->sched, &r->seq);
   servd_guide_end(m, r);
@@ -315,8 +322,15 @@ static void emit(servd_model *m, servd_request *r, const servd_sampled *sp) {
       return;
     }
   }
-  servd_event ev = {.kind = SERVD_EVENT_TOKEN, .text = text, .text_len = len, .token = t,
-                    .logprob = s.logprob, .top = s.top, .n_top = s.n_top, .prompt_tokens = r->n_prompt, .cached_tokens = r->seq.n_cached,
+  servd_event ev = {.kind = SERVD_EVENT_TOKEN,
+                    .text = text,
+                    .text_len = len,
+                    .token = t,
+                    .logprob = s.logprob,
+                    .top = s.top,
+                    .n_top = s.n_top,
+                    .prompt_tokens = r->n_prompt,
+                    .cached_tokens = r->seq.n_cached,
                     .completion_tokens = r->n_generated};
   deliver(r, &ev);
 
@@ -339,9 +353,7 @@ static bool all_plain_greedy(const servd_model *m) {
   return true;
 }
 
-static bool has_work(servd_model *m) {
-  return m->inbox_head || m->sched.waiting.n || m->sched.running.n;
-}
+static bool has_work(servd_model *m) { return m->inbox_head || m->sched.waiting.n || m->sched.running.n; }
 
 /* Cancels, deadlines and the drain deadline, over every request the scheduler holds. */
 static void reap(servd_model *m, int64_t now, bool drain_expired) {
@@ -398,7 +410,8 @@ static void scheduler_run(servd_model *m) {
              "the KV cache is too small for this request's prompt and max_tokens");
     if (n < 0) {
       /* A planning failure is a bug or exhausted memory: fail what was planned and go on. */
-      for (int i = 0; i < m->sched.n_planned; i++) finish(m, m->sched.planned[i]->owner, "error", n, servd_last_error());
+      for (int i = 0; i < m->sched.n_planned; i++)
+        finish(m, m->sched.planned[i]->owner, "error", n, servd_last_error());
       continue;
     }
     if (n > 0) {
@@ -553,12 +566,15 @@ static int create_pool(servd_model *m, const servd_pool_options *po) {
     m->dcomm = NULL;
     int n = po->n_interpreters;
     atomic_fetch_add(&quarantined_interpreters, n);
-    fprintf(stderr, "servd: model '%s': the package's import did not end %d ms after the load timeout; "
+    fprintf(stderr,
+            "servd: model '%s': the package's import did not end %d ms after the load timeout; "
             "the load is abandoned and its %d interpreter%s quarantined (never reused; %d in this process)\n",
             m->name, LOAD_GRACE_MS, n, n == 1 ? " is" : "s are", servd_engine_quarantined_interpreters());
-    return servd_fail(SERVD_ETIMEDOUT, "the package's import did not finish within the load timeout of %.3g s "
+    return servd_fail(SERVD_ETIMEDOUT,
+                      "the package's import did not finish within the load timeout of %.3g s "
                       "(--load-timeout) and could not be interrupted (blocked outside Python code, e.g. in "
-                      "native code or a sleep); the load was abandoned", lt);
+                      "native code or a sleep); the load was abandoned",
+                      lt);
   }
   m->pool = j->pool;
   free(j);
@@ -583,8 +599,8 @@ static int load_on_cpu(servd_model *m, int n_layers, int kv_heads, int head_dim,
   int blocks = m->o.kv_blocks;
   if (blocks <= 0) {
     /* Enough for max_seqs full contexts, capped by the memory budget (both ranks together). */
-    size_t per_block = (size_t)n_layers * 2 * (size_t)kv_heads * m->tp * head_dim * bs *
-                       servd_dtype_block_bytes(m->o.kv_dtype);
+    size_t per_block =
+        (size_t)n_layers * 2 * (size_t)kv_heads * m->tp * head_dim * bs * servd_dtype_block_bytes(m->o.kv_dtype);
     size_t budget = (size_t)(m->o.kv_budget_mb > 0 ? m->o.kv_budget_mb : 2048) << 20;
     size_t want = (size_t)m->o.max_seqs * ((m->context_length + bs - 1) / bs);
     size_t cap = budget / per_block;
@@ -592,13 +608,14 @@ static int load_on_cpu(servd_model *m, int n_layers, int kv_heads, int head_dim,
     if (blocks < (m->context_length + bs - 1) / bs) blocks = (m->context_length + bs - 1) / bs;
   }
   for (int r = 0; r < m->tp; r++)
-    if ((rc = servd_kv_cache_create(&m->kv[r], n_layers, kv_heads, head_dim, bs, blocks, m->o.kv_dtype)))
-      return rc;
+    if ((rc = servd_kv_cache_create(&m->kv[r], n_layers, kv_heads, head_dim, bs, blocks, m->o.kv_dtype))) return rc;
 
   if (m->tp > 1 && (rc = servd_comm_create(&m->comm, m->tp))) return rc;
   /* One interpreter per rank, plus one (rank 0's code) that renders chat templates without waiting
    * for a step to finish. */
-  servd_pool_options po = {.n_interpreters = m->tp + 1, .world_size = m->tp, .comm = m->comm,
+  servd_pool_options po = {.n_interpreters = m->tp + 1,
+                           .world_size = m->tp,
+                           .comm = m->comm,
                            .extra_sys_path = m->o.extra_sys_path};
   if (po.n_interpreters > SERVD_INTERP_MAX) po.n_interpreters = m->tp;
   if ((rc = create_pool(m, &po))) return rc;
@@ -626,18 +643,26 @@ static int load_on_gpus(servd_model *m) {
   if (m->tp > 1 && (rc = servd_device_comm_create(m->tp, m->devices, &m->dcomm))) return rc;
   /* The template interpreter has rank 0's code, so it runs on GPU 0 too: it shares rank 0's
    * uploaded weights (servd_device_weight hands out one copy per GPU). */
-  servd_pool_options po = {.n_interpreters = m->tp + 1, .world_size = m->tp, .dcomm = m->dcomm,
-                           .rank_devices = m->devices, .extra_sys_path = m->o.extra_sys_path};
+  servd_pool_options po = {.n_interpreters = m->tp + 1,
+                           .world_size = m->tp,
+                           .dcomm = m->dcomm,
+                           .rank_devices = m->devices,
+                           .extra_sys_path = m->o.extra_sys_path};
   if (po.n_interpreters > SERVD_INTERP_MAX) po.n_interpreters = m->tp;
   if ((rc = create_pool(m, &po))) return rc;
   m->chat_interp = po.n_interpreters > m->tp ? m->tp : 0;
   if ((rc = servd_interp_thread_run(m->ithread, sync_devices_job, m))) return rc;
   if ((rc = servd_gpu_warmup_prepare(m))) return rc;
   int bs = m->block_size;
-  servd_runner_gpu g = {.devices = m->devices, .dkv = m->dkv, .dcomm = m->dcomm,
-                        .max_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
-                        .max_blocks_per_seq = (m->context_length + bs - 1) / bs, .block_size = bs,
-                        .graphs = m->o.cuda_graphs, .graph_max_batch = m->o.cuda_graph_max_batch};
+  servd_runner_gpu g = {.devices = m->devices,
+                        .dkv = m->dkv,
+                        .dcomm = m->dcomm,
+                        .max_tokens = m->o.max_batch_tokens,
+                        .max_seqs = m->o.max_seqs,
+                        .max_blocks_per_seq = (m->context_length + bs - 1) / bs,
+                        .block_size = bs,
+                        .graphs = m->o.cuda_graphs,
+                        .graph_max_batch = m->o.cuda_graph_max_batch};
   return servd_runner_create_gpu(m->pool, m->kv, m->tp, &g, &m->runner);
 }
 
@@ -649,8 +674,10 @@ static int scheduler_setup(servd_model *m) {
     if ((rc = servd_gpu_profile_and_setup(m, &blocks))) return rc;
   }
   servd_runner_set_step_timeout(m->runner, (int64_t)(m->o.step_timeout_s * 1000.0 + 0.5));
-  sched_config sc = {.max_batch_tokens = m->o.max_batch_tokens, .max_seqs = m->o.max_seqs,
-                     .max_seq_len = m->context_length, .prefix_cache = m->o.prefix_cache,
+  sched_config sc = {.max_batch_tokens = m->o.max_batch_tokens,
+                     .max_seqs = m->o.max_seqs,
+                     .max_seq_len = m->context_length,
+                     .prefix_cache = m->o.prefix_cache,
                      .cache_key = prefix_cache_key(m->name, m->o.path),
                      .max_step_ns = (int64_t)m->o.max_step_ms * 1000000};
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
@@ -678,13 +705,16 @@ static int load_causal_lm(servd_model *m) {
   m->context_length = g.context_length;
   if (m->o.max_context > 0 && m->o.max_context < m->context_length) m->context_length = m->o.max_context;
   if (n_layers <= 0 || n_heads <= 0 || n_kv <= 0 || head_dim <= 0 || m->vocab <= 0 || m->context_length <= 0)
-    return servd_fail(SERVD_EFORMAT, "%s: model config: num_hidden_layers=%d num_attention_heads=%d "
+    return servd_fail(SERVD_EFORMAT,
+                      "%s: model config: num_hidden_layers=%d num_attention_heads=%d "
                       "num_key_value_heads=%d head_dim=%d vocab_size=%d max_position_embeddings=%d: "
-                      "expected all > 0", mpk_path(m->pkg), n_layers, n_heads, n_kv, head_dim, m->vocab,
-                      m->context_length);
+                      "expected all > 0",
+                      mpk_path(m->pkg), n_layers, n_heads, n_kv, head_dim, m->vocab, m->context_length);
   if (n_kv % m->tp || n_heads % m->tp)
-    return servd_fail(SERVD_EINVAL, "%s: --tp %d does not divide num_attention_heads=%d and "
-                      "num_key_value_heads=%d", mpk_path(m->pkg), m->tp, n_heads, n_kv);
+    return servd_fail(SERVD_EINVAL,
+                      "%s: --tp %d does not divide num_attention_heads=%d and "
+                      "num_key_value_heads=%d",
+                      mpk_path(m->pkg), m->tp, n_heads, n_kv);
   find_eos(m);
   read_gen_defaults(m);
 
@@ -766,14 +796,13 @@ loaded:
   servd__model_log_loaded(m, t0, checks);
   *out = m;
   return 0;
-fail:
-  {
-    /* Keep the message of the failure across the cleanup. */
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", servd_last_error());
-    servd_model_unload(m, 0);
-    servd_fail(rc, "%s", msg);
-  }
+fail : {
+  /* Keep the message of the failure across the cleanup. */
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", servd_last_error());
+  servd_model_unload(m, 0);
+  servd_fail(rc, "%s", msg);
+}
   return rc;
 }
 
@@ -902,8 +931,8 @@ typedef struct chat_job {
 
 static int chat_job_run(void *arg) {
   chat_job *j = arg;
-  return servd_interp_call_json(servd_pool_get(j->m->pool, j->m->chat_interp), "chat_template", j->args, &j->res,
-                                10000, &j->err);
+  return servd_interp_call_json(servd_pool_get(j->m->pool, j->m->chat_interp), "chat_template", j->args, &j->res, 10000,
+                                &j->err);
 }
 
 /* On the interpreter thread, never the caller's: see interp_thread.h. */
@@ -945,7 +974,8 @@ static int check_params(const servd_model *m, int n_prompt, const servd_gen_para
   if (n_prompt >= m->context_length)
     return servd_fail(SERVD_EINVAL, "submit: prompt of %d tokens leaves no room in the context of %d", n_prompt,
                       m->context_length);
-  if (!(p->temperature >= 0 && p->temperature <= 100)) return servd_fail(SERVD_EINVAL, "submit: temperature %g: expected 0..100", p->temperature);
+  if (!(p->temperature >= 0 && p->temperature <= 100))
+    return servd_fail(SERVD_EINVAL, "submit: temperature %g: expected 0..100", p->temperature);
   if (!(p->top_p > 0 && p->top_p <= 1)) return servd_fail(SERVD_EINVAL, "submit: top_p %g: expected (0, 1]", p->top_p);
   if (!(p->min_p >= 0 && p->min_p <= 1)) return servd_fail(SERVD_EINVAL, "submit: min_p %g: expected [0, 1]", p->min_p);
   if (!(p->repetition_penalty > 0 && p->repetition_penalty <= 10))
@@ -1029,8 +1059,13 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
     r->p.stop_token_ids = r->stop_ids_copy;
   }
   if ((rc = servd_stop_matcher_create(r->p.stop, r->p.n_stop, &r->stopper))) goto fail;
-  servd_sampler_config sc = {.n_vocab = m->vocab, .params = &r->p, .eos_ids = m->eos, .n_eos = m->n_eos,
-                             .logprob_mode = SERVD_LOGPROBS_RAW, .scratch = m->scratch, .masked = p->guide != NULL};
+  servd_sampler_config sc = {.n_vocab = m->vocab,
+                             .params = &r->p,
+                             .eos_ids = m->eos,
+                             .n_eos = m->n_eos,
+                             .logprob_mode = SERVD_LOGPROBS_RAW,
+                             .scratch = m->scratch,
+                             .masked = p->guide != NULL};
   r->p.guide = NULL; /* the request's own copy is r->guide.grammar */
   if (p->guide && !(r->guide.grammar = strdup(p->guide))) {
     rc = servd_fail(SERVD_ENOMEM, "submit: grammar");
@@ -1054,7 +1089,8 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
     goto fail;
   }
   if (!m->inbox_head) m->last_progress_ns = servd_now_ns(); /* idle time is not being stuck */
-  if (m->inbox_tail) m->inbox_tail->inbox_next = r; else m->inbox_head = r;
+  if (m->inbox_tail) m->inbox_tail->inbox_next = r;
+  else m->inbox_head = r;
   m->inbox_tail = r;
   m->n_inbox++;
   m->prompt_tokens += (uint64_t)n_prompt;
@@ -1087,9 +1123,8 @@ void servd_request_release(servd_request *r) {
 
 /* ---- generic ------------------------------------------------------------------------------------ */
 
-int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_inputs,
-                        servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
-                        servd_model_error *err) {
+int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_inputs, servd_named_tensor **outputs,
+                        int *n_outputs, int64_t deadline_ms, servd_model_error *err) {
   *outputs = NULL;
   *n_outputs = 0;
   if (err) memset(err, 0, sizeof *err);

@@ -46,21 +46,21 @@ typedef enum servd_model_kind { SERVD_MODEL_CAUSAL_LM = 0, SERVD_MODEL_GENERIC =
 typedef enum servd_isolation { SERVD_ISOLATION_NONE = 0, SERVD_ISOLATION_PROCESS = 1 } servd_isolation;
 
 typedef struct servd_model_options {
-  const char *path;      /* package file */
-  const char *name;      /* served name; NULL: the package's name */
-  int interpreters;      /* generic: pool size; causal-lm: ignored (one per TP rank) */
-  int tp;                /* tensor-parallel ranks (causal-lm) */
-  int max_queue;         /* waiting requests beyond which submit returns SERVD_EBUSY */
-  int max_batch_tokens;  /* token budget per scheduler step */
-  int max_seqs;          /* running sequences at most */
-  int kv_blocks;         /* 0: sized from max_seqs * context */
-  int block_size;        /* tokens per KV block */
-  int max_batch_size;    /* generic dynamic batching (1: off) */
+  const char *path;     /* package file */
+  const char *name;     /* served name; NULL: the package's name */
+  int interpreters;     /* generic: pool size; causal-lm: ignored (one per TP rank) */
+  int tp;               /* tensor-parallel ranks (causal-lm) */
+  int max_queue;        /* waiting requests beyond which submit returns SERVD_EBUSY */
+  int max_batch_tokens; /* token budget per scheduler step */
+  int max_seqs;         /* running sequences at most */
+  int kv_blocks;        /* 0: sized from max_seqs * context */
+  int block_size;       /* tokens per KV block */
+  int max_batch_size;   /* generic dynamic batching (1: off) */
   int max_batch_delay_ms;
   /* Appended fields; servd_model_options_default sets them. */
-  servd_dtype kv_dtype;  /* SERVD_F16 (default) or SERVD_F32 */
-  int kv_budget_mb;      /* cap on KV memory when kv_blocks is 0 (all ranks together) */
-  int max_context;       /* > 0: cap the model's context length */
+  servd_dtype kv_dtype;       /* SERVD_F16 (default) or SERVD_F32 */
+  int kv_budget_mb;           /* cap on KV memory when kv_blocks is 0 (all ranks together) */
+  int max_context;            /* > 0: cap the model's context length */
   const char *extra_sys_path; /* NULL, or ':'-separated directories added to the interpreters' sys.path */
   /* GPUs (causal-lm; generic packages stay on the CPU). gpus > 0: rank r runs on GPU r, so tp must
    * equal gpus; the KV cache lives on the GPUs, sized from what the weights leave free. */
@@ -164,8 +164,7 @@ int servd_model_guide_compile(servd_model *m, servd_guide_kind kind, const char 
  * with tools (OpenAI form) in the package's template, *out = {"prompt", "markers", "family"}. Parse:
  * the output of a request, spec = {"tools", "parallel", "family"}, *out = {"content", "calls":
  * [{"name", "arguments"}]}. *out: a new reference. SERVD_EINVAL: the client's input is at fault. */
-int servd_model_tools_render(servd_model *m, json_t *messages, json_t *tools, bool add_generation_prompt,
-                             json_t **out);
+int servd_model_tools_render(servd_model *m, json_t *messages, json_t *tools, bool add_generation_prompt, json_t **out);
 int servd_model_tools_parse(servd_model *m, const char *text, json_t *spec, json_t **out);
 
 /* One entry of OpenAI's logit_bias: added to the token's logit before penalties and temperature. */
@@ -185,13 +184,13 @@ typedef struct servd_gen_params {
   float frequency_penalty;  /* 0: off */
   bool has_seed;
   uint64_t seed;
-  int logprobs;             /* -1: none; n >= 0: chosen token's logprob plus top n */
-  const char *const *stop;  /* stop strings (copied at submit) */
+  int logprobs;            /* -1: none; n >= 0: chosen token's logprob plus top n */
+  const char *const *stop; /* stop strings (copied at submit) */
   int n_stop;
   const int32_t *stop_token_ids;
   int n_stop_token_ids;
   bool ignore_eos;
-  int64_t deadline_ms;      /* 0: none; else wall-clock budget from submit */
+  int64_t deadline_ms; /* 0: none; else wall-clock budget from submit */
   /* Appended: constrained decoding, a grammar from servd_model_guide_compile (copied at submit);
    * NULL: none. Every sampled token then obeys it, and the grammar's completion ends the text. */
   const char *guide;
@@ -273,9 +272,8 @@ typedef struct servd_named_tensor {
   char name[64];
   servd_tensor *tensor;
 } servd_named_tensor;
-int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_inputs,
-                        servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
-                        servd_model_error *err);
+int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_inputs, servd_named_tensor **outputs,
+                        int *n_outputs, int64_t deadline_ms, servd_model_error *err);
 
 /* ---- stats for /metrics ------------------------------------------------------------------------- */
 typedef struct servd_model_stats {

@@ -24,22 +24,22 @@ struct servd_request {
   servd_model *m;
   sched_seq seq;
   int n_prompt;
-  servd_gen_params p;       /* stop/stop_token_ids point into the copies below */
+  servd_gen_params p; /* stop/stop_token_ids point into the copies below */
   char **stop_copy;
   int32_t *stop_ids_copy;
   servd_event_cb cb;
   void *ud;
-  pthread_mutex_t cb_mu;    /* recursive: held while calling cb; release takes it */
-  bool released;            /* the caller dropped its handle: no more callbacks */
-  bool finished;            /* final event delivered (or suppressed) */
+  pthread_mutex_t cb_mu; /* recursive: held while calling cb; release takes it */
+  bool released;         /* the caller dropped its handle: no more callbacks */
+  bool finished;         /* final event delivered (or suppressed) */
   atomic_bool cancel;
-  atomic_int refs;          /* caller handle + engine */
-  int64_t deadline_ns;      /* CLOCK_MONOTONIC; 0: none */
+  atomic_int refs;     /* caller handle + engine */
+  int64_t deadline_ns; /* CLOCK_MONOTONIC; 0: none */
   int n_generated;
   servd_detok *detok;
   servd_sampler *sampler;
   servd_stop_matcher *stopper;
-  servd_guide_seq guide;    /* constrained decoding (engine/guide.h) */
+  servd_guide_seq guide; /* constrained decoding (engine/guide.h) */
   struct servd_request *inbox_next;
   /* servd_now_ns() at submit, first scheduled, first and latest token (0: not yet): the final
    * event's queue, prefill and decode times. */
@@ -59,7 +59,7 @@ struct servd_model {
 
   /* causal-lm */
   servd_tokenizer *tok;
-  servd_kv_cache *kv[SERVD_INTERP_MAX];  /* on GPUs: block bookkeeping only */
+  servd_kv_cache *kv[SERVD_INTERP_MAX]; /* on GPUs: block bookkeeping only */
   servd_runner *runner;
   /* GPUs (gpus > 0): rank r runs on devices[r] */
   int gpus;
@@ -67,11 +67,11 @@ struct servd_model {
   servd_device_kv *dkv[SERVD_INTERP_MAX];
   servd_device_comm *dcomm;
   int n_layers, kv_heads, head_dim, block_size; /* KV geometry per rank (set before the GPU setup) */
-  size_t gpu_base_free[SERVD_INTERP_MAX];  /* free device memory per rank after the weights */
-  size_t gpu_total[SERVD_INTERP_MAX];      /* device memory per rank */
-  size_t gpu_step_bytes[SERVD_INTERP_MAX]; /* measured by the warm-up, per rank */
-  size_t gpu_kv_bytes;                     /* the KV cache of one rank */
-  int startup_rc;      /* the scheduler thread's setup (under mu); 1: still running */
+  size_t gpu_base_free[SERVD_INTERP_MAX];       /* free device memory per rank after the weights */
+  size_t gpu_total[SERVD_INTERP_MAX];           /* device memory per rank */
+  size_t gpu_step_bytes[SERVD_INTERP_MAX];      /* measured by the warm-up, per rank */
+  size_t gpu_kv_bytes;                          /* the KV cache of one rank */
+  int startup_rc;                               /* the scheduler thread's setup (under mu); 1: still running */
   char startup_err[1024];
   servd_scheduler sched;
   int context_length;
@@ -79,9 +79,9 @@ struct servd_model {
   int32_t eos[SERVD_MAX_EOS];
   int n_eos;
   servd_gen_params gen_defaults; /* servd_gen_params_default + the package's generation_config.json */
-  pthread_mutex_t chat_mu; /* serializes template rendering on the spare interpreter */
-  int chat_interp;         /* index of the interpreter that renders templates (-1: none) */
-  servd_interp_thread *ithread; /* causal-lm: starts, renders templates on, and finalizes the pool */
+  pthread_mutex_t chat_mu;       /* serializes template rendering on the spare interpreter */
+  int chat_interp;               /* index of the interpreter that renders templates (-1: none) */
+  servd_interp_thread *ithread;  /* causal-lm: starts, renders templates on, and finalizes the pool */
 
   pthread_t thread;
   bool thread_started;
@@ -89,8 +89,8 @@ struct servd_model {
   pthread_cond_t wake;
   servd_request *inbox_head, *inbox_tail;
   int n_inbox;
-  bool stopping;   /* no more submits */
-  bool quit;       /* scheduler thread exits */
+  bool stopping; /* no more submits */
+  bool quit;     /* scheduler thread exits */
   int64_t drain_deadline_ns;
 
   /* stats (under mu) */
@@ -99,10 +99,10 @@ struct servd_model {
   uint64_t pick_steps; /* GPU steps that returned picks (servd_forward_batch.want_picks) */
   int64_t last_progress_ns;
   int kv_used;
-  int kv_cached;                          /* full blocks in the prefix cache */
-  uint64_t prefix_queries, prefix_hits;   /* tokens */
-  servd_sampler_scratch *scratch; /* shared by the samplers: they all run on the scheduler thread */
-  servd_guides *guides;           /* constrained decoding (causal-lm) */
+  int kv_cached;                        /* full blocks in the prefix cache */
+  uint64_t prefix_queries, prefix_hits; /* tokens */
+  servd_sampler_scratch *scratch;       /* shared by the samplers: they all run on the scheduler thread */
+  servd_guides *guides;                 /* constrained decoding (causal-lm) */
 };
 
 #endif

@@ -31,10 +31,8 @@ static int gemms(int device, int n, int k, const int *rows, int n_rows) {
     servd_tensor *xv = servd_tensor_narrow(x, 0, 0, rows[i]);
     servd_tensor *bv = servd_tensor_narrow(ob, 0, 0, rows[i]);
     servd_tensor *fv = servd_tensor_narrow(of, 0, 0, rows[i]);
-    if (!xv || !bv || !fv)
-      rc = SERVD_ENOMEM;
-    else if (!(rc = servd_device_matmul(bv, xv, w)))
-      rc = servd_device_matmul(fv, xv, w);
+    if (!xv || !bv || !fv) rc = SERVD_ENOMEM;
+    else if (!(rc = servd_device_matmul(bv, xv, w))) rc = servd_device_matmul(fv, xv, w);
     servd_tensor_release(xv);
     servd_tensor_release(bv);
     servd_tensor_release(fv);
@@ -90,8 +88,8 @@ int servd_gpu_prewarm(const servd_model_options *o) {
   /* Decode steps (up to 8 rows) run a GEMV kernel: pick, on each GPU, the fastest of its variants
    * for each weight shape, measured here (tens of milliseconds); Q/K/V and gate/up, which run as one
    * launch over their weights, by their rows together. */
-  const int tuned[][2] = {{q, dim}, {kvc, dim},         {dim, q},    {f, dim},
-                          {dim, f}, {v, dim}, {q + 2 * kvc, dim}, {2 * f, dim}};
+  const int tuned[][2] = {{q, dim}, {kvc, dim}, {dim, q},           {f, dim},
+                          {dim, f}, {v, dim},   {q + 2 * kvc, dim}, {2 * f, dim}};
   for (int r = 0; r < tp && !rc; r++)
     for (size_t s = 0; s < sizeof tuned / sizeof *tuned; s++) {
       bool seen = false; /* a shape twice (q and o when square) is measured once */
@@ -110,16 +108,14 @@ int servd_gpu_prewarm(const servd_model_options *o) {
     char report[256];
     if (servd_device_fused_check(r, report, sizeof report) == 0)
       fprintf(stderr, "servd: cuda:%d fused kernels %s\n", r, report);
-    else
-      fprintf(stderr, "servd: warning: cuda:%d fused kernels off: %s\n", r, servd_last_error());
+    else fprintf(stderr, "servd: warning: cuda:%d fused kernels off: %s\n", r, servd_last_error());
   }
   free(rows);
   free(logit_rows);
   mpk_close(pkg);
   servd_device_weights_trim(); /* gives the allocator's idle blocks back */
   const int64_t t1 = servd_now_ns();
-  if (rc)
-    fprintf(stderr, "servd: warning: cuBLAS warm-up of %s: %s\n", o->path, servd_last_error());
+  if (rc) fprintf(stderr, "servd: warning: cuBLAS warm-up of %s: %s\n", o->path, servd_last_error());
   else
     fprintf(stderr, "servd: cuBLAS warm-up of %s: %d row counts x 6 weight shapes on %d GPU%s in %.2f s\n", o->path,
             n_rows, tp, tp == 1 ? "" : "s", (double)(t1 - t0) / 1e9);

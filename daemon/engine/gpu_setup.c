@@ -15,8 +15,10 @@ int servd_gpu_check(servd_model *m) {
   const servd_model_options *o = &m->o;
   const char *pkg = mpk_path(m->pkg);
   if (o->tp != o->gpus)
-    return servd_fail(SERVD_EINVAL, "%s: tp %d on %d GPU%s: each tensor-parallel rank needs a GPU of its own (NCCL "
-                      "runs one rank per GPU), so tp must equal gpus", pkg, o->tp, o->gpus, o->gpus == 1 ? "" : "s");
+    return servd_fail(SERVD_EINVAL,
+                      "%s: tp %d on %d GPU%s: each tensor-parallel rank needs a GPU of its own (NCCL "
+                      "runs one rank per GPU), so tp must equal gpus",
+                      pkg, o->tp, o->gpus, o->gpus == 1 ? "" : "s");
   if (!(o->gpu_memory_fraction > 0 && o->gpu_memory_fraction <= 1))
     return servd_fail(SERVD_EINVAL, "%s: gpu_memory_fraction %g: expected a fraction in (0, 1]", pkg,
                       o->gpu_memory_fraction);
@@ -52,9 +54,10 @@ int servd_gpu_kv_plan(const servd_gpu_kv_in *in, int *blocks, const char **sized
   }
   size_t tight_free = in->free_bytes[tight];
   if (in->kv_blocks > 0 && in->kv_blocks > fit)
-    return servd_fail(SERVD_ENOMEM, "kv_blocks %d need %.2f GB on cuda:%d, which has %.2f GB free after the weights "
-                      "and the steps' memory (%.2f GB at --gpu-memory-fraction %g)", in->kv_blocks,
-                      gb(in->per_block * (size_t)in->kv_blocks), tight, gb(tight_free),
+    return servd_fail(SERVD_ENOMEM,
+                      "kv_blocks %d need %.2f GB on cuda:%d, which has %.2f GB free after the weights "
+                      "and the steps' memory (%.2f GB at --gpu-memory-fraction %g)",
+                      in->kv_blocks, gb(in->per_block * (size_t)in->kv_blocks), tight, gb(tight_free),
                       gb((size_t)((double)tight_free * in->fraction)), in->fraction);
   long long want = in->kv_blocks > 0 ? in->kv_blocks : (long long)in->max_seqs * in->ctx_blocks;
   long long n = want < fit ? want : fit;
@@ -62,10 +65,13 @@ int servd_gpu_kv_plan(const servd_gpu_kv_in *in, int *blocks, const char **sized
   long long max_blocks = INT32_MAX / in->block_size; /* slots are i32: block * block_size must fit */
   if (n > max_blocks) n = max_blocks;
   if (n < in->ctx_blocks)
-    return servd_fail(SERVD_ENOMEM, "the KV cache fits %lld blocks of %d tokens on cuda:%d (%.2f GB free after the "
-                      "weights and the steps' memory, --gpu-memory-fraction %g), fewer than one context of %d tokens needs (%d blocks): "
-                      "cap the context (max_context) or raise the fraction", n, in->block_size, tight,
-                      gb(tight_free), in->fraction, in->ctx_blocks * in->block_size, in->ctx_blocks);
+    return servd_fail(SERVD_ENOMEM,
+                      "the KV cache fits %lld blocks of %d tokens on cuda:%d (%.2f GB free after the "
+                      "weights and the steps' memory, --gpu-memory-fraction %g), fewer than one context of %d tokens "
+                      "needs (%d blocks): "
+                      "cap the context (max_context) or raise the fraction",
+                      n, in->block_size, tight, gb(tight_free), in->fraction, in->ctx_blocks * in->block_size,
+                      in->ctx_blocks);
   *blocks = (int)n;
   return 0;
 }
@@ -141,7 +147,8 @@ static int warm_run(servd_model *m, const warm_step *w, const char *what) {
     return servd_fail(rc, "%s: the warm-up %s of %d tokens (%d sequence%s) failed: %s%s", mpk_path(m->pkg), what,
                       w->b.n_tokens, w->b.attn.n_seqs, w->b.attn.n_seqs == 1 ? "" : "s", msg,
                       oom ? " (what a step needs does not fit beside the weights: lower --max-batch-tokens or "
-                            "--max-seqs)" : "");
+                            "--max-seqs)"
+                          : "");
   }
   return 0;
 }
@@ -181,9 +188,14 @@ int servd_gpu_profile_and_setup(servd_model *m, int *blocks) {
     m->gpu_step_bytes[r] = m->gpu_base_free[r] > free_b[r] ? m->gpu_base_free[r] - free_b[r] : 0;
   }
   int kv_dim = m->kv_heads * m->head_dim;
-  servd_gpu_kv_in in = {.free_bytes = free_b, .n_ranks = m->tp, .fraction = o->gpu_memory_fraction,
-                        .per_block = servd_device_kv_bytes(m->n_layers, kv_dim, bs, 1), .block_size = bs,
-                        .ctx_blocks = ctx_blocks, .max_seqs = o->max_seqs, .kv_blocks = o->kv_blocks,
+  servd_gpu_kv_in in = {.free_bytes = free_b,
+                        .n_ranks = m->tp,
+                        .fraction = o->gpu_memory_fraction,
+                        .per_block = servd_device_kv_bytes(m->n_layers, kv_dim, bs, 1),
+                        .block_size = bs,
+                        .ctx_blocks = ctx_blocks,
+                        .max_seqs = o->max_seqs,
+                        .kv_blocks = o->kv_blocks,
                         .reserve = SERVD_GPU_RESERVE_BYTES};
   const char *why = "";
   if ((rc = servd_gpu_kv_plan(&in, blocks, &why))) {
@@ -198,16 +210,19 @@ int servd_gpu_profile_and_setup(servd_model *m, int *blocks) {
   }
   if ((rc = servd_runner_set_device_kv(m->runner, m->dkv))) return rc;
   m->gpu_kv_bytes = servd_device_kv_bytes(m->n_layers, kv_dim, bs, *blocks);
-  fprintf(stderr, "servd: model '%s': KV cache %d blocks x %d tokens = %lld tokens (%.2f GB) on each of %d GPU%s "
-          "(sized by %s, after warm-up steps of %d and %d tokens)\n", m->name, *blocks, bs, (long long)*blocks * bs,
-          gb(m->gpu_kv_bytes), m->tp, m->tp == 1 ? "" : "s", why, n_prefill, n_rows);
+  fprintf(stderr,
+          "servd: model '%s': KV cache %d blocks x %d tokens = %lld tokens (%.2f GB) on each of %d GPU%s "
+          "(sized by %s, after warm-up steps of %d and %d tokens)\n",
+          m->name, *blocks, bs, (long long)*blocks * bs, gb(m->gpu_kv_bytes), m->tp, m->tp == 1 ? "" : "s", why,
+          n_prefill, n_rows);
   for (int r = 0; r < m->tp; r++) {
     size_t free_now = 0, total_now = 0;
     servd_device_mem_info(m->devices[r], &free_now, &total_now);
-    fprintf(stderr, "servd: model '%s': rank %d on cuda:%d: weights %.2f GB, steps %.3f GB (activations, scratch, "
-            "collective buffers: measured), KV cache %.2f GB; %.2f GB of %.2f GB free\n", m->name, r, m->devices[r],
-            gb(servd_device_weights_bytes(m->devices[r])), gb(m->gpu_step_bytes[r]), gb(m->gpu_kv_bytes),
-            gb(free_now), gb(total_now));
+    fprintf(stderr,
+            "servd: model '%s': rank %d on cuda:%d: weights %.2f GB, steps %.3f GB (activations, scratch, "
+            "collective buffers: measured), KV cache %.2f GB; %.2f GB of %.2f GB free\n",
+            m->name, r, m->devices[r], gb(servd_device_weights_bytes(m->devices[r])), gb(m->gpu_step_bytes[r]),
+            gb(m->gpu_kv_bytes), gb(free_now), gb(total_now));
   }
   return 0;
 }

@@ -27,9 +27,9 @@ typedef struct servd_gpu_kv_in {
   const size_t *free_bytes; /* per rank */
   int n_ranks;
   double fraction;
-  size_t per_block;         /* device bytes of one block (all layers, K and V) */
+  size_t per_block; /* device bytes of one block (all layers, K and V) */
   int block_size, ctx_blocks, max_seqs, kv_blocks;
-  size_t reserve;           /* bytes each rank keeps free whatever the fraction (0: none) */
+  size_t reserve; /* bytes each rank keeps free whatever the fraction (0: none) */
 } servd_gpu_kv_in;
 int servd_gpu_kv_plan(const servd_gpu_kv_in *in, int *blocks, const char **sized_by);
 

@@ -46,10 +46,10 @@ int servd_pad_decode(servd_padded_step *p, const servd_forward_batch *b, int buc
  * later ones replay. A failed capture disables the bucket for good, except when device memory moved
  * during the capture (warm up again and retry, up to SERVD_GRAPH_MAX_UNSTABLE times). */
 typedef enum servd_graph_action {
-  SERVD_GRAPH_EAGER = 0,  /* run the step as given (not a graph step, or graphs off for its bucket) */
-  SERVD_GRAPH_WARMUP,     /* run the padded step eagerly */
-  SERVD_GRAPH_CAPTURE,    /* capture the padded step on every rank, then replay it */
-  SERVD_GRAPH_REPLAY,     /* replay the bucket's graph over the padded step */
+  SERVD_GRAPH_EAGER = 0, /* run the step as given (not a graph step, or graphs off for its bucket) */
+  SERVD_GRAPH_WARMUP,    /* run the padded step eagerly */
+  SERVD_GRAPH_CAPTURE,   /* capture the padded step on every rank, then replay it */
+  SERVD_GRAPH_REPLAY,    /* replay the bucket's graph over the padded step */
 } servd_graph_action;
 
 #define SERVD_GRAPH_MAX_UNSTABLE 3

@@ -12,7 +12,7 @@ struct servd_guides {
   uint64_t next_id;
   uint64_t *ended; /* ids of started matchers whose requests ended */
   int n_ended, cap_ended;
-  int live;        /* matchers started and not yet freed (scheduler thread only) */
+  int live; /* matchers started and not yet freed (scheduler thread only) */
   /* read by get_stats on other threads */
   _Atomic uint64_t rows;
   _Atomic uint64_t mask_ns;
@@ -46,8 +46,8 @@ typedef struct compile_job {
 
 static int compile_run(void *arg) {
   compile_job *j = arg;
-  return servd_interp_call_json(servd_pool_get(j->m->pool, j->m->chat_interp), "guide_compile", j->args, &j->res,
-                                30000, &j->err);
+  return servd_interp_call_json(servd_pool_get(j->m->pool, j->m->chat_interp), "guide_compile", j->args, &j->res, 30000,
+                                &j->err);
 }
 
 int servd_model_guide_compile(servd_model *m, servd_guide_kind kind, const char *spec, char **grammar) {
@@ -67,8 +67,10 @@ int servd_model_guide_compile(servd_model *m, servd_guide_kind kind, const char 
     json_decref(j.res);
     /* A package packed before these hooks existed: the request asks for what this model lacks. */
     if (!strcmp(j.err.type, "AttributeError") && strstr(j.err.message, "guide_compile"))
-      return servd_fail(SERVD_EUNSUPPORTED, "guided decoding: the package of model %s has no guided decoding "
-                        "hooks (repack it with this servd's model code)", m->name);
+      return servd_fail(SERVD_EUNSUPPORTED,
+                        "guided decoding: the package of model %s has no guided decoding "
+                        "hooks (repack it with this servd's model code)",
+                        m->name);
     int code = servd_model_error_code(rc, &j.err, SERVD_CALL_TEMPLATE, NULL);
     if (!j.err.type[0]) {
       char msg[512];
@@ -165,7 +167,8 @@ void servd_guides_prepare(servd_model *m) {
     if (gs->status == 0) servd_sampler_mask_ready(r->sampler);
     else if (gs->status == 2) {
       const char *msg = json_string_value(json_array_get(e, 1));
-      snprintf(gs->error, sizeof gs->error, "guided decoding: %.480s", msg && *msg ? msg : "guide_step() gave no result");
+      snprintf(gs->error, sizeof gs->error, "guided decoding: %.480s",
+               msg && *msg ? msg : "guide_step() gave no result");
     }
   }
 done:
@@ -197,7 +200,8 @@ void servd_guides_flush(servd_model *m) {
   if (!g || !g->n_ended) return;
   json_t *args = json_pack("[[], o]", ended_ids(g));
   json_t *res = NULL;
-  if (args && servd_interp_call_json(servd_pool_get(m->pool, m->chat_interp), "guide_step", args, &res, 10000, NULL) == 0)
+  if (args &&
+      servd_interp_call_json(servd_pool_get(m->pool, m->chat_interp), "guide_step", args, &res, 10000, NULL) == 0)
     ended_done(g);
   json_decref(args);
   json_decref(res);

@@ -24,11 +24,11 @@ void servd_guides_free(servd_guides *g); /* accepts NULL */
 
 /* Per request: its grammar (copied at submit) and how far its matcher has been fed. */
 typedef struct servd_guide_seq {
-  char *grammar;      /* malloc'd llguidance grammar; NULL: unconstrained */
-  uint64_t id;        /* the matcher's key in the interpreter */
-  int fed;            /* generated tokens the matcher has consumed */
-  bool started;       /* the matcher exists in the interpreter */
-  int status;         /* of the last prepare: 0 mask ready, 1 grammar complete, 2 error */
+  char *grammar; /* malloc'd llguidance grammar; NULL: unconstrained */
+  uint64_t id;   /* the matcher's key in the interpreter */
+  int fed;       /* generated tokens the matcher has consumed */
+  bool started;  /* the matcher exists in the interpreter */
+  int status;    /* of the last prepare: 0 mask ready, 1 grammar complete, 2 error */
   char error[512];
 } servd_guide_seq;
 

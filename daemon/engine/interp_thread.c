@@ -22,8 +22,8 @@ struct servd_interp_thread {
   int rc;
   char err[1024]; /* the job's servd_last_error, carried to the caller's thread */
   bool pending, done, quit;
-  bool abandoned;             /* the caller gave up waiting: t and the job are the thread's */
-  void (*orphan)(void *arg);  /* called with the abandoned job's arg when it returns */
+  bool abandoned;            /* the caller gave up waiting: t and the job are the thread's */
+  void (*orphan)(void *arg); /* called with the abandoned job's arg when it returns */
 };
 
 static void destroy(servd_interp_thread *t) {
@@ -50,8 +50,10 @@ static void *thread_main(void *p) {
     if (t->abandoned) {
       /* Nobody waits: the job returned after its caller gave up on it (see run_for). */
       pthread_mutex_unlock(&t->mu);
-      fprintf(stderr, "servd: an abandoned interpreter job returned after all (status %d); its "
-              "interpreters stay quarantined\n", rc);
+      fprintf(stderr,
+              "servd: an abandoned interpreter job returned after all (status %d); its "
+              "interpreters stay quarantined\n",
+              rc);
       if (t->orphan) t->orphan(t->arg);
       destroy(t);
       servd_device_thread_release();

@@ -41,7 +41,7 @@ typedef struct pending {
   struct pending *next;
   uint64_t id;
   bool done;
-  int rc;           /* 0: f holds the answer; else the call failed (why) */
+  int rc; /* 0: f holds the answer; else the call failed (why) */
   iso_frame f;
   char why[512];
 } pending;
@@ -182,11 +182,11 @@ static int start_child(servd_isolated *iso, int *sock_out, pid_t *pid_out, char 
     snprintf(err, cap, "%s", servd_last_error());
     return rc;
   }
-  json_t *hello = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:s?}", "path", iso->path, "name", iso->name,
-                            "interpreters", iso->interpreters, "max_batch_size", iso->max_batch_size,
-                            "max_batch_delay_ms", iso->max_batch_delay_ms, "max_queue", iso->max_queue,
-                            "threads", servd_threadpool_size(), "load_timeout", iso->load_timeout_s,
-                            "extra_sys_path", iso->extra_sys_path);
+  json_t *hello =
+      json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:s?}", "path", iso->path, "name", iso->name, "interpreters",
+                iso->interpreters, "max_batch_size", iso->max_batch_size, "max_batch_delay_ms", iso->max_batch_delay_ms,
+                "max_queue", iso->max_queue, "threads", servd_threadpool_size(), "load_timeout", iso->load_timeout_s,
+                "extra_sys_path", iso->extra_sys_path);
   char *text = hello ? json_dumps(hello, JSON_COMPACT) : NULL;
   json_decref(hello);
   iso_frame f = {.fd = -1};
@@ -207,8 +207,7 @@ static int start_child(servd_isolated *iso, int *sock_out, pid_t *pid_out, char 
                  "the load timeout (%g s) passed and its process (pid %d) had not finished loading %g s later: "
                  "the process is killed",
                  iso->load_timeout_s, (int)pid, LOAD_KILL_MARGIN_MS / 1000.0);
-      else
-        snprintf(err, cap, "the model is unloading: its process (pid %d) is killed while loading", (int)pid);
+      else snprintf(err, cap, "the model is unloading: its process (pid %d) is killed while loading", (int)pid);
       close(sock);
       return servd_fail(rc, "%s", err);
     }
@@ -328,8 +327,9 @@ static void *monitor_main(void *arg) {
     for (pending *p = iso->calls; p; p = p->next) in_flight += !p->done;
     fail_calls(iso, SERVD_EMODEL, why);
     bool stable = (double)(now_ns() - iso->up_since_ns) / 1e9 >= STABLE_S;
-    iso->backoff_s = stable || iso->backoff_s <= 0 ? BACKOFF_MIN_S
-                     : iso->backoff_s * 2 > BACKOFF_MAX_S ? BACKOFF_MAX_S : iso->backoff_s * 2;
+    iso->backoff_s = stable || iso->backoff_s <= 0        ? BACKOFF_MIN_S
+                     : iso->backoff_s * 2 > BACKOFF_MAX_S ? BACKOFF_MAX_S
+                                                          : iso->backoff_s * 2;
     iso->restart_at_ns = now_ns() + (int64_t)(iso->backoff_s * 1e9);
     iso->restarts++;
     fprintf(stderr, "servd: model '%s': %s; %d call%s in flight failed; restarting in %.1f s\n", iso->name, why,
@@ -447,18 +447,15 @@ bool servd_isolated_down(const servd_isolated *iso, char *why, size_t cap) {
   bool down = !m->up && !m->stopping && m->first_done && m->first_rc == 0;
   if (down && why && cap) {
     int64_t left_ms = (m->restart_at_ns - now_ns()) / 1000000;
-    if (left_ms > 0)
-      snprintf(why, cap, "%s; restart %d in %.1f s", m->down_why, m->restarts, (double)left_ms / 1000.0);
-    else
-      snprintf(why, cap, "%s; restart %d is loading", m->down_why, m->restarts);
+    if (left_ms > 0) snprintf(why, cap, "%s; restart %d in %.1f s", m->down_why, m->restarts, (double)left_ms / 1000.0);
+    else snprintf(why, cap, "%s; restart %d is loading", m->down_why, m->restarts);
   }
   pthread_mutex_unlock(&m->mu);
   return down;
 }
 
 int servd_isolated_predict(servd_isolated *iso, const servd_named_tensor *inputs, int n_inputs,
-                           servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
-                           servd_model_error *err) {
+                           servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms, servd_model_error *err) {
   *outputs = NULL;
   *n_outputs = 0;
   if (err) memset(err, 0, sizeof *err);

@@ -33,8 +33,7 @@ void servd_isolated_stop(servd_isolated *iso, int deadline_ms);
 /* Same contract as servd_model_predict. While the child is down: SERVD_ECANCELED. A call past its
  * deadline (plus 1 s for the child's own TimeoutError to arrive) returns SERVD_ETIMEDOUT. */
 int servd_isolated_predict(servd_isolated *iso, const servd_named_tensor *inputs, int n_inputs,
-                           servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms,
-                           servd_model_error *err);
+                           servd_named_tensor **outputs, int *n_outputs, int64_t deadline_ms, servd_model_error *err);
 /* The child is up and serving. */
 bool servd_isolated_ready(const servd_isolated *iso);
 /* Children started after the first (restarts, failed ones included). */

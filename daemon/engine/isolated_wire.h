@@ -30,8 +30,8 @@ typedef enum iso_msg { ISO_HELLO = 1, ISO_READY = 2, ISO_PREDICT = 3, ISO_RESULT
 typedef struct iso_hdr {
   uint32_t magic, type;
   uint64_t id;
-  uint64_t len;    /* payload bytes */
-  int32_t has_fd;  /* one descriptor came with this header */
+  uint64_t len;   /* payload bytes */
+  int32_t has_fd; /* one descriptor came with this header */
   int32_t pad;
 } iso_hdr;
 
@@ -43,10 +43,10 @@ typedef struct iso_call_head {
 
 typedef struct iso_status {
   int32_t rc;
-  uint32_t n;          /* tensors that follow */
-  char type[64];       /* servd_model_error */
+  uint32_t n;    /* tensors that follow */
+  char type[64]; /* servd_model_error */
   char message[512];
-  char error[1024];    /* servd_last_error() of the failure */
+  char error[1024]; /* servd_last_error() of the failure */
 } iso_status;
 
 typedef struct iso_tensor {

@@ -72,8 +72,8 @@ static void rank_failed(servd_runner *r, int rank, round_mode mode) {
   if (mode != MODE_CAPTURE) abort_comms(r);
 }
 
-static int run_rank(servd_runner *r, int rank, const servd_forward_batch *b, round_mode mode, int bucket,
-                    int n_rows, servd_tensor **logits, servd_py_error *err) {
+static int run_rank(servd_runner *r, int rank, const servd_forward_batch *b, round_mode mode, int bucket, int n_rows,
+                    servd_tensor **logits, servd_py_error *err) {
   servd_forward_batch mine = *b;
   mine.kv = r->kv[rank];
   servd_interp *it = servd_pool_get(r->pool, rank);
@@ -165,12 +165,11 @@ fail:
   return rc;
 }
 
-int servd_runner_create(servd_pool *pool, servd_kv_cache *const *kv, int world, servd_comm *comm,
-                        servd_runner **out) {
+int servd_runner_create(servd_pool *pool, servd_kv_cache *const *kv, int world, servd_comm *comm, servd_runner **out) {
   *out = NULL;
   if (!pool || !kv || world < 1 || servd_pool_size(pool) < world || (world > 1 && !comm))
-    return servd_fail(SERVD_EINVAL, "model runner: world=%d with a pool of %d interpreters and %s communicator",
-                      world, pool ? servd_pool_size(pool) : 0, comm ? "a" : "no");
+    return servd_fail(SERVD_EINVAL, "model runner: world=%d with a pool of %d interpreters and %s communicator", world,
+                      pool ? servd_pool_size(pool) : 0, comm ? "a" : "no");
   return runner_new(pool, kv, world, comm, NULL, out);
 }
 
@@ -180,24 +179,29 @@ int servd_runner_create_gpu(servd_pool *pool, servd_kv_cache *const *kv, int wor
   if (!pool || !kv || !g || !g->devices || !g->dkv || world < 1 || world > SERVD_INTERP_MAX ||
       servd_pool_size(pool) < world || (world > 1 && !g->dcomm) || g->max_tokens < 1 || g->max_seqs < 1 ||
       g->max_blocks_per_seq < 1 || g->block_size < 1 || (g->graphs && g->graph_max_batch < 1))
-    return servd_fail(SERVD_EINVAL, "model runner: world=%d on GPUs with a pool of %d interpreters, %s NCCL "
+    return servd_fail(SERVD_EINVAL,
+                      "model runner: world=%d on GPUs with a pool of %d interpreters, %s NCCL "
                       "communicator, max_tokens %d, max_seqs %d, max_blocks_per_seq %d, block_size %d, graph max "
                       "batch %d: expected positive sizes, a pool of world interpreters and a communicator when "
-                      "world > 1", world, pool ? servd_pool_size(pool) : 0, g && g->dcomm ? "a" : "no",
-                      g ? g->max_tokens : 0, g ? g->max_seqs : 0, g ? g->max_blocks_per_seq : 0,
-                      g ? g->block_size : 0, g ? g->graph_max_batch : 0);
+                      "world > 1",
+                      world, pool ? servd_pool_size(pool) : 0, g && g->dcomm ? "a" : "no", g ? g->max_tokens : 0,
+                      g ? g->max_seqs : 0, g ? g->max_blocks_per_seq : 0, g ? g->block_size : 0,
+                      g ? g->graph_max_batch : 0);
   servd_runner *r = NULL;
   int rc = runner_new(pool, kv, world, NULL, g->dcomm, &r);
   if (rc) return rc;
   /* Graph buckets never need more sequences than a step can hold. */
   int max_batch = g->graph_max_batch < g->max_seqs ? g->graph_max_batch : g->max_seqs;
   r->graphs = g->graphs;
-  if (r->graphs && ((rc = servd_graph_state_init(&r->gs, max_batch)) || (rc = servd_padded_step_init(&r->pad, max_batch))))
+  if (r->graphs &&
+      ((rc = servd_graph_state_init(&r->gs, max_batch)) || (rc = servd_padded_step_init(&r->pad, max_batch))))
     goto fail;
   /* A padded decode step has up to max_batch tokens, which a small token budget may not cover. */
   servd_device_step_config dc = {.max_tokens = g->max_tokens > max_batch ? g->max_tokens : max_batch,
-                                 .max_seqs = g->max_seqs, .max_blocks_per_seq = g->max_blocks_per_seq,
-                                 .block_size = g->block_size, .n_buckets = r->gs.n_buckets};
+                                 .max_seqs = g->max_seqs,
+                                 .max_blocks_per_seq = g->max_blocks_per_seq,
+                                 .block_size = g->block_size,
+                                 .n_buckets = r->gs.n_buckets};
   r->cap_tokens = dc.max_tokens;
   r->cap_seqs = dc.max_seqs;
   for (int k = 0; k < world; k++) {
@@ -362,8 +366,8 @@ static bool capture_all(servd_runner *r, const servd_forward_batch *padded, int 
   return false;
 }
 
-int servd_runner_step(servd_runner *r, const servd_forward_batch *b, servd_tensor **logits,
-                      servd_py_error *err, int *failed_rank) {
+int servd_runner_step(servd_runner *r, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err,
+                      int *failed_rank) {
   atomic_fetch_add(&r->st_steps, 1);
   if (!r->ds[0]) return run_round(r, b, MODE_CPU, -1, b->n_logit_rows, logits, err, failed_rank);
 

@@ -41,24 +41,23 @@ typedef struct servd_runner_gpu {
   int max_tokens, max_seqs;    /* the scheduler's step limits */
   int max_blocks_per_seq;      /* blocks of one full context */
   int block_size;
-  bool graphs;                 /* decode steps as CUDA graphs */
-  int graph_max_batch;         /* largest decode batch run as a graph */
+  bool graphs;         /* decode steps as CUDA graphs */
+  int graph_max_batch; /* largest decode batch run as a graph */
 } servd_runner_gpu;
 
 typedef struct servd_runner_stats {
-  uint64_t steps;            /* steps run */
-  uint64_t eager_steps;      /* GPU steps that called the model's forward */
-  uint64_t graph_captures;   /* buckets captured (on every rank) */
-  uint64_t graph_replays;    /* steps run by launching graphs */
+  uint64_t steps;          /* steps run */
+  uint64_t eager_steps;    /* GPU steps that called the model's forward */
+  uint64_t graph_captures; /* buckets captured (on every rank) */
+  uint64_t graph_replays;  /* steps run by launching graphs */
   uint64_t graph_capture_failures;
-  uint64_t graph_drops;      /* times every graph was dropped because device memory moved */
+  uint64_t graph_drops; /* times every graph was dropped because device memory moved */
 } servd_runner_stats;
 
 /* pool: one interpreter per rank (interpreter i is rank i); kv[world]: each rank's cache; comm: the
  * ranks' communicator (NULL when world is 1). All borrowed, must outlive the runner. *out owned by the
  * caller. */
-int servd_runner_create(servd_pool *pool, servd_kv_cache *const *kv, int world, servd_comm *comm,
-                        servd_runner **out);
+int servd_runner_create(servd_pool *pool, servd_kv_cache *const *kv, int world, servd_comm *comm, servd_runner **out);
 /* The same on GPUs: interpreter i runs on gpu->devices[i] (the pool was created with them). */
 int servd_runner_create_gpu(servd_pool *pool, servd_kv_cache *const *kv, int world, const servd_runner_gpu *gpu,
                             servd_runner **out);
@@ -82,7 +81,7 @@ int servd_runner_eager(servd_runner *r, const servd_forward_batch *b, servd_tens
 /* Runs b (its kv field is replaced by each rank's cache) on every rank; *logits (new reference)
  * from rank 0. On failure err holds the first failing rank's Python error and *failed_rank (may be
  * NULL) that rank; with more than one rank the message (servd_last_error) starts "rank N: ". */
-int servd_runner_step(servd_runner *r, const servd_forward_batch *b, servd_tensor **logits,
-                      servd_py_error *err, int *failed_rank);
+int servd_runner_step(servd_runner *r, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err,
+                      int *failed_rank);
 
 #endif

@@ -25,8 +25,8 @@ struct servd_sampler {
   servd_logprob_mode lp_mode;
   uint64_t rng[4];
   /* penalties */
-  int32_t *count;   /* (n_vocab) occurrences in the output */
-  uint8_t *seen;    /* (n_vocab) 1: prompt, 2: output */
+  int32_t *count;    /* (n_vocab) occurrences in the output */
+  uint8_t *seen;     /* (n_vocab) 1: prompt, 2: output */
   int32_t *seen_ids; /* distinct ids with seen != 0 */
   int n_seen;
   int n_generated;
@@ -36,8 +36,8 @@ struct servd_sampler {
   cand *cand;  /* (n_vocab) */
   servd_sampler_scratch *own;
   servd_top_logprob top[SERVD_SAMPLER_MAX_TOP];
-  uint32_t *mask;   /* (ceil(n_vocab / 32)) allowed tokens, when masked */
-  bool mask_ready;  /* mask holds this step's constraint */
+  uint32_t *mask;  /* (ceil(n_vocab / 32)) allowed tokens, when masked */
+  bool mask_ready; /* mask holds this step's constraint */
 };
 
 struct servd_sampler_scratch {
@@ -252,10 +252,8 @@ static void select_top(cand *c, size_t n, size_t k) {
     /* median of three as pivot */
     size_t mid = lo + (hi - lo) / 2;
     cand a = c[lo], b = c[mid], d = c[hi - 1], piv;
-    if (cand_before(&a, &b))
-      piv = cand_before(&b, &d) ? b : (cand_before(&a, &d) ? d : a);
-    else
-      piv = cand_before(&a, &d) ? a : (cand_before(&b, &d) ? d : b);
+    if (cand_before(&a, &b)) piv = cand_before(&b, &d) ? b : (cand_before(&a, &d) ? d : a);
+    else piv = cand_before(&a, &d) ? a : (cand_before(&b, &d) ? d : b);
     size_t i = lo, j = hi - 1;
     for (;;) { /* Hoare partition */
       while (cand_before(&c[i], &piv)) i++;
@@ -376,8 +374,8 @@ static bool is_greedy(const servd_gen_params *p) { return p->temperature < 1e-5f
 
 bool servd_sampler_plain_greedy(const servd_sampler *s) {
   const servd_gen_params *p = &s->p;
-  return !s->mask && !s->n_bias && !before_min(s) && is_greedy(p) && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
-         p->frequency_penalty == 0.0f && p->logprobs < 0;
+  return !s->mask && !s->n_bias && !before_min(s) && is_greedy(p) && p->repetition_penalty == 1.0f &&
+         p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f && p->logprobs < 0;
 }
 
 /* 0-4: w = biased, penalized logits / temperature (NaN and masked tokens as -inf); returns their
@@ -423,7 +421,7 @@ static int truncate(servd_sampler *s, float mx, double z, size_t *nc_out) {
   const int n = s->n_vocab;
   const servd_gen_params *p = &s->p;
   const float *w = s->work, *e = s->prob;
-  bool has_k = p->top_k > 0 && p->top_k < n, has_p = p->top_p < 1.0f, has_min = p->min_p > 0;
+  bool has_k = p->top_k > 0 && p->top_k < n, has_p = p->top_p<1.0f, has_min = p->min_p> 0;
   const float min_thr = has_min ? mx + logf(p->min_p) : -INFINITY;
   float lo = -INFINITY;
   bool strict = false;
@@ -478,7 +476,7 @@ static bool truncates(const servd_sampler *s) {
 static int32_t first_max(const float *w, int n, float mx) {
   for (int i = 0; i < n; i++)
     if (w[i] == mx) return i; /* lowest id on ties */
-  return 0; /* all NaN / -inf */
+  return 0;                   /* all NaN / -inf */
 }
 
 /* The plain-greedy token in one pass over the row: the first index of the largest logit, NaN never

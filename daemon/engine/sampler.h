@@ -45,17 +45,17 @@ typedef enum servd_logprob_mode {
  * thread (the scheduler's) can share one instead of owning 1 MB each. */
 typedef struct servd_sampler_scratch servd_sampler_scratch;
 int servd_sampler_scratch_create(int n_vocab, servd_sampler_scratch **out); /* *out owned by the caller */
-void servd_sampler_scratch_free(servd_sampler_scratch *x);                 /* accepts NULL */
+void servd_sampler_scratch_free(servd_sampler_scratch *x);                  /* accepts NULL */
 
 typedef struct servd_sampler_config {
-  int n_vocab;                 /* length of each logits row */
+  int n_vocab;                    /* length of each logits row */
   const servd_gen_params *params; /* copied; stop strings are not used here (servd_stop_matcher) */
-  const int32_t *eos_ids;      /* end-of-sequence ids (copied), ignored when params->ignore_eos */
+  const int32_t *eos_ids;         /* end-of-sequence ids (copied), ignored when params->ignore_eos */
   int n_eos;
   servd_logprob_mode logprob_mode;
   servd_sampler_scratch *scratch; /* NULL: the sampler owns its scratch; else borrowed, must outlive
                                      the sampler, and its samplers are used from one thread at a time */
-  bool masked;                 /* constrained decoding: the sampler owns a token mask (servd_sampler_mask) */
+  bool masked;                    /* constrained decoding: the sampler owns a token mask (servd_sampler_mask) */
 } servd_sampler_config;
 
 typedef struct servd_sampler servd_sampler;
@@ -119,8 +119,8 @@ int servd_stop_matcher_create(const char *const *stops, int n, servd_stop_matche
 void servd_stop_matcher_free(servd_stop_matcher *m); /* accepts NULL */
 /* text, text_len: what may be released now (borrowed until the next call); *stopped: a stop string
  * was found, feed nothing more. Grows its buffers only when a delta is longer than any before. */
-int servd_stop_matcher_push(servd_stop_matcher *m, const char *delta, size_t len, const char **text,
-                            size_t *text_len, bool *stopped);
+int servd_stop_matcher_push(servd_stop_matcher *m, const char *delta, size_t len, const char **text, size_t *text_len,
+                            bool *stopped);
 /* End of generation (length, eos): releases what was held back. */
 int servd_stop_matcher_flush(servd_stop_matcher *m, const char **text, size_t *text_len);
 

@@ -9,8 +9,8 @@
 int servd_step_arrays_init(servd_step_arrays *a, int max_tokens, int max_seqs, const char *what) {
   memset(a, 0, sizeof *a);
   if (max_tokens < 1 || max_seqs < 1)
-    return servd_fail(SERVD_EINVAL, "%s: step arrays for %d tokens, %d sequences: expected both >= 1", what,
-                      max_tokens, max_seqs);
+    return servd_fail(SERVD_EINVAL, "%s: step arrays for %d tokens, %d sequences: expected both >= 1", what, max_tokens,
+                      max_seqs);
   a->max_tokens = max_tokens;
   a->max_seqs = max_seqs;
   size_t t = (size_t)max_tokens, n = (size_t)max_seqs;
@@ -41,7 +41,10 @@ void servd_step_arrays_free(servd_step_arrays *a) {
 }
 
 servd_attn_batch servd_step_arrays_attn(const servd_step_arrays *a, int n_seqs) {
-  return (servd_attn_batch){.n_seqs = n_seqs, .q_start = a->q_start, .q_len = a->q_len, .kv_len = a->kv_len,
+  return (servd_attn_batch){.n_seqs = n_seqs,
+                            .q_start = a->q_start,
+                            .q_len = a->q_len,
+                            .kv_len = a->kv_len,
                             .block_tables = a->block_tables};
 }
 

@@ -36,8 +36,10 @@ static int tool_call(servd_model *m, const char *method, json_t *args, json_t **
     json_decref(j.res);
     /* A package packed before these hooks existed: the request asks for what this model lacks. */
     if (!strcmp(j.err.type, "AttributeError") && strstr(j.err.message, method))
-      return servd_fail(SERVD_EUNSUPPORTED, "tool calling: the package of model %s has no tool-calling hooks "
-                        "(repack it with this servd's model code)", m->name);
+      return servd_fail(SERVD_EUNSUPPORTED,
+                        "tool calling: the package of model %s has no tool-calling hooks "
+                        "(repack it with this servd's model code)",
+                        m->name);
     int code = servd_model_error_code(rc, &j.err, SERVD_CALL_TEMPLATE, NULL);
     if (!j.err.type[0]) {
       char msg[512]; /* servd_fail writes the buffer servd_last_error returns: copy it first */

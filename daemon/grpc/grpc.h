@@ -31,8 +31,7 @@ void servd_grpc_limits_default(servd_grpc_limits *l);
 
 /* *out owned by the caller, freed by servd_grpc_server_close. api borrowed: it must outlive the
  * server. */
-int servd_grpc_server_create(uv_loop_t *loop, servd_api *api, const servd_grpc_limits *limits,
-                             servd_grpc_server **out);
+int servd_grpc_server_create(uv_loop_t *loop, servd_api *api, const servd_grpc_limits *limits, servd_grpc_server **out);
 /* Binds and listens; port 0 picks a free one (see servd_grpc_server_port). */
 int servd_grpc_server_listen(servd_grpc_server *s, const char *host, int port);
 int servd_grpc_server_port(const servd_grpc_server *s);

@@ -14,9 +14,7 @@
 
 typedef Grpc__Health__V1__HealthCheckResponse__ServingStatus serving_status;
 
-static bool known_service(const char *s) {
-  return s[0] == '\0' || strcmp(s, "inference.GRPCInferenceService") == 0;
-}
+static bool known_service(const char *s) { return s[0] == '\0' || strcmp(s, "inference.GRPCInferenceService") == 0; }
 
 static serving_status server_status(servd_api *a) {
   return servd_api_server_ready(a) ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING

@@ -64,8 +64,7 @@ int grpc_infer_inputs(const Inference__ModelInferRequest *req, servd_named_tenso
       shape[d] = t->shape[d];
       if (shape[d] < 0) FAIL("input '%s': shape[%zu] is negative", name, d);
       /* Both factors are at most 2^31 here: the product cannot overflow. */
-      else if (shape[d] > (1ll << 31) || (numel *= shape[d]) > (1ll << 31))
-        FAIL("input '%s': too many elements", name);
+      else if (shape[d] > (1ll << 31) || (numel *= shape[d]) > (1ll << 31)) FAIL("input '%s': too many elements", name);
     }
     if (rc) break;
     size_t es = servd_dtype_block_bytes(dt);
@@ -119,4 +118,3 @@ int grpc_infer_inputs(const Inference__ModelInferRequest *req, servd_named_tenso
   *n_out = (int)n;
   return 0;
 }
-

@@ -233,8 +233,11 @@ static void on_message(grpc_call *c, const uint8_t *msg, size_t len) {
     char why[512];
     int s = servd_api_model_status(c->api, m->model_name, m->model_version, why, sizeof why);
     if (s != 200) send_error(st, m->model_name, m->id, "%s", why);
-    else send_error(st, m->model_name, m->id, "model '%s' is not a language model: ModelStreamInfer serves "
-                                              "language models (call ModelInfer)", m->model_name);
+    else
+      send_error(st, m->model_name, m->id,
+                 "model '%s' is not a language model: ModelStreamInfer serves "
+                 "language models (call ModelInfer)",
+                 m->model_name);
   } else if (!(q = req_new(st, c, m))) {
     send_error(st, m->model_name, m->id, "out of memory");
   } else {

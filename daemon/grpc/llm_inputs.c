@@ -25,7 +25,9 @@ typedef struct in_ref {
 
 #define FAIL(...) (snprintf(msg, cap, __VA_ARGS__), GRPC_INVALID_ARGUMENT)
 
-static uint32_t le32(const uint8_t *p) { return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint32_t le32(const uint8_t *p) {
+  return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
 static uint64_t le64(const uint8_t *p) { return le32(p) | (uint64_t)le32(p + 4) << 32; }
 
 /* A scalar input: one element whatever its shape ([1], [1, 1]). */
@@ -215,7 +217,8 @@ int grpc_llm_inputs(const Inference__ModelInferRequest *q, const servd_gen_param
       if (bv) return FAIL("input '%s' is not supported (false only)", name);
     } else {
       return FAIL("unexpected input '%s' for a language model (text_input, max_tokens, stream, temperature, top_p, "
-                  "top_k, random_seed, stop_words, ...)", name);
+                  "top_k, random_seed, stop_words, ...)",
+                  name);
     }
   }
   if (rc) return rc;

@@ -30,24 +30,24 @@ typedef struct stream {
   int32_t id;
   char path[128];
   char *authorization;
-  bool grpc_ct;        /* content-type application/grpc[+proto|;...] */
-  bool bad_header;     /* a header past the limits: answered at END_STREAM */
+  bool grpc_ct;    /* content-type application/grpc[+proto|;...] */
+  bool bad_header; /* a header past the limits: answered at END_STREAM */
   uint32_t header_bytes;
-  uint8_t prefix[5];   /* the message's length prefix, as it arrives */
+  uint8_t prefix[5]; /* the message's length prefix, as it arrives */
   size_t prefix_got;
   uint32_t msg_len;
-  uint8_t *msg;        /* msg_cap bytes, grown as the message arrives */
+  uint8_t *msg; /* msg_cap bytes, grown as the message arrives */
   size_t msg_got, msg_cap;
-  bool counted;        /* msg_len is in c->buffering */
-  int n_msgs;          /* prefixes seen: a unary call carries exactly one */
-  int refused;         /* a gRPC code decided while receiving (too large, compressed): 0 none */
+  bool counted; /* msg_len is in c->buffering */
+  int n_msgs;   /* prefixes seen: a unary call carries exactly one */
+  int refused;  /* a gRPC code decided while receiving (too large, compressed): 0 none */
   char refused_msg[160];
   bool dispatched, answered;
-  bool streaming;      /* a client streaming method: dispatched at its headers, messages as they come */
-  bool headers_sent;   /* response HEADERS submitted */
-  bool background;     /* a long-lived stream (Health/Watch): not an active call for draining */
-  bool finished;       /* the outcome is known: no more messages */
-  uint8_t *out;        /* framed response messages not yet handed to nghttp2 */
+  bool streaming;    /* a client streaming method: dispatched at its headers, messages as they come */
+  bool headers_sent; /* response HEADERS submitted */
+  bool background;   /* a long-lived stream (Health/Watch): not an active call for draining */
+  bool finished;     /* the outcome is known: no more messages */
+  uint8_t *out;      /* framed response messages not yet handed to nghttp2 */
   size_t out_len, out_off, out_cap;
   int code;
   char *message;
@@ -62,7 +62,7 @@ struct conn {
   uv_write_t wreq;
   uv_buf_t wbuf;
   bool writing, closing, goaway;
-  bool in_recv; /* inside nghttp2_session_mem_recv: output waits until it returns */
+  bool in_recv;     /* inside nghttp2_session_mem_recv: output waits until it returns */
   size_t buffering; /* announced lengths of the messages its streams are receiving */
 };
 
@@ -142,7 +142,8 @@ static void stream_free(stream *s) {
 
 /* ---- answers ---------------------------------------------------------------------------------- */
 
-#define NV(n, v, vl) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NONE}
+#define NV(n, v, vl) \
+  { (uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NONE }
 
 /* Trailers carrying the call's status; nghttp2 copies them. */
 static int submit_trailers(stream *s) {
@@ -271,8 +272,8 @@ void grpc_fail(grpc_call *call, int code, const char *fmt, ...) {
   char cs[16], enc[1024];
   snprintf(cs, sizeof cs, "%d", code);
   grpc_message_encode(msg, enc, sizeof enc);
-  nghttp2_nv h[] = {NV(":status", "200", 3), NV("content-type", "application/grpc", 16), NV("grpc-status", cs, strlen(cs)),
-                    NV("grpc-message", enc, strlen(enc))};
+  nghttp2_nv h[] = {NV(":status", "200", 3), NV("content-type", "application/grpc", 16),
+                    NV("grpc-status", cs, strlen(cs)), NV("grpc-message", enc, strlen(enc))};
   s->headers_sent = true;
   if (nghttp2_submit_response(c->h2, s->id, h, enc[0] ? 4 : 3, NULL) != 0) {
     conn_close(c);
@@ -284,10 +285,13 @@ void grpc_fail(grpc_call *call, int code, const char *fmt, ...) {
 int grpc_code_for_status(int st) {
   switch (st) {
   case 200: return GRPC_OK;
-  case 400: case 413: case 422: return GRPC_INVALID_ARGUMENT;
+  case 400:
+  case 413:
+  case 422: return GRPC_INVALID_ARGUMENT;
   case 401: return GRPC_UNAUTHENTICATED;
   case 404: return GRPC_NOT_FOUND;
-  case 408: case 504: return GRPC_DEADLINE_EXCEEDED;
+  case 408:
+  case 504: return GRPC_DEADLINE_EXCEEDED;
   case 429: return GRPC_RESOURCE_EXHAUSTED;
   case 503: return GRPC_UNAVAILABLE;
   case 501: return GRPC_UNIMPLEMENTED;
@@ -311,19 +315,15 @@ static void dispatch(stream *s) {
   s->streaming = m && m->client_streaming;
   if (s->bad_header)
     grpc_fail(call, GRPC_RESOURCE_EXHAUSTED, "request headers over %u bytes", c->srv->lim.max_header_list_bytes);
-  else if (!s->grpc_ct)
-    grpc_fail(call, GRPC_INVALID_ARGUMENT, "content-type must be application/grpc");
-  else if (s->refused)
-    grpc_fail(call, s->refused, "%s", s->refused_msg);
-  else if (!m)
-    grpc_fail(call, GRPC_UNIMPLEMENTED, "unknown method %s", s->path);
+  else if (!s->grpc_ct) grpc_fail(call, GRPC_INVALID_ARGUMENT, "content-type must be application/grpc");
+  else if (s->refused) grpc_fail(call, s->refused, "%s", s->refused_msg);
+  else if (!m) grpc_fail(call, GRPC_UNIMPLEMENTED, "unknown method %s", s->path);
   else if (!m->is_public && !servd_api_authorized(c->srv->api, s->authorization))
     grpc_fail(call, GRPC_UNAUTHENTICATED, "missing or incorrect API key: send 'authorization: Bearer <key>'");
   else if (!whole && !s->streaming)
     grpc_fail(call, GRPC_INVALID_ARGUMENT, "a unary call carries exactly one complete message (got %d%s)", s->n_msgs,
               s->n_msgs == 1 ? ", truncated" : "");
-  else if (call->timeout_ms == 0)
-    grpc_fail(call, GRPC_DEADLINE_EXCEEDED, "deadline exceeded before the call started");
+  else if (call->timeout_ms == 0) grpc_fail(call, GRPC_DEADLINE_EXCEEDED, "deadline exceeded before the call started");
   else {
     call->authorization = s->authorization;
     m->handler(call, msg ? msg : (const uint8_t *)"", s->msg_len);
@@ -422,8 +422,8 @@ static int on_data(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t
         snprintf(s->refused_msg, sizeof s->refused_msg, "a unary call carries exactly one message");
         return 0;
       }
-      s->msg_len = (uint32_t)s->prefix[1] << 24 | (uint32_t)s->prefix[2] << 16 | (uint32_t)s->prefix[3] << 8 |
-                   s->prefix[4];
+      s->msg_len =
+          (uint32_t)s->prefix[1] << 24 | (uint32_t)s->prefix[2] << 16 | (uint32_t)s->prefix[3] << 8 | s->prefix[4];
       if (s->prefix[0] != 0) {
         s->refused = GRPC_UNIMPLEMENTED;
         snprintf(s->refused_msg, sizeof s->refused_msg, "compressed messages are not supported");
@@ -440,8 +440,8 @@ static int on_data(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t
       }
       /* All streams of a connection together: a client cannot make it hold max_concurrent_streams
        * messages of the largest size at once. */
-      size_t budget = c->srv->lim.max_message_bytes * 2 > CONN_BUFFER_MIN ? c->srv->lim.max_message_bytes * 2
-                                                                          : CONN_BUFFER_MIN;
+      size_t budget =
+          c->srv->lim.max_message_bytes * 2 > CONN_BUFFER_MIN ? c->srv->lim.max_message_bytes * 2 : CONN_BUFFER_MIN;
       if (c->buffering + s->msg_len > budget) {
         s->refused = GRPC_RESOURCE_EXHAUSTED;
         snprintf(s->refused_msg, sizeof s->refused_msg,
@@ -660,8 +660,7 @@ static void on_connection(uv_stream_t *l, int status) {
 
 /* ---- the server ------------------------------------------------------------------------------- */
 
-int servd_grpc_server_create(uv_loop_t *loop, servd_api *api, const servd_grpc_limits *lim,
-                             servd_grpc_server **out) {
+int servd_grpc_server_create(uv_loop_t *loop, servd_api *api, const servd_grpc_limits *lim, servd_grpc_server **out) {
   *out = NULL;
   servd_grpc_server *s = calloc(1, sizeof *s);
   if (!s) return servd_fail(SERVD_ENOMEM, "grpc: out of memory");
@@ -680,9 +679,9 @@ int servd_grpc_server_create(uv_loop_t *loop, servd_api *api, const servd_grpc_l
   nghttp2_session_callbacks_set_on_frame_recv_callback(s->cbs, on_frame_recv);
   nghttp2_session_callbacks_set_on_stream_close_callback(s->cbs, on_stream_close);
   /* Floods and oversized blocks: nghttp2 answers a client past these with GOAWAY. */
-  nghttp2_option_set_max_settings(s->opt, 32);          /* entries in one SETTINGS frame */
-  nghttp2_option_set_max_outbound_ack(s->opt, 1000);    /* queued SETTINGS/PING acks (floods) */
-  nghttp2_option_set_max_continuations(s->opt, 8);      /* CONTINUATION frames per header block */
+  nghttp2_option_set_max_settings(s->opt, 32);                  /* entries in one SETTINGS frame */
+  nghttp2_option_set_max_outbound_ack(s->opt, 1000);            /* queued SETTINGS/PING acks (floods) */
+  nghttp2_option_set_max_continuations(s->opt, 8);              /* CONTINUATION frames per header block */
   nghttp2_option_set_stream_reset_rate_limit(s->opt, 1000, 33); /* rapid reset: burst, per second */
   nghttp2_option_set_max_deflate_dynamic_table_size(s->opt, 4096);
   nghttp2_option_set_max_send_header_block_length(s->opt, 64 * 1024);
@@ -692,7 +691,8 @@ int servd_grpc_server_create(uv_loop_t *loop, servd_api *api, const servd_grpc_l
 
 int servd_grpc_server_listen(servd_grpc_server *s, const char *host, int port) {
   struct sockaddr_storage ss;
-  if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 && uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) != 0)
+  if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
+      uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) != 0)
     return servd_fail(SERVD_EINVAL, "grpc: '%s' is not an IP address", host);
   uv_tcp_init(s->loop, &s->listener);
   s->listener.data = s;
@@ -742,8 +742,8 @@ void servd_grpc_server_stop_accepting(servd_grpc_server *s) {
     for (stream *st = c->streams; st; st = st->next)
       if (st->call.on_drain && !st->finished) st->call.on_drain(&st->call);
     /* Calls in progress finish; the client opens no new ones here. */
-    nghttp2_submit_goaway(c->h2, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(c->h2),
-                          NGHTTP2_NO_ERROR, NULL, 0);
+    nghttp2_submit_goaway(c->h2, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(c->h2), NGHTTP2_NO_ERROR,
+                          NULL, 0);
     conn_flush(c);
   }
 }

@@ -11,11 +11,11 @@
 #define SERVD_VERSION_STRING "0.1.0"
 #endif
 
-void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len);  /* infer.c */
-void grpc_model_config(grpc_call *c, const uint8_t *msg, size_t len);  /* model_config.c */
+void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len);        /* infer.c */
+void grpc_model_config(grpc_call *c, const uint8_t *msg, size_t len);       /* model_config.c */
 void grpc_model_stream_infer(grpc_call *c, const uint8_t *msg, size_t len); /* llm_infer.c */
-void grpc_health_check(grpc_call *c, const uint8_t *msg, size_t len); /* health.c */
-void grpc_health_watch(grpc_call *c, const uint8_t *msg, size_t len); /* health.c */
+void grpc_health_check(grpc_call *c, const uint8_t *msg, size_t len);       /* health.c */
+void grpc_health_watch(grpc_call *c, const uint8_t *msg, size_t len);       /* health.c */
 
 /* Unpacks the request, or answers INVALID_ARGUMENT and returns NULL. */
 static ProtobufCMessage *unpack(grpc_call *c, const ProtobufCMessageDescriptor *d, const uint8_t *msg, size_t len) {

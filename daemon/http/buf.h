@@ -10,7 +10,7 @@
 typedef struct servd_buf {
   char *data; /* NUL-terminated when len < cap; owned */
   size_t len, cap;
-  bool oom;   /* an append failed; contents are truncated */
+  bool oom; /* an append failed; contents are truncated */
 } servd_buf;
 
 void servd_buf_init(servd_buf *b);

@@ -127,8 +127,7 @@ static int on_header_value(http_parser *p, const char *at, size_t len) {
 static bool te_is_chunked(const char *v) {
   while (*v == ' ' || *v == '\t') v++;
   if (strncasecmp(v, "chunked", 7) != 0) return false;
-  for (v += 7; *v == ' ' || *v == '\t'; v++) {
-  }
+  for (v += 7; *v == ' ' || *v == '\t'; v++) {}
   return *v == '\0';
 }
 
@@ -136,8 +135,7 @@ static int on_headers_complete(http_parser *p) {
   servd_http_framer *f = p->data;
   if (f->n_headers == 0) servd_buf_append(&f->hbuf, "", 1);
   else if (f->in_value) servd_buf_append(&f->hbuf, "", 1);
-  else { /* a name without a value */
-    servd_buf_append(&f->hbuf, "", 1);
+  else { /* a name without a value */ servd_buf_append(&f->hbuf, "", 1);
     f->hoff[f->n_headers - 1][1] = f->hbuf.len;
     servd_buf_append(&f->hbuf, "", 1);
   }

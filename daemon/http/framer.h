@@ -33,22 +33,22 @@ typedef enum servd_frame_result {
 typedef struct servd_http_framer {
   http_parser parser;
   servd_http_limits lim;
-  servd_buf hbuf;    /* url '\0' name '\0' value '\0' ... (owned) */
+  servd_buf hbuf; /* url '\0' name '\0' value '\0' ... (owned) */
   size_t url_len;
   int n_headers;
-  size_t (*hoff)[2]; /* offsets of name and value in hbuf (owned, max_headers + 1 entries) */
+  size_t (*hoff)[2];          /* offsets of name and value in hbuf (owned, max_headers + 1 entries) */
   servd_http_header *headers; /* pointers into hbuf, set when the headers are complete (owned) */
   bool in_value;
-  bool in_trailer;   /* past the headers: further header lines are a chunked body's trailer */
+  bool in_trailer; /* past the headers: further header lines are a chunked body's trailer */
   size_t header_bytes;
-  servd_buf body;    /* owned */
+  servd_buf body;                         /* owned */
   bool keep_alive, expect_continue, head; /* of the current request, once its headers are complete */
-  int err_status;    /* limit or strictness check failed inside a parser callback: 400, 413, 431, 501, 505 */
+  int err_status;      /* limit or strictness check failed inside a parser callback: 400, 413, 431, 501, 505 */
   const char *err_msg; /* why, when err_status is set (static storage) */
-  int bad_status;    /* a strictness check failed in the head: reported when the head is complete */
+  int bad_status;      /* a strictness check failed in the head: reported when the head is complete */
   const char *bad_msg;
   const char *feed_start; /* the data of the current feed, for looking back from a callback */
-  char last_byte;    /* last byte other than SP / HT of the bytes fed before (obs-fold check) */
+  char last_byte;         /* last byte other than SP / HT of the bytes fed before (obs-fold check) */
   /* Hooks for the server (each may be NULL): a request's first byte, its headers complete with
    * "Expect: 100-continue", and its last byte. */
   void (*on_begin)(void *ud);

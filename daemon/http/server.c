@@ -30,13 +30,13 @@ typedef struct conn {
   bool peer_eof;     /* the client has finished sending (EOF); answer what it sent, then close */
   bool out_blocked;  /* back-pressure: the next request waits for the output to drain */
   char *rbuf;
-  servd_buf pending; /* received, not yet parsed */
-  servd_buf obuf, wbuf; /* accumulating output, output being written */
+  servd_buf pending;        /* received, not yet parsed */
+  servd_buf obuf, wbuf;     /* accumulating output, output being written */
   int resp_obuf, resp_wbuf; /* responses that ended in obuf, in wbuf */
   bool writing;
   uint64_t writes_done, seen_writes; /* write progress, checked by the idle timer */
   size_t seen_queue;
-  bool dirty;             /* on srv->dirty: output queued while the server was in a batch */
+  bool dirty; /* on srv->dirty: output queued while the server was in a batch */
   struct conn *dirty_next;
   uv_write_t wreq;
   servd_buf ehdr; /* extra response headers of the current request */
@@ -406,8 +406,8 @@ static void conn_process(conn *c) {
     size_t n = 0;
     int status = 0;
     char msg[160];
-    servd_frame_result fr = servd_http_framer_feed(&c->fr, c->pending.data + off, c->pending.len - off, &n, &status,
-                                                   msg, sizeof msg);
+    servd_frame_result fr =
+        servd_http_framer_feed(&c->fr, c->pending.data + off, c->pending.len - off, &n, &status, msg, sizeof msg);
     off += n;
     if (fr == SERVD_FRAME_REQUEST) {
       dispatch(c);
@@ -502,7 +502,7 @@ static int tls_read(conn *c, const char *data, size_t len) {
     return -1;
   }
   if (!was_established && servd_tls_conn_established(c->tls) && c->state == C_IDLE && c->timer_kind == T_IDLE)
-    timer_set(c, T_IDLE, s->lim.idle_timeout_ms); /* the handshake deadline becomes the idle timeout */
+    timer_set(c, T_IDLE, s->lim.idle_timeout_ms);           /* the handshake deadline becomes the idle timeout */
   if (servd_tls_conn_output_pending(c->tls)) conn_flush(c); /* handshake messages, session tickets */
   if (st == SERVD_TLS_EOF) {
     /* close_notify: the client sends nothing more, as at a TCP EOF (on_read). */
@@ -550,8 +550,8 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b) {
 /* Reads while the connection can take more: not closing, its input below max_input_bytes and its
  * output not backed up. Stopping lets TCP flow control push back on the client. */
 static void reading_update(conn *c) {
-  bool want = !c->closing && !c->close_after && !c->peer_eof && !c->out_blocked &&
-              c->pending.len < c->srv->lim.max_input_bytes;
+  bool want =
+      !c->closing && !c->close_after && !c->peer_eof && !c->out_blocked && c->pending.len < c->srv->lim.max_input_bytes;
   if (want == c->reading) return;
   if (want) {
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0) c->reading = true;
@@ -630,8 +630,7 @@ int servd_http_server_listen(servd_http_server *s, const char *host, int port) {
   if (strchr(host, ':')) rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
   else rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
   if (rc != 0) return servd_fail(SERVD_EINVAL, "http listen: bad host address '%s'", host);
-  if ((rc = uv_tcp_init(s->loop, &s->listener)) != 0)
-    return servd_fail(SERVD_EIO, "http listen: %s", uv_strerror(rc));
+  if ((rc = uv_tcp_init(s->loop, &s->listener)) != 0) return servd_fail(SERVD_EIO, "http listen: %s", uv_strerror(rc));
   s->listener.data = s;
   s->open_handles++;
   s->listening = true;

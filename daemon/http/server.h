@@ -53,32 +53,32 @@ typedef struct servd_http_header {
 /* A request as the handler sees it. Strings are NUL-terminated and valid until the response ends
  * (or on_abort returns). */
 struct servd_http_req {
-  servd_arena *arena;  /* freed when the response ends */
-  const char *method;  /* "GET", "POST", ... */
-  const char *target;  /* as received: path and query */
-  const char *path;    /* percent-decoded path */
-  const char *query;   /* after '?', or "" */
-  const char *body;    /* NUL-terminated copy of the body */
+  servd_arena *arena; /* freed when the response ends */
+  const char *method; /* "GET", "POST", ... */
+  const char *target; /* as received: path and query */
+  const char *path;   /* percent-decoded path */
+  const char *query;  /* after '?', or "" */
+  const char *body;   /* NUL-terminated copy of the body */
   size_t body_len;
   const servd_http_header *headers;
   int n_headers;
   int http_major, http_minor;
-  char remote[64];     /* peer address */
-  uint64_t start_ns;   /* uv_hrtime() when the request was complete */
+  char remote[64];   /* peer address */
+  uint64_t start_ns; /* uv_hrtime() when the request was complete */
 
   /* Set by the handler. */
   void *ctx;
   /* Called at most once if the connection goes away before the response ended; the handler must
    * then stop using this request (it is freed after the call). */
   void (*on_abort)(servd_http_req *r);
-  const char *route; /* label for metrics and logs (static storage) */
-  const char *model; /* model named by the request, for logs (arena or static) */
+  const char *route;      /* label for metrics and logs (static storage) */
+  const char *model;      /* model named by the request, for logs (arena or static) */
   const char *request_id; /* sent as X-Request-Id on the response and logged (arena or static); NULL: none */
 
   /* Filled in by the server. */
-  int status;          /* 0 until a response started; 499 when the client went away first */
-  uint64_t bytes_out;  /* body bytes queued */
-  void *conn_;         /* internal */
+  int status;         /* 0 until a response started; 499 when the client went away first */
+  uint64_t bytes_out; /* body bytes queued */
+  void *conn_;        /* internal */
 };
 
 typedef struct servd_http_callbacks {

@@ -214,13 +214,9 @@ servd_tls_status servd_tls_conn_input(servd_tls_conn *c, const void *data, size_
     }
     switch (SSL_get_error(c->ssl, n)) {
     case SSL_ERROR_WANT_READ:
-    case SSL_ERROR_WANT_WRITE:
-      return SERVD_TLS_OK;
-    case SSL_ERROR_ZERO_RETURN:
-      return SERVD_TLS_EOF;
-    default:
-      ssl_reason(c->err, sizeof c->err);
-      return SERVD_TLS_ERROR;
+    case SSL_ERROR_WANT_WRITE: return SERVD_TLS_OK;
+    case SSL_ERROR_ZERO_RETURN: return SERVD_TLS_EOF;
+    default: ssl_reason(c->err, sizeof c->err); return SERVD_TLS_ERROR;
     }
   }
 }

@@ -49,9 +49,9 @@ servd_tls_conn *servd_tls_conn_create(servd_tls_ctx *t);
 void servd_tls_conn_destroy(servd_tls_conn *c); /* accepts NULL */
 
 typedef enum {
-  SERVD_TLS_OK = 0,      /* progress; more input may be needed */
-  SERVD_TLS_EOF = 1,     /* the peer sent close_notify: no more plaintext will come */
-  SERVD_TLS_ERROR = -1,  /* handshake or record failure: servd_tls_conn_error says why; an alert may
+  SERVD_TLS_OK = 0,     /* progress; more input may be needed */
+  SERVD_TLS_EOF = 1,    /* the peer sent close_notify: no more plaintext will come */
+  SERVD_TLS_ERROR = -1, /* handshake or record failure: servd_tls_conn_error says why; an alert may
                           * be waiting in the output, then the connection must close */
 } servd_tls_status;
 

@@ -40,8 +40,7 @@ static size_t rss_bytes(void) {
   FILE *f = fopen("/proc/self/statm", "r");
   unsigned long size = 0, res = 0;
   if (f) {
-    if (fscanf(f, "%lu %lu", &size, &res) != 2)
-      res = 0;
+    if (fscanf(f, "%lu %lu", &size, &res) != 2) res = 0;
     fclose(f);
   }
   return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
@@ -74,15 +73,13 @@ typedef struct c_scratch {
 static servd_tensor *ten(int64_t a, int64_t b, servd_dtype dt) {
   int64_t shape[2] = {a, b};
   servd_tensor *t = servd_tensor_new(dt, b ? 2 : 1, shape);
-  if (!t)
-    die("tensor");
+  if (!t) die("tensor");
   return t;
 }
 
 static servd_tensor *w(mpk_package *pkg, const char *name) {
   servd_tensor *t = NULL;
-  if (mpk_tensor(pkg, name, &t) < 0)
-    die(name);
+  if (mpk_tensor(pkg, name, &t) < 0) die(name);
   return t;
 }
 
@@ -102,8 +99,7 @@ static void model_open(model *m, const char *name) {
   }
   char path[512];
   snprintf(path, sizeof path, "%s/%s.mpk", EXAMPLES_BUILD_DIR, name);
-  if (mpk_open(path, &m->pkg) < 0)
-    die(path);
+  if (mpk_open(path, &m->pkg) < 0) die(path);
   json_t *cfg = mpk_config(m->pkg);
   if (!strcmp(name, "deep_tiny")) {
     m->d = m->d_in = (int)json_integer_value(json_object_get(cfg, "d"));
@@ -132,8 +128,7 @@ static void model_open(model *m, const char *name) {
 }
 
 static void model_close(model *m) {
-  if (m->pure)
-    return;
+  if (m->pure) return;
   for (int i = 0; i < m->n_layers; i++) {
     servd_tensor_release(m->norm[i]);
     servd_tensor_release(m->gate[i]);
@@ -149,12 +144,10 @@ static void model_close(model *m) {
 
 static void c_scratch_init(const model *m, c_scratch *s) {
   memset(s, 0, sizeof *s);
-  if (m->pure)
-    return;
+  if (m->pure) return;
   s->x = ten(1, m->d_in, SERVD_F32);
   float *xv = servd_tensor_data(s->x);
-  for (int j = 0; j < m->d_in; j++)
-    xv[j] = (float)sin(0.37 * j);
+  for (int j = 0; j < m->d_in; j++) xv[j] = (float)sin(0.37 * j);
   if (m->n_layers) {
     s->h = ten(1, m->d, SERVD_F32);
     s->y = ten(1, m->d, SERVD_F32);
@@ -172,8 +165,7 @@ static void c_scratch_init(const model *m, c_scratch *s) {
 
 static void c_scratch_free(c_scratch *s) {
   servd_tensor *all[] = {s->x, s->h, s->g, s->u, s->y, s->r, s->probs, s->label};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    servd_tensor_release(all[i]);
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) servd_tensor_release(all[i]);
 }
 
 static int c_forward(const model *m, c_scratch *s) {
@@ -230,8 +222,7 @@ static void *worker_main(void *arg) {
       }
       json_decref(r);
     } else if (wk->mode == MODE_C) {
-      if (c_forward(wk->m, &wk->cs) < 0)
-        wk->failed = 1;
+      if (c_forward(wk->m, &wk->cs) < 0) wk->failed = 1;
     } else {
       int n_out;
       char **names;
@@ -249,8 +240,7 @@ static void *worker_main(void *arg) {
       free(names);
       free(outs);
     }
-    if (wk->n < wk->cap)
-      wk->lat[wk->n] = bench_now_s() - t0;
+    if (wk->n < wk->cap) wk->lat[wk->n] = bench_now_s() - t0;
     wk->n++;
   }
   return NULL;
@@ -279,13 +269,11 @@ static result run_once(const model *m, int mode, int threads, servd_pool *pool, 
   atomic_store(&go, 1);
   usleep(200000); /* warm-up, not counted */
   size_t start_n[16];
-  for (int i = 0; i < threads; i++)
-    start_n[i] = wk[i].n;
+  for (int i = 0; i < threads; i++) start_n[i] = wk[i].n;
   double t0 = bench_now_s();
   usleep((useconds_t)(seconds * 1e6));
   size_t end_n[16];
-  for (int i = 0; i < threads; i++)
-    end_n[i] = wk[i].n;
+  for (int i = 0; i < threads; i++) end_n[i] = wk[i].n;
   double dt = bench_now_s() - t0;
   atomic_store(&stop, 1);
   size_t total = 0, nl = 0;
@@ -297,10 +285,8 @@ static result run_once(const model *m, int mode, int threads, servd_pool *pool, 
   double *all = malloc(sizeof(double) * (nl ? nl : 1));
   size_t k = 0;
   for (int i = 0; i < threads; i++) {
-    for (size_t j = start_n[i]; j < end_n[i] && j < wk[i].cap; j++)
-      all[k++] = wk[i].lat[j];
-    if (wk[i].failed)
-      die("a call failed");
+    for (size_t j = start_n[i]; j < end_n[i] && j < wk[i].cap; j++) all[k++] = wk[i].lat[j];
+    if (wk[i].failed) die("a call failed");
     c_scratch_free(&wk[i].cs);
     free(wk[i].lat);
   }
@@ -315,8 +301,7 @@ static result run_once(const model *m, int mode, int threads, servd_pool *pool, 
 static void *c_spin(void *v) {
   double until = bench_now_s() + 0.2;
   volatile unsigned long x = 0;
-  while (bench_now_s() < until)
-    x = x * 2654435761u + 1;
+  while (bench_now_s() < until) x = x * 2654435761u + 1;
   (void)v;
   return NULL;
 }
@@ -346,8 +331,7 @@ static double interp_overhead_mb(const model *m, int n, double *create_ms) {
   servd_pool_options o = {.n_interpreters = n, .world_size = 1};
   servd_pool *p = NULL;
   double t0 = bench_now_s();
-  if (servd_pool_create(m->pkg, &o, &p) < 0)
-    die("pool");
+  if (servd_pool_create(m->pkg, &o, &p) < 0) die("pool");
   *create_ms = (bench_now_s() - t0) * 1e3 / n;
   size_t after = rss_bytes();
   servd_pool_destroy(p);
@@ -355,50 +339,42 @@ static double interp_overhead_mb(const model *m, int n, double *create_ms) {
 }
 
 int main(int argc, char **argv) {
-  if (servd_interp_early_init(argc, argv) < 0)
-    die("early init");
+  if (servd_interp_early_init(argc, argv) < 0) die("early init");
   double seconds = 1.0;
   int reps = 3, pool_threads = 0, markdown = 0;
   int tcounts[8] = {1, 2, 4}, nt = 3;
   const char *only = NULL; /* --models a,b: run only these */
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
-      seconds = atof(argv[++i]);
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-      reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--pool-threads") && i + 1 < argc)
-      pool_threads = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--models") && i + 1 < argc)
-      only = argv[++i];
-    else if (!strcmp(argv[i], "--markdown"))
-      markdown = 1;
+    if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--pool-threads") && i + 1 < argc) pool_threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--models") && i + 1 < argc) only = argv[++i];
+    else if (!strcmp(argv[i], "--markdown")) markdown = 1;
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
       nt = 0;
-      for (char *s = strtok(argv[++i], ","); s && nt < 8; s = strtok(NULL, ","))
-        tcounts[nt++] = atoi(s);
+      for (char *s = strtok(argv[++i], ","); s && nt < 8; s = strtok(NULL, ",")) tcounts[nt++] = atoi(s);
     } else {
-      fprintf(stderr, "usage: %s [--seconds S] [--reps R] [--pool-threads K] [--threads 1,2,4] [--models a,b] "
-                      "[--markdown]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s [--seconds S] [--reps R] [--pool-threads K] [--threads 1,2,4] [--models a,b] "
+              "[--markdown]\n",
+              argv[0]);
       return 2;
     }
   }
-  if (reps < 1 || reps > 15 || seconds <= 0)
-    die("bad --reps/--seconds");
-  if (servd_threadpool_init(pool_threads) < 0)
-    die("threadpool");
+  if (reps < 1 || reps > 15 || seconds <= 0) die("bad --reps/--seconds");
+  if (servd_threadpool_init(pool_threads) < 0) die("threadpool");
   int max_t = 1;
   for (int i = 0; i < nt; i++) {
     if (tcounts[i] < 1 || tcounts[i] > 14) {
       fprintf(stderr, "thread counts must be 1..14\n");
       return 2;
     }
-    if (tcounts[i] > max_t)
-      max_t = tcounts[i];
+    if (tcounts[i] > max_t) max_t = tcounts[i];
   }
 
   const char *models[3] = {"pure_python", "deep_tiny", "mlp_classifier"};
-  printf("# bench_interp: %.1f s x %d reps per row (median shown), kernel pool %d thread(s), %ld CPUs\n", seconds,
-         reps, pool_threads, sysconf(_SC_NPROCESSORS_ONLN));
+  printf("# bench_interp: %.1f s x %d reps per row (median shown), kernel pool %d thread(s), %ld CPUs\n", seconds, reps,
+         pool_threads, sysconf(_SC_NPROCESSORS_ONLN));
   {
     /* fresh namespaces first: a finalized interpreter's namespace keeps its pages for the next one */
     model m;
@@ -412,44 +388,38 @@ int main(int argc, char **argv) {
   }
   printf("# machine: two busy threads get %.2f cores at the start\n", machine_cores());
   if (markdown)
-    printf("\n| model | mode | threads | items/s | vs 1 thread | p50 us | p95 us |\n|---|---|---:|---:|---:|---:|---:|\n");
-  else
-    printf("%-15s %-13s %7s %10s %8s %9s %9s\n", "model", "mode", "threads", "items/s", "x1thr", "p50_us", "p95_us");
+    printf(
+        "\n| model | mode | threads | items/s | vs 1 thread | p50 us | p95 us |\n|---|---|---:|---:|---:|---:|---:|\n");
+  else printf("%-15s %-13s %7s %10s %8s %9s %9s\n", "model", "mode", "threads", "items/s", "x1thr", "p50_us", "p95_us");
   for (int mi = 0; mi < 3; mi++) {
-    if (only && !strstr(only, models[mi]))
-      continue;
+    if (only && !strstr(only, models[mi])) continue;
     model m;
     model_open(&m, models[mi]);
     servd_pool_options o1 = {.n_interpreters = 1, .world_size = 1}, on = {.n_interpreters = max_t, .world_size = 1};
     servd_pool *one = NULL, *multi = NULL;
-    if (servd_pool_create(m.pkg, &o1, &one) < 0 || servd_pool_create(m.pkg, &on, &multi) < 0)
-      die("pool");
+    if (servd_pool_create(m.pkg, &o1, &one) < 0 || servd_pool_create(m.pkg, &on, &multi) < 0) die("pool");
     if (m.pure) {
       servd_py_error err;
       for (int i = 0; i < servd_pool_size(one); i++)
-        if (servd_interp__exec(servd_pool_get(one, i), pure_code, 0, &err) < 0)
-          die("pure_python code");
+        if (servd_interp__exec(servd_pool_get(one, i), pure_code, 0, &err) < 0) die("pure_python code");
       for (int i = 0; i < servd_pool_size(multi); i++)
-        if (servd_interp__exec(servd_pool_get(multi, i), pure_code, 0, &err) < 0)
-          die("pure_python code");
+        if (servd_interp__exec(servd_pool_get(multi, i), pure_code, 0, &err) < 0) die("pure_python code");
     }
     for (int mode = m.pure ? MODE_ONE : 0; mode < MODE_COUNT; mode++) {
       double base = 0;
       for (int ti = 0; ti < nt; ti++) {
         result rs[15];
-        for (int r = 0; r < reps; r++)
-          rs[r] = run_once(&m, mode, tcounts[ti], mode == MODE_ONE ? one : multi, seconds);
+        for (int r = 0; r < reps; r++) rs[r] = run_once(&m, mode, tcounts[ti], mode == MODE_ONE ? one : multi, seconds);
         qsort(rs, (size_t)reps, sizeof rs[0], cmp_result);
         result med = rs[reps / 2];
-        if (tcounts[ti] == 1)
-          base = med.items_s;
+        if (tcounts[ti] == 1) base = med.items_s;
         double rel = base > 0 ? med.items_s / base : 0;
         if (markdown)
           printf("| %s | %s | %d | %.0f | %.2fx | %.1f | %.1f |\n", m.name, mode_names[mode], tcounts[ti], med.items_s,
                  rel, med.p50_us, med.p95_us);
         else
-          printf("%-15s %-13s %7d %10.0f %7.2fx %9.1f %9.1f\n", m.name, mode_names[mode], tcounts[ti], med.items_s,
-                 rel, med.p50_us, med.p95_us);
+          printf("%-15s %-13s %7d %10.0f %7.2fx %9.1f %9.1f\n", m.name, mode_names[mode], tcounts[ti], med.items_s, rel,
+                 med.p50_us, med.p95_us);
         fflush(stdout);
       }
     }

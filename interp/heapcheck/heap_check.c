@@ -66,7 +66,8 @@ static void put_dec(size_t v) {
   char t[24];
   int i = 23;
   t[i] = 0;
-  do t[--i] = (char)('0' + v % 10); while ((v /= 10) && i > 0);
+  do t[--i] = (char)('0' + v % 10);
+  while ((v /= 10) && i > 0);
   put(t + i);
 }
 

@@ -20,7 +20,6 @@ static PyObject *g_entry;
 static PyObject *g_boot; /* the bootstrap module's dict */
 static PyObject *g_json_loads, *g_json_dumps;
 
-
 /* A call in progress, for interrupt(seq). Linked while the GIL is held only. */
 typedef struct active_call {
   struct active_call *next;
@@ -56,16 +55,13 @@ static void end_call(active_call *c) {
     }
   }
   /* An interrupt that arrived after the Python code finished must not hit a later call. */
-  if (c->interrupted)
-    PyThreadState_SetAsyncExc(c->tid, NULL);
+  if (c->interrupted) PyThreadState_SetAsyncExc(c->tid, NULL);
 }
 
 static void copy_str(char *dst, size_t cap, const char *src) {
-  if (!src)
-    src = "";
+  if (!src) src = "";
   size_t n = strlen(src);
-  if (n >= cap)
-    n = cap - 1;
+  if (n >= cap) n = cap - 1;
   memcpy(dst, src, n);
   dst[n] = 0;
 }
@@ -75,24 +71,20 @@ static int take_error(servd_py_error *err, const char *what, const active_call *
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   PyErr_NormalizeException(&type, &value, &tb);
-  if (tb && value)
-    PyException_SetTraceback(value, tb);
+  if (tb && value) PyException_SetTraceback(value, tb);
   int timed_out = c && c->interrupted && type && PyErr_GivenExceptionMatches(type, PyExc_TimeoutError);
   char tname[64] = "Exception", msg[512] = "", tbtext[4096] = "";
   if (type && PyType_Check(type)) {
     PyObject *n = PyType_GetName((PyTypeObject *)type);
-    if (n)
-      copy_str(tname, sizeof tname, PyUnicode_AsUTF8(n));
+    if (n) copy_str(tname, sizeof tname, PyUnicode_AsUTF8(n));
     Py_XDECREF(n);
   }
   if (value) {
     PyObject *s = PyObject_Str(value);
-    if (s)
-      copy_str(msg, sizeof msg, PyUnicode_AsUTF8(s));
+    if (s) copy_str(msg, sizeof msg, PyUnicode_AsUTF8(s));
     Py_XDECREF(s);
   }
-  if (timed_out && !msg[0])
-    copy_str(msg, sizeof msg, "deadline exceeded: interrupted by servd");
+  if (timed_out && !msg[0]) copy_str(msg, sizeof msg, "deadline exceeded: interrupted by servd");
   PyObject *fmt = g_boot ? PyDict_GetItemString(g_boot, "format_exception") : NULL;
   PyObject *text = fmt && value ? PyObject_CallOneArg(fmt, value) : NULL;
   if (text && PyUnicode_Check(text)) {
@@ -125,8 +117,7 @@ static int plain_error(servd_py_error *err, int code, const char *type, const ch
 
 static int append_wide(PyWideStringList *l, const char *s) {
   wchar_t *w = Py_DecodeLocale(s, NULL);
-  if (!w)
-    return -1;
+  if (!w) return -1;
   PyStatus st = PyWideStringList_Append(l, w);
   PyMem_RawFree(w);
   return PyStatus_Exception(st) ? -1 : 0;
@@ -174,15 +165,12 @@ static int g_init(servd_guest_thread *th, const servd_guest_config *c, servd_py_
     while (n > 1 && home[n - 1] == '/') /* "/opt/b/lib/python3.11/" names the same directory */
       home[--n] = 0;
     char *slash = strrchr(home, '/');
-    if (slash)
-      *slash = 0;
+    if (slash) *slash = 0;
   }
-  if (!home[0])
-    snprintf(home, sizeof home, "/");
+  if (!home[0]) snprintf(home, sizeof home, "/");
   snprintf(exe, sizeof exe, "%s/bin/python3.11", strcmp(home, "/") ? home : "");
   PyStatus st = PyConfig_SetBytesString(&cfg, &cfg.home, home);
-  if (!PyStatus_Exception(st))
-    st = PyConfig_SetBytesString(&cfg, &cfg.program_name, exe);
+  if (!PyStatus_Exception(st)) st = PyConfig_SetBytesString(&cfg, &cfg.program_name, exe);
   if (!PyStatus_Exception(st)) /* not searched in PATH, where another Python may come first */
     st = PyConfig_SetBytesString(&cfg, &cfg.executable, exe);
   if (PyStatus_Exception(st) || append_wide(&cfg.module_search_paths, c->stdlib_dir) < 0 ||
@@ -194,8 +182,8 @@ static int g_init(servd_guest_thread *th, const servd_guest_config *c, servd_py_
   PyConfig_Clear(&cfg);
   if (PyStatus_Exception(st)) {
     char msg[512];
-    snprintf(msg, sizeof msg, "Py_InitializeFromConfig: %s%s%s", st.func ? st.func : "",
-             st.func ? ": " : "", st.err_msg ? st.err_msg : "failed");
+    snprintf(msg, sizeof msg, "Py_InitializeFromConfig: %s%s%s", st.func ? st.func : "", st.func ? ": " : "",
+             st.err_msg ? st.err_msg : "failed");
     return plain_error(err, SERVD_EUNSUPPORTED, "RuntimeError", msg);
   }
   g_interp = PyInterpreterState_Get();
@@ -215,8 +203,8 @@ static int g_init(servd_guest_thread *th, const servd_guest_config *c, servd_py_
   }
   if (r) {
     PyObject *setup = PyDict_GetItemString(g_boot, "setup");
-    r = setup ? PyObject_CallFunction(setup, "zzzzzO", c->pkg_name, c->allow_dir, c->allow_modules,
-                                      c->extra_sys_path, "code/", c->pkg ? Py_True : Py_False)
+    r = setup ? PyObject_CallFunction(setup, "zzzzzO", c->pkg_name, c->allow_dir, c->allow_modules, c->extra_sys_path,
+                                      "code/", c->pkg ? Py_True : Py_False)
               : NULL;
     Py_XDECREF(r);
   }
@@ -253,8 +241,7 @@ static int g_load_entry(servd_guest_thread *th, uint64_t seq, const char *entry_
       Py_CLEAR(g_entry);
     }
   }
-  if (!g_entry)
-    rc = take_error(err, "loading the entry object", &c);
+  if (!g_entry) rc = take_error(err, "loading the entry object", &c);
   end_call(&c);
   leave();
   return rc;
@@ -262,8 +249,7 @@ static int g_load_entry(servd_guest_thread *th, uint64_t seq, const char *entry_
 
 static int to_json_text(PyObject *v, char **out, servd_py_error *err, active_call *c) {
   PyObject *s = PyObject_CallOneArg(g_json_dumps, v);
-  if (!s)
-    return take_error(err, "result to JSON", c);
+  if (!s) return take_error(err, "result to JSON", c);
   Py_ssize_t n;
   const char *u = PyUnicode_AsUTF8AndSize(s, &n);
   char *copy = u ? pm_host->alloc((size_t)n + 1) : NULL;
@@ -289,8 +275,7 @@ static int g_exec(servd_guest_thread *th, uint64_t seq, const char *code, servd_
   int rc = 0;
   PyObject *d = main_dict();
   PyObject *r = d ? PyRun_String(code, Py_file_input, d, d) : NULL;
-  if (!r)
-    rc = take_error(err, "exec", &c);
+  if (!r) rc = take_error(err, "exec", &c);
   Py_XDECREF(r);
   end_call(&c);
   leave();
@@ -304,10 +289,8 @@ static int g_eval_json(servd_guest_thread *th, uint64_t seq, const char *expr, c
   int rc = 0;
   PyObject *d = main_dict();
   PyObject *r = d ? PyRun_String(expr, Py_eval_input, d, d) : NULL;
-  if (!r)
-    rc = take_error(err, "eval", &c);
-  else
-    rc = to_json_text(r, json_out, err, &c);
+  if (!r) rc = take_error(err, "eval", &c);
+  else rc = to_json_text(r, json_out, err, &c);
   Py_XDECREF(r);
   end_call(&c);
   leave();
@@ -348,8 +331,9 @@ out:
   return rc;
 }
 
-static int g_predict(servd_guest_thread *th, uint64_t seq, int n_in, const char *const *in_names, servd_tensor *const *in_tensors,
-                     int *n_out, char ***out_names, servd_tensor ***out_tensors, servd_py_error *err) {
+static int g_predict(servd_guest_thread *th, uint64_t seq, int n_in, const char *const *in_names,
+                     servd_tensor *const *in_tensors, int *n_out, char ***out_names, servd_tensor ***out_tensors,
+                     servd_py_error *err) {
   *n_out = 0;
   *out_names = NULL;
   *out_tensors = NULL;
@@ -442,7 +426,8 @@ out:
   return rc;
 }
 
-static int g_forward(servd_guest_thread *th, uint64_t seq, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err) {
+static int g_forward(servd_guest_thread *th, uint64_t seq, const servd_forward_batch *b, servd_tensor **logits,
+                     servd_py_error *err) {
   *logits = NULL;
   enter(th);
   active_call c;
@@ -477,8 +462,7 @@ out:
 }
 
 static void g_interrupt(servd_guest_thread *th, uint64_t seq) {
-  if (!g_interp)
-    return;
+  if (!g_interp) return;
   enter(th);
   for (active_call *c = g_active; c; c = c->next) {
     if (c->seq == seq) {
@@ -490,8 +474,7 @@ static void g_interrupt(servd_guest_thread *th, uint64_t seq) {
 }
 
 static void g_finalize(servd_guest_thread *th) {
-  if (!g_interp)
-    return;
+  if (!g_interp) return;
   enter(th);
   Py_CLEAR(g_entry);
   Py_CLEAR(g_boot);

@@ -10,34 +10,35 @@ pm_state pm;
 /* ---- servd.Rope ---- */
 
 static PyObject *rope_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"layout", "head_dim", "theta", "factor", "low_freq_factor", "high_freq_factor",
-                           "original_max_positions", NULL};
+  static char *kwlist[] = {
+      "layout", "head_dim", "theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_positions", NULL};
   const char *layout;
   int head_dim, orig = 8192;
   double theta, factor = 1.0, lo = 1.0, hi = 4.0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "sid|dddi:Rope", kwlist, &layout, &head_dim, &theta, &factor, &lo,
-                                   &hi, &orig))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "sid|dddi:Rope", kwlist, &layout, &head_dim, &theta, &factor, &lo, &hi,
+                                   &orig))
     return NULL;
   servd_rope_layout l;
-  if (!strcmp(layout, "half"))
-    l = SERVD_ROPE_HALF;
-  else if (!strcmp(layout, "interleaved"))
-    l = SERVD_ROPE_INTERLEAVED;
+  if (!strcmp(layout, "half")) l = SERVD_ROPE_HALF;
+  else if (!strcmp(layout, "interleaved")) l = SERVD_ROPE_INTERLEAVED;
   else {
     PyErr_Format(PyExc_ValueError, "servd.Rope: layout must be \"half\" or \"interleaved\", not \"%s\"", layout);
     return NULL;
   }
   if (head_dim <= 0 || head_dim % 2 || theta <= 0) {
-    PyErr_Format(PyExc_ValueError, "servd.Rope: head_dim %d must be even and positive, theta %g positive",
-                 head_dim, theta);
+    PyErr_Format(PyExc_ValueError, "servd.Rope: head_dim %d must be even and positive, theta %g positive", head_dim,
+                 theta);
     return NULL;
   }
   RopeObject *o = (RopeObject *)tp->tp_alloc(tp, 0);
-  if (!o)
-    return NULL;
-  o->p = (servd_rope_params){.layout = l, .head_dim = head_dim, .theta = (float)theta,
-                             .scaling_factor = (float)factor, .low_freq_factor = (float)lo,
-                             .high_freq_factor = (float)hi, .original_max_positions = orig};
+  if (!o) return NULL;
+  o->p = (servd_rope_params){.layout = l,
+                             .head_dim = head_dim,
+                             .theta = (float)theta,
+                             .scaling_factor = (float)factor,
+                             .low_freq_factor = (float)lo,
+                             .high_freq_factor = (float)hi,
+                             .original_max_positions = orig};
   return (PyObject *)o;
 }
 
@@ -105,10 +106,8 @@ static void batch_dealloc(BatchObject *self) {
 
 static PyObject *batch_getattro(BatchObject *self, PyObject *name) {
   PyObject *v = self->dict ? PyDict_GetItemWithError(self->dict, name) : NULL;
-  if (v)
-    return Py_NewRef(v);
-  if (PyErr_Occurred())
-    return NULL;
+  if (v) return Py_NewRef(v);
+  if (PyErr_Occurred()) return NULL;
   return PyObject_GenericGetAttr((PyObject *)self, name);
 }
 
@@ -132,25 +131,21 @@ static PyType_Spec batch_spec = {"servd.Batch", sizeof(BatchObject), 0,
 static PyObject *i32_tensor(const int32_t *src, int n) {
   int64_t shape[1] = {n};
   servd_tensor *t = pm_host->tensor_new(SERVD_I32, 1, shape);
-  if (!t)
-    return pm_raise(SERVD_ENOMEM, "servd.Batch");
-  if (n > 0 && src)
-    memcpy(pm_tensor_data(t), src, sizeof(int32_t) * (size_t)n);
+  if (!t) return pm_raise(SERVD_ENOMEM, "servd.Batch");
+  if (n > 0 && src) memcpy(pm_tensor_data(t), src, sizeof(int32_t) * (size_t)n);
   return pm_tensor_wrap(t);
 }
 
 /* One i32 input of the step: on a GPU rank a view of the uploaded device inputs (the buffers stay
  * at one address, which CUDA graphs rely on), on the CPU a host copy. */
 static PyObject *batch_i32(const servd_forward_batch *b, servd_device_batch_field f, const int32_t *src, int n) {
-  if (!b->dbatch)
-    return i32_tensor(src, n);
+  if (!b->dbatch) return i32_tensor(src, n);
   servd_tensor *t = pm_host->device_batch_tensor(b->dbatch, f);
   return t ? pm_tensor_wrap(t) : pm_raise(SERVD_EDEVICE, "servd.Batch");
 }
 
 static int set_item(PyObject *d, const char *k, PyObject *v) {
-  if (!v)
-    return -1;
+  if (!v) return -1;
   int rc = PyDict_SetItemString(d, k, v);
   Py_DECREF(v);
   return rc;
@@ -159,11 +154,9 @@ static int set_item(PyObject *d, const char *k, PyObject *v) {
 PyObject *pm_batch_new(const servd_forward_batch *b) {
   PyTypeObject *tp = (PyTypeObject *)pm.batch_type;
   BatchObject *o = (BatchObject *)tp->tp_alloc(tp, 0);
-  if (!o)
-    return NULL;
+  if (!o) return NULL;
   o->dict = PyDict_New();
-  if (!o->dict)
-    goto fail;
+  if (!o->dict) goto fail;
   o->attn = b->attn;
   o->dbatch = b->dbatch;
   o->valid = 1;
@@ -179,12 +172,10 @@ PyObject *pm_batch_new(const servd_forward_batch *b) {
   if (b->kv || b->dkv) {
     PyTypeObject *kt = (PyTypeObject *)pm.kv_type;
     KVCacheObject *kv = (KVCacheObject *)kt->tp_alloc(kt, 0);
-    if (!kv)
-      goto fail;
+    if (!kv) goto fail;
     kv->kv = b->kv;
     kv->dkv = b->dkv;
-    if (set_item(o->dict, "kv", (PyObject *)kv) < 0)
-      goto fail;
+    if (set_item(o->dict, "kv", (PyObject *)kv) < 0) goto fail;
   } else if (PyDict_SetItemString(o->dict, "kv", Py_None) < 0) {
     goto fail;
   }
@@ -195,16 +186,14 @@ fail:
 }
 
 void pm_batch_invalidate(PyObject *batch) {
-  if (batch)
-    ((BatchObject *)batch)->valid = 0;
+  if (batch) ((BatchObject *)batch)->valid = 0;
 }
 
 /* ---- servd.package ---- */
 
 typedef struct PackageObject {
-  PyObject_HEAD
-  PyObject *manifest; /* dict, loaded on first use */
-  PyObject *tensors;  /* name -> Tensor, so every caller shares one view object */
+  PyObject_HEAD PyObject *manifest; /* dict, loaded on first use */
+  PyObject *tensors;                /* name -> Tensor, so every caller shares one view object */
 } PackageObject;
 
 static void package_dealloc(PackageObject *self) {
@@ -216,38 +205,31 @@ static void package_dealloc(PackageObject *self) {
 }
 
 static int need_pkg(void) {
-  if (pm.pkg && pm_host->pkg_file)
-    return 0;
+  if (pm.pkg && pm_host->pkg_file) return 0;
   PyErr_SetString(PyExc_RuntimeError, "servd.package: this interpreter has no package");
   return -1;
 }
 
 static PyObject *package_manifest(PackageObject *self, void *c) {
   (void)c;
-  if (self->manifest)
-    return Py_NewRef(self->manifest);
-  if (need_pkg() < 0)
-    return NULL;
+  if (self->manifest) return Py_NewRef(self->manifest);
+  if (need_pkg() < 0) return NULL;
   char *text = pm_host->pkg_manifest_json(pm.pkg);
-  if (!text)
-    return pm_raise(SERVD_EFORMAT, "servd.package.manifest");
+  if (!text) return pm_raise(SERVD_EFORMAT, "servd.package.manifest");
   PyObject *json = PyImport_ImportModule("json");
   PyObject *d = json ? PyObject_CallMethod(json, "loads", "s", text) : NULL;
   Py_XDECREF(json);
   pm_host->free(text);
-  if (!d)
-    return NULL;
+  if (!d) return NULL;
   self->manifest = d;
   return Py_NewRef(d);
 }
 
 static PyObject *package_config(PackageObject *self, void *c) {
   PyObject *m = package_manifest(self, c);
-  if (!m)
-    return NULL;
+  if (!m) return NULL;
   PyObject *cfg = PyDict_Check(m) ? PyDict_GetItemString(m, "config") : NULL;
-  if (!cfg)
-    cfg = Py_None;
+  if (!cfg) cfg = Py_None;
   Py_INCREF(cfg);
   Py_DECREF(m);
   if (cfg == Py_None) {
@@ -258,17 +240,14 @@ static PyObject *package_config(PackageObject *self, void *c) {
 }
 
 static PyObject *package_tensor(PackageObject *self, PyObject *name) {
-  if (need_pkg() < 0)
-    return NULL;
+  if (need_pkg() < 0) return NULL;
   if (!PyUnicode_Check(name)) {
     PyErr_SetString(PyExc_TypeError, "servd.package.tensor(name): name must be a str");
     return NULL;
   }
   PyObject *hit = PyDict_GetItemWithError(self->tensors, name);
-  if (hit)
-    return Py_NewRef(hit);
-  if (PyErr_Occurred())
-    return NULL;
+  if (hit) return Py_NewRef(hit);
+  if (PyErr_Occurred()) return NULL;
   servd_tensor *t = NULL;
   int rc = pm_host->pkg_tensor(pm.pkg, PyUnicode_AsUTF8(name), &t);
   if (rc < 0) {
@@ -285,8 +264,7 @@ static PyObject *package_tensor(PackageObject *self, PyObject *name) {
 
 static PyObject *package_tensor_names(PackageObject *self, PyObject *unused) {
   (void)self, (void)unused;
-  if (need_pkg() < 0)
-    return NULL;
+  if (need_pkg() < 0) return NULL;
   int n = pm_host->pkg_tensor_count(pm.pkg);
   PyObject *l = PyList_New(n > 0 ? n : 0);
   for (int i = 0; l && i < n; i++) {
@@ -302,8 +280,7 @@ static PyObject *package_tensor_names(PackageObject *self, PyObject *unused) {
 
 static PyObject *package_file_names(PackageObject *self, PyObject *unused) {
   (void)self, (void)unused;
-  if (need_pkg() < 0)
-    return NULL;
+  if (need_pkg() < 0) return NULL;
   int n = pm_host->pkg_file_count(pm.pkg);
   PyObject *l = PyList_New(n > 0 ? n : 0);
   for (int i = 0; l && i < n; i++) {
@@ -319,11 +296,9 @@ static PyObject *package_file_names(PackageObject *self, PyObject *unused) {
 
 static PyObject *package_read_file(PackageObject *self, PyObject *arg) {
   (void)self;
-  if (need_pkg() < 0)
-    return NULL;
+  if (need_pkg() < 0) return NULL;
   const char *path = PyUnicode_AsUTF8(arg);
-  if (!path)
-    return NULL;
+  if (!path) return NULL;
   const void *data;
   size_t len;
   if (pm_host->pkg_file(pm.pkg, path, &data, &len) < 0) {
@@ -369,16 +344,14 @@ static PyObject *m_world_size(PyObject *m, PyObject *u) {
 }
 static PyObject *m_device(PyObject *m, PyObject *u) {
   (void)m, (void)u;
-  if (pm.device < 0)
-    return PyUnicode_FromString("cpu");
+  if (pm.device < 0) return PyUnicode_FromString("cpu");
   return PyUnicode_FromFormat("cuda:%d", pm.device);
 }
 /* Waits for the device work this thread enqueued (no-op on the CPU): needed before a device tensor
  * written here is read by a call on another thread. */
 static PyObject *m_sync(PyObject *m, PyObject *u) {
   (void)m, (void)u;
-  if (pm.device < 0)
-    Py_RETURN_NONE;
+  if (pm.device < 0) Py_RETURN_NONE;
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = pm_host->device_sync(pm.device);
   Py_END_ALLOW_THREADS if (rc < 0) return pm_raise(rc, "servd.sync");
@@ -400,8 +373,15 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef servd_module = {
-    PyModuleDef_HEAD_INIT, "servd", "servd: tensors, native ops and the package, shared with the host.", -1,
-    module_methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT,
+    "servd",
+    "servd: tensors, native ops and the package, shared with the host.",
+    -1,
+    module_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 static int add_type(PyObject *m, PyType_Spec *spec, const char *name, PyObject **slot) {
@@ -411,16 +391,14 @@ static int add_type(PyObject *m, PyType_Spec *spec, const char *name, PyObject *
 
 PyMODINIT_FUNC PyInit_servd(void) {
   PyObject *m = PyModule_Create(&servd_module);
-  if (!m)
-    return NULL;
+  if (!m) return NULL;
   if (pm_tensor_types_init(m) < 0 || add_type(m, &rope_spec, "Rope", &pm.rope_type) < 0 ||
       add_type(m, &kv_spec, "KVCache", &pm.kv_type) < 0 || add_type(m, &batch_spec, "Batch", &pm.batch_type) < 0 ||
       add_type(m, &package_spec, "Package", &pm.package_type) < 0 || pm_ops_init(m) < 0)
     goto fail;
   PyTypeObject *pt = (PyTypeObject *)pm.package_type;
   PackageObject *p = (PackageObject *)pt->tp_alloc(pt, 0);
-  if (!p)
-    goto fail;
+  if (!p) goto fail;
   p->tensors = PyDict_New();
   if (!p->tensors || PyModule_AddObject(m, "package", (PyObject *)p) < 0) {
     Py_DECREF(p);

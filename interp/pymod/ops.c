@@ -8,21 +8,20 @@
 
 /* Runs `call` (an int expression) without the GIL; raises on failure. The argument objects are held
  * by the caller's frame, so the host tensors stay alive while the GIL is released. */
-#define PM_RUN(opname, fn, call)                                                                   \
-  do {                                                                                             \
-    if (!pm_host->fn) {                                                                            \
-      PyErr_SetString(PyExc_NotImplementedError, "servd.ops." opname ": not in this build");       \
-      return NULL;                                                                                 \
-    }                                                                                              \
-    int rc_;                                                                                       \
-    Py_BEGIN_ALLOW_THREADS rc_ = (call);                                                           \
-    Py_END_ALLOW_THREADS if (rc_ < 0) return pm_raise(rc_, "servd.ops." opname);                   \
-    Py_RETURN_NONE;                                                                                \
+#define PM_RUN(opname, fn, call) \
+  do { \
+    if (!pm_host->fn) { \
+      PyErr_SetString(PyExc_NotImplementedError, "servd.ops." opname ": not in this build"); \
+      return NULL; \
+    } \
+    int rc_; \
+    Py_BEGIN_ALLOW_THREADS rc_ = (call); \
+    Py_END_ALLOW_THREADS if (rc_ < 0) return pm_raise(rc_, "servd.ops." opname); \
+    Py_RETURN_NONE; \
   } while (0)
 
 static int nargs_ok(Py_ssize_t n, Py_ssize_t want, const char *op) {
-  if (n == want)
-    return 1;
+  if (n == want) return 1;
   PyErr_Format(PyExc_TypeError, "servd.ops.%s takes %zd arguments (%zd given)", op, want, n);
   return 0;
 }
@@ -64,11 +63,9 @@ static PyObject *op_embedding(PyObject *m, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"out", "table", "ids", "row_offset", NULL};
   PyObject *o, *tab, *ids;
   long long off = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|L:embedding", kwlist, &o, &tab, &ids, &off))
-    return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|L:embedding", kwlist, &o, &tab, &ids, &off)) return NULL;
   servd_tensor *t0 = targ(o, 0, "embedding"), *t1, *t2;
-  if (!t0 || !(t1 = targ(tab, 1, "embedding")) || !(t2 = targ(ids, 2, "embedding")))
-    return NULL;
+  if (!t0 || !(t1 = targ(tab, 1, "embedding")) || !(t2 = targ(ids, 2, "embedding"))) return NULL;
   PM_RUN("embedding", embedding, pm_host->embedding(t0, t1, t2, off));
 }
 
@@ -117,8 +114,7 @@ static PyObject *op_softmax(PyObject *m, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"x", "scale", NULL};
   PyObject *x;
   double scale = 1.0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|d:softmax", kwlist, &x, &scale))
-    return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|d:softmax", kwlist, &x, &scale)) return NULL;
   servd_tensor *t0 = targ(x, 0, "softmax");
   if (!t0) return NULL;
   PM_RUN("softmax", softmax, pm_host->softmax(t0, (float)scale));
@@ -134,8 +130,7 @@ static PyObject *op_kv_write(PyObject *m, PyObject *const *args, Py_ssize_t n) {
   servd_tensor *t[3];
   if (!targs(args, n, 5, 2, 3, "kv_write", t)) return NULL; /* repeats the count check: harmless */
   /* a GPU rank's keys and values live in the device cache (the host one keeps the blocks only) */
-  if (kv->dkv)
-    PM_RUN("kv_write", device_kv_write, pm_host->device_kv_write(kv->dkv, layer, t[0], t[1], t[2]));
+  if (kv->dkv) PM_RUN("kv_write", device_kv_write, pm_host->device_kv_write(kv->dkv, layer, t[0], t[1], t[2]));
   PM_RUN("kv_write", kv_write, pm_host->kv_write(kv->kv, layer, t[0], t[1], t[2]));
 }
 
@@ -185,8 +180,7 @@ static PyObject *op_allreduce_sum(PyObject *m, PyObject *const *args, Py_ssize_t
   (void)m;
   servd_tensor *t[1];
   if (!targs(args, n, 1, 0, 1, "allreduce", t)) return NULL;
-  if (pm.world_size <= 1)
-    Py_RETURN_NONE;
+  if (pm.world_size <= 1) Py_RETURN_NONE;
   if (t[0]->device >= 0) {
     if (!pm.dcomm)
       return PyErr_Format(PyExc_RuntimeError, "servd.ops.allreduce: world size %d but no device communicator",
@@ -214,8 +208,8 @@ static PyObject *op_allgather_cols(PyObject *m, PyObject *const *args, Py_ssize_
   if (pm.world_size > 1 && pm.comm)
     PM_RUN("allgather_cols", allgather_cols, pm_host->allgather_cols(pm.comm, pm.rank, t[0], t[1]));
   /* one rank: the gather is a copy of the only shard (a device copy when it is on a device) */
-  if (t[0]->ndim != t[1]->ndim || t[0]->ndim != 2 || t[0]->shape[0] != t[1]->shape[0] || t[0]->shape[1] != t[1]->shape[1] ||
-      t[0]->dtype != SERVD_F32 || t[1]->dtype != SERVD_F32) {
+  if (t[0]->ndim != t[1]->ndim || t[0]->ndim != 2 || t[0]->shape[0] != t[1]->shape[0] ||
+      t[0]->shape[1] != t[1]->shape[1] || t[0]->dtype != SERVD_F32 || t[1]->dtype != SERVD_F32) {
     PyErr_SetString(PyExc_ValueError, "servd.ops.allgather_cols: out and x must be f32 (m,n) of one shape");
     return NULL;
   }
@@ -229,37 +223,39 @@ static PyObject *op_allgather_cols(PyObject *m, PyObject *const *args, Py_ssize_
 
 /* ---- PY rows of servd/ops.def: the binding follows from the signature kind -------------------------
  * PM_BIND_<kind>(name): parses args[0..n) (servd.Tensors first, then the scalars) and runs the op. */
-#define PM_BIND_T2(name)                                                                           \
-  servd_tensor *t[2];                                                                              \
-  if (!targs(args, n, 2, 0, 2, #name, t)) return NULL;                                             \
+#define PM_BIND_T2(name) \
+  servd_tensor *t[2]; \
+  if (!targs(args, n, 2, 0, 2, #name, t)) return NULL; \
   PM_RUN(#name, name, pm_host->name(t[0], t[1]));
-#define PM_BIND_T3(name)                                                                           \
-  servd_tensor *t[3];                                                                              \
-  if (!targs(args, n, 3, 0, 3, #name, t)) return NULL;                                             \
+#define PM_BIND_T3(name) \
+  servd_tensor *t[3]; \
+  if (!targs(args, n, 3, 0, 3, #name, t)) return NULL; \
   PM_RUN(#name, name, pm_host->name(t[0], t[1], t[2]));
-#define PM_BIND_T3F(name)                                                                          \
-  servd_tensor *t[3];                                                                              \
-  if (!targs(args, n, 4, 0, 3, #name, t)) return NULL;                                             \
-  double f = PyFloat_AsDouble(args[3]);                                                            \
-  if (f == -1.0 && PyErr_Occurred()) return NULL;                                                  \
+#define PM_BIND_T3F(name) \
+  servd_tensor *t[3]; \
+  if (!targs(args, n, 4, 0, 3, #name, t)) return NULL; \
+  double f = PyFloat_AsDouble(args[3]); \
+  if (f == -1.0 && PyErr_Occurred()) return NULL; \
   PM_RUN(#name, name, pm_host->name(t[0], t[1], t[2], (float)f));
-#define PM_BIND_TOPK(name)                                                                         \
-  servd_tensor *t[3];                                                                              \
-  if (!targs(args, n, 4, 0, 3, #name, t)) return NULL;                                             \
-  int k = pm_as_int(args[3]);                                                                      \
-  if (k == -1 && PyErr_Occurred()) return NULL;                                                    \
+#define PM_BIND_TOPK(name) \
+  servd_tensor *t[3]; \
+  if (!targs(args, n, 4, 0, 3, #name, t)) return NULL; \
+  int k = pm_as_int(args[3]); \
+  if (k == -1 && PyErr_Occurred()) return NULL; \
   PM_RUN(#name, name, pm_host->name(t[0], t[1], t[2], k));
 
-#define SERVD_OP(name, dispatch, py, sig, names)                                                   \
+#define SERVD_OP(name, dispatch, py, sig, names) \
   SERVD__IF_PY_##py(static PyObject *op_##name(PyObject *m, PyObject *const *args, Py_ssize_t n) { \
-    (void)m;                                                                                       \
-    PM_BIND_##sig(name)                                                                            \
+    (void)m; \
+    PM_BIND_##sig(name) \
   })
 #include "servd/ops.def"
 #undef SERVD_OP
 
-#define FAST(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
-#define KW(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc}
+#define FAST(name, fn, doc) \
+  { name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc }
+#define KW(name, fn, doc) \
+  { name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc }
 
 /* "matmul(out, x, w)": the row's parameter names */
 #define PM_STR_(x) #x
@@ -297,8 +293,7 @@ _Static_assert(sizeof hand_methods / sizeof hand_methods[0] == sizeof hand_bindi
 
 int pm_ops_init(PyObject *module) {
   PyObject *ops = PyModule_New("servd.ops");
-  if (!ops)
-    return -1;
+  if (!ops) return -1;
   if (PyModule_AddFunctions(ops, ops_methods) < 0 || PyModule_AddFunctions(ops, hand_methods) < 0 ||
       PyModule_AddObjectRef(module, "ops", ops) < 0) {
     Py_DECREF(ops);

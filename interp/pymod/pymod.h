@@ -21,38 +21,35 @@ typedef struct pm_state {
   int rank, world_size, device, index;
   servd_comm *comm;
   servd_device_comm *dcomm; /* collectives of device tensors, or NULL */
-  PyObject *tensor_type;  /* servd.Tensor */
-  PyObject *rope_type;    /* servd.Rope */
-  PyObject *batch_type;   /* servd.Batch */
-  PyObject *kv_type;      /* servd.KVCache */
-  PyObject *package_type; /* type of servd.package */
-  PyObject *module;       /* the servd module (borrowed from sys.modules after import) */
+  PyObject *tensor_type;    /* servd.Tensor */
+  PyObject *rope_type;      /* servd.Rope */
+  PyObject *batch_type;     /* servd.Batch */
+  PyObject *kv_type;        /* servd.KVCache */
+  PyObject *package_type;   /* type of servd.package */
+  PyObject *module;         /* the servd module (borrowed from sys.modules after import) */
 } pm_state;
 
 extern pm_state pm;
 
 typedef struct TensorObject {
-  PyObject_HEAD
-  servd_tensor *t; /* one reference, released on dealloc */
+  PyObject_HEAD servd_tensor *t; /* one reference, released on dealloc */
 } TensorObject;
 
 typedef struct RopeObject {
-  PyObject_HEAD
-  servd_rope_params p;
+  PyObject_HEAD servd_rope_params p;
 } RopeObject;
 
 typedef struct KVCacheObject {
   PyObject_HEAD
-  /* borrowed from the engine, which keeps them for the model's lifetime. On a GPU rank dkv holds the
+      /* borrowed from the engine, which keeps them for the model's lifetime. On a GPU rank dkv holds the
    * keys and values and kv only the block bookkeeping; on the CPU dkv is NULL. */
-  servd_kv_cache *kv;
+      servd_kv_cache *kv;
   servd_device_kv *dkv;
 } KVCacheObject;
 
 typedef struct BatchObject {
-  PyObject_HEAD
-  PyObject *dict;        /* attributes: n_tokens, tokens, positions, slots, logit_rows, kv, ... */
-  servd_attn_batch attn; /* valid while `valid` (during the forward call that built it) */
+  PyObject_HEAD PyObject *dict;     /* attributes: n_tokens, tokens, positions, slots, logit_rows, kv, ... */
+  servd_attn_batch attn;            /* valid while `valid` (during the forward call that built it) */
   const servd_device_batch *dbatch; /* the step's device inputs (GPU rank), else NULL; same validity */
   int valid;
 } BatchObject;
@@ -63,8 +60,7 @@ PyObject *pm_raise(int code, const char *op);
 PyObject *pm_tensor_wrap(servd_tensor *t);
 static inline int pm_as_int(PyObject *o) {
   long v = PyLong_AsLong(o);
-  if (v == -1 && PyErr_Occurred())
-    return -1;
+  if (v == -1 && PyErr_Occurred()) return -1;
   if (v < INT_MIN || v > INT_MAX) {
     PyErr_SetString(PyExc_OverflowError, "value out of int range");
     return -1;

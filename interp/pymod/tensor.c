@@ -20,23 +20,19 @@ PyObject *pm_raise(int code, const char *op) {
 }
 
 const char *pm_device_name(int device, char *buf, size_t cap) {
-  if (device < 0)
-    snprintf(buf, cap, "cpu");
-  else
-    snprintf(buf, cap, "cuda:%d", device);
+  if (device < 0) snprintf(buf, cap, "cpu");
+  else snprintf(buf, cap, "cuda:%d", device);
   return buf;
 }
 
 int pm_host_only(const servd_tensor *t, PyObject *exc, const char *what) {
-  if (t->device < 0)
-    return 0;
+  if (t->device < 0) return 0;
   PyErr_Format(exc, "%s is on cuda:%d: copy it to the host with .to_host()", what, t->device);
   return -1;
 }
 
 PyObject *pm_tensor_wrap(servd_tensor *t) {
-  if (!t)
-    return pm_raise(SERVD_ENOMEM, "tensor");
+  if (!t) return pm_raise(SERVD_ENOMEM, "tensor");
   TensorObject *o = PyObject_New(TensorObject, (PyTypeObject *)pm.tensor_type);
   if (!o) {
     pm_host->tensor_release(t);
@@ -57,10 +53,8 @@ static void tensor_dealloc(TensorObject *self) {
 static PyObject *tensor_shape(TensorObject *self, void *c) {
   (void)c;
   PyObject *tup = PyTuple_New(self->t->ndim);
-  if (!tup)
-    return NULL;
-  for (int i = 0; i < self->t->ndim; i++)
-    PyTuple_SET_ITEM(tup, i, PyLong_FromLongLong(self->t->shape[i]));
+  if (!tup) return NULL;
+  for (int i = 0; i < self->t->ndim; i++) PyTuple_SET_ITEM(tup, i, PyLong_FromLongLong(self->t->shape[i]));
   return tup;
 }
 
@@ -71,8 +65,7 @@ static PyObject *tensor_dtype(TensorObject *self, void *c) {
 
 static PyObject *tensor_device(TensorObject *self, void *c) {
   (void)c;
-  if (self->t->device < 0)
-    return PyUnicode_FromString("cpu");
+  if (self->t->device < 0) return PyUnicode_FromString("cpu");
   return PyUnicode_FromFormat("cuda:%d", self->t->device);
 }
 
@@ -94,10 +87,8 @@ static PyObject *tensor_repr(TensorObject *self) {
   int n = snprintf(buf, sizeof buf, "servd.Tensor(%s[", pm_host->dtype_name(self->t->dtype));
   for (int i = 0; i < self->t->ndim && n < (int)sizeof buf - 32; i++)
     n += snprintf(buf + n, sizeof buf - (size_t)n, i ? ",%lld" : "%lld", (long long)self->t->shape[i]);
-  if (self->t->device < 0)
-    snprintf(buf + n, sizeof buf - (size_t)n, "], cpu)");
-  else
-    snprintf(buf + n, sizeof buf - (size_t)n, "], cuda:%d)", self->t->device);
+  if (self->t->device < 0) snprintf(buf + n, sizeof buf - (size_t)n, "], cpu)");
+  else snprintf(buf + n, sizeof buf - (size_t)n, "], cuda:%d)", self->t->device);
   return PyUnicode_FromString(buf);
 }
 
@@ -114,8 +105,7 @@ static const char *buffer_format(servd_dtype d) {
 
 static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
   const servd_tensor *t = self->t;
-  if (pm_host_only(t, PyExc_BufferError, "servd.Tensor") < 0)
-    return -1;
+  if (pm_host_only(t, PyExc_BufferError, "servd.Tensor") < 0) return -1;
   /* Weights are mapped read-only from the package: only owned storage is writable. */
   int readonly = pm_host->storage_get_kind(t->storage) != SERVD_STORAGE_OWNED;
   if ((flags & PyBUF_WRITABLE) && readonly) {
@@ -181,15 +171,26 @@ static void tensor_releasebuffer(TensorObject *self, Py_buffer *view) {
 
 static PyObject *element(const servd_tensor *t, const char *p) {
   switch (t->dtype) {
-  case SERVD_F32: { float v; memcpy(&v, p, 4); return PyFloat_FromDouble(v); }
-  case SERVD_I32: { int32_t v; memcpy(&v, p, 4); return PyLong_FromLong(v); }
-  case SERVD_F16: {
+  case SERVD_F32: {
     float v;
-    if (pm_host->row_to_f32(SERVD_F16, p, &v, 1) < 0)
-      return pm_raise(SERVD_EINVAL, "tolist");
+    memcpy(&v, p, 4);
     return PyFloat_FromDouble(v);
   }
-  case SERVD_BF16: { uint16_t h; memcpy(&h, p, 2); return PyFloat_FromDouble(servd_bf16_to_f32(h)); }
+  case SERVD_I32: {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return PyLong_FromLong(v);
+  }
+  case SERVD_F16: {
+    float v;
+    if (pm_host->row_to_f32(SERVD_F16, p, &v, 1) < 0) return pm_raise(SERVD_EINVAL, "tolist");
+    return PyFloat_FromDouble(v);
+  }
+  case SERVD_BF16: {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return PyFloat_FromDouble(servd_bf16_to_f32(h));
+  }
   default: return NULL;
   }
 }
@@ -197,16 +198,14 @@ static PyObject *element(const servd_tensor *t, const char *p) {
 static PyObject *tolist_dim(const servd_tensor *t, int d, const char *p, float *rowbuf) {
   int64_t n = t->shape[d];
   PyObject *list = PyList_New((Py_ssize_t)n);
-  if (!list)
-    return NULL;
+  if (!list) return NULL;
   if (d == t->ndim - 1 && rowbuf) { /* block dtype: dequantize the packed row */
     int rc = pm_host->row_to_f32(t->dtype, p, rowbuf, n);
     if (rc < 0) {
       Py_DECREF(list);
       return pm_raise(rc, "tolist");
     }
-    for (int64_t i = 0; i < n; i++)
-      PyList_SET_ITEM(list, (Py_ssize_t)i, PyFloat_FromDouble(rowbuf[i]));
+    for (int64_t i = 0; i < n; i++) PyList_SET_ITEM(list, (Py_ssize_t)i, PyFloat_FromDouble(rowbuf[i]));
     return list;
   }
   for (int64_t i = 0; i < n; i++) {
@@ -224,8 +223,7 @@ static PyObject *tolist_dim(const servd_tensor *t, int d, const char *p, float *
 static PyObject *tensor_tolist(TensorObject *self, PyObject *unused) {
   (void)unused;
   const servd_tensor *t = self->t;
-  if (pm_host_only(t, PyExc_ValueError, "Tensor.tolist: the tensor") < 0)
-    return NULL;
+  if (pm_host_only(t, PyExc_ValueError, "Tensor.tolist: the tensor") < 0) return NULL;
   const char *p = pm_tensor_data(t);
   if (t->ndim == 0) {
     if (pm_host->dtype_block_elems(t->dtype) != 1) {
@@ -237,8 +235,7 @@ static PyObject *tensor_tolist(TensorObject *self, PyObject *unused) {
   float *rowbuf = NULL;
   if (pm_host->dtype_block_elems(t->dtype) != 1) {
     rowbuf = PyMem_Malloc(sizeof(float) * (size_t)t->shape[t->ndim - 1]);
-    if (!rowbuf)
-      return PyErr_NoMemory();
+    if (!rowbuf) return PyErr_NoMemory();
   }
   PyObject *r = tolist_dim(t, 0, p, rowbuf);
   PyMem_Free(rowbuf);
@@ -249,11 +246,11 @@ static PyObject *tensor_tolist(TensorObject *self, PyObject *unused) {
 
 static int parse_shape(PyObject *args, int64_t *shape, int *ndim) {
   PyObject *seq = args;
-  if (PyTuple_GET_SIZE(args) == 1 && (PyTuple_Check(PyTuple_GET_ITEM(args, 0)) || PyList_Check(PyTuple_GET_ITEM(args, 0))))
+  if (PyTuple_GET_SIZE(args) == 1 &&
+      (PyTuple_Check(PyTuple_GET_ITEM(args, 0)) || PyList_Check(PyTuple_GET_ITEM(args, 0))))
     seq = PyTuple_GET_ITEM(args, 0);
   PyObject *fast = PySequence_Fast(seq, "shape must be a sequence of ints");
-  if (!fast)
-    return -1;
+  if (!fast) return -1;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
   if (n > SERVD_MAX_DIMS) {
     Py_DECREF(fast);
@@ -276,52 +273,41 @@ static int parse_shape(PyObject *args, int64_t *shape, int *ndim) {
 static PyObject *tensor_reshape(TensorObject *self, PyObject *args) {
   int64_t shape[SERVD_MAX_DIMS];
   int ndim;
-  if (parse_shape(args, shape, &ndim) < 0)
-    return NULL;
+  if (parse_shape(args, shape, &ndim) < 0) return NULL;
   /* one -1 dimension is inferred, as in numpy */
   int infer = -1;
   int64_t known = 1;
   for (int i = 0; i < ndim; i++) {
-    if (shape[i] == -1 && infer < 0)
-      infer = i;
-    else
-      known *= shape[i];
+    if (shape[i] == -1 && infer < 0) infer = i;
+    else known *= shape[i];
   }
-  if (infer >= 0 && known > 0)
-    shape[infer] = pm_host->tensor_numel(self->t) / known;
+  if (infer >= 0 && known > 0) shape[infer] = pm_host->tensor_numel(self->t) / known;
   servd_tensor *v = pm_host->tensor_reshape(self->t, ndim, shape);
-  if (!v)
-    return pm_raise(SERVD_EINVAL, "Tensor.view");
+  if (!v) return pm_raise(SERVD_EINVAL, "Tensor.view");
   return pm_tensor_wrap(v);
 }
 
 static PyObject *tensor_narrow(TensorObject *self, PyObject *args) {
   int dim;
   long long start, len;
-  if (!PyArg_ParseTuple(args, "iLL:narrow", &dim, &start, &len))
-    return NULL;
-  if (dim < 0)
-    dim += self->t->ndim;
+  if (!PyArg_ParseTuple(args, "iLL:narrow", &dim, &start, &len)) return NULL;
+  if (dim < 0) dim += self->t->ndim;
   servd_tensor *v = pm_host->tensor_narrow(self->t, dim, start, len);
-  if (!v)
-    return pm_raise(SERVD_EINVAL, "Tensor.narrow");
+  if (!v) return pm_raise(SERVD_EINVAL, "Tensor.narrow");
   return pm_tensor_wrap(v);
 }
 
 static PyObject *tensor_row(TensorObject *self, PyObject *arg) {
   long long i = PyLong_AsLongLong(arg);
-  if (i == -1 && PyErr_Occurred())
-    return NULL;
+  if (i == -1 && PyErr_Occurred()) return NULL;
   const servd_tensor *t = self->t;
   if (t->ndim < 1 || i < 0 || i >= t->shape[0]) {
     PyErr_Format(PyExc_IndexError, "Tensor.row(%lld) out of range", i);
     return NULL;
   }
   servd_tensor *n = pm_host->tensor_narrow(t, 0, i, 1);
-  if (!n)
-    return pm_raise(SERVD_EINVAL, "Tensor.row");
-  if (t->ndim == 1)
-    return pm_tensor_wrap(n);
+  if (!n) return pm_raise(SERVD_EINVAL, "Tensor.row");
+  if (t->ndim == 1) return pm_tensor_wrap(n);
   /* drop the leading 1: n is ours alone, so its dims can be shifted in place */
   for (int d = 1; d < n->ndim; d++) {
     n->shape[d - 1] = n->shape[d];
@@ -383,8 +369,7 @@ static int parse_dtype(const char *name, servd_dtype *d) {
 
 /* The interpreter's GPU for a call that needs one; RuntimeError on a CPU interpreter. */
 static int need_gpu(const char *fn) {
-  if (pm.device >= 0)
-    return pm.device;
+  if (pm.device >= 0) return pm.device;
   PyErr_Format(PyExc_RuntimeError, "%s: this interpreter runs on the CPU", fn);
   return -1;
 }
@@ -392,8 +377,7 @@ static int need_gpu(const char *fn) {
 /* device=: None or "cpu" -> -1 (host); "cuda" -> this interpreter's GPU; "cuda:N" -> N. Returns -2
  * with an exception set when it is anything else or names a GPU on a CPU interpreter. */
 static int parse_device(PyObject *o, const char *fn) {
-  if (o == Py_None)
-    return -1;
+  if (o == Py_None) return -1;
   const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
   if (!s) {
     if (!PyErr_Occurred())
@@ -401,8 +385,7 @@ static int parse_device(PyObject *o, const char *fn) {
                    Py_TYPE(o)->tp_name);
     return -2;
   }
-  if (!strcmp(s, "cpu"))
-    return -1;
+  if (!strcmp(s, "cpu")) return -1;
   int n = -1;
   if (!strcmp(s, "cuda")) {
     n = pm.device;
@@ -421,8 +404,7 @@ static int parse_device(PyObject *o, const char *fn) {
     PyErr_Format(PyExc_ValueError, "%s: device must be \"cpu\", \"cuda\" or \"cuda:N\", not \"%s\"", fn, s);
     return -2;
   }
-  if (need_gpu(fn) < 0)
-    return -2;
+  if (need_gpu(fn) < 0) return -2;
   return n;
 }
 
@@ -431,26 +413,21 @@ static PyObject *m_empty(PyObject *m, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"shape", "dtype", "device", NULL};
   PyObject *shape_obj, *dev_obj = Py_None;
   const char *dtype = "f32";
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|sO:empty", kwlist, &shape_obj, &dtype, &dev_obj))
-    return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|sO:empty", kwlist, &shape_obj, &dtype, &dev_obj)) return NULL;
   servd_dtype d;
-  if (parse_dtype(dtype, &d) < 0)
-    return NULL;
+  if (parse_dtype(dtype, &d) < 0) return NULL;
   int device = parse_device(dev_obj, "servd.empty");
-  if (device == -2)
-    return NULL;
+  if (device == -2) return NULL;
   int64_t shape[SERVD_MAX_DIMS];
   int ndim = 1;
   if (PyLong_Check(shape_obj)) { /* servd.empty(n) */
     shape[0] = PyLong_AsLongLong(shape_obj);
-    if (shape[0] == -1 && PyErr_Occurred())
-      return NULL;
+    if (shape[0] == -1 && PyErr_Occurred()) return NULL;
   } else {
     PyObject *tup = PyTuple_Pack(1, shape_obj);
     int rc = tup ? parse_shape(tup, shape, &ndim) : -1;
     Py_XDECREF(tup);
-    if (rc < 0)
-      return NULL;
+    if (rc < 0) return NULL;
   }
   if (device >= 0) {
     servd_tensor *t = NULL;
@@ -460,14 +437,12 @@ static PyObject *m_empty(PyObject *m, PyObject *args, PyObject *kw) {
     return pm_tensor_wrap(t);
   }
   servd_tensor *t = pm_host->tensor_new(d, ndim, shape);
-  if (!t)
-    return pm_raise(SERVD_EINVAL, "servd.empty");
+  if (!t) return pm_raise(SERVD_EINVAL, "servd.empty");
   return pm_tensor_wrap(t);
 }
 
 static servd_tensor *tensor_arg(PyObject *o, const char *fn, const char *name) {
-  if (pm_is_tensor(o))
-    return ((TensorObject *)o)->t;
+  if (pm_is_tensor(o)) return ((TensorObject *)o)->t;
   PyErr_Format(PyExc_TypeError, "%s: %s must be a servd.Tensor, not %.100s", fn, name, Py_TYPE(o)->tp_name);
   return NULL;
 }
@@ -477,8 +452,7 @@ static PyObject *m_upload(PyObject *m, PyObject *arg) {
   (void)m;
   servd_tensor *t = tensor_arg(arg, "servd.upload", "t");
   int device = t ? need_gpu("servd.upload") : -1;
-  if (device < 0)
-    return NULL;
+  if (device < 0) return NULL;
   if (t->device >= 0) {
     PyErr_Format(PyExc_ValueError, "servd.upload: t is on cuda:%d already (upload takes host weights)", t->device);
     return NULL;
@@ -501,15 +475,12 @@ static PyObject *m_to_device(PyObject *m, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"t", "dtype", NULL};
   PyObject *obj;
   const char *dtype = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|z:to_device", kwlist, &obj, &dtype))
-    return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|z:to_device", kwlist, &obj, &dtype)) return NULL;
   servd_tensor *t = tensor_arg(obj, "servd.to_device", "t");
   int device = t ? need_gpu("servd.to_device") : -1;
-  if (device < 0)
-    return NULL;
+  if (device < 0) return NULL;
   servd_dtype d = device_dtype(t->dtype);
-  if (dtype && parse_dtype(dtype, &d) < 0)
-    return NULL;
+  if (dtype && parse_dtype(dtype, &d) < 0) return NULL;
   servd_tensor *out = NULL;
   int rc;
   if (t->device < 0) {
@@ -522,8 +493,10 @@ static PyObject *m_to_device(PyObject *m, PyObject *args, PyObject *kw) {
     Py_END_ALLOW_THREADS
   } else {
     if (d != t->dtype) {
-      PyErr_Format(PyExc_ValueError, "servd.to_device: t is a %s tensor on cuda:%d; dtype conversion between "
-                   "devices is not supported", pm_host->dtype_name(t->dtype), t->device);
+      PyErr_Format(PyExc_ValueError,
+                   "servd.to_device: t is a %s tensor on cuda:%d; dtype conversion between "
+                   "devices is not supported",
+                   pm_host->dtype_name(t->dtype), t->device);
       return NULL;
     }
     Py_BEGIN_ALLOW_THREADS rc = pm_host->device_tensor_new(device, d, t->ndim, t->shape, &out);
@@ -533,8 +506,7 @@ static PyObject *m_to_device(PyObject *m, PyObject *args, PyObject *kw) {
     }
     Py_END_ALLOW_THREADS
   }
-  if (rc < 0)
-    return pm_raise(rc, "servd.to_device");
+  if (rc < 0) return pm_raise(rc, "servd.to_device");
   return pm_tensor_wrap(out);
 }
 
@@ -542,11 +514,9 @@ static PyObject *m_to_device(PyObject *m, PyObject *args, PyObject *kw) {
 static PyObject *tensor_to_host(TensorObject *self, PyObject *unused) {
   (void)unused;
   const servd_tensor *t = self->t;
-  if (t->device < 0)
-    return Py_NewRef((PyObject *)self);
+  if (t->device < 0) return Py_NewRef((PyObject *)self);
   servd_tensor *out = pm_host->tensor_new(t->dtype, t->ndim, t->shape);
-  if (!out)
-    return pm_raise(SERVD_ENOMEM, "Tensor.to_host");
+  if (!out) return pm_raise(SERVD_ENOMEM, "Tensor.to_host");
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = pm_host->copy(out, t);
   Py_END_ALLOW_THREADS if (rc < 0) {
@@ -563,9 +533,9 @@ static PyObject *m_copy(PyObject *m, PyObject *const *args, Py_ssize_t n) {
     PyErr_Format(PyExc_TypeError, "servd.copy takes 2 arguments (%zd given)", n);
     return NULL;
   }
-  servd_tensor *dst = tensor_arg(args[0], "servd.copy", "dst"), *src = dst ? tensor_arg(args[1], "servd.copy", "src") : NULL;
-  if (!src)
-    return NULL;
+  servd_tensor *dst = tensor_arg(args[0], "servd.copy", "dst"),
+               *src = dst ? tensor_arg(args[1], "servd.copy", "src") : NULL;
+  if (!src) return NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = pm_host->copy(dst, src);
   Py_END_ALLOW_THREADS if (rc < 0) return pm_raise(rc, "servd.copy");
@@ -582,11 +552,9 @@ static int infer_shape(PyObject *o, int64_t *shape, int *ndim) {
     }
     Py_ssize_t n = PySequence_Size(o);
     shape[(*ndim)++] = n;
-    if (n == 0)
-      break;
+    if (n == 0) break;
     o = PySequence_GetItem(o, 0);
-    if (!o)
-      return -1;
+    if (!o) return -1;
     Py_DECREF(o); /* the container keeps it alive */
   }
   return 0;
@@ -597,8 +565,7 @@ static int flatten(PyObject *o, const int64_t *shape, int ndim, int d, float *f,
   if (d == ndim) {
     if (iv) {
       long v = PyLong_AsLong(o);
-      if (v == -1 && PyErr_Occurred())
-        return -1;
+      if (v == -1 && PyErr_Occurred()) return -1;
       if (v < INT32_MIN || v > INT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "servd.tensor: value out of i32 range");
         return -1;
@@ -606,15 +573,13 @@ static int flatten(PyObject *o, const int64_t *shape, int ndim, int d, float *f,
       iv[(*pos)++] = (int32_t)v;
     } else {
       double v = PyFloat_AsDouble(o);
-      if (v == -1.0 && PyErr_Occurred())
-        return -1;
+      if (v == -1.0 && PyErr_Occurred()) return -1;
       f[(*pos)++] = (float)v;
     }
     return 0;
   }
   PyObject *fast = PySequence_Fast(o, "servd.tensor: ragged nested list");
-  if (!fast)
-    return -1;
+  if (!fast) return -1;
   if (PySequence_Fast_GET_SIZE(fast) != shape[d]) {
     Py_DECREF(fast);
     PyErr_Format(PyExc_ValueError, "servd.tensor: ragged nested list at dim %d (expected %lld items)", d,
@@ -636,21 +601,17 @@ static PyObject *m_tensor(PyObject *m, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"data", "dtype", "shape", NULL};
   PyObject *data, *shape_obj = Py_None;
   const char *dtype = "f32";
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|sO:tensor", kwlist, &data, &dtype, &shape_obj))
-    return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|sO:tensor", kwlist, &data, &dtype, &shape_obj)) return NULL;
   servd_dtype d;
-  if (parse_dtype(dtype, &d) < 0)
-    return NULL;
+  if (parse_dtype(dtype, &d) < 0) return NULL;
   int64_t shape[SERVD_MAX_DIMS];
   int ndim = 0;
   if (shape_obj != Py_None) {
     PyObject *tup = PyTuple_Pack(1, shape_obj);
-    if (!tup)
-      return NULL;
+    if (!tup) return NULL;
     int rc = parse_shape(tup, shape, &ndim);
     Py_DECREF(tup);
-    if (rc < 0)
-      return NULL;
+    if (rc < 0) return NULL;
   }
 
   if (PyObject_CheckBuffer(data)) { /* raw bytes of the dtype */
@@ -659,8 +620,7 @@ static PyObject *m_tensor(PyObject *m, PyObject *args, PyObject *kw) {
       return NULL;
     }
     Py_buffer b;
-    if (PyObject_GetBuffer(data, &b, PyBUF_C_CONTIGUOUS) < 0)
-      return NULL;
+    if (PyObject_GetBuffer(data, &b, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     servd_tensor *t = pm_host->tensor_new(d, ndim, shape);
     if (!t) {
       PyBuffer_Release(&b);
@@ -668,8 +628,8 @@ static PyObject *m_tensor(PyObject *m, PyObject *args, PyObject *kw) {
     }
     size_t need = pm_host->tensor_nbytes(t);
     if ((size_t)b.len != need) {
-      PyErr_Format(PyExc_ValueError, "servd.tensor: %zd bytes of data for a %s tensor of %zu bytes", b.len,
-                   dtype, need);
+      PyErr_Format(PyExc_ValueError, "servd.tensor: %zd bytes of data for a %s tensor of %zu bytes", b.len, dtype,
+                   need);
       PyBuffer_Release(&b);
       pm_host->tensor_release(t);
       return NULL;
@@ -681,18 +641,15 @@ static PyObject *m_tensor(PyObject *m, PyObject *args, PyObject *kw) {
 
   int64_t lshape[SERVD_MAX_DIMS];
   int lndim;
-  if (infer_shape(data, lshape, &lndim) < 0)
-    return NULL;
+  if (infer_shape(data, lshape, &lndim) < 0) return NULL;
   int64_t n = 1;
-  for (int i = 0; i < lndim; i++)
-    n *= lshape[i];
+  for (int i = 0; i < lndim; i++) n *= lshape[i];
   if (shape_obj == Py_None) {
     memcpy(shape, lshape, sizeof lshape);
     ndim = lndim;
   }
   servd_tensor *t = pm_host->tensor_new(d, ndim, shape);
-  if (!t)
-    return pm_raise(SERVD_EINVAL, "servd.tensor");
+  if (!t) return pm_raise(SERVD_EINVAL, "servd.tensor");
   if (pm_host->tensor_numel(t) != n) {
     pm_host->tensor_release(t);
     PyErr_Format(PyExc_ValueError, "servd.tensor: %lld values do not fill the given shape", (long long)n);
@@ -717,12 +674,10 @@ static PyObject *m_tensor(PyObject *m, PyObject *args, PyObject *kw) {
     size_t rb = pm_host->dtype_block_bytes(d) * (size_t)(row / (int64_t)pm_host->dtype_block_elems(d));
     for (int64_t r = 0; row && r < n / row && rc == 0; r++) {
       rc = pm_host->row_from_f32(d, tmp + r * row, (char *)pm_tensor_data(t) + (size_t)r * rb, row);
-      if (rc < 0)
-        pm_raise(rc, "servd.tensor");
+      if (rc < 0) pm_raise(rc, "servd.tensor");
     }
   }
-  if (d != SERVD_F32)
-    PyMem_Free(tmp);
+  if (d != SERVD_F32) PyMem_Free(tmp);
   if (rc < 0) {
     pm_host->tensor_release(t);
     return NULL;
@@ -747,7 +702,6 @@ static PyMethodDef tensor_functions[] = {
 
 int pm_tensor_types_init(PyObject *module) {
   pm.tensor_type = PyType_FromModuleAndSpec(module, &tensor_spec, NULL);
-  if (!pm.tensor_type || PyModule_AddObjectRef(module, "Tensor", pm.tensor_type) < 0)
-    return -1;
+  if (!pm.tensor_type || PyModule_AddObjectRef(module, "Tensor", pm.tensor_type) < 0) return -1;
   return PyModule_AddFunctions(module, tensor_functions);
 }

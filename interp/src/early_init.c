@@ -21,8 +21,7 @@ int servd_interp_early_init(int argc, char **argv) {
   (void)argc;
   const char *cur = getenv("GLIBC_TUNABLES");
   int heap_check = servd_heap_check__preload_env(); /* 1: re-exec with the checker preloaded */
-  if (heap_check < 0)
-    return heap_check;
+  if (heap_check < 0) return heap_check;
   bool has_nns = cur && strstr(cur, NNS_TUNABLE);
   if (has_nns && !heap_check) {
     if (getenv(REEXEC_MARK) && argv && argv[0]) {
@@ -38,12 +37,10 @@ int servd_interp_early_init(int argc, char **argv) {
     return servd_fail(SERVD_EUNSUPPORTED, "interp: re-executed with GLIBC_TUNABLES=%s%s but %s", NNS_TUNABLE,
                       heap_check ? " and the heap checker preloaded" : "",
                       has_nns ? "the heap checker did not load (SERVD_HEAPCHECK_LIB?)" : "the tunable is not set");
-  if (has_nns)
-    goto reexec;
+  if (has_nns) goto reexec;
   size_t n = (cur ? strlen(cur) + 1 : 0) + sizeof NNS_TUNABLE;
   char *v = malloc(n);
-  if (!v)
-    return servd_fail(SERVD_ENOMEM, "interp: early init");
+  if (!v) return servd_fail(SERVD_ENOMEM, "interp: early init");
   snprintf(v, n, "%s%s%s", cur ? cur : "", cur ? ":" : "", NNS_TUNABLE);
   setenv("GLIBC_TUNABLES", v, 1);
   free(v);

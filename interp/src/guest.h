@@ -49,8 +49,7 @@ typedef struct servd_host_api {
   servd_storage_kind (*storage_get_kind)(const servd_storage *s);
 
   servd_tensor *(*tensor_new)(servd_dtype t, int ndim, const int64_t *shape);
-  servd_tensor *(*tensor_from_storage)(servd_storage *s, size_t offset, servd_dtype t, int ndim,
-                                       const int64_t *shape);
+  servd_tensor *(*tensor_from_storage)(servd_storage *s, size_t offset, servd_dtype t, int ndim, const int64_t *shape);
   servd_tensor *(*tensor_narrow)(const servd_tensor *base, int dim, int64_t start, int64_t len);
   servd_tensor *(*tensor_reshape)(const servd_tensor *base, int ndim, const int64_t *shape);
   void (*tensor_retain)(servd_tensor *t);
@@ -89,23 +88,23 @@ typedef struct servd_host_api {
 
 /* The ops part of the table is exactly one function pointer per registry row: a row added to
  * servd/ops.def without its member (or a member added by hand among the ops) fails here. */
-_Static_assert(sizeof(servd_host_api) == offsetof(servd_host_api, device_batch_tensor) +
-                                             sizeof(void *) + SERVD_OP_COUNT * sizeof(int (*)(void)),
+_Static_assert(sizeof(servd_host_api) == offsetof(servd_host_api, device_batch_tensor) + sizeof(void *) +
+                                             SERVD_OP_COUNT * sizeof(int (*)(void)),
                "servd_host_api: the ops members must match servd/ops.def");
 
 /* What one interpreter is started with. Strings are borrowed for the duration of init. */
 typedef struct servd_guest_config {
-  const servd_host_api *host;      /* borrowed, outlives the interpreter */
-  void *pkg;                       /* mpk_package*, or NULL (no package: code strings only) */
-  const char *pkg_name;            /* for file names in tracebacks */
-  const char *stdlib_dir;          /* e.g. /usr/lib/python3.11 */
-  const char *dynload_dir;         /* e.g. /usr/lib/python3.11/lib-dynload */
-  const char *allow_dir;           /* e.g. /usr/lib/python3/dist-packages */
-  const char *allow_modules;       /* ','-separated top-level names importable from allow_dir */
-  const char *extra_sys_path;      /* ':'-separated, or NULL */
+  const servd_host_api *host;          /* borrowed, outlives the interpreter */
+  void *pkg;                           /* mpk_package*, or NULL (no package: code strings only) */
+  const char *pkg_name;                /* for file names in tracebacks */
+  const char *stdlib_dir;              /* e.g. /usr/lib/python3.11 */
+  const char *dynload_dir;             /* e.g. /usr/lib/python3.11/lib-dynload */
+  const char *allow_dir;               /* e.g. /usr/lib/python3/dist-packages */
+  const char *allow_modules;           /* ','-separated top-level names importable from allow_dir */
+  const char *extra_sys_path;          /* ':'-separated, or NULL */
   int index, rank, world_size, device; /* device: the GPU of this interpreter, -1: the CPU */
   servd_comm *comm;
-  servd_device_comm *dcomm;        /* collectives of device tensors (GPU ranks, world_size > 1), or NULL */
+  servd_device_comm *dcomm; /* collectives of device tensors (GPU ranks, world_size > 1), or NULL */
 } servd_guest_config;
 
 /* The calling OS thread's state in one namespace, kept by the host (per thread, per namespace) and
@@ -130,10 +129,13 @@ typedef struct servd_guest_api {
   /* Package-free mode: runs code in __main__ (exec) or evaluates an expression to JSON text. */
   int (*exec)(servd_guest_thread *th, uint64_t seq, const char *code, servd_py_error *err);
   int (*eval_json)(servd_guest_thread *th, uint64_t seq, const char *expr, char **json_out, servd_py_error *err);
-  int (*call_json)(servd_guest_thread *th, uint64_t seq, const char *method, const char *args_json, char **json_out, servd_py_error *err);
-  int (*predict)(servd_guest_thread *th, uint64_t seq, int n_in, const char *const *in_names, servd_tensor *const *in_tensors,
-                 int *n_out, char ***out_names, servd_tensor ***out_tensors, servd_py_error *err);
-  int (*forward)(servd_guest_thread *th, uint64_t seq, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err);
+  int (*call_json)(servd_guest_thread *th, uint64_t seq, const char *method, const char *args_json, char **json_out,
+                   servd_py_error *err);
+  int (*predict)(servd_guest_thread *th, uint64_t seq, int n_in, const char *const *in_names,
+                 servd_tensor *const *in_tensors, int *n_out, char ***out_names, servd_tensor ***out_tensors,
+                 servd_py_error *err);
+  int (*forward)(servd_guest_thread *th, uint64_t seq, const servd_forward_batch *b, servd_tensor **logits,
+                 servd_py_error *err);
   void (*interrupt)(servd_guest_thread *th, uint64_t seq);
   void (*finalize)(servd_guest_thread *th);
 } servd_guest_api;

@@ -52,7 +52,8 @@ int servd_heap_check__open_ns(int slot, Lmid_t *lmid) {
   if (!set)
     return servd_fail(SERVD_EUNSUPPORTED,
                       "interp: SERVD_HEAP_CHECK=1 but the main program's heap has no checker: call "
-                      "servd_interp_early_init() first in main, or start with LD_PRELOAD=%s", lib_path());
+                      "servd_interp_early_init() first in main, or start with LD_PRELOAD=%s",
+                      lib_path());
   set("main program");
   void *h = dlmopen(LM_ID_NEWLM, ns_lib_path(), RTLD_NOW | RTLD_LOCAL);
   if (!h) return servd_fail(SERVD_EIO, "interp: heap check: dlmopen %s: %s", ns_lib_path(), dlerror());

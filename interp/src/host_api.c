@@ -8,9 +8,7 @@
 
 /* The table is mechanism-neutral (void *pkg); these adapt the package library's typed calls. */
 static int pkg_tensor(void *p, const char *name, servd_tensor **out) { return mpk_tensor(p, name, out); }
-static int pkg_file(void *p, const char *path, const void **data, size_t *len) {
-  return mpk_file(p, path, data, len);
-}
+static int pkg_file(void *p, const char *path, const void **data, size_t *len) { return mpk_file(p, path, data, len); }
 static int pkg_tensor_count(void *p) { return mpk_tensor_count(p); }
 static const char *pkg_tensor_name(void *p, int i) { return mpk_tensor_name(p, i); }
 static int pkg_file_count(void *p) { return mpk_file_count(p); }

@@ -10,8 +10,7 @@
 #define SERVD_PY_ALLOW_MODULES "jinja2,markupsafe"
 
 static void clear_error(servd_py_error *err) {
-  if (err)
-    err->type[0] = err->message[0] = err->traceback[0] = 0;
+  if (err) err->type[0] = err->message[0] = err->traceback[0] = 0;
 }
 
 int servd_interp__init(servd_interp *it, const servd_interp_config *c, servd_py_error *err) {
@@ -20,12 +19,10 @@ int servd_interp__init(servd_interp *it, const servd_interp_config *c, servd_py_
   it->index = c->index;
   /* resolved per start: the environment is read when an interpreter starts, not at build time */
   servd_py_paths *paths = malloc(sizeof *paths);
-  if (!paths)
-    return servd_fail(SERVD_ENOMEM, "interp: paths");
+  if (!paths) return servd_fail(SERVD_ENOMEM, "interp: paths");
   servd_ns *ns = NULL;
   int rc = servd_py_paths__resolve(paths);
-  if (rc == 0)
-    rc = servd_ns__acquire(paths, &ns);
+  if (rc == 0) rc = servd_ns__acquire(paths, &ns);
   if (rc < 0) {
     free(paths);
     return rc;
@@ -60,8 +57,7 @@ int servd_interp__init(servd_interp *it, const servd_interp_config *c, servd_py_
 }
 
 void servd_interp__fini(servd_interp *it) {
-  if (!it || !it->ns)
-    return;
+  if (!it || !it->ns) return;
   it->ns->api->finalize(servd_ns__thread(it->ns));
   servd_ns__release(it->ns);
   it->ns = NULL;
@@ -84,15 +80,13 @@ typedef struct call_ctx {
 
 static int call_begin(servd_interp *it, call_ctx *cc, int64_t deadline_ms, servd_py_error *err) {
   clear_error(err);
-  if (!it || !it->ns)
-    return servd_fail(SERVD_EINVAL, "interp: call on an interpreter that is not running");
+  if (!it || !it->ns) return servd_fail(SERVD_EINVAL, "interp: call on an interpreter that is not running");
   cc->th = servd_ns__thread(it->ns);
   cc->seq = atomic_fetch_add_explicit(&it->seq, 1, memory_order_relaxed) + 1;
   cc->armed = 0;
   if (deadline_ms > 0) {
     int rc = servd_wd__arm(&cc->wd, it->ns, cc->seq, deadline_ms);
-    if (rc < 0)
-      return rc;
+    if (rc < 0) return rc;
     cc->armed = 1;
   }
   cc->t0 = servd_interp__now_ns();
@@ -101,8 +95,7 @@ static int call_begin(servd_interp *it, call_ctx *cc, int64_t deadline_ms, servd
 
 static void call_end(servd_interp *it, call_ctx *cc) {
   atomic_fetch_add_explicit(&it->busy_ns, (uint64_t)(servd_interp__now_ns() - cc->t0), memory_order_relaxed);
-  if (cc->armed)
-    servd_wd__disarm(&cc->wd);
+  if (cc->armed) servd_wd__disarm(&cc->wd);
 }
 
 int servd_interp_predict(servd_interp *it, int n_in, const char *const *in_names, servd_tensor *const *in_tensors,
@@ -115,8 +108,7 @@ int servd_interp_predict(servd_interp *it, int n_in, const char *const *in_names
     return servd_fail(SERVD_EINVAL, "interp predict: %d inputs without names/tensors", n_in);
   call_ctx cc;
   int rc = call_begin(it, &cc, deadline_ms, err);
-  if (rc < 0)
-    return rc;
+  if (rc < 0) return rc;
   rc = it->ns->api->predict(cc.th, cc.seq, n_in, in_names, in_tensors, n_out, out_names, out_tensors, err);
   call_end(it, &cc);
   return rc;
@@ -126,8 +118,7 @@ static int parse_json(char *text, json_t **result) {
   json_error_t je;
   *result = json_loads(text, JSON_DECODE_ANY, &je);
   free(text); /* host->alloc is malloc */
-  if (!*result)
-    return servd_fail(SERVD_EFORMAT, "interp: result JSON from Python: %s", je.text);
+  if (!*result) return servd_fail(SERVD_EFORMAT, "interp: result JSON from Python: %s", je.text);
   return 0;
 }
 
@@ -137,16 +128,14 @@ int servd_interp_call_json(servd_interp *it, const char *method, json_t *args, j
   if (!method || (args && !json_is_array(args)))
     return servd_fail(SERVD_EINVAL, "interp call_json: method and a JSON array of arguments expected");
   char *text = args ? json_dumps(args, JSON_COMPACT) : NULL;
-  if (args && !text)
-    return servd_fail(SERVD_ENOMEM, "interp call_json: encoding arguments");
+  if (args && !text) return servd_fail(SERVD_ENOMEM, "interp call_json: encoding arguments");
   call_ctx cc;
   int rc = call_begin(it, &cc, deadline_ms, err);
   if (rc == 0) {
     char *out = NULL;
     rc = it->ns->api->call_json(cc.th, cc.seq, method, text ? text : "[]", &out, err);
     call_end(it, &cc);
-    if (rc == 0)
-      rc = parse_json(out, result);
+    if (rc == 0) rc = parse_json(out, result);
   }
   free(text);
   return rc;
@@ -163,8 +152,7 @@ int servd_interp_forward_deadline(servd_interp *it, const servd_forward_batch *b
     return servd_fail(SERVD_EINVAL, "interp forward: bad batch description");
   call_ctx cc;
   int rc = call_begin(it, &cc, timeout_ms, err);
-  if (rc < 0)
-    return rc;
+  if (rc < 0) return rc;
   rc = it->ns->api->forward(cc.th, cc.seq, b, logits, err);
   call_end(it, &cc);
   return rc;
@@ -173,8 +161,7 @@ int servd_interp_forward_deadline(servd_interp *it, const servd_forward_batch *b
 int servd_interp__exec(servd_interp *it, const char *code, int64_t deadline_ms, servd_py_error *err) {
   call_ctx cc;
   int rc = call_begin(it, &cc, deadline_ms, err);
-  if (rc < 0)
-    return rc;
+  if (rc < 0) return rc;
   rc = it->ns->api->exec(cc.th, cc.seq, code, err);
   call_end(it, &cc);
   return rc;
@@ -185,8 +172,7 @@ int servd_interp__eval_json(servd_interp *it, const char *expr, json_t **result,
   *result = NULL;
   call_ctx cc;
   int rc = call_begin(it, &cc, deadline_ms, err);
-  if (rc < 0)
-    return rc;
+  if (rc < 0) return rc;
   char *out = NULL;
   rc = it->ns->api->eval_json(cc.th, cc.seq, expr, &out, err);
   call_end(it, &cc);
@@ -200,8 +186,7 @@ int servd_interp__load_entry(servd_interp *it, const char *entry_point, servd_py
 int servd_interp__import_entry(servd_interp *it, const char *entry_point, int64_t deadline_ms, servd_py_error *err) {
   call_ctx cc;
   int rc = call_begin(it, &cc, deadline_ms, err);
-  if (rc < 0)
-    return rc;
+  if (rc < 0) return rc;
   rc = it->ns->api->load_entry(cc.th, cc.seq, entry_point, err);
   call_end(it, &cc);
   return rc;

@@ -53,10 +53,9 @@ static int load(servd_ns *ns, const servd_py_paths *paths) {
   ns->py = dlmopen(where, paths->libpython, RTLD_NOW | RTLD_LOCAL);
   if (!ns->py) {
     const char *e = dlerror();
-    const char *hint = e && strstr(e, "static TLS")
-                           ? " (call servd_interp_early_init() first in main, or start with "
-                             "GLIBC_TUNABLES=glibc.rtld.nns=16)"
-                           : "";
+    const char *hint = e && strstr(e, "static TLS") ? " (call servd_interp_early_init() first in main, or start with "
+                                                      "GLIBC_TUNABLES=glibc.rtld.nns=16)"
+                                                    : "";
     return servd_fail(SERVD_EUNSUPPORTED, "interp: dlmopen %s: %s%s", paths->libpython, e ? e : "?", hint);
   }
   if (dlinfo(ns->py, RTLD_DI_LMID, &ns->lmid) != 0) {
@@ -124,8 +123,7 @@ done:
 }
 
 void servd_ns__release(servd_ns *ns) {
-  if (!ns)
-    return;
+  if (!ns) return;
   pthread_mutex_lock(&g_mu);
   ns->in_use = false;
   pthread_mutex_unlock(&g_mu);

@@ -8,14 +8,14 @@ typedef struct arg {
   const char *name;
   const servd_tensor *t;
 } arg;
-#define A(x) {#x, x}
+#define A(x) \
+  { #x, x }
 #define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static int dev_of(const servd_tensor *t) { return t->device < 0 ? -1 : t->device; }
 
 static const char *dev_name(int d, char *buf, size_t cap) {
-  if (d < 0)
-    return "the cpu";
+  if (d < 0) return "the cpu";
   snprintf(buf, cap, "cuda:%d", d);
   return buf;
 }
@@ -23,8 +23,7 @@ static const char *dev_name(int d, char *buf, size_t cap) {
 /* The device every tensor of a is on (-1: the host), or SERVD_EINVAL naming the first that differs. */
 static int where(const char *op, const arg *a, int n, int *device) {
   for (int i = 0; i < n; i++)
-    if (!a[i].t)
-      return servd_fail(SERVD_EINVAL, "%s: %s is NULL", op, a[i].name);
+    if (!a[i].t) return servd_fail(SERVD_EINVAL, "%s: %s is NULL", op, a[i].name);
   int d = dev_of(a[0].t);
   for (int i = 1; i < n; i++) {
     int di = dev_of(a[i].t);
@@ -42,10 +41,8 @@ static int where(const char *op, const arg *a, int n, int *device) {
 static int host_only(const char *op, const arg *a, int n, const char *what) {
   int d;
   int rc = where(op, a, n, &d);
-  if (rc < 0)
-    return rc;
-  if (d >= 0)
-    return servd_fail(SERVD_EINVAL, "%s: %s is on cuda:%d but %s", op, a[0].name, d, what);
+  if (rc < 0) return rc;
+  if (d >= 0) return servd_fail(SERVD_EINVAL, "%s: %s is on cuda:%d but %s", op, a[0].name, d, what);
   return 0;
 }
 
@@ -53,8 +50,7 @@ static int host_only(const char *op, const arg *a, int n, const char *what) {
 static int device_only(const char *op, const arg *a, int n, int want, const char *what) {
   int d;
   int rc = where(op, a, n, &d);
-  if (rc < 0)
-    return rc;
+  if (rc < 0) return rc;
   if (d < 0 || (want >= 0 && d != want)) {
     char b0[24];
     return servd_fail(SERVD_EINVAL, "%s: %s is on %s but %s", op, a[0].name, dev_name(d, b0, sizeof b0), what);
@@ -65,10 +61,10 @@ static int device_only(const char *op, const arg *a, int n, int want, const char
 /* ANY/ANYT rows of servd/ops.def: every tensor parameter on one device (or all on the host), then the
  * CPU op or the device op. */
 #define ARG_OF(t) {#t, t},
-#define SERVD_OP(name, dispatch, py, sig, names)                                                         \
-  SERVD__IF_ANY_##dispatch(int servd_op__##name(SERVD__PARAMS(sig, names)) {                             \
-    const arg args_[] = {SERVD__EACH(sig, ARG_OF, names)}; /* not `a`: add's parameter */               \
-    int d, rc = where(#name, args_, N(args_), &d);                                                     \
+#define SERVD_OP(name, dispatch, py, sig, names) \
+  SERVD__IF_ANY_##dispatch(int servd_op__##name(SERVD__PARAMS(sig, names)) { \
+    const arg args_[] = {SERVD__EACH(sig, ARG_OF, names)}; /* not `a`: add's parameter */ \
+    int d, rc = where(#name, args_, N(args_), &d); \
     return rc < 0 ? rc : d < 0 ? servd_##name(SERVD__ARGS(names)) : servd_device_##name(SERVD__ARGS(names)); \
   })
 #include "servd/ops.def"
@@ -141,8 +137,7 @@ int servd_op__allgather_cols(servd_comm *c, int rank, servd_tensor *out, const s
 
 int servd_op__device_kv_write(servd_device_kv *kv, int layer, const servd_tensor *k, const servd_tensor *v,
                               const servd_tensor *slots) {
-  if (!kv)
-    return servd_fail(SERVD_EINVAL, "kv_write: no device KV cache");
+  if (!kv) return servd_fail(SERVD_EINVAL, "kv_write: no device KV cache");
   int kd = servd_device_kv_device(kv);
   char what[48];
   snprintf(what, sizeof what, "the KV cache is on cuda:%d", kd);
@@ -153,8 +148,7 @@ int servd_op__device_kv_write(servd_device_kv *kv, int layer, const servd_tensor
 
 int servd_op__device_attention(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
                                const servd_device_batch *db, int n_heads, float scale) {
-  if (!kv || !db)
-    return servd_fail(SERVD_EINVAL, "attention: the step has no device %s", kv ? "batch" : "KV cache");
+  if (!kv || !db) return servd_fail(SERVD_EINVAL, "attention: the step has no device %s", kv ? "batch" : "KV cache");
   int kd = servd_device_kv_device(kv);
   char what[48];
   snprintf(what, sizeof what, "the KV cache is on cuda:%d", kd);
@@ -165,8 +159,7 @@ int servd_op__device_attention(servd_tensor *out, const servd_tensor *q, const s
 
 int servd_op__device_attention_window(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
                                       const servd_device_batch *db, int n_heads, float scale, int window) {
-  if (!kv || !db)
-    return servd_fail(SERVD_EINVAL, "attention: the step has no device %s", kv ? "batch" : "KV cache");
+  if (!kv || !db) return servd_fail(SERVD_EINVAL, "attention: the step has no device %s", kv ? "batch" : "KV cache");
   int kd = servd_device_kv_device(kv);
   char what[48];
   snprintf(what, sizeof what, "the KV cache is on cuda:%d", kd);
@@ -197,8 +190,7 @@ static int host_copy(servd_tensor *dst, const servd_tensor *src) {
     return servd_fail(SERVD_EINVAL, "copy: %s", msg);
   }
   int64_t outer = 1;
-  for (int d = 0; d + 1 < nd; d++)
-    outer *= src->shape[d];
+  for (int d = 0; d + 1 < nd; d++) outer *= src->shape[d];
   char *dp = servd_tensor_data(dst);
   const char *sp = servd_tensor_data(src);
   for (int64_t r = 0; r < outer && row; r++) {
@@ -215,8 +207,7 @@ static int host_copy(servd_tensor *dst, const servd_tensor *src) {
 }
 
 int servd_op__copy(servd_tensor *dst, const servd_tensor *src) {
-  if (!dst || !src)
-    return servd_fail(SERVD_EINVAL, "copy: %s is NULL", dst ? "src" : "dst");
+  if (!dst || !src) return servd_fail(SERVD_EINVAL, "copy: %s is NULL", dst ? "src" : "dst");
   if (dst->dtype != src->dtype || dst->ndim != src->ndim ||
       memcmp(dst->shape, src->shape, sizeof(int64_t) * (size_t)src->ndim) != 0) {
     char a[96], b[96];
@@ -226,7 +217,6 @@ int servd_op__copy(servd_tensor *dst, const servd_tensor *src) {
   /* host storage that is not owned is a mapping of the package's weights: read-only */
   if (dst->device < 0 && servd_storage_get_kind(dst->storage) != SERVD_STORAGE_OWNED)
     return servd_fail(SERVD_EINVAL, "copy: dst is read-only (borrowed storage, e.g. package weights)");
-  if (dst->device < 0 && src->device < 0)
-    return host_copy(dst, src);
+  if (dst->device < 0 && src->device < 0) return host_copy(dst, src);
   return servd_device_copy(dst, src);
 }

@@ -42,8 +42,7 @@ static bool is_file(const char *p) {
 }
 
 static int set(char *dst, const char *var, const char *src) {
-  if (strlen(src) >= PATH_MAX)
-    return servd_fail(SERVD_EINVAL, "interp: %s is longer than %d bytes", var, PATH_MAX - 1);
+  if (strlen(src) >= PATH_MAX) return servd_fail(SERVD_EINVAL, "interp: %s is longer than %d bytes", var, PATH_MAX - 1);
   strcpy(dst, src);
   size_t n = strlen(dst);
   while (n > 1 && dst[n - 1] == '/') /* "/opt/b/lib/python3.11/" names the same directory */
@@ -53,10 +52,8 @@ static int set(char *dst, const char *var, const char *src) {
 
 /* `what` says where a bad path came from: "SERVD_X=/p" (the environment) or "/p (built in; set SERVD_X)". */
 static void origin(char *buf, size_t cap, const char *var, const char *path, bool from_env) {
-  if (from_env)
-    snprintf(buf, cap, "%s=%s", var, path);
-  else
-    snprintf(buf, cap, "%s (the built-in default; set %s to override it)", path, var);
+  if (from_env) snprintf(buf, cap, "%s=%s", var, path);
+  else snprintf(buf, cap, "%s (the built-in default; set %s to override it)", path, var);
 }
 
 static int libpython(servd_py_paths *p) {
@@ -79,21 +76,19 @@ static int stdlib(servd_py_paths *p) {
     if (e) {
       if (snprintf(p->dynload, sizeof p->dynload, "%s/lib-dynload", p->stdlib) >= (int)sizeof p->dynload)
         return servd_fail(SERVD_EINVAL, "interp: SERVD_PY_STDLIB is longer than %d bytes", PATH_MAX - 16);
-    } else
-      rc = set(p->dynload, "SERVD_PY_STDLIB", SERVD_PY_DYNLOAD);
+    } else rc = set(p->dynload, "SERVD_PY_STDLIB", SERVD_PY_DYNLOAD);
   }
-  if (rc < 0)
-    return rc;
+  if (rc < 0) return rc;
   char o[PATH_MAX + 96], landmark[PATH_MAX + 16];
   origin(o, sizeof o, "SERVD_PY_STDLIB", p->stdlib, e);
   if (!is_dir(p->stdlib))
-    return servd_fail(SERVD_EIO, "interp: %s: no such directory (expected the Python 3.11 standard library, "
-                                 "like /usr/lib/python3.11)", o);
+    return servd_fail(SERVD_EIO,
+                      "interp: %s: no such directory (expected the Python 3.11 standard library, "
+                      "like /usr/lib/python3.11)",
+                      o);
   snprintf(landmark, sizeof landmark, "%s/os.py", p->stdlib);
-  if (!is_file(landmark))
-    return servd_fail(SERVD_EIO, "interp: %s has no os.py: not a Python standard library", o);
-  if (!is_dir(p->dynload))
-    return servd_fail(SERVD_EIO, "interp: %s has no lib-dynload directory (%s)", o, p->dynload);
+  if (!is_file(landmark)) return servd_fail(SERVD_EIO, "interp: %s has no os.py: not a Python standard library", o);
+  if (!is_dir(p->dynload)) return servd_fail(SERVD_EIO, "interp: %s has no lib-dynload directory (%s)", o, p->dynload);
   return 0;
 }
 
@@ -102,8 +97,10 @@ static int allow_dir(servd_py_paths *p) {
   int rc = set(p->allow_dir, "SERVD_PY_ALLOW_DIR", e ? e : SERVD_PY_ALLOW_DIR);
   /* the default may be missing (then jinja2 is not importable); a directory asked for must exist */
   if (rc == 0 && e && !is_dir(e))
-    rc = servd_fail(SERVD_EIO, "interp: SERVD_PY_ALLOW_DIR=%s: no such directory (expected the directory "
-                               "holding jinja2 and markupsafe, like /usr/lib/python3/dist-packages)", e);
+    rc = servd_fail(SERVD_EIO,
+                    "interp: SERVD_PY_ALLOW_DIR=%s: no such directory (expected the directory "
+                    "holding jinja2 and markupsafe, like /usr/lib/python3/dist-packages)",
+                    e);
   return rc;
 }
 
@@ -121,8 +118,7 @@ static int pymod(servd_py_paths *p) {
                       PYMOD_NAME);
     return rc;
   }
-  if (SERVD_PYMOD_PATH[0] && is_file(SERVD_PYMOD_PATH))
-    return set(p->pymod, var, SERVD_PYMOD_PATH);
+  if (SERVD_PYMOD_PATH[0] && is_file(SERVD_PYMOD_PATH)) return set(p->pymod, var, SERVD_PYMOD_PATH);
   char exe[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n > 0) {
@@ -135,18 +131,14 @@ static int pymod(servd_py_paths *p) {
         return 0;
     }
   }
-  return servd_fail(SERVD_EIO, "interp: the servd Python module (%s) was not found: set SERVD_PYMOD_PATH",
-                    PYMOD_NAME);
+  return servd_fail(SERVD_EIO, "interp: the servd Python module (%s) was not found: set SERVD_PYMOD_PATH", PYMOD_NAME);
 }
 
 int servd_py_paths__resolve(servd_py_paths *p) {
   memset(p, 0, sizeof *p);
   int rc = libpython(p);
-  if (rc == 0)
-    rc = stdlib(p);
-  if (rc == 0)
-    rc = allow_dir(p);
-  if (rc == 0)
-    rc = pymod(p);
+  if (rc == 0) rc = stdlib(p);
+  if (rc == 0) rc = allow_dir(p);
+  if (rc == 0) rc = pymod(p);
   return rc;
 }

@@ -21,21 +21,19 @@ struct servd_pool {
 /* The last line(s) of a traceback, for the one-line error message. */
 static const char *tail_lines(const char *tb, int lines) {
   const char *end = tb + strlen(tb);
-  while (end > tb && end[-1] == '\n')
-    end--;
+  while (end > tb && end[-1] == '\n') end--;
   const char *p = end;
   while (p > tb && lines > 0) {
     p--;
-    if (*p == '\n' && --lines == 0)
-      return p + 1;
+    if (*p == '\n' && --lines == 0) return p + 1;
   }
   return tb;
 }
 
 /* Imports the package in `it` within what is left of the pool's load deadline (deadline_ns 0: none).
  * Timed out: SERVD_ETIMEDOUT, err a TimeoutError whose message names the load timeout. */
-static int import_entry(servd_interp *it, mpk_package *pkg, const char *entry, int64_t timeout_ms,
-                        int64_t deadline_ns, servd_py_error *err) {
+static int import_entry(servd_interp *it, mpk_package *pkg, const char *entry, int64_t timeout_ms, int64_t deadline_ns,
+                        servd_py_error *err) {
   int64_t left_ms = 0;
   if (deadline_ns) {
     left_ms = (deadline_ns - servd_interp__now_ns()) / 1000000LL;
@@ -52,20 +50,19 @@ static int import_entry(servd_interp *it, mpk_package *pkg, const char *entry, i
     snprintf(err->type, sizeof err->type, "TimeoutError");
     snprintf(err->message, sizeof err->message,
              "did not load within the load timeout of %.3g s and was interrupted (TimeoutError raised in "
-             "the import)", (double)timeout_ms / 1000.0);
+             "the import)",
+             (double)timeout_ms / 1000.0);
   }
   return rc;
 }
 
 /* Every rank's GPU must exist: a clear error here rather than a failing device call in model code. */
 static int check_devices(const servd_pool_options *o, int ws) {
-  if (!o->rank_devices)
-    return 0;
+  if (!o->rank_devices) return 0;
   int n = 0;
   char why[160] = "";
   int rc = servd_device_count(&n, why, sizeof why);
-  if (rc < 0)
-    return rc;
+  if (rc < 0) return rc;
   for (int r = 0; r < ws; r++) {
     int d = o->rank_devices[r];
     if (d < 0 || d >= n)
@@ -77,8 +74,7 @@ static int check_devices(const servd_pool_options *o, int ws) {
 
 int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool **out) {
   *out = NULL;
-  if (!o)
-    return servd_fail(SERVD_EINVAL, "interp pool: options are required");
+  if (!o) return servd_fail(SERVD_EINVAL, "interp pool: options are required");
   if (o->n_interpreters < 1 || o->n_interpreters > SERVD_INTERP_MAX)
     return servd_fail(SERVD_ERANGE,
                       "interp pool: %d interpreters requested; 1..%d per process are possible (each needs a "
@@ -88,15 +84,13 @@ int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool 
   if (ws > 1 && !o->comm && !(o->rank_devices && o->dcomm))
     return servd_fail(SERVD_EINVAL, "interp pool: world_size %d needs a communicator", ws);
   int rc = check_devices(o, ws);
-  if (rc < 0)
-    return rc;
+  if (rc < 0) return rc;
   const char *entry = pkg ? mpk_entry_point(pkg) : NULL;
   if (pkg && (!entry || !*entry))
     return servd_fail(SERVD_EFORMAT, "interp pool: package %s has no entry_point", mpk_path(pkg));
 
   servd_pool *p = aligned_alloc(64, sizeof *p); /* its lock sits on its own cache line */
-  if (!p)
-    return servd_fail(SERVD_ENOMEM, "interp pool");
+  if (!p) return servd_fail(SERVD_ENOMEM, "interp pool");
   memset(p, 0, sizeof *p);
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
@@ -112,13 +106,17 @@ int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool 
   int64_t deadline_ns = o->load_timeout_ms > 0 ? servd_interp__now_ns() + o->load_timeout_ms * 1000000LL : 0;
   for (int i = 0; i < o->n_interpreters; i++) {
     int rank = i % ws;
-    servd_interp_config c = {.index = i, .rank = rank, .world_size = ws,
-                             .device = o->rank_devices ? o->rank_devices[rank] : -1, .comm = o->comm,
-                             .dcomm = o->dcomm, .pkg = pkg, .extra_sys_path = o->extra_sys_path};
+    servd_interp_config c = {.index = i,
+                             .rank = rank,
+                             .world_size = ws,
+                             .device = o->rank_devices ? o->rank_devices[rank] : -1,
+                             .comm = o->comm,
+                             .dcomm = o->dcomm,
+                             .pkg = pkg,
+                             .extra_sys_path = o->extra_sys_path};
     rc = servd_interp__init(&p->its[i], &c, err);
     if (rc < 0) {
-      if (err->type[0])
-        rc = servd_fail(rc, "interp %d: starting Python: %s: %s", i, err->type, err->message);
+      if (err->type[0]) rc = servd_fail(rc, "interp %d: starting Python: %s: %s", i, err->type, err->message);
       goto fail;
     }
     p->n = i + 1;
@@ -130,8 +128,8 @@ int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool 
         goto fail;
       }
       if (rc < 0) {
-        rc = servd_fail(rc, "interp %d: package %s: entry '%s' failed to load: %s: %s\n%s", i, mpk_name(pkg),
-                        entry, err->type, err->message, tail_lines(err->traceback, 4));
+        rc = servd_fail(rc, "interp %d: package %s: entry '%s' failed to load: %s: %s\n%s", i, mpk_name(pkg), entry,
+                        err->type, err->message, tail_lines(err->traceback, 4));
         goto fail;
       }
     }
@@ -139,22 +137,19 @@ int servd_pool_create(mpk_package *pkg, const servd_pool_options *o, servd_pool 
   }
   *out = p;
   return 0;
-fail:
-  {
-    /* keep the failure's message: destroying the started interpreters may overwrite it */
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", servd_last_error());
-    servd_pool_destroy(p);
-    servd_fail(rc, "%s", msg);
-  }
+fail : {
+  /* keep the failure's message: destroying the started interpreters may overwrite it */
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", servd_last_error());
+  servd_pool_destroy(p);
+  servd_fail(rc, "%s", msg);
+}
   return rc;
 }
 
 void servd_pool_destroy(servd_pool *p) {
-  if (!p)
-    return;
-  for (int i = 0; i < p->n; i++)
-    servd_interp__fini(&p->its[i]);
+  if (!p) return;
+  for (int i = 0; i < p->n; i++) servd_interp__fini(&p->its[i]);
   free(p->its);
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->cv);
@@ -165,12 +160,10 @@ int servd_pool_size(const servd_pool *p) { return p ? p->n : 0; }
 
 servd_interp *servd_pool_acquire(servd_pool *p) {
   pthread_mutex_lock(&p->mu);
-  while (!p->head)
-    pthread_cond_wait(&p->cv, &p->mu);
+  while (!p->head) pthread_cond_wait(&p->cv, &p->mu);
   servd_interp *it = p->head;
   p->head = it->next_free;
-  if (!p->head)
-    p->tail = NULL;
+  if (!p->head) p->tail = NULL;
   it->next_free = NULL;
   atomic_store_explicit(&it->in_use, 1, memory_order_relaxed);
   pthread_mutex_unlock(&p->mu);
@@ -178,21 +171,17 @@ servd_interp *servd_pool_acquire(servd_pool *p) {
 }
 
 servd_interp *servd_pool_get(servd_pool *p, int index) {
-  if (!p || index < 0 || index >= p->n)
-    return NULL;
+  if (!p || index < 0 || index >= p->n) return NULL;
   return &p->its[index];
 }
 
 void servd_pool_release(servd_pool *p, servd_interp *it) {
-  if (!p || !it)
-    return;
+  if (!p || !it) return;
   pthread_mutex_lock(&p->mu);
   atomic_store_explicit(&it->in_use, 0, memory_order_relaxed);
   it->next_free = NULL;
-  if (p->tail)
-    p->tail->next_free = it;
-  else
-    p->head = it;
+  if (p->tail) p->tail->next_free = it;
+  else p->head = it;
   p->tail = it;
   pthread_cond_signal(&p->cv);
   pthread_mutex_unlock(&p->mu);

@@ -47,8 +47,8 @@ int servd_tls_keys__confine(void *ns_handle, const char *what) {
                       "interp: %s: only %d pthread key slots below %d were free for the interpreters (%d needed): "
                       "call servd_interp_early_init() first in main",
                       what, __builtin_popcount(slots), SERVD_GUEST_KEYS, SERVD_GUEST_KEYS_MIN);
-  int (*create)(pthread_key_t *, void (*)(void *)) = (int (*)(pthread_key_t *, void (*)(void *)))dlsym(
-      ns_handle, "pthread_key_create");
+  int (*create)(pthread_key_t *, void (*)(void *)) =
+      (int (*)(pthread_key_t *, void (*)(void *)))dlsym(ns_handle, "pthread_key_create");
   int (*delete)(pthread_key_t) = (int (*)(pthread_key_t))dlsym(ns_handle, "pthread_key_delete");
   if (!create || !delete)
     return servd_fail(SERVD_EUNSUPPORTED, "interp: %s: pthread_key_create/delete not found in the namespace's libc",
@@ -66,9 +66,11 @@ int servd_tls_keys__confine(void *ns_handle, const char *what) {
   for (int k = 0; k < KEYS_MAX && foreign < 0; k++)
     if (!(got[k / 64] & (1ull << (k % 64))) && !(k < 32 && (slots & (1u << k)))) foreign = k;
   for (pthread_key_t k = 0; k < 32; k++)
-    if ((slots & (1u << k)) && (got[0] & (1ull << k))) delete(k);
+    if ((slots & (1u << k)) && (got[0] & (1ull << k))) delete (k);
   if (foreign >= 0)
-    return servd_fail(SERVD_EUNSUPPORTED, "interp: %s: the namespace's libc already used pthread key %d, a slot of "
-                      "the main program", what, foreign);
+    return servd_fail(SERVD_EUNSUPPORTED,
+                      "interp: %s: the namespace's libc already used pthread key %d, a slot of "
+                      "the main program",
+                      what, foreign);
   return 0;
 }

@@ -39,8 +39,7 @@ static void *slot_main(void *arg) {
   pthread_setname_np(pthread_self(), "servd-watchdog");
   pthread_mutex_lock(&g_mu);
   for (;;) {
-    while (!s->firing)
-      pthread_cond_wait(&s->cv, &g_mu);
+    while (!s->firing) pthread_cond_wait(&s->cv, &g_mu);
     const servd_ns *ns = s->ns;
     uint64_t seq = s->seq;
     pthread_mutex_unlock(&g_mu);
@@ -67,14 +66,12 @@ static int start_detached(void *(*fn)(void *), void *arg) {
 /* Under g_mu: hands c to its namespace's helper unless that one is busy. False: try again soon. */
 static bool dispatch(servd_wd_call *c) {
   wd_slot *s = &g_slots[c->ns->slot];
-  if (s->firing)
-    return false;
+  if (s->firing) return false;
   if (s->started == 0) {
     pthread_cond_init(&s->cv, NULL);
     s->started = start_detached(slot_main, s) == 0 ? 1 : -1;
   }
-  if (s->started < 0)
-    return true; /* no thread for a helper: this namespace's deadlines are not enforced */
+  if (s->started < 0) return true; /* no thread for a helper: this namespace's deadlines are not enforced */
   s->firing = c;
   s->ns = c->ns;
   s->seq = c->seq;
@@ -89,10 +86,8 @@ static void *watchdog_main(void *arg) {
   for (;;) {
     int64_t now = servd_interp__now_ns(), next = INT64_MAX;
     for (servd_wd_call *c = g_calls; c; c = c->next) {
-      if (c->fire_ns <= now)
-        c->fire_ns = now + (dispatch(c) ? RETRY_NS : BUSY_RETRY_NS);
-      if (c->fire_ns < next)
-        next = c->fire_ns;
+      if (c->fire_ns <= now) c->fire_ns = now + (dispatch(c) ? RETRY_NS : BUSY_RETRY_NS);
+      if (c->fire_ns < next) next = c->fire_ns;
     }
     if (next == INT64_MAX) {
       pthread_cond_wait(&g_cv, &g_mu);
@@ -116,8 +111,7 @@ static void start(void) {
 
 int servd_wd__arm(servd_wd_call *c, const servd_ns *ns, uint64_t seq, int64_t deadline_ms) {
   pthread_once(&g_once, start);
-  if (g_started != 0)
-    return servd_fail(SERVD_ENOMEM, "interp: the deadline watchdog thread could not start");
+  if (g_started != 0) return servd_fail(SERVD_ENOMEM, "interp: the deadline watchdog thread could not start");
   c->ns = ns;
   c->seq = seq;
   c->fire_ns = servd_interp__now_ns() + deadline_ms * 1000000LL;
@@ -137,7 +131,6 @@ void servd_wd__disarm(servd_wd_call *c) {
       break;
     }
   }
-  while (g_slots[c->ns->slot].firing == c)
-    pthread_cond_wait(&g_fired_cv, &g_mu);
+  while (g_slots[c->ns->slot].firing == c) pthread_cond_wait(&g_fired_cv, &g_mu);
   pthread_mutex_unlock(&g_mu);
 }

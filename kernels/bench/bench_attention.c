@@ -29,8 +29,6 @@
 
 #define FOOTPRINT (512u << 20) /* bytes cycled through per side by default: well above any L3 */
 
-
-
 /* ---- the anchor: read `bytes` with 64-bit loads, the sum kept so the loads stay ---------------- */
 typedef struct stream_job {
   const uint64_t *p;
@@ -152,8 +150,8 @@ int main(int argc, char **argv) {
   };
   printf("attention decode: %d sequences x %d cached tokens, block %d, tables %s, %d threads, median of %d\n", n_seqs,
          kv_len, bs, scrambled ? "scrambled" : "in order", servd_threadpool_size(), reps);
-  printf("%-28s %-4s %-7s %8s %8s %8s %8s %8s %8s %8s %8s\n", "heads/kv/dim", "kv", "isa", "ms", "GB/s", "stream", "pool",
-         "paged", "/stream", "/pool", "/paged");
+  printf("%-28s %-4s %-7s %8s %8s %8s %8s %8s %8s %8s %8s\n", "heads/kv/dim", "kv", "isa", "ms", "GB/s", "stream",
+         "pool", "paged", "/stream", "/pool", "/paged");
   for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
     const config *cf = &cfgs[ci];
     if (only >= 0 && (size_t)only != ci) continue;
@@ -238,12 +236,14 @@ int main(int argc, char **argv) {
         stream_job pj0 = {.p = (const uint64_t *)ops__kv_run(c, lp, 0, 0, 0)};
         if (pool_chunks > 0) servd_parallel_for((int64_t)pool_chunks, 1, stream_task, &pj0);
         double t3 = bench_now_s();
-        paged_job pj = {.c = c, .layer = lq, .pf_blocks = ops__attn_pf_blocks(c), .blocks_per_seq = blocks_per_seq,
-                        .scheme = scheme, .tables = tables};
-        if (scheme == PF_BLOCK_MAJOR)
-          servd_parallel_for(n_seqs, 1, block_major_task, &pj);
-        else
-          servd_parallel_for((int64_t)n_seqs * cf->n_kv, 1, paged_task, &pj);
+        paged_job pj = {.c = c,
+                        .layer = lq,
+                        .pf_blocks = ops__attn_pf_blocks(c),
+                        .blocks_per_seq = blocks_per_seq,
+                        .scheme = scheme,
+                        .tables = tables};
+        if (scheme == PF_BLOCK_MAJOR) servd_parallel_for(n_seqs, 1, block_major_task, &pj);
+        else servd_parallel_for((int64_t)n_seqs * cf->n_kv, 1, paged_task, &pj);
         double t4 = bench_now_s();
         if (r >= 0) {
           double ts = (t1 - t0) * (double)kv_bytes / (double)(per_call * chunk_bytes);
@@ -260,8 +260,8 @@ int main(int argc, char **argv) {
       double ta = bench_median(t_attn, reps);
       printf("%-28s %-4s %-7s %8.3f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", cf->name, servd_dtype_name(cf->dt),
              servd_isa_name((servd_isa)isa), ta * 1e3, kv_bytes / ta * 1e-9, bench_median(g_stream, reps),
-             bench_median(g_pool, reps), bench_median(g_paged, reps), bench_median(r_stream, reps), bench_median(r_pool, reps),
-             bench_median(r_paged, reps));
+             bench_median(g_pool, reps), bench_median(g_paged, reps), bench_median(r_stream, reps),
+             bench_median(r_pool, reps), bench_median(r_paged, reps));
       fflush(stdout);
     }
     servd_cpu_force_isa(SERVD_ISA_COUNT);

@@ -132,9 +132,9 @@ static void run_read(void *c) {
 
 static char report[16384];
 static size_t rlen;
-#define OUT(...)                                                                                 \
-  do {                                                                                           \
-    printf(__VA_ARGS__);                                                                         \
+#define OUT(...) \
+  do { \
+    printf(__VA_ARGS__); \
     rlen += (size_t)snprintf(report + rlen, rlen < sizeof report ? sizeof report - rlen : 0, __VA_ARGS__); \
   } while (0)
 

@@ -34,7 +34,8 @@ int main(int argc, char **argv) {
   static const servd_dtype dts[] = {SERVD_Q4_1, SERVD_Q4_K, SERVD_Q5_K, SERVD_Q6_K, SERVD_Q4_K};
   enum { ND = sizeof dts / sizeof *dts };
   const bool avx2 = servd_cpu_best_isa() > SERVD_ISA_AVX2;
-  printf("| n x k | m | %s GB/s | %s GB/s | %s GB/s | %s GB/s | q4_k avx2 GB/s | q4_k / q4_1 time | q4_k / q4_1 GB/s, best rounds |\n"
+  printf("| n x k | m | %s GB/s | %s GB/s | %s GB/s | %s GB/s | q4_k avx2 GB/s | q4_k / q4_1 time | q4_k / q4_1 GB/s, "
+         "best rounds |\n"
          "|---|---|---|---|---|---|---|---|---|\n",
          servd_dtype_name(dts[0]), servd_dtype_name(dts[1]), servd_dtype_name(dts[2]), servd_dtype_name(dts[3]));
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -43,7 +44,8 @@ int main(int argc, char **argv) {
     for (int d = 0; d < ND; d++) w[d] = weight(dts[d], n, k);
     for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
       const int m = ms[mi];
-      servd_tensor *x = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, k}), *o = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, n});
+      servd_tensor *x = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, k}),
+                   *o = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, n});
       for (int i = 0; i < m * k; i++) ((float *)servd_tensor_data(x))[i] = (float)(i % 17) / 8.0f - 1.0f;
       double t[ND][64], ratio[64];
       const int calls = (int)(2e8 / ((double)n * k)) + 1;
@@ -72,10 +74,8 @@ int main(int argc, char **argv) {
       printf("| %dx%d | %d |", n, k, m);
       for (int d = 0; d < ND; d++) {
         const double tm = bench_median(t[d], rounds);
-        if (tm > 0)
-          printf(" %.1f |", (double)servd_tensor_nbytes(w[d]) / tm * 1e-9);
-        else
-          printf(" - |");
+        if (tm > 0) printf(" %.1f |", (double)servd_tensor_nbytes(w[d]) / tm * 1e-9);
+        else printf(" - |");
       }
       printf(" %.2f | %.2f |\n", bench_median(ratio, rounds),
              (double)servd_tensor_nbytes(w[1]) / best[1] / ((double)servd_tensor_nbytes(w[0]) / best[0]));

@@ -42,7 +42,8 @@ int main(int argc, char **argv) {
     for (int d = 0; d < ND; d++) w[d] = weight(dts[d], n, k);
     for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
       const int m = ms[mi];
-      servd_tensor *x = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, k}), *o = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, n});
+      servd_tensor *x = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, k}),
+                   *o = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, n});
       for (int i = 0; i < m * k; i++) ((float *)servd_tensor_data(x))[i] = (float)(i % 17) / 8.0f - 1.0f;
       double t[ND][64];
       const int calls = (int)(5e7 / ((double)n * k)) + 1;
@@ -69,10 +70,8 @@ int main(int argc, char **argv) {
       }
       printf("| %dx%d | %d |", n, k, m);
       for (int d = 0; d < ND; d++) {
-        if (best[d] > 0)
-          printf(" %.1f |", best[d] * 1e6);
-        else
-          printf(" - |");
+        if (best[d] > 0) printf(" %.1f |", best[d] * 1e6);
+        else printf(" - |");
       }
       for (int d = 0; d < 2; d++) printf(" %.1f |", (double)servd_tensor_nbytes(w[d]) / best[d] * 1e-9);
       printf(" %.2f |\n", best[1] / best[0]);

@@ -18,8 +18,8 @@ extern "C" int servd_cuda_kv_write(servd_cuda_ctx *c, servd_bf16_t *k_cache, ser
   if (t == 0) return SERVD_OK;
   SERVD_CUDA_DEVICE_SCOPE(c);
   long long n = (long long)t * kv_dim;
-  kv_write_kernel<<<servd__div_up(n, 256), 256, 0, servd__stream(c)>>>(BF(k_cache), BF(v_cache), CBF(k), CBF(v),
-                                                                       slots, t, kv_dim, (long long)n_slots);
+  kv_write_kernel<<<servd__div_up(n, 256), 256, 0, servd__stream(c)>>>(BF(k_cache), BF(v_cache), CBF(k), CBF(v), slots,
+                                                                       t, kv_dim, (long long)n_slots);
   SERVD_CUDA_LAUNCH_CHECK();
   return SERVD_OK;
 }
@@ -44,8 +44,8 @@ static int decode_splits(int n_sms, int n_seqs, int n_heads, int max_blocks) {
  * share one scratch size instead of growing it (and dropping their graphs) bucket by bucket. */
 template <int DPL>
 static int launch_decode(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q, const servd_bf16_t *kc,
-                         const servd_bf16_t *vc, const servd_cuda_attn_batch *b, int n_heads, int group,
-                         int block_size, float scale, int window) {
+                         const servd_bf16_t *vc, const servd_cuda_attn_batch *b, int n_heads, int group, int block_size,
+                         float scale, int window) {
   constexpr int HD = DPL * 32;
   const int n_sms = servd__cuda_sm_count(c);
   const int n_splits = decode_splits(n_sms, b->n_seqs, n_heads, b->max_blocks);
@@ -56,13 +56,12 @@ static int launch_decode(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_
   if (!ws) return SERVD_ENOMEM;
   float *part_acc = ws, *part_ml = ws + parts * HD;
   dim3 grid(b->n_seqs, n_heads, n_splits);
-  decode_split_kernel<DPL><<<grid, 128, 0, servd__stream(c)>>>(part_acc, part_ml, CBF(q), CBF(kc), CBF(vc),
-                                                               b->q_start, b->kv_len, b->block_tables,
-                                                               b->max_blocks, n_heads, group, block_size, scale,
-                                                               window);
+  decode_split_kernel<DPL><<<grid, 128, 0, servd__stream(c)>>>(part_acc, part_ml, CBF(q), CBF(kc), CBF(vc), b->q_start,
+                                                               b->kv_len, b->block_tables, b->max_blocks, n_heads,
+                                                               group, block_size, scale, window);
   SERVD_CUDA_LAUNCH_CHECK();
-  decode_reduce_kernel<<<dim3(b->n_seqs, n_heads), HD, 0, servd__stream(c)>>>(BF(out), part_acc, part_ml,
-                                                                              b->q_start, n_heads, n_splits, HD);
+  decode_reduce_kernel<<<dim3(b->n_seqs, n_heads), HD, 0, servd__stream(c)>>>(BF(out), part_acc, part_ml, b->q_start,
+                                                                              n_heads, n_splits, HD);
   SERVD_CUDA_LAUNCH_CHECK();
   return SERVD_OK;
 }
@@ -93,8 +92,8 @@ static int launch_prefill(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16
   free(plan);
   if (rc) return rc;
   const size_t smem = SERVD_ATTN_BQ * HD * sizeof(float) + SERVD_ATTN_BK * (2 * HD + 2) * sizeof(__nv_bfloat16);
-  SERVD_CUDA_CHECK(cudaFuncSetAttribute(prefill_tile_kernel<DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
+  SERVD_CUDA_CHECK(
+      cudaFuncSetAttribute(prefill_tile_kernel<DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   prefill_tile_kernel<DPL><<<dim3(n_tiles, n_heads), 128, smem, servd__stream(c)>>>(
       BF(out), CBF(q), CBF(kc), CBF(vc), dplan, dplan + n_tiles, b->q_start, b->q_len, b->kv_len, b->block_tables,
       b->max_blocks, n_heads, group, block_size, scale, window);
@@ -125,23 +124,21 @@ extern "C" int servd_cuda_attention_window(servd_cuda_ctx *c, servd_bf16_t *out,
                                            const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads, int head_dim,
                                            int block_size, float scale, int window) {
   if (window < 0) return servd_fail(SERVD_EINVAL, "cuda attention: window %d (0: none)", window);
-  if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || block_size <= 0 || b->n_seqs < 0 ||
-      b->max_blocks <= 0)
-    return servd_fail(SERVD_EINVAL, "cuda attention: bad heads %d/%d, block_size %d, seqs %d, max_blocks %d",
-                      n_heads, n_kv_heads, block_size, b->n_seqs, b->max_blocks);
+  if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || block_size <= 0 || b->n_seqs < 0 || b->max_blocks <= 0)
+    return servd_fail(SERVD_EINVAL, "cuda attention: bad heads %d/%d, block_size %d, seqs %d, max_blocks %d", n_heads,
+                      n_kv_heads, block_size, b->n_seqs, b->max_blocks);
   for (int s = 0; s < b->n_seqs; s++)
-    if (b->h_q_len[s] < 0 || b->h_kv_len[s] < b->h_q_len[s] ||
-        b->h_kv_len[s] > (long long)b->max_blocks * block_size)
-      return servd_fail(SERVD_EINVAL, "cuda attention: sequence %d has q_len %d, kv_len %d (max %d)", s,
-                        b->h_q_len[s], b->h_kv_len[s], b->max_blocks * block_size);
+    if (b->h_q_len[s] < 0 || b->h_kv_len[s] < b->h_q_len[s] || b->h_kv_len[s] > (long long)b->max_blocks * block_size)
+      return servd_fail(SERVD_EINVAL, "cuda attention: sequence %d has q_len %d, kv_len %d (max %d)", s, b->h_q_len[s],
+                        b->h_kv_len[s], b->max_blocks * block_size);
   if (b->n_seqs == 0) return SERVD_OK;
   SERVD_CUDA_DEVICE_SCOPE(c);
   const int group = n_heads / n_kv_heads;
   switch (head_dim) {
-    case 64: return dispatch<2>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale, window);
-    case 96: return dispatch<3>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale, window);
-    case 128: return dispatch<4>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale, window);
-    case 256: return dispatch<8>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale, window);
-    default: return servd_fail(SERVD_EUNSUPPORTED, "cuda attention: head_dim %d (supported: 64, 96, 128, 256)", head_dim);
+  case 64: return dispatch<2>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale, window);
+  case 96: return dispatch<3>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale, window);
+  case 128: return dispatch<4>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale, window);
+  case 256: return dispatch<8>(c, out, q, k_cache, v_cache, b, n_heads, group, block_size, scale, window);
+  default: return servd_fail(SERVD_EUNSUPPORTED, "cuda attention: head_dim %d (supported: 64, 96, 128, 256)", head_dim);
   }
 }

@@ -21,8 +21,8 @@
 #define SERVD_ATTN_BQ 16
 #define SERVD_ATTN_BK 32
 
-__global__ void kv_write_kernel(__nv_bfloat16 *kc, __nv_bfloat16 *vc, const __nv_bfloat16 *k,
-                                const __nv_bfloat16 *v, const int32_t *slots, int t, int kv_dim, long long n_slots) {
+__global__ void kv_write_kernel(__nv_bfloat16 *kc, __nv_bfloat16 *vc, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                                const int32_t *slots, int t, int kv_dim, long long n_slots) {
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (long long)t * kv_dim) return;
   const int row = (int)(i / kv_dim), e = (int)(i % kv_dim);
@@ -44,8 +44,8 @@ template <int DPL>
 __global__ void decode_split_kernel(float *part_acc, float *part_ml, const __nv_bfloat16 *__restrict__ q,
                                     const __nv_bfloat16 *__restrict__ kc, const __nv_bfloat16 *__restrict__ vc,
                                     const int32_t *__restrict__ q_start, const int32_t *__restrict__ kv_len,
-                                    const int32_t *__restrict__ tables, int max_blocks, int n_heads,
-                                    int group, int block_size, float scale, int window) {
+                                    const int32_t *__restrict__ tables, int max_blocks, int n_heads, int group,
+                                    int block_size, float scale, int window) {
   constexpr int HD = DPL * 32;
   const int seq = blockIdx.x, head = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
@@ -144,15 +144,14 @@ template <int DPL>
 __global__ void prefill_tile_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *__restrict__ q,
                                     const __nv_bfloat16 *__restrict__ kc, const __nv_bfloat16 *__restrict__ vc,
                                     const int32_t *tile_seq, const int32_t *tile_q0, const int32_t *q_start,
-                                    const int32_t *q_len, const int32_t *kv_len, const int32_t *tables,
-                                    int max_blocks, int n_heads, int group, int block_size, float scale,
-                                    int window) {
+                                    const int32_t *q_len, const int32_t *kv_len, const int32_t *tables, int max_blocks,
+                                    int n_heads, int group, int block_size, float scale, int window) {
   constexpr int HD = DPL * 32, KS = HD + 2; /* padded K rows: conflict-free bf16x2 reads */
   constexpr int ROWS_PER_WARP = SERVD_ATTN_BQ / 4;
   extern __shared__ unsigned char smem_raw[];
-  float *qs = reinterpret_cast<float *>(smem_raw);                               /* [BQ][HD] */
+  float *qs = reinterpret_cast<float *>(smem_raw);                                /* [BQ][HD] */
   __nv_bfloat16 *ks = reinterpret_cast<__nv_bfloat16 *>(qs + SERVD_ATTN_BQ * HD); /* [BK][KS] */
-  __nv_bfloat16 *vs = ks + SERVD_ATTN_BK * KS;                                   /* [BK][HD] */
+  __nv_bfloat16 *vs = ks + SERVD_ATTN_BK * KS;                                    /* [BK][HD] */
 
   const int seq = tile_seq[blockIdx.x], q0 = tile_q0[blockIdx.x], head = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -163,8 +162,8 @@ __global__ void prefill_tile_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *__r
 
   for (int i = threadIdx.x; i < SERVD_ATTN_BQ * HD; i += blockDim.x) {
     const int r = i / HD, d = i % HD;
-    qs[i] = r < rows ? __bfloat162float(q[((long long)(q_start[seq] + q0 + r) * n_heads + head) * HD + d]) * scale
-                     : 0.f;
+    qs[i] =
+        r < rows ? __bfloat162float(q[((long long)(q_start[seq] + q0 + r) * n_heads + head) * HD + d]) * scale : 0.f;
   }
   float m[ROWS_PER_WARP], l[ROWS_PER_WARP], acc[ROWS_PER_WARP][DPL];
 #pragma unroll

@@ -14,7 +14,7 @@ struct servd_cuda_ctx {
   void *blas_ws; /* cuBLAS workspace of our own: cuBLAS then allocates nothing while a graph is captured */
   void *scratch; /* grow-only, from pool */
   size_t scratch_bytes;
-  int n_sms;     /* streaming multiprocessors: sizes the split-K attention grid */
+  int n_sms; /* streaming multiprocessors: sizes the split-K attention grid */
 };
 
 // Per-device generation: bumped whenever device memory a captured graph could reference is freed or

@@ -9,12 +9,11 @@
 #include "servd/cuda.h"
 #include "servd/status.h"
 
-#define SERVD_CUDA_CHECK(call)                                                                     \
-  do {                                                                                             \
-    cudaError_t err_ = (call);                                                                     \
-    if (err_ != cudaSuccess)                                                                       \
-      return servd_fail(SERVD_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #call,                 \
-                        cudaGetErrorString(err_));                                                 \
+#define SERVD_CUDA_CHECK(call) \
+  do { \
+    cudaError_t err_ = (call); \
+    if (err_ != cudaSuccess) \
+      return servd_fail(SERVD_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
   } while (0)
 
 // After a kernel launch: launch-configuration errors surface here.
@@ -48,11 +47,11 @@ struct servd__device_scope {
 };
 
 // At the top of an int entry point: the context's device is current until it returns.
-#define SERVD_CUDA_DEVICE_SCOPE(ctx)                                                               \
-  servd__device_scope device_scope_(servd_cuda_ctx_device(ctx));                                   \
-  if (device_scope_.err != cudaSuccess)                                                            \
-    return servd_fail(SERVD_EDEVICE, "%s:%d: making device %d current: %s", __FILE__, __LINE__,    \
-                      servd_cuda_ctx_device(ctx), cudaGetErrorString(device_scope_.err))
+#define SERVD_CUDA_DEVICE_SCOPE(ctx) \
+  servd__device_scope device_scope_(servd_cuda_ctx_device(ctx)); \
+  if (device_scope_.err != cudaSuccess) \
+  return servd_fail(SERVD_EDEVICE, "%s:%d: making device %d current: %s", __FILE__, __LINE__, \
+                    servd_cuda_ctx_device(ctx), cudaGetErrorString(device_scope_.err))
 
 static inline cudaStream_t servd__stream(servd_cuda_ctx *c) { return (cudaStream_t)servd_cuda_ctx_stream(c); }
 

@@ -68,11 +68,21 @@ extern "C" int servd_cuda_dequantize(servd_cuda_ctx *c, servd_tensor *out, const
   float *o = (float *)servd_tensor_data(out);
   const unsigned char *q = (const unsigned char *)servd_tensor_data(x);
   switch (x->dtype) {
-  case SERVD_Q8_0: dequantize_kernel<SERVD_Q8_0><<<(unsigned)grid, threads, 0, servd__stream(c)>>>(o, q, n_blocks); break;
-  case SERVD_Q4_0: dequantize_kernel<SERVD_Q4_0><<<(unsigned)grid, threads, 0, servd__stream(c)>>>(o, q, n_blocks); break;
-  case SERVD_Q4_1: dequantize_kernel<SERVD_Q4_1><<<(unsigned)grid, threads, 0, servd__stream(c)>>>(o, q, n_blocks); break;
-  case SERVD_Q5_0: dequantize_kernel<SERVD_Q5_0><<<(unsigned)grid, threads, 0, servd__stream(c)>>>(o, q, n_blocks); break;
-  case SERVD_Q5_1: dequantize_kernel<SERVD_Q5_1><<<(unsigned)grid, threads, 0, servd__stream(c)>>>(o, q, n_blocks); break;
+  case SERVD_Q8_0:
+    dequantize_kernel<SERVD_Q8_0><<<(unsigned)grid, threads, 0, servd__stream(c)>>>(o, q, n_blocks);
+    break;
+  case SERVD_Q4_0:
+    dequantize_kernel<SERVD_Q4_0><<<(unsigned)grid, threads, 0, servd__stream(c)>>>(o, q, n_blocks);
+    break;
+  case SERVD_Q4_1:
+    dequantize_kernel<SERVD_Q4_1><<<(unsigned)grid, threads, 0, servd__stream(c)>>>(o, q, n_blocks);
+    break;
+  case SERVD_Q5_0:
+    dequantize_kernel<SERVD_Q5_0><<<(unsigned)grid, threads, 0, servd__stream(c)>>>(o, q, n_blocks);
+    break;
+  case SERVD_Q5_1:
+    dequantize_kernel<SERVD_Q5_1><<<(unsigned)grid, threads, 0, servd__stream(c)>>>(o, q, n_blocks);
+    break;
   default: return servd_fail(SERVD_EINVAL, "cuda dequantize: x is %s", servd_dtype_name(x->dtype));
   }
   SERVD_CUDA_LAUNCH_CHECK();

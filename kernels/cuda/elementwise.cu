@@ -3,8 +3,8 @@
 #define BF(p) reinterpret_cast<__nv_bfloat16 *>(p)
 #define CBF(p) reinterpret_cast<const __nv_bfloat16 *>(p)
 
-extern "C" int servd_cuda_swiglu(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *gate,
-                                 const servd_bf16_t *up, int64_t n) {
+extern "C" int servd_cuda_swiglu(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *gate, const servd_bf16_t *up,
+                                 int64_t n) {
   if (n <= 0) return n == 0 ? SERVD_OK : servd_fail(SERVD_EINVAL, "cuda swiglu: n=%lld", (long long)n);
   SERVD_CUDA_DEVICE_SCOPE(c);
   swiglu_kernel<<<servd__div_up(n, 256), 256, 0, servd__stream(c)>>>(BF(out), CBF(gate), CBF(up), n);
@@ -21,12 +21,10 @@ extern "C" int servd_cuda_add(servd_cuda_ctx *c, servd_bf16_t *out, const servd_
   return SERVD_OK;
 }
 
-extern "C" int servd_cuda_fill_random_bf16(servd_cuda_ctx *c, servd_bf16_t *x, size_t n, uint64_t seed,
-                                           float scale) {
+extern "C" int servd_cuda_fill_random_bf16(servd_cuda_ctx *c, servd_bf16_t *x, size_t n, uint64_t seed, float scale) {
   if (n == 0) return SERVD_OK;
   SERVD_CUDA_DEVICE_SCOPE(c);
-  fill_random_kernel<<<servd__div_up((long long)n, 256), 256, 0, servd__stream(c)>>>(BF(x), (long long)n, seed,
-                                                                                    scale);
+  fill_random_kernel<<<servd__div_up((long long)n, 256), 256, 0, servd__stream(c)>>>(BF(x), (long long)n, seed, scale);
   SERVD_CUDA_LAUNCH_CHECK();
   return SERVD_OK;
 }

@@ -2,8 +2,8 @@
 
 // Out-of-range ids give zero rows on the device (never a read out of bounds); callers validate ids
 // on the host before upload, so no flag readback stalls the stream.
-extern "C" int servd_cuda_embedding(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *table,
-                                    const int32_t *ids, int m, int d, int64_t vocab) {
+extern "C" int servd_cuda_embedding(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *table, const int32_t *ids,
+                                    int m, int d, int64_t vocab) {
   if (m < 0 || d <= 0 || vocab <= 0)
     return servd_fail(SERVD_EINVAL, "cuda embedding: bad shape m=%d d=%d vocab=%lld", m, d, (long long)vocab);
   if (m == 0) return SERVD_OK;

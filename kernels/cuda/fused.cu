@@ -37,15 +37,15 @@ __global__ void add_rmsnorm_kernel(__nv_bfloat16 *__restrict__ x, const __nv_bfl
     outr[i] = __float2bfloat16(__bfloat162float(xr[i]) * inv * __bfloat162float(w[i]));
 }
 
-int launch_add_rmsnorm(cudaStream_t s, servd_bf16_t *x, const servd_bf16_t *o, servd_bf16_t *out,
-                       const servd_bf16_t *w, int m, int d, float eps) {
+int launch_add_rmsnorm(cudaStream_t s, servd_bf16_t *x, const servd_bf16_t *o, servd_bf16_t *out, const servd_bf16_t *w,
+                       int m, int d, float eps) {
   add_rmsnorm_kernel<<<m, 256, 0, s>>>(reinterpret_cast<__nv_bfloat16 *>(x), reinterpret_cast<const __nv_bfloat16 *>(o),
                                        reinterpret_cast<__nv_bfloat16 *>(out),
                                        reinterpret_cast<const __nv_bfloat16 *>(w), d, eps);
   SERVD_CUDA_LAUNCH_CHECK();
   return SERVD_OK;
 }
-}  // namespace
+} // namespace
 
 bool servd__fused_ok(int device) {
   return device >= 0 && device < MAX_DEVICES && __atomic_load_n(&fused_ok_flags[device], __ATOMIC_ACQUIRE);
@@ -166,7 +166,7 @@ int check_matmul_many(servd_cuda_ctx *c, float *diff) {
   free(ha);
   return rc;
 }
-}  // namespace
+} // namespace
 
 extern "C" int servd_cuda_fused_check(servd_cuda_ctx *c, char *report, size_t cap) {
   char none[1];

@@ -4,12 +4,13 @@
 
 template <typename T> __device__ __forceinline__ float load(const T *p, long long i);
 template <> __device__ __forceinline__ float load(const float *p, long long i) { return p[i]; }
-template <> __device__ __forceinline__ float load(const __nv_bfloat16 *p, long long i) { return __bfloat162float(p[i]); }
+template <> __device__ __forceinline__ float load(const __nv_bfloat16 *p, long long i) {
+  return __bfloat162float(p[i]);
+}
 __device__ __forceinline__ void store(float *p, long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(__nv_bfloat16 *p, long long i, float v) { p[i] = __float2bfloat16(v); }
 
-template <typename T>
-__global__ void geglu_kernel(T *out, const T *gate, const T *up, long long n) {
+template <typename T> __global__ void geglu_kernel(T *out, const T *gate, const T *up, long long n) {
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float x = load(gate, i);
@@ -18,7 +19,8 @@ __global__ void geglu_kernel(T *out, const T *gate, const T *up, long long n) {
 }
 
 // Called by servd_device_geglu after the checks (servd__check_geglu, one device, contiguous).
-extern "C" int servd_cuda_geglu(servd_cuda_ctx *c, servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
+extern "C" int servd_cuda_geglu(servd_cuda_ctx *c, servd_tensor *out, const servd_tensor *gate,
+                                const servd_tensor *up) {
   const long long n = (long long)servd_tensor_numel(out);
   if (n == 0) return SERVD_OK;
   SERVD_CUDA_DEVICE_SCOPE(c);

@@ -8,10 +8,10 @@
 
 cublasHandle_t servd__cuda_blas(servd_cuda_ctx *c);
 
-#define BLAS_CHECK(call)                                                                              \
-  do {                                                                                                \
-    cublasStatus_t st_ = (call);                                                                      \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                 \
+#define BLAS_CHECK(call) \
+  do { \
+    cublasStatus_t st_ = (call); \
+    if (st_ != CUBLAS_STATUS_SUCCESS) \
       return servd_fail(SERVD_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #call, cublasGetStatusString(st_)); \
   } while (0)
 
@@ -64,8 +64,7 @@ int servd__gemv_launch_bf16(cudaStream_t s, int variant, __nv_bfloat16 *out, con
 }
 
 template <int KS>
-static void launch_many(cudaStream_t s, const gemv_segments<__nv_bfloat16> &sg, const __nv_bfloat16 *x, int m,
-                        int k) {
+static void launch_many(cudaStream_t s, const gemv_segments<__nv_bfloat16> &sg, const __nv_bfloat16 *x, int m, int k) {
   dim3 grid(servd__div_up(sg.start[sg.count], 8 / KS));
   switch (m) {
 #define CASE(M) \
@@ -75,8 +74,8 @@ static void launch_many(cudaStream_t s, const gemv_segments<__nv_bfloat16> &sg, 
   }
 }
 
-int servd__gemv_many_launch(cudaStream_t s, int variant, int count, __nv_bfloat16 *const *outs,
-                            const __nv_bfloat16 *x, const __nv_bfloat16 *const *ws, const int *ns, int m, int k) {
+int servd__gemv_many_launch(cudaStream_t s, int variant, int count, __nv_bfloat16 *const *outs, const __nv_bfloat16 *x,
+                            const __nv_bfloat16 *const *ws, const int *ns, int m, int k) {
   if (count < 1 || count > SERVD_GEMV_MAX_SEGMENTS || m < 1 || m > 8)
     return servd_fail(SERVD_EINVAL, "cuda matmul_many: %d weights, m=%d (1..%d weights, m 1..8)", count, m,
                       SERVD_GEMV_MAX_SEGMENTS);
@@ -102,8 +101,8 @@ int servd__gemv_many_launch(cudaStream_t s, int variant, int count, __nv_bfloat1
 }
 
 template <typename OutT>
-static int matmul_any(servd_cuda_ctx *c, OutT *out, const servd_bf16_t *x, const servd_bf16_t *w, int m, int n,
-                      int k, cudaDataType_t out_type) {
+static int matmul_any(servd_cuda_ctx *c, OutT *out, const servd_bf16_t *x, const servd_bf16_t *w, int m, int n, int k,
+                      cudaDataType_t out_type) {
   if (m < 0 || n < 0 || k < 0)
     return servd_fail(SERVD_EINVAL, "cuda matmul: negative shape x(%d,%d) w(%d,%d)", m, k, n, k);
   if (m == 0 || n == 0) return SERVD_OK;
@@ -144,10 +143,9 @@ extern "C" int servd_cuda_matmul_many(servd_cuda_ctx *c, int count, servd_bf16_t
   const int device = servd_cuda_ctx_device(c);
   if (m >= 1 && m <= 8 && k > 0 && k % 8 == 0 && servd__fused_ok(device)) {
     SERVD_CUDA_DEVICE_SCOPE(c);
-    return servd__gemv_many_launch(servd__stream(c), servd__gemv_choice(device, total, k), count,
-                                   reinterpret_cast<__nv_bfloat16 *const *>(outs),
-                                   reinterpret_cast<const __nv_bfloat16 *>(x),
-                                   reinterpret_cast<const __nv_bfloat16 *const *>(ws), ns, m, k);
+    return servd__gemv_many_launch(
+        servd__stream(c), servd__gemv_choice(device, total, k), count, reinterpret_cast<__nv_bfloat16 *const *>(outs),
+        reinterpret_cast<const __nv_bfloat16 *>(x), reinterpret_cast<const __nv_bfloat16 *const *>(ws), ns, m, k);
   }
   for (int i = 0; i < count; i++) { /* the parts: one matmul per weight */
     int rc = servd_cuda_matmul(c, outs[i], x, ws[i], m, ns[i], k);

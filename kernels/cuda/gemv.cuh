@@ -48,10 +48,8 @@ __global__ void gemv_bf16_kernel(OutT *__restrict__ out, const __nv_bfloat16 *__
   for (int r = 0; r < M; r++) {
     float v = warp_sum(acc[r]);
     if (lane == 0) {
-      if constexpr (sizeof(OutT) == 4)
-        out[(size_t)r * n + col] = v;
-      else
-        out[(size_t)r * n + col] = __float2bfloat16(v);
+      if constexpr (sizeof(OutT) == 4) out[(size_t)r * n + col] = v;
+      else out[(size_t)r * n + col] = __float2bfloat16(v);
     }
   }
 }
@@ -118,10 +116,8 @@ __device__ __forceinline__ void gemv_split_column(OutT *__restrict__ out, const 
     if (lane == 0 && col < n) {
 #pragma unroll
       for (int r = 0; r < M; r++) {
-        if constexpr (sizeof(OutT) == 4)
-          out[(size_t)r * n + col] = acc[r];
-        else
-          out[(size_t)r * n + col] = __float2bfloat16(acc[r]);
+        if constexpr (sizeof(OutT) == 4) out[(size_t)r * n + col] = acc[r];
+        else out[(size_t)r * n + col] = __float2bfloat16(acc[r]);
       }
     }
   } else {
@@ -135,10 +131,8 @@ __device__ __forceinline__ void gemv_split_column(OutT *__restrict__ out, const 
       float v = 0.f;
 #pragma unroll
       for (int s = 0; s < KS; s++) v += part[warp + s][lane];
-      if constexpr (sizeof(OutT) == 4)
-        out[(size_t)lane * n + col] = v;
-      else
-        out[(size_t)lane * n + col] = __float2bfloat16(v);
+      if constexpr (sizeof(OutT) == 4) out[(size_t)lane * n + col] = v;
+      else out[(size_t)lane * n + col] = __float2bfloat16(v);
     }
   }
 }
@@ -154,8 +148,7 @@ __global__ void __launch_bounds__(256)
 // end to end, each warp finds its weight by its column, and computes exactly what the split kernel
 // computes for that weight alone.
 #define SERVD_GEMV_MAX_SEGMENTS 4
-template <typename OutT>
-struct gemv_segments {
+template <typename OutT> struct gemv_segments {
   const __nv_bfloat16 *w[SERVD_GEMV_MAX_SEGMENTS];
   OutT *out[SERVD_GEMV_MAX_SEGMENTS];
   int n[SERVD_GEMV_MAX_SEGMENTS];
@@ -164,8 +157,8 @@ struct gemv_segments {
 };
 
 template <int M, typename OutT, int KS>
-__global__ void __launch_bounds__(256) gemv_bf16_many_kernel(const gemv_segments<OutT> sg,
-                                                             const __nv_bfloat16 *__restrict__ x, int k) {
+__global__ void __launch_bounds__(256)
+    gemv_bf16_many_kernel(const gemv_segments<OutT> sg, const __nv_bfloat16 *__restrict__ x, int k) {
   const int g = blockIdx.x * (8 / KS) + threadIdx.x / 32 / KS;
   int s = 0;
   while (s + 1 < sg.count && g >= sg.start[s + 1]) s++;

@@ -23,8 +23,8 @@ int servd__gemv_launch_f32(cudaStream_t s, int variant, float *out, const __nv_b
 int servd__gemv_launch_bf16(cudaStream_t s, int variant, __nv_bfloat16 *out, const __nv_bfloat16 *x,
                             const __nv_bfloat16 *w, int m, int n, int k);
 // One launch over several weights against the same x (gemv_bf16_many_kernel), KS from the variant.
-int servd__gemv_many_launch(cudaStream_t s, int variant, int count, __nv_bfloat16 *const *outs,
-                            const __nv_bfloat16 *x, const __nv_bfloat16 *const *ws, const int *ns, int m, int k);
+int servd__gemv_many_launch(cudaStream_t s, int variant, int count, __nv_bfloat16 *const *outs, const __nv_bfloat16 *x,
+                            const __nv_bfloat16 *const *ws, const int *ns, int m, int k);
 
 // Whether the fused kernels (fused.cu) passed their check on this device: until then the fused entry
 // points run their parts.

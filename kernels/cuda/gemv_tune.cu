@@ -64,7 +64,7 @@ struct buffers {
 };
 
 constexpr float TOLERANCE = 1e-3f; /* f32 sums in another order differ by ~1e-6 of their size */
-}  // namespace
+} // namespace
 
 int servd__gemv_choice(int device, int n, int k) {
   int cnt = __atomic_load_n(&n_choices, __ATOMIC_ACQUIRE);
@@ -148,8 +148,7 @@ static int tune(servd_cuda_ctx *c, buffers &b, int n, int k, char *report, size_
   size_t used = 0;
   used += (size_t)snprintf(report, cap, "%d x %d bf16 at 1 row:", n, k);
   for (int v = 0; v < SERVD_GEMV_VARIANTS && used < cap; v++) {
-    if (isinf(secs[v]))
-      used += (size_t)snprintf(report + used, cap - used, " %s WRONG (error %.2g)", names[v], err[v]);
+    if (isinf(secs[v])) used += (size_t)snprintf(report + used, cap - used, " %s WRONG (error %.2g)", names[v], err[v]);
     else
       used += (size_t)snprintf(report + used, cap - used, " %s %.2f TB/s%s", names[v], wn * 2.0 / secs[v] / 1e12,
                                v == best ? " (chosen)" : "");

@@ -10,7 +10,7 @@ struct block {
   size_t size;
   block *next;
 };
-}  // namespace
+} // namespace
 
 struct servd__cuda_pool {
   int device;
@@ -94,8 +94,7 @@ void *servd__cuda_pool_alloc(servd__cuda_pool *p, size_t bytes) {
       cudaGetLastError(); /* not left for the next launch check to find */
       free(b);
       pthread_mutex_unlock(&p->lock);
-      servd_fail(SERVD_ENOMEM, "cuda pool: cudaMalloc(%zu) on device %d: %s", size, p->device,
-                 cudaGetErrorString(err));
+      servd_fail(SERVD_ENOMEM, "cuda pool: cudaMalloc(%zu) on device %d: %s", size, p->device, cudaGetErrorString(err));
       return NULL;
     }
     b->ptr = ptr;

@@ -58,7 +58,8 @@ static bool cas(int *p, int from, int to) {
 
 extern "C" int servd_nccl_create(servd_nccl **out, int n_ranks, const int *devices) {
   *out = NULL;
-  if (n_ranks < 1 || !devices) return servd_fail(SERVD_EINVAL, "nccl_create: %d ranks, devices %p", n_ranks, (const void *)devices);
+  if (n_ranks < 1 || !devices)
+    return servd_fail(SERVD_EINVAL, "nccl_create: %d ranks, devices %p", n_ranks, (const void *)devices);
   servd_nccl *n = (servd_nccl *)calloc(1, sizeof *n);
   ncclComm_t *comms = (ncclComm_t *)calloc((size_t)n_ranks, sizeof *comms);
   int *state = (int *)calloc((size_t)n_ranks, sizeof *state); /* ST_IDLE */
@@ -152,7 +153,7 @@ static int enter(servd_nccl *n, int rank, const char *op) {
 static bool leave(servd_nccl *n, int rank) {
   if (cas(&n->state[rank], ST_BUSY, ST_IDLE)) return false;
   while (ld(&n->state[rank]) == ST_REVOKING) sched_yield(); /* abort is inside ncclCommRevoke */
-  abort_owned(n, rank);                                   /* ST_PENDING */
+  abort_owned(n, rank);                                     /* ST_PENDING */
   return true;
 }
 
@@ -166,8 +167,7 @@ static int finish(servd_nccl *n, int rank, const char *op, ncclResult_t r, cudaE
   return SERVD_OK;
 }
 
-extern "C" int servd_nccl_allreduce_bf16(servd_nccl *n, int rank, servd_cuda_ctx *c, servd_bf16_t *x,
-                                         size_t count) {
+extern "C" int servd_nccl_allreduce_bf16(servd_nccl *n, int rank, servd_cuda_ctx *c, servd_bf16_t *x, size_t count) {
   int rc = enter(n, rank, "allreduce");
   if (rc) return rc;
   ncclResult_t r = ncclSuccess;
@@ -190,7 +190,8 @@ extern "C" int servd_nccl_allgather_f32(servd_nccl *n, int rank, servd_cuda_ctx 
     servd__device_scope scope(servd_cuda_ctx_device(c));
     ce = scope.err;
     if (ce == cudaSuccess && n->n == 1) {
-      if (send != recv) ce = cudaMemcpyAsync(recv, send, count * sizeof(float), cudaMemcpyDeviceToDevice, servd__stream(c));
+      if (send != recv)
+        ce = cudaMemcpyAsync(recv, send, count * sizeof(float), cudaMemcpyDeviceToDevice, servd__stream(c));
       if (ce != cudaSuccess) cudaGetLastError();
     } else if (ce == cudaSuccess) {
       r = ncclAllGather(send, recv, count, ncclFloat32, n->comms[rank], servd__stream(c));
@@ -234,8 +235,10 @@ extern "C" int servd_nccl_rebuild(servd_nccl *n) {
   for (int i = 0; i < n->n; i++)
     if (ld(&n->state[i]) != ST_DEAD) {
       pthread_mutex_unlock(&n->admin);
-      return servd_fail(SERVD_EBUSY, "nccl rebuild: rank %d is still inside a collective; rebuild once every rank "
-                        "returned", i);
+      return servd_fail(SERVD_EBUSY,
+                        "nccl rebuild: rank %d is still inside a collective; rebuild once every rank "
+                        "returned",
+                        i);
     }
   ncclComm_t *fresh = (ncclComm_t *)calloc((size_t)n->n, sizeof *fresh);
   if (!fresh) {

@@ -5,8 +5,8 @@
 #pragma once
 #include "rms.cuh"
 
-__global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *__restrict__ w,
-                               int d, float eps) {
+__global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *__restrict__ w, int d,
+                               float eps) {
   const __nv_bfloat16 *xr = x + (size_t)blockIdx.x * d;
   __nv_bfloat16 *outr = out + (size_t)blockIdx.x * d;
   float ss = 0.f;

@@ -5,7 +5,8 @@ extern "C" int servd_cuda_rope(servd_cuda_ctx *c, servd_bf16_t *x, const int32_t
   if (m < 0 || n_heads <= 0 || p->head_dim <= 0 || p->head_dim % 2)
     return servd_fail(SERVD_EINVAL, "cuda rope: bad shape m=%d heads=%d head_dim=%d", m, n_heads, p->head_dim);
   if (m == 0) return SERVD_OK;
-  rope_args a = {(int)p->layout, p->head_dim, p->theta, p->scaling_factor, p->low_freq_factor, p->high_freq_factor,
+  rope_args a = {(int)p->layout,           p->head_dim,        p->theta,
+                 p->scaling_factor,        p->low_freq_factor, p->high_freq_factor,
                  p->original_max_positions};
   const long long pairs = (long long)m * (p->head_dim / 2);
   const dim3 grid(servd__div_up(pairs, 256), servd__div_up(n_heads, SERVD_ROPE_HEADS_PER_THREAD));

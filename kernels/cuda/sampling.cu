@@ -22,8 +22,8 @@ extern "C" int servd_cuda_topk(servd_cuda_ctx *c, float *values, int32_t *indice
   return SERVD_OK;
 }
 
-extern "C" int servd_cuda_sample(servd_cuda_ctx *c, int32_t *out, const float *logits, int m, int n,
-                                 float temperature, const uint64_t *seeds, uint64_t step) {
+extern "C" int servd_cuda_sample(servd_cuda_ctx *c, int32_t *out, const float *logits, int m, int n, float temperature,
+                                 const uint64_t *seeds, uint64_t step) {
   if (m < 0 || n <= 0) return servd_fail(SERVD_EINVAL, "cuda sample: bad shape (%d,%d)", m, n);
   if (m == 0) return SERVD_OK;
   if (!(temperature > 0.f)) return servd_cuda_argmax(c, out, logits, m, n);

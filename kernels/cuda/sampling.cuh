@@ -32,11 +32,17 @@ __device__ __forceinline__ void block_argmax(float &v, int &i) {
   for (int o = 16; o > 0; o >>= 1) {
     float ov = __shfl_xor_sync(0xffffffffu, v, o);
     int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (better(ov, oi, v, i)) { v = ov; i = oi; }
+    if (better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();
-  if (lane == 0) { sv[warp] = v; si[warp] = i; }
+  if (lane == 0) {
+    sv[warp] = v;
+    si[warp] = i;
+  }
   __syncthreads();
   if (warp == 0) {
     v = lane < (int)(blockDim.x / 32) ? sv[lane] : sel_none_value();
@@ -45,9 +51,15 @@ __device__ __forceinline__ void block_argmax(float &v, int &i) {
     for (int o = 16; o > 0; o >>= 1) {
       float ov = __shfl_xor_sync(0xffffffffu, v, o);
       int oi = __shfl_xor_sync(0xffffffffu, i, o);
-      if (better(ov, oi, v, i)) { v = ov; i = oi; }
+      if (better(ov, oi, v, i)) {
+        v = ov;
+        i = oi;
+      }
     }
-    if (lane == 0) { sv[0] = v; si[0] = i; }
+    if (lane == 0) {
+      sv[0] = v;
+      si[0] = i;
+    }
   }
   __syncthreads();
   v = sv[0];
@@ -59,7 +71,10 @@ __global__ void argmax_kernel(int32_t *out, const float *logits, int n) {
   float bv = sel_none_value();
   int bi = SERVD_SEL_NONE;
   for (int j = threadIdx.x; j < n; j += blockDim.x)
-    if (better(row[j], j, bv, bi)) { bv = row[j]; bi = j; }
+    if (better(row[j], j, bv, bi)) {
+      bv = row[j];
+      bi = j;
+    }
   block_argmax(bv, bi);
   if (threadIdx.x == 0) out[blockIdx.x] = bi; /* n >= 1: some element outranked the sentinel */
 }
@@ -76,7 +91,10 @@ __global__ void topk_kernel(float *values, int32_t *indices, const float *logits
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
       const float v = row[j];
       const bool after_prev = prev_i < 0 || better(prev_v, prev_i, v, j);
-      if (after_prev && better(v, j, bv, bi)) { bv = v; bi = j; }
+      if (after_prev && better(v, j, bv, bi)) {
+        bv = v;
+        bi = j;
+      }
     }
     block_argmax(bv, bi);
     if (threadIdx.x == 0) {
@@ -111,7 +129,10 @@ __global__ void sample_kernel(int32_t *out, const float *logits, int n, float in
   int bi = SERVD_SEL_NONE;
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
     const float v = row[j] * inv_t + gumbel(seed, step, (unsigned)j);
-    if (better(v, j, bv, bi)) { bv = v; bi = j; }
+    if (better(v, j, bv, bi)) {
+      bv = v;
+      bi = j;
+    }
   }
   block_argmax(bv, bi);
   if (threadIdx.x == 0) out[blockIdx.x] = bi;

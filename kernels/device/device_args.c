@@ -37,7 +37,8 @@ int servd__dev_check_new(const char *op, servd_dtype dtype, int ndim, const int6
     return servd_fail(SERVD_EINVAL, "%s: ndim %d outside [0, %d]", op, ndim, SERVD_MAX_DIMS);
   uint64_t n = 1;
   for (int i = 0; i < ndim; i++) {
-    if (shape[i] < 0) return servd_fail(SERVD_EINVAL, "%s: dimension %d is negative (%lld)", op, i, (long long)shape[i]);
+    if (shape[i] < 0)
+      return servd_fail(SERVD_EINVAL, "%s: dimension %d is negative (%lld)", op, i, (long long)shape[i]);
     if (shape[i] && n > ((uint64_t)1 << 50) / (uint64_t)shape[i])
       return servd_fail(SERVD_ERANGE, "%s: shape overflows (dimension %d = %lld)", op, i, (long long)shape[i]);
     n *= (uint64_t)shape[i];
@@ -57,21 +58,23 @@ int servd__dev_check_upload(const char *op, const servd_tensor *host, servd_dtyp
     return servd_fail(SERVD_EINVAL, "%s: source tensor has dtype %d and ndim %d", op, (int)host->dtype, host->ndim);
   bool ok;
   switch (dtype) {
-    case SERVD_BF16:
-    case SERVD_F32: ok = host->dtype != SERVD_I32; break;
-    case SERVD_I32: ok = host->dtype == SERVD_I32; break;
-    case SERVD_Q8_0:
-    case SERVD_Q4_0:
-    case SERVD_Q4_1:
-    case SERVD_Q5_0:
-    case SERVD_Q5_1: ok = host->dtype == dtype; break; /* the packed rows as they are */
-    default:
-      return servd_fail(SERVD_EINVAL, "%s: dtype %s (%d) is not a device dtype (bf16, f32, i32)", op,
-                        servd_dtype_name(dtype), (int)dtype);
+  case SERVD_BF16:
+  case SERVD_F32: ok = host->dtype != SERVD_I32; break;
+  case SERVD_I32: ok = host->dtype == SERVD_I32; break;
+  case SERVD_Q8_0:
+  case SERVD_Q4_0:
+  case SERVD_Q4_1:
+  case SERVD_Q5_0:
+  case SERVD_Q5_1: ok = host->dtype == dtype; break; /* the packed rows as they are */
+  default:
+    return servd_fail(SERVD_EINVAL, "%s: dtype %s (%d) is not a device dtype (bf16, f32, i32)", op,
+                      servd_dtype_name(dtype), (int)dtype);
   }
   if (!ok)
-    return servd_fail(SERVD_EINVAL, "%s: cannot convert %s to %s (bf16/f32 from float and block dtypes, i32 from i32, block dtypes as they are)",
-                      op, servd__dev_describe(host, b, sizeof b), servd_dtype_name(dtype));
+    return servd_fail(
+        SERVD_EINVAL,
+        "%s: cannot convert %s to %s (bf16/f32 from float and block dtypes, i32 from i32, block dtypes as they are)",
+        op, servd__dev_describe(host, b, sizeof b), servd_dtype_name(dtype));
   return SERVD_OK;
 }
 
@@ -100,9 +103,9 @@ int servd__dev_check_same(const char *op, const servd_tensor *const *ts, int n) 
   return SERVD_OK;
 }
 
-#define TRY(x)                \
-  do {                        \
-    int rc_ = (x);            \
+#define TRY(x) \
+  do { \
+    int rc_ = (x); \
     if (rc_ != 0) return rc_; \
   } while (0)
 
@@ -162,8 +165,8 @@ int servd__dev_check_embedding(servd_tensor *out, const servd_tensor *table, con
                       servd__dev_describe(out, a, sizeof a), servd__dev_describe(table, b, sizeof b),
                       servd__dev_describe(ids, c, sizeof c));
   if (ids->shape[0] > INT32_MAX || table->shape[1] > INT32_MAX || row_offset < 0)
-    return servd_fail(SERVD_ERANGE, "%s: %lld ids, d %lld, row_offset %lld out of range", op,
-                      (long long)ids->shape[0], (long long)table->shape[1], (long long)row_offset);
+    return servd_fail(SERVD_ERANGE, "%s: %lld ids, d %lld, row_offset %lld out of range", op, (long long)ids->shape[0],
+                      (long long)table->shape[1], (long long)row_offset);
   return SERVD_OK;
 }
 
@@ -178,7 +181,8 @@ int servd__dev_check_rmsnorm(servd_tensor *out, const servd_tensor *x, const ser
     return servd_fail(SERVD_EINVAL, "%s: out %s, x %s, weight %s: expected x (m,d), out like x, weight (d)", op,
                       servd__dev_describe(out, a, sizeof a), servd__dev_describe(x, b, sizeof b),
                       servd__dev_describe(w, c, sizeof c));
-  if (rows(x) > INT32_MAX || d > INT32_MAX) return servd_fail(SERVD_ERANGE, "%s: x %s too large", op, servd__dev_describe(x, a, sizeof a));
+  if (rows(x) > INT32_MAX || d > INT32_MAX)
+    return servd_fail(SERVD_ERANGE, "%s: x %s too large", op, servd__dev_describe(x, a, sizeof a));
   return SERVD_OK;
 }
 
@@ -191,9 +195,11 @@ int servd__dev_check_rope(servd_tensor *x, const servd_tensor *positions, const 
     return servd_fail(SERVD_EINVAL, "%s: head_dim %d (positive, even), layout %d", op, p->head_dim, (int)p->layout);
   int64_t m = x->ndim ? x->shape[0] : 0, width = m ? servd_tensor_numel(x) / m : 0;
   if (x->ndim < 2 || x->ndim > 3 || positions->ndim != 1 || positions->shape[0] != m || width % p->head_dim)
-    return servd_fail(SERVD_EINVAL, "%s: x %s, positions %s, head_dim %d: expected x (m, n_heads*head_dim) or "
-                      "(m, n_heads, head_dim), positions (m)", op, servd__dev_describe(x, a, sizeof a),
-                      servd__dev_describe(positions, b, sizeof b), p->head_dim);
+    return servd_fail(SERVD_EINVAL,
+                      "%s: x %s, positions %s, head_dim %d: expected x (m, n_heads*head_dim) or "
+                      "(m, n_heads, head_dim), positions (m)",
+                      op, servd__dev_describe(x, a, sizeof a), servd__dev_describe(positions, b, sizeof b),
+                      p->head_dim);
   if (m > INT32_MAX || width / p->head_dim > INT32_MAX)
     return servd_fail(SERVD_ERANGE, "%s: x %s too large", op, servd__dev_describe(x, a, sizeof a));
   return SERVD_OK;
@@ -237,9 +243,11 @@ int servd__dev_check_topk(servd_tensor *values, servd_tensor *indices, const ser
   if (x->ndim != 2 || x->shape[0] > INT32_MAX || x->shape[1] > INT32_MAX || k < 1 || k > 64 || k > x->shape[1] ||
       values->ndim != 2 || indices->ndim != 2 || values->shape[0] != x->shape[0] || values->shape[1] != k ||
       indices->shape[0] != x->shape[0] || indices->shape[1] != k)
-    return servd_fail(SERVD_EINVAL, "%s: values %s, indices %s, x %s, k %d: expected x (m,n), 1 <= k <= min(64,n), "
-                      "values and indices (m,k)", op, servd__dev_describe(values, a, sizeof a),
-                      servd__dev_describe(indices, b, sizeof b), servd__dev_describe(x, c, sizeof c), k);
+    return servd_fail(SERVD_EINVAL,
+                      "%s: values %s, indices %s, x %s, k %d: expected x (m,n), 1 <= k <= min(64,n), "
+                      "values and indices (m,k)",
+                      op, servd__dev_describe(values, a, sizeof a), servd__dev_describe(indices, b, sizeof b),
+                      servd__dev_describe(x, c, sizeof c), k);
   return SERVD_OK;
 }
 
@@ -262,8 +270,8 @@ int servd__dev_check_copy(const servd_tensor *dst, const servd_tensor *src) {
     return servd_fail(SERVD_EINVAL, "%s: dst %s and src %s must have the same dtype and shape", op,
                       servd__dev_describe(dst, a, sizeof a), servd__dev_describe(src, b, sizeof b));
   if (servd_dtype_is_quantized(dst->dtype))
-    return servd_fail(SERVD_EINVAL, "%s: %s: block dtypes are not copied to or from devices (upload converts them)",
-                      op, servd__dev_describe(src, a, sizeof a));
+    return servd_fail(SERVD_EINVAL, "%s: %s: block dtypes are not copied to or from devices (upload converts them)", op,
+                      servd__dev_describe(src, a, sizeof a));
   /* Copies go as 2D slabs (rows of the second-innermost dimension at one pitch); negative pitches
    * cannot be expressed. */
   const servd_tensor *ts[] = {dst, src};
@@ -289,7 +297,8 @@ int servd__dev_check_batch(const char *op, int max_tokens, int max_seqs, int max
     return servd_fail(SERVD_EINVAL, "%s: max_tokens %d, max_seqs %d, max_blocks_per_seq %d must all be positive", op,
                       max_tokens, max_seqs, max_blocks_per_seq);
   if ((int64_t)max_seqs * max_blocks_per_seq > (1 << 28))
-    return servd_fail(SERVD_ERANGE, "%s: block table of %d x %d entries is too large", op, max_seqs, max_blocks_per_seq);
+    return servd_fail(SERVD_ERANGE, "%s: block table of %d x %d entries is too large", op, max_seqs,
+                      max_blocks_per_seq);
   return SERVD_OK;
 }
 

@@ -10,10 +10,10 @@
 enum { F_TOKENS, F_POSITIONS, F_SLOTS, F_LOGIT_ROWS }; /* T each */
 struct servd_device_batch {
   int device, max_tokens, max_seqs, max_blocks;
-  servd_tensor *buf;   /* i32 (4*T + 3*S + S*B) on the device */
-  int32_t *pinned;     /* the same layout on the host, from cudaHostAlloc */
-  int32_t *h_seq;      /* q_start, q_len, kv_len (3*S) as last uploaded, for launch planning */
-  cudaEvent_t copied;  /* the last upload's copies have read the staging */
+  servd_tensor *buf;  /* i32 (4*T + 3*S + S*B) on the device */
+  int32_t *pinned;    /* the same layout on the host, from cudaHostAlloc */
+  int32_t *h_seq;     /* q_start, q_len, kv_len (3*S) as last uploaded, for launch planning */
+  cudaEvent_t copied; /* the last upload's copies have read the staging */
   bool pending;
   bool uploaded;
   int n_tokens, n_logit_rows, n_seqs, block_size, max_block_id;
@@ -122,8 +122,7 @@ static int check_step(const servd_device_batch *db, int n_tokens, const int32_t 
     if (nb > db->max_blocks)
       return servd_fail(SERVD_ERANGE, "%s: sequence %d needs %lld blocks of %d for kv_len %d (capacity %d)", op, s,
                         (long long)nb, block_size, kl, db->max_blocks);
-    if (nb > 0 && !attn->block_tables[s])
-      return servd_fail(SERVD_EINVAL, "%s: sequence %d has no block table", op, s);
+    if (nb > 0 && !attn->block_tables[s]) return servd_fail(SERVD_EINVAL, "%s: sequence %d has no block table", op, s);
     for (int64_t i = 0; i < nb; i++) {
       int32_t id = attn->block_tables[s][i];
       if (id < 0) return servd_fail(SERVD_EINVAL, "%s: sequence %d block %lld is %d", op, s, (long long)i, id);

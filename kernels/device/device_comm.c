@@ -110,10 +110,11 @@ int servd_device_allgather_cols(servd_device_comm *c, int rank, servd_tensor *ou
     return servd_fail(SERVD_EINVAL, "%s: out %s, x %s: expected out (m, N) and x (m, n_r)", op,
                       servd__dev_describe(out, a, sizeof a), servd__dev_describe(x, b, sizeof b));
   const int64_t m = out->shape[0], N = out->shape[1], W = c->world, P = (N + W - 1) / W;
-#define NCOLS(r) (N - (r) * P < 0 ? 0 : (N - (r) * P < P ? N - (r) * P : P))
+#define NCOLS(r) (N - (r)*P < 0 ? 0 : (N - (r)*P < P ? N - (r)*P : P))
   if (x->shape[1] != NCOLS(rank))
-    return servd_fail(SERVD_EINVAL, "%s: rank %d of %lld: x %s must have %lld columns of out %s (ceil(N/world) = %lld each)",
-                      op, rank, (long long)W, servd__dev_describe(x, a, sizeof a), (long long)NCOLS(rank),
+    return servd_fail(SERVD_EINVAL,
+                      "%s: rank %d of %lld: x %s must have %lld columns of out %s (ceil(N/world) = %lld each)", op,
+                      rank, (long long)W, servd__dev_describe(x, a, sizeof a), (long long)NCOLS(rank),
                       servd__dev_describe(out, b, sizeof b), (long long)P);
   if (m == 0 || N == 0) return SERVD_OK;
   servd_cuda_ctx *ctx;
@@ -125,13 +126,15 @@ int servd_device_allgather_cols(servd_device_comm *c, int rank, servd_tensor *ou
   float *send = servd_tensor_data(rb->send), *recv = servd_tensor_data(rb->recv);
   const int64_t nr = NCOLS(rank);
   /* Pad this rank's (m, n_r) to (m, P) so every rank sends the same count. */
-  if (nr > 0) rc = servd_cuda_copy_2d(ctx, send, (size_t)P * f, servd_tensor_data(x), (size_t)nr * f, (size_t)nr * f, (size_t)m);
+  if (nr > 0)
+    rc = servd_cuda_copy_2d(ctx, send, (size_t)P * f, servd_tensor_data(x), (size_t)nr * f, (size_t)nr * f, (size_t)m);
   if (!rc) rc = servd_nccl_allgather_f32(c->nccl, rank, ctx, send, recv, (size_t)(m * P));
   float *o = servd_tensor_data(out);
   for (int64_t q = 0; !rc && q < W; q++) {
     const int64_t nq = NCOLS(q);
     if (nq > 0)
-      rc = servd_cuda_copy_2d(ctx, o + q * P, (size_t)N * f, recv + q * m * P, (size_t)P * f, (size_t)nq * f, (size_t)m);
+      rc =
+          servd_cuda_copy_2d(ctx, o + q * P, (size_t)N * f, recv + q * m * P, (size_t)P * f, (size_t)nq * f, (size_t)m);
   }
 #undef NCOLS
   return servd__dev_wrap(rc, op);

@@ -19,7 +19,8 @@ static int64_t row_offset(const servd_tensor *t, int64_t r) {
 /* Copies every row of src into dst as 2D slabs of the two innermost dimensions (any direction). */
 static int copy_rows(servd_cuda_ctx *c, const servd_tensor *dst, const servd_tensor *src) {
   const int nd = dst->ndim;
-  const size_t width = nd ? (size_t)servd_dtype_row_bytes(dst->dtype, dst->shape[nd - 1]) : servd_dtype_block_bytes(dst->dtype);
+  const size_t width =
+      nd ? (size_t)servd_dtype_row_bytes(dst->dtype, dst->shape[nd - 1]) : servd_dtype_block_bytes(dst->dtype);
   const int64_t rows = nd >= 2 ? dst->shape[nd - 2] : 1;
   int64_t slabs = 1;
   for (int i = 0; i + 2 < nd; i++) slabs *= dst->shape[i];
@@ -33,8 +34,8 @@ static int copy_rows(servd_cuda_ctx *c, const servd_tensor *dst, const servd_ten
   for (int64_t s = 0; s < slabs; s++) {
     /* Row index of the slab's first row in the flattened outer dimensions. */
     int64_t r = s * rows;
-    int rc = servd_cuda_copy_2d(c, d0 + row_offset(dst, r), dpitch, s0 + row_offset(src, r), spitch, width,
-                                (size_t)rows);
+    int rc =
+        servd_cuda_copy_2d(c, d0 + row_offset(dst, r), dpitch, s0 + row_offset(src, r), spitch, width, (size_t)rows);
     if (rc) return rc;
   }
   return SERVD_OK;

@@ -66,8 +66,10 @@ int servd_device_graph_launch(servd_device_graph *g) {
   const char *op = "device_graph_launch";
   if (!g) return servd_fail(SERVD_EINVAL, "%s: NULL graph", op);
   if (servd_cuda_generation(g->device) != g->generation)
-    return servd_fail(SERVD_ECANCELED, "%s: device memory on cuda:%d changed since the capture (generation %llu, now "
-                      "%llu): capture again", op, g->device, (unsigned long long)g->generation,
+    return servd_fail(SERVD_ECANCELED,
+                      "%s: device memory on cuda:%d changed since the capture (generation %llu, now "
+                      "%llu): capture again",
+                      op, g->device, (unsigned long long)g->generation,
                       (unsigned long long)servd_cuda_generation(g->device));
   servd_cuda_ctx *c;
   int rc = servd__dev_ctx(op, g->device, &c);

@@ -31,13 +31,13 @@ int servd__dev_check_binary(const char *op, const servd_tensor *out, const servd
  * holds), all on one device, then the op's contract servd__check_<name> (servd/ops.h). */
 #define SERVD__DEV_NAME_OF(t) #t,
 #define SERVD__DEV_TENSOR_OF(t) t,
-#define SERVD__DEV_CHECK_ANYT(name, sig, names)                                                          \
-  do {                                                                                                   \
-    static const char *const names_[] = {SERVD__EACH(sig, SERVD__DEV_NAME_OF, names)};                   \
-    const servd_tensor *const ts_[] = {SERVD__EACH(sig, SERVD__DEV_TENSOR_OF, names)};                   \
+#define SERVD__DEV_CHECK_ANYT(name, sig, names) \
+  do { \
+    static const char *const names_[] = {SERVD__EACH(sig, SERVD__DEV_NAME_OF, names)}; \
+    const servd_tensor *const ts_[] = {SERVD__EACH(sig, SERVD__DEV_TENSOR_OF, names)}; \
     int rc_ = servd__dev_check_tensors("device " #name, names_, ts_, (int)(sizeof ts_ / sizeof ts_[0])); \
-    if (rc_ == 0) rc_ = servd__check_##name(SERVD__ARGS(names));                                         \
-    if (rc_ != 0) return rc_;                                                                            \
+    if (rc_ == 0) rc_ = servd__check_##name(SERVD__ARGS(names)); \
+    if (rc_ != 0) return rc_; \
   } while (0)
 int servd__dev_check_tensors(const char *op, const char *const *names, const servd_tensor *const *ts, int n);
 int servd__dev_check_copy(const servd_tensor *dst, const servd_tensor *src);
@@ -49,9 +49,9 @@ int servd__dev_check_comm(const char *op, int world_size, const int *devices);
 #include <cuda_runtime_api.h>
 
 /* Turns a failed CUDA runtime call into SERVD_EDEVICE naming the op (inside an int function). */
-#define DEV_CHECK(op, call)                                                                              \
-  do {                                                                                                   \
-    cudaError_t e_ = (call);                                                                             \
+#define DEV_CHECK(op, call) \
+  do { \
+    cudaError_t e_ = (call); \
     if (e_ != cudaSuccess) return servd_fail(SERVD_EDEVICE, "%s: %s: %s", op, #call, cudaGetErrorString(e_)); \
   } while (0)
 
@@ -81,7 +81,7 @@ int servd__dev_tensor(const char *op, int device, servd_dtype dtype, int ndim, c
  * belong to the graph until it is destroyed. */
 typedef struct servd__dev_capture servd__dev_capture;
 int servd__dev_capture_start(int device, servd__dev_capture **out);
-void servd__dev_capture_stop(int device);       /* this thread's capture on device ends */
+void servd__dev_capture_stop(int device);                 /* this thread's capture on device ends */
 void servd__dev_capture_release(servd__dev_capture *cap); /* graph destroyed: blocks go back */
 /* A thread's stream on device is gone (its work finished): its cached blocks become idle. */
 void servd__dev_forget_stream(int device, void *stream);

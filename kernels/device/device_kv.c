@@ -19,8 +19,7 @@ size_t servd_device_kv_bytes(int n_layers, int kv_dim, int block_size, int n_blo
   return (size_t)n_layers * 2 * (size_t)kv_dim * (size_t)block_size * (size_t)n_blocks * 2;
 }
 
-int servd_device_kv_create(int device, int n_layers, int kv_dim, int block_size, int n_blocks,
-                           servd_device_kv **out) {
+int servd_device_kv_create(int device, int n_layers, int kv_dim, int block_size, int n_blocks, servd_device_kv **out) {
   const char *op = "device_kv_create";
   *out = NULL;
   int rc = servd__dev_check_kv(op, n_layers, kv_dim, block_size, n_blocks);
@@ -61,7 +60,8 @@ void servd_device_kv_destroy(servd_device_kv *kv) {
   if (!kv) return;
   if (kv->mem) {
     int prev = -1;
-    bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != kv->device && cudaSetDevice(kv->device) == cudaSuccess;
+    bool switched =
+        cudaGetDevice(&prev) == cudaSuccess && prev != kv->device && cudaSetDevice(kv->device) == cudaSuccess;
     cudaFree(kv->mem); /* waits for the device: no queued step still uses it */
     if (switched) cudaSetDevice(prev);
     cudaGetLastError();

@@ -21,20 +21,20 @@ typedef struct dblock {
   void *ptr;
   size_t size;
   int device;
-  void *stream;               /* the stream that last used it; NULL: idle, any stream may take it */
-  uint64_t epoch;             /* the device's capture count when allocated */
-  servd__dev_capture *owner;  /* the capture that allocated it, until its graph is destroyed */
-  bool released;              /* its storage was released while owned by a capture */
-  struct dblock *next;        /* free list, or the owner's free list */
-  struct dblock *cap_next;    /* the owner's list of blocks */
+  void *stream;              /* the stream that last used it; NULL: idle, any stream may take it */
+  uint64_t epoch;            /* the device's capture count when allocated */
+  servd__dev_capture *owner; /* the capture that allocated it, until its graph is destroyed */
+  bool released;             /* its storage was released while owned by a capture */
+  struct dblock *next;       /* free list, or the owner's free list */
+  struct dblock *cap_next;   /* the owner's list of blocks */
 } dblock;
 
 struct servd__dev_capture {
   int device;
   void *stream;
-  bool active;     /* still capturing: released blocks are reused by the capture */
-  dblock *blocks;  /* every block it allocated (cap_next) */
-  dblock *free;    /* released during the capture (next) */
+  bool active;    /* still capturing: released blocks are reused by the capture */
+  dblock *blocks; /* every block it allocated (cap_next) */
+  dblock *free;   /* released during the capture (next) */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -208,7 +208,8 @@ int servd_device_tensor_new(int device, servd_dtype dtype, int ndim, const int64
 /* ---- capture bookkeeping ---------------------------------------------------------------------- */
 int servd__dev_capture_start(int device, servd__dev_capture **out) {
   *out = NULL;
-  if (capturing[device]) return servd_fail(SERVD_EINVAL, "device_graph_begin: this thread already captures on device %d", device);
+  if (capturing[device])
+    return servd_fail(SERVD_EINVAL, "device_graph_begin: this thread already captures on device %d", device);
   servd__dev_capture *cap = calloc(1, sizeof *cap);
   if (!cap) return servd_fail(SERVD_ENOMEM, "device_graph_begin: out of host memory");
   cap->device = device;

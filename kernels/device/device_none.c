@@ -4,9 +4,9 @@
 
 #include <stdio.h>
 
-#define TRY(x)                \
-  do {                        \
-    int rc_ = (x);            \
+#define TRY(x) \
+  do { \
+    int rc_ = (x); \
     if (rc_ != 0) return rc_; \
   } while (0)
 
@@ -65,14 +65,13 @@ uint64_t servd_device_generation(int device) {
   return 0;
 }
 /* The ops of the registry (servd/ops.def): their checks, then no CUDA. */
-#define SERVD_OP(name, dispatch, py, sig, names)                                                         \
-  SERVD__IF_ANYH_##dispatch(int servd_device_##name(SERVD__PARAMS(sig, names)) {                         \
-    TRY(servd__dev_check_##name(SERVD__ARGS(names)));                                                    \
-    return NO_CUDA("device " #name);                                                                     \
-  })                                                                                                     \
-  SERVD__IF_ANYT_##dispatch(int servd_device_##name(SERVD__PARAMS(sig, names)) {                         \
-    SERVD__DEV_CHECK_ANYT(name, sig, names);                                                             \
-    return NO_CUDA("device " #name);                                                                     \
+#define SERVD_OP(name, dispatch, py, sig, names) \
+  SERVD__IF_ANYH_##dispatch(int servd_device_##name(SERVD__PARAMS(sig, names)) { \
+    TRY(servd__dev_check_##name(SERVD__ARGS(names))); \
+    return NO_CUDA("device " #name); \
+  }) SERVD__IF_ANYT_##dispatch(int servd_device_##name(SERVD__PARAMS(sig, names)) { \
+    SERVD__DEV_CHECK_ANYT(name, sig, names); \
+    return NO_CUDA("device " #name); \
   })
 #include "servd/ops.def"
 #undef SERVD_OP

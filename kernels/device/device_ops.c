@@ -8,9 +8,9 @@
 
 #include "device_internal.h"
 
-#define TRY(x)                \
-  do {                        \
-    int rc_ = (x);            \
+#define TRY(x) \
+  do { \
+    int rc_ = (x); \
     if (rc_ != 0) return rc_; \
   } while (0)
 
@@ -160,13 +160,13 @@ int servd_device_topk(servd_tensor *values, servd_tensor *indices, const servd_t
 }
 
 /* ANYT rows of servd/ops.def: the generic checks, then the op's tensor-level launcher (<name>.cu). */
-#define SERVD_OP(name, dispatch, py, sig, names)                                                         \
-  SERVD__IF_ANYT_##dispatch(int servd_device_##name(SERVD__PARAMS(sig, names)) {                         \
-    SERVD__DEV_CHECK_ANYT(name, sig, names);                                                             \
-    const servd_tensor *first_[] = {SERVD__EACH(sig, SERVD__DEV_TENSOR_OF, names)};                      \
-    servd_cuda_ctx *c;                                                                                   \
-    TRY(servd__dev_ctx("device " #name, first_[0]->device, &c));                                          \
-    return servd__dev_wrap(servd_cuda_##name(c, SERVD__ARGS(names)), "device " #name);                   \
+#define SERVD_OP(name, dispatch, py, sig, names) \
+  SERVD__IF_ANYT_##dispatch(int servd_device_##name(SERVD__PARAMS(sig, names)) { \
+    SERVD__DEV_CHECK_ANYT(name, sig, names); \
+    const servd_tensor *first_[] = {SERVD__EACH(sig, SERVD__DEV_TENSOR_OF, names)}; \
+    servd_cuda_ctx *c; \
+    TRY(servd__dev_ctx("device " #name, first_[0]->device, &c)); \
+    return servd__dev_wrap(servd_cuda_##name(c, SERVD__ARGS(names)), "device " #name); \
   })
 #include "servd/ops.def"
 #undef SERVD_OP

@@ -35,9 +35,8 @@ static void argmax_task(void *ctx, int64_t begin, int64_t end, int thread) {
 int servd_argmax(servd_tensor *out, const servd_tensor *x) {
   char bo[96], bx[96];
   select_job j;
-  if (!out || !x || x->dtype != SERVD_F32 || x->ndim != 2 || ops__as_rows(x, &j.x) != 0 ||
-      out->dtype != SERVD_I32 || out->ndim != 1 || out->shape[0] != j.x.rows || x->shape[1] < 1 ||
-      x->shape[1] > INT32_MAX)
+  if (!out || !x || x->dtype != SERVD_F32 || x->ndim != 2 || ops__as_rows(x, &j.x) != 0 || out->dtype != SERVD_I32 ||
+      out->ndim != 1 || out->shape[0] != j.x.rows || x->shape[1] < 1 || x->shape[1] > INT32_MAX)
     return servd_fail(SERVD_EINVAL, "argmax: expected x f32 (m,n) with n >= 1 and out i32 (m), got out %s, x %s",
                       ops__desc(out, bo, sizeof bo), ops__desc(x, bx, sizeof bx));
   j.argmax_out = servd_tensor_data(out);
@@ -80,7 +79,8 @@ int servd_topk(servd_tensor *values, servd_tensor *indices, const servd_tensor *
     return servd_fail(SERVD_EINVAL,
                       "topk: expected x f32 (m,n), values f32 (m,k), indices i32 (m,k), 1 <= k <= n; "
                       "got values %s, indices %s, x %s, k %d",
-                      ops__desc(values, bv, sizeof bv), ops__desc(indices, bi, sizeof bi), ops__desc(x, bx, sizeof bx), k);
+                      ops__desc(values, bv, sizeof bv), ops__desc(indices, bi, sizeof bi), ops__desc(x, bx, sizeof bx),
+                      k);
   j.k = k;
   servd_parallel_for(j.x.rows, 1, topk_task, &j);
   return 0;

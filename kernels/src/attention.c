@@ -10,12 +10,12 @@
 
 #include "servd/threadpool.h"
 
-#define ATTN_MAX_Q 16     /* queries (rows x heads) per item: their accumulators live on the stack */
-#define ATTN_MAX_DIM 512  /* head_dim bound for those accumulators */
-#define ATTN_TILE 64      /* keys per softmax update (spanning blocks) */
+#define ATTN_MAX_Q 16    /* queries (rows x heads) per item: their accumulators live on the stack */
+#define ATTN_MAX_DIM 512 /* head_dim bound for those accumulators */
+#define ATTN_TILE 64     /* keys per softmax update (spanning blocks) */
 
-void servd__attn_scores_scalar(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt,
-                               int n, int hd, int64_t kstride, float scale, const void *pf) {
+void servd__attn_scores_scalar(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt, int n,
+                               int hd, int64_t kstride, float scale, const void *pf) {
   (void)pf; /* the reference kernel does not prefetch */
   for (int i = 0; i < nq; i++)
     for (int j = 0; j < n; j++) {
@@ -69,7 +69,7 @@ typedef struct attn_job {
   int layer;
   const servd_attn_batch *b;
   ops__rows o, q;
-  int n_heads, rep;  /* rep: query heads per kv head */
+  int n_heads, rep; /* rep: query heads per kv head */
   int heads_per_item, n_sub, rows_per_item;
   int pf_blocks; /* prefetch distance in blocks */
   float scale;
@@ -104,7 +104,7 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
       memset(acc[nq], 0, (size_t)hd * sizeof(float));
     }
   int end = kv_len - q_len + r1; /* the last row sees the most keys */
-  int begin = lo[0];              /* the first row the oldest (lo grows with the row) */
+  int begin = lo[0];             /* the first row the oldest (lo grows with the row) */
   /* the kernels prefetch pf_blocks ahead of what they read, so the first blocks are fetched here */
   for (int t = begin - begin % bs; t < end && t < begin + j->pf_blocks * bs; t += bs)
     for (int kv = 0; kv < 2; kv++) {
@@ -230,8 +230,8 @@ int servd_attention_window(servd_tensor *out, const servd_tensor *q, const servd
   } else if (c->head_dim > ATTN_MAX_DIM) {
     why = "head_dim above 512 is not supported";
   } else if (!q || !out || q->dtype != SERVD_F32 || out->dtype != SERVD_F32 || q->ndim != 2 || out->ndim != 2 ||
-             ops__as_rows(q, &j.q) != 0 || ops__as_rows(out, &j.o) != 0 ||
-             j.q.cols != (int64_t)n_heads * c->head_dim || j.o.cols != j.q.cols || j.o.rows != j.q.rows) {
+             ops__as_rows(q, &j.q) != 0 || ops__as_rows(out, &j.o) != 0 || j.q.cols != (int64_t)n_heads * c->head_dim ||
+             j.o.cols != j.q.cols || j.o.rows != j.q.rows) {
     why = "q and out must be f32 (t, n_heads*head_dim)";
   } else if (!isfinite(scale)) {
     why = "scale must be finite";
@@ -242,11 +242,11 @@ int servd_attention_window(servd_tensor *out, const servd_tensor *q, const servd
   }
   for (int s = 0; !why && s < b->n_seqs; s++) why = check_seq(b, s, j.q.rows, c, msg, sizeof msg);
   if (why)
-    return servd_fail(SERVD_EINVAL,
-                      "attention: %s; got out %s, q %s, layer %d, n_heads %d, window %d, cache %d layers x %d kv heads x %d dims %s",
-                      why, ops__desc(out, bo, sizeof bo), ops__desc(q, bq, sizeof bq), layer, n_heads, window,
-                      c ? c->n_layers : 0, c ? c->n_kv_heads : 0, c ? c->head_dim : 0,
-                      c ? servd_dtype_name(c->dtype) : "-");
+    return servd_fail(
+        SERVD_EINVAL,
+        "attention: %s; got out %s, q %s, layer %d, n_heads %d, window %d, cache %d layers x %d kv heads x %d dims %s",
+        why, ops__desc(out, bo, sizeof bo), ops__desc(q, bq, sizeof bq), layer, n_heads, window, c ? c->n_layers : 0,
+        c ? c->n_kv_heads : 0, c ? c->head_dim : 0, c ? servd_dtype_name(c->dtype) : "-");
   j.kn = &kernels[ops__isa()];
   j.rep = n_heads / c->n_kv_heads;
   j.heads_per_item = j.rep < ATTN_MAX_Q ? j.rep : ATTN_MAX_Q;

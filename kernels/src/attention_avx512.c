@@ -46,8 +46,8 @@ static inline __attribute__((always_inline)) void scores_block(int NQ, float *ou
     _mm512_mask_storeu_ps(out + (size_t)i * (size_t)ld, m, _mm512_mul_ps(_mm512_add_ps(a0[i], a1[i]), sv));
 }
 
-void servd__attn_scores_avx512(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt,
-                               int n, int hd, int64_t kstride, float scale, const void *pf) {
+void servd__attn_scores_avx512(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt, int n,
+                               int hd, int64_t kstride, float scale, const void *pf) {
   size_t esz = kt == SERVD_F16 ? 2 : 4, krow = (size_t)kstride * esz;
   for (int j = 0; j < n; j += 16) {
     __mmask16 m = tail16(n - j);

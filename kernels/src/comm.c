@@ -41,7 +41,7 @@ struct servd_comm {
   int arrived;
   atomic_uint gen;
   atomic_bool aborted; /* written under mu; read without it in the spin */
-  comm_slot *slots; /* [world] */
+  comm_slot *slots;    /* [world] */
 };
 
 int servd_comm_create(servd_comm **out, int world_size) {
@@ -117,9 +117,7 @@ void servd_comm_abort(servd_comm *c) {
   pthread_mutex_unlock(&c->mu);
 }
 
-bool servd_comm_aborted(servd_comm *c) {
-  return c && atomic_load_explicit(&c->aborted, memory_order_relaxed);
-}
+bool servd_comm_aborted(servd_comm *c) { return c && atomic_load_explicit(&c->aborted, memory_order_relaxed); }
 
 void servd_comm_reset(servd_comm *c) {
   if (!c) return;
@@ -130,8 +128,10 @@ void servd_comm_reset(servd_comm *c) {
 }
 
 static int canceled(const char *op, int rank) {
-  return servd_fail(SERVD_ECANCELED, "%s: rank %d: the communicator was aborted (another rank failed); "
-                    "servd_comm_reset restores it", op, rank);
+  return servd_fail(SERVD_ECANCELED,
+                    "%s: rank %d: the communicator was aborted (another rank failed); "
+                    "servd_comm_reset restores it",
+                    op, rank);
 }
 
 /* Fills this rank's slot; `gather` also checks out. All-reduce takes any f32 shape whose rows merge
@@ -139,8 +139,7 @@ static int canceled(const char *op, int rank) {
 static void publish(servd_comm *c, int rank, const servd_tensor *x, const servd_tensor *out, bool gather) {
   comm_slot *s = &c->slots[rank];
   s->ok = x && x->dtype == SERVD_F32 && (!gather || x->ndim == 2) && ops__as_rows(x, &s->x) == 0;
-  if (gather)
-    s->ok = s->ok && out && out->dtype == SERVD_F32 && out->ndim == 2 && ops__as_rows(out, &s->out) == 0;
+  if (gather) s->ok = s->ok && out && out->dtype == SERVD_F32 && out->ndim == 2 && ops__as_rows(out, &s->out) == 0;
   ops__desc(x, s->desc, sizeof s->desc);
   ops__desc(out, s->out_desc, sizeof s->out_desc);
 }
@@ -203,10 +202,11 @@ int servd_allgather_cols(servd_comm *c, int rank, servd_tensor *out, const servd
   }
   int rc = 0;
   if (bad >= 0) {
-    rc = servd_fail(SERVD_EINVAL,
-                    "allgather_cols: every rank needs x f32 (m, n_r) and out f32 (m, sum n_r); rank %d has x %s, out %s "
-                    "(columns of all ranks: %lld)",
-                    bad, c->slots[bad].desc, c->slots[bad].out_desc, (long long)total);
+    rc =
+        servd_fail(SERVD_EINVAL,
+                   "allgather_cols: every rank needs x f32 (m, n_r) and out f32 (m, sum n_r); rank %d has x %s, out %s "
+                   "(columns of all ranks: %lld)",
+                   bad, c->slots[bad].desc, c->slots[bad].out_desc, (long long)total);
   } else {
     const comm_slot *me = &c->slots[rank];
     int64_t col = 0;

@@ -48,8 +48,8 @@ int servd_cpu_force_isa(servd_isa isa) {
     return 0;
   }
   if ((unsigned)isa > (unsigned)servd_cpu_best_isa())
-    return servd_fail(SERVD_EUNSUPPORTED, "cpu_force_isa: this CPU does not support %s (best: %s)",
-                      servd_isa_name(isa), servd_isa_name(servd_cpu_best_isa()));
+    return servd_fail(SERVD_EUNSUPPORTED, "cpu_force_isa: this CPU does not support %s (best: %s)", servd_isa_name(isa),
+                      servd_isa_name(servd_cpu_best_isa()));
   atomic_store(&forced_isa, (int)isa);
   return 0;
 }

@@ -9,12 +9,15 @@
 
 int servd__check_dequantize(servd_tensor *out, const servd_tensor *x) {
   char bo[96], bx[96];
-  bool ok = out && x && out->dtype == SERVD_F32 && servd_dtype_is_quantized(x->dtype) && x->ndim >= 1 &&
-            out->ndim == x->ndim;
+  bool ok =
+      out && x && out->dtype == SERVD_F32 && servd_dtype_is_quantized(x->dtype) && x->ndim >= 1 && out->ndim == x->ndim;
   for (int i = 0; ok && i < x->ndim; i++) ok = out->shape[i] == x->shape[i];
   if (!ok)
-    return servd_fail(SERVD_EINVAL, "dequantize: expected x (..., n) q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k/q5_k and out f32 of its shape; got "
-                      "out %s, x %s", ops__desc(out, bo, sizeof bo), ops__desc(x, bx, sizeof bx));
+    return servd_fail(
+        SERVD_EINVAL,
+        "dequantize: expected x (..., n) q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k/q5_k and out f32 of its shape; got "
+        "out %s, x %s",
+        ops__desc(out, bo, sizeof bo), ops__desc(x, bx, sizeof bx));
   return 0;
 }
 

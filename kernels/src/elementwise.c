@@ -53,7 +53,6 @@ int servd_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b) {
 }
 
 int servd_swiglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
-  static const binary_fn fns[SERVD_ISA_COUNT] = {servd__swiglu_scalar, servd__swiglu_avx2,
-                                                 servd__swiglu_avx512};
+  static const binary_fn fns[SERVD_ISA_COUNT] = {servd__swiglu_scalar, servd__swiglu_avx2, servd__swiglu_avx512};
   return binary_op("swiglu", out, gate, up, fns);
 }

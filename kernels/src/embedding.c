@@ -7,7 +7,7 @@ int servd_embedding(servd_tensor *out, const servd_tensor *table, const servd_te
   char a[96], b[96], c[96];
   servd__mat mo, mt;
   if (!out || !table || !ids) return servd_fail(SERVD_EINVAL, "embedding: NULL tensor");
-#define BAD(why)                                                                                              \
+#define BAD(why) \
   servd_fail(SERVD_EINVAL, "embedding: %s (out %s, table %s, ids %s)", why, servd_tensor_describe(out, a, sizeof a), \
              servd_tensor_describe(table, b, sizeof b), servd_tensor_describe(ids, c, sizeof c))
   if (out->dtype != SERVD_F32 || ids->dtype != SERVD_I32) return BAD("out must be f32 and ids i32");

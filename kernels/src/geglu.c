@@ -14,9 +14,10 @@ int servd__check_geglu(servd_tensor *out, const servd_tensor *gate, const servd_
             up->dtype == out->dtype && out->ndim == gate->ndim && out->ndim == up->ndim;
   for (int i = 0; ok && i < out->ndim; i++) ok = out->shape[i] == gate->shape[i] && out->shape[i] == up->shape[i];
   if (!ok)
-    return servd_fail(SERVD_EINVAL, "geglu: expected out, gate, up of one shape and one dtype (f32, bf16 on a device); got "
-                      "out %s, gate %s, up %s", ops__desc(out, bo, sizeof bo), ops__desc(gate, bg, sizeof bg),
-                      ops__desc(up, bu, sizeof bu));
+    return servd_fail(SERVD_EINVAL,
+                      "geglu: expected out, gate, up of one shape and one dtype (f32, bf16 on a device); got "
+                      "out %s, gate %s, up %s",
+                      ops__desc(out, bo, sizeof bo), ops__desc(gate, bg, sizeof bg), ops__desc(up, bu, sizeof bu));
   return 0;
 }
 
@@ -49,7 +50,7 @@ static void geglu_task(void *ctx, int64_t begin, int64_t end, int thread) {
                      (const uint16_t *)(j->u.data + r * j->u.stride), j->o.cols);
     else
       geglu_row((float *)(j->o.data + r * j->o.stride), (const float *)(j->g.data + r * j->g.stride),
-              (const float *)(j->u.data + r * j->u.stride), j->o.cols);
+                (const float *)(j->u.data + r * j->u.stride), j->o.cols);
 }
 
 int servd_geglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {

@@ -33,10 +33,11 @@ int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, in
   size_t elem = servd_dtype_block_bytes(dtype);
   /* every size below stays far from SIZE_MAX: check the product in 128 bits */
   unsigned __int128 head = (unsigned __int128)block_size * (unsigned __int128)head_dim * elem;
-  unsigned __int128 total = (head + 64) * (unsigned __int128)n_kv_heads * (unsigned __int128)n_blocks * 2u *
-                            (unsigned __int128)n_layers;
+  unsigned __int128 total =
+      (head + 64) * (unsigned __int128)n_kv_heads * (unsigned __int128)n_blocks * 2u * (unsigned __int128)n_layers;
   if (total > ((unsigned __int128)1 << 46)) /* 64 TiB: surely a wrong argument */
-    return servd_fail(SERVD_ERANGE, "kv_cache_create: %d layers x %d blocks x %d tokens x %d heads x %d dims of %s is too large",
+    return servd_fail(SERVD_ERANGE,
+                      "kv_cache_create: %d layers x %d blocks x %d tokens x %d heads x %d dims of %s is too large",
                       n_layers, n_blocks, block_size, n_kv_heads, head_dim, servd_dtype_name(dtype));
   c = calloc(1, sizeof *c);
   if (!c) goto fail;
@@ -68,12 +69,13 @@ fail:
     free(c->refs);
   }
   free(c);
-  return servd_fail(SERVD_ENOMEM, "kv_cache_create: out of memory for %d layers x %d blocks x %d tokens x %d heads x %d dims of %s",
+  return servd_fail(SERVD_ENOMEM,
+                    "kv_cache_create: out of memory for %d layers x %d blocks x %d tokens x %d heads x %d dims of %s",
                     n_layers, n_blocks, block_size, n_kv_heads, head_dim, servd_dtype_name(dtype));
 }
 
-int servd_kv_cache_create_blocks_only(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim,
-                                      int block_size, int n_blocks) {
+int servd_kv_cache_create_blocks_only(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim, int block_size,
+                                      int n_blocks) {
   if (out) *out = NULL;
   if (!out || n_layers < 1 || n_kv_heads < 1 || head_dim < 1 || block_size < 1 || n_blocks < 1)
     return servd_fail(SERVD_EINVAL,
@@ -230,8 +232,8 @@ int servd_kv_write(servd_kv_cache *c, int layer, const servd_tensor *k, const se
   } else if (layer < 0 || layer >= c->n_layers) {
     why = "layer out of range";
   } else if (!k || !v || k->dtype != SERVD_F32 || v->dtype != SERVD_F32 || k->ndim != 2 || v->ndim != 2 ||
-             ops__as_rows(k, &j.k) != 0 || ops__as_rows(v, &j.v) != 0 || j.k.cols != width ||
-             j.v.cols != width || j.k.rows != j.v.rows) {
+             ops__as_rows(k, &j.k) != 0 || ops__as_rows(v, &j.v) != 0 || j.k.cols != width || j.v.cols != width ||
+             j.k.rows != j.v.rows) {
     why = "k and v must be f32 (t, n_kv_heads*head_dim)";
   } else if (!slots || slots->dtype != SERVD_I32 || slots->ndim != 1 || slots->shape[0] != j.k.rows) {
     why = "slots must be i32 (t)";
@@ -243,15 +245,17 @@ int servd_kv_write(servd_kv_cache *c, int layer, const servd_tensor *k, const se
     for (int64_t r = 0; r < j.k.rows; r++) {
       int32_t s = *(const int32_t *)(j.slots + r * j.slot_stride);
       if (s < 0 || s >= n_slots) {
-        return servd_fail(SERVD_EINVAL, "kv_write: slots[%lld] = %d outside [0, %lld) (%d blocks of %d); k %s, v %s, slots %s",
-                          (long long)r, s, (long long)n_slots, c->n_blocks, c->block_size,
-                          ops__desc(k, bk, sizeof bk), ops__desc(v, bv, sizeof bv), ops__desc(slots, bs, sizeof bs));
+        return servd_fail(SERVD_EINVAL,
+                          "kv_write: slots[%lld] = %d outside [0, %lld) (%d blocks of %d); k %s, v %s, slots %s",
+                          (long long)r, s, (long long)n_slots, c->n_blocks, c->block_size, ops__desc(k, bk, sizeof bk),
+                          ops__desc(v, bv, sizeof bv), ops__desc(slots, bs, sizeof bs));
       }
     }
   }
   if (why)
-    return servd_fail(SERVD_EINVAL, "kv_write: %s; got layer %d of %d, k %s, v %s, slots %s, cache %d kv heads x %d dims %s",
-                      why, layer, c ? c->n_layers : 0, ops__desc(k, bk, sizeof bk), ops__desc(v, bv, sizeof bv),
+    return servd_fail(SERVD_EINVAL,
+                      "kv_write: %s; got layer %d of %d, k %s, v %s, slots %s, cache %d kv heads x %d dims %s", why,
+                      layer, c ? c->n_layers : 0, ops__desc(k, bk, sizeof bk), ops__desc(v, bv, sizeof bv),
                       ops__desc(slots, bs, sizeof bs), c ? c->n_kv_heads : 0, c ? c->head_dim : 0,
                       c ? servd_dtype_name(c->dtype) : "-");
   if (j.k.rows == 0) return 0;

@@ -93,10 +93,10 @@ void servd__quantize_q8k(const char *x, int64_t ldx, int64_t m, int64_t k, const
 void servd__quantize_q8k_avx512(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8k *q); /* VNNI CPUs */
 
 /* Scalar reference kernels (matmul.c). */
-void servd__mm_float_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* f32 f16 bf16 */
-void servd__mm_quant_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* q8_0 q4_0 q4_1 */
+void servd__mm_float_scalar(const servd__mm *p, int64_t j0, int64_t j1);  /* f32 f16 bf16 */
+void servd__mm_quant_scalar(const servd__mm *p, int64_t j0, int64_t j1);  /* q8_0 q4_0 q4_1 */
 void servd__mm_kquant_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* q4_k q5_k q6_k (matmul_k.c) */
-void servd__mm_q5_scalar(const servd__mm *p, int64_t j0, int64_t j1); /* q5_0 q5_1 (matmul_q5.c) */
+void servd__mm_q5_scalar(const servd__mm *p, int64_t j0, int64_t j1);     /* q5_0 q5_1 (matmul_q5.c) */
 
 /* SIMD kernels; NULL-free: each covers every shape for its dtypes. */
 void servd__mm_float_avx2(const servd__mm *p, int64_t j0, int64_t j1);
@@ -105,7 +105,7 @@ void servd__mm_float_avx512(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__split_even_odd_avx512(const char *x, int64_t ldx, int64_t m, int64_t k, float *xeo, int64_t ldxeo);
 void servd__mm_quant_avx2(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1);
-void servd__mm_kquant_avx2(const servd__mm *p, int64_t j0, int64_t j1); /* matmul_k_avx2.c */
+void servd__mm_kquant_avx2(const servd__mm *p, int64_t j0, int64_t j1);       /* matmul_k_avx2.c */
 void servd__mm_kquant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1); /* matmul_k_avx512vnni.c */
 /* q5_0 q5_1 on natural-layout q8 activations (matmul_q5_avx2.c, matmul_q5_avx512vnni.c) */
 void servd__mm_q5_avx2(const servd__mm *p, int64_t j0, int64_t j1);

@@ -61,8 +61,7 @@ void servd__mm_quant_scalar(const servd__mm *p, int64_t j0, int64_t j1) {
             d = servd_f16_to_f32(blk->d);
             c = servd_f16_to_f32(blk->m);
           }
-          for (int l = 0; l < SERVD_QK / 2; l++)
-            dot += (qs[l] & 0x0f) * xb[l] + (qs[l] >> 4) * xb[l + SERVD_QK / 2];
+          for (int l = 0; l < SERVD_QK / 2; l++) dot += (qs[l] & 0x0f) * xb[l] + (qs[l] >> 4) * xb[l + SERVD_QK / 2];
           acc += (double)d * xd[b] * dot + (double)c * xs[b];
         }
       }
@@ -82,8 +81,7 @@ static int bad(const servd_tensor *out, const servd_tensor *x, const servd_tenso
 static int setup(servd__mm *p, servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
   servd__mat mx, mw, mo;
   if (!out || !x || !w) return servd_fail(SERVD_EINVAL, "matmul: NULL tensor");
-  if (x->dtype != SERVD_F32 || out->dtype != SERVD_F32)
-    return bad(out, x, w, "x and out must be f32");
+  if (x->dtype != SERVD_F32 || out->dtype != SERVD_F32) return bad(out, x, w, "x and out must be f32");
   if (w->dtype == SERVD_I32 || (unsigned)w->dtype >= SERVD_DTYPE_COUNT)
     return bad(out, x, w, "w must be f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k or q5_k");
   if (w->ndim != 2) return bad(out, x, w, "w must be 2-D (n,k)");
@@ -97,8 +95,16 @@ static int setup(servd__mm *p, servd_tensor *out, const servd_tensor *x, const s
   if (((uintptr_t)mx.base | (uintptr_t)mo.base | (uintptr_t)mx.row_stride | (uintptr_t)mo.row_stride) % 4 ||
       ((uintptr_t)mw.base | (uintptr_t)mw.row_stride) % (w->dtype == SERVD_F32 ? 4 : 2))
     return bad(out, x, w, "misaligned view");
-  *p = (servd__mm){.x = mx.base, .w = mw.base, .out = mo.base, .ldx = mx.row_stride, .ldw = mw.row_stride,
-                   .ldo = mo.row_stride, .m = mx.rows, .n = mw.rows, .k = mx.cols, .wt = w->dtype};
+  *p = (servd__mm){.x = mx.base,
+                   .w = mw.base,
+                   .out = mo.base,
+                   .ldx = mx.row_stride,
+                   .ldw = mw.row_stride,
+                   .ldo = mo.row_stride,
+                   .m = mx.rows,
+                   .n = mw.rows,
+                   .k = mx.cols,
+                   .wt = w->dtype};
   return 0;
 }
 
@@ -170,10 +176,8 @@ static void run_quant(void *ctx, int64_t b, int64_t e, int thread) {
     k.d += b * k.nb;
     k.bsums += b * k.nb * 16;
     (t->avx512 ? servd__quantize_q8k_avx512 : servd__quantize_q8k)(p->x + b * p->ldx, p->ldx, e - b, p->k, &k);
-  } else if (t->avx512)
-    servd__quantize_q8x_avx512(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
-  else
-    servd__quantize_q8x(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
+  } else if (t->avx512) servd__quantize_q8x_avx512(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
+  else servd__quantize_q8x(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
 }
 
 /* Prepares x for w's dtype (q8 activations, or the AVX-512 bf16 layout, in thread scratch slot 0)

@@ -85,12 +85,10 @@ static inline __attribute__((always_inline)) void tile(const tile_args *a, const
   }
 }
 
-#define TILE_FN(wt, name)                                                                                   \
-  static void name(const tile_args *a, int rm) {                                                            \
-    if (rm == 1)                                                                                            \
-      tile(a, 1, wt);                                                                                       \
-    else                                                                                                    \
-      tile(a, 2, wt);                                                                                       \
+#define TILE_FN(wt, name) \
+  static void name(const tile_args *a, int rm) { \
+    if (rm == 1) tile(a, 1, wt); \
+    else tile(a, 2, wt); \
   }
 TILE_FN(SERVD_F32, tile_f32)
 TILE_FN(SERVD_F16, tile_f16)
@@ -130,8 +128,8 @@ void servd__mm_float_avx2(const servd__mm *p, int64_t j0, int64_t j1) {
 
 static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
 
-static inline __attribute__((always_inline)) void quant_rows(const servd__mm *p, const char *w, int64_t i0,
-                                                             float *res, const int R, const servd_dtype wt) {
+static inline __attribute__((always_inline)) void quant_rows(const servd__mm *p, const char *w, int64_t i0, float *res,
+                                                             const int R, const servd_dtype wt) {
   const __m256i ones = _mm256_set1_epi16(1), nib = _mm256_set1_epi8(0x0f);
   const int64_t nb = p->xq.nb;
   __m256 acc[RQ];
@@ -188,22 +186,23 @@ static inline __attribute__((always_inline)) void quant_rows(const servd__mm *p,
   }
 }
 
-#define ROWS_FN(wt, name)                                                                                   \
-  static void name(const servd__mm *p, const char *w, int64_t i0, float *res, int R) {                     \
-    switch (R) {                                                                                            \
-    case 1: quant_rows(p, w, i0, res, 1, wt); break;                                                        \
-    case 2: quant_rows(p, w, i0, res, 2, wt); break;                                                        \
-    case 3: quant_rows(p, w, i0, res, 3, wt); break;                                                        \
-    default: quant_rows(p, w, i0, res, 4, wt); break;                                                       \
-    }                                                                                                       \
+#define ROWS_FN(wt, name) \
+  static void name(const servd__mm *p, const char *w, int64_t i0, float *res, int R) { \
+    switch (R) { \
+    case 1: quant_rows(p, w, i0, res, 1, wt); break; \
+    case 2: quant_rows(p, w, i0, res, 2, wt); break; \
+    case 3: quant_rows(p, w, i0, res, 3, wt); break; \
+    default: quant_rows(p, w, i0, res, 4, wt); break; \
+    } \
   }
 ROWS_FN(SERVD_Q8_0, rows_q8_0)
 ROWS_FN(SERVD_Q4_0, rows_q4_0)
 ROWS_FN(SERVD_Q4_1, rows_q4_1)
 
 void servd__mm_quant_avx2(const servd__mm *p, int64_t j0, int64_t j1) {
-  void (*fn)(const servd__mm *, const char *, int64_t, float *, int) =
-      p->wt == SERVD_Q8_0 ? rows_q8_0 : p->wt == SERVD_Q4_0 ? rows_q4_0 : rows_q4_1;
+  void (*fn)(const servd__mm *, const char *, int64_t, float *, int) = p->wt == SERVD_Q8_0   ? rows_q8_0
+                                                                       : p->wt == SERVD_Q4_0 ? rows_q4_0
+                                                                                             : rows_q4_1;
   float res[RQ];
   for (int64_t j = j0; j < j1; j++) {
     const char *w = p->w + j * p->ldw;

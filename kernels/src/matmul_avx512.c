@@ -29,7 +29,7 @@ static inline __attribute__((always_inline)) __m512 load_w(servd_dtype wt, const
 }
 
 static inline __attribute__((always_inline)) __m512 load_w_tail(servd_dtype wt, const char *row, int64_t l,
-                                                                 __mmask16 mk) {
+                                                                __mmask16 mk) {
   if (wt == SERVD_BF16)
     return _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)row + l)), 16));
@@ -38,10 +38,10 @@ static inline __attribute__((always_inline)) __m512 load_w_tail(servd_dtype wt, 
 }
 
 typedef struct tile_args {
-  const float *x[RM_MAX]; /* x rows, at column l0 */
+  const float *x[RM_MAX];  /* x rows, at column l0 */
   const float *xe[RM_MAX]; /* bf16 only: even/odd split x rows (servd__mm.xeo), at column l0 */
-  const char *w[RN];      /* weight rows (repeated when fewer than RN remain) */
-  float *o[RM_MAX];       /* out rows, at column j */
+  const char *w[RN];       /* weight rows (repeated when fewer than RN remain) */
+  float *o[RM_MAX];        /* out rows, at column j */
   int64_t l0, kc;
   int nvalid; /* columns of out to write, 1..4 */
   bool first; /* first k block: store, else accumulate */
@@ -134,16 +134,16 @@ static inline __attribute__((always_inline)) void tile(const tile_args *a, const
   }
 }
 
-#define TILE_FN(wt, name)                                                                                   \
-  static void name(const tile_args *a, int rm) {                                                            \
-    switch (rm) {                                                                                           \
-    case 1: tile(a, 1, wt); break;                                                                          \
-    case 2: tile(a, 2, wt); break;                                                                          \
-    case 3: tile(a, 3, wt); break;                                                                          \
-    case 4: tile(a, 4, wt); break;                                                                          \
-    case 5: tile(a, 5, wt); break;                                                                          \
-    default: tile(a, 6, wt); break;                                                                         \
-    }                                                                                                       \
+#define TILE_FN(wt, name) \
+  static void name(const tile_args *a, int rm) { \
+    switch (rm) { \
+    case 1: tile(a, 1, wt); break; \
+    case 2: tile(a, 2, wt); break; \
+    case 3: tile(a, 3, wt); break; \
+    case 4: tile(a, 4, wt); break; \
+    case 5: tile(a, 5, wt); break; \
+    default: tile(a, 6, wt); break; \
+    } \
   }
 TILE_FN(SERVD_F32, tile_f32)
 TILE_FN(SERVD_F16, tile_f16)
@@ -226,8 +226,10 @@ void servd__quantize_q8x_avx512(const char *x, int64_t ldx, int64_t m, int64_t k
       __m512 t0 = _mm512_roundscale_ps(_mm512_add_ps(a0, half), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
       __m512 t1 = _mm512_roundscale_ps(_mm512_add_ps(a1, half), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
       /* if t - a > 0.5 the addition rounded up across a half: step back one */
-      t0 = _mm512_mask_sub_ps(t0, _mm512_cmp_ps_mask(_mm512_sub_ps(t0, a0), half, _CMP_GT_OQ), t0, _mm512_set1_ps(1.0f));
-      t1 = _mm512_mask_sub_ps(t1, _mm512_cmp_ps_mask(_mm512_sub_ps(t1, a1), half, _CMP_GT_OQ), t1, _mm512_set1_ps(1.0f));
+      t0 =
+          _mm512_mask_sub_ps(t0, _mm512_cmp_ps_mask(_mm512_sub_ps(t0, a0), half, _CMP_GT_OQ), t0, _mm512_set1_ps(1.0f));
+      t1 =
+          _mm512_mask_sub_ps(t1, _mm512_cmp_ps_mask(_mm512_sub_ps(t1, a1), half, _CMP_GT_OQ), t1, _mm512_set1_ps(1.0f));
       t0 = _mm512_or_ps(t0, _mm512_and_ps(sign, s0));
       t1 = _mm512_or_ps(t1, _mm512_and_ps(sign, s1));
       __m512i i0 = _mm512_cvttps_epi32(t0), i1 = _mm512_cvttps_epi32(t1);

@@ -91,7 +91,7 @@ static inline __attribute__((always_inline)) __m512i load_headers(const char *wg
     const char *src = wg + t * 128;
     /* masked loads: never touch bytes past the blocks */
     const __m512i a = rem >= 64 ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8((1ull << rem) - 1, src);
-    const __m512i b = rem >= 128  ? _mm512_loadu_si512(src + 64)
+    const __m512i b = rem >= 128 ? _mm512_loadu_si512(src + 64)
                       : rem > 64 ? _mm512_maskz_loadu_epi8((1ull << (rem - 64)) - 1, src + 64)
                                  : _mm512_setzero_si512();
     res = _mm512_mask_mov_epi16(res, pl->take[t], _mm512_permutex2var_epi16(a, pl->idx[t], b));
@@ -104,10 +104,11 @@ static inline __attribute__((always_inline)) void q4_step(const char *wq, int bb
                                                           const int8_t *const *xq, const __m512 (*ds)[NWMAX],
                                                           __m512 (*acc)[NWMAX], const int c, const int R) {
   const __m512i nib = _mm512_set1_epi8(0x0f);
-  const __m512i z = valid >= 4 ? load_quad_full(wq - (bb == 20 ? 4 : 2) + q * bb, bb) : load_quad(wq + q * bb, bb, valid);
+  const __m512i z =
+      valid >= 4 ? load_quad_full(wq - (bb == 20 ? 4 : 2) + q * bb, bb) : load_quad(wq + q * bb, bb, valid);
   const __m512i lo = _mm512_and_si512(z, nib), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
-  const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                                       _mm512_set1_epi32(q));
+  const __m512i idx =
+      _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(q));
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++) {
     const int8_t *xp = xq[r] + (g + q) * 32; /* quad layout: 4 blocks per 128 bytes */
@@ -126,8 +127,8 @@ static inline __attribute__((always_inline)) void q8_step(const char *wg, int bb
   if (valid > 1) z = _mm512_inserti64x4(z, _mm256_loadu_si256((const __m256i *)(b0 + bb)), 1);
   const __m512i aw = _mm512_abs_epi8(z);
   const __mmask64 neg = _mm512_movepi8_mask(z);
-  const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                       _mm512_set1_epi32(q));
+  const __m512i idx =
+      _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_set1_epi32(q));
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++) {
     __m512i xv = _mm512_load_si512((const void *)(xq[r] + (g + q) * 32));
@@ -152,7 +153,7 @@ static inline __attribute__((always_inline)) void q4_tail(const char *const *w, 
   /* dword lane l <- words (bb/2)*(l/4) and +1: block l/4's d (and q4_1's m) */
   static const uint16_t hdr20[32] = {0,  1,  0,  1,  0,  1,  0,  1,  10, 11, 10, 11, 10, 11, 10, 11,
                                      20, 21, 20, 21, 20, 21, 20, 21, 30, 31, 30, 31, 30, 31, 30, 31};
-  static const uint16_t hdr18[32] = {0, 1, 0, 1, 0, 1, 0, 1, 9,  10, 9,  10, 9,  10, 9,  10,
+  static const uint16_t hdr18[32] = {0,  1,  0,  1,  0,  1,  0,  1,  9,  10, 9,  10, 9,  10, 9,  10,
                                      18, 19, 18, 19, 18, 19, 18, 19, 27, 28, 27, 28, 27, 28, 27, 28};
   const __m512i lanes4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i nib = _mm512_set1_epi8(0x0f);
@@ -211,9 +212,9 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
   const int64_t row_bytes = nb * bb;
   /* Software prefetch pays for weights streamed from DRAM (+15-90% measured at k = 1536..8192) and
    * costs ~10% of instructions when they already sit in cache; below 1 MiB assume the latter. */
-  const int64_t pf_rows = p->n * row_bytes < (1 << 20)  ? 0
-                          : row_bytes >= 8192 / NW ? NW
-                                                   : (8192 + row_bytes - 1) / row_bytes;
+  const int64_t pf_rows = p->n * row_bytes < (1 << 20) ? 0
+                          : row_bytes >= 8192 / NW     ? NW
+                                                       : (8192 + row_bytes - 1) / row_bytes;
   for (int64_t g = 0; g < nb; g += 16) {
     const int nbg = nb - g < 16 ? (int)(nb - g) : 16;
     /* Large weights come from DRAM in NW short interleaved streams (a 4096-wide q4 row is 2.5 KiB),
@@ -235,7 +236,8 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
     __m512 ds[RQ][NWMAX];
 #pragma GCC unroll 4
     for (int c = 0; c < NW; c++) {
-      const __m512i raw = nbg == 16 ? load_headers(w[c] + g * bb, bb, 16, pl) : load_headers(w[c] + g * bb, bb, nbg, pl);
+      const __m512i raw =
+          nbg == 16 ? load_headers(w[c] + g * bb, bb, 16, pl) : load_headers(w[c] + g * bb, bb, nbg, pl);
       const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
 #pragma GCC unroll 4
       for (int r = 0; r < R; r++) ds[r][c] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd[r] + g));
@@ -263,10 +265,8 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
       for (int q = 0; q < nbg; q += step) {
 #pragma GCC unroll 4
         for (int c = 0; c < NW; c++) {
-          if (wt == SERVD_Q8_0)
-            q8_step(w[c] + g * bb, bb, g, q, nbg - q, xq, ds, acc, c, R);
-          else
-            q4_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, ds, acc, c, R);
+          if (wt == SERVD_Q8_0) q8_step(w[c] + g * bb, bb, g, q, nbg - q, xq, ds, acc, c, R);
+          else q4_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, ds, acc, c, R);
         }
       }
     }
@@ -287,13 +287,16 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 typedef void (*tile_fn)(const servd__mm *p, int64_t i0, int64_t j);
 #define TILE(wt, R, NW, name) \
   static void name(const servd__mm *p, int64_t i0, int64_t j) { tile(p, i0, j, R, NW, wt); }
-#define TILES(wt, sfx)                                                                                     \
-  TILE(wt, 1, 4, t1x4_##sfx) TILE(wt, 1, 2, t1x2_##sfx) TILE(wt, 1, 1, t1x1_##sfx) TILE(wt, 2, 2, t2x2_##sfx) TILE(wt, 2, 1, t2x1_##sfx) \
-  TILE(wt, 3, 2, t3x2_##sfx) TILE(wt, 3, 1, t3x1_##sfx) TILE(wt, 4, 2, t4x2_##sfx) TILE(wt, 4, 1, t4x1_##sfx) \
-  /* [R-1][0]: NW = 2 (4 when m == 1: see below); [R-1][1]: NW = 1 */                                     \
-  static const tile_fn tiles_##sfx[RQ + 1][2] = {{t1x2_##sfx, t1x1_##sfx}, {t2x2_##sfx, t2x1_##sfx},          \
-                                                 {t3x2_##sfx, t3x1_##sfx}, {t4x2_##sfx, t4x1_##sfx},          \
-                                                 {t1x4_##sfx, t1x1_##sfx}};
+#define TILES(wt, sfx) \
+  TILE(wt, 1, 4, t1x4_##sfx) \
+  TILE(wt, 1, 2, t1x2_##sfx) TILE(wt, 1, 1, t1x1_##sfx) TILE(wt, 2, 2, t2x2_##sfx) TILE(wt, 2, 1, t2x1_##sfx) \
+      TILE(wt, 3, 2, t3x2_##sfx) TILE(wt, 3, 1, t3x1_##sfx) TILE(wt, 4, 2, t4x2_##sfx) \
+          TILE(wt, 4, 1, t4x1_##sfx) /* [R-1][0]: NW = 2 (4 when m == 1: see below); [R-1][1]: NW = 1 */ \
+      static const tile_fn tiles_##sfx[RQ + 1][2] = {{t1x2_##sfx, t1x1_##sfx}, \
+                                                     {t2x2_##sfx, t2x1_##sfx}, \
+                                                     {t3x2_##sfx, t3x1_##sfx}, \
+                                                     {t4x2_##sfx, t4x1_##sfx}, \
+                                                     {t1x4_##sfx, t1x1_##sfx}};
 TILES(SERVD_Q8_0, q8_0)
 TILES(SERVD_Q4_0, q4_0)
 TILES(SERVD_Q4_1, q4_1)

@@ -107,22 +107,23 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
   }
 }
 
-#define KROWS_FN(wt, name)                                                                                  \
-  static void name(const servd__mm *p, const char *w, int64_t i0, float *res, int R) {                     \
-    switch (R) {                                                                                            \
-    case 1: krows(p, w, i0, res, 1, wt); break;                                                             \
-    case 2: krows(p, w, i0, res, 2, wt); break;                                                             \
-    case 3: krows(p, w, i0, res, 3, wt); break;                                                             \
-    default: krows(p, w, i0, res, 4, wt); break;                                                            \
-    }                                                                                                       \
+#define KROWS_FN(wt, name) \
+  static void name(const servd__mm *p, const char *w, int64_t i0, float *res, int R) { \
+    switch (R) { \
+    case 1: krows(p, w, i0, res, 1, wt); break; \
+    case 2: krows(p, w, i0, res, 2, wt); break; \
+    case 3: krows(p, w, i0, res, 3, wt); break; \
+    default: krows(p, w, i0, res, 4, wt); break; \
+    } \
   }
 KROWS_FN(SERVD_Q4_K, rows_q4_k)
 KROWS_FN(SERVD_Q5_K, rows_q5_k)
 KROWS_FN(SERVD_Q6_K, rows_q6_k)
 
 void servd__mm_kquant_avx2(const servd__mm *p, int64_t j0, int64_t j1) {
-  void (*fn)(const servd__mm *, const char *, int64_t, float *, int) =
-      p->wt == SERVD_Q4_K ? rows_q4_k : p->wt == SERVD_Q5_K ? rows_q5_k : rows_q6_k;
+  void (*fn)(const servd__mm *, const char *, int64_t, float *, int) = p->wt == SERVD_Q4_K   ? rows_q4_k
+                                                                       : p->wt == SERVD_Q5_K ? rows_q5_k
+                                                                                             : rows_q6_k;
   float res[RQ];
   for (int64_t j = j0; j < j1; j++) {
     const char *w = p->w + j * p->ldw;

@@ -60,12 +60,15 @@ static inline __attribute__((always_inline)) __m512i k4_scales_mins_x4(const cha
   q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(w[1] + b * bb + 4)), 1);
   q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(w[2] + b * bb + 4)), 2);
   q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(w[3] + b * bb + 4)), 3);
-  const __m512i a = _mm512_shuffle_epi8(q, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
+  const __m512i a =
+      _mm512_shuffle_epi8(q, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
   const __m512i lo = _mm512_or_si512(
-      _mm512_and_si512(a, _mm512_broadcast_i32x4(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0))),
+      _mm512_and_si512(
+          a, _mm512_broadcast_i32x4(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0))),
       _mm512_and_si512(_mm512_srli_epi16(a, 4),
                        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15))));
-  const __m512i hb = _mm512_shuffle_epi8(q, _mm512_broadcast_i32x4(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
+  const __m512i hb = _mm512_shuffle_epi8(
+      q, _mm512_broadcast_i32x4(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
   return _mm512_or_si512(lo, _mm512_and_si512(_mm512_srli_epi16(hb, 2), _mm512_set1_epi8(0x30)));
 }
 
@@ -85,9 +88,8 @@ static inline __attribute__((always_inline)) void decode(const char *w, int64_t 
     const __m512i sc16 = _mm512_castsi256_si512(msv);
     /* step s covers values 64s..64s+63: 16-value groups 4s..4s+3, 8 words each */
 #pragma GCC unroll 4
-    for (int s = 0; s < 4; s++)
-      sv[s] = _mm512_permutexvar_epi16(idx(idx_k6[s]), sc16);
-    /* half h: ql[64h..] low nibbles are values 128h + 0..63, high nibbles 128h + 64..127; their
+    for (int s = 0; s < 4; s++) sv[s] = _mm512_permutexvar_epi16(idx(idx_k6[s]), sc16);
+      /* half h: ql[64h..] low nibbles are values 128h + 0..63, high nibbles 128h + 64..127; their
      * top 2 bits are qh[32h + l] >> 2t for the 32-value run t: moved to bits 4..5 by 64-bit shifts
      * (bits that cross bytes are masked off). */
 #pragma GCC unroll 2
@@ -119,8 +121,8 @@ static inline __attribute__((always_inline)) void decode(const char *w, int64_t 
       dw = f16(dd[0]);
       cw = f16(dd[1]);
     }
-    const __m128i sm = smp ? *smp : servd__k4_scales_mins(scales); /* smp: unpacked by the caller */
-    const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(sm)); /* words 0..7 sc, 8..15 m, then 0 */
+    const __m128i sm = smp ? *smp : servd__k4_scales_mins(scales);              /* smp: unpacked by the caller */
+    const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(sm));      /* words 0..7 sc, 8..15 m, then 0 */
     msv = _mm512_castsi512_si256(_mm512_permutexvar_epi16(idx(idx_k4m), sc16)); /* group g takes m[g / 2] */
     /* dword lanes 4c..4c+3 of the even (odd) sums take sc[2c] (sc[2c+1]) in their low word, 0 */
     sv[0] = _mm512_permutexvar_epi16(idx(idx_k4[0]), sc16);
@@ -140,13 +142,15 @@ static inline __attribute__((always_inline)) void decode(const char *w, int64_t 
        * bits that cross bytes masked off */
       const __m512i m10 = _mm512_set1_epi8(0x10);
       const uint8_t *qhp = ((const servd_block_q5_k *)w + b)->qh;
-      const __m512i ev = _mm512_setr_epi64(4, 4, 2, 2, 0, 0, 62, 62), od = _mm512_setr_epi64(3, 3, 1, 1, 63, 63, 61, 61);
+      const __m512i ev = _mm512_setr_epi64(4, 4, 2, 2, 0, 0, 62, 62),
+                    od = _mm512_setr_epi64(3, 3, 1, 1, 63, 63, 61, 61);
 #pragma GCC unroll 2
       for (int P = 0; P < 2; P++) {
         const __m512i qh = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(qhp + 16 * P)));
         const __m512i z = P ? z1 : z0;
         wv[P] = _mm512_ternarylogic_epi32(m4, z, _mm512_and_si512(_mm512_rolv_epi64(qh, ev), m10), 0xEA);
-        wv[2 + P] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(z, 4), _mm512_and_si512(_mm512_rolv_epi64(qh, od), m10), 0xEA);
+        wv[2 + P] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(z, 4),
+                                              _mm512_and_si512(_mm512_rolv_epi64(qh, od), m10), 0xEA);
       }
     }
   }
@@ -175,8 +179,9 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
   /* Four weight rows are four interleaved streams, which hardware prefetchers pick up late from
    * DRAM (measured: half the byte rate at 14336x4096): fetch the same block of the next four rows,
    * ~9 KiB ahead at k = 4096. Weights under 1 MiB are assumed to sit in cache. */
-  const int bb = wt == SERVD_Q4_K ? sizeof(servd_block_q4_k) : wt == SERVD_Q5_K ? sizeof(servd_block_q5_k)
-                                                                                 : sizeof(servd_block_q6_k);
+  const int bb = wt == SERVD_Q4_K   ? sizeof(servd_block_q4_k)
+                 : wt == SERVD_Q5_K ? sizeof(servd_block_q5_k)
+                                    : sizeof(servd_block_q6_k);
   const bool pf = NW == NWMAX && p->n * p->ldw >= (1 << 20);
   for (int64_t b = 0; b < nb; b++) {
     if (pf) {
@@ -200,9 +205,10 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
       const __m512 h = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hd)));
 #pragma GCC unroll 4
       for (int c = 0; c < NW; c++)
-        dwc4[c] = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                                         _mm512_set1_epi32(2 * c)),
-                                        h);
+        dwc4[c] =
+            _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                                   _mm512_set1_epi32(2 * c)),
+                                  h);
       /* immediates spelled out: unoptimized builds do not unroll the loop into constants */
       sm[0] = _mm512_castsi512_si128(sm4);
       sm[1] = _mm512_extracti32x4_epi32(sm4, 1);
@@ -219,7 +225,8 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
       for (int r = 0; r < R; r++) {
         const int8_t *xb = xq[r] + b * SERVD_QK_K;
         const __m512i x0 = _mm512_load_si512((const void *)xb), x1 = _mm512_load_si512((const void *)(xb + 64));
-        const __m512i x2 = _mm512_load_si512((const void *)(xb + 128)), x3 = _mm512_load_si512((const void *)(xb + 192));
+        const __m512i x2 = _mm512_load_si512((const void *)(xb + 128)),
+                      x3 = _mm512_load_si512((const void *)(xb + 192));
         __m512i s;
         if (wt == SERVD_Q6_K) {
           /* two chains of two (madd, then vpdpwssd): shorter latency when one row runs alone */
@@ -247,7 +254,8 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
   for (int c = 0; c < NW; c++)
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-      res[c][r] = _mm512_reduce_add_ps(_mm512_mul_ps(acc[c][r], _mm512_insertf32x8(_mm512_set1_ps(1.0f), _mm256_set1_ps(-1.0f), 1)));
+      res[c][r] = _mm512_reduce_add_ps(
+          _mm512_mul_ps(acc[c][r], _mm512_insertf32x8(_mm512_set1_ps(1.0f), _mm256_set1_ps(-1.0f), 1)));
 }
 
 /* q8_K activations with AVX-512: as servd__quantize_q8k value for value (roundf emulated as in
@@ -305,19 +313,19 @@ void servd__quantize_q8k_avx512(const char *x, int64_t ldx, int64_t m, int64_t k
 }
 
 typedef void (*rows_fn)(const servd__mm *p, const char *const *w, int64_t i0, float (*res)[RQ], int R);
-#define KROWS_FN(wt, name)                                                                                  \
-  static void name(const servd__mm *p, const char *const *w, int64_t i0, float (*res)[RQ], int R) {         \
-    switch (R) {                                                                                            \
-    case 0: krows(p, w, i0, res, 1, NWMAX, wt); break; /* batch 1: NWMAX weight rows */                     \
-    case 1: krows(p, w, i0, res, 1, 1, wt); break;                                                          \
-    case 2: krows(p, w, i0, res, 2, 1, wt); break;                                                          \
-    case 3: krows(p, w, i0, res, 3, 1, wt); break;                                                          \
-    case 4: krows(p, w, i0, res, 4, 1, wt); break;                                                          \
-    case 5: krows(p, w, i0, res, 5, 1, wt); break;                                                          \
-    case 6: krows(p, w, i0, res, 6, 1, wt); break;                                                          \
-    case 7: krows(p, w, i0, res, 7, 1, wt); break;                                                          \
-    default: krows(p, w, i0, res, 8, 1, wt); break;                                                         \
-    }                                                                                                       \
+#define KROWS_FN(wt, name) \
+  static void name(const servd__mm *p, const char *const *w, int64_t i0, float(*res)[RQ], int R) { \
+    switch (R) { \
+    case 0: krows(p, w, i0, res, 1, NWMAX, wt); break; /* batch 1: NWMAX weight rows */ \
+    case 1: krows(p, w, i0, res, 1, 1, wt); break; \
+    case 2: krows(p, w, i0, res, 2, 1, wt); break; \
+    case 3: krows(p, w, i0, res, 3, 1, wt); break; \
+    case 4: krows(p, w, i0, res, 4, 1, wt); break; \
+    case 5: krows(p, w, i0, res, 5, 1, wt); break; \
+    case 6: krows(p, w, i0, res, 6, 1, wt); break; \
+    case 7: krows(p, w, i0, res, 7, 1, wt); break; \
+    default: krows(p, w, i0, res, 8, 1, wt); break; \
+    } \
   }
 KROWS_FN(SERVD_Q4_K, rows_q4_k)
 KROWS_FN(SERVD_Q5_K, rows_q5_k)

@@ -75,14 +75,14 @@ static inline __attribute__((always_inline)) void q5_rows(const servd__mm *p, co
   }
 }
 
-#define ROWS_FN(wt, name)                                                                                   \
-  static void name(const servd__mm *p, const char *w, int64_t i0, float *res, int R) {                     \
-    switch (R) {                                                                                            \
-    case 1: q5_rows(p, w, i0, res, 1, wt); break;                                                           \
-    case 2: q5_rows(p, w, i0, res, 2, wt); break;                                                           \
-    case 3: q5_rows(p, w, i0, res, 3, wt); break;                                                           \
-    default: q5_rows(p, w, i0, res, 4, wt); break;                                                          \
-    }                                                                                                       \
+#define ROWS_FN(wt, name) \
+  static void name(const servd__mm *p, const char *w, int64_t i0, float *res, int R) { \
+    switch (R) { \
+    case 1: q5_rows(p, w, i0, res, 1, wt); break; \
+    case 2: q5_rows(p, w, i0, res, 2, wt); break; \
+    case 3: q5_rows(p, w, i0, res, 3, wt); break; \
+    default: q5_rows(p, w, i0, res, 4, wt); break; \
+    } \
   }
 ROWS_FN(SERVD_Q5_0, rows_q5_0)
 ROWS_FN(SERVD_Q5_1, rows_q5_1)

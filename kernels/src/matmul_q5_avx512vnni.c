@@ -66,17 +66,18 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
     for (int c = 0; c < NW; c++) {
       const char *b0 = w[c] + b * bb, *b1 = b0 + bb;
       const __m256i v0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + hoff + 4)));
-      const __m256i v1 = two ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + hoff + 4)))
-                             : _mm256_setzero_si256();
+      const __m256i v1 =
+          two ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + hoff + 4))) : _mm256_setzero_si256();
       __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(v0), v1, 1);
       z = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xFF00FF00u, z, 4), nib);
       const uint64_t hm = load_u32(b0 + hoff) | (two ? (uint64_t)load_u32(b1 + hoff) << 32 : 0);
       z = _mm512_mask_mov_epi8(z, hm, _mm512_or_si512(z, bit4));
       const float d0 = _cvtsh_ss(load_u16(b0)), d1 = two ? _cvtsh_ss(load_u16(b1)) : 0.0f;
       const __m512 dw = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d0), _mm512_set1_ps(d1));
-      const __m512 cw = wt == SERVD_Q5_0 ? _mm512_mul_ps(dw, _mm512_set1_ps(-16.0f))
-                                         : _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(load_u16(b0 + 2))),
-                                                                _mm512_set1_ps(two ? _cvtsh_ss(load_u16(b1 + 2)) : 0.0f));
+      const __m512 cw = wt == SERVD_Q5_0
+                            ? _mm512_mul_ps(dw, _mm512_set1_ps(-16.0f))
+                            : _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(load_u16(b0 + 2))),
+                                                   _mm512_set1_ps(two ? _cvtsh_ss(load_u16(b1 + 2)) : 0.0f));
 #pragma GCC unroll 4
       for (int r = 0; r < R; r++) {
         /* b even: 64-byte aligned (rows are multiples of 128 bytes); past nb only zero weights */
@@ -91,8 +92,9 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
   for (int r = 0; r < R; r++) {
     float *o = (float *)(p->out + (i0 + r) * p->ldo) + j;
     if (NW == 4) {
-      _mm_storeu_ps(o, reduce4(_mm512_fmadd_ps(accm[r][0], eighth, acc[r][0]), _mm512_fmadd_ps(accm[r][1], eighth, acc[r][1]),
-                               _mm512_fmadd_ps(accm[r][2], eighth, acc[r][2]), _mm512_fmadd_ps(accm[r][3], eighth, acc[r][3])));
+      _mm_storeu_ps(
+          o, reduce4(_mm512_fmadd_ps(accm[r][0], eighth, acc[r][0]), _mm512_fmadd_ps(accm[r][1], eighth, acc[r][1]),
+                     _mm512_fmadd_ps(accm[r][2], eighth, acc[r][2]), _mm512_fmadd_ps(accm[r][3], eighth, acc[r][3])));
     } else {
 #pragma GCC unroll 4
       for (int c = 0; c < NW; c++) o[c] = _mm512_reduce_add_ps(_mm512_fmadd_ps(accm[r][c], eighth, acc[r][c]));
@@ -103,13 +105,16 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 typedef void (*tile_fn)(const servd__mm *p, int64_t i0, int64_t j);
 #define TILE(wt, R, NW, name) \
   static void name(const servd__mm *p, int64_t i0, int64_t j) { tile(p, i0, j, R, NW, wt); }
-#define TILES(wt, sfx)                                                                                     \
-  TILE(wt, 1, 4, t1x4_##sfx) TILE(wt, 1, 2, t1x2_##sfx) TILE(wt, 1, 1, t1x1_##sfx) TILE(wt, 2, 2, t2x2_##sfx) TILE(wt, 2, 1, t2x1_##sfx) \
-  TILE(wt, 3, 2, t3x2_##sfx) TILE(wt, 3, 1, t3x1_##sfx) TILE(wt, 4, 2, t4x2_##sfx) TILE(wt, 4, 1, t4x1_##sfx) \
-  /* [R-1][0]: NW = 2 (4 when m == 1); [R-1][1]: NW = 1 */                                                 \
-  static const tile_fn tiles_##sfx[RQ + 1][2] = {{t1x2_##sfx, t1x1_##sfx}, {t2x2_##sfx, t2x1_##sfx},          \
-                                                 {t3x2_##sfx, t3x1_##sfx}, {t4x2_##sfx, t4x1_##sfx},          \
-                                                 {t1x4_##sfx, t1x1_##sfx}};
+#define TILES(wt, sfx) \
+  TILE(wt, 1, 4, t1x4_##sfx) \
+  TILE(wt, 1, 2, t1x2_##sfx) TILE(wt, 1, 1, t1x1_##sfx) TILE(wt, 2, 2, t2x2_##sfx) TILE(wt, 2, 1, t2x1_##sfx) \
+      TILE(wt, 3, 2, t3x2_##sfx) TILE(wt, 3, 1, t3x1_##sfx) TILE(wt, 4, 2, t4x2_##sfx) \
+          TILE(wt, 4, 1, t4x1_##sfx) /* [R-1][0]: NW = 2 (4 when m == 1); [R-1][1]: NW = 1 */ \
+      static const tile_fn tiles_##sfx[RQ + 1][2] = {{t1x2_##sfx, t1x1_##sfx}, \
+                                                     {t2x2_##sfx, t2x1_##sfx}, \
+                                                     {t3x2_##sfx, t3x1_##sfx}, \
+                                                     {t4x2_##sfx, t4x1_##sfx}, \
+                                                     {t1x4_##sfx, t1x1_##sfx}};
 TILES(SERVD_Q5_0, q5_0)
 TILES(SERVD_Q5_1, q5_1)
 

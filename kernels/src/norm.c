@@ -50,18 +50,17 @@ static void norm_task(void *ctx, int64_t begin, int64_t end, int thread) {
 }
 
 int servd_rmsnorm(servd_tensor *out, const servd_tensor *x, const servd_tensor *weight, float eps) {
-  static float (*const sumsq[SERVD_ISA_COUNT])(const float *, int64_t) = {
-      servd__sumsq_scalar, servd__sumsq_avx2, servd__sumsq_avx512};
-  static void (*const scale_mul[SERVD_ISA_COUNT])(float *, const float *, float, const void *, servd_dtype,
-                                                  int64_t) = {servd__scale_mul_scalar, servd__scale_mul_avx2,
-                                                              servd__scale_mul_avx512};
+  static float (*const sumsq[SERVD_ISA_COUNT])(const float *, int64_t) = {servd__sumsq_scalar, servd__sumsq_avx2,
+                                                                          servd__sumsq_avx512};
+  static void (*const scale_mul[SERVD_ISA_COUNT])(float *, const float *, float, const void *, servd_dtype, int64_t) = {
+      servd__scale_mul_scalar, servd__scale_mul_avx2, servd__scale_mul_avx512};
   char bo[96], bx[96], bw[96];
   norm_job j;
   bool ok = out && x && weight && out->dtype == SERVD_F32 && x->dtype == SERVD_F32 &&
             (weight->dtype == SERVD_F32 || weight->dtype == SERVD_F16 || weight->dtype == SERVD_BF16) &&
-            weight->ndim == 1 && out->ndim == x->ndim && ops__as_rows(out, &j.o) == 0 &&
-            ops__as_rows(x, &j.x) == 0 && j.o.rows == j.x.rows && j.o.cols == j.x.cols &&
-            weight->shape[0] == j.x.cols && !(eps < 0.0f) && !isnan(eps);
+            weight->ndim == 1 && out->ndim == x->ndim && ops__as_rows(out, &j.o) == 0 && ops__as_rows(x, &j.x) == 0 &&
+            j.o.rows == j.x.rows && j.o.cols == j.x.cols && weight->shape[0] == j.x.cols && !(eps < 0.0f) &&
+            !isnan(eps);
   for (int i = 0; ok && i < out->ndim; i++) ok = out->shape[i] == x->shape[i];
   if (!ok)
     return servd_fail(SERVD_EINVAL,

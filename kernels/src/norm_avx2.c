@@ -30,7 +30,8 @@ void servd__scale_mul_avx2(float *out, const float *x, float r, const void *w, s
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), rv), load_w8(w, wt, i)));
-  if (i < n) servd__scale_mul_scalar(out + i, x + i, r, wt == SERVD_F32 ? (const void *)((const float *)w + i)
-                                                                          : (const void *)((const uint16_t *)w + i),
-                                     wt, n - i);
+  if (i < n)
+    servd__scale_mul_scalar(
+        out + i, x + i, r,
+        wt == SERVD_F32 ? (const void *)((const float *)w + i) : (const void *)((const uint16_t *)w + i), wt, n - i);
 }

@@ -19,10 +19,10 @@ float servd__sumsq_avx512(const float *x, int64_t n) {
 }
 
 static inline __m512 load_w16(const void *w, servd_dtype wt, int64_t i, __mmask16 m) {
-  if (wt == SERVD_F16)
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + i));
+  if (wt == SERVD_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + i));
   if (wt == SERVD_BF16)
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + i)), 16));
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + i)), 16));
   return _mm512_maskz_loadu_ps(m, (const float *)w + i);
 }
 

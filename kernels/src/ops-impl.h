@@ -13,29 +13,29 @@
 #include "servd/ops.h"
 
 /* ---- row kernels, one set per ISA (scalar ones live in the op's own .c file) ---------------------- */
-#define OPS__DECLARE_ROW_KERNELS(isa)                                                                    \
-  void servd__add_##isa(float *out, const float *a, const float *b, int64_t n);                          \
-  void servd__swiglu_##isa(float *out, const float *g, const float *u, int64_t n);                       \
-  /* returns sum(x^2) in f32 accumulators */                                                             \
-  float servd__sumsq_##isa(const float *x, int64_t n);                                                   \
-  /* out = x * r * w, w f32 / f16 / bf16 */                                                              \
+#define OPS__DECLARE_ROW_KERNELS(isa) \
+  void servd__add_##isa(float *out, const float *a, const float *b, int64_t n); \
+  void servd__swiglu_##isa(float *out, const float *g, const float *u, int64_t n); \
+  /* returns sum(x^2) in f32 accumulators */ \
+  float servd__sumsq_##isa(const float *x, int64_t n); \
+  /* out = x * r * w, w f32 / f16 / bf16 */ \
   void servd__scale_mul_##isa(float *out, const float *x, float r, const void *w, servd_dtype wt, int64_t n); \
-  /* x[i] = exp(x[i]*scale - max), returns the sum */                                                    \
-  float servd__exp_shift_sum_##isa(float *x, int64_t n, float scale, float max);                        \
-  float servd__max_##isa(const float *x, int64_t n);                                                     \
-  void servd__mul_scalar_##isa(float *x, int64_t n, float s);                                            \
-  /* rotate n_heads heads of one row with per-pair tables cs/sn (head_dim/2 each) */                    \
-  void servd__rope_row_##isa(float *x, int64_t n_heads, int head_dim, servd_rope_layout layout,         \
-                             const float *cs, const float *sn);                                          \
+  /* x[i] = exp(x[i]*scale - max), returns the sum */ \
+  float servd__exp_shift_sum_##isa(float *x, int64_t n, float scale, float max); \
+  float servd__max_##isa(const float *x, int64_t n); \
+  void servd__mul_scalar_##isa(float *x, int64_t n, float s); \
+  /* rotate n_heads heads of one row with per-pair tables cs/sn (head_dim/2 each) */ \
+  void servd__rope_row_##isa(float *x, int64_t n_heads, int head_dim, servd_rope_layout layout, const float *cs, \
+                             const float *sn); \
   /* out[i*ld + j] = scale * dot(q[i], k_j) for nq queries and n keys; k is transposed: dim d of key j \
    * at k[d*kstride + j], f32 or f16. pf (NULL: none) is prefetched at the offsets read from k, spread \
-   * over the loop: the caller points it at a later block, so the misses in flight stay steady. */     \
-  void servd__attn_scores_##isa(float *out, int ld, const float *const *q, int nq, const void *k,        \
-                                servd_dtype kt, int n, int hd, int64_t kstride, float scale, const void *pf); \
+   * over the loop: the caller points it at a later block, so the misses in flight stay steady. */ \
+  void servd__attn_scores_##isa(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt, \
+                                int n, int hd, int64_t kstride, float scale, const void *pf); \
   /* acc[i*acc_ld + d] += sum_j p[i*ld + j] * v_j[d] for nq queries, n value rows vstride elements apart; \
-   * pf as for scores, mirroring the reads from v */                                                    \
-  void servd__attn_accum_##isa(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v,      \
-                               servd_dtype vt, int n, int hd, int64_t vstride, const void *pf);
+   * pf as for scores, mirroring the reads from v */ \
+  void servd__attn_accum_##isa(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v, servd_dtype vt, \
+                               int n, int hd, int64_t vstride, const void *pf);
 
 OPS__DECLARE_ROW_KERNELS(scalar)
 OPS__DECLARE_ROW_KERNELS(avx2)
@@ -85,15 +85,15 @@ static inline const char *ops__desc(const servd_tensor *t, char *buf, size_t cap
  * every run starts on a cache line. */
 struct servd_kv_cache {
   int n_layers, n_kv_heads, head_dim, block_size, n_blocks;
-  servd_dtype dtype;  /* f32 or f16 */
-  size_t elem;        /* bytes per value */
-  size_t head_bytes;  /* one run: block_size tokens of one kv head */
+  servd_dtype dtype; /* f32 or f16 */
+  size_t elem;       /* bytes per value */
+  size_t head_bytes; /* one run: block_size tokens of one kv head */
   char *pool;
   size_t pool_bytes;
   pthread_mutex_t mu; /* guards the free list */
   int32_t *free_ids;  /* stack of free block ids */
   int n_free;
-  int32_t *refs;      /* per block: holders (sequences, the prefix cache); 0 = free, so a stray or
+  int32_t *refs; /* per block: holders (sequences, the prefix cache); 0 = free, so a stray or
                        * extra free is ignored */
 };
 

@@ -77,9 +77,8 @@ typedef struct rope_job {
 
 static void rope_task(void *ctx, int64_t begin, int64_t end, int thread) {
   (void)thread;
-  static void (*const rot[SERVD_ISA_COUNT])(float *, int64_t, int, servd_rope_layout, const float *,
-                                            const float *) = {servd__rope_row_scalar, servd__rope_row_avx2,
-                                                              servd__rope_row_avx512};
+  static void (*const rot[SERVD_ISA_COUNT])(float *, int64_t, int, servd_rope_layout, const float *, const float *) = {
+      servd__rope_row_scalar, servd__rope_row_avx2, servd__rope_row_avx512};
   const rope_job *j = ctx;
   const float *inv = inv_freqs(j->p);
   int d = j->p->head_dim, h = d / 2;
@@ -113,8 +112,8 @@ int servd_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_
     why = "head_dim must be even and in [2, 1024]";
   } else if (!(p->theta > 0.0f) || !isfinite(p->theta)) {
     why = "theta must be positive";
-  } else if (p->scaling_factor > 1.0f &&
-             !(p->low_freq_factor > 0.0f && p->high_freq_factor > p->low_freq_factor && p->original_max_positions > 0)) {
+  } else if (p->scaling_factor > 1.0f && !(p->low_freq_factor > 0.0f && p->high_freq_factor > p->low_freq_factor &&
+                                           p->original_max_positions > 0)) {
     why = "llama3 scaling needs 0 < low_freq_factor < high_freq_factor and original_max_positions > 0";
   } else if (!x || x->dtype != SERVD_F32 || (x->ndim != 2 && x->ndim != 3)) {
     why = "x must be f32 (m, n_heads, head_dim) or (m, n_heads*head_dim)";

@@ -22,7 +22,8 @@ void servd__rope_row_avx2(float *x, int64_t n_heads, int head_dim, servd_rope_la
       for (; i + 8 <= head_dim; i += 8) {
         __m256 v = _mm256_loadu_ps(x + i);
         __m256 sw = _mm256_permute_ps(v, 0xB1); /* swap each pair */
-        _mm256_storeu_ps(x + i, _mm256_fmadd_ps(v, _mm256_loadu_ps(cs + i), _mm256_mul_ps(sw, _mm256_loadu_ps(sn + i))));
+        _mm256_storeu_ps(x + i,
+                         _mm256_fmadd_ps(v, _mm256_loadu_ps(cs + i), _mm256_mul_ps(sw, _mm256_loadu_ps(sn + i))));
       }
       for (; i < head_dim; i += 2) {
         float a = x[i], b = x[i + 1];

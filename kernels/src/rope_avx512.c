@@ -19,8 +19,9 @@ void servd__rope_row_avx512(float *x, int64_t n_heads, int head_dim, servd_rope_
         __mmask16 k = tail16(head_dim - i);
         __m512 v = _mm512_maskz_loadu_ps(k, x + i);
         __m512 sw = _mm512_permute_ps(v, 0xB1);
-        _mm512_mask_storeu_ps(x + i, k, _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(k, cs + i),
-                                                        _mm512_mul_ps(sw, _mm512_maskz_loadu_ps(k, sn + i))));
+        _mm512_mask_storeu_ps(
+            x + i, k,
+            _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(k, cs + i), _mm512_mul_ps(sw, _mm512_maskz_loadu_ps(k, sn + i))));
       }
     }
   }

@@ -58,7 +58,8 @@ int servd_softmax(servd_tensor *x, float scale) {
   char bx[96];
   softmax_job j;
   if (!x || x->dtype != SERVD_F32 || ops__as_rows(x, &j.x) != 0 || !isfinite(scale))
-    return servd_fail(SERVD_EINVAL, "softmax: expected x f32 (m,n) with contiguous rows and a finite scale, got x %s, scale %g",
+    return servd_fail(SERVD_EINVAL,
+                      "softmax: expected x f32 (m,n) with contiguous rows and a finite scale, got x %s, scale %g",
                       ops__desc(x, bx, sizeof bx), (double)scale);
   if (j.x.rows == 0 || j.x.cols == 0) return 0;
   j.scale = scale;

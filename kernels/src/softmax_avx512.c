@@ -6,7 +6,8 @@
 
 float servd__max_avx512(const float *x, int64_t n) {
   __m512 m = _mm512_set1_ps(-INFINITY);
-  for (int64_t i = 0; i < n; i += 16) m = _mm512_mask_max_ps(m, tail16(n - i), m, _mm512_maskz_loadu_ps(tail16(n - i), x + i));
+  for (int64_t i = 0; i < n; i += 16)
+    m = _mm512_mask_max_ps(m, tail16(n - i), m, _mm512_maskz_loadu_ps(tail16(n - i), x + i));
   return _mm512_reduce_max_ps(m);
 }
 

@@ -28,8 +28,7 @@ static uint64_t splitmix64(uint64_t *s) {
 
 static uint64_t name_hash(const char *s) { /* FNV-1a */
   uint64_t h = 0xcbf29ce484222325ull;
-  for (; *s; s++)
-    h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
   return h;
 }
 
@@ -40,8 +39,7 @@ static int add_weight(mpk_writer *w, uint64_t seed, const char *name, int64_t ro
   int ndim = cols > 0 ? 2 : 1;
   int64_t n = rows * (cols > 0 ? cols : 1);
   float *v = malloc(sizeof(float) * (size_t)n);
-  if (!v)
-    return servd_fail(SERVD_ENOMEM, "example weights");
+  if (!v) return servd_fail(SERVD_ENOMEM, "example weights");
   uint64_t s = seed ^ name_hash(name);
   for (int64_t i = 0; i < n; i++) {
     double u = (double)(splitmix64(&s) >> 11) / 9007199254740992.0; /* [0, 1) */
@@ -56,14 +54,12 @@ static int add_code(mpk_writer *w, const char *model) {
   char dir[1024];
   snprintf(dir, sizeof dir, "%s/%s", EXAMPLES_DIR, model);
   DIR *d = opendir(dir);
-  if (!d)
-    return servd_fail(SERVD_EIO, "%s: cannot open the code folder", dir);
+  if (!d) return servd_fail(SERVD_EIO, "%s: cannot open the code folder", dir);
   int rc = 0;
   struct dirent *e;
   while (rc == 0 && (e = readdir(d))) {
     size_t len = strlen(e->d_name);
-    if (len < 4 || strcmp(e->d_name + len - 3, ".py"))
-      continue;
+    if (len < 4 || strcmp(e->d_name + len - 3, ".py")) continue;
     char path[2048], entry[1024];
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
     snprintf(entry, sizeof entry, "code/%s/%s", model, e->d_name);
@@ -89,22 +85,21 @@ int main(int argc, char **argv) {
   }
   const char *model = argv[1], *out = argv[2];
   uint64_t seed = 1234;
-  if (argc == 5 && !strcmp(argv[3], "--seed"))
-    seed = strtoull(argv[4], NULL, 10);
+  if (argc == 5 && !strcmp(argv[3], "--seed")) seed = strtoull(argv[4], NULL, 10);
   mpk_writer *w = NULL;
   int rc = mpk_writer_create(out, &w);
   if (rc == 0 && !strcmp(model, "mlp_classifier")) {
     const int d_in = 64, hidden = 256, n_classes = 10;
     json_t *labels = json_array();
-    for (int i = 0; i < n_classes; i++)
-      json_array_append_new(labels, json_sprintf("class_%d", i));
+    for (int i = 0; i < n_classes; i++) json_array_append_new(labels, json_sprintf("class_%d", i));
     rc = mpk_writer_set(w, "name", json_string("mlp-classifier"));
     if (!rc) rc = mpk_writer_set(w, "model_version", json_string("1"));
     if (!rc) rc = mpk_writer_set(w, "kind", json_string("generic"));
     if (!rc) rc = mpk_writer_set(w, "entry_point", json_string("mlp_classifier.model:MLPClassifier"));
     if (!rc)
-      rc = mpk_writer_set(w, "config", json_pack("{s:i,s:i,s:i,s:f,s:o}", "d_in", d_in, "hidden", hidden, "n_classes",
-                                                 n_classes, "eps", 1e-5, "labels", labels));
+      rc = mpk_writer_set(w, "config",
+                          json_pack("{s:i,s:i,s:i,s:f,s:o}", "d_in", d_in, "hidden", hidden, "n_classes", n_classes,
+                                    "eps", 1e-5, "labels", labels));
     if (!rc) rc = add_weight(w, seed, "norm.weight", d_in, 0, 1.0f, 0.1f);
     if (!rc) rc = add_weight(w, seed, "gate.weight", hidden, d_in, 0.0f, 1.0f / 8.0f);
     if (!rc) rc = add_weight(w, seed, "up.weight", hidden, d_in, 0.0f, 1.0f / 8.0f);
@@ -116,7 +111,8 @@ int main(int argc, char **argv) {
     if (!rc) rc = mpk_writer_set(w, "kind", json_string("generic"));
     if (!rc) rc = mpk_writer_set(w, "entry_point", json_string("deep_tiny.model:DeepTiny"));
     if (!rc)
-      rc = mpk_writer_set(w, "config", json_pack("{s:i,s:i,s:i,s:f}", "d", d, "f", f, "n_layers", n_layers, "eps", 1e-5));
+      rc = mpk_writer_set(w, "config",
+                          json_pack("{s:i,s:i,s:i,s:f}", "d", d, "f", f, "n_layers", n_layers, "eps", 1e-5));
     for (int i = 0; rc == 0 && i < n_layers; i++) {
       char name[64];
       snprintf(name, sizeof name, "layers.%d.norm", i);
@@ -131,10 +127,8 @@ int main(int argc, char **argv) {
   } else if (rc == 0) {
     rc = servd_fail(SERVD_EINVAL, "unknown example \"%s\" (mlp_classifier or deep_tiny)", model);
   }
-  if (rc == 0)
-    rc = add_code(w, model);
-  if (rc == 0)
-    rc = mpk_writer_finish(w);
+  if (rc == 0) rc = add_code(w, model);
+  if (rc == 0) rc = mpk_writer_finish(w);
   mpk_writer_destroy(w);
   if (rc < 0) {
     fprintf(stderr, "servd-example-pack: %s\n", servd_last_error());

@@ -49,7 +49,8 @@ int main(int argc, char **argv) {
   }
   (void)sink; /* written only to keep the anchor's loads; clang's -Wunused-but-set-variable */
   double mo = bench_median(t_open, runs), mr = bench_median(t_read, runs);
-  printf("package %s: %d tensors, %.1f MB of weights, %d runs (medians)\n", argv[1], ntensors, (double)bytes / 1e6, runs);
+  printf("package %s: %d tensors, %.1f MB of weights, %d runs (medians)\n", argv[1], ntensors, (double)bytes / 1e6,
+         runs);
   printf("  open + view every tensor: %8.3f ms\n", mo * 1e3);
   printf("  read every tensor byte:   %8.3f ms (anchor, %.1f GB/s)\n", mr * 1e3, (double)bytes / mr / 1e9);
   printf("  ratio open/read:          %8.4f\n", mo / mr);

@@ -11,12 +11,13 @@
 #include "servd/status.h"
 
 /* One line per family. */
-static const mpk_arch *const arches[] = {&mpk__arch_llama, &mpk__arch_mistral, &mpk__arch_qwen2, &mpk__arch_qwen3,
-                                         &mpk__arch_gemma3, &mpk__arch_phi3};
+static const mpk_arch *const arches[] = {&mpk__arch_llama, &mpk__arch_mistral, &mpk__arch_qwen2,
+                                         &mpk__arch_qwen3, &mpk__arch_gemma3,  &mpk__arch_phi3};
 #define N_ARCHES (sizeof arches / sizeof *arches)
 
 static void join(char *buf, size_t cap, size_t *o, const char *const *list) {
-  for (size_t i = 0; list && list[i] && *o < cap; i++) *o += (size_t)snprintf(buf + *o, cap - *o, "%s%s", i ? ", " : "", list[i]);
+  for (size_t i = 0; list && list[i] && *o < cap; i++)
+    *o += (size_t)snprintf(buf + *o, cap - *o, "%s%s", i ? ", " : "", list[i]);
 }
 
 void mpk__arch_known(char *buf, size_t cap) {
@@ -59,10 +60,11 @@ int mpk__arch_for_hf(const char *what, const json_t *config, const mpk_arch **ou
   }
   mpk__arch_known(known, sizeof known);
   if (!mt)
-    return servd_fail(SERVD_EUNSUPPORTED, "%s: model_type: missing (and no known architectures entry); known architectures are: %s",
-                      what, known);
-  return servd_fail(SERVD_EUNSUPPORTED, "%s: model_type \"%s\" is no known architecture; known architectures are: %s", what,
-                    mpk__printable(mt, strlen(mt), q, sizeof q), known);
+    return servd_fail(SERVD_EUNSUPPORTED,
+                      "%s: model_type: missing (and no known architectures entry); known architectures are: %s", what,
+                      known);
+  return servd_fail(SERVD_EUNSUPPORTED, "%s: model_type \"%s\" is no known architecture; known architectures are: %s",
+                    what, mpk__printable(mt, strlen(mt), q, sizeof q), known);
 }
 
 int mpk__arch_for_gguf(const char *what, const char *arch, size_t len, const mpk_arch **out) {
@@ -70,8 +72,11 @@ int mpk__arch_for_gguf(const char *what, const char *arch, size_t len, const mpk
   for (size_t i = 0; arch && i < N_ARCHES; i++)
     if (in_list(arches[i]->gguf_archs, arch, len)) return *out = arches[i], 0;
   mpk__arch_known(known, sizeof known);
-  if (!arch) return servd_fail(SERVD_EUNSUPPORTED, "%s: general.architecture: missing; known architectures are: %s", what, known);
-  return servd_fail(SERVD_EUNSUPPORTED, "%s: general.architecture \"%s\" is no known architecture; known architectures are: %s", what,
+  if (!arch)
+    return servd_fail(SERVD_EUNSUPPORTED, "%s: general.architecture: missing; known architectures are: %s", what,
+                      known);
+  return servd_fail(SERVD_EUNSUPPORTED,
+                    "%s: general.architecture \"%s\" is no known architecture; known architectures are: %s", what,
                     mpk__printable(arch, len, q, sizeof q), known);
 }
 
@@ -82,7 +87,10 @@ int mpk__arch_config(const mpk_arch *a, const char *what, json_t *config) {
 
 void mpk__arch_map_name(const mpk_name_map *m, const char *src, char *out, size_t cap) {
   for (const mpk_name_pair *p = m->global; p && p->src; p++)
-    if (!strcmp(src, p->src)) { snprintf(out, cap, "%s", p->dst); return; }
+    if (!strcmp(src, p->src)) {
+      snprintf(out, cap, "%s", p->dst);
+      return;
+    }
   size_t pl = m->block_prefix ? strlen(m->block_prefix) : 0;
   if (pl && !strncmp(src, m->block_prefix, pl)) {
     const char *s = src + pl;
@@ -90,7 +98,10 @@ void mpk__arch_map_name(const mpk_name_map *m, const char *src, char *out, size_
     unsigned long layer = strtoul(s, &end, 10);
     if (end > s && *end == '.' && s[0] != '+' && s[0] != '-' && (s[0] != '0' || end == s + 1))
       for (const mpk_name_pair *p = m->block; p && p->src; p++)
-        if (!strcmp(end + 1, p->src)) { snprintf(out, cap, "model.layers.%lu.%s", layer, p->dst); return; }
+        if (!strcmp(end + 1, p->src)) {
+          snprintf(out, cap, "model.layers.%lu.%s", layer, p->dst);
+          return;
+        }
   }
   snprintf(out, cap, "%s", src);
 }
@@ -108,7 +119,8 @@ const mpk_shape_entry *mpk__shapes_find(const mpk_shapes *s, const char *name) {
 
 static void fmt_shape(int ndim, const int64_t *shape, char *buf, size_t cap) {
   size_t o = (size_t)snprintf(buf, cap, "(");
-  for (int d = 0; d < ndim && o < cap; d++) o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
+  for (int d = 0; d < ndim && o < cap; d++)
+    o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
   if (o < cap) snprintf(buf + o, cap - o, "%s)", ndim == 1 ? "," : "");
 }
 
@@ -121,7 +133,8 @@ int mpk__shapes_expect(const char *what, const mpk_shapes *s, const char *name, 
   char ws[96], hs[96];
   fmt_shape(ndim, want, ws, sizeof ws);
   const mpk_shape_entry *e = mpk__shapes_find(s, name);
-  if (!e) return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": missing, expected shape %s from the config", what, name, ws);
+  if (!e)
+    return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": missing, expected shape %s from the config", what, name, ws);
   bool same = e->ndim == ndim;
   for (int d = 0; same && d < ndim; d++) same = e->shape[d] == want[d];
   if (same) return 0;
@@ -132,7 +145,8 @@ int mpk__shapes_expect(const char *what, const mpk_shapes *s, const char *name, 
 int mpk__cfg_int(const char *what, const json_t *c, const char *key, bool required, int64_t dflt, int64_t *out) {
   json_t *v = json_object_get(c, key);
   if (!v || json_is_null(v)) {
-    if (required) return servd_fail(SERVD_EFORMAT, "%s: config: \"%s\": missing, expected a positive integer", what, key);
+    if (required)
+      return servd_fail(SERVD_EFORMAT, "%s: config: \"%s\": missing, expected a positive integer", what, key);
     *out = dflt;
     return 0;
   }
@@ -150,7 +164,8 @@ int mpk__cfg_pos(const char *what, const json_t *c, const char *key, bool zero_o
   }
   double x = json_number_value(v);
   if (!json_is_number(v) || !isfinite(x) || x < 0 || (x == 0 && !zero_ok))
-    return servd_fail(SERVD_EFORMAT, "%s: config: \"%s\": expected a finite number %s 0", what, key, zero_ok ? ">=" : ">");
+    return servd_fail(SERVD_EFORMAT, "%s: config: \"%s\": expected a finite number %s 0", what, key,
+                      zero_ok ? ">=" : ">");
   *out = x;
   return 0;
 }
@@ -162,7 +177,8 @@ int mpk__decoder_dims_read(const char *what, const json_t *c, int64_t head_dim_d
       (rc = mpk__cfg_int(what, c, "num_hidden_layers", true, 0, &d->layers)) ||
       (rc = mpk__cfg_int(what, c, "num_attention_heads", true, 0, &d->heads)) ||
       (rc = mpk__cfg_int(what, c, "num_key_value_heads", false, d->heads, &d->kv_heads)) ||
-      (rc = mpk__cfg_int(what, c, "head_dim", false, head_dim_dflt ? head_dim_dflt : d->hidden / d->heads, &d->head_dim)))
+      (rc = mpk__cfg_int(what, c, "head_dim", false, head_dim_dflt ? head_dim_dflt : d->hidden / d->heads,
+                         &d->head_dim)))
     return rc;
   return mpk__cfg_int(what, c, "vocab_size", false, -1, &d->vocab);
 }
@@ -172,7 +188,8 @@ int mpk__decoder_dims_check(const char *what, const mpk_decoder_dims *d) {
     return servd_fail(SERVD_EFORMAT, "%s: config: hidden_size %lld < num_attention_heads %lld and no head_dim", what,
                       (long long)d->hidden, (long long)d->heads);
   if (d->heads % d->kv_heads)
-    return servd_fail(SERVD_EFORMAT, "%s: config: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", what,
+    return servd_fail(SERVD_EFORMAT,
+                      "%s: config: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", what,
                       (long long)d->heads, (long long)d->kv_heads);
   if ((uint64_t)d->heads * (uint64_t)d->head_dim > (1ull << 31))
     return servd_fail(SERVD_EFORMAT, "%s: config: num_attention_heads x head_dim too large", what);
@@ -216,8 +233,10 @@ int mpk__decoder_check_tensors(const char *what, const json_t *c, const mpk_shap
   if (mpk__shapes_find(s, "lm_head.weight")) {
     if ((rc = mpk__shapes_expect(what, s, "lm_head.weight", 2, V, H))) return rc;
   } else if (json_is_false(json_object_get(c, "tie_word_embeddings"))) {
-    return servd_fail(SERVD_EFORMAT, "%s: tensor \"lm_head.weight\": missing, expected (%lld, %lld) since tie_word_embeddings is false",
-                      what, (long long)V, (long long)H);
+    return servd_fail(
+        SERVD_EFORMAT,
+        "%s: tensor \"lm_head.weight\": missing, expected (%lld, %lld) since tie_word_embeddings is false", what,
+        (long long)V, (long long)H);
   }
   char name[128];
   for (int64_t l = 0; l < d->layers; l++)
@@ -226,8 +245,8 @@ int mpk__decoder_check_tensors(const char *what, const json_t *c, const mpk_shap
       /* A tensor of an option the family lacks would be ignored by the code: a wrong family. */
       if (!t[i].on) {
         if (mpk__shapes_find(s, name))
-          return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": unexpected for a %s model (its code would ignore it)", what, name,
-                            family);
+          return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": unexpected for a %s model (its code would ignore it)",
+                            what, name, family);
         continue;
       }
       if ((rc = t[i].ndim == 1 ? mpk__shapes_expect(what, s, name, 1, t[i].rows)
@@ -237,8 +256,8 @@ int mpk__decoder_check_tensors(const char *what, const json_t *c, const mpk_shap
   /* A layer beyond num_hidden_layers would be ignored silently: the config and weights disagree. */
   snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)d->layers);
   if (mpk__shapes_find(s, name))
-    return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": the config has num_hidden_layers %lld, expected no layer %lld", what, name,
-                      (long long)d->layers, (long long)d->layers);
+    return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": the config has num_hidden_layers %lld, expected no layer %lld",
+                      what, name, (long long)d->layers, (long long)d->layers);
   return 0;
 }
 
@@ -255,7 +274,8 @@ int mpk_check_model(const mpk_package *p) {
     const char *s = json_string_value(an);
     if (!(a = mpk__arch_by_name(s))) {
       mpk__arch_known(known, sizeof known);
-      return servd_fail(SERVD_EUNSUPPORTED, "%s: manifest.json: architecture \"%s\" is no known architecture; known architectures are: %s",
+      return servd_fail(SERVD_EUNSUPPORTED,
+                        "%s: manifest.json: architecture \"%s\" is no known architecture; known architectures are: %s",
                         what, s ? mpk__printable(s, strlen(s), q, sizeof q) : "(not a string)", known);
     }
   } else if ((rc = mpk__arch_for_hf(what, config, &a))) {

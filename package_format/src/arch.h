@@ -20,7 +20,9 @@
 #include "mpk/gguf.h"
 #include "servd/tensor.h"
 
-typedef struct mpk_name_pair { const char *src, *dst; } mpk_name_pair;
+typedef struct mpk_name_pair {
+  const char *src, *dst;
+} mpk_name_pair;
 
 /* Source tensor names -> canonical names. Whole names are looked up in `global`; per-layer names
  * "<block_prefix><N>.<suffix>" in `block` by suffix, becoming "model.layers.<N>.<dst>". Tables end
@@ -42,14 +44,14 @@ typedef struct mpk_shapes {
 } mpk_shapes;
 
 typedef struct mpk_arch {
-  const char *name;                   /* registry name; the manifest's "architecture" */
-  const char *const *hf_model_types;  /* config.json model_type accepted; [0] is written for GGUF sources */
+  const char *name;                    /* registry name; the manifest's "architecture" */
+  const char *const *hf_model_types;   /* config.json model_type accepted; [0] is written for GGUF sources */
   const char *const *hf_architectures; /* config.json architectures accepted; [0] is written for GGUF sources */
-  const char *const *gguf_archs;      /* general.architecture accepted (also its metadata key prefix) */
+  const char *const *gguf_archs;       /* general.architecture accepted (also its metadata key prefix) */
   mpk_name_map gguf_names, hf_names;
   const char *rope_layout_gguf, *rope_layout_hf; /* "interleaved" (llama.cpp permuted Q/K rows) or "half" */
-  const char *code;                   /* the code folder: models/<code>, packed as code/<code>/ */
-  const char *entry_point;            /* default "module:callable" of that code */
+  const char *code;                              /* the code folder: models/<code>, packed as code/<code>/ */
+  const char *entry_point;                       /* default "module:callable" of that code */
   /* GGUF metadata (keys "<gguf_arch>.*") -> a Hugging Face-style config; *out owned by the caller. */
   int (*gguf_config)(const struct mpk_arch *a, const char *what, const mpk_gguf *g, const char *gguf_arch, bool tied,
                      uint64_t n_vocab, json_t **out);
@@ -79,9 +81,9 @@ int mpk__arch_config(const mpk_arch *a, const char *what, json_t *config);
  * models/llama): pre-norm blocks of RMSNorm, GQA attention with RoPE, SwiGLU MLP; what differs
  * between those families is data. */
 typedef struct mpk_dense_opts {
-  const char *family;   /* for messages */
-  bool qkv_bias;        /* self_attn.{q,k,v}_proj.bias required (Qwen2) */
-  bool qk_norm;         /* self_attn.{q,k}_norm.weight of head_dim required (Qwen3) */
+  const char *family; /* for messages */
+  bool qkv_bias;      /* self_attn.{q,k,v}_proj.bias required (Qwen2) */
+  bool qk_norm;       /* self_attn.{q,k}_norm.weight of head_dim required (Qwen3) */
   /* The config key of a sliding attention window ("sliding_window"), NULL when the family has none;
    * `window_switch` (e.g. Qwen2's "use_sliding_window") must be true for it to apply, NULL: always. */
   const char *window_key, *window_switch;
@@ -128,8 +130,8 @@ int mpk__decoder_check_tensors(const char *what, const json_t *c, const mpk_shap
  * GGUF row so far shares. */
 extern const mpk_name_pair mpk__gguf_llama_global[];
 /* Config readers for GGUF rows: Llama's reader (arch_llama.c), generic over the metadata prefix. */
-int mpk__llama_gguf_config(const struct mpk_arch *a, const char *what, const mpk_gguf *g, const char *gguf_arch, bool tied,
-                           uint64_t n_vocab, json_t **out);
+int mpk__llama_gguf_config(const struct mpk_arch *a, const char *what, const mpk_gguf *g, const char *gguf_arch,
+                           bool tied, uint64_t n_vocab, json_t **out);
 
 /* Lookups; on failure SERVD_EUNSUPPORTED with a message naming `what`, the field, the value and the
  * known architectures. */

@@ -48,10 +48,11 @@ int mpk__dense_check_config(const mpk_arch *a, const char *what, const json_t *c
   int64_t window, ctx;
   if ((rc = window_of(what, c, o, &window, &ctx))) return rc;
   if (window && window < ctx)
-    return servd_fail(SERVD_EUNSUPPORTED,
-                      "%s: config: %s %lld < max_position_embeddings %lld: servd's attention has no sliding window, so it "
-                      "serves at most %lld tokens of this model (repack with modelpkg, which caps max_position_embeddings)",
-                      what, o->window_key, (long long)window, (long long)ctx, (long long)window);
+    return servd_fail(
+        SERVD_EUNSUPPORTED,
+        "%s: config: %s %lld < max_position_embeddings %lld: servd's attention has no sliding window, so it "
+        "serves at most %lld tokens of this model (repack with modelpkg, which caps max_position_embeddings)",
+        what, o->window_key, (long long)window, (long long)ctx, (long long)window);
   return 0;
 }
 
@@ -76,11 +77,11 @@ int mpk__dense_check_tensors(const mpk_arch *a, const char *what, const json_t *
   int64_t H = d.hidden, Q = d.heads * d.head_dim, KV = d.kv_heads * d.head_dim, I = d.inter, D = d.head_dim;
   const mpk_layer_tensor t[] = {
       {"input_layernorm.weight", 1, H, 0, true},        {"post_attention_layernorm.weight", 1, H, 0, true},
-      {"self_attn.q_proj.weight", 2, Q, H, true},        {"self_attn.k_proj.weight", 2, KV, H, true},
-      {"self_attn.v_proj.weight", 2, KV, H, true},       {"self_attn.o_proj.weight", 2, H, Q, true},
-      {"mlp.gate_proj.weight", 2, I, H, true},           {"mlp.up_proj.weight", 2, I, H, true},
-      {"mlp.down_proj.weight", 2, H, I, true},           {"self_attn.q_proj.bias", 1, Q, 0, o->qkv_bias},
-      {"self_attn.k_proj.bias", 1, KV, 0, o->qkv_bias},  {"self_attn.v_proj.bias", 1, KV, 0, o->qkv_bias},
-      {"self_attn.q_norm.weight", 1, D, 0, o->qk_norm},  {"self_attn.k_norm.weight", 1, D, 0, o->qk_norm}};
+      {"self_attn.q_proj.weight", 2, Q, H, true},       {"self_attn.k_proj.weight", 2, KV, H, true},
+      {"self_attn.v_proj.weight", 2, KV, H, true},      {"self_attn.o_proj.weight", 2, H, Q, true},
+      {"mlp.gate_proj.weight", 2, I, H, true},          {"mlp.up_proj.weight", 2, I, H, true},
+      {"mlp.down_proj.weight", 2, H, I, true},          {"self_attn.q_proj.bias", 1, Q, 0, o->qkv_bias},
+      {"self_attn.k_proj.bias", 1, KV, 0, o->qkv_bias}, {"self_attn.v_proj.bias", 1, KV, 0, o->qkv_bias},
+      {"self_attn.q_norm.weight", 1, D, 0, o->qk_norm}, {"self_attn.k_norm.weight", 1, D, 0, o->qk_norm}};
   return mpk__decoder_check_tensors(what, c, s, &d, t, sizeof t / sizeof *t, o->family);
 }

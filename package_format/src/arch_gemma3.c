@@ -50,8 +50,8 @@ static int check_config(const mpk_arch *a, const char *what, const json_t *c) {
   for (int i = 0; i < 2; i++) {
     json_t *sc = json_object_get(c, caps[i]);
     if (sc && !json_is_null(sc))
-      return servd_fail(SERVD_EUNSUPPORTED, "%s: config: \"%s\": expected null (Gemma 3 has none; servd does not soft-cap)",
-                        what, caps[i]);
+      return servd_fail(SERVD_EUNSUPPORTED,
+                        "%s: config: \"%s\": expected null (Gemma 3 has none; servd does not soft-cap)", what, caps[i]);
   }
   const char *act = json_string_value(json_object_get(c, "hidden_activation"));
   if (json_object_get(c, "hidden_activation") && !json_is_null(json_object_get(c, "hidden_activation")) &&
@@ -65,7 +65,8 @@ static int check_config(const mpk_arch *a, const char *what, const json_t *c) {
       ok = s && (!strcmp(s, "sliding_attention") || !strcmp(s, "full_attention"));
     }
     if (!ok)
-      return servd_fail(SERVD_EFORMAT, "%s: config: \"layer_types\": expected %lld of \"sliding_attention\" or \"full_attention\"",
+      return servd_fail(SERVD_EFORMAT,
+                        "%s: config: \"layer_types\": expected %lld of \"sliding_attention\" or \"full_attention\"",
                         what, (long long)d.m.layers);
   }
   /* Global layers: no scaling, or transformers' linear (positions divided by factor). */
@@ -93,21 +94,27 @@ static int check_tensors(const mpk_arch *a, const char *what, const json_t *c, c
   dims d;
   int rc = read_dims(what, c, &d);
   if (rc) return rc;
-  int64_t H = d.m.hidden, Q = d.m.heads * d.m.head_dim, KV = d.m.kv_heads * d.m.head_dim, I = d.m.inter, D = d.m.head_dim;
-  const mpk_layer_tensor t[] = {
-      {"input_layernorm.weight", 1, H, 0, true},          {"post_attention_layernorm.weight", 1, H, 0, true},
-      {"pre_feedforward_layernorm.weight", 1, H, 0, true}, {"post_feedforward_layernorm.weight", 1, H, 0, true},
-      {"self_attn.q_proj.weight", 2, Q, H, true},          {"self_attn.k_proj.weight", 2, KV, H, true},
-      {"self_attn.v_proj.weight", 2, KV, H, true},         {"self_attn.o_proj.weight", 2, H, Q, true},
-      {"self_attn.q_norm.weight", 1, D, 0, true},          {"self_attn.k_norm.weight", 1, D, 0, true},
-      {"mlp.gate_proj.weight", 2, I, H, true},             {"mlp.up_proj.weight", 2, I, H, true},
-      {"mlp.down_proj.weight", 2, H, I, true}};
+  int64_t H = d.m.hidden, Q = d.m.heads * d.m.head_dim, KV = d.m.kv_heads * d.m.head_dim, I = d.m.inter,
+          D = d.m.head_dim;
+  const mpk_layer_tensor t[] = {{"input_layernorm.weight", 1, H, 0, true},
+                                {"post_attention_layernorm.weight", 1, H, 0, true},
+                                {"pre_feedforward_layernorm.weight", 1, H, 0, true},
+                                {"post_feedforward_layernorm.weight", 1, H, 0, true},
+                                {"self_attn.q_proj.weight", 2, Q, H, true},
+                                {"self_attn.k_proj.weight", 2, KV, H, true},
+                                {"self_attn.v_proj.weight", 2, KV, H, true},
+                                {"self_attn.o_proj.weight", 2, H, Q, true},
+                                {"self_attn.q_norm.weight", 1, D, 0, true},
+                                {"self_attn.k_norm.weight", 1, D, 0, true},
+                                {"mlp.gate_proj.weight", 2, I, H, true},
+                                {"mlp.up_proj.weight", 2, I, H, true},
+                                {"mlp.down_proj.weight", 2, H, I, true}};
   return mpk__decoder_check_tensors(what, c, s, &d.m, t, sizeof t / sizeof *t, a->name);
 }
 
 /* gemma3.* metadata: Llama's keys, then what llama.cpp fixes for Gemma 3 (see the top). */
-static int gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *g, const char *ga, bool tied, uint64_t n_vocab,
-                       json_t **out) {
+static int gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *g, const char *ga, bool tied,
+                       uint64_t n_vocab, json_t **out) {
   int rc = mpk__llama_gguf_config(a, what, g, ga, tied, n_vocab, out);
   if (rc) return rc;
   json_t *c = *out;
@@ -125,7 +132,8 @@ static int gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *g, c
   json_object_set_new(c, "hidden_activation", json_string("gelu_pytorch_tanh"));
   double cap;
   snprintf(key, sizeof key, "%s.final_logit_softcapping", ga);
-  if (mpk_gguf_get_f64(g, key, &cap) == 0) json_object_set_new(c, "final_logit_softcapping", json_real(cap)); /* refused by the check */
+  if (mpk_gguf_get_f64(g, key, &cap) == 0)
+    json_object_set_new(c, "final_logit_softcapping", json_real(cap)); /* refused by the check */
   return 0;
 }
 
@@ -133,35 +141,42 @@ static const char *const hf_types[] = {"gemma3_text", "gemma3", NULL};
 static const char *const hf_archs[] = {"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", NULL};
 static const char *const gguf_archs[] = {"gemma3", NULL};
 
-static const mpk_name_pair gguf_block[] = {
-    {"attn_norm.weight", "input_layernorm.weight"},
-    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
-    {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
-    {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
-    {"attn_q.weight", "self_attn.q_proj.weight"},
-    {"attn_k.weight", "self_attn.k_proj.weight"},
-    {"attn_v.weight", "self_attn.v_proj.weight"},
-    {"attn_output.weight", "self_attn.o_proj.weight"},
-    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
-    {"ffn_gate.weight", "mlp.gate_proj.weight"},
-    {"ffn_up.weight", "mlp.up_proj.weight"},
-    {"ffn_down.weight", "mlp.down_proj.weight"},
-    {NULL, NULL}};
+static const mpk_name_pair gguf_block[] = {{"attn_norm.weight", "input_layernorm.weight"},
+                                           {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+                                           {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+                                           {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+                                           {"attn_q.weight", "self_attn.q_proj.weight"},
+                                           {"attn_k.weight", "self_attn.k_proj.weight"},
+                                           {"attn_v.weight", "self_attn.v_proj.weight"},
+                                           {"attn_output.weight", "self_attn.o_proj.weight"},
+                                           {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+                                           {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+                                           {"ffn_gate.weight", "mlp.gate_proj.weight"},
+                                           {"ffn_up.weight", "mlp.up_proj.weight"},
+                                           {"ffn_down.weight", "mlp.down_proj.weight"},
+                                           {NULL, NULL}};
 /* Gemma3ForConditionalGeneration (transformers < 4.52) keeps the text model under language_model. */
 static const mpk_name_pair hf_global[] = {{"language_model.model.embed_tokens.weight", "model.embed_tokens.weight"},
                                           {"language_model.model.norm.weight", "model.norm.weight"},
                                           {"language_model.lm_head.weight", "lm_head.weight"},
                                           {NULL, NULL}};
 static const mpk_name_pair hf_block[] = {
-#define SAME(n) {n, n}
-    SAME("input_layernorm.weight"),           SAME("post_attention_layernorm.weight"),
-    SAME("pre_feedforward_layernorm.weight"), SAME("post_feedforward_layernorm.weight"),
-    SAME("self_attn.q_proj.weight"),          SAME("self_attn.k_proj.weight"),
-    SAME("self_attn.v_proj.weight"),          SAME("self_attn.o_proj.weight"),
-    SAME("self_attn.q_norm.weight"),          SAME("self_attn.k_norm.weight"),
-    SAME("mlp.gate_proj.weight"),             SAME("mlp.up_proj.weight"),
-    SAME("mlp.down_proj.weight"),             {NULL, NULL}};
+#define SAME(n) \
+  { n, n }
+    SAME("input_layernorm.weight"),
+    SAME("post_attention_layernorm.weight"),
+    SAME("pre_feedforward_layernorm.weight"),
+    SAME("post_feedforward_layernorm.weight"),
+    SAME("self_attn.q_proj.weight"),
+    SAME("self_attn.k_proj.weight"),
+    SAME("self_attn.v_proj.weight"),
+    SAME("self_attn.o_proj.weight"),
+    SAME("self_attn.q_norm.weight"),
+    SAME("self_attn.k_norm.weight"),
+    SAME("mlp.gate_proj.weight"),
+    SAME("mlp.up_proj.weight"),
+    SAME("mlp.down_proj.weight"),
+    {NULL, NULL}};
 #undef SAME
 
 const mpk_arch mpk__arch_gemma3 = {

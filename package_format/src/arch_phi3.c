@@ -31,7 +31,8 @@ typedef struct dims {
 static int read_dims(const char *what, const json_t *c, dims *d) {
   int rc;
   double x;
-  if ((rc = mpk__decoder_dims_read(what, c, 0, &d->m)) || (rc = mpk__cfg_pos(what, c, "rms_norm_eps", false, 1e-5, &x)) ||
+  if ((rc = mpk__decoder_dims_read(what, c, 0, &d->m)) ||
+      (rc = mpk__cfg_pos(what, c, "rms_norm_eps", false, 1e-5, &x)) ||
       (rc = mpk__cfg_pos(what, c, "rope_theta", false, 1e4, &x)) ||
       (rc = mpk__cfg_int(what, c, "sliding_window", false, 0, &d->window)))
     return rc;
@@ -48,10 +49,11 @@ static int check_config(const mpk_arch *a, const char *what, const json_t *c) {
     return rc;
   /* The rope op rotates every dimension of a head. */
   if (prf != 1.0)
-    return servd_fail(SERVD_EUNSUPPORTED, "%s: config: \"partial_rotary_factor\" %g: expected 1.0 (servd rotates whole heads)",
-                      what, prf);
+    return servd_fail(SERVD_EUNSUPPORTED,
+                      "%s: config: \"partial_rotary_factor\" %g: expected 1.0 (servd rotates whole heads)", what, prf);
   const char *act = json_string_value(json_object_get(c, "hidden_act"));
-  if (json_object_get(c, "hidden_act") && !json_is_null(json_object_get(c, "hidden_act")) && (!act || strcmp(act, "silu")))
+  if (json_object_get(c, "hidden_act") && !json_is_null(json_object_get(c, "hidden_act")) &&
+      (!act || strcmp(act, "silu")))
     return servd_fail(SERVD_EUNSUPPORTED, "%s: config: \"hidden_act\": expected \"silu\"", what);
   json_t *rs = json_object_get(c, "rope_scaling");
   if (!rs || json_is_null(rs) || (json_is_object(rs) && json_object_size(rs) == 0)) return 0;
@@ -64,8 +66,9 @@ static int check_config(const mpk_arch *a, const char *what, const json_t *c) {
                       "%s: config: rope_scaling type \"%s\": LongRoPE needs per-dimension frequency factors "
                       "(short_factor/long_factor), which servd's rope op does not apply yet; expected null",
                       what, s);
-  return servd_fail(SERVD_EUNSUPPORTED, "%s: config: rope_scaling type \"%s\": expected null (Phi-3 knows only \"longrope\")",
-                    what, s ? mpk__printable(s, strlen(s), q, sizeof q) : "");
+  return servd_fail(SERVD_EUNSUPPORTED,
+                    "%s: config: rope_scaling type \"%s\": expected null (Phi-3 knows only \"longrope\")", what,
+                    s ? mpk__printable(s, strlen(s), q, sizeof q) : "");
 }
 
 static int check_tensors(const mpk_arch *a, const char *what, const json_t *c, const mpk_shapes *s) {
@@ -74,25 +77,28 @@ static int check_tensors(const mpk_arch *a, const char *what, const json_t *c, c
   if (rc) return rc;
   int64_t H = d.m.hidden, Q = d.m.heads * d.m.head_dim, KV = d.m.kv_heads * d.m.head_dim, I = d.m.inter;
   /* Split projections next to the fused ones would be ignored by the code: refused. */
-  const mpk_layer_tensor t[] = {
-      {"input_layernorm.weight", 1, H, 0, true},     {"post_attention_layernorm.weight", 1, H, 0, true},
-      {"self_attn.qkv_proj.weight", 2, Q + 2 * KV, H, true}, {"self_attn.o_proj.weight", 2, H, Q, true},
-      {"mlp.gate_up_proj.weight", 2, 2 * I, H, true}, {"mlp.down_proj.weight", 2, H, I, true},
-      {"self_attn.q_proj.weight", 2, Q, H, false},    {"mlp.gate_proj.weight", 2, I, H, false},
-      {"self_attn.qkv_proj.bias", 1, Q + 2 * KV, 0, false}};
+  const mpk_layer_tensor t[] = {{"input_layernorm.weight", 1, H, 0, true},
+                                {"post_attention_layernorm.weight", 1, H, 0, true},
+                                {"self_attn.qkv_proj.weight", 2, Q + 2 * KV, H, true},
+                                {"self_attn.o_proj.weight", 2, H, Q, true},
+                                {"mlp.gate_up_proj.weight", 2, 2 * I, H, true},
+                                {"mlp.down_proj.weight", 2, H, I, true},
+                                {"self_attn.q_proj.weight", 2, Q, H, false},
+                                {"mlp.gate_proj.weight", 2, I, H, false},
+                                {"self_attn.qkv_proj.bias", 1, Q + 2 * KV, 0, false}};
   if ((rc = mpk__decoder_check_tensors(what, c, s, &d.m, t, sizeof t / sizeof *t, a->name))) return rc;
   /* A GGUF's LongRoPE factors: its config says longrope and is refused before this. */
   static const char *const stale[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
   for (int i = 0; i < 2; i++)
     if (mpk__shapes_find(s, stale[i]))
-      return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": LongRoPE factors, while the config has no rope_scaling", what,
-                        stale[i]);
+      return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": LongRoPE factors, while the config has no rope_scaling",
+                        what, stale[i]);
   return 0;
 }
 
 /* phi3.* metadata: Llama's keys, then the window, the rotary dims and LongRoPE's traces. */
-static int gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *g, const char *ga, bool tied, uint64_t n_vocab,
-                       json_t **out) {
+static int gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *g, const char *ga, bool tied,
+                       uint64_t n_vocab, json_t **out) {
   int rc = mpk__llama_gguf_config(a, what, g, ga, tied, n_vocab, out);
   if (rc) return rc;
   json_t *c = *out;
@@ -110,7 +116,8 @@ static int gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *g, c
     json_object_set_new(c, "original_max_position_embeddings", json_integer((json_int_t)orig));
   /* LongRoPE: the converter writes its factors as tensors, no rope.scaling.type. */
   for (size_t i = 0; i < g->n_tensors; i++)
-    if (!strcmp(g->tensors[i].name, "rope_factors_long.weight") || !strcmp(g->tensors[i].name, "rope_factors_short.weight")) {
+    if (!strcmp(g->tensors[i].name, "rope_factors_long.weight") ||
+        !strcmp(g->tensors[i].name, "rope_factors_short.weight")) {
       json_t *rs = json_pack("{s:s}", "type", "longrope");
       if (orig) json_object_set_new(rs, "original_max_position_embeddings", json_integer((json_int_t)orig));
       json_object_set_new(c, "rope_scaling", rs);
@@ -123,11 +130,13 @@ static const char *const hf_types[] = {"phi3", NULL};
 static const char *const hf_archs[] = {"Phi3ForCausalLM", NULL};
 static const char *const gguf_archs[] = {"phi3", NULL};
 
-static const mpk_name_pair gguf_block[] = {
-    {"attn_norm.weight", "input_layernorm.weight"},   {"ffn_norm.weight", "post_attention_layernorm.weight"},
-    {"attn_qkv.weight", "self_attn.qkv_proj.weight"}, {"attn_output.weight", "self_attn.o_proj.weight"},
-    {"ffn_up.weight", "mlp.gate_up_proj.weight"},     {"ffn_down.weight", "mlp.down_proj.weight"},
-    {NULL, NULL}};
+static const mpk_name_pair gguf_block[] = {{"attn_norm.weight", "input_layernorm.weight"},
+                                           {"ffn_norm.weight", "post_attention_layernorm.weight"},
+                                           {"attn_qkv.weight", "self_attn.qkv_proj.weight"},
+                                           {"attn_output.weight", "self_attn.o_proj.weight"},
+                                           {"ffn_up.weight", "mlp.gate_up_proj.weight"},
+                                           {"ffn_down.weight", "mlp.down_proj.weight"},
+                                           {NULL, NULL}};
 
 const mpk_arch mpk__arch_phi3 = {
     .name = "phi3",

@@ -15,14 +15,19 @@ static const char *const hf_types[] = {"qwen2", NULL};
 static const char *const hf_archs[] = {"Qwen2ForCausalLM", NULL};
 static const char *const gguf_archs[] = {"qwen2", NULL};
 
-static const mpk_name_pair gguf_block[] = {
-    {"attn_norm.weight", "input_layernorm.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
-    {"attn_q.weight", "self_attn.q_proj.weight"},    {"attn_k.weight", "self_attn.k_proj.weight"},
-    {"attn_v.weight", "self_attn.v_proj.weight"},    {"attn_output.weight", "self_attn.o_proj.weight"},
-    {"attn_q.bias", "self_attn.q_proj.bias"},        {"attn_k.bias", "self_attn.k_proj.bias"},
-    {"attn_v.bias", "self_attn.v_proj.bias"},        {"ffn_gate.weight", "mlp.gate_proj.weight"},
-    {"ffn_up.weight", "mlp.up_proj.weight"},         {"ffn_down.weight", "mlp.down_proj.weight"},
-    {NULL, NULL}};
+static const mpk_name_pair gguf_block[] = {{"attn_norm.weight", "input_layernorm.weight"},
+                                           {"ffn_norm.weight", "post_attention_layernorm.weight"},
+                                           {"attn_q.weight", "self_attn.q_proj.weight"},
+                                           {"attn_k.weight", "self_attn.k_proj.weight"},
+                                           {"attn_v.weight", "self_attn.v_proj.weight"},
+                                           {"attn_output.weight", "self_attn.o_proj.weight"},
+                                           {"attn_q.bias", "self_attn.q_proj.bias"},
+                                           {"attn_k.bias", "self_attn.k_proj.bias"},
+                                           {"attn_v.bias", "self_attn.v_proj.bias"},
+                                           {"ffn_gate.weight", "mlp.gate_proj.weight"},
+                                           {"ffn_up.weight", "mlp.up_proj.weight"},
+                                           {"ffn_down.weight", "mlp.down_proj.weight"},
+                                           {NULL, NULL}};
 
 const mpk_arch mpk__arch_qwen2 = {
     .name = "qwen2",

@@ -20,8 +20,11 @@
 int mpk__code_dir_for(const mpk_arch *a, char *out, size_t cap) {
   char exe[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return servd_fail(SERVD_EINVAL, "cannot find this executable (/proc/self/exe: %s) to locate models/%s; set --code or SERVD_MODEL_CODE",
-                                strerror(errno), a->code);
+  if (n <= 0)
+    return servd_fail(
+        SERVD_EINVAL,
+        "cannot find this executable (/proc/self/exe: %s) to locate models/%s; set --code or SERVD_MODEL_CODE",
+        strerror(errno), a->code);
   exe[n] = 0;
   char *slash = strrchr(exe, '/');
   if (slash) *slash = 0;
@@ -34,7 +37,9 @@ int mpk__code_dir_for(const mpk_arch *a, char *out, size_t cap) {
     if (!(slash = strrchr(dir, '/')) || slash == dir) break;
     *slash = 0;
   }
-  return servd_fail(SERVD_EINVAL, "no model code for architecture %s: %s/share/servd/models/%s and the same under its %d parent folders do not exist (set --code DIR or SERVD_MODEL_CODE)",
+  return servd_fail(SERVD_EINVAL,
+                    "no model code for architecture %s: %s/share/servd/models/%s and the same under its %d parent "
+                    "folders do not exist (set --code DIR or SERVD_MODEL_CODE)",
                     a->name, exe, a->code, MAX_UP);
 }
 

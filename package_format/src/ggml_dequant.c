@@ -11,8 +11,12 @@ int mpk_ggml_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n) {
   const uint8_t *s = src;
   switch (type) {
   case MPK_GGML_F32: memcpy(dst, src, (size_t)n * 4); return 0;
-  case MPK_GGML_F16: for (int64_t i = 0; i < n; i++) dst[i] = h2f(s + 2 * i); return 0;
-  case MPK_GGML_BF16: for (int64_t i = 0; i < n; i++) dst[i] = servd_bf16_to_f32(rd16(s + 2 * i)); return 0;
+  case MPK_GGML_F16:
+    for (int64_t i = 0; i < n; i++) dst[i] = h2f(s + 2 * i);
+    return 0;
+  case MPK_GGML_BF16:
+    for (int64_t i = 0; i < n; i++) dst[i] = servd_bf16_to_f32(rd16(s + 2 * i));
+    return 0;
   case MPK_GGML_Q4_0: return servd_row_to_f32(SERVD_Q4_0, src, dst, n);
   case MPK_GGML_Q4_1: return servd_row_to_f32(SERVD_Q4_1, src, dst, n);
   case MPK_GGML_Q5_0: return servd_row_to_f32(SERVD_Q5_0, src, dst, n);

@@ -9,14 +9,17 @@
 
 #define MAX_ALIGNMENT (1u << 20)
 
-static const struct { const char *name; uint32_t elems, bytes; } ggml_types[] = {
-    [MPK_GGML_F32] = {"F32", 1, 4},      [MPK_GGML_F16] = {"F16", 1, 2},       [MPK_GGML_Q4_0] = {"Q4_0", 32, 18},
-    [MPK_GGML_Q4_1] = {"Q4_1", 32, 20},  [MPK_GGML_Q5_0] = {"Q5_0", 32, 22},   [MPK_GGML_Q5_1] = {"Q5_1", 32, 24},
-    [MPK_GGML_Q8_0] = {"Q8_0", 32, 34},  [MPK_GGML_Q8_1] = {"Q8_1", 32, 36},   [MPK_GGML_Q2_K] = {"Q2_K", 256, 84},
+static const struct {
+  const char *name;
+  uint32_t elems, bytes;
+} ggml_types[] = {
+    [MPK_GGML_F32] = {"F32", 1, 4},       [MPK_GGML_F16] = {"F16", 1, 2},       [MPK_GGML_Q4_0] = {"Q4_0", 32, 18},
+    [MPK_GGML_Q4_1] = {"Q4_1", 32, 20},   [MPK_GGML_Q5_0] = {"Q5_0", 32, 22},   [MPK_GGML_Q5_1] = {"Q5_1", 32, 24},
+    [MPK_GGML_Q8_0] = {"Q8_0", 32, 34},   [MPK_GGML_Q8_1] = {"Q8_1", 32, 36},   [MPK_GGML_Q2_K] = {"Q2_K", 256, 84},
     [MPK_GGML_Q3_K] = {"Q3_K", 256, 110}, [MPK_GGML_Q4_K] = {"Q4_K", 256, 144}, [MPK_GGML_Q5_K] = {"Q5_K", 256, 176},
     [MPK_GGML_Q6_K] = {"Q6_K", 256, 210}, [MPK_GGML_Q8_K] = {"Q8_K", 256, 292}, [MPK_GGML_I8] = {"I8", 1, 1},
-    [MPK_GGML_I16] = {"I16", 1, 2},      [MPK_GGML_I32] = {"I32", 1, 4},       [MPK_GGML_I64] = {"I64", 1, 8},
-    [MPK_GGML_F64] = {"F64", 1, 8},      [MPK_GGML_BF16] = {"BF16", 1, 2},
+    [MPK_GGML_I16] = {"I16", 1, 2},       [MPK_GGML_I32] = {"I32", 1, 4},       [MPK_GGML_I64] = {"I64", 1, 8},
+    [MPK_GGML_F64] = {"F64", 1, 8},       [MPK_GGML_BF16] = {"BF16", 1, 2},
 };
 #define N_GGML_TYPES (sizeof ggml_types / sizeof ggml_types[0])
 
@@ -30,8 +33,8 @@ int mpk_ggml_type_size(uint32_t type, uint32_t *block_elems, uint32_t *block_byt
 }
 
 static const unsigned scalar_size[MPK_GGUF_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
-static const char *const value_type_names[MPK_GGUF_TYPE_COUNT] = {
-    "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
+static const char *const value_type_names[MPK_GGUF_TYPE_COUNT] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                                                  "bool", "string", "array", "u64", "i64", "f64"};
 
 typedef struct cursor {
   const uint8_t *b;
@@ -43,8 +46,8 @@ static uint64_t left(const cursor *c) { return c->len - c->pos; }
 
 static int need(cursor *c, uint64_t n, const char *field) {
   if (left(c) < n)
-    return servd_fail(SERVD_EFORMAT, "%s: %s: needs %llu bytes at offset %llu but only %llu remain (truncated?)", c->what,
-                      field, (unsigned long long)n, (unsigned long long)c->pos, (unsigned long long)left(c));
+    return servd_fail(SERVD_EFORMAT, "%s: %s: needs %llu bytes at offset %llu but only %llu remain (truncated?)",
+                      c->what, field, (unsigned long long)n, (unsigned long long)c->pos, (unsigned long long)left(c));
   return 0;
 }
 
@@ -64,7 +67,8 @@ static int read_str(cursor *c, const char *field, const uint8_t **s, uint64_t *n
 }
 
 static int dup_name(const char *what, const char *field, const uint8_t *s, uint64_t n, char **out) {
-  if (n == 0 || n > 65535) return servd_fail(SERVD_EFORMAT, "%s: %s: length %llu, expected 1..65535", what, field, (unsigned long long)n);
+  if (n == 0 || n > 65535)
+    return servd_fail(SERVD_EFORMAT, "%s: %s: length %llu, expected 1..65535", what, field, (unsigned long long)n);
   if (memchr(s, 0, n)) return servd_fail(SERVD_EFORMAT, "%s: %s: NUL byte inside the name", what, field);
   *out = malloc(n + 1);
   if (!*out) return servd_fail(SERVD_ENOMEM, "%s: out of memory", what);
@@ -125,23 +129,25 @@ static int read_value(cursor *c, mpk_gguf_kv *kv) {
   c->pos += 12;
   kv->data = c->b + c->pos;
   if (kv->arr_type >= MPK_GGUF_TYPE_COUNT || kv->arr_type == MPK_GGUF_ARRAY)
-    return servd_fail(SERVD_EFORMAT, "%s: key \"%s\": array element type %u, expected a scalar or string type", c->what, key,
-                      kv->arr_type);
+    return servd_fail(SERVD_EFORMAT, "%s: key \"%s\": array element type %u, expected a scalar or string type", c->what,
+                      key, kv->arr_type);
   if (kv->arr_type != MPK_GGUF_STRING) {
     uint64_t bytes;
     if (!mpk__mul(kv->n, scalar_size[kv->arr_type], &bytes) || bytes > left(c))
-      return servd_fail(SERVD_EFORMAT, "%s: key \"%s\": array of %llu %s needs more than the %llu bytes left", c->what, key,
-                        (unsigned long long)kv->n, value_type_names[kv->arr_type], (unsigned long long)left(c));
+      return servd_fail(SERVD_EFORMAT, "%s: key \"%s\": array of %llu %s needs more than the %llu bytes left", c->what,
+                        key, (unsigned long long)kv->n, value_type_names[kv->arr_type], (unsigned long long)left(c));
     if (kv->arr_type == MPK_GGUF_BOOL)
       for (uint64_t i = 0; i < kv->n; i++)
-        if (c->b[c->pos + i] > 1) return servd_fail(SERVD_EFORMAT, "%s: key \"%s\"[%llu]: bool value, expected 0 or 1", c->what, key, (unsigned long long)i);
+        if (c->b[c->pos + i] > 1)
+          return servd_fail(SERVD_EFORMAT, "%s: key \"%s\"[%llu]: bool value, expected 0 or 1", c->what, key,
+                            (unsigned long long)i);
     c->pos += bytes;
     return 0;
   }
   /* Each string takes at least its 8-byte length: bound the count before allocating. */
   if (kv->n > left(c) / 8)
-    return servd_fail(SERVD_EFORMAT, "%s: key \"%s\": array of %llu strings cannot fit in the %llu bytes left", c->what, key,
-                      (unsigned long long)kv->n, (unsigned long long)left(c));
+    return servd_fail(SERVD_EFORMAT, "%s: key \"%s\": array of %llu strings cannot fit in the %llu bytes left", c->what,
+                      key, (unsigned long long)kv->n, (unsigned long long)left(c));
   uint64_t *off = malloc((kv->n ? kv->n : 1) * sizeof *off);
   if (!off) return servd_fail(SERVD_ENOMEM, "%s: key \"%s\": out of memory", c->what, key);
   kv->str_off = off;
@@ -234,7 +240,8 @@ int mpk_gguf_parse(const char *what, const void *buf, size_t len, mpk_gguf **out
     for (uint32_t d = 0; d < nd; d++) {
       uint64_t v = rd64(c.b + c.pos + 8ull * d);
       if (v < 1 || v > (uint64_t)INT64_MAX) {
-        rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": ne[%u] = %llu, expected 1..2^63-1", what, t->name, d, (unsigned long long)v);
+        rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": ne[%u] = %llu, expected 1..2^63-1", what, t->name, d,
+                        (unsigned long long)v);
         goto fail;
       }
       t->ne[d] = (int64_t)v;
@@ -249,8 +256,8 @@ int mpk_gguf_parse(const char *what, const void *buf, size_t len, mpk_gguf **out
       goto fail;
     }
     if ((uint64_t)t->ne[0] % be) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": ne[0] = %lld is not a multiple of the %s block of %u", what, t->name,
-                      (long long)t->ne[0], ggml_types[t->type].name, be);
+      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": ne[0] = %lld is not a multiple of the %s block of %u", what,
+                      t->name, (long long)t->ne[0], ggml_types[t->type].name, be);
       goto fail;
     }
     uint64_t rows = 1, nb;
@@ -276,7 +283,8 @@ int mpk_gguf_parse(const char *what, const void *buf, size_t len, mpk_gguf **out
   }
   uint64_t data = (c.pos + g->alignment - 1) / g->alignment * g->alignment; /* c.pos <= len, no overflow */
   if (data > len && n_tensors > 0) {
-    rc = servd_fail(SERVD_EFORMAT, "%s: data section at %llu starts past the end (%zu bytes)", what, (unsigned long long)data, len);
+    rc = servd_fail(SERVD_EFORMAT, "%s: data section at %llu starts past the end (%zu bytes)", what,
+                    (unsigned long long)data, len);
     goto fail;
   }
   g->data_offset = data;
@@ -284,13 +292,13 @@ int mpk_gguf_parse(const char *what, const void *buf, size_t len, mpk_gguf **out
     mpk_gguf_tensor *t = &g->tensors[i];
     uint64_t abs, end;
     if (t->offset % g->alignment) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": offset %llu is not a multiple of the alignment %llu", what, t->name,
-                      (unsigned long long)t->offset, (unsigned long long)g->alignment);
+      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": offset %llu is not a multiple of the alignment %llu", what,
+                      t->name, (unsigned long long)t->offset, (unsigned long long)g->alignment);
       goto fail;
     }
     if (!mpk__add(data, t->offset, &abs) || !mpk__add(abs, t->nbytes, &end) || end > len) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": data [%llu, +%llu) runs past the end of the file (%zu bytes)", what,
-                      t->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes, len);
+      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": data [%llu, +%llu) runs past the end of the file (%zu bytes)",
+                      what, t->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes, len);
       goto fail;
     }
     t->offset = abs;
@@ -299,18 +307,28 @@ int mpk_gguf_parse(const char *what, const void *buf, size_t len, mpk_gguf **out
   size_t nn = g->n_kv > g->n_tensors ? g->n_kv : g->n_tensors;
   names = malloc((nn ? nn : 1) * sizeof *names);
   by_off = malloc((g->n_tensors ? g->n_tensors : 1) * sizeof *by_off);
-  if (!names || !by_off) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what); goto fail; }
+  if (!names || !by_off) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what);
+    goto fail;
+  }
   for (size_t i = 0; i < g->n_kv; i++) names[i] = g->kv[i].key;
   const char *dup = find_duplicate(names, g->n_kv);
-  if (dup) { rc = servd_fail(SERVD_EFORMAT, "%s: duplicate key \"%s\"", what, dup); goto fail; }
+  if (dup) {
+    rc = servd_fail(SERVD_EFORMAT, "%s: duplicate key \"%s\"", what, dup);
+    goto fail;
+  }
   for (size_t i = 0; i < g->n_tensors; i++) names[i] = g->tensors[i].name;
   dup = find_duplicate(names, g->n_tensors);
-  if (dup) { rc = servd_fail(SERVD_EFORMAT, "%s: duplicate tensor name \"%s\"", what, dup); goto fail; }
+  if (dup) {
+    rc = servd_fail(SERVD_EFORMAT, "%s: duplicate tensor name \"%s\"", what, dup);
+    goto fail;
+  }
   for (size_t i = 0; i < g->n_tensors; i++) by_off[i] = &g->tensors[i];
   qsort(by_off, g->n_tensors, sizeof *by_off, cmp_off);
   for (size_t i = 1; i < g->n_tensors; i++) {
     if (by_off[i]->offset < by_off[i - 1]->offset + by_off[i - 1]->nbytes) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\" overlaps tensor \"%s\"", what, by_off[i]->name, by_off[i - 1]->name);
+      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\" overlaps tensor \"%s\"", what, by_off[i]->name,
+                      by_off[i - 1]->name);
       goto fail;
     }
   }
@@ -333,9 +351,7 @@ const mpk_gguf_kv *mpk_gguf_find(const mpk_gguf *g, const char *key) {
   return NULL;
 }
 
-static int is_int_type(uint32_t t) {
-  return t <= MPK_GGUF_INT32 || t == MPK_GGUF_UINT64 || t == MPK_GGUF_INT64;
-}
+static int is_int_type(uint32_t t) { return t <= MPK_GGUF_INT32 || t == MPK_GGUF_UINT64 || t == MPK_GGUF_INT64; }
 
 static int64_t int_at(uint32_t type, const uint8_t *p) {
   switch (type) {
@@ -353,11 +369,17 @@ static int64_t int_at(uint32_t type, const uint8_t *p) {
 
 static double f64_at(uint32_t type, const uint8_t *p) {
   if (type == MPK_GGUF_FLOAT32) {
-    union { uint32_t u; float f; } v = {.u = rd32(p)};
+    union {
+      uint32_t u;
+      float f;
+    } v = {.u = rd32(p)};
     return v.f;
   }
   if (type == MPK_GGUF_FLOAT64) {
-    union { uint64_t u; double f; } v = {.u = rd64(p)};
+    union {
+      uint64_t u;
+      double f;
+    } v = {.u = rd64(p)};
     return v.f;
   }
   return (double)int_at(type, p);

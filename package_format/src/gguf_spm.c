@@ -99,9 +99,9 @@ int mpk__gguf_spm_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *t
     /* unknown and control tokens are special added tokens, user-defined ones plain added tokens,
      * all matched in the text before normalization (as llama.cpp and transformers do) */
     if (ty == TT_UNKNOWN || ty == TT_CONTROL || ty == TT_USER)
-      json_array_append_new(added, json_pack("{s:I,s:o,s:b,s:b,s:b,s:b,s:b}", "id", (json_int_t)i, "content", k,
-                                             "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special",
-                                             ty != TT_USER));
+      json_array_append_new(added,
+                            json_pack("{s:I,s:o,s:b,s:b,s:b,s:b,s:b}", "id", (json_int_t)i, "content", k, "single_word",
+                                      0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special", ty != TT_USER));
     else json_decref(k);
   }
   /* each piece once (at the id the vocabulary keeps), split in every way into two vocabulary pieces */
@@ -125,8 +125,12 @@ int mpk__gguf_spm_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *t
         }
         m = nmv;
       }
-      m[nm++] = (spm_merge){score, (uint32_t)i, (uint32_t)json_integer_value(a), (uint32_t)json_integer_value(b),
-                            (uint32_t)utf8_chars(s, k), (uint32_t)utf8_chars(s + k, l - k)};
+      m[nm++] = (spm_merge){score,
+                            (uint32_t)i,
+                            (uint32_t)json_integer_value(a),
+                            (uint32_t)json_integer_value(b),
+                            (uint32_t)utf8_chars(s, k),
+                            (uint32_t)utf8_chars(s + k, l - k)};
     }
   }
   qsort(m, nm, sizeof *m, cmp_merge);
@@ -149,15 +153,25 @@ int mpk__gguf_spm_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *t
       (rc = special_id(what, g, "tokenizer.ggml.eos_token_id", n, &eos)) ||
       (rc = special_id(what, g, "tokenizer.ggml.unknown_token_id", n, &unk)))
     goto fail;
-  if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &abos)) && r != SERVD_EINVAL) { rc = r; goto fail; }
-  if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &aeos)) && r != SERVD_EINVAL) { rc = r; goto fail; }
+  if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &abos)) && r != SERVD_EINVAL) {
+    rc = r;
+    goto fail;
+  }
+  if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &aeos)) && r != SERVD_EINVAL) {
+    rc = r;
+    goto fail;
+  }
   /* sentencepiece's add_dummy_prefix: the "▁" before the text, and the space decoding drops again */
   bool prefix = true;
-  if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &prefix)) && r != SERVD_EINVAL) { rc = r; goto fail; }
+  if ((r = mpk_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &prefix)) && r != SERVD_EINVAL) {
+    rc = r;
+    goto fail;
+  }
   json_t *post = json_null();
   if ((abos && bos >= 0) || (aeos && eos >= 0)) {
     json_t *single = json_array(), *pair = json_array(), *sp = json_object();
-    post = json_pack("{s:s,s:o,s:o,s:o}", "type", "TemplateProcessing", "single", single, "pair", pair, "special_tokens", sp);
+    post = json_pack("{s:s,s:o,s:o,s:o}", "type", "TemplateProcessing", "single", single, "pair", pair,
+                     "special_tokens", sp);
     /* single: [BOS] $A [EOS]; pair: [BOS] $A [EOS] [BOS] $B [EOS] (type 1), as LlamaTokenizerFast */
     for (int seq = 0; seq < 2; seq++) {
       for (int part = 0; part < 3; part++) {
@@ -195,7 +209,8 @@ int mpk__gguf_spm_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *t
     unk_tok = json_stringn(s, l);
     if (!unk_tok) unk_tok = json_null();
   }
-  json_t *norms = json_pack("[{s:s,s:{s:s},s:s}]", "type", "Replace", "pattern", "String", " ", "content", "\xe2\x96\x81");
+  json_t *norms =
+      json_pack("[{s:s,s:{s:s},s:s}]", "type", "Replace", "pattern", "String", " ", "content", "\xe2\x96\x81");
   json_t *decs = json_pack("[{s:s,s:{s:s},s:s},{s:s},{s:s}]", "type", "Replace", "pattern", "String", "\xe2\x96\x81",
                            "content", " ", "type", "ByteFallback", "type", "Fuse");
   if (prefix) {
@@ -206,9 +221,9 @@ int mpk__gguf_spm_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *t
                    "s:{s:s,s:n,s:o,s:n,s:n,s:b,s:b,s:b,s:o,s:o}}",
                    "version", "1.0", "truncation", "padding", "added_tokens", added, "normalizer", "type", "Sequence",
                    "normalizers", norms, "pre_tokenizer", "post_processor", post, "decoder", "type", "Sequence",
-                   "decoders", decs, "model", "type", "BPE", "dropout", "unk_token", unk_tok, "continuing_subword_prefix",
-                   "end_of_word_suffix", "fuse_unk", 1, "byte_fallback", 1, "ignore_merges", 0, "vocab", vocab, "merges",
-                   merges);
+                   "decoders", decs, "model", "type", "BPE", "dropout", "unk_token", unk_tok,
+                   "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", 1, "byte_fallback", 1,
+                   "ignore_merges", 0, "vocab", vocab, "merges", merges);
   added = vocab = merges = NULL; /* the "o" references went to root (or were released on failure) */
   if (!root) {
     rc = servd_fail(SERVD_ENOMEM, "%s: cannot build tokenizer.json", what);

@@ -21,8 +21,9 @@ void mpk__progress_add(mpk_progress *pr, uint64_t bytes);
 int mpk__emit_raw(mpk_writer *w, mpk_progress *pr, const char *name, servd_dtype dt, int ndim, const int64_t *shape,
                   const void *data, uint64_t nbytes, int src_fd, uint64_t src_offset); /* src_fd < 0: no fd */
 /* Writes a tensor converted row by row: rows of `src_row_bytes` at `src` -> f32 -> `dt`. */
-int mpk__emit_converted(mpk_writer *w, mpk_progress *pr, const char *name, servd_dtype dt, int ndim, const int64_t *shape,
-                        const void *src, uint64_t src_row_bytes, mpk_row_to_f32_fn conv, const void *conv_ctx);
+int mpk__emit_converted(mpk_writer *w, mpk_progress *pr, const char *name, servd_dtype dt, int ndim,
+                        const int64_t *shape, const void *src, uint64_t src_row_bytes, mpk_row_to_f32_fn conv,
+                        const void *conv_ctx);
 
 /* Parses a JSON file of the source (bounded size); messages name the file. */
 int mpk__load_json_file(const char *path, json_t **out);

@@ -35,17 +35,22 @@ int mpk__emit_raw(mpk_writer *w, mpk_progress *pr, const char *name, servd_dtype
   return mpk_writer_end_tensor(w);
 }
 
-int mpk__emit_converted(mpk_writer *w, mpk_progress *pr, const char *name, servd_dtype dt, int ndim, const int64_t *shape,
-                        const void *src, uint64_t src_row_bytes, mpk_row_to_f32_fn conv, const void *conv_ctx) {
+int mpk__emit_converted(mpk_writer *w, mpk_progress *pr, const char *name, servd_dtype dt, int ndim,
+                        const int64_t *shape, const void *src, uint64_t src_row_bytes, mpk_row_to_f32_fn conv,
+                        const void *conv_ctx) {
   int rc;
   int64_t n = shape[ndim - 1], rows = 1;
   for (int i = 0; i < ndim - 1; i++) rows *= shape[i]; /* sizes checked by the source parser */
   size_t out_row = servd_dtype_row_bytes(dt, n);
-  if (!out_row) return servd_fail(SERVD_EINVAL, "%s: cannot store %lld columns as %s", name, (long long)n, servd_dtype_name(dt));
+  if (!out_row)
+    return servd_fail(SERVD_EINVAL, "%s: cannot store %lld columns as %s", name, (long long)n, servd_dtype_name(dt));
   float *f = malloc((size_t)n * sizeof *f);
   size_t per = out_row >= (4u << 20) ? 1 : (4u << 20) / out_row;
   uint8_t *obuf = malloc(per * out_row);
-  if (!f || !obuf) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory converting", name); goto fail; }
+  if (!f || !obuf) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory converting", name);
+    goto fail;
+  }
   if ((rc = mpk_writer_begin_tensor(w, name, dt, ndim, shape))) goto fail;
   for (int64_t r = 0; r < rows;) {
     size_t k = 0;
@@ -107,8 +112,10 @@ int mpk__source_inside(const char *root, const char *path) {
   size_t rl = r ? strlen(r) : 0;
   if (!r || !t) rc = servd_fail(SERVD_EINVAL, "%s: a symbolic link that does not resolve: %s", path, strerror(errno));
   else if (strncmp(t, r, rl) || (t[rl] != '/' && !(rl == 1 && r[0] == '/')))
-    rc = servd_fail(SERVD_EINVAL, "%s: a symbolic link to %s, outside %s: the packer takes only files inside the source folder "
-                    "(copy the file in instead of linking it)", path, t, r);
+    rc = servd_fail(SERVD_EINVAL,
+                    "%s: a symbolic link to %s, outside %s: the packer takes only files inside the source folder "
+                    "(copy the file in instead of linking it)",
+                    path, t, r);
   free(r);
   free(t);
   return rc;
@@ -141,10 +148,16 @@ static int add_tree(mpk_writer *w, const char *root, const char *dir, const char
     if (n == cap) {
       cap = cap ? 2 * cap : 32;
       char **nn = realloc(names, cap * sizeof *nn);
-      if (!nn) { rc = servd_fail(SERVD_ENOMEM, "out of memory"); goto fail; }
+      if (!nn) {
+        rc = servd_fail(SERVD_ENOMEM, "out of memory");
+        goto fail;
+      }
       names = nn;
     }
-    if (!(names[n] = strdup(s))) { rc = servd_fail(SERVD_ENOMEM, "out of memory"); goto fail; }
+    if (!(names[n] = strdup(s))) {
+      rc = servd_fail(SERVD_ENOMEM, "out of memory");
+      goto fail;
+    }
     n++;
   }
   qsort(names, n, sizeof *names, cmp_cstr);
@@ -157,10 +170,15 @@ static int add_tree(mpk_writer *w, const char *root, const char *dir, const char
     }
     struct stat st;
     if ((rc = mpk__source_inside(root, path))) break;
-    if (stat(path, &st) != 0) { rc = servd_fail(SERVD_EIO, "%s: %s", path, strerror(errno)); break; }
+    if (stat(path, &st) != 0) {
+      rc = servd_fail(SERVD_EIO, "%s: %s", path, strerror(errno));
+      break;
+    }
     if (S_ISDIR(st.st_mode)) rc = add_tree(w, root, path, entry, depth + 1);
     else if (S_ISREG(st.st_mode)) rc = mpk__add_source_file(w, path, entry, false, NULL);
-    else rc = servd_fail(SERVD_EINVAL, "%s: not a regular file or folder (a device, FIFO or socket cannot be packed)", path);
+    else
+      rc = servd_fail(SERVD_EINVAL, "%s: not a regular file or folder (a device, FIFO or socket cannot be packed)",
+                      path);
   }
 fail:
   for (size_t i = 0; i < n; i++) free(names[i]);

@@ -16,7 +16,10 @@ typedef struct wfile {
   mpk_st_header *h;
 } wfile;
 
-typedef struct gref { const char *name; size_t file, idx; } gref;
+typedef struct gref {
+  const char *name;
+  size_t file, idx;
+} gref;
 static int cmp_gref(const void *a, const void *b) { return strcmp(((const gref *)a)->name, ((const gref *)b)->name); }
 
 static bool ident(const char *s, size_t n) {
@@ -48,11 +51,13 @@ static bool is_file(const char *path) {
 static int check_entry_point(const char *dir, const char *base, const char *ep) {
   const char *colon = strchr(ep, ':');
   if (!colon || !dotted(ep, (size_t)(colon - ep)) || !dotted(colon + 1, strlen(colon + 1)))
-    return servd_fail(SERVD_EINVAL, "--entry-point \"%.128s\": expected \"module:callable\" (dotted Python identifiers)", ep);
+    return servd_fail(SERVD_EINVAL,
+                      "--entry-point \"%.128s\": expected \"module:callable\" (dotted Python identifiers)", ep);
   size_t mlen = (size_t)(colon - ep), blen = strlen(base);
   if (mlen < blen || memcmp(ep, base, blen) || (mlen > blen && ep[blen] != '.'))
     return servd_fail(SERVD_EINVAL,
-                      "--entry-point \"%.128s\": module must be inside the code folder, imported as package \"%s\" (e.g. \"%s.model:Model\")",
+                      "--entry-point \"%.128s\": module must be inside the code folder, imported as package \"%s\" "
+                      "(e.g. \"%s.model:Model\")",
                       ep, base, base);
   char rel[1024], a[4096 + 1040], b[4096 + 1040];
   size_t rl = mlen > blen ? mlen - blen - 1 : 0;
@@ -86,18 +91,20 @@ static int collect(wfile *wf, size_t nf, gref **out, size_t *nout, uint64_t *tot
       const mpk_st_tensor *t = &wf[i].h->tensors[j];
       servd_dtype dt;
       if (mpk_st_dtype_to_servd(t->dtype, &dt) || dt == SERVD_I32) {
-        rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%.64s\": dtype %s is not supported, expected F32, F16 or BF16",
-                        wf[i].path, t->name, t->dtype);
+        rc =
+            servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%.64s\": dtype %s is not supported, expected F32, F16 or BF16",
+                       wf[i].path, t->name, t->dtype);
         goto fail;
       }
       if (t->ndim > SERVD_MAX_DIMS) {
-        rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%.64s\": %d dimensions, expected at most %d", wf[i].path, t->name,
-                        t->ndim, SERVD_MAX_DIMS);
+        rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%.64s\": %d dimensions, expected at most %d", wf[i].path,
+                        t->name, t->ndim, SERVD_MAX_DIMS);
         goto fail;
       }
       for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] == 0) {
-          rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%.64s\": empty tensors are not supported", wf[i].path, t->name);
+          rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%.64s\": empty tensors are not supported", wf[i].path,
+                          t->name);
           goto fail;
         }
       if ((rc = mpk_check_tensor_name(wf[i].path, t->name))) goto fail;
@@ -133,8 +140,8 @@ static int check_output_outside(const char *code_dir, const char *out_path) {
   if (code && dst) {
     size_t n = strlen(code);
     if (!strncmp(dst, code, n) && (dst[n] == 0 || dst[n] == '/' || n == 1))
-      rc = servd_fail(SERVD_EINVAL, "%s: the output must not be inside the code folder %s (it would be packed as code)", out_path,
-                      code_dir);
+      rc = servd_fail(SERVD_EINVAL, "%s: the output must not be inside the code folder %s (it would be packed as code)",
+                      out_path, code_dir);
   }
   free(code);
   free(dst);
@@ -164,20 +171,27 @@ int mpk_pack_generic(const char *const *weights, size_t n_weights, const char *c
   while (l > 1 && dir[l - 1] == '/') dir[--l] = 0;
   const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
   if (!ident(base, strlen(base)))
-    return servd_fail(SERVD_EINVAL, "%s: the code folder's name \"%s\" must be a Python identifier (it is the import package)", dir,
+    return servd_fail(SERVD_EINVAL,
+                      "%s: the code folder's name \"%s\" must be a Python identifier (it is the import package)", dir,
                       base);
   if ((rc = check_entry_point(dir, base, o->entry_point)) || (rc = check_output_outside(dir, out_path))) return rc;
 
   if (config_path) {
     if ((rc = mpk__load_json_file(config_path, &config))) goto fail;
-    if (!json_is_object(config)) { rc = servd_fail(SERVD_EFORMAT, "%s: expected a JSON object (the model config)", config_path); goto fail; }
+    if (!json_is_object(config)) {
+      rc = servd_fail(SERVD_EFORMAT, "%s: expected a JSON object (the model config)", config_path);
+      goto fail;
+    }
   } else if (!(config = json_object())) {
     rc = servd_fail(SERVD_ENOMEM, "out of memory");
     goto fail;
   }
 
   wf = calloc(n_weights ? n_weights : 1, sizeof *wf);
-  if (!wf) { rc = servd_fail(SERVD_ENOMEM, "out of memory"); goto fail; }
+  if (!wf) {
+    rc = servd_fail(SERVD_ENOMEM, "out of memory");
+    goto fail;
+  }
   for (size_t i = 0; i < n_weights; i++) {
     wf[i].path = weights[i];
     if ((rc = mpk__map_file_fd(weights[i], &wf[i].map)) ||
@@ -204,10 +218,15 @@ int mpk_pack_generic(const char *const *weights, size_t n_weights, const char *c
     mpk_st_dtype_to_servd(t->dtype, &dt); /* checked in collect */
     int64_t shape[SERVD_MAX_DIMS];
     int nd = t->ndim;
-    if (nd == 0) { shape[0] = 1; nd = 1; } /* scalars become (1,), as in the Hugging Face import */
-    else memcpy(shape, t->shape, sizeof(int64_t) * (size_t)nd);
+    if (nd == 0) {
+      shape[0] = 1;
+      nd = 1;
+    } /* scalars become (1,), as in the Hugging Face import */
+    else
+      memcpy(shape, t->shape, sizeof(int64_t) * (size_t)nd);
     const uint8_t *data = (const uint8_t *)f->map.data + f->h->data_start + t->begin;
-    if ((rc = mpk__emit_raw(w, &pr, t->name, dt, nd, shape, data, t->end - t->begin, f->map.fd, f->h->data_start + t->begin)))
+    if ((rc = mpk__emit_raw(w, &pr, t->name, dt, nd, shape, data, t->end - t->begin, f->map.fd,
+                            f->h->data_start + t->begin)))
       goto fail;
   }
   rc = mpk_writer_finish(w);

@@ -16,20 +16,28 @@ typedef struct shard {
   mpk_st_header *h;
 } shard;
 
-typedef struct st_src { const char *dtype; } st_src;
+typedef struct st_src {
+  const char *dtype;
+} st_src;
 
 static int st_row_to_f32(const void *ctx, const void *src, float *dst, int64_t n) {
   const st_src *s = ctx;
   const uint8_t *p = src;
   if (!strcmp(s->dtype, "F32")) memcpy(dst, p, (size_t)n * 4);
-  else if (!strcmp(s->dtype, "F16")) for (int64_t i = 0; i < n; i++) dst[i] = servd_f16_to_f32(rd16(p + 2 * i));
-  else if (!strcmp(s->dtype, "BF16")) for (int64_t i = 0; i < n; i++) dst[i] = servd_bf16_to_f32(rd16(p + 2 * i));
+  else if (!strcmp(s->dtype, "F16"))
+    for (int64_t i = 0; i < n; i++) dst[i] = servd_f16_to_f32(rd16(p + 2 * i));
+  else if (!strcmp(s->dtype, "BF16"))
+    for (int64_t i = 0; i < n; i++) dst[i] = servd_bf16_to_f32(rd16(p + 2 * i));
   else if (!strcmp(s->dtype, "F64")) {
     for (int64_t i = 0; i < n; i++) {
-      union { uint64_t u; double d; } v = {.u = rd64(p + 8 * i)};
+      union {
+        uint64_t u;
+        double d;
+      } v = {.u = rd64(p + 8 * i)};
       dst[i] = (float)v.d;
     }
-  } else return servd_fail(SERVD_EUNSUPPORTED, "tensor dtype %s cannot be converted (expected F64 F32 F16 BF16)", s->dtype);
+  } else
+    return servd_fail(SERVD_EUNSUPPORTED, "tensor dtype %s cannot be converted (expected F64 F32 F16 BF16)", s->dtype);
   return 0;
 }
 
@@ -54,7 +62,10 @@ static int load_shards(const char *dir, shard **out, size_t *nout) {
       goto fail;
     }
     sh = calloc(json_object_size(wm), sizeof *sh);
-    if (!sh) { rc = servd_fail(SERVD_ENOMEM, "out of memory"); goto fail; }
+    if (!sh) {
+      rc = servd_fail(SERVD_ENOMEM, "out of memory");
+      goto fail;
+    }
     const char *k;
     json_t *v;
     json_object_foreach(wm, k, v) {
@@ -65,16 +76,24 @@ static int load_shards(const char *dir, shard **out, size_t *nout) {
       }
       size_t j = 0;
       while (j < n && strcmp(sh[j].file, f)) j++;
-      if (j == n && !(sh[n++].file = strdup(f))) { rc = servd_fail(SERVD_ENOMEM, "out of memory"); goto fail; }
+      if (j == n && !(sh[n++].file = strdup(f))) {
+        rc = servd_fail(SERVD_ENOMEM, "out of memory");
+        goto fail;
+      }
     }
   } else {
     sh = calloc(1, sizeof *sh);
-    if (!sh || !(sh[0].file = strdup("model.safetensors"))) { rc = servd_fail(SERVD_ENOMEM, "out of memory"); goto fail; }
+    if (!sh || !(sh[0].file = strdup("model.safetensors"))) {
+      rc = servd_fail(SERVD_ENOMEM, "out of memory");
+      goto fail;
+    }
     n = 1;
   }
   for (size_t i = 0; i < n; i++) {
     snprintf(path, sizeof path, "%s/%s", dir, sh[i].file);
-    if ((rc = mpk__source_regular(path)) || (rc = mpk__map_file_fd(path, &sh[i].map)) || (rc = mpk_st_parse(path, sh[i].map.data, sh[i].map.len, &sh[i].h))) goto fail;
+    if ((rc = mpk__source_regular(path)) || (rc = mpk__map_file_fd(path, &sh[i].map)) ||
+        (rc = mpk_st_parse(path, sh[i].map.data, sh[i].map.len, &sh[i].h)))
+      goto fail;
   }
   if (idx) { /* the index and the shards must agree */
     json_t *wm = json_object_get(idx, "weight_map");
@@ -86,12 +105,14 @@ static int load_shards(const char *dir, shard **out, size_t *nout) {
       size_t j = 0;
       while (strcmp(sh[j].file, json_string_value(v))) j++;
       if (mpk_st_find(sh[j].h, k) < 0) {
-        rc = servd_fail(SERVD_EFORMAT, "%s/model.safetensors.index.json: tensor \"%s\" is not in %s", dir, k, sh[j].file);
+        rc = servd_fail(SERVD_EFORMAT, "%s/model.safetensors.index.json: tensor \"%s\" is not in %s", dir, k,
+                        sh[j].file);
         goto fail;
       }
     }
     if (total != json_object_size(wm)) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: the shards hold %zu tensors, the index lists %zu (duplicates or unlisted tensors)", dir,
+      rc = servd_fail(SERVD_EFORMAT,
+                      "%s: the shards hold %zu tensors, the index lists %zu (duplicates or unlisted tensors)", dir,
                       total, json_object_size(wm));
       goto fail;
     }
@@ -111,7 +132,11 @@ fail:
   return rc;
 }
 
-typedef struct tref { const char *name; size_t shard, idx; char *canon; } tref;
+typedef struct tref {
+  const char *name;
+  size_t shard, idx;
+  char *canon;
+} tref;
 static int cmp_tref(const void *a, const void *b) { return strcmp(((const tref *)a)->canon, ((const tref *)b)->canon); }
 
 /* Side files of the folder (links to regular files are followed: the hub cache layout). */
@@ -124,7 +149,10 @@ static int add_side_file(mpk_writer *w, const char *dir, const char *file, bool 
 
 int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options *opt) {
   mpk_import_options defaults;
-  if (!opt) { mpk_import_options_init(&defaults); opt = &defaults; }
+  if (!opt) {
+    mpk_import_options_init(&defaults);
+    opt = &defaults;
+  }
   int rc = 0;
   char path[4096];
   json_t *config = NULL, *tcfg = NULL, *gcfg = NULL;
@@ -136,7 +164,10 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
   const mpk_arch *arch;
   snprintf(path, sizeof path, "%s/config.json", dir);
   if ((rc = mpk__source_regular(path)) || (rc = mpk__load_json_file(path, &config))) goto fail;
-  if (!json_is_object(config)) { rc = servd_fail(SERVD_EFORMAT, "%s: expected a JSON object", path); goto fail; }
+  if (!json_is_object(config)) {
+    rc = servd_fail(SERVD_EFORMAT, "%s: expected a JSON object", path);
+    goto fail;
+  }
   if ((rc = mpk__arch_for_hf(path, config, &arch)) || (rc = mpk__arch_config(arch, path, config))) goto fail;
   if ((rc = load_shards(dir, &sh, &nsh))) goto fail;
 
@@ -145,7 +176,10 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
   for (size_t i = 0; i < nsh; i++) nt += sh[i].h->n;
   refs = calloc(nt ? nt : 1, sizeof *refs);
   shapes.e = calloc(nt ? nt : 1, sizeof *shapes.e);
-  if (!refs || !shapes.e) { rc = servd_fail(SERVD_ENOMEM, "out of memory"); goto fail; }
+  if (!refs || !shapes.e) {
+    rc = servd_fail(SERVD_ENOMEM, "out of memory");
+    goto fail;
+  }
   mpk_progress pr = {.o = opt};
   size_t k = 0;
   for (size_t i = 0; i < nsh; i++)
@@ -154,7 +188,10 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
       char cn[512];
       mpk__arch_map_name(&arch->hf_names, t->name, cn, sizeof cn);
       refs[k] = (tref){t->name, i, j, strdup(cn)};
-      if (!refs[k++].canon) { rc = servd_fail(SERVD_ENOMEM, "out of memory"); goto fail; }
+      if (!refs[k++].canon) {
+        rc = servd_fail(SERVD_ENOMEM, "out of memory");
+        goto fail;
+      }
       pr.total += t->end - t->begin;
     }
   qsort(refs, nt, sizeof *refs, cmp_tref);
@@ -177,13 +214,17 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
   snprintf(path, sizeof path, "%s", dir);
   size_t l = strlen(path);
   while (l > 1 && path[l - 1] == '/') path[--l] = 0;
-  snprintf(name, sizeof name, "%.255s", strrchr(path, '/') ? strrchr(path, '/') + 1 : path); /* made safe and short by common_fields */
+  snprintf(name, sizeof name, "%.255s",
+           strrchr(path, '/') ? strrchr(path, '/') + 1 : path); /* made safe and short by common_fields */
   if ((rc = mpk__common_fields(w, opt, arch, name))) goto fail;
 
   /* Tokenizer and side files, checked to be JSON. */
   bool has_tok, has_tcfg, has_gen, has_tmpl;
   if ((rc = add_side_file(w, dir, "tokenizer.json", true, &has_tok))) goto fail;
-  if (!has_tok) { rc = servd_fail(SERVD_EINVAL, "%s/tokenizer.json: missing (a causal LM package needs its tokenizer)", dir); goto fail; }
+  if (!has_tok) {
+    rc = servd_fail(SERVD_EINVAL, "%s/tokenizer.json: missing (a causal LM package needs its tokenizer)", dir);
+    goto fail;
+  }
   if ((rc = add_side_file(w, dir, "tokenizer_config.json", true, &has_tcfg))) goto fail;
   snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
   if (has_tcfg && (rc = mpk__load_json_file(path, &tcfg))) goto fail;
@@ -220,12 +261,22 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
     const uint8_t *data = (const uint8_t *)s->map.data + s->h->data_start + t->begin;
     int64_t shape[SERVD_MAX_DIMS];
     int nd = t->ndim;
-    if (nd > SERVD_MAX_DIMS) { rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%s\": %d dimensions, expected at most 4", s->file, t->name, nd); goto fail; }
-    if (nd == 0) { shape[0] = 1; nd = 1; } /* scalars become (1,) */
-    else memcpy(shape, t->shape, sizeof(int64_t) * (size_t)nd);
+    if (nd > SERVD_MAX_DIMS) {
+      rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%s\": %d dimensions, expected at most 4", s->file, t->name, nd);
+      goto fail;
+    }
+    if (nd == 0) {
+      shape[0] = 1;
+      nd = 1;
+    } /* scalars become (1,) */
+    else
+      memcpy(shape, t->shape, sizeof(int64_t) * (size_t)nd);
     bool any_zero = false;
     for (int d = 0; d < nd; d++) any_zero |= shape[d] == 0;
-    if (any_zero) { rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%s\": empty tensors are not supported", s->file, t->name); goto fail; }
+    if (any_zero) {
+      rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%s\": empty tensors are not supported", s->file, t->name);
+      goto fail;
+    }
     servd_dtype native;
     bool is_native = mpk_st_dtype_to_servd(t->dtype, &native) == 0;
     servd_dtype target = is_native ? native : SERVD_F32;
@@ -233,8 +284,9 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
       target = opt->dtype;
       if (servd_dtype_is_quantized(target) && (nd < 2 || shape[nd - 1] % SERVD_QK)) target = SERVD_F32;
     }
-    if (is_native && target == native) rc = mpk__emit_raw(w, &pr, refs[i].canon, target, nd, shape, data, t->end - t->begin, s->map.fd,
-                                                              s->h->data_start + t->begin);
+    if (is_native && target == native)
+      rc = mpk__emit_raw(w, &pr, refs[i].canon, target, nd, shape, data, t->end - t->begin, s->map.fd,
+                         s->h->data_start + t->begin);
     else {
       st_src ctx = {t->dtype};
       uint64_t row = (uint64_t)shape[nd - 1] * t->elem_bytes;

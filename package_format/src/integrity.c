@@ -22,20 +22,18 @@ enum { OK = 0, BAD_CRC = 1, BAD_SHA = 2 };
 
 typedef struct hash_job {
   mpk_package *p;
-  json_t *files;      /* manifest "files" */
-  const int *idx;     /* file indices to check */
+  json_t *files;  /* manifest "files" */
+  const int *idx; /* file indices to check */
   int n;
-  int *result;        /* per job entry: OK, BAD_CRC, BAD_SHA */
-  char (*hex)[65];    /* per job entry: the computed SHA-256 */
+  int *result;     /* per job entry: OK, BAD_CRC, BAD_SHA */
+  char (*hex)[65]; /* per job entry: the computed SHA-256 */
   atomic_int next;
 } hash_job;
 
 static bool is_weight(const char *path) { return strncmp(path, "weights/", 8) == 0; }
 
 /* Entries whose hash is not in the manifest: the manifest itself and the signature over it. */
-static bool unhashed(const char *path) {
-  return !strcmp(path, "manifest.json") || !strcmp(path, MPK_SIGNATURE_ENTRY);
-}
+static bool unhashed(const char *path) { return !strcmp(path, "manifest.json") || !strcmp(path, MPK_SIGNATURE_ENTRY); }
 
 static void check_one(hash_job *j, int k) {
   mpk_file_info fi;
@@ -72,7 +70,10 @@ int mpk_verify_entries(mpk_package *p, unsigned scope) {
   int *idx = calloc(nf ? (size_t)nf : 1, sizeof *idx);
   int *result = calloc(nf ? (size_t)nf : 1, sizeof *result);
   char(*hex)[65] = calloc(nf ? (size_t)nf : 1, sizeof *hex);
-  if (!idx || !result || !hex) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", mpk_path(p)); goto done; }
+  if (!idx || !result || !hex) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", mpk_path(p));
+    goto done;
+  }
   uint64_t bytes = 0;
   for (int i = 0; i < nf; i++) {
     mpk_file_info fi;
@@ -103,8 +104,8 @@ int mpk_verify_entries(mpk_package *p, unsigned scope) {
       rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": CRC-32 mismatch (corrupt data)", mpk_path(p), path);
     } else {
       const char *want = json_string_value(json_object_get(json_object_get(j.files, path), "sha256"));
-      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": sha256 %s, manifest says %s (modified after packing)", mpk_path(p),
-                      path, hex[k], want ? want : "(none)");
+      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": sha256 %s, manifest says %s (modified after packing)",
+                      mpk_path(p), path, hex[k], want ? want : "(none)");
     }
     break;
   }

@@ -16,18 +16,27 @@ static inline uint32_t rd32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 static inline uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
-static inline void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static inline void wr32(uint8_t *p, uint32_t v) { wr16(p, (uint16_t)v); wr16(p + 2, (uint16_t)(v >> 16)); }
-static inline void wr64(uint8_t *p, uint64_t v) { wr32(p, (uint32_t)v); wr32(p + 4, (uint32_t)(v >> 32)); }
+static inline void wr16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static inline void wr32(uint8_t *p, uint32_t v) {
+  wr16(p, (uint16_t)v);
+  wr16(p + 2, (uint16_t)(v >> 16));
+}
+static inline void wr64(uint8_t *p, uint64_t v) {
+  wr32(p, (uint32_t)v);
+  wr32(p + 4, (uint32_t)(v >> 32));
+}
 
 /* A read-only mapping of a whole file. */
 typedef struct mpk_map {
   void *data;
   size_t len;
-  int fd;      /* kept open by mpk__map_file_fd (for copy_file_range), else unused */
+  int fd; /* kept open by mpk__map_file_fd (for copy_file_range), else unused */
   bool has_fd;
 } mpk_map;
-int mpk__map_file(const char *path, mpk_map *m); /* empty files map to data == NULL, len 0 */
+int mpk__map_file(const char *path, mpk_map *m);    /* empty files map to data == NULL, len 0 */
 int mpk__map_file_fd(const char *path, mpk_map *m); /* same, keeps the descriptor open */
 void mpk__unmap(mpk_map *m);
 
@@ -37,20 +46,20 @@ int mpk__write_file(const char *path, const void *data, size_t len);
 
 /* ---- zip ---- */
 typedef struct mpk_zip_entry {
-  char *name;       /* owned */
-  uint64_t lho;     /* local header offset */
-  uint64_t data;    /* absolute offset of the entry's data */
-  uint64_t csize;   /* bytes in the archive */
-  uint64_t usize;   /* uncompressed bytes */
+  char *name;     /* owned */
+  uint64_t lho;   /* local header offset */
+  uint64_t data;  /* absolute offset of the entry's data */
+  uint64_t csize; /* bytes in the archive */
+  uint64_t usize; /* uncompressed bytes */
   uint32_t crc;
-  uint16_t method;  /* 0 stored, 8 deflated */
+  uint16_t method; /* 0 stored, 8 deflated */
   bool is_dir;
 } mpk_zip_entry;
 
 typedef struct mpk_zip {
   size_t n;
-  mpk_zip_entry *e;   /* central-directory order */
-  size_t *by_name;    /* indices sorted by name */
+  mpk_zip_entry *e; /* central-directory order */
+  size_t *by_name;  /* indices sorted by name */
   uint64_t cd_offset;
 } mpk_zip;
 

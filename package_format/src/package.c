@@ -24,7 +24,7 @@ typedef struct pkg_tensor {
 
 struct mpk_package {
   char *path;
-  mpk_map map;        /* until wrapped into `storage` */
+  mpk_map map;         /* until wrapped into `storage` */
   const uint8_t *base; /* the mapping, valid while `storage` lives */
   mpk_zip zip;
   json_t *manifest;
@@ -83,7 +83,8 @@ static bool is_ident(const char *s, size_t n, bool dots) {
   if (n == 0 || !(s[0] == '_' || ((s[0] | 32) >= 'a' && (s[0] | 32) <= 'z'))) return false;
   for (size_t i = 1; i < n; i++) {
     char c = s[i];
-    bool ok = c == '_' || ((c | 32) >= 'a' && (c | 32) <= 'z') || (c >= '0' && c <= '9') || (dots && c == '.' && s[i - 1] != '.');
+    bool ok = c == '_' || ((c | 32) >= 'a' && (c | 32) <= 'z') || (c >= '0' && c <= '9') ||
+              (dots && c == '.' && s[i - 1] != '.');
     if (!ok) return false;
   }
   return s[n - 1] != '.';
@@ -93,7 +94,8 @@ static int check_entry_ref(const char *what, mpk_package *p, json_t *obj, const 
   json_t *v = json_object_get(obj, key);
   if (!v || json_is_null(v)) return 0;
   if (!json_is_string(v) || mpk__zip_find(&p->zip, json_string_value(v)) < 0)
-    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: %s: expected the path of an entry of the archive", what, field);
+    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: %s: expected the path of an entry of the archive", what,
+                      field);
   return 0;
 }
 
@@ -103,7 +105,8 @@ static int check_manifest(const char *what, mpk_package *p) {
   int rc = 0;
   json_t *fv = json_object_get(m, "format_version");
   if (!json_is_integer(fv) || json_integer_value(fv) < 1 || json_integer_value(fv) > MPK_FORMAT_VERSION)
-    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: format_version: expected an integer 1..%d", what, MPK_FORMAT_VERSION);
+    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: format_version: expected an integer 1..%d", what,
+                      MPK_FORMAT_VERSION);
   if (!(p->name = req_str(what, m, "name", &rc)) || !(p->model_version = req_str(what, m, "model_version", &rc)) ||
       !(p->kind = req_str(what, m, "kind", &rc)) || !(p->entry_point = req_str(what, m, "entry_point", &rc)))
     return rc;
@@ -112,12 +115,16 @@ static int check_manifest(const char *what, mpk_package *p) {
     return rc;
   json_t *an = json_object_get(m, "architecture"); /* registry name; checked against the registry by mpk_check_model */
   if (an && (!json_is_string(an) || mpk_check_name(what, "manifest.json: architecture", json_string_value(an))))
-    return json_is_string(an) ? SERVD_EFORMAT : servd_fail(SERVD_EFORMAT, "%s: manifest.json: architecture: expected a string", what);
+    return json_is_string(an) ? SERVD_EFORMAT
+                              : servd_fail(SERVD_EFORMAT, "%s: manifest.json: architecture: expected a string", what);
   if (strcmp(p->kind, "causal-lm") && strcmp(p->kind, "generic"))
-    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: kind \"%.32s\": expected \"causal-lm\" or \"generic\"", what, p->kind);
+    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: kind \"%.32s\": expected \"causal-lm\" or \"generic\"", what,
+                      p->kind);
   const char *colon = strchr(p->entry_point, ':');
-  if (!colon || !is_ident(p->entry_point, (size_t)(colon - p->entry_point), true) || !is_ident(colon + 1, strlen(colon + 1), true))
-    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: entry_point \"%.64s\": expected \"module:callable\"", what, p->entry_point);
+  if (!colon || !is_ident(p->entry_point, (size_t)(colon - p->entry_point), true) ||
+      !is_ident(colon + 1, strlen(colon + 1), true))
+    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: entry_point \"%.64s\": expected \"module:callable\"", what,
+                      p->entry_point);
   if (!json_is_object(json_object_get(m, "config")))
     return servd_fail(SERVD_EFORMAT, "%s: manifest.json: config: expected an object (the model config)", what);
   json_t *rl = json_object_get(m, "rope_layout");
@@ -128,12 +135,16 @@ static int check_manifest(const char *what, mpk_package *p) {
   }
   json_t *tok = json_object_get(m, "tokenizer");
   if (tok && !json_is_null(tok)) {
-    if (!json_is_object(tok)) return servd_fail(SERVD_EFORMAT, "%s: manifest.json: tokenizer: expected an object", what);
-    if ((rc = check_entry_ref(what, p, tok, "file", "tokenizer.file")) || (rc = check_entry_ref(what, p, tok, "config", "tokenizer.config")))
+    if (!json_is_object(tok))
+      return servd_fail(SERVD_EFORMAT, "%s: manifest.json: tokenizer: expected an object", what);
+    if ((rc = check_entry_ref(what, p, tok, "file", "tokenizer.file")) ||
+        (rc = check_entry_ref(what, p, tok, "config", "tokenizer.config")))
       return rc;
   }
-  if (!strcmp(p->kind, "causal-lm") && (!json_is_object(tok) || !json_is_string(json_object_get(tok, "file")) || !p->rope_layout))
-    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: a causal-lm package needs tokenizer.file and rope_layout", what);
+  if (!strcmp(p->kind, "causal-lm") &&
+      (!json_is_object(tok) || !json_is_string(json_object_get(tok, "file")) || !p->rope_layout))
+    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: a causal-lm package needs tokenizer.file and rope_layout",
+                      what);
   if ((rc = check_entry_ref(what, p, m, "chat_template_file", "chat_template_file"))) return rc;
 
   /* files: exactly the archive's file entries other than manifest.json, each with size and sha256. */
@@ -148,10 +159,12 @@ static int check_manifest(const char *what, mpk_package *p) {
     if (!json_is_object(f))
       return servd_fail(SERVD_EFORMAT, "%s: entry \"%s\" is not listed in manifest.json files", what, e->name);
     if (!json_is_integer(sz) || (uint64_t)json_integer_value(sz) != e->usize)
-      return servd_fail(SERVD_EFORMAT, "%s: manifest.json: files[\"%s\"].size: expected %llu", what, e->name, (unsigned long long)e->usize);
+      return servd_fail(SERVD_EFORMAT, "%s: manifest.json: files[\"%s\"].size: expected %llu", what, e->name,
+                        (unsigned long long)e->usize);
     const char *hs = json_string_value(h);
     if (!hs || strlen(hs) != 64 || strspn(hs, "0123456789abcdef") != 64)
-      return servd_fail(SERVD_EFORMAT, "%s: manifest.json: files[\"%s\"].sha256: expected 64 lowercase hex digits", what, e->name);
+      return servd_fail(SERVD_EFORMAT, "%s: manifest.json: files[\"%s\"].sha256: expected 64 lowercase hex digits",
+                        what, e->name);
     listed++;
   }
   if (listed != json_object_size(files)) {
@@ -160,7 +173,8 @@ static int check_manifest(const char *what, mpk_package *p) {
     json_object_foreach(files, key, v) {
       int i = mpk__zip_find(&p->zip, key);
       if (i < 0 || p->zip.e[i].is_dir || !strcmp(key, "manifest.json") || !strcmp(key, MPK_SIGNATURE_ENTRY))
-        return servd_fail(SERVD_EFORMAT, "%s: manifest.json: files lists \"%.128s\", which is not a file of the archive", what, key);
+        return servd_fail(SERVD_EFORMAT,
+                          "%s: manifest.json: files lists \"%.128s\", which is not a file of the archive", what, key);
     }
   }
   return 0;
@@ -190,7 +204,10 @@ static int check_tensors(const char *what, mpk_package *p) {
   order = calloc(p->nt ? p->nt : 1, sizeof *order);
   st = calloc(p->zip.n ? p->zip.n : 1, sizeof *st);
   matched = calloc(p->zip.n ? p->zip.n : 1, sizeof *matched);
-  if (!p->t || !p->t_by_name || !order || !st || !matched) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what); goto fail; }
+  if (!p->t || !p->t_by_name || !order || !st || !matched) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what);
+    goto fail;
+  }
   for (size_t i = 0; i < p->nt; i++) {
     json_t *o = json_array_get(ts, i);
     pkg_tensor *t = &p->t[i];
@@ -198,7 +215,8 @@ static int check_tensors(const char *what, mpk_package *p) {
            *file = json_object_get(o, "file"), *off = json_object_get(o, "offset"), *nb = json_object_get(o, "nbytes");
     if (!json_is_string(name) || !json_is_string(dt) || !json_is_array(shape) || !json_is_string(file) ||
         !json_is_integer(off) || !json_is_integer(nb) || json_integer_value(off) < 0 || json_integer_value(nb) < 0) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: manifest.json: tensors[%zu]: expected {name, dtype, shape, file, offset, nbytes}", what, i);
+      rc = servd_fail(SERVD_EFORMAT,
+                      "%s: manifest.json: tensors[%zu]: expected {name, dtype, shape, file, offset, nbytes}", what, i);
       goto fail;
     }
     t->name = json_string_value(name);
@@ -206,11 +224,13 @@ static int check_tensors(const char *what, mpk_package *p) {
     snprintf(field, sizeof field, "%s: tensor \"%.256s\"", what, t->name);
     if ((rc = mpk_check_tensor_name(what, t->name))) goto fail;
     if (servd_dtype_from_name(json_string_value(dt), &t->dtype)) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: dtype \"%.16s\": expected f32 f16 bf16 i32 q8_0 q4_0 q4_1", field, json_string_value(dt));
+      rc = servd_fail(SERVD_EFORMAT, "%s: dtype \"%.16s\": expected f32 f16 bf16 i32 q8_0 q4_0 q4_1", field,
+                      json_string_value(dt));
       goto fail;
     }
     if (json_array_size(shape) < 1 || json_array_size(shape) > SERVD_MAX_DIMS) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: %zu dimensions, expected 1..%d", field, json_array_size(shape), SERVD_MAX_DIMS);
+      rc = servd_fail(SERVD_EFORMAT, "%s: %zu dimensions, expected 1..%d", field, json_array_size(shape),
+                      SERVD_MAX_DIMS);
       goto fail;
     }
     t->ndim = (int)json_array_size(shape);
@@ -226,8 +246,8 @@ static int check_tensors(const char *what, mpk_package *p) {
     if ((rc = mpk__packed_bytes(field, t->dtype, t->ndim, t->shape, &expect))) goto fail;
     t->nbytes = (uint64_t)json_integer_value(nb);
     if (t->nbytes != expect) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: nbytes %llu, expected %llu (%s x shape)", field, (unsigned long long)t->nbytes,
-                      (unsigned long long)expect, servd_dtype_name(t->dtype));
+      rc = servd_fail(SERVD_EFORMAT, "%s: nbytes %llu, expected %llu (%s x shape)", field,
+                      (unsigned long long)t->nbytes, (unsigned long long)expect, servd_dtype_name(t->dtype));
       goto fail;
     }
     t->entry = mpk__zip_find(&p->zip, json_string_value(file));
@@ -242,13 +262,14 @@ static int check_tensors(const char *what, mpk_package *p) {
     }
     uint64_t rel = (uint64_t)json_integer_value(off), end;
     if (!mpk__add(rel, t->nbytes, &end) || end > e->usize) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: [%llu, +%llu) runs past the end of \"%s\" (%llu bytes)", field, (unsigned long long)rel,
-                      (unsigned long long)t->nbytes, e->name, (unsigned long long)e->usize);
+      rc = servd_fail(SERVD_EFORMAT, "%s: [%llu, +%llu) runs past the end of \"%s\" (%llu bytes)", field,
+                      (unsigned long long)rel, (unsigned long long)t->nbytes, e->name, (unsigned long long)e->usize);
       goto fail;
     }
     t->abs = e->data + rel;
     if (t->abs % SERVD_ALIGN) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: data at file offset %llu, expected a multiple of %d", field, (unsigned long long)t->abs, SERVD_ALIGN);
+      rc = servd_fail(SERVD_EFORMAT, "%s: data at file offset %llu, expected a multiple of %d", field,
+                      (unsigned long long)t->abs, SERVD_ALIGN);
       goto fail;
     }
     /* The weight file's own header must describe the same tensor at the same place. */
@@ -262,14 +283,17 @@ static int check_tensors(const char *what, mpk_package *p) {
       goto fail;
     }
     const mpk_st_tensor *s = &h->tensors[k];
-    bool same = !strcmp(s->dtype, sdt) && s->ndim == t->ndim && h->data_start + s->begin == rel && s->end - s->begin == t->nbytes;
+    bool same = !strcmp(s->dtype, sdt) && s->ndim == t->ndim && h->data_start + s->begin == rel &&
+                s->end - s->begin == t->nbytes;
     for (int d = 0; same && d < t->ndim; d++) {
       int64_t want = t->shape[d];
-      if (d == t->ndim - 1 && servd_dtype_is_quantized(t->dtype)) want = (int64_t)servd_dtype_row_bytes(t->dtype, t->shape[d]);
+      if (d == t->ndim - 1 && servd_dtype_is_quantized(t->dtype))
+        want = (int64_t)servd_dtype_row_bytes(t->dtype, t->shape[d]);
       same = s->shape[d] == want;
     }
     if (!same) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: manifest (%s, offset %llu) disagrees with the safetensors header of \"%s\" (%s at %llu)",
+      rc = servd_fail(SERVD_EFORMAT,
+                      "%s: manifest (%s, offset %llu) disagrees with the safetensors header of \"%s\" (%s at %llu)",
                       field, servd_dtype_name(t->dtype), (unsigned long long)rel, e->name, s->dtype,
                       (unsigned long long)(h->data_start + s->begin));
       goto fail;
@@ -278,12 +302,13 @@ static int check_tensors(const char *what, mpk_package *p) {
   }
   for (size_t i = 0; i < p->zip.n; i++) {
     if (!st[i] && !p->zip.e[i].is_dir && !strncmp(p->zip.e[i].name, "weights/", 8)) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: \"%s\": a weight file that no tensor of the manifest index uses", what, p->zip.e[i].name);
+      rc = servd_fail(SERVD_EFORMAT, "%s: \"%s\": a weight file that no tensor of the manifest index uses", what,
+                      p->zip.e[i].name);
       goto fail;
     }
     if (st[i] && matched[i] != st[i]->n) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: \"%s\" holds %zu tensors, the manifest indexes %zu of them", what, p->zip.e[i].name,
-                      st[i]->n, matched[i]);
+      rc = servd_fail(SERVD_EFORMAT, "%s: \"%s\" holds %zu tensors, the manifest indexes %zu of them", what,
+                      p->zip.e[i].name, st[i]->n, matched[i]);
       goto fail;
     }
   }
@@ -315,13 +340,19 @@ int mpk_open(const char *path, mpk_package **out) {
   *out = NULL;
   int rc = 0;
   mpk_package *p = calloc(1, sizeof *p);
-  if (!p || !(p->path = strdup(path))) { free(p); return servd_fail(SERVD_ENOMEM, "%s: out of memory", path); }
+  if (!p || !(p->path = strdup(path))) {
+    free(p);
+    return servd_fail(SERVD_ENOMEM, "%s: out of memory", path);
+  }
   if ((rc = mpk__map_file(path, &p->map))) goto fail;
   p->base = p->map.data;
   if ((rc = mpk__zip_parse(path, p->map.data, p->map.len, &p->zip))) goto fail;
   p->inflated = calloc(p->zip.n ? p->zip.n : 1, sizeof *p->inflated);
   p->files = calloc(p->zip.n ? p->zip.n : 1, sizeof *p->files);
-  if (!p->inflated || !p->files) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path); goto fail; }
+  if (!p->inflated || !p->files) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path);
+    goto fail;
+  }
   uint64_t inflated_total = 0;
   for (size_t i = 0; i < p->zip.n; i++) {
     const mpk_zip_entry *e = &p->zip.e[i];
@@ -335,14 +366,18 @@ int mpk_open(const char *path, mpk_package **out) {
                       (unsigned long long)MPK_MAX_INFLATE_TOTAL);
       goto fail;
     }
-    if ((rc = mpk__inflate(what, (const uint8_t *)p->map.data + e->data, e->csize, e->usize, &p->inflated[i]))) goto fail;
+    if ((rc = mpk__inflate(what, (const uint8_t *)p->map.data + e->data, e->csize, e->usize, &p->inflated[i])))
+      goto fail;
     if (crc32(0, p->inflated[i], (uInt)e->usize) != e->crc) {
       rc = servd_fail(SERVD_EFORMAT, "%s: CRC-32 mismatch after inflating", what);
       goto fail;
     }
   }
   int mi = mpk__zip_find(&p->zip, "manifest.json");
-  if (mi < 0) { rc = servd_fail(SERVD_EFORMAT, "%s: manifest.json: missing from the archive", path); goto fail; }
+  if (mi < 0) {
+    rc = servd_fail(SERVD_EFORMAT, "%s: manifest.json: missing from the archive", path);
+    goto fail;
+  }
   if (p->zip.e[mi].usize > MPK_MAX_MANIFEST) {
     rc = servd_fail(SERVD_EFORMAT, "%s: manifest.json: %llu bytes, expected at most %llu", path,
                     (unsigned long long)p->zip.e[mi].usize, (unsigned long long)MPK_MAX_MANIFEST);
@@ -351,13 +386,16 @@ int mpk_open(const char *path, mpk_package **out) {
   json_error_t jerr;
   p->manifest = json_loadb((const char *)entry_data(p, mi), p->zip.e[mi].usize, JSON_REJECT_DUPLICATES, &jerr);
   if (!p->manifest || !json_is_object(p->manifest)) {
-    rc = servd_fail(SERVD_EFORMAT, "%s: manifest.json: %s (line %d)", path, p->manifest ? "expected a JSON object" : jerr.text,
-                    jerr.line);
+    rc = servd_fail(SERVD_EFORMAT, "%s: manifest.json: %s (line %d)", path,
+                    p->manifest ? "expected a JSON object" : jerr.text, jerr.line);
     goto fail;
   }
   if ((rc = check_manifest(path, p)) || (rc = check_tensors(path, p))) goto fail;
   mpk_map *m = malloc(sizeof *m);
-  if (!m) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path); goto fail; }
+  if (!m) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path);
+    goto fail;
+  }
   *m = p->map;
   p->storage = servd_storage_wrap(m->data, m->len, release_mapping, m);
   if (!p->storage) {

@@ -43,13 +43,16 @@ int mpk__rope_fit_llama3(const char *what, const char *tensor, const float *ff, 
   float mx = ff[0], mn = ff[0];
   for (int i = 0; i < n; i++) {
     if (!isfinite(ff[i]) || ff[i] <= 0)
-      return servd_fail(SERVD_EUNSUPPORTED, "%s: %s[%d] = %g: expected positive finite frequency factors", what, tensor, i,
-                        (double)ff[i]);
+      return servd_fail(SERVD_EUNSUPPORTED, "%s: %s[%d] = %g: expected positive finite frequency factors", what, tensor,
+                        i, (double)ff[i]);
     mx = ff[i] > mx ? ff[i] : mx;
     mn = ff[i] < mn ? ff[i] : mn;
   }
   if (mx == 1.0f && mn == 1.0f) { /* all 1: plain RoPE */
-    *out = (mpk_llama3_rope){.factor = 1.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 8192};
+    *out = (mpk_llama3_rope){.factor = 1.0,
+                             .low_freq_factor = 1.0,
+                             .high_freq_factor = 4.0,
+                             .original_max_positions = 8192};
     return 0;
   }
   if (mx > 1.0f) { /* Llama 3 factors grow from 1 (high frequencies) to `factor` (low ones) */
@@ -61,9 +64,15 @@ int mpk__rope_fit_llama3(const char *what, const char *tensor, const float *ff, 
       if (!orig || (o >= 0 && orig == hint_orig)) continue;
       for (int l = 0; l < 3; l++)
         for (int h = 0; h < 3; h++) {
-          mpk_llama3_rope r = {.factor = mx, .low_freq_factor = los[l], .high_freq_factor = his[h], .original_max_positions = orig};
+          mpk_llama3_rope r = {.factor = mx,
+                               .low_freq_factor = los[l],
+                               .high_freq_factor = his[h],
+                               .original_max_positions = orig};
           mpk__llama3_rope_factors(&r, theta, n, cand);
-          if (matches(ff, cand, n)) { *out = r; return 0; }
+          if (matches(ff, cand, n)) {
+            *out = r;
+            return 0;
+          }
         }
     }
   }

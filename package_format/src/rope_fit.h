@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 typedef struct mpk_llama3_rope {
-  double factor;                   /* 1: the factors are all 1, no scaling */
+  double factor; /* 1: the factors are all 1, no scaling */
   double low_freq_factor, high_freq_factor;
   uint32_t original_max_positions; /* original_max_position_embeddings */
 } mpk_llama3_rope;

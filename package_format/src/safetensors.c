@@ -5,9 +5,12 @@
 #include "mpk-impl.h"
 #include "mpk/safetensors.h"
 
-static const struct { const char *name; unsigned size; } st_dtypes[] = {
-    {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
-    {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+static const struct {
+  const char *name;
+  unsigned size;
+} st_dtypes[] = {
+    {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},  {"I32", 4},     {"I16", 2},     {"I8", 1},
+    {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1},   {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
 };
 
 unsigned mpk_st_dtype_size(const char *dtype) {
@@ -64,14 +67,17 @@ static int get_u64(json_t *v, uint64_t *out) {
 int mpk_st_parse(const char *what, const void *buf, size_t len, mpk_st_header **out) {
   *out = NULL;
   const uint8_t *b = buf;
-  if (len < 8) return servd_fail(SERVD_EFORMAT, "%s: %zu bytes, too short for a safetensors header length (8)", what, len);
+  if (len < 8)
+    return servd_fail(SERVD_EFORMAT, "%s: %zu bytes, too short for a safetensors header length (8)", what, len);
   uint64_t n = rd64(b);
   if (n > len - 8)
     return servd_fail(SERVD_EFORMAT, "%s: header length %llu is larger than the %zu bytes that follow", what,
                       (unsigned long long)n, len - 8);
   if (n > MPK_ST_MAX_HEADER)
-    return servd_fail(SERVD_EFORMAT, "%s: header length %llu, expected at most %u", what, (unsigned long long)n, MPK_ST_MAX_HEADER);
-  if (n < 2 || b[8] != '{') return servd_fail(SERVD_EFORMAT, "%s: header must be a JSON object starting with '{'", what);
+    return servd_fail(SERVD_EFORMAT, "%s: header length %llu, expected at most %u", what, (unsigned long long)n,
+                      MPK_ST_MAX_HEADER);
+  if (n < 2 || b[8] != '{')
+    return servd_fail(SERVD_EFORMAT, "%s: header must be a JSON object starting with '{'", what);
   int rc = 0;
   mpk_st_header *h = calloc(1, sizeof *h);
   if (!h) return servd_fail(SERVD_ENOMEM, "%s: out of memory", what);
@@ -86,12 +92,18 @@ int mpk_st_parse(const char *what, const void *buf, size_t len, mpk_st_header **
   size_t cap = json_object_size(h->root);
   h->tensors = calloc(cap ? cap : 1, sizeof *h->tensors);
   h->by_name = calloc(cap ? cap : 1, sizeof *h->by_name);
-  if (!h->tensors || !h->by_name) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what); goto fail; }
+  if (!h->tensors || !h->by_name) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what);
+    goto fail;
+  }
   const char *key;
   json_t *val;
   json_object_foreach(h->root, key, val) {
     if (strcmp(key, "__metadata__") == 0) {
-      if (!json_is_object(val)) { rc = servd_fail(SERVD_EFORMAT, "%s: __metadata__: expected an object of strings", what); goto fail; }
+      if (!json_is_object(val)) {
+        rc = servd_fail(SERVD_EFORMAT, "%s: __metadata__: expected an object of strings", what);
+        goto fail;
+      }
       const char *mk;
       json_t *mv;
       json_object_foreach(val, mk, mv) {
@@ -107,8 +119,11 @@ int mpk_st_parse(const char *what, const void *buf, size_t len, mpk_st_header **
     t->name = key;
     json_t *dt = json_object_get(val, "dtype"), *shape = json_object_get(val, "shape"),
            *offs = json_object_get(val, "data_offsets");
-    if (!json_is_object(val) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(offs) || json_array_size(offs) != 2) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": expected {\"dtype\": str, \"shape\": [int], \"data_offsets\": [begin, end]}", what, key);
+    if (!json_is_object(val) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(offs) ||
+        json_array_size(offs) != 2) {
+      rc = servd_fail(SERVD_EFORMAT,
+                      "%s: tensor \"%s\": expected {\"dtype\": str, \"shape\": [int], \"data_offsets\": [begin, end]}",
+                      what, key);
       goto fail;
     }
     const char *dts = json_string_value(dt);
@@ -119,7 +134,8 @@ int mpk_st_parse(const char *what, const void *buf, size_t len, mpk_st_header **
     }
     strcpy(t->dtype, dts);
     if (json_array_size(shape) > MPK_ST_MAX_DIMS) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": %zu dimensions, expected at most %d", what, key, json_array_size(shape), MPK_ST_MAX_DIMS);
+      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": %zu dimensions, expected at most %d", what, key,
+                      json_array_size(shape), MPK_ST_MAX_DIMS);
       goto fail;
     }
     t->ndim = (int)json_array_size(shape);
@@ -138,7 +154,8 @@ int mpk_st_parse(const char *what, const void *buf, size_t len, mpk_st_header **
     }
     uint64_t nbytes;
     if (get_u64(json_array_get(offs, 0), &t->begin) || get_u64(json_array_get(offs, 1), &t->end) || t->end < t->begin) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": data_offsets: expected non-negative integers begin <= end", what, key);
+      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": data_offsets: expected non-negative integers begin <= end",
+                      what, key);
       goto fail;
     }
     if (!mpk__mul(numel, t->elem_bytes, &nbytes)) {
@@ -146,8 +163,8 @@ int mpk_st_parse(const char *what, const void *buf, size_t len, mpk_st_header **
       goto fail;
     }
     if (nbytes != t->end - t->begin) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": data_offsets span %llu bytes, expected %llu (%s x shape)", what, key,
-                      (unsigned long long)(t->end - t->begin), (unsigned long long)nbytes, t->dtype);
+      rc = servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": data_offsets span %llu bytes, expected %llu (%s x shape)",
+                      what, key, (unsigned long long)(t->end - t->begin), (unsigned long long)nbytes, t->dtype);
       goto fail;
     }
     h->n++;
@@ -166,7 +183,8 @@ int mpk_st_parse(const char *what, const void *buf, size_t len, mpk_st_header **
   }
   if (expect != h->data_len) {
     rc = servd_fail(SERVD_EFORMAT, "%s: tensors cover %llu bytes of a %llu-byte buffer, expected all of it%s", what,
-                    (unsigned long long)expect, (unsigned long long)h->data_len, expect > h->data_len ? " (runs past the end)" : "");
+                    (unsigned long long)expect, (unsigned long long)h->data_len,
+                    expect > h->data_len ? " (runs past the end)" : "");
     goto fail;
   }
   for (size_t i = 0; i < h->n; i++) h->by_name[i] = i;
@@ -184,7 +202,10 @@ int mpk_st_build_single(const char *name, const char *st_dtype, int ndim, const 
   int rc = 0;
   json_t *root = json_object(), *t = json_object(), *sh = json_array();
   char *js = NULL;
-  if (!root || !t || !sh) { rc = servd_fail(SERVD_ENOMEM, "safetensors header: out of memory"); goto fail; }
+  if (!root || !t || !sh) {
+    rc = servd_fail(SERVD_ENOMEM, "safetensors header: out of memory");
+    goto fail;
+  }
   if (metadata) json_object_set(root, "__metadata__", metadata);
   for (int i = 0; i < ndim; i++) json_array_append_new(sh, json_integer(shape[i]));
   json_object_set_new(t, "dtype", json_string(st_dtype));
@@ -194,11 +215,17 @@ int mpk_st_build_single(const char *name, const char *st_dtype, int ndim, const 
   json_object_set_new(root, name, t);
   t = NULL;
   js = json_dumps(root, JSON_COMPACT);
-  if (!js) { rc = servd_fail(SERVD_ENOMEM, "safetensors header: out of memory"); goto fail; }
+  if (!js) {
+    rc = servd_fail(SERVD_ENOMEM, "safetensors header: out of memory");
+    goto fail;
+  }
   size_t jl = strlen(js), total = 8 + jl;
   if (align > 1) total = (total + align - 1) / align * align;
   char *b = malloc(total);
-  if (!b) { rc = servd_fail(SERVD_ENOMEM, "safetensors header: out of memory"); goto fail; }
+  if (!b) {
+    rc = servd_fail(SERVD_ENOMEM, "safetensors header: out of memory");
+    goto fail;
+  }
   wr64((uint8_t *)b, total - 8);
   memcpy(b + 8, js, jl);
   memset(b + 8 + jl, ' ', total - 8 - jl); /* trailing spaces are allowed by the format */

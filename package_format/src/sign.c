@@ -50,12 +50,14 @@ static int read_key(const char *path, bool priv, EVP_PKEY **out) {
   int rc = mpk__read_file(path, MAX_KEY_FILE, &pem, &len);
   if (rc) return rc;
   BIO *b = BIO_new_mem_buf(pem, (int)len);
-  EVP_PKEY *k = b ? (priv ? PEM_read_bio_PrivateKey(b, NULL, NULL, NULL) : PEM_read_bio_PUBKEY(b, NULL, NULL, NULL)) : NULL;
+  EVP_PKEY *k =
+      b ? (priv ? PEM_read_bio_PrivateKey(b, NULL, NULL, NULL) : PEM_read_bio_PUBKEY(b, NULL, NULL, NULL)) : NULL;
   BIO_free(b);
   free(pem);
   if (!k)
-    return servd_fail(SERVD_EFORMAT, "%s: expected an Ed25519 %s key in PEM form (%s): %s", path, priv ? "private" : "public",
-                      priv ? "openssl genpkey -algorithm ed25519" : "openssl pkey -pubout", ssl_err());
+    return servd_fail(SERVD_EFORMAT, "%s: expected an Ed25519 %s key in PEM form (%s): %s", path,
+                      priv ? "private" : "public", priv ? "openssl genpkey -algorithm ed25519" : "openssl pkey -pubout",
+                      ssl_err());
   if (EVP_PKEY_get_id(k) != EVP_PKEY_ED25519) {
     EVP_PKEY_free(k);
     return servd_fail(SERVD_EFORMAT, "%s: a %s key, expected Ed25519", path, priv ? "private" : "public");
@@ -87,26 +89,47 @@ int mpk_keyring_load(const char *path, mpk_keyring **out) {
   char **names = NULL;
   size_t nn = 0;
   mpk_keyring *r = calloc(1, sizeof *r);
-  if (!r || !(r->k = calloc(MAX_KEYS, sizeof *r->k))) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path); goto fail; }
+  if (!r || !(r->k = calloc(MAX_KEYS, sizeof *r->k))) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path);
+    goto fail;
+  }
   struct stat st;
-  if (stat(path, &st) != 0) { rc = servd_fail(SERVD_EIO, "%s: %s", path, strerror(errno)); goto fail; }
+  if (stat(path, &st) != 0) {
+    rc = servd_fail(SERVD_EIO, "%s: %s", path, strerror(errno));
+    goto fail;
+  }
   if (!S_ISDIR(st.st_mode)) {
     char *copy = strdup(path);
-    if (!copy) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path); goto fail; }
+    if (!copy) {
+      rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path);
+      goto fail;
+    }
     rc = add_key(r, path, basename(copy));
     free(copy);
     if (rc) goto fail;
     *out = r;
     return 0;
   }
-  if (!(d = opendir(path))) { rc = servd_fail(SERVD_EIO, "%s: %s", path, strerror(errno)); goto fail; }
+  if (!(d = opendir(path))) {
+    rc = servd_fail(SERVD_EIO, "%s: %s", path, strerror(errno));
+    goto fail;
+  }
   names = calloc(MAX_KEYS + 1, sizeof *names);
-  if (!names) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path); goto fail; }
+  if (!names) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path);
+    goto fail;
+  }
   for (struct dirent *de; (de = readdir(d));) {
     size_t l = strlen(de->d_name);
     if (de->d_name[0] == '.' || l < 5 || strcmp(de->d_name + l - 4, ".pem")) continue;
-    if (nn == MAX_KEYS) { rc = servd_fail(SERVD_ERANGE, "%s: more than %d keys", path, MAX_KEYS); goto fail; }
-    if (!(names[nn++] = strdup(de->d_name))) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path); goto fail; }
+    if (nn == MAX_KEYS) {
+      rc = servd_fail(SERVD_ERANGE, "%s: more than %d keys", path, MAX_KEYS);
+      goto fail;
+    }
+    if (!(names[nn++] = strdup(de->d_name))) {
+      rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path);
+      goto fail;
+    }
   }
   qsort(names, nn, sizeof *names, cmp_str); /* a fixed order: the first key that verifies is reported */
   for (size_t i = 0; i < nn; i++) {
@@ -115,8 +138,9 @@ int mpk_keyring_load(const char *path, mpk_keyring **out) {
     if ((rc = add_key(r, full, names[i]))) goto fail;
   }
   if (r->n == 0) {
-    rc = servd_fail(SERVD_EINVAL, "%s: no *.pem public keys in this folder (openssl pkey -in KEY -pubout -out %s/NAME.pem)",
-                    path, path);
+    rc = servd_fail(SERVD_EINVAL,
+                    "%s: no *.pem public keys in this folder (openssl pkey -in KEY -pubout -out %s/NAME.pem)", path,
+                    path);
     goto fail;
   }
   *out = r;
@@ -155,11 +179,14 @@ int mpk_signature_check(mpk_package *p, const mpk_keyring *keys, const char **si
   size_t mlen, slen;
   if (signer) *signer = NULL;
   if (mpk_file(p, MPK_SIGNATURE_ENTRY, &sig, &slen))
-    return servd_fail(SERVD_EFORMAT, "%s: unsigned package (no %s entry), and only packages signed by a trusted key are "
-                      "accepted (modelpkg sign --key PRIVATE.pem)", mpk_path(p), MPK_SIGNATURE_ENTRY);
+    return servd_fail(SERVD_EFORMAT,
+                      "%s: unsigned package (no %s entry), and only packages signed by a trusted key are "
+                      "accepted (modelpkg sign --key PRIVATE.pem)",
+                      mpk_path(p), MPK_SIGNATURE_ENTRY);
   if (mpk_file(p, "manifest.json", &man, &mlen)) return SERVD_EFORMAT;
   if (slen != MPK_SIGNATURE_BYTES)
-    return servd_fail(SERVD_EFORMAT, "%s: %s: %zu bytes, expected %d", mpk_path(p), MPK_SIGNATURE_ENTRY, slen, MPK_SIGNATURE_BYTES);
+    return servd_fail(SERVD_EFORMAT, "%s: %s: %zu bytes, expected %d", mpk_path(p), MPK_SIGNATURE_ENTRY, slen,
+                      MPK_SIGNATURE_BYTES);
   for (int i = 0; keys && i < keys->n; i++) {
     if (ed25519_ok(keys->k[i].pkey, man, mlen, sig)) {
       if (signer) *signer = keys->k[i].name;
@@ -169,8 +196,10 @@ int mpk_signature_check(mpk_package *p, const mpk_keyring *keys, const char **si
   char which[300];
   if (keys && keys->n == 1) snprintf(which, sizeof which, "the trusted key %s", keys->k[0].name);
   else snprintf(which, sizeof which, "any of the %d trusted keys", keys ? keys->n : 0);
-  return servd_fail(SERVD_EFORMAT, "%s: %s does not verify with %s (signed by another key, or manifest.json changed after "
-                    "signing)", mpk_path(p), MPK_SIGNATURE_ENTRY, which);
+  return servd_fail(SERVD_EFORMAT,
+                    "%s: %s does not verify with %s (signed by another key, or manifest.json changed after "
+                    "signing)",
+                    mpk_path(p), MPK_SIGNATURE_ENTRY, which);
 }
 
 /* ---- signing ---------------------------------------------------------------------------------- */
@@ -193,7 +222,8 @@ static int write_all(int fd, const char *tmp, const void *data, size_t len) {
 static int copy_prefix(int in, int out, uint64_t len, const uint8_t *mapped, const char *tmp) {
   loff_t off = 0;
   while ((uint64_t)off < len) {
-    ssize_t k = copy_file_range(in, &off, out, NULL, (size_t)(len - (uint64_t)off > (1u << 30) ? (1u << 30) : len - (uint64_t)off), 0);
+    ssize_t k = copy_file_range(in, &off, out, NULL,
+                                (size_t)(len - (uint64_t)off > (1u << 30) ? (1u << 30) : len - (uint64_t)off), 0);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) break; /* unsupported across these files: write the rest from the mapping */
   }
@@ -215,7 +245,8 @@ static int sign_manifest(const char *key_path, const void *msg, size_t len, uint
 }
 
 /* Central directory and end records: the old records minus an old signature's, then `sig_lho`'s. */
-static int write_tail(int fd, const char *tmp, const uint8_t *base, const mpk_zip *z, uint64_t sig_lho, uint32_t sig_crc) {
+static int write_tail(int fd, const char *tmp, const uint8_t *base, const mpk_zip *z, uint64_t sig_lho,
+                      uint32_t sig_crc) {
   int rc;
   const char *name = MPK_SIGNATURE_ENTRY;
   size_t nlen = strlen(name);
@@ -291,7 +322,10 @@ int mpk_sign(const char *path, const char *key_path, const char *out_path) {
     keep = z.e[old].lho;
   }
   size_t tl = strlen(out_path) + 16;
-  if (!(tmp = malloc(tl))) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", out_path); goto fail; }
+  if (!(tmp = malloc(tl))) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", out_path);
+    goto fail;
+  }
   snprintf(tmp, tl, "%s.tmp.XXXXXX", out_path);
   if ((fd = mkstemp(tmp)) < 0) {
     rc = servd_fail(SERVD_EIO, "%s: cannot create a temporary file: %s", tmp, strerror(errno));
@@ -324,10 +358,16 @@ int mpk_sign(const char *path, const char *key_path, const char *out_path) {
   if ((rc = write_all(fd, tmp, h, fixed + pad)) || (rc = write_all(fd, tmp, sig, sizeof sig)) ||
       (rc = write_tail(fd, tmp, map.data, &z, keep, crc)))
     goto fail;
-  if (fsync(fd) != 0) { rc = servd_fail(SERVD_EIO, "%s: fsync failed: %s", tmp, strerror(errno)); goto fail; }
+  if (fsync(fd) != 0) {
+    rc = servd_fail(SERVD_EIO, "%s: fsync failed: %s", tmp, strerror(errno));
+    goto fail;
+  }
   close(fd);
   fd = -1;
-  if (rename(tmp, out_path) != 0) { rc = servd_fail(SERVD_EIO, "%s: rename from %s failed: %s", out_path, tmp, strerror(errno)); goto fail; }
+  if (rename(tmp, out_path) != 0) {
+    rc = servd_fail(SERVD_EIO, "%s: rename from %s failed: %s", out_path, tmp, strerror(errno));
+    goto fail;
+  }
   free(tmp);
   tmp = NULL;
 fail:

@@ -62,7 +62,10 @@ int mpk__read_file(const char *path, size_t max, char **out, size_t *len) {
   if (!f) return servd_fail(SERVD_EIO, "%s: cannot open: %s", path, strerror(errno));
   int rc = 0;
   char *buf = NULL;
-  if (fseeko(f, 0, SEEK_END) != 0) { rc = servd_fail(SERVD_EIO, "%s: cannot seek", path); goto fail; }
+  if (fseeko(f, 0, SEEK_END) != 0) {
+    rc = servd_fail(SERVD_EIO, "%s: cannot seek", path);
+    goto fail;
+  }
   off_t sz = ftello(f);
   if (sz < 0 || (uint64_t)sz > max) {
     rc = servd_fail(SERVD_EFORMAT, "%s: size %lld bytes, expected at most %zu", path, (long long)sz, max);
@@ -70,8 +73,14 @@ int mpk__read_file(const char *path, size_t max, char **out, size_t *len) {
   }
   rewind(f);
   buf = malloc((size_t)sz + 1);
-  if (!buf) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path); goto fail; }
-  if (fread(buf, 1, (size_t)sz, f) != (size_t)sz) { rc = servd_fail(SERVD_EIO, "%s: short read", path); goto fail; }
+  if (!buf) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path);
+    goto fail;
+  }
+  if (fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
+    rc = servd_fail(SERVD_EIO, "%s: short read", path);
+    goto fail;
+  }
   buf[sz] = 0;
   *out = buf;
   if (len) *len = (size_t)sz;
@@ -124,8 +133,7 @@ int mpk__inflate(const char *what, const uint8_t *src, uint64_t csize, uint64_t 
   if (zr != Z_STREAM_END && got > usize)
     rc = servd_fail(SERVD_EFORMAT, "%s: deflated data expands beyond the declared %llu bytes", what,
                     (unsigned long long)usize);
-  else if (zr != Z_STREAM_END)
-    rc = servd_fail(SERVD_EFORMAT, "%s: corrupt deflate stream (zlib %d)", what, zr);
+  else if (zr != Z_STREAM_END) rc = servd_fail(SERVD_EFORMAT, "%s: corrupt deflate stream (zlib %d)", what, zr);
   else if (got != usize)
     rc = servd_fail(SERVD_EFORMAT, "%s: inflated to %llu bytes, expected %llu", what, (unsigned long long)got,
                     (unsigned long long)usize);
@@ -144,7 +152,8 @@ int mpk__packed_bytes(const char *what, int dtype, int ndim, const int64_t *shap
   uint64_t be = servd_dtype_block_elems((servd_dtype)dtype), bb = servd_dtype_block_bytes((servd_dtype)dtype);
   uint64_t rows = 1;
   for (int i = 0; i < ndim; i++) {
-    if (shape[i] < 1) return servd_fail(SERVD_EFORMAT, "%s: shape[%d] = %lld, expected >= 1", what, i, (long long)shape[i]);
+    if (shape[i] < 1)
+      return servd_fail(SERVD_EFORMAT, "%s: shape[%d] = %lld, expected >= 1", what, i, (long long)shape[i]);
     if (i < ndim - 1 && !mpk__mul(rows, (uint64_t)shape[i], &rows))
       return servd_fail(SERVD_ERANGE, "%s: element count overflows", what);
   }
@@ -160,18 +169,22 @@ int mpk__packed_bytes(const char *what, int dtype, int ndim, const int64_t *shap
 }
 
 int mpk_check_entry_path(const char *what, const char *path, size_t len) {
-  if (len == 0 || len > 1024) return servd_fail(SERVD_EFORMAT, "%s: entry name of %zu bytes, expected 1..1024", what, len);
+  if (len == 0 || len > 1024)
+    return servd_fail(SERVD_EFORMAT, "%s: entry name of %zu bytes, expected 1..1024", what, len);
   if (path[0] == '/') return servd_fail(SERVD_EFORMAT, "%s: entry \"%.*s\" is an absolute path", what, (int)len, path);
   size_t start = 0;
   for (size_t i = 0; i <= len; i++) {
     unsigned char c = i < len ? (unsigned char)path[i] : '/';
     if (i < len && (c < 0x20 || c == 0x7f || c == '\\' || c == ':'))
-      return servd_fail(SERVD_EFORMAT, "%s: entry \"%.*s\": byte 0x%02x not allowed in a path", what, (int)len, path, c);
+      return servd_fail(SERVD_EFORMAT, "%s: entry \"%.*s\": byte 0x%02x not allowed in a path", what, (int)len, path,
+                        c);
     if (c != '/') continue;
     size_t cl = i - start;
     bool trailing_dir = i == len && cl == 0 && len > 1; /* "dir/" names a folder */
-    if (!trailing_dir && (cl == 0 || (cl == 1 && path[start] == '.') || (cl == 2 && path[start] == '.' && path[start + 1] == '.')))
-      return servd_fail(SERVD_EFORMAT, "%s: entry \"%.*s\": empty, \".\" or \"..\" path component", what, (int)len, path);
+    if (!trailing_dir &&
+        (cl == 0 || (cl == 1 && path[start] == '.') || (cl == 2 && path[start] == '.' && path[start + 1] == '.')))
+      return servd_fail(SERVD_EFORMAT, "%s: entry \"%.*s\": empty, \".\" or \"..\" path component", what, (int)len,
+                        path);
     start = i + 1;
   }
   return 0;
@@ -198,7 +211,8 @@ int mpk_check_tensor_name(const char *what, const char *name) {
                       mpk__printable(name, n, q, sizeof q));
   for (size_t i = 0; i < n; i++) {
     char c = name[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+          c == '-'))
       return servd_fail(SERVD_EFORMAT, "%s: tensor name \"%s\": character '%c' not allowed, expected [A-Za-z0-9._-]",
                         what, mpk__printable(name, n, q, sizeof q), c >= 0x20 && c < 0x7f ? c : '?');
   }
@@ -216,15 +230,16 @@ int mpk_check_name(const char *what, const char *field, const char *s) {
     ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
   }
   if (ok) return 0;
-  return servd_fail(SERVD_EFORMAT, "%s: %s \"%s\": expected 1..64 characters of [A-Za-z0-9._-], not starting with '.'", what,
-                    field, mpk__printable(s, n, q, sizeof q));
+  return servd_fail(SERVD_EFORMAT, "%s: %s \"%s\": expected 1..64 characters of [A-Za-z0-9._-], not starting with '.'",
+                    what, field, mpk__printable(s, n, q, sizeof q));
 }
 
 void mpk__safe_name(const char *src, char *out, size_t cap) {
   size_t o = 0;
   for (const char *p = src; *p && o + 1 < cap && o < 64; p++) {
     char c = *p;
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (o == 0 && c == '.') continue;
     out[o++] = ok ? c : '-';
   }

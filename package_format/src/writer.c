@@ -58,7 +58,8 @@ static int write_all(mpk_writer *w, const void *data, size_t len) {
   while (len) {
     ssize_t k = write(w->fd, p, len > (1u << 30) ? (1u << 30) : len);
     if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return wfail(w, servd_fail(SERVD_EIO, "%s: write failed: %s", w->tmp, k < 0 ? strerror(errno) : "no progress"));
+    if (k <= 0)
+      return wfail(w, servd_fail(SERVD_EIO, "%s: write failed: %s", w->tmp, k < 0 ? strerror(errno) : "no progress"));
     p += k;
     len -= (size_t)k;
     w->pos += (uint64_t)k;
@@ -83,7 +84,10 @@ int mpk_writer_create(const char *path, mpk_writer **out) {
   w->files = json_object();
   w->tensors = json_array();
   w->sha = EVP_MD_CTX_new();
-  if (!w->tmp || !w->meta || !w->files || !w->tensors || !w->sha) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path); goto fail; }
+  if (!w->tmp || !w->meta || !w->files || !w->tensors || !w->sha) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", path);
+    goto fail;
+  }
   sprintf(w->tmp, "%s.tmp.XXXXXX", path); /* same folder: rename is atomic */
   w->fd = mkostemp(w->tmp, O_CLOEXEC);
   if (w->fd < 0) {
@@ -124,8 +128,9 @@ int mpk_writer_set(mpk_writer *w, const char *key, json_t *value) {
     return servd_fail(SERVD_EINVAL, "%s: manifest field \"%s\" is written by the writer", w->path, key);
   }
   if (!strcmp(key, "name") || !strcmp(key, "model_version")) {
-    int rc = json_is_string(value) ? mpk_check_name(w->path, key, json_string_value(value))
-                                   : servd_fail(SERVD_EFORMAT, "%s: manifest field \"%s\": expected a string", w->path, key);
+    int rc = json_is_string(value)
+                 ? mpk_check_name(w->path, key, json_string_value(value))
+                 : servd_fail(SERVD_EFORMAT, "%s: manifest field \"%s\": expected a string", w->path, key);
     if (rc) {
       json_decref(value);
       return rc;
@@ -147,7 +152,8 @@ static int begin_entry(mpk_writer *w, const char *name, uint64_t size) {
     return wfail(w, servd_fail(SERVD_EINVAL, "%s: \"manifest.json\" is written by the writer", w->path));
   if (json_object_get(w->files, name)) {
     for (size_t i = 0; i < w->n; i++)
-      if (!strcmp(w->e[i].name, name)) return wfail(w, servd_fail(SERVD_EINVAL, "%s: duplicate entry \"%s\"", w->path, name));
+      if (!strcmp(w->e[i].name, name))
+        return wfail(w, servd_fail(SERVD_EINVAL, "%s: duplicate entry \"%s\"", w->path, name));
   }
   if (w->n == w->cap) {
     size_t nc = w->cap ? 2 * w->cap : 64;
@@ -172,7 +178,7 @@ static int begin_entry(mpk_writer *w, const char *name, uint64_t size) {
   wr16(h + 8, 0);      /* stored */
   wr16(h + 10, 0);     /* 00:00, 1980-01-01: reproducible packages */
   wr16(h + 12, 0x21);
-  wr32(h + 14, 0);     /* CRC patched at the end of the entry */
+  wr32(h + 14, 0); /* CRC patched at the end of the entry */
   wr32(h + 18, z64 ? 0xFFFFFFFFu : (uint32_t)size);
   wr32(h + 22, z64 ? 0xFFFFFFFFu : (uint32_t)size);
   wr16(h + 26, (uint16_t)nlen);
@@ -194,15 +200,16 @@ static int begin_entry(mpk_writer *w, const char *name, uint64_t size) {
   w->want = size;
   w->got = 0;
   w->crc = crc32(0, NULL, 0);
-  if (EVP_DigestInit_ex(w->sha, EVP_sha256(), NULL) != 1) return wfail(w, servd_fail(SERVD_ENOMEM, "%s: sha256 init failed", w->path));
+  if (EVP_DigestInit_ex(w->sha, EVP_sha256(), NULL) != 1)
+    return wfail(w, servd_fail(SERVD_ENOMEM, "%s: sha256 init failed", w->path));
   return 0;
 }
 
 static int entry_write(mpk_writer *w, const void *data, size_t len) {
   if (!w->open || w->failed) return servd_fail(SERVD_EINVAL, "%s: no open entry", w->path);
   if (len > w->want - w->got)
-    return wfail(w, servd_fail(SERVD_EINVAL, "%s: entry \"%s\": %llu more bytes than declared", w->path, w->e[w->n - 1].name,
-                               (unsigned long long)(len - (w->want - w->got))));
+    return wfail(w, servd_fail(SERVD_EINVAL, "%s: entry \"%s\": %llu more bytes than declared", w->path,
+                               w->e[w->n - 1].name, (unsigned long long)(len - (w->want - w->got))));
   const uint8_t *p = data;
   for (size_t off = 0; off < len;) {
     size_t k = len - off > (1u << 30) ? (1u << 30) : len - off;
@@ -283,8 +290,8 @@ int mpk_writer_begin_tensor(mpk_writer *w, const char *name, servd_dtype dtype, 
   free(hdr);
   json_t *sh = json_array();
   for (int i = 0; i < ndim; i++) json_array_append_new(sh, json_integer(shape[i]));
-  w->pending_tensor = json_pack("{s:s,s:s,s:o,s:s,s:I,s:I}", "name", name, "dtype", servd_dtype_name(dtype), "shape", sh,
-                                "file", path, "offset", (json_int_t)hlen, "nbytes", (json_int_t)nbytes);
+  w->pending_tensor = json_pack("{s:s,s:s,s:o,s:s,s:I,s:I}", "name", name, "dtype", servd_dtype_name(dtype), "shape",
+                                sh, "file", path, "offset", (json_int_t)hlen, "nbytes", (json_int_t)nbytes);
   if (!w->pending_tensor) return wfail(w, servd_fail(SERVD_ENOMEM, "%s: out of memory", w->path));
   return 0;
 }
@@ -389,8 +396,15 @@ static int write_central(mpk_writer *w) {
       wr16(x, ZIP64_ID);
       wr16(x + 2, (uint16_t)(xlen - 4));
       x += 4;
-      if (zs) { wr64(x, e->size); wr64(x + 8, e->size); x += 16; }
-      if (zo) { wr64(x, e->lho); x += 8; }
+      if (zs) {
+        wr64(x, e->size);
+        wr64(x + 8, e->size);
+        x += 16;
+      }
+      if (zo) {
+        wr64(x, e->lho);
+        x += 8;
+      }
     }
     if ((rc = write_all(w, h, 46 + nlen + xlen))) return rc;
   }
@@ -404,7 +418,8 @@ int mpk_writer_finish(mpk_writer *w) {
   int rc = 0;
   char *js = NULL;
   if (w->failed || w->finished || w->open)
-    return wfail(w, servd_fail(SERVD_EINVAL, "%s: cannot finish: %s", w->path, w->open ? "an entry is still open" : "writer failed"));
+    return wfail(w, servd_fail(SERVD_EINVAL, "%s: cannot finish: %s", w->path,
+                               w->open ? "an entry is still open" : "writer failed"));
   static const char *const required[] = {"name", "model_version", "kind", "entry_point", "config"};
   for (size_t i = 0; i < sizeof required / sizeof *required; i++)
     if (!json_object_get(w->meta, required[i]))
@@ -419,10 +434,16 @@ int mpk_writer_finish(mpk_writer *w) {
   if (!js) return wfail(w, servd_fail(SERVD_ENOMEM, "%s: cannot serialize the manifest", w->path));
   w->writing_manifest = true;
   if ((rc = mpk_writer_add_file(w, "manifest.json", js, strlen(js))) || (rc = write_central(w))) goto fail;
-  if (fsync(w->fd) != 0) { rc = wfail(w, servd_fail(SERVD_EIO, "%s: fsync failed: %s", w->tmp, strerror(errno))); goto fail; }
+  if (fsync(w->fd) != 0) {
+    rc = wfail(w, servd_fail(SERVD_EIO, "%s: fsync failed: %s", w->tmp, strerror(errno)));
+    goto fail;
+  }
   close(w->fd);
   w->fd = -1;
-  if (rename(w->tmp, w->path) != 0) { rc = wfail(w, servd_fail(SERVD_EIO, "%s: rename from %s failed: %s", w->path, w->tmp, strerror(errno))); goto fail; }
+  if (rename(w->tmp, w->path) != 0) {
+    rc = wfail(w, servd_fail(SERVD_EIO, "%s: rename from %s failed: %s", w->path, w->tmp, strerror(errno)));
+    goto fail;
+  }
   w->finished = true;
   /* Make the rename durable. */
   char *dcopy = strdup(w->path);

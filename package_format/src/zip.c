@@ -30,7 +30,8 @@ static int read_zip64(const char *what, const char *name, const uint8_t *extra, 
   size_t i = 0;
   while (i + 4 <= elen) {
     uint16_t id = rd16(extra + i), sz = rd16(extra + i + 2);
-    if (i + 4 + sz > elen) return servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": extra field runs past its length", what, name);
+    if (i + 4 + sz > elen)
+      return servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": extra field runs past its length", what, name);
     if (id == 0x0001) {
       const uint8_t *p = extra + i + 4;
       size_t left = sz;
@@ -68,8 +69,8 @@ static int check_mode(const char *what, const mpk_zip_entry *en, unsigned host, 
   else if (type == 0040000u && !en->is_dir) bad = "a folder with content";
   else if (type == 0100000u && en->is_dir) bad = "a regular file named like a folder";
   if (!bad) return 0;
-  return servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": mode 0%o is %s, expected a regular file or an empty folder", what, en->name,
-                    mode, bad);
+  return servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": mode 0%o is %s, expected a regular file or an empty folder", what,
+                    en->name, mode, bad);
 }
 
 int mpk__zip_find(const mpk_zip *z, const char *name) {
@@ -107,12 +108,14 @@ int mpk__zip_parse(const char *what, const uint8_t *buf, size_t len, mpk_zip *z)
       break;
     }
   }
-  if (eocd == SIZE_MAX) return servd_fail(SERVD_EFORMAT, "%s: no zip end-of-central-directory record (truncated or not a zip)", what);
+  if (eocd == SIZE_MAX)
+    return servd_fail(SERVD_EFORMAT, "%s: no zip end-of-central-directory record (truncated or not a zip)", what);
   const uint8_t *e = buf + eocd;
   if (rd16(e + 4) != 0 || rd16(e + 6) != 0)
     return servd_fail(SERVD_EFORMAT, "%s: end record: multi-disk archives are not supported", what);
   uint64_t n = rd16(e + 10), cd_size = rd32(e + 12), cd_off = rd32(e + 16);
-  if (rd16(e + 8) != rd16(e + 10)) return servd_fail(SERVD_EFORMAT, "%s: end record: entries on disk != total entries", what);
+  if (rd16(e + 8) != rd16(e + 10))
+    return servd_fail(SERVD_EFORMAT, "%s: end record: entries on disk != total entries", what);
   uint64_t cd_end_limit = eocd; /* the central directory ends where the end records start */
   if (n == 0xFFFF || cd_size == 0xFFFFFFFFu || cd_off == 0xFFFFFFFFu) {
     if (eocd < 20 || rd32(buf + eocd - 20) != SIG_LOC64)
@@ -140,38 +143,53 @@ int mpk__zip_parse(const char *what, const uint8_t *buf, size_t len, mpk_zip *z)
   z->e = calloc(n ? n : 1, sizeof *z->e);
   z->by_name = calloc(n ? n : 1, sizeof *z->by_name);
   order = calloc(n ? n : 1, sizeof *order);
-  if (!z->e || !z->by_name || !order) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what); goto fail; }
+  if (!z->e || !z->by_name || !order) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what);
+    goto fail;
+  }
 
   uint64_t p = cd_off;
   for (uint64_t i = 0; i < n; i++) {
     if (cd_end - p < 46 || rd32(buf + p) != SIG_CENTRAL) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: central directory entry %llu: bad signature or truncated", what, (unsigned long long)i);
+      rc = servd_fail(SERVD_EFORMAT, "%s: central directory entry %llu: bad signature or truncated", what,
+                      (unsigned long long)i);
       goto fail;
     }
     const uint8_t *c = buf + p;
     uint16_t flags = rd16(c + 8), method = rd16(c + 10), nlen = rd16(c + 28), elen = rd16(c + 30), clen = rd16(c + 32);
     if (cd_end - p - 46 < (uint64_t)nlen + elen + clen) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: central directory entry %llu: name/extra/comment run past the directory", what,
-                      (unsigned long long)i);
+      rc = servd_fail(SERVD_EFORMAT, "%s: central directory entry %llu: name/extra/comment run past the directory",
+                      what, (unsigned long long)i);
       goto fail;
     }
     mpk_zip_entry *en = &z->e[i];
     en->name = malloc((size_t)nlen + 1);
-    if (!en->name) { rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what); goto fail; }
+    if (!en->name) {
+      rc = servd_fail(SERVD_ENOMEM, "%s: out of memory", what);
+      goto fail;
+    }
     memcpy(en->name, c + 46, nlen);
     en->name[nlen] = 0;
     z->n = i + 1;
-    if (memchr(c + 46, 0, nlen)) { rc = servd_fail(SERVD_EFORMAT, "%s: entry %llu: NUL byte in name", what, (unsigned long long)i); goto fail; }
+    if (memchr(c + 46, 0, nlen)) {
+      rc = servd_fail(SERVD_EFORMAT, "%s: entry %llu: NUL byte in name", what, (unsigned long long)i);
+      goto fail;
+    }
     if ((rc = mpk_check_entry_path(what, en->name, nlen))) goto fail;
     if (flags & (1u | 8u | 64u)) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": flags 0x%x, expected no encryption and no data descriptor", what, en->name, flags);
+      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": flags 0x%x, expected no encryption and no data descriptor",
+                      what, en->name, flags);
       goto fail;
     }
     if (method != 0 && method != 8) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": compression method %u, expected 0 (stored) or 8 (deflate)", what, en->name, method);
+      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": compression method %u, expected 0 (stored) or 8 (deflate)",
+                      what, en->name, method);
       goto fail;
     }
-    if (rd16(c + 34) != 0) { rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": on another disk", what, en->name); goto fail; }
+    if (rd16(c + 34) != 0) {
+      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": on another disk", what, en->name);
+      goto fail;
+    }
     en->method = method;
     en->crc = rd32(c + 16);
     en->csize = rd32(c + 20);
@@ -192,33 +210,41 @@ int mpk__zip_parse(const char *what, const uint8_t *buf, size_t len, mpk_zip *z)
     /* The local header must agree with the central directory. */
     uint64_t lh = en->lho;
     if (lh >= cd_off || cd_off - lh < 30 || rd32(buf + lh) != SIG_LOCAL) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": local header at %llu: bad signature or outside [0, %llu)", what, en->name,
-                      (unsigned long long)lh, (unsigned long long)cd_off);
+      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": local header at %llu: bad signature or outside [0, %llu)", what,
+                      en->name, (unsigned long long)lh, (unsigned long long)cd_off);
       goto fail;
     }
     const uint8_t *l = buf + lh;
     uint16_t lnlen = rd16(l + 26), lelen = rd16(l + 28);
     if (cd_off - lh - 30 < (uint64_t)lnlen + lelen || lnlen != nlen || memcmp(l + 30, c + 46, nlen) != 0) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": local header name differs from the central directory", what, en->name);
+      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": local header name differs from the central directory", what,
+                      en->name);
       goto fail;
     }
     uint64_t lcs = rd32(l + 18), lus = rd32(l + 22);
     if ((rc = read_zip64(what, en->name, l + 30 + lnlen, lelen, &lus, &lcs, NULL))) goto fail;
-    if (rd16(l + 6) != flags || rd16(l + 8) != method || rd32(l + 14) != en->crc || lcs != en->csize || lus != en->usize) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": local header flags/method/crc/sizes differ from the central directory",
-                      what, en->name);
+    if (rd16(l + 6) != flags || rd16(l + 8) != method || rd32(l + 14) != en->crc || lcs != en->csize ||
+        lus != en->usize) {
+      rc = servd_fail(SERVD_EFORMAT,
+                      "%s: entry \"%s\": local header flags/method/crc/sizes differ from the central directory", what,
+                      en->name);
       goto fail;
     }
     en->data = lh + 30 + lnlen + lelen;
     uint64_t dend;
     if (!mpk__add(en->data, en->csize, &dend) || dend > cd_off) {
-      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": data [%llu, +%llu) runs past the central directory at %llu", what,
-                      en->name, (unsigned long long)en->data, (unsigned long long)en->csize, (unsigned long long)cd_off);
+      rc = servd_fail(SERVD_EFORMAT, "%s: entry \"%s\": data [%llu, +%llu) runs past the central directory at %llu",
+                      what, en->name, (unsigned long long)en->data, (unsigned long long)en->csize,
+                      (unsigned long long)cd_off);
       goto fail;
     }
     p += 46 + (uint64_t)nlen + elen + clen;
   }
-  if (p != cd_end) { rc = servd_fail(SERVD_EFORMAT, "%s: central directory has %llu trailing bytes", what, (unsigned long long)(cd_end - p)); goto fail; }
+  if (p != cd_end) {
+    rc = servd_fail(SERVD_EFORMAT, "%s: central directory has %llu trailing bytes", what,
+                    (unsigned long long)(cd_end - p));
+    goto fail;
+  }
 
   for (size_t i = 0; i < z->n; i++) z->by_name[i] = order[i] = i;
   qsort_r(z->by_name, z->n, sizeof *z->by_name, cmp_name, z);
@@ -241,8 +267,8 @@ int mpk__zip_parse(const char *what, const uint8_t *buf, size_t len, mpk_zip *z)
     expect = en->data + en->csize;
   }
   if (expect != cd_off) {
-    rc = servd_fail(SERVD_EFORMAT, "%s: %llu bytes between the last entry and the central directory, expected none", what,
-                    (unsigned long long)(cd_off - expect));
+    rc = servd_fail(SERVD_EFORMAT, "%s: %llu bytes between the last entry and the central directory, expected none",
+                    what, (unsigned long long)(cd_off - expect));
     goto fail;
   }
   free(order);

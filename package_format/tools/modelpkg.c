@@ -26,11 +26,13 @@
 
 static int usage(void) {
   fprintf(stderr,
-          "usage: modelpkg pack SRC -o OUT.mpk [--name N] [--model-version V] [--code DIR] [--entry-point MODULE:CALLABLE]\n"
+          "usage: modelpkg pack SRC -o OUT.mpk [--name N] [--model-version V] [--code DIR] [--entry-point "
+          "MODULE:CALLABLE]\n"
           "                     [--dtype f32|bf16|f16|q8_0|q4_0] [--convert-all] [--quiet]\n"
           "         SRC: a Hugging Face model folder or a GGUF file (llama)\n"
           "       modelpkg pack --kind generic --code DIR --entry-point MODULE:CALLABLE -o OUT.mpk\n"
-          "                     [--weights FILE.safetensors]... [--config CONFIG.json] [--name N] [--model-version V] [--quiet]\n"
+          "                     [--weights FILE.safetensors]... [--config CONFIG.json] [--name N] [--model-version V] "
+          "[--quiet]\n"
           "         a model with predict(inputs) -> outputs; MODULE starts with DIR's name (DIR goes under code/);\n"
           "         tensors F32/F16/BF16, names unique across files; CONFIG: a JSON object (default {})\n"
           "       modelpkg inspect PKG [--json]\n"
@@ -51,7 +53,9 @@ static int fail(void) {
   return 1;
 }
 
-typedef struct bar { double t0, last; } bar;
+typedef struct bar {
+  double t0, last;
+} bar;
 
 static double now(void) {
   struct timespec ts;
@@ -70,8 +74,8 @@ static void progress(void *ctx, uint64_t done, uint64_t total) {
   for (int i = 0; i < w; i++) s[i] = i < fill ? '#' : '.';
   s[w] = 0;
   double el = t - b->t0;
-  fprintf(stderr, "\r[%s] %3d%% %8.1f / %.1f MB  %6.0f MB/s", s, (int)(frac * 100), (double)done / 1e6, (double)total / 1e6,
-          el > 0 ? (double)done / 1e6 / el : 0.0);
+  fprintf(stderr, "\r[%s] %3d%% %8.1f / %.1f MB  %6.0f MB/s", s, (int)(frac * 100), (double)done / 1e6,
+          (double)total / 1e6, el > 0 ? (double)done / 1e6 / el : 0.0);
   if (done >= total) fputc('\n', stderr);
 }
 
@@ -131,28 +135,56 @@ static int cmd_pack(int argc, char **argv) {
     } else if (!strcmp(a, "--convert-all")) o.convert_all = dtype_set = true;
     else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) quiet = true;
     else if (a[0] != '-' && !src) src = a;
-    else { rc = usage(); goto done; }
+    else {
+      rc = usage();
+      goto done;
+    }
   }
   bool generic = !strcmp(kind, "generic");
-  if (!generic && strcmp(kind, "causal-lm")) { rc = usage_line("--kind: expected causal-lm or generic"); goto done; }
-  if (!out) { rc = usage_line("-o OUT.mpk is required"); goto done; }
+  if (!generic && strcmp(kind, "causal-lm")) {
+    rc = usage_line("--kind: expected causal-lm or generic");
+    goto done;
+  }
+  if (!out) {
+    rc = usage_line("-o OUT.mpk is required");
+    goto done;
+  }
   if (generic) {
-    if (src) { rc = usage_line("--kind generic takes no SRC (use --code, --weights, --config)"); goto done; }
-    if (!o.code_dir) { rc = usage_line("--kind generic needs --code DIR"); goto done; }
-    if (!o.entry_point) { rc = usage_line("--kind generic needs --entry-point MODULE:CALLABLE"); goto done; }
-    if (dtype_set) { rc = usage_line("--dtype and --convert-all apply to causal-lm sources only"); goto done; }
+    if (src) {
+      rc = usage_line("--kind generic takes no SRC (use --code, --weights, --config)");
+      goto done;
+    }
+    if (!o.code_dir) {
+      rc = usage_line("--kind generic needs --code DIR");
+      goto done;
+    }
+    if (!o.entry_point) {
+      rc = usage_line("--kind generic needs --entry-point MODULE:CALLABLE");
+      goto done;
+    }
+    if (dtype_set) {
+      rc = usage_line("--dtype and --convert-all apply to causal-lm sources only");
+      goto done;
+    }
   } else {
-    if (!src) { rc = usage(); goto done; }
-    if (nw || config) { rc = usage_line("--weights and --config apply to --kind generic only"); goto done; }
+    if (!src) {
+      rc = usage();
+      goto done;
+    }
+    if (nw || config) {
+      rc = usage_line("--weights and --config apply to --kind generic only");
+      goto done;
+    }
   }
   bar b;
   progress_start(&b, quiet, &o);
   struct stat st;
   if (generic) rc = mpk_pack_generic(weights, nw, config, out, &o);
   else if (stat(src, &st) != 0) rc = servd_fail(SERVD_EIO, "%s: %s", src, strerror(errno));
-  else rc = S_ISDIR(st.st_mode) ? mpk_pack_hf(src, out, &o)
-            : is_gguf(src)      ? mpk_pack_gguf(src, out, &o)
-                                : servd_fail(SERVD_EFORMAT, "%s: expected a Hugging Face model folder or a GGUF file", src);
+  else
+    rc = S_ISDIR(st.st_mode) ? mpk_pack_hf(src, out, &o)
+         : is_gguf(src)      ? mpk_pack_gguf(src, out, &o)
+                        : servd_fail(SERVD_EFORMAT, "%s: expected a Hugging Face model folder or a GGUF file", src);
   if (rc) {
     rc = fail();
     goto done;
@@ -169,7 +201,8 @@ done:
 static void fmt_shape(const mpk_tensor_info *t, char *s, size_t cap) {
   size_t l = 0;
   l += (size_t)snprintf(s + l, cap - l, "(");
-  for (int d = 0; d < t->ndim; d++) l += (size_t)snprintf(s + l, cap - l, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+  for (int d = 0; d < t->ndim; d++)
+    l += (size_t)snprintf(s + l, cap - l, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
   snprintf(s + l, cap - l, ")");
 }
 
@@ -207,11 +240,13 @@ static int cmd_inspect(int argc, char **argv) {
   for (int i = 0; i < mpk_file_count(p); i++) {
     mpk_file_info f;
     mpk_file_info_at(p, i, &f);
-    if (!strncmp(f.path, "code/", 5)) { code += f.size; ncode++; }
-    else if (strncmp(f.path, "weights/", 8)) other += f.size;
+    if (!strncmp(f.path, "code/", 5)) {
+      code += f.size;
+      ncode++;
+    } else if (strncmp(f.path, "weights/", 8)) other += f.size;
   }
-  printf("files          %d entries: %d code files (%llu bytes), other non-weight files %llu bytes\n", mpk_file_count(p), ncode,
-         (unsigned long long)code, (unsigned long long)other);
+  printf("files          %d entries: %d code files (%llu bytes), other non-weight files %llu bytes\n",
+         mpk_file_count(p), ncode, (unsigned long long)code, (unsigned long long)other);
   printf("\n%-48s %-6s %-16s %12s\n", "tensor", "dtype", "shape", "bytes");
   uint64_t tot = 0, params = 0, by_dtype[SERVD_DTYPE_COUNT] = {0};
   int cnt[SERVD_DTYPE_COUNT] = {0};
@@ -228,10 +263,12 @@ static int cmd_inspect(int argc, char **argv) {
     by_dtype[t.dtype] += t.nbytes;
     cnt[t.dtype]++;
   }
-  printf("\ntotal          %d tensors, %llu parameters, %llu bytes (%.1f MB)\n", mpk_tensor_count(p), (unsigned long long)params,
-         (unsigned long long)tot, (double)tot / 1e6);
+  printf("\ntotal          %d tensors, %llu parameters, %llu bytes (%.1f MB)\n", mpk_tensor_count(p),
+         (unsigned long long)params, (unsigned long long)tot, (double)tot / 1e6);
   for (int d = 0; d < SERVD_DTYPE_COUNT; d++)
-    if (cnt[d]) printf("  %-6s       %d tensors, %llu bytes\n", servd_dtype_name((servd_dtype)d), cnt[d], (unsigned long long)by_dtype[d]);
+    if (cnt[d])
+      printf("  %-6s       %d tensors, %llu bytes\n", servd_dtype_name((servd_dtype)d), cnt[d],
+             (unsigned long long)by_dtype[d]);
   mpk_close(p);
   return 0;
 }
@@ -256,9 +293,9 @@ static int cmd_verify(int argc, char **argv) {
   } else if (mpk_verify(p) || (keys && mpk_signature_check(p, keys, &signer))) {
     rc = fail();
   } else {
-    printf("%s: OK (%d entries, %d tensors, %llu bytes: schema, alignment, CRC-32 and SHA-256 hold%s%s) in %.2f s\n", pkg,
-           mpk_file_count(p), mpk_tensor_count(p), (unsigned long long)mpk_size(p), signer ? "; Ed25519 signature by " : "",
-           signer ? signer : "", now() - t0);
+    printf("%s: OK (%d entries, %d tensors, %llu bytes: schema, alignment, CRC-32 and SHA-256 hold%s%s) in %.2f s\n",
+           pkg, mpk_file_count(p), mpk_tensor_count(p), (unsigned long long)mpk_size(p),
+           signer ? "; Ed25519 signature by " : "", signer ? signer : "", now() - t0);
   }
   mpk_close(p);
   mpk_keyring_free(keys);
@@ -317,7 +354,8 @@ static int cmd_list(int argc, char **argv) {
   for (int i = 0; i < mpk_file_count(p); i++) {
     mpk_file_info f;
     mpk_file_info_at(p, i, &f);
-    printf("%12llu %12llu %-8s %s\n", (unsigned long long)f.offset, (unsigned long long)f.size, f.method ? "deflate" : "stored", f.path);
+    printf("%12llu %12llu %-8s %s\n", (unsigned long long)f.offset, (unsigned long long)f.size,
+           f.method ? "deflate" : "stored", f.path);
   }
   mpk_close(p);
   return 0;
@@ -368,8 +406,9 @@ static int cmd_synth(int argc, char **argv) {
   bar b;
   progress_start(&b, quiet, &o);
   if (mpk_synth(cfg, seed, dt, hf, out, &o)) return fail();
-  if (!quiet) printf("synthesized %s (%s, seed %llu)%s%s%s%s in %.2f s\n", cfg, servd_dtype_name(dt), (unsigned long long)seed,
-                     hf ? " folder " : "", hf ? hf : "", out ? " package " : "", out ? out : "", now() - b.t0);
+  if (!quiet)
+    printf("synthesized %s (%s, seed %llu)%s%s%s%s in %.2f s\n", cfg, servd_dtype_name(dt), (unsigned long long)seed,
+           hf ? " folder " : "", hf ? hf : "", out ? " package " : "", out ? out : "", now() - b.t0);
   return 0;
 }
 

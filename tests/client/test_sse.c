@@ -131,7 +131,8 @@ int main(void) {
       cmocka_unit_test(test_crlf_comments_and_fields),
       cmocka_unit_test(test_multiline_data_and_bare_cr),
       cmocka_unit_test(test_line_too_long),
-      cmocka_unit_test(test_chunk_completions), cmocka_unit_test(test_chunk_nul_text),
+      cmocka_unit_test(test_chunk_completions),
+      cmocka_unit_test(test_chunk_nul_text),
       cmocka_unit_test(test_chunk_chat_role_usage_error),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -24,10 +24,10 @@ static void test_f16(void **state) {
   assert_int_equal(servd_f32_to_f16(65519.0f), 0x7bff); /* below the midpoint to 65536 */
   assert_int_equal(servd_f32_to_f16(65520.0f), 0x7c00); /* ties to even: inf */
   assert_int_equal(servd_f32_to_f16(INFINITY), 0x7c00);
-  assert_int_equal(servd_f32_to_f16(ldexpf(1, -24)), 0x0001); /* smallest subnormal */
-  assert_int_equal(servd_f32_to_f16(ldexpf(1, -25)), 0x0000); /* tie to even: 0 */
-  assert_int_equal(servd_f32_to_f16(ldexpf(3, -25)), 0x0002); /* 1.5 units: tie to even 2 */
-  assert_int_equal(servd_f32_to_f16(ldexpf(1, -14)), 0x0400); /* smallest normal */
+  assert_int_equal(servd_f32_to_f16(ldexpf(1, -24)), 0x0001);        /* smallest subnormal */
+  assert_int_equal(servd_f32_to_f16(ldexpf(1, -25)), 0x0000);        /* tie to even: 0 */
+  assert_int_equal(servd_f32_to_f16(ldexpf(3, -25)), 0x0002);        /* 1.5 units: tie to even 2 */
+  assert_int_equal(servd_f32_to_f16(ldexpf(1, -14)), 0x0400);        /* smallest normal */
   assert_int_equal(servd_f32_to_f16(1.0f + ldexpf(1, -11)), 0x3c00); /* tie: even */
   assert_int_equal(servd_f32_to_f16(1.0f + ldexpf(3, -11)), 0x3c02); /* tie: up to even */
   assert_true(isnan(servd_f16_to_f32(servd_f32_to_f16(NAN))));
@@ -144,7 +144,9 @@ static void test_round_trip_bounds(void **state) {
         case SERVD_F16: tol = fabsf(v) * 0x1p-11f + 0x1p-25f; break; /* subnormals: absolute */
         default: tol = fabsf(v) * 0x1p-8f; break;
         }
-        if (!(e <= tol)) print_message("dtype %d block %d j %d x %g y %g tol %g\n", (int)ts[t], b, j, (double)v, (double)y[b * 32 + j], (double)tol);
+        if (!(e <= tol))
+          print_message("dtype %d block %d j %d x %g y %g tol %g\n", (int)ts[t], b, j, (double)v, (double)y[b * 32 + j],
+                        (double)tol);
         assert_true(e <= tol);
       }
     }
@@ -160,8 +162,11 @@ static void test_round_trip_bounds(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_f16), cmocka_unit_test(test_bf16), cmocka_unit_test(test_dequant_handmade),
-      cmocka_unit_test(test_quantize_handmade), cmocka_unit_test(test_round_trip_bounds),
+      cmocka_unit_test(test_f16),
+      cmocka_unit_test(test_bf16),
+      cmocka_unit_test(test_dequant_handmade),
+      cmocka_unit_test(test_quantize_handmade),
+      cmocka_unit_test(test_round_trip_bounds),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,8 +12,12 @@
 
 static void test_dtypes(void **state) {
   (void)state;
-  static const struct { const char *name; size_t be, bb; } want[] = {
-      {"f32", 1, 4}, {"f16", 1, 2}, {"bf16", 1, 2}, {"i32", 1, 4}, {"q8_0", 32, 34}, {"q4_0", 32, 18}, {"q4_1", 32, 20}, {"q4_k", 256, 144}, {"q6_k", 256, 210}, {"q5_k", 256, 176}, {"q5_0", 32, 22}, {"q5_1", 32, 24}};
+  static const struct {
+    const char *name;
+    size_t be, bb;
+  } want[] = {{"f32", 1, 4},      {"f16", 1, 2},      {"bf16", 1, 2},   {"i32", 1, 4},
+              {"q8_0", 32, 34},   {"q4_0", 32, 18},   {"q4_1", 32, 20}, {"q4_k", 256, 144},
+              {"q6_k", 256, 210}, {"q5_k", 256, 176}, {"q5_0", 32, 22}, {"q5_1", 32, 24}};
   for (int t = 0; t < SERVD_DTYPE_COUNT; t++) {
     servd_dtype d;
     assert_string_equal(servd_dtype_name((servd_dtype)t), want[t].name);
@@ -159,9 +163,9 @@ static void test_fail_wraps_last_error(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fail_wraps_last_error),
-      cmocka_unit_test(test_dtypes), cmocka_unit_test(test_new_and_strides), cmocka_unit_test(test_wrap_and_refcounts),
-      cmocka_unit_test(test_atomic_refcounts), cmocka_unit_test(test_views),
+      cmocka_unit_test(test_fail_wraps_last_error), cmocka_unit_test(test_dtypes),
+      cmocka_unit_test(test_new_and_strides),       cmocka_unit_test(test_wrap_and_refcounts),
+      cmocka_unit_test(test_atomic_refcounts),      cmocka_unit_test(test_views),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

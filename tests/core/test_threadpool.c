@@ -22,7 +22,7 @@
 
 int servd__threadpool_queued(void); /* threadpool.c, for tests: callers waiting for the turn */
 
-static int pool_size = POOL;       /* the size the running test set up */
+static int pool_size = POOL; /* the size the running test set up */
 static atomic_int running, max_running;
 static atomic_int slot_busy[POOL]; /* a body inside slot i */
 static atomic_int overlap_errors;  /* two bodies in one slot at once */
@@ -35,8 +35,7 @@ static void relax(void) {
 /* Instrumentation around every counted body: how many run at once, and whether a slot is shared. */
 static int enter(int thread) {
   int r = atomic_fetch_add(&running, 1) + 1, m = atomic_load(&max_running);
-  while (r > m && !atomic_compare_exchange_weak(&max_running, &m, r)) {
-  }
+  while (r > m && !atomic_compare_exchange_weak(&max_running, &m, r)) {}
   if (thread < 0 || thread >= pool_size) return 0;
   if (atomic_exchange(&slot_busy[thread], 1)) atomic_fetch_add(&overlap_errors, 1);
   return 1;

@@ -52,14 +52,11 @@ static void assert_meets(void) {
   assert_true(atomic_load(&m.threads[0]) && atomic_load(&m.threads[1])); /* two slots, one each */
 }
 
-static void nothing(void *ctx, int64_t b, int64_t e, int thread) {
-  (void)ctx, (void)b, (void)e, (void)thread;
-}
+static void nothing(void *ctx, int64_t b, int64_t e, int thread) { (void)ctx, (void)b, (void)e, (void)thread; }
 
 static void busy_ns(long ns) {
   const long end = now_ns() + ns;
-  while (now_ns() < end) {
-  }
+  while (now_ns() < end) {}
 }
 
 static int setup_pool(void **state) {

@@ -49,12 +49,11 @@ static void test_defaults(void **state) {
   servd_config_free(&c);
 }
 
-
 static void test_gpu_flags(void **state) {
   (void)state;
   servd_config c;
-  assert_int_equal(PARSE(&c, "--gpus", "2", "--gpu-memory-fraction", "0.5", "--cuda-graphs", "off",
-                         "--cuda-graph-max-batch=8"), 0);
+  assert_int_equal(
+      PARSE(&c, "--gpus", "2", "--gpu-memory-fraction", "0.5", "--cuda-graphs", "off", "--cuda-graph-max-batch=8"), 0);
   assert_int_equal(c.gpus, 2);
   assert_int_equal(c.tp, 2); /* defaults to the GPUs */
   assert_true(c.gpu_memory_fraction == 0.5);
@@ -116,8 +115,11 @@ static int parse_file(servd_config *c, const char *json, const char *const *extr
 static void test_config_file(void **state) {
   (void)state;
   servd_config c;
-  assert_int_equal(parse_file(&c, "{\"gpus\": 2, \"gpu_memory_fraction\": 0.8, \"cuda_graphs\": false, "
-                                  "\"cuda_graph_max_batch\": 32}", NULL), 0);
+  assert_int_equal(parse_file(&c,
+                              "{\"gpus\": 2, \"gpu_memory_fraction\": 0.8, \"cuda_graphs\": false, "
+                              "\"cuda_graph_max_batch\": 32}",
+                              NULL),
+                   0);
   assert_int_equal(c.gpus, 2);
   assert_int_equal(c.tp, 2);
   assert_true(c.gpu_memory_fraction == 0.8);
@@ -127,7 +129,8 @@ static void test_config_file(void **state) {
 
   /* "on"/"off" as on the command line; flags win over the file. */
   assert_int_equal(parse_file(&c, "{\"cuda_graphs\": \"off\", \"gpu_memory_fraction\": 0.8}",
-                              (const char *const[]){"--cuda-graphs", "on", "--gpu-memory-fraction", "0.7", NULL}), 0);
+                              (const char *const[]){"--cuda-graphs", "on", "--gpu-memory-fraction", "0.7", NULL}),
+                   0);
   assert_true(c.cuda_graphs);
   assert_true(c.gpu_memory_fraction == 0.7);
   servd_config_free(&c);
@@ -158,8 +161,9 @@ static void test_config_file(void **state) {
 static void test_model_options(void **state) {
   (void)state;
   servd_config c;
-  assert_int_equal(PARSE(&c, "--gpus", "2", "--gpu-memory-fraction", "0.6", "--cuda-graph-max-batch", "16",
-                         "--model", "/x/m.mpk:m"), 0);
+  assert_int_equal(
+      PARSE(&c, "--gpus", "2", "--gpu-memory-fraction", "0.6", "--cuda-graph-max-batch", "16", "--model", "/x/m.mpk:m"),
+      0);
   servd_model_options o;
   servd_config_model_options(&c, 0, &o);
   assert_int_equal(o.gpus, 2);
@@ -230,24 +234,28 @@ static void test_isolation(void **state) {
   assert_int_equal(o.isolation, SERVD_ISOLATION_PROCESS);
   servd_config_free(&c);
   const char *const extra[] = {"--isolation", "process", NULL};
-  assert_int_equal(parse_file(&c, "{\"models\": [{\"path\": \"/a.mpk\", \"isolation\": \"process\"}, "
-                                  "{\"path\": \"/b.mpk\"}, {\"path\": \"/c.mpk\", \"isolation\": \"none\"}]}",
-                              NULL), 0);
+  assert_int_equal(parse_file(&c,
+                              "{\"models\": [{\"path\": \"/a.mpk\", \"isolation\": \"process\"}, "
+                              "{\"path\": \"/b.mpk\"}, {\"path\": \"/c.mpk\", \"isolation\": \"none\"}]}",
+                              NULL),
+                   0);
   servd_config_model_options(&c, 0, &o);
   assert_int_equal(o.isolation, SERVD_ISOLATION_PROCESS);
   servd_config_model_options(&c, 1, &o);
   assert_int_equal(o.isolation, SERVD_ISOLATION_NONE);
   servd_config_free(&c);
-  assert_int_equal(parse_file(&c, "{\"models\": [{\"path\": \"/c.mpk\", \"isolation\": \"none\"}, "
-                                  "{\"path\": \"/b.mpk\"}]}", extra), 0);
+  assert_int_equal(parse_file(&c,
+                              "{\"models\": [{\"path\": \"/c.mpk\", \"isolation\": \"none\"}, "
+                              "{\"path\": \"/b.mpk\"}]}",
+                              extra),
+                   0);
   servd_config_model_options(&c, 0, &o);
   assert_int_equal(o.isolation, SERVD_ISOLATION_NONE);
   servd_config_model_options(&c, 1, &o);
   assert_int_equal(o.isolation, SERVD_ISOLATION_PROCESS);
   servd_config_free(&c);
   EXPECT_ERROR("expected none or process", "--isolation", "container");
-  assert_int_equal(parse_file(&c, "{\"models\": [{\"path\": \"/a.mpk\", \"isolation\": \"vm\"}]}", NULL),
-                   SERVD_EINVAL);
+  assert_int_equal(parse_file(&c, "{\"models\": [{\"path\": \"/a.mpk\", \"isolation\": \"vm\"}]}", NULL), SERVD_EINVAL);
   assert_non_null(strstr(servd_last_error(), "models[0].isolation"));
   servd_config_free(&c);
 }
@@ -319,11 +327,11 @@ static void test_max_step_ms(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_defaults),        cmocka_unit_test(test_gpu_flags),
-      cmocka_unit_test(test_step_timeout),    cmocka_unit_test(test_isolation),
-      cmocka_unit_test(test_bad_flags),       cmocka_unit_test(test_config_file),
-      cmocka_unit_test(test_model_options),   cmocka_unit_test(test_help_mentions_gpu_flags),
-      cmocka_unit_test(test_prefix_cache),    cmocka_unit_test(test_max_step_ms),
+      cmocka_unit_test(test_defaults),      cmocka_unit_test(test_gpu_flags),
+      cmocka_unit_test(test_step_timeout),  cmocka_unit_test(test_isolation),
+      cmocka_unit_test(test_bad_flags),     cmocka_unit_test(test_config_file),
+      cmocka_unit_test(test_model_options), cmocka_unit_test(test_help_mentions_gpu_flags),
+      cmocka_unit_test(test_prefix_cache),  cmocka_unit_test(test_max_step_ms),
       cmocka_unit_test(test_max_model_len),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,8 +12,14 @@
 
 static servd_gpu_kv_in two_ranks(const size_t *free_b) {
   /* rank 0: 10 GB free, rank 1: 8 GB; blocks of 1 MB; a context is 128 blocks of 16 tokens */
-  servd_gpu_kv_in in = {.free_bytes = free_b, .n_ranks = 2, .fraction = 0.5, .per_block = 1000000,
-                        .block_size = 16, .ctx_blocks = 128, .max_seqs = 4, .kv_blocks = 0};
+  servd_gpu_kv_in in = {.free_bytes = free_b,
+                        .n_ranks = 2,
+                        .fraction = 0.5,
+                        .per_block = 1000000,
+                        .block_size = 16,
+                        .ctx_blocks = 128,
+                        .max_seqs = 4,
+                        .kv_blocks = 0};
   return in;
 }
 
@@ -69,15 +75,21 @@ static void test_too_small(void **state) {
 static void test_reserve(void **state) {
   (void)state;
   const size_t free_b[1] = {10000000000u};
-  servd_gpu_kv_in in = {.free_bytes = free_b, .n_ranks = 1, .fraction = 1, .per_block = 1000000, .block_size = 16,
-                        .ctx_blocks = 128, .max_seqs = 1000, .reserve = 1000000000u};
+  servd_gpu_kv_in in = {.free_bytes = free_b,
+                        .n_ranks = 1,
+                        .fraction = 1,
+                        .per_block = 1000000,
+                        .block_size = 16,
+                        .ctx_blocks = 128,
+                        .max_seqs = 1000,
+                        .reserve = 1000000000u};
   int blocks = 0;
   const char *why = NULL;
   assert_int_equal(servd_gpu_kv_plan(&in, &blocks, &why), 0);
   assert_int_equal(blocks, 9000); /* 10 GB - 1 GB */
   in.fraction = 0.5;
   assert_int_equal(servd_gpu_kv_plan(&in, &blocks, &why), 0);
-  assert_int_equal(blocks, 5000); /* 5 GB leave more than the reserve */
+  assert_int_equal(blocks, 5000);      /* 5 GB leave more than the reserve */
   const size_t tiny[1] = {900000000u}; /* less than the reserve: nothing fits */
   in.free_bytes = tiny;
   in.fraction = 1;
@@ -88,8 +100,13 @@ static void test_limits(void **state) {
   (void)state;
   /* a cache so large its slots would overflow i32: capped at INT32_MAX / block_size blocks */
   const size_t free_b[1] = {(size_t)1 << 40};
-  servd_gpu_kv_in in = {.free_bytes = free_b, .n_ranks = 1, .fraction = 1, .per_block = 1, .block_size = 16,
-                        .ctx_blocks = 1 << 20, .max_seqs = 4096};
+  servd_gpu_kv_in in = {.free_bytes = free_b,
+                        .n_ranks = 1,
+                        .fraction = 1,
+                        .per_block = 1,
+                        .block_size = 16,
+                        .ctx_blocks = 1 << 20,
+                        .max_seqs = 4096};
   int blocks = 0;
   const char *why = NULL;
   assert_int_equal(servd_gpu_kv_plan(&in, &blocks, &why), 0);
@@ -107,7 +124,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
       cmocka_unit_test(test_too_small),
-      cmocka_unit_test(test_limits), cmocka_unit_test(test_reserve),
+      cmocka_unit_test(test_limits),
+      cmocka_unit_test(test_reserve),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

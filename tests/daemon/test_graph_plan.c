@@ -38,7 +38,7 @@ static void test_bucket_index(void **state) {
   const int b[] = {1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64};
   const int n = 11;
   /* n sequences -> smallest bucket >= n */
-  const int cases[][2] = {{1, 0}, {2, 1}, {3, 2}, {4, 2}, {5, 3}, {8, 3}, {9, 4}, {16, 4}, {17, 5},
+  const int cases[][2] = {{1, 0},  {2, 1},  {3, 2},  {4, 2},   {5, 3},   {8, 3},   {9, 4},  {16, 4}, {17, 5},
                           {24, 5}, {25, 6}, {33, 7}, {63, 10}, {64, 10}, {65, -1}, {0, -1}, {-3, -1}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     if (servd_graph_bucket_index(b, n, cases[i][0]) != cases[i][1])
@@ -53,10 +53,15 @@ static const int32_t t0[] = {2}, t1[] = {3, 5}, t2[] = {7};
 static const int32_t *const tables[] = {t0, t1, t2};
 
 static servd_forward_batch decode3(void) {
-  servd_forward_batch b = {.n_tokens = 3, .tokens = tok, .positions = pos, .slots = slot, .n_logit_rows = 3,
+  servd_forward_batch b = {.n_tokens = 3,
+                           .tokens = tok,
+                           .positions = pos,
+                           .slots = slot,
+                           .n_logit_rows = 3,
                            .logit_rows = lrows,
                            .attn = {.n_seqs = 3, .q_start = qs, .q_len = ql, .kv_len = kvl, .block_tables = tables},
-                           .max_tokens = 64, .max_seqs = 8};
+                           .max_tokens = 64,
+                           .max_seqs = 8};
   return b;
 }
 
@@ -211,11 +216,8 @@ static void test_decisions(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_buckets),
-      cmocka_unit_test(test_bucket_index),
-      cmocka_unit_test(test_is_decode),
-      cmocka_unit_test(test_pad),
-      cmocka_unit_test(test_decisions),
+      cmocka_unit_test(test_buckets), cmocka_unit_test(test_bucket_index), cmocka_unit_test(test_is_decode),
+      cmocka_unit_test(test_pad),     cmocka_unit_test(test_decisions),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

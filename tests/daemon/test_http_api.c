@@ -65,14 +65,15 @@ static bool fake_is_ready(const servd_model *m) {
 }
 static bool fake_restarting(const servd_model *m, char *why, size_t cap) {
   bool down = atomic_load(&fake_gen_restarting) && strcmp(m->name, "gen") == 0;
-  if (down && why) snprintf(why, cap, "the model's process (pid 7) was killed by signal 11 (SIGSEGV); restart 2 in 0.4 s");
+  if (down && why)
+    snprintf(why, cap, "the model's process (pid 7) was killed by signal 11 (SIGSEGV); restart 2 in 0.4 s");
   return down;
 }
 static int fake_quarantined(void) { return 3; }
 static json_t *fake_meta(const servd_model *m) {
   (void)m;
-  return json_pack("{s:[{s:s, s:s, s:[i]}], s:[{s:s, s:s, s:[i]}]}", "inputs", "name", "x", "datatype", "FP32",
-                   "shape", -1, "outputs", "name", "y", "datatype", "FP32", "shape", -1);
+  return json_pack("{s:[{s:s, s:s, s:[i]}], s:[{s:s, s:s, s:[i]}]}", "inputs", "name", "x", "datatype", "FP32", "shape",
+                   -1, "outputs", "name", "y", "datatype", "FP32", "shape", -1);
 }
 static int fake_tokenize(servd_model *m, const char *t, size_t n, bool sp, int32_t **ids, int *k) {
   (void)m;
@@ -196,8 +197,7 @@ static int fake_predict(servd_model *m, const servd_named_tensor *in, int n_in, 
   static atomic_int running;
   int now = atomic_fetch_add(&running, 1) + 1;
   int prev = atomic_load(&max_predict_running);
-  while (now > prev && !atomic_compare_exchange_weak(&max_predict_running, &prev, now)) {
-  }
+  while (now > prev && !atomic_compare_exchange_weak(&max_predict_running, &prev, now)) {}
   if (atomic_load(&fake_delay_us)) usleep((useconds_t)atomic_load(&fake_delay_us));
   atomic_fetch_sub(&running, 1);
   /* As the engine reports Python exceptions: the code says whose fault it is (the text is not parsed). */
@@ -232,11 +232,24 @@ static void fake_stats(const servd_model *m, servd_model_stats *s) {
 }
 
 static const servd_model_ops fake_ops = {
-    .options_default = fake_options_default, .gen_params_default = fake_params_default, .load = fake_load,
-    .unload = fake_unload, .name = fake_name, .kind = fake_kind, .ready = fake_is_ready, .metadata = fake_meta,
-    .tokenize = fake_tokenize, .detokenize = fake_detokenize, .apply_chat_template = fake_template,
-    .context_length = fake_ctx, .submit = fake_submit, .cancel = fake_cancel, .release = fake_release,
-    .predict = fake_predict, .get_stats = fake_stats, .restarting = fake_restarting,
+    .options_default = fake_options_default,
+    .gen_params_default = fake_params_default,
+    .load = fake_load,
+    .unload = fake_unload,
+    .name = fake_name,
+    .kind = fake_kind,
+    .ready = fake_is_ready,
+    .metadata = fake_meta,
+    .tokenize = fake_tokenize,
+    .detokenize = fake_detokenize,
+    .apply_chat_template = fake_template,
+    .context_length = fake_ctx,
+    .submit = fake_submit,
+    .cancel = fake_cancel,
+    .release = fake_release,
+    .predict = fake_predict,
+    .get_stats = fake_stats,
+    .restarting = fake_restarting,
     .quarantined_interpreters = fake_quarantined,
 };
 
@@ -399,8 +412,8 @@ static void test_health_and_meta(void **st) {
 static void test_completion(void **st) {
   (void)st;
   int s;
-  json_t *j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"hi\",\"max_tokens\":3}", &s,
-                        NULL);
+  json_t *j =
+      post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"hi\",\"max_tokens\":3}", &s, NULL);
   assert_int_equal(s, 200);
   assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
   assert_memory_equal(json_string_value(json_object_get(j, "id")), "cmpl-", 5);
@@ -414,8 +427,8 @@ static void test_completion(void **st) {
   json_decref(j);
   /* n = 2: two choices. */
   j = post_json(open_srv.port, "/v1/chat/completions",
-                "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"hey\"}],\"n\":2,\"max_tokens\":2}", &s,
-                NULL);
+                "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"hey\"}],\"n\":2,\"max_tokens\":2}",
+                &s, NULL);
   assert_int_equal(s, 200);
   assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
   json_t *ch = json_object_get(j, "choices");
@@ -451,8 +464,8 @@ static void test_logprobs(void **st) {
                 "\"logprobs\":true,\"top_logprobs\":3}",
                 &s, NULL);
   assert_int_equal(s, 200);
-  json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
-                                    "content");
+  json_t *content =
+      json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
   assert_int_equal(json_array_size(content), 2);
   json_t *e0 = json_array_get(content, 0);
   assert_string_equal(json_string_value(json_object_get(e0, "token")), "a");
@@ -534,10 +547,12 @@ static void test_validation(void **st) {
       {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":-5}", 400, "max_tokens"},
       {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens"},
       {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":\"9\"}", 400, "max_tokens"},
-      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_completion_tokens\":0}", 400, "max_completion_tokens"},
+      {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_completion_tokens\":0}", 400,
+       "max_completion_tokens"},
       {"/v1/chat/completions",
        "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":2,"
-       "\"max_tokens\":\"many\"}", 400, "max_tokens"},
+       "\"max_tokens\":\"many\"}",
+       400, "max_tokens"},
       {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"n\":1000}", 400, "n"},
       {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"logprobs\":99}", 400, "logprobs"},
       {"/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"stop\":5}", 400, "stop"},
@@ -561,8 +576,8 @@ static void test_validation(void **st) {
       {"/v1/chat/completions",
        "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400,
        "top_logprobs"},
-      {"/v1/chat/completions",
-       "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", 400, "logprobs"},
+      {"/v1/chat/completions", "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}",
+       400, "logprobs"},
       {"/tokenize", "{\"model\":\"lm\",\"prompt\":{}}", 400, "prompt"},
       {"/detokenize", "{\"model\":\"lm\",\"tokens\":\"abc\"}", 400, "tokens"},
   };
@@ -635,8 +650,8 @@ static void test_busy_is_429(void **st) {
   atomic_store(&fake_busy, 1);
   tc_resp r;
   int s;
-  json_t *j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":1}", &s,
-                        &r);
+  json_t *j =
+      post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":1}", &s, &r);
   int s_stream;
   json_t *js = post_json(open_srv.port, "/v1/chat/completions",
                          "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true}",
@@ -659,8 +674,8 @@ static void test_engine_error_is_500(void **st) {
   (void)st;
   atomic_store(&fake_error, 1);
   int s;
-  json_t *j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":4}", &s,
-                        NULL);
+  json_t *j =
+      post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":4}", &s, NULL);
   atomic_store(&fake_error, 0);
   assert_int_equal(s, 500);
   assert_non_null(strstr(json_string_value(json_object_get(json_object_get(j, "error"), "message")), "boom"));
@@ -721,7 +736,8 @@ static void test_kserve_infer(void **st) {
       {"{\"inputs\":[]}", 400},
       {"{\"inputs\":[{\"name\":\"x\",\"shape\":[2,2],\"datatype\":\"FP32\",\"data\":[[1,2,3],[4]]}]}", 400},
       {"{\"inputs\":", 400},
-      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}],\"outputs\":[{\"name\":\"q\"}]}",
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}],\"outputs\":[{\"name\":\"q\"}]"
+       "}",
        400},
       {"{\"inputs\":[{\"name\":\"bad\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}", 400},
       {"{\"inputs\":[{\"name\":\"odd\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}", 400},
@@ -755,8 +771,7 @@ static void *infer_thread(void *p) {
   int *status = p;
   int s;
   json_decref(post_json(open_srv.port, "/v2/models/gen/infer",
-                        "{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}", &s,
-                        NULL));
+                        "{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}", &s, NULL));
   *status = s;
   return NULL;
 }
@@ -935,8 +950,8 @@ static void test_metrics(void **st) {
 static void test_metrics_vllm(void **st) {
   (void)st;
   int s;
-  json_t *j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"hi\",\"max_tokens\":3}", &s,
-                        NULL);
+  json_t *j =
+      post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"hi\",\"max_tokens\":3}", &s, NULL);
   assert_int_equal(s, 200);
   json_decref(j);
   tc_resp r = tc_request(open_srv.port, "GET", "/metrics", NULL, NULL);
@@ -1047,8 +1062,8 @@ static void test_request_id(void **st) {
 static void test_max_completion_tokens(void **st) {
   (void)st;
   int s;
-  json_t *j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"hi\",\"max_completion_tokens\":2}",
-                        &s, NULL);
+  json_t *j = post_json(open_srv.port, "/v1/completions",
+                        "{\"model\":\"lm\",\"prompt\":\"hi\",\"max_completion_tokens\":2}", &s, NULL);
   assert_int_equal(s, 200);
   json_t *c = json_array_get(json_object_get(j, "choices"), 0);
   assert_string_equal(json_string_value(json_object_get(c, "text")), "w0 w1 ");
@@ -1168,7 +1183,8 @@ static void test_route_table(void **st) {
       if (strcmp(api_routes[k].pattern, row->pattern) == 0) assert_int_equal(api_routes[k].methods & row->methods, 0);
   }
   api_route_span m, v;
-  assert_true(api_route_match("/v2/models/{model}/versions/{version}/infer", "/v2/models/abc/versions/7/infer", &m, &v));
+  assert_true(
+      api_route_match("/v2/models/{model}/versions/{version}/infer", "/v2/models/abc/versions/7/infer", &m, &v));
   assert_int_equal(m.n, 3);
   assert_memory_equal(m.p, "abc", 3);
   assert_int_equal(v.n, 1);
@@ -1184,17 +1200,29 @@ static void test_route_table(void **st) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_health_and_meta), cmocka_unit_test(test_completion),
-      cmocka_unit_test(test_logprobs),        cmocka_unit_test(test_chat_stream),
-      cmocka_unit_test(test_validation),      cmocka_unit_test(test_huge_body),
+      cmocka_unit_test(test_health_and_meta),
+      cmocka_unit_test(test_completion),
+      cmocka_unit_test(test_logprobs),
+      cmocka_unit_test(test_chat_stream),
+      cmocka_unit_test(test_validation),
+      cmocka_unit_test(test_huge_body),
       cmocka_unit_test(test_error_messages_not_utf8),
-      cmocka_unit_test(test_busy_is_429),     cmocka_unit_test(test_engine_error_is_500),
-      cmocka_unit_test(test_disconnect_cancels), cmocka_unit_test(test_kserve_infer), cmocka_unit_test(test_kserve_concurrency),
-      cmocka_unit_test(test_auth),            cmocka_unit_test(test_tokenize),
-      cmocka_unit_test(test_repository),      cmocka_unit_test(test_metrics), cmocka_unit_test(test_restarting_model),
-      cmocka_unit_test(test_max_completion_tokens), cmocka_unit_test(test_engine_refusals_name_the_field),
-      cmocka_unit_test(test_versions),        cmocka_unit_test(test_router_statuses),
-      cmocka_unit_test(test_route_table),     cmocka_unit_test(test_metrics_vllm),
+      cmocka_unit_test(test_busy_is_429),
+      cmocka_unit_test(test_engine_error_is_500),
+      cmocka_unit_test(test_disconnect_cancels),
+      cmocka_unit_test(test_kserve_infer),
+      cmocka_unit_test(test_kserve_concurrency),
+      cmocka_unit_test(test_auth),
+      cmocka_unit_test(test_tokenize),
+      cmocka_unit_test(test_repository),
+      cmocka_unit_test(test_metrics),
+      cmocka_unit_test(test_restarting_model),
+      cmocka_unit_test(test_max_completion_tokens),
+      cmocka_unit_test(test_engine_refusals_name_the_field),
+      cmocka_unit_test(test_versions),
+      cmocka_unit_test(test_router_statuses),
+      cmocka_unit_test(test_route_table),
+      cmocka_unit_test(test_metrics_vllm),
       cmocka_unit_test(test_request_id),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

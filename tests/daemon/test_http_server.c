@@ -123,9 +123,9 @@ static void handle(void *ud, servd_http_req *r) {
     r->ctx = NULL;
     r->on_abort = job_abort;
   } else {
-    char *s = servd_arena_printf(r->arena, "%s %s q=%s h=%s body=%s", r->method, r->path, r->query,
-                                 servd_http_header_get(r, "x-test") ? servd_http_header_get(r, "x-test") : "-",
-                                 r->body);
+    char *s =
+        servd_arena_printf(r->arena, "%s %s q=%s h=%s body=%s", r->method, r->path, r->query,
+                           servd_http_header_get(r, "x-test") ? servd_http_header_get(r, "x-test") : "-", r->body);
     servd_http_set_header(r, "X-Reply", "yes");
     servd_http_respond(r, 200, "text/plain", s, strlen(s));
   }
@@ -424,8 +424,7 @@ static void test_garbage(void **st) {
     tc_send(fd, req, n);
     shutdown(fd, SHUT_WR);
     char buf[1024];
-    while (recv(fd, buf, sizeof buf, 0) > 0) {
-    }
+    while (recv(fd, buf, sizeof buf, 0) > 0) {}
     close(fd);
   }
   tc_resp r = tc_request(port, "GET", "/alive", NULL, NULL);
@@ -448,7 +447,8 @@ static void test_chunked_trailer(void **st) {
   /* No X-Test: the lookup walks every header. */
   snprintf(req, sizeof req,
            "POST /t HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
-           "5\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: %s\r\nX-More: 1\r\n\r\n", pad);
+           "5\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: %s\r\nX-More: 1\r\n\r\n",
+           pad);
   tc_sends(fd, req);
   tc_resp r;
   assert_int_equal(tc_read(rd, &r), 0);
@@ -458,7 +458,8 @@ static void test_chunked_trailer(void **st) {
   /* X-Test before a long trailer: its value is read after the trailer was parsed. */
   snprintf(req, sizeof req,
            "POST /u HTTP/1.1\r\nHost: h\r\nX-Test: kept\r\nTransfer-Encoding: chunked\r\n\r\n"
-           "2\r\nok\r\n0\r\nX-Trailer: %s\r\n\r\n", pad);
+           "2\r\nok\r\n0\r\nX-Trailer: %s\r\n\r\n",
+           pad);
   tc_sends(fd, req);
   assert_int_equal(tc_read(rd, &r), 0);
   assert_int_equal(r.status, 200);
@@ -485,8 +486,7 @@ static void test_head(void **st) {
   char line[256];
   assert_int_equal(tc_line(rd, line, sizeof line), 0);
   assert_non_null(strstr(line, " 200 "));
-  while (tc_line(rd, line, sizeof line) == 0 && line[0]) {
-  }
+  while (tc_line(rd, line, sizeof line) == 0 && line[0]) {}
   /* No body after HEAD's headers: the next bytes are the GET's response. */
   tc_resp r;
   assert_int_equal(tc_read(rd, &r), 0);
@@ -721,15 +721,25 @@ static void test_strict_framing(void **st) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_pipelining_backpressure), cmocka_unit_test(test_pipelining_depth_capped),
-      cmocka_unit_test(test_stuck_reader_closed),     cmocka_unit_test(test_strict_framing),
-      cmocka_unit_test(test_basic_and_keepalive), cmocka_unit_test(test_pipelining_keeps_order),
-      cmocka_unit_test(test_body_too_large),      cmocka_unit_test(test_headers_too_large),
-      cmocka_unit_test(test_malformed),           cmocka_unit_test(test_slow_client_and_idle),
-      cmocka_unit_test(test_chunked_stream), cmocka_unit_test(test_batch_one_write_in_order),      cmocka_unit_test(test_abort_reaches_handler),
-      cmocka_unit_test(test_slow_reader_dropped), cmocka_unit_test(test_expect_continue),
-      cmocka_unit_test(test_bad_percent_encoding), cmocka_unit_test(test_http10_stream),
-      cmocka_unit_test(test_garbage),             cmocka_unit_test(test_head),
+      cmocka_unit_test(test_pipelining_backpressure),
+      cmocka_unit_test(test_pipelining_depth_capped),
+      cmocka_unit_test(test_stuck_reader_closed),
+      cmocka_unit_test(test_strict_framing),
+      cmocka_unit_test(test_basic_and_keepalive),
+      cmocka_unit_test(test_pipelining_keeps_order),
+      cmocka_unit_test(test_body_too_large),
+      cmocka_unit_test(test_headers_too_large),
+      cmocka_unit_test(test_malformed),
+      cmocka_unit_test(test_slow_client_and_idle),
+      cmocka_unit_test(test_chunked_stream),
+      cmocka_unit_test(test_batch_one_write_in_order),
+      cmocka_unit_test(test_abort_reaches_handler),
+      cmocka_unit_test(test_slow_reader_dropped),
+      cmocka_unit_test(test_expect_continue),
+      cmocka_unit_test(test_bad_percent_encoding),
+      cmocka_unit_test(test_http10_stream),
+      cmocka_unit_test(test_garbage),
+      cmocka_unit_test(test_head),
       cmocka_unit_test(test_chunked_trailer),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -197,8 +197,7 @@ static void test_garbage_handshakes_leave_others_alone(void **st) {
     int fd = tc_connect(port);
     tc_send(fd, (const char *)junks[i], lens[i]);
     char buf[512];
-    while (read(fd, buf, sizeof buf) > 0) {
-    } /* an alert perhaps, then the close */
+    while (read(fd, buf, sizeof buf) > 0) {} /* an alert perhaps, then the close */
     close(fd);
   }
   for (int i = 0; i < 100 && servd_http_server_tls_failures(S) < before + 2; i++) usleep(10000);

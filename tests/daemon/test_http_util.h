@@ -274,7 +274,7 @@ static inline int tc_closed(int fd) {
 
 /* One request on a new connection: returns the response (status -1 on failure). */
 static inline tc_resp tc_request(int port, const char *method, const char *path, const char *extra_headers,
-                          const char *body) {
+                                 const char *body) {
   tc_resp resp;
   memset(&resp, 0, sizeof resp);
   resp.status = -1;

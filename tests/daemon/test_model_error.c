@@ -62,8 +62,9 @@ static void test_rule(void **state) {
     int got = classify(cases[i].rc, cases[i].type, cases[i].msg, cases[i].kind, &e);
     if (got != cases[i].want) fprintf(stderr, "case %zu (%s: %s): got %d\n", i, cases[i].type, cases[i].msg, got);
     assert_int_equal(got, cases[i].want);
-    bool python = (cases[i].rc == SERVD_EINVAL ||
-                   (cases[i].rc == SERVD_ETIMEDOUT && cases[i].kind == SERVD_CALL_FORWARD)) && cases[i].type[0];
+    bool python =
+        (cases[i].rc == SERVD_EINVAL || (cases[i].rc == SERVD_ETIMEDOUT && cases[i].kind == SERVD_CALL_FORWARD)) &&
+        cases[i].type[0];
     assert_string_equal(e.type, python ? cases[i].type : "");
     assert_string_equal(e.message, python ? cases[i].msg : "");
     assert_int_equal(classify(cases[i].rc, cases[i].type, cases[i].msg, cases[i].kind, NULL), cases[i].want);

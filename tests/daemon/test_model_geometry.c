@@ -22,11 +22,11 @@ static servd_model_geometry read_text(const char *text) {
 /* SmolLM2-135M-Instruct's config.json (the fields that matter, as Hugging Face ships them). */
 static void test_hf_config(void **state) {
   (void)state;
-  servd_model_geometry g = read_text(
-      "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 576, \"intermediate_size\": 1536,"
-      " \"max_position_embeddings\": 8192, \"model_type\": \"llama\", \"num_attention_heads\": 9,"
-      " \"num_hidden_layers\": 30, \"num_key_value_heads\": 3, \"rms_norm_eps\": 1e-05,"
-      " \"rope_theta\": 100000, \"tie_word_embeddings\": true, \"vocab_size\": 49152}");
+  servd_model_geometry g =
+      read_text("{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 576, \"intermediate_size\": 1536,"
+                " \"max_position_embeddings\": 8192, \"model_type\": \"llama\", \"num_attention_heads\": 9,"
+                " \"num_hidden_layers\": 30, \"num_key_value_heads\": 3, \"rms_norm_eps\": 1e-05,"
+                " \"rope_theta\": 100000, \"tie_word_embeddings\": true, \"vocab_size\": 49152}");
   assert_int_equal(g.n_layers, 30);
   assert_int_equal(g.n_heads, 9);
   assert_int_equal(g.n_kv_heads, 3);
@@ -40,9 +40,9 @@ static void test_hf_config(void **state) {
 /* GGUF metadata names; an explicit head_dim wins over dim / heads (Gemma, Qwen3). */
 static void test_gguf_names(void **state) {
   (void)state;
-  servd_model_geometry g = read_text(
-      "{\"block_count\": 2, \"head_count\": 4, \"head_count_kv\": 2, \"embedding_length\": 64,"
-      " \"feed_forward_length\": 128, \"context_length\": 512, \"head_dim\": 32}");
+  servd_model_geometry g =
+      read_text("{\"block_count\": 2, \"head_count\": 4, \"head_count_kv\": 2, \"embedding_length\": 64,"
+                " \"feed_forward_length\": 128, \"context_length\": 512, \"head_dim\": 32}");
   assert_int_equal(g.n_layers, 2);
   assert_int_equal(g.n_heads, 4);
   assert_int_equal(g.n_kv_heads, 2);
@@ -85,10 +85,10 @@ static void test_defaults(void **state) {
  * read as -1, never as a truncated value a "> 0" check would let through. */
 static void test_bad_values(void **state) {
   (void)state;
-  servd_model_geometry g = read_text(
-      "{\"num_attention_heads\": 4, \"hidden_size\": 64, \"head_dim\": null, \"num_key_value_heads\": \"2\","
-      " \"num_hidden_layers\": 4294967298, \"vocab_size\": -5, \"intermediate_size\": 1.5,"
-      " \"max_position_embeddings\": 2147483648}");
+  servd_model_geometry g =
+      read_text("{\"num_attention_heads\": 4, \"hidden_size\": 64, \"head_dim\": null, \"num_key_value_heads\": \"2\","
+                " \"num_hidden_layers\": 4294967298, \"vocab_size\": -5, \"intermediate_size\": 1.5,"
+                " \"max_position_embeddings\": 2147483648}");
   assert_int_equal(g.head_dim, 16);
   assert_int_equal(g.n_kv_heads, 4);
   assert_int_equal(g.n_layers, -1); /* 2^32 + 2 would truncate to 2 */

@@ -30,9 +30,10 @@ static void test_kinds(void **st) {
       {CHAT "\"response_format\":{\"type\":\"text\"}}", SERVD_GUIDE_NONE, NULL, NULL},
       {CHAT "\"response_format\":{\"type\":\"json_object\"}}", SERVD_GUIDE_JSON_OBJECT, "", "response_format"},
       {CHAT "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":true,"
-            "\"schema\":{\"type\":\"integer\"}}}}", SERVD_GUIDE_JSON_SCHEMA, "{\"type\":\"integer\"}", "response_format"},
-      {CHAT "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\"}}}", SERVD_GUIDE_JSON_OBJECT, "",
-       "response_format"},
+            "\"schema\":{\"type\":\"integer\"}}}}",
+       SERVD_GUIDE_JSON_SCHEMA, "{\"type\":\"integer\"}", "response_format"},
+      {CHAT "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\"}}}", SERVD_GUIDE_JSON_OBJECT,
+       "", "response_format"},
       {CHAT "\"guided_json\":{\"type\":\"string\"}}", SERVD_GUIDE_JSON_SCHEMA, "{\"type\":\"string\"}", "guided_json"},
       {CHAT "\"guided_json\":\"{\\\"type\\\": \\\"string\\\"}\"}", SERVD_GUIDE_JSON_SCHEMA, "{\"type\": \"string\"}",
        "guided_json"},
@@ -67,9 +68,11 @@ static void test_refusals(void **st) {
       {CHAT "\"response_format\":{\"type\":\"xml\"}}", "response_format.type",
        "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got \"xml\""},
       {CHAT "\"response_format\":\"json\"}", "response_format", "'response_format' must be an object with a 'type'"},
-      {CHAT "\"response_format\":{\"type\":\"json_schema\"}}", "response_format.json_schema", "'response_format.json_schema' must be an object"},
+      {CHAT "\"response_format\":{\"type\":\"json_schema\"}}", "response_format.json_schema",
+       "'response_format.json_schema' must be an object"},
       {CHAT "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":[1]}}}",
-       "response_format.json_schema.schema", "'response_format.json_schema.schema' must be a JSON Schema object, got an array"},
+       "response_format.json_schema.schema",
+       "'response_format.json_schema.schema' must be a JSON Schema object, got an array"},
       {CHAT "\"guided_json\":\"not json\"}", "guided_json", "'guided_json' must be a JSON Schema"},
       {CHAT "\"guided_regex\":\"\"}", "guided_regex", "'guided_regex' must be a non-empty string"},
       {CHAT "\"guided_choice\":[\"a\",3]}", "guided_choice", "'guided_choice'[1] must be a non-empty string"},
@@ -79,8 +82,10 @@ static void test_refusals(void **st) {
        "'response_format' and 'guided_regex' both constrain the output"},
       {CHAT "\"structured_outputs\":{\"structural_tag\":\"x\"}}", "structured_outputs",
        "'structured_outputs.structural_tag' is not supported"},
-      {CHAT "\"guided_decoding_backend\":\"xgrammar\"}", "guided_decoding_backend", "'guided_decoding_backend' must be"},
-      {CHAT "\"use_beam_search\":true}", "use_beam_search", "'use_beam_search' is not supported: servd does not implement beam search"},
+      {CHAT "\"guided_decoding_backend\":\"xgrammar\"}", "guided_decoding_backend",
+       "'guided_decoding_backend' must be"},
+      {CHAT "\"use_beam_search\":true}", "use_beam_search",
+       "'use_beam_search' is not supported: servd does not implement beam search"},
       {CHAT "\"skip_special_tokens\":false}", "skip_special_tokens", "'skip_special_tokens' is not supported"},
       {CHAT "\"max_tokens\":2,\"min_tokens\":3}", "min_tokens", "'min_tokens' (3) must not exceed max_tokens (2)"},
       {CHAT "\"modalities\":[\"text\",\"audio\"]}", "modalities", "'modalities' is not supported"},
@@ -104,8 +109,9 @@ static void test_defaults_accepted(void **st) {
   servd_arena *a = servd_arena_create(4096);
   oai_params p;
   api_param_error e;
-  const char *body = CHAT "\"skip_special_tokens\":true,\"min_tokens\":0,\"store\":false,\"modalities\":[\"text\"],"
-                          "\"use_beam_search\":false,\"priority\":0,\"length_penalty\":1.0,\"add_generation_prompt\":false}";
+  const char *body =
+      CHAT "\"skip_special_tokens\":true,\"min_tokens\":0,\"store\":false,\"modalities\":[\"text\"],"
+           "\"use_beam_search\":false,\"priority\":0,\"length_penalty\":1.0,\"add_generation_prompt\":false}";
   if (parse(body, OAI_CHAT, a, &p, &e) != 0) fail_msg("%s", e.message);
   assert_false(p.add_generation_prompt);
   assert_int_equal(p.guide_kind, SERVD_GUIDE_NONE);

@@ -147,7 +147,8 @@ static void test_errors(void **st) {
        "'temperature' must be a number, got a string"},
       {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"top_p\":0}", "top_p", "'top_p' must be in (0, 1], got 0"},
       {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"n\":17}", "n", "'n' must be in [1, 16], got 17"},
-      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens", "'max_tokens' must be in [1, 16777216], got 0"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens",
+       "'max_tokens' must be in [1, 16777216], got 0"},
       {OAI_COMPLETIONS, "{\"prompt\":[1,-2]}", "prompt", "'prompt'[1] must be a non-negative token id"},
       {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[\"\"]}", "stop",
        "'stop' entries must be non-empty strings of at most 1024 bytes"},
@@ -155,10 +156,14 @@ static void test_errors(void **st) {
        "'logprobs' must be an integer in [0, 20] for completions"},
       {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stream_options\":{}}", "stream_options",
        "'stream_options' is only allowed when 'stream' is true"},
-      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"suffix\":\"y\"}", "suffix", "'suffix' is not supported: insertion is not supported"},
-      {OAI_COMPLETIONS, "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\","
-                        "\"n\",\"o\",\"p\",\"q\"],\"n\":16}", "n", "n times the number of prompts must be at most 256"},
-      {OAI_CHAT, "{\"messages\":[]}", "messages", "'messages' must be a non-empty list of {role, content}, got an empty list"},
+      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"suffix\":\"y\"}", "suffix",
+       "'suffix' is not supported: insertion is not supported"},
+      {OAI_COMPLETIONS,
+       "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\","
+       "\"n\",\"o\",\"p\",\"q\"],\"n\":16}",
+       "n", "n times the number of prompts must be at most 256"},
+      {OAI_CHAT, "{\"messages\":[]}", "messages",
+       "'messages' must be a non-empty list of {role, content}, got an empty list"},
       {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"wizard\"}]}", "messages[1]",
        "'messages[1].role' must be one of system, user, assistant, tool, developer"},
       {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", "top_logprobs",
@@ -218,7 +223,8 @@ static void test_kserve_inputs(void **st) {
   assert_int_equal(p.deadline_ms, 5000);
   kserve_infer_params_free(&p);
 
-  assert_int_equal(infer("{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[1]}]}", &p, &e), 0);
+  assert_int_equal(infer("{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[1]}]}", &p, &e),
+                   0);
   assert_int_equal(p.deadline_ms, 1234);
   assert_null(p.id);
   assert_null(p.wanted);
@@ -241,7 +247,8 @@ static void test_kserve_errors(void **st) {
        "input 'x' is given twice"},
       {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"Q4\",\"data\":[1]}]}",
        "input 'x': datatype 'Q4' is not supported (supported: FP32, FP16, BF16, INT32)"},
-      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}],\"parameters\":{\"timeout\":0}}",
+      {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}],\"parameters\":{\"timeout\":0}"
+       "}",
        "'parameters.timeout' must be in (0, 86400], got 0"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -256,7 +263,9 @@ static void test_kserve_errors(void **st) {
   kserve_infer_params p;
   api_param_error e;
   assert_int_equal(infer("{\"inputs\":[{\"name\":\"x\",\"shape\":[0,2147483648,2147483648,2147483648],"
-                         "\"datatype\":\"FP32\",\"data\":[]}]}", &p, &e), -1);
+                         "\"datatype\":\"FP32\",\"data\":[]}]}",
+                         &p, &e),
+                   -1);
   assert_int_equal(e.status, 400);
   assert_non_null(strstr(e.message, "overflows"));
 }
@@ -289,14 +298,14 @@ static void test_utf8_fix(void **st) {
   } cases[] = {
       {"plain", "plain"},
       {"caf\xc3\xa9", "caf\xc3\xa9"},
-      {"ab\xc3", "ab"},                         /* cut after the lead byte */
-      {"x\xf0\x9f\x98", "x"},                   /* cut inside a 4-byte character */
+      {"ab\xc3", "ab"},                           /* cut after the lead byte */
+      {"x\xf0\x9f\x98", "x"},                     /* cut inside a 4-byte character */
       {"\xf0\x9f\x98\x80!", "\xf0\x9f\x98\x80!"}, /* U+1F600 */
       {"a\xffz", "a?z"},
-      {"\xc0\xafz", "??z"},                     /* overlong '/' */
-      {"\xed\xa0\x80z", "???z"},                /* UTF-16 surrogate U+D800 */
-      {"\xf4\x90\x80\x80", "????"},             /* above U+10FFFF */
-      {"\x80x", "?x"},                          /* stray continuation byte */
+      {"\xc0\xafz", "??z"},         /* overlong '/' */
+      {"\xed\xa0\x80z", "???z"},    /* UTF-16 surrogate U+D800 */
+      {"\xf4\x90\x80\x80", "????"}, /* above U+10FFFF */
+      {"\x80x", "?x"},              /* stray continuation byte */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char buf[32];
@@ -316,11 +325,12 @@ static void test_max_tokens_names(void **st) {
   assert_int_equal(parse("{\"prompt\":\"x\",\"max_completion_tokens\":2}", OAI_COMPLETIONS, a, &p, &e), 0);
   assert_int_equal(p.gp.max_tokens, 2);
   oai_params_free(&p);
-  assert_int_equal(parse("{\"prompt\":\"x\",\"max_tokens\":9,\"max_completion_tokens\":3}", OAI_COMPLETIONS, a, &p, &e), 0);
+  assert_int_equal(parse("{\"prompt\":\"x\",\"max_tokens\":9,\"max_completion_tokens\":3}", OAI_COMPLETIONS, a, &p, &e),
+                   0);
   assert_int_equal(p.gp.max_tokens, 3);
   oai_params_free(&p);
-  assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":5}", OAI_CHAT, a, &p, &e),
-                   0);
+  assert_int_equal(
+      parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":5}", OAI_CHAT, a, &p, &e), 0);
   assert_int_equal(p.gp.max_tokens, 5);
   oai_params_free(&p);
   static const struct {
@@ -330,7 +340,8 @@ static void test_max_tokens_names(void **st) {
       {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_completion_tokens\":0}", "max_completion_tokens"},
       {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_completion_tokens\":\"2\"}", "max_completion_tokens"},
       {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":2,\"max_completion_tokens\":-1}", "max_completion_tokens"},
-      {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":5,\"max_tokens\":\"x\"}",
+      {OAI_CHAT,
+       "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":5,\"max_tokens\":\"x\"}",
        "max_tokens"},
       {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":1.5}",
        "max_completion_tokens"},
@@ -352,9 +363,11 @@ static void test_every_field_named(void **st) {
     const char *body, *param;
   } bad[] = {
       /* The engine takes at most 64 stop token ids: more must be the client's 400, not a submit failure. */
-      {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stop_token_ids\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,"
-                        "22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,"
-                        "53,54,55,56,57,58,59,60,61,62,63,64,65]}", "stop_token_ids"},
+      {OAI_COMPLETIONS,
+       "{\"prompt\":\"x\",\"stop_token_ids\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,"
+       "22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,"
+       "53,54,55,56,57,58,59,60,61,62,63,64,65]}",
+       "stop_token_ids"},
       {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stop_token_ids\":[1,-1]}", "stop_token_ids"},
       {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"ignore_eos\":1}", "ignore_eos"},
       {OAI_COMPLETIONS, "{\"prompt\":\"x\",\"min_p\":1.5}", "min_p"},
@@ -392,17 +405,12 @@ static void test_kserve_nested_data(void **st) {
     const char *shape, *data;
     bool ok;
   } cases[] = {
-      {"[2,2]", "[[1,2],[3,4]]", true},
-      {"[2,2]", "[1,2,3,4]", true},
-      {"[2,0]", "[[],[]]", true},
-      {"[2,0]", "[]", true},
-      {"[1,2,2]", "[[[1,2],[3,4]]]", true},
-      {"[2,2]", "[[1,2,3],[4]]", false},  /* ragged, 4 elements */
-      {"[2,2]", "[[1],[2,3,4]]", false},
-      {"[2]", "[[1],[2]]", false},        /* deeper than the shape */
-      {"[2,2,1]", "[[1,2],[3,4]]", false}, /* shallower than the shape */
-      {"[4]", "[[1,2],[3,4]]", false},
-      {"[2,2]", "[[1,2],3,4]", false},     /* mixed */
+      {"[2,2]", "[[1,2],[3,4]]", true},     {"[2,2]", "[1,2,3,4]", true},
+      {"[2,0]", "[[],[]]", true},           {"[2,0]", "[]", true},
+      {"[1,2,2]", "[[[1,2],[3,4]]]", true}, {"[2,2]", "[[1,2,3],[4]]", false}, /* ragged, 4 elements */
+      {"[2,2]", "[[1],[2,3,4]]", false},    {"[2]", "[[1],[2]]", false},       /* deeper than the shape */
+      {"[2,2,1]", "[[1,2],[3,4]]", false},                                     /* shallower than the shape */
+      {"[4]", "[[1,2],[3,4]]", false},      {"[2,2]", "[[1,2],3,4]", false},   /* mixed */
       {"[3,1]", "[[1],[2]]", false},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -412,7 +420,8 @@ static void test_kserve_nested_data(void **st) {
     kserve_infer_params p;
     api_param_error e;
     int rc = infer(body, &p, &e);
-    if ((rc == 0) != cases[i].ok) fail_msg("case %zu (shape %s, data %s): rc %d %s", i, cases[i].shape, cases[i].data, rc, e.message);
+    if ((rc == 0) != cases[i].ok)
+      fail_msg("case %zu (shape %s, data %s): rc %d %s", i, cases[i].shape, cases[i].data, rc, e.message);
     if (rc == 0) {
       kserve_infer_params_free(&p);
       continue;
@@ -425,7 +434,9 @@ static void test_kserve_nested_data(void **st) {
   kserve_infer_params p;
   api_param_error e;
   assert_int_equal(infer("{\"inputs\":[{\"name\":\"x\",\"shape\":[2,3],\"datatype\":\"INT32\","
-                         "\"data\":[[1,2,3],[4,5,6]]}]}", &p, &e), 0);
+                         "\"data\":[[1,2,3],[4,5,6]]}]}",
+                         &p, &e),
+                   0);
   const int32_t *v = servd_tensor_data(p.in[0].tensor);
   for (int i = 0; i < 6; i++) assert_int_equal(v[i], i + 1);
   kserve_infer_params_free(&p);
@@ -443,7 +454,8 @@ static void test_priority(void **st) {
   assert_int_equal(parse("{\"prompt\":\"x\",\"priority\":-3}", OAI_COMPLETIONS, a, &p, &e), 0);
   assert_int_equal(p.gp.priority, -3);
   oai_params_free(&p);
-  assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"priority\":7}", OAI_CHAT, a, &p, &e), 0);
+  assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"priority\":7}", OAI_CHAT, a, &p, &e),
+                   0);
   assert_int_equal(p.gp.priority, 7);
   oai_params_free(&p);
   static const char *const bad[] = {"{\"prompt\":\"x\",\"priority\":\"1\"}", "{\"prompt\":\"x\",\"priority\":1.5}",
@@ -469,12 +481,12 @@ static void test_priority(void **st) {
 int main(void) {
   json_object_seed(1);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_completions_all_fields), cmocka_unit_test(test_defaults_and_token_ids),
-      cmocka_unit_test(test_chat_messages),          cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_kserve_inputs),          cmocka_unit_test(test_kserve_errors),
+      cmocka_unit_test(test_completions_all_fields),  cmocka_unit_test(test_defaults_and_token_ids),
+      cmocka_unit_test(test_chat_messages),           cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_kserve_inputs),           cmocka_unit_test(test_kserve_errors),
       cmocka_unit_test(test_long_messages_stay_utf8), cmocka_unit_test(test_utf8_fix),
-      cmocka_unit_test(test_max_tokens_names),      cmocka_unit_test(test_every_field_named),
-      cmocka_unit_test(test_kserve_nested_data),     cmocka_unit_test(test_priority),
+      cmocka_unit_test(test_max_tokens_names),        cmocka_unit_test(test_every_field_named),
+      cmocka_unit_test(test_kserve_nested_data),      cmocka_unit_test(test_priority),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

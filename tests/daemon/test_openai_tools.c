@@ -34,9 +34,11 @@ static void test_accepted(void **st) {
       {"{" MSGS ",\"tools\":[" F("a") "],\"tool_choice\":\"none\"}", false},
       {"{" MSGS ",\"tool_choice\":\"none\"}", false},
       {"{" MSGS ",\"functions\":[{\"name\":\"f\"}],\"function_call\":{\"name\":\"f\"}}", true},
-      {"{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+      {"{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":"
+       "\"function\","
        "\"function\":{\"name\":\"a\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\","
-       "\"content\":\"1\"}]}", false},
+       "\"content\":\"1\"}]}",
+       false},
   };
   servd_arena *a = servd_arena_create(4096);
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -51,8 +53,9 @@ static void test_accepted(void **st) {
   api_param_error e;
   assert_int_equal(parse(cases[6].body, a, &p, &e), 0);
   json_t *m0 = json_array_get(p.messages, 0), *m1 = json_array_get(p.messages, 1);
-  assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(json_object_get(m0, "tool_calls"), 0),
-                                                                         "function"), "name")), "a");
+  assert_string_equal(json_string_value(json_object_get(
+                          json_object_get(json_array_get(json_object_get(m0, "tool_calls"), 0), "function"), "name")),
+                      "a");
   assert_string_equal(json_string_value(json_object_get(m1, "tool_call_id")), "call_1");
   oai_params_free(&p);
   servd_arena_destroy(a);
@@ -68,17 +71,20 @@ static void test_refusals(void **st) {
       {"{" MSGS ",\"tools\":[{\"type\":\"function\",\"function\":{}}]}", "tools[0].function.name",
        "'tools[0].function.name' is required"},
       {"{" MSGS ",\"tools\":[" F("a b") "]}", "tools[0].function.name", "'tools[0].function.name' must be 1 to 64"},
-      {"{" MSGS ",\"tools\":[" F("a") "," F("a") "]}", "tools[1].function", "'tools[1].function.name': \"a\" is defined twice"},
+      {"{" MSGS ",\"tools\":[" F("a") "," F("a") "]}", "tools[1].function",
+       "'tools[1].function.name': \"a\" is defined twice"},
       {"{" MSGS ",\"tools\":[{\"type\":\"code\"}]}", "tools[0]", "'tools[0]' must be {\"type\": \"function\""},
       {"{" MSGS ",\"tools\":[" F("a") "],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"z\"}}}",
        "tool_choice", "'tool_choice' names the function \"z\", which is not among the tools"},
       {"{" MSGS ",\"tools\":[" F("a") "],\"tool_choice\":\"always\"}", "tool_choice", "'tool_choice' must be"},
       {"{" MSGS ",\"tool_choice\":\"auto\"}", "tool_choice", "'tool_choice' is only allowed when 'tools' are given"},
-      {"{" MSGS ",\"tools\":[" F("a") "],\"parallel_tool_calls\":1}", "parallel_tool_calls", "'parallel_tool_calls' must be a boolean"},
+      {"{" MSGS ",\"tools\":[" F("a") "],\"parallel_tool_calls\":1}", "parallel_tool_calls",
+       "'parallel_tool_calls' must be a boolean"},
       {"{" MSGS ",\"tools\":[" F("a") "],\"tool_choice\":\"required\",\"guided_regex\":\"a\"}", "tool_choice",
        "'tool_choice' forces a call and 'guided_regex' constrains the output too"},
       {"{" MSGS ",\"tools\":[" F("a") "],\"functions\":[{\"name\":\"a\"}]}", "functions", "give 'tools' or the legacy"},
-      {"{" MSGS ",\"functions\":[{\"name\":\"f\"}],\"function_call\":\"required\"}", "function_call", "'function_call' must be"},
+      {"{" MSGS ",\"functions\":[{\"name\":\"f\"}],\"function_call\":\"required\"}", "function_call",
+       "'function_call' must be"},
       {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[]}]}", "messages[0].tool_calls",
        "'messages[0].tool_calls' is only allowed in assistant messages"},
       {"{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"arguments\":1}}]}]}",
@@ -100,7 +106,8 @@ static void test_refusals(void **st) {
   for (int i = 0; i < 1000; i++) {
     char name[16];
     snprintf(name, sizeof name, "f%d", i);
-    json_array_append_new(json_object_get(body, "tools"), json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", name));
+    json_array_append_new(json_object_get(body, "tools"),
+                          json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", name));
   }
   char *text = json_dumps(body, JSON_COMPACT);
   json_decref(body);

@@ -53,22 +53,23 @@ static void test_string_input(void **st) {
 
 static void test_items_and_tool_round_trip(void **st) {
   (void)st;
-  expect_chat("{\"input\":[{\"role\":\"developer\",\"content\":\"d\"},"
-              "{\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\"},"
-              "{\"type\":\"input_text\",\"text\":\"b\"}]},"
-              "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},"
-              "{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"g\",\"arguments\":\"{\\\"x\\\":1}\"},"
-              "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"42\"}],"
-              "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"description\":\"F\",\"parameters\":{\"type\":\"object\"},"
-              "\"strict\":true}],\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
-              "{\"messages\":[{\"role\":\"developer\",\"content\":\"d\"},{\"role\":\"user\",\"content\":\"ab\"},"
-              "{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":["
-              "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}},"
-              "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"x\\\":1}\"}}]},"
-              "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"}],"
-              "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"F\","
-              "\"parameters\":{\"type\":\"object\"},\"strict\":true}}],"
-              "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}");
+  expect_chat(
+      "{\"input\":[{\"role\":\"developer\",\"content\":\"d\"},"
+      "{\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\"},"
+      "{\"type\":\"input_text\",\"text\":\"b\"}]},"
+      "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},"
+      "{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"g\",\"arguments\":\"{\\\"x\\\":1}\"},"
+      "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"42\"}],"
+      "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"description\":\"F\",\"parameters\":{\"type\":\"object\"},"
+      "\"strict\":true}],\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
+      "{\"messages\":[{\"role\":\"developer\",\"content\":\"d\"},{\"role\":\"user\",\"content\":\"ab\"},"
+      "{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":["
+      "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}},"
+      "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"x\\\":1}\"}}]},"
+      "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"}],"
+      "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"F\","
+      "\"parameters\":{\"type\":\"object\"},\"strict\":true}}],"
+      "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}");
 }
 
 static void test_text_format(void **st) {
@@ -93,8 +94,7 @@ static void test_errors_name_the_field(void **st) {
   expect_error("{\"input\":[{\"type\":\"image\"}]}", "input[0]", "input[0].type");
   expect_error("{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}", "input[0].content",
                "only text");
-  expect_error("{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]}", "input[0]",
-               "call_id");
+  expect_error("{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]}", "input[0]", "call_id");
   expect_error("{\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens", "max_output_tokens");
   expect_error("{\"input\":\"x\",\"store\":\"no\"}", "store", "boolean");
   expect_error("{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "tools[0]", "function tool");
@@ -109,9 +109,12 @@ static void test_errors_name_the_field(void **st) {
 static void test_param_names(void **st) {
   (void)st;
   char out[64];
-  const char *cases[][2] = {{"messages[3].content", "input"}, {"max_tokens", "max_output_tokens"},
-                            {"response_format.json_schema", "text.format"}, {"tools[1].function.name", "tools[1].name"},
-                            {"tools", "tools"}, {"temperature", "temperature"}};
+  const char *cases[][2] = {{"messages[3].content", "input"},
+                            {"max_tokens", "max_output_tokens"},
+                            {"response_format.json_schema", "text.format"},
+                            {"tools[1].function.name", "tools[1].name"},
+                            {"tools", "tools"},
+                            {"temperature", "temperature"}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     resp_param_name(cases[i][0], out, sizeof out);
     assert_string_equal(out, cases[i][1]);
@@ -120,10 +123,8 @@ static void test_param_names(void **st) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_string_input),
-      cmocka_unit_test(test_items_and_tool_round_trip),
-      cmocka_unit_test(test_text_format),
-      cmocka_unit_test(test_errors_name_the_field),
+      cmocka_unit_test(test_string_input), cmocka_unit_test(test_items_and_tool_round_trip),
+      cmocka_unit_test(test_text_format),  cmocka_unit_test(test_errors_name_the_field),
       cmocka_unit_test(test_param_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -133,8 +133,8 @@ int servd_device_copy(servd_tensor *dst, const servd_tensor *src) {
   assert_int_equal(dst->shape[0], src->shape[0]);
   assert_int_equal(dst->shape[1], src->shape[1]);
   for (int64_t i = 0; i < src->shape[0]; i++)
-    memcpy((char *)servd_tensor_data(dst) + i * dst->strides[0], (const char *)servd_tensor_data(src) + i * src->strides[0],
-           sizeof(float) * (size_t)src->shape[1]);
+    memcpy((char *)servd_tensor_data(dst) + i * dst->strides[0],
+           (const char *)servd_tensor_data(src) + i * src->strides[0], sizeof(float) * (size_t)src->shape[1]);
   return 0;
 }
 
@@ -260,10 +260,14 @@ static void decode_step(step *s, int n, int base) {
     s->kvl[i] = 11 + i;
     s->tables[i] = s->table;
   }
-  s->b = (servd_forward_batch){.n_tokens = n, .tokens = s->tok, .positions = s->pos, .slots = s->slot,
-                               .n_logit_rows = n, .logit_rows = s->rows,
-                               .attn = {.n_seqs = n, .q_start = s->qs, .q_len = s->ql, .kv_len = s->kvl,
-                                        .block_tables = s->tables}};
+  s->b = (servd_forward_batch){
+      .n_tokens = n,
+      .tokens = s->tok,
+      .positions = s->pos,
+      .slots = s->slot,
+      .n_logit_rows = n,
+      .logit_rows = s->rows,
+      .attn = {.n_seqs = n, .q_start = s->qs, .q_len = s->ql, .kv_len = s->kvl, .block_tables = s->tables}};
 }
 
 /* One sequence prefilling 4 tokens (logits of the last one). */
@@ -279,10 +283,14 @@ static void prefill_step(step *s, int base) {
   s->ql[0] = 4;
   s->kvl[0] = 4;
   s->tables[0] = s->table;
-  s->b = (servd_forward_batch){.n_tokens = 4, .tokens = s->tok, .positions = s->pos, .slots = s->slot,
-                               .n_logit_rows = 1, .logit_rows = s->rows,
-                               .attn = {.n_seqs = 1, .q_start = s->qs, .q_len = s->ql, .kv_len = s->kvl,
-                                        .block_tables = s->tables}};
+  s->b = (servd_forward_batch){
+      .n_tokens = 4,
+      .tokens = s->tok,
+      .positions = s->pos,
+      .slots = s->slot,
+      .n_logit_rows = 1,
+      .logit_rows = s->rows,
+      .attn = {.n_seqs = 1, .q_start = s->qs, .q_len = s->ql, .kv_len = s->kvl, .block_tables = s->tables}};
 }
 
 typedef struct fixture {
@@ -304,9 +312,15 @@ static fixture *make(bool graphs, int graph_max_batch) {
   }
   graphs_alive = launches = comm_aborts = comm_resets = thread_releases = 0;
   fail_capture_rank = fail_forward_rank = bump_on_upload = -1;
-  servd_runner_gpu g = {.devices = f->devices, .dkv = f->dkv, .dcomm = (servd_device_comm *)(intptr_t)0x200,
-                        .max_tokens = 16, .max_seqs = 16, .max_blocks_per_seq = 4, .block_size = 16,
-                        .graphs = graphs, .graph_max_batch = graph_max_batch};
+  servd_runner_gpu g = {.devices = f->devices,
+                        .dkv = f->dkv,
+                        .dcomm = (servd_device_comm *)(intptr_t)0x200,
+                        .max_tokens = 16,
+                        .max_seqs = 16,
+                        .max_blocks_per_seq = 4,
+                        .block_size = 16,
+                        .graphs = graphs,
+                        .graph_max_batch = graph_max_batch};
   assert_int_equal(servd_runner_create_gpu((servd_pool *)(intptr_t)0x300, f->kv, WORLD, &g, &f->r), 0);
   return f;
 }
@@ -631,8 +645,15 @@ static void test_bad_config(void **state) {
   servd_device_kv *dkv[WORLD] = {(servd_device_kv *)1, (servd_device_kv *)2};
   servd_kv_cache *kv[WORLD] = {0};
   servd_runner *r = (servd_runner *)1;
-  servd_runner_gpu g = {.devices = devices, .dkv = dkv, .dcomm = NULL, .max_tokens = 16, .max_seqs = 8,
-                        .max_blocks_per_seq = 4, .block_size = 16, .graphs = true, .graph_max_batch = 8};
+  servd_runner_gpu g = {.devices = devices,
+                        .dkv = dkv,
+                        .dcomm = NULL,
+                        .max_tokens = 16,
+                        .max_seqs = 8,
+                        .max_blocks_per_seq = 4,
+                        .block_size = 16,
+                        .graphs = true,
+                        .graph_max_batch = 8};
   /* two ranks need a communicator */
   assert_int_equal(servd_runner_create_gpu((servd_pool *)1, kv, WORLD, &g, &r), SERVD_EINVAL);
   assert_null(r);
@@ -644,11 +665,15 @@ static void test_bad_config(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_warmup_capture_replay), cmocka_unit_test(test_generation_drops),
-      cmocka_unit_test(test_capture_failure),       cmocka_unit_test(test_rank_failure),
-      cmocka_unit_test(test_graphs_off),            cmocka_unit_test(test_picks),
+      cmocka_unit_test(test_warmup_capture_replay),
+      cmocka_unit_test(test_generation_drops),
+      cmocka_unit_test(test_capture_failure),
+      cmocka_unit_test(test_rank_failure),
+      cmocka_unit_test(test_graphs_off),
+      cmocka_unit_test(test_picks),
       cmocka_unit_test(test_bad_config),
-      cmocka_unit_test(test_no_logits_step_syncs),  cmocka_unit_test(test_step_timeout_passed),
+      cmocka_unit_test(test_no_logits_step_syncs),
+      cmocka_unit_test(test_step_timeout_passed),
       cmocka_unit_test(test_eager_and_new_cache),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -65,7 +65,8 @@ static void expect_support(const servd_gen_params *p, unsigned keep) {
       continue;
     }
     double q = P10[i] / z, mean = N * q, sd = sqrt(N * q * (1 - q));
-    if (fabs(counts[i] - mean) > 5 * sd) fail_msg("token %d drawn %d times, expected %.0f +- %.0f", i, counts[i], mean, 5 * sd);
+    if (fabs(counts[i] - mean) > 5 * sd)
+      fail_msg("token %d drawn %d times, expected %.0f +- %.0f", i, counts[i], mean, 5 * sd);
   }
 }
 
@@ -112,7 +113,10 @@ static void test_plain_greedy(void **st) {
   p.temperature = 0;
   servd_sampler *s = make(&p, 3, SERVD_LOGPROBS_RAW);
   assert_true(servd_sampler_plain_greedy(s));
-  const float rows[][3] = {{-INFINITY, -INFINITY, -INFINITY}, {NAN, -INFINITY, NAN}, {NAN, 1.0f, 1.0f}, {2.0f, NAN, 3.0f}};
+  const float rows[][3] = {{-INFINITY, -INFINITY, -INFINITY},
+                           {NAN, -INFINITY, NAN},
+                           {NAN, 1.0f, 1.0f},
+                           {2.0f, NAN, 3.0f}};
   const int32_t want[] = {0, 0, 1, 2};
   for (int r = 0; r < 4; r++) {
     servd_sampled o;
@@ -146,10 +150,14 @@ static void test_plain_greedy(void **st) {
     servd_sampler_free(a);
     servd_sampler_free(b);
   }
-  struct { float temperature, rep, presence, frequency; int top_k, logprobs; bool plain; } cases[] = {
-      {0, 1, 0, 0, 0, -1, true},   {1e-6f, 1, 0, 0, 0, -1, true}, {0.7f, 1, 0, 0, 1, -1, true},
+  struct {
+    float temperature, rep, presence, frequency;
+    int top_k, logprobs;
+    bool plain;
+  } cases[] = {
+      {0, 1, 0, 0, 0, -1, true},     {1e-6f, 1, 0, 0, 0, -1, true}, {0.7f, 1, 0, 0, 1, -1, true},
       {0.7f, 1, 0, 0, 0, -1, false}, {0, 1.1f, 0, 0, 0, -1, false}, {0, 1, 0.5f, 0, 0, -1, false},
-      {0, 1, 0, 0.5f, 0, -1, false}, {0, 1, 0, 0, 0, 0, false},    {0, 1, 0, 0, 0, 2, false},
+      {0, 1, 0, 0.5f, 0, -1, false}, {0, 1, 0, 0, 0, 0, false},     {0, 1, 0, 0, 0, 2, false},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     servd_gen_params q = params();
@@ -160,7 +168,8 @@ static void test_plain_greedy(void **st) {
     q.top_k = cases[i].top_k;
     q.logprobs = cases[i].logprobs;
     s = make(&q, 3, SERVD_LOGPROBS_RAW);
-    if (servd_sampler_plain_greedy(s) != cases[i].plain) fail_msg("case %zu: plain greedy should be %d", i, cases[i].plain);
+    if (servd_sampler_plain_greedy(s) != cases[i].plain)
+      fail_msg("case %zu: plain greedy should be %d", i, cases[i].plain);
     servd_sampler_free(s);
   }
 }
@@ -550,7 +559,7 @@ static int reference_kept(const float *logits, int n, float temp, int top_k, flo
   int nc = 0;
   long double mx = -INFINITY;
   for (int i = 0; i < n; i++) {
-    if (isinf(logits[i])) continue; /* -inf: probability 0 */
+    if (isinf(logits[i])) continue;                           /* -inf: probability 0 */
     long double v = (long double)(logits[i] * (1.0f / temp)); /* the same float scaling as the sampler */
     c[nc++] = (rcand){v, i};
     if (v > mx) mx = v;
@@ -630,8 +639,9 @@ static void test_kept_sets(void **st) {
     servd_sampler *s = make(&p, V, SERVD_LOGPROBS_RAW);
     int n;
     assert_int_equal(servd_sampler_kept(s, logits, got, &n), 0);
-    if (n != m) fail_msg("trial %d (shape %d k %d p %g min_p %g T %g): kept %d, reference %d", trial, shape, p.top_k,
-                         (double)p.top_p, (double)p.min_p, (double)p.temperature, n, m);
+    if (n != m)
+      fail_msg("trial %d (shape %d k %d p %g min_p %g T %g): kept %d, reference %d", trial, shape, p.top_k,
+               (double)p.top_p, (double)p.min_p, (double)p.temperature, n, m);
     for (int i = 0; i < n; i++)
       if (got[i] != want[i]) fail_msg("trial %d: kept set differs at %d: %d vs %d", trial, i, got[i], want[i]);
     /* and draws only ever come from that set */
@@ -745,12 +755,13 @@ static void test_min_tokens(void **st) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_greedy), cmocka_unit_test(test_plain_greedy),
+      cmocka_unit_test(test_greedy),       cmocka_unit_test(test_plain_greedy),
       cmocka_unit_test(test_supports),     cmocka_unit_test(test_large_vocab_truncation),
-      cmocka_unit_test(test_seed),        cmocka_unit_test(test_penalties),    cmocka_unit_test(test_logprobs_raw),
-      cmocka_unit_test(test_finish),      cmocka_unit_test(test_bad_params),   cmocka_unit_test(test_stop_strings),
-      cmocka_unit_test(test_kept_sets),   cmocka_unit_test(test_shared_scratch),
-      cmocka_unit_test(test_logit_bias),  cmocka_unit_test(test_min_tokens),
+      cmocka_unit_test(test_seed),         cmocka_unit_test(test_penalties),
+      cmocka_unit_test(test_logprobs_raw), cmocka_unit_test(test_finish),
+      cmocka_unit_test(test_bad_params),   cmocka_unit_test(test_stop_strings),
+      cmocka_unit_test(test_kept_sets),    cmocka_unit_test(test_shared_scratch),
+      cmocka_unit_test(test_logit_bias),   cmocka_unit_test(test_min_tokens),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

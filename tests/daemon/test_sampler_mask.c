@@ -134,10 +134,8 @@ static void test_nothing_allowed_is_an_error(void **st) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_unmasked_has_no_mask),
-      cmocka_unit_test(test_greedy_takes_best_allowed),
-      cmocka_unit_test(test_sampling_never_leaves_the_mask),
-      cmocka_unit_test(test_kept_is_the_allowed_set),
+      cmocka_unit_test(test_unmasked_has_no_mask),           cmocka_unit_test(test_greedy_takes_best_allowed),
+      cmocka_unit_test(test_sampling_never_leaves_the_mask), cmocka_unit_test(test_kept_is_the_allowed_set),
       cmocka_unit_test(test_nothing_allowed_is_an_error),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -176,7 +176,7 @@ static bool prohibited_locked(void) {
 
 /* Queues (or records) work on s; blob is owned by the op. */
 static cudaError_t enqueue(struct CUstream_st *s, void (*run)(const void *), const void *args, size_t size,
-                          void *blob) {
+                           void *blob) {
   pthread_mutex_lock(&G);
   if (s->capture) {
     if (s->invalid || blob) { /* pageable memory cannot be captured */
@@ -214,13 +214,13 @@ static cudaError_t set_err(cudaError_t e) {
 /* ---- the runtime API used by kernels/device ------------------------------------------------------ */
 const char *cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorMemoryAllocation: return "out of memory (fake)";
-    case cudaErrorInvalidValue: return "invalid argument (fake)";
-    case cudaErrorInvalidDevice: return "invalid device ordinal (fake)";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing (fake)";
-    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture (fake)";
-    default: return "fake CUDA error";
+  case cudaSuccess: return "no error";
+  case cudaErrorMemoryAllocation: return "out of memory (fake)";
+  case cudaErrorInvalidValue: return "invalid argument (fake)";
+  case cudaErrorInvalidDevice: return "invalid device ordinal (fake)";
+  case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing (fake)";
+  case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture (fake)";
+  default: return "fake CUDA error";
   }
 }
 
@@ -407,7 +407,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status) {
   pthread_mutex_lock(&G);
-  *status = !s->capture ? cudaStreamCaptureStatusNone
+  *status = !s->capture  ? cudaStreamCaptureStatusNone
             : s->invalid ? cudaStreamCaptureStatusInvalidated
                          : cudaStreamCaptureStatusActive;
   pthread_mutex_unlock(&G);
@@ -475,9 +475,9 @@ static int fail_cuda(cudaError_t e, const char *what) {
   cudaGetLastError();
   return servd_fail(SERVD_EDEVICE, "fake cuda: %s: %s", what, cudaGetErrorString(e));
 }
-#define CK(call, what)                          \
-  do {                                          \
-    cudaError_t e_ = (call);                    \
+#define CK(call, what) \
+  do { \
+    cudaError_t e_ = (call); \
     if (e_ != cudaSuccess) return fail_cuda(e_, what); \
   } while (0)
 
@@ -841,14 +841,15 @@ static void run_attention(const void *a_) {
 int servd_cuda_attention(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q, const servd_bf16_t *k_cache,
                          const servd_bf16_t *v_cache, const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads,
                          int head_dim, int block_size, float scale) {
-  return servd_cuda_attention_window(c, out, q, k_cache, v_cache, b, n_heads, n_kv_heads, head_dim, block_size, scale, 0);
+  return servd_cuda_attention_window(c, out, q, k_cache, v_cache, b, n_heads, n_kv_heads, head_dim, block_size, scale,
+                                     0);
 }
 int servd_cuda_attention_window(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q,
-                                const servd_bf16_t *k_cache, const servd_bf16_t *v_cache, const servd_cuda_attn_batch *b,
-                                int n_heads, int n_kv_heads, int head_dim, int block_size, float scale, int window) {
+                                const servd_bf16_t *k_cache, const servd_bf16_t *v_cache,
+                                const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads, int head_dim,
+                                int block_size, float scale, int window) {
   if (window < 0) return servd_fail(SERVD_EINVAL, "fake cuda attention: window %d", window);
-  if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || block_size <= 0 || b->n_seqs < 0 ||
-      b->max_blocks <= 0)
+  if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || block_size <= 0 || b->n_seqs < 0 || b->max_blocks <= 0)
     return servd_fail(SERVD_EINVAL, "fake cuda attention: heads %d/%d", n_heads, n_kv_heads);
   for (int s = 0; s < b->n_seqs; s++)
     if (b->h_q_len[s] < 0 || b->h_kv_len[s] < b->h_q_len[s] || b->h_kv_len[s] > b->max_blocks * block_size)
@@ -925,9 +926,9 @@ static void run_anyt2(const void *a_) {
   }
   servd_storage_release(x.storage), servd_storage_release(y.storage);
 }
-#define FAKE_ANYT_T2(name, p0_, p1_)                                                   \
-  anyt2_args args_ = {servd_##name, #name, host_alias(p0_), host_alias(p1_)};           \
-  int rc_ = launch(c, run_anyt2, &args_, sizeof args_);                                \
+#define FAKE_ANYT_T2(name, p0_, p1_) \
+  anyt2_args args_ = {servd_##name, #name, host_alias(p0_), host_alias(p1_)}; \
+  int rc_ = launch(c, run_anyt2, &args_, sizeof args_); \
   if (rc_) servd_storage_release(args_.t0.storage), servd_storage_release(args_.t1.storage); \
   return rc_;
 typedef struct anyt3_args {
@@ -944,18 +945,17 @@ static void run_anyt3(const void *a_) {
   }
   servd_storage_release(x.storage), servd_storage_release(y.storage), servd_storage_release(z.storage);
 }
-#define FAKE_ANYT_T3(name, p0_, p1_, p2_)                                                     \
+#define FAKE_ANYT_T3(name, p0_, p1_, p2_) \
   anyt3_args args_ = {servd_##name, #name, host_alias(p0_), host_alias(p1_), host_alias(p2_)}; \
-  int rc_ = launch(c, run_anyt3, &args_, sizeof args_);                                       \
-  if (rc_)                                                                                    \
-    servd_storage_release(args_.t0.storage), servd_storage_release(args_.t1.storage),         \
-        servd_storage_release(args_.t2.storage);                                              \
+  int rc_ = launch(c, run_anyt3, &args_, sizeof args_); \
+  if (rc_) \
+    servd_storage_release(args_.t0.storage), servd_storage_release(args_.t1.storage), \
+        servd_storage_release(args_.t2.storage); \
   return rc_;
 /* A row of another signature kind needs its FAKE_ANYT_<kind> here (the build says which). */
-#define SERVD_OP(name, dispatch, py, sig, names)                                               \
-  SERVD__IF_ANYT_##dispatch(int servd_cuda_##name(servd_cuda_ctx *c, SERVD__PARAMS(sig, names)) { \
-    SERVD__CALL(FAKE_ANYT_##sig, name, SERVD__ARGS(names))                                      \
-  })
+#define SERVD_OP(name, dispatch, py, sig, names) \
+  SERVD__IF_ANYT_##dispatch(int servd_cuda_##name(servd_cuda_ctx *c, SERVD__PARAMS(sig, names)){ \
+      SERVD__CALL(FAKE_ANYT_##sig, name, SERVD__ARGS(names))})
 #include "servd/ops.def"
 #undef SERVD_OP
 
@@ -1027,7 +1027,8 @@ int servd_cuda_graph_launch(servd_cuda_ctx *c, servd_cuda_graph *g) {
     pthread_mutex_unlock(&G);
     return servd_fail(SERVD_EDEVICE, "fake cuda: graph launch failed (injected)");
   }
-  for (fop *o = g->g.head; o; o = o->next) append(&c->stream->head, &c->stream->tail, op_new(o->run, o->args, o->size, NULL));
+  for (fop *o = g->g.head; o; o = o->next)
+    append(&c->stream->head, &c->stream->tail, op_new(o->run, o->args, o->size, NULL));
   stats.graph_launches++;
   pthread_mutex_unlock(&G);
   return SERVD_OK;
@@ -1057,8 +1058,8 @@ typedef struct coll_slot {
 struct servd_nccl {
   int n, aborted;
   int devices[MAX_RANKS];
-  uint64_t epoch;              /* bumped by abort: work recorded before is void */
-  uint64_t ran[MAX_RANKS];     /* collectives each rank has run since the last rebuild */
+  uint64_t epoch;          /* bumped by abort: work recorded before is void */
+  uint64_t ran[MAX_RANKS]; /* collectives each rank has run since the last rebuild */
   coll_slot slots[RING];
 };
 
@@ -1108,9 +1109,7 @@ static bool coll_run_locked(const coll_args *a) {
   return ok;
 }
 
-static void run_coll(const void *a) {
-  coll_run_locked(a); /* from a graph: an aborted collective does nothing */
-}
+static void run_coll(const void *a) { coll_run_locked(a); /* from a graph: an aborted collective does nothing */ }
 
 static int collective(servd_nccl *n, int rank, servd_cuda_ctx *c, int kind, void *buf, void *out, size_t count) {
   if (!n || rank < 0 || rank >= n->n) return servd_fail(SERVD_EINVAL, "fake nccl: rank %d", rank);

@@ -27,13 +27,13 @@
 void fake_cuda_configure(int n_devices, size_t mem_bytes);
 
 typedef struct fake_cuda_stats {
-  uint64_t mallocs, frees;         /* cudaMalloc / cudaFree that succeeded */
-  uint64_t kernels;                /* launcher calls queued or recorded */
+  uint64_t mallocs, frees; /* cudaMalloc / cudaFree that succeeded */
+  uint64_t kernels;        /* launcher calls queued or recorded */
   uint64_t captures, capture_failures, graph_launches;
-  uint64_t invalidations;          /* captures invalidated by a call that cannot be captured */
-  size_t device_bytes;             /* device memory allocated now (every device) */
-  uint64_t h2d_bytes;              /* bytes copied host to device (cudaMemcpy*Async, HostToDevice) */
-  int contexts;                    /* servd_cuda_ctx alive (every thread's) */
+  uint64_t invalidations; /* captures invalidated by a call that cannot be captured */
+  size_t device_bytes;    /* device memory allocated now (every device) */
+  uint64_t h2d_bytes;     /* bytes copied host to device (cudaMemcpy*Async, HostToDevice) */
+  int contexts;           /* servd_cuda_ctx alive (every thread's) */
 } fake_cuda_stats;
 void fake_cuda_get_stats(fake_cuda_stats *s);
 /* Device memory of every device from now on (allocations beyond it fail as out of memory). */

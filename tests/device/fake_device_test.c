@@ -114,8 +114,8 @@ static void test_weight_across_threads(void **state) {
 }
 
 /* ---- steps: uploads, graphs ---------------------------------------------------------------------- */
-static servd_attn_batch decode_layout(int n, int32_t *q_start, int32_t *q_len, int32_t *kv_len,
-                                      const int32_t **tables, const int32_t *table) {
+static servd_attn_batch decode_layout(int n, int32_t *q_start, int32_t *q_len, int32_t *kv_len, const int32_t **tables,
+                                      const int32_t *table) {
   for (int i = 0; i < n; i++) {
     q_start[i] = i;
     q_len[i] = 1;
@@ -268,7 +268,8 @@ static void test_block_tables_upload_used_blocks(void **state) {
   assert_int_equal(servd__dev_batch_layout(db, "test", BS, 16, &lay, &n_tokens), 0);
   assert_int_equal(servd_device_sync(0), 0);
   for (int s = 0; s < SEQS; s++)
-    for (int i = 0; i < (kl[s] + BS - 1) / BS; i++) assert_int_equal(lay.block_tables[(size_t)s * MAX_BLOCKS + i], tables[s][i]);
+    for (int i = 0; i < (kl[s] + BS - 1) / BS; i++)
+      assert_int_equal(lay.block_tables[(size_t)s * MAX_BLOCKS + i], tables[s][i]);
   servd_device_batch_destroy(db);
 }
 
@@ -371,7 +372,8 @@ static void *dequantize_main(void *arg) {
     servd_tensor *f = host_f32(3, 64, 0.5f), *hq = servd_tensor_new(dt, 2, (int64_t[]){3, 64});
     for (int r = 0; r < 3; r++)
       assert_int_equal(servd_row_from_f32(dt, (const float *)servd_tensor_data(f) + r * 64,
-                                          (char *)servd_tensor_data(hq) + r * hq->strides[0], 64), 0);
+                                          (char *)servd_tensor_data(hq) + r * hq->strides[0], 64),
+                       0);
     servd_tensor *want = servd_tensor_new(SERVD_F32, 2, (int64_t[]){3, 64});
     assert_int_equal(servd_dequantize(want, hq), 0);
     servd_tensor *dq, *dout;

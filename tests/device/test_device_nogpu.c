@@ -18,18 +18,17 @@ static bool have_device(void) {
   return n > 0;
 }
 
-#define SKIP_IF_DEVICE()     \
-  do {                       \
+#define SKIP_IF_DEVICE() \
+  do { \
     if (have_device()) skip(); \
   } while (0)
 
 /* rc is `code` and the last error mentions `needle`. */
-#define assert_fails(call, code, needle)                                           \
-  do {                                                                             \
-    int rc_ = (call);                                                              \
-    if (rc_ != (code) || !strstr(servd_last_error(), (needle)))                    \
-      fail_msg("%s: rc %d (want %d), message '%s' (want '%s')", #call, rc_, (code), \
-               servd_last_error(), (needle));                                      \
+#define assert_fails(call, code, needle) \
+  do { \
+    int rc_ = (call); \
+    if (rc_ != (code) || !strstr(servd_last_error(), (needle))) \
+      fail_msg("%s: rc %d (want %d), message '%s' (want '%s')", #call, rc_, (code), servd_last_error(), (needle)); \
   } while (0)
 
 /* A host tensor labelled as on `device`: lets shape checks run without a GPU. Device code must
@@ -228,9 +227,9 @@ static void test_op_arguments(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_count_and_built),     cmocka_unit_test(test_calls_fail_with_edevice),
-      cmocka_unit_test(test_null_and_queries),    cmocka_unit_test(test_tensor_new_arguments),
-      cmocka_unit_test(test_upload_arguments),    cmocka_unit_test(test_object_arguments),
+      cmocka_unit_test(test_count_and_built),  cmocka_unit_test(test_calls_fail_with_edevice),
+      cmocka_unit_test(test_null_and_queries), cmocka_unit_test(test_tensor_new_arguments),
+      cmocka_unit_test(test_upload_arguments), cmocka_unit_test(test_object_arguments),
       cmocka_unit_test(test_op_arguments),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

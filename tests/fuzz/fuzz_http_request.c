@@ -21,12 +21,12 @@
 #include "http/framer.h"
 #include "servd/tensor.h"
 
-#define CHECK(c)                                                                     \
-  do {                                                                               \
-    if (!(c)) {                                                                      \
-      fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #c);      \
-      abort();                                                                       \
-    }                                                                                \
+#define CHECK(c) \
+  do { \
+    if (!(c)) { \
+      fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #c); \
+      abort(); \
+    } \
   } while (0)
 
 #define MAX_REQUESTS 256
@@ -251,8 +251,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                                         : whole.final_status == 400 || split.final_status == 400);
   for (int i = 0; same && i < whole.n && i < MAX_REQUESTS; i++) same = whole.req[i] == split.req[i];
   if (!same)
-    fprintf(stderr, "whole: %d requests, then %d '%s'; split: %d requests, then %d '%s'\n", whole.n,
-            whole.final_status, whole.final_msg, split.n, split.final_status, split.final_msg);
+    fprintf(stderr, "whole: %d requests, then %d '%s'; split: %d requests, then %d '%s'\n", whole.n, whole.final_status,
+            whole.final_msg, split.n, split.final_status, split.final_msg);
   CHECK(same);
   return 0;
 }

@@ -17,12 +17,12 @@
 #include "api/request_params.h"
 #include "servd/tensor.h"
 
-#define CHECK(c)                                                                \
-  do {                                                                          \
-    if (!(c)) {                                                                 \
+#define CHECK(c) \
+  do { \
+    if (!(c)) { \
       fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #c); \
-      abort();                                                                  \
-    }                                                                           \
+      abort(); \
+    } \
   } while (0)
 
 #define DEFAULT_DEADLINE_MS 30000
@@ -56,8 +56,10 @@ static void check_input(const servd_named_tensor *nt, json_t *in) {
   CHECK(strcmp(nt->name, json_string_value(json_object_get(in, "name"))) == 0);
   const char *dt = json_string_value(json_object_get(in, "datatype"));
   CHECK(dt);
-  servd_dtype want = strcmp(dt, "FP32") == 0 ? SERVD_F32 : strcmp(dt, "FP16") == 0 ? SERVD_F16
-                     : strcmp(dt, "BF16") == 0 ? SERVD_BF16 : SERVD_I32;
+  servd_dtype want = strcmp(dt, "FP32") == 0   ? SERVD_F32
+                     : strcmp(dt, "FP16") == 0 ? SERVD_F16
+                     : strcmp(dt, "BF16") == 0 ? SERVD_BF16
+                                               : SERVD_I32;
   CHECK(strcmp(dt, "INT32") == 0 || want != SERVD_I32);
   CHECK(t->dtype == want);
   json_t *shape = json_object_get(in, "shape");

@@ -54,7 +54,11 @@ static servd_tokenizer *build_fixed(void) {
 static int valid_utf8(const uint8_t *s, size_t n) {
   for (size_t i = 0; i < n;) {
     uint8_t c = s[i];
-    size_t l = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+    size_t l = c < 0x80                   ? 1
+               : (c >= 0xC2 && c <= 0xDF) ? 2
+               : (c >= 0xE0 && c <= 0xEF) ? 3
+               : (c >= 0xF0 && c <= 0xF4) ? 4
+                                          : 0;
     if (!l || i + l > n) return 0;
     for (size_t k = 1; k < l; k++)
       if ((s[i + k] & 0xC0) != 0x80) return 0;

@@ -6,10 +6,10 @@
 #include "gpu_llama.h"
 #include "servd/tensor.h"
 
-#define TRY(call)        \
-  do {                   \
-    int rc_ = (call);    \
-    if (rc_) goto fail;  \
+#define TRY(call) \
+  do { \
+    int rc_ = (call); \
+    if (rc_) goto fail; \
   } while (0)
 
 enum { CPU_BLOCK = 16 };
@@ -95,9 +95,9 @@ int cpu_llama_step(cpu_llama *m, const int32_t *tokens, int n, int pos, int32_t 
   int64_t nn = n;
   servd_tensor *ids = servd_tensor_new(SERVD_I32, 1, &nn), *posv = servd_tensor_new(SERVD_I32, 1, &nn),
                *slots = servd_tensor_new(SERVD_I32, 1, &nn);
-  servd_tensor *x = f32(n, h), *xb = f32(n, h), *q = f32(n, qd), *k = f32(n, kd), *v = f32(n, kd),
-               *att = f32(n, qd), *h1 = f32(n, s->inter), *h3 = f32(n, s->inter), *logits = f32(1, s->vocab),
-               *last = NULL, *lastn = f32(1, h);
+  servd_tensor *x = f32(n, h), *xb = f32(n, h), *q = f32(n, qd), *k = f32(n, kd), *v = f32(n, kd), *att = f32(n, qd),
+               *h1 = f32(n, s->inter), *h3 = f32(n, s->inter), *logits = f32(1, s->vocab), *last = NULL,
+               *lastn = f32(1, h);
   if (!ids || !posv || !slots || !x || !xb || !q || !k || !v || !att || !h1 || !h3 || !logits || !lastn) goto fail;
   if (pos + n > m->max_ctx) {
     rc = SERVD_EINVAL;

@@ -57,11 +57,11 @@ bool dc_expect_close(const char *name, const float *g, const float *r, size_t n,
     if (ratio > max_ratio || isnan(ratio)) max_ratio = ratio;
   }
   if (bad)
-    dc_verdict(false, name, "%zu of %zu beyond tolerance (first at %zu: device %.6g, cpu %.6g); max err %.3g, "
-               "max err/tol %.3g; tol %s", bad, n, first_bad, g[first_bad], r[first_bad], max_err, max_ratio,
-               tol_text);
-  else
-    dc_verdict(true, name, "n=%zu max err %.3g, max err/tol %.3g; tol %s", n, max_err, max_ratio, tol_text);
+    dc_verdict(false, name,
+               "%zu of %zu beyond tolerance (first at %zu: device %.6g, cpu %.6g); max err %.3g, "
+               "max err/tol %.3g; tol %s",
+               bad, n, first_bad, g[first_bad], r[first_bad], max_err, max_ratio, tol_text);
+  else dc_verdict(true, name, "n=%zu max err %.3g, max err/tol %.3g; tol %s", n, max_err, max_ratio, tol_text);
   return !bad;
 }
 
@@ -70,10 +70,9 @@ bool dc_expect_equal_i32(const char *name, const int32_t *g, const int32_t *r, s
   for (size_t i = 0; i < n; i++)
     if (g[i] != r[i] && !bad++) first = i;
   if (bad)
-    dc_verdict(false, name, "%zu of %zu differ (first at %zu: device %d, cpu %d); exact match required", bad, n,
-               first, g[first], r[first]);
-  else
-    dc_verdict(true, name, "n=%zu, all identical (exact match required)", n);
+    dc_verdict(false, name, "%zu of %zu differ (first at %zu: device %d, cpu %d); exact match required", bad, n, first,
+               g[first], r[first]);
+  else dc_verdict(true, name, "n=%zu, all identical (exact match required)", n);
   return !bad;
 }
 
@@ -181,9 +180,9 @@ int dc_download_f32(const servd_tensor *d, float *out) {
 int dc_download_i32(const servd_tensor *d, int32_t *out) {
   servd_tensor *h = servd_tensor_new(d->dtype, d->ndim, d->shape);
   if (!h) return SERVD_ENOMEM;
-  int rc = d->dtype == SERVD_I32 ? servd_device_copy(h, d)
-                                 : servd_fail(SERVD_EINVAL, "device_check: download_i32 of a %s tensor",
-                                              servd_dtype_name(d->dtype));
+  int rc = d->dtype == SERVD_I32
+               ? servd_device_copy(h, d)
+               : servd_fail(SERVD_EINVAL, "device_check: download_i32 of a %s tensor", servd_dtype_name(d->dtype));
   if (!rc) memcpy(out, servd_tensor_data(h), servd_tensor_nbytes(h));
   servd_tensor_release(h);
   return rc;
@@ -225,15 +224,14 @@ int main(int argc, char **argv) {
   if (servd_device_describe(dc_device, desc, sizeof desc) || servd_device_mem_info(dc_device, &free_b, &total_b))
     dc_verdict(false, "describe", "%s", servd_last_error());
   else
-    dc_verdict(true, "describe", "cuda:%d of %d: %s; %.1f of %.1f GB free", dc_device, dc_devices, desc,
-               free_b / 1e9, total_b / 1e9);
+    dc_verdict(true, "describe", "cuda:%d of %d: %s; %.1f of %.1f GB free", dc_device, dc_devices, desc, free_b / 1e9,
+               total_b / 1e9);
   const double t0 = dc_now();
   dc_check_ops();
   dc_check_memory();
   dc_check_kv();
   dc_check_graph();
   dc_check_comm();
-  printf("device_check: %s, %d failed check(s), %.1f s\n", dc_failures ? "FAIL" : "PASS", dc_failures,
-         dc_now() - t0);
+  printf("device_check: %s, %d failed check(s), %.1f s\n", dc_failures ? "FAIL" : "PASS", dc_failures, dc_now() - t0);
   return dc_failures ? 1 : 0;
 }

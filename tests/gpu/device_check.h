@@ -29,21 +29,21 @@ void dc_verdict(bool ok, const char *name, const char *fmt, ...) __attribute__((
 void dc_fail_call(const char *name, const char *call, int rc);
 
 /* Stops the check function on a failed call: needs a `name` and a `done:` label in scope. */
-#define TRY(call)                                 \
-  do {                                            \
-    int rc_ = (call);                             \
-    if (rc_) {                                    \
-      dc_fail_call(name, #call, rc_);             \
-      goto done;                                  \
-    }                                             \
+#define TRY(call) \
+  do { \
+    int rc_ = (call); \
+    if (rc_) { \
+      dc_fail_call(name, #call, rc_); \
+      goto done; \
+    } \
   } while (0)
 /* Same for a constructor that returns NULL on failure. */
-#define NN(expr)                                  \
-  do {                                            \
-    if (!(expr)) {                                \
-      dc_fail_call(name, #expr, SERVD_ENOMEM);    \
-      goto done;                                  \
-    }                                             \
+#define NN(expr) \
+  do { \
+    if (!(expr)) { \
+      dc_fail_call(name, #expr, SERVD_ENOMEM); \
+      goto done; \
+    } \
   } while (0)
 
 /* Compares device results g with the CPU reference r element by element:
@@ -79,10 +79,10 @@ int dc_download_i32(const servd_tensor *d, int32_t *out);
 double dc_now(void);
 
 /* The groups of checks. */
-void dc_check_ops(void);     /* device_check_ops.c */
-void dc_check_memory(void);  /* device_check_mem.c */
-void dc_check_kv(void);      /* device_check_step.c */
-void dc_check_graph(void);   /* device_check_step.c */
-void dc_check_comm(void);    /* device_check_comm.c */
+void dc_check_ops(void);    /* device_check_ops.c */
+void dc_check_memory(void); /* device_check_mem.c */
+void dc_check_kv(void);     /* device_check_step.c */
+void dc_check_graph(void);  /* device_check_step.c */
+void dc_check_comm(void);   /* device_check_comm.c */
 
 #endif

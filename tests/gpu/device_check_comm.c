@@ -141,8 +141,6 @@ done:
 
 void dc_check_comm(void) {
   check_world(1);
-  if (dc_devices >= 2)
-    check_world(2);
-  else
-    printf("info collectives: 2 ranks not checked (%d GPU visible)\n", dc_devices);
+  if (dc_devices >= 2) check_world(2);
+  else printf("info collectives: 2 ranks not checked (%d GPU visible)\n", dc_devices);
 }

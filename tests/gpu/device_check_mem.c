@@ -36,7 +36,9 @@ static void check_roundtrip(servd_dtype src, servd_dtype dst) {
   TRY(dc_download_f32(d, got));
   const double rtol = !quant ? 0 : dst == SERVD_BF16 ? ldexp(1, -7) : ldexp(1, -23);
   dc_expect_close(name, got, ref, (size_t)R * C, 0, rtol, NULL,
-                  !quant ? "exact" : dst == SERVD_BF16 ? "1 bf16 ulp (2^-7|ref|)" : "1 f32 ulp (2^-23|ref|)");
+                  !quant              ? "exact"
+                  : dst == SERVD_BF16 ? "1 bf16 ulp (2^-7|ref|)"
+                                      : "1 f32 ulp (2^-23|ref|)");
   /* device -> device copy of the same */
   TRY(dc_dev_new(dst, 2, shape, &d2));
   TRY(servd_device_copy(d2, d));
@@ -73,8 +75,14 @@ static void check_upload_large(servd_dtype src, servd_dtype dst, int64_t rows) {
   TRY(servd_device_upload(dc_device, h, dst, &d));
   TRY(dc_download_f32(d, got));
   const bool quant = servd_dtype_is_quantized(src);
-  dc_expect_close(name, got, ref, n, 0, !quant ? 0 : dst == SERVD_BF16 ? ldexp(1, -7) : ldexp(1, -23), NULL,
-                  !quant ? "exact" : dst == SERVD_BF16 ? "1 bf16 ulp (2^-7|ref|)" : "1 f32 ulp (2^-23|ref|)");
+  dc_expect_close(name, got, ref, n, 0,
+                  !quant              ? 0
+                  : dst == SERVD_BF16 ? ldexp(1, -7)
+                                      : ldexp(1, -23),
+                  NULL,
+                  !quant              ? "exact"
+                  : dst == SERVD_BF16 ? "1 bf16 ulp (2^-7|ref|)"
+                                      : "1 f32 ulp (2^-23|ref|)");
 done:
   free(v), free(ref), free(got);
   servd_tensor_release(h), servd_tensor_release(d);
@@ -117,8 +125,8 @@ static void check_strided(void) {
   TRY(dc_host_values(view, ref));
   TRY(servd_device_upload(dc_device, view, SERVD_BF16, &d));
   TRY(dc_download_f32(d, got));
-  dc_expect_close("upload of a strided host view f32[20,48] (row stride 1024 B) -> bf16", got, ref, 20 * 48, 0, 0,
-                  NULL, "exact (bf16 values)");
+  dc_expect_close("upload of a strided host view f32[20,48] (row stride 1024 B) -> bf16", got, ref, 20 * 48, 0, 0, NULL,
+                  "exact (bf16 values)");
   servd_tensor_release(d), d = NULL;
   servd_tensor_release(view), view = NULL;
   /* host q4_1 view: rows [5, 25), blocks [2, 6) of each row */
@@ -133,8 +141,8 @@ static void check_strided(void) {
   TRY(dc_host_values(view, ref));
   TRY(servd_device_upload(dc_device, view, SERVD_F32, &d));
   TRY(dc_download_f32(d, got));
-  dc_expect_close("upload of a strided q4_1 view [20,128] -> f32 (dequantized)", got, ref, 20 * 128, 0,
-                  ldexp(1, -23), NULL, "1 f32 ulp");
+  dc_expect_close("upload of a strided q4_1 view [20,128] -> f32 (dequantized)", got, ref, 20 * 128, 0, ldexp(1, -23),
+                  NULL, "1 f32 ulp");
   servd_tensor_release(view), view = NULL;
   /* device -> strided host destination: columns [32, 160) of a zeroed host f32[20,256] */
   {
@@ -242,19 +250,18 @@ static void check_weights(void) {
   dc_verdict(p1 == servd_tensor_data(req[1].got) && req[0].got->dtype == SERVD_BF16 &&
                  req[0].got->device == dc_device && req[0].got->shape[0] == 128 && req[0].got->shape[1] == C,
              "weight: two threads, same view, same moment -> one device copy",
-             "device pointers %p and %p (must be equal), bf16[128,%d] on cuda:%d", p1, servd_tensor_data(req[1].got),
-             C, dc_device);
+             "device pointers %p and %p (must be equal), bf16[128,%d] on cuda:%d", p1, servd_tensor_data(req[1].got), C,
+             dc_device);
   /* contents, read after both creating threads have exited */
   TRY(dc_download_f32(req[0].got, got));
-  dc_expect_close("weight contents (rows 64..191), read after the creating threads exited", got, v + 64 * C,
-                  128 * C, 0, 0, NULL, "exact");
+  dc_expect_close("weight contents (rows 64..191), read after the creating threads exited", got, v + 64 * C, 128 * C, 0,
+                  0, NULL, "exact");
   NN(v2 = servd_tensor_narrow(w, 0, 64, 64)); /* same data address, other shape */
   NN(v3 = servd_tensor_narrow(w, 0, 0, 128)); /* same shape, other address */
   TRY(servd_device_weight(dc_device, v2, &w2));
   TRY(servd_device_weight(dc_device, v3, &w3));
   const void *p2 = servd_tensor_data(w2), *p3 = servd_tensor_data(w3);
-  dc_verdict(p2 != p1 && p3 != p1 && p2 != p3,
-             "weight: other views -> other device copies",
+  dc_verdict(p2 != p1 && p3 != p1 && p2 != p3, "weight: other views -> other device copies",
              "same address other shape %p, other address same shape %p, first %p (all distinct)", p2, p3, p1);
   TRY(dc_download_f32(w3, got));
   dc_expect_close("weight contents (rows 0..127)", got, v, 128 * C, 0, 0, NULL, "exact");
@@ -287,7 +294,8 @@ static void check_weights(void) {
     /* Reported, not counted: trim judges by references to the cached tensor, and a view holds its
      * storage instead; the memory stays valid either way, the cost is a second upload. */
     printf("info weights_trim with an entry referenced only through a view of it: %s (bytes after trim %zu, "
-           "%zu if kept)\n", same && b4 == b2 ? "kept" : "dropped; asking again uploaded a second copy", b4, b2);
+           "%zu if kept)\n",
+           same && b4 == b2 ? "kept" : "dropped; asking again uploaded a second copy", b4, b2);
   }
   { /* the trimmed entry is uploaded again on demand */
     servd_tensor *again = servd_tensor_narrow(w, 0, 64, 128);
@@ -305,8 +313,8 @@ static void check_weights(void) {
     for (int i = 0; i < 64 * 256; i++) want[i] = dc_round_bf16(want[i]);
     TRY(servd_device_weight(dc_device, qh, &qw));
     TRY(dc_download_f32(qw, got));
-    dc_expect_close("weight of a q4_1 tensor (bf16 of the dequantized values)", got, want, 64 * 256, 0,
-                    ldexp(1, -7), NULL, "1 bf16 ulp (2^-7|ref|)");
+    dc_expect_close("weight of a q4_1 tensor (bf16 of the dequantized values)", got, want, 64 * 256, 0, ldexp(1, -7),
+                    NULL, "1 bf16 ulp (2^-7|ref|)");
   }
 done:
   if (barrier) pthread_barrier_destroy(&start);

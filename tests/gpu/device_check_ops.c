@@ -92,8 +92,8 @@ static void check_embedding(void) {
   TRY(servd_device_embedding(od, td, idd, off));
   NN(got = malloc((size_t)M * D * sizeof *got));
   TRY(dc_download_f32(od, got));
-  dc_expect_close("embedding shard [500,1500) of 1000x4096, 4 ids outside -> zero rows", got,
-                  servd_tensor_data(rh), (size_t)M * D, 0, 0, NULL, "exact (a copy)");
+  dc_expect_close("embedding shard [500,1500) of 1000x4096, 4 ids outside -> zero rows", got, servd_tensor_data(rh),
+                  (size_t)M * D, 0, 0, NULL, "exact (a copy)");
 done:
   free(tv), free(got);
   servd_tensor_release(th), servd_tensor_release(ih), servd_tensor_release(rh), servd_tensor_release(td);
@@ -141,8 +141,7 @@ static void check_rope(int layout) {
   const char *name = layout ? "rope half-split" : "rope interleaved";
   enum { M = 9, HEADS = 32, HD = 128, W = HEADS * HD };
   const int32_t pos[M] = {0, 1, 17, 100, 4095, 8191, 9000, 32768, 70000};
-  const servd_rope_params p = {layout ? SERVD_ROPE_HALF : SERVD_ROPE_INTERLEAVED, HD, 500000.f, 8.f, 1.f, 4.f,
-                               8192};
+  const servd_rope_params p = {layout ? SERVD_ROPE_HALF : SERVD_ROPE_INTERLEAVED, HD, 500000.f, 8.f, 1.f, 4.f, 8192};
   float *xv = NULL, *got = NULL, *atol_i = NULL;
   servd_tensor *xh = NULL, *ph = NULL, *xd = NULL, *pd = NULL;
   const int64_t shape[2] = {M, W};
@@ -278,8 +277,8 @@ static void check_errors(void) {
   TRY(dc_dev_new(SERVD_I32, 2, ks, &li));
   TRY(dc_dev_new(SERVD_F32, 2, ls, &lg));
   NN(h = servd_tensor_new(SERVD_BF16, 2, xs));
-  const int r1 = servd_device_matmul(o, x, w);  /* k 64 vs 72 */
-  const int r2 = servd_device_add(x, x, h);     /* a host operand */
+  const int r1 = servd_device_matmul(o, x, w);      /* k 64 vs 72 */
+  const int r2 = servd_device_add(x, x, h);         /* a host operand */
   const int r3 = servd_device_topk(lv, li, lg, 65); /* k > 64 */
   dc_verdict(r1 < 0 && r2 < 0 && r3 < 0, "bad arguments refused",
              "matmul k mismatch %d, add with a host tensor %d, topk k=65 %d (all must be < 0)", r1, r2, r3);
@@ -325,8 +324,8 @@ static void check_fused(void) {
   TRY(dc_download_f32(xd, got));
   dc_expect_close("add_rmsnorm 5x4096: x + o", got, sumv, (size_t)M * D, 0, 0, NULL, "exact (bf16 of the sum)");
   TRY(dc_download_f32(hd, got));
-  dc_expect_close("add_rmsnorm 5x4096: the norm", got, servd_tensor_data(rh), (size_t)M * D, 1e-6, ldexp(1, -6),
-                  NULL, "2^-6|ref| + 1e-6");
+  dc_expect_close("add_rmsnorm 5x4096: the norm", got, servd_tensor_data(rh), (size_t)M * D, 1e-6, ldexp(1, -6), NULL,
+                  "2^-6|ref| + 1e-6");
 
   for (int i = 0; i < 3; i++) {
     const int64_t shape[2] = {ns[i], K};

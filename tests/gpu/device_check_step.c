@@ -29,8 +29,19 @@ static void shuffle(int32_t *a, int n) {
  * |v| <= 1) and rounds the output (2^-8 |ref|): both doubled, 2^-7 + 2^-7 |ref|. A wrong block or
  * position mapping mixes other random rows in and moves outputs by ~0.05 or more (q is scaled by 3
  * so the attention is not flat). */
-enum { A_HEADS = 32, A_KVH = 8, A_HD = 128, A_KVD = A_KVH * A_HD, A_QD = A_HEADS * A_HD, A_BS = 16, A_NB = 160,
-       A_LAYERS = 2, A_NSEQ = 7, A_MAXB = 64, A_MAXT = 64 };
+enum {
+  A_HEADS = 32,
+  A_KVH = 8,
+  A_HD = 128,
+  A_KVD = A_KVH * A_HD,
+  A_QD = A_HEADS * A_HD,
+  A_BS = 16,
+  A_NB = 160,
+  A_LAYERS = 2,
+  A_NSEQ = 7,
+  A_MAXB = 64,
+  A_MAXT = 64
+};
 
 static void check_attention(void) {
   const char *name = "kv/attention";
@@ -140,8 +151,10 @@ static void check_attention(void) {
     const int r2 = servd_device_batch_upload(db, 9, tokens, positions, sl, 9, rows65, &many, A_BS);
     const int r3 = servd_device_batch_upload(db, 1, tokens, positions, sl, 1, rows65, &longer, A_BS);
     dc_verdict(mt == A_MAXT && ms == 8 && r1 == SERVD_ERANGE && r2 == SERVD_ERANGE && r3 == SERVD_ERANGE,
-               "device batch capacities", "capacity %d tokens %d seqs; uploads beyond: 65 tokens %d, 9 seqs %d, "
-               "65 blocks %d (SERVD_ERANGE = %d expected)", mt, ms, r1, r2, r3, SERVD_ERANGE);
+               "device batch capacities",
+               "capacity %d tokens %d seqs; uploads beyond: 65 tokens %d, 9 seqs %d, "
+               "65 blocks %d (SERVD_ERANGE = %d expected)",
+               mt, ms, r1, r2, r3, SERVD_ERANGE);
   }
   TRY(servd_device_batch_upload(db, T, tokens, positions, slots, A_NSEQ, logit_rows, &ab, A_BS));
   { /* the step's fields as uploaded */
@@ -176,7 +189,8 @@ static void check_attention(void) {
     char label[160];
     snprintf(label, sizeof label,
              "attention layer %d: prefill 40 + chunk 17@283 + 5 decode (kv 1..1024), GQA 32/8, hd 128, "
-             "scrambled blocks, slot -1 rows unwritten", l);
+             "scrambled blocks, slot -1 rows unwritten",
+             l);
     TRY(servd_attention(rh, qh, ckv, l, &ab, A_HEADS, scale));
     TRY(servd_device_attention(od, qd, dkv, l, db, A_HEADS, scale));
     TRY(dc_download_f32(od, got));
@@ -218,15 +232,29 @@ void dc_check_kv(void) { check_attention(); }
  * and the eager launch (f32 reordering, then bf16 rounding flips of up to 2^-7 relative in a few activations
  * carried through two layers). Replays that ignored the new inputs would differ by O(1): the logits of
  * consecutive steps are checked to differ by more than 0.25. */
-enum { G_D = 1024, G_HEADS = 8, G_KVH = 2, G_HD = 128, G_QD = G_HEADS * G_HD, G_KVD = G_KVH * G_HD, G_FFN = 2816,
-       G_VOCAB = 5003, G_LAYERS = 2, G_SEQS = 5, G_B = 6, G_BS = 16, G_MAXB = 40, G_NB = G_SEQS * G_MAXB,
-       G_STEPS = 3 };
+enum {
+  G_D = 1024,
+  G_HEADS = 8,
+  G_KVH = 2,
+  G_HD = 128,
+  G_QD = G_HEADS * G_HD,
+  G_KVD = G_KVH * G_HD,
+  G_FFN = 2816,
+  G_VOCAB = 5003,
+  G_LAYERS = 2,
+  G_SEQS = 5,
+  G_B = 6,
+  G_BS = 16,
+  G_MAXB = 40,
+  G_NB = G_SEQS * G_MAXB,
+  G_STEPS = 3
+};
 
 typedef struct mini {
   servd_tensor *host[4 + 9 * G_LAYERS]; /* host weights, kept until the end */
   servd_tensor *emb, *norm, *lm_head;
-  servd_tensor *attn_norm[G_LAYERS], *wq[G_LAYERS], *wk[G_LAYERS], *wv[G_LAYERS], *wo[G_LAYERS],
-      *ffn_norm[G_LAYERS], *wg[G_LAYERS], *wu[G_LAYERS], *wd[G_LAYERS];
+  servd_tensor *attn_norm[G_LAYERS], *wq[G_LAYERS], *wk[G_LAYERS], *wv[G_LAYERS], *wo[G_LAYERS], *ffn_norm[G_LAYERS],
+      *wg[G_LAYERS], *wu[G_LAYERS], *wd[G_LAYERS];
   servd_tensor *x, *h, *q, *k, *v, *att, *o, *g, *u, *f, *logits, *next;
   servd_device_kv *kv;
   servd_device_batch *db;
@@ -235,8 +263,8 @@ typedef struct mini {
 } mini;
 
 static void mini_free(mini *m) {
-  servd_tensor **dev[] = {&m->emb, &m->norm, &m->lm_head, &m->x, &m->h, &m->q, &m->k, &m->v, &m->att, &m->o,
-                          &m->g, &m->u, &m->f, &m->logits, &m->next};
+  servd_tensor **dev[] = {&m->emb, &m->norm, &m->lm_head, &m->x, &m->h, &m->q,      &m->k,   &m->v,
+                          &m->att, &m->o,    &m->g,       &m->u, &m->f, &m->logits, &m->next};
   for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) servd_tensor_release(*dev[i]);
   for (int l = 0; l < G_LAYERS; l++) {
     servd_tensor_release(m->attn_norm[l]), servd_tensor_release(m->wq[l]), servd_tensor_release(m->wk[l]);
@@ -448,8 +476,10 @@ static void check_graph_step(void) {
     int bad = 0;
     for (int r = 0; r < G_B; r++)
       if (graph_next[j][r] != eager_next[j][r] && top2_margin(eager[j] + (size_t)r * G_VOCAB, G_VOCAB) > 0.03f) bad++;
-    dc_verdict(!bad, "graph replay argmax vs eager", "step %d: %d of %d rows differ where the eager top-2 margin "
-               "exceeds 0.03", j, bad, G_B);
+    dc_verdict(!bad, "graph replay argmax vs eager",
+               "step %d: %d of %d rows differ where the eager top-2 margin "
+               "exceeds 0.03",
+               j, bad, G_B);
   }
   for (int j = 1; j < G_STEPS; j++) {
     double d = 0;

@@ -41,13 +41,13 @@ static void line(const char *fmt, ...) {
   fflush(stdout);
 }
 
-#define CHECK_RC(call)                                                                  \
-  do {                                                                                  \
-    int rc_ = (call);                                                                   \
-    if (rc_) {                                                                          \
-      line("FAIL %s: %s (%s)", #call, servd_strerror(rc_), servd_last_error());          \
-      exit(1);                                                                          \
-    }                                                                                   \
+#define CHECK_RC(call) \
+  do { \
+    int rc_ = (call); \
+    if (rc_) { \
+      line("FAIL %s: %s (%s)", #call, servd_strerror(rc_), servd_last_error()); \
+      exit(1); \
+    } \
   } while (0)
 
 static uint64_t rng = 88172645463325252ull;
@@ -100,8 +100,8 @@ static servd_tensor *host_i32(const int32_t *src, int64_t n) {
 }
 
 /* Compares device bf16 output with the CPU f32 reference: |gpu - cpu| <= atol + rtol*|cpu|. */
-static void compare(servd_cuda_ctx *c, const char *name, const servd_bf16_t *d, const float *ref, size_t n,
-                    float atol, float rtol) {
+static void compare(servd_cuda_ctx *c, const char *name, const servd_bf16_t *d, const float *ref, size_t n, float atol,
+                    float rtol) {
   uint16_t *hb = malloc(n * 2);
   CHECK_RC(servd_cuda_download(c, hb, d, n * 2));
   double max_err = 0, max_ref = 0;
@@ -143,8 +143,11 @@ static void check_ops(servd_cuda_ctx *c) {
     /* dot products of 4096 terms of size ~0.05: absolute error floor from f32 reordering */
     compare(c, name, d, servd_tensor_data(out), (size_t)m * n, 0.02f, rtol);
     servd_cuda_free(c, d);
-    servd_tensor_release(xt); servd_tensor_release(out); servd_tensor_release(wt);
-    free_buf(c, &x); free_buf(c, &w);
+    servd_tensor_release(xt);
+    servd_tensor_release(out);
+    servd_tensor_release(wt);
+    free_buf(c, &x);
+    free_buf(c, &w);
   }
   { /* rmsnorm */
     const int m = 7, d = 4096;
@@ -155,8 +158,11 @@ static void check_ops(servd_cuda_ctx *c) {
     CHECK_RC(servd_cuda_rmsnorm(c, o, x.d, w.d, m, d, 1e-5f));
     compare(c, "rmsnorm 7x4096", o, servd_tensor_data(out), (size_t)m * d, 1e-3f, rtol);
     servd_cuda_free(c, o);
-    servd_tensor_release(xt); servd_tensor_release(wt); servd_tensor_release(out);
-    free_buf(c, &x); free_buf(c, &w);
+    servd_tensor_release(xt);
+    servd_tensor_release(wt);
+    servd_tensor_release(out);
+    free_buf(c, &x);
+    free_buf(c, &w);
   }
   for (int layout = 0; layout < 2; layout++) { /* rope, Llama 3.1 scaling */
     const int m = 5, heads = 32, hd = 128;
@@ -173,7 +179,8 @@ static void check_ops(servd_cuda_ctx *c) {
     compare(c, layout ? "rope half-split, llama3 scaling" : "rope interleaved, llama3 scaling", x.d,
             servd_tensor_data(xt), x.n, 0.01f, rtol);
     servd_cuda_free(c, dpos);
-    servd_tensor_release(xt); servd_tensor_release(pt);
+    servd_tensor_release(xt);
+    servd_tensor_release(pt);
     free_buf(c, &x);
   }
   { /* swiglu, add */
@@ -188,8 +195,11 @@ static void check_ops(servd_cuda_ctx *c) {
     CHECK_RC(servd_cuda_add(c, o, a.d, b.d, n));
     compare(c, "add 10007", o, servd_tensor_data(out), n, 1e-3f, rtol);
     servd_cuda_free(c, o);
-    servd_tensor_release(at); servd_tensor_release(bt); servd_tensor_release(out);
-    free_buf(c, &a); free_buf(c, &b);
+    servd_tensor_release(at);
+    servd_tensor_release(bt);
+    servd_tensor_release(out);
+    free_buf(c, &a);
+    free_buf(c, &b);
   }
   { /* embedding */
     const int vocab = 1000, d = 4096, m = 5;
@@ -204,8 +214,11 @@ static void check_ops(servd_cuda_ctx *c) {
     CHECK_RC(servd_cuda_upload(c, dids, ids, sizeof ids));
     CHECK_RC(servd_cuda_embedding(c, o, tb.d, dids, m, d, vocab));
     compare(c, "embedding 5 of 1000x4096", o, servd_tensor_data(out), (size_t)m * d, 0.f, 0.f);
-    servd_cuda_free(c, dids); servd_cuda_free(c, o);
-    servd_tensor_release(tt); servd_tensor_release(it); servd_tensor_release(out);
+    servd_cuda_free(c, dids);
+    servd_cuda_free(c, o);
+    servd_tensor_release(tt);
+    servd_tensor_release(it);
+    servd_tensor_release(out);
     free_buf(c, &tb);
   }
   for (int decode_only = 0; decode_only < 2; decode_only++) { /* attention over the paged cache */
@@ -237,9 +250,12 @@ static void check_ops(servd_cuda_ctx *c) {
       CHECK_RC(servd_cuda_kv_write(c, kc, vc, k.d, v.d, ds, L, kvd, (int64_t)n_blocks * bs));
       CHECK_RC(servd_cuda_sync(c));
       servd_cuda_free(c, ds);
-      servd_tensor_release(kt); servd_tensor_release(vt); servd_tensor_release(st);
+      servd_tensor_release(kt);
+      servd_tensor_release(vt);
+      servd_tensor_release(st);
       free(slots);
-      free_buf(c, &k); free_buf(c, &v);
+      free_buf(c, &k);
+      free_buf(c, &v);
     }
     buf q = make_buf(c, (size_t)T * heads * hd, 1.f);
     servd_tensor *qt = host_f32(q.h, 2, T, (int64_t)heads * hd), *out = host_f32(NULL, 2, T, (int64_t)heads * hd);
@@ -252,14 +268,18 @@ static void check_ops(servd_cuda_ctx *c) {
     CHECK_RC(servd_cuda_upload(c, d_arrays + 3, q_len, 12));
     CHECK_RC(servd_cuda_upload(c, d_arrays + 6, kv_len, 12));
     CHECK_RC(servd_cuda_upload(c, d_arrays + 9, tables, sizeof tables));
-    const servd_cuda_attn_batch cb = {nseq, max_blocks, d_arrays, d_arrays + 3, d_arrays + 6, d_arrays + 9,
-                                      q_start, q_len, kv_len};
+    const servd_cuda_attn_batch cb = {nseq,         max_blocks, d_arrays, d_arrays + 3, d_arrays + 6,
+                                      d_arrays + 9, q_start,    q_len,    kv_len};
     servd_bf16_t *o = servd_cuda_alloc(c, q.n * 2);
     CHECK_RC(servd_cuda_attention(c, o, q.d, kc, vc, &cb, heads, kvh, hd, bs, scale));
-    compare(c, decode_only ? "attention decode (split-K), GQA 32/8" : "attention prefill+chunk+decode, GQA 32/8",
-            o, servd_tensor_data(out), q.n, 2e-3f, rtol);
-    servd_cuda_free(c, o); servd_cuda_free(c, d_arrays); servd_cuda_free(c, kc); servd_cuda_free(c, vc);
-    servd_tensor_release(qt); servd_tensor_release(out);
+    compare(c, decode_only ? "attention decode (split-K), GQA 32/8" : "attention prefill+chunk+decode, GQA 32/8", o,
+            servd_tensor_data(out), q.n, 2e-3f, rtol);
+    servd_cuda_free(c, o);
+    servd_cuda_free(c, d_arrays);
+    servd_cuda_free(c, kc);
+    servd_cuda_free(c, vc);
+    servd_tensor_release(qt);
+    servd_tensor_release(out);
     servd_kv_cache_destroy(kv);
     free_buf(c, &q);
   }
@@ -289,9 +309,15 @@ static void check_ops(servd_cuda_ctx *c) {
     line("| argmax, top-10, sample(T->0) over 128256 | %d | %s | | %s |", m * n, ok ? "exact" : "differs",
          ok ? "ok" : "FAIL");
     failures += !ok;
-    servd_cuda_free(c, dl); servd_cuda_free(c, dv); servd_cuda_free(c, da); servd_cuda_free(c, di);
+    servd_cuda_free(c, dl);
+    servd_cuda_free(c, dv);
+    servd_cuda_free(c, da);
+    servd_cuda_free(c, di);
     servd_cuda_free(c, dseeds);
-    servd_tensor_release(lt); servd_tensor_release(am); servd_tensor_release(tv); servd_tensor_release(ti);
+    servd_tensor_release(lt);
+    servd_tensor_release(am);
+    servd_tensor_release(tv);
+    servd_tensor_release(ti);
     free(lg);
   }
   { /* sampling distribution: 4 classes with p = .1 .2 .3 .4, 40000 rows with distinct seeds */
@@ -318,8 +344,12 @@ static void check_ops(servd_cuda_ctx *c) {
     /* 3 degrees of freedom: P(chi2 > 16.27) = 0.001 */
     line("| sample T=1, p=(.1,.2,.3,.4), 40000 draws | %d | chi2 %.2f | | %s |", m, chi2, chi2 < 16.27 ? "ok" : "FAIL");
     failures += chi2 >= 16.27;
-    servd_cuda_free(c, dl); servd_cuda_free(c, ds); servd_cuda_free(c, dout);
-    free(lg); free(seeds); free(hout);
+    servd_cuda_free(c, dl);
+    servd_cuda_free(c, ds);
+    servd_cuda_free(c, dout);
+    free(lg);
+    free(seeds);
+    free(hout);
   }
 }
 
@@ -443,8 +473,7 @@ int main(int argc, char **argv) {
   line("\n## Llama-3.1-8B-shaped model, synthesized bf16 weights\n");
   line("Device copy (read + write): %.2f TB/s (datasheet 4.8 TB/s)\n", copy_bw / 1e12);
 
-  llama_shape s = {128256, 4096, 14336, 32, 32, 8, 128, 1e-5f,
-                   {SERVD_ROPE_HALF, 128, 500000.f, 8.f, 1.f, 4.f, 8192}};
+  llama_shape s = {128256, 4096, 14336, 32, 32, 8, 128, 1e-5f, {SERVD_ROPE_HALF, 128, 500000.f, 8.f, 1.f, 4.f, 8192}};
   if (quick) s.layers = 2;
   const int max_seqs = 64, max_ctx = 1024, max_tokens = 2048;
   gpu_llama *g = NULL;
@@ -479,8 +508,11 @@ int main(int argc, char **argv) {
   double tps[2] = {0}, tps_default[2] = {0};
   CHECK_RC(decode_speed(g, &s, wbytes, copy_bw, "warp GEMV", tps_default));
   {
-    const int shapes[][2] = {{s.heads * s.head_dim, s.hidden}, {s.kv_heads * s.head_dim, s.hidden},
-                             {s.hidden, s.heads * s.head_dim}, {s.inter, s.hidden}, {s.hidden, s.inter},
+    const int shapes[][2] = {{s.heads * s.head_dim, s.hidden},
+                             {s.kv_heads * s.head_dim, s.hidden},
+                             {s.hidden, s.heads * s.head_dim},
+                             {s.inter, s.hidden},
+                             {s.hidden, s.inter},
                              {s.vocab, s.hidden}};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
       char rep[512];

@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(call)             \
-  do {                        \
-    int rc_ = (call);         \
-    if (rc_) return rc_;      \
+#define TRY(call) \
+  do { \
+    int rc_ = (call); \
+    if (rc_) return rc_; \
   } while (0)
 
 enum { BLOCK = 16 };
@@ -48,8 +48,8 @@ static int synth(servd_cuda_ctx *c, servd_bf16_t **p, size_t n, uint64_t seed) {
   return servd_cuda_fill_random_bf16(c, *p, n, seed, 0.02f * sqrtf(3.f));
 }
 
-int gpu_llama_create(servd_cuda_ctx *c, const llama_shape *s, int max_seqs, int max_ctx, int max_tokens,
-                     uint64_t seed, gpu_llama **out) {
+int gpu_llama_create(servd_cuda_ctx *c, const llama_shape *s, int max_seqs, int max_ctx, int max_tokens, uint64_t seed,
+                     gpu_llama **out) {
   gpu_llama *m = calloc(1, sizeof *m);
   if (!m) return SERVD_ENOMEM;
   *out = m;
@@ -62,8 +62,8 @@ int gpu_llama_create(servd_cuda_ctx *c, const llama_shape *s, int max_seqs, int 
   const size_t h = s->hidden, qd = (size_t)s->heads * s->head_dim, kd = (size_t)s->kv_heads * s->head_dim;
   const int L = s->layers;
   llama_weights *w = &m->w;
-  servd_bf16_t ***lists[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->ffn_norm, &w->w1, &w->w2, &w->w3,
-                             &m->k_cache, &m->v_cache};
+  servd_bf16_t ***lists[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv,      &w->wo,     &w->ffn_norm,
+                             &w->w1,        &w->w2, &w->w3, &m->k_cache, &m->v_cache};
   for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) {
     *lists[i] = calloc((size_t)L, sizeof(servd_bf16_t *));
     if (!*lists[i]) return SERVD_ENOMEM;
@@ -135,10 +135,22 @@ void gpu_llama_drop_graphs(gpu_llama *m) {
 void gpu_llama_destroy(gpu_llama *m) {
   if (!m) return;
   gpu_llama_drop_graphs(m);
-  free(m->w.attn_norm); free(m->w.wq); free(m->w.wk); free(m->w.wv); free(m->w.wo);
-  free(m->w.ffn_norm); free(m->w.w1); free(m->w.w2); free(m->w.w3);
-  free(m->k_cache); free(m->v_cache);
-  free(m->h_pos); free(m->h_slots); free(m->h_last); free(m->h_q_start); free(m->h_tables);
+  free(m->w.attn_norm);
+  free(m->w.wq);
+  free(m->w.wk);
+  free(m->w.wv);
+  free(m->w.wo);
+  free(m->w.ffn_norm);
+  free(m->w.w1);
+  free(m->w.w2);
+  free(m->w.w3);
+  free(m->k_cache);
+  free(m->v_cache);
+  free(m->h_pos);
+  free(m->h_slots);
+  free(m->h_last);
+  free(m->h_q_start);
+  free(m->h_tables);
   free(m); /* device memory goes with the context's pool */
 }
 
@@ -185,8 +197,8 @@ static int forward(gpu_llama *m, int n_seqs, int T, const int32_t *q_len, const 
   const llama_shape *s = &m->s;
   const llama_weights *w = &m->w;
   const int h = s->hidden, qd = s->heads * s->head_dim, kd = s->kv_heads * s->head_dim;
-  const servd_cuda_attn_batch ab = {n_seqs, m->blocks_per_seq, m->d_q_start, m->d_q_len, m->d_kv_len, m->d_tables,
-                                    m->h_q_start, q_len, kv_len};
+  const servd_cuda_attn_batch ab = {n_seqs,      m->blocks_per_seq, m->d_q_start, m->d_q_len, m->d_kv_len,
+                                    m->d_tables, m->h_q_start,      q_len,        kv_len};
   const float scale = 1.0f / sqrtf((float)s->head_dim);
   TRY(servd_cuda_embedding(c, m->x, w->embed, m->d_tokens, T, h, s->vocab));
   TRY(servd_cuda_rmsnorm(c, m->xb, m->x, w->attn_norm[0], T, h, s->eps));
@@ -200,8 +212,8 @@ static int forward(gpu_llama *m, int n_seqs, int T, const int32_t *q_len, const 
     TRY(servd_cuda_rope(c, m->k, m->d_pos, T, s->kv_heads, &s->rope));
     TRY(servd_cuda_kv_write(c, m->k_cache[l], m->v_cache[l], m->k, m->v, m->d_slots, T, kd,
                             (int64_t)m->max_seqs * m->blocks_per_seq * BLOCK));
-    TRY(servd_cuda_attention(c, m->att, m->q, m->k_cache[l], m->v_cache[l], &ab, s->heads, s->kv_heads,
-                             s->head_dim, BLOCK, scale));
+    TRY(servd_cuda_attention(c, m->att, m->q, m->k_cache[l], m->v_cache[l], &ab, s->heads, s->kv_heads, s->head_dim,
+                             BLOCK, scale));
     TRY(servd_cuda_matmul(c, m->xb, m->att, w->wo[l], T, h, qd));
     TRY(servd_cuda_add_rmsnorm(c, m->x, m->xb, m->xb, w->ffn_norm[l], T, h, s->eps));
     servd_bf16_t *gu[2] = {m->h1, m->h3};
@@ -210,10 +222,8 @@ static int forward(gpu_llama *m, int n_seqs, int T, const int32_t *q_len, const 
     TRY(servd_cuda_matmul_many(c, 2, gu, m->xb, w13, ngu, T, h));
     TRY(servd_cuda_swiglu(c, m->h1, m->h1, m->h3, (int64_t)T * s->inter));
     TRY(servd_cuda_matmul(c, m->xb, m->h1, w->w2[l], T, h, s->inter));
-    if (l + 1 < s->layers)
-      TRY(servd_cuda_add_rmsnorm(c, m->x, m->xb, m->xb, w->attn_norm[l + 1], T, h, s->eps));
-    else
-      TRY(servd_cuda_add(c, m->x, m->x, m->xb, (int64_t)T * h));
+    if (l + 1 < s->layers) TRY(servd_cuda_add_rmsnorm(c, m->x, m->xb, m->xb, w->attn_norm[l + 1], T, h, s->eps));
+    else TRY(servd_cuda_add(c, m->x, m->x, m->xb, (int64_t)T * h));
   }
   /* Only the last row of each sequence needs logits: gather them with the embedding kernel. */
   TRY(servd_cuda_embedding(c, m->last, m->x, m->d_last, n_seqs, h, T));

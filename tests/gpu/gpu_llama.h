@@ -26,8 +26,8 @@ typedef struct gpu_llama gpu_llama;
 
 /* Synthesizes weights on the device (uniform, std 0.02; norms 1) and a KV cache for max_seqs
  * sequences of up to max_ctx tokens. */
-int gpu_llama_create(servd_cuda_ctx *c, const llama_shape *s, int max_seqs, int max_ctx, int max_tokens,
-                     uint64_t seed, gpu_llama **out);
+int gpu_llama_create(servd_cuda_ctx *c, const llama_shape *s, int max_seqs, int max_ctx, int max_tokens, uint64_t seed,
+                     gpu_llama **out);
 void gpu_llama_destroy(gpu_llama *m);
 const llama_weights *gpu_llama_weights(const gpu_llama *m);
 

@@ -67,7 +67,7 @@ static int f_predict(servd_model *m, const servd_named_tensor *in, int n_in, ser
   float *b = servd_tensor_data(y);
   for (int64_t i = 0; i < servd_tensor_numel(y); i++) b[i] = 2 * a[i];
   *out = calloc(1, sizeof **out);
-  snprintf((*out)[0].name, sizeof (*out)[0].name, "y");
+  snprintf((*out)[0].name, sizeof(*out)[0].name, "y");
   (*out)[0].tensor = y;
   *n_out = 1;
   return 0;
@@ -77,9 +77,15 @@ static void f_stats(const servd_model *m, servd_model_stats *s) {
   memset(s, 0, sizeof *s);
   s->n_interpreters = 2;
 }
-static const servd_model_ops fake_ops = {.options_default = f_options_default, .gen_params_default = f_params_default,
-                                         .unload = f_unload, .name = f_name, .kind = f_kind, .ready = f_ready,
-                                         .metadata = f_meta, .predict = f_predict, .get_stats = f_stats};
+static const servd_model_ops fake_ops = {.options_default = f_options_default,
+                                         .gen_params_default = f_params_default,
+                                         .unload = f_unload,
+                                         .name = f_name,
+                                         .kind = f_kind,
+                                         .ready = f_ready,
+                                         .metadata = f_meta,
+                                         .predict = f_predict,
+                                         .get_stats = f_stats};
 
 /* ---- a blocking HTTP/2 client (the client thread) ---- */
 
@@ -87,14 +93,14 @@ static const servd_model_ops fake_ops = {.options_default = f_options_default, .
  * wakes the loop and ends its thread; the test asserts that nothing failed. */
 static atomic_int client_failed;
 static uv_async_t *client_done;
-#define CK(x)                                                                \
-  do {                                                                       \
-    if (!(x)) {                                                              \
+#define CK(x) \
+  do { \
+    if (!(x)) { \
       fprintf(stderr, "%s:%d: client check failed: %s\n", __FILE__, __LINE__, #x); \
-      atomic_store(&client_failed, 1);                                       \
-      uv_async_send(client_done);                                            \
-      pthread_exit(NULL);                                                    \
-    }                                                                        \
+      atomic_store(&client_failed, 1); \
+      uv_async_send(client_done); \
+      pthread_exit(NULL); \
+    } \
   } while (0)
 
 typedef struct cli {

@@ -18,7 +18,7 @@ static void test_timeout(void **st) {
   assert_int_equal(grpc_timeout_parse("2M"), 120000);
   assert_int_equal(grpc_timeout_parse("1H"), 3600000);
   assert_int_equal(grpc_timeout_parse("250m"), 250);
-  assert_int_equal(grpc_timeout_parse("1u"), 1);          /* rounded up: never 0 for a positive timeout */
+  assert_int_equal(grpc_timeout_parse("1u"), 1); /* rounded up: never 0 for a positive timeout */
   assert_int_equal(grpc_timeout_parse("1500000n"), 2);
   assert_int_equal(grpc_timeout_parse("0m"), 0);
   assert_int_equal(grpc_timeout_parse("99999999S"), 99999999000ll);

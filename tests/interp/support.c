@@ -17,8 +17,7 @@ void support_early_init(int argc, char **argv) {
 void support_exec(servd_interp *it, const char *code) {
   servd_py_error err;
   int rc = servd_interp__exec(it, code, 0, &err);
-  if (rc < 0)
-    fprintf(stderr, "exec failed: %s: %s\n%s\n", err.type, err.message, err.traceback);
+  if (rc < 0) fprintf(stderr, "exec failed: %s: %s\n%s\n", err.type, err.message, err.traceback);
   assert_int_equal(rc, 0);
 }
 
@@ -26,8 +25,7 @@ json_t *support_eval(servd_interp *it, const char *expr) {
   servd_py_error err;
   json_t *r = NULL;
   int rc = servd_interp__eval_json(it, expr, &r, 0, &err);
-  if (rc < 0)
-    fprintf(stderr, "eval %s failed: %s: %s\n%s\n", expr, err.type, err.message, err.traceback);
+  if (rc < 0) fprintf(stderr, "eval %s failed: %s: %s\n%s\n", expr, err.type, err.message, err.traceback);
   assert_int_equal(rc, 0);
   assert_non_null(r);
   return r;
@@ -43,8 +41,7 @@ long long support_eval_int(servd_interp *it, const char *expr) {
 
 void support_expect_true(servd_interp *it, const char *expr) {
   json_t *r = support_eval(it, expr);
-  if (!json_is_true(r))
-    fprintf(stderr, "expected true: %s\n", expr);
+  if (!json_is_true(r)) fprintf(stderr, "expected true: %s\n", expr);
   assert_true(json_is_true(r));
   json_decref(r);
 }
@@ -54,13 +51,10 @@ static void expect_raises(servd_interp *it, const char *code, const char *type, 
   int rc = servd_interp__exec(it, code, 0, &err);
   assert_int_not_equal(rc, 0);
   bool found = prefix ? strncmp(err.message, msg, strlen(msg)) == 0 : strstr(err.message, msg) != NULL;
-  if (strcmp(err.type, type) || !found)
-    fprintf(stderr, "%s -> %s: %s\n", code, err.type, err.message);
+  if (strcmp(err.type, type) || !found) fprintf(stderr, "%s -> %s: %s\n", code, err.type, err.message);
   assert_string_equal(err.type, type);
-  if (prefix)
-    assert_memory_equal(err.message, msg, strlen(msg));
-  else
-    assert_non_null(strstr(err.message, msg));
+  if (prefix) assert_memory_equal(err.message, msg, strlen(msg));
+  else assert_non_null(strstr(err.message, msg));
 }
 
 void support_expect_raises(servd_interp *it, const char *code, const char *type, const char *msg_part) {
@@ -72,13 +66,11 @@ void support_expect_raises_prefix(servd_interp *it, const char *code, const char
 }
 
 int support_make_dir_with(char *dir_template, const char *file, const char *text) {
-  if (!mkdtemp(dir_template))
-    return -1;
+  if (!mkdtemp(dir_template)) return -1;
   char path[512];
   snprintf(path, sizeof path, "%s/%s", dir_template, file);
   FILE *f = fopen(path, "w");
-  if (!f)
-    return -1;
+  if (!f) return -1;
   fputs(text, f);
   fclose(f);
   return 0;
@@ -100,8 +92,7 @@ size_t support_rss(void) {
   FILE *f = fopen("/proc/self/statm", "r");
   unsigned long size = 0, res = 0;
   if (f) {
-    if (fscanf(f, "%lu %lu", &size, &res) != 2)
-      res = 0;
+    if (fscanf(f, "%lu %lu", &size, &res) != 2) res = 0;
     fclose(f);
   }
   return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);

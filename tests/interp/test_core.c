@@ -10,8 +10,7 @@ static servd_pool *make_pool(int n) {
   servd_pool_options o = {.n_interpreters = n, .world_size = 1};
   servd_pool *p = NULL;
   int rc = servd_pool_create(NULL, &o, &p);
-  if (rc < 0)
-    fprintf(stderr, "pool: %s\n", servd_last_error());
+  if (rc < 0) fprintf(stderr, "pool: %s\n", servd_last_error());
   assert_int_equal(rc, 0);
   return p;
 }
@@ -49,8 +48,7 @@ static void *spin(void *v) {
 static void *c_spin(void *v) {
   double until = support_seconds() + 0.15;
   volatile unsigned long x = 0;
-  while (support_seconds() < until)
-    x = x * 2654435761u + 1;
+  while (support_seconds() < until) x = x * 2654435761u + 1;
   (void)v;
   return NULL;
 }
@@ -105,12 +103,10 @@ static void test_parallelism(void **state) {
     double ratio = two / one;
     fprintf(stderr, "parallelism: one call %.3f s, two calls on two interpreters %.3f s (%.2fx, %.2f cores busy)\n",
             one, two, ratio, cpu / two);
-    if (ratio < best)
-      best = ratio;
+    if (ratio < best) best = ratio;
   }
   servd_pool_destroy(p);
-  if (!counted)
-    skip();
+  if (!counted) skip();
   assert_true(best < 1.6);
 }
 
@@ -266,9 +262,14 @@ static void test_import_policy(void **state) {
 int main(int argc, char **argv) {
   support_early_init(argc, argv);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_isolation),  cmocka_unit_test(test_parallelism), cmocka_unit_test(test_exception),
-      cmocka_unit_test(test_deadline),   cmocka_unit_test(test_limit),       cmocka_unit_test(test_import_policy),
-      cmocka_unit_test(test_threads_lifecycle), cmocka_unit_test(test_finalize_after_foreign_threading_import),
+      cmocka_unit_test(test_isolation),
+      cmocka_unit_test(test_parallelism),
+      cmocka_unit_test(test_exception),
+      cmocka_unit_test(test_deadline),
+      cmocka_unit_test(test_limit),
+      cmocka_unit_test(test_import_policy),
+      cmocka_unit_test(test_threads_lifecycle),
+      cmocka_unit_test(test_finalize_after_foreign_threading_import),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

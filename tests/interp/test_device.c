@@ -13,8 +13,7 @@ static servd_interp g_it; /* 64-byte aligned by its type */
 static int setup(void **state) {
   (void)state;
   int n = 0;
-  if (servd_device_count(&n, NULL, 0) < 0 || n > 0)
-    return 0; /* a GPU is here: the tests skip */
+  if (servd_device_count(&n, NULL, 0) < 0 || n > 0) return 0; /* a GPU is here: the tests skip */
   servd_interp_config c = {.index = 0, .rank = 0, .world_size = 1, .device = 0};
   servd_py_error err;
   if (servd_interp__init(&g_it, &c, &err) < 0) {

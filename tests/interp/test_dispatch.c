@@ -45,8 +45,7 @@ static void test_host_runs_cpu_op(void **state) {
   assert_int_equal(servd_op__matmul(o, x, w), 0);
   const float *ov = servd_tensor_data(o);
   const float want[] = {4, 5, 10, 11}; /* [1+3, 2+3], [4+6, 5+6] */
-  for (int i = 0; i < 4; i++)
-    assert_true(ov[i] == want[i]);
+  for (int i = 0; i < 4; i++) assert_true(ov[i] == want[i]);
   servd_tensor *y = mat(SERVD_F32, 2, 3, NULL);
   assert_int_equal(servd_op__add(y, x, x), 0);
   assert_true(((float *)servd_tensor_data(y))[5] == 12.0f);
@@ -93,15 +92,22 @@ static void test_host_and_device_only(void **state) {
   servd_tensor *h = mat(SERVD_F32, 2, 8, NULL), *d = mat(SERVD_F32, 2, 8, NULL);
   d->device = 2;
   expect_fail(servd_op__softmax(d, 1.0f), SERVD_EINVAL, "softmax: x is on cuda:2 but softmax runs on the host only");
-  expect_fail(servd_op__kv_write(NULL, 0, d, d, d), SERVD_EINVAL, "kv_write: k is on cuda:2 but the KV cache is on the cpu");
+  expect_fail(servd_op__kv_write(NULL, 0, d, d, d), SERVD_EINVAL,
+              "kv_write: k is on cuda:2 but the KV cache is on the cpu");
   expect_fail(servd_op__kv_write(NULL, 0, h, d, h), SERVD_EINVAL, "kv_write: k is on the cpu but v is on cuda:2");
-  expect_fail(servd_op__attention(d, d, NULL, 0, NULL, 2, 1.0f), SERVD_EINVAL, "attention: out is on cuda:2 but the KV cache is on the cpu");
-  expect_fail(servd_op__allreduce_sum(NULL, 0, d), SERVD_EINVAL, "allreduce: x is on cuda:2 but the communicator is for host tensors");
-  expect_fail(servd_op__allgather_cols(NULL, 0, h, d), SERVD_EINVAL, "allgather_cols: out is on the cpu but x is on cuda:2");
+  expect_fail(servd_op__attention(d, d, NULL, 0, NULL, 2, 1.0f), SERVD_EINVAL,
+              "attention: out is on cuda:2 but the KV cache is on the cpu");
+  expect_fail(servd_op__allreduce_sum(NULL, 0, d), SERVD_EINVAL,
+              "allreduce: x is on cuda:2 but the communicator is for host tensors");
+  expect_fail(servd_op__allgather_cols(NULL, 0, h, d), SERVD_EINVAL,
+              "allgather_cols: out is on the cpu but x is on cuda:2");
   expect_fail(servd_op__device_kv_write(NULL, 0, d, d, d), SERVD_EINVAL, "kv_write: no device KV cache");
-  expect_fail(servd_op__device_attention(d, d, NULL, 0, NULL, 2, 1.0f), SERVD_EINVAL, "attention: the step has no device KV cache");
-  expect_fail(servd_op__device_allreduce_sum(NULL, 0, h), SERVD_EINVAL, "allreduce: x is on the cpu but the communicator is for device tensors");
-  expect_fail(servd_op__device_allgather_cols(NULL, 0, d, h), SERVD_EINVAL, "allgather_cols: out is on cuda:2 but x is on the cpu");
+  expect_fail(servd_op__device_attention(d, d, NULL, 0, NULL, 2, 1.0f), SERVD_EINVAL,
+              "attention: the step has no device KV cache");
+  expect_fail(servd_op__device_allreduce_sum(NULL, 0, h), SERVD_EINVAL,
+              "allreduce: x is on the cpu but the communicator is for device tensors");
+  expect_fail(servd_op__device_allgather_cols(NULL, 0, d, h), SERVD_EINVAL,
+              "allgather_cols: out is on cuda:2 but x is on the cpu");
   d->device = -1;
   servd_tensor_release(h);
   servd_tensor_release(d);
@@ -133,13 +139,11 @@ static void test_host_copy(void **state) {
   assert_int_equal(servd_op__copy(dst, src), 0);
   const float *w = servd_tensor_data(wide);
   const float want[] = {0, 1, 2, 3, 0, 0, 4, 5, 6, 0};
-  for (int i = 0; i < 10; i++)
-    assert_true(w[i] == want[i]);
+  for (int i = 0; i < 10; i++) assert_true(w[i] == want[i]);
 
   /* q4_1: two rows of two blocks, byte-identical after the copy */
   float q[128];
-  for (int i = 0; i < 128; i++)
-    q[i] = (float)((i * 37) % 23) - 11.0f;
+  for (int i = 0; i < 128; i++) q[i] = (float)((i * 37) % 23) - 11.0f;
   servd_tensor *qs = mat(SERVD_Q4_1, 2, 64, q), *qd = mat(SERVD_Q4_1, 2, 64, NULL);
   assert_int_equal(servd_op__copy(qd, qs), 0);
   assert_memory_equal(servd_tensor_data(qd), servd_tensor_data(qs), servd_tensor_nbytes(qs));
@@ -166,8 +170,8 @@ static void test_registry_table(void **state) {
   assert_int_equal(api->abi, SERVD_GUEST_ABI);
   assert_int_equal(api->size, sizeof(servd_host_api));
   int rows = 0;
-#define SERVD_OP(name, dispatch, py, sig, names)                        \
-  assert_true(api->name == servd_op__##name);                          \
+#define SERVD_OP(name, dispatch, py, sig, names) \
+  assert_true(api->name == servd_op__##name); \
   assert_int_equal(SERVD_OP_##name, rows++);
 #include "servd/ops.def"
 #undef SERVD_OP

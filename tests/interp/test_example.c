@@ -17,19 +17,16 @@ static const float *weight(mpk_package *pkg, const char *name, servd_tensor **ho
 static void ref_matvec(const float *w, const double *x, double *y, int n, int k) {
   for (int i = 0; i < n; i++) {
     double s = 0;
-    for (int j = 0; j < k; j++)
-      s += (double)w[(size_t)i * k + j] * x[j];
+    for (int j = 0; j < k; j++) s += (double)w[(size_t)i * k + j] * x[j];
     y[i] = s;
   }
 }
 
 static void ref_rmsnorm(const double *x, const float *g, double *y, int d, double eps) {
   double ss = 0;
-  for (int j = 0; j < d; j++)
-    ss += x[j] * x[j];
+  for (int j = 0; j < d; j++) ss += x[j] * x[j];
   double r = 1.0 / sqrt(ss / d + eps);
-  for (int j = 0; j < d; j++)
-    y[j] = x[j] * r * g[j];
+  for (int j = 0; j < d; j++) y[j] = x[j] * r * g[j];
 }
 
 static double silu(double v) { return v / (1.0 + exp(-v)); }
@@ -41,23 +38,20 @@ static void ref_gated_mlp(const double *x, const float *norm, const float *wg, c
   ref_rmsnorm(x, norm, h, d, 1e-5);
   ref_matvec(wg, h, g, f, d);
   ref_matvec(wu, h, u, f, d);
-  for (int j = 0; j < f; j++)
-    g[j] = silu(g[j]) * u[j];
+  for (int j = 0; j < f; j++) g[j] = silu(g[j]) * u[j];
 }
 
 static servd_tensor *input(int m, int d, int salt) {
   int64_t shape[2] = {m, d};
   servd_tensor *x = servd_tensor_new(SERVD_F32, 2, shape);
   float *v = servd_tensor_data(x);
-  for (int i = 0; i < m * d; i++)
-    v[i] = (float)sin(0.37 * i + salt) * 2.0f;
+  for (int i = 0; i < m * d; i++) v[i] = (float)sin(0.37 * i + salt) * 2.0f;
   return x;
 }
 
 static servd_tensor *find(int n, char **names, servd_tensor **ts, const char *name) {
   for (int i = 0; i < n; i++)
-    if (!strcmp(names[i], name))
-      return ts[i];
+    if (!strcmp(names[i], name)) return ts[i];
   fail_msg("output %s missing", name);
   return NULL;
 }
@@ -81,8 +75,7 @@ static servd_pool *open_example(const char *file, int n, mpk_package **pkg) {
   servd_pool_options o = {.n_interpreters = n, .world_size = 1};
   servd_pool *p = NULL;
   int rc = servd_pool_create(*pkg, &o, &p);
-  if (rc < 0)
-    fprintf(stderr, "%s\n", servd_last_error());
+  if (rc < 0) fprintf(stderr, "%s\n", servd_last_error());
   assert_int_equal(rc, 0);
   return p;
 }
@@ -108,8 +101,7 @@ static void test_mlp_classifier(void **state) {
     servd_interp *it = servd_pool_acquire(p);
     rc = servd_interp_predict(it, 1, in_names, &x, &n_out, &names, &outs, 5000, &err);
     servd_pool_release(p, it);
-    if (rc < 0)
-      fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
+    if (rc < 0) fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
     assert_int_equal(rc, 0);
     servd_tensor *probs = find(n_out, names, outs, "probs"), *label = find(n_out, names, outs, "label");
     assert_int_equal(probs->shape[0], M);
@@ -119,8 +111,7 @@ static void test_mlp_classifier(void **state) {
     const int32_t *lv = servd_tensor_data(label);
     for (int r = 0; r < M; r++) {
       double xr[D], h[D], g[H], u[H], logits[C];
-      for (int j = 0; j < D; j++)
-        xr[j] = xv[r * D + j];
+      for (int j = 0; j < D; j++) xr[j] = xv[r * D + j];
       ref_gated_mlp(xr, norm, wg, wu, D, H, h, u, g);
       ref_matvec(wo, g, logits, C, H);
       int best = 0;
@@ -134,20 +125,17 @@ static void test_mlp_classifier(void **state) {
           second = logits[c];
         }
       }
-      for (int c = 0; c < C; c++)
-        sum += exp(logits[c] - mx);
+      for (int c = 0; c < C; c++) sum += exp(logits[c] - mx);
       /* f32 kernels vs a double reference over sums of <= 256 terms of O(1) values: 1e-4 absolute on
        * probabilities in [0, 1] leaves a wide margin over f32 rounding (~1e-6 relative per term). */
-      for (int c = 0; c < C; c++)
-        assert_float_equal(pv[r * C + c], exp(logits[c] - mx) / sum, 1e-4);
+      for (int c = 0; c < C; c++) assert_float_equal(pv[r * C + c], exp(logits[c] - mx) / sum, 1e-4);
       if (mx - second > 1e-3) /* a near tie may legitimately flip in f32 */
         assert_int_equal(lv[r], best);
     }
     free_outputs(n_out, names, outs);
     servd_tensor_release(x);
   }
-  for (int i = 0; i < 4; i++)
-    servd_tensor_release(hold[i]);
+  for (int i = 0; i < 4; i++) servd_tensor_release(hold[i]);
 
   /* bad input fails that call only, with the model's message */
   servd_interp *it = servd_pool_acquire(p);
@@ -189,8 +177,7 @@ static void test_deep_tiny(void **state) {
   const float *yv = servd_tensor_data(find(n_out, names, outs, "y")), *xv = servd_tensor_data(x);
   for (int r = 0; r < M; r++) {
     double res[D], h[D], g[F], u[F], y[D];
-    for (int j = 0; j < D; j++)
-      res[j] = xv[r * D + j];
+    for (int j = 0; j < D; j++) res[j] = xv[r * D + j];
     for (int l = 0; l < L; l++) {
       char name[64];
       servd_tensor *hold[4];
@@ -204,17 +191,13 @@ static void test_deep_tiny(void **state) {
       const float *dw = weight(pkg, name, &hold[3]);
       ref_gated_mlp(res, nw, gw, uw, D, F, h, u, g);
       ref_matvec(dw, g, y, D, F);
-      for (int j = 0; j < D; j++)
-        res[j] += y[j];
-      for (int i = 0; i < 4; i++)
-        servd_tensor_release(hold[i]);
+      for (int j = 0; j < D; j++) res[j] += y[j];
+      for (int i = 0; i < 4; i++) servd_tensor_release(hold[i]);
     }
     /* 16 residual layers in f32: relative 1e-3 of the row's scale bounds the accumulated rounding */
     double scale = 0;
-    for (int j = 0; j < D; j++)
-      scale = fmax(scale, fabs(res[j]));
-    for (int j = 0; j < D; j++)
-      assert_float_equal(yv[r * D + j], res[j], 1e-3 * scale + 1e-5);
+    for (int j = 0; j < D; j++) scale = fmax(scale, fabs(res[j]));
+    for (int j = 0; j < D; j++) assert_float_equal(yv[r * D + j], res[j], 1e-3 * scale + 1e-5);
   }
   free_outputs(n_out, names, outs);
   servd_tensor_release(x);

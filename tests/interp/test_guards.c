@@ -111,8 +111,10 @@ static void test_import_time(void **state) {
   assert_string_equal(err.type, "RuntimeError");
   assert_non_null(strstr(err.message, "os._exit() is not allowed in servd model code"));
   assert_non_null(strstr(servd_last_error(), "os._exit()"));
-  assert_int_equal(load_with("handler", "import signal\nclass Model:\n    def __init__(self):\n"
-                                        "        signal.signal(signal.SIGTERM, signal.SIG_DFL)\n", &err),
+  assert_int_equal(load_with("handler",
+                             "import signal\nclass Model:\n    def __init__(self):\n"
+                             "        signal.signal(signal.SIGTERM, signal.SIG_DFL)\n",
+                             &err),
                    SERVD_EINVAL);
   assert_non_null(strstr(err.message, "signal.signal() is not allowed"));
   /* sys.exit at import is an exception like any other: the load fails, the process lives on */

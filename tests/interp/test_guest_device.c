@@ -34,13 +34,13 @@ static const int g_db_n[4] = {3, 3, 3, 1};
 static int on0(const servd_tensor *t) { return t && t->device == 0; }
 
 /* Runs fn over tensors marked as on the host, then marks them back (single-threaded test). */
-#define AS_HOST(n, ts, call)                                                                         \
-  ({                                                                                               \
-    int saved_[n];                                                                                 \
-    for (int i_ = 0; i_ < (n); i_++) saved_[i_] = (ts)[i_]->device, (ts)[i_]->device = -1;           \
-    int rc_ = (call);                                                                              \
-    for (int i_ = (n) - 1; i_ >= 0; i_--) (ts)[i_]->device = saved_[i_]; /* reverse: aliases */    \
-    rc_;                                                                                           \
+#define AS_HOST(n, ts, call) \
+  ({ \
+    int saved_[n]; \
+    for (int i_ = 0; i_ < (n); i_++) saved_[i_] = (ts)[i_]->device, (ts)[i_]->device = -1; \
+    int rc_ = (call); \
+    for (int i_ = (n)-1; i_ >= 0; i_--) (ts)[i_]->device = saved_[i_]; /* reverse: aliases */ \
+    rc_; \
   })
 
 static int fake_new(int device, servd_dtype dtype, int ndim, const int64_t *shape, servd_tensor **out) {
@@ -49,8 +49,7 @@ static int fake_new(int device, servd_dtype dtype, int ndim, const int64_t *shap
   if (dtype != SERVD_BF16 && dtype != SERVD_F32 && dtype != SERVD_I32)
     return servd_fail(SERVD_EINVAL, "fake device_tensor_new: %s", servd_dtype_name(dtype));
   *out = servd_tensor_new(dtype, ndim, shape);
-  if (!*out)
-    return SERVD_EINVAL;
+  if (!*out) return SERVD_EINVAL;
   (*out)->device = device;
   return 0;
 }
@@ -60,15 +59,15 @@ static int convert(int device, const servd_tensor *host, servd_dtype dtype, serv
   if (host->device >= 0 || !servd_tensor_is_contiguous(host))
     return servd_fail(SERVD_EINVAL, "fake upload: a contiguous host tensor expected");
   int rc = fake_new(device, dtype, host->ndim, host->shape, out);
-  if (rc < 0)
-    return rc;
+  if (rc < 0) return rc;
   int64_t cols = host->ndim ? host->shape[host->ndim - 1] : 1, rows = servd_tensor_numel(host) / cols;
   float *buf = malloc(sizeof(float) * (size_t)cols);
   for (int64_t r = 0; r < rows && rc == 0; r++) {
-    rc = servd_row_to_f32(host->dtype, (const char *)servd_tensor_data(host) + r * servd_dtype_row_bytes(host->dtype, cols),
-                          buf, cols);
+    rc = servd_row_to_f32(
+        host->dtype, (const char *)servd_tensor_data(host) + r * servd_dtype_row_bytes(host->dtype, cols), buf, cols);
     if (rc == 0)
-      rc = servd_row_from_f32(dtype, buf, (char *)servd_tensor_data(*out) + r * servd_dtype_row_bytes(dtype, cols), cols);
+      rc = servd_row_from_f32(dtype, buf, (char *)servd_tensor_data(*out) + r * servd_dtype_row_bytes(dtype, cols),
+                              cols);
   }
   free(buf);
   return rc;
@@ -93,8 +92,7 @@ static int fake_copy(servd_tensor *dst, const servd_tensor *src) {
 
 static int fake_sync(int device) {
   g_calls[C_SYNC]++;
-  if (g_sync_fail)
-    return servd_fail(SERVD_EDEVICE, "fake device_sync: an earlier kernel on device %d failed", device);
+  if (g_sync_fail) return servd_fail(SERVD_EDEVICE, "fake device_sync: an earlier kernel on device %d failed", device);
   return 0;
 }
 
@@ -122,8 +120,7 @@ static int fake_allreduce(servd_device_comm *c, int rank, servd_tensor *x) {
     return servd_fail(SERVD_EINVAL, "fake allreduce: unexpected arguments");
   g_calls[C_AR]++;
   float *p = servd_tensor_data(x);
-  for (int64_t i = 0; i < servd_tensor_numel(x); i++)
-    p[i] *= 2;
+  for (int64_t i = 0; i < servd_tensor_numel(x); i++) p[i] *= 2;
   return 0;
 }
 
@@ -135,8 +132,7 @@ static int fake_allgather(servd_device_comm *c, int rank, servd_tensor *out, con
 }
 
 static servd_tensor *fake_batch_tensor(const servd_device_batch *db, servd_device_batch_field f) {
-  if (db != FAKE_DB || f < 0 || f > SERVD_DB_LOGIT_ROWS)
-    return NULL;
+  if (db != FAKE_DB || f < 0 || f > SERVD_DB_LOGIT_ROWS) return NULL;
   g_calls[C_BT]++;
   servd_tensor *t = servd_tensor_new(SERVD_I32, 1, (int64_t[]){g_db_n[f]});
   memcpy(servd_tensor_data(t), g_db_vals[f], sizeof(int32_t) * (size_t)g_db_n[f]);
@@ -147,8 +143,7 @@ static servd_tensor *fake_batch_tensor(const servd_device_batch *db, servd_devic
 /* The dispatched ops the test uses: all on device 0, the host kernel on the stand-in tensors; any
  * other mix, the real dispatcher (which refuses a mix before any kernel runs). */
 static int fake_add(servd_tensor *out, const servd_tensor *a, const servd_tensor *b) {
-  if (!(on0(out) && on0(a) && on0(b)))
-    return servd_op__add(out, a, b);
+  if (!(on0(out) && on0(a) && on0(b))) return servd_op__add(out, a, b);
   g_calls[C_OP]++;
   servd_tensor *ts[3] = {out, (servd_tensor *)a, (servd_tensor *)b};
   return AS_HOST(3, ts, servd_add(out, a, b));
@@ -158,8 +153,7 @@ static int fake_add(servd_tensor *out, const servd_tensor *a, const servd_tensor
  * go to the real dispatcher, which runs the CPU op or refuses the mix before any kernel. */
 static int refuse_device(const char *op, int n, const servd_tensor *const *ts) {
   for (int i = 0; i < n; i++)
-    if (!ts[i] || ts[i]->device < 0 || ts[i]->device != ts[0]->device)
-      return 0;
+    if (!ts[i] || ts[i]->device < 0 || ts[i]->device != ts[0]->device) return 0;
   return servd_fail(SERVD_EUNSUPPORTED, "%s: no stand-in for device tensors in this test", op);
 }
 static int guard_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
@@ -209,7 +203,8 @@ static const char *entry_py =
     "    def __init__(self):\n"
     "        self.w = servd.upload(servd.tensor([[1.0, 2.0], [3.0, 4.0]]))\n"
     "    def forward(self, batch):\n"
-    "        assert [t.device for t in (batch.tokens, batch.positions, batch.slots, batch.logit_rows)] == ['cuda:0'] * 4\n"
+    "        assert [t.device for t in (batch.tokens, batch.positions, batch.slots, batch.logit_rows)] == ['cuda:0'] * "
+    "4\n"
     "        assert batch.tokens.to_host().tolist() == [11, 12, 13], batch.tokens.to_host().tolist()\n"
     "        assert batch.positions.to_host().tolist() == [5, 6, 7]\n"
     "        assert batch.slots.to_host().tolist() == [40, 41, 42] and batch.logit_rows.to_host().tolist() == [2]\n"
@@ -228,8 +223,7 @@ static const char *entry_py =
 static int setup(void **state) {
   (void)state;
   snprintf(g_dir, sizeof g_dir, "/tmp/servd-guestdev-XXXXXX");
-  if (support_make_dir_with(g_dir, "gpu_entry.py", entry_py) < 0)
-    return -1;
+  if (support_make_dir_with(g_dir, "gpu_entry.py", entry_py) < 0) return -1;
   g_host = *servd_host_api__get();
   g_host.device_tensor_new = fake_new;
   g_host.device_upload = fake_upload;
@@ -250,8 +244,13 @@ static int setup(void **state) {
   g_host.swiglu = guard_swiglu;
   g_host.argmax = guard_argmax;
   g_host.topk = guard_topk;
-  servd_interp_config c = {.index = 0, .rank = 0, .world_size = 2, .device = 0, .dcomm = FAKE_DCOMM,
-                           .extra_sys_path = g_dir, .host = &g_host};
+  servd_interp_config c = {.index = 0,
+                           .rank = 0,
+                           .world_size = 2,
+                           .device = 0,
+                           .dcomm = FAKE_DCOMM,
+                           .extra_sys_path = g_dir,
+                           .host = &g_host};
   servd_py_error err;
   if (servd_interp__init(&g_it, &c, &err) < 0) {
     fprintf(stderr, "init: %s: %s\n", err.type, err.message);
@@ -273,7 +272,8 @@ static void test_tensors(void **state) {
   support_expect_true(&g_it, "servd.device() == 'cuda:0' and servd.world_size() == 2");
   support_exec(&g_it, "h = servd.tensor([[1, 2, 3], [4, 5, 6]])\nd = servd.to_device(h)\n");
   assert_int_equal(g_upload_dtype, SERVD_F32);
-  support_expect_true(&g_it, "d.device == 'cuda:0' and d.dtype == 'f32' and d.shape == (2, 3) and repr(d) == 'servd.Tensor(f32[2,3], cuda:0)'");
+  support_expect_true(&g_it, "d.device == 'cuda:0' and d.dtype == 'f32' and d.shape == (2, 3) and repr(d) == "
+                             "'servd.Tensor(f32[2,3], cuda:0)'");
   /* default device dtypes: f32/bf16/i32 kept, f16 and block dtypes to bf16; an explicit one wins */
   support_exec(&g_it, "servd.to_device(servd.tensor([0.5] * 32, dtype='q4_1'))\n");
   assert_int_equal(g_upload_dtype, SERVD_BF16);
@@ -287,16 +287,23 @@ static void test_tensors(void **state) {
   support_exec(&g_it, "servd.to_device(h)\n");
   assert_int_equal(g_calls[C_SYNC], syncs + 1); /* a private copy is complete when it returns */
   /* a device tensor is never read on the host */
-  support_expect_raises(&g_it, "memoryview(d)", "BufferError", "servd.Tensor is on cuda:0: copy it to the host with .to_host()");
+  support_expect_raises(&g_it, "memoryview(d)", "BufferError",
+                        "servd.Tensor is on cuda:0: copy it to the host with .to_host()");
   support_expect_raises(&g_it, "bytes(d)", "BufferError", "is on cuda:0");
   support_expect_raises(&g_it, "d.tolist()", "ValueError", "is on cuda:0: copy it to the host with .to_host()");
   support_expect_raises(&g_it, "servd.tensor(d, shape=(2, 3))", "BufferError", "is on cuda:0");
   /* to_host, copy, views, empty */
-  support_expect_true(&g_it, "d.to_host().device == 'cpu' and d.to_host().tolist() == h.tolist() and d.to_host() is not d");
-  support_exec(&g_it, "e = servd.empty((2, 3), device='cuda')\nservd.copy(e, h)\nz = servd.empty((2, 3))\nservd.copy(z, e)\n");
+  support_expect_true(&g_it,
+                      "d.to_host().device == 'cpu' and d.to_host().tolist() == h.tolist() and d.to_host() is not d");
+  support_exec(&g_it,
+               "e = servd.empty((2, 3), device='cuda')\nservd.copy(e, h)\nz = servd.empty((2, 3))\nservd.copy(z, e)\n");
   support_expect_true(&g_it, "e.device == 'cuda:0' and z.tolist() == h.tolist()");
-  support_expect_true(&g_it, "e.view(3, 2).device == 'cuda:0' and e.narrow(1, 0, 2).device == 'cuda:0' and e.row(1).device == 'cuda:0'");
-  support_expect_true(&g_it, "servd.empty(2, 'i32', 'cuda:0').device == 'cuda:0' and servd.empty(2, device='cuda:1').device == 'cuda:1'");
+  support_expect_true(
+      &g_it,
+      "e.view(3, 2).device == 'cuda:0' and e.narrow(1, 0, 2).device == 'cuda:0' and e.row(1).device == 'cuda:0'");
+  support_expect_true(
+      &g_it,
+      "servd.empty(2, 'i32', 'cuda:0').device == 'cuda:0' and servd.empty(2, device='cuda:1').device == 'cuda:1'");
   support_exec(&g_it, "d2 = servd.to_device(d)\n"); /* device to device: a new tensor and a copy */
   support_expect_true(&g_it, "d2.device == 'cuda:0' and d2.to_host().tolist() == h.tolist()");
   support_expect_raises(&g_it, "servd.to_device(d, dtype='bf16')", "ValueError", "dtype conversion between devices");
@@ -313,9 +320,11 @@ static void test_ops(void **state) {
                       "e = servd.empty((2, 3), device='cuda')\nops.add(e, d, d)\n");
   support_expect_true(&g_it, "e.to_host().tolist() == [[2.0, 4.0, 6.0], [8.0, 10.0, 12.0]]");
   assert_int_equal(g_calls[C_OP], 1);
-  support_expect_raises(&g_it, "ops.add(e, d, h)", "ValueError", "servd.ops.add: add: out is on cuda:0 but b is on the cpu");
+  support_expect_raises(&g_it, "ops.add(e, d, h)", "ValueError",
+                        "servd.ops.add: add: out is on cuda:0 but b is on the cpu");
   support_expect_raises(&g_it, "ops.matmul(e, h, h)", "ValueError", "matmul: out is on cuda:0 but x is on the cpu");
-  support_expect_raises(&g_it, "ops.softmax(d)", "ValueError", "softmax: x is on cuda:0 but softmax runs on the host only");
+  support_expect_raises(&g_it, "ops.softmax(d)", "ValueError",
+                        "softmax: x is on cuda:0 but softmax runs on the host only");
   /* collectives of device tensors go to the device communicator; host ones need the host one */
   support_exec(&g_it, "ops.allreduce(d)\n");
   assert_int_equal(g_calls[C_AR], 1);
@@ -330,8 +339,7 @@ static void test_forward_and_predict(void **state) {
   servd_py_error err;
   int syncs = g_calls[C_SYNC], weights = g_calls[C_WEIGHT];
   int rc = servd_interp__load_entry(&g_it, "gpu_entry:Entry", &err);
-  if (rc < 0)
-    fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
+  if (rc < 0) fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
   assert_int_equal(rc, 0);
   assert_int_equal(g_calls[C_WEIGHT], weights + 1);
   assert_int_equal(g_calls[C_SYNC], syncs + 1); /* loading ends with the device's work done */
@@ -340,14 +348,21 @@ static void test_forward_and_predict(void **state) {
   int32_t tokens[3] = {1, 2, 3}, positions[3] = {0, 1, 2}, slots[3] = {0, 1, 2}, rows[1] = {2};
   int32_t q_start[1] = {0}, q_len[1] = {3}, kv_len[1] = {3}, blocks[1] = {0};
   const int32_t *tables[1] = {blocks};
-  servd_forward_batch b = {.n_tokens = 3, .tokens = tokens, .positions = positions, .slots = slots,
-                           .n_logit_rows = 1, .logit_rows = rows,
-                           .attn = {.n_seqs = 1, .q_start = q_start, .q_len = q_len, .kv_len = kv_len, .block_tables = tables},
-                           .dbatch = FAKE_DB, .dkv = FAKE_DKV, .max_tokens = 16, .max_seqs = 4};
+  servd_forward_batch b = {
+      .n_tokens = 3,
+      .tokens = tokens,
+      .positions = positions,
+      .slots = slots,
+      .n_logit_rows = 1,
+      .logit_rows = rows,
+      .attn = {.n_seqs = 1, .q_start = q_start, .q_len = q_len, .kv_len = kv_len, .block_tables = tables},
+      .dbatch = FAKE_DB,
+      .dkv = FAKE_DKV,
+      .max_tokens = 16,
+      .max_seqs = 4};
   servd_tensor *logits = NULL;
   rc = servd_interp_forward(&g_it, &b, &logits, &err);
-  if (rc < 0)
-    fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
+  if (rc < 0) fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
   assert_int_equal(rc, 0);
   assert_non_null(logits);
   assert_int_equal(logits->device, 0); /* handed over on the device; the engine downloads */

@@ -11,7 +11,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-
 static const char *(*owner)(const void *);
 
 static servd_pool *make_pool(int n) {
@@ -24,7 +23,7 @@ static servd_pool *make_pool(int n) {
 }
 
 /* A block of namespace 0's heap, made by its libpython's malloc (bound to that namespace's checker). */
-#define NS_RAW                                                                                           \
+#define NS_RAW \
   "import ctypes\n_py = ctypes.CDLL('libpython3.11.so.1.0')\n_py.PyMem_RawMalloc.restype = ctypes.c_void_p\n" \
   "_py.PyMem_RawFree.argtypes = [ctypes.c_void_p]\n"
 #define NS_MALLOC "_py.PyMem_RawMalloc(24)"
@@ -47,8 +46,7 @@ static int child(const char *mode) {
     servd_pool *p = make_pool(1);
     void *b = malloc(40);
     char code[160];
-    snprintf(code, sizeof code, "_py.PyMem_RawFree(%llu)",
-             (unsigned long long)(uintptr_t)b);
+    snprintf(code, sizeof code, "_py.PyMem_RawFree(%llu)", (unsigned long long)(uintptr_t)b);
     support_exec(raw_ready(p), code);
     return 0;
   }
@@ -84,8 +82,8 @@ static char *run_child(const char *mode, int *status) {
 static void expect_crossing(const char *mode, const char *first_line) {
   int st;
   char *err = run_child(mode, &st);
-  if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT) /* sh execs the child: its own status */ || !strstr(err, first_line) ||
-      !strstr(err, "backtrace"))
+  if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT) /* sh execs the child: its own status */ ||
+      !strstr(err, first_line) || !strstr(err, "backtrace"))
     fail_msg("%s: status %#x, expected SIGABRT and \"%s\"; stderr:\n%s", mode, st, first_line, err);
   free(err);
 }
@@ -97,8 +95,7 @@ static void test_namespace_block_freed_by_host(void **state) {
 
 static void test_host_block_freed_in_namespace(void **state) {
   (void)state;
-  expect_crossing("host-to-ns",
-                  "\": block allocated by heap \"main program\"");
+  expect_crossing("host-to-ns", "\": block allocated by heap \"main program\"");
 }
 
 static void test_namespace_block_realloced_by_host(void **state) {
@@ -123,14 +120,15 @@ static void test_blocks_stay_in_their_heap(void **state) {
   support_exec(a, code);
   for (int i = 0; i < 2; i++) {
     servd_interp *it = servd_pool_get(p, i);
-    support_exec(it, "import json, threading, hashlib, decimal, datetime, re\n"
-                     "def work():\n"
-                     "    for k in range(200): json.loads(json.dumps({'k': [k] * 50})); hashlib.sha256(b'x' * k).hexdigest()\n"
-                     "ts = [threading.Thread(target=work) for _ in range(3)]\n"
-                     "[t.start() for t in ts]; [t.join() for t in ts]\n"
-                     "import jinja2\n"
-                     "out = jinja2.Template('{% for m in ms %}<{{ m.role }}>{{ m.content }}{% endfor %}').render("
-                     "ms=[{'role': 'user', 'content': 'hi'}] * 20)\n");
+    support_exec(
+        it, "import json, threading, hashlib, decimal, datetime, re\n"
+            "def work():\n"
+            "    for k in range(200): json.loads(json.dumps({'k': [k] * 50})); hashlib.sha256(b'x' * k).hexdigest()\n"
+            "ts = [threading.Thread(target=work) for _ in range(3)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\n"
+            "import jinja2\n"
+            "out = jinja2.Template('{% for m in ms %}<{{ m.role }}>{{ m.content }}{% endfor %}').render("
+            "ms=[{'role': 'user', 'content': 'hi'}] * 20)\n");
     assert_int_equal(support_eval_int(it, "len(out)"), 20 * 8); /* "<user>hi" */
   }
   servd_pool_destroy(p);

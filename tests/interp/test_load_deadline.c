@@ -32,10 +32,11 @@ static mpk_package *make_package(const char *name, const char *model) {
   mkdir(dir, 0755);
   write_file(dir, "__init__.py", "");
   write_file(dir, "model.py", model);
-  assert_int_equal(support_system("cd %s && rm -rf hf-%s && %s synth tiny --hf-out hf-%s -o /dev/null --quiet >/dev/null && "
-                                  "%s pack hf-%s --name %s --code %s --entry-point %s.model:Model -o %s --quiet >/dev/null",
-                                  g_work, name, MODELPKG_EXE, name, MODELPKG_EXE, name, name, dir, name, out),
-                   0);
+  assert_int_equal(
+      support_system("cd %s && rm -rf hf-%s && %s synth tiny --hf-out hf-%s -o /dev/null --quiet >/dev/null && "
+                     "%s pack hf-%s --name %s --code %s --entry-point %s.model:Model -o %s --quiet >/dev/null",
+                     g_work, name, MODELPKG_EXE, name, MODELPKG_EXE, name, name, dir, name, out),
+      0);
   mpk_package *pkg = NULL;
   assert_int_equal(mpk_open(out, &pkg), 0);
   return pkg;
@@ -57,8 +58,7 @@ static void expect_load_timeout(const char *name, const char *model, int n) {
   double t0 = support_seconds();
   int rc = servd_pool_create(pkg, &o, &p);
   double took = support_seconds() - t0;
-  if (rc != SERVD_ETIMEDOUT)
-    fprintf(stderr, "%s: rc %d: %s\n", name, rc, servd_last_error());
+  if (rc != SERVD_ETIMEDOUT) fprintf(stderr, "%s: rc %d: %s\n", name, rc, servd_last_error());
   assert_int_equal(rc, SERVD_ETIMEDOUT);
   assert_null(p);
   assert_true(took >= 0.45 && took < 3.0);
@@ -118,8 +118,7 @@ static servd_pool *code_pool(int n, const char *file, const char *code, const ch
   servd_pool *p = NULL;
   assert_int_equal(servd_pool_create(NULL, &o, &p), 0);
   servd_py_error err;
-  for (int i = 0; entry && i < n; i++)
-    assert_int_equal(servd_interp__load_entry(servd_pool_get(p, i), entry, &err), 0);
+  for (int i = 0; entry && i < n; i++) assert_int_equal(servd_interp__load_entry(servd_pool_get(p, i), entry, &err), 0);
   return p;
 }
 
@@ -135,8 +134,8 @@ static void test_forward_deadline(void **state) {
                             "        while True: pass\n",
                             "stuck:Stuck");
   int32_t ids[2] = {1, 2}, pos[2] = {0, 1}, slots[2] = {0, 1}, rows[1] = {0};
-  servd_forward_batch b = {.n_tokens = 1, .tokens = ids, .positions = pos, .slots = slots, .n_logit_rows = 1,
-                           .logit_rows = rows};
+  servd_forward_batch b =
+      {.n_tokens = 1, .tokens = ids, .positions = pos, .slots = slots, .n_logit_rows = 1, .logit_rows = rows};
   servd_tensor *logits = NULL;
   servd_py_error err;
   double t0 = support_seconds();
@@ -188,8 +187,7 @@ static void test_gil_holder_does_not_delay_others(void **state) {
   assert_int_equal(rc, SERVD_ETIMEDOUT);
   pthread_join(t, NULL);
   double held = support_seconds() - t0;
-  fprintf(stderr, "interpreter 1 interrupted after %.2f s while interpreter 0 held its GIL for %.2f s\n", took,
-          held);
+  fprintf(stderr, "interpreter 1 interrupted after %.2f s while interpreter 0 held its GIL for %.2f s\n", took, held);
   assert_int_equal(h.rc, SERVD_ETIMEDOUT); /* it ends at the interrupt once back in Python */
   assert_true(took < 1.5);
   assert_true(held > took + 0.5); /* the holder really outlasted the other's deadline */
@@ -200,8 +198,10 @@ int main(int argc, char **argv) {
   support_early_init(argc, argv);
   alarm(240); /* a deadline that is not enforced hangs: end as a failure instead */
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_import_loops),       cmocka_unit_test(test_init_sleeps),
-      cmocka_unit_test(test_in_time),            cmocka_unit_test(test_forward_deadline),
+      cmocka_unit_test(test_import_loops),
+      cmocka_unit_test(test_init_sleeps),
+      cmocka_unit_test(test_in_time),
+      cmocka_unit_test(test_forward_deadline),
       cmocka_unit_test(test_gil_holder_does_not_delay_others),
   };
   return cmocka_run_group_tests(tests, setup, NULL);

@@ -40,7 +40,8 @@ static const char *entry_py =
     "        toks = batch.tokens.tolist()\n"
     "        pos = batch.positions.tolist()\n"
     "        o = out.tolist()\n"
-    "        return servd.tensor([[float(toks[r]), float(pos[r]), o[r][0], o[r][15], float(batch.n_seqs)] for r in rows])\n"
+    "        return servd.tensor([[float(toks[r]), float(pos[r]), o[r][0], o[r][15], float(batch.n_seqs)] for r in "
+    "rows])\n"
     "    def stale(self):\n"
     "        out = servd.empty((1, 16))\n"
     "        ops.attention(out, servd.empty((1, 16)), self.old.kv, 0, self.old, 2, 0.25)\n"
@@ -53,8 +54,7 @@ static servd_interp *it0(void) { return servd_pool_get(g_pool, 0); }
 static int setup(void **state) {
   (void)state;
   snprintf(g_dir, sizeof g_dir, "/tmp/servd-interp-test-XXXXXX");
-  if (support_make_dir_with(g_dir, "doubler.py", entry_py) < 0)
-    return -1;
+  if (support_make_dir_with(g_dir, "doubler.py", entry_py) < 0) return -1;
   servd_pool_options o = {.n_interpreters = 1, .world_size = 1, .extra_sys_path = g_dir};
   if (servd_pool_create(NULL, &o, &g_pool) < 0) {
     fprintf(stderr, "%s\n", servd_last_error());
@@ -80,16 +80,20 @@ static void test_tensor(void **state) {
   (void)state;
   support_exec(servd_pool_get(g_pool, 0), "t = servd.tensor([[1, 2, 3], [4, 5, 6]])\n"
                                           "i = servd.tensor([7, -8], dtype='i32')\n");
-  support_expect_true(it0(), "t.shape == (2, 3) and t.dtype == 'f32' and t.device == 'cpu' and t.ndim == 2 and len(t) == 2");
+  support_expect_true(it0(),
+                      "t.shape == (2, 3) and t.dtype == 'f32' and t.device == 'cpu' and t.ndim == 2 and len(t) == 2");
   support_expect_true(it0(), "t.tolist() == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]");
   support_expect_true(it0(), "i.tolist() == [7, -8] and i.dtype == 'i32'");
   /* buffer protocol: format, shape, strides, writable owned storage */
-  support_expect_true(it0(), "memoryview(t).format == 'f' and memoryview(t).shape == (2, 3) and memoryview(t).strides == (12, 4)");
+  support_expect_true(
+      it0(), "memoryview(t).format == 'f' and memoryview(t).shape == (2, 3) and memoryview(t).strides == (12, 4)");
   support_exec(servd_pool_get(g_pool, 0), "m = memoryview(t); m[1, 2] = 9.5; del m\n");
   support_expect_true(it0(), "t.tolist()[1][2] == 9.5");
   /* views share data */
-  support_expect_true(it0(), "t.row(1).tolist() == [4.0, 5.0, 9.5] and t.narrow(1, 1, 2).tolist() == [[2.0, 3.0], [5.0, 9.5]]");
-  support_expect_true(it0(), "t.view(3, 2).tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 9.5]] and t.reshape(-1).shape == (6,)");
+  support_expect_true(
+      it0(), "t.row(1).tolist() == [4.0, 5.0, 9.5] and t.narrow(1, 1, 2).tolist() == [[2.0, 3.0], [5.0, 9.5]]");
+  support_expect_true(it0(),
+                      "t.view(3, 2).tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 9.5]] and t.reshape(-1).shape == (6,)");
   /* bytes round trip, f16/bf16 of exactly representable values */
   support_expect_true(it0(), "servd.tensor(bytes(memoryview(t)), shape=(2, 3)).tolist() == t.tolist()");
   support_expect_true(it0(), "servd.tensor([1.5, -2.25, 0.0], dtype='f16').tolist() == [1.5, -2.25, 0.0]");
@@ -98,8 +102,8 @@ static void test_tensor(void **state) {
   support_expect_true(it0(), "len(bytes(memoryview(servd.tensor([1.5, 2.0], dtype='bf16')))) == 4");
   /* q8_0: one block, |error| <= scale/2 = max|x|/127/2 (ggml rounding) */
   support_expect_true(it0(), "all(abs(a - b) <= 31 / 127 / 2 + 1e-6 for a, b in "
-              "zip(servd.tensor([i - 16 + 0.5 for i in range(32)], dtype='q8_0').tolist(), "
-              "[i - 16 + 0.5 for i in range(32)]))");
+                             "zip(servd.tensor([i - 16 + 0.5 for i in range(32)], dtype='q8_0').tolist(), "
+                             "[i - 16 + 0.5 for i in range(32)]))");
   support_expect_true(it0(), "servd.empty((2, 4), dtype='i32').tolist() == [[0] * 4] * 2");
   support_expect_raises(it0(), "servd.tensor([[1, 2], [3]])", "ValueError", "ragged");
   support_expect_raises(it0(), "servd.tensor([1.0], dtype='nope')", "ValueError", "unknown dtype");
@@ -150,10 +154,11 @@ static void test_fused_ops(void **state) {
   support_expect_raises(it, "ops.add_rmsnorm(x, o, h, nw)", "TypeError", "5 arguments");
 
   /* x (2,3) @ [[1,0,1],[0,1,1]]^T = [[4,5],[10,11]]; @ [[1,1,1]]^T = [[6],[15]] */
-  support_exec(it, "xm = servd.tensor([[1, 2, 3], [4, 5, 6]])\n"
-                   "wa = servd.tensor([[1, 0, 1], [0, 1, 1]])\nwb = servd.tensor([[1, 1, 1]], dtype='bf16')\n"
-                   "oa = servd.empty((2, 2))\nob = servd.empty((2, 1))\nops.matmul_many(xm, oa, wa, ob, wb)\n"
-                   "ra = servd.empty((2, 2))\nrb = servd.empty((2, 1))\nops.matmul(ra, xm, wa)\nops.matmul(rb, xm, wb)\n");
+  support_exec(it,
+               "xm = servd.tensor([[1, 2, 3], [4, 5, 6]])\n"
+               "wa = servd.tensor([[1, 0, 1], [0, 1, 1]])\nwb = servd.tensor([[1, 1, 1]], dtype='bf16')\n"
+               "oa = servd.empty((2, 2))\nob = servd.empty((2, 1))\nops.matmul_many(xm, oa, wa, ob, wb)\n"
+               "ra = servd.empty((2, 2))\nrb = servd.empty((2, 1))\nops.matmul(ra, xm, wa)\nops.matmul(rb, xm, wb)\n");
   support_expect_true(it, "oa.tolist() == [[4.0, 5.0], [10.0, 11.0]] and ob.tolist() == [[6.0], [15.0]]");
   support_expect_true(it, "oa.tolist() == ra.tolist() and ob.tolist() == rb.tolist()");
   support_expect_raises(it, "ops.matmul_many(xm, oa)", "TypeError", "pairs");
@@ -166,23 +171,28 @@ static void test_fused_ops(void **state) {
 static void test_device_api_on_cpu(void **state) {
   (void)state;
   support_expect_true(it0(), "servd.device() == 'cpu' and servd.sync() is None");
-  support_expect_raises(it0(), "servd.upload(servd.empty(4))", "RuntimeError", "servd.upload: this interpreter runs on the CPU");
+  support_expect_raises(it0(), "servd.upload(servd.empty(4))", "RuntimeError",
+                        "servd.upload: this interpreter runs on the CPU");
   support_expect_raises(it0(), "servd.to_device(servd.empty(4))", "RuntimeError",
-                "servd.to_device: this interpreter runs on the CPU");
-  support_expect_raises(it0(), "servd.empty(4, device='cuda')", "RuntimeError", "servd.empty: this interpreter runs on the CPU");
-  support_expect_raises(it0(), "servd.empty((2, 2), 'bf16', 'cuda:0')", "RuntimeError", "servd.empty: this interpreter runs on the CPU");
+                        "servd.to_device: this interpreter runs on the CPU");
+  support_expect_raises(it0(), "servd.empty(4, device='cuda')", "RuntimeError",
+                        "servd.empty: this interpreter runs on the CPU");
+  support_expect_raises(it0(), "servd.empty((2, 2), 'bf16', 'cuda:0')", "RuntimeError",
+                        "servd.empty: this interpreter runs on the CPU");
   support_expect_raises(it0(), "servd.empty(4, device='bogus')", "ValueError",
-                "servd.empty: device must be \"cpu\", \"cuda\" or \"cuda:N\", not \"bogus\"");
+                        "servd.empty: device must be \"cpu\", \"cuda\" or \"cuda:N\", not \"bogus\"");
   support_expect_raises(it0(), "servd.empty(4, device='cuda:x')", "ValueError", "not \"cuda:x\"");
   support_expect_raises(it0(), "servd.empty(4, device=0)", "TypeError", "device must be a str");
   support_expect_raises(it0(), "servd.upload([1.0])", "TypeError", "servd.upload: t must be a servd.Tensor");
-  support_expect_true(it0(), "servd.empty((2, 3), device='cpu').device == 'cpu' and servd.empty(3, device=None).shape == (3,)");
+  support_expect_true(
+      it0(), "servd.empty((2, 3), device='cpu').device == 'cpu' and servd.empty(3, device=None).shape == (3,)");
   support_exec(servd_pool_get(g_pool, 0), "src = servd.tensor([[1, 2, 3], [4, 5, 6]])\n");
   support_expect_true(it0(), "src.to_host() is src");
   /* copy into a strided view: columns 1..3 of a (2, 5) tensor */
   support_exec(servd_pool_get(g_pool, 0), "wide = servd.empty((2, 5))\nservd.copy(wide.narrow(1, 1, 3), src)\n");
   support_expect_true(it0(), "wide.tolist() == [[0.0, 1.0, 2.0, 3.0, 0.0], [0.0, 4.0, 5.0, 6.0, 0.0]]");
-  support_expect_raises(it0(), "servd.copy(servd.empty((3, 2)), src)", "ValueError", "servd.copy: copy: dst f32[3,2] and src f32[2,3] differ");
+  support_expect_raises(it0(), "servd.copy(servd.empty((3, 2)), src)", "ValueError",
+                        "servd.copy: copy: dst f32[3,2] and src f32[2,3] differ");
   support_expect_raises(it0(), "servd.copy(src)", "TypeError", "2 arguments");
   /* one rank: allgather_cols copies the only shard */
   support_exec(servd_pool_get(g_pool, 0), "g = servd.empty((2, 3))\nops.allgather_cols(g, src)\n");
@@ -197,8 +207,7 @@ static void test_predict(void **state) {
   int64_t shape[2] = {2, 2};
   servd_tensor *x = servd_tensor_new(SERVD_F32, 2, shape);
   float *xd = servd_tensor_data(x);
-  for (int i = 0; i < 4; i++)
-    xd[i] = (float)i - 1.5f;
+  for (int i = 0; i < 4; i++) xd[i] = (float)i - 1.5f;
   const char *names[1] = {"x"};
   servd_tensor *ins[1] = {x};
   for (int round = 0; round < 3; round++) {
@@ -207,15 +216,13 @@ static void test_predict(void **state) {
     servd_tensor **outs = NULL;
     servd_py_error err;
     int rc = servd_interp_predict(it, 1, names, ins, &n_out, &out_names, &outs, 0, &err);
-    if (rc < 0)
-      fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
+    if (rc < 0) fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
     assert_int_equal(rc, 0);
     assert_int_equal(n_out, 2);
     for (int i = 0; i < n_out; i++) {
       if (!strcmp(out_names[i], "y")) {
         const float *y = servd_tensor_data(outs[i]);
-        for (int k = 0; k < 4; k++)
-          assert_true(y[k] == 2 * xd[k]);
+        for (int k = 0; k < 4; k++) assert_true(y[k] == 2 * xd[k]);
         assert_int_equal(outs[i]->refcount, 1); /* Python dropped its reference */
       } else {
         assert_string_equal(out_names[i], "same");
@@ -253,28 +260,32 @@ static void test_forward(void **state) {
   int32_t blocks[2];
   assert_int_equal(servd_kv_cache_alloc(kv, 2, blocks), 0);
   int32_t tokens[5] = {11, 12, 13, 14, 15}, positions[5] = {0, 1, 2, 3, 4}, slots[5], rows[2] = {2, 4};
-  for (int i = 0; i < 5; i++)
-    slots[i] = blocks[i / 4] * 4 + i % 4;
+  for (int i = 0; i < 5; i++) slots[i] = blocks[i / 4] * 4 + i % 4;
   int32_t q_start[1] = {0}, q_len[1] = {5}, kv_len[1] = {5};
   const int32_t *tables[1] = {blocks};
-  servd_forward_batch b = {.n_tokens = 5, .tokens = tokens, .positions = positions, .slots = slots,
-                           .n_logit_rows = 2, .logit_rows = rows,
-                           .attn = {.n_seqs = 1, .q_start = q_start, .q_len = q_len, .kv_len = kv_len, .block_tables = tables},
-                           .kv = kv, .max_tokens = 8, .max_seqs = 2};
+  servd_forward_batch b = {
+      .n_tokens = 5,
+      .tokens = tokens,
+      .positions = positions,
+      .slots = slots,
+      .n_logit_rows = 2,
+      .logit_rows = rows,
+      .attn = {.n_seqs = 1, .q_start = q_start, .q_len = q_len, .kv_len = kv_len, .block_tables = tables},
+      .kv = kv,
+      .max_tokens = 8,
+      .max_seqs = 2};
   servd_tensor *logits = NULL;
   servd_py_error err;
   servd_interp *it = servd_pool_acquire(g_pool);
   int rc = servd_interp_forward(it, &b, &logits, &err);
-  if (rc < 0)
-    fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
+  if (rc < 0) fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
   assert_int_equal(rc, 0);
   assert_non_null(logits);
   assert_int_equal(logits->shape[0], 2);
   const float *l = servd_tensor_data(logits);
   float want[2][5] = {{13, 2, 1, 1, 1}, {15, 4, 1, 1, 1}};
   for (int r = 0; r < 2; r++)
-    for (int c = 0; c < 5; c++)
-      assert_float_equal(l[r * 5 + c], want[r][c], 1e-6);
+    for (int c = 0; c < 5; c++) assert_float_equal(l[r * 5 + c], want[r][c], 1e-6);
   servd_tensor_release(logits);
   /* the engine reuses its arrays: Python must not see them change */
   tokens[2] = 99;
@@ -343,8 +354,7 @@ static void *conc_main(void *v) {
     for (int k = 0; k < n_out; k++) {
       if (!strcmp(on[k], "y")) {
         const float *y = servd_tensor_data(ot[k]);
-        if (y[0] != 2.0f * i || y[1] != -2.0f * i || y[2] != 1.0f)
-          a->bad++;
+        if (y[0] != 2.0f * i || y[1] != -2.0f * i || y[2] != 1.0f) a->bad++;
       }
       free(on[k]);
       servd_tensor_release(ot[k]);

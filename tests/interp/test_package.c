@@ -74,8 +74,7 @@ static void test_package_code(void **state) {
   servd_pool_options o = {.n_interpreters = 2, .world_size = 1};
   servd_pool *p = NULL;
   int rc = servd_pool_create(pkg, &o, &p);
-  if (rc < 0)
-    fprintf(stderr, "%s\n", servd_last_error());
+  if (rc < 0) fprintf(stderr, "%s\n", servd_last_error());
   assert_int_equal(rc, 0);
 
   servd_interp *it = servd_pool_acquire(p);
@@ -213,8 +212,7 @@ static void test_weight_sharing(void **state) {
   double per = (double)(rss[N] - rss[1]) / (N - 1);
   fprintf(stderr, "weight sharing: model %.1f MB, %.1f MB per added interpreter\n", model / 1e6, per / 1e6);
   assert_true(per < 0.25 * model);
-  for (int i = 0; i < N; i++)
-    servd_interp__fini(&its[i]);
+  for (int i = 0; i < N; i++) servd_interp__fini(&its[i]);
   mpk_close(pkg);
 }
 

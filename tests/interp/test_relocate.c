@@ -24,8 +24,7 @@ static void test_relocated_bundle(void **state) {
                    0);
   struct stat st;
   int have_allow = stat(built->allow_dir, &st) == 0 && S_ISDIR(st.st_mode);
-  if (have_allow)
-    assert_int_equal(support_system("ln -s %s %s/dist", built->allow_dir, g_dir), 0);
+  if (have_allow) assert_int_equal(support_system("ln -s %s %s/dist", built->allow_dir, g_dir), 0);
   char v[128];
   snprintf(v, sizeof v, "%s/lib/libpython3.11.so.1.0", g_dir);
   setenv("SERVD_LIBPYTHON", v, 1);
@@ -42,12 +41,12 @@ static void test_relocated_bundle(void **state) {
   servd_pool_options o = {.n_interpreters = 1, .world_size = 1};
   servd_pool *p = NULL;
   int rc = servd_pool_create(NULL, &o, &p);
-  if (rc < 0)
-    fprintf(stderr, "pool: %s\n", servd_last_error());
+  if (rc < 0) fprintf(stderr, "pool: %s\n", servd_last_error());
   assert_int_equal(rc, 0);
   servd_interp *it = servd_pool_get(p, 0);
   char code[512];
-  snprintf(code, sizeof code, "import sys, json, _json, servd\nD = '%s'\nmaps = open('/proc/self/maps').read()\n", g_dir);
+  snprintf(code, sizeof code, "import sys, json, _json, servd\nD = '%s'\nmaps = open('/proc/self/maps').read()\n",
+           g_dir);
   support_exec(it, code);
   support_expect_true(it, "sys.prefix == D");
   support_expect_true(it, "json.__file__ == D + '/lib/python3.11/json/__init__.py'");

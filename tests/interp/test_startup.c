@@ -22,8 +22,7 @@ static char g_dir[64];
 static int setup(void **state) {
   (void)state;
   snprintf(g_dir, sizeof g_dir, "/tmp/servd-startup-XXXXXX");
-  if (!mkdtemp(g_dir))
-    return -1;
+  if (!mkdtemp(g_dir)) return -1;
   char path[128];
   snprintf(path, sizeof path, "%s/notstdlib", g_dir); /* a directory without os.py */
   return mkdir(path, 0700);
@@ -37,8 +36,7 @@ static int teardown(void **state) {
 }
 
 static void clear_env(void) {
-  for (size_t i = 0; i < sizeof g_vars / sizeof g_vars[0]; i++)
-    unsetenv(g_vars[i]);
+  for (size_t i = 0; i < sizeof g_vars / sizeof g_vars[0]; i++) unsetenv(g_vars[i]);
 }
 
 static void expect_fail(int rc, const char *part) {
@@ -54,8 +52,7 @@ static void test_defaults(void **state) {
   clear_env();
   servd_py_paths *p = malloc(sizeof *p);
   int rc = servd_py_paths__resolve(p);
-  if (rc < 0)
-    fprintf(stderr, "%s\n", servd_last_error());
+  if (rc < 0) fprintf(stderr, "%s\n", servd_last_error());
   assert_int_equal(rc, 0);
   assert_non_null(strstr(p->libpython, "libpython3.11"));
   assert_non_null(strstr(p->pymod, "servd.cpython-311"));

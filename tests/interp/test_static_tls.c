@@ -70,8 +70,8 @@ static void test_static_tls_left(void **state) {
   (void)state;
   const int counts[] = {1, 4, SERVD_INTERP_MAX};
   long before = remaining(), left[3];
-  printf("static TLS free for initial-exec libraries loaded later (GLIBC_TUNABLES=%s%s):\n",
-         getenv("GLIBC_TUNABLES"), getenv("SERVD_HEAP_CHECK") ? ", heap checker on" : "");
+  printf("static TLS free for initial-exec libraries loaded later (GLIBC_TUNABLES=%s%s):\n", getenv("GLIBC_TUNABLES"),
+         getenv("SERVD_HEAP_CHECK") ? ", heap checker on" : "");
   printf("  0 interpreters: %ld bytes\n", before);
   for (int i = 0; i < 3; i++) {
     left[i] = after(counts[i]);
@@ -81,7 +81,8 @@ static void test_static_tls_left(void **state) {
   assert_true(left[2] <= left[1] && left[1] <= left[0]);
   if (left[2] < MARGIN_BYTES)
     fail_msg("only %ld bytes of static TLS remain after %d interpreters (at least %d must, for the CUDA "
-             "driver's libraries loaded later: docs/cuda.md)", left[2], SERVD_INTERP_MAX, MARGIN_BYTES);
+             "driver's libraries loaded later: docs/cuda.md)",
+             left[2], SERVD_INTERP_MAX, MARGIN_BYTES);
 }
 
 int main(int argc, char **argv) {

@@ -12,8 +12,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#define MAIN_KEYS 40  /* what CUDA's libraries, NCCL and OpenSSL make in the main program, and more */
-#define GUEST_KEYS 8  /* keys an interpreter's imports may add: SERVD_GUEST_KEYS_MIN are guaranteed */
+#define MAIN_KEYS 40 /* what CUDA's libraries, NCCL and OpenSSL make in the main program, and more */
+#define GUEST_KEYS 8 /* keys an interpreter's imports may add: SERVD_GUEST_KEYS_MIN are guaranteed */
 
 static servd_pool *make_pool(int n) {
   servd_pool_options o = {.n_interpreters = n, .world_size = 1};

@@ -328,10 +328,8 @@ static void test_bad_input(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_shapes),
-      cmocka_unit_test(test_window), cmocka_unit_test(test_chunked_prefill),
-      cmocka_unit_test(test_large_scores),
-      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_shapes),       cmocka_unit_test(test_window),    cmocka_unit_test(test_chunked_prefill),
+      cmocka_unit_test(test_large_scores), cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

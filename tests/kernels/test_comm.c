@@ -56,7 +56,8 @@ static void *rank_main(void *p) {
       for (int64_t row = 0; row < a->m; row++)
         for (int r = 0; r < a->world; r++)
           for (int64_t j = 0; j < a->n; j++)
-            if (gd[row * a->n * a->world + r * a->n + j] != value(it, r, row * a->n + j)) atomic_fetch_add(a->errors, 1);
+            if (gd[row * a->n * a->world + r * a->n + j] != value(it, r, row * a->n + j))
+              atomic_fetch_add(a->errors, 1);
     } else {
       /* rank 1 brings a different shape: every rank must get EINVAL, and the group must stay usable */
       servd_tensor *y = x;
@@ -93,8 +94,8 @@ static void test_allreduce(void **state) {
   (void)state;
   assert_int_equal(run_group(1, 2, 5, 0), 0);
   assert_int_equal(run_group(2, 1, 576, 0), 0);
-  assert_int_equal(run_group(3, 4, 7, 0), 0);   /* columns not divisible by the ranks */
-  assert_int_equal(run_group(4, 3, 2, 0), 0);   /* fewer columns than ranks */
+  assert_int_equal(run_group(3, 4, 7, 0), 0); /* columns not divisible by the ranks */
+  assert_int_equal(run_group(4, 3, 2, 0), 0); /* fewer columns than ranks */
   assert_int_equal(run_group(2, 0, 8, 0), 0);
 }
 
@@ -160,7 +161,7 @@ static void test_tensor_parallel_sum(void **state) {
   for (int j = 0; j < N; j++) {
     double ref = 0;
     for (int i = 0; i < K; i++) ref += (double)x[i] * w[j * K + i];
-    assert_true(y[0][j] == y[1][j]); /* every rank holds the same bits */
+    assert_true(y[0][j] == y[1][j]);        /* every rank holds the same bits */
     assert_float_equal(y[0][j], ref, 1e-4); /* 96 f32 products of magnitude <= 1 */
   }
   servd_comm_destroy(c);

@@ -121,7 +121,7 @@ static void test_refused(void **state) {
   servd_tensor *small = tensor(SERVD_F32, 2, other);
   assert_int_equal(servd_dequantize(h, q), SERVD_EINVAL); /* out must be f32 */
   assert_non_null(strstr(servd_last_error(), "dequantize: expected"));
-  assert_int_equal(servd_dequantize(f, f), SERVD_EINVAL); /* x must be a block dtype */
+  assert_int_equal(servd_dequantize(f, f), SERVD_EINVAL);     /* x must be a block dtype */
   assert_int_equal(servd_dequantize(small, q), SERVD_EINVAL); /* shapes differ */
   assert_non_null(strstr(servd_last_error(), "f32[2,32]"));
   assert_int_equal(servd_dequantize(NULL, q), SERVD_EINVAL);

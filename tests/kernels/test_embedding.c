@@ -28,7 +28,8 @@ static void test_all_dtypes(void **state) {
     if (dt == SERVD_I32) continue;
     servd_tensor *tab = servd_tensor_new((servd_dtype)dt, 2, (int64_t[]){V, D});
     for (int r = 0; r < V; r++)
-      assert_int_equal(servd_row_from_f32((servd_dtype)dt, src + r * D, (char *)servd_tensor_data(tab) + r * tab->strides[0], D), 0);
+      assert_int_equal(
+          servd_row_from_f32((servd_dtype)dt, src + r * D, (char *)servd_tensor_data(tab) + r * tab->strides[0], D), 0);
     servd_tensor *ids = ids_of(6, idv), *out = servd_tensor_new(SERVD_F32, 2, (int64_t[]){6, D});
     memset(servd_tensor_data(out), 0xff, servd_tensor_nbytes(out));
     assert_int_equal(servd_embedding(out, tab, ids, 0), 0);

@@ -12,7 +12,9 @@
 
 #include "servd/ops.h"
 
-static double ref(double g, double u) { return 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u; }
+static double ref(double g, double u) {
+  return 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+}
 
 static servd_tensor *f32(int64_t r, int64_t c) {
   const int64_t s[2] = {r, c};

@@ -43,8 +43,8 @@ static void test_accounting(void **state) {
   servd_kv_cache_free(c, 3, a);
   assert_int_equal(servd_kv_cache_alloc(c, 4, b), SERVD_EBUSY); /* takes none */
   assert_int_equal(servd_kv_cache_free_blocks(c), 3);
-  servd_kv_cache_free(c, 3, a);                         /* double free: ignored */
-  const int32_t stray[3] = {-1, 10, 1 << 30};           /* not ours: ignored */
+  servd_kv_cache_free(c, 3, a);               /* double free: ignored */
+  const int32_t stray[3] = {-1, 10, 1 << 30}; /* not ours: ignored */
   servd_kv_cache_free(c, 3, stray);
   assert_int_equal(servd_kv_cache_free_blocks(c), 3);
   assert_int_equal(servd_kv_cache_alloc(c, 3, b), 0);
@@ -246,12 +246,8 @@ static void test_bad_input(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_accounting),
-      cmocka_unit_test(test_refcounts),
-      cmocka_unit_test(test_threads),
-      cmocka_unit_test(test_write_f32),
-      cmocka_unit_test(test_write_f16),
-      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_accounting), cmocka_unit_test(test_refcounts), cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_write_f32),  cmocka_unit_test(test_write_f16), cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

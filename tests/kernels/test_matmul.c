@@ -55,7 +55,9 @@ static servd_tensor *make_w(servd_dtype dt, int64_t n, int64_t k, float **deq) {
 
 static const servd_dtype all_dtypes[] = {SERVD_F32, SERVD_F16, SERVD_BF16, SERVD_Q8_0, SERVD_Q4_0, SERVD_Q4_1};
 
-typedef struct shape { int64_t m, n, k; } shape;
+typedef struct shape {
+  int64_t m, n, k;
+} shape;
 
 static void check_case(servd_dtype dt, shape s) {
   servd_tensor *x = rand_f32(s.m, s.k);
@@ -124,9 +126,14 @@ static void check_case(servd_dtype dt, shape s) {
 
 static void test_float_shapes(void **state) {
   (void)state;
-  const shape shapes[] = {{1, 1, 1},   {1, 7, 3},    {1, 33, 17},  {2, 31, 100}, {3, 65, 33},  {7, 17, 129},
-                          {8, 32, 64}, {9, 97, 300}, {13, 40, 257}, {16, 64, 16}, {1, 300, 576}, {70, 45, 513},
-                          {24, 130, 96}, {250, 9, 40} /* x row blocks */, {8, 6, 2100} /* k blocks */};
+  const shape shapes[] = {{1, 1, 1},     {1, 7, 3},
+                          {1, 33, 17},   {2, 31, 100},
+                          {3, 65, 33},   {7, 17, 129},
+                          {8, 32, 64},   {9, 97, 300},
+                          {13, 40, 257}, {16, 64, 16},
+                          {1, 300, 576}, {70, 45, 513},
+                          {24, 130, 96}, {250, 9, 40} /* x row blocks */,
+                          {8, 6, 2100} /* k blocks */};
   for (int d = 0; d < 3; d++) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_case(all_dtypes[d], shapes[i]);
   }
@@ -135,9 +142,20 @@ static void test_float_shapes(void **state) {
 static void test_quant_shapes(void **state) {
   (void)state;
   /* k a multiple of 32 but not of 64 or 256; n not a multiple of any tile. */
-  const shape shapes[] = {{1, 1, 32},  {1, 3, 96},   {1, 33, 160}, {2, 17, 224}, {3, 70, 32},
-                          {4, 9, 288}, {5, 37, 576}, {8, 16, 64},  {9, 41, 352}, {17, 23, 96}, {1, 130, 2080}, {130, 5, 64},
-                          {2, 7, 128} /* last group of 4 blocks */, {1, 9, 640}};
+  const shape shapes[] = {{1, 1, 32},
+                          {1, 3, 96},
+                          {1, 33, 160},
+                          {2, 17, 224},
+                          {3, 70, 32},
+                          {4, 9, 288},
+                          {5, 37, 576},
+                          {8, 16, 64},
+                          {9, 41, 352},
+                          {17, 23, 96},
+                          {1, 130, 2080},
+                          {130, 5, 64},
+                          {2, 7, 128} /* last group of 4 blocks */,
+                          {1, 9, 640}};
   for (int d = 3; d < 6; d++) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_case(all_dtypes[d], shapes[i]);
   }
@@ -179,7 +197,8 @@ static void test_empty(void **state) {
   servd_tensor *on = servd_tensor_new(SERVD_F32, 2, (int64_t[]){3, 0});
   assert_int_equal(servd_matmul(on, x, w0), 0);
   /* k == 0: an empty sum is zero. */
-  servd_tensor *xk = servd_tensor_new(SERVD_F32, 2, (int64_t[]){2, 0}), *wk = servd_tensor_new(SERVD_BF16, 2, (int64_t[]){3, 0});
+  servd_tensor *xk = servd_tensor_new(SERVD_F32, 2, (int64_t[]){2, 0}),
+               *wk = servd_tensor_new(SERVD_BF16, 2, (int64_t[]){3, 0});
   servd_tensor *ok = servd_tensor_new(SERVD_F32, 2, (int64_t[]){2, 3});
   memset(servd_tensor_data(ok), 0xff, 24);
   assert_int_equal(servd_matmul(ok, xk, wk), 0);
@@ -338,7 +357,8 @@ static void test_matmul_many(void **state) {
   }
   servd_cpu_force_isa(SERVD_ISA_COUNT);
   servd_tensor *x = rand_f32(2, 64), *o = servd_tensor_new(SERVD_F32, 2, (int64_t[]){2, 4});
-  servd_tensor *w = servd_tensor_new(SERVD_F32, 2, (int64_t[]){4, 64}), *wbad = servd_tensor_new(SERVD_F32, 2, (int64_t[]){5, 64});
+  servd_tensor *w = servd_tensor_new(SERVD_F32, 2, (int64_t[]){4, 64}),
+               *wbad = servd_tensor_new(SERVD_F32, 2, (int64_t[]){5, 64});
   servd_tensor *outs[5] = {o, o, o, o, o};
   const servd_tensor *ws[5] = {w, w, w, w, w};
   assert_int_equal(servd_matmul_many(0, outs, x, ws), SERVD_EINVAL);
@@ -363,9 +383,14 @@ static void test_force_isa(void **state) {
 int main(void) {
   servd_threadpool_init(2);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_force_isa),   cmocka_unit_test(test_float_shapes), cmocka_unit_test(test_quant_shapes),
-      cmocka_unit_test(test_strided_views), cmocka_unit_test(test_empty),      cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_concurrent_callers), cmocka_unit_test(test_nonfinite_x),
+      cmocka_unit_test(test_force_isa),
+      cmocka_unit_test(test_float_shapes),
+      cmocka_unit_test(test_quant_shapes),
+      cmocka_unit_test(test_strided_views),
+      cmocka_unit_test(test_empty),
+      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_concurrent_callers),
+      cmocka_unit_test(test_nonfinite_x),
       cmocka_unit_test(test_matmul_many),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -34,7 +34,8 @@ static const float *fixture_values(servd_dtype t) {
 
 static void near_ulp(const float *got, const float *want, int64_t n, const char *what) {
   for (int64_t i = 0; i < n; i++) {
-    if (fabsf(got[i] - want[i]) > fabsf(want[i]) * 0x1p-23f) fail_msg("%s[%lld]: %a, gguf-py %a", what, (long long)i, got[i], want[i]);
+    if (fabsf(got[i] - want[i]) > fabsf(want[i]) * 0x1p-23f)
+      fail_msg("%s[%lld]: %a, gguf-py %a", what, (long long)i, got[i], want[i]);
   }
 }
 
@@ -101,7 +102,8 @@ static void test_quantize_round_trip(void **state) {
           const float bound = max_step * (0.5f + 0.51f * levels / (dt == SERVD_Q6_K ? 127.0f : 63.0f)) +
                               (dt == SERVD_Q6_K ? 0.0f : max_min / 126.0f) + 1e-3f * max_step;
           if (fabsf(y[e] - x[e]) > bound)
-            fail_msg("%s trial %d: x[%d] = %g came back %g (bound %g)", servd_dtype_name(dt), trial, e, x[e], y[e], bound);
+            fail_msg("%s trial %d: x[%d] = %g came back %g (bound %g)", servd_dtype_name(dt), trial, e, x[e], y[e],
+                     bound);
         }
       }
     }
@@ -141,7 +143,9 @@ static double wmax(servd_dtype dt, const servd_tensor *w, int64_t j, int64_t b) 
   return servd_f16_to_f32(d) * 63 * 31 + servd_f16_to_f32(dmin) * 63;
 }
 
-typedef struct shape { int64_t m, n, k; } shape;
+typedef struct shape {
+  int64_t m, n, k;
+} shape;
 
 static void check_case(servd_dtype dt, shape s) {
   servd_tensor *x = tnew(SERVD_F32, 2, s.m, s.k), *w = rand_kw(dt, s.n, s.k);

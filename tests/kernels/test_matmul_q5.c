@@ -33,7 +33,8 @@ static const uint8_t *fixture_quantized(servd_dtype t) {
 
 static void near_ulp(const float *got, const float *want, int64_t n, const char *what) {
   for (int64_t i = 0; i < n; i++) {
-    if (fabsf(got[i] - want[i]) > fabsf(want[i]) * 0x1p-23f) fail_msg("%s[%lld]: %a, gguf-py %a", what, (long long)i, got[i], want[i]);
+    if (fabsf(got[i] - want[i]) > fabsf(want[i]) * 0x1p-23f)
+      fail_msg("%s[%lld]: %a, gguf-py %a", what, (long long)i, got[i], want[i]);
   }
 }
 
@@ -79,7 +80,8 @@ static void test_quantizer_vs_ggufpy(void **state) {
     assert_int_equal(servd_row_from_f32(dt, q5_x, buf, NB * SERVD_QK), 0);
     for (size_t i = 0; i < NB * bb; i++)
       if (buf[i] != fixture_quantized(dt)[i])
-        fail_msg("%s: byte %zu (block %zu) is %u, gguf-py %u", servd_dtype_name(dt), i, i / bb, buf[i], fixture_quantized(dt)[i]);
+        fail_msg("%s: byte %zu (block %zu) is %u, gguf-py %u", servd_dtype_name(dt), i, i / bb, buf[i],
+                 fixture_quantized(dt)[i]);
     /* and back within half a step (31 levels over the block's range) plus the f16 scale */
     assert_int_equal(servd_row_to_f32(dt, buf, y, NB * SERVD_QK), 0);
     for (int b = 0; b < NB; b++) {
@@ -123,7 +125,9 @@ static double wmax(servd_dtype dt, const servd_tensor *w, int64_t j, int64_t b) 
   return fabs(servd_f16_to_f32(d)) * 31 + fabs(servd_f16_to_f32(m));
 }
 
-typedef struct shape { int64_t m, n, k; } shape;
+typedef struct shape {
+  int64_t m, n, k;
+} shape;
 
 static void check_case(servd_dtype dt, shape s) {
   servd_tensor *x = tnew(SERVD_F32, 2, s.m, s.k), *w = rand_w(dt, s.n, s.k);
@@ -190,9 +194,9 @@ static void test_matmul_q5(void **state) {
   /* test_matmul.c's quantized shapes: one block, odd block counts (the VNNI kernel's half-filled
    * last pair), decode (m = 1) and batched rows around the 4-row tile, the 576-wide rows of
    * SmolLM2, more than one 128-row block, column counts off the 32-column item and 4-column tile. */
-  static const shape shapes[] = {{1, 1, 32},  {1, 3, 96},   {1, 33, 160}, {2, 17, 224}, {3, 70, 32},
-                                 {4, 9, 288}, {5, 37, 576}, {8, 16, 64},  {9, 41, 352}, {17, 23, 96},
-                                 {1, 130, 2080}, {130, 5, 64}, {2, 7, 128}, {1, 9, 640}};
+  static const shape shapes[] = {{1, 1, 32},     {1, 3, 96},   {1, 33, 160}, {2, 17, 224}, {3, 70, 32},
+                                 {4, 9, 288},    {5, 37, 576}, {8, 16, 64},  {9, 41, 352}, {17, 23, 96},
+                                 {1, 130, 2080}, {130, 5, 64}, {2, 7, 128},  {1, 9, 640}};
   for (size_t t = 0; t < sizeof q5dtypes / sizeof *q5dtypes; t++)
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) check_case(q5dtypes[t], shapes[i]);
 }

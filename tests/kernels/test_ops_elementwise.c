@@ -20,7 +20,8 @@ static servd_tensor *mat(int64_t m, int64_t n) {
   return t;
 }
 
-static const int64_t shapes[][2] = {{1, 1}, {1, 7}, {3, 15}, {2, 16}, {5, 17}, {4, 33}, {2, 100}, {0, 8}, {3, 0}, {1, 4099}};
+static const int64_t shapes[][2] = {{1, 1},  {1, 7},   {3, 15}, {2, 16}, {5, 17},
+                                    {4, 33}, {2, 100}, {0, 8},  {3, 0},  {1, 4099}};
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
 static void test_add(void **state) {

@@ -51,8 +51,8 @@ static void test_rmsnorm(void **state) {
             /* f32 sum of squares in 16-32 partial sums: relative error ~ (d/16) * 6e-8 <= 2e-5 for
              * d = 4097 (bound; typically far less), halved by the sqrt, plus three f32 roundings. */
             if (fabs(f(o)[r * d + i] - ref) > 2e-5 * fabs(ref) + 1e-7)
-              fail_msg("rmsnorm isa %d w %d (%lld,%lld) [%lld,%lld]: %.9g vs %.9g", isa, w, (long long)m,
-                       (long long)d, (long long)r, (long long)i, (double)f(o)[r * d + i], ref);
+              fail_msg("rmsnorm isa %d w %d (%lld,%lld) [%lld,%lld]: %.9g vs %.9g", isa, w, (long long)m, (long long)d,
+                       (long long)r, (long long)i, (double)f(o)[r * d + i], ref);
           }
         }
         /* in place */

@@ -34,20 +34,32 @@ typedef struct np_case {
 } np_case;
 static const int llama31_idx[7] = {0, 1, 17, 30, 33, 40, 63}; /* 30, 33: the smoothed band */
 static const np_case llama31[] = {
-    {1, {-3.01168679e-01f, -4.13161018e-02f, 9.68901071e-01f, 9.98627166e-01f, 9.99687257e-01f, 9.99965718e-01f, 9.99999693e-01f},
-     {1.38177329e+00f, 1.41360991e+00f, 1.03016053e+00f, 1.00137095e+00f, 1.00031264e+00f, 1.00003428e+00f, 1.00000031e+00f}},
-    {1000, {-2.64500464e-01f, 2.24321517e-01f, 1.41420229e+00f, -7.82690224e-01f, 6.43885608e-01f, 9.65138154e-01f, 9.99693060e-01f},
-     {1.38925862e+00f, -1.39630937e+00f, 5.64709796e-03f, 1.17787776e+00f, 1.25913118e+00f, 1.03368677e+00f, 1.00030685e+00f}},
-    {5000, {1.14263484e+00f, -1.01124211e+00f, -1.41393170e+00f, 2.93582634e-01f, -9.92645106e-01f, 8.14779024e-01f, 9.98464360e-01f},
-     {-8.33298033e-01f, 9.88630064e-01f, -2.82336890e-02f, 1.38340494e+00f, 1.00730119e+00f, 1.15591312e+00f, 1.00153329e+00f}},
+    {1,
+     {-3.01168679e-01f, -4.13161018e-02f, 9.68901071e-01f, 9.98627166e-01f, 9.99687257e-01f, 9.99965718e-01f,
+      9.99999693e-01f},
+     {1.38177329e+00f, 1.41360991e+00f, 1.03016053e+00f, 1.00137095e+00f, 1.00031264e+00f, 1.00003428e+00f,
+      1.00000031e+00f}},
+    {1000,
+     {-2.64500464e-01f, 2.24321517e-01f, 1.41420229e+00f, -7.82690224e-01f, 6.43885608e-01f, 9.65138154e-01f,
+      9.99693060e-01f},
+     {1.38925862e+00f, -1.39630937e+00f, 5.64709796e-03f, 1.17787776e+00f, 1.25913118e+00f, 1.03368677e+00f,
+      1.00030685e+00f}},
+    {5000,
+     {1.14263484e+00f, -1.01124211e+00f, -1.41393170e+00f, 2.93582634e-01f, -9.92645106e-01f, 8.14779024e-01f,
+      9.98464360e-01f},
+     {-8.33298033e-01f, 9.88630064e-01f, -2.82336890e-02f, 1.38340494e+00f, 1.00730119e+00f, 1.15591312e+00f,
+      1.00153329e+00f}},
 };
 static const int plain_idx[5] = {0, 1, 17, 25, 31};
 static const np_case plain[] = {
-    {1, {-3.01168679e-01f, 5.01996362e-02f, 9.92473011e-01f, 9.99249825e-01f, 9.99866639e-01f},
+    {1,
+     {-3.01168679e-01f, 5.01996362e-02f, 9.92473011e-01f, 9.99249825e-01f, 9.99866639e-01f},
      {1.38177329e+00f, 1.41332233e+00f, 1.00747076e+00f, 1.00074961e+00f, 1.00013334e+00f}},
-    {1000, {-2.64500464e-01f, -1.39591968e+00f, -5.90005666e-01f, 5.01996362e-02f, 8.58164503e-01f},
+    {1000,
+     {-2.64500464e-01f, -1.39591968e+00f, -5.90005666e-01f, 5.01996362e-02f, 8.58164503e-01f},
      {1.38925862e+00f, 2.26733883e-01f, 1.28526002e+00f, 1.41332233e+00f, 1.12407904e+00f}},
-    {5000, {1.14263484e+00f, 9.79918821e-01f, 1.18216187e+00f, -2.49734506e-01f, 1.67385350e-01f},
+    {5000,
+     {1.14263484e+00f, 9.79918821e-01f, 1.18216187e+00f, -2.49734506e-01f, 1.67385350e-01f},
      {-8.33298033e-01f, -1.01968579e+00f, 7.76204428e-01f, -1.39198875e+00f, 1.40427282e+00f}},
 };
 
@@ -67,8 +79,8 @@ static void check_numpy(const servd_rope_params *p, const np_case *cases, int n_
       for (int k = 0; k < n_idx; k++) {
         int i = idx[k];
         if (fabs(f(x)[i] - cases[c].lo[k]) > tol || fabs(f(x)[i + d / 2] - cases[c].hi[k]) > tol)
-          fail_msg("rope isa %d pos %d i %d: (%.8g, %.8g) vs numpy (%.8g, %.8g)", isa, cases[c].pos, i,
-                   (double)f(x)[i], (double)f(x)[i + d / 2], (double)cases[c].lo[k], (double)cases[c].hi[k]);
+          fail_msg("rope isa %d pos %d i %d: (%.8g, %.8g) vs numpy (%.8g, %.8g)", isa, cases[c].pos, i, (double)f(x)[i],
+                   (double)f(x)[i + d / 2], (double)cases[c].lo[k], (double)cases[c].hi[k]);
       }
       servd_tensor_release(x);
       servd_tensor_release(pos);
@@ -145,8 +157,8 @@ static void test_isa_paths(void **state) {
           for (int ri = 0; ri < 3; ri++) {
             int d = dims[di], nh = heads[hi], m = rows[ri];
             int64_t shape3[3] = {m, nh, d};
-            servd_tensor *x = servd_tensor_new(SERVD_F32, (ri & 1) ? 3 : 2,
-                                               (ri & 1) ? shape3 : (int64_t[]){m, (int64_t)nh * d});
+            servd_tensor *x =
+                servd_tensor_new(SERVD_F32, (ri & 1) ? 3 : 2, (ri & 1) ? shape3 : (int64_t[]){m, (int64_t)nh * d});
             assert_non_null(x);
             int32_t ps[7];
             for (int r = 0; r < m; r++) ps[r] = (int32_t)(frand(0, 3000));
@@ -156,7 +168,8 @@ static void test_isa_paths(void **state) {
             for (int i = 0; i < m * nh * d; i++) in[i] = f(x)[i] = frand(-2, 2);
             servd_rope_params p = params((servd_rope_layout)l, d, 10000.0f);
             assert_int_equal(servd_rope(x, pos, &p), 0);
-            for (int r = 0; r < m; r++) ref_rope(ref + r * nh * d, in + r * nh * d, nh, d, ps[r], (servd_rope_layout)l, 10000.0f);
+            for (int r = 0; r < m; r++)
+              ref_rope(ref + r * nh * d, in + r * nh * d, nh, d, ps[r], (servd_rope_layout)l, 10000.0f);
             for (int i = 0; i < m * nh * d; i++)
               /* same f32 angles; libm cosf/sinf (<1 ulp) and two f32 roundings per output on |x| <= 2 */
               if (fabs(f(x)[i] - ref[i]) > 1e-6)
@@ -209,11 +222,8 @@ static void test_bad_input(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_hand_values),
-      cmocka_unit_test(test_numpy_plain),
-      cmocka_unit_test(test_numpy_llama31),
-      cmocka_unit_test(test_isa_paths),
-      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_hand_values), cmocka_unit_test(test_numpy_plain), cmocka_unit_test(test_numpy_llama31),
+      cmocka_unit_test(test_isa_paths),   cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,8 +45,8 @@ static void test_softmax(void **state) {
              * for |x*scale| <= 90 is off by <= 1e-5 absolute, i.e. 1e-5 relative after exp), times
              * 1/sum: 2e-5 relative; the absolute term covers values flushed below 1e-37. */
             if (fabs(f(x)[r * n + i] - ref) > 2e-5 * ref + 1e-37)
-              fail_msg("softmax isa %d (%lld,%lld) scale %g [%lld,%lld]: %.9g vs %.9g", isa, (long long)m,
-                       (long long)n, (double)scales[k], (long long)r, (long long)i, (double)f(x)[r * n + i], ref);
+              fail_msg("softmax isa %d (%lld,%lld) scale %g [%lld,%lld]: %.9g vs %.9g", isa, (long long)m, (long long)n,
+                       (double)scales[k], (long long)r, (long long)i, (double)f(x)[r * n + i], ref);
           }
         }
         test_free(in);
@@ -60,10 +60,10 @@ static void test_softmax(void **state) {
 static void test_argmax(void **state) {
   (void)state;
   servd_tensor *x = tnew(SERVD_F32, 2, 4, 6), *o = tnew(SERVD_I32, 1, 4, 0);
-  const float v[4][6] = {{1, 5, 5, 2, 0, -1},                       /* tie: lowest index */
-                         {NAN, -3, -2, NAN, -2.5f, -7},             /* NaN never wins */
+  const float v[4][6] = {{1, 5, 5, 2, 0, -1},           /* tie: lowest index */
+                         {NAN, -3, -2, NAN, -2.5f, -7}, /* NaN never wins */
                          {-INFINITY, -INFINITY, -INFINITY, 0, 0, 9},
-                         {NAN, NAN, NAN, NAN, NAN, NAN}};           /* all NaN: index 0 */
+                         {NAN, NAN, NAN, NAN, NAN, NAN}}; /* all NaN: index 0 */
   memcpy(f(x), v, sizeof v);
   assert_int_equal(servd_argmax(o, x), 0);
   assert_int_equal(iv(o)[0], 1);

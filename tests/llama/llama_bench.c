@@ -91,7 +91,8 @@ static void llama_bench(const char *bin, const char *gguf, int threads, int deco
   *pp = *tg = -1;
   if (!bin || !gguf) return;
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "'%s' -m '%s' -t %d -p 512 -n %d -r %d -o csv 2>/dev/null", bin, gguf, threads, decode, runs);
+  snprintf(cmd, sizeof cmd, "'%s' -m '%s' -t %d -p 512 -n %d -r %d -o csv 2>/dev/null", bin, gguf, threads, decode,
+           runs);
   FILE *f = popen(cmd, "r");
   if (!f) return;
   char line[8192];
@@ -170,9 +171,14 @@ int main(int argc, char **argv) {
         servd_kv_cache_alloc(kv, 64, blocks);
         int32_t tok = 100, pos = 0, slot = 0, lrow = 0, qs = 0, ql = 1, kl = 1;
         const int32_t *tables[1] = {blocks};
-        servd_forward_batch b = {.n_tokens = 1, .tokens = &tok, .positions = &pos, .slots = &slot, .n_logit_rows = 1,
-                                 .logit_rows = &lrow,
-                                 .attn = {.n_seqs = 1, .q_start = &qs, .q_len = &ql, .kv_len = &kl, .block_tables = tables}};
+        servd_forward_batch b = {
+            .n_tokens = 1,
+            .tokens = &tok,
+            .positions = &pos,
+            .slots = &slot,
+            .n_logit_rows = 1,
+            .logit_rows = &lrow,
+            .attn = {.n_seqs = 1, .q_start = &qs, .q_len = &ql, .kv_len = &kl, .block_tables = tables}};
         servd_py_error err;
         /* Rounds alternate plain and profiled stretches of the same positions (same attention
          * cost); medians over rounds. */

@@ -152,10 +152,14 @@ int main(int argc, char **argv) {
       ns++;
     }
     if (ns == 0) break;
-    servd_forward_batch b = {.n_tokens = n, .tokens = tok, .positions = pos, .slots = slot, .n_logit_rows = nl,
-                             .logit_rows = lrows,
-                             .attn = {.n_seqs = ns, .q_start = q_start, .q_len = q_len, .kv_len = kv_len,
-                                      .block_tables = tables}};
+    servd_forward_batch b = {
+        .n_tokens = n,
+        .tokens = tok,
+        .positions = pos,
+        .slots = slot,
+        .n_logit_rows = nl,
+        .logit_rows = lrows,
+        .attn = {.n_seqs = ns, .q_start = q_start, .q_len = q_len, .kv_len = kv_len, .block_tables = tables}};
     servd_tensor *logits = NULL;
     servd_py_error err;
     memset(&err, 0, sizeof err);
@@ -177,7 +181,8 @@ int main(int argc, char **argv) {
         q->n_rows++;
       }
       q->n_done += q_len[i];
-      if (q->n_done == q->n_tok && q->n_tok < total) q->tok[q->n_tok++] = argmax_row(q->rows + (size_t)(q->n_rows - 1) * vocab, vocab);
+      if (q->n_done == q->n_tok && q->n_tok < total)
+        q->tok[q->n_tok++] = argmax_row(q->rows + (size_t)(q->n_rows - 1) * vocab, vocab);
     }
     servd_tensor_release(logits);
   }

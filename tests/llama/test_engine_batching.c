@@ -90,8 +90,12 @@ static servd_model *load(int max_batch_tokens, int max_seqs, int kv_blocks, int 
   return m;
 }
 
-static const char *prompts[] = {"Hello there, how are you?", "abc", "The quick brown fox jumps over the lazy dog",
-                                "0123456789", "zz top", "Once upon a time in a land far away, there lived"};
+static const char *prompts[] = {"Hello there, how are you?",
+                                "abc",
+                                "The quick brown fox jumps over the lazy dog",
+                                "0123456789",
+                                "zz top",
+                                "Once upon a time in a land far away, there lived"};
 #define NP (int)(sizeof prompts / sizeof *prompts)
 #define GEN 20
 
@@ -282,8 +286,8 @@ static void test_bad_params(void **state) {
 static void test_chat_template(void **state) {
   (void)state;
   servd_model *m = load(64, 4, 0, 16);
-  json_t *msgs = json_pack("[{s:s,s:s},{s:s,s:s}]", "role", "system", "content", "Be brief.", "role", "user",
-                           "content", "Hi");
+  json_t *msgs =
+      json_pack("[{s:s,s:s},{s:s,s:s}]", "role", "system", "content", "Be brief.", "role", "user", "content", "Hi");
   char *text = NULL;
   int rc = servd_model_apply_chat_template(m, msgs, true, &text);
   if (rc) fprintf(stderr, "chat: %s\n", servd_last_error());
@@ -300,9 +304,12 @@ int main(int argc, char **argv) {
       engine_test_synth_tiny(tmpdir, "tiny.mpk", pkg_path, sizeof pkg_path, NULL))
     return 1;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_continuous_batching_matches_alone), cmocka_unit_test(test_stop_string),
-      cmocka_unit_test(test_cancel_frees_blocks),               cmocka_unit_test(test_deadline),
-      cmocka_unit_test(test_queue_bound),                       cmocka_unit_test(test_bad_params),
+      cmocka_unit_test(test_continuous_batching_matches_alone),
+      cmocka_unit_test(test_stop_string),
+      cmocka_unit_test(test_cancel_frees_blocks),
+      cmocka_unit_test(test_deadline),
+      cmocka_unit_test(test_queue_bound),
+      cmocka_unit_test(test_bad_params),
       cmocka_unit_test(test_chat_template),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

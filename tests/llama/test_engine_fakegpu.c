@@ -59,22 +59,21 @@ typedef engine_gpu_result result;
 static char pkg_path[256];
 /* Raises on rank 1 in its second step of one token (once per interpreter) and in every step of 13;
  * loops forever on rank 1 in a step of 17. */
-static const char faulty_py[] =
-    "import servd\n"
-    "from .model import LlamaModel\n"
-    "class Faulty(LlamaModel):\n"
-    "    ones = 0\n"
-    "    def forward(self, batch):\n"
-    "        if servd.rank() == 1 and batch.n_tokens == 13:\n"
-    "            raise RuntimeError('injected failure on rank 1 (13 tokens)')\n"
-    "        if servd.rank() == 1 and batch.n_tokens == 17:\n"
-    "            while True:\n"
-    "                pass\n"
-    "        if servd.rank() == 1 and batch.n_tokens == 1:\n"
-    "            self.ones += 1\n"
-    "            if self.ones == 2:\n"
-    "                raise RuntimeError('injected failure on rank 1')\n"
-    "        return super().forward(batch)\n";
+static const char faulty_py[] = "import servd\n"
+                                "from .model import LlamaModel\n"
+                                "class Faulty(LlamaModel):\n"
+                                "    ones = 0\n"
+                                "    def forward(self, batch):\n"
+                                "        if servd.rank() == 1 and batch.n_tokens == 13:\n"
+                                "            raise RuntimeError('injected failure on rank 1 (13 tokens)')\n"
+                                "        if servd.rank() == 1 and batch.n_tokens == 17:\n"
+                                "            while True:\n"
+                                "                pass\n"
+                                "        if servd.rank() == 1 and batch.n_tokens == 1:\n"
+                                "            self.ones += 1\n"
+                                "            if self.ones == 2:\n"
+                                "                raise RuntimeError('injected failure on rank 1')\n"
+                                "        return super().forward(batch)\n";
 static char tmpdir[128];
 static const char *prompts[NREQ] = {"Hello there", "abc", "The quick brown fox", "0123456789"};
 static const int lengths[NREQ] = {20, 16, 12, 8};
@@ -394,8 +393,8 @@ static void run_without_growth(servd_model *m, int gpus, result *res) {
   fake_cuda_get_stats(&after);
   for (int d = 0; d < gpus; d++)
     if (servd_cuda_generation(d) != gen[d])
-      fail_msg("cuda:%d: device memory moved after the load (generation %llu -> %llu)", d,
-               (unsigned long long)gen[d], (unsigned long long)servd_cuda_generation(d));
+      fail_msg("cuda:%d: device memory moved after the load (generation %llu -> %llu)", d, (unsigned long long)gen[d],
+               (unsigned long long)servd_cuda_generation(d));
   assert_int_equal(after.mallocs, before.mallocs);
   assert_int_equal(after.device_bytes, before.device_bytes);
   servd_model_stats st;
@@ -537,9 +536,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_kv_does_not_fit),        cmocka_unit_test(test_tp2),
       cmocka_unit_test(test_profiled_memory),        cmocka_unit_test(test_tp2_profiled_memory),
       cmocka_unit_test(test_fraction_one),           cmocka_unit_test(test_tp2_step_timeout),
-      cmocka_unit_test(test_warmup_does_not_fit),
-      cmocka_unit_test(test_tp2_rank_raises_in_capture), cmocka_unit_test(test_tp2_rank_raises_eager),
-      cmocka_unit_test(test_tp2_replay_failure_recovers),
+      cmocka_unit_test(test_warmup_does_not_fit),    cmocka_unit_test(test_tp2_rank_raises_in_capture),
+      cmocka_unit_test(test_tp2_rank_raises_eager),  cmocka_unit_test(test_tp2_replay_failure_recovers),
       cmocka_unit_test(test_other_model_unloads),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

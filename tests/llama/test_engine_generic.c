@@ -22,21 +22,20 @@
 
 static char pkg_path[256], tmpdir[128];
 
-static const char model_py[] =
-    "import servd\n"
-    "from servd import ops\n"
-    "class Doubler:\n"
-    "    def predict(self, inputs):\n"
-    "        x = inputs['x']\n"
-    "        if x.shape[1] == 5:\n"
-    "            raise RuntimeError('five columns break the model')\n"
-    "        if x.shape[1] == 6:\n"
-    "            raise ValueError('x: expected 4 columns, got 6')\n"
-    "        y = servd.empty(x.shape)\n"
-    "        ops.add(y, x, x)\n"
-    "        n = x.shape[0]\n"
-    "        seen = servd.tensor([[float(n)] for _ in range(n)])\n"
-    "        return {'y': y, 'seen': seen}\n";
+static const char model_py[] = "import servd\n"
+                               "from servd import ops\n"
+                               "class Doubler:\n"
+                               "    def predict(self, inputs):\n"
+                               "        x = inputs['x']\n"
+                               "        if x.shape[1] == 5:\n"
+                               "            raise RuntimeError('five columns break the model')\n"
+                               "        if x.shape[1] == 6:\n"
+                               "            raise ValueError('x: expected 4 columns, got 6')\n"
+                               "        y = servd.empty(x.shape)\n"
+                               "        ops.add(y, x, x)\n"
+                               "        n = x.shape[0]\n"
+                               "        seen = servd.tensor([[float(n)] for _ in range(n)])\n"
+                               "        return {'y': y, 'seen': seen}\n";
 
 static int make_package(void) {
   mpk_writer *w = NULL;

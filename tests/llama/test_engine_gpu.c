@@ -123,7 +123,8 @@ static void test_gpu_matches(void **state) {
     assert_int_equal(picked[i].n, graphs[i].n);
     for (int t = 0; t < picked[i].n; t++)
       if (picked[i].tokens[t] != graphs[i].tokens[t])
-        fail_msg("request %d token %d: %d with picks, %d from the logits", i, t, picked[i].tokens[t], graphs[i].tokens[t]);
+        fail_msg("request %d token %d: %d with picks, %d from the logits", i, t, picked[i].tokens[t],
+                 graphs[i].tokens[t]);
   }
 }
 

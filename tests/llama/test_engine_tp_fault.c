@@ -34,17 +34,16 @@
 
 static char tmpdir[128], pkg_path[256];
 
-static const char faulty_py[] =
-    "import servd\n"
-    "from .model import LlamaModel\n"
-    "class Faulty(LlamaModel):\n"
-    "    def forward(self, batch):\n"
-    "        if servd.rank() == 1 and batch.n_tokens == 13:\n"
-    "            raise RuntimeError('injected failure on rank 1')\n"
-    "        if servd.rank() == 1 and batch.n_tokens == 17:\n"
-    "            while True:\n"
-    "                pass\n"
-    "        return super().forward(batch)\n";
+static const char faulty_py[] = "import servd\n"
+                                "from .model import LlamaModel\n"
+                                "class Faulty(LlamaModel):\n"
+                                "    def forward(self, batch):\n"
+                                "        if servd.rank() == 1 and batch.n_tokens == 13:\n"
+                                "            raise RuntimeError('injected failure on rank 1')\n"
+                                "        if servd.rank() == 1 and batch.n_tokens == 17:\n"
+                                "            while True:\n"
+                                "                pass\n"
+                                "        return super().forward(batch)\n";
 
 typedef struct result {
   pthread_mutex_t mu;
@@ -93,8 +92,7 @@ static void run(servd_model *m, int n, result *r) {
   clock_gettime(CLOCK_REALTIME, &until);
   until.tv_sec += 60;
   pthread_mutex_lock(&r->mu);
-  while (!r->done && pthread_cond_timedwait(&r->cv, &r->mu, &until) == 0) {
-  }
+  while (!r->done && pthread_cond_timedwait(&r->cv, &r->mu, &until) == 0) {}
   bool done = r->done;
   pthread_mutex_unlock(&r->mu);
   if (!done) fail_msg("no final event within 60 s: the engine is stuck");

@@ -60,7 +60,8 @@ static int open_bytes(const unsigned char *b, size_t len, mpk_package **out) {
 /* The central directory header of entry `name`. */
 static unsigned char *central(unsigned char *b, size_t len, const char *name) {
   size_t nl = strlen(name);
-  for (unsigned char *c = memmem(b, len, "PK\x01\x02", 4); c; c = memmem(c + 4, len - (size_t)(c + 4 - b), "PK\x01\x02", 4))
+  for (unsigned char *c = memmem(b, len, "PK\x01\x02", 4); c;
+       c = memmem(c + 4, len - (size_t)(c + 4 - b), "PK\x01\x02", 4))
     if (rd16(c + 28) == nl && !memcmp(c + 46, name, nl)) return c;
   fail_msg("no central header for %s", name);
   return NULL;
@@ -121,10 +122,12 @@ static void family_checks(void **state) {
   json_t *man = mpk_manifest(p), *cfg = mpk_config(p);
   json_object_set_new(man, "architecture", json_string("qwen2"));
   assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
-  assert_non_null(strstr(servd_last_error(), "\"model.layers.0.self_attn.q_proj.bias\": missing, expected shape (64,)"));
+  assert_non_null(
+      strstr(servd_last_error(), "\"model.layers.0.self_attn.q_proj.bias\": missing, expected shape (64,)"));
   json_object_set_new(man, "architecture", json_string("qwen3"));
   assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
-  assert_non_null(strstr(servd_last_error(), "\"model.layers.0.self_attn.q_norm.weight\": missing, expected shape (16,)"));
+  assert_non_null(
+      strstr(servd_last_error(), "\"model.layers.0.self_attn.q_norm.weight\": missing, expected shape (16,)"));
   /* a window smaller than the context: refused at load (the attention has no window) */
   json_object_set_new(man, "architecture", json_string("mistral"));
   assert_int_equal(mpk_check_model(p), 0);
@@ -169,10 +172,13 @@ static void family_checks(void **state) {
   /* Phi-3: fused Q/K/V and gate/up (GGUF ffn_up is the fused gate_up); LongRoPE refused, naming why */
   json_object_set_new(man, "architecture", json_string("phi3"));
   assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
-  assert_non_null(strstr(servd_last_error(), "\"model.layers.0.self_attn.qkv_proj.weight\": missing, expected shape (128, 64)"));
-  json_object_set_new(cfg, "rope_scaling", json_pack("{s:s,s:[f],s:[f]}", "type", "longrope", "short_factor", 1.0, "long_factor", 2.0));
+  assert_non_null(
+      strstr(servd_last_error(), "\"model.layers.0.self_attn.qkv_proj.weight\": missing, expected shape (128, 64)"));
+  json_object_set_new(cfg, "rope_scaling",
+                      json_pack("{s:s,s:[f],s:[f]}", "type", "longrope", "short_factor", 1.0, "long_factor", 2.0));
   assert_int_equal(mpk_check_model(p), SERVD_EUNSUPPORTED);
-  assert_non_null(strstr(servd_last_error(), "rope_scaling type \"longrope\": LongRoPE needs per-dimension frequency factors"));
+  assert_non_null(
+      strstr(servd_last_error(), "rope_scaling type \"longrope\": LongRoPE needs per-dimension frequency factors"));
   json_object_set_new(cfg, "rope_scaling", json_null());
   const mpk_arch *phi3 = mpk__arch_by_name("phi3");
   mpk__arch_map_name(&phi3->gguf_names, "blk.3.ffn_up.weight", cn, sizeof cn);
@@ -191,9 +197,11 @@ static void entry_modes(void **state) {
   size_t len;
   unsigned char *good = slurp(tiny_pkg(), &len), *b = malloc(len);
   assert_int_equal(open_bytes(good, len, NULL), 0);
-  static const struct { unsigned mode; const char *why; } bad[] = {
-      {0120777, "symbolic link"}, {0020644, "device"}, {0060644, "device"}, {0010644, "FIFO"},
-      {0140644, "socket"},        {0104755, "setuid"}, {0102755, "setuid"}, {0040755, "folder with content"}};
+  static const struct {
+    unsigned mode;
+    const char *why;
+  } bad[] = {{0120777, "symbolic link"}, {0020644, "device"}, {0060644, "device"}, {0010644, "FIFO"},
+             {0140644, "socket"},        {0104755, "setuid"}, {0102755, "setuid"}, {0040755, "folder with content"}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     memcpy(b, good, len);
     unsigned char *c = central(b, len, "code/llama/model.py");
@@ -217,8 +225,9 @@ static void entry_modes(void **state) {
 static void names(void **state) {
   (void)state;
   assert_int_equal(mpk_check_name("t", "name", "smollm2-135m_v1.2"), 0);
-  static const char *const bad[] = {"", ".hidden", "../../etc", "a b", "x\n", "\x1b[31m", "caf\xc3\xa9",
-                                    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}; /* 65 */
+  static const char *const bad[] = {
+      "",    ".hidden",  "../../etc",   "a b",
+      "x\n", "\x1b[31m", "caf\xc3\xa9", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}; /* 65 */
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     assert_int_equal(mpk_check_name("t", "name", bad[i]), SERVD_EFORMAT);
     const char *e = servd_last_error();
@@ -306,7 +315,7 @@ static void unpack(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(model_checks), cmocka_unit_test(family_checks), cmocka_unit_test(entry_modes), cmocka_unit_test(names),
-                                     cmocka_unit_test(unpack)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(model_checks), cmocka_unit_test(family_checks),
+                                     cmocka_unit_test(entry_modes), cmocka_unit_test(names), cmocka_unit_test(unpack)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -64,7 +64,8 @@ static void make_inputs(void) {
          "{\"w1\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
          "\"s\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[24,28]}}",
          buf, sizeof buf);
-  put_st("b.safetensors", "{\"__metadata__\":{\"k\":\"v\"},\"h.2\":{\"dtype\":\"F16\",\"shape\":[1,4],\"data_offsets\":[0,8]}}", h2,
+  put_st("b.safetensors",
+         "{\"__metadata__\":{\"k\":\"v\"},\"h.2\":{\"dtype\":\"F16\",\"shape\":[1,4],\"data_offsets\":[0,8]}}", h2,
          sizeof h2);
   put("config.json", "{\"d\": 3, \"labels\": [\"x\"]}", 25);
 }
@@ -133,7 +134,8 @@ static void roundtrip(void **state) {
 }
 
 /* Expects failure with `needle` in the message and no output file. */
-static void expect_fail(const char *const *w, size_t nw, const char *cfg, const mpk_import_options *o, const char *needle) {
+static void expect_fail(const char *const *w, size_t nw, const char *cfg, const mpk_import_options *o,
+                        const char *needle) {
   const char *out = at("bad.mpk");
   unlink(out);
   assert_true(mpk_pack_generic(w, nw, cfg, out, o) < 0);
@@ -152,8 +154,8 @@ static void bad_inputs(void **state) {
   const char *w[2] = {a, b};
   mpk_import_options o = opts(net, "net.model:Net");
   expect_fail(w, 2, NULL, NULL, "required");
-  static const char *const syntax[] = {"net.model", "net.model:", ":Net", "net..model:Net", "net.model:A:B", "net.2x:Net",
-                                       "net.model:Net.", "", "net model:Net"};
+  static const char *const syntax[] = {"net.model",  "net.model:",     ":Net", "net..model:Net", "net.model:A:B",
+                                       "net.2x:Net", "net.model:Net.", "",     "net model:Net"};
   for (size_t i = 0; i < sizeof syntax / sizeof *syntax; i++) {
     o.entry_point = syntax[i];
     expect_fail(w, 2, NULL, &o, "expected \"module:callable\"");

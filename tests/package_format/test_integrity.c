@@ -51,7 +51,9 @@ static const char *write_pkg(const char *name, bool zip64) {
 }
 
 /* The offset of an entry's data and where its CRC sits in the local and central headers. */
-typedef struct where { uint64_t data, size, lcrc, ccrc; } where;
+typedef struct where {
+  uint64_t data, size, lcrc, ccrc;
+} where;
 
 static where locate(const char *path, const char *entry) {
   mpk_map m;

@@ -44,7 +44,8 @@ static const char *write_pkg(const char *name, void (*mutate)(mpk_writer *)) {
   assert_int_equal(mpk_writer_add_file(w, "code/llama/model.py", "x = 1\n", 6), 0);
   assert_int_equal(mpk_writer_add_file(w, "tokenizer.json", "{}", 2), 0);
   int64_t s1[2] = {3, 64}, s2[2] = {2, 32};
-  assert_int_equal(mpk_writer_add_tensor(w, "model.layers.0.self_attn.q_proj.weight", SERVD_F32, 2, s1, wq, sizeof wq), 0);
+  assert_int_equal(mpk_writer_add_tensor(w, "model.layers.0.self_attn.q_proj.weight", SERVD_F32, 2, s1, wq, sizeof wq),
+                   0);
   assert_int_equal(mpk_writer_begin_tensor(w, "q", SERVD_Q4_1, 2, s2), 0);
   assert_int_equal(mpk_writer_write(w, q4, 7), 0);
   assert_int_equal(mpk_writer_write(w, q4 + 7, sizeof q4 - 7), 0);
@@ -156,7 +157,10 @@ static int replace_all(unsigned char *b, size_t len, const char *from, const cha
   size_t n = strlen(from);
   int k = 0;
   for (size_t i = 0; i + n <= len; i++)
-    if (!memcmp(b + i, from, n)) { memcpy(b + i, to, n); k++; }
+    if (!memcmp(b + i, from, n)) {
+      memcpy(b + i, to, n);
+      k++;
+    }
   return k;
 }
 
@@ -167,7 +171,8 @@ static void bad_archives(void **state) {
   unsigned char *good = slurp(path, &len), *b = malloc(len);
   assert_int_equal(open_bytes(good, len, true), 0);
   /* truncation anywhere */
-  for (size_t n = 0; n < len; n += (n < 256 || n > len - 256) ? 1 : 61) assert_int_not_equal(open_bytes(good, n, false), 0);
+  for (size_t n = 0; n < len; n += (n < 256 || n > len - 256) ? 1 : 61)
+    assert_int_not_equal(open_bytes(good, n, false), 0);
   /* ".." and absolute entry names (local header and central directory agree) */
   memcpy(b, good, len);
   assert_true(replace_all(b, len, "code/llama/model.py", "code/../../model.py") >= 2);
@@ -205,8 +210,10 @@ static void bad_archives(void **state) {
   assert_int_equal(open_bytes(b, len, false), SERVD_EFORMAT);
   /* end record: entry count and central directory size beyond the file */
   memcpy(b, good, len);
-  b[len - 22 + 10] = 0xff; b[len - 22 + 11] = 0x7f;
-  b[len - 22 + 8] = 0xff; b[len - 22 + 9] = 0x7f;
+  b[len - 22 + 10] = 0xff;
+  b[len - 22 + 11] = 0x7f;
+  b[len - 22 + 8] = 0xff;
+  b[len - 22 + 9] = 0x7f;
   assert_int_equal(open_bytes(b, len, false), SERVD_EFORMAT);
   memcpy(b, good, len);
   b[len - 22 + 16] += 1; /* central directory offset */
@@ -235,28 +242,36 @@ static void bad_tok(mpk_writer *w) { mpk_writer_set(w, "tokenizer", json_pack("{
 static void bad_cfg(mpk_writer *w) { mpk_writer_set(w, "config", json_string("x")); }
 
 static json_t *base_index(void) {
-  return json_pack("[{s:s,s:s,s:[i,i],s:s,s:i,s:i},{s:s,s:s,s:[i,i],s:s,s:i,s:i}]", "name", "model.layers.0.self_attn.q_proj.weight",
-                   "dtype", "f32", "shape", 3, 64, "file", "weights/model.layers.0.self_attn.q_proj.weight.safetensors", "offset", 128,
-                   "nbytes", 768, "name", "q", "dtype", "q4_1", "shape", 2, 32, "file", "weights/q.safetensors", "offset", 128,
-                   "nbytes", 40);
+  return json_pack("[{s:s,s:s,s:[i,i],s:s,s:i,s:i},{s:s,s:s,s:[i,i],s:s,s:i,s:i}]", "name",
+                   "model.layers.0.self_attn.q_proj.weight", "dtype", "f32", "shape", 3, 64, "file",
+                   "weights/model.layers.0.self_attn.q_proj.weight.safetensors", "offset", 128, "nbytes", 768, "name",
+                   "q", "dtype", "q4_1", "shape", 2, 32, "file", "weights/q.safetensors", "offset", 128, "nbytes", 40);
 }
 static int idx_case;
 static void bad_index(mpk_writer *w) {
   json_t *ix = base_index(), *t0 = json_array_get(ix, 0), *t1 = json_array_get(ix, 1);
   switch (idx_case) {
-  case 0: json_object_set_new(t0, "nbytes", json_integer(764)); break;              /* size disagrees with dtype x shape */
-  case 1: json_object_set_new(t0, "dtype", json_string("bf16")); break;             /* dtype disagrees */
-  case 2: json_object_set_new(t0, "offset", json_integer(64)); json_object_set_new(t0, "nbytes", json_integer(768)); break; /* not where the header says */
-  case 3: json_object_set_new(t0, "offset", json_integer(100000)); break;           /* past the entry */
-  case 4: json_object_set_new(t0, "offset", json_integer(136)); break;              /* misaligned */
+  case 0: json_object_set_new(t0, "nbytes", json_integer(764)); break;  /* size disagrees with dtype x shape */
+  case 1: json_object_set_new(t0, "dtype", json_string("bf16")); break; /* dtype disagrees */
+  case 2:
+    json_object_set_new(t0, "offset", json_integer(64));
+    json_object_set_new(t0, "nbytes", json_integer(768));
+    break;                                                                /* not where the header says */
+  case 3: json_object_set_new(t0, "offset", json_integer(100000)); break; /* past the entry */
+  case 4: json_object_set_new(t0, "offset", json_integer(136)); break;    /* misaligned */
   case 5: json_object_set_new(t1, "name", json_string("model.layers.0.self_attn.q_proj.weight")); break; /* duplicate */
   case 6: json_object_set_new(t0, "file", json_string("weights/none.safetensors")); break;
-  case 7: json_object_set_new(t0, "shape", json_pack("[I,I]", (json_int_t)1 << 40, (json_int_t)1 << 40)); break; /* overflow */
+  case 7:
+    json_object_set_new(t0, "shape", json_pack("[I,I]", (json_int_t)1 << 40, (json_int_t)1 << 40));
+    break; /* overflow */
   case 8: json_object_set_new(t0, "shape", json_pack("[i,i,i,i,i]", 1, 1, 1, 3, 64)); break;
-  case 9: json_object_set_new(t1, "shape", json_pack("[i,i]", 4, 16)); break;     /* q4_1 row not whole blocks */
+  case 9: json_object_set_new(t1, "shape", json_pack("[i,i]", 4, 16)); break; /* q4_1 row not whole blocks */
   case 10: json_object_set_new(t0, "dtype", json_string("q9_9")); break;
-  case 11: json_array_remove(ix, 1); break;                                         /* a weight file's tensor not indexed */
-  case 12: json_object_set_new(t1, "file", json_string("tokenizer.json")); json_object_set_new(t1, "offset", json_integer(0)); break;
+  case 11: json_array_remove(ix, 1); break; /* a weight file's tensor not indexed */
+  case 12:
+    json_object_set_new(t1, "file", json_string("tokenizer.json"));
+    json_object_set_new(t1, "offset", json_integer(0));
+    break;
   case 13: json_object_set_new(t0, "offset", json_integer(-64)); break;
   case 14: json_object_set_new(t0, "name", json_string("../x")); break;
   }
@@ -306,12 +321,14 @@ static void zip64(void **state) {
   char cmd[700];
   snprintf(cmd, sizeof cmd,
            "command -v python3 >/dev/null || exit 0; python3 -c \"import zipfile,sys; z=zipfile.ZipFile(sys.argv[1]); "
-           "assert z.testzip() is None; assert z.read('code/llama/model.py') == b'x = 1\\n'\" %s", path);
+           "assert z.testzip() is None; assert z.read('code/llama/model.py') == b'x = 1\\n'\" %s",
+           path);
   assert_int_equal(system(cmd), 0);
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(roundtrip), cmocka_unit_test(zip64), cmocka_unit_test(atomic_write), cmocka_unit_test(bad_archives),
+  const struct CMUnitTest tests[] = {cmocka_unit_test(roundtrip), cmocka_unit_test(zip64),
+                                     cmocka_unit_test(atomic_write), cmocka_unit_test(bad_archives),
                                      cmocka_unit_test(bad_manifests)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }

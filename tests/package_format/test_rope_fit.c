@@ -15,8 +15,8 @@
 #include "servd/status.h"
 
 /* Llama 3.2 1B/3B: head_dim 64, theta 500000, (factor 32, low 1, high 4, original 8192). */
-static const float L32[32] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1.65132928f, 3.29226279f, 9.66673088f,
-                              32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32};
+static const float L32[32] = {1,           1,           1,  1,  1,  1,  1,  1,  1,  1,  1,  1,  1,  1,  1,  1.65132928f,
+                              3.29226279f, 9.66673088f, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32};
 /* head_dim 16, theta 10000, (8, 1, 4, 64): an original context only metadata can name. */
 static const float SMALL[8] = {1, 1.29397583f, 7.6673851f, 8, 8, 8, 8, 8};
 
@@ -88,8 +88,8 @@ static void test_refusals(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_factors_match_reference), cmocka_unit_test(test_fit_llama32), cmocka_unit_test(test_fit_with_hint),
-      cmocka_unit_test(test_all_ones), cmocka_unit_test(test_refusals)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_factors_match_reference), cmocka_unit_test(test_fit_llama32),
+                                     cmocka_unit_test(test_fit_with_hint), cmocka_unit_test(test_all_ones),
+                                     cmocka_unit_test(test_refusals)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,8 +33,9 @@ static int parse(const char *hdr, size_t data_len) {
 
 static void valid(void **state) {
   (void)state;
-  const char *hdr = "{\"__metadata__\":{\"format\":\"pt\"},\"b\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[16,28]},"
-                    "\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}   ";
+  const char *hdr =
+      "{\"__metadata__\":{\"format\":\"pt\"},\"b\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[16,28]},"
+      "\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}   ";
   size_t len;
   unsigned char *b = make(hdr, 28, &len);
   mpk_st_header *h;
@@ -51,7 +52,10 @@ static void valid(void **state) {
   mpk_st_free(h);
   free(b);
   /* scalars and empty tensors are legal safetensors */
-  assert_int_equal(parse("{\"s\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]},\"e\":{\"dtype\":\"F32\",\"shape\":[0,5],\"data_offsets\":[8,8]}}", 8), 0);
+  assert_int_equal(parse("{\"s\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]},\"e\":{\"dtype\":\"F32\","
+                         "\"shape\":[0,5],\"data_offsets\":[8,8]}}",
+                         8),
+                   0);
 }
 
 static void malformed(void **state) {
@@ -62,13 +66,17 @@ static void malformed(void **state) {
   assert_int_equal(mpk_st_parse("t", b, 10, &h), SERVD_EFORMAT);
   assert_int_equal(mpk_st_parse("t", b, 7, &h), SERVD_EFORMAT);
   assert_non_null(strstr(servd_last_error(), "t: "));
-  b[0] = 2; b[1] = b[2] = b[3] = b[4] = b[5] = b[6] = b[7] = 0;
+  b[0] = 2;
+  b[1] = b[2] = b[3] = b[4] = b[5] = b[6] = b[7] = 0;
   assert_int_equal(mpk_st_parse("t", b, 10, &h), 0); /* "{}" with no tensors is valid */
   mpk_st_free(h);
   assert_int_equal(parse("[]", 0), SERVD_EFORMAT);
   assert_int_equal(parse("{\"a\":", 0), SERVD_EFORMAT);
   /* duplicate names */
-  assert_int_equal(parse("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8), SERVD_EFORMAT);
+  assert_int_equal(parse("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\","
+                         "\"shape\":[1],\"data_offsets\":[4,8]}}",
+                         8),
+                   SERVD_EFORMAT);
   /* dtype x shape disagrees with the byte span */
   assert_int_equal(parse("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8), SERVD_EFORMAT);
   assert_non_null(strstr(servd_last_error(), "expected 12"));
@@ -78,17 +86,27 @@ static void malformed(void **state) {
   assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[1.5],\"data_offsets\":[0,1]}}", 1), SERVD_EFORMAT);
   assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,0]}}", 1), SERVD_EFORMAT);
   assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0]}}", 1), SERVD_EFORMAT);
-  assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1), SERVD_EFORMAT);
+  assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1),
+                   SERVD_EFORMAT);
   /* shape product overflow: 2^32 * 2^32 elements */
-  assert_int_equal(parse("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,0]}}", 0), SERVD_ERANGE);
+  assert_int_equal(parse("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,0]}}", 0),
+                   SERVD_ERANGE);
   /* byte size overflow: 2^62 elements of 4 bytes */
-  assert_int_equal(parse("{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904],\"data_offsets\":[0,0]}}", 0), SERVD_ERANGE);
+  assert_int_equal(parse("{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904],\"data_offsets\":[0,0]}}", 0),
+                   SERVD_ERANGE);
   /* integers beyond int64 */
-  assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,18446744073709551615]}}", 1), SERVD_EFORMAT);
+  assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,18446744073709551615]}}", 1),
+                   SERVD_EFORMAT);
   /* overlap, hole, past the end, short of the end */
-  assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[2,6]}}", 6), SERVD_EFORMAT);
+  assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"U8\","
+                         "\"shape\":[4],\"data_offsets\":[2,6]}}",
+                         6),
+                   SERVD_EFORMAT);
   assert_non_null(strstr(servd_last_error(), "overlap"));
-  assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[6,10]}}", 10), SERVD_EFORMAT);
+  assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"U8\","
+                         "\"shape\":[4],\"data_offsets\":[6,10]}}",
+                         10),
+                   SERVD_EFORMAT);
   assert_non_null(strstr(servd_last_error(), "hole"));
   assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 3), SERVD_EFORMAT);
   assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 5), SERVD_EFORMAT);
@@ -135,7 +153,7 @@ static void build_roundtrip(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(valid), cmocka_unit_test(malformed), cmocka_unit_test(truncations),
-                                     cmocka_unit_test(build_roundtrip)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(valid), cmocka_unit_test(malformed),
+                                     cmocka_unit_test(truncations), cmocka_unit_test(build_roundtrip)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

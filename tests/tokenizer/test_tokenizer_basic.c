@@ -45,10 +45,11 @@ static void put_cp(char **p, unsigned cp) {
  * pre and post are spliced in as JSON text; merges_pairs picks the [a, b] form. */
 static char *make_json(const char *pre, const char *post, bool merges_pairs, const char *extra_model) {
   char *buf = malloc(1 << 16), *p = buf;
-  p += sprintf(p, "{\"version\":\"1.0\",\"added_tokens\":[{\"id\":262,\"content\":\"<|end|>\",\"special\":true},"
-                  "{\"id\":263,\"content\":\"[X]\",\"special\":false}],\"normalizer\":null,"
-                  "\"pre_tokenizer\":%s,\"post_processor\":%s,\"decoder\":{\"type\":\"ByteLevel\"},"
-                  "\"model\":{\"type\":\"BPE\",%s\"vocab\":{",
+  p += sprintf(p,
+               "{\"version\":\"1.0\",\"added_tokens\":[{\"id\":262,\"content\":\"<|end|>\",\"special\":true},"
+               "{\"id\":263,\"content\":\"[X]\",\"special\":false}],\"normalizer\":null,"
+               "\"pre_tokenizer\":%s,\"post_processor\":%s,\"decoder\":{\"type\":\"ByteLevel\"},"
+               "\"model\":{\"type\":\"BPE\",%s\"vocab\":{",
                pre, post, extra_model ? extra_model : "");
   for (int b = 0; b < 256; b++) {
     *p++ = '"';
@@ -68,10 +69,8 @@ static char *make_json(const char *pre, const char *post, bool merges_pairs, con
       put_cp(&q, G);
       *q = 0;
     }
-    if (merges_pairs)
-      p += sprintf(p, "%s[\"%s\",\"%s\"]", i ? "," : "", a, m[i][1]);
-    else
-      p += sprintf(p, "%s\"%s %s\"", i ? "," : "", a, m[i][1]);
+    if (merges_pairs) p += sprintf(p, "%s[\"%s\",\"%s\"]", i ? "," : "", a, m[i][1]);
+    else p += sprintf(p, "%s\"%s %s\"", i ? "," : "", a, m[i][1]);
   }
   p += sprintf(p, "]}}");
   return buf;
@@ -121,9 +120,10 @@ static void test_hand_vocab(void **st) {
     servd_tokenizer_free(t);
   }
   /* Digits(individual) then ByteLevel: "123" -> 1, 2, 3 never merge */
-  servd_tokenizer *t = load("{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":true},"
-                            "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}]}",
-                            "null", false);
+  servd_tokenizer *t =
+      load("{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":true},"
+           "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}]}",
+           "null", false);
   expect_ids(t, "123", 3, false, (int32_t[]){'1', '2', '3'}, 3);
   servd_tokenizer_free(t);
   /* the smollm hint does the same */
@@ -177,11 +177,19 @@ static void test_lookups_and_decode(void **st) {
   /* bytes of "€" (E2 82 AC) as three tokens, then an invalid continuation */
   int32_t euro[] = {0xE2, 0x82, 0xAC, 0xE2, 'a', 0xF0, 0x9F};
   assert_int_equal(servd_tokenizer_decode(t, euro, 7, false, &txt, &l), 0);
-  assert_string_equal(txt, "\xE2\x82\xAC\xEF\xBF\xBD" "a\xEF\xBF\xBD");
+  assert_string_equal(txt, "\xE2\x82\xAC\xEF\xBF\xBD"
+                           "a\xEF\xBF\xBD");
   free(txt);
   servd_detok *d;
   assert_int_equal(servd_detok_create(t, false, &d), 0);
-  const char *want[] = {"", "", "\xE2\x82\xAC", "", ("\xEF\xBF\xBD" "a"), "", ""};
+  const char *want[] = {"",
+                        "",
+                        "\xE2\x82\xAC",
+                        "",
+                        ("\xEF\xBF\xBD"
+                         "a"),
+                        "",
+                        ""};
   for (int i = 0; i < 7; i++) {
     const char *delta;
     size_t dl;
@@ -228,17 +236,21 @@ static void test_refusals(void **st) {
   expect_refused("{\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"Regex\":\" \"},\"content\":\"x\"},"
                  "\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}",
                  SERVD_EUNSUPPORTED, "normalizer: Replace");
-  expect_refused("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Metaspace\","
-                 "\"replacement\":\"_\"},{\"type\":\"Digits\"}]},\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}",
-                 SERVD_EUNSUPPORTED, "pre_tokenizer.pretokenizers[1]");
+  expect_refused(
+      "{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Metaspace\","
+      "\"replacement\":\"_\"},{\"type\":\"Digits\"}]},\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}",
+      SERVD_EUNSUPPORTED, "pre_tokenizer.pretokenizers[1]");
   expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-1},\"merges\":[]}}", SERVD_EFORMAT, "model.vocab");
   expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":16000000},\"merges\":[]}}", SERVD_EFORMAT,
                  "largest id");
-  expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a b\"]}}", SERVD_EFORMAT, "model.merges[0]");
-  expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a\"]}}", SERVD_EFORMAT, "model.merges[0]");
-  expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[[\"a\"]]}}", SERVD_EFORMAT, "model.merges[0]");
-  expect_refused("{\"added_tokens\":[{\"id\":1}],\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}", SERVD_EFORMAT,
-                 "added_tokens[0]");
+  expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a b\"]}}", SERVD_EFORMAT,
+                 "model.merges[0]");
+  expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a\"]}}", SERVD_EFORMAT,
+                 "model.merges[0]");
+  expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[[\"a\"]]}}", SERVD_EFORMAT,
+                 "model.merges[0]");
+  expect_refused("{\"added_tokens\":[{\"id\":1}],\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}",
+                 SERVD_EFORMAT, "added_tokens[0]");
   char *j = make_json("{\"type\":\"Whitespace\"}", "null", false, NULL);
   expect_refused(j, SERVD_EUNSUPPORTED, "pre_tokenizer.type");
   free(j);
@@ -332,15 +344,16 @@ static void *worker(void *arg) {
  * 259 "▁", 260 "h", 261 "i", 262 "▁h", 263 "▁hi", 264 "é"; merges "▁ h", "▁h i". */
 static servd_tokenizer *spm_load(bool byte_fallback, bool fuse_unk, const char *pre_norm) {
   char *buf = malloc(1 << 16), *p = buf;
-  p += sprintf(p, "{\"added_tokens\":[{\"id\":0,\"content\":\"<unk>\",\"special\":true},"
-                  "{\"id\":1,\"content\":\"<s>\",\"special\":true},{\"id\":2,\"content\":\"</s>\",\"special\":true}],"
-                  "%s,\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
-                  "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[1]}}},"
-                  "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":"
-                  "\"\u2581\"},\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\","
-                  "\"content\":\" \",\"start\":1,\"stop\":0}]},"
-                  "\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"fuse_unk\":%s,\"byte_fallback\":%s,\"vocab\":{"
-                  "\"<unk>\":0,\"<s>\":1,\"</s>\":2,",
+  p += sprintf(p,
+               "{\"added_tokens\":[{\"id\":0,\"content\":\"<unk>\",\"special\":true},"
+               "{\"id\":1,\"content\":\"<s>\",\"special\":true},{\"id\":2,\"content\":\"</s>\",\"special\":true}],"
+               "%s,\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
+               "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[1]}}},"
+               "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":"
+               "\"\u2581\"},\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\","
+               "\"content\":\" \",\"start\":1,\"stop\":0}]},"
+               "\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"fuse_unk\":%s,\"byte_fallback\":%s,\"vocab\":{"
+               "\"<unk>\":0,\"<s>\":1,\"</s>\":2,",
                pre_norm, fuse_unk ? "true" : "false", byte_fallback ? "true" : "false");
   for (int b = 0; b < 256; b++) p += sprintf(p, "\"<0x%02X>\":%d,", b, 3 + b);
   p += sprintf(p, "\"\u2581\":259,\"h\":260,\"i\":261,\"\u2581h\":262,\"\u2581hi\":263,\"\u00e9\":264},"
@@ -375,10 +388,8 @@ static void expect_text(servd_tokenizer *t, const int32_t *ids, int n, bool skip
   for (int i = 0; i <= n; i++) {
     const char *delta;
     size_t dl;
-    if (i < n)
-      assert_int_equal(servd_detok_push(d, ids[i], &delta, &dl), 0);
-    else
-      servd_detok_flush(d, &delta, &dl);
+    if (i < n) assert_int_equal(servd_detok_push(d, ids[i], &delta, &dl), 0);
+    else servd_detok_flush(d, &delta, &dl);
     strncat(got, delta, dl);
   }
   assert_string_equal(got, want);
@@ -418,7 +429,7 @@ static void test_sentencepiece(void **st) {
   expect_text(t, (int32_t[]){1, 263}, 2, true, "hi");
   expect_text(t, (int32_t[]){263, 3 + 0xE2, 3 + 0x82, 3 + 0xAC, 263}, 5, false, "hi\u20ac hi");
   expect_text(t, (int32_t[]){3 + 0xE2, 3 + 0x82}, 2, false, "\xEF\xBF\xBD"); /* incomplete at the end */
-  expect_text(t, (int32_t[]){3 + ' ', 263}, 2, false, " hi");             /* <0x20> is the stripped space */
+  expect_text(t, (int32_t[]){3 + ' ', 263}, 2, false, " hi");                /* <0x20> is the stripped space */
   size_t pl;
   const char *piece = servd_tokenizer_token_to_piece(t, 3 + 0xE2, &pl);
   assert_int_equal(pl, 1);
@@ -451,8 +462,9 @@ static void test_threads(void **st) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_hand_vocab), cmocka_unit_test(test_lookups_and_decode), cmocka_unit_test(test_refusals),
-      cmocka_unit_test(test_long_inputs), cmocka_unit_test(test_threads), cmocka_unit_test(test_sentencepiece),
+      cmocka_unit_test(test_hand_vocab), cmocka_unit_test(test_lookups_and_decode),
+      cmocka_unit_test(test_refusals),   cmocka_unit_test(test_long_inputs),
+      cmocka_unit_test(test_threads),    cmocka_unit_test(test_sentencepiece),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

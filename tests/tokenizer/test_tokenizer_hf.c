@@ -78,7 +78,8 @@ static void check_one(const char *name) {
       bool roundtrip = json_is_true(json_object_get(c, "roundtrip"));
       assert_int_equal(servd_tokenizer_decode(t, ids, n, false, &txt, &tl), 0);
       if (roundtrip && (tl != len || memcmp(txt, buf, len))) {
-        if (mismatches++ < 5) fprintf(stderr, "%s: round trip failed for \"%.*s\" -> \"%s\"\n", name, (int)len, buf, txt);
+        if (mismatches++ < 5)
+          fprintf(stderr, "%s: round trip failed for \"%.*s\" -> \"%s\"\n", name, (int)len, buf, txt);
       }
       /* incremental detokenization concatenates to the same text */
       servd_detok_reset(d);
@@ -130,10 +131,8 @@ static void check_one(const char *name) {
     for (int k = 0; k <= n; k++) {
       const char *delta;
       size_t dl;
-      if (k < n)
-        assert_int_equal(servd_detok_push(di, ids[k], &delta, &dl), 0);
-      else
-        servd_detok_flush(di, &delta, &dl);
+      if (k < n) assert_int_equal(servd_detok_push(di, ids[k], &delta, &dl), 0);
+      else servd_detok_flush(di, &delta, &dl);
       /* each delta is valid UTF-8 on its own (the decoder's output is; here: no cut sequence) */
       for (size_t q = 0; q < dl;) {
         unsigned char ch = (unsigned char)delta[q];

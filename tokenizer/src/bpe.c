@@ -84,8 +84,8 @@ static int32_t char_symbols(const servd_tokenizer *t, const uint8_t *s, size_t n
   return ns;
 }
 
-int bpe__encode_word(const servd_tokenizer *t, const uint8_t *s, size_t n, tok_work *w, int32_t **out,
-                     size_t *n_out, size_t *cap_out) {
+int bpe__encode_word(const servd_tokenizer *t, const uint8_t *s, size_t n, tok_work *w, int32_t **out, size_t *n_out,
+                     size_t *cap_out) {
   int rc;
   if (!n) return 0;
   if (t->ignore_merges) {

@@ -103,11 +103,11 @@ struct servd_detok {
   bool skip_special;
   uint8_t held[4]; /* an incomplete UTF-8 sequence (at most 3 bytes) */
   size_t n_held;
-  bool first;      /* no token decoded yet (the decoder's leading-space rules) */
+  bool first; /* no token decoded yet (the decoder's leading-space rules) */
   int budget;
-  uint8_t *in;  /* held + the new token's bytes */
+  uint8_t *in; /* held + the new token's bytes */
   char *out;
-  size_t cap;   /* bytes of `in`; out has 3 * cap + 4 */
+  size_t cap; /* bytes of `in`; out has 3 * cap + 4 */
 };
 
 static int detok_reserve(servd_detok *d, size_t n) {

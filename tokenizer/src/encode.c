@@ -225,7 +225,8 @@ int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t le
   *ids = NULL;
   *n = 0;
   if (!text && len) return servd_fail(SERVD_EINVAL, "tokenizer: encode: text is NULL");
-  if (len > (size_t)INT_MAX / 4) return servd_fail(SERVD_ERANGE, "tokenizer: encode: text of %zu bytes is too long", len);
+  if (len > (size_t)INT_MAX / 4)
+    return servd_fail(SERVD_ERANGE, "tokenizer: encode: text of %zu bytes is too long", len);
 
   const uint8_t *s = (const uint8_t *)text;
   size_t bad = utf8__first_invalid(s, len);

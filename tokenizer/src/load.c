@@ -7,18 +7,18 @@
 #include "tokenizer-impl.h"
 
 #define GPT2_PATTERN "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-#define LLAMA3_PATTERN                                                                                    \
+#define LLAMA3_PATTERN \
   "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
   "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* llama.cpp's Llama 3 split: contractions case-insensitive in ASCII only. */
-#define LLAMA3_CPP_PATTERN                                                                                \
+#define LLAMA3_CPP_PATTERN \
   "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^" \
   "\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 enum { MAX_VOCAB = 1 << 24 };
 
-static int add_step(servd_tokenizer *t, pre_kind kind, const char *pattern, bool literal, split_behavior b,
-                    bool invert, bool prefix_space, const char *field) {
+static int add_step(servd_tokenizer *t, pre_kind kind, const char *pattern, bool literal, split_behavior b, bool invert,
+                    bool prefix_space, const char *field) {
   if (t->n_steps >= (int)(sizeof t->steps / sizeof t->steps[0]))
     return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s: more than %d pre-tokenizer steps", field,
                       (int)(sizeof t->steps / sizeof t->steps[0]));
@@ -80,8 +80,8 @@ static int parse_pre(servd_tokenizer *t, json_t *pt, const char *field) {
     const char *re = json_string_value(json_object_get(pat, "Regex"));
     const char *lit = json_string_value(json_object_get(pat, "String"));
     if (!re && !lit)
-      return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s.pattern: expected {\"Regex\": ...} or {\"String\": ...}",
-                        field);
+      return servd_fail(SERVD_EUNSUPPORTED,
+                        "tokenizer.json: %s.pattern: expected {\"Regex\": ...} or {\"String\": ...}", field);
     const char *beh = json_string_value(json_object_get(pt, "behavior"));
     static const char *names[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
     int b = -1;
@@ -143,8 +143,7 @@ static int parse_post(servd_tokenizer *t, json_t *pp, const char *field) {
   if (t->n_prefix || t->n_suffix)
     return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s: more than one TemplateProcessing", field);
   json_t *single = json_object_get(pp, "single"), *specials = json_object_get(pp, "special_tokens");
-  if (!json_is_array(single))
-    return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.single: expected an array", field);
+  if (!json_is_array(single)) return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.single: expected an array", field);
   size_t n_ids = 0;
   for (size_t pass = 0; pass < 2; pass++) {
     bool seen_seq = false;
@@ -154,7 +153,8 @@ static int parse_post(servd_tokenizer *t, json_t *pp, const char *field) {
       if (json_object_get(it, "Sequence")) {
         const char *sid = json_string_value(json_object_get(json_object_get(it, "Sequence"), "id"));
         if (!sid || strcmp(sid, "A") || seen_seq)
-          return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s.single[%zu]: expected one Sequence \"A\"", field, i);
+          return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s.single[%zu]: expected one Sequence \"A\"", field,
+                            i);
         seen_seq = true;
         continue;
       }
@@ -294,7 +294,8 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   json_object_foreach(vocab, key, val) {
     json_int_t id = json_integer_value(val);
     if (!json_is_integer(val) || id < 0 || id >= MAX_VOCAB) {
-      rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: model.vocab[\"%.64s\"]: expected an id in [0, %d)", key, MAX_VOCAB);
+      rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: model.vocab[\"%.64s\"]: expected an id in [0, %d)", key,
+                      MAX_VOCAB);
       goto fail;
     }
     if (id > max_id) max_id = (int32_t)id;
@@ -304,8 +305,9 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
     const char *content = json_string_value(json_object_get(a, "content"));
     if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MAX_VOCAB || !content ||
         !*content) {
-      rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: added_tokens[%zu]: expected an id in [0, %d) and a non-empty content",
-                      i, MAX_VOCAB);
+      rc = servd_fail(SERVD_EFORMAT,
+                      "tokenizer.json: added_tokens[%zu]: expected an id in [0, %d) and a non-empty content", i,
+                      MAX_VOCAB);
       goto fail;
     }
     if (json_integer_value(id) > max_id) max_id = (int32_t)json_integer_value(id);
@@ -327,8 +329,8 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   t->piece_off = calloc((size_t)t->n_ids + 1, sizeof *t->piece_off);
   t->in_vocab = calloc((size_t)t->n_ids + 1, 1);
   t->is_bytetok = calloc((size_t)t->n_ids + 1, 1);
-  if (!vocab_str || !vocab_len || !norm_added || !t->has_piece || !t->is_special || !t->is_added || !t->piece_off || !t->in_vocab ||
-      !t->is_bytetok) {
+  if (!vocab_str || !vocab_len || !norm_added || !t->has_piece || !t->is_special || !t->is_added || !t->piece_off ||
+      !t->in_vocab || !t->is_bytetok) {
     rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory for %d ids", t->n_ids);
     goto fail;
   }
@@ -411,8 +413,9 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
     if ((rc = tok_buf_append(&tmp, a, la)) || (rc = tok_buf_append(&tmp, b, lb))) goto fail;
     int32_t inew = str_map_get(&t->content_ids, tmp.p, tmp.len);
     if (ia < 0 || ib < 0 || inew < 0) {
-      rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: model.merges[%zu]: \"%.*s\" + \"%.*s\" (or their join) is not in model.vocab",
-                      i, (int)(la > 64 ? 64 : la), a, (int)(lb > 64 ? 64 : lb), b);
+      rc = servd_fail(SERVD_EFORMAT,
+                      "tokenizer.json: model.merges[%zu]: \"%.*s\" + \"%.*s\" (or their join) is not in model.vocab", i,
+                      (int)(la > 64 ? 64 : la), a, (int)(lb > 64 ? 64 : lb), b);
       goto fail;
     }
     if ((rc = merge_map_put(&t->merges, ia, ib, (int32_t)i, inew))) goto fail;

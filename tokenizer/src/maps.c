@@ -126,8 +126,7 @@ int32_t str_map_get(const str_map *m, const void *key, size_t n) {
   uint64_t h = str_map_hash(key, n);
   size_t j = h & (m->cap - 1);
   while (m->hash[j]) {
-    if (m->hash[j] == h && m->klen[j] == n && memcmp(m->pool.p + m->off[j], key, n) == 0)
-      return m->val[j];
+    if (m->hash[j] == h && m->klen[j] == n && memcmp(m->pool.p + m->off[j], key, n) == 0) return m->val[j];
     j = (j + 1) & (m->cap - 1);
   }
   return -1;

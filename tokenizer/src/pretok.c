@@ -50,8 +50,8 @@ static int push_part(tok_work *w, size_t *np, uint32_t s, uint32_t e, bool match
 }
 
 /* Finds all matches of re in base[off..off+len) as alternating gap/match parts (absolute offsets). */
-static int find_parts(const pcre2_code *re, const char *base, uint32_t off, uint32_t len, bool invert,
-                      tok_work *w, size_t *np) {
+static int find_parts(const pcre2_code *re, const char *base, uint32_t off, uint32_t len, bool invert, tok_work *w,
+                      size_t *np) {
   const PCRE2_SPTR subj = (PCRE2_SPTR)(base + off);
   size_t pos = 0, prev = 0;
   *np = 0;
@@ -104,10 +104,8 @@ static int split_step(const pre_step *st, const char *base, tok_work *w) {
     case SPLIT_MERGED_PREV: {
       bool prev_match = false;
       for (size_t k = 0; k < np && !rc; k++) {
-        if (p[k].match && !prev_match && nb > first)
-          w->b[nb - 1].len = p[k].end - w->b[nb - 1].off;
-        else
-          rc = push_span(w, &nb, p[k].start, p[k].end - p[k].start);
+        if (p[k].match && !prev_match && nb > first) w->b[nb - 1].len = p[k].end - w->b[nb - 1].off;
+        else rc = push_span(w, &nb, p[k].start, p[k].end - p[k].start);
         prev_match = p[k].match;
       }
       break;
@@ -136,10 +134,8 @@ static int split_step(const pre_step *st, const char *base, tok_work *w) {
     case SPLIT_CONTIGUOUS: {
       bool prev_match = false;
       for (size_t k = 0; k < np && !rc; k++) {
-        if (p[k].match == prev_match && nb > first)
-          w->b[nb - 1].len = p[k].end - w->b[nb - 1].off;
-        else
-          rc = push_span(w, &nb, p[k].start, p[k].end - p[k].start);
+        if (p[k].match == prev_match && nb > first) w->b[nb - 1].len = p[k].end - w->b[nb - 1].off;
+        else rc = push_span(w, &nb, p[k].start, p[k].end - p[k].start);
         prev_match = p[k].match;
       }
       break;
@@ -176,8 +172,7 @@ static int prefix_space_step(const char **base, tok_work *w) {
   return 0;
 }
 
-int pre__run(const pre_step *steps, int n_steps, const char *text, size_t len, tok_work *w,
-             const char **base) {
+int pre__run(const pre_step *steps, int n_steps, const char *text, size_t len, tok_work *w, const char **base) {
   if (len > UINT32_MAX / 2) return servd_fail(SERVD_ERANGE, "tokenizer: text of %zu bytes is too long", len);
   int rc = grow((void **)&w->a, &w->a_cap, 1, sizeof(span));
   if (rc) return rc;

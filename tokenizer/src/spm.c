@@ -45,7 +45,8 @@ int spm__parse_normalizer(servd_tokenizer *t, json_t *n, const char *field) {
   if (!type) return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.type: expected a string", field);
   if (!strcmp(type, "Sequence")) {
     json_t *arr = json_object_get(n, "normalizers");
-    if (!json_is_array(arr)) return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.normalizers: expected an array", field);
+    if (!json_is_array(arr))
+      return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.normalizers: expected an array", field);
     for (size_t i = 0; i < json_array_size(arr); i++) {
       snprintf(f, sizeof f, "%s.normalizers[%zu]", field, i);
       int rc = spm__parse_normalizer(t, json_array_get(arr, i), f);
@@ -64,8 +65,8 @@ int spm__parse_normalizer(servd_tokenizer *t, json_t *n, const char *field) {
     return rc ? rc : add_edit(t->norm, &t->n_norm, from, to, field);
   }
   return servd_fail(SERVD_EUNSUPPORTED,
-                    "tokenizer.json: %s.type: normalizer \"%s\" is not supported (Prepend, Replace, Sequence are)", field,
-                    type);
+                    "tokenizer.json: %s.type: normalizer \"%s\" is not supported (Prepend, Replace, Sequence are)",
+                    field, type);
 }
 
 /* replacement, and prepend_scheme or (older files) add_prefix_space. */
@@ -86,8 +87,8 @@ static int parse_meta_common(json_t *o, const char *field, servd_tokenizer *t, i
     else if (!strcmp(ps, "first")) *scheme = META_FIRST;
     else if (!strcmp(ps, "never")) *scheme = META_NEVER;
     else
-      return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s.prepend_scheme: \"%s\" is not one of always, first, never",
-                        field, ps);
+      return servd_fail(SERVD_EUNSUPPORTED,
+                        "tokenizer.json: %s.prepend_scheme: \"%s\" is not one of always, first, never", field, ps);
   } else {
     json_t *ap = json_object_get(o, "add_prefix_space");
     *scheme = json_is_boolean(ap) && !json_is_true(ap) ? META_NEVER : META_ALWAYS;
@@ -158,10 +159,11 @@ int spm__parse_decoder(servd_tokenizer *t, json_t *d, const char *field) {
     t->meta_first = scheme != META_NEVER;
     return add_edit(t->dec_repl, &t->n_dec_repl, t->meta_rep, " ", field);
   }
-  return servd_fail(SERVD_EUNSUPPORTED,
-                    "tokenizer.json: %s: decoder \"%s\" is not supported (ByteLevel, Replace, ByteFallback, Fuse, Strip, "
-                    "Metaspace, Sequence are)",
-                    field, type);
+  return servd_fail(
+      SERVD_EUNSUPPORTED,
+      "tokenizer.json: %s: decoder \"%s\" is not supported (ByteLevel, Replace, ByteFallback, Fuse, Strip, "
+      "Metaspace, Sequence are)",
+      field, type);
 }
 
 static int hexval(char c) {

@@ -37,8 +37,8 @@ int tok_buf_append(tok_buf *b, const void *s, size_t n);
 
 /* ---- string -> id hash map (open addressing, keys copied into one pool) ------------------------- */
 typedef struct str_map {
-  uint64_t *hash;   /* 0: empty slot */
-  uint32_t *off;    /* key offset in pool */
+  uint64_t *hash; /* 0: empty slot */
+  uint32_t *off;  /* key offset in pool */
   uint32_t *klen;
   int32_t *val;
   size_t cap, count; /* cap is a power of two */
@@ -99,8 +99,7 @@ typedef struct tok_work {
 int pre__compile(const char *pattern, size_t len, bool literal, const char *field, pcre2_code **out);
 /* Splits text[0..len) through the steps; resulting spans in w->a[0..w->na), offsets into *base
  * (text, or w->text when a step inserted bytes). */
-int pre__run(const pre_step *steps, int n_steps, const char *text, size_t len, tok_work *w,
-             const char **base);
+int pre__run(const pre_step *steps, int n_steps, const char *text, size_t len, tok_work *w, const char **base);
 
 /* ---- BPE (bpe.c) -------------------------------------------------------------------------------- */
 typedef struct bpe_sym {
@@ -143,8 +142,8 @@ static inline int merge_map_get(const merge_map *m, int32_t a, int32_t b, int32_
 /* Word cache: piece bytes -> ids, bounded; cleared when full. */
 typedef struct word_cache {
   pthread_mutex_t lock;
-  str_map map;        /* piece -> index into entries */
-  int32_t *ent_off;   /* ids offset per entry */
+  str_map map;      /* piece -> index into entries */
+  int32_t *ent_off; /* ids offset per entry */
   int32_t *ent_n;
   int32_t *ids;
   size_t n_ent, ent_cap, n_ids, ids_cap;
@@ -195,7 +194,7 @@ typedef struct added_token {
 
 struct servd_tokenizer {
   /* id -> bytes (decode) */
-  int32_t n_ids;      /* largest id + 1 */
+  int32_t n_ids;       /* largest id + 1 */
   uint32_t *piece_off; /* n_ids + 1 offsets into pieces; piece_len[i] = off[i+1]-off[i] */
   uint8_t *has_piece;
   uint8_t *is_special;
@@ -221,30 +220,30 @@ struct servd_tokenizer {
   int n_prefix, n_suffix;
 
   /* character-level (SentencePiece-style) models; see spm.c */
-  bool char_level;      /* symbols start as characters, not as GPT-2 byte characters */
-  bool byte_fallback;   /* unknown characters -> <0xXX> tokens (byte_id) */
+  bool char_level;    /* symbols start as characters, not as GPT-2 byte characters */
+  bool byte_fallback; /* unknown characters -> <0xXX> tokens (byte_id) */
   bool fuse_unk;
-  int32_t unk_id;       /* -1: none (unknown characters are dropped) */
-  uint8_t *in_vocab;    /* id is a model.vocab entry */
-  uint8_t *is_bytetok;  /* id is a <0xXX> token decoded as its byte */
+  int32_t unk_id;      /* -1: none (unknown characters are dropped) */
+  uint8_t *in_vocab;   /* id is a model.vocab entry */
+  uint8_t *is_bytetok; /* id is a <0xXX> token decoded as its byte */
   text_edit norm[MAX_EDITS];
   int n_norm;
   bool metaspace, meta_split;
-  int meta_prepend;     /* META_* */
+  int meta_prepend; /* META_* */
   char meta_rep[8];
   size_t meta_rep_len;
   text_edit dec_repl[MAX_EDITS]; /* decoder Replace steps, applied to token strings */
   int n_dec_repl;
   bool dec_bytelevel, dec_bytes, dec_fused, dec_charlevel;
-  int strip_left;       /* Strip decoder: leading spaces of the text to drop */
-  bool meta_first;      /* Metaspace decoder: the first token's leading spaces are dropped */
+  int strip_left;  /* Strip decoder: leading spaces of the text to drop */
+  bool meta_first; /* Metaspace decoder: the first token's leading spaces are dropped */
 
   word_cache cache;
 };
 
 /* Encodes one pre-token (raw bytes) with BPE, appending ids to *out (grown as needed). */
-int bpe__encode_word(const servd_tokenizer *t, const uint8_t *s, size_t n, tok_work *w, int32_t **out,
-                     size_t *n_out, size_t *cap_out);
+int bpe__encode_word(const servd_tokenizer *t, const uint8_t *s, size_t n, tok_work *w, int32_t **out, size_t *n_out,
+                     size_t *cap_out);
 void word_cache_init(word_cache *c);
 void word_cache_free(word_cache *c);
 /* Returns the ids of a cached piece or NULL; lock held by the caller. */

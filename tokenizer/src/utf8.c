@@ -96,8 +96,8 @@ int utf8__decode(const uint8_t *s, size_t n, uint32_t *cp) {
   case 2: *cp = ((uint32_t)(s[0] & 0x1F) << 6) | (s[1] & 0x3F); break;
   case 3: *cp = ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F); break;
   default:
-    *cp = ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
-          ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
+    *cp = ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) | ((uint32_t)(s[2] & 0x3F) << 6) |
+          (s[3] & 0x3F);
   }
   return (int)l;
 }

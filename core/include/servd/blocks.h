@@ -25,14 +25,29 @@
 
 #include "servd/tensor.h"
 
-typedef struct servd_block_q8_0 { uint16_t d; int8_t qs[SERVD_QK]; } servd_block_q8_0;
-typedef struct servd_block_q4_0 { uint16_t d; uint8_t qs[SERVD_QK / 2]; } servd_block_q4_0;
-typedef struct servd_block_q4_1 { uint16_t d, m; uint8_t qs[SERVD_QK / 2]; } servd_block_q4_1;
+typedef struct servd_block_q8_0 {
+  uint16_t d;
+  int8_t qs[SERVD_QK];
+} servd_block_q8_0;
+typedef struct servd_block_q4_0 {
+  uint16_t d;
+  uint8_t qs[SERVD_QK / 2];
+} servd_block_q4_0;
+typedef struct servd_block_q4_1 {
+  uint16_t d, m;
+  uint8_t qs[SERVD_QK / 2];
+} servd_block_q4_1;
 _Static_assert(sizeof(servd_block_q8_0) == 34, "q8_0 block");
 _Static_assert(sizeof(servd_block_q4_0) == 18, "q4_0 block");
 _Static_assert(sizeof(servd_block_q4_1) == 20, "q4_1 block");
-typedef struct servd_block_q5_0 { uint16_t d; uint8_t qh[4], qs[SERVD_QK / 2]; } servd_block_q5_0;
-typedef struct servd_block_q5_1 { uint16_t d, m; uint8_t qh[4], qs[SERVD_QK / 2]; } servd_block_q5_1;
+typedef struct servd_block_q5_0 {
+  uint16_t d;
+  uint8_t qh[4], qs[SERVD_QK / 2];
+} servd_block_q5_0;
+typedef struct servd_block_q5_1 {
+  uint16_t d, m;
+  uint8_t qh[4], qs[SERVD_QK / 2];
+} servd_block_q5_1;
 _Static_assert(sizeof(servd_block_q5_0) == 22, "q5_0 block");
 _Static_assert(sizeof(servd_block_q5_1) == 24, "q5_1 block");
 
@@ -42,7 +57,10 @@ static inline int servd_q5_at(const uint8_t *qh, const uint8_t *qs, int i) {
   return lo | ((qh[i / 8] >> (i % 8)) & 1) << 4;
 }
 
-typedef struct servd_block_q4_k { uint16_t d, dmin; uint8_t scales[12], qs[SERVD_QK_K / 2]; } servd_block_q4_k;
+typedef struct servd_block_q4_k {
+  uint16_t d, dmin;
+  uint8_t scales[12], qs[SERVD_QK_K / 2];
+} servd_block_q4_k;
 typedef struct servd_block_q5_k {
   uint16_t d, dmin;
   uint8_t scales[12], qh[SERVD_QK_K / 8], qs[SERVD_QK_K / 2];

@@ -15,17 +15,17 @@ extern "C" {
 
 enum {
   SERVD_OK = 0,
-  SERVD_EINVAL = -1,     /* bad argument: shape mismatch, unsupported dtype pair, misaligned view */
-  SERVD_ENOMEM = -2,     /* allocation failed */
-  SERVD_EIO = -3,        /* file or device I/O failed */
-  SERVD_EFORMAT = -4,    /* malformed outside data */
-  SERVD_ERANGE = -5,     /* value or index out of range, integer overflow */
+  SERVD_EINVAL = -1,  /* bad argument: shape mismatch, unsupported dtype pair, misaligned view */
+  SERVD_ENOMEM = -2,  /* allocation failed */
+  SERVD_EIO = -3,     /* file or device I/O failed */
+  SERVD_EFORMAT = -4, /* malformed outside data */
+  SERVD_ERANGE = -5,  /* value or index out of range, integer overflow */
   SERVD_EUNSUPPORTED = -6,
-  SERVD_EBUSY = -7,      /* resource exhausted for now (queue, KV blocks) */
+  SERVD_EBUSY = -7, /* resource exhausted for now (queue, KV blocks) */
   SERVD_ETIMEDOUT = -8,
   SERVD_ECANCELED = -9,
-  SERVD_EDEVICE = -10,   /* accelerator error */
-  SERVD_EMODEL = -11,    /* the model's own code failed (an exception in package code), not the request */
+  SERVD_EDEVICE = -10, /* accelerator error */
+  SERVD_EMODEL = -11,  /* the model's own code failed (an exception in package code), not the request */
 };
 
 SERVD_API const char *servd_strerror(int code);

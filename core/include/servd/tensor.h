@@ -34,9 +34,9 @@ typedef enum servd_dtype {
   SERVD_Q4_1 = 6, /* blocks of 32: f16 d, f16 m, 16 bytes nibbles; x = d*q + m   (20 bytes) */
   /* k-quants (ggml's, kept byte for byte from GGUF): super-blocks of 256 in sub-blocks with 6- or
    * 8-bit scales (servd/blocks.h spells the bits out). */
-  SERVD_Q4_K = 7, /* 8 x 32: 4-bit q, 6-bit scale and min; x = d*sc*q - dmin*m   (144 bytes) */
-  SERVD_Q6_K = 8, /* 16 x 16: 6-bit q, int8 scale; x = d*sc*(q - 32)             (210 bytes) */
-  SERVD_Q5_K = 9, /* 8 x 32: 5-bit q, 6-bit scale and min; x = d*sc*q - dmin*m   (176 bytes) */
+  SERVD_Q4_K = 7,  /* 8 x 32: 4-bit q, 6-bit scale and min; x = d*sc*q - dmin*m   (144 bytes) */
+  SERVD_Q6_K = 8,  /* 16 x 16: 6-bit q, int8 scale; x = d*sc*(q - 32)             (210 bytes) */
+  SERVD_Q5_K = 9,  /* 8 x 32: 5-bit q, 6-bit scale and min; x = d*sc*q - dmin*m   (176 bytes) */
   SERVD_Q5_0 = 10, /* blocks of 32: f16 d, 4 bytes high bits, 16 bytes nibbles; x = d*(q-16) (22 bytes) */
   SERVD_Q5_1 = 11, /* blocks of 32: f16 d, f16 m, high bits, nibbles; x = d*q + m  (24 bytes) */
   SERVD_DTYPE_COUNT
@@ -47,10 +47,10 @@ typedef enum servd_dtype {
 #define SERVD_MAX_DIMS 4
 #define SERVD_ALIGN 64
 
-SERVD_API const char *servd_dtype_name(servd_dtype t);                 /* "f32", "q4_1", ... */
+SERVD_API const char *servd_dtype_name(servd_dtype t);                   /* "f32", "q4_1", ... */
 SERVD_API int servd_dtype_from_name(const char *name, servd_dtype *out); /* 0 or SERVD_EINVAL */
-SERVD_API size_t servd_dtype_block_elems(servd_dtype t);               /* 1 for plain dtypes */
-SERVD_API size_t servd_dtype_block_bytes(servd_dtype t);               /* element size for plain */
+SERVD_API size_t servd_dtype_block_elems(servd_dtype t);                 /* 1 for plain dtypes */
+SERVD_API size_t servd_dtype_block_bytes(servd_dtype t);                 /* element size for plain */
 SERVD_API bool servd_dtype_is_quantized(servd_dtype t);
 /* Bytes of a packed row of n elements. When n is negative or not a multiple of the block (or t is
  * unknown) returns 0 and records SERVD_EINVAL (servd_last_error); an empty row is also 0 bytes. */
@@ -94,11 +94,11 @@ SERVD_API servd_tensor *servd_tensor_new(servd_dtype t, int ndim, const int64_t 
 /* New contiguous tensor over existing storage at `offset` (takes its own reference to storage).
  * Fails when the data would run past the storage or offset is misaligned for the dtype. */
 SERVD_API servd_tensor *servd_tensor_from_storage(servd_storage *s, size_t offset, servd_dtype t, int ndim,
-                                                 const int64_t *shape);
+                                                  const int64_t *shape);
 /* A view sharing storage: new shape/strides (bytes) at byte offset `offset` from base's element 0.
  * Checks that every addressed byte lies inside the storage. */
 SERVD_API servd_tensor *servd_tensor_view(const servd_tensor *base, size_t offset, int ndim, const int64_t *shape,
-                                         const int64_t *strides);
+                                          const int64_t *strides);
 /* Rows [start, start+len) of dimension `dim` (for dim == ndim-1 of block dtypes, start and len must
  * be multiples of the block size). */
 SERVD_API servd_tensor *servd_tensor_narrow(const servd_tensor *base, int dim, int64_t start, int64_t len);
@@ -120,7 +120,10 @@ SERVD_API const char *servd_tensor_describe(const servd_tensor *t, char *buf, si
 SERVD_API float servd_f16_to_f32(uint16_t h);
 SERVD_API uint16_t servd_f32_to_f16(float f); /* round to nearest even */
 static inline float servd_bf16_to_f32(uint16_t h) {
-  union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+  union {
+    uint32_t u;
+    float f;
+  } v = {.u = (uint32_t)h << 16};
   return v.f;
 }
 SERVD_API uint16_t servd_f32_to_bf16(float f); /* round to nearest even, NaN preserved */

@@ -30,10 +30,10 @@ struct servd_py_error;
 SERVD_API int servd_interp_early_init(int argc, char **argv);
 
 typedef struct servd_pool_options {
-  int n_interpreters;   /* 1..SERVD_INTERP_MAX */
-  int world_size;       /* tensor-parallel ranks; interpreter i has rank i % world_size */
-  servd_comm *comm;     /* collectives between ranks (world_size > 1); borrowed */
-  const char *extra_sys_path; /* NULL, or ':'-separated directories added to sys.path */
+  int n_interpreters;           /* 1..SERVD_INTERP_MAX */
+  int world_size;               /* tensor-parallel ranks; interpreter i has rank i % world_size */
+  servd_comm *comm;             /* collectives between ranks (world_size > 1); borrowed */
+  const char *extra_sys_path;   /* NULL, or ':'-separated directories added to sys.path */
   struct servd_py_error *error; /* NULL, or filled when starting an interpreter or importing the
                                  * package raised (type, message, full traceback) */
   const int *rank_devices;      /* NULL: every rank on the CPU; else rank r runs on GPU rank_devices[r] */
@@ -70,7 +70,7 @@ SERVD_API double servd_interp_busy_seconds(const servd_interp *it);
  * model code, SERVD_ETIMEDOUT when it was interrupted at its deadline (type "TimeoutError"); err may
  * be NULL. */
 typedef struct servd_py_error {
-  char type[64];       /* exception type name, e.g. "ValueError", "TimeoutError" */
+  char type[64]; /* exception type name, e.g. "ValueError", "TimeoutError" */
   char message[512];
   char traceback[4096];
 } servd_py_error;
@@ -92,9 +92,9 @@ SERVD_API int servd_interp_call_json(servd_interp *it, const char *method, json_
  * return NULL in *logits). */
 typedef struct servd_forward_batch {
   int n_tokens;
-  const int32_t *tokens;     /* (n_tokens) */
-  const int32_t *positions;  /* (n_tokens) */
-  const int32_t *slots;      /* (n_tokens) KV slot of each token */
+  const int32_t *tokens;    /* (n_tokens) */
+  const int32_t *positions; /* (n_tokens) */
+  const int32_t *slots;     /* (n_tokens) KV slot of each token */
   int n_logit_rows;
   const int32_t *logit_rows; /* rows of the token batch whose logits are needed */
   servd_attn_batch attn;     /* per-sequence layout for the attention op */

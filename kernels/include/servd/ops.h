@@ -22,7 +22,7 @@ typedef enum servd_isa {
   SERVD_ISA_COUNT
 } servd_isa;
 
-SERVD_API servd_isa servd_cpu_best_isa(void);          /* what this CPU supports */
+SERVD_API servd_isa servd_cpu_best_isa(void); /* what this CPU supports */
 SERVD_API const char *servd_isa_name(servd_isa isa);
 /* Pins the implementation used by every op (SERVD_EUNSUPPORTED if the CPU lacks it);
  * pass SERVD_ISA_COUNT to return to automatic choice. Not thread-safe w.r.t. running ops. */
@@ -43,13 +43,13 @@ typedef enum servd_rope_layout {
 
 typedef struct servd_rope_params {
   servd_rope_layout layout;
-  int head_dim;         /* rotary dims == head_dim */
-  float theta;          /* base, e.g. 10000 or 500000 */
+  int head_dim; /* rotary dims == head_dim */
+  float theta;  /* base, e.g. 10000 or 500000 */
   /* Llama 3.1 scaling; factor <= 1 means none. */
-  float scaling_factor;        /* e.g. 8 */
-  float low_freq_factor;       /* e.g. 1 */
-  float high_freq_factor;      /* e.g. 4 */
-  int original_max_positions;  /* e.g. 8192 */
+  float scaling_factor;       /* e.g. 8 */
+  float low_freq_factor;      /* e.g. 1 */
+  float high_freq_factor;     /* e.g. 4 */
+  int original_max_positions; /* e.g. 8192 */
 } servd_rope_params;
 
 /* ---- the op registry (servd/ops.def) ----------------------------------------------------------------
@@ -106,9 +106,9 @@ typedef enum servd_op_id {
 /* The CPU op servd_<name> of every ANY/ANYT row (its contract is in servd/ops.def) and, for ANYT
  * rows, servd__check_<name>: the op's shape and dtype checks, which the device op runs too
  * (internal to servd's libraries, not API). */
-#define SERVD_OP(name, dispatch, py, sig, names)                                                         \
-  SERVD__IF_ANY_##dispatch(SERVD_API int servd_##name(SERVD__PARAMS(sig, names));)                       \
-  SERVD__IF_ANYT_##dispatch(int servd__check_##name(SERVD__PARAMS(sig, names));)
+#define SERVD_OP(name, dispatch, py, sig, names) \
+  SERVD__IF_ANY_##dispatch(SERVD_API int servd_##name(SERVD__PARAMS(sig, names));) \
+      SERVD__IF_ANYT_##dispatch(int servd__check_##name(SERVD__PARAMS(sig, names));)
 #include "servd/ops.def"
 #undef SERVD_OP
 
@@ -122,8 +122,8 @@ SERVD_API int servd_softmax(servd_tensor *x, float scale);
  * hands out and takes back blocks; which sequence owns what is the engine's business. */
 typedef struct servd_kv_cache servd_kv_cache;
 
-SERVD_API int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim,
-                                    int block_size, int n_blocks, servd_dtype dtype /* f32 or f16 */);
+SERVD_API int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim, int block_size,
+                                    int n_blocks, servd_dtype dtype /* f32 or f16 */);
 /* A cache of block bookkeeping only (alloc/free, no K/V storage): the host side of a cache whose
  * K/V live on a device (servd/device.h). kv_write and attention on it fail with SERVD_EINVAL. */
 SERVD_API int servd_kv_cache_create_blocks_only(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim,

@@ -21,54 +21,81 @@
 #include "servd/status.h"
 
 enum {
-  MPK_GGUF_UINT8 = 0, MPK_GGUF_INT8 = 1, MPK_GGUF_UINT16 = 2, MPK_GGUF_INT16 = 3, MPK_GGUF_UINT32 = 4,
-  MPK_GGUF_INT32 = 5, MPK_GGUF_FLOAT32 = 6, MPK_GGUF_BOOL = 7, MPK_GGUF_STRING = 8, MPK_GGUF_ARRAY = 9,
-  MPK_GGUF_UINT64 = 10, MPK_GGUF_INT64 = 11, MPK_GGUF_FLOAT64 = 12, MPK_GGUF_TYPE_COUNT
+  MPK_GGUF_UINT8 = 0,
+  MPK_GGUF_INT8 = 1,
+  MPK_GGUF_UINT16 = 2,
+  MPK_GGUF_INT16 = 3,
+  MPK_GGUF_UINT32 = 4,
+  MPK_GGUF_INT32 = 5,
+  MPK_GGUF_FLOAT32 = 6,
+  MPK_GGUF_BOOL = 7,
+  MPK_GGUF_STRING = 8,
+  MPK_GGUF_ARRAY = 9,
+  MPK_GGUF_UINT64 = 10,
+  MPK_GGUF_INT64 = 11,
+  MPK_GGUF_FLOAT64 = 12,
+  MPK_GGUF_TYPE_COUNT
 };
 
 /* ggml tensor types we know the layout of. */
 enum {
-  MPK_GGML_F32 = 0, MPK_GGML_F16 = 1, MPK_GGML_Q4_0 = 2, MPK_GGML_Q4_1 = 3, MPK_GGML_Q5_0 = 6,
-  MPK_GGML_Q5_1 = 7, MPK_GGML_Q8_0 = 8, MPK_GGML_Q8_1 = 9, MPK_GGML_Q2_K = 10, MPK_GGML_Q3_K = 11,
-  MPK_GGML_Q4_K = 12, MPK_GGML_Q5_K = 13, MPK_GGML_Q6_K = 14, MPK_GGML_Q8_K = 15, MPK_GGML_I8 = 24,
-  MPK_GGML_I16 = 25, MPK_GGML_I32 = 26, MPK_GGML_I64 = 27, MPK_GGML_F64 = 28, MPK_GGML_BF16 = 30,
+  MPK_GGML_F32 = 0,
+  MPK_GGML_F16 = 1,
+  MPK_GGML_Q4_0 = 2,
+  MPK_GGML_Q4_1 = 3,
+  MPK_GGML_Q5_0 = 6,
+  MPK_GGML_Q5_1 = 7,
+  MPK_GGML_Q8_0 = 8,
+  MPK_GGML_Q8_1 = 9,
+  MPK_GGML_Q2_K = 10,
+  MPK_GGML_Q3_K = 11,
+  MPK_GGML_Q4_K = 12,
+  MPK_GGML_Q5_K = 13,
+  MPK_GGML_Q6_K = 14,
+  MPK_GGML_Q8_K = 15,
+  MPK_GGML_I8 = 24,
+  MPK_GGML_I16 = 25,
+  MPK_GGML_I32 = 26,
+  MPK_GGML_I64 = 27,
+  MPK_GGML_F64 = 28,
+  MPK_GGML_BF16 = 30,
 };
 
 typedef struct mpk_gguf_kv {
-  char *key;              /* owned, NUL-terminated */
-  uint32_t type;          /* MPK_GGUF_* */
-  uint32_t arr_type;      /* element type when type == MPK_GGUF_ARRAY */
-  uint64_t n;             /* array length (1 for scalars) */
-  const uint8_t *data;    /* the raw value (scalar bytes, string length prefix, array elements) */
+  char *key;               /* owned, NUL-terminated */
+  uint32_t type;           /* MPK_GGUF_* */
+  uint32_t arr_type;       /* element type when type == MPK_GGUF_ARRAY */
+  uint64_t n;              /* array length (1 for scalars) */
+  const uint8_t *data;     /* the raw value (scalar bytes, string length prefix, array elements) */
   const uint64_t *str_off; /* string arrays: offset of element i's length prefix from data (owned) */
 } mpk_gguf_kv;
 
 typedef struct mpk_gguf_tensor {
-  char *name;             /* owned, NUL-terminated */
-  uint32_t type;          /* MPK_GGML_* */
+  char *name;    /* owned, NUL-terminated */
+  uint32_t type; /* MPK_GGML_* */
   int ndim;
-  int64_t ne[4];          /* innermost first, unused entries 1 */
-  uint64_t offset;        /* absolute offset in the buffer */
+  int64_t ne[4];   /* innermost first, unused entries 1 */
+  uint64_t offset; /* absolute offset in the buffer */
   uint64_t nbytes;
 } mpk_gguf_tensor;
 
 typedef struct mpk_gguf {
   uint32_t version;
   uint64_t alignment;
-  uint64_t data_offset;   /* absolute start of the data section */
+  uint64_t data_offset; /* absolute start of the data section */
   size_t n_kv;
   mpk_gguf_kv *kv;
   size_t n_tensors;
   mpk_gguf_tensor *tensors; /* in file order */
-  const uint8_t *buf;     /* borrowed: the caller keeps the buffer alive */
-  char *what;             /* owned copy of the file name used in messages */
+  const uint8_t *buf;       /* borrowed: the caller keeps the buffer alive */
+  char *what;               /* owned copy of the file name used in messages */
   size_t len;
 } mpk_gguf;
 
 SERVD_API int mpk_gguf_parse(const char *what, const void *buf, size_t len, mpk_gguf **out);
 SERVD_API void mpk_gguf_free(mpk_gguf *g); /* accepts NULL */
 
-SERVD_API const char *mpk_ggml_type_name(uint32_t type);   /* "Q4_K", or NULL when unknown */
+SERVD_API const char *mpk_ggml_type_name(uint32_t type); /* "Q4_K", or NULL when unknown */
 /* Elements and bytes per block of a ggml type; SERVD_EUNSUPPORTED when unknown. */
 SERVD_API int mpk_ggml_type_size(uint32_t type, uint32_t *block_elems, uint32_t *block_bytes);
 

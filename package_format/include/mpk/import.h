@@ -23,8 +23,8 @@ typedef void (*mpk_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 typedef struct mpk_import_options {
   const char *name;          /* package name; NULL: derived from the source */
   const char *model_version; /* NULL: "1" */
-  const char *code_dir;      /* NULL: $SERVD_MODEL_CODE, else the architecture's models/<family> found from the executable */
-  const char *entry_point;   /* NULL: the architecture's ("llama.model:LlamaModel" for llama) */
+  const char *code_dir; /* NULL: $SERVD_MODEL_CODE, else the architecture's models/<family> found from the executable */
+  const char *entry_point; /* NULL: the architecture's ("llama.model:LlamaModel" for llama) */
   /* Target of tensors that have no native servd dtype (GGUF Q5_0 Q5_1 Q4_K Q5_K Q6_K, HF F64...).
    * Also applied to every 2-D weight of a Hugging Face import when convert_all is set. */
   servd_dtype dtype;
@@ -45,8 +45,8 @@ SERVD_API int mpk_pack_gguf(const char *gguf_path, const char *out_path, const m
  * BF16 kept as they are; other dtypes and a name in two files are errors), the JSON object at
  * config_path (may be NULL: {}) as the manifest's "config". o->name defaults to the folder's
  * basename, o->model_version to "1"; dtype and convert_all are not used. Written atomically. */
-SERVD_API int mpk_pack_generic(const char *const *weights, size_t n_weights, const char *config_path, const char *out_path,
-                               const mpk_import_options *o);
+SERVD_API int mpk_pack_generic(const char *const *weights, size_t n_weights, const char *config_path,
+                               const char *out_path, const mpk_import_options *o);
 
 /* Embeds the files of `dir` under code/<basename of dir>/ (skips __pycache__ and *.pyc). */
 SERVD_API int mpk_add_code_dir(mpk_writer *w, const char *dir);

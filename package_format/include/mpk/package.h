@@ -64,12 +64,12 @@ SERVD_API int mpk_unpack(mpk_package *p, const char *dir);
 #define MPK_FORMAT_VERSION 1
 
 typedef struct mpk_tensor_info {
-  const char *name;     /* borrowed, valid until mpk_close */
+  const char *name; /* borrowed, valid until mpk_close */
   servd_dtype dtype;
   int ndim;
   int64_t shape[SERVD_MAX_DIMS];
-  const char *file;     /* archive entry holding the data, borrowed */
-  uint64_t offset;      /* absolute byte offset of the data in the package file (64-byte aligned) */
+  const char *file; /* archive entry holding the data, borrowed */
+  uint64_t offset;  /* absolute byte offset of the data in the package file (64-byte aligned) */
   uint64_t nbytes;
 } mpk_tensor_info;
 
@@ -84,7 +84,7 @@ typedef struct mpk_file_info {
 
 SERVD_API int mpk_tensor_info_at(const mpk_package *p, int i, mpk_tensor_info *out); /* SERVD_ERANGE */
 SERVD_API int mpk_file_info_at(const mpk_package *p, int i, mpk_file_info *out);     /* SERVD_ERANGE */
-SERVD_API uint64_t mpk_size(const mpk_package *p);          /* bytes of the package file */
+SERVD_API uint64_t mpk_size(const mpk_package *p);                                   /* bytes of the package file */
 SERVD_API const char *mpk_model_version(const mpk_package *p);
 SERVD_API const char *mpk_rope_layout(const mpk_package *p); /* "half", "interleaved" or NULL */
 

@@ -20,12 +20,12 @@
 #define MPK_ST_MAX_HEADER (100u << 20) /* the limit of the reference implementation */
 
 typedef struct mpk_st_tensor {
-  const char *name;     /* borrowed from the header object */
-  char dtype[12];       /* "F32", "BF16", "U8", ... */
+  const char *name; /* borrowed from the header object */
+  char dtype[12];   /* "F32", "BF16", "U8", ... */
   unsigned elem_bytes;
   int ndim;
   int64_t shape[MPK_ST_MAX_DIMS];
-  uint64_t begin, end;  /* relative to the buffer */
+  uint64_t begin, end; /* relative to the buffer */
 } mpk_st_tensor;
 
 typedef struct mpk_st_header {
@@ -33,15 +33,15 @@ typedef struct mpk_st_header {
   mpk_st_tensor *tensors; /* in file order of data (sorted by begin) */
   uint64_t data_start;    /* 8 + N: where the buffer starts in the file */
   uint64_t data_len;
-  json_t *metadata;       /* "__metadata__" or NULL; borrowed from root */
-  json_t *root;           /* owned */
-  size_t *by_name;        /* indices sorted by name */
+  json_t *metadata; /* "__metadata__" or NULL; borrowed from root */
+  json_t *root;     /* owned */
+  size_t *by_name;  /* indices sorted by name */
 } mpk_st_header;
 
 /* Parses and validates the header of a safetensors file of `len` bytes at `buf` (the whole file).
  * `what` names the file in error messages. *out is owned by the caller (mpk_st_free). */
 SERVD_API int mpk_st_parse(const char *what, const void *buf, size_t len, mpk_st_header **out);
-SERVD_API void mpk_st_free(mpk_st_header *h); /* accepts NULL */
+SERVD_API void mpk_st_free(mpk_st_header *h);                        /* accepts NULL */
 SERVD_API int mpk_st_find(const mpk_st_header *h, const char *name); /* index or -1 */
 
 /* Element size of a safetensors dtype string; 0 when unknown. */

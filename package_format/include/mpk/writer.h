@@ -37,8 +37,8 @@ SERVD_API int mpk_writer_set(mpk_writer *w, const char *key, json_t *value);
 SERVD_API int mpk_writer_add_file(mpk_writer *w, const char *path, const void *data, size_t len);
 
 /* A tensor, contiguous, `nbytes` == packed size of dtype x shape. */
-SERVD_API int mpk_writer_add_tensor(mpk_writer *w, const char *name, servd_dtype dtype, int ndim,
-                                    const int64_t *shape, const void *data, size_t nbytes);
+SERVD_API int mpk_writer_add_tensor(mpk_writer *w, const char *name, servd_dtype dtype, int ndim, const int64_t *shape,
+                                    const void *data, size_t nbytes);
 /* Streaming form: begin, then write exactly the packed size in any pieces, then end. */
 SERVD_API int mpk_writer_begin_tensor(mpk_writer *w, const char *name, servd_dtype dtype, int ndim,
                                       const int64_t *shape);

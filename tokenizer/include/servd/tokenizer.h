@@ -61,8 +61,8 @@ SERVD_API void servd_tokenizer_free(servd_tokenizer *t); /* accepts NULL */
 
 /* Text -> ids. add_special: add what the post_processor template adds (BOS for Llama 3, nothing for
  * SmolLM2 or GPT-2). *ids is malloc'd, the caller frees it; *n is its length. */
-SERVD_API int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t len,
-                                     bool add_special, int32_t **ids, int *n);
+SERVD_API int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t len, bool add_special,
+                                     int32_t **ids, int *n);
 
 /* The ids add_special puts before and after the text (borrowed, valid while t lives; counts may be
  * 0), e.g. to avoid a second BOS when a rendered chat template already starts with one. */
@@ -71,8 +71,8 @@ SERVD_API void servd_tokenizer_special_affixes(const servd_tokenizer *t, const i
 
 /* Ids -> text (UTF-8, NUL-terminated; *len excludes the NUL; len may be NULL). Special tokens are
  * rendered as their content unless skip_special. *text is malloc'd, the caller frees it. */
-SERVD_API int servd_tokenizer_decode(const servd_tokenizer *t, const int32_t *ids, int n,
-                                     bool skip_special, char **text, size_t *len);
+SERVD_API int servd_tokenizer_decode(const servd_tokenizer *t, const int32_t *ids, int n, bool skip_special,
+                                     char **text, size_t *len);
 
 /* The raw bytes a token stands for (may be a partial UTF-8 sequence). Borrowed, valid while t lives;
  * NULL for an id out of range or without a token. */

@@ -96,8 +96,8 @@ SERVD_API int servd_cuda_swiglu(servd_cuda_ctx *c, servd_bf16_t *out, const serv
 SERVD_API int servd_cuda_add(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *a, const servd_bf16_t *b,
                              int64_t n);
 /* out (m,d) = table[ids[i]] for ids (m) device i32 in [0, vocab). */
-SERVD_API int servd_cuda_embedding(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *table,
-                                   const int32_t *ids, int m, int d, int64_t vocab);
+SERVD_API int servd_cuda_embedding(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *table, const int32_t *ids,
+                                   int m, int d, int64_t vocab);
 
 /* out (m,d) = table[ids[i] - row_offset] for table (rows, d), zeros where that is outside [0, rows)
  * (vocabulary-parallel shards). */
@@ -106,8 +106,8 @@ SERVD_API int servd_cuda_embedding_rows(servd_cuda_ctx *c, servd_bf16_t *out, co
 
 /* Paged KV cache of one layer on device: (n_blocks, block_size, kv_dim) bf16 for K and for V. */
 SERVD_API int servd_cuda_kv_write(servd_cuda_ctx *c, servd_bf16_t *k_cache, servd_bf16_t *v_cache,
-                                  const servd_bf16_t *k, const servd_bf16_t *v, const int32_t *slots, int t,
-                                  int kv_dim, int64_t n_slots); /* slots < 0 or >= n_slots are skipped */
+                                  const servd_bf16_t *k, const servd_bf16_t *v, const int32_t *slots, int t, int kv_dim,
+                                  int64_t n_slots); /* slots < 0 or >= n_slots are skipped */
 
 /* The batch layout of servd_attn_batch, with every array on the device. block_tables is
  * (n_seqs, max_blocks) row-major. Host copies of q_len and q_start are needed to plan the launch. */
@@ -144,8 +144,8 @@ SERVD_API int servd_cuda_topk(servd_cuda_ctx *c, float *values, int32_t *indices
                               int k);
 /* Samples one token per row from softmax(logits/temperature) (Gumbel-max, exact), seeds per row;
  * temperature <= 0 is argmax. */
-SERVD_API int servd_cuda_sample(servd_cuda_ctx *c, int32_t *out, const float *logits, int m, int n,
-                                float temperature, const uint64_t *seeds /* device (m) */, uint64_t step);
+SERVD_API int servd_cuda_sample(servd_cuda_ctx *c, int32_t *out, const float *logits, int m, int n, float temperature,
+                                const uint64_t *seeds /* device (m) */, uint64_t step);
 
 /* ---- ops of the registry (servd/ops.def): one tensor-level launcher per ANYT row, in its own
  * <name>.cu. servd_device_<name> calls it on this context after checking that the tensors are on
