@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "matmul-impl.h"
+#include "matmul_avx2-impl.h"
 
 #define RN 4
 #define RM_MAX 2
@@ -124,10 +124,6 @@ void servd__mm_float_avx2(const servd__mm *p, int64_t j0, int64_t j1) {
 
 /* ---- quantized ------------------------------------------------------------------------------- */
 
-#define RQ 4
-
-static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
-
 static inline __attribute__((always_inline)) void quant_rows(const servd__mm *p, const char *w, int64_t i0, float *res,
                                                              const int R, const servd_dtype wt) {
   const __m256i ones = _mm256_set1_epi16(1), nib = _mm256_set1_epi8(0x0f);
@@ -178,38 +174,14 @@ static inline __attribute__((always_inline)) void quant_rows(const servd__mm *p,
     }
   }
 #pragma GCC unroll 4
-  for (int r = 0; r < R; r++) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-    s = _mm_hadd_ps(s, s);
-    s = _mm_hadd_ps(s, s);
-    res[r] = _mm_cvtss_f32(s) + accm[r];
-  }
+  for (int r = 0; r < R; r++) res[r] = hsum8(acc[r]) + accm[r];
 }
 
-#define ROWS_FN(wt, name) \
-  static void name(const servd__mm *p, const char *w, int64_t i0, float *res, int R) { \
-    switch (R) { \
-    case 1: quant_rows(p, w, i0, res, 1, wt); break; \
-    case 2: quant_rows(p, w, i0, res, 2, wt); break; \
-    case 3: quant_rows(p, w, i0, res, 3, wt); break; \
-    default: quant_rows(p, w, i0, res, 4, wt); break; \
-    } \
-  }
-ROWS_FN(SERVD_Q8_0, rows_q8_0)
-ROWS_FN(SERVD_Q4_0, rows_q4_0)
-ROWS_FN(SERVD_Q4_1, rows_q4_1)
+ROWS_FN(quant_rows, SERVD_Q8_0, rows_q8_0)
+ROWS_FN(quant_rows, SERVD_Q4_0, rows_q4_0)
+ROWS_FN(quant_rows, SERVD_Q4_1, rows_q4_1)
 
 void servd__mm_quant_avx2(const servd__mm *p, int64_t j0, int64_t j1) {
-  void (*fn)(const servd__mm *, const char *, int64_t, float *, int) = p->wt == SERVD_Q8_0   ? rows_q8_0
-                                                                       : p->wt == SERVD_Q4_0 ? rows_q4_0
-                                                                                             : rows_q4_1;
-  float res[RQ];
-  for (int64_t j = j0; j < j1; j++) {
-    const char *w = p->w + j * p->ldw;
-    for (int64_t i = 0; i < p->m; i += RQ) {
-      const int R = p->m - i < RQ ? (int)(p->m - i) : RQ;
-      fn(p, w, i, res, R);
-      for (int r = 0; r < R; r++) ((float *)(p->out + (i + r) * p->ldo))[j] = res[r];
-    }
-  }
+  rows_fn fn = p->wt == SERVD_Q8_0 ? rows_q8_0 : p->wt == SERVD_Q4_0 ? rows_q4_0 : rows_q4_1;
+  mm_rows(p, j0, j1, fn);
 }

@@ -10,12 +10,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "matmul-impl.h"
+#include "matmul_avx2-impl.h"
 #include "matmul_k-impl.h"
-
-#define RQ 4
-
-static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
 
 static inline __attribute__((always_inline)) void krows(const servd__mm *p, const char *w, int64_t i0, float *res,
                                                         const int R, const servd_dtype wt) {
@@ -99,38 +95,14 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
     }
   }
 #pragma GCC unroll 4
-  for (int r = 0; r < R; r++) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-    s = _mm_hadd_ps(s, s);
-    s = _mm_hadd_ps(s, s);
-    res[r] = _mm_cvtss_f32(s);
-  }
+  for (int r = 0; r < R; r++) res[r] = hsum8(acc[r]);
 }
 
-#define KROWS_FN(wt, name) \
-  static void name(const servd__mm *p, const char *w, int64_t i0, float *res, int R) { \
-    switch (R) { \
-    case 1: krows(p, w, i0, res, 1, wt); break; \
-    case 2: krows(p, w, i0, res, 2, wt); break; \
-    case 3: krows(p, w, i0, res, 3, wt); break; \
-    default: krows(p, w, i0, res, 4, wt); break; \
-    } \
-  }
-KROWS_FN(SERVD_Q4_K, rows_q4_k)
-KROWS_FN(SERVD_Q5_K, rows_q5_k)
-KROWS_FN(SERVD_Q6_K, rows_q6_k)
+ROWS_FN(krows, SERVD_Q4_K, rows_q4_k)
+ROWS_FN(krows, SERVD_Q5_K, rows_q5_k)
+ROWS_FN(krows, SERVD_Q6_K, rows_q6_k)
 
 void servd__mm_kquant_avx2(const servd__mm *p, int64_t j0, int64_t j1) {
-  void (*fn)(const servd__mm *, const char *, int64_t, float *, int) = p->wt == SERVD_Q4_K   ? rows_q4_k
-                                                                       : p->wt == SERVD_Q5_K ? rows_q5_k
-                                                                                             : rows_q6_k;
-  float res[RQ];
-  for (int64_t j = j0; j < j1; j++) {
-    const char *w = p->w + j * p->ldw;
-    for (int64_t i = 0; i < p->m; i += RQ) {
-      const int R = p->m - i < RQ ? (int)(p->m - i) : RQ;
-      fn(p, w, i, res, R);
-      for (int r = 0; r < R; r++) ((float *)(p->out + (i + r) * p->ldo))[j] = res[r];
-    }
-  }
+  rows_fn fn = p->wt == SERVD_Q4_K ? rows_q4_k : p->wt == SERVD_Q5_K ? rows_q5_k : rows_q6_k;
+  mm_rows(p, j0, j1, fn);
 }

@@ -8,11 +8,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "matmul-impl.h"
-
-#define RQ 4
-
-static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+#include "matmul_avx2-impl.h"
 
 /* Byte i = 0x10 where bit i of the block's qh is set, else 0. */
 static inline __m256i high_bits(const uint8_t *qh) {
@@ -67,35 +63,13 @@ static inline __attribute__((always_inline)) void q5_rows(const servd__mm *p, co
     }
   }
 #pragma GCC unroll 4
-  for (int r = 0; r < R; r++) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-    s = _mm_hadd_ps(s, s);
-    s = _mm_hadd_ps(s, s);
-    res[r] = _mm_cvtss_f32(s) + accm[r];
-  }
+  for (int r = 0; r < R; r++) res[r] = hsum8(acc[r]) + accm[r];
 }
 
-#define ROWS_FN(wt, name) \
-  static void name(const servd__mm *p, const char *w, int64_t i0, float *res, int R) { \
-    switch (R) { \
-    case 1: q5_rows(p, w, i0, res, 1, wt); break; \
-    case 2: q5_rows(p, w, i0, res, 2, wt); break; \
-    case 3: q5_rows(p, w, i0, res, 3, wt); break; \
-    default: q5_rows(p, w, i0, res, 4, wt); break; \
-    } \
-  }
-ROWS_FN(SERVD_Q5_0, rows_q5_0)
-ROWS_FN(SERVD_Q5_1, rows_q5_1)
+ROWS_FN(q5_rows, SERVD_Q5_0, rows_q5_0)
+ROWS_FN(q5_rows, SERVD_Q5_1, rows_q5_1)
 
 void servd__mm_q5_avx2(const servd__mm *p, int64_t j0, int64_t j1) {
-  void (*fn)(const servd__mm *, const char *, int64_t, float *, int) = p->wt == SERVD_Q5_0 ? rows_q5_0 : rows_q5_1;
-  float res[RQ];
-  for (int64_t j = j0; j < j1; j++) {
-    const char *w = p->w + j * p->ldw;
-    for (int64_t i = 0; i < p->m; i += RQ) {
-      const int R = p->m - i < RQ ? (int)(p->m - i) : RQ;
-      fn(p, w, i, res, R);
-      for (int r = 0; r < R; r++) ((float *)(p->out + (i + r) * p->ldo))[j] = res[r];
-    }
-  }
+  rows_fn fn = p->wt == SERVD_Q5_0 ? rows_q5_0 : rows_q5_1;
+  mm_rows(p, j0, j1, fn);
 }
