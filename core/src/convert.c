@@ -59,6 +59,40 @@ uint16_t servd_f32_to_bf16(float f) {
  * whose conversion C leaves undefined, become 0: garbage in, but no undefined behaviour. */
 static inline int to_int(float v) { return v > -256.0f && v < 256.0f ? (int)v : 0; }
 
+/* The element of largest magnitude in a block (the first of equals), sign kept: q4_0's and q5_0's
+ * scale. */
+static float signed_absmax(const float *x) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < SERVD_QK; j++) {
+    if (amax < fabsf(x[j])) {
+      amax = fabsf(x[j]);
+      max = x[j];
+    }
+  }
+  return max;
+}
+
+/* The range of a block: q4_1's and q5_1's grid. */
+static void min_max(const float *x, float *min, float *max) {
+  *min = INFINITY;
+  *max = -INFINITY;
+  for (int j = 0; j < SERVD_QK; j++) {
+    if (x[j] < *min) *min = x[j];
+    if (x[j] > *max) *max = x[j];
+  }
+}
+
+/* Elements j and j + 16 (0..31) of a q5 block: low nibbles in qs[j], bit 4 in bits j and j + 16 of
+ * *qh. */
+static void pack_q5(uint8_t *qs, uint32_t *qh, int j, uint8_t qa, uint8_t qb) {
+  qs[j] = (uint8_t)((qa & 0xF) | (qb & 0xF) << 4);
+  *qh |= (uint32_t)(qa >> 4) << j | (uint32_t)(qb >> 4) << (j + SERVD_QK / 2);
+}
+
+static void store_qh(uint8_t *dst, uint32_t qh) {
+  for (int k = 0; k < 4; k++) dst[k] = (uint8_t)(qh >> (8 * k));
+}
+
 static void quantize_q8_0(const float *x, servd_block_q8_0 *y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     float amax = 0.0f;
@@ -72,13 +106,7 @@ static void quantize_q8_0(const float *x, servd_block_q8_0 *y, int64_t nb) {
 
 static void quantize_q4_0(const float *x, servd_block_q4_0 *y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < SERVD_QK; j++) {
-      if (amax < fabsf(x[j])) {
-        amax = fabsf(x[j]);
-        max = x[j];
-      }
-    }
+    const float max = signed_absmax(x);
     const float d = max / -8.0f;
     const float id = d ? 1.0f / d : 0.0f;
     y[i].d = servd_f32_to_f16(d);
@@ -92,11 +120,8 @@ static void quantize_q4_0(const float *x, servd_block_q4_0 *y, int64_t nb) {
 
 static void quantize_q4_1(const float *x, servd_block_q4_1 *y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
-    float min = INFINITY, max = -INFINITY;
-    for (int j = 0; j < SERVD_QK; j++) {
-      if (x[j] < min) min = x[j];
-      if (x[j] > max) max = x[j];
-    }
+    float min, max;
+    min_max(x, &min, &max);
     const float d = (max - min) / 15.0f;
     const float id = d ? 1.0f / d : 0.0f;
     y[i].d = servd_f32_to_f16(d);
@@ -113,13 +138,7 @@ static void quantize_q4_1(const float *x, servd_block_q4_1 *y, int64_t nb) {
 /* q5_0 / q5_1: as q4_0 / q4_1 on 32 levels, bit 4 of element j in bit j of qh. */
 static void quantize_q5_0(const float *x, servd_block_q5_0 *y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < SERVD_QK; j++) {
-      if (amax < fabsf(x[j])) {
-        amax = fabsf(x[j]);
-        max = x[j];
-      }
-    }
+    const float max = signed_absmax(x);
     const float d = max / -16.0f;
     const float id = d ? 1.0f / d : 0.0f;
     y[i].d = servd_f32_to_f16(d);
@@ -127,20 +146,16 @@ static void quantize_q5_0(const float *x, servd_block_q5_0 *y, int64_t nb) {
     for (int j = 0; j < SERVD_QK / 2; j++) {
       const int8_t a = (int8_t)to_int(x[j] * id + 16.5f), b = (int8_t)to_int(x[j + SERVD_QK / 2] * id + 16.5f);
       const uint8_t qa = (uint8_t)(a < 31 ? a : 31), qb = (uint8_t)(b < 31 ? b : 31);
-      y[i].qs[j] = (uint8_t)((qa & 0xF) | (qb & 0xF) << 4);
-      qh |= (uint32_t)(qa >> 4) << j | (uint32_t)(qb >> 4) << (j + SERVD_QK / 2);
+      pack_q5(y[i].qs, &qh, j, qa, qb);
     }
-    for (int k = 0; k < 4; k++) y[i].qh[k] = (uint8_t)(qh >> (8 * k));
+    store_qh(y[i].qh, qh);
   }
 }
 
 static void quantize_q5_1(const float *x, servd_block_q5_1 *y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
-    float min = INFINITY, max = -INFINITY;
-    for (int j = 0; j < SERVD_QK; j++) {
-      if (x[j] < min) min = x[j];
-      if (x[j] > max) max = x[j];
-    }
+    float min, max;
+    min_max(x, &min, &max);
     const float d = (max - min) / 31.0f;
     const float id = d ? 1.0f / d : 0.0f;
     y[i].d = servd_f32_to_f16(d);
@@ -150,10 +165,9 @@ static void quantize_q5_1(const float *x, servd_block_q5_1 *y, int64_t nb) {
       /* ggml does not clamp here (the rounding cannot pass 31 for finite x); NaN/inf rows stay in range */
       const int a = to_int((x[j] - min) * id + 0.5f), b = to_int((x[j + SERVD_QK / 2] - min) * id + 0.5f);
       const uint8_t qa = (uint8_t)(a < 31 ? a : 31), qb = (uint8_t)(b < 31 ? b : 31);
-      y[i].qs[j] = (uint8_t)((qa & 0xF) | (qb & 0xF) << 4);
-      qh |= (uint32_t)(qa >> 4) << j | (uint32_t)(qb >> 4) << (j + SERVD_QK / 2);
+      pack_q5(y[i].qs, &qh, j, qa, qb);
     }
-    for (int k = 0; k < 4; k++) y[i].qh[k] = (uint8_t)(qh >> (8 * k));
+    store_qh(y[i].qh, qh);
   }
 }
 
@@ -161,39 +175,30 @@ static void quantize_q5_1(const float *x, servd_block_q5_1 *y, int64_t nb) {
  * rounding (ggml's quantize_row_q*_K_ref searches each sub-block's scale and min; ours does not, so
  * rows quantized here err a little more, but GGUF k-quant tensors arrive quantized and are kept). */
 
-static void dequant_q4_k(const servd_block_q4_k *b, float *y, int64_t nb) {
-  for (int64_t i = 0; i < nb; i++, b++) {
-    const float d = servd_f16_to_f32(b->d), dmin = servd_f16_to_f32(b->dmin);
-    for (int c = 0; c < 4; c++) {
-      uint8_t sc0, m0, sc1, m1;
-      servd_k4_scale_min(2 * c, b->scales, &sc0, &m0);
-      servd_k4_scale_min(2 * c + 1, b->scales, &sc1, &m1);
-      const float d0 = d * sc0, c0 = dmin * m0, d1 = d * sc1, c1 = dmin * m1;
-      for (int l = 0; l < 32; l++) {
-        y[64 * c + l] = d0 * (float)(b->qs[32 * c + l] & 0xF) - c0;
-        y[64 * c + 32 + l] = d1 * (float)(b->qs[32 * c + l] >> 4) - c1;
-      }
+/* q4_k and q5_k (qh NULL for q4_k): per sub-block pair c, its two 6-bit scales and mins applied to the
+ * low and high nibbles of qs[32c ..], bit 2c and 2c+1 of qh[l] the fifth bits. */
+static void dequant_k4(uint16_t dh, uint16_t dminh, const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
+                       float *y) {
+  const float d = servd_f16_to_f32(dh), dmin = servd_f16_to_f32(dminh);
+  for (int c = 0; c < 4; c++) {
+    uint8_t sc0, m0, sc1, m1;
+    servd_k4_scale_min(2 * c, scales, &sc0, &m0);
+    servd_k4_scale_min(2 * c + 1, scales, &sc1, &m1);
+    const float d0 = d * sc0, c0 = dmin * m0, d1 = d * sc1, c1 = dmin * m1;
+    for (int l = 0; l < 32; l++) {
+      const int h0 = qh ? (qh[l] >> (2 * c)) & 1 : 0, h1 = qh ? (qh[l] >> (2 * c + 1)) & 1 : 0;
+      y[64 * c + l] = d0 * (float)((qs[32 * c + l] & 0xF) | h0 << 4) - c0;
+      y[64 * c + 32 + l] = d1 * (float)((qs[32 * c + l] >> 4) | h1 << 4) - c1;
     }
-    y += SERVD_QK_K;
   }
 }
 
+static void dequant_q4_k(const servd_block_q4_k *b, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++, b++, y += SERVD_QK_K) dequant_k4(b->d, b->dmin, b->scales, b->qs, NULL, y);
+}
+
 static void dequant_q5_k(const servd_block_q5_k *b, float *y, int64_t nb) {
-  for (int64_t i = 0; i < nb; i++, b++) {
-    const float d = servd_f16_to_f32(b->d), dmin = servd_f16_to_f32(b->dmin);
-    for (int c = 0; c < 4; c++) {
-      uint8_t sc0, m0, sc1, m1;
-      servd_k4_scale_min(2 * c, b->scales, &sc0, &m0);
-      servd_k4_scale_min(2 * c + 1, b->scales, &sc1, &m1);
-      const float d0 = d * sc0, c0 = dmin * m0, d1 = d * sc1, c1 = dmin * m1;
-      for (int l = 0; l < 32; l++) {
-        const int h0 = (b->qh[l] >> (2 * c)) & 1, h1 = (b->qh[l] >> (2 * c + 1)) & 1;
-        y[64 * c + l] = d0 * (float)((b->qs[32 * c + l] & 0xF) | h0 << 4) - c0;
-        y[64 * c + 32 + l] = d1 * (float)((b->qs[32 * c + l] >> 4) | h1 << 4) - c1;
-      }
-    }
-    y += SERVD_QK_K;
-  }
+  for (int64_t i = 0; i < nb; i++, b++, y += SERVD_QK_K) dequant_k4(b->d, b->dmin, b->scales, b->qs, b->qh, y);
 }
 
 static void dequant_q6_k(const servd_block_q6_k *b, float *y, int64_t nb) {
