@@ -7,6 +7,7 @@
 #ifndef SERVD_MATMUL_IMPL_H
 #define SERVD_MATMUL_IMPL_H
 
+#include <math.h>
 #include <string.h>
 
 #include "cpu-impl.h"
@@ -63,6 +64,19 @@ static inline int servd__q8k_group_off(const servd__q8k *q, int g) {
   if (!q->perm) return 16 * g;
   const int j = g / 2, t = 2 * (j % 2) + g % 2;
   return 64 * t + 16 * (j / 2);
+}
+
+/* *amax = the largest |v[j]| of n values; false when one is NaN or infinite (the scalar quantizers then
+ * mark the block's outputs NaN rather than cast undefined values). */
+static inline bool servd__block_absmax(const float *v, int n, float *amax) {
+  float a = 0.0f;
+  bool finite = true;
+  for (int j = 0; j < n; j++) {
+    a = fmaxf(a, fabsf(v[j]));
+    finite &= isfinite(v[j]) != 0;
+  }
+  *amax = a;
+  return finite;
 }
 
 static inline bool servd__is_kquant(servd_dtype t) { return t == SERVD_Q4_K || t == SERVD_Q5_K || t == SERVD_Q6_K; }

@@ -19,13 +19,8 @@ void servd__quantize_q8k(const char *x, int64_t ldx, int64_t m, int64_t k, const
     int8_t *qs = q->qs + r * q->ldq;
     for (int64_t b = 0; b < q->nb; b++, xr += SERVD_QK_K, qs += SERVD_QK_K) {
       int16_t *bs = q->bsums + (r * q->nb + b) * 16;
-      float amax = 0.0f;
-      bool finite = true;
-      for (int j = 0; j < SERVD_QK_K; j++) {
-        amax = fmaxf(amax, fabsf(xr[j]));
-        finite &= isfinite(xr[j]) != 0;
-      }
-      if (!finite) { /* NaN/inf in x: the block's outputs become NaN, not undefined casts */
+      float amax;
+      if (!servd__block_absmax(xr, SERVD_QK_K, &amax)) {
         memset(qs, 0, SERVD_QK_K);
         memset(bs, 0, 16 * sizeof *bs);
         q->d[r * q->nb + b] = NAN;

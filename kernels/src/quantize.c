@@ -13,13 +13,8 @@ void servd__quantize_q8x(const char *x, int64_t ldx, int64_t m, int64_t k, const
     servd__q8x_clear_tail(q, r);
     for (int64_t b = 0; b < q->nb; b++) {
       const float *v = xr + b * SERVD_QK;
-      float amax = 0.0f;
-      bool finite = true;
-      for (int j = 0; j < SERVD_QK; j++) {
-        amax = fmaxf(amax, fabsf(v[j]));
-        finite &= isfinite(v[j]) != 0;
-      }
-      if (!finite) { /* NaN/inf in x: the block's outputs become NaN, not undefined casts */
+      float amax;
+      if (!servd__block_absmax(v, SERVD_QK, &amax)) {
         memset(qs + servd__q8x_off(q, b, 0), 0, 16);
         memset(qs + servd__q8x_off(q, b, 1), 0, 16);
         q->d[r * q->lds + b] = q->s[r * q->lds + b] = NAN;
