@@ -35,6 +35,15 @@ static int64_t *dims_of(json_t *t, size_t *n) {
   return d;
 }
 
+/* The fields that ModelInput and ModelOutput share, from a metadata tensor (name borrowed from t,
+ * dims malloc'd; a missing name keeps the default). */
+static void tensor_of(json_t *t, char **name, Inference__DataType *data_type, int64_t **dims, size_t *n_dims) {
+  const char *nm = json_string_value(json_object_get(t, "name"));
+  if (nm) *name = (char *)nm;
+  *data_type = type_of(json_string_value(json_object_get(t, "datatype")));
+  *dims = dims_of(t, n_dims);
+}
+
 void grpc_model_config(grpc_call *c, const uint8_t *msg, size_t len) {
   Inference__ModelConfigRequest *q = inference__model_config_request__unpack(NULL, len, msg);
   if (!q) {
@@ -60,23 +69,15 @@ void grpc_model_config(grpc_call *c, const uint8_t *msg, size_t len) {
     goto done;
   }
   for (size_t i = 0; i < ni; i++) {
-    json_t *t = json_array_get(ins, i);
     Inference__ModelInput init = INFERENCE__MODEL_INPUT__INIT;
     iv[i] = init;
-    const char *nm = json_string_value(json_object_get(t, "name"));
-    if (nm) iv[i].name = (char *)nm;
-    iv[i].data_type = type_of(json_string_value(json_object_get(t, "datatype")));
-    iv[i].dims = dims_of(t, &iv[i].n_dims);
+    tensor_of(json_array_get(ins, i), &iv[i].name, &iv[i].data_type, &iv[i].dims, &iv[i].n_dims);
     ip[i] = &iv[i];
   }
   for (size_t i = 0; i < no; i++) {
-    json_t *t = json_array_get(outs, i);
     Inference__ModelOutput init = INFERENCE__MODEL_OUTPUT__INIT;
     ov[i] = init;
-    const char *nm = json_string_value(json_object_get(t, "name"));
-    if (nm) ov[i].name = (char *)nm;
-    ov[i].data_type = type_of(json_string_value(json_object_get(t, "datatype")));
-    ov[i].dims = dims_of(t, &ov[i].n_dims);
+    tensor_of(json_array_get(outs, i), &ov[i].name, &ov[i].data_type, &ov[i].dims, &ov[i].n_dims);
     op[i] = &ov[i];
   }
   cfg.name = (char *)json_string_value(json_object_get(m, "name"));
