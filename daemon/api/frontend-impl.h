@@ -16,6 +16,8 @@ int api_kserve_predict(servd_api *a, api_model *am, servd_named_tensor *in, int 
 /* The metadata of am (a usable generic model): what its ops say, with "name" set and "versions" and
  * "platform" filled in when absent. The caller owns the result. */
 json_t *api_kserve_metadata(servd_api *a, api_model *am);
+/* 200 when am can answer now; else 404 (not loaded) or 503 (loading, unloading, draining) with msg. */
+int api_model_usable(servd_api *a, api_model *am, char *msg, size_t cap);
 /* Whether am can answer now; else answers r 404 (not loaded) or 503 (loading, unloading, draining). */
 bool api_kserve_usable(servd_api *a, servd_http_req *r, api_model *am);
 /* cb will not run; the prediction finishes (it cannot be stopped) and its result is dropped. */

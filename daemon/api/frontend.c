@@ -38,27 +38,11 @@ static api_model *find(servd_api *a, const char *name, const char *version, char
   return am;
 }
 
-/* As kserve.c's api_kserve_usable: 200, or 404 / 503 with msg. */
-static int usable(servd_api *a, api_model *am, char *msg, size_t cap) {
-  if (am->state == M_UNAVAILABLE) {
-    snprintf(msg, cap, "model '%s' is not loaded%s%s", am->name, am->error[0] ? ": " : "", am->error);
-    return 404;
-  }
-  if (am->state != M_READY || a->draining) {
-    snprintf(msg, cap, "model '%s' is %s", am->name,
-             am->state == M_LOADING ? "loading"
-             : a->draining          ? "draining"
-                                    : "unloading");
-    return 503;
-  }
-  return 200;
-}
-
 int servd_api_model_status(servd_api *a, const char *name, const char *version, char *msg, size_t cap) {
   msg[0] = '\0';
   api_model *am = find(a, name, version, msg, cap);
   if (!am) return 404;
-  int st = usable(a, am, msg, cap);
+  int st = api_model_usable(a, am, msg, cap);
   if (st != 200) return st;
   if (!api_model_ready(a, am)) {
     snprintf(msg, cap, "model '%s' is not making progress", am->name);
@@ -75,7 +59,7 @@ json_t *servd_api_model_metadata(servd_api *a, const char *name, const char *ver
     *status = 404;
     return NULL;
   }
-  if ((*status = usable(a, am, msg, cap)) != 200) return NULL;
+  if ((*status = api_model_usable(a, am, msg, cap)) != 200) return NULL;
   return api_kserve_metadata(a, am);
 }
 
@@ -87,7 +71,7 @@ int servd_api_predict(servd_api *a, const char *model, const char *version, serv
   int st;
   api_model *am = find(a, model, version, msg, cap);
   if (!am) st = 404;
-  else if ((st = usable(a, am, msg, cap)) == 200 && a->ops->kind(am->m) != SERVD_MODEL_GENERIC) {
+  else if ((st = api_model_usable(a, am, msg, cap)) == 200 && a->ops->kind(am->m) != SERVD_MODEL_GENERIC) {
     snprintf(msg, cap, "model '%s' is a language model; use /v1/completions or /v1/chat/completions", am->name);
     st = 400;
   }

@@ -187,17 +187,8 @@ int servd_api_generate(servd_api *a, const char *model, const char *version, con
     snprintf(msg, cap, "model '%s' (version '%s') is not served here", model ? model : "", version ? version : "");
     return 404;
   }
-  if (am->state == M_UNAVAILABLE) {
-    snprintf(msg, cap, "model '%s' is not loaded%s%s", am->name, am->error[0] ? ": " : "", am->error);
-    return 404;
-  }
-  if (am->state != M_READY || a->draining) {
-    snprintf(msg, cap, "model '%s' is %s", am->name,
-             am->state == M_LOADING ? "loading"
-             : a->draining          ? "draining"
-                                    : "unloading");
-    return 503;
-  }
+  const int st = api_model_usable(a, am, msg, cap);
+  if (st != 200) return st;
   if (a->ops->kind(am->m) != SERVD_MODEL_CAUSAL_LM) {
     snprintf(msg, cap, "model '%s' is not a language model", am->name);
     return 400;

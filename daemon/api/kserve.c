@@ -26,19 +26,26 @@ void api_kserve_server_meta(servd_api *a, servd_http_req *r, const api_route_arg
                      "model_repository", "metrics", "binary_tensor_data", "statistics", "model_configuration"));
 }
 
-bool api_kserve_usable(servd_api *a, servd_http_req *r, api_model *am) {
+int api_model_usable(servd_api *a, api_model *am, char *msg, size_t cap) {
   if (am->state == M_UNAVAILABLE) {
-    api_kserve_error(r, 404, "model '%s' is not loaded%s%s", am->name, am->error[0] ? ": " : "", am->error);
-    return false;
+    snprintf(msg, cap, "model '%s' is not loaded%s%s", am->name, am->error[0] ? ": " : "", am->error);
+    return 404;
   }
   if (am->state != M_READY || a->draining) {
-    api_kserve_error(r, 503, "model '%s' is %s", am->name,
-                     am->state == M_LOADING ? "loading"
-                     : a->draining          ? "draining"
-                                            : "unloading");
-    return false;
+    snprintf(msg, cap, "model '%s' is %s", am->name,
+             am->state == M_LOADING ? "loading"
+             : a->draining          ? "draining"
+                                    : "unloading");
+    return 503;
   }
-  return true;
+  return 200;
+}
+
+bool api_kserve_usable(servd_api *a, servd_http_req *r, api_model *am) {
+  char msg[2048]; /* room for a whole error[]; api_kserve_error cuts the message as before */
+  const int st = api_model_usable(a, am, msg, sizeof msg);
+  if (st != 200) api_kserve_error(r, st, "%s", msg);
+  return st == 200;
 }
 
 json_t *api_kserve_metadata(servd_api *a, api_model *am) {
