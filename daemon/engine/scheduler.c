@@ -191,13 +191,22 @@ static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
   if (q->wants_logits) a->logit_rows[s->n_logit_rows++] = s->n_tokens - 1;
 }
 
-/* Prefill tokens a step carrying `decoders` decode rows may add within max_step_ns. Unbounded until
- * a prefill cost was measured (the first steps teach it); never under one block, so prefill always
- * progresses even when the decodes alone fill the target. */
+/* Estimated cost of `rows` decode rows in one step. Before a decode-only step was seen, a row is
+ * taken to cost what a prefill token does (in a batched forward both are one token's row). */
+static double decodes_estimate(const servd_scheduler *s, int rows) {
+  if (s->cost.decode_row_ns <= 0) return s->cost.prefill_token_ns * rows;
+  return s->cost.decode_step_ns + s->cost.decode_row_ns * rows;
+}
+
+/* Prefill tokens a step carrying `decoders` decode rows may add: what fits the step's target after
+ * the decodes' estimate, the target being max_step_ns or SCHED_STEP_STRETCH x that estimate. Unbounded
+ * until a prefill cost was measured (the first steps teach it); never under one block. */
 static int prefill_cap(const servd_scheduler *s, int decoders) {
   if (!s->cfg.max_step_ns || decoders == 0 || s->cost.prefill_token_ns <= 0) return INT32_MAX;
-  double left = (double)s->cfg.max_step_ns - s->cost.decode_row_ns * decoders;
-  double n = left / s->cost.prefill_token_ns;
+  double decodes = decodes_estimate(s, decoders);
+  double target = (double)s->cfg.max_step_ns;
+  if (target < SCHED_STEP_STRETCH * decodes) target = SCHED_STEP_STRETCH * decodes;
+  double n = (target - decodes) / s->cost.prefill_token_ns;
   if (n < s->block_size) return s->block_size;
   return n > INT32_MAX ? INT32_MAX : (int)n;
 }
@@ -355,17 +364,51 @@ void sched_commit(servd_scheduler *s) {
 
 static void ewma(double *avg, double x) { *avg = *avg > 0 ? *avg + COST_ALPHA * (x - *avg) : x; }
 
+/* Decode-only steps: a fixed cost plus one per row, fitted over the last few steps. A cost per row
+ * alone, learned while 4 streams decoded (7.9 ms a row on the default model), charged 27 rows about
+ * twice what they took (the fixed cost counted 27 times), and stretched steps ran twice too long. */
+static void fit_decodes(sched_cost *c, int rows, double t) {
+  double x[5] = {1, rows, (double)rows * rows, t, rows * t}, *sum[5] = {&c->w, &c->r, &c->rr, &c->t, &c->rt};
+  double a = c->w > 0 ? COST_ALPHA : 1;
+  for (int i = 0; i < 5; i++) *sum[i] += a * (x[i] - *sum[i]);
+  double mr = c->r / c->w, mt = c->t / c->w, var = c->rr / c->w - mr * mr;
+  double slope = var >= 1 ? (c->rt / c->w - mr * mt) / var : 0, fixed = mt - slope * mr;
+  if (slope > 0 && fixed >= 0) {
+    c->decode_row_ns = slope;
+    c->decode_step_ns = fixed;
+  } else {
+    /* One row count seen: through the origin. Exact at that count, too high above it: prefill then
+     * gets more time, never less. (A prefill token's slope instead ran steps past the bound where a
+     * row costs more than a token.) */
+    c->decode_row_ns = c->t / c->r;
+    c->decode_step_ns = 0;
+  }
+}
+
 void sched_observe(servd_scheduler *s, int64_t step_ns) {
   if (step_ns <= 0 || s->n_tokens == 0) return;
   double t = (double)step_ns;
   if (s->n_prefill_tokens == 0) {
-    ewma(&s->cost.decode_row_ns, t / s->n_decode_rows);
+    fit_decodes(&s->cost, s->n_decode_rows, t);
     return;
   }
   /* A mixed step: what its decode rows are estimated to cost is not the prefill's. Without a decode
-   * estimate yet the whole step counts, which overestimates prefill: smaller chunks, not stalls. */
-  double prefill = t - s->cost.decode_row_ns * s->n_decode_rows;
-  if (prefill < 0) prefill = 0;
+   * estimate yet (a burst of prompts has no decode-only step until all are in), the rows are what
+   * the step cost beyond its prefill estimate: charging the whole step to prefill made the prompts
+   * look ever costlier and pinned their chunks to one block. With neither, every row is a token. */
+  if (s->cost.decode_row_ns <= 0 && s->n_decode_rows > 0) {
+    if (s->cost.prefill_token_ns > 0) {
+      double rows = t - s->cost.prefill_token_ns * s->n_prefill_tokens;
+      if (rows > 0) ewma(&s->cost.decode_row_ns, rows / s->n_decode_rows);
+    } else {
+      ewma(&s->cost.prefill_token_ns, t / (s->n_decode_rows + s->n_prefill_tokens));
+    }
+    return;
+  }
+  /* A step faster than its decodes' estimate (made from steps of another size) says nothing of the
+   * prefill: pulling the estimate toward 0 let the next chunk run for seconds. */
+  double prefill = t - decodes_estimate(s, s->n_decode_rows);
+  if (prefill <= 0) return;
   ewma(&s->cost.prefill_token_ns, prefill / s->n_prefill_tokens);
 }
 

@@ -24,10 +24,12 @@
  *
  *  - Latency-bounded steps (cfg.max_step_ns): the scheduler learns an exponentially weighted cost
  *    per decode row and per prefill token from the steps the engine times (sched_observe). A step
- *    that carries decodes gets only the prefill tokens that fit the target next to its decodes, but
- *    at least one block's worth, so prefill always progresses; a step without decodes uses the whole
- *    budget (no inter-token latency is at stake). A decode then waits at most about one target for
- *    its next token instead of behind a max_batch_tokens prefill chunk.
+ *    that carries decodes gets only the prefill tokens that fit its target next to its decodes, but
+ *    at least one block's worth; the target is max_step_ns, or SCHED_STEP_STRETCH x the decodes'
+ *    estimate when that is longer, so prefill never gets less time than the decodes and prompts keep
+ *    their pace when decodes alone fill max_step_ns. A step without decodes uses the whole budget (no
+ *    inter-token latency is at stake). A decode then waits at most about max(target, STRETCH decode
+ *    steps) for its next token instead of behind a max_batch_tokens prefill chunk.
  *
  * Block ids come from one servd_kv_cache (the allocator); with tensor parallelism the other ranks'
  * caches use the same ids, so only the allocator cache hands out blocks.
@@ -84,10 +86,23 @@ typedef struct sched_config {
   int64_t max_step_ns;  /* target duration of a step that carries decodes; 0: no bound */
 } sched_config;
 
+/* How much longer than its decodes alone a step carrying decodes may run: its target is
+ * max(max_step_ns, SCHED_STEP_STRETCH x the decodes' estimate), so prefill gets at least
+ * (SCHED_STEP_STRETCH - 1) x the decodes' time and a decode's step grows at most that many times.
+ * With the target alone, 32 decoders of the default model on a 2-core host nearly filled 100 ms by
+ * themselves, prompts advanced one block per step and TTFT p50 rose 3.8x over the unbounded
+ * scheduler (4.8 s to 18.4 s). With 2, TTFT p50 measured 1.3-1.5x the unbounded one and ITL p99
+ * 2-3x shorter; 3 gave TTFT 1.0x but ITL p99/p50 6.1 (docs/performance.md, "Latency-bounded steps"). */
+#define SCHED_STEP_STRETCH 2.0
+
 /* What steps cost, learned from sched_observe (nanoseconds; 0 until a step of that kind was seen). */
 typedef struct sched_cost {
-  double decode_row_ns;     /* per decoding sequence, the step's fixed cost included */
+  double decode_row_ns;     /* per decoding sequence, beyond decode_step_ns */
+  double decode_step_ns;    /* a decode step's fixed cost, beyond its rows (0 until row counts varied) */
   double prefill_token_ns;  /* per prefill token, beyond the decode rows' estimate */
+  /* Exponentially weighted sums over decode-only steps (weight, rows, rows^2, time, rows x time): the
+   * least-squares line time = decode_step_ns + decode_row_ns x rows. */
+  double w, r, rr, t, rt;
 } sched_cost;
 
 typedef struct servd_scheduler {

@@ -305,7 +305,7 @@ static void test_step_bound_caps_prefill(void **state) {
   sched_remove(&f->s, b);
   sched_seq *a = add_seq(f, 0, 3);
   assert_int_equal(step(f), 3);
-  b = add_seq(f, 2, 100);
+  b = add_seq(f, 2, 250);
   /* a decodes: (100 - 10) / 2 = 45 prefill tokens fit the target, not the 63 the budget leaves. */
   assert_int_equal(sched_plan(&f->s), 1 + 45);
   assert_int_equal(f->s.prefill_cap, 45);
@@ -314,17 +314,58 @@ static void test_step_bound_caps_prefill(void **state) {
   assert_int_equal(f->s.n_prefill_tokens, 45);
   sched_commit(&f->s);
   a->tokens[a->n_tokens++] = 7;
-  /* Decodes alone nearly fill the target: prefill still progresses by one block. */
-  f->s.cost.decode_row_ns = 99;
+  /* Decodes alone fill the target: it stretches to SCHED_STEP_STRETCH x their estimate, so prefill
+   * gets (STRETCH - 1) x 100 of time at 4 a token, not one block. */
+  f->s.cost = (sched_cost){.decode_row_ns = 100, .prefill_token_ns = 4};
+  int cap = (int)((SCHED_STEP_STRETCH - 1) * 100 / 4);
+  assert_true(cap >= 25 && cap < 63);
+  assert_int_equal(sched_plan(&f->s), 1 + cap);
+  assert_int_equal(f->s.prefill_cap, cap);
+  assert_int_equal(b->chunk, cap);
+  sched_commit(&f->s);
+  a->tokens[a->n_tokens++] = 7;
+  /* Prefill so costly that not one block fits: it still progresses by one block, the oldest first. */
+  sched_seq *c = add_seq(f, 3, 100);
+  f->s.cost = (sched_cost){.decode_row_ns = 10, .prefill_token_ns = 50};
   assert_int_equal(sched_plan(&f->s), 1 + 4);
+  assert_int_equal(f->s.prefill_cap, 4);
   assert_int_equal(b->chunk, 4);
+  assert_int_equal(c->chunk, 0);
   sched_commit(&f->s);
   a->tokens[a->n_tokens++] = 7;
   /* No target: the budget only. */
   f->s.cfg.max_step_ns = 0;
-  assert_int_equal(sched_plan(&f->s), 1 + 51);
+  assert_int_equal(sched_plan(&f->s), 1 + 63);
   sched_commit(&f->s);
   teardown_fx(f);
+}
+
+/* The rule over a grid of decode counts and costs (a prefill token costs 20): the prefill share is
+ * never below the decodes' estimate (to one token), and the step's estimate stays within
+ * max(target, SCHED_STEP_STRETCH x the decodes), or within the one-block floor when prefill is
+ * that short. */
+static void test_step_bound_prefill_share(void **state) {
+  (void)state;
+  const double tok = 20, target = 1000;
+  for (int decoders = 1; decoders <= 6; decoders++) {
+    fixture *f = setup_fx(4, 128, 256, 8);
+    f->s.cfg.max_step_ns = (int64_t)target;
+    for (int i = 0; i < decoders; i++) add_seq(f, i, 3);
+    step(f);
+    sched_seq *p = add_seq(f, 7, 250);
+    for (int row = 1; row <= 400; row += 13) {
+      f->s.cost = (sched_cost){.decode_row_ns = row, .prefill_token_ns = tok};
+      int n = sched_plan(&f->s);
+      assert_int_equal(n, decoders + p->chunk);
+      assert_int_equal(f->s.n_decode_rows, decoders);
+      double decodes = (double)row * decoders, prefill = tok * p->chunk;
+      double bound = target > SCHED_STEP_STRETCH * decodes ? target : SCHED_STEP_STRETCH * decodes;
+      assert_true(prefill + tok > decodes);
+      assert_true(p->chunk == 4 || decodes + prefill <= bound);
+      assert_true(decodes + prefill + tok > bound || p->chunk == 4);
+    }
+    teardown_fx(f);
+  }
 }
 
 static void test_observe_learns_costs(void **state) {
@@ -340,25 +381,37 @@ static void test_observe_learns_costs(void **state) {
   assert_true(f->s.cost.decode_row_ns == 20);
   step(f);
   sched_observe(&f->s, 60); /* 30 each: the average moves a fifth of the way */
-  assert_true(f->s.cost.decode_row_ns == 22);
+  assert_true(f->s.cost.decode_row_ns > 22 - 1e-9 && f->s.cost.decode_row_ns < 22 + 1e-9);
   add_seq(f, 2, 10);
   step(f); /* 2 decode rows (44 estimated) and 10 prefill tokens */
   sched_observe(&f->s, 44 + 10 * 50);
   assert_true(f->s.cost.prefill_token_ns == 100 + 0.2 * (50 - 100));
+  /* Decode-only steps of 4 and 32 rows costing 100 + 10 per row: the fixed cost is told apart, so
+   * 32 rows are not charged 32 times the 4-row step's fixed share (35 per row). */
+  f->s.n_prefill_tokens = 0;
+  for (int i = 0; i < 40; i++) {
+    int rows = i % 2 ? 32 : 4;
+    f->s.n_decode_rows = f->s.n_tokens = rows;
+    sched_observe(&f->s, 100 + 10 * rows);
+  }
+  assert_true(f->s.cost.decode_row_ns > 9.9 && f->s.cost.decode_row_ns < 10.1);
+  assert_true(f->s.cost.decode_step_ns > 99 && f->s.cost.decode_step_ns < 101);
+  f->s.n_planned = 0; /* the plan was overwritten: nothing to commit */
   teardown_fx(f);
 }
 
 /* Fake cost model: a step costs 1000 per decode row and 100 per prefill token. Four streams decode
  * while four long prompts arrive; the scheduler learns the costs from the steps it observes. Once it
- * has, no step carrying decodes exceeds the target beyond its one-block floor, prefill progresses in
- * every step that has any pending, and every request finishes. */
+ * has, no step carrying decodes exceeds max(target, SCHED_STEP_STRETCH x its decodes) beyond its
+ * one-block floor, prefill progresses in every step that has any pending, and every request
+ * finishes. */
 static void test_step_bound_simulation(void **state) {
   (void)state;
   fixture *f = setup_fx(4, 256, 256, 8);
   const int64_t target = 10000;
   f->s.cfg.max_step_ns = target;
   for (int i = 0; i < 4; i++) add_seq(f, i, 3);
-  int finished = 0, steps = 0, capped = 0;
+  int finished = 0, steps = 0, capped = 0, stretched = 0;
   bool done[8] = {false};
   while (finished < 8 && steps < 400) {
     if (steps == 3)
@@ -375,7 +428,12 @@ static void test_step_bound_simulation(void **state) {
     if (prefill_pending) assert_true(f->s.n_prefill_tokens > 0);
     if (learned && f->s.n_decode_rows > 0) {
       assert_true(f->s.n_prefill_tokens <= f->s.prefill_cap);
-      assert_true(t <= target || f->s.n_prefill_tokens <= 4);
+      /* The step stays within max(target, twice its decodes): a decode waits at most that long. */
+      int64_t decodes = 1000 * (int64_t)f->s.n_decode_rows;
+      int64_t bound = (int64_t)(SCHED_STEP_STRETCH * (double)decodes);
+      if (bound < target) bound = target;
+      assert_true(t <= bound || f->s.n_prefill_tokens <= 4);
+      if (SCHED_STEP_STRETCH * (double)decodes > (double)target) stretched++;
       if (f->s.n_prefill_tokens > 0 && f->s.n_prefill_tokens + f->s.n_decode_rows < 256) capped++;
     }
     sched_commit(&f->s);
@@ -393,8 +451,10 @@ static void test_step_bound_simulation(void **state) {
     }
   }
   assert_int_equal(finished, 8);
-  assert_true(capped > 0); /* the bound did act */
-  assert_true(f->s.cost.decode_row_ns == 1000);
+  assert_true(capped > 0);    /* the bound did act */
+  assert_true(stretched > 0); /* and so did the stretch: decodes past 1/STRETCH of the target */
+  assert_true(f->s.cost.decode_row_ns > 999 && f->s.cost.decode_row_ns < 1001);
+  assert_true(f->s.cost.decode_step_ns < 1);
   assert_true(f->s.cost.prefill_token_ns > 99 && f->s.cost.prefill_token_ns < 101);
   teardown_fx(f);
 }
@@ -407,7 +467,7 @@ int main(void) {
       cmocka_unit_test(test_remove_frees),         cmocka_unit_test(test_priority_order),
       cmocka_unit_test(test_priority_preempts_for_blocks), cmocka_unit_test(test_priority_preempts_worst_newest),
       cmocka_unit_test(test_step_bound_caps_prefill),      cmocka_unit_test(test_observe_learns_costs),
-      cmocka_unit_test(test_step_bound_simulation),
+      cmocka_unit_test(test_step_bound_prefill_share),    cmocka_unit_test(test_step_bound_simulation),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
