@@ -406,13 +406,21 @@ static int repository_load(servd_api *a, servd_http_req *r, const char *name) {
     }
     const servd_model_options *d = &a->o.model_defaults;
     a->ops->options_default(&am->opts);
+    // clang-format off: a list of macro uses, one a line
 #define OVERRIDE(f) \
   if (d->f > 0) am->opts.f = d->f;
     OVERRIDE(interpreters)
-    OVERRIDE(tp) OVERRIDE(max_queue) OVERRIDE(max_batch_tokens) OVERRIDE(max_seqs) OVERRIDE(kv_blocks)
-        OVERRIDE(block_size) OVERRIDE(max_batch_size) OVERRIDE(max_batch_delay_ms)
+    OVERRIDE(tp)
+    OVERRIDE(max_queue)
+    OVERRIDE(max_batch_tokens)
+    OVERRIDE(max_seqs)
+    OVERRIDE(kv_blocks)
+    OVERRIDE(block_size)
+    OVERRIDE(max_batch_size)
+    OVERRIDE(max_batch_delay_ms)
 #undef OVERRIDE
-            am->opts.path = NULL;
+    // clang-format on
+    am->opts.path = NULL;
     am->opts.name = am->name;
   }
   if (!am->path) {

@@ -7,8 +7,10 @@
 #include "servd/status.h"
 
 static void list_remove(sched_list *l, sched_seq *q) {
-  if (q->prev) q->prev->next = q->next; else l->head = q->next;
-  if (q->next) q->next->prev = q->prev; else l->tail = q->prev;
+  if (q->prev) q->prev->next = q->next;
+  else l->head = q->next;
+  if (q->next) q->next->prev = q->prev;
+  else l->tail = q->prev;
   q->prev = q->next = NULL;
   l->n--;
 }
@@ -16,7 +18,8 @@ static void list_remove(sched_list *l, sched_seq *q) {
 static void list_push_back(sched_list *l, sched_seq *q) {
   q->next = NULL;
   q->prev = l->tail;
-  if (l->tail) l->tail->next = q; else l->head = q;
+  if (l->tail) l->tail->next = q;
+  else l->head = q;
   l->tail = q;
   l->n++;
 }
@@ -33,7 +36,8 @@ static void list_insert_before(sched_list *l, sched_seq *at, sched_seq *q) {
   }
   q->next = at;
   q->prev = at->prev;
-  if (at->prev) at->prev->next = q; else l->head = q;
+  if (at->prev) at->prev->next = q;
+  else l->head = q;
   at->prev = q;
   l->n++;
 }
@@ -56,9 +60,10 @@ static void list_insert_running(sched_list *l, sched_seq *q) {
 int sched_init(servd_scheduler *s, const sched_config *cfg, servd_kv_cache *kv) {
   memset(s, 0, sizeof *s);
   if (!kv || cfg->max_batch_tokens < 1 || cfg->max_seqs < 1 || cfg->max_seq_len < 1)
-    return servd_fail(SERVD_EINVAL, "scheduler: max_batch_tokens=%d max_seqs=%d max_seq_len=%d: "
-                      "expected all >= 1 and a KV cache", cfg->max_batch_tokens, cfg->max_seqs,
-                      cfg->max_seq_len);
+    return servd_fail(SERVD_EINVAL,
+                      "scheduler: max_batch_tokens=%d max_seqs=%d max_seq_len=%d: "
+                      "expected all >= 1 and a KV cache",
+                      cfg->max_batch_tokens, cfg->max_seqs, cfg->max_seq_len);
   s->cfg = *cfg;
   s->kv = kv;
   s->block_size = servd_kv_cache_block_size(kv);
@@ -162,8 +167,7 @@ static bool prefix_pending(const servd_scheduler *s, const sched_seq *q, int hit
   int end = (hit + 1) * s->block_size;
   if (!s->pc.enabled || end > q->n_tokens - 1) return false;
   for (const sched_seq *r = s->running.head; r; r = r->next)
-    if (r->n_computed < end && r->n_tokens >= end &&
-        memcmp(r->tokens, q->tokens, (size_t)end * sizeof *q->tokens) == 0)
+    if (r->n_computed < end && r->n_tokens >= end && memcmp(r->tokens, q->tokens, (size_t)end * sizeof *q->tokens) == 0)
       return true;
   return false;
 }
@@ -357,7 +361,6 @@ void sched_commit(servd_scheduler *s) {
     q->chunk = 0;
   }
 }
-
 
 /* Weight of a new measurement in the running estimates: about the last five steps count. */
 #define COST_ALPHA 0.2

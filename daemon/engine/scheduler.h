@@ -55,11 +55,11 @@ typedef struct sched_seq {
   void *owner;
 
   /* Managed by the scheduler. */
-  int n_computed;     /* tokens whose K/V are in the cache */
-  int32_t *blocks;    /* block table, capacity max_blocks_per_seq (allocated by sched_seq_init) */
+  int n_computed;  /* tokens whose K/V are in the cache */
+  int32_t *blocks; /* block table, capacity max_blocks_per_seq (allocated by sched_seq_init) */
   int n_blocks;
-  uint64_t order;     /* arrival order (FCFS) */
-  int priority;       /* lower runs first; set by the caller before sched_add */
+  uint64_t order; /* arrival order (FCFS) */
+  int priority;   /* lower runs first; set by the caller before sched_add */
   sched_state state;
   int n_preempted;
   struct sched_seq *prev, *next;
@@ -68,8 +68,8 @@ typedef struct sched_seq {
   int n_cached;       /* tokens of the prompt found in the prefix cache at its first admission */
 
   /* Plan of the current step (valid after sched_plan). */
-  int chunk;          /* tokens computed this step */
-  bool wants_logits;  /* the chunk ends at the last token: the caller samples the next one */
+  int chunk;         /* tokens computed this step */
+  bool wants_logits; /* the chunk ends at the last token: the caller samples the next one */
 } sched_seq;
 
 typedef struct sched_list {
@@ -97,9 +97,9 @@ typedef struct sched_config {
 
 /* What steps cost, learned from sched_observe (nanoseconds; 0 until a step of that kind was seen). */
 typedef struct sched_cost {
-  double decode_row_ns;     /* per decoding sequence, beyond decode_step_ns */
-  double decode_step_ns;    /* a decode step's fixed cost, beyond its rows (0 until row counts varied) */
-  double prefill_token_ns;  /* per prefill token, beyond the decode rows' estimate */
+  double decode_row_ns;    /* per decoding sequence, beyond decode_step_ns */
+  double decode_step_ns;   /* a decode step's fixed cost, beyond its rows (0 until row counts varied) */
+  double prefill_token_ns; /* per prefill token, beyond the decode rows' estimate */
   /* Exponentially weighted sums over decode-only steps (weight, rows, rows^2, time, rows x time): the
    * least-squares line time = decode_step_ns + decode_row_ns x rows. */
   double w, r, rr, t, rt;
@@ -107,7 +107,7 @@ typedef struct sched_cost {
 
 typedef struct servd_scheduler {
   sched_config cfg;
-  servd_kv_cache *kv; /* allocator; borrowed */
+  servd_kv_cache *kv;    /* allocator; borrowed */
   servd_prefix_cache pc; /* every block goes through it (a plain allocator when disabled) */
   int block_size;
   int max_blocks_per_seq;
@@ -121,11 +121,11 @@ typedef struct servd_scheduler {
   int n_tokens;
   int n_logit_rows;
   servd_step_arrays step; /* the step's inputs: max_batch_tokens tokens, max_seqs sequences */
-  sched_seq **starved; /* sequences that can never fit the cache (max_seqs) */
+  sched_seq **starved;    /* sequences that can never fit the cache (max_seqs) */
   int n_starved;
-  int n_decode_rows;     /* of the plan: decoding sequences */
-  int n_prefill_tokens;  /* of the plan: tokens of prefilling (or recomputing) sequences */
-  int prefill_cap;       /* of the plan: prefill tokens allowed by max_step_ns (INT32_MAX: unbounded) */
+  int n_decode_rows;    /* of the plan: decoding sequences */
+  int n_prefill_tokens; /* of the plan: tokens of prefilling (or recomputing) sequences */
+  int prefill_cap;      /* of the plan: prefill tokens allowed by max_step_ns (INT32_MAX: unbounded) */
   sched_cost cost;
 } servd_scheduler;
 

@@ -461,13 +461,20 @@ static void test_step_bound_simulation(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_chunked_prefill),      cmocka_unit_test(test_decode_reserved_during_prefill),
-      cmocka_unit_test(test_fcfs_max_seqs),        cmocka_unit_test(test_no_overtaking),
-      cmocka_unit_test(test_preemption_recompute), cmocka_unit_test(test_starved),
-      cmocka_unit_test(test_remove_frees),         cmocka_unit_test(test_priority_order),
-      cmocka_unit_test(test_priority_preempts_for_blocks), cmocka_unit_test(test_priority_preempts_worst_newest),
-      cmocka_unit_test(test_step_bound_caps_prefill),      cmocka_unit_test(test_observe_learns_costs),
-      cmocka_unit_test(test_step_bound_prefill_share),    cmocka_unit_test(test_step_bound_simulation),
+      cmocka_unit_test(test_chunked_prefill),
+      cmocka_unit_test(test_decode_reserved_during_prefill),
+      cmocka_unit_test(test_fcfs_max_seqs),
+      cmocka_unit_test(test_no_overtaking),
+      cmocka_unit_test(test_preemption_recompute),
+      cmocka_unit_test(test_starved),
+      cmocka_unit_test(test_remove_frees),
+      cmocka_unit_test(test_priority_order),
+      cmocka_unit_test(test_priority_preempts_for_blocks),
+      cmocka_unit_test(test_priority_preempts_worst_newest),
+      cmocka_unit_test(test_step_bound_caps_prefill),
+      cmocka_unit_test(test_observe_learns_costs),
+      cmocka_unit_test(test_step_bound_prefill_share),
+      cmocka_unit_test(test_step_bound_simulation),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
