@@ -481,7 +481,7 @@ int servd_isolated_predict(servd_isolated *iso, const servd_named_tensor *inputs
   pthread_mutex_lock(&iso->send_mu);
   int rc = iso_send(sock, ISO_PREDICT, p.id, &head, sizeof head, inputs, n_inputs);
   pthread_mutex_unlock(&iso->send_mu);
-  char msg[1024] = "";
+  char msg[sizeof p.why] = "";
   if (rc) snprintf(msg, sizeof msg, "%s", servd_last_error());
 
   pthread_mutex_lock(&iso->mu);
