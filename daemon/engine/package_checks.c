@@ -8,6 +8,7 @@
 #include "engine/engine_impl.h"
 #include "engine/package_checks.h"
 #include "mpk/integrity.h"
+#include "mpk/package.h"
 #include "servd/clock.h"
 
 /* Set once at startup (servd_engine_set_package_checks), before any model loads. */
@@ -29,6 +30,9 @@ void servd__package_checks_default(servd_model_options *o) {
 int servd__model_check_package(servd_model *m, char *report, size_t report_len) {
   mpk_load_checks c = {.verify_weights = m->o.verify_weights, .trusted_keys = m->o.trusted_keys};
   int rc = mpk_load_check(m->pkg, &c, report, report_len);
+  /* The family's config and shape checks, as at pack time: a package whose tensors contradict its
+   * config is refused here, instead of loading and failing every request. */
+  if (!rc) rc = mpk_check_model(m->pkg);
   if (rc) return servd_fail(rc, "refusing the package: %s", servd_last_error());
   return 0;
 }
