@@ -25,6 +25,7 @@
  * sanitizers would report the NULL member access before the fault). */
 __attribute__((no_sanitize("address", "undefined"))) static void *faulter(void *arg) {
   volatile const char *field = (volatile const char *)((uintptr_t)arg + 0x1bd9);
+  pthread_setname_np(pthread_self(), "faulter"); /* by itself: named before it faults, whatever runs first */
   servd_crash_report_thread();
   return (void *)(intptr_t)*field;
 }
@@ -34,7 +35,6 @@ static void child(int out_fd) {
   servd_crash_report_install();
   pthread_t t;
   if (pthread_create(&t, NULL, faulter, NULL) != 0) _exit(3); /* arg: the NULL struct pointer */
-  pthread_setname_np(t, "faulter");
   pthread_join(t, NULL);
   _exit(4); /* not reached: the fault kills the process */
 }
