@@ -12,6 +12,7 @@
 
 #include "avx512-impl.h"
 #include "matmul-impl.h"
+#include "matmul_avx512vnni-impl.h"
 
 #define RQ 4
 #define NWMAX 4
@@ -102,27 +103,6 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
   }
 }
 
-typedef void (*tile_fn)(const servd__mm *p, int64_t i0, int64_t j);
-#define TILE(wt, R, NW, name) \
-  static void name(const servd__mm *p, int64_t i0, int64_t j) { tile(p, i0, j, R, NW, wt); }
-// clang-format off: a list of macro uses, one a line
-#define TILES(wt, sfx) \
-  TILE(wt, 1, 4, t1x4_##sfx) \
-  TILE(wt, 1, 2, t1x2_##sfx) \
-  TILE(wt, 1, 1, t1x1_##sfx) \
-  TILE(wt, 2, 2, t2x2_##sfx) \
-  TILE(wt, 2, 1, t2x1_##sfx) \
-  TILE(wt, 3, 2, t3x2_##sfx) \
-  TILE(wt, 3, 1, t3x1_##sfx) \
-  TILE(wt, 4, 2, t4x2_##sfx) \
-  TILE(wt, 4, 1, t4x1_##sfx) \
-  /* [R-1][0]: NW = 2 (4 when m == 1); [R-1][1]: NW = 1 */ \
-  static const tile_fn tiles_##sfx[RQ + 1][2] = {{t1x2_##sfx, t1x1_##sfx}, \
-                                                 {t2x2_##sfx, t2x1_##sfx}, \
-                                                 {t3x2_##sfx, t3x1_##sfx}, \
-                                                 {t4x2_##sfx, t4x1_##sfx}, \
-                                                 {t1x4_##sfx, t1x1_##sfx}};
-// clang-format on
 TILES(SERVD_Q5_0, q5_0)
 TILES(SERVD_Q5_1, q5_1)
 
