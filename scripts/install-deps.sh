@@ -9,7 +9,7 @@ pkgs=(
   clang libclang-rt-14-dev clang-format
   libuv1-dev libjansson-dev libarchive-dev libpcre2-dev libcmocka-dev libssl-dev
   libhttp-parser-dev libopenblas-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler
-  libpython3.11-dev python3 python3-jinja2 python3-numpy python3-venv python3-pip
+  libpython3.11-dev python3 python3-jinja2 python3-numpy python3-venv python3-pip python3-yaml
   prometheus curl gnuplot-nox linux-perf
 )
 
