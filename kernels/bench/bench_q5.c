@@ -12,6 +12,7 @@
 #include "servd/ops.h"
 #include "servd/threadpool.h"
 
+#include "bench-matmul.h"
 #include "bench-util.h"
 
 static servd_tensor *weight(servd_dtype dt, int n, int k) {
@@ -48,20 +49,9 @@ int main(int argc, char **argv) {
       double t[ND][64];
       const int calls = (int)(5e7 / ((double)n * k)) + 1;
       for (int r = 0; r < rounds && r < 64; r++) {
-        for (int d = 0; d < ND; d++) {
-          if (d == ND - 1) {
-            if (!avx2) {
-              t[d][r] = 0;
-              continue;
-            }
-            servd_cpu_force_isa(SERVD_ISA_AVX2);
-          }
-          servd_matmul(o, x, w[d]);
-          const double t0 = bench_now_s();
-          for (int c = 0; c < calls; c++) servd_matmul(o, x, w[d]);
-          t[d][r] = (bench_now_s() - t0) / calls;
-          if (d == ND - 1) servd_cpu_force_isa(SERVD_ISA_COUNT); /* back to the best */
-        }
+        double tr[ND];
+        bench_matmul_round(o, x, w, ND, avx2, calls, tr);
+        for (int d = 0; d < ND; d++) t[d][r] = tr[d];
       }
       double best[ND];
       for (int d = 0; d < ND; d++) {
