@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench and llama-server from the llama.cpp sources vendored in the
+# Builds llama.cpp's llama-bench, llama-server and llama-quantize from the llama.cpp sources vendored in the
 # llama-cpp-python sdist, so the benchmark suite can compare servd with it on the same machine.
 # Nothing here is committed: the sdist and the build live under .cache/llama-cpp/.
 #
@@ -11,7 +11,10 @@ cache="$root/.cache/llama-cpp"
 ver=${1:-}
 mkdir -p "$cache/sdist" "$cache/bin"
 
-if [ -x "$cache/bin/llama-server" ] && [ -x "$cache/bin/llama-bench" ]; then
+tools="llama-bench llama-server llama-quantize"
+have=1
+for b in $tools; do [ -x "$cache/bin/$b" ] || have=0; done
+if [ "$have" = 1 ]; then
   echo "$cache/bin"
   exit 0
 fi
@@ -37,8 +40,8 @@ jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S "$llama" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF
-cmake --build "$cache/build" --target llama-bench llama-server -j"$jobs"
-for b in llama-bench llama-server; do
+cmake --build "$cache/build" --target $tools -j"$jobs"
+for b in $tools; do
   f=$(find "$cache/build" -type f -name "$b" -perm -u+x | head -n 1)
   [ -n "$f" ] || { echo "build-llama-cpp: $b was not built" >&2; exit 1; }
   cp "$f" "$cache/bin/$b"
