@@ -36,6 +36,19 @@ typedef enum bench_count_mode {
   BENCH_COUNT_TOKENIZE = 1, /* after the run, POST the text to the server's /tokenize */
 } bench_count_mode;
 
+typedef enum bench_json_format {
+  BENCH_JSON_SERVD = 0, /* client/bench-result.schema.json */
+  BENCH_JSON_VLLM = 1,  /* the flat keys vLLM's benchmark_serving writes (mean_ttft_ms, p99_itl_ms, ...) */
+} bench_json_format;
+
+/* Service-level objectives for goodput (vLLM's --goodput): a request is good when it meets every
+ * objective that is set. Milliseconds; < 0: not set. */
+typedef struct bench_slo {
+  double ttft_ms, tpot_ms, e2el_ms;
+} bench_slo;
+
+#define BENCH_MAX_PERCENTILES 16
+
 typedef struct bench_config {
   /* target */
   char host[256];
@@ -58,7 +71,12 @@ typedef struct bench_config {
   int shared_prefix_len; /* random prompts: a shared prefix of about this many tokens first (0: none) */
   int prefixes;          /* distinct shared prefixes; request i uses prefix i % prefixes */
   int output_len;        /* max_tokens; 0 with a dataset: estimated from the reply */
-  const char *dataset;   /* ShareGPT JSONL or JSON array; NULL: random prompts */
+  /* multi-turn chat: conversations x turns requests; each turn resends the whole history (the
+   * shared prefix as a system prompt, then every user turn and answer) plus a new user turn */
+  int conversations; /* 0: single requests */
+  int turns;
+  double think_time_s; /* pause between a turn's answer and the next turn */
+  const char *dataset; /* ShareGPT JSONL or JSON array; NULL: random prompts */
   uint64_t seed;
   bool ignore_eos; /* send ignore_eos: true (and min_tokens unless no_min_tokens) */
   bool min_tokens;
@@ -73,7 +91,12 @@ typedef struct bench_config {
   const char *input_name;
   /* output */
   const char *json_path;
+  bench_json_format json_format;
   bool per_request; /* include every request in the JSON */
+  bool has_goodput;
+  bench_slo goodput;
+  double percentiles[BENCH_MAX_PERCENTILES]; /* --metric-percentiles, for the vLLM-format JSON */
+  int n_percentiles;
   bool quiet;
   int argc;
   char **argv;
@@ -93,9 +116,11 @@ typedef struct bench_record {
   long usage_completion_tokens; /* server's claim from a usage object; -1 when absent */
   float *itl_ms;                /* gaps between successive non-empty chunks; owned, capacity itl_cap */
   int n_itl, itl_cap;
-  char *text; /* generated text, kept only in tokenize mode; owned */
+  char *text; /* generated text, kept in tokenize mode and for multi-turn histories; owned */
   size_t text_len, text_cap;
-  long prompt_index; /* which prompt was sent */
+  long prompt_index; /* which prompt was sent (multi-turn: conversation x turns + turn) */
+  int conversation;  /* multi-turn: which conversation and turn; -1 otherwise */
+  int turn;
   char errmsg[128];
 } bench_record;
 
@@ -107,10 +132,17 @@ void bench_prompts_destroy(bench_prompts *p);
 /* Prompt text for request number idx (borrowed, valid until the next call), with its estimated
  * input tokens and max_tokens. */
 const char *bench_prompts_get(bench_prompts *p, uint64_t idx, int *in_tokens, int *out_tokens);
+/* n random words seeded by seed, malloc'ed (about n tokens). */
+char *bench_random_words(uint64_t seed, int n);
+/* The seed of shared prefix number k (request i takes k = i mod --prefixes). */
+uint64_t bench_prefix_seed(const bench_config *cfg, uint64_t k);
 long bench_prompts_count(const bench_prompts *p); /* dataset entries; 0 for random prompts */
 
 /* Request bodies. The caller frees the returned string with free(). NULL on failure. */
 char *bench_body_openai(const bench_config *cfg, const char *prompt, int max_tokens);
+struct json_t;
+/* A chat request with this messages array (borrowed). */
+char *bench_body_chat_messages(const bench_config *cfg, struct json_t *messages, int max_tokens);
 char *bench_body_kserve(const bench_config *cfg, uint64_t seed);
 char *bench_body_tokenize(const bench_config *cfg, const char *text, size_t len);
 
@@ -158,11 +190,36 @@ int bench_chunk_parse(const char *data, size_t len, bench_api api, bench_chunk *
 /* Summary statistics; percentiles interpolate linearly between order statistics (numpy's default). */
 typedef struct bench_summary {
   long count;
-  double mean, median, p90, p99, min, max, stddev;
+  double mean, median, p75, p90, p95, p99, min, max, stddev;
 } bench_summary;
 /* Sorts v in place. count 0 gives all zeros. */
 void bench_summarize(double *v, long n, bench_summary *out);
 double bench_percentile_sorted(const double *v, long n, double p);
+/* Whether a request with these figures meets every objective set in slo. */
+bool bench_slo_met(const bench_slo *slo, double ttft_ms, double tpot_ms, double e2e_ms);
+/* Parses "ttft:MS", "tpot:MS" or "e2el:MS" (several may be joined by commas or spaces) into slo.
+ * Returns 0, or -1 with the reason in err. */
+int bench_slo_parse(const char *s, bench_slo *slo, char *err, size_t err_len);
+
+/* Multi-turn conversations: the history one conversation has built so far. */
+typedef struct bench_conv {
+  int index;          /* conversation number: seeds its user turns and picks its shared prefix */
+  int next_turn;      /* turns asked so far */
+  char **answers;     /* the answer to each turn asked, as streamed ("" for a failed turn); owned */
+  int *answer_tokens; /* output tokens counted for each answer */
+  bool busy;          /* a turn is in flight or the conversation is thinking */
+} bench_conv;
+int bench_conv_init(bench_conv *c, const bench_config *cfg, int index);
+void bench_conv_free(bench_conv *c, const bench_config *cfg);
+/* The user message of turn `turn` of conversation `conv` (random words, a function of seed, conv and
+ * turn), malloc'ed; its tokens in *tokens. */
+char *bench_conv_user(const bench_config *cfg, int conv, int turn, int *tokens);
+/* The request body of the conversation's next turn: the whole history so far plus the new user turn
+ * (chat: a messages array; completions: a "User:/Assistant:" transcript). *in_tokens: the estimated
+ * prompt tokens. The caller frees the string. NULL on failure. */
+char *bench_body_turn(const bench_config *cfg, const bench_conv *c, int *in_tokens);
+/* Records the answer to the turn just asked (text may be NULL for a failed turn). */
+int bench_conv_answer(bench_conv *c, const char *text, size_t len, int tokens);
 
 /* The run and its results. */
 typedef struct bench_results {
@@ -174,6 +231,8 @@ typedef struct bench_results {
   long usage_output_tokens; /* sum of the server's claims; -1 when none reported */
   double requests_per_s, output_tokens_per_s, total_tokens_per_s;
   bench_summary ttft, tpot, itl, e2e;
+  long good;             /* completed requests that met every --goodput objective */
+  double goodput_per_s;  /* good / duration; 0 without --goodput */
   bench_record *records; /* measured requests, n_records; owned */
   long n_records;
   char started_at[32];
@@ -186,6 +245,17 @@ typedef struct bench_results {
 /* Runs the benchmark. Returns 0 when it ran (requests may have failed), -1 on setup failure. */
 int bench_run(const bench_config *cfg, bench_prompts *prompts, bench_results *res);
 void bench_results_free(bench_results *res);
+
+/* The samples of one figure over the successful records, in ms, unsorted (*out malloc'ed, freed by
+ * the caller even on failure). Returns their count, or -1 when out of memory. */
+typedef enum bench_metric {
+  BENCH_METRIC_TTFT,
+  BENCH_METRIC_TPOT,
+  BENCH_METRIC_ITL,
+  BENCH_METRIC_E2E,
+  BENCH_METRIC__COUNT
+} bench_metric;
+long bench_metric_samples(const bench_results *res, bench_metric m, double **out);
 
 void bench_report_table(const bench_config *cfg, const bench_results *res);
 /* Returns 0 or -1 (message printed). */

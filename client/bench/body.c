@@ -25,16 +25,17 @@ static char *dump(json_t *obj) {
   return s;
 }
 
-char *bench_body_openai(const bench_config *cfg, const char *prompt, int max_tokens) {
+/* A streaming request with `input` (a "prompt" string or a "messages" array) under `key`; steals
+ * input's reference. */
+static char *body_with(const bench_config *cfg, const char *key, json_t *input, int max_tokens) {
   json_t *o = json_object();
-  if (!o) return NULL;
-  if (cfg->model) json_object_set_new(o, "model", json_string(cfg->model));
-  if (cfg->api == BENCH_API_CHAT) {
-    json_t *msg = json_pack("{s:s, s:s}", "role", "user", "content", prompt);
-    json_object_set_new(o, "messages", json_pack("[o]", msg));
-  } else {
-    json_object_set_new(o, "prompt", json_string(prompt));
+  if (!o || !input) {
+    json_decref(o);
+    json_decref(input);
+    return NULL;
   }
+  if (cfg->model) json_object_set_new(o, "model", json_string(cfg->model));
+  json_object_set_new(o, key, input);
   json_object_set_new(o, "max_tokens", json_integer(max_tokens));
   json_object_set_new(o, "stream", json_true());
   if (cfg->include_usage) json_object_set_new(o, "stream_options", json_pack("{s:b}", "include_usage", 1));
@@ -50,6 +51,16 @@ char *bench_body_openai(const bench_config *cfg, const char *prompt, int max_tok
     return NULL;
   }
   return dump(o);
+}
+
+char *bench_body_openai(const bench_config *cfg, const char *prompt, int max_tokens) {
+  if (cfg->api == BENCH_API_CHAT)
+    return body_with(cfg, "messages", json_pack("[{s:s, s:s}]", "role", "user", "content", prompt), max_tokens);
+  return body_with(cfg, "prompt", json_string(prompt), max_tokens);
+}
+
+char *bench_body_chat_messages(const bench_config *cfg, json_t *messages, int max_tokens) {
+  return body_with(cfg, "messages", json_incref(messages), max_tokens);
 }
 
 /* llama.cpp's server reads "content" and "add_special"; vLLM and servd read "prompt" and

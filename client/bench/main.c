@@ -44,6 +44,12 @@ static void usage(FILE *f) {
              "  --extra-body JSON      object merged into every request body\n"
              "  --count-tokens MODE    chunks (default): one token per non-empty stream chunk;\n"
              "                         tokenize: count the streamed text and prompt with the server's /tokenize\n"
+             "multi-turn chat (completions, chat):\n"
+             "  --conversations N      N conversations of --turns turns each (N x T measured requests); every\n"
+             "                         turn resends the whole history: the shared prefix as system prompt,\n"
+             "                         each earlier user turn (--input-len tokens) and the answer streamed\n"
+             "  --turns T              turns per conversation (default 1)\n"
+             "  --think-time S         pause between an answer and the conversation's next turn (default 0)\n"
              "kserve:\n"
              "  --shape D1,D2,...      input tensor shape (default 1,16)\n"
              "  --datatype T           FP32 (default), FP64, FP16, INT8..INT64, UINT8..UINT64, BOOL, BYTES\n"
@@ -51,6 +57,11 @@ static void usage(FILE *f) {
              "output:\n"
              "  --json FILE            write results as JSON (schema: client/bench-result.schema.json)\n"
              "  --per-request          include every request (TTFT, ITL list, error) in the JSON\n"
+             "  --json-format F        servd (default) or vllm: the flat keys of vLLM's benchmark_serving\n"
+             "                         (mean_ttft_ms, p99_itl_ms, request_throughput, output_throughput, ...)\n"
+             "  --metric-percentiles L percentiles written as p<P>_*_ms in the vllm format (default 99)\n"
+             "  --goodput SLO...       goodput: requests/s of those meeting every objective, each ttft:MS,\n"
+             "                         tpot:MS or e2el:MS (\"--goodput ttft:500 tpot:50\", as vLLM's bench)\n"
              "  --quiet                no table on stdout\n"
              "Ctrl-C stops issuing and reports what finished; a second Ctrl-C abandons requests in flight.\n"
              "exit status: 0 when the run finished and at least one request succeeded, 1 when none did,\n"
@@ -155,6 +166,31 @@ bad:
   return -1;
 }
 
+/* "50,75,95,99": each in (0, 100]. */
+static int parse_percentiles(bench_config *cfg, const char *s) {
+  cfg->n_percentiles = 0;
+  const char *p = s;
+  while (*p) {
+    char *end;
+    errno = 0;
+    double v = strtod(p, &end);
+    if (errno || end == p || !(v > 0 && v <= 100) || cfg->n_percentiles == BENCH_MAX_PERCENTILES ||
+        (*end && *end != ',')) {
+      fprintf(stderr,
+              "servd-bench: --metric-percentiles expects up to %d numbers in (0, 100] like 50,90,99, got '%s'\n",
+              BENCH_MAX_PERCENTILES, s);
+      return -1;
+    }
+    cfg->percentiles[cfg->n_percentiles++] = v;
+    p = *end ? end + 1 : end;
+  }
+  if (cfg->n_percentiles == 0) {
+    fprintf(stderr, "servd-bench: --metric-percentiles is empty\n");
+    return -1;
+  }
+  return 0;
+}
+
 static bool known_datatype(const char *t) {
   static const char *const types[] = {"BOOL",  "UINT8", "UINT16", "UINT32", "UINT64", "INT8",  "INT16", "INT32",
                                       "INT64", "FP16",  "BF16",   "FP32",   "FP64",   "BYTES", NULL};
@@ -194,6 +230,12 @@ enum {
   OPT_DTYPE,
   OPT_INAME,
   OPT_JSON,
+  OPT_JSON_FORMAT,
+  OPT_PERCENTILES,
+  OPT_GOODPUT,
+  OPT_CONVS,
+  OPT_TURNS,
+  OPT_THINK,
   OPT_PERREQ,
   OPT_QUIET,
   OPT_HELP
@@ -231,6 +273,12 @@ static const struct option kOptions[] = {
     {"datatype", required_argument, 0, OPT_DTYPE},
     {"input-name", required_argument, 0, OPT_INAME},
     {"json", required_argument, 0, OPT_JSON},
+    {"json-format", required_argument, 0, OPT_JSON_FORMAT},
+    {"metric-percentiles", required_argument, 0, OPT_PERCENTILES},
+    {"goodput", required_argument, 0, OPT_GOODPUT},
+    {"conversations", required_argument, 0, OPT_CONVS},
+    {"turns", required_argument, 0, OPT_TURNS},
+    {"think-time", required_argument, 0, OPT_THINK},
     {"per-request", no_argument, 0, OPT_PERREQ},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"help", no_argument, 0, OPT_HELP},
@@ -387,6 +435,38 @@ static int parse_args(bench_config *cfg, int argc, char **argv) {
       break;
     case OPT_INAME: cfg->input_name = a; break;
     case OPT_JSON: cfg->json_path = a; break;
+    case OPT_JSON_FORMAT:
+      if (strcmp(a, "servd") == 0) cfg->json_format = BENCH_JSON_SERVD;
+      else if (strcmp(a, "vllm") == 0) cfg->json_format = BENCH_JSON_VLLM;
+      else {
+        fprintf(stderr, "servd-bench: --json-format expects servd or vllm, got '%s'\n", a);
+        return -1;
+      }
+      break;
+    case OPT_PERCENTILES:
+      if (parse_percentiles(cfg, a)) return -1;
+      break;
+    case OPT_GOODPUT: {
+      char err[160];
+      if (bench_slo_parse(a, &cfg->goodput, err, sizeof err)) {
+        fprintf(stderr, "servd-bench: --goodput: %s\n", err);
+        return -1;
+      }
+      cfg->has_goodput = true;
+      break;
+    }
+    case OPT_CONVS:
+      if (parse_long(opt, a, 1, &l) || l > 1000000) return -1;
+      cfg->conversations = (int)l;
+      break;
+    case OPT_TURNS:
+      if (parse_long(opt, a, 1, &l) || l > 10000) return -1;
+      cfg->turns = (int)l;
+      break;
+    case OPT_THINK:
+      if (parse_double(opt, a, 0, &d) || d > 86400) return -1;
+      cfg->think_time_s = d;
+      break;
     case OPT_PERREQ: cfg->per_request = true; break;
     case OPT_QUIET: cfg->quiet = true; break;
     case OPT_HELP:
@@ -394,9 +474,32 @@ static int parse_args(bench_config *cfg, int argc, char **argv) {
     default: usage(stderr); return -1;
     }
   }
-  if (optind < argc) {
-    fprintf(stderr, "servd-bench: unexpected argument '%s'\n", argv[optind]);
+  /* "--goodput ttft:500 tpot:50" as vLLM takes it: getopt leaves the later objectives as operands */
+  for (; optind < argc; optind++) {
+    char err[160];
+    if (!cfg->has_goodput || !strchr(argv[optind], ':') ||
+        bench_slo_parse(argv[optind], &cfg->goodput, err, sizeof err)) {
+      fprintf(stderr, "servd-bench: unexpected argument '%s'\n", argv[optind]);
+      return -1;
+    }
+  }
+  if (cfg->turns > 1 && cfg->conversations == 0) {
+    fprintf(stderr, "servd-bench: --turns goes with --conversations\n");
     return -1;
+  }
+  if (cfg->conversations > 0) {
+    if (cfg->api == BENCH_API_KSERVE || cfg->dataset || cfg->request_rate > 0 || cfg->duration_s > 0 ||
+        cfg->count_mode == BENCH_COUNT_TOKENIZE) {
+      fprintf(stderr, "servd-bench: --conversations runs at a --concurrency with random prompts; it does "
+                      "not go with --api kserve, --dataset, --request-rate, --duration or --count-tokens "
+                      "tokenize\n");
+      return -1;
+    }
+    if (cfg->num_requests > 0) {
+      fprintf(stderr, "servd-bench: --conversations N --turns T makes N x T requests; leave out --num-requests\n");
+      return -1;
+    }
+    cfg->num_requests = (long)cfg->conversations * cfg->turns;
   }
   if (url_set && (host_set || port_set)) {
     fprintf(stderr, "servd-bench: give either --url or --host/--port\n");
@@ -454,6 +557,10 @@ int main(int argc, char **argv) {
   cfg.ndim = 2;
   cfg.datatype = "FP32";
   cfg.input_name = "input";
+  cfg.turns = 1;
+  cfg.goodput = (bench_slo){-1, -1, -1};
+  cfg.percentiles[0] = 99;
+  cfg.n_percentiles = 1;
   const char *env_key = getenv("SERVD_BENCH_API_KEY");
   if (env_key && *env_key) cfg.api_key = env_key;
   if (parse_args(&cfg, argc, argv)) return 2;

@@ -194,6 +194,32 @@ void bench_prompts_destroy(bench_prompts *p) {
 
 long bench_prompts_count(const bench_prompts *p) { return p->n; }
 
+/* Appends n seeded random words to buf at len (a space before each but a leading one); returns the
+ * new length. buf has room for 12 bytes a word (the longest is 9 bytes plus a space). */
+static size_t put_words(char *buf, size_t len, uint64_t seed, int n) {
+  bench_rng r;
+  bench_rng_seed(&r, seed);
+  for (int i = 0; i < n; i++) {
+    const char *w = kWords[bench_rng_next(&r) % N_WORDS];
+    size_t wl = strlen(w);
+    if (len) buf[len++] = ' ';
+    memcpy(buf + len, w, wl);
+    len += wl;
+  }
+  buf[len] = '\0';
+  return len;
+}
+
+char *bench_random_words(uint64_t seed, int n) {
+  char *buf = malloc((size_t)(n > 0 ? n : 0) * 12 + 1);
+  if (buf) put_words(buf, 0, seed, n);
+  return buf;
+}
+
+uint64_t bench_prefix_seed(const bench_config *cfg, uint64_t k) {
+  return bench_mix(bench_mix(cfg->seed, 0x9f3e1c5ULL), k);
+}
+
 const char *bench_prompts_get(bench_prompts *p, uint64_t idx, int *in_tokens, int *out_tokens) {
   if (p->n > 0) {
     entry *e = &p->entries[idx % (uint64_t)p->n];
@@ -210,29 +236,14 @@ const char *bench_prompts_get(bench_prompts *p, uint64_t idx, int *in_tokens, in
     p->buf = b;
     p->cap = need;
   }
-  bench_rng r;
   size_t len = 0;
   /* The shared prefix: a function of (seed, prefix number) only, so requests that draw the same
    * number send the same words; the own part after it is a function of (seed, idx). */
   if (np > 0) {
     uint64_t k = idx % (uint64_t)(p->cfg->prefixes > 0 ? p->cfg->prefixes : 1);
-    bench_rng_seed(&r, bench_mix(bench_mix(p->cfg->seed, 0x9f3e1c5ULL), k));
-    for (int i = 0; i < np; i++) {
-      const char *w = kWords[bench_rng_next(&r) % N_WORDS];
-      size_t wl = strlen(w);
-      if (i) p->buf[len++] = ' ';
-      memcpy(p->buf + len, w, wl);
-      len += wl;
-    }
+    len = put_words(p->buf, len, bench_prefix_seed(p->cfg, k), np);
   }
-  bench_rng_seed(&r, bench_mix(p->cfg->seed, idx));
-  for (int i = 0; i < n; i++) {
-    const char *w = kWords[bench_rng_next(&r) % N_WORDS];
-    size_t wl = strlen(w);
-    if (len) p->buf[len++] = ' ';
-    memcpy(p->buf + len, w, wl);
-    len += wl;
-  }
+  len = put_words(p->buf, len, bench_mix(p->cfg->seed, idx), n);
   p->buf[len] = '\0';
   *in_tokens = np + n;
   *out_tokens = p->cfg->output_len > 0 ? p->cfg->output_len : 128;

@@ -2,6 +2,7 @@
  * docs/benchmarking.md). */
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
@@ -12,13 +13,24 @@ static const char *api_name(bench_api a) {
 
 static const char *count_name(bench_count_mode m) { return m == BENCH_COUNT_TOKENIZE ? "tokenize" : "chunks"; }
 
+/* "ttft<=500 ms, tpot<=50 ms" */
+static void slo_text(const bench_slo *g, char *buf, size_t cap) {
+  int n = 0;
+  buf[0] = '\0';
+  const char *names[3] = {"ttft", "tpot", "e2el"};
+  double v[3] = {g->ttft_ms, g->tpot_ms, g->e2el_ms};
+  for (int i = 0; i < 3; i++)
+    if (v[i] >= 0 && n >= 0 && (size_t)n < cap)
+      n += snprintf(buf + n, cap - (size_t)n, "%s%s<=%g ms", n ? ", " : "", names[i], v[i]);
+}
+
 static void row(const char *name, const bench_summary *s) {
   if (s->count == 0) {
-    printf("  %-6s %10s %10s %10s %10s %10s %8s\n", name, "-", "-", "-", "-", "-", "0");
+    printf("  %-6s %9s %9s %9s %9s %9s %9s %9s %7s\n", name, "-", "-", "-", "-", "-", "-", "-", "0");
     return;
   }
-  printf("  %-6s %10.2f %10.2f %10.2f %10.2f %10.2f %8ld\n", name, s->mean, s->median, s->p90, s->p99, s->max,
-         s->count);
+  printf("  %-6s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7ld\n", name, s->mean, s->median, s->p75, s->p90, s->p95,
+         s->p99, s->max, s->count);
 }
 
 void bench_report_table(const bench_config *cfg, const bench_results *res) {
@@ -34,11 +46,19 @@ void bench_report_table(const bench_config *cfg, const bench_results *res) {
   } else {
     printf("%-34s concurrency %d\n", "Load:", cfg->concurrency);
   }
+  if (cfg->conversations > 0)
+    printf("%-34s %d conversations x %d turns, think time %.3g s\n", "Multi-turn:", cfg->conversations, cfg->turns,
+           cfg->think_time_s);
   printf("%-34s %ld completed, %ld failed (%d warm-up excluded, %ld of them failed)\n", "Requests:", res->completed,
          res->failed, cfg->warmup, res->warmup_failed);
   if (res->interrupted) printf("%-34s %s\n", "Interrupted:", "yes, results cover what finished");
   printf("%-34s %.3f\n", "Duration (s):", res->duration_s);
   printf("%-34s %.3f\n", "Request throughput (req/s):", res->requests_per_s);
+  if (cfg->has_goodput) {
+    char slo[96];
+    slo_text(&cfg->goodput, slo, sizeof slo);
+    printf("%-34s %.3f (%ld requests met %s)\n", "Request goodput (req/s):", res->goodput_per_s, res->good, slo);
+  }
   if (llm) {
     printf("%-34s %ld (%s)\n", "Input tokens:", res->input_tokens,
            res->counted_by == BENCH_COUNT_TOKENIZE ? "counted by /tokenize"
@@ -53,7 +73,7 @@ void bench_report_table(const bench_config *cfg, const bench_results *res) {
     printf("%-34s %.2f\n", "Total token throughput (tok/s):", res->total_tokens_per_s);
   }
   printf("---------------------- latency (ms) ----------------\n");
-  printf("  %-6s %10s %10s %10s %10s %10s %8s\n", "", "mean", "median", "p90", "p99", "max", "n");
+  printf("  %-6s %9s %9s %9s %9s %9s %9s %9s %7s\n", "", "mean", "median", "p75", "p90", "p95", "p99", "max", "n");
   if (llm) {
     row("TTFT", &res->ttft);
     row("TPOT", &res->tpot);
@@ -77,12 +97,20 @@ void bench_report_table(const bench_config *cfg, const bench_results *res) {
 }
 
 static json_t *summary_json(const bench_summary *s) {
-  return json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "count", (json_int_t)s->count, "mean", s->mean, "median",
-                   s->median, "p90", s->p90, "p99", s->p99, "min", s->min, "max", s->max, "stddev", s->stddev);
+  return json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "count", (json_int_t)s->count, "mean", s->mean,
+                   "median", s->median, "p75", s->p75, "p90", s->p90, "p95", s->p95, "p99", s->p99, "min", s->min,
+                   "max", s->max, "stddev", s->stddev);
 }
 
 static json_t *nullable_int(long v) { return v >= 0 ? json_integer(v) : json_null(); }
 static json_t *nullable_str(const char *s) { return s ? json_string(s) : json_null(); }
+
+static json_t *nullable_ms(double v) { return v >= 0 ? json_real(v) : json_null(); }
+
+static json_t *slo_json(const bench_slo *g) {
+  return json_pack("{s:o, s:o, s:o}", "ttft_ms", nullable_ms(g->ttft_ms), "tpot_ms", nullable_ms(g->tpot_ms), "e2el_ms",
+                   nullable_ms(g->e2el_ms));
+}
 
 static json_t *config_json(const bench_config *cfg) {
   json_t *c = json_object();
@@ -122,7 +150,12 @@ static json_t *config_json(const bench_config *cfg) {
     json_object_set_new(c, "temperature", cfg->temperature >= 0 ? json_real(cfg->temperature) : json_null());
     json_object_set_new(c, "extra_body", nullable_str(cfg->extra_body));
     json_object_set_new(c, "count_tokens", json_string(count_name(cfg->count_mode)));
+    json_object_set_new(c, "multi_turn",
+                        cfg->conversations > 0 ? json_pack("{s:i, s:i, s:f}", "conversations", cfg->conversations,
+                                                           "turns", cfg->turns, "think_time_s", cfg->think_time_s)
+                                               : json_null());
   }
+  json_object_set_new(c, "goodput", cfg->has_goodput ? slo_json(&cfg->goodput) : json_null());
   return c;
 }
 
@@ -139,6 +172,10 @@ static json_t *request_json(const bench_config *cfg, const bench_record *rec) {
   json_object_set_new(o, "ttft_ms",
                       rec->t_first ? json_real((double)(rec->t_first - rec->t_start) / 1e6) : json_null());
   json_object_set_new(o, "input_tokens", json_integer(rec->in_tokens));
+  if (rec->conversation >= 0) {
+    json_object_set_new(o, "conversation", json_integer(rec->conversation));
+    json_object_set_new(o, "turn", json_integer(rec->turn));
+  }
   json_object_set_new(o, "output_tokens", json_integer(rec->out_tokens));
   json_object_set_new(o, "output_chunks", json_integer(rec->out_chunks));
   json_object_set_new(o, "usage_output_tokens", nullable_int(rec->usage_completion_tokens));
@@ -148,7 +185,83 @@ static json_t *request_json(const bench_config *cfg, const bench_record *rec) {
   return o;
 }
 
+/* vLLM's benchmark_serving result: flat keys, times in ms (per-request lists in seconds, as vLLM). */
+static json_t *vllm_json(const bench_config *cfg, const bench_results *res) {
+  json_t *o = json_object();
+  json_object_set_new(o, "date", json_string(res->started_at));
+  json_object_set_new(o, "backend", json_string(cfg->api == BENCH_API_CHAT ? "openai-chat" : "openai"));
+  json_object_set_new(o, "model_id", nullable_str(cfg->model));
+  json_object_set_new(o, "num_prompts", json_integer(cfg->num_requests > 0 ? cfg->num_requests : res->n_records));
+  json_object_set_new(o, "request_rate", cfg->request_rate > 0 ? json_real(cfg->request_rate) : json_string("inf"));
+  json_object_set_new(o, "max_concurrency",
+                      cfg->concurrency > 0       ? json_integer(cfg->concurrency)
+                      : cfg->max_concurrency > 0 ? json_integer(cfg->max_concurrency)
+                                                 : json_null());
+  json_object_set_new(o, "duration", json_real(res->duration_s));
+  json_object_set_new(o, "completed", json_integer(res->completed));
+  json_object_set_new(o, "failed", json_integer(res->failed));
+  json_object_set_new(o, "total_input_tokens", json_integer(res->input_tokens));
+  json_object_set_new(o, "total_output_tokens", json_integer(res->output_tokens));
+  json_object_set_new(o, "request_throughput", json_real(res->requests_per_s));
+  json_object_set_new(o, "request_goodput", cfg->has_goodput ? json_real(res->goodput_per_s) : json_null());
+  json_object_set_new(o, "output_throughput", json_real(res->output_tokens_per_s));
+  json_object_set_new(o, "total_token_throughput", json_real(res->total_tokens_per_s));
+  const struct {
+    const char *name;
+    const bench_summary *s;
+    bench_metric m;
+  } metrics[] = {{"ttft", &res->ttft, BENCH_METRIC_TTFT},
+                 {"tpot", &res->tpot, BENCH_METRIC_TPOT},
+                 {"itl", &res->itl, BENCH_METRIC_ITL},
+                 {"e2el", &res->e2e, BENCH_METRIC_E2E}};
+  for (size_t m = 0; m < sizeof metrics / sizeof metrics[0]; m++) {
+    const bench_summary *s = metrics[m].s;
+    double *v;
+    long n = bench_metric_samples(res, metrics[m].m, &v);
+    bench_summary sorted;
+    if (n > 0) bench_summarize(v, n, &sorted); /* sorts v */
+    char key[64];
+    snprintf(key, sizeof key, "mean_%s_ms", metrics[m].name);
+    json_object_set_new(o, key, json_real(s->mean));
+    snprintf(key, sizeof key, "median_%s_ms", metrics[m].name);
+    json_object_set_new(o, key, json_real(s->median));
+    snprintf(key, sizeof key, "std_%s_ms", metrics[m].name);
+    json_object_set_new(o, key, json_real(s->stddev));
+    for (int i = 0; i < cfg->n_percentiles; i++) {
+      /* vLLM names p99 "p99" and p99.9 "p99.9" (Python's str of the number) */
+      snprintf(key, sizeof key, "p%g_%s_ms", cfg->percentiles[i], metrics[m].name);
+      json_object_set_new(o, key, json_real(n > 0 ? bench_percentile_sorted(v, n, cfg->percentiles[i]) : 0));
+    }
+    free(v);
+  }
+  json_t *in = json_array(), *out = json_array(), *ttfts = json_array(), *itls = json_array(), *errs = json_array();
+  for (long i = 0; i < res->n_records; i++) {
+    const bench_record *rec = &res->records[i];
+    bool ok = rec->err == BENCH_OK;
+    json_array_append_new(in, json_integer(rec->in_tokens));
+    json_array_append_new(out, json_integer(ok ? rec->out_tokens : 0));
+    json_array_append_new(ttfts, json_real(ok && rec->t_first ? (double)(rec->t_first - rec->t_start) / 1e9 : 0));
+    json_t *gaps = json_array();
+    for (int k = 0; ok && k < rec->n_itl; k++) json_array_append_new(gaps, json_real(rec->itl_ms[k] / 1e3));
+    json_array_append_new(itls, gaps);
+    json_array_append_new(errs, json_string(ok ? "" : rec->errmsg));
+  }
+  json_object_set_new(o, "input_lens", in);
+  json_object_set_new(o, "output_lens", out);
+  json_object_set_new(o, "ttfts", ttfts);
+  json_object_set_new(o, "itls", itls);
+  json_object_set_new(o, "errors", errs);
+  return o;
+}
+
 int bench_report_json(const bench_config *cfg, const bench_results *res, const char *path) {
+  if (cfg->json_format == BENCH_JSON_VLLM) {
+    json_t *v = vllm_json(cfg, res);
+    int rc = json_dump_file(v, path, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
+    json_decref(v);
+    if (rc) fprintf(stderr, "servd-bench: cannot write --json %s\n", path);
+    return rc ? -1 : 0;
+  }
   json_t *root = json_object();
   json_object_set_new(root, "schema_version", json_integer(1));
   json_object_set_new(root, "tool", json_string("servd-bench"));
@@ -178,6 +291,10 @@ int bench_report_json(const bench_config *cfg, const bench_results *res, const c
   json_object_set_new(r, "warmup_requests", json_integer(cfg->warmup));
   json_object_set_new(r, "warmup_failed", json_integer(res->warmup_failed));
   json_object_set_new(r, "requests_per_s", json_real(res->requests_per_s));
+  json_object_set_new(r, "goodput",
+                      cfg->has_goodput ? json_pack("{s:I, s:f}", "good_requests", (json_int_t)res->good,
+                                                   "requests_per_s", res->goodput_per_s)
+                                       : json_null());
   if (llm) {
     json_object_set_new(r, "input_tokens", json_integer(res->input_tokens));
     json_object_set_new(r, "input_tokens_source",

@@ -63,6 +63,9 @@ struct worker {
   char fail_msg[128];
   uint64_t now;
   worker *next_idle;
+  bench_conv *conv; /* multi-turn: the conversation this worker carries on; NULL otherwise */
+  uv_timer_t think; /* multi-turn: the pause before the conversation's next turn */
+  bool thinking;
 };
 
 struct run {
@@ -90,6 +93,8 @@ struct run {
   uv_signal_t sigint; /* first Ctrl-C: stop issuing and report; second: abandon what is in flight */
   bool sig_active;
   int interrupts;
+  bench_conv *convs; /* multi-turn: every conversation, taken in order by free workers */
+  int next_conv;
 };
 
 static void dispatch(worker *w);
@@ -156,7 +161,8 @@ static int on_token(worker *w, const char *text, size_t len) {
   }
   rec->t_last = w->now;
   rec->out_chunks++;
-  if (w->r->cfg->count_mode == BENCH_COUNT_TOKENIZE &&
+  const bench_config *cfg = w->r->cfg;
+  if ((cfg->count_mode == BENCH_COUNT_TOKENIZE || cfg->conversations > 0) &&
       append(&rec->text, &rec->text_len, &rec->text_cap, text, len, MAX_BODY))
     return -1;
   return 0;
@@ -480,6 +486,7 @@ static void issue(worker *w, uint64_t idx) {
   rec->text_cap = text_cap;
   rec->usage_completion_tokens = -1;
   rec->prompt_index = (long)idx;
+  rec->conversation = rec->turn = -1;
   w->busy = true;
   w->status = 0;
   w->msg_complete = w->done_seen = w->retried = false;
@@ -504,9 +511,16 @@ static void issue(worker *w, uint64_t idx) {
     snprintf(path, sizeof path, "%s", cfg->endpoint);
   } else {
     int in = 0, out = 0;
-    const char *p = bench_prompts_get(r->prompts, idx, &in, &out);
+    if (w->conv) {
+      rec->conversation = w->conv->index;
+      rec->turn = w->conv->next_turn;
+      out = cfg->output_len;
+      body = bench_body_turn(cfg, w->conv, &in);
+    } else {
+      const char *p = bench_prompts_get(r->prompts, idx, &in, &out);
+      if (p) body = bench_body_openai(cfg, p, out);
+    }
     rec->in_tokens = in;
-    if (p) body = bench_body_openai(cfg, p, out);
     if (out + 8 > rec->itl_cap) { /* one allocation per request, none per token */
       float *q = realloc(rec->itl_ms, (size_t)(out + 8) * sizeof *q);
       if (q) {
@@ -572,6 +586,10 @@ static void finish(worker *w, int err, const char *msg) {
     if (err) r->res->warmup_failed++;
   } else if (r->ph == PH_MEASURE) {
     r->t_last_end = rec->t_end;
+    /* the answer joins the history the next turn resends; a failed turn leaves an empty one */
+    if (w->conv &&
+        bench_conv_answer(w->conv, err ? NULL : rec->text, err ? 0 : rec->text_len, err ? 0 : rec->out_tokens))
+      fprintf(stderr, "servd-bench: out of memory keeping a conversation\n");
     if (err && !r->res->first_error[0])
       snprintf(r->res->first_error, sizeof r->res->first_error, "%s: %s", bench_err_name(err), rec->errmsg);
     if (keep_record(r, rec)) fprintf(stderr, "servd-bench: out of memory keeping results\n");
@@ -604,6 +622,8 @@ static worker *worker_new(run *r) {
   w->r = r;
   uv_timer_init(&r->loop, &w->timer);
   w->timer.data = w;
+  uv_timer_init(&r->loop, &w->think);
+  w->think.data = w;
   bench_sse_init(&w->sse, MAX_SSE_LINE);
   r->workers[r->n_workers++] = w;
   return w;
@@ -661,12 +681,63 @@ static void start_tokenize(run *r, worker *w) {
   issue(w, 0);
 }
 
+/* Multi-turn: asks the worker's conversation its next turn. */
+static void start_turn(run *r, worker *w) {
+  w->kind = RK_STREAM;
+  r->issued++;
+  issue(w, (uint64_t)w->conv->index * (uint64_t)r->cfg->turns + (uint64_t)w->conv->next_turn);
+}
+
+static void conv_dispatch(worker *w);
+
+static void on_think(uv_timer_t *t) {
+  worker *w = t->data;
+  if (!w->thinking) return;
+  w->thinking = false;
+  if (w->r->interrupts) {
+    w->conv = NULL;
+    conv_dispatch(w);
+    return;
+  }
+  start_turn(w->r, w);
+}
+
+/* Multi-turn: the worker carries on with its conversation (after the think time) until its last
+ * turn, then takes the next conversation nobody has started. */
+static void conv_dispatch(worker *w) {
+  run *r = w->r;
+  const bench_config *cfg = r->cfg;
+  if (!r->interrupts) {
+    if (w->conv && w->conv->next_turn < cfg->turns) {
+      if (cfg->think_time_s > 0) {
+        w->thinking = true;
+        uv_timer_start(&w->think, on_think, (uint64_t)(cfg->think_time_s * 1000.0 + 0.5), 0);
+      } else {
+        start_turn(r, w);
+      }
+      return;
+    }
+    if (r->next_conv < cfg->conversations) {
+      w->conv = &r->convs[r->next_conv++];
+      start_turn(r, w);
+      return;
+    }
+  }
+  w->conv = NULL;
+  make_idle(w);
+  advance(r);
+}
+
 /* What a worker does next after finishing a request. */
 static void dispatch(worker *w) {
   run *r = w->r;
   switch (r->ph) {
   case PH_WARMUP:
   case PH_MEASURE:
+    if (r->ph == PH_MEASURE && r->cfg->conversations > 0) {
+      conv_dispatch(w);
+      return;
+    }
     if (r->ph == PH_MEASURE && r->cfg->request_rate > 0) {
       if (r->queued > 0) {
         r->queued--;
@@ -712,7 +783,7 @@ static void on_arrival(uv_timer_t *t) {
 
 static int busy_workers(run *r) {
   int n = 0;
-  for (int i = 0; i < r->n_workers; i++) n += r->workers[i]->busy;
+  for (int i = 0; i < r->n_workers; i++) n += r->workers[i]->busy || r->workers[i]->thinking;
   return n;
 }
 
@@ -725,6 +796,7 @@ static void close_all(run *r) {
     worker *w = r->workers[i];
     drop_conn(w);
     uv_close((uv_handle_t *)&w->timer, NULL);
+    uv_close((uv_handle_t *)&w->think, NULL);
   }
 }
 
@@ -779,6 +851,15 @@ static void begin_phase(run *r, phase ph) {
       r->next_arrival = r->t0;
       r->arrivals_done = false;
       on_arrival(&r->arrival);
+    } else if (cfg->conversations > 0) {
+      r->max_workers = cfg->concurrency;
+      for (int i = 0; i < cfg->concurrency && r->next_conv < cfg->conversations; i++) {
+        worker *w = take_worker(r);
+        if (!w) break;
+        w->conv = NULL;
+        conv_dispatch(w);
+      }
+      advance(r);
     } else {
       r->max_workers = cfg->concurrency;
       for (int i = 0; i < cfg->concurrency && more_to_issue(r); i++) {
@@ -824,29 +905,59 @@ static void on_sigint(uv_signal_t *h, int signum) {
     if (w->busy) {
       drop_conn(w);
       finish(w, BENCH_ERR_TIMEOUT, "abandoned");
+    } else if (w->thinking) {
+      uv_timer_stop(&w->think);
+      w->thinking = false;
+      w->conv = NULL;
+      make_idle(w);
     }
   }
+  advance(r);
 }
 
 /* ---- results ---- */
 
-static void compute(const bench_config *cfg, bench_results *res, bool tokenized) {
-  long n = res->n_records;
-  double *ttft = calloc((size_t)n + 1, sizeof *ttft);
-  double *tpot = calloc((size_t)n + 1, sizeof *tpot);
-  double *e2e = calloc((size_t)n + 1, sizeof *e2e);
-  long n_itl_all = 0;
-  for (long i = 0; i < n; i++)
-    if (res->records[i].err == BENCH_OK) n_itl_all += res->records[i].n_itl;
-  double *itl = calloc((size_t)n_itl_all + 1, sizeof *itl);
-  if (!ttft || !tpot || !e2e || !itl) {
-    fprintf(stderr, "servd-bench: out of memory computing statistics\n");
-    goto done;
+/* A successful request's figures in ms: TTFT (e2e when no token came), TPOT (0 under 2 tokens). */
+static void request_times(const bench_record *rec, double *ttft, double *tpot, double *e2e) {
+  *e2e = (double)(rec->t_end - rec->t_start) / 1e6;
+  *ttft = rec->t_first ? (double)(rec->t_first - rec->t_start) / 1e6 : *e2e;
+  *tpot = rec->out_tokens > 1 ? (*e2e - *ttft) / (double)(rec->out_tokens - 1) : 0;
+}
+
+long bench_metric_samples(const bench_results *res, bench_metric m, double **out) {
+  long cap = 0;
+  for (long i = 0; i < res->n_records; i++)
+    if (res->records[i].err == BENCH_OK) cap += m == BENCH_METRIC_ITL ? res->records[i].n_itl : 1;
+  double *v = calloc((size_t)cap + 1, sizeof *v);
+  *out = v;
+  if (!v) return -1;
+  long n = 0;
+  for (long i = 0; i < res->n_records; i++) {
+    const bench_record *rec = &res->records[i];
+    if (rec->err != BENCH_OK) continue;
+    double ttft, tpot, e2e;
+    request_times(rec, &ttft, &tpot, &e2e);
+    switch (m) {
+    case BENCH_METRIC_TTFT:
+      if (rec->t_first) v[n++] = ttft;
+      break;
+    case BENCH_METRIC_TPOT:
+      if (rec->t_first && rec->out_tokens > 1) v[n++] = tpot;
+      break;
+    case BENCH_METRIC_ITL:
+      for (int k = 0; k < rec->n_itl; k++) v[n++] = rec->itl_ms[k];
+      break;
+    case BENCH_METRIC_E2E: v[n++] = e2e; break;
+    case BENCH_METRIC__COUNT: break;
+    }
   }
-  long nt = 0, np = 0, ne = 0, ni = 0;
+  return n;
+}
+
+static void compute(const bench_config *cfg, bench_results *res, bool tokenized) {
   bool any_usage = false;
   long usage = 0;
-  for (long i = 0; i < n; i++) {
+  for (long i = 0; i < res->n_records; i++) {
     bench_record *rec = &res->records[i];
     if (rec->err != BENCH_OK) {
       res->failed++;
@@ -863,14 +974,9 @@ static void compute(const bench_config *cfg, bench_results *res, bool tokenized)
       any_usage = true;
       usage += rec->usage_completion_tokens;
     }
-    double e = (double)(rec->t_end - rec->t_start) / 1e6;
-    e2e[ne++] = e;
-    if (rec->t_first) {
-      double t = (double)(rec->t_first - rec->t_start) / 1e6;
-      ttft[nt++] = t;
-      if (rec->out_tokens > 1) tpot[np++] = (e - t) / (double)(rec->out_tokens - 1);
-    }
-    for (int k = 0; k < rec->n_itl; k++) itl[ni++] = rec->itl_ms[k];
+    double ttft, tpot, e2e;
+    request_times(rec, &ttft, &tpot, &e2e);
+    if (cfg->has_goodput && bench_slo_met(&cfg->goodput, ttft, tpot, e2e)) res->good++;
   }
   res->usage_output_tokens = any_usage ? usage : -1;
   res->counted_by = tokenized ? BENCH_COUNT_TOKENIZE : BENCH_COUNT_CHUNKS;
@@ -878,16 +984,15 @@ static void compute(const bench_config *cfg, bench_results *res, bool tokenized)
   res->requests_per_s = (double)res->completed / d;
   res->output_tokens_per_s = (double)res->output_tokens / d;
   res->total_tokens_per_s = (double)(res->input_tokens + res->output_tokens) / d;
-  bench_summarize(ttft, nt, &res->ttft);
-  bench_summarize(tpot, np, &res->tpot);
-  bench_summarize(itl, ni, &res->itl);
-  bench_summarize(e2e, ne, &res->e2e);
-  (void)cfg;
-done:
-  free(ttft);
-  free(tpot);
-  free(e2e);
-  free(itl);
+  res->goodput_per_s = (double)res->good / d;
+  bench_summary *sums[BENCH_METRIC__COUNT] = {&res->ttft, &res->tpot, &res->itl, &res->e2e};
+  for (int m = 0; m < BENCH_METRIC__COUNT; m++) {
+    double *v;
+    long n = bench_metric_samples(res, (bench_metric)m, &v);
+    if (n < 0) fprintf(stderr, "servd-bench: out of memory computing statistics\n");
+    bench_summarize(v, n < 0 ? 0 : n, sums[m]);
+    free(v);
+  }
 }
 
 static int resolve(run *r) {
@@ -943,6 +1048,15 @@ int bench_run(const bench_config *cfg, bench_prompts *prompts, bench_results *re
   r->sig_active = uv_signal_start(&r->sigint, on_sigint, SIGINT) == 0;
   if (!r->sig_active) uv_close((uv_handle_t *)&r->sigint, NULL);
   r->max_workers = cfg->concurrency > 0 ? cfg->concurrency : cfg->max_concurrency;
+  if (cfg->conversations > 0) {
+    r->convs = calloc((size_t)cfg->conversations, sizeof *r->convs);
+    if (!r->convs) goto fail;
+    for (int i = 0; i < cfg->conversations; i++)
+      if (bench_conv_init(&r->convs[i], cfg, i)) {
+        fprintf(stderr, "servd-bench: out of memory for %d conversations\n", cfg->conversations);
+        goto fail;
+      }
+  }
   begin_phase(r, PH_WARMUP);
   uv_run(&r->loop, UV_RUN_DEFAULT);
   res->interrupted = r->interrupts > 0;
@@ -973,6 +1087,9 @@ fail:
     free(w);
   }
   free(r->workers);
+  if (r->convs)
+    for (int i = 0; i < cfg->conversations; i++) bench_conv_free(&r->convs[i], cfg);
+  free(r->convs);
   free(r->kserve_body);
   uv_loop_close(&r->loop);
   free(r);

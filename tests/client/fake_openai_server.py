@@ -25,6 +25,9 @@ GET /stats also returns, for each complete stream, the times the server actually
 TTFT, the gaps between content chunks and its end-to-end time, measured from reading the request
 line. Sleeps overrun under load; these are the values a client must reproduce.
 
+GET /stats also lists every chat request's whole messages array ("messages"), so that a test can
+follow a multi-turn conversation's history.
+
 Also: POST /tokenize (whitespace-separated words are tokens), POST /v2/models/{m}/infer (checks the
 input tensor, waits --infer-ms), GET /v2/health/ready, GET /stats (requests, connections, prompts).
 
@@ -48,6 +51,7 @@ class State:
         self.requests = 0
         self.connections = 0
         self.prompts = []
+        self.messages = []  # chat: each request's whole messages array, in arrival order
         self.timings = []  # per finished stream: what the server actually did, in ms
 
     def record(self, t0, writes, t_end):
@@ -57,8 +61,10 @@ class State:
                 "gaps_ms": [(b - a) * 1e3 for a, b in zip(writes, writes[1:])],
                 "e2e_ms": (t_end - t0) * 1e3})
 
-    def next_fault(self, prompt):
+    def next_fault(self, prompt, messages=None):
         with self.lock:
+            if messages is not None:
+                self.messages.append(messages)
             fault = self.cycle[self.requests % len(self.cycle)]
             self.requests += 1
             self.prompts.append(prompt)
@@ -119,7 +125,8 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/stats":
             with st.lock:
                 self.send_json(200, {"requests": st.requests, "connections": st.connections,
-                                     "prompts": st.prompts, "timings": st.timings})
+                                     "prompts": st.prompts, "timings": st.timings,
+                                     "messages": st.messages})
         else:
             self.send_json(404, {"error": "not found"})
 
@@ -170,7 +177,7 @@ class Handler(BaseHTTPRequestHandler):
             prompt = body.get("messages", [{}])[0].get("content", "")
         else:
             prompt = body.get("prompt", "")
-        fault = st.next_fault(prompt)
+        fault = st.next_fault(prompt, body.get("messages") if chat else None)
         if fault in ("429", "500"):
             self.send_json(int(fault), {"error": {"message": "scripted " + fault}})
             return

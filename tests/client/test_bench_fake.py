@@ -31,6 +31,15 @@ BENCH = None
 SCHEMA = None
 
 
+def percentile(values, p):
+    """numpy.percentile's default (linear between the ranks around p/100 * (n - 1))."""
+    v = sorted(values)
+    rank = p / 100 * (len(v) - 1)
+    lo = int(rank)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (rank - lo)
+
+
 def within(value, expected, abs_tol, rel_tol):
     return abs(value - expected) <= max(abs_tol, rel_tol * expected)
 
@@ -221,6 +230,125 @@ class BenchTest(unittest.TestCase):
         self.assertEqual(len(heads), 2)  # request i takes prefix i mod 2
         self.assertEqual(len({" ".join(w[40:]) for w in words}), 6)  # own parts differ
 
+    def test_multi_turn_chat_resends_history(self):
+        convs, turns, n_in, n_prefix, n_out = 3, 4, 5, 6, 3
+        with FakeServer("--ttft-ms", "2", "--itl-ms", "1", "--tokens", str(n_out)) as srv:
+            doc, table = self.run_bench(srv.port, "--api", "chat", "--conversations", str(convs), "--turns",
+                                        str(turns), "--concurrency", "2", "--input-len", str(n_in),
+                                        "--shared-prefix-len", str(n_prefix), "--output-len", str(n_out),
+                                        "--seed", "5", "--per-request")
+            st = srv.stats()
+        self.assertIn("3 conversations x 4 turns", table)
+        self.assertEqual(doc["config"]["multi_turn"], {"conversations": convs, "turns": turns, "think_time_s": 0})
+        self.assertEqual(doc["results"]["completed"], convs * turns)
+        self.assertEqual(st["requests"], convs * turns)
+        answer = "tok " * n_out  # what the fake server streams, chunk by chunk
+        by_conv = {}
+        for pos, msgs in enumerate(st["messages"]):
+            self.assertEqual(msgs[0]["role"], "system")
+            self.assertEqual(len(msgs[0]["content"].split()), n_prefix)
+            by_conv.setdefault(msgs[1]["content"], []).append((pos, msgs))
+        self.assertEqual(len(by_conv), convs)
+        self.assertEqual(len({m[0]["content"] for m in st["messages"]}), 1)  # one shared system prompt
+        users = set()
+        for reqs in by_conv.values():
+            self.assertEqual(len(reqs), turns)
+            # turns go out one after another, each with the whole history so far
+            reqs.sort(key=lambda pm: len(pm[1]))
+            self.assertEqual([pm[0] for pm in reqs], sorted(pm[0] for pm in reqs))
+            prev = None
+            for k, (_, msgs) in enumerate(reqs):
+                self.assertEqual(len(msgs), 1 + 2 * k + 1)
+                self.assertEqual([m["role"] for m in msgs[1:]], ["user", "assistant"] * k + ["user"])
+                if prev is not None:
+                    self.assertEqual(msgs[:len(prev)], prev)
+                    self.assertEqual(msgs[len(prev)], {"role": "assistant", "content": answer})
+                self.assertEqual(len(msgs[-1]["content"].split()), n_in)
+                users.add(msgs[-1]["content"])
+                prev = msgs
+        self.assertEqual(len(users), convs * turns)  # every user turn is new
+        seen = sorted((q["conversation"], q["turn"]) for q in doc["requests"])
+        self.assertEqual(seen, [(c, t) for c in range(convs) for t in range(turns)])
+        for q in doc["requests"]:
+            # the history's estimate: system prompt, every user turn so far, every earlier answer
+            self.assertEqual(q["input_tokens"], n_prefix + n_in * (q["turn"] + 1) + n_out * q["turn"])
+            self.assertEqual(q["prompt_index"], q["conversation"] * turns + q["turn"])
+
+    def test_multi_turn_completions_and_think_time(self):
+        turns, think = 3, 0.25
+        with FakeServer("--ttft-ms", "2", "--itl-ms", "1", "--tokens", "2") as srv:
+            doc, _ = self.run_bench(srv.port, "--conversations", "1", "--turns", str(turns), "--input-len", "4",
+                                    "--output-len", "2", "--think-time", str(think), "--per-request")
+            prompts = srv.stats()["prompts"]
+        self.assertEqual(len(prompts), turns)
+        for prev, cur in zip(prompts, prompts[1:]):
+            # the transcript so far, the answer to its last turn, then a new user turn
+            self.assertTrue(cur.startswith(prev + "tok tok \nUser: "), (prev, cur))
+            self.assertTrue(cur.endswith("\nAssistant:"))
+        busy = sum(q["e2e_ms"] for q in doc["requests"]) / 1e3
+        # a think time between each answer and the next turn (sleeps only overrun)
+        self.assertGreaterEqual(doc["results"]["duration_s"], busy + (turns - 1) * think - 0.002)
+
+    def test_goodput_and_percentiles(self):
+        slo_ttft, slo_tpot = 10000.0, 10000.0
+        with FakeServer("--ttft-ms", "20", "--itl-ms", "5", "--tokens", "4", "--cycle", "ok,disconnect,ok") as srv:
+            doc, table = self.run_bench(srv.port, "--concurrency", "2", "--num-requests", "12",
+                                        "--goodput", "ttft:%g" % slo_ttft, "tpot:%g" % slo_tpot,
+                                        "--per-request", expect_rc=0)
+        r = doc["results"]
+        self.assertEqual(r["failed"], 4)
+        self.assertEqual(doc["config"]["goodput"], {"ttft_ms": slo_ttft, "tpot_ms": slo_tpot, "e2el_ms": None})
+        good = [q for q in doc["requests"] if q["ok"] and q["ttft_ms"] <= slo_ttft and
+                (q["e2e_ms"] - q["ttft_ms"]) / (q["output_tokens"] - 1) <= slo_tpot]
+        self.assertEqual(r["goodput"]["good_requests"], len(good))
+        self.assertEqual(len(good), 8)  # failed requests are never good
+        self.assertAlmostEqual(r["goodput"]["requests_per_s"], len(good) / r["duration_s"], places=6)
+        self.assertIn("Request goodput", table)
+        ok = [q for q in doc["requests"] if q["ok"]]
+        for name, values in (("ttft_ms", [q["ttft_ms"] for q in ok]),
+                             ("e2e_ms", [q["e2e_ms"] for q in ok]),
+                             ("itl_ms", [g for q in ok for g in q["itl_ms"]])):
+            for key, pct in (("median", 50), ("p75", 75), ("p90", 90), ("p95", 95), ("p99", 99)):
+                # per-request values are rounded to 10 significant digits in the JSON
+                self.assertAlmostEqual(r[name][key], percentile(values, pct), places=3, msg=name + " " + key)
+        # an objective no request meets: none is good
+        with FakeServer("--ttft-ms", "20", "--itl-ms", "1", "--tokens", "2") as srv:
+            doc, _ = self.run_bench(srv.port, "--num-requests", "3", "--goodput", "ttft:5,e2el:100000")
+        self.assertEqual(doc["results"]["goodput"]["good_requests"], 0)
+
+    def test_vllm_json_format(self):
+        with FakeServer("--ttft-ms", "15", "--itl-ms", "4", "--tokens", "5") as srv:
+            with tempfile.TemporaryDirectory() as d:
+                out = os.path.join(d, "v.json")
+                p = subprocess.run([BENCH, "--port", str(srv.port), "--json", out, "--json-format", "vllm",
+                                    "--concurrency", "3", "--num-requests", "9", "--output-len", "5",
+                                    "--input-len", "7", "--metric-percentiles", "50,75,95,99",
+                                    "--goodput", "ttft:100000", "--quiet"],
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                with open(out) as f:
+                    v = json.load(f)
+        for k in ("duration", "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
+                  "request_goodput", "output_throughput", "total_token_throughput", "input_lens", "output_lens",
+                  "ttfts", "itls", "errors", "max_concurrency"):
+            self.assertIn(k, v)
+        self.assertEqual(v["completed"], 9)
+        self.assertEqual(v["total_output_tokens"], 45)
+        self.assertEqual(v["input_lens"], [7] * 9)
+        self.assertAlmostEqual(v["request_throughput"], 9 / v["duration"], places=6)
+        self.assertAlmostEqual(v["output_throughput"], sum(v["output_lens"]) / v["duration"], places=6)
+        self.assertAlmostEqual(v["request_goodput"], 9 / v["duration"], places=6)
+        ttft = [t * 1e3 for t in v["ttfts"]]
+        itl = [g * 1e3 for gaps in v["itls"] for g in gaps]
+        for name, values in (("ttft", ttft), ("itl", itl)):
+            self.assertAlmostEqual(v["mean_%s_ms" % name], statistics.fmean(values), places=3)
+            self.assertAlmostEqual(v["median_%s_ms" % name], statistics.median(values), places=3)
+            self.assertAlmostEqual(v["std_%s_ms" % name], statistics.pstdev(values), places=3)
+            for pct in (50, 75, 95, 99):
+                self.assertAlmostEqual(v["p%d_%s_ms" % (pct, name)], percentile(values, pct), places=3)
+        for k in ("mean_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p95_e2el_ms"):
+            self.assertIn(k, v)
+
     def test_duration_mode(self):
         with FakeServer("--ttft-ms", "20", "--itl-ms", "10", "--tokens", "4") as srv:
             doc, _ = self.run_bench(srv.port, "--concurrency", "2", "--duration", "0.6")
@@ -311,7 +439,11 @@ class BenchTest(unittest.TestCase):
     def test_bad_options(self):
         for args in (["--concurrency", "0"], ["--api", "grpc"], ["--url", "https://x"],
                      ["--shape", "1,-2", "--api", "kserve", "--model", "m"],
-                     ["--extra-body", "[1]"], ["--concurrency", "2", "--request-rate", "3"]):
+                     ["--extra-body", "[1]"], ["--concurrency", "2", "--request-rate", "3"],
+                     ["--goodput", "ttft"], ["--goodput", "latency:5"], ["--goodput", "ttft:5", "tpot:x"],
+                     ["--turns", "3"], ["--conversations", "2", "--num-requests", "4"],
+                     ["--conversations", "2", "--request-rate", "1"], ["--json-format", "csv"],
+                     ["--metric-percentiles", "0,50"]):
             p = subprocess.run([BENCH] + args, capture_output=True, text=True, timeout=20)
             self.assertEqual(p.returncode, 2, args)
             self.assertIn("servd-bench:", p.stderr)

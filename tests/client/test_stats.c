@@ -22,7 +22,9 @@ static void test_percentiles_match_numpy_linear(void **state) {
   assert_int_equal(s.count, 10);
   assert_near(s.mean, 5.5, 1e-12);
   assert_near(s.median, 5.5, 1e-12);
+  assert_near(s.p75, 7.75, 1e-12); /* np.percentile(range(1, 11), [75, 95]) == [7.75, 9.55] */
   assert_near(s.p90, 9.1, 1e-12);
+  assert_near(s.p95, 9.55, 1e-12);
   assert_near(s.p99, 9.91, 1e-12);
   assert_near(s.min, 1, 0);
   assert_near(s.max, 10, 0);
@@ -94,9 +96,34 @@ static void test_random_prompts_by_seed_and_index(void **state) {
   free(b);
 }
 
+static void test_goodput_objectives(void **state) {
+  (void)state;
+  char err[160];
+  bench_slo g = {-1, -1, -1};
+  assert_int_equal(bench_slo_parse("ttft:500", &g, err, sizeof err), 0);
+  assert_int_equal(bench_slo_parse("tpot:50,e2el:2000.5", &g, err, sizeof err), 0);
+  assert_near(g.ttft_ms, 500, 0);
+  assert_near(g.tpot_ms, 50, 0);
+  assert_near(g.e2el_ms, 2000.5, 0);
+  /* every objective set must hold; a value equal to it meets it (vLLM: <=) */
+  assert_true(bench_slo_met(&g, 500, 50, 2000.5));
+  assert_false(bench_slo_met(&g, 500.1, 10, 10));
+  assert_false(bench_slo_met(&g, 10, 50.1, 10));
+  assert_false(bench_slo_met(&g, 10, 10, 2001));
+  bench_slo only_ttft = {100, -1, -1};
+  assert_true(bench_slo_met(&only_ttft, 99, 1e9, 1e9));
+  const char *bad[] = {"", "ttft", "ttft:", "ttft:-1", "ttft:5x", "itl:5", "tpot:5;e2el:1", NULL};
+  for (int i = 0; bad[i]; i++) {
+    bench_slo x = {-1, -1, -1};
+    assert_int_equal(bench_slo_parse(bad[i], &x, err, sizeof err), -1);
+    assert_true(err[0] != '\0');
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_percentiles_match_numpy_linear),
+      cmocka_unit_test(test_goodput_objectives),
       cmocka_unit_test(test_rng_reproducible_and_exponential_mean),
       cmocka_unit_test(test_random_prompts_by_seed_and_index),
   };
