@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "convert-impl.h"
 #include "servd/blocks.h"
 #include "servd/tensor.h"
 
@@ -382,6 +383,10 @@ int servd_row_to_f32(servd_dtype t, const void *src, float *dst, int64_t n) {
   case SERVD_Q4_K: dequant_q4_k(src, dst, n / SERVD_QK_K); break;
   case SERVD_Q5_K: dequant_q5_k(src, dst, n / SERVD_QK_K); break;
   case SERVD_Q6_K: dequant_q6_k(src, dst, n / SERVD_QK_K); break;
+  case SERVD_Q2_K: servd__dequant_q2_k(src, dst, n / SERVD_QK_K); break;
+  case SERVD_Q3_K: servd__dequant_q3_k(src, dst, n / SERVD_QK_K); break;
+  case SERVD_IQ4_NL: servd__dequant_iq4_nl(src, dst, nb); break;
+  case SERVD_IQ4_XS: servd__dequant_iq4_xs(src, dst, n / SERVD_QK_K); break;
   default: return servd_fail(SERVD_EINVAL, "row_to_f32: invalid dtype %d", (int)t);
   }
   return 0;
@@ -416,6 +421,10 @@ int servd_row_from_f32(servd_dtype t, const float *src, void *dst, int64_t n) {
   case SERVD_Q4_K: quantize_q4_k(src, dst, n / SERVD_QK_K); break;
   case SERVD_Q5_K: quantize_q5_k(src, dst, n / SERVD_QK_K); break;
   case SERVD_Q6_K: quantize_q6_k(src, dst, n / SERVD_QK_K); break;
+  case SERVD_Q2_K: servd__quantize_q2_k(src, dst, n / SERVD_QK_K); break;
+  case SERVD_Q3_K: servd__quantize_q3_k(src, dst, n / SERVD_QK_K); break;
+  case SERVD_IQ4_NL: servd__quantize_iq4_nl(src, dst, nb); break;
+  case SERVD_IQ4_XS: servd__quantize_iq4_xs(src, dst, n / SERVD_QK_K); break;
   default: return servd_fail(SERVD_EINVAL, "row_from_f32: invalid dtype %d", (int)t);
   }
   return 0;

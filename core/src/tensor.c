@@ -10,10 +10,12 @@ static const struct {
   const char *name;
   size_t block_elems, block_bytes;
 } dtypes[SERVD_DTYPE_COUNT] = {
-    [SERVD_F32] = {"f32", 1, 4},       [SERVD_F16] = {"f16", 1, 2},       [SERVD_BF16] = {"bf16", 1, 2},
-    [SERVD_I32] = {"i32", 1, 4},       [SERVD_Q8_0] = {"q8_0", 32, 34},   [SERVD_Q4_0] = {"q4_0", 32, 18},
-    [SERVD_Q4_1] = {"q4_1", 32, 20},   [SERVD_Q4_K] = {"q4_k", 256, 144}, [SERVD_Q6_K] = {"q6_k", 256, 210},
-    [SERVD_Q5_K] = {"q5_k", 256, 176}, [SERVD_Q5_0] = {"q5_0", 32, 22},   [SERVD_Q5_1] = {"q5_1", 32, 24},
+    [SERVD_F32] = {"f32", 1, 4},           [SERVD_F16] = {"f16", 1, 2},       [SERVD_BF16] = {"bf16", 1, 2},
+    [SERVD_I32] = {"i32", 1, 4},           [SERVD_Q8_0] = {"q8_0", 32, 34},   [SERVD_Q4_0] = {"q4_0", 32, 18},
+    [SERVD_Q4_1] = {"q4_1", 32, 20},       [SERVD_Q4_K] = {"q4_k", 256, 144}, [SERVD_Q6_K] = {"q6_k", 256, 210},
+    [SERVD_Q5_K] = {"q5_k", 256, 176},     [SERVD_Q5_0] = {"q5_0", 32, 22},   [SERVD_Q5_1] = {"q5_1", 32, 24},
+    [SERVD_Q2_K] = {"q2_k", 256, 84},      [SERVD_Q3_K] = {"q3_k", 256, 110}, [SERVD_IQ4_NL] = {"iq4_nl", 32, 18},
+    [SERVD_IQ4_XS] = {"iq4_xs", 256, 136},
 };
 
 static bool dtype_ok(servd_dtype t) { return (unsigned)t < SERVD_DTYPE_COUNT; }
@@ -28,7 +30,8 @@ int servd_dtype_from_name(const char *name, servd_dtype *out) {
     }
   }
   return servd_fail(SERVD_EINVAL,
-                    "dtype: unknown name '%s' (expected f32 f16 bf16 i32 q8_0 q4_0 q4_1 q4_k q6_k q5_k q5_0 q5_1)",
+                    "dtype: unknown name '%s' (expected f32 f16 bf16 i32 q8_0 q4_0 q4_1 q4_k q6_k q5_k q5_0 q5_1 q2_k "
+                    "q3_k iq4_nl iq4_xs)",
                     name ? name : "(null)");
 }
 

@@ -15,7 +15,7 @@ int servd__check_dequantize(servd_tensor *out, const servd_tensor *x) {
   if (!ok)
     return servd_fail(
         SERVD_EINVAL,
-        "dequantize: expected x (..., n) q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k/q5_k and out f32 of its shape; got "
+        "dequantize: expected x (..., n) in a block dtype (q8_0, q4_k, iq4_nl, ...) and out f32 of its shape; got "
         "out %s, x %s",
         ops__desc(out, bo, sizeof bo), ops__desc(x, bx, sizeof bx));
   return 0;
@@ -94,6 +94,7 @@ static void dq_task(void *ctx, int64_t begin, int64_t end, int thread) {
       case SERVD_Q4_0: block_q4_0(dst, (const servd_block_q4_0 *)src); break;
       case SERVD_Q5_0: block_q5_0(dst, (const servd_block_q5_0 *)src); break;
       case SERVD_Q5_1: block_q5_1(dst, (const servd_block_q5_1 *)src); break;
+      case SERVD_IQ4_NL: servd_row_to_f32(dt, src, dst, SERVD_QK); break;
       default: block_q4_1(dst, (const servd_block_q4_1 *)src); break;
       }
     }

@@ -79,7 +79,11 @@ static inline bool servd__block_absmax(const float *v, int n, float *amax) {
   return finite;
 }
 
-static inline bool servd__is_kquant(servd_dtype t) { return t == SERVD_Q4_K || t == SERVD_Q5_K || t == SERVD_Q6_K; }
+/* Weights that take q8_K activations: the k-quants and iq4_xs. */
+static inline bool servd__is_kquant(servd_dtype t) {
+  return t == SERVD_Q4_K || t == SERVD_Q5_K || t == SERVD_Q6_K || t == SERVD_Q2_K || t == SERVD_Q3_K ||
+         t == SERVD_IQ4_XS;
+}
 static inline bool servd__is_q5(servd_dtype t) { return t == SERVD_Q5_0 || t == SERVD_Q5_1; }
 
 typedef struct servd__mm {

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "matmul-impl.h"
+#include "matmul_lowbit-impl.h"
 #include "servd/threadpool.h"
 
 /* ---- scalar reference ------------------------------------------------------------------------- */
@@ -83,7 +84,7 @@ static int setup(servd__mm *p, servd_tensor *out, const servd_tensor *x, const s
   if (!out || !x || !w) return servd_fail(SERVD_EINVAL, "matmul: NULL tensor");
   if (x->dtype != SERVD_F32 || out->dtype != SERVD_F32) return bad(out, x, w, "x and out must be f32");
   if (w->dtype == SERVD_I32 || (unsigned)w->dtype >= SERVD_DTYPE_COUNT)
-    return bad(out, x, w, "w must be f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k or q5_k");
+    return bad(out, x, w, "w must be f32, f16, bf16 or a block dtype");
   if (w->ndim != 2) return bad(out, x, w, "w must be 2-D (n,k)");
   if (x->device >= 0 || w->device >= 0 || out->device >= 0) return bad(out, x, w, "tensors must be on the host");
   if (!servd__as_matrix(x, &mx) || !servd__as_matrix(w, &mw) || !servd__as_matrix(out, &mo))
@@ -194,14 +195,15 @@ static int prepare(servd__mm *p, servd__mm_fn *fn) {
     p->xk.d = (float *)(buf + qbytes);
     p->xk.bsums = (int16_t *)(buf + qbytes + dbytes);
     const bool vnni = servd__cpu_has_vnni();
-    p->xk.perm = vnni && p->wt != SERVD_Q6_K;
+    p->xk.perm = vnni && (p->wt == SERVD_Q4_K || p->wt == SERVD_Q5_K);
     quant_task qt = {.p = p, .avx512 = vnni}; /* its quantizer lives with the VNNI kernel */
     servd_parallel_for(p->m, (1 << 16) / p->k + 1, run_quant, &qt);
     *fn = vnni ? servd__mm_kquant_avx512vnni : isa >= SERVD_ISA_AVX2 ? servd__mm_kquant_avx2 : servd__mm_kquant_scalar;
+    if (servd__is_lowbit(p->wt)) *fn = servd__lowbit_kernel(p->wt, isa);
   } else if (servd_dtype_is_quantized(p->wt)) {
     const bool vnni = servd__cpu_has_vnni();
     p->xq.nb = p->k / SERVD_QK;
-    p->xq.quad = vnni && p->wt != SERVD_Q8_0 && !servd__is_q5(p->wt);
+    p->xq.quad = vnni && p->wt != SERVD_Q8_0 && !servd__is_q5(p->wt) && p->wt != SERVD_IQ4_NL;
     p->xq.ldq = (p->xq.nb + 3) / 4 * 128; /* whole quads, a multiple of 64 bytes */
     p->xq.lds = (p->xq.nb + 15) / 16 * 16;
     size_t qbytes = (size_t)(p->m * p->xq.ldq), fbytes = (size_t)(p->m * p->xq.lds) * sizeof(float);
@@ -215,6 +217,7 @@ static int prepare(servd__mm *p, servd__mm_fn *fn) {
     *fn = vnni ? servd__mm_quant_avx512vnni : isa >= SERVD_ISA_AVX2 ? servd__mm_quant_avx2 : servd__mm_quant_scalar;
     if (servd__is_q5(p->wt))
       *fn = vnni ? servd__mm_q5_avx512vnni : isa >= SERVD_ISA_AVX2 ? servd__mm_q5_avx2 : servd__mm_q5_scalar;
+    if (p->wt == SERVD_IQ4_NL) *fn = servd__lowbit_kernel(p->wt, isa);
   } else {
     if (isa == SERVD_ISA_AVX512 && p->wt == SERVD_BF16 && p->k >= 32) {
       p->ldxeo = p->k / 32 * 32;

@@ -15,9 +15,11 @@ static void test_dtypes(void **state) {
   static const struct {
     const char *name;
     size_t be, bb;
-  } want[] = {{"f32", 1, 4},      {"f16", 1, 2},      {"bf16", 1, 2},   {"i32", 1, 4},
-              {"q8_0", 32, 34},   {"q4_0", 32, 18},   {"q4_1", 32, 20}, {"q4_k", 256, 144},
-              {"q6_k", 256, 210}, {"q5_k", 256, 176}, {"q5_0", 32, 22}, {"q5_1", 32, 24}};
+  } want[] = {{"f32", 1, 4},      {"f16", 1, 2},      {"bf16", 1, 2},     {"i32", 1, 4},
+              {"q8_0", 32, 34},   {"q4_0", 32, 18},   {"q4_1", 32, 20},   {"q4_k", 256, 144},
+              {"q6_k", 256, 210}, {"q5_k", 256, 176}, {"q5_0", 32, 22},   {"q5_1", 32, 24},
+              {"q2_k", 256, 84},  {"q3_k", 256, 110}, {"iq4_nl", 32, 18}, {"iq4_xs", 256, 136}};
+  _Static_assert(sizeof want / sizeof want[0] == SERVD_DTYPE_COUNT, "every dtype listed");
   for (int t = 0; t < SERVD_DTYPE_COUNT; t++) {
     servd_dtype d;
     assert_string_equal(servd_dtype_name((servd_dtype)t), want[t].name);
@@ -28,8 +30,8 @@ static void test_dtypes(void **state) {
     assert_int_equal(servd_dtype_is_quantized((servd_dtype)t), want[t].be > 1);
   }
   servd_dtype d;
-  assert_int_equal(servd_dtype_from_name("q3_k", &d), SERVD_EINVAL);
-  assert_non_null(strstr(servd_last_error(), "q3_k"));
+  assert_int_equal(servd_dtype_from_name("iq2_xs", &d), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "iq2_xs"));
   assert_int_equal(servd_dtype_row_bytes(SERVD_Q4_1, 64), 40);
   assert_int_equal(servd_dtype_row_bytes(SERVD_BF16, 7), 14);
   assert_int_equal(servd_dtype_row_bytes(SERVD_Q8_0, 33), 0);

@@ -86,4 +86,50 @@ static inline void servd_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint
   }
 }
 
+/* Low-bit k-quants and the IQ4 codebook types (ggml's block_q2_K, block_q3_K, block_iq4_nl,
+ * block_iq4_xs). Element e of a q2_k/q3_k super-block lies in half n = e / 128, step j = (e % 128) / 32
+ * and l = e % 32: its 2 low bits are (qs[32n + l] >> 2j) & 3 and its 16-value group is e / 16.
+ *   q2_k: scales[g] = sc | m << 4; x = d*sc*q - dmin*m                          (84 bytes)
+ *   q3_k: bit (4n + j) of hmask[l] set: q = low bits, clear: q = low bits - 4; the sixteen 6-bit scales
+ *         in scales[12] (servd_k3_scales); x = d*(sc - 32)*q                    (110 bytes)
+ *   iq4_nl: blocks of 32, x = d*servd_iq4_values[code], codes as q4_0's nibbles (18 bytes)
+ *   iq4_xs: 8 sub-blocks of 32, codes as iq4_nl's per sub-block (qs + 16*ib); 6-bit scale ls of
+ *           sub-block ib: low 4 bits in scales_l[ib/2] >> 4*(ib%2), high 2 in scales_h >> 2*ib;
+ *           x = d*(ls - 32)*servd_iq4_values[code]                             (136 bytes) */
+typedef struct servd_block_q2_k {
+  uint8_t scales[SERVD_QK_K / 16], qs[SERVD_QK_K / 4];
+  uint16_t d, dmin;
+} servd_block_q2_k;
+typedef struct servd_block_q3_k {
+  uint8_t hmask[SERVD_QK_K / 8], qs[SERVD_QK_K / 4], scales[12];
+  uint16_t d;
+} servd_block_q3_k;
+typedef struct servd_block_iq4_nl {
+  uint16_t d;
+  uint8_t qs[SERVD_QK / 2];
+} servd_block_iq4_nl;
+typedef struct servd_block_iq4_xs {
+  uint16_t d, scales_h;
+  uint8_t scales_l[SERVD_QK_K / 64], qs[SERVD_QK_K / 2];
+} servd_block_iq4_xs;
+_Static_assert(sizeof(servd_block_q2_k) == 84, "q2_k block");
+_Static_assert(sizeof(servd_block_q3_k) == 110, "q3_k block");
+_Static_assert(sizeof(servd_block_iq4_nl) == 18, "iq4_nl block");
+_Static_assert(sizeof(servd_block_iq4_xs) == 136, "iq4_xs block");
+
+/* ggml's kvalues_iq4nl: the non-linear grid of IQ4_NL and IQ4_XS. */
+static const int8_t servd_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* The sixteen 6-bit scales of a q3_k super-block (0..63, to be offset by -32): scale g has its low 4
+ * bits in the nibble g / 8 of byte g % 8 and its high 2 bits at 2*(g / 4) of byte 8 + g % 4. */
+static inline int servd_k3_scale(const uint8_t *s, int g) {
+  const int lo = (s[g % 8] >> (4 * (g / 8))) & 0xF;
+  return lo | ((s[8 + g % 4] >> (2 * (g / 4))) & 3) << 4;
+}
+
+/* The 6-bit scale of sub-block ib (0..7) of an iq4_xs super-block. */
+static inline int servd_iq4xs_scale(const servd_block_iq4_xs *b, int ib) {
+  return ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | ((b->scales_h >> (2 * ib)) & 3) << 4;
+}
+
 #endif

@@ -1,0 +1,23 @@
+/* q2_k, q3_k, iq4_xs (on q8_K activations) and iq4_nl (on natural-layout q8 activations) in matmul:
+ * the scalar references (matmul_lowbit.c) and the AVX2 kernels (matmul_lowbit_avx2.c), used on
+ * AVX-512 CPUs too. */
+#ifndef SERVD_MATMUL_LOWBIT_IMPL_H
+#define SERVD_MATMUL_LOWBIT_IMPL_H
+
+#include "matmul-impl.h"
+
+static inline bool servd__is_lowbit(servd_dtype t) {
+  return t == SERVD_Q2_K || t == SERVD_Q3_K || t == SERVD_IQ4_NL || t == SERVD_IQ4_XS;
+}
+
+void servd__mm_iq4nl_scalar(const servd__mm *p, int64_t j0, int64_t j1);
+void servd__mm_lowbit_avx2(const servd__mm *p, int64_t j0, int64_t j1);
+
+/* The kernel for a low-bit dtype on the CPU's ISA (q2_k q3_k iq4_xs: the k-quant reference when
+ * scalar). */
+static inline servd__mm_fn servd__lowbit_kernel(servd_dtype t, servd_isa isa) {
+  if (isa >= SERVD_ISA_AVX2) return servd__mm_lowbit_avx2;
+  return t == SERVD_IQ4_NL ? servd__mm_iq4nl_scalar : servd__mm_kquant_scalar;
+}
+
+#endif
