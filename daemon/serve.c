@@ -100,6 +100,7 @@ typedef struct server {
   servd_http_server *http;
   servd_grpc_server *grpc;     /* NULL without --grpc-port */
   servd_tls_ctx *tls;          /* NULL without --tls-cert; outlives the listener */
+  servd_tls_ctx *grpc_tls;     /* the same files, ALPN h2: NULL without --tls-cert or --grpc-port */
   uv_signal_t sigs[N_SIGNALS]; /* handled_signals, in order */
   uv_timer_t drain_timer;
   uint64_t drain_deadline, cancel_deadline;
@@ -215,7 +216,7 @@ static void begin_drain(server *s, const char *why) {
  * open ones keep theirs. A file that does not load leaves the old pair serving. */
 static void reload_tls(server *s) {
   char desc[512];
-  if (servd_tls_ctx_reload(s->tls) != 0) {
+  if (servd_tls_ctx_reload(s->tls) != 0 || (s->grpc_tls && servd_tls_ctx_reload(s->grpc_tls) != 0)) {
     fprintf(stderr, "servd: Hangup: TLS reload failed, still serving the previous certificate: %s\n",
             servd_last_error());
   } else {
@@ -296,8 +297,12 @@ int servd_serve_main(int argc, char **argv) {
     /* Before anything slow: a bad certificate or key is a configuration error naming the file. */
     static const char *const alpn[] = {"http/1.1"}; /* add "h2" once this listener speaks it */
     servd_tls_options to = {s.cfg.tls_cert, s.cfg.tls_key, s.cfg.tls_ca, alpn, 1};
-    if (servd_tls_ctx_create(&to, &s.tls) != 0) {
+    static const char *const h2[] = {"h2"};
+    servd_tls_options gto = {s.cfg.tls_cert, s.cfg.tls_key, s.cfg.tls_ca, h2, 1};
+    if (servd_tls_ctx_create(&to, &s.tls) != 0 ||
+        (s.cfg.grpc_port >= 0 && servd_tls_ctx_create(&gto, &s.grpc_tls) != 0)) {
       fprintf(stderr, "servd: %s\n", servd_last_error());
+      servd_tls_ctx_destroy(s.tls);
       servd_config_free(&s.cfg);
       return 2;
     }
@@ -381,8 +386,9 @@ int servd_serve_main(int argc, char **argv) {
     servd_grpc_limits_default(&gl);
     gl.max_message_bytes = s.cfg.grpc_max_message_bytes;
     gl.max_connections = s.cfg.max_connections;
-    if ((rc = servd_grpc_server_create(s.loop, s.api, &gl, &s.grpc)) != 0 ||
-        (rc = servd_grpc_server_listen(s.grpc, s.cfg.host, s.cfg.grpc_port)) != 0) {
+    if ((rc = servd_grpc_server_create(s.loop, s.api, &gl, &s.grpc)) == 0)
+      servd_grpc_server_set_tls(s.grpc, s.grpc_tls);
+    if (rc != 0 || (rc = servd_grpc_server_listen(s.grpc, s.cfg.host, s.cfg.grpc_port)) != 0) {
       fprintf(stderr, "servd: %s\n", servd_last_error());
       servd_grpc_server_close(s.grpc, NULL, NULL);
       servd_http_server_close(s.http, NULL, NULL);
@@ -404,7 +410,8 @@ int servd_serve_main(int argc, char **argv) {
           servd_http_server_port(s.http));
   /* A line tests and scripts can wait for when they asked for port 0. */
   if (s.grpc) {
-    fprintf(stderr, "servd: gRPC (KServe v2) on %s:%d\n", s.cfg.host, servd_grpc_server_port(s.grpc));
+    fprintf(stderr, "servd: gRPC (KServe v2%s) on %s:%d\n", s.grpc_tls ? ", TLS" : "", s.cfg.host,
+            servd_grpc_server_port(s.grpc));
     fprintf(stdout, "servd: grpc port %d\n", servd_grpc_server_port(s.grpc));
   }
   fprintf(stdout, "servd: port %d\n", servd_http_server_port(s.http));
@@ -429,6 +436,7 @@ int servd_serve_main(int argc, char **argv) {
   uv_loop_close(s.loop);
   int code = s.exit_code;
   servd_tls_ctx_destroy(s.tls);
+  servd_tls_ctx_destroy(s.grpc_tls);
   servd_config_free(&s.cfg);
   return code;
 }

@@ -1,5 +1,5 @@
 /* gRPC listener of servd: KServe v2's inference.GRPCInferenceService and grpc.health.v1.Health over
- * HTTP/2 (h2c), on the same libuv loop as the HTTP server, parsed by nghttp2 (callback-driven, no
+ * HTTP/2 (h2c, or h2 under TLS), on the same libuv loop as the HTTP server, parsed by nghttp2 (callback-driven, no
  * threads) and protobuf-c. It serves the API's models through api/frontend.h: the same readiness,
  * API key (`authorization: Bearer KEY` metadata) and prediction queue as the HTTP routes.
  *
@@ -17,6 +17,7 @@
 #include <uv.h>
 
 #include "api/api.h"
+#include "http/tls.h"
 
 typedef struct servd_grpc_server servd_grpc_server;
 
@@ -32,6 +33,9 @@ void servd_grpc_limits_default(servd_grpc_limits *l);
 /* *out owned by the caller, freed by servd_grpc_server_close. api borrowed: it must outlive the
  * server. */
 int servd_grpc_server_create(uv_loop_t *loop, servd_api *api, const servd_grpc_limits *limits, servd_grpc_server **out);
+/* Serves TLS on connections accepted from now on (tls borrowed: it outlives the server; its ALPN
+ * list should offer "h2"). NULL: plaintext h2c. */
+void servd_grpc_server_set_tls(servd_grpc_server *s, servd_tls_ctx *tls);
 /* Binds and listens; port 0 picks a free one (see servd_grpc_server_port). */
 int servd_grpc_server_listen(servd_grpc_server *s, const char *host, int port);
 int servd_grpc_server_port(const servd_grpc_server *s);

@@ -5,7 +5,11 @@
  *
  * Output: nghttp2_session_mem_send is drained into one uv_write at a time (up to WRITE_CHUNK bytes);
  * the next is gathered when it completes, so a client that does not read holds at most one chunk
- * plus its streams' answers. */
+ * plus its streams' answers.
+ *
+ * TLS (servd_grpc_server_set_tls): http/tls.c sits between the socket and nghttp2 — ciphertext read
+ * goes through servd_tls_conn_input before mem_recv, and what mem_send gathers is sealed into one
+ * write. nghttp2 output waits for the handshake. */
 #include <nghttp2/nghttp2.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,6 +18,7 @@
 
 #include "grpc/grpc-impl.h"
 #include "grpc/grpc.h"
+#include "http/tls.h"
 #include "servd/status.h"
 
 #define WRITE_CHUNK (256 * 1024)
@@ -62,8 +67,12 @@ struct conn {
   uv_write_t wreq;
   uv_buf_t wbuf;
   bool writing, closing, goaway;
-  bool in_recv;     /* inside nghttp2_session_mem_recv: output waits until it returns */
-  size_t buffering; /* announced lengths of the messages its streams are receiving */
+  bool in_recv;        /* inside nghttp2_session_mem_recv: output waits until it returns */
+  size_t buffering;    /* announced lengths of the messages its streams are receiving */
+  servd_tls_conn *tls; /* NULL on a plaintext listener */
+  servd_buf plain;     /* decrypted input, handed to nghttp2 at once */
+  bool tls_started;    /* the first bytes arrived (a plaintext client is told apart from a handshake) */
+  bool close_after;    /* a TLS failure: close once its alert is written */
 };
 
 struct servd_grpc_server {
@@ -76,6 +85,7 @@ struct servd_grpc_server {
   int n_conns, active_calls;
   nghttp2_session_callbacks *cbs;
   nghttp2_option *opt;
+  servd_tls_ctx *tls; /* borrowed; NULL: plaintext (h2c) */
   void (*done)(void *);
   void *done_ud;
 };
@@ -292,6 +302,7 @@ int grpc_code_for_status(int st) {
   case 404: return GRPC_NOT_FOUND;
   case 408:
   case 504: return GRPC_DEADLINE_EXCEEDED;
+  case 409: return GRPC_FAILED_PRECONDITION; /* a load or unload of the model is in progress */
   case 429: return GRPC_RESOURCE_EXHAUSTED;
   case 503: return GRPC_UNAVAILABLE;
   case 501: return GRPC_UNIMPLEMENTED;
@@ -521,6 +532,8 @@ static void on_conn_closed(uv_handle_t *h) {
   servd_grpc_server *srv = c->srv;
   while (c->streams) stream_free(c->streams);
   nghttp2_session_del(c->h2);
+  servd_tls_conn_destroy(c->tls);
+  servd_buf_free(&c->plain);
   free(c->wbuf.base);
   if (c->prev) c->prev->next = c->next;
   else srv->conns = c->next;
@@ -557,11 +570,30 @@ static void on_write(uv_write_t *w, int status) {
   conn_flush(c);
 }
 
+/* Encrypts the len bytes nghttp2 produced (buf, freed here) with any handshake output into *out
+ * (a malloc'd buffer, NULL when nothing is to be written). Returns 0 or -1. */
+static int tls_seal(conn *c, char *buf, size_t len, char **out, size_t *out_len) {
+  int rc = len ? servd_tls_conn_write(c->tls, buf, len) : 0;
+  free(buf);
+  servd_buf sealed;
+  servd_buf_init(&sealed);
+  if (rc != 0 || servd_tls_conn_take_output(c->tls, &sealed) != 0) {
+    servd_buf_free(&sealed);
+    return -1;
+  }
+  *out = sealed.len ? sealed.data : NULL;
+  *out_len = sealed.len;
+  if (!sealed.len) servd_buf_free(&sealed);
+  return 0;
+}
+
 static void conn_flush(conn *c) {
   if (c->writing || c->closing || c->in_recv) return;
   size_t cap = 0, len = 0;
   char *buf = NULL;
-  while (len < WRITE_CHUNK) {
+  /* Before the handshake has finished only OpenSSL speaks; nghttp2's SETTINGS wait. */
+  bool h2_ready = !c->close_after && (!c->tls || servd_tls_conn_established(c->tls));
+  while (h2_ready && len < WRITE_CHUNK) {
     const uint8_t *d;
     ssize_t n = nghttp2_session_mem_send(c->h2, &d);
     if (n < 0) {
@@ -585,9 +617,13 @@ static void conn_flush(conn *c) {
     memcpy(buf + len, d, (size_t)n);
     len += (size_t)n;
   }
+  if (c->tls && tls_seal(c, buf, len, &buf, &len) != 0) {
+    conn_close(c);
+    return;
+  }
   if (len == 0) {
     free(buf);
-    if (!nghttp2_session_want_read(c->h2) && !nghttp2_session_want_write(c->h2)) conn_close(c);
+    if (c->close_after || (!nghttp2_session_want_read(c->h2) && !nghttp2_session_want_write(c->h2))) conn_close(c);
     return;
   }
   c->wbuf = uv_buf_init(buf, (unsigned)len);
@@ -608,6 +644,32 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
   *b = uv_buf_init(slab, sizeof slab);
 }
 
+/* Ciphertext from the socket: its plaintext lands in c->plain. Returns 0 to go on, -1 when the
+ * connection is being closed (a plaintext client, a failed handshake, a bad record, close_notify). */
+static int tls_read(conn *c, const char *data, size_t len) {
+  if (!c->tls_started) {
+    c->tls_started = true;
+    /* "PRI * HTTP/2.0": an h2c client on the TLS port cannot read an answer; it is closed. */
+    if (servd_tls_looks_like_http(data, len)) {
+      conn_close(c);
+      return -1;
+    }
+  }
+  servd_tls_status st = servd_tls_conn_input(c->tls, data, len, &c->plain);
+  if (st == SERVD_TLS_ERROR) {
+    /* The alert OpenSSL queued, if any, goes out; then the connection closes. */
+    c->close_after = true;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    conn_flush(c);
+    return -1;
+  }
+  if (st == SERVD_TLS_EOF) {
+    conn_close(c);
+    return -1;
+  }
+  return 0;
+}
+
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
   conn *c = st->data;
   if (n < 0) {
@@ -615,9 +677,17 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
     return;
   }
   if (n == 0 || c->closing) return;
+  const uint8_t *in = (const uint8_t *)b->base;
+  size_t in_len = (size_t)n;
+  if (c->tls) {
+    if (tls_read(c, b->base, (size_t)n) != 0) return;
+    in = (const uint8_t *)c->plain.data;
+    in_len = c->plain.len;
+  }
   c->in_recv = true; /* answers given from its callbacks are sent once it returns */
-  ssize_t r = nghttp2_session_mem_recv(c->h2, (const uint8_t *)b->base, (size_t)n);
+  ssize_t r = in_len ? nghttp2_session_mem_recv(c->h2, in, in_len) : 0;
   c->in_recv = false;
+  if (c->tls) servd_buf_clear(&c->plain);
   if (r < 0) {
     /* A protocol violation or a flood: nghttp2 has queued GOAWAY where it could. */
     nghttp2_session_terminate_session(c->h2, NGHTTP2_PROTOCOL_ERROR);
@@ -639,7 +709,8 @@ static void on_connection(uv_stream_t *l, int status) {
   srv->conns = c;
   srv->n_conns++;
   if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0 || srv->n_conns > srv->lim.max_connections ||
-      nghttp2_session_server_new2(&c->h2, srv->cbs, c, srv->opt) != 0) {
+      nghttp2_session_server_new2(&c->h2, srv->cbs, c, srv->opt) != 0 ||
+      (srv->tls && !(c->tls = servd_tls_conn_create(srv->tls)))) {
     conn_close(c);
     return;
   }
@@ -703,6 +774,8 @@ int servd_grpc_server_listen(servd_grpc_server *s, const char *host, int port) {
   s->listening = true;
   return 0;
 }
+
+void servd_grpc_server_set_tls(servd_grpc_server *s, servd_tls_ctx *tls) { s->tls = tls; }
 
 int servd_grpc_server_port(const servd_grpc_server *s) {
   struct sockaddr_storage ss;
