@@ -75,6 +75,9 @@ typedef struct api_model {
   bool unload_cancelled;         /* running requests were cancelled at the unload deadline */
   bool startup;                  /* given at startup and not loaded yet: server readiness waits for it */
   bool load_failed;              /* UNAVAILABLE because its last load failed (listed as FAILED, with error) */
+  /* A front end's (gRPC's) repository load/unload waiting for the outcome, as waiter. */
+  void (*fe_waiter)(void *ud, int status, const char *msg);
+  void *fe_waiter_ud;
   uv_timer_t *unload_timer;
   /* Generic models: predictions running (at most one per interpreter, so libuv's workers never all
    * block waiting for an interpreter) and a bounded FIFO of those waiting. */

@@ -29,6 +29,24 @@ int servd_api_model_status(servd_api *a, const char *name, const char *version, 
 json_t *servd_api_model_metadata(servd_api *a, const char *name, const char *version, int *status, char *msg,
                                  size_t cap);
 
+/* Triton's statistics extension as GET /v2/models[/{m}]/stats answers it ({"model_stats": [...]}):
+ * every generic model's when name is "" or NULL. A new reference; NULL with *status 404 and msg. */
+json_t *servd_api_model_stats(servd_api *a, const char *name, const char *version, int *status, char *msg, size_t cap);
+
+/* ---- the repository extension (models.c) ---------------------------------------------------- */
+
+/* The models served and the packages in the repository directories, as POST /v2/repository/index
+ * answers it: [{"name", "version", "state", "reason"?}]. A new reference. */
+json_t *servd_api_repository_index(servd_api *a);
+/* The outcome of a load or unload: 200, or an HTTP status (400, 404, 409, 500, 503) with message. */
+typedef void (*api_repository_cb)(void *ud, int status, const char *message);
+/* Loads (or unloads) a model as POST /v2/repository/models/{m}/load (/unload) does. cb runs once,
+ * now or when the load has finished, unless servd_api_repository_forget(ud) is called first. */
+void servd_api_repository_load(servd_api *a, const char *name, api_repository_cb cb, void *ud);
+void servd_api_repository_unload(servd_api *a, const char *name, api_repository_cb cb, void *ud);
+/* The caller waiting with ud went away: its cb will not run (the load or unload goes on). */
+void servd_api_repository_forget(servd_api *a, void *ud);
+
 typedef struct servd_api_prediction servd_api_prediction;
 /* A prediction's outcome: status 200 with the outputs (the callee owns out[] and its tensors), or
  * an error status with a message (out NULL). */

@@ -6,9 +6,13 @@
  * taking it, compute_infer the model's code, compute_output writing the response. success and
  * fail are whole requests, parse to answer; the phases count successful ones only, as Triton's. */
 #include "api/api-impl.h"
+#include "api/frontend.h"
+#include "api/route.h" /* API_MODEL_VERSION */
 #include "api/handlers.h"
 #include "api/respond.h"
 
+#include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 static void add(api_kserve_duration *d, uint64_t from, uint64_t to) {
@@ -59,11 +63,33 @@ void api_kserve_model_stats(servd_api *a, servd_http_req *r, const api_route_arg
 }
 
 /* Every model that has a prediction path: the loaded generic ones. */
-void api_kserve_all_stats(servd_api *a, servd_http_req *r, const api_route_args *args) {
-  (void)args;
+static json_t *all_stats(servd_api *a) {
   json_t *list = json_array();
   for (api_model *am = a->models; am; am = am->next)
     if ((am->state == M_READY || am->state == M_UNLOADING) && am->m && a->ops->kind(am->m) == SERVD_MODEL_GENERIC)
       json_array_append_new(list, model_stats(am));
-  answer(r, list);
+  return list;
+}
+
+void api_kserve_all_stats(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  (void)args;
+  answer(r, all_stats(a));
+}
+
+json_t *servd_api_model_stats(servd_api *a, const char *name, const char *version, int *status, char *msg, size_t cap) {
+  json_t *list;
+  if (!name || !name[0]) {
+    list = all_stats(a);
+  } else {
+    api_model *am = api_model_find(a, name);
+    if (!am || (version && version[0] && strcmp(version, API_MODEL_VERSION) != 0)) {
+      *status = 404;
+      if (am) snprintf(msg, cap, "model '%s' has no version '%s'", name, version);
+      else snprintf(msg, cap, "model '%s' is not served here", name);
+      return NULL;
+    }
+    list = json_pack("[o]", model_stats(am));
+  }
+  *status = 200;
+  return json_pack("{s:o}", "model_stats", list);
 }

@@ -1,9 +1,12 @@
 /* The models being served: background loading, repository load/unload, draining unloads. */
 #include "api/api-impl.h"
+#include "api/frontend.h"
 #include "api/handlers.h"
 #include "api/respond.h"
 
 #include <libgen.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -135,15 +138,56 @@ static void on_waiter_abort(servd_http_req *r) {
   am->waiter = NULL;
 }
 
+/* Who waits for a repository load or unload: an HTTP request or a front end's callback. */
+typedef struct repo_waiter {
+  servd_http_req *r;
+  api_repository_cb cb;
+  void *ud;
+} repo_waiter;
+
+static void repo_answer(const repo_waiter *w, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void repo_answer(const repo_waiter *w, int status, const char *fmt, ...) {
+  char msg[1536];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (w->cb) w->cb(w->ud, status, msg);
+  else if (!w->r) return;
+  else if (status == 200) servd_http_respond(w->r, 200, "application/json", "", 0);
+  else api_kserve_error(w->r, status, "%s", msg);
+}
+
+static void repo_wait(api_model *am, const repo_waiter *w) {
+  if (w->r) {
+    am->waiter = w->r;
+    w->r->ctx = am;
+    w->r->on_abort = on_waiter_abort;
+  } else {
+    am->fe_waiter = w->cb;
+    am->fe_waiter_ud = w->ud;
+  }
+}
+
+static bool repo_waiting(const api_model *am) { return am->waiter || am->fe_waiter; }
+
+/* The model's waiter, taken off it (both fields NULL when none). */
+static repo_waiter repo_take(api_model *am) {
+  repo_waiter w = {am->waiter, am->fe_waiter, am->fe_waiter_ud};
+  am->waiter = NULL;
+  am->fe_waiter = NULL;
+  am->fe_waiter_ud = NULL;
+  if (w.r) w.r->on_abort = NULL;
+  return w;
+}
+
 static void job_after(uv_work_t *w, int status) {
   (void)status;
   job *j = w->data;
   servd_api *a = j->a;
   api_model *am = j->am;
   if (j->unload) a->works--;
-  servd_http_req *waiter = am->waiter;
-  am->waiter = NULL;
-  if (waiter) waiter->on_abort = NULL;
+  repo_waiter waiter = repo_take(am);
   if (!j->unload) am->startup = false;
   if (j->unload) {
     am->m = NULL;
@@ -151,14 +195,14 @@ static void job_after(uv_work_t *w, int status) {
     am->load_failed = false;
     snprintf(am->error, sizeof am->error, "model '%s' is unloaded", am->name);
     fprintf(a->log, "servd: model '%s' unloaded\n", am->name);
-    if (waiter) servd_http_respond(waiter, 200, "application/json", "", 0);
+    repo_answer(&waiter, 200, "%s", "");
     unload_finished(a);
   } else if (j->rc != 0) {
     am->state = M_UNAVAILABLE;
     am->load_failed = true;
     snprintf(am->error, sizeof am->error, "%s", j->msg);
     fprintf(a->log, "servd: model '%s' failed to load from %s: %s\n", am->name, am->path, j->msg);
-    if (waiter) api_kserve_error(waiter, 400, "failed to load model '%s': %s", am->name, j->msg);
+    repo_answer(&waiter, 400, "failed to load model '%s': %s", am->name, j->msg);
     if (a->o.on_model_loaded) a->o.on_model_loaded(a->o.ud, am->name, j->rc, j->msg);
   } else {
     am->m = j->m;
@@ -177,7 +221,7 @@ static void job_after(uv_work_t *w, int status) {
     }
     fprintf(a->log, "servd: model '%s' loaded from %s (%s)\n", am->name, am->path,
             a->ops->kind(am->m) == SERVD_MODEL_CAUSAL_LM ? "causal-lm" : "generic");
-    if (waiter) servd_http_respond(waiter, 200, "application/json", "", 0);
+    repo_answer(&waiter, 200, "%s", "");
     if (a->o.on_model_loaded) a->o.on_model_loaded(a->o.ud, am->name, 0, "");
     if (a->unload_done) { /* shutting down meanwhile: unload_all did not count it */
       a->unloads_pending++;
@@ -313,11 +357,9 @@ int servd_api_drain_loads(servd_api *a) {
   for (api_model *am = a->models; am; am = am->next) {
     if (am->state != M_LOADING) continue;
     n++;
-    servd_http_req *r = am->waiter;
-    if (!r) continue;
-    am->waiter = NULL;
-    r->on_abort = NULL;
-    api_kserve_error(r, 503, "server is shutting down; the load of model '%s' is abandoned", am->name);
+    if (!repo_waiting(am)) continue;
+    repo_waiter w = repo_take(am);
+    repo_answer(&w, 503, "server is shutting down; the load of model '%s' is abandoned", am->name);
   }
   return n;
 }
@@ -331,8 +373,7 @@ static const char *state_name(api_model_state s) {
   }
 }
 
-void api_repository_index(servd_api *a, servd_http_req *r, const api_route_args *args) {
-  (void)args;
+json_t *servd_api_repository_index(servd_api *a) {
   json_t *arr = json_array();
   for (api_model *am = a->models; am; am = am->next) {
     /* A failed load is FAILED, with its reason; an unloaded model UNAVAILABLE. */
@@ -364,27 +405,32 @@ void api_repository_index(servd_api *a, servd_http_req *r, const api_route_args 
     }
     uv_fs_req_cleanup(&req);
   }
-  api_json(r, 200, arr);
+  return arr;
 }
 
-static int repository_load(servd_api *a, servd_http_req *r, const char *name) {
+void api_repository_index(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  (void)args;
+  api_json(r, 200, servd_api_repository_index(a));
+}
+
+static int repository_load(servd_api *a, const repo_waiter *r, const char *name) {
   if (a->draining) {
-    api_kserve_error(r, 503, "server is shutting down");
+    repo_answer(r, 503, "server is shutting down");
     return 0;
   }
   api_model *am = api_model_find(a, name);
-  if (am && (am->waiter || am->state == M_LOADING || am->state == M_UNLOADING)) {
-    api_kserve_error(r, 409, "model '%s' is %s; try again when that has finished", name,
-                     am->state == M_UNLOADING ? "unloading" : "loading");
+  if (am && (repo_waiting(am) || am->state == M_LOADING || am->state == M_UNLOADING)) {
+    repo_answer(r, 409, "model '%s' is %s; try again when that has finished", name,
+                am->state == M_UNLOADING ? "unloading" : "loading");
     return 0;
   }
   if (am && am->state == M_READY) {
-    servd_http_respond(r, 200, "application/json", "", 0);
+    repo_answer(r, 200, "%s", "");
     return 0;
   }
   if (!am) {
     if (name[0] == '.' || strchr(name, '/')) {
-      api_kserve_error(r, 400, "invalid model name '%s'", name);
+      repo_answer(r, 400, "invalid model name '%s'", name);
       return 0;
     }
     char path[4096] = "";
@@ -395,13 +441,13 @@ static int repository_load(servd_api *a, servd_http_req *r, const char *name) {
       if (stat(cand, &st) == 0 && S_ISREG(st.st_mode)) snprintf(path, sizeof path, "%s", cand);
     }
     if (!path[0]) {
-      api_kserve_error(r, 404, "model '%s' is not in the model repository (%d director%s searched for '%s.mpk')", name,
-                       a->o.n_repository, a->o.n_repository == 1 ? "y" : "ies", name);
+      repo_answer(r, 404, "model '%s' is not in the model repository (%d director%s searched for '%s.mpk')", name,
+                  a->o.n_repository, a->o.n_repository == 1 ? "y" : "ies", name);
       return 0;
     }
     am = model_new(a, name, path);
     if (!am) {
-      api_kserve_error(r, 500, "out of memory");
+      repo_answer(r, 500, "out of memory");
       return 0;
     }
     const servd_model_options *d = &a->o.model_defaults;
@@ -424,48 +470,64 @@ static int repository_load(servd_api *a, servd_http_req *r, const char *name) {
     am->opts.name = am->name;
   }
   if (!am->path) {
-    api_kserve_error(r, 400, "model '%s' was not loaded from a file and cannot be reloaded", name);
+    repo_answer(r, 400, "model '%s' was not loaded from a file and cannot be reloaded", name);
     return 0;
   }
   am->state = M_LOADING;
   fprintf(a->log, "servd: loading model '%s' from %s\n", am->name, am->path);
   if (queue_job(a, am, false, 0) != 0) {
     am->state = M_UNAVAILABLE;
-    api_kserve_error(r, 500, "%s", servd_last_error());
+    repo_answer(r, 500, "%s", servd_last_error());
     return 0;
   }
-  am->waiter = r;
-  r->ctx = am;
-  r->on_abort = on_waiter_abort;
+  repo_wait(am, r);
   return 0;
 }
 
-static int repository_unload(servd_api *a, servd_http_req *r, const char *name) {
+static int repository_unload(servd_api *a, const repo_waiter *r, const char *name) {
   api_model *am = api_model_find(a, name);
   if (!am) {
-    api_kserve_error(r, 404, "model '%s' is not served here", name);
+    repo_answer(r, 404, "model '%s' is not served here", name);
     return 0;
   }
   if (am->state == M_UNAVAILABLE) {
-    servd_http_respond(r, 200, "application/json", "", 0);
+    repo_answer(r, 200, "%s", "");
     return 0;
   }
-  if (am->waiter || am->state != M_READY) {
-    api_kserve_error(r, 409, "model '%s' is %s; try again when that has finished", name, state_name(am->state));
+  if (repo_waiting(am) || am->state != M_READY) {
+    repo_answer(r, 409, "model '%s' is %s; try again when that has finished", name, state_name(am->state));
     return 0;
   }
-  am->waiter = r;
-  r->ctx = am;
-  r->on_abort = on_waiter_abort;
+  repo_wait(am, r);
   fprintf(a->log, "servd: unloading model '%s' (%d requests running)\n", am->name, am->inflight);
   start_unload(a, am, a->o.unload_timeout_ms);
   return 0;
 }
 
 void api_repository_load(servd_api *a, servd_http_req *r, const api_route_args *args) {
-  repository_load(a, r, args->model);
+  repo_waiter w = {r, NULL, NULL};
+  repository_load(a, &w, args->model);
 }
 
 void api_repository_unload(servd_api *a, servd_http_req *r, const api_route_args *args) {
-  repository_unload(a, r, args->model);
+  repo_waiter w = {r, NULL, NULL};
+  repository_unload(a, &w, args->model);
+}
+
+void servd_api_repository_load(servd_api *a, const char *name, api_repository_cb cb, void *ud) {
+  repo_waiter w = {NULL, cb, ud};
+  repository_load(a, &w, name);
+}
+
+void servd_api_repository_unload(servd_api *a, const char *name, api_repository_cb cb, void *ud) {
+  repo_waiter w = {NULL, cb, ud};
+  repository_unload(a, &w, name);
+}
+
+void servd_api_repository_forget(servd_api *a, void *ud) {
+  for (api_model *am = a->models; am; am = am->next)
+    if (am->fe_waiter && am->fe_waiter_ud == ud) {
+      am->fe_waiter = NULL;
+      am->fe_waiter_ud = NULL;
+    }
 }

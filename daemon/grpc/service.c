@@ -1,6 +1,7 @@
 /* The method table and the unary methods that need no model work: inference.GRPCInferenceService's
  * liveness, readiness and metadata. ModelInfer is infer.c (llm_infer.c for language models, and
- * ModelStreamInfer), grpc.health.v1 health.c. */
+ * ModelStreamInfer), ModelStatistics statistics.c, the repository methods repository.c,
+ * grpc.health.v1 health.c. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,10 @@
 void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len);        /* infer.c */
 void grpc_model_config(grpc_call *c, const uint8_t *msg, size_t len);       /* model_config.c */
 void grpc_model_stream_infer(grpc_call *c, const uint8_t *msg, size_t len); /* llm_infer.c */
+void grpc_model_statistics(grpc_call *c, const uint8_t *msg, size_t len);   /* statistics.c */
+void grpc_repository_index(grpc_call *c, const uint8_t *msg, size_t len);   /* repository.c */
+void grpc_repository_load(grpc_call *c, const uint8_t *msg, size_t len);    /* repository.c */
+void grpc_repository_unload(grpc_call *c, const uint8_t *msg, size_t len);  /* repository.c */
 void grpc_health_check(grpc_call *c, const uint8_t *msg, size_t len);       /* health.c */
 void grpc_health_watch(grpc_call *c, const uint8_t *msg, size_t len);       /* health.c */
 
@@ -154,6 +159,10 @@ const grpc_method grpc_methods[] = {
     {SVC "ModelInfer", false, grpc_model_infer, false},
     {SVC "ModelConfig", false, grpc_model_config, false},
     {SVC "ModelStreamInfer", false, grpc_model_stream_infer, true},
+    {SVC "ModelStatistics", false, grpc_model_statistics, false},
+    {SVC "RepositoryIndex", false, grpc_repository_index, false},
+    {SVC "RepositoryModelLoad", false, grpc_repository_load, false},
+    {SVC "RepositoryModelUnload", false, grpc_repository_unload, false},
 };
 const size_t grpc_n_methods = sizeof grpc_methods / sizeof grpc_methods[0];
 
