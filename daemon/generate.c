@@ -85,7 +85,9 @@ static void usage(FILE *f) {
              "  --kv-f32                keep the KV cache in f32 (default f16)\n"
              "  --ids-out FILE          write the generated token ids, one per line\n"
              "  --prompt-ids-out FILE   write the prompt's token ids, one per line\n"
-             "  --quiet                 do not print the text\n");
+             "  --quiet                 do not print the text\n"
+             "  --no-plan               run every decode step through Python (no step plans)\n"
+             "  --trace-plan            print each decode step plan when it is captured (stderr)\n");
 }
 
 static int parse_int(const char *s, const char *what, int lo, int hi, int *out) {
@@ -140,7 +142,9 @@ int servd_generate_main(int argc, char **argv) {
     O_GPU_FRAC,
     O_GRAPHS,
     O_GRAPH_MAX,
-    O_PKG_CACHE
+    O_PKG_CACHE,
+    O_NO_PLAN,
+    O_TRACE_PLAN
   };
   static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                        {"prompt", required_argument, 0, 'p'},
@@ -171,6 +175,8 @@ int servd_generate_main(int argc, char **argv) {
                                        {"cuda-graphs", required_argument, 0, O_GRAPHS},
                                        {"cuda-graph-max-batch", required_argument, 0, O_GRAPH_MAX},
                                        {"package-cache", required_argument, 0, O_PKG_CACHE},
+                                       {"no-plan", no_argument, 0, O_NO_PLAN},
+                                       {"trace-plan", no_argument, 0, O_TRACE_PLAN},
                                        {0, 0, 0, 0}};
 
   const char *model = NULL, *pkg_cache = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *pids_path = NULL;
@@ -195,6 +201,9 @@ int servd_generate_main(int argc, char **argv) {
     switch (c) {
     case 'm': model = optarg; break;
     case O_PKG_CACHE: pkg_cache = optarg; break;
+    /* step plans read these when the model loads (daemon/engine/plan_cache.h) */
+    case O_NO_PLAN: setenv("SERVD_PLANS", "off", 1); break;
+    case O_TRACE_PLAN: setenv("SERVD_TRACE_PLAN", "1", 1); break;
     case 'p': prompt = optarg; break;
     case O_CHAT: chat = true; break;
     case O_SYSTEM: system = optarg; break;

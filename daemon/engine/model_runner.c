@@ -10,13 +10,16 @@
 #include "engine/device_step.h"
 #include "engine/forward_call.h"
 #include "engine/graph_plan.h"
+#include "engine/plan_cache.h"
 
 /* What every rank does in one round (one wake-up of the ranks). */
 typedef enum round_mode {
-  MODE_CPU = 0, /* the forward on the host (the CPU backend) */
-  MODE_EAGER,   /* upload, the forward through Python, download */
-  MODE_CAPTURE, /* upload, the forward captured into a graph; nothing runs */
-  MODE_REPLAY,  /* upload, launch the captured graph, download */
+  MODE_CPU = 0,      /* the forward on the host (the CPU backend) */
+  MODE_EAGER,        /* upload, the forward through Python, download */
+  MODE_CAPTURE,      /* upload, the forward captured into a graph; nothing runs */
+  MODE_REPLAY,       /* upload, launch the captured graph, download */
+  MODE_PLAN_CAPTURE, /* CPU: the forward through Python, recorded into a step plan */
+  MODE_PLAN_REPLAY,  /* CPU: the step plan, without Python */
 } round_mode;
 
 typedef struct rank_worker {
@@ -54,6 +57,7 @@ struct servd_runner {
   bool graphs;
   servd_graph_state gs;
   servd_padded_step pad;
+  servd_plan_cache *plans; /* CPU: decode steps replayed natively (plan_cache.h); NULL: off */
 
   _Atomic uint64_t st_steps, st_eager, st_captures, st_replays, st_capture_failures, st_drops;
 };
@@ -82,6 +86,8 @@ static int run_rank(servd_runner *r, int rank, const servd_forward_batch *b, rou
   int rc;
   switch (mode) {
   case MODE_CPU: return servd_engine_forward(it, &mine, r->timeout_ms, logits, err);
+  case MODE_PLAN_CAPTURE: return servd_plan_cache_capture(r->plans, rank, it, &mine, r->timeout_ms, logits, err);
+  case MODE_PLAN_REPLAY: return servd_plan_cache_replay(r->plans, rank, &mine, logits);
   case MODE_EAGER: rc = servd_device_step_eager(ds, it, &mine, n_rows, out, err); break;
   case MODE_CAPTURE: return servd_device_step_capture(ds, it, &mine, bucket, err);
   case MODE_REPLAY: rc = servd_device_step_replay(ds, it, &mine, bucket, n_rows, out, err); break;
@@ -170,7 +176,12 @@ int servd_runner_create(servd_pool *pool, servd_kv_cache *const *kv, int world, 
   if (!pool || !kv || world < 1 || servd_pool_size(pool) < world || (world > 1 && !comm))
     return servd_fail(SERVD_EINVAL, "model runner: world=%d with a pool of %d interpreters and %s communicator", world,
                       pool ? servd_pool_size(pool) : 0, comm ? "a" : "no");
-  return runner_new(pool, kv, world, comm, NULL, out);
+  int rc = runner_new(pool, kv, world, comm, NULL, out);
+  if (rc == 0 && (rc = servd_plan_cache_create(world, kv, SERVD_PLAN_MAX_BATCH, &(*out)->plans)) != 0) {
+    servd_runner_destroy(*out);
+    *out = NULL;
+  }
+  return rc;
 }
 
 int servd_runner_create_gpu(servd_pool *pool, servd_kv_cache *const *kv, int world, const servd_runner_gpu *g,
@@ -228,6 +239,7 @@ void servd_runner_destroy(servd_runner *r) {
   free(r->workers);
   for (int k = 0; k < SERVD_INTERP_MAX; k++) servd_device_step_destroy(r->ds[k]);
   servd_graph_state_free(&r->gs);
+  servd_plan_cache_destroy(r->plans);
   servd_padded_step_free(&r->pad);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->go);
@@ -369,7 +381,13 @@ static bool capture_all(servd_runner *r, const servd_forward_batch *padded, int 
 int servd_runner_step(servd_runner *r, const servd_forward_batch *b, servd_tensor **logits, servd_py_error *err,
                       int *failed_rank) {
   atomic_fetch_add(&r->st_steps, 1);
-  if (!r->ds[0]) return run_round(r, b, MODE_CPU, -1, b->n_logit_rows, logits, err, failed_rank);
+  if (!r->ds[0]) {
+    servd_plan_action pa = servd_plan_cache_decide(r->plans, b);
+    round_mode m = pa == SERVD_PLAN_CAPTURE ? MODE_PLAN_CAPTURE : pa == SERVD_PLAN_REPLAY ? MODE_PLAN_REPLAY : MODE_CPU;
+    int rc = run_round(r, b, m, -1, b->n_logit_rows, logits, err, failed_rank);
+    servd_plan_cache_done(r->plans, pa, rc);
+    return rc;
+  }
 
   int bi = -1;
   servd_graph_action a = SERVD_GRAPH_EAGER;

@@ -139,6 +139,10 @@ static PyObject *i32_tensor(const int32_t *src, int n) {
 /* One i32 input of the step: on a GPU rank a view of the uploaded device inputs (the buffers stay
  * at one address, which CUDA graphs rely on), on the CPU a host copy. */
 static PyObject *batch_i32(const servd_forward_batch *b, servd_device_batch_field f, const int32_t *src, int n) {
+  if (b->host_inputs[f]) { /* a plan capture's inputs: the nodes it records name them */
+    pm_host->tensor_retain(b->host_inputs[f]);
+    return pm_tensor_wrap(b->host_inputs[f]);
+  }
   if (!b->dbatch) return i32_tensor(src, n);
   servd_tensor *t = pm_host->device_batch_tensor(b->dbatch, f);
   return t ? pm_tensor_wrap(t) : pm_raise(SERVD_EDEVICE, "servd.Batch");

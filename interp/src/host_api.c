@@ -5,6 +5,7 @@
 
 #include "mpk/package.h"
 #include "op_dispatch.h"
+#include "plan-impl.h"
 
 /* The table is mechanism-neutral (void *pkg); these adapt the package library's typed calls. */
 static int pkg_tensor(void *p, const char *name, servd_tensor **out) { return mpk_tensor(p, name, out); }
@@ -58,7 +59,8 @@ static const servd_host_api g_api = {
     .device_sync = servd_device_sync,
     .device_kv_device = servd_device_kv_device,
     .device_batch_tensor = servd_device_batch_tensor,
-#define SERVD_OP(name, dispatch, py, sig, names) .name = servd_op__##name,
+/* the ops of op_dispatch.c, recording while a plan is captured (plan_record.c) */
+#define SERVD_OP(name, dispatch, py, sig, names) .name = servd_plan__##name,
 #include "servd/ops.def"
 #undef SERVD_OP
 };

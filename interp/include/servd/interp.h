@@ -110,6 +110,9 @@ typedef struct servd_forward_batch {
    * bits of its f32 logit per row, so the vocabulary-wide rows never cross PCIe. The model code does
    * not see it. */
   bool want_picks;
+  /* CPU: the step's inputs as host i32 tensors at fixed addresses, in servd_device_batch_field
+   * order (a plan capture's, servd/plan.h); NULL: the model gets fresh copies of the arrays. */
+  servd_tensor *host_inputs[4];
 } servd_forward_batch;
 
 SERVD_API int servd_interp_forward(servd_interp *it, const servd_forward_batch *b, servd_tensor **logits,

@@ -1,0 +1,81 @@
+/* Step plans inside servd_interp: the node list, the recorder the host table's ops append to, and
+ * the executor that walks a plan (servd/plan.h). Private to interp/src. */
+#ifndef SERVD_INTERP_PLAN_IMPL_H
+#define SERVD_INTERP_PLAN_IMPL_H
+
+#include <stdbool.h>
+
+#include "servd/device.h"
+#include "servd/ops.h"
+#include "servd/plan.h"
+
+/* matmul_many: x, its outputs, its weights */
+#define PLAN_MAX_TENSORS (1 + 2 * SERVD_MATMUL_MANY_MAX)
+
+/* The step inputs bound by role: the plan owns a host tensor of each at a fixed address. */
+enum { PLAN_IN_TOKENS, PLAN_IN_POSITIONS, PLAN_IN_SLOTS, PLAN_IN_LOGIT_ROWS, PLAN_IN_COUNT };
+
+/* One op call as recorded: its tensors (one reference each, held by the plan) and scalars. */
+typedef struct plan_node {
+  servd_op_id op;
+  int nt;
+  servd_tensor *t[PLAN_MAX_TENSORS];
+  float fval;   /* eps, scale */
+  int64_t lval; /* row_offset */
+  int ival[3];  /* topk k; layer, n_heads, window; rank; matmul_many count */
+  void *obj;    /* the KV cache or the communicator */
+  servd_rope_params rope;
+} plan_node;
+
+/* Executors: one per backend. The host one walks the nodes on the calling thread, each op splitting
+ * its work over the compute pool; a CUDA executor would enqueue the same nodes to the thread that
+ * owns its rank's context (docs/architecture.md, "Step plans"). */
+typedef struct plan_executor {
+  const char *name;
+  int (*run)(servd_plan *p);
+} plan_executor;
+extern const plan_executor plan__host_executor;
+
+struct servd_plan {
+  plan_node *nodes;
+  int n, cap;
+  servd_tensor *in[PLAN_IN_COUNT]; /* owned, i32 */
+  int n_tokens, n_logit_rows, n_seqs;
+  servd_kv_cache *kv;
+  servd_attn_batch attn; /* the running step's layout: set by each replay */
+  servd_tensor *logits;  /* what the forward returned (one reference), or NULL */
+  const plan_executor *exec;
+  /* Guard: the owned tensors the nodes use, each with the references the plan holds on it, and
+   * their storages, each with the number of those tensors over it. */
+  struct plan_held {
+    const servd_tensor *t;
+    int mine;
+  } * held;
+  struct plan_held_storage {
+    const servd_storage *s;
+    int mine;
+  } * held_s;
+  int n_held, n_held_s;
+};
+
+/* The recording of the calling thread's forward, or NULL (host TLS: each rank records its own). */
+typedef struct plan_recorder {
+  servd_plan *p;
+  const servd_forward_batch *b; /* the step being recorded */
+  bool refused;
+  char why[256];
+} plan_recorder;
+extern _Thread_local plan_recorder *plan__rec;
+
+/* A new node of op at the end of r's plan, or NULL (refused or out of memory: r->why says). */
+plan_node *plan__rec_node(plan_recorder *r, servd_op_id op);
+void plan__rec_tensor(plan_recorder *r, plan_node *n, const servd_tensor *t);
+/* Stops the recording: the forward runs on, the plan is dropped, why is logged by the caller. */
+void plan__rec_refuse(plan_recorder *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The host table's ops: servd_op__<name> (op_dispatch.h), recording when plan__rec is set. */
+#define SERVD_OP(name, dispatch, py, sig, names) int servd_plan__##name(SERVD__PARAMS(sig, names));
+#include "servd/ops.def"
+#undef SERVD_OP
+
+#endif
