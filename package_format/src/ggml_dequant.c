@@ -1,6 +1,6 @@
 /* Dequantization of ggml types to f32 at pack time (tensors converted to another dtype). Every block
  * type servd knows decodes through servd_row_to_f32 (ggml's reference arithmetic, tested against
- * gguf-py in tests/kernels/test_matmul_q5.c and test_matmul_k.c). */
+ * gguf-py in tests/kernels/test_matmul_q5.c, test_matmul_k.c and test_matmul_lowbit.c). */
 #include "mpk-impl.h"
 #include "mpk/gguf.h"
 #include "servd/tensor.h"
@@ -25,6 +25,10 @@ int mpk_ggml_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n) {
   case MPK_GGML_Q4_K: return servd_row_to_f32(SERVD_Q4_K, src, dst, n);
   case MPK_GGML_Q5_K: return servd_row_to_f32(SERVD_Q5_K, src, dst, n);
   case MPK_GGML_Q6_K: return servd_row_to_f32(SERVD_Q6_K, src, dst, n);
+  case MPK_GGML_Q2_K: return servd_row_to_f32(SERVD_Q2_K, src, dst, n);
+  case MPK_GGML_Q3_K: return servd_row_to_f32(SERVD_Q3_K, src, dst, n);
+  case MPK_GGML_IQ4_NL: return servd_row_to_f32(SERVD_IQ4_NL, src, dst, n);
+  case MPK_GGML_IQ4_XS: return servd_row_to_f32(SERVD_IQ4_XS, src, dst, n);
   default:
     return servd_fail(SERVD_EUNSUPPORTED, "dequantize: ggml type %s (%u) is not supported",
                       mpk_ggml_type_name(type) ? mpk_ggml_type_name(type) : "unknown", type);

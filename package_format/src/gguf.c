@@ -9,17 +9,43 @@
 
 #define MAX_ALIGNMENT (1u << 20)
 
+/* Every ggml type, also those servd does not keep (i-quants, ternary, fp4): a refusal names them. */
 static const struct {
   const char *name;
   uint32_t elems, bytes;
 } ggml_types[] = {
-    [MPK_GGML_F32] = {"F32", 1, 4},       [MPK_GGML_F16] = {"F16", 1, 2},       [MPK_GGML_Q4_0] = {"Q4_0", 32, 18},
-    [MPK_GGML_Q4_1] = {"Q4_1", 32, 20},   [MPK_GGML_Q5_0] = {"Q5_0", 32, 22},   [MPK_GGML_Q5_1] = {"Q5_1", 32, 24},
-    [MPK_GGML_Q8_0] = {"Q8_0", 32, 34},   [MPK_GGML_Q8_1] = {"Q8_1", 32, 36},   [MPK_GGML_Q2_K] = {"Q2_K", 256, 84},
-    [MPK_GGML_Q3_K] = {"Q3_K", 256, 110}, [MPK_GGML_Q4_K] = {"Q4_K", 256, 144}, [MPK_GGML_Q5_K] = {"Q5_K", 256, 176},
-    [MPK_GGML_Q6_K] = {"Q6_K", 256, 210}, [MPK_GGML_Q8_K] = {"Q8_K", 256, 292}, [MPK_GGML_I8] = {"I8", 1, 1},
-    [MPK_GGML_I16] = {"I16", 1, 2},       [MPK_GGML_I32] = {"I32", 1, 4},       [MPK_GGML_I64] = {"I64", 1, 8},
-    [MPK_GGML_F64] = {"F64", 1, 8},       [MPK_GGML_BF16] = {"BF16", 1, 2},
+    [MPK_GGML_F32] = {"F32", 1, 4},
+    [MPK_GGML_F16] = {"F16", 1, 2},
+    [MPK_GGML_Q4_0] = {"Q4_0", 32, 18},
+    [MPK_GGML_Q4_1] = {"Q4_1", 32, 20},
+    [MPK_GGML_Q5_0] = {"Q5_0", 32, 22},
+    [MPK_GGML_Q5_1] = {"Q5_1", 32, 24},
+    [MPK_GGML_Q8_0] = {"Q8_0", 32, 34},
+    [MPK_GGML_Q8_1] = {"Q8_1", 32, 36},
+    [MPK_GGML_Q2_K] = {"Q2_K", 256, 84},
+    [MPK_GGML_Q3_K] = {"Q3_K", 256, 110},
+    [MPK_GGML_Q4_K] = {"Q4_K", 256, 144},
+    [MPK_GGML_Q5_K] = {"Q5_K", 256, 176},
+    [MPK_GGML_Q6_K] = {"Q6_K", 256, 210},
+    [MPK_GGML_Q8_K] = {"Q8_K", 256, 292},
+    [MPK_GGML_I8] = {"I8", 1, 1},
+    [MPK_GGML_I16] = {"I16", 1, 2},
+    [MPK_GGML_I32] = {"I32", 1, 4},
+    [MPK_GGML_I64] = {"I64", 1, 8},
+    [MPK_GGML_F64] = {"F64", 1, 8},
+    [MPK_GGML_BF16] = {"BF16", 1, 2},
+    [MPK_GGML_IQ2_XXS] = {"IQ2_XXS", 256, 66},
+    [MPK_GGML_IQ2_XS] = {"IQ2_XS", 256, 74},
+    [MPK_GGML_IQ3_XXS] = {"IQ3_XXS", 256, 98},
+    [MPK_GGML_IQ1_S] = {"IQ1_S", 256, 50},
+    [MPK_GGML_IQ4_NL] = {"IQ4_NL", 32, 18},
+    [MPK_GGML_IQ3_S] = {"IQ3_S", 256, 110},
+    [MPK_GGML_IQ2_S] = {"IQ2_S", 256, 82},
+    [MPK_GGML_IQ4_XS] = {"IQ4_XS", 256, 136},
+    [MPK_GGML_IQ1_M] = {"IQ1_M", 256, 56},
+    [MPK_GGML_TQ1_0] = {"TQ1_0", 256, 54},
+    [MPK_GGML_TQ2_0] = {"TQ2_0", 256, 66},
+    [MPK_GGML_MXFP4] = {"MXFP4", 32, 17},
 };
 #define N_GGML_TYPES (sizeof ggml_types / sizeof ggml_types[0])
 

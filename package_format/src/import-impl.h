@@ -20,6 +20,9 @@ void mpk__progress_add(mpk_progress *pr, uint64_t bytes);
 /* Writes a tensor whose bytes are already in the target layout (chunked, for progress). */
 int mpk__emit_raw(mpk_writer *w, mpk_progress *pr, const char *name, servd_dtype dt, int ndim, const int64_t *shape,
                   const void *data, uint64_t nbytes, int src_fd, uint64_t src_offset); /* src_fd < 0: no fd */
+/* SERVD_EFORMAT naming the tensor, block and field when an f16 scale of a block-quantized tensor's
+ * nbytes is NaN or infinite (block_scales.c); 0 for other dtypes. */
+int mpk__check_block_scales(const char *what, const char *tensor, servd_dtype dt, const void *data, uint64_t nbytes);
 /* Writes a tensor converted row by row: rows of `src_row_bytes` at `src` -> f32 -> `dt`. */
 int mpk__emit_converted(mpk_writer *w, mpk_progress *pr, const char *name, servd_dtype dt, int ndim,
                         const int64_t *shape, const void *src, uint64_t src_row_bytes, mpk_row_to_f32_fn conv,

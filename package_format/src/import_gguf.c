@@ -1,6 +1,7 @@
 /* GGUF (llama architecture) -> package: model config from llama.* metadata, tokenizer.ggml.* as an
  * equivalent Hugging Face tokenizer.json, the chat template, and tensors under Hugging Face names.
- * F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K are kept as they are (every type it reads).
+ * F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS are kept as they are
+ * (every type it reads); a NaN or infinite block scale is refused.
  * GGUF Q/K rows are permuted for interleaved-pair RoPE: rope_layout "interleaved".
  * rope_freqs.weight becomes the config's Llama 3 rope_scaling (rope_fit.c) and is not stored. */
 #include <stdio.h>
@@ -408,13 +409,18 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
     case MPK_GGML_Q6_K: keep = SERVD_Q6_K; break;
     case MPK_GGML_Q5_0: keep = SERVD_Q5_0; break;
     case MPK_GGML_Q5_1: keep = SERVD_Q5_1; break;
+    case MPK_GGML_Q2_K: keep = SERVD_Q2_K; break;
+    case MPK_GGML_Q3_K: keep = SERVD_Q3_K; break;
+    case MPK_GGML_IQ4_NL: keep = SERVD_IQ4_NL; break;
+    case MPK_GGML_IQ4_XS: keep = SERVD_IQ4_XS; break;
     default:
       rc = servd_fail(SERVD_EUNSUPPORTED,
                       "%s: tensor \"%s\": ggml type %s is not supported (expected F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 "
-                      "Q5_1 Q4_K Q5_K Q6_K)",
+                      "Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS)",
                       gguf_path, t->name, mpk_ggml_type_name(t->type) ? mpk_ggml_type_name(t->type) : "?");
       goto fail;
     }
+    if ((rc = mpk__check_block_scales(gguf_path, t->name, keep, data, t->nbytes))) goto fail;
     rc = mpk__emit_raw(w, &pr, hn, keep, t->ndim, shape, data, t->nbytes, map.fd, t->offset);
     if (rc) goto fail;
   }

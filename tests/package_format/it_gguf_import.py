@@ -39,21 +39,22 @@ def gpt2_bytes():
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
+RANDOM_BLOCKS = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS)
+SCALES_AT = {Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,)}  # else d, dmin first
+
+
 def kquant_bytes(qtype, rows, cols):
-    """Random K-quant blocks with sane f16 scales (gguf-py cannot quantize these types)."""
+    """Random K-quant/IQ4 blocks with sane f16 scales (gguf-py cannot quantize these types)."""
     bs, ts = gguf.GGML_QUANT_SIZES[qtype]
     nb = rows * cols // bs
     raw = rng.integers(0, 256, size=(nb, ts), dtype=np.uint8)
     d = np.full(nb, 0.01, np.float16).view(np.uint8).reshape(nb, 2)
-    if qtype == Q.Q6_K:
-        raw[:, 208:210] = d
-    else:  # d, dmin first
-        raw[:, 0:2] = d
-        raw[:, 2:4] = d
+    for o in SCALES_AT.get(qtype, (0, 2)):
+        raw[:, o:o + 2] = d
     return raw.reshape(rows, cols // bs * ts)
 
 
-def make_gguf(path, arch="llama", tok_model="gpt2", drop_types=0):
+def make_gguf(path, arch="llama", tok_model="gpt2", drop_types=0, layer1=None):
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(2)
     w.add_context_length(1024)
@@ -91,7 +92,7 @@ def make_gguf(path, arch="llama", tok_model="gpt2", drop_types=0):
         if qtype is None:
             w.add_tensor(name, arr)
             ref[name] = ("plain", arr)
-        elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        elif qtype in RANDOM_BLOCKS or qtype == Q.IQ2_XXS:
             raw = kquant_bytes(qtype, *arr)
             w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
             ref[name] = ("quant", qtype, raw)
@@ -104,14 +105,15 @@ def make_gguf(path, arch="llama", tok_model="gpt2", drop_types=0):
     add("token_embd.weight", f(VOCAB, H), Q.Q8_0)
     add("output_norm.weight", f(H))
     add("output.weight", f(VOCAB, H).astype(np.float16))
-    qt = [[Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K], [Q.F16, Q.BF16, Q.Q8_0, Q.F32, Q.Q5_0, Q.Q4_K, Q.Q6_K]]
+    qt = [[Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K],
+          layer1 or [Q.F16, Q.BF16, Q.Q8_0, Q.F32, Q.Q5_0, Q.Q4_K, Q.Q6_K]]
     for i in range(2):
         add(f"blk.{i}.attn_norm.weight", f(H))
         add(f"blk.{i}.ffn_norm.weight", f(H))
         shapes = [(H, H), (KV * 64, H), (KV * 64, H), (H, H), (FF, H), (FF, H), (H, FF)]
         names = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
         for n, s, t in zip(names, shapes, qt[i]):
-            if t in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+            if t in RANDOM_BLOCKS or t == Q.IQ2_XXS:
                 add(f"blk.{i}.{n}.weight", s, t)
             elif t == Q.F16:
                 add(f"blk.{i}.{n}.weight", f(*s).astype(np.float16))
@@ -206,6 +208,38 @@ def main():
     check_fail(["pack", p, "-o", out, "--quiet"], "tokenizer.ggml.model", out)
     make_gguf(p, drop_types=5)  # token_type shorter than the token list
     check_fail(["pack", p, "-o", out, "--quiet"], "tokenizer.ggml.token_type", out)
+
+    # Q2_K, Q3_K, IQ4_NL and IQ4_XS are kept byte for byte too, and inspect names them.
+    p = os.path.join(tmp, "lowbit.gguf")
+    make_gguf(p, layer1=[Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.Q3_K, Q.IQ4_XS, Q.Q2_K])
+    lb = os.path.join(tmp, "lowbit.mpk")
+    run("pack", p, "-o", lb, "--quiet")
+    assert run("verify", lb).returncode == 0
+    _, tensors = pkgread.load(lb)
+    lt = {t.name: t for t in gguf.GGUFReader(p).tensors}
+    for gname, t in lt.items():
+        dt, _, data = tensors[hf_name(gname)]
+        assert dt == t.tensor_type.name.lower() and bytes(data) == t.data.tobytes(), (gname, dt)
+    shown = run("inspect", lb).stdout
+    for name in ("q2_k", "q3_k", "iq4_nl", "iq4_xs"):
+        assert name in shown, (name, shown)
+    # A NaN or infinite block scale is refused naming the tensor, the block and the field.
+    lraw = bytearray(open(p, "rb").read())
+    for gname, at, h, what in (("blk.1.attn_v.weight", 0, 0x7e00, "NaN"), ("blk.1.ffn_down.weight", 82, 0x7c00,
+                                                                           "infinite")):
+        t = lt[gname]
+        bs, ts = gguf.GGML_QUANT_SIZES[t.tensor_type]
+        bad = bytearray(lraw)
+        struct.pack_into("<H", bad, t.data_offset + 3 * ts + at, h)  # block 3
+        q = os.path.join(tmp, "nan.gguf")
+        open(q, "wb").write(bad)
+        check_fail(["pack", q, "-o", out, "--quiet"], gname, out)
+        r = run("pack", q, "-o", out, "--quiet", ok=False)
+        assert "block 3" in r.stderr and what in r.stderr, r.stderr
+    # Other ggml types are refused naming the tensor and the type.
+    make_gguf(p, layer1=[Q.Q2_K, Q.IQ2_XXS, Q.IQ4_NL, Q.IQ4_XS, Q.Q3_K, Q.IQ4_XS, Q.Q2_K])
+    check_fail(["pack", p, "-o", out, "--quiet"], "blk.1.attn_k.weight", out)
+    assert "IQ2_XXS" in run("pack", p, "-o", out, "--quiet", ok=False).stderr
     print("ok")
 
 

@@ -407,7 +407,7 @@ static void dequant(void **state) {
   assert_true(y[0] == 0.5f * 2 * 5);
   assert_true(y[1] == 0.5f * 2 * -32);
   assert_int_equal(mpk_ggml_row_to_f32(MPK_GGML_Q6_K, q6, y, 255), SERVD_EINVAL);
-  assert_int_equal(mpk_ggml_row_to_f32(MPK_GGML_Q2_K, q6, y, 256), SERVD_EUNSUPPORTED);
+  assert_int_equal(mpk_ggml_row_to_f32(MPK_GGML_IQ2_XXS, q6, y, 256), SERVD_EUNSUPPORTED);
 }
 
 int main(void) {
