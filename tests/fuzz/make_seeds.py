@@ -30,7 +30,11 @@ def main():
     rng = np.random.default_rng(1)
     # GGUF: a few keys of every kind and small tensors of several types.
     tmp = tempfile.mkdtemp()
-    for i, types in enumerate([[Q.F32, Q.Q8_0], [Q.Q4_1, Q.Q5_0, Q.F16], [Q.Q4_K, Q.Q6_K]]):
+    # seed3, the low-bit types, draws from its own generator so the seeds before it stay as they were.
+    blocks = (Q.Q4_K, Q.Q6_K, Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS)
+    lowbit_rng = np.random.default_rng(3)
+    for i, types in enumerate([[Q.F32, Q.Q8_0], [Q.Q4_1, Q.Q5_0, Q.F16], [Q.Q4_K, Q.Q6_K],
+                               [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS]]):
         p = os.path.join(tmp, f"{i}.gguf")
         w = gguf.GGUFWriter(p, "llama")
         w.add_block_count(1)
@@ -40,10 +44,10 @@ def main():
         w.add_rope_freq_base(10000.0)
         w.add_bool("x.flag", True)
         for j, t in enumerate(types):
-            cols = 256 if t in (Q.Q4_K, Q.Q6_K) else 32
-            if t in (Q.Q4_K, Q.Q6_K):
+            cols = 256 if t in blocks and t != Q.IQ4_NL else 32
+            if t in blocks:
                 bs, ts = gguf.GGML_QUANT_SIZES[t]
-                raw = rng.integers(0, 256, size=(2, ts), dtype=np.uint8)
+                raw = (lowbit_rng if i == 3 else rng).integers(0, 256, size=(2, ts), dtype=np.uint8)
                 w.add_tensor(f"t{j}", raw, raw_shape=raw.shape, raw_dtype=t)
             elif t in (Q.F32, Q.F16):
                 w.add_tensor(f"t{j}", rng.standard_normal((2, cols)).astype(np.float32 if t == Q.F32 else np.float16))
