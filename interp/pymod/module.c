@@ -1,6 +1,7 @@
 /* The servd module: Rope, KVCache, Batch, the package object, rank/world_size/device. */
 #include "pymod.h"
 
+#include <math.h>
 #include <string.h>
 
 const servd_host_api *pm_host;
@@ -9,14 +10,48 @@ pm_state pm;
 
 /* ---- servd.Rope ---- */
 
+/* A sequence of head_dim/2 positive finite floats into out; -1 with a ValueError naming `what`. */
+static int rope_table(PyObject *seq, int head_dim, const char *what, float *out) {
+  PyObject *f = PySequence_Fast(seq, "servd.Rope: an inverse-frequency table must be a sequence of floats");
+  if (!f) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(f);
+  int rc = 0;
+  if (n != head_dim / 2 || head_dim > 2 * SERVD_ROPE_TABLE_MAX) {
+    PyErr_Format(PyExc_ValueError, "servd.Rope: %s has %zd values, expected head_dim/2 = %d (head_dim <= %d)", what, n,
+                 head_dim / 2, 2 * SERVD_ROPE_TABLE_MAX);
+    rc = -1;
+  }
+  for (Py_ssize_t i = 0; i < n && !rc; i++) {
+    double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(f, i));
+    if (v == -1.0 && PyErr_Occurred()) rc = -1;
+    else if (!(v > 0.0) || !isfinite(v)) {
+      PyErr_Format(PyExc_ValueError, "servd.Rope: %s[%zd] = %g, expected a positive finite value", what, i, v);
+      rc = -1;
+    } else out[i] = (float)v;
+  }
+  Py_DECREF(f);
+  return rc;
+}
+
 static PyObject *rope_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {
-      "layout", "head_dim", "theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_positions", NULL};
+  static char *kwlist[] = {"layout",
+                           "head_dim",
+                           "theta",
+                           "factor",
+                           "low_freq_factor",
+                           "high_freq_factor",
+                           "original_max_positions",
+                           "inv_freq",
+                           "inv_freq_long",
+                           "long_from",
+                           "attn_factor",
+                           NULL};
   const char *layout;
-  int head_dim, orig = 8192;
-  double theta, factor = 1.0, lo = 1.0, hi = 4.0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "sid|dddi:Rope", kwlist, &layout, &head_dim, &theta, &factor, &lo, &hi,
-                                   &orig))
+  int head_dim, orig = 8192, long_from = 0;
+  double theta, factor = 1.0, lo = 1.0, hi = 4.0, attn = 0.0;
+  PyObject *inv = Py_None, *inv_long = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "sid|dddiOOid:Rope", kwlist, &layout, &head_dim, &theta, &factor, &lo, &hi,
+                                   &orig, &inv, &inv_long, &long_from, &attn))
     return NULL;
   servd_rope_layout l;
   if (!strcmp(layout, "half")) l = SERVD_ROPE_HALF;
@@ -30,6 +65,11 @@ static PyObject *rope_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
                  theta);
     return NULL;
   }
+  if ((inv_long != Py_None && (inv == Py_None || long_from < 0)) || !(attn >= 0.0) || !isfinite(attn)) {
+    PyErr_SetString(PyExc_ValueError, "servd.Rope: inv_freq_long needs inv_freq and long_from >= 0; attn_factor "
+                                      "must be finite and >= 0");
+    return NULL;
+  }
   RopeObject *o = (RopeObject *)tp->tp_alloc(tp, 0);
   if (!o) return NULL;
   o->p = (servd_rope_params){.layout = l,
@@ -38,7 +78,16 @@ static PyObject *rope_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
                              .scaling_factor = (float)factor,
                              .low_freq_factor = (float)lo,
                              .high_freq_factor = (float)hi,
-                             .original_max_positions = orig};
+                             .original_max_positions = orig,
+                             .long_from = long_from,
+                             .attn_factor = (float)attn};
+  if ((inv != Py_None && rope_table(inv, head_dim, "inv_freq", o->inv)) ||
+      (inv_long != Py_None && rope_table(inv_long, head_dim, "inv_freq_long", o->inv_long))) {
+    Py_DECREF(o);
+    return NULL;
+  }
+  o->p.inv_freq = inv != Py_None ? o->inv : NULL;
+  o->p.inv_freq_long = inv_long != Py_None ? o->inv_long : NULL;
   return (PyObject *)o;
 }
 
@@ -61,7 +110,7 @@ static PyType_Slot rope_slots[] = {
     {Py_tp_dealloc, plain_dealloc},
     {Py_tp_repr, rope_repr},
     {Py_tp_doc, "Rope(layout, head_dim, theta, factor=1.0, low_freq_factor=1.0, high_freq_factor=4.0, "
-                "original_max_positions=8192)"},
+                "original_max_positions=8192, inv_freq=None, inv_freq_long=None, long_from=0, attn_factor=0.0)"},
     {0, NULL},
 };
 static PyType_Spec rope_spec = {"servd.Rope", sizeof(RopeObject), 0, Py_TPFLAGS_DEFAULT, rope_slots};

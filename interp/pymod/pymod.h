@@ -37,6 +37,7 @@ typedef struct TensorObject {
 
 typedef struct RopeObject {
   PyObject_HEAD servd_rope_params p;
+  float inv[SERVD_ROPE_TABLE_MAX], inv_long[SERVD_ROPE_TABLE_MAX]; /* p's tables, when given */
 } RopeObject;
 
 typedef struct KVCacheObject {

@@ -8,6 +8,12 @@ struct rope_args {
   int head_dim;
   float theta, factor, low_freq_factor, high_freq_factor;
   int original_max_positions;
+  /* The model's per-pair inverse frequencies (servd_rope_params.inv_freq), copied by value into the
+   * launch: has_table 0 means from theta. has_long: LongRoPE's second table, used by the whole call
+   * when its largest position is >= long_from. */
+  int has_table, has_long, long_from;
+  float attn; /* cos and sin times this */
+  float inv[SERVD_ROPE_TABLE_MAX], inv_long[SERVD_ROPE_TABLE_MAX];
 };
 
 // inv_freq_i as kernels/src/rope.c computes it on the host (Hugging Face transformers in f32),
@@ -40,16 +46,24 @@ __device__ __forceinline__ float rope_inv_freq(const rope_args &a, int i) {
 // is exact to the f32 result for any angle (full range reduction) whatever the fast-math flags:
 // __sinf-style approximations lose ~1e-2 absolute near 128K positions.
 __global__ void rope_kernel(__nv_bfloat16 *__restrict__ x, const int32_t *__restrict__ pos, int m, int n_heads,
-                            rope_args a) {
+                            const __grid_constant__ rope_args a) {
   const int half = a.head_dim / 2;
   const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  bool use_long = false;
+  if (a.has_long) { /* every thread of the block takes part, before any returns */
+    int seen = 0;
+    for (int r = threadIdx.x; r < m; r += blockDim.x) seen |= pos[r] >= a.long_from;
+    use_long = __syncthreads_or(seen) != 0;
+  }
   if (t >= (long long)m * half) return;
   const int i = (int)(t % half), row = (int)(t / half);
   const int h0 = blockIdx.y * SERVD_ROPE_HEADS_PER_THREAD, h1 = min(n_heads, h0 + SERVD_ROPE_HEADS_PER_THREAD);
-  const float angle = __fmul_rn((float)pos[row], rope_inv_freq(a, i));
+  const float inv = use_long ? a.inv_long[i] : a.has_table ? a.inv[i] : rope_inv_freq(a, i);
+  const float angle = __fmul_rn((float)pos[row], inv);
   double sd, cd;
   sincos((double)angle, &sd, &cd);
-  const float s = (float)sd, co = (float)cd;
+  float s = (float)sd, co = (float)cd;
+  if (a.attn != 1.0f) s = __fmul_rn(s, a.attn), co = __fmul_rn(co, a.attn);
   const int i0 = a.layout == SERVD_ROPE_INTERLEAVED ? 2 * i : i;
   const int i1 = a.layout == SERVD_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
   for (int hh = h0; hh < h1; hh++) {

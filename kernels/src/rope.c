@@ -1,8 +1,9 @@
-/* Rotary position embedding in place, both pair layouts, with Llama 3.1 frequency scaling.
+/* Rotary position embedding in place, both pair layouts, with Llama 3.1 frequency scaling or a
+ * per-pair table of inverse frequencies (YaRN, LongRoPE: computed by the model code).
  *
  * Frequencies and angles follow Hugging Face transformers in f32: inv_freq_i = 1 / theta^(2i/d),
- * angle = inv_freq_i * (float)position, then cos/sin of that f32 angle; so a GGUF or HF model sees
- * the same rotation as under PyTorch. */
+ * angle = inv_freq_i * (float)position, then cos/sin of that f32 angle (times attn_factor when set);
+ * so a GGUF or HF model sees the same rotation as under PyTorch. */
 #include "ops-impl.h"
 
 #include <math.h>
@@ -72,6 +73,8 @@ typedef struct rope_job {
   const int32_t *pos;
   int64_t pos_stride;
   const servd_rope_params *p;
+  const float *table; /* the model's inverse frequencies for this call, or NULL: from theta */
+  float attn;         /* 1: cos and sin as they are */
   servd_isa isa;
 } rope_job;
 
@@ -80,13 +83,15 @@ static void rope_task(void *ctx, int64_t begin, int64_t end, int thread) {
   static void (*const rot[SERVD_ISA_COUNT])(float *, int64_t, int, servd_rope_layout, const float *, const float *) = {
       servd__rope_row_scalar, servd__rope_row_avx2, servd__rope_row_avx512};
   const rope_job *j = ctx;
-  const float *inv = inv_freqs(j->p);
+  const float *inv = j->table ? j->table : inv_freqs(j->p);
+  const float attn = j->attn;
   int d = j->p->head_dim, h = d / 2;
   float cs[ROPE_MAX_DIM], sn[ROPE_MAX_DIM];
   for (int64_t r = begin; r < end; r++) {
     float pos = (float)*(const int32_t *)((const char *)j->pos + r * j->pos_stride);
     for (int i = 0; i < h; i++) {
       float a = inv[i] * pos, c = cosf(a), s = sinf(a);
+      if (attn != 1.0f) c *= attn, s *= attn;
       if (j->p->layout == SERVD_ROPE_HALF) {
         cs[i] = c;
         sn[i] = s;
@@ -115,6 +120,12 @@ int servd_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_
   } else if (p->scaling_factor > 1.0f && !(p->low_freq_factor > 0.0f && p->high_freq_factor > p->low_freq_factor &&
                                            p->original_max_positions > 0)) {
     why = "llama3 scaling needs 0 < low_freq_factor < high_freq_factor and original_max_positions > 0";
+  } else if ((p->inv_freq || p->inv_freq_long) && (!p->inv_freq || p->head_dim > 2 * SERVD_ROPE_TABLE_MAX)) {
+    why = "an inverse-frequency table needs inv_freq (inv_freq_long alone is not enough) and head_dim <= 512";
+  } else if (p->inv_freq_long && p->long_from < 0) {
+    why = "long_from must be >= 0";
+  } else if (!(p->attn_factor >= 0.0f) || !isfinite(p->attn_factor)) {
+    why = "attn_factor must be finite and >= 0 (0: none)";
   } else if (!x || x->dtype != SERVD_F32 || (x->ndim != 2 && x->ndim != 3)) {
     why = "x must be f32 (m, n_heads, head_dim) or (m, n_heads*head_dim)";
   } else if (x->ndim == 3 && (x->shape[2] != p->head_dim || x->strides[1] != x->shape[2] * 4)) {
@@ -125,11 +136,15 @@ int servd_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_
              positions->shape[0] != x->shape[0]) {
     why = "positions must be i32 (m) with m the rows of x";
   }
+  int32_t max_pos = -1;
   if (!why) {
     cols = x->ndim == 3 ? x->shape[1] * x->shape[2] : x->shape[1];
     const char *pd = servd_tensor_data(positions);
-    for (int64_t i = 0; i < positions->shape[0] && !why; i++)
-      if (*(const int32_t *)(pd + i * positions->strides[0]) < 0) why = "positions must be >= 0";
+    for (int64_t i = 0; i < positions->shape[0] && !why; i++) {
+      int32_t v = *(const int32_t *)(pd + i * positions->strides[0]);
+      if (v < 0) why = "positions must be >= 0";
+      if (v > max_pos) max_pos = v;
+    }
   }
   if (why)
     return servd_fail(SERVD_EINVAL, "rope: %s; got x %s, positions %s, head_dim %d", why, ops__desc(x, bx, sizeof bx),
@@ -140,6 +155,8 @@ int servd_rope(servd_tensor *x, const servd_tensor *positions, const servd_rope_
                 .pos = servd_tensor_data(positions),
                 .pos_stride = positions->strides[0],
                 .p = p,
+                .table = p->inv_freq_long && max_pos >= p->long_from ? p->inv_freq_long : p->inv_freq,
+                .attn = p->attn_factor > 0.0f ? p->attn_factor : 1.0f,
                 .isa = ops__isa()};
   if (x->shape[0] == 0 || cols == 0) return 0;
   int64_t grain = cols >= 8192 ? 1 : 8192 / cols;

@@ -39,13 +39,17 @@ def _matmul_many_parts(x, *pairs):
 
 
 try:
-    from . import placement
+    from . import placement, rope_scaling
 except ImportError:  # model.py loaded as a lone file (tests/llama/numpy_servd.py)
     import importlib.util as _iu
     import os as _os
-    _spec = _iu.spec_from_file_location("llama_placement", _os.path.join(_os.path.dirname(__file__), "placement.py"))
-    placement = _iu.module_from_spec(_spec)
-    _spec.loader.exec_module(placement)
+
+    def _sibling(name):
+        spec = _iu.spec_from_file_location("llama_" + name, _os.path.join(_os.path.dirname(__file__), name + ".py"))
+        mod = _iu.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    placement, rope_scaling = _sibling("placement"), _sibling("rope_scaling")
 
 # Hugging Face and GGUF tensor names of the same weight.
 _HF = {
@@ -130,19 +134,13 @@ class LlamaModel:
 
         layout = man.get("rope_layout") or cfg.get("rope_layout") or (
             "interleaved" if self._names is _GGUF else "half")
-        rs = cfg.get("rope_scaling") or {}
-        rkw = {}
-        if rs.get("rope_type", rs.get("type")) == "llama3":
-            rkw = dict(factor=float(rs["factor"]), low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
-                       high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
-                       original_max_positions=int(rs.get("original_max_position_embeddings", 8192)))
-        elif rs and not self.GEMMA:  # Phi-3's longrope included: the rope op has no per-dimension factors
-            raise ValueError(f"llama: unsupported rope_scaling {rs!r} (supported: llama3)")
+        theta = float(_cfg(cfg, "rope_theta", "rope_freq_base", default=10000.0))
+        # llama3 by the op's own numbers; YaRN and LongRoPE as per-pair tables (rope_scaling.py).
+        rkw = {} if self.GEMMA else rope_scaling.rope_kwargs(cfg, self.head_dim, theta)
         if float(cfg.get("partial_rotary_factor") or 1.0) != 1.0:
             raise ValueError("llama: partial_rotary_factor other than 1.0 is not supported (the rope op rotates "
                              "whole heads)")
-        self.rope = servd.Rope(layout=layout, head_dim=self.head_dim,
-                               theta=float(_cfg(cfg, "rope_theta", "rope_freq_base", default=10000.0)), **rkw)
+        self.rope = servd.Rope(layout=layout, head_dim=self.head_dim, theta=theta, **rkw)
 
         r, w = self.rank, self.world
         _, self.h_local = _split(self.n_heads, r, w, "num_attention_heads")
@@ -302,6 +300,8 @@ class LlamaModel:
         sel, lg, full = self._logit_bufs(len(rows), batch)
         P.embedding(sel, x, rows)  # gathers the rows that need logits
         rmsnorm(sel, sel, self.norm, eps)
+        if getattr(batch, "hidden", False):  # embeddings: the final-norm hidden rows instead of logits
+            return sel
         matmul(lg, sel, self.output)
         if tp:  # rank r's columns [v0, v0+vn) land at that offset: shards in rank order
             P.allgather_cols(full, lg)
@@ -523,6 +523,8 @@ class Gemma3Model(LlamaModel):
         sel, lg, full = self._logit_bufs(len(rows), batch)
         P.embedding(sel, x, rows)
         rmsnorm(sel, sel, self.norm, eps_res)
+        if getattr(batch, "hidden", False):
+            return sel
         matmul(lg, sel, self.output)
         if tp:
             P.allgather_cols(full, lg)

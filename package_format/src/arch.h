@@ -113,6 +113,15 @@ int mpk__cfg_tie(const char *what, const json_t *c);
  * >= min_factor (> when min_strict); else SERVD_EUNSUPPORTED ending "expected null or `expected`". */
 int mpk__cfg_rope_scaling(const char *what, const json_t *c, const char *type, double min_factor, bool min_strict,
                           const char *expected);
+/* arch_rope.c: rope_scaling's type ("rope_type", else "type"; "" when not a string), NULL when there
+ * is none (absent, null or {}). */
+const char *mpk__rope_type(const json_t *c);
+/* YaRN's keys (models/llama/rope_scaling.py): factor >= 1, original_max_position_embeddings,
+ * beta_fast, beta_slow, attention_factor, mscale, mscale_all_dim, truncate. */
+int mpk__cfg_rope_yarn(const char *what, const json_t *c);
+/* LongRoPE's: short_factor and long_factor of head_dim/2 positive numbers, attention_factor, factor,
+ * original_max_position_embeddings (top level, as transformers reads it, or in rope_scaling). */
+int mpk__cfg_rope_longrope(const char *what, const json_t *c, int64_t head_dim);
 /* A tensor of every layer: `name` after "model.layers.N.", of shape (rows,) or (rows, cols); when not
  * `on` (an option the family lacks) it must be absent, since the code would ignore it. */
 typedef struct mpk_layer_tensor {

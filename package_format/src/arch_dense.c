@@ -41,9 +41,12 @@ int mpk__dense_check_config(const mpk_arch *a, const char *what, const json_t *c
   const mpk_dense_opts *o = a->dense;
   mpk_decoder_dims d;
   int rc;
-  /* The model code applies no rope_scaling but Llama 3's; another one would load and run wrong. */
+  /* The model code applies Llama 3's rope_scaling and YaRN; another one would load and run wrong. */
+  const char *rt = mpk__rope_type(c);
   if ((rc = read_dims(what, c, &d)) || (rc = mpk__cfg_tie(what, c)) ||
-      (rc = mpk__cfg_rope_scaling(what, c, "llama3", 0, true, "\"llama3\" with a positive factor")))
+      (rc = rt && !strcmp(rt, "yarn")
+                ? mpk__cfg_rope_yarn(what, c)
+                : mpk__cfg_rope_scaling(what, c, "llama3", 0, true, "\"llama3\" with a positive factor, or \"yarn\"")))
     return rc;
   int64_t window, ctx;
   if ((rc = window_of(what, c, o, &window, &ctx))) return rc;

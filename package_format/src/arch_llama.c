@@ -96,6 +96,18 @@ int mpk__llama_gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *
     snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", ga);
     if (mpk_gguf_get_u64(g, key, &orig) == 0)
       json_object_set_new(rs, "original_max_position_embeddings", json_integer((json_int_t)orig));
+    if (sl == 4 && !memcmp(st, "yarn", 4)) { /* llama.cpp's YaRN keys, as transformers names them */
+      static const char *const yk[][2] = {{"yarn_beta_fast", "beta_fast"}, {"yarn_beta_slow", "beta_slow"}};
+      double b, af;
+      for (int i = 0; i < 2; i++) {
+        snprintf(key, sizeof key, "%s.rope.scaling.%s", ga, yk[i][0]);
+        if (mpk_gguf_get_f64(g, key, &b) == 0) json_object_set_new(rs, yk[i][1], json_real(mpk__shortest_f32(b)));
+      }
+      /* llama.cpp multiplies YaRN's own 1 + 0.1 ln(factor) by attn_factor; transformers takes the product. */
+      snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", ga);
+      if (mpk_gguf_get_f64(g, key, &af) == 0 && af != 1.0 && factor > 1.0)
+        json_object_set_new(rs, "attention_factor", json_real(af * (0.1 * log(factor) + 1.0)));
+    }
     json_object_set_new(c, "rope_scaling", rs);
   } else {
     json_object_set_new(c, "rope_scaling", json_null());

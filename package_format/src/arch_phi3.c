@@ -12,8 +12,9 @@
  *    and, for LongRoPE, the tensors rope_factors_long/short.weight and phi3.rope.scaling.attn_factor.
  *  - The model code takes Q/K/V and gate/up as row views of the fused tensors (no copy).
  *  - LongRoPE (rope_scaling "longrope", formerly "su") divides each frequency of a pair by its own
- *    factor and scales cos/sin: servd's rope op has llama3 scaling only, no per-dimension factors,
- *    so such configs are refused rather than run with the wrong rotation (docs/models.md). */
+ *    factor (short ones up to original_max_position_embeddings, long ones beyond) and scales cos/sin:
+ *    the model code hands both tables to the rope op (models/llama/rope_scaling.py). From a GGUF the
+ *    factor tensors and phi3.rope.scaling.attn_factor become that rope_scaling. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -55,20 +56,13 @@ static int check_config(const mpk_arch *a, const char *what, const json_t *c) {
   if (json_object_get(c, "hidden_act") && !json_is_null(json_object_get(c, "hidden_act")) &&
       (!act || strcmp(act, "silu")))
     return servd_fail(SERVD_EUNSUPPORTED, "%s: config: \"hidden_act\": expected \"silu\"", what);
-  json_t *rs = json_object_get(c, "rope_scaling");
-  if (!rs || json_is_null(rs) || (json_is_object(rs) && json_object_size(rs) == 0)) return 0;
-  json_t *ty = json_object_get(rs, "rope_type");
-  if (!ty) ty = json_object_get(rs, "type");
-  const char *s = json_string_value(ty);
+  const char *rt = mpk__rope_type(c);
+  if (!rt) return 0;
+  if (!strcmp(rt, "longrope") || !strcmp(rt, "su")) return mpk__cfg_rope_longrope(what, c, d.m.head_dim);
   char q[300];
-  if (s && (!strcmp(s, "longrope") || !strcmp(s, "su")))
-    return servd_fail(SERVD_EUNSUPPORTED,
-                      "%s: config: rope_scaling type \"%s\": LongRoPE needs per-dimension frequency factors "
-                      "(short_factor/long_factor), which servd's rope op does not apply yet; expected null",
-                      what, s);
   return servd_fail(SERVD_EUNSUPPORTED,
-                    "%s: config: rope_scaling type \"%s\": expected null (Phi-3 knows only \"longrope\")", what,
-                    s ? mpk__printable(s, strlen(s), q, sizeof q) : "");
+                    "%s: config: rope_scaling type \"%s\": expected null or \"longrope\" (Phi-3 knows no other)", what,
+                    mpk__printable(rt, strlen(rt), q, sizeof q));
 }
 
 static int check_tensors(const mpk_arch *a, const char *what, const json_t *c, const mpk_shapes *s) {
@@ -87,12 +81,15 @@ static int check_tensors(const mpk_arch *a, const char *what, const json_t *c, c
                                 {"mlp.gate_proj.weight", 2, I, H, false},
                                 {"self_attn.qkv_proj.bias", 1, Q + 2 * KV, 0, false}};
   if ((rc = mpk__decoder_check_tensors(what, c, s, &d.m, t, sizeof t / sizeof *t, a->name))) return rc;
-  /* A GGUF's LongRoPE factors: its config says longrope and is refused before this. */
-  static const char *const stale[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+  /* A GGUF's LongRoPE factors: copied into the config's rope_scaling at pack time (gguf_config), the
+   * tensors kept beside it; without a longrope config they would say another rotation than it. */
+  static const char *const factors[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+  const char *rt = mpk__rope_type(c);
+  bool longrope = rt && (!strcmp(rt, "longrope") || !strcmp(rt, "su"));
   for (int i = 0; i < 2; i++)
-    if (mpk__shapes_find(s, stale[i]))
+    if (!longrope && mpk__shapes_find(s, factors[i]))
       return servd_fail(SERVD_EFORMAT, "%s: tensor \"%s\": LongRoPE factors, while the config has no rope_scaling",
-                        what, stale[i]);
+                        what, factors[i]);
   return 0;
 }
 
@@ -114,15 +111,46 @@ static int gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *g, c
   snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", ga);
   if (mpk_gguf_get_u64(g, key, &orig) == 0 && orig > 0 && orig <= (1ull << 31))
     json_object_set_new(c, "original_max_position_embeddings", json_integer((json_int_t)orig));
-  /* LongRoPE: the converter writes its factors as tensors, no rope.scaling.type. */
-  for (size_t i = 0; i < g->n_tensors; i++)
-    if (!strcmp(g->tensors[i].name, "rope_factors_long.weight") ||
-        !strcmp(g->tensors[i].name, "rope_factors_short.weight")) {
-      json_t *rs = json_pack("{s:s}", "type", "longrope");
-      if (orig) json_object_set_new(rs, "original_max_position_embeddings", json_integer((json_int_t)orig));
-      json_object_set_new(c, "rope_scaling", rs);
-      break;
+  /* LongRoPE: the converter writes its factors as tensors (no rope.scaling.type) and the attention
+   * factor it computed; they become the config's rope_scaling as transformers reads it. */
+  const mpk_gguf_tensor *fl = NULL, *fs = NULL;
+  for (size_t i = 0; i < g->n_tensors; i++) {
+    if (!strcmp(g->tensors[i].name, "rope_factors_long.weight")) fl = &g->tensors[i];
+    if (!strcmp(g->tensors[i].name, "rope_factors_short.weight")) fs = &g->tensors[i];
+  }
+  if (!fl && !fs) return 0;
+  json_t *rs = json_pack("{s:s}", "type", "longrope");
+  json_object_set_new(c, "rope_scaling", rs);
+  if (orig) json_object_set_new(rs, "original_max_position_embeddings", json_integer((json_int_t)orig));
+  double af;
+  snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", ga);
+  if (mpk_gguf_get_f64(g, key, &af) == 0 && isfinite(af) && af > 0)
+    json_object_set_new(rs, "attention_factor", json_real(mpk__shortest_f32(af))); /* f32 in GGUF */
+  const mpk_gguf_tensor *ts[2] = {fs, fl};
+  static const char *const keys[2] = {"short_factor", "long_factor"};
+  for (int k = 0; k < 2; k++) {
+    const mpk_gguf_tensor *t = ts[k];
+    if (!t) {
+      json_decref(c), *out = NULL;
+      return servd_fail(SERVD_EFORMAT, "%s: tensor \"rope_factors_%s.weight\": missing beside its LongRoPE pair", what,
+                        k ? "long" : "short");
     }
+    if (t->type != MPK_GGML_F32 || t->ndim != 1 || t->ne[0] * 2 != hd) {
+      json_decref(c), *out = NULL;
+      return servd_fail(SERVD_EFORMAT,
+                        "%s: tensor \"%s\": ggml type %s with %lld values in %d dimension(s), "
+                        "expected F32 (head_dim/2 = %lld)",
+                        what, t->name, mpk_ggml_type_name(t->type) ? mpk_ggml_type_name(t->type) : "?",
+                        (long long)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]), t->ndim, (long long)(hd / 2));
+    }
+    json_t *a = json_array();
+    for (int64_t i = 0; i < t->ne[0]; i++) {
+      float f;
+      memcpy(&f, g->buf + t->offset + 4 * i, 4); /* the data offset need not be 4-aligned */
+      json_array_append_new(a, json_real(mpk__shortest_f32(f)));
+    }
+    json_object_set_new(rs, keys[k], a);
+  }
   return 0;
 }
 

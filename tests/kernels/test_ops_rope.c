@@ -1,4 +1,4 @@
-/* RoPE: both layouts, Llama 3.1 scaling, every ISA path. */
+/* RoPE: both layouts, Llama 3.1 scaling, per-pair inverse-frequency tables, every ISA path. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -184,6 +184,56 @@ static void test_isa_paths(void **state) {
   servd_cpu_force_isa(SERVD_ISA_COUNT);
 }
 
+/* Tables (YaRN, LongRoPE): the given inverse frequencies instead of theta's, cos and sin times
+ * attn_factor, and the long table for the whole call once any position reaches long_from. The
+ * reference rotates in double with the same f32 angle inv[i] * position. */
+static void test_tables(void **state) {
+  (void)state;
+  enum { D = 96, H = D / 2, NH = 3 }; /* Phi-3's head_dim */
+  float inv[H], inv_long[H];
+  for (int i = 0; i < H; i++) {
+    inv[i] = (float)(1.0 / (pow(10000.0, 2.0 * i / D) * (1.0 + 0.05 * i)));
+    inv_long[i] = (float)(1.0 / (pow(10000.0, 2.0 * i / D) * (1.0 + 0.9 * i)));
+  }
+  const float attn = 1.19f;
+  static const struct {
+    int m;
+    int32_t pos[3];
+    bool want_long;
+  } calls[] = {{3, {0, 5, 63}, false}, {3, {0, 5, 64}, true}, {1, {2000}, true}, {2, {7, 1}, false}};
+  for (int isa = 0; isa < SERVD_ISA_COUNT; isa++) {
+    if (servd_cpu_force_isa((servd_isa)isa) != 0) continue;
+    for (int l = 0; l < 2; l++)
+      for (size_t c = 0; c < sizeof calls / sizeof *calls; c++) {
+        int m = calls[c].m;
+        int64_t shape[2] = {m, NH * D};
+        servd_tensor *x = servd_tensor_new(SERVD_F32, 2, shape), *pos = positions(m, calls[c].pos);
+        float in[3 * NH * D];
+        for (int i = 0; i < m * NH * D; i++) in[i] = f(x)[i] = frand(-2, 2);
+        servd_rope_params p = params((servd_rope_layout)l, D, 10000.0f);
+        p.inv_freq = inv, p.inv_freq_long = inv_long, p.long_from = 64, p.attn_factor = attn;
+        assert_int_equal(servd_rope(x, pos, &p), 0);
+        const float *tab = calls[c].want_long ? inv_long : inv;
+        for (int r = 0; r < m; r++)
+          for (int hd = 0; hd < NH; hd++)
+            for (int i = 0; i < H; i++) {
+              int base = (r * NH + hd) * D;
+              int i0 = base + (l == SERVD_ROPE_HALF ? i : 2 * i),
+                  i1 = base + (l == SERVD_ROPE_HALF ? i + H : 2 * i + 1);
+              float a = tab[i] * (float)calls[c].pos[r];
+              double co = attn * cos((double)a), si = attn * sin((double)a);
+              double r0 = in[i0] * co - in[i1] * si, r1 = in[i1] * co + in[i0] * si;
+              if (fabs(f(x)[i0] - r0) > 2e-6 || fabs(f(x)[i1] - r1) > 2e-6)
+                fail_msg("rope table isa %d layout %d call %zu row %d pair %d: (%.9g, %.9g) vs (%.9g, %.9g)", isa, l, c,
+                         r, i, (double)f(x)[i0], (double)f(x)[i1], r0, r1);
+            }
+        servd_tensor_release(x);
+        servd_tensor_release(pos);
+      }
+  }
+  servd_cpu_force_isa(SERVD_ISA_COUNT);
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   int64_t shape[2] = {2, 12};
@@ -207,6 +257,16 @@ static void test_bad_input(void **state) {
   p.layout = (servd_rope_layout)7;
   assert_int_equal(servd_rope(x, pos2, &p), SERVD_EINVAL);
   p.layout = SERVD_ROPE_HALF;
+  float tab[3] = {1.0f, 0.5f, 0.25f};
+  p.inv_freq_long = tab; /* a long table without the short one */
+  assert_int_equal(servd_rope(x, pos2, &p), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "inv_freq"));
+  p.inv_freq = tab, p.long_from = -1;
+  assert_int_equal(servd_rope(x, pos2, &p), SERVD_EINVAL);
+  p.long_from = 0, p.attn_factor = NAN;
+  assert_int_equal(servd_rope(x, pos2, &p), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "attn_factor"));
+  p.attn_factor = 0.0f, p.inv_freq = p.inv_freq_long = NULL;
   assert_int_equal(servd_rope(x, pos2, &p), 0);
   assert_int_equal(servd_rope(x, pos2, NULL), SERVD_EINVAL);
   int64_t empty_shape[2] = {0, 12};
@@ -223,7 +283,7 @@ static void test_bad_input(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hand_values), cmocka_unit_test(test_numpy_plain), cmocka_unit_test(test_numpy_llama31),
-      cmocka_unit_test(test_isa_paths),   cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_isa_paths),   cmocka_unit_test(test_tables),      cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

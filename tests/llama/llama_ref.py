@@ -9,7 +9,10 @@ The families written the same way in transformers, with their differences (from 
   - MistralForCausalLM: sliding-window attention, a key at position s is seen from t when
     t - s < sliding_window (the mask of transformers' sliding_window_causal mask);
   - Qwen2ForCausalLM: q/k/v_proj with bias; a window only with use_sliding_window, in the layers
-    from max_window_layers on;
+    from max_window_layers on; YaRN (rope_scaling "yarn", transformers' _compute_yarn_parameters):
+    correction range from beta_fast 32 / beta_slow 1 over original_max_position_embeddings (floor
+    and ceil), each inverse frequency the ramp's mix of theta^-(2i/d) and it divided by factor,
+    cos/sin times attention_factor, else 0.1 ln(factor) + 1;
   - Qwen3ForCausalLM: q_norm/k_norm, RMSNorm over head_dim of each head after the projection and
     before RoPE; head_dim from the config; a window as Qwen2's.
   - Phi3ForCausalLM (modeling_phi3): self_attn.qkv_proj split into Q, K, V rows in that order,
@@ -105,6 +108,27 @@ def longrope(cfg, head_dim, seq_len):
     return 1.0 / (ext * base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)), float(mscale)
 
 
+def yarn(cfg, head_dim):
+    """YaRN's inverse frequencies and attention factor (float64)."""
+    rs = cfg["rope_scaling"]
+    base = float(cfg.get("rope_theta", 10000.0))
+    factor = float(rs["factor"])
+    orig = int(rs.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
+    fast, slow = float(rs.get("beta_fast") or 32), float(rs.get("beta_slow") or 1)
+    mscale = rs.get("attention_factor")
+    if mscale is None:
+        mscale = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+    def dim_of(rotations):  # the pair index whose wavelength fits `rotations` times in orig
+        return head_dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    lo, hi = max(math.floor(dim_of(fast)), 0), min(math.ceil(dim_of(slow)), head_dim - 1)
+    if lo == hi:
+        hi += 0.001
+    extra = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    keep = 1.0 - np.clip((np.arange(head_dim // 2, dtype=np.float64) - lo) / (hi - lo), 0.0, 1.0)
+    return extra / factor * (1.0 - keep) + extra * keep, float(mscale)
+
+
 def split_fused(cfg, w):
     """Phi-3's fused projections as the separate ones (a copy of w with q/k/v and gate/up added)."""
     nh = cfg["num_attention_heads"]
@@ -160,6 +184,8 @@ def forward(cfg, w, tokens):
     T = len(tokens)
     pos = np.arange(T, dtype=np.float64)
     inv, mscale = inv_freq(cfg, hd), 1.0
+    if (cfg.get("rope_scaling") or {}).get("rope_type", (cfg.get("rope_scaling") or {}).get("type")) == "yarn":
+        inv, mscale = yarn(cfg, hd)
     rd = int(hd * float(cfg.get("partial_rotary_factor") or 1.0))  # Phi-3: rotary dims
     if cfg.get("model_type") == "phi3":
         w = split_fused(cfg, w)

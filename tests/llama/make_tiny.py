@@ -9,7 +9,9 @@ Families (as transformers' configs and llama.cpp's converter write them):
   mistral  model_type "mistral", sliding_window 64 of max_position_embeddings 256; GGUF architecture
            "llama" with permuted q/k rows (llama.cpp converts Mistral as Llama and keeps no window)
   qwen2    q/k/v biases, rope_theta 1e6, no head_dim key, use_sliding_window false; GGUF "qwen2",
-           rows NOT permuted (NEOX RoPE), biases as blk.N.attn_{q,k,v}.bias
+           rows NOT permuted (NEOX RoPE), biases as blk.N.attn_{q,k,v}.bias (--yarn: rope_scaling yarn
+           factor 4 of original_max_position_embeddings 64, max_position_embeddings 256; GGUF
+           qwen2.rope.scaling.type/factor/original_context_length as the converter writes them)
   qwen3    q_norm/k_norm of head_dim 32 while hidden_size / heads is 16, rope_theta 1e6; GGUF "qwen3",
            not permuted, blk.N.attn_{q,k}_norm.weight
   gemma3   model_type "gemma3_text": 6 layers, hidden 48 (sqrt not exact), head_dim 16 while hidden /
@@ -78,6 +80,8 @@ def config(args):
         cfg.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2", rope_theta=1000000.0,
                    use_sliding_window=False, sliding_window=256, max_window_layers=2)
         del cfg["head_dim"]  # Qwen2 configs have none: hidden_size / num_attention_heads
+        if getattr(args, "yarn", False):  # Qwen2.5's documented form (max_position_embeddings = factor x original)
+            cfg["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
     elif fam == "qwen3":
         cfg.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", rope_theta=1000000.0, head_dim=32,
                    attention_bias=False, use_sliding_window=False, sliding_window=None, max_window_layers=2)
@@ -100,6 +104,16 @@ def config(args):
             cfg["original_max_position_embeddings"] = 64
             cfg["rope_scaling"] = {"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(half)],
                                    "long_factor": [1.0 + 0.9 * i for i in range(half)]}
+    if getattr(args, "dims", None):  # benchmarks: every family at one size (HEADS,KV_HEADS,HEAD_DIM,INTER,LAYERS)
+        nh, nkv, hd, inter, layers = (int(x) for x in args.dims.split(","))
+        cfg.update(num_attention_heads=nh, num_key_value_heads=nkv, hidden_size=nh * hd, intermediate_size=inter,
+                   num_hidden_layers=layers, max_position_embeddings=1024)
+        if "head_dim" in cfg:
+            cfg["head_dim"] = hd
+        if cfg.get("sliding_window"):  # a window as wide as the context: full attention, as the Llama path
+            cfg["sliding_window"] = 1024
+        if fam == "phi3":
+            cfg["original_max_position_embeddings"] = 1024
     if args.llama3_scaling:
         cfg["rope_theta"] = 500000.0
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -376,7 +390,11 @@ def write_gguf(path, cfg, w, quant=None):
     g.add_vocab_size(cfg["vocab_size"])
     g.add_file_type(0 if qtype is None else {"q4_1": 3, "q8_0": 7, "q4_0": 2}[quant])
     rs = cfg.get("rope_scaling")
-    if rs:
+    if rs and rs.get("type") == "yarn":  # convert_hf_to_gguf.py (Qwen2Model): type, factor, original context
+        g.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        g.add_rope_scaling_factor(rs["factor"])
+        g.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
+    elif rs:
         raise ValueError("GGUF variant: llama3 rope scaling goes in rope_freqs; not generated here")
     toks = tokens(cfg)
     g.add_tokenizer_model("gpt2")
@@ -431,6 +449,8 @@ def main():
     ap.add_argument("--layer-types", action="store_true", help="gemma3: a layer_types list other than the pattern")
     ap.add_argument("--linear-scaling", action="store_true", help="gemma3: rope_scaling linear 8 on global layers")
     ap.add_argument("--longrope", action="store_true", help="phi3: rope_scaling longrope (short and long factors)")
+    ap.add_argument("--yarn", action="store_true", help="qwen2: rope_scaling yarn (factor 4 of 64 positions)")
+    ap.add_argument("--dims", help="HEADS,KV_HEADS,HEAD_DIM,INTER,LAYERS for any family, context 1024 (benchmarks)")
     ap.add_argument("--eos", help="comma-separated eos_token_id of generation_config.json (several: a list)")
     args = ap.parse_args()
     cfg = config(args)

@@ -14,9 +14,14 @@ scale llama.cpp derives from head_dim, linear scaling from gemma3.rope.scaling.*
 the attention window (8 tokens of a 37-token sequence), so a window dropped or misplaced fails.
 
 Phi-3: Hugging Face (TP=2) and GGUF (attn_qkv, ffn_up holding gate_up): the fused tensors taken as
-row views, the sliding window (8) in the attention op. LongRoPE: the reference's short and long
-factors change the logits; packing refuses it from both sources (the rope op has no per-dimension
-factors). Refusals for a fused tensor of the wrong shape, another rope type, a partial rotary factor.
+row views, the sliding window (8) in the attention op. LongRoPE from both sources (the GGUF's
+rope_factors_long/short tensors and attn_factor): a sequence within original_max_position_embeddings
+(64) with the short factors, one of 80 prompt tokens in one chunk with the long ones, each against
+the reference, whose short and long factors change the logits. Refusals for a fused tensor of the
+wrong shape, another rope type, a partial rotary factor, LongRoPE factors of the wrong length.
+
+Qwen2 with YaRN (factor 4 of 64 original positions) from both sources (GGUF qwen2.rope.scaling.*),
+the reference's YaRN changing the logits; a YaRN config without a factor is refused, naming the key.
 
 Also: the manifest's architecture and rope_layout per source; Mistral's context capped at its
 sliding window at pack time (with the line saying so); TP=2; `servd generate` stopping at the
@@ -62,6 +67,25 @@ def rewrite_weights(folder, fn):
     make_tiny.write_safetensors(os.path.join(folder, "model.safetensors"), w)
 
 
+def servd_logits_of(args, pkg, out, prompt, chunk):
+    """T.servd_logits for another prompt: (prompt rows + decoded rows, greedy ids, the pair's rows)."""
+    saved = T.PROMPT
+    T.PROMPT = prompt
+    try:
+        return T.servd_logits(args, pkg, out, chunk=chunk)
+    finally:
+        T.PROMPT = saved
+
+
+def compare_of(name, cfg, w, prompt, rows, gen, pair):
+    saved = T.PROMPT
+    T.PROMPT = prompt
+    try:
+        return T.compare(name, cfg, w, rows, gen, pair)
+    finally:
+        T.PROMPT = saved
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--logits", required=True)
@@ -83,6 +107,8 @@ def main():
     variants = [
         ("qwen2-hf-tied", "qwen2", [], False, True, "qwen2", "half"),
         ("qwen2-gguf-untied", "qwen2", ["--untied"], True, False, "qwen2", "half"),
+        ("qwen2-hf-yarn", "qwen2", ["--yarn"], False, True, "qwen2", "half"),
+        ("qwen2-gguf-yarn", "qwen2", ["--yarn", "--untied"], True, False, "qwen2", "half"),
         ("qwen3-hf-tied", "qwen3", [], False, True, "qwen3", "half"),
         ("qwen3-gguf-untied", "qwen3", ["--untied"], True, False, "qwen3", "half"),
         ("mistral-hf-untied", "mistral", ["--untied"], False, True, "mistral", "half"),
@@ -161,11 +187,24 @@ def main():
           and np.abs(long_[:len(T.PROMPT)] - llama_ref.forward(plain, lw, (T.PROMPT * 3)[:80])[:len(T.PROMPT)]).max() > 1e-3
           and np.abs(long_[:len(T.PROMPT)] - short).max() > 1e-3,
           "phi3 reference: LongRoPE's short and long factors change the logits")
-    # servd's rope op has no per-dimension factors: both sources are refused, naming the type.
-    bad = os.path.join(args.work, "bad.mpk")
-    pack_fails(args, folder, bad, 'rope_scaling type "longrope": LongRoPE needs per-dimension frequency factors')
-    if have_gguf:
-        pack_fails(args, gg, bad, 'rope_scaling type "longrope": LongRoPE needs per-dimension frequency factors')
+    # servd with LongRoPE from both sources: short factors (37 positions), then long ones (an 80-token
+    # prompt in one chunk: transformers' forward of it uses the long factors at every position).
+    long_prompt = (T.PROMPT * 3)[:80]
+    for src, tag in ((folder, "hf"), (gg, "gguf")):
+        if tag == "gguf" and not have_gguf:
+            continue
+        out = os.path.join(args.work, f"phi3-longrope-{tag}.mpk")
+        T.run([args.modelpkg, "pack", src, "-o", out, "--quiet"])
+        rows, gen, pair = T.servd_logits(args, out, out + ".bin")
+        T.compare(f"phi3-longrope-{tag} short", lcfg, lw, rows, gen, pair)
+        rows, gen, pair = servd_logits_of(args, out, out + ".long.bin", long_prompt, chunk=len(long_prompt))
+        compare_of(f"phi3-longrope-{tag} long", lcfg, lw, long_prompt, rows, gen, pair)
+
+    # YaRN: the reference's scaling changes the logits (so the comparisons above would catch servd
+    # dropping it).
+    ycfg, yw = llama_ref.load_folder(os.path.join(args.work, "qwen2-hf-yarn"))
+    check(np.abs(llama_ref.forward(ycfg, yw, T.PROMPT) - llama_ref.forward(dict(ycfg, rope_scaling=None), yw, T.PROMPT)).max()
+          > 1e-3, "qwen2 reference: YaRN changes the logits")
 
     # A bf16 checkpoint: transformers casts sqrt(hidden) to bf16 (sqrt(48) = 6.928 -> 6.9375), and so
     # does the model code for a bf16 embedding; the f32 scale would move the logits by ~1e-3.
@@ -237,6 +276,9 @@ def main():
     pack_fails(args, folder, bad, 'model_type "qwen9" is no known architecture; known architectures are: llama')
     json.dump(dict(c, use_sliding_window="yes"), open(os.path.join(folder, "config.json"), "w"))
     pack_fails(args, folder, bad, '"use_sliding_window": expected true or false')
+    json.dump(dict(c, rope_scaling={"type": "yarn", "original_max_position_embeddings": 64}),
+              open(os.path.join(folder, "config.json"), "w"))
+    pack_fails(args, folder, bad, '"rope_scaling.factor": missing, expected a number >= 1 (yarn)')
     folder = os.path.join(args.work, "gemma3-bad")
     T.run([py, os.path.join(HERE, "make_tiny.py"), folder, "--family", "gemma3"])
     c = json.load(open(os.path.join(folder, "config.json")))
@@ -253,7 +295,11 @@ def main():
     folder = os.path.join(args.work, "phi3-bad")
     T.run([py, os.path.join(HERE, "make_tiny.py"), folder, "--family", "phi3"])
     c = json.load(open(os.path.join(folder, "config.json")))
+    half = c["hidden_size"] // c["num_attention_heads"] // 2
     for key, val, expect in (("rope_scaling", {"type": "yarn", "factor": 4.0}, 'rope_scaling type "yarn": expected null'),
+                             ("rope_scaling", {"type": "longrope", "short_factor": [1.0] * half,
+                                               "long_factor": [1.0] * (half - 1)},
+                              f'"rope_scaling.long_factor": expected a list of head_dim/2 = {half} numbers'),
                              ("partial_rotary_factor", 0.5, '"partial_rotary_factor" 0.5: expected 1.0')):
         json.dump(dict(c, **{key: val}), open(os.path.join(folder, "config.json"), "w"))
         pack_fails(args, folder, bad, expect)
@@ -262,6 +308,16 @@ def main():
     rewrite_weights(folder, lambda w: dict(w, **{"model.layers.1.self_attn.qkv_proj.weight":
                                                  w["model.layers.1.self_attn.qkv_proj.weight"][:64]}))
     pack_fails(args, folder, bad, 'tensor "model.layers.1.self_attn.qkv_proj.weight": shape (64, 64), expected (128, 64)')
+
+    # A GGUF of each architecture without its block_count (the writer's call dropped): refused, naming the key.
+    if have_gguf:
+        for fam in ("qwen2", "phi3", "gemma3"):
+            gg = os.path.join(args.work, f"{fam}-nokey.gguf")
+            T.run([py, "-c", "import sys, gguf; sys.path.insert(0, sys.argv[1]); "
+                   "gguf.GGUFWriter.add_block_count = lambda self, n: None; import make_tiny; "
+                   "sys.argv = ['make_tiny.py'] + sys.argv[2:]; make_tiny.main()",
+                   HERE, os.path.join(args.work, f"{fam}-nokey"), "--family", fam, "--gguf", gg])
+            pack_fails(args, gg, bad, f"{fam}.block_count: missing (required for a {fam} model)")
 
     if T.failures:
         print(f"{len(T.failures)} check(s) failed")

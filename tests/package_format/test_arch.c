@@ -169,16 +169,22 @@ static void family_checks(void **state) {
   assert_string_equal(cn, "model.layers.11.self_attn.q_norm.weight");
   mpk__arch_map_name(&g3->hf_names, "language_model.model.embed_tokens.weight", cn, sizeof cn);
   assert_string_equal(cn, "model.embed_tokens.weight");
-  /* Phi-3: fused Q/K/V and gate/up (GGUF ffn_up is the fused gate_up); LongRoPE refused, naming why */
+  /* Phi-3: fused Q/K/V and gate/up (GGUF ffn_up is the fused gate_up); LongRoPE factors of head_dim/2 */
   json_object_set_new(man, "architecture", json_string("phi3"));
   assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
   assert_non_null(
       strstr(servd_last_error(), "\"model.layers.0.self_attn.qkv_proj.weight\": missing, expected shape (128, 64)"));
   json_object_set_new(cfg, "rope_scaling",
                       json_pack("{s:s,s:[f],s:[f]}", "type", "longrope", "short_factor", 1.0, "long_factor", 2.0));
-  assert_int_equal(mpk_check_model(p), SERVD_EUNSUPPORTED);
+  assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
   assert_non_null(
-      strstr(servd_last_error(), "rope_scaling type \"longrope\": LongRoPE needs per-dimension frequency factors"));
+      strstr(servd_last_error(), "\"rope_scaling.short_factor\": expected a list of head_dim/2 = 8 numbers"));
+  json_object_set_new(cfg, "rope_scaling", json_pack("{s:s}", "type", "su"));
+  assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
+  assert_non_null(strstr(servd_last_error(), "\"rope_scaling.short_factor\""));
+  json_object_set_new(cfg, "rope_scaling", json_pack("{s:s,s:f}", "type", "dynamic", "factor", 2.0));
+  assert_int_equal(mpk_check_model(p), SERVD_EUNSUPPORTED);
+  assert_non_null(strstr(servd_last_error(), "rope_scaling type \"dynamic\": expected null or \"longrope\""));
   json_object_set_new(cfg, "rope_scaling", json_null());
   const mpk_arch *phi3 = mpk__arch_by_name("phi3");
   mpk__arch_map_name(&phi3->gguf_names, "blk.3.ffn_up.weight", cn, sizeof cn);

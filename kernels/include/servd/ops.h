@@ -50,7 +50,17 @@ typedef struct servd_rope_params {
   float low_freq_factor;      /* e.g. 1 */
   float high_freq_factor;     /* e.g. 4 */
   int original_max_positions; /* e.g. 8192 */
+  /* Per-pair inverse frequencies that the model code computed (YaRN, LongRoPE): NULL, or head_dim/2
+   * values (head_dim <= 2 * SERVD_ROPE_TABLE_MAX) used instead of theta and the llama3 scaling.
+   * Borrowed: valid while the op runs; a device launch copies them. */
+  const float *inv_freq;
+  /* LongRoPE's long table: a call whose largest position is >= long_from rotates every row with it,
+   * else with inv_freq (transformers switches per forward the same way, at seq_len > original). */
+  const float *inv_freq_long;
+  int long_from;
+  float attn_factor; /* cos and sin times this (YaRN mscale, LongRoPE attention factor); 0 means 1 */
 } servd_rope_params;
+#define SERVD_ROPE_TABLE_MAX 256
 
 /* ---- the op registry (servd/ops.def) ----------------------------------------------------------------
  * Signature kinds: SERVD_SIG_<kind>(names...) is the parameter list of every function of an op
