@@ -1,0 +1,252 @@
+/* Benchmark (not a test): decode steps replayed from step plans against the same steps through
+ * Python, at batch 1 and at a larger batch, with the anchors measured in the same run: the 2-thread
+ * streaming read rate of a buffer far beyond L3 (the batch-1 roofline: read rate / weight bytes) and
+ * llama.cpp's llama-bench on the same GGUF. The modes alternate round by round so that both see the
+ * same machine load; medians over rounds (the first, which captures, is left out). The replayed
+ * logits are compared with those through Python bit for bit.
+ *
+ *   plan_bench PKG [--gguf FILE --llama-bench BIN] [--threads N] [--rounds R] [--steps S] [--batch B]
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/model_runner.h"
+#include "mpk/package.h"
+#include "servd/interp.h"
+#include "servd/threadpool.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- the read roofline ---------------------------------------------------------------------------- */
+#define CHUNK (1 << 20)
+typedef struct read_job {
+  const char *buf;
+  double sink[256];
+} read_job;
+
+__attribute__((target("avx2"))) static void read_chunks(void *ctx, int64_t begin, int64_t end, int thread) {
+  read_job *j = ctx;
+  __m256i acc = _mm256_setzero_si256();
+  for (int64_t c = begin; c < end; c++) {
+    const __m256i *p = (const __m256i *)(j->buf + c * CHUNK);
+    for (size_t i = 0; i < CHUNK / 32; i += 4)
+      acc = _mm256_add_epi64(
+          acc, _mm256_xor_si256(_mm256_xor_si256(_mm256_load_si256(p + i), _mm256_load_si256(p + i + 1)),
+                                _mm256_xor_si256(_mm256_load_si256(p + i + 2), _mm256_load_si256(p + i + 3))));
+  }
+  j->sink[thread & 255] += (double)_mm256_extract_epi64(acc, 0);
+}
+
+/* GB/s of reading `bytes` once with the compute pool's threads. */
+static double read_rate(const char *buf, size_t bytes) {
+  read_job j = {.buf = buf};
+  double t0 = now_s();
+  servd_parallel_for((int64_t)(bytes / CHUNK), 1, read_chunks, &j);
+  return (double)bytes / (now_s() - t0) / 1e9;
+}
+
+/* ---- llama-bench ---------------------------------------------------------------------------------- */
+static double llama_tg(const char *bin, const char *gguf, int threads, int n) {
+  if (!bin || !gguf) return -1;
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "'%s' -m '%s' -t %d -p 0 -n %d -r 5 -o csv 2>/dev/null", bin, gguf, threads, n);
+  FILE *f = popen(cmd, "r");
+  if (!f) return -1;
+  char line[8192];
+  int col_n = -1, col_ts = -1;
+  double tg = -1;
+  while (fgets(line, sizeof line, f)) {
+    char *save = NULL, *tok = strtok_r(line, ",", &save);
+    bool header = col_ts < 0;
+    long ng = -1;
+    double ts = -1;
+    for (int i = 0; tok; tok = strtok_r(NULL, ",", &save), i++) {
+      char *v = tok + (*tok == '"');
+      char *q = strchr(v, '"');
+      if (q) *q = 0;
+      if (header) {
+        if (!strcmp(v, "n_gen")) col_n = i;
+        else if (!strcmp(v, "avg_ts")) col_ts = i;
+      } else if (i == col_n) ng = atol(v);
+      else if (i == col_ts) ts = atof(v);
+    }
+    if (!header && ng > 0) tg = ts;
+  }
+  pclose(f);
+  return tg;
+}
+
+/* ---- decode steps through a runner ---------------------------------------------------------------- */
+#define BLOCK 16
+typedef struct side {
+  servd_pool *pool;
+  servd_kv_cache *kv;
+  servd_runner *rn;
+  int32_t *blocks; /* [batch][per_seq] */
+  int per_seq;
+} side;
+
+static int side_open(side *s, mpk_package *p, int L, int KV, int HD, int batch, int steps, bool plans) {
+  memset(s, 0, sizeof *s);
+  s->per_seq = (steps + BLOCK - 1) / BLOCK;
+  if (plans) unsetenv("SERVD_PLANS");
+  else setenv("SERVD_PLANS", "off", 1);
+  servd_pool_options po = {.n_interpreters = 1, .world_size = 1};
+  int n_blocks = batch * s->per_seq;
+  if (servd_kv_cache_create(&s->kv, L, KV, HD, BLOCK, n_blocks, SERVD_F16) || servd_pool_create(p, &po, &s->pool) ||
+      servd_runner_create(s->pool, &s->kv, 1, NULL, &s->rn))
+    return -1;
+  s->blocks = malloc(sizeof(int32_t) * (size_t)n_blocks);
+  return s->blocks ? servd_kv_cache_alloc(s->kv, n_blocks, s->blocks) : -1;
+}
+
+static void side_close(side *s) {
+  servd_runner_destroy(s->rn);
+  servd_pool_destroy(s->pool);
+  servd_kv_cache_destroy(s->kv);
+  free(s->blocks);
+}
+
+/* Seconds per decode step of `batch` sequences over positions 1..steps-1 (position 0 first); the
+ * last step's logits into last (vocab * batch floats). */
+static double decode(side *s, int batch, int steps, float *last, size_t last_n) {
+  int32_t tok[256], pos[256], slot[256], row[256], qs[256], ql[256], kl[256];
+  const int32_t *tables[256];
+  for (int q = 0; q < batch; q++) tables[q] = s->blocks + q * s->per_seq;
+  servd_forward_batch b = {.n_tokens = batch,
+                           .tokens = tok,
+                           .positions = pos,
+                           .slots = slot,
+                           .n_logit_rows = batch,
+                           .logit_rows = row,
+                           .attn = {.n_seqs = batch, .q_start = qs, .q_len = ql, .kv_len = kl, .block_tables = tables}};
+  double t0 = 0;
+  for (int i = 0; i < steps; i++) {
+    if (i == 1) t0 = now_s();
+    for (int q = 0; q < batch; q++) {
+      tok[q] = 100 + (q * 131 + i * 17) % 4000;
+      pos[q] = i;
+      slot[q] = tables[q][i / BLOCK] * BLOCK + i % BLOCK;
+      row[q] = qs[q] = q;
+      ql[q] = 1;
+      kl[q] = i + 1;
+    }
+    servd_tensor *lg = NULL;
+    servd_py_error err;
+    if (servd_runner_step(s->rn, &b, &lg, &err, NULL)) {
+      fprintf(stderr, "step: %s %s %s\n", err.type, err.message, servd_last_error());
+      return -1;
+    }
+    if (i == steps - 1 && lg) memcpy(last, servd_tensor_data(lg), sizeof(float) * last_n);
+    servd_tensor_release(lg);
+  }
+  return (now_s() - t0) / (steps - 1);
+}
+
+int main(int argc, char **argv) {
+  if (servd_interp_early_init(argc, argv)) return 1;
+  if (argc < 2) {
+    fprintf(stderr, "usage: plan_bench PKG [--gguf FILE --llama-bench BIN] [--threads N] [--rounds R] [--steps S] "
+                    "[--batch B]\n");
+    return 2;
+  }
+  const char *pkg = argv[1], *gguf = NULL, *lb = NULL;
+  int threads = 2, rounds = 7, steps = 48, big = 32;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--gguf")) gguf = argv[i + 1];
+    else if (!strcmp(argv[i], "--llama-bench")) lb = argv[i + 1];
+    else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--batch")) big = atoi(argv[i + 1]);
+  }
+  if (rounds < 2 || rounds > 50 || steps < 4 || big < 2 || big > 64) return 2;
+  servd_threadpool_init(threads);
+
+  mpk_package *p = NULL;
+  json_t *cfg;
+  if (mpk_open(pkg, &p) || !(cfg = mpk_config(p))) {
+    fprintf(stderr, "%s: %s\n", pkg, servd_last_error());
+    return 1;
+  }
+  int L = (int)json_integer_value(json_object_get(cfg, "num_hidden_layers"));
+  int H = (int)json_integer_value(json_object_get(cfg, "num_attention_heads"));
+  json_t *kvj = json_object_get(cfg, "num_key_value_heads"), *hdj = json_object_get(cfg, "head_dim");
+  int KV = kvj ? (int)json_integer_value(kvj) : H;
+  int D = (int)json_integer_value(json_object_get(cfg, "hidden_size"));
+  int HD = hdj ? (int)json_integer_value(hdj) : D / H;
+  int vocab = (int)json_integer_value(json_object_get(cfg, "vocab_size"));
+  double wbytes = 0;
+  for (int i = 0; i < mpk_tensor_count(p); i++) {
+    servd_tensor *t = NULL;
+    if (mpk_tensor(p, mpk_tensor_name(p, i), &t) == 0) wbytes += (double)servd_tensor_nbytes(t);
+    servd_tensor_release(t);
+  }
+
+  side eager1, plan1, eagerB, planB;
+  if (side_open(&eager1, p, L, KV, HD, 1, steps, false) || side_open(&plan1, p, L, KV, HD, 1, steps, true) ||
+      side_open(&eagerB, p, L, KV, HD, big, steps, false) || side_open(&planB, p, L, KV, HD, big, steps, true)) {
+    fprintf(stderr, "setup: %s\n", servd_last_error());
+    return 1;
+  }
+  const size_t rbytes = (size_t)1 << 30; /* 1 GiB: far beyond any L3 */
+  char *buf = aligned_alloc(64, rbytes);
+  if (!buf) return 1;
+  memset(buf, 1, rbytes);
+  size_t ln1 = (size_t)vocab, lnB = (size_t)vocab * (size_t)big;
+  float *le = malloc(sizeof(float) * lnB), *lp = malloc(sizeof(float) * lnB);
+  double *rr = calloc((size_t)rounds, sizeof *rr), *e1 = calloc((size_t)rounds, sizeof *e1),
+         *p1 = calloc((size_t)rounds, sizeof *p1), *eB = calloc((size_t)rounds, sizeof *eB),
+         *pB = calloc((size_t)rounds, sizeof *pB);
+  bool same1 = true, sameB = true;
+  for (int r = 0; r < rounds; r++) {
+    rr[r] = read_rate(buf, rbytes);
+    e1[r] = decode(&eager1, 1, steps, le, ln1);
+    p1[r] = decode(&plan1, 1, steps, lp, ln1);
+    same1 = same1 && memcmp(le, lp, sizeof(float) * ln1) == 0;
+    eB[r] = decode(&eagerB, big, steps, le, lnB);
+    pB[r] = decode(&planB, big, steps, lp, lnB);
+    sameB = sameB && memcmp(le, lp, sizeof(float) * lnB) == 0;
+    if (e1[r] < 0 || p1[r] < 0 || eB[r] < 0 || pB[r] < 0) return 1;
+    fprintf(stderr, "round %d: read %.1f GB/s; batch 1 %.1f / %.1f tok/s; batch %d %.1f / %.1f tok/s\n", r, rr[r],
+            1 / e1[r], 1 / p1[r], big, big / eB[r], big / pB[r]);
+  }
+  double tg = llama_tg(lb, gguf, threads, 64);
+  int n = rounds - 1; /* round 0 captures */
+  double gbs = median(rr + 1, n), te1 = 1 / median(e1 + 1, n), tp1 = 1 / median(p1 + 1, n);
+  double teB = big / median(eB + 1, n), tpB = big / median(pB + 1, n), roof = gbs * 1e9 / wbytes;
+  printf("threads %d, %d rounds of %d decode steps (medians of rounds 2..%d)\n", threads, rounds, steps, rounds);
+  printf("read roofline: %.1f GB/s over 1 GiB / %.1f MB of weights = %.0f tok/s\n", gbs, wbytes / 1e6, roof);
+  printf("batch 1: through Python %.1f tok/s (%.0f%% of the roofline), replayed %.1f tok/s (%.0f%%): %.2fx\n", te1,
+         100 * te1 / roof, tp1, 100 * tp1 / roof, tp1 / te1);
+  printf("batch %d: through Python %.1f tok/s, replayed %.1f tok/s: %.2fx\n", big, teB, tpB, tpB / teB);
+  if (tg > 0) printf("llama-bench tg64: %.1f tok/s; replayed batch 1 / llama-bench = %.2fx\n", tg, tp1 / tg);
+  else printf("llama-bench: not run (--gguf and --llama-bench)\n");
+  printf("replayed logits bit-equal to those through Python: batch 1 %s, batch %d %s\n", same1 ? "yes" : "NO", big,
+         sameB ? "yes" : "NO");
+  side_close(&eager1);
+  side_close(&plan1);
+  side_close(&eagerB);
+  side_close(&planB);
+  mpk_close(p);
+  free(buf);
+  return same1 && sameB ? 0 : 1;
+}
