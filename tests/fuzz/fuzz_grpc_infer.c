@@ -37,9 +37,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     inference__model_infer_request__free_unpacked(q, NULL);
   }
-  ProtobufCMessage *m = protobuf_c_message_unpack(&inference__model_metadata_request__descriptor, NULL, size, data);
-  if (m) protobuf_c_message_free_unpacked(m, NULL);
-  m = protobuf_c_message_unpack(&grpc__health__v1__health_check_request__descriptor, NULL, size, data);
-  if (m) protobuf_c_message_free_unpacked(m, NULL);
+  /* The repository requests carry a map of oneof messages (their parameters). */
+  static const ProtobufCMessageDescriptor *const others[] = {
+      &inference__model_metadata_request__descriptor,        &grpc__health__v1__health_check_request__descriptor,
+      &inference__model_statistics_request__descriptor,      &inference__repository_index_request__descriptor,
+      &inference__repository_model_load_request__descriptor, &inference__repository_model_unload_request__descriptor,
+  };
+  for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+    ProtobufCMessage *m = protobuf_c_message_unpack(others[i], NULL, size, data);
+    if (m) protobuf_c_message_free_unpacked(m, NULL);
+  }
   return 0;
 }
