@@ -1,0 +1,75 @@
+/* bench_lowbit: matmul of q2_k, q3_k, iq4_nl and iq4_xs weights against q4_1 (the anchor) and q4_k at
+ * the same shape, timed in alternating rounds of the same run; medians, as GB/s of weight bytes and
+ * as time per call over q4_1's. The last column is q4_k on its AVX2 kernel (the ISA the low-bit
+ * kernels use on every CPU), in the same rounds.
+ *
+ * Usage: bench_lowbit [threads] [rounds]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "servd/ops.h"
+#include "servd/threadpool.h"
+
+#include "bench-matmul.h"
+#include "bench-util.h"
+
+static servd_tensor *weight(servd_dtype dt, int n, int k) {
+  servd_tensor *w = servd_tensor_new(dt, 2, (int64_t[]){n, k});
+  float *row = malloc((size_t)k * sizeof(float));
+  for (int j = 0; j < n; j++) {
+    for (int l = 0; l < k; l++) row[l] = (float)((j * 7919 + l * 104729) % 2001) / 1000.0f - 1.0f;
+    servd_row_from_f32(dt, row, (char *)servd_tensor_data(w) + (size_t)j * w->strides[0], k);
+  }
+  free(row);
+  return w;
+}
+
+int main(int argc, char **argv) {
+  const int threads = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 7;
+  servd_threadpool_init(threads);
+  static const int shapes[][2] = {{576, 1536}, {4096, 4096}}; /* k a multiple of 256 */
+  static const int ms[] = {1, 8, 64};
+  static const servd_dtype dts[] = {SERVD_Q4_1,   SERVD_Q4_K,   SERVD_Q2_K, SERVD_Q3_K,
+                                    SERVD_IQ4_NL, SERVD_IQ4_XS, SERVD_Q4_K};
+  enum { ND = sizeof dts / sizeof *dts };
+  const bool avx2 = servd_cpu_best_isa() > SERVD_ISA_AVX2;
+  printf("| n x k | m |");
+  for (int d = 0; d < ND - 1; d++) printf(" %s GB/s (time / q4_1) |", servd_dtype_name(dts[d]));
+  printf(" q4_k avx2 GB/s |\n|---|---|");
+  for (int d = 0; d < ND; d++) printf("---|");
+  printf("\n");
+  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+    const int n = shapes[s][0], k = shapes[s][1];
+    servd_tensor *w[ND];
+    for (int d = 0; d < ND; d++) w[d] = weight(dts[d], n, k);
+    for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+      const int m = ms[mi];
+      servd_tensor *x = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, k}),
+                   *o = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, n});
+      for (int i = 0; i < m * k; i++) ((float *)servd_tensor_data(x))[i] = (float)(i % 17) / 8.0f - 1.0f;
+      double t[ND][64], ratio[ND][64];
+      const int calls = (int)(2e8 / ((double)n * k * (m < 8 ? 1 : m / 4))) + 1;
+      for (int r = 0; r < rounds && r < 64; r++) {
+        double tr[ND];
+        bench_matmul_round(o, x, w, ND, avx2, calls, tr);
+        for (int d = 0; d < ND; d++) {
+          t[d][r] = tr[d];
+          ratio[d][r] = tr[d] / tr[0];
+        }
+      }
+      printf("| %dx%d | %d |", n, k, m);
+      for (int d = 0; d < ND; d++) {
+        const double tm = bench_median(t[d], rounds);
+        if (tm <= 0) printf(" - |");
+        else if (d == ND - 1) printf(" %.1f |", (double)servd_tensor_nbytes(w[d]) / tm * 1e-9);
+        else printf(" %.1f (%.2f) |", (double)servd_tensor_nbytes(w[d]) / tm * 1e-9, bench_median(ratio[d], rounds));
+      }
+      printf("\n");
+      servd_tensor_release(x);
+      servd_tensor_release(o);
+    }
+    for (int d = 0; d < ND; d++) servd_tensor_release(w[d]);
+  }
+  return 0;
+}
