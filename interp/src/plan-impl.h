@@ -35,6 +35,13 @@ typedef struct plan_executor {
   int (*run)(servd_plan *p);
 } plan_executor;
 extern const plan_executor plan__host_executor;
+/* The step as one pool job, threads meeting at step boundaries (plan_exec.c); the serial walk where
+ * it cannot (one thread, collectives, a layout other than a decode's). Chosen by
+ * SERVD_PLAN_EXEC=parallel at capture until it measures faster than the serial walk
+ * (docs/performance.md, "Step plans"). */
+extern const plan_executor plan__host_parallel_executor;
+typedef struct plan_par plan_par;
+void plan__par_free(plan_par *x); /* accepts NULL */
 
 struct servd_plan {
   plan_node *nodes;
@@ -45,6 +52,7 @@ struct servd_plan {
   servd_attn_batch attn; /* the running step's layout: set by each replay */
   servd_tensor *logits;  /* what the forward returned (one reference), or NULL */
   const plan_executor *exec;
+  plan_par *par; /* the parallel executor's slices, made at its first replay */
   /* Guard: the owned tensors the nodes use, each with the references the plan holds on it, and
    * their storages, each with the number of those tensors over it. */
   struct plan_held {
@@ -72,6 +80,9 @@ plan_node *plan__rec_node(plan_recorder *r, servd_op_id op);
 void plan__rec_tensor(plan_recorder *r, plan_node *n, const servd_tensor *t);
 /* Stops the recording: the forward runs on, the plan is dropped, why is logged by the caller. */
 void plan__rec_refuse(plan_recorder *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Runs one node as recorded (the serial walk's step). */
+int plan__run_node(servd_plan *p, const plan_node *n);
 
 /* The host table's ops: servd_op__<name> (op_dispatch.h), recording when plan__rec is set. */
 #define SERVD_OP(name, dispatch, py, sig, names) int servd_plan__##name(SERVD__PARAMS(sig, names));

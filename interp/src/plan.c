@@ -22,6 +22,7 @@ void servd_plan_destroy(servd_plan *p) {
   for (int k = 0; k < PLAN_IN_COUNT; k++) servd_tensor_release(p->in[k]);
   servd_tensor_release(p->logits);
   free(p->nodes);
+  plan__par_free(p->par);
   free(p->held);
   free(p->held_s);
   free(p);
@@ -90,7 +91,8 @@ int servd_plan_capture(servd_interp *it, const servd_forward_batch *b, int64_t t
   p->n_logit_rows = b->n_logit_rows;
   p->n_seqs = b->attn.n_seqs;
   p->kv = b->kv;
-  p->exec = &plan__host_executor;
+  const char *ex = getenv("SERVD_PLAN_EXEC");
+  p->exec = ex && !strcmp(ex, "parallel") ? &plan__host_parallel_executor : &plan__host_executor;
   const int32_t *src[PLAN_IN_COUNT] = {b->tokens, b->positions, b->slots, b->logit_rows};
   for (int k = 0; k < PLAN_IN_COUNT; k++)
     if (!(p->in[k] = i32_input(src[k], k == PLAN_IN_LOGIT_ROWS ? b->n_logit_rows : b->n_tokens))) {
@@ -186,7 +188,7 @@ int servd_plan_check(const servd_plan *p, const servd_forward_batch *b, char *wh
 #define RUN_TOPK(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2], (n)->ival[0])
 #define RUN_ROPE(name, n) servd_op__##name((n)->t[0], (n)->t[1], &(n)->rope)
 
-static int run_node(servd_plan *p, const plan_node *n) {
+int plan__run_node(servd_plan *p, const plan_node *n) {
   switch (n->op) {
 #define SERVD_OP(name, dispatch, py, sig, names) \
   SERVD__IF_ANY_##dispatch(case SERVD_OP_##name : return RUN_##sig(name, n);)
@@ -209,7 +211,7 @@ static int run_node(servd_plan *p, const plan_node *n) {
 
 static int host_run(servd_plan *p) {
   for (int i = 0; i < p->n; i++) {
-    int rc = run_node(p, &p->nodes[i]);
+    int rc = plan__run_node(p, &p->nodes[i]);
     if (rc < 0) {
       char msg[400]; /* servd_fail writes the buffer servd_last_error returns: copy it first */
       snprintf(msg, sizeof msg, "%s", servd_last_error());
@@ -219,7 +221,7 @@ static int host_run(servd_plan *p) {
   return 0;
 }
 
-const plan_executor plan__host_executor = {"host", host_run};
+const plan_executor plan__host_executor = {"host-serial", host_run};
 
 int servd_plan_replay(servd_plan *p, const servd_forward_batch *b, servd_tensor **logits) {
   *logits = NULL;

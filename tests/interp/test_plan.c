@@ -156,9 +156,11 @@ static servd_plan *capture(seqs *s, int n, const int32_t *tok, char *why, size_t
   return p;
 }
 
-/* Captured twice alike, then replayed over steps whose tokens, slots and lengths all differ. */
-static void test_capture_replay(void **state) {
-  (void)state;
+/* Captured twice alike, then replayed over steps whose tokens, slots and lengths all differ, by
+ * the executor SERVD_PLAN_EXEC names at capture (the serial walk, or the pool job whose threads
+ * claim matmul columns and attention sequences). */
+static void capture_replay(const char *exec) {
+  setenv("SERVD_PLAN_EXEC", exec, 1);
   set_mode("\"plain\"");
   seqs s;
   seqs_init(&s);
@@ -189,10 +191,22 @@ static void test_capture_replay(void **state) {
   fclose(f);
   assert_non_null(strstr(text, "kv_write"));
   assert_non_null(strstr(text, "tokens i32[2]"));
+  assert_non_null(strstr(text, exec));
   free(text);
   servd_plan_destroy(a);
   servd_plan_destroy(b);
   servd_kv_cache_destroy(s.kv);
+  unsetenv("SERVD_PLAN_EXEC");
+}
+
+static void test_capture_replay(void **state) {
+  (void)state;
+  capture_replay("serial");
+}
+
+static void test_capture_replay_parallel(void **state) {
+  (void)state;
+  capture_replay("parallel");
 }
 
 /* A forward whose Python takes another path every other step records different plans. */
@@ -261,9 +275,8 @@ static void test_buffers_moved(void **state) {
 int main(int argc, char **argv) {
   support_early_init(argc, argv);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_capture_replay),
-      cmocka_unit_test(test_branch_differs),
-      cmocka_unit_test(test_refused),
+      cmocka_unit_test(test_capture_replay), cmocka_unit_test(test_capture_replay_parallel),
+      cmocka_unit_test(test_branch_differs), cmocka_unit_test(test_refused),
       cmocka_unit_test(test_buffers_moved),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,7 +1,8 @@
 """Step plans change no token: decode steps replayed natively from a captured plan (servd/plan.h)
 give the greedy ids of the float64 reference (llama_ref.py, written from the transformers modeling
 files) on a tiny random-weight model of every family, at TP=1 and TP=2; --trace-plan shows that the
-plan was captured and used, and --no-plan (every step through Python) gives the same ids. With the
+plan was captured and used, and --no-plan (every step through Python) gives the same ids; so does
+the parallel executor (SERVD_PLAN_EXEC=parallel) at TP=1. With the
 default model present (.cache, scripts/bench), its replayed greedy ids equal those through Python.
 
     test_plans.py --modelpkg BIN --servd BIN --work DIR [--default-model PKG]
@@ -33,10 +34,10 @@ def run(cmd, **kw):
     return r
 
 
-def generate(args, pkg, text, tp, out, *flags, special=False):
+def generate(args, pkg, text, tp, out, *flags, special=False, env=None):
     r = run([args.servd, "generate", "--model", pkg, "--prompt", text, "--max-tokens", str(TOKENS), "--ignore-eos",
              "--kv-f32", "--tp", str(tp), "--threads", "2", "--ids-out", out, "--quiet"]
-            + ([] if special else ["--no-special"]) + list(flags))
+            + ([] if special else ["--no-special"]) + list(flags), env=dict(os.environ, **(env or {})))
     return [int(x) for x in open(out).read().split()], r.stderr
 
 
@@ -67,15 +68,21 @@ def main():
             check("step plans off" not in err and "dropped" not in err, f"{fam} TP={tp}: no plan turned off or dropped")
             eager, _ = generate(args, pkg, text, tp, os.path.join(args.work, f"{fam}{tp}.eager.ids"), "--no-plan")
             check(eager == ref, f"{fam} TP={tp}: --no-plan greedy ids {eager} == reference")
+        # the parallel executor (TP=2 plans hold collectives, which keep the serial walk)
+        par, err = generate(args, pkg, text, 1, os.path.join(args.work, f"{fam}.par.ids"), "--trace-plan",
+                            env={"SERVD_PLAN_EXEC": "parallel"})
+        check(par == ref and "executor host-parallel" in err,
+              f"{fam}: greedy ids replayed by the parallel executor {par} == reference")
 
     if args.default_model and os.path.exists(args.default_model):
         prompt = "The capital of France is"
-        got, err = generate(args, args.default_model, prompt, 1, os.path.join(args.work, "default.ids"), "--trace-plan",
-                            special=True)
         eager, _ = generate(args, args.default_model, prompt, 1, os.path.join(args.work, "default.eager.ids"),
                             "--no-plan", special=True)
-        check(got == eager and "step plan for decode batches of 1" in err,
-              f"default model: replayed greedy ids {got} == through Python {eager}")
+        for ex in ("serial", "parallel"):
+            got, err = generate(args, args.default_model, prompt, 1, os.path.join(args.work, f"default.{ex}.ids"),
+                                "--trace-plan", special=True, env={"SERVD_PLAN_EXEC": ex})
+            check(got == eager and f"executor host-{ex}" in err,
+                  f"default model, {ex} executor: replayed greedy ids {got} == through Python {eager}")
     else:
         print("note: the default model is not in .cache: its check is skipped (scripts/bench fetch it)")
 
