@@ -1,7 +1,9 @@
 /* CPU feature detection, the forced ISA for tests, and per-thread scratch buffers. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu-impl.h"
 
@@ -22,6 +24,20 @@ static void detect(void) {
   atomic_store(&has_vnni, best == SERVD_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"));
   atomic_store(&has_bf16, best == SERVD_ISA_AVX512 && __builtin_cpu_supports("avx512bf16"));
   atomic_store(&best_isa, best);
+  /* SERVD_ISA=scalar|avx2|avx512 runs a whole process on that path (checking a model on the scalar
+   * reference); a name this CPU cannot run is refused with a warning. */
+  const char *env = getenv("SERVD_ISA");
+  for (int i = 0; env && *env && i <= SERVD_ISA_COUNT; i++) {
+    if (i == SERVD_ISA_COUNT || i > best) {
+      fprintf(stderr, "servd: warning: SERVD_ISA=%s ignored (expected scalar, avx2 or avx512, up to %s)\n", env,
+              servd_isa_name((servd_isa)best));
+      break;
+    }
+    if (!strcmp(env, servd_isa_name((servd_isa)i))) {
+      atomic_store(&forced_isa, i);
+      break;
+    }
+  }
 }
 
 servd_isa servd_cpu_best_isa(void) {
