@@ -376,7 +376,8 @@ static void fit_decodes(sched_cost *c, int rows, double t) {
   for (int i = 0; i < 5; i++) *sum[i] += a * (x[i] - *sum[i]);
   double mr = c->r / c->w, mt = c->t / c->w, var = c->rr / c->w - mr * mr;
   double slope = var >= 1 ? (c->rt / c->w - mr * mt) / var : 0, fixed = mt - slope * mr;
-  if (slope > 0 && fixed >= 0) {
+  c->decode_line = slope > 0 && fixed >= 0;
+  if (c->decode_line) {
     c->decode_row_ns = slope;
     c->decode_step_ns = fixed;
   } else {
@@ -388,31 +389,83 @@ static void fit_decodes(sched_cost *c, int rows, double t) {
   }
 }
 
+/* Weight of a step in the plane: about the last 32 steps count (three unknowns need more steps than
+ * the decode line's two). */
+#define JOINT_ALPHA (1.0 / 32)
+/* Steps seen before the plane is trusted. */
+#define JOINT_MIN_STEPS 8
+/* How far from collinear rows and tokens must be (1 - their correlation^2): in a stretched step the
+ * prefill cap follows the decode estimate, so tokens can track rows; then the plane is not defined. */
+#define JOINT_MIN_SPREAD 0.05
+
+/* Adds a step to the plane's sums (West's weighted update of means and co-moments). */
+static void joint_add(sched_cost *c, int rows, int tokens, double t) {
+  double a = c->jw > 0 ? JOINT_ALPHA : 1, keep = 1 - a;
+  double dr = rows - c->jr, dk = tokens - c->jk, dt = t - c->jt;
+  c->jrr = keep * (c->jrr + a * dr * dr);
+  c->jkk = keep * (c->jkk + a * dk * dk);
+  c->jrk = keep * (c->jrk + a * dr * dk);
+  c->jrt = keep * (c->jrt + a * dr * dt);
+  c->jkt = keep * (c->jkt + a * dk * dt);
+  c->jr += a * dr;
+  c->jk += a * dk;
+  c->jt += a * dt;
+  c->jw = 1;
+  c->joint_steps++;
+}
+
+/* How much more or less a decode row may cost than a prefill token for the plane to be believed: both
+ * are one row through the same matmuls; a decode row adds its logits, sampling and a longer attention.
+ * On a loaded host the steps' times are noisy enough to fit a row at 0.07 ms beside a token at 2 ms. */
+#define JOINT_ROW_TOKEN_MIN 0.5
+#define JOINT_ROW_TOKEN_MAX 8.0
+
+/* The plane's coefficients when the recent steps define it and it is physical (every cost positive,
+ * the fixed one not negative, a row's cost near a token's); false otherwise. */
+static bool joint_fit(const sched_cost *c, double *fixed, double *row, double *token) {
+  if (c->joint_steps < JOINT_MIN_STEPS || c->jrr < 1 || c->jkk < 1) return false;
+  double det = c->jrr * c->jkk - c->jrk * c->jrk;
+  if (det < JOINT_MIN_SPREAD * c->jrr * c->jkk) return false;
+  *row = (c->jrt * c->jkk - c->jkt * c->jrk) / det;
+  *token = (c->jkt * c->jrr - c->jrt * c->jrk) / det;
+  *fixed = c->jt - *row * c->jr - *token * c->jk;
+  return *token > 0 && *fixed >= 0 && *row >= JOINT_ROW_TOKEN_MIN * *token && *row <= JOINT_ROW_TOKEN_MAX * *token;
+}
+
 void sched_observe(servd_scheduler *s, int64_t step_ns) {
   if (step_ns <= 0 || s->n_tokens == 0) return;
   double t = (double)step_ns;
+  sched_cost *c = &s->cost;
+  joint_add(c, s->n_decode_rows, s->n_prefill_tokens, t);
   if (s->n_prefill_tokens == 0) {
-    fit_decodes(&s->cost, s->n_decode_rows, t);
-    return;
-  }
-  /* A mixed step: what its decode rows are estimated to cost is not the prefill's. Without a decode
-   * estimate yet (a burst of prompts has no decode-only step until all are in), the rows are what
-   * the step cost beyond its prefill estimate: charging the whole step to prefill made the prompts
-   * look ever costlier and pinned their chunks to one block. With neither, every row is a token. */
-  if (s->cost.decode_row_ns <= 0 && s->n_decode_rows > 0) {
-    if (s->cost.prefill_token_ns > 0) {
-      double rows = t - s->cost.prefill_token_ns * s->n_prefill_tokens;
-      if (rows > 0) ewma(&s->cost.decode_row_ns, rows / s->n_decode_rows);
+    fit_decodes(c, s->n_decode_rows, t);
+  } else if (c->decode_row_ns <= 0 && s->n_decode_rows > 0) {
+    /* A mixed step: what its decode rows are estimated to cost is not the prefill's. Without a decode
+     * estimate yet (a burst of prompts has no decode-only step until all are in), the rows are what
+     * the step cost beyond its prefill estimate: charging the whole step to prefill made the prompts
+     * look ever costlier and pinned their chunks to one block. With neither, every row is a token. */
+    if (c->prefill_token_ns > 0) {
+      double rows = t - c->prefill_token_ns * s->n_prefill_tokens;
+      if (rows > 0) ewma(&c->decode_row_ns, rows / s->n_decode_rows);
     } else {
-      ewma(&s->cost.prefill_token_ns, t / (s->n_decode_rows + s->n_prefill_tokens));
+      ewma(&c->prefill_token_ns, t / (s->n_decode_rows + s->n_prefill_tokens));
     }
-    return;
+  } else {
+    /* A step faster than its decodes' estimate (made from steps of another size) says nothing of the
+     * prefill: pulling the estimate toward 0 let the next chunk run for seconds. */
+    double prefill = t - decodes_estimate(s, s->n_decode_rows);
+    if (prefill > 0) ewma(&c->prefill_token_ns, prefill / s->n_prefill_tokens);
   }
-  /* A step faster than its decodes' estimate (made from steps of another size) says nothing of the
-   * prefill: pulling the estimate toward 0 let the next chunk run for seconds. */
-  double prefill = t - decodes_estimate(s, s->n_decode_rows);
-  if (prefill <= 0) return;
-  ewma(&s->cost.prefill_token_ns, prefill / s->n_prefill_tokens);
+  /* While the decode-only steps had one row count, their line runs through the origin and charges
+   * large batches the small one's fixed share per row (0.71-0.92x the output at 32 streams); the
+   * plane over every step, mixed ones included, separates the fixed cost from the rows'. */
+  double fixed, row, token;
+  c->joint = !c->decode_line && joint_fit(c, &fixed, &row, &token);
+  if (c->joint) {
+    c->decode_step_ns = fixed;
+    c->decode_row_ns = row;
+    c->prefill_token_ns = token;
+  }
 }
 
 int sched_used_blocks(const servd_scheduler *s) {

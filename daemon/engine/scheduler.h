@@ -103,6 +103,15 @@ typedef struct sched_cost {
   /* Exponentially weighted sums over decode-only steps (weight, rows, rows^2, time, rows x time): the
    * least-squares line time = decode_step_ns + decode_row_ns x rows. */
   double w, r, rr, t, rt;
+  bool decode_line; /* the decode-only steps had varied row counts: the line above is fitted */
+  /* Exponentially weighted sums over every step, for the plane time = fixed + row x rows + token x
+   * tokens (decode rows, prefill tokens): weight, the means of rows, tokens and time, and the
+   * co-moments (rows, rows), (tokens, tokens), (rows, tokens), (rows, time), (tokens, time). It gives
+   * the decode line while decode-only steps had one row count (a burst of prompts runs mixed steps
+   * only). */
+  double jw, jr, jk, jt, jrr, jkk, jrk, jrt, jkt;
+  int joint_steps;
+  bool joint; /* the estimates above came from the plane */
 } sched_cost;
 
 typedef struct servd_scheduler {

@@ -376,6 +376,44 @@ static void test_burst_computes_once(void **state) {
   teardown_fx(f);
 }
 
+/* Requests cancelled (a client gone) in the middle of a shared prefill: the one computing the common
+ * blocks, the one waiting for them, and one holding blocks another shares. Those still queued go on
+ * with what was registered before the cancellation, and once all are gone no block is held and every
+ * block is available again (the engine's KV usage returns to its idle value). */
+static void test_cancel_mid_shared_prefill(void **state) {
+  (void)state;
+  fixture *f = setup_fx(32, 8);
+  sched_seq *a = add_seq(f, 0, 18, 18);
+  sched_seq *b = add_seq(f, 1, 18, 18);
+  sched_seq *c = add_seq(f, 2, 22, 16);
+  assert_int_equal(step(f), 8); /* a's first chunk; b waits for it, c behind b */
+  assert_int_equal(b->state, SCHED_WAITING);
+  sched_remove(&f->s, a); /* a's client goes away: its 2 registered blocks stay cached, unheld */
+  assert_int_equal(sched_used_blocks(&f->s), 0);
+  assert_int_equal(sched_cached_blocks(&f->s), 2);
+  /* b no longer waits for a: it finds those 2 blocks and computes the rest itself */
+  assert_int_equal(step(f), 8);
+  assert_int_equal(b->state, SCHED_RUNNING);
+  assert_int_equal(b->n_cached, 8);
+  assert_int_equal(c->state, SCHED_WAITING); /* b is computing c's third block */
+  sched_remove(&f->s, c);                    /* cancelled while waiting: it held nothing */
+  assert_int_equal(c->n_blocks, 0);
+  sched_seq *d = add_seq(f, 3, 30, 16);
+  assert_int_equal(step(f), 2 + 6); /* b's last 2; d: 4 blocks found (b's), 6 of its 14 own */
+  assert_int_equal(d->state, SCHED_RUNNING);
+  assert_int_equal(d->n_cached, 16);
+  for (int i = 0; i < 4; i++) assert_int_equal(d->blocks[i], b->blocks[i]);
+  sched_remove(&f->s, b); /* b goes while d shares its blocks: d keeps them, nothing else is held */
+  assert_int_equal(sched_used_blocks(&f->s), d->n_blocks);
+  assert_int_equal(d->n_computed, 22);
+  sched_remove(&f->s, d); /* d goes mid-prefill too */
+  assert_int_equal(f->s.running.n, 0);
+  assert_int_equal(f->s.waiting.n, 0);
+  assert_int_equal(sched_used_blocks(&f->s), 0);
+  assert_int_equal(prefix_cache_available(&f->s.pc), servd_kv_cache_n_blocks(f->kv));
+  teardown_fx(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lookups),
@@ -388,6 +426,7 @@ int main(void) {
       cmocka_unit_test(test_shared_block_outlives_owner),
       cmocka_unit_test(test_preempt_shared),
       cmocka_unit_test(test_burst_computes_once),
+      cmocka_unit_test(test_cancel_mid_shared_prefill),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -459,6 +459,71 @@ static void test_step_bound_simulation(void **state) {
   teardown_fx(f);
 }
 
+/* Feeds one observed step of `rows` decode rows and `tokens` prefill tokens to the cost model. */
+static void observe(fixture *f, int rows, int tokens, int64_t t) {
+  f->s.n_decode_rows = rows;
+  f->s.n_prefill_tokens = tokens;
+  f->s.n_tokens = rows + tokens;
+  sched_observe(&f->s, t);
+}
+
+static bool near(double x, double want, double rel) { return x > want * (1 - rel) && x < want * (1 + rel); }
+
+/* Fake cost: a step costs 5000 plus 300 per decode row plus 100 per prefill token. Decode-only steps
+ * at one row count (4 streams warming up) give a line through the origin, 1550 a row: 28 rows would
+ * be charged 43400 for their 13400 and stretched steps would run about three times their share. Mixed steps of
+ * varied rows and tokens (a burst of prompts, no decode-only step) define the plane, which then gives
+ * the true fixed, row and token costs. Steps whose tokens track their rows do not define it: the old
+ * estimates stay. Once decode-only steps of varied row counts come, their own line rules again. */
+static void test_observe_plane_separates_fixed_cost(void **state) {
+  (void)state;
+  fixture *f = setup_fx(4, 64, 64, 4);
+  for (int i = 0; i < 10; i++) observe(f, 4, 0, 5000 + 1200);
+  assert_true(near(f->s.cost.decode_row_ns, 1550, 1e-9));
+  assert_false(f->s.cost.joint);
+  for (int i = 0; i < 40; i++) {
+    int rows = 20 + (i * 7) % 13, tokens = 16 + (i * 37) % 200;
+    observe(f, rows, tokens, 5000 + 300 * rows + 100 * tokens);
+  }
+  assert_true(f->s.cost.joint);
+  assert_true(near(f->s.cost.decode_step_ns, 5000, 0.01));
+  assert_true(near(f->s.cost.decode_row_ns, 300, 0.01));
+  assert_true(near(f->s.cost.prefill_token_ns, 100, 0.01));
+  /* decode-only steps of other row counts: their fitted line takes over from the plane */
+  for (int i = 0; i < 20; i++) {
+    int rows = i % 2 ? 30 : 10;
+    observe(f, rows, 0, 5000 + 300 * rows);
+  }
+  assert_false(f->s.cost.joint);
+  assert_true(f->s.cost.decode_line);
+  assert_true(near(f->s.cost.decode_row_ns, 300, 0.01));
+  assert_true(near(f->s.cost.decode_step_ns, 5000, 0.01));
+  f->s.n_planned = 0; /* no plan to commit */
+  teardown_fx(f);
+
+  /* Tokens proportional to rows (a prefill cap that follows the decode estimate): no plane. */
+  f = setup_fx(4, 64, 64, 4);
+  for (int i = 0; i < 10; i++) observe(f, 4, 0, 6200);
+  for (int i = 0; i < 40; i++) {
+    int rows = 20 + (i * 7) % 13;
+    observe(f, rows, 3 * rows, 5000 + 300 * rows + 100 * 3 * rows);
+  }
+  assert_false(f->s.cost.joint);
+  assert_true(near(f->s.cost.decode_row_ns, 1550, 1e-9)); /* the warm-up's line, as before */
+  teardown_fx(f);
+
+  /* Noise that fits an implausible plane (a row at a fiftieth of a token): not believed. */
+  f = setup_fx(4, 64, 64, 4);
+  for (int i = 0; i < 10; i++) observe(f, 4, 0, 6200);
+  for (int i = 0; i < 40; i++) {
+    int rows = 20 + (i * 7) % 13, tokens = 16 + (i * 37) % 200;
+    observe(f, rows, tokens, 5000 + 2 * rows + 100 * tokens);
+  }
+  assert_false(f->s.cost.joint);
+  f->s.n_planned = 0;
+  teardown_fx(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chunked_prefill),
@@ -473,6 +538,7 @@ int main(void) {
       cmocka_unit_test(test_priority_preempts_worst_newest),
       cmocka_unit_test(test_step_bound_caps_prefill),
       cmocka_unit_test(test_observe_learns_costs),
+      cmocka_unit_test(test_observe_plane_separates_fixed_cost),
       cmocka_unit_test(test_step_bound_prefill_share),
       cmocka_unit_test(test_step_bound_simulation),
   };
