@@ -42,6 +42,8 @@ extern const plan_executor plan__host_executor;
 extern const plan_executor plan__host_parallel_executor;
 typedef struct plan_par plan_par;
 void plan__par_free(plan_par *x); /* accepts NULL */
+/* Whether the parallel executor fuses nodes i (gate/up matmul_many) and i + 1 (their SwiGLU). */
+bool plan__fuses_swiglu(const servd_plan *p, int i);
 
 struct servd_plan {
   plan_node *nodes;

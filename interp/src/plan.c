@@ -280,8 +280,11 @@ void servd_plan_print(const servd_plan *p, FILE *f) {
       else bytes += tensor_bytes(t);
       fprintf(f, "%s%s", j ? ", " : " ", tensor_name(p, n->t[j], b, sizeof b));
     }
-    fprintf(f, "  [%zu bytes%s]\n", bytes,
-            n->op == SERVD_OP_attention || n->op == SERVD_OP_attention_window ? " + the KV rows read" : "");
+    fprintf(f, "  [%zu bytes%s]%s\n", bytes,
+            n->op == SERVD_OP_attention || n->op == SERVD_OP_attention_window ? " + the KV rows read" : "",
+            p->exec == &plan__host_parallel_executor && plan__fuses_swiglu(p, i)
+                ? "  fused with the next (gate/up + SwiGLU per column slice, checked bit-equal at first use)"
+                : "");
     total += bytes;
   }
   fprintf(f, "plan: %zu bytes of tensors touched per step (%.1f MB)\n", total, (double)total / 1e6);

@@ -10,6 +10,7 @@
  * Collectives stay with the serial walk: a rank blocked in an all-reduce inside a pool job would
  * hold the pool's turn that the other ranks need to reach it. */
 #include <sched.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,7 @@ typedef enum step_kind { STEP_SERIAL, STEP_COLS, STEP_SEQS } step_kind;
 
 typedef struct exec_step {
   step_kind kind;
+  bool swiglu;            /* STEP_COLS of gate/up: each slice applies the next node's SwiGLU to its columns */
   int first, count;       /* nodes [first, first + count) */
   int n_slices;           /* 1 for STEP_SERIAL */
   servd_tensor **views;   /* [n_slices][PLAN_MAX_TENSORS]: the node's tensors per slice */
@@ -143,7 +145,14 @@ static int split_seqs(const servd_plan *p, const plan_node *n, exec_step *s) {
   return 0;
 }
 
-static plan_par *build(servd_plan *p, int threads) {
+bool plan__fuses_swiglu(const servd_plan *p, int i) {
+  if (i + 1 >= p->n) return false;
+  const plan_node *a = &p->nodes[i], *b = &p->nodes[i + 1];
+  return a->op == SERVD_OP_matmul_many && a->ival[0] == 2 && b->op == SERVD_OP_swiglu && b->t[0] == a->t[1] &&
+         b->t[1] == a->t[1] && b->t[2] == a->t[2] && servd_tensor_is_contiguous(a->t[1]);
+}
+
+static plan_par *build(servd_plan *p, int threads, bool fuse) {
   plan_par *x = calloc(1, sizeof *x);
   if (!x || !(x->steps = calloc((size_t)p->n, sizeof *x->steps)) ||
       !(x->iota = malloc(sizeof(int32_t) * (size_t)(p->n_seqs > 0 ? p->n_seqs : 1)))) {
@@ -160,6 +169,11 @@ static plan_par *build(servd_plan *p, int threads) {
       if (add_step(x, attn ? STEP_SEQS : STEP_COLS, i, S) != 0) goto fail;
       exec_step *st = &x->steps[x->n - 1];
       int rc = attn ? split_seqs(p, n, st) : split_cols(n, S, st->views);
+      if (rc == 0 && fuse && !attn && plan__fuses_swiglu(p, i)) {
+        st->swiglu = true;
+        st->count = 2;
+        i++;
+      }
       if (rc == 0) continue;
       /* a slice the tensors refuse: this node stays whole */
       for (int j = 0; j < S * PLAN_MAX_TENSORS; j++) servd_tensor_release(st->views[j]);
@@ -191,8 +205,10 @@ static int run_slice(servd_plan *p, const exec_step *s, int k) {
   servd_tensor *const *v = s->views + k * PLAN_MAX_TENSORS;
   switch (n->op) {
   case SERVD_OP_matmul: return servd_op__matmul(v[0], v[1], v[2]);
-  case SERVD_OP_matmul_many:
-    return servd_op__matmul_many(n->ival[0], &v[1], v[0], (const servd_tensor *const *)&v[1 + n->ival[0]]);
+  case SERVD_OP_matmul_many: {
+    int rc = servd_op__matmul_many(n->ival[0], &v[1], v[0], (const servd_tensor *const *)&v[1 + n->ival[0]]);
+    return rc < 0 || !s->swiglu ? rc : servd_op__swiglu(v[1], v[1], v[2]);
+  }
   case SERVD_OP_attention: return servd_op__attention(v[0], v[1], n->obj, n->ival[0], &s->attn[k], n->ival[1], n->fval);
   case SERVD_OP_attention_window:
     return servd_op__attention_window(v[0], v[1], n->obj, n->ival[0], &s->attn[k], n->ival[1], n->fval, n->ival[2]);
@@ -233,6 +249,32 @@ static void walk_task(void *ctx, int64_t b, int64_t e, int thread) {
   }
 }
 
+/* Each fused step against its parts, on the data its input holds now (the outputs are this step's
+ * scratch, written before they are read): gate/up + SwiGLU slice by slice must give the bits of the
+ * whole matmul_many then the whole swiglu. 0: all equal; 1: one differs (its name in what). */
+static int check_fused(servd_plan *p, plan_par *x, const char **what) {
+  for (int i = 0; i < x->n; i++) {
+    exec_step *s = &x->steps[i];
+    if (!s->swiglu) continue;
+    const servd_tensor *g = p->nodes[s->first].t[1];
+    size_t bytes = servd_tensor_nbytes(g);
+    float *want = malloc(bytes ? bytes : 1);
+    int rc = want ? 0 : servd_fail(SERVD_ENOMEM, "plan: fused check of %zu bytes", bytes);
+    if (rc == 0) rc = plan__run_node(p, &p->nodes[s->first]);
+    if (rc == 0) rc = plan__run_node(p, &p->nodes[s->first + 1]);
+    if (rc == 0) memcpy(want, servd_tensor_data(g), bytes);
+    for (int k = 0; rc == 0 && k < s->n_slices; k++) rc = run_slice(p, s, k);
+    bool same = rc == 0 && memcmp(want, servd_tensor_data(g), bytes) == 0;
+    free(want);
+    if (rc < 0) return rc;
+    if (!same) {
+      *what = "gate/up matmul + SwiGLU";
+      return 1;
+    }
+  }
+  return 0;
+}
+
 static int par_run(servd_plan *p) {
   int threads = servd_threadpool_size();
   bool collective = false, decode = true;
@@ -240,7 +282,17 @@ static int par_run(servd_plan *p) {
     collective = p->nodes[i].op == SERVD_OP_allreduce_sum || p->nodes[i].op == SERVD_OP_allgather_cols;
   for (int s = 0; s < p->attn.n_seqs && decode; s++) decode = p->attn.q_start[s] == s && p->attn.q_len[s] == 1;
   if (threads < 2 || collective || !decode) return plan__host_executor.run(p);
-  if (!p->par && !(p->par = build(p, threads))) return plan__host_executor.run(p);
+  if (!p->par) {
+    if (!(p->par = build(p, threads, true))) return plan__host_executor.run(p);
+    const char *what = NULL;
+    int rc = check_fused(p, p->par, &what);
+    if (rc < 0) return rc;
+    if (rc > 0) {
+      fprintf(stderr, "servd: step plan: the fused %s differs from its parts: the plan runs it unfused\n", what);
+      plan__par_free(p->par);
+      if (!(p->par = build(p, threads, false))) return plan__host_executor.run(p);
+    }
+  }
   plan_par *x = p->par;
   for (int i = 0; i < x->n; i++) {
     exec_step *s = &x->steps[i];

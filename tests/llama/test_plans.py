@@ -73,6 +73,9 @@ def main():
                             env={"SERVD_PLAN_EXEC": "parallel"})
         check(par == ref and "executor host-parallel" in err,
               f"{fam}: greedy ids replayed by the parallel executor {par} == reference")
+        # gate/up + SwiGLU fused (Gemma's GeGLU is not), checked bit-equal against its parts at first use
+        fused = "fused with the next" in err and "differs from its parts" not in err
+        check(fused == (fam != "gemma3"), f"{fam}: gate/up + SwiGLU fused and equal to its parts: {fused}")
 
     if args.default_model and os.path.exists(args.default_model):
         prompt = "The capital of France is"
