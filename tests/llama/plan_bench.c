@@ -97,6 +97,7 @@ static double llama_tg(const char *bin, const char *gguf, int threads, int n) {
 /* ---- decode steps through a runner ---------------------------------------------------------------- */
 #define BLOCK 16
 typedef struct side {
+  const char *exec; /* SERVD_PLAN_EXEC at its captures */
   servd_pool *pool;
   servd_kv_cache *kv;
   servd_runner *rn;
@@ -128,6 +129,7 @@ static void side_close(side *s) {
 /* Seconds per decode step of `batch` sequences over positions 1..steps-1 (position 0 first); the
  * last step's logits into last (vocab * batch floats). */
 static double decode(side *s, int batch, int steps, float *last, size_t last_n) {
+  setenv("SERVD_PLAN_EXEC", s->exec ? s->exec : "serial", 1);
   int32_t tok[256], pos[256], slot[256], row[256], qs[256], ql[256], kl[256];
   const int32_t *tables[256];
   for (int q = 0; q < batch; q++) tables[q] = s->blocks + q * s->per_seq;
@@ -201,52 +203,70 @@ int main(int argc, char **argv) {
     servd_tensor_release(t);
   }
 
-  side eager1, plan1, eagerB, planB;
-  if (side_open(&eager1, p, L, KV, HD, 1, steps, false) || side_open(&plan1, p, L, KV, HD, 1, steps, true) ||
-      side_open(&eagerB, p, L, KV, HD, big, steps, false) || side_open(&planB, p, L, KV, HD, big, steps, true)) {
-    fprintf(stderr, "setup: %s\n", servd_last_error());
-    return 1;
-  }
+  /* through Python, the serial replay, the parallel replay (with its fusion); at batch 1 and big */
+  enum { MODES = 3 };
+  static const char *const mode_names[MODES] = {"through Python", "replayed (serial walk)",
+                                                "replayed (parallel, fused)"};
+  side sides[2][MODES];
+  for (int b = 0; b < 2; b++)
+    for (int m = 0; m < MODES; m++) {
+      sides[b][m].exec = m == 2 ? "parallel" : "serial";
+      if (side_open(&sides[b][m], p, L, KV, HD, b ? big : 1, steps, m > 0)) {
+        fprintf(stderr, "setup: %s\n", servd_last_error());
+        return 1;
+      }
+      sides[b][m].exec = m == 2 ? "parallel" : "serial";
+    }
   const size_t rbytes = (size_t)1 << 30; /* 1 GiB: far beyond any L3 */
   char *buf = aligned_alloc(64, rbytes);
   if (!buf) return 1;
   memset(buf, 1, rbytes);
-  size_t ln1 = (size_t)vocab, lnB = (size_t)vocab * (size_t)big;
-  float *le = malloc(sizeof(float) * lnB), *lp = malloc(sizeof(float) * lnB);
-  double *rr = calloc((size_t)rounds, sizeof *rr), *e1 = calloc((size_t)rounds, sizeof *e1),
-         *p1 = calloc((size_t)rounds, sizeof *p1), *eB = calloc((size_t)rounds, sizeof *eB),
-         *pB = calloc((size_t)rounds, sizeof *pB);
-  bool same1 = true, sameB = true;
+  size_t lnB = (size_t)vocab * (size_t)big;
+  float *ref = malloc(sizeof(float) * lnB), *got = malloc(sizeof(float) * lnB);
+  double *rr = calloc((size_t)rounds, sizeof *rr), *sec[2][MODES];
+  for (int b = 0; b < 2; b++)
+    for (int m = 0; m < MODES; m++) sec[b][m] = calloc((size_t)rounds, sizeof(double));
+  bool same[2][MODES] = {{true, true, true}, {true, true, true}};
   for (int r = 0; r < rounds; r++) {
     rr[r] = read_rate(buf, rbytes);
-    e1[r] = decode(&eager1, 1, steps, le, ln1);
-    p1[r] = decode(&plan1, 1, steps, lp, ln1);
-    same1 = same1 && memcmp(le, lp, sizeof(float) * ln1) == 0;
-    eB[r] = decode(&eagerB, big, steps, le, lnB);
-    pB[r] = decode(&planB, big, steps, lp, lnB);
-    sameB = sameB && memcmp(le, lp, sizeof(float) * lnB) == 0;
-    if (e1[r] < 0 || p1[r] < 0 || eB[r] < 0 || pB[r] < 0) return 1;
-    fprintf(stderr, "round %d: read %.1f GB/s; batch 1 %.1f / %.1f tok/s; batch %d %.1f / %.1f tok/s\n", r, rr[r],
-            1 / e1[r], 1 / p1[r], big, big / eB[r], big / pB[r]);
+    for (int b = 0; b < 2; b++) {
+      int batch = b ? big : 1;
+      size_t ln = (size_t)vocab * (size_t)batch;
+      for (int m = 0; m < MODES; m++) {
+        sec[b][m][r] = decode(&sides[b][m], batch, steps, m ? got : ref, ln);
+        if (sec[b][m][r] < 0) return 1;
+        if (m) same[b][m] = same[b][m] && memcmp(ref, got, sizeof(float) * ln) == 0;
+      }
+      fprintf(stderr, "round %d: read %.1f GB/s; batch %d: %.1f / %.1f / %.1f tok/s\n", r, rr[r], batch,
+              batch / sec[b][0][r], batch / sec[b][1][r], batch / sec[b][2][r]);
+    }
   }
   double tg = llama_tg(lb, gguf, threads, 64);
   int n = rounds - 1; /* round 0 captures */
-  double gbs = median(rr + 1, n), te1 = 1 / median(e1 + 1, n), tp1 = 1 / median(p1 + 1, n);
-  double teB = big / median(eB + 1, n), tpB = big / median(pB + 1, n), roof = gbs * 1e9 / wbytes;
+  double gbs = median(rr + 1, n), roof = gbs * 1e9 / wbytes;
   printf("threads %d, %d rounds of %d decode steps (medians of rounds 2..%d)\n", threads, rounds, steps, rounds);
   printf("read roofline: %.1f GB/s over 1 GiB / %.1f MB of weights = %.0f tok/s\n", gbs, wbytes / 1e6, roof);
-  printf("batch 1: through Python %.1f tok/s (%.0f%% of the roofline), replayed %.1f tok/s (%.0f%%): %.2fx\n", te1,
-         100 * te1 / roof, tp1, 100 * tp1 / roof, tp1 / te1);
-  printf("batch %d: through Python %.1f tok/s, replayed %.1f tok/s: %.2fx\n", big, teB, tpB, tpB / teB);
-  if (tg > 0) printf("llama-bench tg64: %.1f tok/s; replayed batch 1 / llama-bench = %.2fx\n", tg, tp1 / tg);
+  double tok[2][MODES];
+  for (int b = 0; b < 2; b++)
+    for (int m = 0; m < MODES; m++) {
+      int batch = b ? big : 1;
+      tok[b][m] = batch / median(sec[b][m] + 1, n);
+      printf("batch %d, %s: %.1f tok/s", batch, mode_names[m], tok[b][m]);
+      if (b == 0) printf(" (%.0f%% of the roofline)", 100 * tok[b][m] / roof);
+      if (m) printf(", %.2fx through Python, logits bit-equal: %s", tok[b][m] / tok[b][0], same[b][m] ? "yes" : "NO");
+      printf("\n");
+    }
+  if (tg > 0)
+    printf("llama-bench tg64: %.1f tok/s; batch 1 serial / llama-bench = %.2fx, parallel = %.2fx\n", tg, tok[0][1] / tg,
+           tok[0][2] / tg);
   else printf("llama-bench: not run (--gguf and --llama-bench)\n");
-  printf("replayed logits bit-equal to those through Python: batch 1 %s, batch %d %s\n", same1 ? "yes" : "NO", big,
-         sameB ? "yes" : "NO");
-  side_close(&eager1);
-  side_close(&plan1);
-  side_close(&eagerB);
-  side_close(&planB);
+  bool all = true;
+  for (int b = 0; b < 2; b++)
+    for (int m = 0; m < MODES; m++) {
+      all = all && same[b][m];
+      side_close(&sides[b][m]);
+    }
   mpk_close(p);
   free(buf);
-  return same1 && sameB ? 0 : 1;
+  return all ? 0 : 1;
 }
