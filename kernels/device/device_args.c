@@ -65,7 +65,10 @@ int servd__dev_check_upload(const char *op, const servd_tensor *host, servd_dtyp
   case SERVD_Q4_0:
   case SERVD_Q4_1:
   case SERVD_Q5_0:
-  case SERVD_Q5_1: ok = host->dtype == dtype; break; /* the packed rows as they are */
+  case SERVD_Q5_1:
+  case SERVD_Q4_K:
+  case SERVD_Q5_K:
+  case SERVD_Q6_K: ok = host->dtype == dtype; break; /* the packed rows as they are */
   default:
     return servd_fail(SERVD_EINVAL, "%s: dtype %s (%d) is not a device dtype (bf16, f32, i32)", op,
                       servd_dtype_name(dtype), (int)dtype);
@@ -137,9 +140,13 @@ static int64_t rows(const servd_tensor *t) {
 int servd__dev_check_matmul(servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
   const char *op = "device matmul";
   char a[128], b[128], c[128];
-  TRY(CHECK_ARGS(op, {"x", x, SERVD_BF16}, {"w", w, SERVD_BF16}, {"out", out, -1}));
+  TRY(CHECK_ARGS(op, {"x", x, SERVD_BF16}, {"w", w, -1}, {"out", out, -1}));
   if (out->dtype != SERVD_BF16 && out->dtype != SERVD_F32)
     return servd_fail(SERVD_EINVAL, "%s: out %s must be bf16 or f32", op, servd__dev_describe(out, a, sizeof a));
+  /* quantized weights stay as their blocks: servd_cuda_matmul_quant reads these */
+  if (w->dtype != SERVD_BF16 && w->dtype != SERVD_Q8_0 && w->dtype != SERVD_Q4_K && w->dtype != SERVD_Q6_K)
+    return servd_fail(SERVD_EINVAL, "%s: w %s must be bf16, q8_0, q4_k or q6_k", op,
+                      servd__dev_describe(w, a, sizeof a));
   if (x->ndim != 2 || w->ndim != 2 || out->ndim != 2 || x->shape[1] != w->shape[1] || out->shape[0] != x->shape[0] ||
       out->shape[1] != w->shape[0])
     return servd_fail(SERVD_EINVAL, "%s: out %s = x %s @ w^T %s: expected x (m,k), w (n,k), out (m,n)", op,

@@ -45,8 +45,11 @@ int servd_device_matmul(servd_tensor *out, const servd_tensor *x, const servd_te
   if (trace_gemm())
     fprintf(stderr, "servd: gemm cuda:%d m=%d n=%d k=%d out=%s thread=%lu\n", x->device, m, n, k,
             servd_dtype_name(out->dtype), (unsigned long)pthread_self());
-  int rc = out->dtype == SERVD_F32 ? servd_cuda_matmul_f32out(c, DATA(out), DATA(x), DATA(w), m, n, k)
-                                   : servd_cuda_matmul(c, DATA(out), DATA(x), DATA(w), m, n, k);
+  int rc =
+      w->dtype != SERVD_BF16 /* q8_0, q4_k, q6_k blocks as packed (gemv_quant.cu) */
+          ? servd_cuda_matmul_quant(c, DATA(out), out->dtype == SERVD_F32, DATA(x), DATA(w), (int)w->dtype, m, n, k)
+          : out->dtype == SERVD_F32 ? servd_cuda_matmul_f32out(c, DATA(out), DATA(x), DATA(w), m, n, k)
+                                    : servd_cuda_matmul(c, DATA(out), DATA(x), DATA(w), m, n, k);
   return servd__dev_wrap(rc, op);
 }
 
@@ -116,6 +119,11 @@ int servd_device_matmul_many(int count, servd_tensor *const *outs, const servd_t
   const char *op = "device matmul_many";
   if (count < 1 || count > SERVD_DEVICE_MATMUL_MANY_MAX)
     return servd_fail(SERVD_EINVAL, "%s: %d weights (1..%d)", op, count, SERVD_DEVICE_MATMUL_MANY_MAX);
+  for (int i = 0; i < count; i++) /* quantized weights have no fused kernel: one matmul each */
+    if (ws && ws[i] && ws[i]->dtype != SERVD_BF16) {
+      for (int j = 0; j < count; j++) TRY(servd_device_matmul(outs[j], x, ws[j]));
+      return SERVD_OK;
+    }
   servd_bf16_t *o[SERVD_DEVICE_MATMUL_MANY_MAX];
   const servd_bf16_t *w[SERVD_DEVICE_MATMUL_MANY_MAX];
   int ns[SERVD_DEVICE_MATMUL_MANY_MAX];

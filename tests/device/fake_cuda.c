@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "servd/cuda.h"
+#include "servd/cuda_blocks.h"
 #include "servd/ops.h"
 #include "servd/tensor.h"
 
@@ -664,6 +665,41 @@ int servd_cuda_matmul(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *
 int servd_cuda_matmul_f32out(servd_cuda_ctx *c, float *out, const servd_bf16_t *x, const servd_bf16_t *w, int m, int n,
                              int k) {
   return matmul(c, out, x, w, m, n, k, 1);
+}
+
+/* Quantized weights: the GPU kernel's own block decoding (servd/cuda_blocks.h), so the stand-in runs
+ * its bit unpacking; f32 sums (in another order than its lanes). Above 8 rows the GPU multiplies a
+ * bf16 copy of the weight: the decoded values are rounded to bf16 as that copy is. */
+typedef struct mmq_args {
+  void *out;
+  const servd_bf16_t *x;
+  const unsigned char *w;
+  int dtype, m, n, k, f32;
+} mmq_args;
+static void run_matmul_quant(const void *a_) {
+  const mmq_args *a = a_;
+  const int64_t rb = servd_qb_row_bytes(a->dtype, a->k);
+  for (int j = 0; j < a->n; j++)
+    for (int r = 0; r < a->m; r++) {
+      float acc = 0.0f, y[8];
+      for (int v = 0; v < a->k; v += 8) {
+        servd_qb_decode8(a->dtype, a->w + j * rb, v, y);
+        for (int i = 0; i < 8; i++) {
+          const float wv = a->m > 8 ? servd_bf16_to_f32(servd_f32_to_bf16(y[i])) : y[i];
+          acc += wv * bf(a->x, (size_t)r * a->k + v + i);
+        }
+      }
+      if (a->f32) ((float *)a->out)[(size_t)r * a->n + j] = acc;
+      else ((servd_bf16_t *)a->out)[(size_t)r * a->n + j] = servd_f32_to_bf16(acc);
+    }
+}
+int servd_cuda_matmul_quant(servd_cuda_ctx *c, void *out, int out_f32, const servd_bf16_t *x, const void *w, int dtype,
+                            int m, int n, int k) {
+  if (!servd_qb_supported(dtype) || m < 0 || n < 0 || k < 0 || k % (int)servd_dtype_block_elems((servd_dtype)dtype))
+    return servd_fail(SERVD_EINVAL, "fake cuda matmul_quant: %s (%d,%d) x (%d,%d)",
+                      servd_dtype_name((servd_dtype)dtype), n, k, m, k);
+  mmq_args a = {out, x, w, dtype, m, n, k, out_f32};
+  return m && n ? launch(c, run_matmul_quant, &a, sizeof a) : SERVD_OK;
 }
 
 typedef struct norm_args {

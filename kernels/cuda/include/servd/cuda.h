@@ -67,6 +67,11 @@ SERVD_API int servd_cuda_matmul(servd_cuda_ctx *c, servd_bf16_t *out, const serv
 /* out (m,n) f32 logits variant (for sampling precision). */
 SERVD_API int servd_cuda_matmul_f32out(servd_cuda_ctx *c, float *out, const servd_bf16_t *x, const servd_bf16_t *w,
                                        int m, int n, int k);
+/* out (m,n) (f32 if out_f32, else bf16) = x (m,k) @ w^T with w (n,k) q8_0, q4_k or q6_k blocks as packed
+ * (gemv_quant.cu): m <= 8 reads the blocks in a GEMV; larger m dequantizes w to bf16 in c's scratch
+ * (not during graph capture: the scratch may grow) and runs the bf16 matmul. */
+SERVD_API int servd_cuda_matmul_quant(servd_cuda_ctx *c, void *out, int out_f32, const servd_bf16_t *x, const void *w,
+                                      int dtype, int m, int n, int k);
 /* Times the GEMV variants (the kernels of matmuls with m <= 8) for a weight (n, k) on c's device,
  * refusing any whose products differ from the reference kernel's, and makes the fastest the one
  * every later matmul of that shape on this device uses. report (may be NULL) gets one line: each
