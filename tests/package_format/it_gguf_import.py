@@ -236,6 +236,19 @@ def main():
         check_fail(["pack", q, "-o", out, "--quiet"], gname, out)
         r = run("pack", q, "-o", out, "--quiet", ok=False)
         assert "block 3" in r.stderr and what in r.stderr, r.stderr
+    # A row that is not whole blocks (ne[0] of an IQ4_XS tensor patched from 256 to 128) and a file cut
+    # inside the last tensor's blocks are refused naming the tensor.
+    name = b"blk.1.ffn_up.weight"
+    at = lraw.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    assert struct.unpack_from("<I", lraw, at)[0] == 2 and struct.unpack_from("<Q", lraw, at + 4)[0] == H
+    bad = bytearray(lraw)
+    struct.pack_into("<Q", bad, at + 4, 128)
+    q = os.path.join(tmp, "rowlen.gguf")
+    open(q, "wb").write(bad)
+    check_fail(["pack", q, "-o", out, "--quiet"], "blk.1.ffn_up.weight", out)
+    assert "IQ4_XS" in run("pack", q, "-o", out, "--quiet", ok=False).stderr
+    open(q, "wb").write(lraw[:-50])
+    check_fail(["pack", q, "-o", out, "--quiet"], "rowlen.gguf", out)
     # Other ggml types are refused naming the tensor and the type.
     make_gguf(p, layer1=[Q.Q2_K, Q.IQ2_XXS, Q.IQ4_NL, Q.IQ4_XS, Q.Q3_K, Q.IQ4_XS, Q.Q2_K])
     check_fail(["pack", p, "-o", out, "--quiet"], "blk.1.attn_k.weight", out)
