@@ -380,12 +380,90 @@ static void check_tuned_matmul(int n, int k) {
   if (rc == 0) check_matmul_shape(n, k);
 }
 
+/* matmul on q8_0/q4_k/q6_k weights kept as their blocks (gemv_quant.cu): the GEMV for m <= 8, a bf16
+ * copy of the weight and cuBLAS above. Reference: the CPU f32 matmul on the same bf16 x and the weight
+ * dequantized by servd_row_to_f32 (rounded to bf16 where the GPU multiplies a bf16 copy), so the
+ * allowance is check_matmul_shape's: 2^-15 sum|x||w| (+ 2^-7 |ref| for bf16 outputs). */
+static void check_quant_matmul(servd_dtype dt, int n, int k) {
+  const int ms[] = {1, 4, 8, 64};
+  char label[128];
+  const char *name = "quantized matmul setup";
+  float *wv = NULL, *wq = NULL, *xv = NULL, *got = NULL, *sum = NULL;
+  servd_tensor *wh = NULL, *wd = NULL, *wf = NULL, *wa = NULL, *xh = NULL, *xa = NULL, *xd = NULL, *rh = NULL,
+               *sh = NULL, *ob = NULL, *of = NULL;
+  const int64_t wshape[2] = {n, k};
+  NN(wv = dc_rand_bf16((size_t)n * k, 3.f / sqrtf((float)k)));
+  NN(wq = malloc((size_t)n * k * sizeof *wq));
+  NN(wh = servd_tensor_new(dt, 2, wshape));
+  for (int j = 0; j < n; j++) {
+    char *row = (char *)servd_tensor_data(wh) + (size_t)j * wh->strides[0];
+    TRY(servd_row_from_f32(dt, wv + (size_t)j * k, row, k));
+    TRY(servd_row_to_f32(dt, row, wq + (size_t)j * k, k));
+  }
+  TRY(servd_device_upload(dc_device, wh, dt, &wd));
+  for (size_t t = 0; t < sizeof ms / sizeof *ms; t++) {
+    const int m = ms[t];
+    const int64_t xshape[2] = {m, k}, oshape[2] = {m, n};
+    float *wr = malloc((size_t)n * k * sizeof *wr), *wabs = malloc((size_t)n * k * sizeof *wabs);
+    NN(wr);
+    NN(wabs);
+    for (size_t i = 0; i < (size_t)n * k; i++) {
+      wr[i] = m > 8 ? servd_bf16_to_f32(servd_f32_to_bf16(wq[i])) : wq[i];
+      wabs[i] = fabsf(wr[i]);
+    }
+    wf = dc_host_f32(wr, 2, wshape), wa = dc_host_f32(wabs, 2, wshape);
+    free(wr), free(wabs);
+    NN(wf);
+    NN(wa);
+    NN(xv = dc_rand_bf16((size_t)m * k, 1.f));
+    NN(xh = dc_host_f32(xv, 2, xshape));
+    for (size_t i = 0; i < (size_t)m * k; i++) xv[i] = fabsf(xv[i]);
+    NN(xa = dc_host_f32(xv, 2, xshape));
+    NN(rh = dc_host_f32(NULL, 2, oshape));
+    NN(sh = dc_host_f32(NULL, 2, oshape));
+    name = "quantized matmul cpu reference";
+    TRY(servd_matmul(rh, xh, wf));
+    TRY(servd_matmul(sh, xa, wa));
+    NN(sum = malloc((size_t)m * n * sizeof *sum));
+    for (size_t i = 0; i < (size_t)m * n; i++) sum[i] = ldexpf(((float *)servd_tensor_data(sh))[i], -15);
+    NN(got = malloc((size_t)m * n * sizeof *got));
+    TRY(servd_device_upload(dc_device, xh, SERVD_BF16, &xd));
+    TRY(dc_dev_new(SERVD_BF16, 2, oshape, &ob));
+    TRY(dc_dev_new(SERVD_F32, 2, oshape, &of));
+    snprintf(label, sizeof label, "matmul %s bf16-out m=%d n=%d k=%d", servd_dtype_name(dt), m, n, k);
+    name = label;
+    TRY(servd_device_matmul(ob, xd, wd));
+    TRY(dc_download_f32(ob, got));
+    dc_expect_close(label, got, servd_tensor_data(rh), (size_t)m * n, 0, ldexp(1, -7), sum,
+                    "2^-7|ref| + 2^-15 sum|x||w|");
+    snprintf(label, sizeof label, "matmul %s f32-out m=%d n=%d k=%d", servd_dtype_name(dt), m, n, k);
+    TRY(servd_device_matmul(of, xd, wd));
+    TRY(dc_download_f32(of, got));
+    dc_expect_close(label, got, servd_tensor_data(rh), (size_t)m * n, 0, 0, sum, "2^-15 sum|x||w|");
+    free(xv), free(sum), free(got);
+    xv = sum = got = NULL;
+    servd_tensor_release(wf), servd_tensor_release(wa), servd_tensor_release(xh), servd_tensor_release(xa);
+    servd_tensor_release(xd), servd_tensor_release(rh), servd_tensor_release(sh), servd_tensor_release(ob);
+    servd_tensor_release(of);
+    wf = wa = xh = xa = xd = rh = sh = ob = of = NULL;
+  }
+done:
+  free(wv), free(wq), free(xv), free(got), free(sum);
+  servd_tensor_release(wh), servd_tensor_release(wd), servd_tensor_release(wf), servd_tensor_release(wa);
+  servd_tensor_release(xh), servd_tensor_release(xa), servd_tensor_release(xd), servd_tensor_release(rh);
+  servd_tensor_release(sh), servd_tensor_release(ob), servd_tensor_release(of);
+}
+
 void dc_check_ops(void) {
   check_matmul_shape(4096, 4096);
   check_matmul_shape(1001, 2056); /* odd n; k a multiple of 8 but not of 16 */
   check_tuned_matmul(4096, 4096);
   check_tuned_matmul(1024, 4096); /* few rows: where the split variants are meant to win */
   check_tuned_matmul(1001, 2056);
+  check_quant_matmul(SERVD_Q8_0, 4096, 4096);
+  check_quant_matmul(SERVD_Q4_K, 4096, 4096);
+  check_quant_matmul(SERVD_Q6_K, 1001, 2048); /* odd n */
+  check_quant_matmul(SERVD_Q8_0, 1001, 2080); /* k not a multiple of 256 */
   check_embedding();
   check_rmsnorm();
   check_rope(0);
