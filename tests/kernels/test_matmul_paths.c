@@ -212,7 +212,7 @@ static void check_dtype(servd_dtype dt, int64_t k) {
 
 static void test_block_types(void **state) {
   (void)state;
-  const servd_dtype types[] = {SERVD_Q8_0, SERVD_Q4_0, SERVD_Q4_1, SERVD_Q5_0, SERVD_Q5_1};
+  const servd_dtype types[] = {SERVD_Q8_0, SERVD_Q4_0, SERVD_Q4_1, SERVD_Q5_0, SERVD_Q5_1, SERVD_IQ4_NL};
   for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
     check_dtype(types[t], 576);  /* the default model's width: 18 blocks, 6 per rank */
     check_dtype(types[t], 1536); /* its MLP width: 48 blocks, 16 per rank */
@@ -221,7 +221,7 @@ static void test_block_types(void **state) {
 
 static void test_kquant_types(void **state) {
   (void)state;
-  const servd_dtype types[] = {SERVD_Q4_K, SERVD_Q5_K, SERVD_Q6_K};
+  const servd_dtype types[] = {SERVD_Q4_K, SERVD_Q5_K, SERVD_Q6_K, SERVD_Q2_K, SERVD_Q3_K, SERVD_IQ4_XS};
   for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
     check_dtype(types[t], 768);  /* one super-block per rank */
     check_dtype(types[t], 1536); /* two per rank */
