@@ -87,6 +87,27 @@ static int decode_bucket(const servd_plan_cache *c, const servd_forward_batch *b
   return n - 1;
 }
 
+/* Drops every ready plan (but bucket `skip`'s) whose buffers moved: plans of a batch size that does
+ * not come again would otherwise keep the model's old buffers alive. */
+static void drop_stale(servd_plan_cache *c, const servd_forward_batch *b, int skip) {
+  char why[256];
+  for (int i = 0; i < c->max_batch; i++) {
+    bucket *k = &c->buckets[i];
+    if (i == skip || k->state != B_READY) continue;
+    for (int r = 0; r < c->world; r++) {
+      servd_forward_batch probe = *b;
+      probe.n_tokens = probe.n_logit_rows = probe.attn.n_seqs = i + 1; /* the shape is not the question */
+      probe.kv = c->kv[r];
+      if (servd_plan_check(k->plans[r], &probe, why, sizeof why) != 0) {
+        drop(c, k, k->plans);
+        k->state = B_EMPTY;
+        c->st.dropped++;
+        break;
+      }
+    }
+  }
+}
+
 servd_plan_action servd_plan_cache_decide(servd_plan_cache *c, const servd_forward_batch *b) {
   if (!c) return SERVD_PLAN_EAGER;
   c->current = -1;
@@ -105,6 +126,7 @@ servd_plan_action servd_plan_cache_decide(servd_plan_cache *c, const servd_forwa
         drop(c, k, k->plans);
         k->state = B_EMPTY;
         c->st.dropped++;
+        drop_stale(c, b, bi); /* the other buckets' plans hold the old buffers too: free them now */
         return SERVD_PLAN_CAPTURE;
       }
     return SERVD_PLAN_REPLAY;
