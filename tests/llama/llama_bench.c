@@ -145,7 +145,9 @@ int main(int argc, char **argv) {
   servd_threadpool_init(threads);
 
   /* Python's share of a decode step: the model code times its op calls (profile()), the C side
-   * times the whole step. */
+   * times the whole step. Every step must go through the Python, so this runner has no step plans. */
+  char *plans_env = getenv("SERVD_PLANS") ? strdup(getenv("SERVD_PLANS")) : NULL;
+  setenv("SERVD_PLANS", "off", 1);
   double share = -1, step_ms = -1, ops_ms = -1, calls = -1, fwd_ms = -1;
   {
     mpk_package *p = NULL;
@@ -240,6 +242,9 @@ int main(int argc, char **argv) {
     mpk_close(p);
   }
 
+  if (plans_env) setenv("SERVD_PLANS", plans_env, 1);
+  else unsetenv("SERVD_PLANS");
+  free(plans_env);
   servd_model_options o;
   servd_model_options_default(&o);
   o.path = pkg;
