@@ -35,6 +35,9 @@ fi
 # tensors included) and grpc's health-checking stubs.
 "$venv/bin/python" -c "import tritonclient.grpc, tritonclient.http, grpc_health.v1" 2>/dev/null ||
   "$venv/bin/pip" install --quiet "tritonclient[grpc,http]" "grpcio-health-checking"
+# The agent and gateway frameworks users put in front of an OpenAI-compatible server.
+"$venv/bin/python" -c "import langchain_openai, litellm" 2>/dev/null ||
+  "$venv/bin/pip" install --quiet "langchain-openai>=0.3" "litellm>=1.60"
 
 # Python packages servd's interpreters use at run time (llguidance: structured outputs), pinned,
 # into the directory a build tree's servd puts on sys.path (build/python-deps).

@@ -59,6 +59,43 @@ def tiny_llama(a):
     return out
 
 
+def tiny_llama_long(a, name, template=None, context=4096):
+    """The tiny Llama with a longer context (`context` tokens) and optionally its own chat template:
+    with its byte-level tokenizer a tools preamble alone is some 700 tokens, more than the 512 of
+    `modelpkg synth tiny`."""
+    hf, out = os.path.join(a.work, name + "-hf"), os.path.join(a.work, name + ".mpk")
+    if os.path.exists(out):
+        return out
+    if not a.modelpkg or not os.access(a.modelpkg, os.X_OK):
+        skip("modelpkg was not built: no tiny Llama package")
+    r = subprocess.run([a.modelpkg, "synth", "tiny", "--hf-out", hf, "-o", out + ".short", "--quiet"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        skip(f"modelpkg synth tiny failed: {r.stderr.strip()}")
+    edits = [("config.json", "max_position_embeddings", context)]
+    if template:
+        edits.append(("tokenizer_config.json", "chat_template", template))
+    for fname, key, value in edits:
+        path = os.path.join(hf, fname)
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg[key] = value
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+    r = subprocess.run([a.modelpkg, "pack", hf, "-o", out, "--quiet"], capture_output=True, text=True)
+    check(r.returncode == 0, f"modelpkg pack: {r.stderr.strip()}")
+    return out
+
+
+def python_deps(a, need=None):
+    """The directory of servd's run-time Python packages (scripts/install-python-deps.sh) that the
+    test's servd gets as SERVD_PY_DEPS; skips when the package `need` is not installed there."""
+    deps = os.environ.get("SERVD_PY_DEPS") or os.path.join(os.path.dirname(os.path.dirname(a.servd)), "python-deps")
+    if need and not os.path.isdir(os.path.join(deps, need)):
+        skip(f"{need} is not installed in {deps} (scripts/install-python-deps.sh {deps})")
+    return deps
+
+
 def example_package(a, name):
     """An example generic package (models/examples/<name>), built by the servd_examples target."""
     path = os.path.join(a.examples or "", f"{name}.mpk")

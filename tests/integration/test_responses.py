@@ -5,11 +5,10 @@ input items, bad inputs as 400s naming the field; with llguidance, a json_schema
 function tool round trip with tool_choice "required"."""
 import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servd_harness import Servd, check, fail, parse_args, skip  # noqa: E402
+from servd_harness import Servd, check, fail, parse_args, python_deps, skip, tiny_llama_long  # noqa: E402
 
 a = parse_args()
 try:
@@ -17,32 +16,8 @@ try:
     import openai
 except ImportError as e:
     skip(f"{e.name} is not installed (use .venv-test)")
-deps = os.environ.get("SERVD_PY_DEPS") or os.path.join(os.path.dirname(os.path.dirname(a.servd)), "python-deps")
-
-
-def tiny_long(a, name="responses-tiny"):
-    """The tiny Llama with a 4096-token context: the tools preamble alone is some 700 byte-level tokens."""
-    hf, out = os.path.join(a.work, name + "-hf"), os.path.join(a.work, name + ".mpk")
-    if os.path.exists(out):
-        return out
-    r = subprocess.run([a.modelpkg, "synth", "tiny", "--hf-out", hf, "-o", out + ".short", "--quiet"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        skip(f"modelpkg synth tiny failed: {r.stderr.strip()}")
-    cfg_path = os.path.join(hf, "config.json")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
-    cfg["max_position_embeddings"] = 4096
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f)
-    r = subprocess.run([a.modelpkg, "pack", hf, "-o", out, "--quiet"], capture_output=True, text=True)
-    check(r.returncode == 0, f"modelpkg pack: {r.stderr.strip()}")
-    return out
-
-
-if not a.modelpkg or not os.access(a.modelpkg, os.X_OK):
-    skip("modelpkg was not built: no tiny Llama package")
-s = Servd(a, ["--model", f"{tiny_long(a)}:tiny"], env={"SERVD_PY_DEPS": deps})
+deps = python_deps(a)
+s = Servd(a, ["--model", f"{tiny_llama_long(a, 'responses-tiny')}:tiny"], env={"SERVD_PY_DEPS": deps})
 client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0, timeout=120)
 greedy = dict(model="tiny", temperature=0, extra_body={"ignore_eos": True})
 

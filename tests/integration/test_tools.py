@@ -6,11 +6,10 @@ streamed deltas reassemble to the non-streamed call of the same seed; a history 
 results renders; legacy functions map onto the same; bad inputs are 400s naming the field."""
 import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servd_harness import Servd, check, fail, parse_args, skip  # noqa: E402
+from servd_harness import Servd, check, fail, parse_args, python_deps, skip, tiny_llama_long  # noqa: E402
 
 a = parse_args()
 try:
@@ -18,9 +17,7 @@ try:
     import openai
 except ImportError as e:
     skip(f"{e.name} is not installed (use .venv-test)")
-deps = os.environ.get("SERVD_PY_DEPS") or os.path.join(os.path.dirname(os.path.dirname(a.servd)), "python-deps")
-if not os.path.isdir(os.path.join(deps, "llguidance")):
-    skip(f"llguidance is not installed in {deps} (scripts/install-python-deps.sh {deps})")
+deps = python_deps(a, "llguidance")
 
 
 # A ChatML template that renders tools itself, as Qwen 2.5's does (shortened).
@@ -35,36 +32,8 @@ QWEN_TEMPLATE = (
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
 
 
-def tiny_long(a, name="tools-tiny", template=None):
-    """The tiny Llama with a 4096-token context: its byte-level tokenizer makes the tools preamble
-    some 700 tokens, more than the 512 of `modelpkg synth tiny`."""
-    hf, out = os.path.join(a.work, name + "-hf"), os.path.join(a.work, name + ".mpk")
-    if os.path.exists(out):
-        return out
-    for cmd in ([a.modelpkg, "synth", "tiny", "--hf-out", hf, "-o", out + ".short", "--quiet"],):
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            skip(f"modelpkg synth tiny failed: {r.stderr.strip()}")
-    cfg_path = os.path.join(hf, "config.json")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
-    cfg["max_position_embeddings"] = 4096
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f)
-    if template:
-        tc_path = os.path.join(hf, "tokenizer_config.json")
-        with open(tc_path) as f:
-            tc = json.load(f)
-        tc["chat_template"] = template
-        with open(tc_path, "w") as f:
-            json.dump(tc, f)
-    r = subprocess.run([a.modelpkg, "pack", hf, "-o", out, "--quiet"], capture_output=True, text=True)
-    check(r.returncode == 0, f"modelpkg pack: {r.stderr.strip()}")
-    return out
-
-
-pkg = tiny_long(a)
-qwen = tiny_long(a, "tools-qwen", QWEN_TEMPLATE)
+pkg = tiny_llama_long(a, "tools-tiny")
+qwen = tiny_llama_long(a, "tools-qwen", QWEN_TEMPLATE)
 s = Servd(a, ["--model", f"{pkg}:tiny", "--model", f"{qwen}:qwen"], env={"SERVD_PY_DEPS": deps})
 client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0, timeout=120)
 msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
