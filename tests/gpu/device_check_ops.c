@@ -141,7 +141,13 @@ static void check_rope(int layout) {
   const char *name = layout ? "rope half-split" : "rope interleaved";
   enum { M = 9, HEADS = 32, HD = 128, W = HEADS * HD };
   const int32_t pos[M] = {0, 1, 17, 100, 4095, 8191, 9000, 32768, 70000};
-  const servd_rope_params p = {layout ? SERVD_ROPE_HALF : SERVD_ROPE_INTERLEAVED, HD, 500000.f, 8.f, 1.f, 4.f, 8192};
+  const servd_rope_params p = {.layout = layout ? SERVD_ROPE_HALF : SERVD_ROPE_INTERLEAVED,
+                               .head_dim = HD,
+                               .theta = 500000.f,
+                               .scaling_factor = 8.f,
+                               .low_freq_factor = 1.f,
+                               .high_freq_factor = 4.f,
+                               .original_max_positions = 8192};
   float *xv = NULL, *got = NULL, *atol_i = NULL;
   servd_tensor *xh = NULL, *ph = NULL, *xd = NULL, *pd = NULL;
   const int64_t shape[2] = {M, W};

@@ -298,7 +298,13 @@ static int mini_weight(mini *m, int64_t rows, int64_t cols, bool norm, servd_ten
 static int mini_create(mini *m) {
   int rc;
   memset(m, 0, sizeof *m);
-  m->rope = (servd_rope_params){SERVD_ROPE_HALF, G_HD, 500000.f, 8.f, 1.f, 4.f, 8192};
+  m->rope = (servd_rope_params){.layout = SERVD_ROPE_HALF,
+                                .head_dim = G_HD,
+                                .theta = 500000.f,
+                                .scaling_factor = 8.f,
+                                .low_freq_factor = 1.f,
+                                .high_freq_factor = 4.f,
+                                .original_max_positions = 8192};
   if ((rc = mini_weight(m, G_VOCAB, G_D, false, &m->emb)) || (rc = mini_weight(m, 0, G_D, true, &m->norm)) ||
       (rc = mini_weight(m, G_VOCAB, G_D, false, &m->lm_head)))
     return rc;

@@ -166,7 +166,13 @@ static void check_ops(servd_cuda_ctx *c) {
   }
   for (int layout = 0; layout < 2; layout++) { /* rope, Llama 3.1 scaling */
     const int m = 5, heads = 32, hd = 128;
-    servd_rope_params p = {layout ? SERVD_ROPE_HALF : SERVD_ROPE_INTERLEAVED, hd, 500000.f, 8.f, 1.f, 4.f, 8192};
+    servd_rope_params p = {.layout = layout ? SERVD_ROPE_HALF : SERVD_ROPE_INTERLEAVED,
+                           .head_dim = hd,
+                           .theta = 500000.f,
+                           .scaling_factor = 8.f,
+                           .low_freq_factor = 1.f,
+                           .high_freq_factor = 4.f,
+                           .original_max_positions = 8192};
     const int32_t pos[5] = {0, 1, 17, 4095, 70000};
     buf x = make_buf(c, (size_t)m * heads * hd, 1.f);
     servd_tensor *xt = host_f32(x.h, 2, m, (int64_t)heads * hd), *pt = host_i32(pos, m);
