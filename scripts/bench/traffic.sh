@@ -8,7 +8,10 @@
 #   streams   STREAMS streams of random IN-token prompts, STREAM_OUT out: servd with --max-step-ms
 #             MS against --max-step-ms 0 (targets: ITL p99 <= 3x p50, output tok/s >= 0.9x);
 #   miss      random prompts that never share a block, with the prefix cache on against
-#             --no-prefix-cache: TPOT p50 on / off (the bookkeeping's cost per decode step, < 2 %).
+#             --no-prefix-cache: TPOT p50 on / off (the bookkeeping's cost per decode step, < 2 %);
+#             and, finer than this host's noise, the scheduler alone (tests/daemon/
+#             bench_prefix_bookkeeping: plan and commit of 32 never-hitting streams, cache on and off)
+#             against the decode step (TPOT p50) measured here.
 # Every load runs against both of its servers in the same run; with ROUNDS > 1 each further round
 # swaps the order, and the ratios are medians over rounds. llama-server comes from LLAMA_BIN (default
 # .cache/llama-cpp/bin, built by scripts/bench/build-llama-cpp.sh); without it the comparisons with
@@ -135,6 +138,10 @@ for round in $(seq 1 "$rounds"); do
           --warmup 2 --input-len 64 --output-len "$miss_out" --seed $((1000 + round))
         stop
       done
+      if [ -x "$build/tests/daemon/bench_prefix_bookkeeping" ]; then
+        "$build/tests/daemon/bench_prefix_bookkeeping" 20000 7 >"$work/book-$round.txt"
+        echo "  book-$round: $(tr '\n' ' ' <"$work/book-$round.txt")"
+      fi
       ;;
     *)
       echo "unknown load '$load' in ONLY (shared chat streams miss)" >&2

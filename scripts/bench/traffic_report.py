@@ -87,6 +87,16 @@ def main():
     v, n = paired(d, "miss-on", "miss-off", lambda x, y: x["tpot50"] / y["tpot50"] - 1)
     check("miss: TPOT p50 cache on / off - 1", v, "< 0.02", lambda x: x < 0.02, n,
           "%s vs %s ms" % (fmt(median_of(d, "miss-on", "tpot50")), fmt(median_of(d, "miss-off", "tpot50"))))
+    book = []
+    for p in sorted(glob.glob(os.path.join(d, "book-*.txt"))):
+        with open(p) as f:
+            kv = dict(l.split() for l in f if l.strip())
+        book.append(float(kv["bookkeeping_ns_per_step"]))
+    step = median_of(d, "miss-off", "tpot50")
+    v = statistics.median(book) / (step * 1e6) if book and step else None
+    check("miss: scheduler bookkeeping / decode step", v, "< 0.02", lambda x: x < 0.02, len(book),
+          "%s ns a step (cache on - off, no model) / TPOT p50 %s ms" % (fmt(statistics.median(book) if book else None),
+                                                                      fmt(step)))
     print("| measure | value | target | met | rounds | detail |")
     print("|---|---:|---|---|---:|---|")
     for row in rows:
