@@ -169,7 +169,7 @@ static PyType_Slot batch_slots[] = {
     {Py_tp_getattro, batch_getattro},
     {Py_tp_repr, batch_repr},
     {Py_tp_doc, "One forward step: n_tokens, tokens, positions, slots, logit_rows, kv, n_seqs, max_tokens, "
-                "max_seqs."},
+                "max_seqs, hidden."},
     {0, NULL},
 };
 static PyType_Spec batch_spec = {"servd.Batch", sizeof(BatchObject), 0,
@@ -220,7 +220,8 @@ PyObject *pm_batch_new(const servd_forward_batch *b) {
       set_item(o->dict, "logit_rows", batch_i32(b, SERVD_DB_LOGIT_ROWS, b->logit_rows, b->n_logit_rows)) < 0 ||
       set_item(o->dict, "n_seqs", PyLong_FromLong(b->attn.n_seqs)) < 0 ||
       set_item(o->dict, "max_tokens", PyLong_FromLong(b->max_tokens > 0 ? b->max_tokens : 0)) < 0 ||
-      set_item(o->dict, "max_seqs", PyLong_FromLong(b->max_seqs > 0 ? b->max_seqs : 0)) < 0)
+      set_item(o->dict, "max_seqs", PyLong_FromLong(b->max_seqs > 0 ? b->max_seqs : 0)) < 0 ||
+      set_item(o->dict, "hidden", PyBool_FromLong(b->want_hidden)) < 0)
     goto fail;
   if (b->kv || b->dkv) {
     PyTypeObject *kt = (PyTypeObject *)pm.kv_type;
