@@ -26,4 +26,5 @@ const servd_model_ops servd_engine_model_ops = {
     .tools_parse = servd_model_tools_parse,
     .model_gen_params_default = servd_model_gen_params_default,
     .vocab_size = servd_model_vocab_size,
+    .embedding_info = servd_model_embedding_info,
 };

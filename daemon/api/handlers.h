@@ -12,6 +12,7 @@ void api_version(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_health_ready(servd_api *a, servd_http_req *r, const api_route_args *args);
 
 /* openai.c */
+void api_oai_embeddings(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_oai_completions(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_oai_chat_completions(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_oai_models(servd_api *a, servd_http_req *r, const api_route_args *args);

@@ -40,6 +40,8 @@ typedef struct servd_model_ops {
   /* Appended; NULL: gen_params_default for every model, and no vocabulary check of logit_bias. */
   void (*model_gen_params_default)(const servd_model *m, servd_gen_params *p);
   int (*vocab_size)(const servd_model *m);
+  /* Appended; NULL: no embeddings (POST /v1/embeddings answers 400). servd_model_embedding_info. */
+  int (*embedding_info)(const servd_model *m, servd_embedding_info *out);
 } servd_model_ops;
 
 /* The engine's implementation (daemon/api/engine_ops.c). */

@@ -7,6 +7,15 @@
 
 typedef struct oai oai;
 
+/* What a choice holds beside its gen: its echoed prompt, its embedding. */
+typedef struct oai_choice_x {
+  char *echo;        /* the prompt's text (malloc'd), NULL without echo */
+  size_t prompt_off; /* echo with logprobs: text_offset of the next prompt token */
+  bool echo_sent;    /* streaming: the prompt's chunk went out */
+  float *vec;        /* embeddings: the vector (malloc'd on the engine thread before the final event) */
+  int n_vec;
+} oai_choice_x;
+
 /* Another route's output over the chat machinery (responses.c): the chat request runs as usual and
  * these replace its chunks and its body. n is 1. Each is called on the loop with o->req set. */
 typedef struct oai_sink {
@@ -52,6 +61,9 @@ struct oai {
   uint64_t t_start;
   const oai_sink *sink; /* NULL: chat completions' own output */
   void *sink_ctx;
+  bool echo;       /* completions: each choice's text starts with its prompt */
+  bool base64;     /* embeddings: encoding_format base64 */
+  oai_choice_x *x; /* per choice (n_gens): echo and embedding state; NULL until submitted */
 };
 
 /* For sinks (openai.c). A stream write; -1 when the client is gone (o->req is NULL then). */
@@ -68,5 +80,17 @@ json_t *oai_json_text(const char *s, size_t n);
 /* Serves body (stolen) as a chat completions request whose output sink formats; sink_ctx is freed
  * with sink->ctx_free, also when this answers an error itself. */
 void oai_chat_serve(servd_api *a, servd_http_req *r, json_t *body, const oai_sink *sink, void *sink_ctx);
+
+/* Embeddings (embeddings.c). The engine callback of an embedding: keeps the vector, then
+ * api_engine_cb. */
+void oai_embedding_cb(void *ud, const servd_event *ev);
+/* Checks what the model must allow (dimensions); false: answered with a 400. */
+bool oai_embeddings_check(oai *o);
+/* The 200 body of a finished embeddings request (every choice succeeded). */
+void oai_embeddings_respond(oai *o);
+/* Serves a POST /v1/embeddings body (openai.c). */
+void oai_embeddings_serve(servd_api *a, servd_http_req *r);
+/* oai_error of openai.c for the other files of the OpenAI routes. */
+void oai_fail(oai *o, int status, const char *param, const char *code, const char *msg);
 
 #endif

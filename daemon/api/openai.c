@@ -36,6 +36,11 @@ static void oai_free(oai *o) {
     free(g->error);
   }
   free(o->gens);
+  for (int i = 0; o->x && i < o->n_gens; i++) {
+    free(o->x[i].echo);
+    free(o->x[i].vec);
+  }
+  free(o->x);
   for (int i = 0; i < o->n_prompts; i++) free(o->prompts[i].ids);
   json_decref(o->messages);
   free(o->guide);
@@ -90,8 +95,14 @@ static void oai_error_rc(oai *o, int rc, const char *param, const char *msg) {
   oai_error(o, st, type, st == 400 ? param : NULL, code, "%s", msg);
 }
 
+void oai_fail(oai *o, int status, const char *param, const char *code, const char *msg) {
+  oai_error(o, status, status < 500 ? "invalid_request_error" : "server_error", param, code, "%s", msg);
+}
+
 /* The prompt's field of this request. */
-static const char *prompt_field(const oai *o) { return o->messages ? "messages" : "prompt"; }
+static const char *prompt_field(const oai *o) {
+  return o->messages ? "messages" : o->mode == OAI_EMBEDDINGS ? "input" : "prompt";
+}
 
 /* A JSON string of raw model output: invalid UTF-8 (a token cut mid-character at the end) becomes
  * U+FFFD instead of failing the response. */
@@ -144,9 +155,11 @@ static json_t *chat_lp_entry(oai *o, const api_event *ev) {
   return e;
 }
 
-/* Completions: {tokens, token_logprobs, top_logprobs, text_offset} with one entry appended. */
-static void compl_lp_append(oai *o, json_t *lp, const api_event *ev, size_t offset) {
+/* Completions: {tokens, token_logprobs, top_logprobs, text_offset} with one entry appended; returns
+ * the length of the token's text. */
+static size_t compl_lp_append(oai *o, json_t *lp, const api_event *ev, size_t offset) {
   char *t = token_text(o, ev->token);
+  size_t len = t ? strlen(t) : 0;
   json_array_append_new(json_object_get(lp, "tokens"), json_text(t ? t : "", t ? strlen(t) : 0));
   json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(clamp_lp(ev->logprob)));
   json_t *top = json_object();
@@ -158,6 +171,7 @@ static void compl_lp_append(oai *o, json_t *lp, const api_event *ev, size_t offs
   json_array_append_new(json_object_get(lp, "top_logprobs"), top);
   json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)offset));
   free(t);
+  return len;
 }
 
 static json_t *compl_lp_new(void) {
@@ -345,6 +359,10 @@ static void respond_full(oai *o) {
     o->sink->respond(o);
     return;
   }
+  if (o->mode == OAI_EMBEDDINGS) {
+    oai_embeddings_respond(o);
+    return;
+  }
   json_t *choices = json_array();
   for (int i = 0; i < o->n_gens; i++) {
     gen *g = &o->gens[i];
@@ -437,11 +455,46 @@ static int tools_parse_start(oai *o, gen *g) {
   return 0;
 }
 
+/* Echo: the choice starts with its prompt; with logprobs, the prompt's first token (no logprob: it
+ * has no context) opens them. */
+static void echo_begin(oai *o, gen *g) {
+  oai_choice_x *x = &o->x[g->index];
+  const oai_prompt *p = &o->prompts[g->index / o->n];
+  size_t n = x->echo ? strlen(x->echo) : 0;
+  if (!o->stream) append_text(g, x->echo ? x->echo : "", n);
+  g->text_offset = n;
+  if (o->logprobs < 0) return;
+  g->lp = compl_lp_new();
+  char *t = token_text(o, p->ids[0]);
+  json_array_append_new(json_object_get(g->lp, "tokens"), json_text(t ? t : "", t ? strlen(t) : 0));
+  json_array_append_new(json_object_get(g->lp, "token_logprobs"), json_null());
+  json_array_append_new(json_object_get(g->lp, "top_logprobs"), json_null());
+  json_array_append_new(json_object_get(g->lp, "text_offset"), json_integer(0));
+  x->prompt_off = t ? strlen(t) : 0;
+  free(t);
+}
+
+/* Streaming with echo: the prompt goes out as the choice's first chunk, with its logprobs, before
+ * the first generated token (vLLM's order). */
+static void echo_flush(oai *o, gen *g) {
+  oai_choice_x *x = o->x ? &o->x[g->index] : NULL;
+  if (!o->echo || !o->stream || !x || x->echo_sent || !o->req) return;
+  x->echo_sent = true;
+  sse_choice(o, g, x->echo ? x->echo : "", x->echo ? strlen(x->echo) : 0, g->lp, NULL);
+  json_decref(g->lp);
+  g->lp = NULL;
+}
+
 void api_oai_event(servd_api *a, api_event *ev) {
   gen *g = ev->g;
   oai *o = g->owner;
   api_model *am = g->am;
+  if (ev->kind == SERVD_EVENT_PROMPT_TOKEN) { /* echo with logprobs: a prompt token's */
+    if (g->lp && o->x) o->x[g->index].prompt_off += compl_lp_append(o, g->lp, ev, o->x[g->index].prompt_off);
+    return;
+  }
   if (ev->kind == SERVD_EVENT_TOKEN) {
+    echo_flush(o, g);
     bool first = !g->t_first;
     double secs = (double)(ev->t_ns - (first ? o->t_start : g->t_last)) / 1e9;
     if (first) g->t_first = ev->t_ns;
@@ -512,6 +565,7 @@ void api_oai_event(servd_api *a, api_event *ev) {
 
 /* A choice's last words: the final chunk when streaming, and the response once all are done. */
 static void gen_complete(oai *o, gen *g) {
+  if (!g->error) echo_flush(o, g);
   if (o->req && o->stream && o->sink) {
     if (!g->error && o->tools && !oai_tools_calls(o->tools, g->index)) { /* held back, and no call after all */
       size_t from;
@@ -616,6 +670,19 @@ static void prep_work(uv_work_t *w) {
   }
   for (int i = 0; i < o->n_prompts; i++) {
     oai_prompt *p = &o->prompts[i];
+    if (!p->text && o->echo) { /* echoed as text: the ids' decoding */
+      char *t = NULL;
+      if (a->ops->detokenize(m, p->ids, p->n_ids, &t) == 0 && t) p->text = servd_arena_strdup(o->arena, t);
+      free(t);
+      if (!p->text) {
+        o->err_rc = SERVD_EINVAL;
+        o->err_param = "prompt";
+        snprintf(o->err, sizeof o->err, "prompt %d cannot be decoded for echo: %s", i,
+                 api_user_cause(servd_last_error()));
+        return;
+      }
+      continue;
+    }
     if (!p->text) continue;
     rc = a->ops->tokenize(m, p->text, strlen(p->text), o->add_special, &p->ids, &p->n_ids);
     if (rc != 0) {
@@ -638,10 +705,12 @@ static void start_generation(oai *o) {
               "the server is draining)");
     return;
   }
+  if (o->mode == OAI_EMBEDDINGS && !oai_embeddings_check(o)) return;
   int ctx = a->ops->context_length(am->m);
   for (int i = 0; i < o->n_prompts; i++) {
     int np = o->prompts[i].n_ids;
     long long need = (long long)np + (o->gp.max_tokens > 0 ? o->gp.max_tokens : 1);
+    if (o->mode == OAI_EMBEDDINGS || o->gp.prompt_only) need = np + 1; /* nothing generated */
     if (np == 0) {
       oai_error(o, 400, "invalid_request_error", prompt_field(o), NULL, "%s", "the prompt is empty after tokenization");
       return;
@@ -667,7 +736,15 @@ static void start_generation(oai *o) {
   }
   o->n_gens = o->n_prompts * o->n;
   o->gens = calloc((size_t)o->n_gens, sizeof(gen));
-  if (!o->gens) {
+  o->x = calloc((size_t)o->n_gens, sizeof(oai_choice_x));
+  for (int i = 0; o->x && o->echo && i < o->n_gens; i++) {
+    const char *t = o->prompts[i / o->n].text;
+    if (!(o->x[i].echo = strdup(t ? t : ""))) {
+      free(o->x);
+      o->x = NULL;
+    }
+  }
+  if (!o->gens || !o->x) {
     oai_error(o, 500, "server_error", NULL, NULL, "%s", "out of memory");
     return;
   }
@@ -683,7 +760,9 @@ static void start_generation(oai *o) {
     oai_prompt *p = &o->prompts[i / o->n];
     servd_gen_params gp = o->gp;
     if (gp.has_seed) gp.seed += (uint64_t)i; /* n samples from one seed must differ, reproducibly */
-    int rc = a->ops->submit(am->m, p->ids, p->n_ids, &gp, api_engine_cb, g, &g->r);
+    if (o->echo) echo_begin(o, g);
+    int rc = a->ops->submit(am->m, p->ids, p->n_ids, &gp, o->mode == OAI_EMBEDDINGS ? oai_embedding_cb : api_engine_cb,
+                            g, &g->r);
     if (rc != 0) {
       char msg[768];
       if (rc == SERVD_EBUSY)
@@ -851,7 +930,12 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   o->t_start = r->start_ns;
   o->created = (int64_t)time(NULL);
   o->model_name = servd_arena_strdup(arena, am->name);
-  make_id(a, sink ? sink->id_prefix : mode == OAI_CHAT ? "chatcmpl-" : "cmpl-", o->id, sizeof o->id);
+  make_id(a,
+          sink                     ? sink->id_prefix
+          : mode == OAI_CHAT       ? "chatcmpl-"
+          : mode == OAI_EMBEDDINGS ? "embd-"
+                                   : "cmpl-",
+          o->id, sizeof o->id);
   api_param_limits lim;
   memset(&lim, 0, sizeof lim);
   if (a->ops->model_gen_params_default) a->ops->model_gen_params_default(am->m, &lim.defaults);
@@ -888,6 +972,8 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   o->guide_spec = p.guide_spec;
   o->guide_param = p.guide_param;
   o->tools = p.tools;
+  o->echo = p.echo;
+  o->base64 = p.base64;
   o->am = am;
   am->inflight++;
   a->inflight++;
@@ -928,6 +1014,8 @@ void api_oai_chat_completions(servd_api *a, servd_http_req *r, const api_route_a
   (void)args;
   handle(a, r, OAI_CHAT);
 }
+void oai_embeddings_serve(servd_api *a, servd_http_req *r) { handle(a, r, OAI_EMBEDDINGS); }
+
 void api_oai_tokenize(servd_api *a, servd_http_req *r, const api_route_args *args) {
   (void)args;
   handle(a, r, OAI_TOKENIZE);

@@ -33,9 +33,11 @@ static bool parse_ids(api_check *v, const char *key, json_t *arr, int32_t **ids,
   return true;
 }
 
-static bool parse_prompt(api_check *v, oai_params *o, json_t *body) {
-  json_t *p = api_check_field(body, "prompt");
-  if (!p) return api_check_fail(v, "prompt", "'prompt' is required: a string, a list of strings, or token ids");
+/* 'prompt' (completions, /tokenize) or 'input' (embeddings): a string, a list of strings, token ids or
+ * a list of token id lists; at most max of them. */
+static bool parse_prompt(api_check *v, oai_params *o, json_t *body, const char *key, size_t max) {
+  json_t *p = api_check_field(body, key);
+  if (!p) return api_check_fail(v, key, "'%s' is required: a string, a list of strings, or token ids", key);
   if (json_is_string(p)) {
     o->n_prompts = 1;
     o->prompts = servd_arena_calloc(v->arena, sizeof(oai_prompt));
@@ -44,19 +46,19 @@ static bool parse_prompt(api_check *v, oai_params *o, json_t *body) {
     return true;
   }
   if (!json_is_array(p) || json_array_size(p) == 0)
-    return api_check_fail(v, "prompt",
-                          "'prompt' must be a string, a non-empty list of strings, a list of token ids or a "
+    return api_check_fail(v, key,
+                          "'%s' must be a string, a non-empty list of strings, a list of token ids or a "
                           "list of lists of token ids, got %s",
-                          api_json_type(p));
+                          key, json_is_array(p) ? "an empty list" : api_json_type(p));
   json_t *first = json_array_get(p, 0);
   if (json_is_integer(first)) {
     o->n_prompts = 1;
     o->prompts = servd_arena_calloc(v->arena, sizeof(oai_prompt));
     if (!o->prompts) return api_check_fail(v, NULL, "out of memory");
-    return parse_ids(v, "prompt", p, &o->prompts[0].ids, &o->prompts[0].n_ids);
+    return parse_ids(v, key, p, &o->prompts[0].ids, &o->prompts[0].n_ids);
   }
   size_t np = json_array_size(p);
-  if (np > 64) return api_check_fail(v, "prompt", "at most 64 prompts per request, got %zu", np);
+  if (np > max) return api_check_fail(v, key, "at most %zu %ss per request, got %zu", max, key, np);
   o->n_prompts = (int)np;
   o->prompts = servd_arena_calloc(v->arena, np * sizeof(oai_prompt));
   if (!o->prompts) return api_check_fail(v, NULL, "out of memory");
@@ -65,9 +67,9 @@ static bool parse_prompt(api_check *v, oai_params *o, json_t *body) {
     if (json_is_string(e)) {
       o->prompts[i].text = servd_arena_strndup(v->arena, json_string_value(e), json_string_length(e));
     } else if (json_is_array(e)) {
-      if (!parse_ids(v, "prompt", e, &o->prompts[i].ids, &o->prompts[i].n_ids)) return false;
+      if (!parse_ids(v, key, e, &o->prompts[i].ids, &o->prompts[i].n_ids)) return false;
     } else {
-      return api_check_fail(v, "prompt", "'prompt'[%zu] must be a string or a list of token ids, got %s", i,
+      return api_check_fail(v, key, "'%s'[%zu] must be a string or a list of token ids, got %s", key, i,
                             api_json_type(e));
     }
   }
@@ -148,6 +150,29 @@ static bool parse_messages(api_check *v, oai_params *o, json_t *body) {
   return true;
 }
 
+/* POST /v1/embeddings: input, encoding_format, dimensions, user. */
+static bool parse_embeddings(api_check *v, oai_params *o, json_t *body, const api_param_limits *lim) {
+  if (!parse_prompt(v, o, body, "input", OAI_MAX_EMBEDDING_INPUTS)) return false;
+  for (int i = 0; i < o->n_prompts; i++)
+    if (o->prompts[i].text && !o->prompts[i].text[0])
+      return api_check_fail(v, "input", "'input' must not hold an empty string (input %d is)", i);
+  o->add_special = true;
+  o->gp.embed = true;
+  json_t *f = api_check_field(body, "encoding_format");
+  if (f && (!json_is_string(f) || (strcmp(json_string_value(f), "float") && strcmp(json_string_value(f), "base64"))))
+    return api_check_fail(v, "encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+  o->base64 = f && !strcmp(json_string_value(f), "base64");
+  bool present;
+  long long x = 0;
+  if (!api_check_int(v, body, "dimensions", 1, 1 << 20, &present, &x)) return false;
+  if (present) o->gp.dimensions = (int)x;
+  if (api_params_adopt(body, API_ADOPT_DEADLINE | API_ADOPT_PRIORITY, "", lim, v->arena, &o->gp, v->err) != 0)
+    return v->failed = true, false;
+  json_t *user = api_check_field(body, "user");
+  if (user && !json_is_string(user)) return api_check_fail(v, "user", "'user' must be a string");
+  return true;
+}
+
 static bool unsupported(api_check *v, json_t *body, const char *key, const char *why) {
   json_t *j = api_check_field(body, key);
   if (!j) return true;
@@ -176,7 +201,7 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
     if (api_check_field(body, "messages")) {
       o->add_special = false;
       if (!parse_messages(v, o, body)) return false;
-    } else if (!parse_prompt(v, o, body)) {
+    } else if (!parse_prompt(v, o, body, "prompt", 64)) {
       return false;
     }
     /* Checked even with a prompt, where it has no effect: a documented field is never taken unchecked. */
@@ -186,15 +211,28 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
     return true;
   }
 
+  if (mode == OAI_EMBEDDINGS) return parse_embeddings(v, o, body, lim);
   bool chat = mode == OAI_CHAT;
-  if (chat ? !parse_messages(v, o, body) : !parse_prompt(v, o, body)) return false;
+  if (chat ? !parse_messages(v, o, body) : !parse_prompt(v, o, body, "prompt", 64)) return false;
   o->add_special = !chat; /* chat templates write their own special tokens */
   o->add_generation_prompt = true;
   bool present;
   long long x = 0;
-  if (api_params_adopt(body, API_ADOPT_SAMPLING | API_ADOPT_DEADLINE | API_ADOPT_PRIORITY, "", lim, v->arena, &o->gp,
-                       v->err) != 0)
-    return v->failed = true, false;
+  json_t *echo = chat ? NULL : api_check_field(body, "echo");
+  if (echo && !json_is_boolean(echo)) return api_check_fail(v, "echo", "'echo' must be a boolean");
+  o->echo = json_is_true(echo);
+  /* max_tokens 0 with echo: the prompt and its logprobs only (lm-eval-harness' loglikelihood). */
+  json_t *mt = api_check_field(body, "max_tokens");
+  json_t *adopt = body;
+  if (o->echo && json_is_integer(mt) && json_integer_value(mt) == 0) {
+    o->gp.prompt_only = true;
+    adopt = json_copy(body);
+    json_object_del(adopt, "max_tokens");
+  }
+  int arc = api_params_adopt(adopt, API_ADOPT_SAMPLING | API_ADOPT_DEADLINE | API_ADOPT_PRIORITY, "", lim, v->arena,
+                             &o->gp, v->err);
+  if (adopt != body) json_decref(adopt);
+  if (arc != 0) return v->failed = true, false;
   if (!api_check_int(v, body, "n", 1, lim->max_n, &present, &x)) return false;
   if (present) o->n = (int)x;
   json_t *best_of = api_check_field(body, "best_of");
@@ -226,9 +264,7 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
                             MAX_TOP_LOGPROBS);
     if (!api_check_int(v, body, "logprobs", 0, MAX_TOP_LOGPROBS, &present, &x)) return false;
     if (present) o->logprobs = (int)x;
-    json_t *echo = api_check_field(body, "echo");
-    if (echo && !json_is_boolean(echo)) return api_check_fail(v, "echo", "'echo' must be a boolean");
-    if (echo && json_is_true(echo)) return api_check_fail(v, "echo", "'echo' is not supported");
+    o->gp.prompt_logprobs = o->echo && o->logprobs >= 0;
     if (!unsupported(v, body, "suffix", "insertion is not supported")) return false;
   }
   o->gp.logprobs = o->logprobs;
@@ -237,7 +273,12 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
                 !unsupported(v, body, "functions", "function calling is for /v1/chat/completions") ||
                 !unsupported(v, body, "function_call", "function calling is for /v1/chat/completions")))
     return false;
-  if (!oai_parse_guided(v, body, o) || !oai_refuse_unimplemented(v, body)) return false;
+  /* echo is vLLM's chat extension that servd refuses; completions take OpenAI's echo (above). */
+  json_t *refusable = echo ? json_copy(body) : json_incref(body);
+  if (echo) json_object_del(refusable, "echo");
+  bool refused = !oai_refuse_unimplemented(v, refusable);
+  json_decref(refusable);
+  if (refused || !oai_parse_guided(v, body, o)) return false;
   if (chat && !oai_parse_tools(v, body, o)) return false;
   if (chat && !api_check_bool(v, body, "add_generation_prompt", &o->add_generation_prompt)) return false;
   json_t *user = api_check_field(body, "user");

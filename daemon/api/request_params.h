@@ -50,7 +50,7 @@ int api_body_parse(const char *text, size_t len, json_t **out, api_param_error *
 
 /* ---- OpenAI-compatible requests ---- */
 
-typedef enum { OAI_COMPLETIONS, OAI_CHAT, OAI_TOKENIZE, OAI_DETOKENIZE } oai_mode;
+typedef enum { OAI_COMPLETIONS, OAI_CHAT, OAI_TOKENIZE, OAI_DETOKENIZE, OAI_EMBEDDINGS } oai_mode;
 
 typedef struct oai_prompt {
   const char *text; /* arena; NULL when given as token ids */
@@ -73,7 +73,12 @@ typedef struct oai_params {
   const char *guide_spec;      /* arena: schema (JSON text), regex, choices (JSON list) or grammar */
   const char *guide_param;     /* the field it came from (static string), for errors */
   oai_tools *tools;            /* chat: tools, tool_choice, ... (owned); NULL: none or "none" */
+  bool echo;                   /* completions: the prompt starts each choice's text (gp.prompt_logprobs
+                                  with logprobs, gp.prompt_only with max_tokens 0) */
+  bool base64;                 /* embeddings: encoding_format "base64" (little-endian f32) */
 } oai_params;
+
+#define OAI_MAX_EMBEDDING_INPUTS 512 /* inputs of one /v1/embeddings request */
 
 /* Validates body (any JSON value; 'model' is not looked at) for mode. Returns 0 with *out filled
  * (free with oai_params_free), or -1 with *err set and nothing to free. Allocates strings from

@@ -14,6 +14,7 @@ const api_route api_routes[] = {
     {API_POST, "/v1/completions", "/v1/completions", API_ROUTE_OAI, api_oai_completions},
     {API_POST, "/v1/chat/completions", "/v1/chat/completions", API_ROUTE_OAI, api_oai_chat_completions},
     {API_POST, "/v1/responses", "/v1/responses", API_ROUTE_OAI, api_oai_responses},
+    {API_POST, "/v1/embeddings", "/v1/embeddings", API_ROUTE_OAI, api_oai_embeddings},
     {API_GET, "/v1/models", "/v1/models", API_ROUTE_OAI, api_oai_models},
     {API_GET, "/v1/models/{model}", "/v1/models/{model}", API_ROUTE_OAI, api_oai_model},
     {API_POST, "/tokenize", "/tokenize", API_ROUTE_OAI, api_oai_tokenize},

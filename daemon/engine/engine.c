@@ -180,13 +180,15 @@ static void request_unref(servd_request *r) {
   servd_stop_matcher_free(r->stopper);
   servd_sampler_free(r->sampler);
   free(r->guide.grammar);
+  free(r->pool.sum);
+  free(r->embedding);
   pthread_mutex_destroy(&r->cb_mu);
   free(r);
 }
 
 static void deliver(servd_request *r, const servd_event *ev) {
   pthread_mutex_lock(&r->cb_mu);
-  bool final = ev->kind != SERVD_EVENT_TOKEN;
+  bool final = ev->kind == SERVD_EVENT_DONE || ev->kind == SERVD_EVENT_ERROR;
   if (!r->released && !r->finished) r->cb(r->ud, ev);
   if (final) r->finished = true;
   pthread_mutex_unlock(&r->cb_mu);
@@ -243,6 +245,10 @@ static void finish_ex(servd_model *m, servd_request *r, const char *reason, int 
                     .error_message = msg,
                     .token = -1,
                     .error_type = error_type};
+  if (!error_code && r->embedding) {
+    ev.embedding = r->embedding;
+    ev.n_embedding = r->n_embedding;
+  }
   phase_times(r, &ev);
   sched_remove(&m->sched, &r->seq);
   servd_guide_end(m, r);
@@ -348,9 +354,52 @@ static bool all_plain_greedy(const servd_model *m) {
   for (int i = 0; i < m->sched.n_planned; i++) {
     const sched_seq *q = m->sched.planned[i];
     const servd_request *r = q->owner;
+    if (q->n_rows != (q->wants_logits ? 1 : 0)) return false;
     if (q->wants_logits && !servd_sampler_plain_greedy(r->sampler)) return false;
   }
-  return true;
+  return !m->sched.embed_step;
+}
+
+/* An embedding's rows of this step: pooled; once its prompt is done, the vector and the end. */
+static void embed_rows(servd_model *m, servd_request *r, const servd_tensor *hidden, int row, int n_rows) {
+  const sched_seq *q = &r->seq;
+  if (q->row_pos == 0) servd_pool_sum_reset(&r->pool); /* from the start again after a preemption */
+  for (int j = 0; j < n_rows; j++)
+    servd_pool_sum_add(
+        &r->pool, (const float *)((const char *)servd_tensor_data(hidden) + (int64_t)(row + j) * hidden->strides[0]));
+  if (!q->wants_logits) return;
+  r->n_embedding = r->p.dimensions > 0 && r->p.dimensions < r->pool.dim ? r->p.dimensions : r->pool.dim;
+  r->embedding = malloc(sizeof(float) * (size_t)r->pool.dim);
+  if (!r->embedding) {
+    finish(m, r, "error", SERVD_ENOMEM, "embedding: out of memory");
+    return;
+  }
+  servd_pool_sum_finish(&r->pool, r->n_embedding, r->embedding);
+  r->t_first_ns = r->t_last_ns = servd_now_ns();
+  finish_ex(m, r, "stop", 0, NULL, NULL, false);
+}
+
+/* Prompt logprobs: row j holds the logits after position row_pos + j, which score the prompt token
+ * that follows it. Positions reported before (a preempted request computes them again) are not. */
+static void prompt_rows(servd_model *m, servd_request *r, const servd_tensor *logits, int row, int n_rows) {
+  const sched_seq *q = &r->seq;
+  int n_top = r->p.logprobs > 0 ? r->p.logprobs : 0;
+  for (int j = 0; j < n_rows; j++) {
+    int target = q->row_pos + j + 1;
+    if (target >= r->n_prompt) break;
+    if (target < r->lp_next) continue;
+    const float *lr =
+        (const float *)((const char *)servd_tensor_data(logits) + (int64_t)(row + j) * logits->strides[0]);
+    servd_event ev = {.kind = SERVD_EVENT_PROMPT_TOKEN,
+                      .text = "",
+                      .token = q->tokens[target],
+                      .top = m->lp_top,
+                      .n_top = n_top,
+                      .prompt_tokens = r->n_prompt};
+    ev.logprob = servd_row_logprob(lr, m->vocab, ev.token, n_top, m->lp_top);
+    deliver(r, &ev);
+    r->lp_next = target + 1;
+  }
 }
 
 static bool has_work(servd_model *m) { return m->inbox_head || m->sched.waiting.n || m->sched.running.n; }
@@ -418,6 +467,7 @@ static void scheduler_run(servd_model *m) {
       servd_forward_batch b = {0};
       servd_step_arrays_point(&m->sched.step, &b, n, m->sched.n_logit_rows, m->sched.n_planned);
       b.want_picks = m->gpus > 0 && all_plain_greedy(m);
+      b.want_hidden = m->sched.embed_step;
       for (int i = 0; i < m->sched.n_planned; i++) {
         servd_request *pr = m->sched.planned[i]->owner;
         if (!pr->t_scheduled_ns) pr->t_scheduled_ns = now;
@@ -429,11 +479,20 @@ static void scheduler_run(servd_model *m) {
       int rc = servd_runner_step(m->runner, &b, &logits, &err, &failed_rank);
       const bool picked = rc == 0 && b.want_picks && logits && logits->dtype == SERVD_I32 && logits->ndim == 2 &&
                           logits->shape[0] == b.n_logit_rows && logits->shape[1] == 2;
-      bool bad_logits = rc == 0 && b.n_logit_rows > 0 && !picked &&
-                        (!logits || logits->dtype != SERVD_F32 || logits->ndim != 2 ||
-                         logits->shape[0] != b.n_logit_rows || logits->shape[1] < m->vocab);
+      int row_len = b.want_hidden ? m->emb.dim : m->vocab;
+      bool bad_logits =
+          rc == 0 && b.n_logit_rows > 0 && !picked &&
+          (!logits || logits->dtype != SERVD_F32 || logits->ndim != 2 || logits->shape[0] != b.n_logit_rows ||
+           logits->shape[1] < row_len || (b.want_hidden && logits->shape[1] != row_len));
       if (bad_logits) {
-        rc = servd_fail(SERVD_EMODEL, "forward: expected logits f32 (%d, %d)", b.n_logit_rows, m->vocab);
+        if (b.want_hidden && logits && logits->ndim == 2 && logits->shape[1] >= m->vocab)
+          rc = servd_fail(SERVD_EMODEL,
+                          "forward: the package's model code returned logits where embeddings need its final "
+                          "hidden states (batch.hidden): the code predates embeddings; repack the model with "
+                          "this modelpkg");
+        else
+          rc = servd_fail(SERVD_EMODEL, "forward: expected %s f32 (%d, %d)", b.want_hidden ? "hidden states" : "logits",
+                          b.n_logit_rows, row_len);
         snprintf(err.type, sizeof err.type, "%s", "TypeError");
         snprintf(err.message, sizeof err.message, "%s", servd_last_error());
       }
@@ -455,10 +514,22 @@ static void scheduler_run(servd_model *m) {
         int row = 0;
         for (int i = 0; i < m->sched.n_planned; i++) {
           sched_seq *q = m->sched.planned[i];
-          if (!q->wants_logits) continue;
-          const char *lr = (const char *)servd_tensor_data(logits) + row * logits->strides[0];
-          row++;
+          int first = row;
+          row += q->n_rows;
           if (q->state != SCHED_RUNNING) continue;
+          servd_request *qr = q->owner;
+          if (q->embed) { /* a chunk may have no row of its own (CLS pooling past position 0) */
+            embed_rows(m, qr, logits, first, q->n_rows);
+            continue;
+          }
+          if (q->n_rows == 0) continue;
+          if (qr->p.prompt_logprobs) prompt_rows(m, qr, logits, first, q->n_rows);
+          if (!q->wants_logits) continue;
+          if (qr->p.prompt_only) {
+            finish(m, qr, "length", 0, NULL);
+            continue;
+          }
+          const char *lr = (const char *)servd_tensor_data(logits) + (int64_t)(row - 1) * logits->strides[0];
           if (picked) {
             float logit;
             memcpy(&logit, lr + sizeof(int32_t), sizeof logit);
@@ -717,6 +788,11 @@ static int load_causal_lm(servd_model *m) {
                       mpk_path(m->pkg), m->tp, n_heads, n_kv);
   find_eos(m);
   read_gen_defaults(m);
+  if ((rc = servd_embedding_info_read(mpk_config(m->pkg), g.dim, &m->emb))) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", servd_last_error());
+    return servd_fail(rc, "%s: %s", mpk_path(m->pkg), msg);
+  }
 
   int bs = m->o.block_size > 0 ? m->o.block_size : 16;
   m->n_layers = n_layers;
@@ -989,6 +1065,15 @@ static int check_params(const servd_model *m, int n_prompt, const servd_gen_para
     return servd_fail(SERVD_EINVAL, "submit: %d stop token ids: expected at most 64", p->n_stop_token_ids);
   if (p->deadline_ms < 0) return servd_fail(SERVD_EINVAL, "submit: negative deadline");
   if (p->min_tokens < 0) return servd_fail(SERVD_EINVAL, "submit: min_tokens %d: expected >= 0", p->min_tokens);
+  if (p->embed && p->dimensions != 0) {
+    if (!m->emb.truncatable)
+      return servd_fail(SERVD_EINVAL, "dimensions: this model's package does not allow truncated embeddings "
+                                      "(its config has no matryoshka_dimensions)");
+    if (p->dimensions < 1 || p->dimensions > m->emb.dim)
+      return servd_fail(SERVD_EINVAL, "dimensions: %d: expected 1..%d", p->dimensions, m->emb.dim);
+  }
+  if (p->embed && m->emb.dim < 1)
+    return servd_fail(SERVD_EUNSUPPORTED, "embeddings: the model config gives no hidden_size");
   return 0;
 }
 
@@ -1036,6 +1121,21 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
   r->seq.owner = r;
   if ((rc = sched_seq_init(&m->sched, &r->seq))) goto fail;
   r->seq.priority = p->priority;
+  if (p->embed) {
+    static const sched_rows pooled_rows[] =
+        {[SERVD_POOL_LAST] = SCHED_ROWS_LAST, [SERVD_POOL_MEAN] = SCHED_ROWS_ALL, [SERVD_POOL_CLS] = SCHED_ROWS_FIRST};
+    r->seq.embed = true;
+    r->seq.rows = pooled_rows[m->emb.pooling];
+    r->pool.dim = m->emb.dim;
+    if (!(r->pool.sum = calloc((size_t)m->emb.dim, sizeof(float)))) {
+      rc = servd_fail(SERVD_ENOMEM, "submit: embedding of %d", m->emb.dim);
+      goto fail;
+    }
+  } else if (p->prompt_logprobs) {
+    r->seq.rows = SCHED_ROWS_ALL;
+    r->seq.no_cache_hits = true;
+    r->lp_next = 1;
+  }
   if (p->n_stop) {
     r->stop_copy = calloc((size_t)p->n_stop, sizeof *r->stop_copy);
     if (!r->stop_copy) {
@@ -1102,6 +1202,14 @@ fail:
   atomic_store(&r->refs, 1);
   request_unref(r);
   return rc;
+}
+
+int servd_model_embedding_info(const servd_model *m, servd_embedding_info *out) {
+  memset(out, 0, sizeof *out);
+  if (m->kind != SERVD_MODEL_CAUSAL_LM)
+    return servd_fail(SERVD_EUNSUPPORTED, "model %s is not a language model: it has no embeddings", m->name);
+  *out = m->emb;
+  return 0;
 }
 
 void servd_request_cancel(servd_request *r) {

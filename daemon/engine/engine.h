@@ -204,7 +204,32 @@ typedef struct servd_gen_params {
    * order. A waiting request short of KV blocks or a running slot preempts the running request of the
    * worst priority when that one is worse than its own (engine/scheduler.h). */
   int priority;
+  /* Appended: an embedding (POST /v1/embeddings): the prompt is computed and its final-norm hidden
+   * states pooled as the package says (servd_model_embedding_info), L2-normalized and delivered with
+   * the final event (servd_event.embedding, finish_reason "stop"); nothing is sampled. Its KV blocks
+   * are freed at its end and never enter the prefix cache. dimensions > 0 keeps the first that many
+   * values (renormalized), only where the package allows truncation (else SERVD_EINVAL at submit). */
+  bool embed;
+  int dimensions;
+  /* Appended: echo with logprobs. prompt_logprobs: each prompt token after the first gets a
+   * SERVD_EVENT_PROMPT_TOKEN event (its logprob under the model and the top `logprobs`), in order,
+   * before any generated token; the prompt is computed whole, without prefix-cache hits (a cached
+   * block has no logits). prompt_only: nothing is generated; the request ends "length" once its
+   * prompt is computed (OpenAI's echo with max_tokens 0). */
+  bool prompt_logprobs;
+  bool prompt_only;
 } servd_gen_params;
+
+/* Embeddings: how the package pools (SERVD_POOL_*), the vector's length (hidden_size) and whether
+ * a client may ask for fewer dimensions (the package's config says the model was trained for it). */
+typedef enum servd_pooling { SERVD_POOL_LAST = 0, SERVD_POOL_MEAN = 1, SERVD_POOL_CLS = 2 } servd_pooling;
+typedef struct servd_embedding_info {
+  servd_pooling pooling;
+  int dim;
+  bool truncatable;
+} servd_embedding_info;
+/* SERVD_EUNSUPPORTED for a model that is not a causal LM. */
+int servd_model_embedding_info(const servd_model *m, servd_embedding_info *out);
 
 #define SERVD_MAX_LOGIT_BIAS 300 /* OpenAI's limit */
 
@@ -219,6 +244,9 @@ typedef enum servd_event_kind {
   SERVD_EVENT_TOKEN = 0, /* text delta (may be empty while a UTF-8 sequence is incomplete) */
   SERVD_EVENT_DONE = 1,  /* final: finish_reason set; no more events */
   SERVD_EVENT_ERROR = 2, /* final: error_code, error_message */
+  /* Appended: a prompt token's logprob (servd_gen_params.prompt_logprobs): token, logprob, top; no
+   * text. Not final. */
+  SERVD_EVENT_PROMPT_TOKEN = 3,
 } servd_event_kind;
 
 typedef struct servd_top_logprob {
@@ -248,6 +276,10 @@ typedef struct servd_event {
   /* Appended, final events only (seconds, 0 for a phase never reached): queued until first
    * scheduled, first scheduled until the first token, first token until the last. */
   double queue_s, prefill_s, decode_s;
+  /* Appended: the final event of an embedding: n_embedding floats, unit L2 norm (valid during the
+   * callback); NULL otherwise. */
+  const float *embedding;
+  int n_embedding;
 } servd_event;
 
 /* Called on the engine's thread; must not block. After a final event the engine never touches ud. */

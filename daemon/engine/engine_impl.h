@@ -12,6 +12,7 @@
 #include "engine/isolated.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
+#include "engine/step_rows.h"
 #include "engine/sampler.h"
 #include "mpk/package.h"
 #include "servd/clock.h"
@@ -44,6 +45,10 @@ struct servd_request {
   /* servd_now_ns() at submit, first scheduled, first and latest token (0: not yet): the final
    * event's queue, prefill and decode times. */
   int64_t t_queued_ns, t_scheduled_ns, t_first_ns, t_last_ns;
+  servd_pool_sum pool; /* embeddings: the pooled hidden rows so far */
+  float *embedding;    /* embeddings: the final vector (pool.dim floats), set when the prompt is done */
+  int n_embedding;
+  int lp_next; /* prompt logprobs: the next prompt position to report (positions before it were) */
 };
 
 struct servd_model {
@@ -103,6 +108,10 @@ struct servd_model {
   uint64_t prefix_queries, prefix_hits; /* tokens */
   servd_sampler_scratch *scratch;       /* shared by the samplers: they all run on the scheduler thread */
   servd_guides *guides;                 /* constrained decoding (causal-lm) */
+  /* Embeddings: the package's pooling and the vector's length. Prompt logprobs: one row's best
+   * (scheduler thread). */
+  servd_embedding_info emb;
+  servd_top_logprob lp_top[SERVD_SAMPLER_MAX_TOP];
 };
 
 #endif

@@ -27,7 +27,7 @@ int servd_graph_bucket_index(const int *buckets, int n_buckets, int n) {
 
 bool servd_step_is_decode(const servd_forward_batch *b) {
   int n = b->attn.n_seqs;
-  if (n < 1 || b->n_tokens != n || b->n_logit_rows != n) return false;
+  if (n < 1 || b->n_tokens != n || b->n_logit_rows != n || b->want_hidden) return false;
   for (int s = 0; s < n; s++)
     if (b->attn.q_len[s] != 1) return false;
   return true;

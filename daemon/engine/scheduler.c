@@ -192,7 +192,27 @@ static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
     a->slots[t] = q->blocks[p / s->block_size] * s->block_size + p % s->block_size;
   }
   s->n_tokens += chunk;
-  if (q->wants_logits) a->logit_rows[s->n_logit_rows++] = s->n_tokens - 1;
+  q->n_rows = 0;
+  if (q->rows == SCHED_ROWS_ALL) {
+    q->row_pos = q->n_computed;
+    for (int j = 0; j < chunk; j++) a->logit_rows[s->n_logit_rows++] = s->n_tokens - chunk + j;
+    q->n_rows = chunk;
+  } else if (q->rows == SCHED_ROWS_FIRST) {
+    q->row_pos = 0;
+    if (q->n_computed == 0) a->logit_rows[s->n_logit_rows++] = s->n_tokens - chunk;
+    q->n_rows = q->n_computed == 0;
+  } else if (q->wants_logits) {
+    q->row_pos = q->n_tokens - 1;
+    a->logit_rows[s->n_logit_rows++] = s->n_tokens - 1;
+    q->n_rows = 1;
+  }
+}
+
+/* Whether any sequence of the list is (or is not) an embedding. */
+static bool list_has(const sched_list *l, bool embed) {
+  for (const sched_seq *q = l->head; q; q = q->next)
+    if (q->embed == embed) return true;
+  return false;
 }
 
 /* Estimated cost of `rows` decode rows in one step. Before a decode-only step was seen, a row is
@@ -215,6 +235,13 @@ static int prefill_cap(const servd_scheduler *s, int decoders) {
   return n > INT32_MAX ? INT32_MAX : (int)n;
 }
 
+/* A chunk whose every row needs vocabulary-wide logits (prompt logprobs) is cut to
+ * SCHED_MAX_LOGIT_CHUNK tokens: 512 rows of a 49k vocabulary would be 100 MB of logits. Hidden
+ * rows (embeddings) are small and take the whole chunk. */
+static int logit_chunk(const sched_seq *q, int chunk) {
+  return q->rows == SCHED_ROWS_ALL && !q->embed && chunk > SCHED_MAX_LOGIT_CHUNK ? SCHED_MAX_LOGIT_CHUNK : chunk;
+}
+
 /* The worst running sequence (the running list's tail) has a worse priority than q. */
 static bool outranks_running(const servd_scheduler *s, const sched_seq *q) {
   return s->running.tail && s->running.tail->priority > q->priority;
@@ -227,17 +254,25 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
   s->n_decode_rows = s->n_prefill_tokens = 0;
   int budget = s->cfg.max_batch_tokens;
   int total_blocks = servd_kv_cache_n_blocks(s->kv);
+  /* The step's kind: embeddings on their turn, or when generation has no work. */
+  bool has_embed = list_has(&s->running, true) || list_has(&s->waiting, true);
+  bool has_gen = list_has(&s->running, false) || list_has(&s->waiting, false);
+  bool embed = s->embed_step = has_embed && (!has_gen || s->embed_turn);
 
   /* Running decoders each get one reserved token so a long prefill chunk cannot starve them. */
   int decoders = 0;
   for (sched_seq *q = s->running.head; q; q = q->next)
-    if (q->n_tokens - q->n_computed == 1) decoders++;
+    if (q->embed == embed && q->n_tokens - q->n_computed == 1) decoders++;
   /* Prefill tokens left to this step: bounded by max_step_ns when it carries decodes. */
   int prefill_left = s->prefill_cap = prefill_cap(s, decoders);
 
   /* Running sequences, best first; preempt from the worst, newest end when blocks run out. */
   for (sched_seq *q = s->running.head; q && budget > 0;) {
     sched_seq *next = q->next;
+    if (q->embed != embed) {
+      q = next;
+      continue;
+    }
     int need = q->n_tokens - q->n_computed;
     bool decoding = need == 1;
     if (decoding) decoders--;
@@ -245,6 +280,7 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
     int room = budget - decoders;
     if (chunk > room) chunk = room;
     if (!decoding && chunk > prefill_left) chunk = prefill_left;
+    chunk = logit_chunk(q, chunk);
     if (chunk <= 0) {
       q = next;
       continue;
@@ -276,8 +312,9 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
   }
 
   /* Admit waiting sequences in (priority, arrival) order. */
-  while (s->waiting.head && budget > 0 && prefill_left > 0) {
-    sched_seq *q = s->waiting.head;
+  for (sched_seq *q = s->waiting.head, *after = NULL; q && budget > 0 && prefill_left > 0; q = after) {
+    after = q->next;
+    if (q->embed != embed) continue; /* the other kind's turn comes next step */
     if (blocks_for(s, q->n_tokens) > total_blocks || q->n_tokens > s->cfg.max_seq_len) {
       /* can never be held at once */
       if (s->n_starved == s->cfg.max_seqs) break; /* report the rest next step */
@@ -293,14 +330,17 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
     /* A waiting sequence holds no blocks. Its cached beginning is shared, short of the last token
      * (computed again so that its logits exist). Nothing is taken unless all it needs fits. */
     int evictable_hits = 0;
-    prefix_chain chain;
-    int hit = prefix_cache_match(&s->pc, s->cfg.cache_key, q->tokens, (q->n_tokens - 1) / s->block_size, q->blocks,
-                                 &chain, &evictable_hits);
-    if (prefix_pending(s, q, hit)) break;
+    prefix_chain chain = {0};
+    int hit = 0;
+    if (!q->embed && !q->no_cache_hits)
+      hit = prefix_cache_match(&s->pc, s->cfg.cache_key, q->tokens, (q->n_tokens - 1) / s->block_size, q->blocks,
+                               &chain, &evictable_hits);
+    if (!q->embed && !q->no_cache_hits && prefix_pending(s, q, hit)) break;
     int start = hit * s->block_size;
     int chunk = q->n_tokens - start;
     if (chunk > budget) chunk = budget;
     if (chunk > prefill_left) chunk = prefill_left;
+    chunk = logit_chunk(q, chunk);
     bool fits = blocks_for(s, start + chunk) - hit <= prefix_cache_available(&s->pc) - evictable_hits;
     int rc = 0;
     if (fits) {
@@ -344,6 +384,7 @@ int sched_plan(servd_scheduler *s) {
   int rc = PLAN_AGAIN;
   for (int tries = 0; rc == PLAN_AGAIN && tries <= 2 * s->cfg.max_seqs; tries++) rc = plan_once(s, true);
   if (rc == PLAN_AGAIN) rc = plan_once(s, false);
+  if (rc > 0) s->embed_turn = !s->embed_step;
   return rc;
 }
 
@@ -352,8 +393,8 @@ void sched_commit(servd_scheduler *s) {
     sched_seq *q = s->planned[i];
     if (q->state == SCHED_RUNNING) {
       q->n_computed += q->chunk;
-      /* Full blocks whose K/V this step completed become findable. */
-      while (s->pc.enabled && (q->chain.n + 1) * s->block_size <= q->n_computed) {
+      /* Full blocks whose K/V this step completed become findable (an embedding's stay private). */
+      while (s->pc.enabled && !q->embed && (q->chain.n + 1) * s->block_size <= q->n_computed) {
         int i = q->chain.n;
         prefix_cache_register(&s->pc, s->cfg.cache_key, &q->chain, q->blocks[i], q->tokens + (size_t)i * s->block_size);
       }

@@ -22,6 +22,8 @@
  *    next full block a running one is about to compute waits for it (one admission stop, as when
  *    blocks are short) instead of computing it too.
  *
+ *  - Embeddings (sched_seq.embed) and generation never share a step: the model returns either
+ *    hidden rows or logits. When both have work, their steps alternate.
  *  - Latency-bounded steps (cfg.max_step_ns): the scheduler learns an exponentially weighted cost
  *    per decode row and per prefill token from the steps the engine times (sched_observe). A step
  *    that carries decodes gets only the prefill tokens that fit its target next to its decodes, but
@@ -47,6 +49,13 @@
 
 typedef enum sched_state { SCHED_NEW = 0, SCHED_WAITING, SCHED_RUNNING, SCHED_REMOVED } sched_state;
 
+/* The rows of a sequence's chunk whose logits (or hidden states) a step returns. */
+typedef enum sched_rows {
+  SCHED_ROWS_LAST = 0, /* the last token's, once the chunk reaches it (sampling; last-token pooling) */
+  SCHED_ROWS_ALL = 1,  /* every computed token's (mean pooling, prompt logprobs) */
+  SCHED_ROWS_FIRST = 2 /* position 0's (CLS pooling) */
+} sched_rows;
+
 typedef struct sched_seq {
   /* Owned by the caller, read by the scheduler. tokens holds the prompt then the generated tokens;
    * the caller appends after sampling (capacity >= the context length). */
@@ -66,10 +75,19 @@ typedef struct sched_seq {
 
   prefix_chain chain; /* its full blocks registered in (or found in) the prefix cache */
   int n_cached;       /* tokens of the prompt found in the prefix cache at its first admission */
+  /* Set by the caller before sched_add. embed: an embedding (a prefill whose hidden rows are pooled):
+   * it runs in steps of its own kind (servd_forward_batch.want_hidden), never shares cached blocks
+   * and never registers its own. rows: which of its chunk's rows the step returns. no_cache_hits:
+   * computes its whole prompt (prompt logprobs need every position's logits). */
+  bool embed;
+  sched_rows rows;
+  bool no_cache_hits;
 
   /* Plan of the current step (valid after sched_plan). */
   int chunk;         /* tokens computed this step */
   bool wants_logits; /* the chunk ends at the last token: the caller samples the next one */
+  int n_rows;        /* rows of the step's output that are this sequence's (see rows), in batch order */
+  int row_pos;       /* the position of the first of them */
 } sched_seq;
 
 typedef struct sched_list {
@@ -94,6 +112,9 @@ typedef struct sched_config {
  * scheduler (4.8 s to 18.4 s). With 2, TTFT p50 measured 1.3-1.5x the unbounded one and ITL p99
  * 2-3x shorter; 3 gave TTFT 1.0x but ITL p99/p50 6.1 (docs/performance.md, "Latency-bounded steps"). */
 #define SCHED_STEP_STRETCH 2.0
+
+/* Tokens at most in one chunk of a sequence that wants logits for all its rows (prompt logprobs). */
+#define SCHED_MAX_LOGIT_CHUNK 128
 
 /* What steps cost, learned from sched_observe (nanoseconds; 0 until a step of that kind was seen). */
 typedef struct sched_cost {
@@ -136,6 +157,8 @@ typedef struct servd_scheduler {
   int n_prefill_tokens; /* of the plan: tokens of prefilling (or recomputing) sequences */
   int prefill_cap;      /* of the plan: prefill tokens allowed by max_step_ns (INT32_MAX: unbounded) */
   sched_cost cost;
+  bool embed_step; /* of the plan: a step of embeddings only (their hidden rows, no logits) */
+  bool embed_turn; /* embeddings and generation alternate steps when both have work */
 } servd_scheduler;
 
 int sched_init(servd_scheduler *s, const sched_config *cfg, servd_kv_cache *kv);

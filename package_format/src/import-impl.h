@@ -47,6 +47,10 @@ int mpk__source_inside(const char *root, const char *path);
  * links inside (mpk__source_inside); anything but a regular file is refused. */
 int mpk__source_regular(const char *path);
 
+/* A sentence-transformers folder's 1_Pooling/config.json as the config's "pooling" (import_pooling.c);
+ * nothing when the config names one or the file is absent. */
+int mpk__hf_pooling(const char *dir, json_t *config);
+
 #define MPK_MAX_SIDE_FILE ((size_t)256 << 20) /* tokenizer.json and friends */
 
 #endif

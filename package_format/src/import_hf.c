@@ -169,6 +169,7 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
     goto fail;
   }
   if ((rc = mpk__arch_for_hf(path, config, &arch)) || (rc = mpk__arch_config(arch, path, config))) goto fail;
+  if ((rc = mpk__hf_pooling(dir, config))) goto fail;
   if ((rc = load_shards(dir, &sh, &nsh))) goto fail;
 
   /* Tensors under canonical names, sorted for reproducible packages, checked against the config

@@ -478,15 +478,86 @@ static void test_priority(void **st) {
   assert_string_equal(e.param, "parameters.priority");
 }
 
+/* POST /v1/embeddings (OpenAI's embeddings reference): input as a string, strings, ids or id lists,
+ * encoding_format float|base64, dimensions >= 1. */
+static void test_embeddings(void **st) {
+  (void)st;
+  servd_arena *a = servd_arena_create(4096);
+  oai_params p;
+  api_param_error e;
+  assert_int_equal(
+      parse("{\"input\":[\"a\",[5,6,7]],\"encoding_format\":\"base64\",\"dimensions\":8}", OAI_EMBEDDINGS, a, &p, &e),
+      0);
+  assert_int_equal(p.n_prompts, 2);
+  assert_string_equal(p.prompts[0].text, "a");
+  assert_int_equal(p.prompts[1].n_ids, 3);
+  assert_int_equal(p.prompts[1].ids[2], 7);
+  assert_true(p.gp.embed && p.base64 && p.add_special);
+  assert_int_equal(p.gp.dimensions, 8);
+  oai_params_free(&p);
+  assert_int_equal(parse("{\"input\":[1,2]}", OAI_EMBEDDINGS, a, &p, &e), 0);
+  assert_true(p.n_prompts == 1 && p.prompts[0].n_ids == 2 && !p.base64 && p.gp.dimensions == 0);
+  oai_params_free(&p);
+  static const struct {
+    const char *body, *param;
+  } bad[] = {{"{}", "input"},
+             {"{\"input\":[]}", "input"},
+             {"{\"input\":\"\"}", "input"},
+             {"{\"input\":[\"a\",\"\"]}", "input"},
+             {"{\"input\":[[1],[-2]]}", "input"},
+             {"{\"input\":{}}", "input"},
+             {"{\"input\":\"a\",\"encoding_format\":\"int8\"}", "encoding_format"},
+             {"{\"input\":\"a\",\"dimensions\":0}", "dimensions"},
+             {"{\"input\":\"a\",\"dimensions\":\"8\"}", "dimensions"},
+             {"{\"input\":\"a\",\"user\":1}", "user"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(parse(bad[i].body, OAI_EMBEDDINGS, a, &p, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, bad[i].param);
+  }
+  servd_arena_destroy(a);
+}
+
+/* Completions echo (OpenAI): with logprobs the prompt's own; with max_tokens 0 the prompt alone. */
+static void test_echo(void **st) {
+  (void)st;
+  servd_arena *a = servd_arena_create(4096);
+  oai_params p;
+  api_param_error e;
+  assert_int_equal(
+      parse("{\"prompt\":\"x\",\"echo\":true,\"max_tokens\":0,\"logprobs\":1}", OAI_COMPLETIONS, a, &p, &e), 0);
+  assert_true(p.echo && p.gp.prompt_logprobs && p.gp.prompt_only);
+  assert_int_equal(p.gp.logprobs, 1);
+  oai_params_free(&p);
+  assert_int_equal(parse("{\"prompt\":\"x\",\"echo\":true,\"max_tokens\":3}", OAI_COMPLETIONS, a, &p, &e), 0);
+  assert_true(p.echo && !p.gp.prompt_logprobs && !p.gp.prompt_only);
+  assert_int_equal(p.gp.max_tokens, 3);
+  oai_params_free(&p);
+  /* max_tokens 0 is only the prompt's echo; echo stays a boolean. */
+  assert_int_equal(parse("{\"prompt\":\"x\",\"max_tokens\":0}", OAI_COMPLETIONS, a, &p, &e), -1);
+  assert_string_equal(e.param, "max_tokens");
+  assert_int_equal(parse("{\"prompt\":\"x\",\"echo\":1}", OAI_COMPLETIONS, a, &p, &e), -1);
+  assert_string_equal(e.param, "echo");
+  servd_arena_destroy(a);
+}
+
 int main(void) {
   json_object_seed(1);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_completions_all_fields),  cmocka_unit_test(test_defaults_and_token_ids),
-      cmocka_unit_test(test_chat_messages),           cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_kserve_inputs),           cmocka_unit_test(test_kserve_errors),
-      cmocka_unit_test(test_long_messages_stay_utf8), cmocka_unit_test(test_utf8_fix),
-      cmocka_unit_test(test_max_tokens_names),        cmocka_unit_test(test_every_field_named),
-      cmocka_unit_test(test_kserve_nested_data),      cmocka_unit_test(test_priority),
+      cmocka_unit_test(test_completions_all_fields),
+      cmocka_unit_test(test_defaults_and_token_ids),
+      cmocka_unit_test(test_chat_messages),
+      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_kserve_inputs),
+      cmocka_unit_test(test_kserve_errors),
+      cmocka_unit_test(test_long_messages_stay_utf8),
+      cmocka_unit_test(test_utf8_fix),
+      cmocka_unit_test(test_max_tokens_names),
+      cmocka_unit_test(test_every_field_named),
+      cmocka_unit_test(test_kserve_nested_data),
+      cmocka_unit_test(test_priority),
+      cmocka_unit_test(test_embeddings),
+      cmocka_unit_test(test_echo),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

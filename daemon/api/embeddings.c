@@ -1,0 +1,112 @@
+/* POST /v1/embeddings: each input is an engine request that computes its prompt and returns the
+ * pooled, normalized final hidden state (servd_gen_params.embed); the request parses, tokenizes
+ * and submits through the completions machinery of openai.c (mode OAI_EMBEDDINGS) and answers
+ * here in OpenAI's shape. */
+#include "api/handlers.h"
+#include "api/openai-impl.h"
+#include "api/respond.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "servd/status.h"
+
+void oai_embedding_cb(void *ud, const servd_event *ev) {
+  gen *g = ud;
+  oai *o = g->owner;
+  if (ev->kind == SERVD_EVENT_DONE && ev->embedding && ev->n_embedding > 0 && o->x) {
+    oai_choice_x *x = &o->x[g->index];
+    /* The loop reads it after the final event, which api_engine_cb publishes after this store. */
+    x->vec = malloc(sizeof(float) * (size_t)ev->n_embedding);
+    if (x->vec) {
+      memcpy(x->vec, ev->embedding, sizeof(float) * (size_t)ev->n_embedding);
+      x->n_vec = ev->n_embedding;
+    }
+  }
+  api_engine_cb(ud, ev);
+}
+
+bool oai_embeddings_check(oai *o) {
+  servd_embedding_info info;
+  const servd_model_ops *ops = o->a->ops;
+  if (!ops->embedding_info || ops->embedding_info(o->am->m, &info) != 0) {
+    oai_fail(o, 400, "model", NULL, "this model does not compute embeddings");
+    return false;
+  }
+  if (o->gp.dimensions > 0 && !info.truncatable) {
+    oai_fail(o, 400, "dimensions", NULL,
+             "'dimensions' is not supported by this model: its package does not say it was trained for truncated "
+             "embeddings (config matryoshka_dimensions)");
+    return false;
+  }
+  if (o->gp.dimensions > info.dim) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "'dimensions' must be at most the model's %d", info.dim);
+    oai_fail(o, 400, "dimensions", NULL, msg);
+    return false;
+  }
+  return true;
+}
+
+/* Standard base64 of n bytes. */
+static json_t *base64_of(const unsigned char *p, size_t n) {
+  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  size_t len = 4 * ((n + 2) / 3);
+  char *s = malloc(len + 1), *w = s;
+  if (!s) return NULL;
+  for (size_t i = 0; i < n; i += 3) {
+    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+    *w++ = tab[v >> 18 & 63];
+    *w++ = tab[v >> 12 & 63];
+    *w++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
+    *w++ = i + 2 < n ? tab[v & 63] : '=';
+  }
+  *w = '\0';
+  json_t *j = json_stringn(s, len);
+  free(s);
+  return j;
+}
+
+/* A vector as OpenAI sends it: a list of floats, or base64 of little-endian f32 (numpy's
+ * frombuffer(dtype="<f4"), as the official client decodes it). */
+static json_t *vector_json(const float *v, int n, bool base64) {
+  if (base64) {
+    unsigned char *b = malloc(4 * (size_t)n);
+    if (!b) return NULL;
+    for (int i = 0; i < n; i++) {
+      uint32_t u;
+      memcpy(&u, &v[i], 4);
+      for (int k = 0; k < 4; k++) b[4 * i + k] = (unsigned char)(u >> (8 * k));
+    }
+    json_t *j = base64_of(b, 4 * (size_t)n);
+    free(b);
+    return j;
+  }
+  json_t *a = json_array();
+  for (int i = 0; a && i < n; i++) json_array_append_new(a, json_real(v[i]));
+  return a;
+}
+
+void oai_embeddings_respond(oai *o) {
+  json_t *data = json_array();
+  long long prompt = 0;
+  for (int i = 0; i < o->n_prompts; i++) prompt += o->prompts[i].n_ids;
+  for (int i = 0; i < o->n_gens; i++) {
+    oai_choice_x *x = &o->x[i];
+    json_t *vec = x->vec ? vector_json(x->vec, x->n_vec, o->base64) : NULL;
+    if (!vec) {
+      json_decref(data);
+      oai_fail(o, 500, NULL, NULL, x->vec ? "out of memory" : "the model returned no embedding");
+      return;
+    }
+    json_array_append_new(data, json_pack("{s:s, s:i, s:o}", "object", "embedding", "index", i, "embedding", vec));
+  }
+  oai_respond(o, json_pack("{s:s, s:o, s:s, s:{s:I, s:I}}", "object", "list", "data", data, "model", o->model_name,
+                           "usage", "prompt_tokens", (json_int_t)prompt, "total_tokens", (json_int_t)prompt));
+}
+
+void api_oai_embeddings(servd_api *a, servd_http_req *r, const api_route_args *args) {
+  (void)args;
+  oai_embeddings_serve(a, r);
+}

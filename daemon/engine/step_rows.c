@@ -1,0 +1,66 @@
+/* Embedding pooling and prompt logprobs: see step_rows.h. */
+#include "engine/step_rows.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "servd/status.h"
+
+int servd_embedding_info_read(json_t *cfg, int hidden_size, servd_embedding_info *out) {
+  memset(out, 0, sizeof *out);
+  out->dim = hidden_size;
+  json_t *p = json_object_get(cfg, "pooling");
+  const char *mode = json_is_string(p) ? json_string_value(p) : "last";
+  if (p && !json_is_string(p) && !json_is_null(p))
+    return servd_fail(SERVD_EFORMAT, "model config: \"pooling\" must be a string (last, mean or cls)");
+  if (!strcmp(mode, "last")) out->pooling = SERVD_POOL_LAST;
+  else if (!strcmp(mode, "mean")) out->pooling = SERVD_POOL_MEAN;
+  else if (!strcmp(mode, "cls")) out->pooling = SERVD_POOL_CLS;
+  else return servd_fail(SERVD_EFORMAT, "model config: \"pooling\" is \"%s\": expected last, mean or cls", mode);
+  out->truncatable = json_is_array(json_object_get(cfg, "matryoshka_dimensions"));
+  return 0;
+}
+
+void servd_pool_sum_reset(servd_pool_sum *p) {
+  if (p->sum) memset(p->sum, 0, sizeof(float) * (size_t)p->dim);
+  p->n = 0;
+}
+
+void servd_pool_sum_add(servd_pool_sum *p, const float *row) {
+  for (int i = 0; i < p->dim; i++) p->sum[i] += row[i];
+  p->n++;
+}
+
+void servd_pool_sum_finish(const servd_pool_sum *p, int dims, float *out) {
+  int n = dims > 0 && dims < p->dim ? dims : p->dim;
+  double ss = 0;
+  for (int i = 0; i < n; i++) ss += (double)p->sum[i] * p->sum[i];
+  /* The mean's scale cancels in the normalization: only the direction is kept. */
+  double inv = ss > 0 ? 1.0 / sqrt(ss) : 0;
+  for (int i = 0; i < n; i++) out[i] = (float)(p->sum[i] * inv);
+}
+
+/* a ranks before b: higher logit, then lower id. */
+static int better(float la, int32_t a, float lb, int32_t b) { return la > lb || (la == lb && a < b); }
+
+float servd_row_logprob(const float *row, int n_vocab, int32_t token, int n_top, servd_top_logprob *top) {
+  float mx = -INFINITY;
+  for (int i = 0; i < n_vocab; i++)
+    if (row[i] > mx) mx = row[i];
+  double s = 0;
+  for (int i = 0; i < n_vocab; i++) s += exp((double)row[i] - mx);
+  double lse = mx + log(s);
+  int k = 0;
+  for (int i = 0; i < n_vocab && n_top > 0; i++) {
+    float l = row[i];
+    if (k == n_top && !better(l, i, top[k - 1].logprob, top[k - 1].token)) continue;
+    int j = k < n_top ? k++ : k - 1; /* insertion into the sorted best n_top */
+    while (j > 0 && better(l, i, top[j - 1].logprob, top[j - 1].token)) {
+      top[j] = top[j - 1];
+      j--;
+    }
+    top[j] = (servd_top_logprob){.token = i, .logprob = l};
+  }
+  for (int j = 0; j < k; j++) top[j].logprob = (float)(top[j].logprob - lse);
+  return (float)(row[token] - lse);
+}
