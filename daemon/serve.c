@@ -386,6 +386,7 @@ int servd_serve_main(int argc, char **argv) {
     servd_grpc_limits_default(&gl);
     gl.max_message_bytes = s.cfg.grpc_max_message_bytes;
     gl.max_connections = s.cfg.max_connections;
+    gl.handshake_timeout_ms = (int)(s.cfg.read_timeout_s * 1000.0); /* as the HTTP port's */
     if ((rc = servd_grpc_server_create(s.loop, s.api, &gl, &s.grpc)) == 0)
       servd_grpc_server_set_tls(s.grpc, s.grpc_tls);
     if (rc != 0 || (rc = servd_grpc_server_listen(s.grpc, s.cfg.host, s.cfg.grpc_port)) != 0) {

@@ -26,6 +26,7 @@ typedef struct servd_grpc_limits {
   uint32_t max_concurrent_streams; /* per connection (128) */
   uint32_t max_header_list_bytes;  /* decoded request headers per stream (16 KiB) */
   int max_connections;             /* further connections are accepted and closed at once (1024) */
+  int handshake_timeout_ms;        /* TLS: a handshake not done by then closes the connection (30 s) */
 } servd_grpc_limits;
 
 void servd_grpc_limits_default(servd_grpc_limits *l);

@@ -67,12 +67,15 @@ struct conn {
   uv_write_t wreq;
   uv_buf_t wbuf;
   bool writing, closing, goaway;
-  bool in_recv;        /* inside nghttp2_session_mem_recv: output waits until it returns */
-  size_t buffering;    /* announced lengths of the messages its streams are receiving */
-  servd_tls_conn *tls; /* NULL on a plaintext listener */
-  servd_buf plain;     /* decrypted input, handed to nghttp2 at once */
-  bool tls_started;    /* the first bytes arrived (a plaintext client is told apart from a handshake) */
-  bool close_after;    /* a TLS failure: close once its alert is written */
+  bool in_recv;         /* inside nghttp2_session_mem_recv: output waits until it returns */
+  size_t buffering;     /* announced lengths of the messages its streams are receiving */
+  servd_tls_conn *tls;  /* NULL on a plaintext listener */
+  servd_buf plain;      /* decrypted input, handed to nghttp2 at once */
+  bool tls_started;     /* the first bytes arrived (a plaintext client is told apart from a handshake) */
+  bool close_after;     /* a TLS failure: close once its alert is written */
+  uv_timer_t handshake; /* TLS only: the handshake's deadline */
+  bool handshake_timer;
+  int handles_open; /* tcp, and handshake when started: freed when both have closed */
 };
 
 struct servd_grpc_server {
@@ -95,6 +98,7 @@ void servd_grpc_limits_default(servd_grpc_limits *l) {
   l->max_concurrent_streams = 128;
   l->max_header_list_bytes = 16 * 1024;
   l->max_connections = 1024;
+  l->handshake_timeout_ms = 30000;
 }
 
 static void conn_close(conn *c);
@@ -529,6 +533,7 @@ static int on_stream_close(nghttp2_session *h2, int32_t id, uint32_t error_code,
 
 static void on_conn_closed(uv_handle_t *h) {
   conn *c = h->data;
+  if (--c->handles_open > 0) return;
   servd_grpc_server *srv = c->srv;
   while (c->streams) stream_free(c->streams);
   nghttp2_session_del(c->h2);
@@ -556,6 +561,7 @@ static void conn_close(conn *c) {
   /* The calls end now: their handlers are told before the handle closes. */
   for (stream *s = c->streams; s; s = s->next) stream_cancel(s);
   uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+  if (c->handshake_timer) uv_close((uv_handle_t *)&c->handshake, on_conn_closed);
 }
 
 static void on_write(uv_write_t *w, int status) {
@@ -656,6 +662,7 @@ static int tls_read(conn *c, const char *data, size_t len) {
     }
   }
   servd_tls_status st = servd_tls_conn_input(c->tls, data, len, &c->plain);
+  if (c->handshake_timer && servd_tls_conn_established(c->tls)) uv_timer_stop(&c->handshake);
   if (st == SERVD_TLS_ERROR) {
     /* The alert OpenSSL queued, if any, goes out; then the connection closes. */
     c->close_after = true;
@@ -696,6 +703,11 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
   conn_flush(c);
 }
 
+static void on_handshake_timeout(uv_timer_t *t) {
+  conn *c = t->data;
+  if (!servd_tls_conn_established(c->tls)) conn_close(c);
+}
+
 static void on_connection(uv_stream_t *l, int status) {
   servd_grpc_server *srv = l->data;
   if (status < 0) return;
@@ -704,6 +716,15 @@ static void on_connection(uv_stream_t *l, int status) {
   c->srv = srv;
   uv_tcp_init(srv->loop, &c->tcp);
   c->tcp.data = c;
+  c->handles_open = 1;
+  if (srv->tls && srv->lim.handshake_timeout_ms > 0) {
+    /* A client that never finishes its handshake holds no connection for longer than this. */
+    uv_timer_init(srv->loop, &c->handshake);
+    c->handshake.data = c;
+    c->handshake_timer = true;
+    c->handles_open++;
+    uv_timer_start(&c->handshake, on_handshake_timeout, (uint64_t)srv->lim.handshake_timeout_ms, 0);
+  }
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;

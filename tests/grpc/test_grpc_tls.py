@@ -3,7 +3,8 @@ ssl=True (live, metadata, raw-tensor inference equal bit for bit to a plaintext 
 same input: TLS changes the transport only), a grpcio channel with the test CA
 (health Check, ALPN h2 chosen), an h2c client on the TLS port refused while others are served, a
 SIGHUP swapping the certificate while a ModelStreamInfer generation and an open channel stay up (new
-connections see the new serial), and mutual TLS refusing a client without a certificate."""
+connections see the new serial), mutual TLS refusing a client without a certificate, and a client
+that never finishes its handshake closed after read_timeout while a served one stays up."""
 import os
 import queue
 import shutil
@@ -230,7 +231,12 @@ check(s.stop() == 0, f"servd exit:\n{s.stderr()}")
 # is tritonclient.grpc with its certificate.
 shutil.copy(os.path.join(d, "a.pem"), CERT)
 shutil.copy(os.path.join(d, "a.key"), KEY)
-m, mport = start(["--model", f"{mlp}:mlp", "--tls-ca", CA])
+conf = os.path.join(d, "servd.json")
+with open(conf, "w") as f:
+    f.write('{"read_timeout": 1.5}')
+m, mport = start(["--model", f"{mlp}:mlp", "--tls-ca", CA, "--config", conf])
+silent = socket.create_connection(("127.0.0.1", mport), timeout=30)
+t0 = time.monotonic()
 with channel(mport) as anon:
     try:
         health(anon, timeout=10)
@@ -244,5 +250,17 @@ mc = tc.InferenceServerClient(f"127.0.0.1:{mport}", ssl=True, root_certificates=
                               certificate_chain=os.path.join(d, "client.pem"))
 check(np.array_equal(mc.infer("mlp", [i]).as_numpy("probs"), plain_probs), "mTLS inference")
 mc.close()
+# The silent client is closed once read_timeout has passed; a client that finished its handshake is not.
+try:
+    got = silent.recv(100)
+except ConnectionResetError:
+    got = b""
+waited = time.monotonic() - t0
+check(got == b"" and 1.0 < waited < 20, f"a client without a handshake: {got!r} after {waited:.1f} s")
+silent.close()
+with channel(mport, client_cert=True) as ok:
+    check(health(ok) == health_pb2.HealthCheckResponse.SERVING, "a handshaken channel")
+    time.sleep(2)
+    check(health(ok) == health_pb2.HealthCheckResponse.SERVING, "a handshaken channel after read_timeout")
 check(m.stop() == 0, f"servd exit:\n{m.stderr()}")
 print("ok")
