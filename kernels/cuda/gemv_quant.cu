@@ -91,9 +91,9 @@ extern "C" int servd_cuda_matmul_quant(servd_cuda_ctx *c, void *out, int out_f32
   const __nv_bfloat16 *xb = reinterpret_cast<const __nv_bfloat16 *>(x);
   const unsigned char *wq = static_cast<const unsigned char *>(w);
   if (m <= 8)
-    return out_f32 ? gemv_for<float>(servd__stream(c), dtype, static_cast<float *>(out), xb, wq, m, n, k)
-                   : gemv_for<__nv_bfloat16>(servd__stream(c), dtype, static_cast<__nv_bfloat16 *>(out), xb, wq, m,
-                                             n, k);
+    return out_f32
+               ? gemv_for<float>(servd__stream(c), dtype, static_cast<float *>(out), xb, wq, m, n, k)
+               : gemv_for<__nv_bfloat16>(servd__stream(c), dtype, static_cast<__nv_bfloat16 *>(out), xb, wq, m, n, k);
   __nv_bfloat16 *wb = static_cast<__nv_bfloat16 *>(servd__cuda_scratch(c, (size_t)n * k * sizeof(__nv_bfloat16)));
   if (!wb) return servd_fail(SERVD_ENOMEM, "cuda matmul: no scratch for a bf16 copy of a (%d,%d) weight", n, k);
   const long long rb = (long long)servd_qb_row_bytes(dtype, k), items = (long long)n * (k / 8);
