@@ -110,9 +110,6 @@ typedef struct servd_forward_batch {
    * bits of its f32 logit per row, so the vocabulary-wide rows never cross PCIe. The model code does
    * not see it. */
   bool want_picks;
-  /* CPU: the step's inputs as host i32 tensors at fixed addresses, in servd_device_batch_field
-   * order (a plan capture's, servd/plan.h); NULL: the model gets fresh copies of the arrays. */
-  servd_tensor *host_inputs[4];
   /* Appended: the step computes embeddings: the model returns its final-norm hidden states f32
    * (n_logit_rows, hidden_size) of the logit rows instead of logits (batch.hidden in Python). */
   bool want_hidden;
