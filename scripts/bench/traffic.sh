@@ -19,8 +19,9 @@
 # Usage: scripts/bench/traffic.sh [BUILD_DIR] [MODEL.mpk] [MODEL.gguf]
 # Environment: THREADS (2), CONC (8), REQS_SHARED (48), PREFIX (830), OUT (32), CONVS (8), TURNS (6),
 # TURN_IN (64), STREAMS (32), STREAM_REQS (64), IN (128), STREAM_OUT (64), MS (100), MISS_REQS (16),
-# MISS_CONC (4), MISS_OUT (96), ROUNDS (1), ONLY (space-separated subset of the four loads), PORT
-# (18441), OUT_DIR (keep the JSON results there), LLAMA_ARGS (extra llama-server arguments).
+# MISS_CONC (4), MISS_OUT (96), ROUNDS (1), FIRST_ROUND (1: with OUT_DIR, later rounds can be added to
+# earlier ones), ONLY (space-separated subset of the four loads), PORT (18441), OUT_DIR (keep the
+# JSON results there), LLAMA_ARGS (extra llama-server arguments).
 {
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -83,7 +84,7 @@ has_llama() {
 }
 
 echo "traffic: $(date -u +%FT%TZ), $threads threads, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-for round in $(seq 1 "$rounds"); do
+for round in $(seq "${FIRST_ROUND:-1}" "$rounds"); do
   swap=$((round % 2 == 0))
   for load in $only; do
     case $load in
