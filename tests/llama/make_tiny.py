@@ -107,7 +107,7 @@ def config(args):
     if getattr(args, "dims", None):  # benchmarks: every family at one size (HEADS,KV_HEADS,HEAD_DIM,INTER,LAYERS)
         nh, nkv, hd, inter, layers = (int(x) for x in args.dims.split(","))
         cfg.update(num_attention_heads=nh, num_key_value_heads=nkv, hidden_size=nh * hd, intermediate_size=inter,
-                   num_hidden_layers=layers, max_position_embeddings=1024)
+                   num_hidden_layers=layers, max_position_embeddings=1024, vocab_size=8192)
         if "head_dim" in cfg:
             cfg["head_dim"] = hd
         if cfg.get("sliding_window"):  # a window as wide as the context: full attention, as the Llama path
@@ -450,7 +450,8 @@ def main():
     ap.add_argument("--linear-scaling", action="store_true", help="gemma3: rope_scaling linear 8 on global layers")
     ap.add_argument("--longrope", action="store_true", help="phi3: rope_scaling longrope (short and long factors)")
     ap.add_argument("--yarn", action="store_true", help="qwen2: rope_scaling yarn (factor 4 of 64 positions)")
-    ap.add_argument("--dims", help="HEADS,KV_HEADS,HEAD_DIM,INTER,LAYERS for any family, context 1024 (benchmarks)")
+    ap.add_argument("--dims", help="HEADS,KV_HEADS,HEAD_DIM,INTER,LAYERS for any family, context 1024, vocabulary "
+                    "8192 (benchmarks)")
     ap.add_argument("--eos", help="comma-separated eos_token_id of generation_config.json (several: a list)")
     args = ap.parse_args()
     cfg = config(args)
