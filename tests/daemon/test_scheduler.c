@@ -524,6 +524,87 @@ static void test_observe_plane_separates_fixed_cost(void **state) {
   teardown_fx(f);
 }
 
+/* Embeddings run in steps of their own (the model returns hidden rows or logits, never both),
+ * alternating with generation; their rows follow their pooling; they neither find nor leave blocks
+ * in the prefix cache. A sequence that wants prompt logprobs computes its whole prompt. */
+static void test_embeddings_and_prompt_rows(void **state) {
+  (void)state;
+  fixture *f = calloc(1, sizeof *f);
+  assert_non_null(f);
+  assert_int_equal(servd_kv_cache_create(&f->kv, 1, 1, 4, 4, 64, SERVD_F32), 0);
+  sched_config c = {.max_batch_tokens = 64, .max_seqs = 8, .max_seq_len = CTX, .prefix_cache = true};
+  assert_int_equal(sched_init(&f->s, &c, f->kv), 0);
+  sched_seq *gen = add_seq(f, 0, 8);
+  sched_seq *mean = &f->seqs[1], *cls = &f->seqs[2];
+  for (int i = 1; i <= 2; i++) {
+    sched_seq *q = &f->seqs[i];
+    for (int j = 0; j < 8; j++) f->toks[i][j] = f->toks[0][j]; /* the generation's prompt: no sharing */
+    q->tokens = f->toks[i];
+    q->n_tokens = i == 1 ? 6 : 5;
+    q->embed = true;
+    q->rows = i == 1 ? SCHED_ROWS_ALL : SCHED_ROWS_FIRST;
+    assert_int_equal(sched_seq_init(&f->s, q), 0);
+    sched_add(&f->s, q);
+  }
+  /* Generation first; its two full blocks are cached. */
+  assert_int_equal(sched_plan(&f->s), 8);
+  assert_false(f->s.embed_step);
+  assert_int_equal(f->s.n_planned, 1);
+  assert_int_equal(f->s.n_logit_rows, 1);
+  sched_commit(&f->s);
+  gen->tokens[gen->n_tokens++] = 7;
+  assert_int_equal(sched_cached_blocks(&f->s), 2);
+  /* Then the embeddings, whole prompts (no cache hit), rows by pooling. */
+  assert_int_equal(sched_plan(&f->s), 11);
+  assert_true(f->s.embed_step);
+  assert_int_equal(f->s.n_planned, 2);
+  assert_ptr_equal(f->s.planned[0], mean);
+  assert_int_equal(mean->n_rows, 6);
+  assert_int_equal(mean->row_pos, 0);
+  assert_int_equal(cls->n_rows, 1);
+  assert_int_equal(f->s.n_logit_rows, 7);
+  assert_int_equal(f->s.step.logit_rows[6], 6); /* the CLS row: the first token of the second sequence */
+  assert_true(mean->wants_logits && cls->wants_logits);
+  sched_commit(&f->s);
+  assert_int_equal(sched_cached_blocks(&f->s), 2); /* the embeddings registered nothing */
+  sched_remove(&f->s, mean);
+  sched_remove(&f->s, cls);
+  /* Generation again: the decode. */
+  assert_int_equal(sched_plan(&f->s), 1);
+  assert_false(f->s.embed_step);
+  sched_commit(&f->s);
+  gen->tokens[gen->n_tokens++] = 7;
+  /* Prompt logprobs: the same prompt computed whole, a row per token; without, the cache hit. */
+  sched_seq *lp = &f->seqs[3], *plain = &f->seqs[4];
+  for (int i = 3; i <= 4; i++) {
+    sched_seq *q = &f->seqs[i];
+    memcpy(f->toks[i], f->toks[0], 8 * sizeof(int32_t));
+    q->tokens = f->toks[i];
+    q->n_tokens = 8;
+    if (i == 3) {
+      q->rows = SCHED_ROWS_ALL;
+      q->no_cache_hits = true;
+    }
+    assert_int_equal(sched_seq_init(&f->s, q), 0);
+    sched_add(&f->s, q);
+  }
+  assert_int_equal(sched_plan(&f->s), 1 + 8 + 4);
+  assert_int_equal(lp->chunk, 8);
+  assert_int_equal(lp->n_rows, 8);
+  assert_int_equal(plain->chunk, 4);
+  assert_int_equal(plain->n_rows, 1);
+  assert_int_equal(f->s.n_logit_rows, 1 + 8 + 1);
+  sched_commit(&f->s);
+  for (int i = 0; i < 5; i++) {
+    sched_remove(&f->s, &f->seqs[i]);
+    sched_seq_free(&f->seqs[i]);
+  }
+  assert_int_equal(sched_used_blocks(&f->s), 0); /* cached blocks stay, evictable */
+  sched_free(&f->s);
+  servd_kv_cache_destroy(f->kv);
+  free(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chunked_prefill),
@@ -541,6 +622,7 @@ int main(void) {
       cmocka_unit_test(test_observe_plane_separates_fixed_cost),
       cmocka_unit_test(test_step_bound_prefill_share),
       cmocka_unit_test(test_step_bound_simulation),
+      cmocka_unit_test(test_embeddings_and_prompt_rows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

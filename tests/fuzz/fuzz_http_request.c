@@ -88,6 +88,11 @@ static void check_oai(const oai_params *p, oai_mode mode, const api_param_limits
     if (!templated && !empty_detok) CHECK((q->text != NULL) != (q->n_ids > 0));
   }
   CHECK((mode == OAI_CHAT) <= (p->messages != NULL));
+  CHECK((mode == OAI_EMBEDDINGS) == g->embed && g->dimensions >= 0);
+  CHECK(!p->echo || mode == OAI_COMPLETIONS);
+  CHECK(g->prompt_only <= p->echo && g->prompt_logprobs <= p->echo);
+  for (int i = 0; mode == OAI_EMBEDDINGS && i < p->n_prompts; i++)
+    CHECK(p->prompts[i].n_ids > 0 || (p->prompts[i].text && p->prompts[i].text[0]));
   for (size_t i = 0; p->messages && i < json_array_size(p->messages); i++) {
     json_t *m = json_array_get(p->messages, i);
     CHECK(json_is_string(json_object_get(m, "role")) && json_is_string(json_object_get(m, "content")));
@@ -118,7 +123,8 @@ static void handle_body(const servd_http_req *r, servd_arena *arena) {
   } oai_routes[] = {{"/v1/completions", OAI_COMPLETIONS},
                     {"/v1/chat/completions", OAI_CHAT},
                     {"/tokenize", OAI_TOKENIZE},
-                    {"/detokenize", OAI_DETOKENIZE}};
+                    {"/detokenize", OAI_DETOKENIZE},
+                    {"/v1/embeddings", OAI_EMBEDDINGS}};
   api_param_limits lim;
   memset(&lim, 0, sizeof lim);
   /* The engine's defaults (servd_gen_params_default) and the server's (servd_api_options_default). */
