@@ -78,10 +78,12 @@ void servd_plan_cache_destroy(servd_plan_cache *c) {
   free(c);
 }
 
-/* A decode step: every sequence brings one token after some context, and wants its logits. */
+/* A decode step: every sequence brings one token after some context, and wants its logits (a step
+ * that wants hidden states takes the forward's other path). */
 static int decode_bucket(const servd_plan_cache *c, const servd_forward_batch *b) {
   int n = b->attn.n_seqs;
-  if (n < 1 || n > c->max_batch || b->n_tokens != n || b->n_logit_rows != n || b->dbatch || b->dkv) return -1;
+  if (n < 1 || n > c->max_batch || b->n_tokens != n || b->n_logit_rows != n || b->dbatch || b->dkv || b->want_hidden)
+    return -1;
   for (int s = 0; s < n; s++)
     if (b->attn.q_len[s] != 1 || b->attn.kv_len[s] < 2) return -1;
   return n - 1;
