@@ -363,7 +363,9 @@ static bool all_plain_greedy(const servd_model *m) {
 /* An embedding's rows of this step: pooled; once its prompt is done, the vector and the end. */
 static void embed_rows(servd_model *m, servd_request *r, const servd_tensor *hidden, int row, int n_rows) {
   const sched_seq *q = &r->seq;
-  if (q->row_pos == 0) servd_pool_sum_reset(&r->pool); /* from the start again after a preemption */
+  /* A row from the prompt's start begins the sum (again, after a preemption); last-token and CLS
+   * pooling take one row. */
+  if (n_rows > 0 && (q->rows != SCHED_ROWS_ALL || q->row_pos == 0)) servd_pool_sum_reset(&r->pool);
   for (int j = 0; j < n_rows; j++)
     servd_pool_sum_add(
         &r->pool, (const float *)((const char *)servd_tensor_data(hidden) + (int64_t)(row + j) * hidden->strides[0]));

@@ -69,6 +69,14 @@ def mean_config(d):
         json.dump(cfg, f)
 
 
+def cls_config(d):
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(pooling="cls")
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
 def st_pooling(d):
     os.makedirs(os.path.join(d, "1_Pooling"))
     with open(os.path.join(d, "1_Pooling", "config.json"), "w") as f:
@@ -79,6 +87,7 @@ def st_pooling(d):
 pkg_last = pack(hf, "emb-last")
 pkg_mean = pack(variant("mean", mean_config), "emb-mean")
 pkg_st = pack(variant("st", st_pooling), "emb-st")
+pkg_cls = pack(variant("cls", cls_config), "emb-cls")
 generic = example_package(a, "mlp_classifier")
 
 cfg, w = llama_ref.load_folder(hf)
@@ -115,7 +124,8 @@ def close(got, want, tol, what):
     check(err <= tol, f"{what}: max |error| {err:.3g} > {tol}")
 
 
-srv = Servd(a, ["--model", pkg_last, "--model", pkg_mean, "--model", pkg_st, "--model", generic + ":mlp_classifier"])
+models = ["--model", pkg_last, "--model", pkg_mean, "--model", pkg_st, "--model", pkg_cls]
+srv = Servd(a, models + ["--model", generic + ":mlp_classifier"])
 client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
 try:
     def ids_of(text):
@@ -179,6 +189,25 @@ try:
             close(d.embedding, unit(ref_hidden(i).mean(axis=0)), 2e-4, f"{model}: mean-pooled embedding")
     r = client.embeddings.create(model="emb-mean", input=texts[0], dimensions=16, encoding_format="float")
     close(r.data[0].embedding, unit(ref_hidden(ids[0]).mean(axis=0)[:16]), 2e-4, "dimensions 16")
+    r = client.embeddings.create(model="emb-cls", input=texts, encoding_format="float")
+    for i, d in zip(ids, r.data):
+        close(d.embedding, unit(ref_hidden(i)[0]), 2e-4, "CLS-pooled embedding")
+
+    # ---- prompts computed in chunks of 8 tokens over several steps: the same vectors ------------------
+    chunked = Servd(a, models + ["--max-batch-tokens", "8"])
+    try:
+        c2 = openai.OpenAI(base_url=chunked.url + "/v1", api_key="unused", max_retries=0)
+        pooled = {"emb-last": lambda h: h[-1], "emb-mean": lambda h: h.mean(axis=0), "emb-cls": lambda h: h[0]}
+        for model, want in pooled.items():
+            r = c2.embeddings.create(model=model, input=texts, encoding_format="float")
+            for i, d in zip(ids, r.data):
+                close(d.embedding, unit(want(ref_hidden(i))), 2e-4, f"{model}: embedding computed in chunks of 8")
+        r = c2.completions.create(model="emb-last", prompt=texts[2], max_tokens=0, echo=True, logprobs=0)
+        ref = ref_logprobs(ids[2])
+        close(r.choices[0].logprobs.token_logprobs[1:], [ref[t - 1, ids[2][t]] for t in range(1, len(ids[2]))],
+              LP_TOL, "prompt logprobs computed in chunks of 8 tokens")
+    finally:
+        chunked.stop()
 
     # ---- bad input ------------------------------------------------------------------------------------
     def bad(body, param, code=None, status=400):
@@ -232,7 +261,8 @@ try:
     check(start == n_ctx, f"continuation starts at token {start}, expected {n_ctx}")
     got_sum = sum(lp.token_logprobs[start:])
     want_sum = sum(ref[t - 1, cids[t]] for t in range(n_ctx, len(cids)))
-    check(abs(got_sum - want_sum) < LP_TOL * (len(cids) - n_ctx), f"loglikelihood {got_sum} vs float64 reference {want_sum}")
+    check(abs(got_sum - want_sum) < LP_TOL * (len(cids) - n_ctx),
+          f"loglikelihood {got_sum} vs float64 reference {want_sum}")
 
     # Echo with generation, plain and streamed (vLLM: the prompt is the first chunk).
     full = client.completions.create(model="emb-last", prompt=prompt, max_tokens=6, echo=True, logprobs=0,
