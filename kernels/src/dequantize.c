@@ -13,11 +13,10 @@ int servd__check_dequantize(servd_tensor *out, const servd_tensor *x) {
       out && x && out->dtype == SERVD_F32 && servd_dtype_is_quantized(x->dtype) && x->ndim >= 1 && out->ndim == x->ndim;
   for (int i = 0; ok && i < x->ndim; i++) ok = out->shape[i] == x->shape[i];
   if (!ok)
-    return servd_fail(
-        SERVD_EINVAL,
-        "dequantize: expected x (..., n) in a block dtype (q8_0, q4_k, iq4_nl, ...) and out f32 of its shape; got "
-        "out %s, x %s",
-        ops__desc(out, bo, sizeof bo), ops__desc(x, bx, sizeof bx));
+    return servd_fail(SERVD_EINVAL,
+                      "dequantize: expected x (..., n) q8_0/q4_0/q4_1/q5_0/q5_1/iq4_nl/q2_k/q3_k/q4_k/q5_k/q6_k/iq4_xs "
+                      "and out f32 of its shape; got out %s, x %s",
+                      ops__desc(out, bo, sizeof bo), ops__desc(x, bx, sizeof bx));
   return 0;
 }
 
