@@ -103,13 +103,20 @@ for job in $(jobs -p); do wait "$job" || status=1; done
 
 # device_check first: it is short, and its lines are out even if gpu_check is stopped. Exit 77 from
 # a check is "skipped" (no GPU), not a failure.
-rc_dev=0
+# device_check runs twice: through the device executors (every CUDA call on one native thread per
+# GPU, the default) and with SERVD_DEVICE_EXECUTOR=0 (calls on the caller's threads), the A/B.
+rc_dev=0 rc_direct=0
 "$build/device_check" 2>&1 | tee "$build/device_check.txt" || rc_dev=$?
+SERVD_DEVICE_EXECUTOR=0 "$build/device_check" >"$build/device_check_direct.txt" 2>&1 || rc_direct=$?
+echo "device_check with SERVD_DEVICE_EXECUTOR=0: exit $rc_direct"
+((rc_dev == 0 && rc_direct != 0 && rc_direct != 77)) && rc_dev=$rc_direct # either way must pass
 rc_gpu=0
 "$build/gpu_check" "$@" || rc_gpu=$?
 if [ -n "$out" ]; then # gpu_check wrote the report (when it ran); the device lines follow
   { printf '\n## Device layer (servd/device.h): device_check, exit %s\n\n```\n' "$rc_dev"
     cat "$build/device_check.txt"
+    printf '```\n\nThe same with SERVD_DEVICE_EXECUTOR=0 (direct calls): exit %s\n\n```\n' "$rc_direct"
+    tail -5 "$build/device_check_direct.txt"
     printf '```\n'; } >>"$out"
 fi
 verdict() { case $1 in 0) echo passed ;; 77) echo "skipped (no GPU visible)" ;; *) echo "FAILED (exit $1)" ;; esac; }

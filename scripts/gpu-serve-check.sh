@@ -12,8 +12,9 @@
 #     32 heads, 8 KV heads, llama3 RoPE; seeded random weights written here, then `modelpkg pack`),
 #     served by `servd --gpus 1` and loaded by servd-bench at concurrency 1 and 64 (128 tokens in and out);
 # (b') only when (b) ended in a fatal signal: the crash report's thread, rip and code bytes, then the
-#     same package served again with one suspect removed at a time (no cuBLAS in any step: token
-#     budget 8; the warp GEMV and no fused kernels; no CUDA graphs), each loaded with a few requests;
+#     same package served again with one suspect changed at a time (CUDA called from the rank threads
+#     as before the device executors: SERVD_DEVICE_EXECUTOR=0; no cuBLAS in any step: token budget 8;
+#     the warp GEMV and no fused kernels; no CUDA graphs), each loaded with a few requests;
 # (c) a markdown report: machine, the figures, batch-64/batch-1 decode tokens/s against the 10x
 #     target, and batch-1 tokens/s x weight bytes / device copy bandwidth against 85%. The copy
 #     bandwidth: --copy-bw (TB/s, read + write), or the "Device copy" line of a gpu_check report
@@ -477,7 +478,8 @@ if ((b_ok)); then
 fi
 
 # ---- (b') when servd died of a fatal signal on the 8B shape: which part of the step brings it -----
-# Each variant loads the same package again and runs a few requests: no cuBLAS in any step (token
+# Each variant loads the same package again and runs a few requests: CUDA from the rank threads
+# (SERVD_DEVICE_EXECUTOR=0: whether the device executors are what keeps the driver alive), no cuBLAS in any step (token
 # budget 8: every matmul is a GEMV), the first GEMV kernel and no fused kernels, no CUDA graphs. The
 # crash report's thread, rip and code bytes go into the report.
 crash_summary() { # NAME: the fatal-signal lines of its stderr, on one line ('|' escaped for the table)
@@ -491,13 +493,14 @@ crash_summary() { # NAME: the fatal-signal lines of its stderr, on one line ('|'
 if ((!b_ok)) && [ -f "$W/gpu-big.err" ] && grep -q 'fatal signal' "$W/gpu-big.err" && [ -f "$W/big.mpk" ]; then
   row "(b') the crash" "report" "$(crash_summary gpu-big | cut -c1-900)"
   read -ra base_args <<<"$SERVD_GPU_ARGS"
-  for variant in "no-cublas" "plain-kernels" "no-graphs"; do
+  for variant in "no-executor" "no-cublas" "plain-kernels" "no-graphs"; do
     (($(left) < 60)) && { log "(b') $variant: skipped, $(left) s of the budget left"; continue; }
     vargs=("${base_args[@]}")
     ((skip_gpu)) || vargs=(--gpus 1 "${vargs[@]}")
     venv=()
     case $variant in
       no-cublas) vargs+=(--max-batch-tokens 8 --max-seqs 8) ;;
+      no-executor) venv=(SERVD_DEVICE_EXECUTOR=0) ;; # CUDA from the rank threads, as before the executors
       plain-kernels) venv=(SERVD_GEMV_TUNE=0 SERVD_FUSED=0) ;;
       no-graphs) vargs+=(--cuda-graphs off) ;;
     esac

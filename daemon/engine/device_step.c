@@ -212,7 +212,12 @@ int servd_device_step_eager(servd_device_step *s, servd_interp *it, const servd_
   servd_tensor *dl = NULL;
   if ((rc = servd_engine_forward(it, &mine, s->timeout_ms, &dl, err))) {
     servd_tensor_release(dl);
-    return rc;
+    /* A queued device op of this step that failed too is this step's: waiting here reports and
+     * clears it, so the next step's first wait does not fail for it. */
+    char why[600];
+    snprintf(why, sizeof why, "%s", servd_last_error());
+    servd_device_sync(s->c.device);
+    return servd_fail(rc, "%s", why);
   }
   if (!logits) {
     servd_tensor_release(dl); /* ranks other than 0 return none */

@@ -3,6 +3,19 @@
 
 int servd__dev_batch_device(const servd_device_batch *db);
 
+typedef struct attention_args {
+  servd_tensor *out;
+  const servd_tensor *q;
+  const servd_device_kv *kv;
+  int layer;
+  const servd_device_batch *db;
+  int n_heads;
+  float scale;
+  int window;
+} attention_args;
+SERVD__DEV_JOB(attention,
+               servd_device_attention_window(a->out, a->q, a->kv, a->layer, a->db, a->n_heads, a->scale, a->window))
+
 int servd_device_attention(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
                            const servd_device_batch *db, int n_heads, float scale) {
   return servd_device_attention_window(out, q, kv, layer, db, n_heads, scale, 0);
@@ -11,6 +24,8 @@ int servd_device_attention(servd_tensor *out, const servd_tensor *q, const servd
 int servd_device_attention_window(servd_tensor *out, const servd_tensor *q, const servd_device_kv *kv, int layer,
                                   const servd_device_batch *db, int n_heads, float scale, int window) {
   const char *op = "device attention";
+  /* The batch's layout is read when the job runs: uploads wait, so it is this step's. */
+  SERVD__DEV_ASYNC(op, attention, (out, (servd_tensor *)q), out, q, kv, layer, db, n_heads, scale, window);
   char a[128], b[128];
   if (!kv || !db) return servd_fail(SERVD_EINVAL, "%s: NULL %s", op, kv ? "batch" : "cache");
   int rc = servd__dev_check_tensor(op, "q", q, SERVD_BF16);

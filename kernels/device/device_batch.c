@@ -25,6 +25,32 @@ static size_t total_elems(const servd_device_batch *db) {
   return table_off(db) + (size_t)db->max_seqs * db->max_blocks;
 }
 
+typedef struct batch_create_args {
+  int device;
+  int max_tokens;
+  int max_seqs;
+  int max_blocks;
+  servd_device_batch **out;
+} batch_create_args;
+SERVD__DEV_JOB(batch_create, servd_device_batch_create(a->device, a->max_tokens, a->max_seqs, a->max_blocks, a->out))
+typedef struct batch_destroy_args {
+  servd_device_batch *db;
+} batch_destroy_args;
+SERVD__DEV_JOB(batch_destroy, (servd_device_batch_destroy(a->db), 0))
+typedef struct batch_upload_args {
+  servd_device_batch *db;
+  int n_tokens;
+  const int32_t *tokens;
+  const int32_t *positions;
+  const int32_t *slots;
+  int n_logit_rows;
+  const int32_t *logit_rows;
+  const servd_attn_batch *attn;
+  int block_size;
+} batch_upload_args;
+SERVD__DEV_JOB(batch_upload, servd_device_batch_upload(a->db, a->n_tokens, a->tokens, a->positions, a->slots,
+                                                       a->n_logit_rows, a->logit_rows, a->attn, a->block_size))
+
 int servd_device_batch_create(int device, int max_tokens, int max_seqs, int max_blocks_per_seq,
                               servd_device_batch **out) {
   const char *op = "device_batch_create";
@@ -33,6 +59,7 @@ int servd_device_batch_create(int device, int max_tokens, int max_seqs, int max_
   if (rc) return rc;
   rc = servd__dev_valid(op, device);
   if (rc) return rc;
+  SERVD__DEV_SYNC(op, device, batch_create, 0, device, max_tokens, max_seqs, max_blocks_per_seq, out);
   servd_device_batch *db = calloc(1, sizeof *db);
   if (!db) return servd_fail(SERVD_ENOMEM, "%s: out of host memory", op);
   db->device = device;
@@ -71,6 +98,12 @@ fail:
 
 void servd_device_batch_destroy(servd_device_batch *db) {
   if (!db) return;
+  if (servd__dev_forwarding()) { /* after the ops queued before it; a failure stays for its step */
+    batch_destroy_args a = {db};
+    servd__dev_forward("device_batch_destroy", db->device, batch_destroy_job, &a, sizeof a,
+                       SERVD__DEV_WAIT | SERVD__DEV_ALWAYS | SERVD__DEV_KEEP, NULL, 0);
+    return;
+  }
   if (db->copied) {
     cudaEventSynchronize(db->copied);
     cudaEventDestroy(db->copied);
@@ -140,6 +173,9 @@ int servd_device_batch_upload(servd_device_batch *db, int n_tokens, const int32_
   int max_block;
   int rc = check_step(db, n_tokens, tokens, positions, slots, n_logit_rows, logit_rows, attn, block_size, &max_block);
   if (rc) return rc;
+  /* Waits: the host arrays are copied into the staging by the executor. */
+  SERVD__DEV_SYNC(op, db->device, batch_upload, 0, db, n_tokens, tokens, positions, slots, n_logit_rows, logit_rows,
+                  attn, block_size);
   servd_cuda_ctx *c;
   rc = servd__dev_ctx(op, db->device, &c);
   if (rc) return rc;

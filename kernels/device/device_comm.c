@@ -19,6 +19,47 @@ struct servd_device_comm {
   rank_bufs *bufs; /* per rank, touched only by that rank's thread */
 };
 
+/* Creating, rebuilding and destroying the communicators concern every rank: they run on a native
+ * thread of their own once the ranks' executors ran dry. Aborting does not wait: it releases an
+ * executor waiting in a collective for a rank that failed. */
+typedef struct comm_create_args {
+  int world_size;
+  const int *devices;
+  servd_device_comm **out;
+} comm_create_args;
+SERVD__DEV_JOB(comm_create, servd_device_comm_create(a->world_size, a->devices, a->out))
+typedef struct comm_destroy_args {
+  servd_device_comm *c;
+} comm_destroy_args;
+SERVD__DEV_JOB(comm_destroy, (servd_device_comm_destroy(a->c), 0))
+typedef struct comm_abort_args {
+  servd_device_comm *c;
+} comm_abort_args;
+SERVD__DEV_JOB(comm_abort, (servd_device_comm_abort(a->c), 0))
+typedef struct comm_reset_args {
+  servd_device_comm *c;
+} comm_reset_args;
+SERVD__DEV_JOB(comm_reset, servd_device_comm_reset(a->c))
+typedef struct allreduce_args {
+  servd_device_comm *c;
+  int rank;
+  servd_tensor *x;
+} allreduce_args;
+SERVD__DEV_JOB(allreduce, servd_device_allreduce_sum(a->c, a->rank, a->x))
+typedef struct allgather_args {
+  servd_device_comm *c;
+  int rank;
+  servd_tensor *out;
+  const servd_tensor *x;
+} allgather_args;
+SERVD__DEV_JOB(allgather, servd_device_allgather_cols(a->c, a->rank, a->out, a->x))
+
+/* Waits until every rank's executor ran what was queued; clear: forgets their failures (the step
+ * they belong to has failed). */
+static void drain_ranks(const servd_device_comm *c, bool clear) {
+  for (int r = 0; r < c->world; r++) servd__dev_drain(c->devices[r], clear);
+}
+
 int servd_device_comm_create(int world_size, const int *devices, servd_device_comm **out) {
   const char *op = "device_comm_create";
   *out = NULL;
@@ -26,6 +67,10 @@ int servd_device_comm_create(int world_size, const int *devices, servd_device_co
   if (rc) return rc;
   for (int r = 0; r < world_size; r++)
     if ((rc = servd__dev_valid(op, devices[r]))) return rc;
+  if (servd__dev_forwarding()) {
+    comm_create_args a = {world_size, devices, out};
+    return servd__dev_side(op, comm_create_job, &a);
+  }
   servd_device_comm *c = calloc(1, sizeof *c);
   if (!c || !(c->devices = calloc((size_t)world_size, sizeof(int))) ||
       !(c->bufs = calloc((size_t)world_size, sizeof(rank_bufs)))) {
@@ -51,6 +96,12 @@ fail:
 
 void servd_device_comm_destroy(servd_device_comm *c) {
   if (!c) return;
+  if (servd__dev_forwarding()) {
+    drain_ranks(c, false);
+    comm_destroy_args a = {c};
+    servd__dev_side("device_comm_destroy", comm_destroy_job, &a);
+    return;
+  }
   servd_nccl_destroy(c->nccl);
   for (int r = 0; c->bufs && r < c->world; r++) {
     servd_tensor_release(c->bufs[r].send);
@@ -69,6 +120,7 @@ static int check_rank(const char *op, const servd_device_comm *c, int rank) {
 
 int servd_device_allreduce_sum(servd_device_comm *c, int rank, servd_tensor *x) {
   const char *op = "device allreduce";
+  SERVD__DEV_ASYNC(op, allreduce, (x), c, rank, x);
   char a[128];
   int rc = check_rank(op, c, rank);
   if (!rc) rc = servd__dev_check_tensor(op, "x", x, SERVD_BF16);
@@ -97,6 +149,7 @@ static int ensure(const char *op, int device, servd_tensor **t, int64_t n) {
 
 int servd_device_allgather_cols(servd_device_comm *c, int rank, servd_tensor *out, const servd_tensor *x) {
   const char *op = "device allgather_cols";
+  SERVD__DEV_ASYNC(op, allgather, (out, (servd_tensor *)x), c, rank, out, x);
   char a[128], b[128];
   int rc = check_rank(op, c, rank);
   if (!rc) rc = servd__dev_check_tensor(op, "out", out, SERVD_F32);
@@ -141,10 +194,21 @@ int servd_device_allgather_cols(servd_device_comm *c, int rank, servd_tensor *ou
 }
 
 void servd_device_comm_abort(servd_device_comm *c) {
-  if (c) servd_nccl_abort(c->nccl);
+  if (!c) return;
+  if (servd__dev_forwarding()) {
+    comm_abort_args a = {c};
+    servd__dev_side("device_comm_abort", comm_abort_job, &a);
+    return;
+  }
+  servd_nccl_abort(c->nccl);
 }
 
 int servd_device_comm_reset(servd_device_comm *c) {
   if (!c) return servd_fail(SERVD_EINVAL, "device_comm_reset: NULL communicator");
+  if (servd__dev_forwarding()) {
+    drain_ranks(c, true);
+    comm_reset_args a = {c};
+    return servd__dev_side("device_comm_reset", comm_reset_job, &a);
+  }
   return servd__dev_wrap(servd_nccl_rebuild(c->nccl), "device_comm_reset");
 }

@@ -14,16 +14,26 @@ static pthread_once_t count_once = PTHREAD_ONCE_INIT;
 static int n_devices;
 static char no_device_why[192];
 
-static void count_devices(void) {
+static int count_job(void *unused) {
+  (void)unused;
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
     cudaGetLastError();
     snprintf(no_device_why, sizeof no_device_why, "no CUDA driver or device: %s", cudaGetErrorString(err));
-    return;
+    return SERVD_OK;
   }
   if (n == 0) snprintf(no_device_why, sizeof no_device_why, "no CUDA device visible");
   n_devices = n > MAX_DEVICES ? MAX_DEVICES : n;
+  return SERVD_OK;
+}
+
+/* Asking initializes the driver: on a native thread, as every CUDA call. */
+static void count_devices(void) {
+  if (servd__dev_side("device_count", count_job, NULL)) {
+    snprintf(no_device_why, sizeof no_device_why, "device discovery: %s", servd_last_error());
+    n_devices = 0;
+  }
 }
 
 int servd_device_count(int *n, char *why, size_t why_cap) {
@@ -78,6 +88,11 @@ int servd__dev_ctx(const char *op, int device, servd_cuda_ctx **out) {
   *out = NULL;
   int rc = servd__dev_valid(op, device);
   if (rc) return rc;
+  if (servd__dev_dry(device)) return SERVD__DEV_CHECKED; /* the caller's checks passed */
+  /* The gate to every context: a device function that was not forwarded fails here, on a GPU too,
+   * instead of calling CUDA from a thread that may run interpreter code. */
+  if (servd_device_executor_enabled() && !servd_device_thread_is_native())
+    return servd_fail(SERVD_EDEVICE, "%s: cuda:%d asked for on a thread that is no device executor", op, device);
   pthread_once(&key_once, make_key);
   if (key_rc) return servd_fail(SERVD_ENOMEM, "%s: pthread_key_create: %s", op, strerror(key_rc));
   thread_ctxs *t = pthread_getspecific(ctx_key);
@@ -103,11 +118,29 @@ int servd__dev_ctx(const char *op, int device, servd_cuda_ctx **out) {
 }
 
 /* ---- queries ---------------------------------------------------------------------------------- */
+typedef struct describe_args {
+  int device;
+  char *buf;
+  size_t cap;
+} describe_args;
+SERVD__DEV_JOB(describe, servd_device_describe(a->device, a->buf, a->cap))
+typedef struct mem_info_args {
+  int device;
+  size_t *free_bytes;
+  size_t *total_bytes;
+} mem_info_args;
+SERVD__DEV_JOB(mem_info, servd_device_mem_info(a->device, a->free_bytes, a->total_bytes))
+typedef struct sync_args {
+  int device;
+} sync_args;
+SERVD__DEV_JOB(sync, servd_device_sync(a->device))
+
 int servd_device_describe(int device, char *buf, size_t cap) {
   if (buf && cap) buf[0] = 0;
   if (!buf || !cap) return servd_fail(SERVD_EINVAL, "device_describe: no output buffer");
   int rc = servd__dev_valid("device_describe", device);
   if (rc) return rc;
+  SERVD__DEV_SYNC("device_describe", device, describe, 0, device, buf, cap);
   rc = servd_cuda_device_describe(device, buf, cap);
   return servd__dev_wrap(rc, "device_describe");
 }
@@ -116,11 +149,15 @@ int servd_device_mem_info(int device, size_t *free_bytes, size_t *total_bytes) {
   *free_bytes = *total_bytes = 0;
   int rc = servd__dev_valid("device_mem_info", device);
   if (rc) return rc;
+  SERVD__DEV_SYNC("device_mem_info", device, mem_info, 0, device, free_bytes, total_bytes);
   rc = servd_cuda_mem_info(device, free_bytes, total_bytes);
   return servd__dev_wrap(rc, "device_mem_info");
 }
 
 int servd_device_sync(int device) {
+  int rc0 = servd__dev_valid("device_sync", device);
+  if (rc0) return rc0;
+  SERVD__DEV_SYNC("device_sync", device, sync, 0, device);
   servd_cuda_ctx *c;
   int rc = servd__dev_ctx("device_sync", device, &c);
   if (rc) return rc;

@@ -41,8 +41,29 @@ static int copy_rows(servd_cuda_ctx *c, const servd_tensor *dst, const servd_ten
   return SERVD_OK;
 }
 
+typedef struct copy_args {
+  servd_tensor *dst;
+  const servd_tensor *src;
+} copy_args;
+SERVD__DEV_JOB(copy, servd_device_copy(a->dst, a->src))
+typedef struct upload_args {
+  int device;
+  const servd_tensor *host;
+  servd_dtype dtype;
+  servd_tensor **out;
+} upload_args;
+SERVD__DEV_JOB(upload, servd_device_upload(a->device, a->host, a->dtype, a->out))
+
 int servd_device_copy(servd_tensor *dst, const servd_tensor *src) {
   const char *op = "device_copy";
+  if (servd__dev_forwarding()) {
+    /* Between device tensors it is a launch; from or to host memory the caller waits, as the host
+     * bytes are read or written by then. */
+    copy_args a = {dst, src};
+    const bool launch = dst && src && dst->device >= 0 && src->device >= 0;
+    servd_tensor *const hold[] = {dst, (servd_tensor *)src};
+    return servd__dev_forward(op, -1, copy_job, &a, sizeof a, launch ? 0 : SERVD__DEV_WAIT, hold, launch ? 2 : 0);
+  }
   int rc = servd__dev_check_copy(dst, src);
   if (rc) return rc;
   const int device = dst->device >= 0 ? dst->device : src->device;
@@ -103,7 +124,9 @@ int servd_device_upload(int device, const servd_tensor *host, servd_dtype dtype,
   const char *op = "device_upload";
   *out = NULL;
   int rc = servd__dev_check_upload(op, host, dtype);
+  if (!rc) rc = servd__dev_valid(op, device);
   if (rc) return rc;
+  SERVD__DEV_SYNC(op, device, upload, 0, device, host, dtype, out);
   servd_cuda_ctx *c;
   rc = servd__dev_ctx(op, device, &c);
   if (rc) return rc;

@@ -48,6 +48,63 @@ int servd__dev_check_comm(const char *op, int world_size, const int *devices);
 #ifdef SERVD_DEVICE_CUDA
 #include <cuda_runtime_api.h>
 
+/* ---- device_executor.c: calls forwarded to the device's executor thread ------------------------ */
+/* A job runs a public device function with its arguments on the executor (where forwarding is off). */
+typedef int (*servd__dev_job)(void *args);
+#define SERVD__DEV_ARGS_MAX 256
+#define SERVD__DEV_HOLD_MAX 20
+/* The caller waits for the result (args stay in its memory); otherwise args are copied. */
+#define SERVD__DEV_WAIT 1u
+/* Runs even after an earlier op failed (ends a capture, frees memory). */
+#define SERVD__DEV_ALWAYS 2u
+/* Leaves an earlier failure for the next waiting call (calls that return nothing). */
+#define SERVD__DEV_KEEP 4u
+/* Returned by a dry run that passed every check up to taking the CUDA context. */
+#define SERVD__DEV_CHECKED 0x5e4d
+/* This thread must forward its device calls: executors on and not a native thread or a dry run. */
+bool servd__dev_forwarding(void);
+/* In a dry run: records device and returns true (servd__dev_ctx then returns SERVD__DEV_CHECKED). */
+bool servd__dev_dry(int device);
+/* Queues job(args) on device's executor; device < 0: a dry run of job on this thread checks the
+ * arguments and names the device. hold: tensors kept alive until the job ran (NULLs skipped). */
+int servd__dev_forward(const char *op, int device, servd__dev_job job, void *args, size_t size, unsigned flags,
+                       servd_tensor *const *hold, int n_hold);
+/* Runs job(args) on a new native thread and waits (calls of no single device: discovery, NCCL
+ * communicators, aborting a collective another executor waits in). */
+int servd__dev_side(const char *op, servd__dev_job job, void *args);
+/* The calling thread captures on device: other threads' calls to it wait until servd__dev_unclaim. */
+int servd__dev_claim(const char *op, int device);
+void servd__dev_unclaim(int device);
+/* Benchmarks only: turns executors on or off for the calls from now on (no work may be pending). */
+void servd__dev_executor_override(bool on);
+/* Waits until device's queue ran dry; clear: forgets a failure not reported yet. */
+int servd__dev_drain(int device, bool clear);
+
+/* NAME_job runs `call` (a public function, with the fields of `NAME_args *a`) on the executor. */
+#define SERVD__DEV_JOB(name, call) \
+  static int name##_job(void *p_) { \
+    name##_args *a = p_; \
+    (void)a; \
+    return call; \
+  }
+/* Forwards a launch (no result): checked here, queued, the tensors held. */
+#define SERVD__DEV_ASYNC(op, name, hold, ...) \
+  do { \
+    if (servd__dev_forwarding()) { \
+      name##_args a_ = {__VA_ARGS__}; \
+      servd_tensor *const h_[] = {SERVD__UNPAREN hold}; \
+      return servd__dev_forward(op, -1, name##_job, &a_, sizeof a_, 0, h_, (int)(sizeof h_ / sizeof h_[0])); \
+    } \
+  } while (0)
+/* Forwards a call whose result the caller needs, to device's executor. */
+#define SERVD__DEV_SYNC(op, device, name, flags, ...) \
+  do { \
+    if (servd__dev_forwarding()) { \
+      name##_args a_ = {__VA_ARGS__}; \
+      return servd__dev_forward(op, device, name##_job, &a_, sizeof a_, SERVD__DEV_WAIT | (flags), NULL, 0); \
+    } \
+  } while (0)
+
 /* Turns a failed CUDA runtime call into SERVD_EDEVICE naming the op (inside an int function). */
 #define DEV_CHECK(op, call) \
   do { \

@@ -19,6 +19,28 @@ size_t servd_device_kv_bytes(int n_layers, int kv_dim, int block_size, int n_blo
   return (size_t)n_layers * 2 * (size_t)kv_dim * (size_t)block_size * (size_t)n_blocks * 2;
 }
 
+typedef struct kv_create_args {
+  int device;
+  int n_layers;
+  int kv_dim;
+  int block_size;
+  int n_blocks;
+  servd_device_kv **out;
+} kv_create_args;
+SERVD__DEV_JOB(kv_create, servd_device_kv_create(a->device, a->n_layers, a->kv_dim, a->block_size, a->n_blocks, a->out))
+typedef struct kv_destroy_args {
+  servd_device_kv *kv;
+} kv_destroy_args;
+SERVD__DEV_JOB(kv_destroy, (servd_device_kv_destroy(a->kv), 0))
+typedef struct kv_write_args {
+  servd_device_kv *kv;
+  int layer;
+  const servd_tensor *k;
+  const servd_tensor *v;
+  const servd_tensor *slots;
+} kv_write_args;
+SERVD__DEV_JOB(kv_write, servd_device_kv_write(a->kv, a->layer, a->k, a->v, a->slots))
+
 int servd_device_kv_create(int device, int n_layers, int kv_dim, int block_size, int n_blocks, servd_device_kv **out) {
   const char *op = "device_kv_create";
   *out = NULL;
@@ -26,6 +48,7 @@ int servd_device_kv_create(int device, int n_layers, int kv_dim, int block_size,
   if (rc) return rc;
   rc = servd__dev_valid(op, device);
   if (rc) return rc;
+  SERVD__DEV_SYNC(op, device, kv_create, 0, device, n_layers, kv_dim, block_size, n_blocks, out);
   servd_device_kv *kv = calloc(1, sizeof *kv);
   if (!kv) return servd_fail(SERVD_ENOMEM, "%s: out of host memory", op);
   kv->device = device;
@@ -58,6 +81,12 @@ int servd_device_kv_create(int device, int n_layers, int kv_dim, int block_size,
 
 void servd_device_kv_destroy(servd_device_kv *kv) {
   if (!kv) return;
+  if (servd__dev_forwarding()) { /* after the ops queued before it; a failure stays for its step */
+    kv_destroy_args a = {kv};
+    servd__dev_forward("device_kv_destroy", kv->device, kv_destroy_job, &a, sizeof a,
+                       SERVD__DEV_WAIT | SERVD__DEV_ALWAYS | SERVD__DEV_KEEP, NULL, 0);
+    return;
+  }
   if (kv->mem) {
     int prev = -1;
     bool switched =
@@ -89,6 +118,7 @@ void *servd__dev_kv_layer(const servd_device_kv *kv, int layer, int which /* 0 K
 int servd_device_kv_write(servd_device_kv *kv, int layer, const servd_tensor *k, const servd_tensor *v,
                           const servd_tensor *slots) {
   const char *op = "device kv_write";
+  SERVD__DEV_ASYNC(op, kv_write, ((servd_tensor *)k, (servd_tensor *)v, (servd_tensor *)slots), kv, layer, k, v, slots);
   char a[128], b[128], c[128];
   if (!kv) return servd_fail(SERVD_EINVAL, "%s: NULL cache", op);
   if (layer < 0 || layer >= kv->n_layers)

@@ -198,10 +198,22 @@ int servd__dev_tensor(const char *op, int device, servd_dtype dtype, int ndim, c
   return SERVD_OK;
 }
 
+typedef struct tensor_new_args {
+  int device;
+  servd_dtype dtype;
+  int ndim;
+  const int64_t *shape;
+  servd_tensor **out;
+} tensor_new_args;
+SERVD__DEV_JOB(tensor_new, servd_device_tensor_new(a->device, a->dtype, a->ndim, a->shape, a->out))
+
 int servd_device_tensor_new(int device, servd_dtype dtype, int ndim, const int64_t *shape, servd_tensor **out) {
   *out = NULL;
   int rc = servd__dev_check_new("device_tensor_new", dtype, ndim, shape);
+  if (!rc) rc = servd__dev_valid("device_tensor_new", device);
   if (rc) return rc;
+  /* Waits: the address comes from the executor's allocator (a capture's, while it captures). */
+  SERVD__DEV_SYNC("device_tensor_new", device, tensor_new, 0, device, dtype, ndim, shape, out);
   return servd__dev_tensor("device_tensor_new", device, dtype, ndim, shape, true, out);
 }
 

@@ -3,6 +3,7 @@
 #include "device_internal.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #define TRY(x) \
   do { \
@@ -185,3 +186,13 @@ int servd_device_graph_launch(servd_device_graph *g) {
   return NO_CUDA("device_graph_launch");
 }
 void servd_device_graph_destroy(servd_device_graph *g) { (void)g; }
+
+/* No CUDA, no executors: nothing ever calls CUDA. */
+bool servd_device_executor_enabled(void) { return false; }
+bool servd_device_thread_is_native(void) { return false; }
+void servd_device_executors_stop(bool drain) { (void)drain; }
+int servd_device_executor_stats(int device, servd_device_executor_figures *out) {
+  (void)device;
+  memset(out, 0, sizeof *out);
+  return SERVD_OK;
+}

@@ -44,6 +44,17 @@ static void unlink_entry(entry *e) {
     }
 }
 
+typedef struct weight_args {
+  int device;
+  const servd_tensor *host;
+  servd_tensor **out;
+} weight_args;
+SERVD__DEV_JOB(weight, servd_device_weight(a->device, a->host, a->out))
+typedef struct weights_trim_args {
+  int unused;
+} weights_trim_args;
+SERVD__DEV_JOB(weights_trim, (servd_device_weights_trim(), 0))
+
 int servd_device_weight(int device, const servd_tensor *host, servd_tensor **out) {
   const char *op = "device_weight";
   *out = NULL;
@@ -51,6 +62,7 @@ int servd_device_weight(int device, const servd_tensor *host, servd_tensor **out
   if (rc) return rc;
   rc = servd__dev_valid(op, device);
   if (rc) return rc;
+  SERVD__DEV_SYNC(op, device, weight, 0, device, host, out);
   pthread_mutex_lock(&lock);
   entry *e;
   /* Another thread uploading the same bytes: wait for it (it may fail; then try ourselves). */
@@ -103,6 +115,11 @@ int servd_device_weight(int device, const servd_tensor *host, servd_tensor **out
 }
 
 void servd_device_weights_trim(void) {
+  if (servd__dev_forwarding()) { /* gives memory back to CUDA: on a native thread */
+    weights_trim_args a = {0};
+    servd__dev_side("device_weights_trim", weights_trim_job, &a);
+    return;
+  }
   entry *drop = NULL;
   bool devices[64] = {false};
   pthread_mutex_lock(&lock);

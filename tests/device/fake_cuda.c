@@ -24,6 +24,38 @@ static size_t dev_used[MAX_DEV];
 static uint64_t generations[MAX_DEV];
 static fake_cuda_stats stats;
 
+/* ---- the executor property: only device executor threads call CUDA ------------------------------
+ * With executors on (servd_device_executor_enabled), every stand-in CUDA, cuBLAS-launcher and NCCL
+ * entry point checks that it runs on a native device thread (an executor, or the device layer's
+ * short-lived side thread), i.e. never on a thread that runs interpreter code. */
+bool servd_device_executor_enabled(void);
+bool servd_device_thread_is_native(void);
+static int thread_check_mode = 1; /* 0 off, 1 abort, 2 count */
+static uint64_t thread_violations;
+static char first_violation[200];
+
+void fake_cuda_thread_check(int mode) { __atomic_store_n(&thread_check_mode, mode, __ATOMIC_RELEASE); }
+
+uint64_t fake_cuda_thread_violations(char *first, size_t cap) {
+  uint64_t n = __atomic_load_n(&thread_violations, __ATOMIC_ACQUIRE);
+  if (first && cap) snprintf(first, cap, "%s", n ? first_violation : "");
+  return n;
+}
+
+static void device_thread(const char *fn) {
+  int mode = __atomic_load_n(&thread_check_mode, __ATOMIC_ACQUIRE);
+  if (!mode || !servd_device_executor_enabled() || servd_device_thread_is_native()) return;
+  char name[16] = "?";
+  pthread_getname_np(pthread_self(), name, sizeof name);
+  if (__atomic_fetch_add(&thread_violations, 1, __ATOMIC_ACQ_REL) == 0)
+    snprintf(first_violation, sizeof first_violation, "%s called on thread \"%s\", not a device executor", fn, name);
+  if (mode == 1) {
+    fprintf(stderr, "fake cuda: %s called on thread \"%s\", which is not a device executor thread\n", fn, name);
+    abort();
+  }
+}
+#define FAKE_DEVICE_THREAD() device_thread(__func__)
+
 static _Thread_local int cur_dev;
 static _Thread_local cudaError_t last_err;
 static _Thread_local enum cudaStreamCaptureMode thread_mode = cudaStreamCaptureModeGlobal;
@@ -226,22 +258,26 @@ const char *cudaGetErrorString(cudaError_t e) {
 }
 
 cudaError_t cudaGetLastError(void) {
+  FAKE_DEVICE_THREAD();
   cudaError_t e = last_err;
   last_err = cudaSuccess;
   return e;
 }
 
 cudaError_t cudaGetDeviceCount(int *count) {
+  FAKE_DEVICE_THREAD();
   *count = n_dev;
   return n_dev ? cudaSuccess : set_err(cudaErrorNoDevice);
 }
 
 cudaError_t cudaGetDevice(int *device) {
+  FAKE_DEVICE_THREAD();
   *device = cur_dev;
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
+  FAKE_DEVICE_THREAD();
   if (device < 0 || device >= n_dev) return set_err(cudaErrorInvalidDevice);
   cur_dev = device;
   return cudaSuccess;
@@ -283,9 +319,13 @@ static cudaError_t alloc_region(void **p, size_t n, int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMalloc(void **p, size_t n) { return alloc_region(p, n, cur_dev); }
+cudaError_t cudaMalloc(void **p, size_t n) {
+  FAKE_DEVICE_THREAD();
+  return alloc_region(p, n, cur_dev);
+}
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
+  FAKE_DEVICE_THREAD();
   (void)flags;
   return alloc_region(p, n, -1);
 }
@@ -320,8 +360,14 @@ static cudaError_t free_region(void *p, bool device) {
   abort();
 }
 
-cudaError_t cudaFree(void *p) { return free_region(p, true); }
-cudaError_t cudaFreeHost(void *p) { return free_region(p, false); }
+cudaError_t cudaFree(void *p) {
+  FAKE_DEVICE_THREAD();
+  return free_region(p, true);
+}
+cudaError_t cudaFreeHost(void *p) {
+  FAKE_DEVICE_THREAD();
+  return free_region(p, false);
+}
 
 typedef struct memset_args {
   void *p;
@@ -334,6 +380,7 @@ static void run_memset(const void *a) {
 }
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
+  FAKE_DEVICE_THREAD();
   memset_args a = {p, v, n};
   return set_err(enqueue(s, run_memset, &a, sizeof a, NULL));
 }
@@ -397,16 +444,19 @@ static void count_h2d(enum cudaMemcpyKind kind, size_t bytes) {
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t s) {
+  FAKE_DEVICE_THREAD();
   count_h2d(kind, width * height);
   return copy2d(dst, dpitch, src, spitch, width, height, s);
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s) {
+  FAKE_DEVICE_THREAD();
   count_h2d(kind, n);
   return copy2d(dst, n, src, n, n, 1, s);
 }
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status) {
+  FAKE_DEVICE_THREAD();
   pthread_mutex_lock(&G);
   *status = !s->capture  ? cudaStreamCaptureStatusNone
             : s->invalid ? cudaStreamCaptureStatusInvalidated
@@ -416,6 +466,7 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *
 }
 
 cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
+  FAKE_DEVICE_THREAD();
   enum cudaStreamCaptureMode old = thread_mode;
   thread_mode = *mode;
   *mode = old;
@@ -423,6 +474,7 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
+  FAKE_DEVICE_THREAD();
   (void)flags;
   *e = calloc(1, sizeof **e);
   if (!*e) return set_err(cudaErrorMemoryAllocation);
@@ -436,6 +488,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
 static void run_nothing(const void *a) { (void)a; }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  FAKE_DEVICE_THREAD();
   pthread_mutex_lock(&G);
   bool capturing = s && s->capture;
   pthread_mutex_unlock(&G);
@@ -448,6 +501,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  FAKE_DEVICE_THREAD();
   pthread_mutex_lock(&G);
   cudaError_t r = wait_locked(e->stream);
   pthread_mutex_unlock(&G);
@@ -455,6 +509,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  FAKE_DEVICE_THREAD();
   pthread_mutex_lock(&G);
   for (struct CUevent_st **pp = &events; *pp; pp = &(*pp)->next)
     if (*pp == e) {
@@ -483,11 +538,13 @@ static int fail_cuda(cudaError_t e, const char *what) {
   } while (0)
 
 int servd_cuda_device_count(int *n) {
+  FAKE_DEVICE_THREAD();
   *n = n_dev;
   return SERVD_OK;
 }
 
 int servd_cuda_device_describe(int device, char *buf, size_t cap) {
+  FAKE_DEVICE_THREAD();
   snprintf(buf, cap, "Fake GPU %d, %.0f GB (host memory)", device, (double)dev_cap / 1e9);
   return SERVD_OK;
 }
@@ -495,6 +552,7 @@ int servd_cuda_device_describe(int device, char *buf, size_t cap) {
 /* Fused ops: the stand-in runs their parts, which is what the real ones must equal. */
 int servd_cuda_add_rmsnorm(servd_cuda_ctx *c, servd_bf16_t *x, const servd_bf16_t *o, servd_bf16_t *out,
                            const servd_bf16_t *w, int m, int d, float eps) {
+  FAKE_DEVICE_THREAD();
   if (out == x) return servd_fail(SERVD_EINVAL, "fake cuda add_rmsnorm: out must not be x");
   int rc = servd_cuda_add(c, x, x, o, (int64_t)m * d);
   return rc ? rc : servd_cuda_rmsnorm(c, out, x, w, m, d, eps);
@@ -502,6 +560,7 @@ int servd_cuda_add_rmsnorm(servd_cuda_ctx *c, servd_bf16_t *x, const servd_bf16_
 
 int servd_cuda_matmul_many(servd_cuda_ctx *c, int count, servd_bf16_t *const *outs, const servd_bf16_t *x,
                            const servd_bf16_t *const *ws, const int *ns, int m, int k) {
+  FAKE_DEVICE_THREAD();
   for (int i = 0; i < count; i++) {
     int rc = servd_cuda_matmul(c, outs[i], x, ws[i], m, ns[i], k);
     if (rc) return rc;
@@ -510,6 +569,7 @@ int servd_cuda_matmul_many(servd_cuda_ctx *c, int count, servd_bf16_t *const *ou
 }
 
 int servd_cuda_fused_check(servd_cuda_ctx *c, char *report, size_t cap) {
+  FAKE_DEVICE_THREAD();
   (void)c;
   if (report && cap) snprintf(report, cap, "the parts run (fake)");
   return SERVD_OK;
@@ -517,12 +577,14 @@ int servd_cuda_fused_check(servd_cuda_ctx *c, char *report, size_t cap) {
 
 /* The stand-in has one matmul: nothing to choose between. */
 int servd_cuda_gemv_tune(servd_cuda_ctx *c, int n, int k, char *report, size_t cap) {
+  FAKE_DEVICE_THREAD();
   (void)c;
   if (report && cap) snprintf(report, cap, "%d x %d: one kernel (fake)", n, k);
   return SERVD_OK;
 }
 
 int servd_cuda_ctx_create(int device, servd_cuda_ctx **out) {
+  FAKE_DEVICE_THREAD();
   *out = NULL;
   if (device < 0 || device >= n_dev) return servd_fail(SERVD_EDEVICE, "fake cuda: ctx on device %d", device);
   servd_cuda_ctx *c = calloc(1, sizeof *c);
@@ -545,6 +607,7 @@ int servd_cuda_ctx_create(int device, servd_cuda_ctx **out) {
 }
 
 void servd_cuda_ctx_destroy(servd_cuda_ctx *c) {
+  FAKE_DEVICE_THREAD();
   if (!c) return;
   pthread_mutex_lock(&G);
   stats.contexts--;
@@ -563,14 +626,22 @@ void servd_cuda_ctx_destroy(servd_cuda_ctx *c) {
   free(c);
 }
 
-int servd_cuda_ctx_device(const servd_cuda_ctx *c) { return c->device; }
-void *servd_cuda_ctx_stream(servd_cuda_ctx *c) { return c->stream; }
+int servd_cuda_ctx_device(const servd_cuda_ctx *c) {
+  FAKE_DEVICE_THREAD();
+  return c->device;
+}
+void *servd_cuda_ctx_stream(servd_cuda_ctx *c) {
+  FAKE_DEVICE_THREAD();
+  return c->stream;
+}
 
 int servd_cuda_upload(servd_cuda_ctx *c, void *dst, const void *src, size_t bytes) {
+  FAKE_DEVICE_THREAD();
   CK(copy2d(dst, bytes, src, bytes, bytes, 1, c->stream), "upload");
   return SERVD_OK;
 }
 int servd_cuda_download(servd_cuda_ctx *c, void *dst, const void *src, size_t bytes) {
+  FAKE_DEVICE_THREAD();
   CK(copy2d(dst, bytes, src, bytes, bytes, 1, c->stream), "download");
   pthread_mutex_lock(&G);
   cudaError_t e = wait_locked(c->stream);
@@ -579,10 +650,12 @@ int servd_cuda_download(servd_cuda_ctx *c, void *dst, const void *src, size_t by
   return SERVD_OK;
 }
 int servd_cuda_copy(servd_cuda_ctx *c, void *dst, const void *src, size_t bytes) {
+  FAKE_DEVICE_THREAD();
   CK(copy2d(dst, bytes, src, bytes, bytes, 1, c->stream), "copy");
   return SERVD_OK;
 }
 int servd_cuda_sync(servd_cuda_ctx *c) {
+  FAKE_DEVICE_THREAD();
   pthread_mutex_lock(&G);
   cudaError_t e = wait_locked(c->stream);
   pthread_mutex_unlock(&G);
@@ -591,10 +664,12 @@ int servd_cuda_sync(servd_cuda_ctx *c) {
 }
 int servd_cuda_copy_2d(servd_cuda_ctx *c, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                        size_t rows) {
+  FAKE_DEVICE_THREAD();
   CK(copy2d(dst, dpitch, src, spitch, width, rows, c->stream), "copy_2d");
   return SERVD_OK;
 }
 int servd_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes) {
+  FAKE_DEVICE_THREAD();
   pthread_mutex_lock(&G);
   *total_bytes = dev_cap;
   *free_bytes = dev_used[device] < dev_cap ? dev_cap - dev_used[device] : 0;
@@ -660,10 +735,12 @@ static int matmul(servd_cuda_ctx *c, void *out, const servd_bf16_t *x, const ser
 }
 int servd_cuda_matmul(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *x, const servd_bf16_t *w, int m, int n,
                       int k) {
+  FAKE_DEVICE_THREAD();
   return matmul(c, out, x, w, m, n, k, 0);
 }
 int servd_cuda_matmul_f32out(servd_cuda_ctx *c, float *out, const servd_bf16_t *x, const servd_bf16_t *w, int m, int n,
                              int k) {
+  FAKE_DEVICE_THREAD();
   return matmul(c, out, x, w, m, n, k, 1);
 }
 
@@ -695,6 +772,7 @@ static void run_matmul_quant(const void *a_) {
 }
 int servd_cuda_matmul_quant(servd_cuda_ctx *c, void *out, int out_f32, const servd_bf16_t *x, const void *w, int dtype,
                             int m, int n, int k) {
+  FAKE_DEVICE_THREAD();
   if (!servd_qb_supported(dtype) || m < 0 || n < 0 || k < 0 || k % (int)servd_dtype_block_elems((servd_dtype)dtype))
     return servd_fail(SERVD_EINVAL, "fake cuda matmul_quant: %s (%d,%d) x (%d,%d)",
                       servd_dtype_name((servd_dtype)dtype), n, k, m, k);
@@ -720,6 +798,7 @@ static void run_rmsnorm(const void *a_) {
 }
 int servd_cuda_rmsnorm(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *x, const servd_bf16_t *w, int m, int d,
                        float eps) {
+  FAKE_DEVICE_THREAD();
   if (m < 0 || d <= 0) return servd_fail(SERVD_EINVAL, "fake cuda rmsnorm: (%d,%d)", m, d);
   norm_args a = {out, x, w, m, d, eps};
   return m ? launch(c, run_rmsnorm, &a, sizeof a) : SERVD_OK;
@@ -749,6 +828,7 @@ static void run_rope(const void *a_) {
 }
 int servd_cuda_rope(servd_cuda_ctx *c, servd_bf16_t *x, const int32_t *positions, int m, int n_heads,
                     const servd_rope_params *p) {
+  FAKE_DEVICE_THREAD();
   if (m < 0 || n_heads <= 0 || p->head_dim <= 0 || p->head_dim % 2)
     return servd_fail(SERVD_EINVAL, "fake cuda rope: m %d heads %d", m, n_heads);
   rope_args a = {x, positions, m, n_heads, *p};
@@ -770,10 +850,12 @@ static void run_ew(const void *a_) {
 }
 int servd_cuda_swiglu(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *gate, const servd_bf16_t *up,
                       int64_t n) {
+  FAKE_DEVICE_THREAD();
   ew_args a = {out, gate, up, n, 1};
   return n > 0 ? launch(c, run_ew, &a, sizeof a) : SERVD_OK;
 }
 int servd_cuda_add(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *a_, const servd_bf16_t *b, int64_t n) {
+  FAKE_DEVICE_THREAD();
   ew_args a = {out, a_, b, n, 0};
   return n > 0 ? launch(c, run_ew, &a, sizeof a) : SERVD_OK;
 }
@@ -795,12 +877,14 @@ static void run_embedding(const void *a_) {
 }
 int servd_cuda_embedding_rows(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *table, const int32_t *ids,
                               int m, int d, int64_t rows, int64_t row_offset) {
+  FAKE_DEVICE_THREAD();
   if (m < 0 || d <= 0 || rows <= 0) return servd_fail(SERVD_EINVAL, "fake cuda embedding: m %d d %d", m, d);
   emb_args a = {out, table, ids, m, d, rows, row_offset};
   return m ? launch(c, run_embedding, &a, sizeof a) : SERVD_OK;
 }
 int servd_cuda_embedding(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *table, const int32_t *ids, int m,
                          int d, int64_t vocab) {
+  FAKE_DEVICE_THREAD();
   return servd_cuda_embedding_rows(c, out, table, ids, m, d, vocab, 0);
 }
 
@@ -822,6 +906,7 @@ static void run_kv_write(const void *a_) {
 }
 int servd_cuda_kv_write(servd_cuda_ctx *c, servd_bf16_t *k_cache, servd_bf16_t *v_cache, const servd_bf16_t *k,
                         const servd_bf16_t *v, const int32_t *slots, int t, int kv_dim, int64_t n_slots) {
+  FAKE_DEVICE_THREAD();
   if (t < 0 || kv_dim <= 0 || n_slots <= 0) return servd_fail(SERVD_EINVAL, "fake cuda kv_write: t %d", t);
   kvw_args a = {k_cache, v_cache, k, v, slots, t, kv_dim, n_slots};
   return t ? launch(c, run_kv_write, &a, sizeof a) : SERVD_OK;
@@ -877,6 +962,7 @@ static void run_attention(const void *a_) {
 int servd_cuda_attention(servd_cuda_ctx *c, servd_bf16_t *out, const servd_bf16_t *q, const servd_bf16_t *k_cache,
                          const servd_bf16_t *v_cache, const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads,
                          int head_dim, int block_size, float scale) {
+  FAKE_DEVICE_THREAD();
   return servd_cuda_attention_window(c, out, q, k_cache, v_cache, b, n_heads, n_kv_heads, head_dim, block_size, scale,
                                      0);
 }
@@ -884,6 +970,7 @@ int servd_cuda_attention_window(servd_cuda_ctx *c, servd_bf16_t *out, const serv
                                 const servd_bf16_t *k_cache, const servd_bf16_t *v_cache,
                                 const servd_cuda_attn_batch *b, int n_heads, int n_kv_heads, int head_dim,
                                 int block_size, float scale, int window) {
+  FAKE_DEVICE_THREAD();
   if (window < 0) return servd_fail(SERVD_EINVAL, "fake cuda attention: window %d", window);
   if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || block_size <= 0 || b->n_seqs < 0 || b->max_blocks <= 0)
     return servd_fail(SERVD_EINVAL, "fake cuda attention: heads %d/%d", n_heads, n_kv_heads);
@@ -927,10 +1014,12 @@ static void run_select(const void *a_) {
   }
 }
 int servd_cuda_argmax(servd_cuda_ctx *c, int32_t *out, const float *logits, int m, int n) {
+  FAKE_DEVICE_THREAD();
   sel_args a = {NULL, out, logits, m, n, 1};
   return m > 0 && n > 0 ? launch(c, run_select, &a, sizeof a) : SERVD_OK;
 }
 int servd_cuda_topk(servd_cuda_ctx *c, float *values, int32_t *indices, const float *logits, int m, int n, int k) {
+  FAKE_DEVICE_THREAD();
   if (k < 1 || k > 64 || k > n) return servd_fail(SERVD_EINVAL, "fake cuda topk: k %d of %d", k, n);
   sel_args a = {values, indices, logits, m, n, k};
   return m > 0 ? launch(c, run_select, &a, sizeof a) : SERVD_OK;
@@ -990,8 +1079,10 @@ static void run_anyt3(const void *a_) {
   return rc_;
 /* A row of another signature kind needs its FAKE_ANYT_<kind> here (the build says which). */
 #define SERVD_OP(name, dispatch, py, sig, names) \
-  SERVD__IF_ANYT_##dispatch(int servd_cuda_##name(servd_cuda_ctx *c, SERVD__PARAMS(sig, names)){ \
-      SERVD__CALL(FAKE_ANYT_##sig, name, SERVD__ARGS(names))})
+  SERVD__IF_ANYT_##dispatch(int servd_cuda_##name(servd_cuda_ctx *c, SERVD__PARAMS(sig, names)) { \
+    FAKE_DEVICE_THREAD(); \
+    SERVD__CALL(FAKE_ANYT_##sig, name, SERVD__ARGS(names)) \
+  })
 #include "servd/ops.def"
 #undef SERVD_OP
 
@@ -1001,6 +1092,7 @@ struct servd_cuda_graph {
 };
 
 int servd_cuda_graph_begin(servd_cuda_ctx *c) {
+  FAKE_DEVICE_THREAD();
   pthread_mutex_lock(&G);
   if (c->stream->capture) {
     pthread_mutex_unlock(&G);
@@ -1023,6 +1115,7 @@ static void free_ops(fop *o) {
 }
 
 int servd_cuda_graph_end(servd_cuda_ctx *c, servd_cuda_graph **out) {
+  FAKE_DEVICE_THREAD();
   *out = NULL;
   pthread_mutex_lock(&G);
   fgraph *g = c->stream->capture;
@@ -1053,6 +1146,7 @@ int servd_cuda_graph_end(servd_cuda_ctx *c, servd_cuda_graph **out) {
 }
 
 int servd_cuda_graph_launch(servd_cuda_ctx *c, servd_cuda_graph *g) {
+  FAKE_DEVICE_THREAD();
   pthread_mutex_lock(&G);
   if (c->stream->capture) {
     pthread_mutex_unlock(&G);
@@ -1071,6 +1165,7 @@ int servd_cuda_graph_launch(servd_cuda_ctx *c, servd_cuda_graph *g) {
 }
 
 void servd_cuda_graph_destroy(servd_cuda_graph *g) {
+  FAKE_DEVICE_THREAD();
   if (!g) return;
   free_ops(g->g.head);
   free(g);
@@ -1167,6 +1262,7 @@ static int collective(servd_nccl *n, int rank, servd_cuda_ctx *c, int kind, void
 }
 
 int servd_nccl_create(servd_nccl **out, int n_ranks, const int *devices) {
+  FAKE_DEVICE_THREAD();
   *out = NULL;
   if (n_ranks < 1 || n_ranks > MAX_RANKS) return servd_fail(SERVD_EUNSUPPORTED, "fake nccl: %d ranks", n_ranks);
   servd_nccl *n = calloc(1, sizeof *n);
@@ -1177,17 +1273,21 @@ int servd_nccl_create(servd_nccl **out, int n_ranks, const int *devices) {
   return SERVD_OK;
 }
 void servd_nccl_destroy(servd_nccl *n) {
+  FAKE_DEVICE_THREAD();
   if (!n) return;
   for (int r = 0; r < n->n; r++) servd_cuda_generation_bump(n->devices[r]);
   free(n);
 }
 int servd_nccl_allreduce_bf16(servd_nccl *n, int rank, servd_cuda_ctx *c, servd_bf16_t *x, size_t count) {
+  FAKE_DEVICE_THREAD();
   return collective(n, rank, c, 0, x, NULL, count);
 }
 int servd_nccl_allgather_f32(servd_nccl *n, int rank, servd_cuda_ctx *c, const float *send, float *recv, size_t count) {
+  FAKE_DEVICE_THREAD();
   return collective(n, rank, c, 1, (void *)send, recv, count);
 }
 void servd_nccl_abort(servd_nccl *n) {
+  FAKE_DEVICE_THREAD();
   if (!n) return;
   pthread_mutex_lock(&G);
   n->aborted = 1;
@@ -1197,6 +1297,7 @@ void servd_nccl_abort(servd_nccl *n) {
   for (int r = 0; r < n->n; r++) servd_cuda_generation_bump(n->devices[r]); /* as NCCL's abort frees buffers */
 }
 int servd_nccl_rebuild(servd_nccl *n) {
+  FAKE_DEVICE_THREAD();
   pthread_mutex_lock(&G);
   n->aborted = 1; /* a rebuild aborts first */
   n->epoch++;

@@ -44,6 +44,12 @@ void fake_cuda_fail_captures(int n);
 void fake_cuda_fail_launches_in_capture(int n);
 /* The next n graph launches fail. */
 void fake_cuda_fail_graph_launches(int n);
+/* The executor property (servd_device_executor_enabled): every stand-in entry point checks that it
+ * runs on a device executor thread. mode 0: off; 1 (default): abort naming the call and the thread;
+ * 2: count (fake_cuda_thread_violations). */
+void fake_cuda_thread_check(int mode);
+/* Calls made off an executor so far, and the first of them ("" when none). */
+uint64_t fake_cuda_thread_violations(char *first, size_t cap);
 /* Runs the queued work of every stream (as a device synchronize). */
 void fake_cuda_flush_all(void);
 

@@ -277,6 +277,7 @@ static void test_block_tables_upload_used_blocks(void **state) {
 }
 
 /* ---- a thread releases its contexts before it ends ---------------------------------------------- */
+/* With executors a caller thread holds no context (the executor does): each count is unchanged. */
 static void *use_then_release(void *arg) {
   int *live = arg;
   fake_cuda_stats st;
@@ -302,7 +303,7 @@ static void test_thread_release(void **state) {
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, use_then_release, live), 0);
   pthread_join(t, NULL);
-  assert_int_equal(live[0], before.contexts + 1);
+  assert_int_equal(live[0], before.contexts + (servd_device_executor_enabled() ? 0 : 1));
   assert_int_equal(live[1], before.contexts); /* gone before the thread ended */
   assert_int_equal(live[2], before.contexts);
   servd_device_thread_release(); /* a thread that holds contexts of its own keeps none after */
@@ -392,11 +393,11 @@ static void *dequantize_main(void *arg) {
     fake_cuda_stats before, after;
     fake_cuda_get_stats(&before);
     assert_int_equal(servd_device_dequantize(dout, dq), 0);
-    fake_cuda_get_stats(&after);
-    assert_int_equal(after.kernels, before.kernels + 1);
     servd_tensor_release(dq);
     servd_tensor *got = servd_tensor_new(SERVD_F32, 2, (int64_t[]){3, 64});
     assert_int_equal(servd_device_copy(got, dout), 0);
+    fake_cuda_get_stats(&after); /* counted once launched: with executors, by the time a download waits */
+    assert_int_equal(after.kernels, before.kernels + 1);
     assert_memory_equal(servd_tensor_data(got), servd_tensor_data(want), servd_tensor_nbytes(want));
     servd_tensor_release(got);
     servd_tensor_release(dout);

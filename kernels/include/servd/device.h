@@ -57,7 +57,7 @@ SERVD_API size_t servd_device_weights_bytes(int device);
 /* Copies src into dst: same dtype and shape, host<->device or device<->device, rows of either may be
  * strided (the innermost dimension contiguous). Waits for the copy when dst is on the host. */
 SERVD_API int servd_device_copy(servd_tensor *dst, const servd_tensor *src);
-/* Waits for the work this thread enqueued on `device`. */
+/* Waits for the work enqueued on `device` (with executors: every caller's, in order). */
 SERVD_API int servd_device_sync(int device);
 /* Destroys the calling thread's CUDA contexts (streams, cuBLAS handles, scratch) after waiting for
  * their work. Threads that used a device call it before they end: otherwise the contexts go in a
@@ -68,6 +68,28 @@ SERVD_API void servd_device_thread_release(void);
  * storage, or scratch of this thread's context that grew); a graph captured at generation g is valid
  * while the generation is still g. */
 SERVD_API uint64_t servd_device_generation(int device);
+
+/* ---- executors: one native thread per device makes every CUDA call (device_executor.c) -----------
+ * A device call made on any other thread is queued to that device's executor: launches return once
+ * queued, calls that return something wait. A queued op that fails makes the next waiting call on
+ * that device fail, naming the op. SERVD_DEVICE_EXECUTOR=0 runs calls on the caller's thread. */
+SERVD_API bool servd_device_executor_enabled(void);
+/* true on an executor thread (or a device layer's short-lived native thread): the only threads that
+ * call CUDA while executors are enabled. */
+SERVD_API bool servd_device_thread_is_native(void);
+/* Stops every executor: drain runs what is queued, otherwise queued ops are cancelled (waiting
+ * callers get SERVD_ECANCELED). Each executor releases its contexts before it ends. A later call
+ * starts a new executor. Also runs at exit. */
+SERVD_API void servd_device_executors_stop(bool drain);
+typedef struct servd_device_executor_figures {
+  uint64_t enqueued, ran, waits;
+  uint64_t skipped;    /* after a failed op, until a waiting call reported it */
+  uint64_t cancelled;  /* by a stop without drain */
+  uint64_t full_waits; /* enqueues that waited for room in the ring */
+  uint64_t queued;     /* in the ring now */
+} servd_device_executor_figures;
+/* The figures of device's executor (zeros when none runs). */
+SERVD_API int servd_device_executor_stats(int device, servd_device_executor_figures *out);
 
 /* ---- ops: the CPU ops' contracts (servd/ops.h) with bf16 activations ---------------------------- */
 /* servd_device_<name> of every ANY/ANYT row of servd/ops.def: the CPU op's contract with the device
