@@ -17,6 +17,7 @@
 
 #include "guest.h"
 #include "op_dispatch.h"
+#include "plan-impl.h"
 
 const servd_host_api *servd_host_api__get(void); /* interp-impl.h, which needs Python headers */
 
@@ -163,7 +164,8 @@ static void test_host_copy(void **state) {
   servd_tensor_release(src);
 }
 
-/* The registry reaches the host table: one member per row, in order, each the row's dispatcher. */
+/* The registry reaches the host table: one member per row, in order, each the row's dispatcher as
+ * step plans record it (servd_plan__<name>, which runs servd_op__<name>). */
 static void test_registry_table(void **state) {
   (void)state;
   const servd_host_api *api = servd_host_api__get();
@@ -171,7 +173,7 @@ static void test_registry_table(void **state) {
   assert_int_equal(api->size, sizeof(servd_host_api));
   int rows = 0;
 #define SERVD_OP(name, dispatch, py, sig, names) \
-  assert_true(api->name == servd_op__##name); \
+  assert_true(api->name == servd_plan__##name); \
   assert_int_equal(SERVD_OP_##name, rows++);
 #include "servd/ops.def"
 #undef SERVD_OP
