@@ -1,8 +1,10 @@
-/* AVX-512 VNNI kernels for q8_0/q4_0/q4_1 weights against q8 activations (servd__q8x).
+/* AVX-512 VNNI kernels for q8_0/q4_0/q4_1/iq4_nl weights against q8 activations (servd__q8x).
  *
  * Per weight row, blocks go in groups of 16: their 16 f16 scales (and q4_1 mins) are collected into
  * one vector with word permutes (load_headers) and multiplied by the activation scales of the group;
  * the offset terms of q4_0 (-8*d) and q4_1 (m) meet s = d_x*sum(q_x) in one vector FMA per group.
+ * iq4_nl is q4_0's layout with codes into a 16-value table: one vpshufb per nibble vector turns codes
+ * into table value + 128 (unsigned for vpdpbusd), and the +128 comes off as the offset -128*d.
  * Inside a group:
  * - q4: 4 blocks per step; their 16-byte nibble runs fill the 4 lanes of a zmm (two loads and one
  *   word permute), low and high nibbles are split with one shift and two ands and multiplied
@@ -17,6 +19,7 @@
 #include "avx512-impl.h"
 #include "matmul-impl.h"
 #include "matmul_avx512vnni-impl.h"
+#include "servd/blocks.h"
 
 #define RQ 4
 
@@ -100,14 +103,30 @@ static inline __attribute__((always_inline)) __m512i load_headers(const char *wg
   return res;
 }
 
+/* ggml's iq4_nl codebook plus 128, as unsigned bytes in every 128-bit lane. */
+static inline __m512i iq4_table(void) {
+  return _mm512_broadcast_i32x4(
+      _mm_add_epi8(_mm_loadu_si128((const __m128i *)servd_iq4_values), _mm_set1_epi8((char)0x80)));
+}
+
+/* q4_0's and iq4_nl's offset per unit of s: -8*d, -128*d. */
+static inline __m512 offset_of(__m512 dw, const servd_dtype wt) {
+  return _mm512_mul_ps(dw, _mm512_set1_ps(wt == SERVD_IQ4_NL ? -128.0f : -8.0f));
+}
+
 /* Blocks g+q.. of weight row c (4 of them, or `valid` < 4) against R activation rows. */
 static inline __attribute__((always_inline)) void q4_step(const char *wq, int bb, int64_t g, int q, int valid,
                                                           const int8_t *const *xq, const __m512 (*ds)[NWMAX],
-                                                          __m512 (*acc)[NWMAX], const int c, const int R) {
+                                                          __m512 (*acc)[NWMAX], const int c, const int R,
+                                                          const bool nl) {
   const __m512i nib = _mm512_set1_epi8(0x0f);
   const __m512i z =
       valid >= 4 ? load_quad_full(wq - (bb == 20 ? 4 : 2) + q * bb, bb) : load_quad(wq + q * bb, bb, valid);
-  const __m512i lo = _mm512_and_si512(z, nib), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+  __m512i lo = _mm512_and_si512(z, nib), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+  if (nl) {
+    lo = _mm512_shuffle_epi8(iq4_table(), lo);
+    hi = _mm512_shuffle_epi8(iq4_table(), hi);
+  }
   const __m512i idx =
       _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(q));
 #pragma GCC unroll 4
@@ -175,9 +194,13 @@ static inline __attribute__((always_inline)) void q4_tail(const char *const *w, 
     const __m512i a = _mm512_maskz_loadu_epi8(ma, src), b = _mm512_maskz_loadu_epi8(mb, src + 64);
     const __m512i z = _mm512_permutex2var_epi16(a, inib, b), hv = _mm512_permutex2var_epi16(a, ihdr, b);
     const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hv));
-    const __m512 cw = wt == SERVD_Q4_0 ? _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f))
-                                       : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hv, 16)));
-    const __m512i lo = _mm512_and_si512(z, nib), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+    const __m512 cw =
+        wt != SERVD_Q4_1 ? offset_of(dw, wt) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hv, 16)));
+    __m512i lo = _mm512_and_si512(z, nib), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+    if (wt == SERVD_IQ4_NL) {
+      lo = _mm512_shuffle_epi8(iq4_table(), lo);
+      hi = _mm512_shuffle_epi8(iq4_table(), hi);
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
       const int8_t *xp = xq[r] + g * 32;
@@ -192,10 +215,10 @@ static inline __attribute__((always_inline)) void q4_tail(const char *const *w, 
 /* out rows i0..i0+R, columns j..j+NW = x rows . weight rows j..j+NW */
 static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64_t i0, int64_t j, const int R,
                                                        const int NW, const servd_dtype wt) {
-  const int bb = wt == SERVD_Q8_0 ? 34 : wt == SERVD_Q4_0 ? 18 : 20;
+  const int bb = wt == SERVD_Q8_0 ? 34 : wt == SERVD_Q4_1 ? 20 : 18; /* iq4_nl: q4_0's layout */
   const int qoff = wt == SERVD_Q4_1 ? 4 : 2;
   const int64_t nb = p->xq.nb;
-  const hdr_plan *pl = &plans[wt == SERVD_Q8_0 ? 0 : wt == SERVD_Q4_0 ? 1 : 2];
+  const hdr_plan *pl = &plans[wt == SERVD_Q8_0 ? 0 : wt == SERVD_Q4_1 ? 2 : 1];
   const int8_t *xq[RQ];
   const float *xd[RQ], *xs[RQ];
   const char *w[NWMAX];
@@ -243,8 +266,8 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 #pragma GCC unroll 4
       for (int r = 0; r < R; r++) ds[r][c] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd[r] + g));
       if (wt != SERVD_Q8_0) {
-        const __m512 cw = wt == SERVD_Q4_0 ? _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f))
-                                           : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16)));
+        const __m512 cw =
+            wt != SERVD_Q4_1 ? offset_of(dw, wt) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16)));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) accm[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), accm[r][c]);
       }
@@ -259,7 +282,8 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 #pragma GCC unroll 4
         for (int q = 0; q < 16; q += 4)
 #pragma GCC unroll 4
-          for (int c = 0; c < NW; c++) q4_step(w[c] + g * bb + qoff, bb, g, q, 4, xq, ds, acc, c, R);
+          for (int c = 0; c < NW; c++)
+            q4_step(w[c] + g * bb + qoff, bb, g, q, 4, xq, ds, acc, c, R, wt == SERVD_IQ4_NL);
       }
     } else {
       const int step = wt == SERVD_Q8_0 ? 2 : 4;
@@ -267,7 +291,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 #pragma GCC unroll 4
         for (int c = 0; c < NW; c++) {
           if (wt == SERVD_Q8_0) q8_step(w[c] + g * bb, bb, g, q, nbg - q, xq, ds, acc, c, R);
-          else q4_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, ds, acc, c, R);
+          else q4_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, ds, acc, c, R, wt == SERVD_IQ4_NL);
         }
       }
     }
@@ -288,9 +312,13 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 TILES(SERVD_Q8_0, q8_0)
 TILES(SERVD_Q4_0, q4_0)
 TILES(SERVD_Q4_1, q4_1)
+TILES(SERVD_IQ4_NL, iq4_nl)
 
 void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
-  const tile_fn(*t)[2] = p->wt == SERVD_Q8_0 ? tiles_q8_0 : p->wt == SERVD_Q4_0 ? tiles_q4_0 : tiles_q4_1;
+  const tile_fn(*t)[2] = p->wt == SERVD_Q8_0   ? tiles_q8_0
+                         : p->wt == SERVD_Q4_0 ? tiles_q4_0
+                         : p->wt == SERVD_Q4_1 ? tiles_q4_1
+                                               : tiles_iq4_nl;
   /* Weight rows outer: a tile of NW rows stays in L1 while every activation row passes over it. */
   for (int64_t j = j0; j < j1;) {
     const int nw_full = p->m == 1 ? 4 : 2;

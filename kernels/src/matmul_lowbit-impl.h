@@ -1,6 +1,6 @@
 /* q2_k, q3_k, iq4_xs (on q8_K activations) and iq4_nl (on natural-layout q8 activations) in matmul:
  * the scalar references (matmul_lowbit.c), the AVX2 kernels (matmul_lowbit_avx2.c, also used on
- * AVX-512 CPUs without VNNI) and the AVX-512 VNNI kernels. */
+ * AVX-512 CPUs without VNNI) and the AVX-512 VNNI kernels (iq4_nl: q4_0's, matmul_avx512vnni.c). */
 #ifndef SERVD_MATMUL_LOWBIT_IMPL_H
 #define SERVD_MATMUL_LOWBIT_IMPL_H
 
@@ -12,14 +12,13 @@ static inline bool servd__is_lowbit(servd_dtype t) {
 
 void servd__mm_iq4nl_scalar(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_lowbit_avx2(const servd__mm *p, int64_t j0, int64_t j1);
-void servd__mm_iq4nl_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1); /* matmul_iq4nl_avx512vnni.c */
 /* q2_k q3_k iq4_xs (matmul_lowbit_avx512vnni.c) */
 void servd__mm_lowbit_k_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1);
 
 /* The kernel for a low-bit dtype on the CPU's ISA (q2_k q3_k iq4_xs: the k-quant reference when
  * scalar). */
 static inline servd__mm_fn servd__lowbit_kernel(servd_dtype t, servd_isa isa) {
-  if (servd__cpu_has_vnni()) return t == SERVD_IQ4_NL ? servd__mm_iq4nl_avx512vnni : servd__mm_lowbit_k_avx512vnni;
+  if (servd__cpu_has_vnni()) return t == SERVD_IQ4_NL ? servd__mm_quant_avx512vnni : servd__mm_lowbit_k_avx512vnni;
   if (isa >= SERVD_ISA_AVX2) return servd__mm_lowbit_avx2;
   return t == SERVD_IQ4_NL ? servd__mm_iq4nl_scalar : servd__mm_kquant_scalar;
 }
