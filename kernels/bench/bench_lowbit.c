@@ -1,8 +1,7 @@
 /* bench_lowbit: matmul of q2_k, q3_k, iq4_nl and iq4_xs weights against q4_1 (the anchor) and q4_k at
  * the same shape, timed in alternating rounds of the same run; medians, as GB/s of weight bytes and
- * as time per call over q4_1's. The last column is q4_k on its AVX2 kernel (the ISA the low-bit
- * kernels use on every CPU), in the same rounds.
- *
+ * as time per call over q4_1's. The last column is q4_k on its AVX2 kernel, in the same rounds (the
+ * kernel an AVX2-only CPU runs, for scale). *
  * Usage: bench_lowbit [threads] [rounds]
  */
 #include <stdio.h>
