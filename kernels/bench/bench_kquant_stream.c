@@ -7,7 +7,7 @@
  * median over rounds of (weight bytes per second / the anchor's rate in that round), so a machine
  * shared with other work moves both sides together.
  *
- * Usage: bench_kquant_stream [threads] [rounds]
+ * Usage: bench_kquant_stream [threads] [rounds] [dtype ...]   (default: q4_k q5_k q6_k q8_0 q4_1)
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -56,10 +56,18 @@ static servd_tensor *weight(servd_dtype dt, int seed) {
 int main(int argc, char **argv) {
   const int threads = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 9;
   servd_threadpool_init(threads);
-  static const servd_dtype dts[] = {SERVD_Q4_K, SERVD_Q5_K, SERVD_Q6_K, SERVD_Q8_0, SERVD_Q4_1};
-  enum { ND = sizeof dts / sizeof *dts, MAXW = 64 };
-  servd_tensor *ws[ND][MAXW];
-  int nw[ND];
+  enum { MAXD = 8, MAXW = 64 };
+  servd_dtype dts[MAXD] = {SERVD_Q4_K, SERVD_Q5_K, SERVD_Q6_K, SERVD_Q8_0, SERVD_Q4_1};
+  int ND = 5;
+  if (argc > 3) {
+    for (ND = 0; ND + 3 < argc && ND < MAXD; ND++)
+      if (servd_dtype_from_name(argv[ND + 3], &dts[ND]) || !servd_dtype_is_quantized(dts[ND])) {
+        fprintf(stderr, "bench_kquant_stream: %s is not a block dtype\n", argv[ND + 3]);
+        return 2;
+      }
+  }
+  servd_tensor *ws[MAXD][MAXW];
+  int nw[MAXD];
   for (int d = 0; d < ND; d++) {
     const size_t bytes = (size_t)servd_dtype_row_bytes(dts[d], K) * N;
     nw[d] = (int)((FOOTPRINT + bytes - 1) / bytes);
@@ -72,7 +80,7 @@ int main(int argc, char **argv) {
                *out = servd_tensor_new(SERVD_F32, 2, (int64_t[]){1, N});
   for (int l = 0; l < K; l++) ((float *)servd_tensor_data(x))[l] = (float)(l % 17) / 8.0f - 1.0f;
 
-  double *stream = malloc(sizeof(double) * rounds), *rate[ND], *ratio[ND];
+  double *stream = malloc(sizeof(double) * rounds), *rate[MAXD], *ratio[MAXD];
   for (int d = 0; d < ND; d++) rate[d] = malloc(sizeof(double) * rounds), ratio[d] = malloc(sizeof(double) * rounds);
   stream_job sj = {.p = buf};
   for (int r = -1; r < rounds; r++) { /* round -1 warms up */

@@ -191,6 +191,9 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
         const char *nx = (const char *)((uintptr_t)w[c] + (uintptr_t)(NW * p->ldw) + (uintptr_t)(b * bb));
 #pragma GCC unroll 4
         for (int l = 0; l < bb; l += 64) _mm_prefetch(nx + l, _MM_HINT_T0);
+        /* and the line of its last byte, which the loop misses when the block starts late in a line
+         * (q5_k's 176 bytes from offset 32 reach a fourth line) */
+        _mm_prefetch(nx + bb - 1, _MM_HINT_T0);
       }
     }
     __m128i sm[NWMAX];
