@@ -128,6 +128,29 @@ static void family_checks(void **state) {
   assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
   assert_non_null(
       strstr(servd_last_error(), "\"model.layers.0.self_attn.q_norm.weight\": missing, expected shape (16,)"));
+  /* YaRN: each key checked by name; a valid one passes on to the tensors */
+  json_object_set_new(man, "architecture", json_string("qwen2"));
+  json_object_set_new(cfg, "rope_scaling", json_pack("{s:s,s:f}", "type", "yarn", "factor", 0.5));
+  assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
+  assert_non_null(strstr(servd_last_error(), "\"rope_scaling.factor\": expected a finite number >= 1"));
+  json_object_set_new(cfg, "rope_scaling",
+                      json_pack("{s:s,s:f,s:f}", "type", "yarn", "factor", 4.0, "beta_fast", -1.0));
+  assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
+  assert_non_null(strstr(servd_last_error(), "\"rope_scaling.beta_fast\""));
+  json_object_set_new(
+      cfg, "rope_scaling",
+      json_pack("{s:s,s:f,s:s}", "type", "yarn", "factor", 4.0, "original_max_position_embeddings", "x"));
+  assert_int_equal(mpk_check_model(p), SERVD_EFORMAT);
+  assert_non_null(strstr(servd_last_error(), "\"original_max_position_embeddings\""));
+  json_object_set_new(
+      cfg, "rope_scaling",
+      json_pack("{s:s,s:f,s:i}", "type", "yarn", "factor", 4.0, "original_max_position_embeddings", 64));
+  assert_int_equal(mpk_check_model(p), SERVD_EFORMAT); /* past the config: the missing bias */
+  assert_non_null(strstr(servd_last_error(), "q_proj.bias"));
+  json_object_set_new(cfg, "rope_scaling", json_pack("{s:s,s:f}", "type", "dynamic", "factor", 2.0));
+  assert_int_equal(mpk_check_model(p), SERVD_EUNSUPPORTED);
+  assert_non_null(strstr(servd_last_error(), "expected null or \"llama3\" with a positive factor, or \"yarn\""));
+  json_object_set_new(cfg, "rope_scaling", json_null());
   /* a window smaller than the context: refused at load (the attention has no window) */
   json_object_set_new(man, "architecture", json_string("mistral"));
   assert_int_equal(mpk_check_model(p), 0);
