@@ -10,6 +10,7 @@
 /* Captures of a bucket that may differ before it is turned off (a model whose first steps warm
  * caches of its own settles in one). */
 #define MAX_MISMATCHES 3
+#define WHY 256
 
 typedef enum bucket_state { B_EMPTY, B_FIRST, B_READY, B_OFF } bucket_state;
 
@@ -18,7 +19,7 @@ typedef struct bucket {
   int mismatches;
   servd_plan **plans;   /* [world]: the ready plans, or the first capture */
   servd_plan **pending; /* [world]: this round's captures */
-  char why[256];        /* the reason a rank's capture was refused in this round */
+  char *why;            /* [world][WHY]: why each rank's capture was refused in this round */
 } bucket;
 
 struct servd_plan_cache {
@@ -56,7 +57,8 @@ int servd_plan_cache_create(int world, servd_kv_cache *const *kv, int max_batch,
     bucket *k = &c->buckets[i];
     k->plans = calloc((size_t)world, sizeof *k->plans);
     k->pending = calloc((size_t)world, sizeof *k->pending);
-    if (!k->plans || !k->pending) goto fail;
+    k->why = calloc((size_t)world, WHY);
+    if (!k->plans || !k->pending || !k->why) goto fail;
   }
   *out = c;
   return 0;
@@ -73,6 +75,7 @@ void servd_plan_cache_destroy(servd_plan_cache *c) {
     if (k->pending) drop(c, k, k->pending);
     free(k->plans);
     free(k->pending);
+    free(k->why);
   }
   free(c->buckets);
   free(c);
@@ -133,16 +136,16 @@ servd_plan_action servd_plan_cache_decide(servd_plan_cache *c, const servd_forwa
       }
     return SERVD_PLAN_REPLAY;
   }
-  k->why[0] = '\0';
+  memset(k->why, 0, (size_t)c->world * WHY);
   return SERVD_PLAN_CAPTURE;
 }
 
 int servd_plan_cache_capture(servd_plan_cache *c, int rank, servd_interp *it, const servd_forward_batch *b,
                              int64_t timeout_ms, servd_tensor **logits, servd_py_error *err) {
   bucket *k = &c->buckets[c->current];
-  char why[256] = "";
+  char why[WHY - 16] = "";
   int rc = servd_plan_capture(it, b, timeout_ms, logits, err, &k->pending[rank], why, sizeof why);
-  if (rc == 0 && !k->pending[rank]) snprintf(k->why, sizeof k->why, "rank %d: %s", rank, why);
+  if (rc == 0 && !k->pending[rank]) snprintf(k->why + (size_t)rank * WHY, WHY, "rank %d: %s", rank, why);
   return rc;
 }
 
@@ -181,7 +184,10 @@ void servd_plan_cache_done(servd_plan_cache *c, servd_plan_action a, int rc) {
     return;
   }
   if (!all) {
-    turn_off(c, k, bi, k->why[0] ? k->why : "a rank recorded nothing");
+    const char *why = "a rank recorded nothing";
+    for (int r = c->world - 1; r >= 0; r--)
+      if (k->why[(size_t)r * WHY]) why = k->why + (size_t)r * WHY; /* the lowest rank's reason */
+    turn_off(c, k, bi, why);
     return;
   }
   if (k->state == B_EMPTY) { /* the first capture: keep it to compare the next one with */
