@@ -88,6 +88,18 @@ pkg_last = pack(hf, "emb-last")
 pkg_mean = pack(variant("mean", mean_config), "emb-mean")
 pkg_st = pack(variant("st", st_pooling), "emb-st")
 pkg_cls = pack(variant("cls", cls_config), "emb-cls")
+
+
+def two_modes(d):
+    st_pooling(d)
+    with open(os.path.join(d, "1_Pooling", "config.json"), "w") as f:
+        json.dump({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True}, f)
+
+
+r = subprocess.run([a.modelpkg, "pack", variant("two", two_modes), "-o", os.path.join(a.work, "two.mpk"), "--quiet"],
+                   capture_output=True, text=True)
+check(r.returncode != 0 and "more than one pooling mode" in r.stderr and "1_Pooling/config.json" in r.stderr,
+      f"modelpkg pack of a folder whose 1_Pooling sets two modes: {r.returncode} {r.stderr!r}")
 generic = example_package(a, "mlp_classifier")
 
 cfg, w = llama_ref.load_folder(hf)
