@@ -386,6 +386,10 @@ int servd_runner_step(servd_runner *r, const servd_forward_batch *b, servd_tenso
     round_mode m = pa == SERVD_PLAN_CAPTURE ? MODE_PLAN_CAPTURE : pa == SERVD_PLAN_REPLAY ? MODE_PLAN_REPLAY : MODE_CPU;
     int rc = run_round(r, b, m, -1, b->n_logit_rows, logits, err, failed_rank);
     servd_plan_cache_done(r->plans, pa, rc);
+    /* a replay that failed dropped its plan (and said why): the step runs through the model's code,
+     * rewriting the same KV slots with the same values */
+    if (rc != 0 && pa == SERVD_PLAN_REPLAY)
+      rc = run_round(r, b, MODE_CPU, -1, b->n_logit_rows, logits, err, failed_rank);
     return rc;
   }
 

@@ -169,6 +169,10 @@ void servd_plan_cache_done(servd_plan_cache *c, servd_plan_action a, int rc) {
   if (a == SERVD_PLAN_REPLAY) {
     c->st.replays++;
     if (rc != 0) { /* a replay failed: trust none of the bucket's plans */
+      fprintf(stderr,
+              "servd: step plan for decode batches of %d failed (%s): dropped; the step runs through the "
+              "model's code\n",
+              bi + 1, servd_last_error());
       drop(c, k, k->plans);
       k->state = B_EMPTY;
       c->st.dropped++;
