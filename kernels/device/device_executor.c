@@ -370,16 +370,18 @@ void servd_device_executors_stop(bool drain) {
   for (int d = 0; d < MAX_DEVICES; d++) {
     pthread_mutex_lock(&executors_mu);
     executor *ex = executors[d];
+    if (ex) { /* marked stopping before it leaves the table: a caller finds a live one or none */
+      pthread_mutex_lock(&ex->mu);
+      ex->stopping = true;
+      ex->cancel = !drain;
+      pthread_cond_broadcast(&ex->queued);
+      pthread_cond_broadcast(&ex->room);
+      pthread_cond_broadcast(&ex->released);
+      pthread_mutex_unlock(&ex->mu);
+    }
     __atomic_store_n(&executors[d], NULL, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&executors_mu);
     if (!ex) continue;
-    pthread_mutex_lock(&ex->mu);
-    ex->stopping = true;
-    ex->cancel = !drain;
-    pthread_cond_broadcast(&ex->queued);
-    pthread_cond_broadcast(&ex->room);
-    pthread_cond_broadcast(&ex->released);
-    pthread_mutex_unlock(&ex->mu);
     pthread_join(ex->thread, NULL);
     pthread_mutex_lock(&ex->mu); /* callers still waking from their waiting call */
     while (ex->users) pthread_cond_wait(&ex->finished, &ex->mu);

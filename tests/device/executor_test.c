@@ -176,8 +176,10 @@ static void stop_with_queue(bool drain) {
   assert_int_equal(pthread_create(&waiter, NULL, sync_main, &w), 0);
   servd_device_executor_figures f;
   do servd_device_executor_stats(0, &f);
-  while (f.queued < 21); /* the 20 adds and the waiting sync are queued behind the gate */
+  while (f.queued < 22); /* the gate's slot, the 20 adds and the waiting sync */
   assert_int_equal(pthread_create(&stopper, NULL, stop_main, &drain), 0);
+  do servd_device_executor_stats(0, &f);
+  while (f.enqueued); /* the stop has marked the executor and taken it out of the table */
   pthread_mutex_lock(&g.mu);
   g.open = true;
   pthread_cond_broadcast(&g.cv);
