@@ -18,14 +18,14 @@ prefills, which also compute their last row's logits, for where llama-server is 
 """
 import concurrent.futures
 import argparse
-import http.client
-import json
 import os
 import random
 import statistics
 import subprocess
 import sys
 import time
+
+from bench_http import post, wait_http
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORDS = ("retrieval augmented generation stores passages as vectors and finds the nearest ones to a "
@@ -37,33 +37,6 @@ def inputs(n, seed=7):
     """n passages of 20 to 200 words, the same every run."""
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 200))) for _ in range(n)]
-
-
-def post(port, path, body, timeout=600):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    if r.status != 200:
-        raise RuntimeError(f"{path} on port {port}: {r.status} {data[:300]!r}")
-    return json.loads(data)
-
-
-def wait_http(port, path, proc, timeout=300):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"server on port {port} exited with {proc.returncode}")
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", path)
-            if c.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    sys.exit(f"server on port {port} not ready after {timeout} s")
 
 
 def completions_batch(port, batch):
