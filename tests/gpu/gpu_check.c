@@ -479,7 +479,14 @@ int main(int argc, char **argv) {
   line("\n## Llama-3.1-8B-shaped model, synthesized bf16 weights\n");
   line("Device copy (read + write): %.2f TB/s (datasheet 4.8 TB/s)\n", copy_bw / 1e12);
 
-  llama_shape s = {128256, 4096, 14336, 32, 32, 8, 128, 1e-5f, {SERVD_ROPE_HALF, 128, 500000.f, 8.f, 1.f, 4.f, 8192}};
+  const servd_rope_params rope = {.layout = SERVD_ROPE_HALF,
+                                  .head_dim = 128,
+                                  .theta = 500000.f,
+                                  .scaling_factor = 8.f,
+                                  .low_freq_factor = 1.f,
+                                  .high_freq_factor = 4.f,
+                                  .original_max_positions = 8192}; /* Llama 3.1's */
+  llama_shape s = {128256, 4096, 14336, 32, 32, 8, 128, 1e-5f, rope};
   if (quick) s.layers = 2;
   const int max_seqs = 64, max_ctx = 1024, max_tokens = 2048;
   gpu_llama *g = NULL;
