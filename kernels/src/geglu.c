@@ -1,7 +1,7 @@
-/* geglu: out = gelu_tanh(gate) * up, element-wise over rows (Gemma's MLP); f32, and bf16 rows as
- * the device computes them. The scalar kernel is the
- * reference for the device one (kernels/cuda/geglu.cu); an MLP step spends far less here than in its
- * three matmuls, so there is no SIMD version yet. */
+/* geglu: out = gelu_tanh(gate) * up, element-wise over rows (Gemma's MLP); f32 rows per ISA
+ * (geglu_avx2.c, geglu_avx512.c), and bf16 rows as the device computes them. The scalar kernel is
+ * the reference for the device one (kernels/cuda/geglu.cu). */
+#include "geglu-impl.h"
 #include "ops-impl.h"
 
 #include <math.h>
@@ -27,7 +27,7 @@ static inline float geglu1(float x, float u) {
   return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * u;
 }
 
-static void geglu_row(float *out, const float *g, const float *u, int64_t n) {
+void servd__geglu_scalar(float *out, const float *g, const float *u, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = geglu1(g[i], u[i]);
 }
 
@@ -36,9 +36,12 @@ static void geglu_row_bf16(uint16_t *out, const uint16_t *g, const uint16_t *u, 
   for (int64_t i = 0; i < n; i++) out[i] = servd_f32_to_bf16(geglu1(servd_bf16_to_f32(g[i]), servd_bf16_to_f32(u[i])));
 }
 
+typedef void (*geglu_fn)(float *out, const float *g, const float *u, int64_t n);
+
 typedef struct geglu_job {
   ops__rows o, g, u;
   bool bf16;
+  geglu_fn fn;
 } geglu_job;
 
 static void geglu_task(void *ctx, int64_t begin, int64_t end, int thread) {
@@ -49,8 +52,8 @@ static void geglu_task(void *ctx, int64_t begin, int64_t end, int thread) {
       geglu_row_bf16((uint16_t *)(j->o.data + r * j->o.stride), (const uint16_t *)(j->g.data + r * j->g.stride),
                      (const uint16_t *)(j->u.data + r * j->u.stride), j->o.cols);
     else
-      geglu_row((float *)(j->o.data + r * j->o.stride), (const float *)(j->g.data + r * j->g.stride),
-                (const float *)(j->u.data + r * j->u.stride), j->o.cols);
+      j->fn((float *)(j->o.data + r * j->o.stride), (const float *)(j->g.data + r * j->g.stride),
+            (const float *)(j->u.data + r * j->u.stride), j->o.cols);
 }
 
 int servd_geglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor *up) {
@@ -61,9 +64,11 @@ int servd_geglu(servd_tensor *out, const servd_tensor *gate, const servd_tensor 
   if (ops__as_rows(out, &j.o) || ops__as_rows(gate, &j.g) || ops__as_rows(up, &j.u))
     return servd_fail(SERVD_EINVAL, "geglu: out, gate, up must have contiguous rows; got out %s",
                       ops__desc(out, bo, sizeof bo));
+  static const geglu_fn fns[SERVD_ISA_COUNT] = {servd__geglu_scalar, servd__geglu_avx2, servd__geglu_avx512};
   j.bf16 = out->dtype == SERVD_BF16;
+  j.fn = fns[ops__isa()];
   if (j.o.rows == 0 || j.o.cols == 0) return 0;
-  /* tanh costs ~20x an add: ~2k elements per task keeps decode rows on the caller thread */
+  /* exp and a divide cost ~20x an add: ~2k elements per task keeps decode rows on the caller thread */
   int64_t grain = j.o.cols >= 2048 ? 1 : 2048 / j.o.cols;
   servd_parallel_for(j.o.rows, grain, geglu_task, &j);
   return 0;

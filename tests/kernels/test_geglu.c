@@ -1,6 +1,7 @@
 /* servd_geglu against a float64 scalar reference of gelu_tanh(g) * u (transformers'
- * gelu_pytorch_tanh), over values spanning the tails and the bend, in place, on a strided view; plus
- * the refused arguments. */
+ * gelu_pytorch_tanh), over values spanning the tails and the bend, in place, on a strided view; every
+ * ISA path against float64 within its stated bound and against the scalar path; plus the refused
+ * arguments. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -69,6 +70,56 @@ static void test_against_reference(void **state) {
   servd_tensor_release(u);
 }
 
+/* The SIMD kernels' bound (kernels/src/geglu_avx2.c): relative (4 + 2|z|) * 2^-23 with
+ * z = sqrt(2/pi) (g + 0.044715 g^3), plus |g u| * 1e-37 where exp's clamp flushes a vanishing result. */
+static double simd_bound(double g, double u, double want) {
+  double z = sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g);
+  return (4.0 + 2.0 * fabs(z)) * ldexp(1.0, -23) * fabs(want) + 1e-37 * fabs(g * u);
+}
+
+/* 0.5 g (1 + tanh z) = g / (1 + exp(-2z)): the same value without 1 + tanh z's cancellation, which
+ * leaves even float64 at 0 for g below -9. */
+static double ref_exact(double g, double u) {
+  return g / (1.0 + exp(-2.0 * sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+}
+
+static void test_every_isa(void **state) {
+  (void)state;
+  enum { N = 4099 }; /* not a multiple of 8 or 16: the masked tails run */
+  servd_tensor *out = f32(1, N), *g = f32(1, N), *u = f32(1, N), *scalar = f32(1, N);
+  float *pg = servd_tensor_data(g), *pu = servd_tensor_data(u), *po = servd_tensor_data(out);
+  float *ps = servd_tensor_data(scalar);
+  srand(11);
+  for (int i = 0; i < N; i++) {
+    pg[i] = i < 2400 ? (float)(i - 1200) / 100.0f : (float)((rand() % 200001) - 100000) / 4000.0f; /* +-12, +-25 */
+    pu[i] = (float)(rand() % 2001 - 1000) / 250.0f;
+  }
+  pg[0] = 0.0f, pg[1] = -0.0f, pg[2] = 1e-30f, pg[3] = -100.0f, pg[4] = 100.0f;
+  assert_int_equal(servd_cpu_force_isa(SERVD_ISA_SCALAR), 0);
+  assert_int_equal(servd_geglu(scalar, g, u), 0);
+  for (int isa = 1; isa < SERVD_ISA_COUNT; isa++) {
+    if (servd_cpu_force_isa((servd_isa)isa) != 0) continue;
+    assert_int_equal(servd_geglu(out, g, u), 0);
+    double worst_ulp = 0;
+    for (int i = 0; i < N; i++) {
+      double want = ref_exact(pg[i], pu[i]);
+      if (!isfinite(po[i]) || fabs(po[i] - want) > simd_bound(pg[i], pu[i], want))
+        fail_msg("geglu isa %d: (%.9g, %.9g) = %.9g, float64 %.9g", isa, pg[i], pu[i], po[i], want);
+      /* where the scalar tanh form is accurate (no cancellation in 1 + tanh), the two paths agree */
+      if (fabs(pg[i]) <= 2.0f && fabsf(po[i] - ps[i]) > 4e-6f * fabsf(ps[i]) + 1e-30f)
+        fail_msg("geglu isa %d: (%.9g, %.9g) = %.9g, scalar %.9g", isa, pg[i], pu[i], po[i], ps[i]);
+      if (fabs(pg[i]) <= 4.0f && want != 0.0)
+        worst_ulp = fmax(worst_ulp, fabs(po[i] - want) / ldexp(1.0, ilogb(want) - 23));
+    }
+    print_message("geglu isa %d: worst error %.2f ulp for |g| <= 4\n", isa, worst_ulp);
+  }
+  servd_cpu_force_isa(SERVD_ISA_COUNT);
+  servd_tensor_release(out);
+  servd_tensor_release(g);
+  servd_tensor_release(u);
+  servd_tensor_release(scalar);
+}
+
 static void test_refusals(void **state) {
   (void)state;
   servd_tensor *a = f32(2, 8), *b = f32(2, 9);
@@ -94,6 +145,7 @@ static void test_refusals(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_against_reference), cmocka_unit_test(test_refusals)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_against_reference), cmocka_unit_test(test_every_isa),
+                                     cmocka_unit_test(test_refusals)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
