@@ -130,8 +130,9 @@ class Gemma3Ref:
         logits = hidden @ self.head.T
         return np.tanh(logits / self.cap) * self.cap if self.cap else logits
 
-    def greedy(self, prompts, n):
-        """n greedy token ids after each prompt (lists of ids), all prompts stepped together."""
+    def greedy(self, prompts, n, margins=None):
+        """n greedy token ids after each prompt (lists of ids), all prompts stepped together. margins (a
+        list) receives, per prompt, each step's gap between the top two logits (a near-tie is small)."""
         caches, last, lens = [], [], []
         for pr in prompts:
             c = [[[], []] for _ in range(self.L)]
@@ -139,13 +140,17 @@ class Gemma3Ref:
             caches.append(c)
             last.append(hid[-1])
             lens.append(len(pr))
-        outs = [[] for _ in prompts]
-        nxt = np.argmax(self._logits(np.stack(last)), axis=-1)
+        outs, gaps = [[] for _ in prompts], [[] for _ in prompts]
         for step in range(n):
+            logits = self._logits(np.stack(last) if step == 0 else hid)
+            top2 = np.sort(np.partition(logits, -2, axis=-1)[:, -2:], axis=-1)
+            nxt = np.argmax(logits, axis=-1)
             for j, t in enumerate(nxt):
                 outs[j].append(int(t))
+                gaps[j].append(float(top2[j, 1] - top2[j, 0]))
             if step == n - 1:
                 break
             hid = self._step([int(t) for t in nxt], caches, [lens[j] + step for j in range(len(prompts))])
-            nxt = np.argmax(self._logits(hid), axis=-1)
+        if margins is not None:
+            margins.extend(gaps)
         return outs
