@@ -7,6 +7,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -94,6 +95,42 @@ def python_deps(a, need=None):
     if need and not os.path.isdir(os.path.join(deps, need)):
         skip(f"{need} is not installed in {deps} (scripts/install-python-deps.sh {deps})")
     return deps
+
+
+def test_certificates(a, name):
+    """A directory of test certificates made by the openssl command (skips without it): a CA
+    (ca.pem/ca.key), server certificates a and b for localhost and 127.0.0.1 (serials 0x1001 and
+    0x2002, for telling a reload apart), a client certificate for mutual TLS, and cert.pem/key.pem,
+    the files a servd under test is started with (a copy of a; swap in b to test a reload).
+    Returns (directory, CA, CERT, KEY) as paths."""
+    if not shutil.which("openssl"):
+        skip("the openssl command is needed to make the test certificates")
+    d = os.path.join(a.work, f"{name}-{os.getpid()}")
+    os.makedirs(d, exist_ok=True)
+
+    def sh(*args):
+        r = subprocess.run(args, cwd=d, capture_output=True, text=True)
+        if r.returncode != 0:
+            fail(f"{' '.join(args)}: {r.stderr}")
+
+    def make_cert(cert, cn, serial, ext):
+        sh("openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+           f"{cert}.key", "-out", f"{cert}.csr", "-subj", f"/CN={cn}")
+        with open(os.path.join(d, f"{cert}.ext"), "w") as f:
+            f.write(ext)
+        sh("openssl", "x509", "-req", "-in", f"{cert}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-set_serial",
+           serial, "-days", "2", "-extfile", f"{cert}.ext", "-out", f"{cert}.pem")
+
+    sh("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+       "ca.key", "-out", "ca.pem", "-days", "2", "-subj", f"/CN=servd {name} test CA")
+    server_ext = "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"
+    make_cert("a", "servd-a", "0x1001", server_ext)
+    make_cert("b", "servd-b", "0x2002", server_ext)
+    make_cert("client", "servd-client", "0x3003", "extendedKeyUsage=clientAuth\n")
+    ca, cert, key = (os.path.join(d, n) for n in ("ca.pem", "cert.pem", "key.pem"))
+    shutil.copy(os.path.join(d, "a.pem"), cert)
+    shutil.copy(os.path.join(d, "a.key"), key)
+    return d, ca, cert, key
 
 
 def example_package(a, name):

@@ -16,40 +16,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servd_harness import Servd, check, fail, parse_args, skip, tiny_llama  # noqa: E402
+from servd_harness import Servd, check, fail, parse_args, skip, test_certificates, tiny_llama  # noqa: E402
 
 a = parse_args()
-if not shutil.which("openssl") or not shutil.which("curl"):
-    skip("openssl and curl are needed")
-d = os.path.join(a.work, f"tls-{os.getpid()}")
-os.makedirs(d, exist_ok=True)
-
-
-def sh(*args):
-    r = subprocess.run(args, cwd=d, capture_output=True, text=True)
-    if r.returncode != 0:
-        fail(f"{' '.join(args)}: {r.stderr}")
-    return r.stdout
-
-
-def make_cert(name, cn, serial, ext):
-    sh("openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
-       f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}")
-    with open(os.path.join(d, f"{name}.ext"), "w") as f:
-        f.write(ext)
-    sh("openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-set_serial", serial,
-       "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem")
-
-
-sh("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "ca.key",
-   "-out", "ca.pem", "-days", "2", "-subj", "/CN=servd test CA")
-server_ext = "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"
-make_cert("a", "servd-a", "0x1001", server_ext)
-make_cert("b", "servd-b", "0x2002", server_ext)
-make_cert("client", "servd-client", "0x3003", "extendedKeyUsage=clientAuth\n")
-CA, CERT, KEY = (os.path.join(d, n) for n in ("ca.pem", "cert.pem", "key.pem"))
-shutil.copy(os.path.join(d, "a.pem"), CERT)
-shutil.copy(os.path.join(d, "a.key"), KEY)
+if not shutil.which("curl"):
+    skip("curl is needed")
+d, CA, CERT, KEY = test_certificates(a, "tls")
 
 
 def context(cert=None, alpn=("http/1.1",)):
