@@ -148,63 +148,7 @@ typedef struct shape {
 } shape;
 
 static void check_case(servd_dtype dt, shape s) {
-  servd_tensor *x = tnew(SERVD_F32, 2, s.m, s.k), *w = rand_kw(dt, s.n, s.k);
-  for (int64_t i = 0; i < s.m * s.k; i++) f(x)[i] = frand(-1.0f, 1.0f) * (i % 7 == 0 ? 4.0f : 1.0f);
-  float *wd = malloc((size_t)(s.n * s.k) * sizeof(float));
-  for (int64_t j = 0; j < s.n; j++)
-    assert_int_equal(servd_row_to_f32(dt, (char *)servd_tensor_data(w) + j * w->strides[0], wd + j * s.k, s.k), 0);
-  servd_tensor *ref = tnew(SERVD_F32, 2, s.m, s.n), *out = tnew(SERVD_F32, 2, s.m, s.n);
-  const int64_t nb = s.k / SERVD_QK_K;
-
-  assert_int_equal(servd_cpu_force_isa(SERVD_ISA_SCALAR), 0);
-  assert_int_equal(servd_matmul(ref, x, w), 0);
-  for (int64_t i = 0; i < s.m; i++) {
-    const float *xr = f(x) + i * s.k;
-    for (int64_t j = 0; j < s.n; j++) {
-      double exact = 0, bound = 0, mag = 0;
-      for (int64_t b = 0; b < nb; b++) {
-        double amax = 0, wsum = 0;
-        for (int l = 0; l < SERVD_QK_K; l++) {
-          const int64_t e = b * SERVD_QK_K + l;
-          exact += (double)xr[e] * wd[j * s.k + e];
-          mag += fabs((double)xr[e] * wd[j * s.k + e]);
-          amax = fmax(amax, fabs(xr[e]));
-          wsum += fabs(wd[j * s.k + e]);
-        }
-        bound += amax / 254.0 * wsum;
-      }
-      const double got = f(ref)[i * s.n + j];
-      if (fabs(got - exact) > 1.01 * bound + 0x1p-20 * mag + 1e-6)
-        fail_msg("%s scalar (%lld,%lld,%lld) [%lld,%lld]: %g vs f32 %g (bound %g)", servd_dtype_name(dt),
-                 (long long)s.m, (long long)s.n, (long long)s.k, (long long)i, (long long)j, got, exact, bound);
-    }
-  }
-  for (int isa = SERVD_ISA_AVX2; isa <= (int)servd_cpu_best_isa(); isa++) {
-    assert_int_equal(servd_cpu_force_isa((servd_isa)isa), 0);
-    memset(servd_tensor_data(out), 0xff, servd_tensor_nbytes(out));
-    assert_int_equal(servd_matmul(out, x, w), 0);
-    for (int64_t i = 0; i < s.m; i++) {
-      for (int64_t j = 0; j < s.n; j++) {
-        double terms = 0;
-        for (int64_t b = 0; b < nb; b++) {
-          double xs = 0;
-          for (int l = 0; l < SERVD_QK_K; l++) xs += fabs(f(x)[i * s.k + b * SERVD_QK_K + l]);
-          terms += xs * wmax(dt, w, j, b);
-        }
-        const double got = f(out)[i * s.n + j], want = f(ref)[i * s.n + j];
-        if (!(fabs(got - want) <= (8 + 2 * nb) * 0x1p-22 * terms))
-          fail_msg("%s %s (%lld,%lld,%lld) [%lld,%lld]: %.9g vs scalar %.9g (tol %g)", servd_dtype_name(dt),
-                   servd_isa_name((servd_isa)isa), (long long)s.m, (long long)s.n, (long long)s.k, (long long)i,
-                   (long long)j, got, want, (8 + 2 * nb) * 0x1p-22 * terms);
-      }
-    }
-  }
-  servd_cpu_force_isa(SERVD_ISA_COUNT);
-  free(wd);
-  servd_tensor_release(x);
-  servd_tensor_release(w);
-  servd_tensor_release(ref);
-  servd_tensor_release(out);
+  check_quant_matmul(dt, rand_kw(dt, s.n, s.k), s.m, SERVD_QK_K, wmax);
 }
 
 static void test_matmul_kquant(void **state) {
@@ -219,55 +163,15 @@ static void test_matmul_kquant(void **state) {
 /* Several k-quant weights sharing one x (the q/k/v and gate/up projections) match one by one. */
 static void test_matmul_many_kquant(void **state) {
   (void)state;
-  servd_tensor *x = tnew(SERVD_F32, 2, 3, 512);
-  for (int i = 0; i < 3 * 512; i++) f(x)[i] = frand(-1.0f, 1.0f);
-  servd_tensor *ws[3] = {rand_kw(SERVD_Q4_K, 40, 512), rand_kw(SERVD_Q4_K, 7, 512), rand_kw(SERVD_Q4_K, 33, 512)};
-  servd_tensor *outs[3], *one[3];
-  for (int i = 0; i < 3; i++) {
-    outs[i] = tnew(SERVD_F32, 2, 3, ws[i]->shape[0]);
-    one[i] = tnew(SERVD_F32, 2, 3, ws[i]->shape[0]);
-    assert_int_equal(servd_matmul(one[i], x, ws[i]), 0);
-  }
-  assert_int_equal(servd_matmul_many(3, outs, x, (const servd_tensor *const *)ws), 0);
-  for (int i = 0; i < 3; i++) {
-    assert_memory_equal(servd_tensor_data(outs[i]), servd_tensor_data(one[i]), servd_tensor_nbytes(one[i]));
-    servd_tensor_release(ws[i]);
-    servd_tensor_release(outs[i]);
-    servd_tensor_release(one[i]);
-  }
-  servd_tensor_release(x);
+  check_matmul_many_same(SERVD_Q4_K, 512, rand_kw);
 }
 
 /* A NaN or inf in x makes its row's outputs NaN on every ISA (the q8_K quantizers mark the block),
  * and leaves the other rows as the scalar reference computes them. */
 static void test_nonfinite_x(void **state) {
   (void)state;
-  for (size_t t = 0; t < sizeof kdtypes / sizeof *kdtypes; t++) {
-    servd_tensor *x = tnew(SERVD_F32, 2, 3, 512), *w = rand_kw(kdtypes[t], 9, 512);
-    servd_tensor *ref = tnew(SERVD_F32, 2, 3, 9), *out = tnew(SERVD_F32, 2, 3, 9);
-    for (int i = 0; i < 3 * 512; i++) f(x)[i] = frand(-1.0f, 1.0f);
-    f(x)[300] = NAN;
-    f(x)[2 * 512 + 7] = INFINITY;
-    assert_int_equal(servd_cpu_force_isa(SERVD_ISA_SCALAR), 0);
-    assert_int_equal(servd_matmul(ref, x, w), 0);
-    for (int isa = SERVD_ISA_SCALAR; isa <= (int)servd_cpu_best_isa(); isa++) {
-      assert_int_equal(servd_cpu_force_isa((servd_isa)isa), 0);
-      assert_int_equal(servd_matmul(out, x, w), 0);
-      for (int j = 0; j < 9; j++) {
-        if (!isnan(f(out)[j]) || !isnan(f(out)[2 * 9 + j]))
-          fail_msg("%s %s: column %d not NaN", servd_dtype_name(kdtypes[t]), servd_isa_name((servd_isa)isa), j);
-        const float got = f(out)[9 + j], want = f(ref)[9 + j];
-        if (!(fabsf(got - want) <= 1e-4f * (1.0f + fabsf(want))))
-          fail_msg("%s %s: row 1 column %d: %g vs scalar %g", servd_dtype_name(kdtypes[t]),
-                   servd_isa_name((servd_isa)isa), j, got, want);
-      }
-    }
-    servd_cpu_force_isa(SERVD_ISA_COUNT);
-    servd_tensor_release(x);
-    servd_tensor_release(w);
-    servd_tensor_release(ref);
-    servd_tensor_release(out);
-  }
+  for (size_t t = 0; t < sizeof kdtypes / sizeof *kdtypes; t++)
+    check_nonfinite_rows(kdtypes[t], rand_kw(kdtypes[t], 9, 512), 300);
 }
 
 /* k not a whole number of super-blocks is refused. */
