@@ -1,15 +1,42 @@
-/* One timing round of several weight dtypes at one shape, shared by the block-quantized kernel
- * benchmarks (bench_kquant, bench_q5): the last weight is timed on the AVX2 kernel (when the CPU
- * has it: else its time is 0), the others on the best kernel the CPU has. */
+/* What the block-quantized matmul benchmarks (bench_kquant, bench_q5, bench_lowbit) share: their
+ * command line, their weights and one timing round of several weight dtypes at one shape. */
 #ifndef SERVD_BENCH_MATMUL_H
 #define SERVD_BENCH_MATMUL_H
 
 #include <stdbool.h>
+#include <stdlib.h>
 
 #include "bench-util.h"
 #include "servd/ops.h"
+#include "servd/threadpool.h"
 
-/* t[d] = seconds per call of out = x @ w[d]^T, over `calls` calls after one warm-up call. */
+/* The round arrays' size: more rounds than this are not run. */
+#define BENCH_MATMUL_MAX_ROUNDS 64
+
+/* The command line [threads] [rounds] (defaults 2 and 7, rounds kept in 1..BENCH_MATMUL_MAX_ROUNDS so
+ * that the medians read only timed rounds); starts the thread pool. */
+static inline void bench_matmul_args(int argc, char **argv, int *rounds) {
+  const int threads = argc > 1 ? atoi(argv[1]) : 2, r = argc > 2 ? atoi(argv[2]) : 7;
+  *rounds = r < 1 ? 1 : r > BENCH_MATMUL_MAX_ROUNDS ? BENCH_MATMUL_MAX_ROUNDS : r;
+  servd_threadpool_init(threads);
+}
+
+/* A deterministic n x k weight of type dt, quantized from the same f32 values in every benchmark so
+ * that the dtypes are timed on the same matrix. The caller releases it. */
+static inline servd_tensor *bench_matmul_weight(servd_dtype dt, int n, int k) {
+  servd_tensor *w = servd_tensor_new(dt, 2, (int64_t[]){n, k});
+  float *row = malloc((size_t)k * sizeof(float));
+  for (int j = 0; j < n; j++) {
+    for (int l = 0; l < k; l++) row[l] = (float)((j * 7919 + l * 104729) % 2001) / 1000.0f - 1.0f;
+    servd_row_from_f32(dt, row, (char *)servd_tensor_data(w) + (size_t)j * w->strides[0], k);
+  }
+  free(row);
+  return w;
+}
+
+/* One timing round: the last weight is timed on the AVX2 kernel (when the CPU has it: else its time
+ * is 0), the others on the best kernel the CPU has.
+ * t[d] = seconds per call of out = x @ w[d]^T, over `calls` calls after one warm-up call. */
 static inline void bench_matmul_round(servd_tensor *o, const servd_tensor *x, servd_tensor *const *w, int nd, bool avx2,
                                       int calls, double *t) {
   for (int d = 0; d < nd; d++) {

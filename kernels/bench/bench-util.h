@@ -1,8 +1,9 @@
 /* Timing helpers shared by the benchmark programs (kernels/bench, package_format/bench): a monotonic
- * clock and medians. Header-only so that a benchmark directory can include it without a library. */
+ * clock, medians and the streaming-read anchor. Header-only so that a benchmark directory can include it without a library. */
 #ifndef SERVD_BENCH_UTIL_H
 #define SERVD_BENCH_UTIL_H
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -22,6 +23,29 @@ static inline int bench_cmp_d(const void *a, const void *b) {
 static inline double bench_median(double *v, int n) {
   qsort(v, (size_t)n, sizeof *v, bench_cmp_d);
   return v[n / 2];
+}
+
+/* The streaming-read anchor of the bandwidth-bound benchmarks (bench_kquant_stream, bench_attention):
+ * servd_parallel_for(chunks, 1, bench_stream_task, &job) reads chunks * BENCH_STREAM_CHUNK u64 from
+ * job.p with 64-bit loads, their xor kept in sums so that the loads stay. */
+#define BENCH_STREAM_CHUNK 8192 /* u64 per work item: 64 KiB */
+
+typedef struct bench_stream_job {
+  const uint64_t *p;
+  uint64_t sums[64];
+} bench_stream_job;
+
+static inline void bench_stream_task(void *ctx, int64_t begin, int64_t end, int thread) {
+  bench_stream_job *j = ctx;
+  const uint64_t *p = j->p + begin * BENCH_STREAM_CHUNK;
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  for (int64_t i = 0; i < (end - begin) * BENCH_STREAM_CHUNK; i += 4) {
+    a ^= p[i];
+    b ^= p[i + 1];
+    c ^= p[i + 2];
+    d ^= p[i + 3];
+  }
+  j->sums[thread & 63] ^= a ^ b ^ c ^ d;
 }
 
 #endif

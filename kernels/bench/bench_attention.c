@@ -29,26 +29,7 @@
 
 #define FOOTPRINT (512u << 20) /* bytes cycled through per side by default: well above any L3 */
 
-/* ---- the anchor: read `bytes` with 64-bit loads, the sum kept so the loads stay ---------------- */
-typedef struct stream_job {
-  const uint64_t *p;
-  uint64_t sums[64];
-} stream_job;
-
-#define STREAM_CHUNK 8192 /* u64 per item: 64 KiB */
-
-static void stream_task(void *ctx, int64_t begin, int64_t end, int thread) {
-  stream_job *j = ctx;
-  const uint64_t *p = j->p + begin * STREAM_CHUNK;
-  uint64_t a = 0, b = 0, c = 0, d = 0;
-  for (int64_t i = 0; i < (end - begin) * STREAM_CHUNK; i += 4) {
-    a ^= p[i];
-    b ^= p[i + 1];
-    c ^= p[i + 2];
-    d ^= p[i + 3];
-  }
-  j->sums[thread & 63] ^= a ^ b ^ c ^ d;
-}
+/* ---- the anchor: a plain streaming read (bench_stream_task in bench-util.h) -------------------- */
 
 /* ---- two more anchors over the cache's own pages --------------------------------------------------
  * pool: the layer's K/V bytes read sequentially in their physical order (the same pages, huge or not,
@@ -202,7 +183,7 @@ int main(int argc, char **argv) {
     float scale = 1.0f / sqrtf((float)cf->hd);
 
     /* the anchor buffer: the same bytes per repetition, cycled the same way */
-    size_t chunk_bytes = STREAM_CHUNK * 8, per_call = ((size_t)kv_bytes + chunk_bytes - 1) / chunk_bytes;
+    size_t chunk_bytes = BENCH_STREAM_CHUNK * 8, per_call = ((size_t)kv_bytes + chunk_bytes - 1) / chunk_bytes;
     size_t total = per_call * chunk_bytes * (size_t)layers;
     uint64_t *buf = aligned_alloc(64, total);
     memset(buf, 1, total);
@@ -216,25 +197,25 @@ int main(int argc, char **argv) {
     /* one untimed pass over every layer and the whole read buffer: first touches are not steady state */
     for (int l = 0; l < layers; l++) servd_attention(out, q, c, l, &b, cf->n_heads, scale);
     {
-      stream_job sj = {.p = buf};
-      servd_parallel_for((int64_t)(per_call * (size_t)layers), 1, stream_task, &sj);
+      bench_stream_job sj = {.p = buf};
+      servd_parallel_for((int64_t)(per_call * (size_t)layers), 1, bench_stream_task, &sj);
     }
     for (int isa = SERVD_ISA_COUNT - 1; isa >= 0; isa--) {
       if ((only_isa >= 0 && isa != only_isa) || servd_cpu_force_isa((servd_isa)isa) != 0) continue;
-      stream_job sj = {0};
+      bench_stream_job sj = {0};
       for (int r = -2; r < reps; r++) { /* interleaved, so all sides see the same machine */
         int l = (r + 2) % layers, la = (l + 1) % layers, lp = (l + 2) % layers, lq = (l + 3) % layers;
         sj.p = (const uint64_t *)((const char *)buf + (size_t)l * per_call * chunk_bytes);
         double t0 = bench_now_s();
-        servd_parallel_for((int64_t)per_call, 1, stream_task, &sj);
+        servd_parallel_for((int64_t)per_call, 1, bench_stream_task, &sj);
         double t1 = bench_now_s();
         if (servd_attention(out, q, c, la, &b, cf->n_heads, scale) != 0) {
           fprintf(stderr, "%s\n", servd_last_error());
           return 1;
         }
         double t2 = bench_now_s();
-        stream_job pj0 = {.p = (const uint64_t *)ops__kv_run(c, lp, 0, 0, 0)};
-        if (pool_chunks > 0) servd_parallel_for((int64_t)pool_chunks, 1, stream_task, &pj0);
+        bench_stream_job pj0 = {.p = (const uint64_t *)ops__kv_run(c, lp, 0, 0, 0)};
+        if (pool_chunks > 0) servd_parallel_for((int64_t)pool_chunks, 1, bench_stream_task, &pj0);
         double t3 = bench_now_s();
         paged_job pj = {.c = c,
                         .layer = lq,

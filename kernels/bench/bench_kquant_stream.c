@@ -22,26 +22,6 @@
 #define FOOTPRINT ((size_t)192 << 20) /* bytes per side and round: six times the L3 */
 #define N 4096
 #define K 4096
-#define STREAM_CHUNK 8192 /* u64 per work item: 64 KiB */
-
-typedef struct stream_job {
-  const uint64_t *p;
-  uint64_t sums[64];
-} stream_job;
-
-static void stream_task(void *ctx, int64_t begin, int64_t end, int thread) {
-  stream_job *j = ctx;
-  const uint64_t *p = j->p + begin * STREAM_CHUNK;
-  uint64_t a = 0, b = 0, c = 0, d = 0;
-  for (int64_t i = 0; i < (end - begin) * STREAM_CHUNK; i += 4) {
-    a ^= p[i];
-    b ^= p[i + 1];
-    c ^= p[i + 2];
-    d ^= p[i + 3];
-  }
-  j->sums[thread & 63] ^= a ^ b ^ c ^ d;
-}
-
 static servd_tensor *weight(servd_dtype dt, int seed) {
   servd_tensor *w = servd_tensor_new(dt, 2, (int64_t[]){N, K});
   float *row = malloc((size_t)K * sizeof(float));
@@ -82,10 +62,10 @@ int main(int argc, char **argv) {
 
   double *stream = malloc(sizeof(double) * rounds), *rate[MAXD], *ratio[MAXD];
   for (int d = 0; d < ND; d++) rate[d] = malloc(sizeof(double) * rounds), ratio[d] = malloc(sizeof(double) * rounds);
-  stream_job sj = {.p = buf};
+  bench_stream_job sj = {.p = buf};
   for (int r = -1; r < rounds; r++) { /* round -1 warms up */
     double t0 = bench_now_s();
-    servd_parallel_for((int64_t)(FOOTPRINT / 8 / STREAM_CHUNK), 1, stream_task, &sj);
+    servd_parallel_for((int64_t)(FOOTPRINT / 8 / BENCH_STREAM_CHUNK), 1, bench_stream_task, &sj);
     const double s = (double)FOOTPRINT / (bench_now_s() - t0) / 1e9;
     for (int d = 0; d < ND; d++) {
       size_t bytes = 0;

@@ -15,20 +15,9 @@
 #include "bench-matmul.h"
 #include "bench-util.h"
 
-static servd_tensor *weight(servd_dtype dt, int n, int k) {
-  servd_tensor *w = servd_tensor_new(dt, 2, (int64_t[]){n, k});
-  float *row = malloc((size_t)k * sizeof(float));
-  for (int j = 0; j < n; j++) {
-    for (int l = 0; l < k; l++) row[l] = (float)((j * 7919 + l * 104729) % 2001) / 1000.0f - 1.0f;
-    servd_row_from_f32(dt, row, (char *)servd_tensor_data(w) + (size_t)j * w->strides[0], k);
-  }
-  free(row);
-  return w;
-}
-
 int main(int argc, char **argv) {
-  const int threads = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 7;
-  servd_threadpool_init(threads);
+  int rounds;
+  bench_matmul_args(argc, argv, &rounds);
   static const int shapes[][2] = {{576, 576}, {1536, 576}, {576, 1536}, {4096, 4096}};
   static const int ms[] = {1, 8};
   /* the last entry is q5_0 again, timed with the ISA forced to AVX2 */
@@ -40,15 +29,15 @@ int main(int argc, char **argv) {
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
     const int n = shapes[s][0], k = shapes[s][1];
     servd_tensor *w[ND];
-    for (int d = 0; d < ND; d++) w[d] = weight(dts[d], n, k);
+    for (int d = 0; d < ND; d++) w[d] = bench_matmul_weight(dts[d], n, k);
     for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
       const int m = ms[mi];
       servd_tensor *x = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, k}),
                    *o = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, n});
       for (int i = 0; i < m * k; i++) ((float *)servd_tensor_data(x))[i] = (float)(i % 17) / 8.0f - 1.0f;
-      double t[ND][64];
+      double t[ND][BENCH_MATMUL_MAX_ROUNDS];
       const int calls = (int)(5e7 / ((double)n * k)) + 1;
-      for (int r = 0; r < rounds && r < 64; r++) {
+      for (int r = 0; r < rounds; r++) {
         double tr[ND];
         bench_matmul_round(o, x, w, ND, avx2, calls, tr);
         for (int d = 0; d < ND; d++) t[d][r] = tr[d];
@@ -56,7 +45,7 @@ int main(int argc, char **argv) {
       double best[ND];
       for (int d = 0; d < ND; d++) {
         best[d] = t[d][0];
-        for (int r = 1; r < rounds && r < 64; r++) best[d] = t[d][r] < best[d] ? t[d][r] : best[d];
+        for (int r = 1; r < rounds; r++) best[d] = t[d][r] < best[d] ? t[d][r] : best[d];
       }
       printf("| %dx%d | %d |", n, k, m);
       for (int d = 0; d < ND; d++) {
