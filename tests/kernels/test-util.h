@@ -1,4 +1,5 @@
-/* Helpers shared by the kernel op tests: a deterministic input generator and tensor shorthands.
+/* Helpers shared by the kernel op tests: a deterministic input generator, tensor shorthands and the checks
+ * every quantized type gets (decoder lookups against gguf-py, matmul against float64 and across ISAs).
  * Define TEST_RNG_SEED before including: each test keeps its own input sequence. */
 #ifndef SERVD_TEST_KERNELS_UTIL_H
 #define SERVD_TEST_KERNELS_UTIL_H
@@ -40,6 +41,36 @@ static inline servd_tensor *tnew(servd_dtype t, int ndim, int64_t a, int64_t b) 
 
 /* The f32 data of t (borrowed). */
 static inline float *f(const servd_tensor *t) { return servd_tensor_data(t); }
+
+/* got[0..n) equal to gguf-py's want up to 1 ulp of the value: the decoders do the same f32
+ * operations as gguf-py's. */
+static inline void near_ggufpy(servd_dtype dt, const char *what, const float *got, const float *want, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    if (!(fabsf(got[i] - want[i]) <= fabsf(want[i]) * 0x1p-23f))
+      fail_msg("%s %s[%lld]: %a, gguf-py %a", servd_dtype_name(dt), what, (long long)i, got[i], want[i]);
+  }
+}
+
+/* The lookups built on a quantized type's decoder, shared by the quantized kernel tests: a fixture's
+ * blocks as a (rows, cols) table, servd_embedding of nids rows idv and servd_dequantize of the whole
+ * table equal gguf-py's values (rows * cols floats) up to 1 ulp. */
+static inline void check_table_lookups(servd_dtype dt, const uint8_t *bytes, const float *values, int64_t rows,
+                                       int64_t cols, const int32_t *idv, int nids) {
+  servd_tensor *tab = tnew(dt, 2, rows, cols);
+  memcpy(servd_tensor_data(tab), bytes, servd_tensor_nbytes(tab));
+  servd_tensor *ids = tnew(SERVD_I32, 1, nids, 0), *out = tnew(SERVD_F32, 2, nids, cols);
+  servd_tensor *dq = tnew(SERVD_F32, 2, rows, cols);
+  memcpy(servd_tensor_data(ids), idv, (size_t)nids * sizeof *idv);
+  assert_int_equal(servd_embedding(out, tab, ids, 0), 0);
+  for (int i = 0; i < nids; i++) near_ggufpy(dt, "embedding", f(out) + i * cols, values + idv[i] * cols, cols);
+  memset(servd_tensor_data(dq), 0xff, servd_tensor_nbytes(dq)); /* NaN: an element left unwritten shows */
+  assert_int_equal(servd_dequantize(dq, tab), 0);
+  near_ggufpy(dt, "dequantize", f(dq), values, rows * cols);
+  servd_tensor_release(tab);
+  servd_tensor_release(ids);
+  servd_tensor_release(out);
+  servd_tensor_release(dq);
+}
 
 /* Bound on |term| per weight of block b of row j of w, read from the block header: each quantized
  * type's own formula. */

@@ -32,39 +32,18 @@ static const float *fixture_values(servd_dtype t) {
   return t == SERVD_Q4_K ? kq_q4_k_values : t == SERVD_Q6_K ? kq_q6_k_values : kq_q5_k_values;
 }
 
-static void near_ulp(const float *got, const float *want, int64_t n, const char *what) {
-  for (int64_t i = 0; i < n; i++) {
-    if (fabsf(got[i] - want[i]) > fabsf(want[i]) * 0x1p-23f)
-      fail_msg("%s[%lld]: %a, gguf-py %a", what, (long long)i, got[i], want[i]);
-  }
-}
-
 static void test_decoder_vs_ggufpy(void **state) {
   (void)state;
   enum { NB = KQ_FIXTURE_BLOCKS, K = SERVD_QK_K };
   float y[NB * K];
   for (size_t t = 0; t < sizeof kdtypes / sizeof *kdtypes; t++) {
     const servd_dtype dt = kdtypes[t];
-    const size_t bb = servd_dtype_block_bytes(dt);
     assert_int_equal(servd_row_to_f32(dt, fixture_bytes(dt), y, NB * K), 0);
-    near_ulp(y, fixture_values(dt), NB * K, servd_dtype_name(dt));
-
+    near_ggufpy(dt, "row", y, fixture_values(dt), NB * K);
     /* The same blocks as a (NB, 256) table: embedding rows and the dequantize op. */
-    servd_tensor *tab = tnew(dt, 2, NB, K);
-    memcpy(servd_tensor_data(tab), fixture_bytes(dt), NB * bb);
-    const int32_t idv[] = {2, 0, 1, 2};
-    servd_tensor *ids = tnew(SERVD_I32, 1, 4, 0), *out = tnew(SERVD_F32, 2, 4, K), *dq = tnew(SERVD_F32, 2, NB, K);
-    memcpy(servd_tensor_data(ids), idv, sizeof idv);
-    assert_int_equal(servd_embedding(out, tab, ids, 0), 0);
-    for (int i = 0; i < 4; i++) near_ulp(f(out) + i * K, fixture_values(dt) + idv[i] * K, K, "embedding");
-    assert_int_equal(servd_dequantize(dq, tab), 0);
-    near_ulp(f(dq), fixture_values(dt), NB * K, "dequantize");
+    check_table_lookups(dt, fixture_bytes(dt), fixture_values(dt), NB, K, (const int32_t[]){2, 0, 1, 2}, 4);
     /* A row that is not whole super-blocks is refused. */
     assert_int_equal(servd_row_to_f32(dt, fixture_bytes(dt), y, 128), SERVD_EINVAL);
-    servd_tensor_release(tab);
-    servd_tensor_release(ids);
-    servd_tensor_release(out);
-    servd_tensor_release(dq);
   }
 }
 

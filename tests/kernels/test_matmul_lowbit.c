@@ -40,42 +40,21 @@ static const float *fixture_values(servd_dtype t) {
                              : lb_iq4_xs_values;
 }
 
-static void near_ulp(const float *got, const float *want, int64_t n, const char *what, servd_dtype dt) {
-  for (int64_t i = 0; i < n; i++) {
-    if (!(fabsf(got[i] - want[i]) <= fabsf(want[i]) * 0x1p-23f))
-      fail_msg("%s %s[%lld]: %a, gguf-py %a", servd_dtype_name(dt), what, (long long)i, got[i], want[i]);
-  }
-}
-
 static void test_decoder_vs_ggufpy(void **state) {
   (void)state;
   enum { NB = LB_FIXTURE_BLOCKS };
   for (size_t t = 0; t < N_TYPES; t++) {
     const servd_dtype dt = lbtypes[t];
     const int64_t K = (int64_t)servd_dtype_block_elems(dt);
-    const size_t bb = servd_dtype_block_bytes(dt);
     float *y = malloc((size_t)(NB * K) * sizeof(float));
     assert_int_equal(servd_row_to_f32(dt, fixture_bytes(dt), y, NB * K), 0);
-    near_ulp(y, fixture_values(dt), NB * K, "row", dt);
-
+    near_ggufpy(dt, "row", y, fixture_values(dt), NB * K);
     /* The same blocks as a (NB, K) table: embedding rows and the dequantize op. */
-    servd_tensor *tab = tnew(dt, 2, NB, K);
-    memcpy(servd_tensor_data(tab), fixture_bytes(dt), NB * bb);
-    const int32_t idv[] = {NB - 1, 0, 5, 2};
-    servd_tensor *ids = tnew(SERVD_I32, 1, 4, 0), *out = tnew(SERVD_F32, 2, 4, K), *dq = tnew(SERVD_F32, 2, NB, K);
-    memcpy(servd_tensor_data(ids), idv, sizeof idv);
-    assert_int_equal(servd_embedding(out, tab, ids, 0), 0);
-    for (int i = 0; i < 4; i++) near_ulp(f(out) + i * K, fixture_values(dt) + idv[i] * K, K, "embedding", dt);
-    assert_int_equal(servd_dequantize(dq, tab), 0);
-    near_ulp(f(dq), fixture_values(dt), NB * K, "dequantize", dt);
+    check_table_lookups(dt, fixture_bytes(dt), fixture_values(dt), NB, K, (const int32_t[]){NB - 1, 0, 5, 2}, 4);
     /* A row that is not whole blocks is refused, as is a tensor of such rows. */
     assert_int_equal(servd_row_to_f32(dt, fixture_bytes(dt), y, K / 2), SERVD_EINVAL);
     assert_null(servd_tensor_new(dt, 2, (int64_t[]){2, K + K / 2}));
     free(y);
-    servd_tensor_release(tab);
-    servd_tensor_release(ids);
-    servd_tensor_release(out);
-    servd_tensor_release(dq);
   }
 }
 

@@ -31,41 +31,18 @@ static const uint8_t *fixture_quantized(servd_dtype t) {
   return t == SERVD_Q5_0 ? q5_q5_0_quantized : q5_q5_1_quantized;
 }
 
-static void near_ulp(const float *got, const float *want, int64_t n, const char *what) {
-  for (int64_t i = 0; i < n; i++) {
-    if (fabsf(got[i] - want[i]) > fabsf(want[i]) * 0x1p-23f)
-      fail_msg("%s[%lld]: %a, gguf-py %a", what, (long long)i, got[i], want[i]);
-  }
-}
-
 static void test_decoder_vs_ggufpy(void **state) {
   (void)state;
   enum { NB = Q5_FIXTURE_BLOCKS, K = SERVD_QK, ROWS = NB / 2 };
   float y[NB * K];
   for (size_t t = 0; t < sizeof q5dtypes / sizeof *q5dtypes; t++) {
     const servd_dtype dt = q5dtypes[t];
-    const size_t bb = servd_dtype_block_bytes(dt);
     assert_int_equal(servd_row_to_f32(dt, fixture_bytes(dt), y, NB * K), 0);
-    near_ulp(y, fixture_values(dt), NB * K, servd_dtype_name(dt));
-
+    near_ggufpy(dt, "row", y, fixture_values(dt), NB * K);
     /* The same blocks as a (ROWS, 64) table: embedding rows and the dequantize op. */
-    servd_tensor *tab = tnew(dt, 2, ROWS, 2 * K);
-    memcpy(servd_tensor_data(tab), fixture_bytes(dt), NB * bb);
-    const int32_t idv[] = {3, 0, 1, 3, 2};
-    servd_tensor *ids = tnew(SERVD_I32, 1, 5, 0), *out = tnew(SERVD_F32, 2, 5, 2 * K);
-    servd_tensor *dq = tnew(SERVD_F32, 2, ROWS, 2 * K);
-    memcpy(servd_tensor_data(ids), idv, sizeof idv);
-    assert_int_equal(servd_embedding(out, tab, ids, 0), 0);
-    for (int i = 0; i < 5; i++) near_ulp(f(out) + i * 2 * K, fixture_values(dt) + idv[i] * 2 * K, 2 * K, "embedding");
-    memset(servd_tensor_data(dq), 0xff, servd_tensor_nbytes(dq));
-    assert_int_equal(servd_dequantize(dq, tab), 0);
-    near_ulp(f(dq), fixture_values(dt), NB * K, "dequantize");
+    check_table_lookups(dt, fixture_bytes(dt), fixture_values(dt), ROWS, 2 * K, (const int32_t[]){3, 0, 1, 3, 2}, 5);
     /* A row that is not whole blocks is refused. */
     assert_int_equal(servd_row_to_f32(dt, fixture_bytes(dt), y, 48), SERVD_EINVAL);
-    servd_tensor_release(tab);
-    servd_tensor_release(ids);
-    servd_tensor_release(out);
-    servd_tensor_release(dq);
   }
 }
 
