@@ -34,6 +34,13 @@ static inline servd_tensor *bench_matmul_weight(servd_dtype dt, int n, int k) {
   return w;
 }
 
+/* The m x k activations every matmul benchmark times, the same values in each. The caller releases it. */
+static inline servd_tensor *bench_matmul_input(int m, int k) {
+  servd_tensor *x = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, k});
+  for (int i = 0; i < m * k; i++) ((float *)servd_tensor_data(x))[i] = (float)(i % 17) / 8.0f - 1.0f;
+  return x;
+}
+
 /* One timing round: the last weight is timed on the AVX2 kernel (when the CPU has it: else its time
  * is 0), the others on the best kernel the CPU has.
  * t[d] = seconds per call of out = x @ w[d]^T, over `calls` calls after one warm-up call. */

@@ -33,9 +33,7 @@ int main(int argc, char **argv) {
     for (int d = 0; d < ND; d++) w[d] = bench_matmul_weight(dts[d], n, k);
     for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
       const int m = ms[mi];
-      servd_tensor *x = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, k}),
-                   *o = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, n});
-      for (int i = 0; i < m * k; i++) ((float *)servd_tensor_data(x))[i] = (float)(i % 17) / 8.0f - 1.0f;
+      servd_tensor *x = bench_matmul_input(m, k), *o = servd_tensor_new(SERVD_F32, 2, (int64_t[]){m, n});
       double t[ND][BENCH_MATMUL_MAX_ROUNDS], ratio[ND][BENCH_MATMUL_MAX_ROUNDS];
       const int calls = (int)(2e8 / ((double)n * k * (m < 8 ? 1 : m / 4))) + 1;
       for (int r = 0; r < rounds; r++) {
