@@ -4,6 +4,7 @@ Tests exit 77 (ctest's SKIP_RETURN_CODE) with the reason on stdout when somethin
 missing, and 1 with a message on failure.
 """
 import argparse
+import atexit
 import http.client
 import json
 import os
@@ -154,6 +155,7 @@ class Servd:
         e.update(env or {})
         self.proc = subprocess.Popen([a.servd, "--host", "127.0.0.1", "--port", "0"] + args, stdout=subprocess.PIPE,
                                      stderr=self.log, env=e, text=True)
+        atexit.register(self._kill_if_running)  # a failed check exits the test: no servd outlives it
         self.port = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -216,6 +218,11 @@ class Servd:
         st, _, data = self.request("GET", "/metrics", headers=headers)
         check(st == 200, f"/metrics answered {st}")
         return data.decode()
+
+    def _kill_if_running(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
         if sig is not None and self.proc.poll() is None:
