@@ -126,6 +126,14 @@ int servd__dev_side(const char *op, servd__dev_job job, void *args) {
 
 /* ---- the executor thread ------------------------------------------------------------------------ */
 /* Runs the slot at the ring's tail; ex->mu is held on entry and on return, not while the job runs. */
+
+/* Copies text into a fixed buffer, cut to fit: a message may be longer than the slot that carries
+ * it (snprintf("%s") would say the same, but compilers warn about the cut it intends). */
+static void copy_text(char *dst, size_t cap, const char *src) {
+  size_t n = strnlen(src, cap - 1);
+  memcpy(dst, src, n);
+  dst[n] = 0;
+}
 static void run_slot(executor *ex, slot *s) {
   const bool always = s->flags & SERVD__DEV_ALWAYS;
   const bool cancel = ex->cancel && !always;
@@ -167,13 +175,13 @@ static void run_slot(executor *ex, slot *s) {
   }
   if (s->w) {
     s->w->rc = rc;
-    if (rc) snprintf(s->w->msg, sizeof s->w->msg, "%s", msg);
+    if (rc) copy_text(s->w->msg, sizeof s->w->msg, msg);
     s->w->done = true;
     pthread_cond_broadcast(&ex->finished);
   } else if (rc && !cancel && !ex->err_rc) {
     ex->err_rc = rc;
     snprintf(ex->err_op, sizeof ex->err_op, "%s", s->op);
-    snprintf(ex->err_msg, sizeof ex->err_msg, "%s", msg);
+    copy_text(ex->err_msg, sizeof ex->err_msg, msg);
   }
 }
 
