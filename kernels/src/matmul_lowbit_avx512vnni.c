@@ -61,7 +61,10 @@ static void decode_q3_k(const servd_block_q3_k *b, dec512 *o) {
   /* servd_k3_scale for all 16 groups: low 4 bits from nibble g/8 of byte g%8, high 2 from bits
    * 2*(g/4) of byte 8 + g%4 */
   const __m512i g = lane_index(), m4 = _mm512_set1_epi32(0xF), m2 = _mm512_set1_epi32(3);
-  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->scales)); /* 12 used */
+  /* The 12 scale bytes end 2 bytes before the block does: a 16-byte load would read past the last one. */
+  uint8_t sb[16] = {0};
+  memcpy(sb, b->scales, sizeof b->scales);
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sb));
   const __m512i lo =
       _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(_mm512_and_si512(g, _mm512_set1_epi32(7)), bytes),
                                          _mm512_slli_epi32(_mm512_srli_epi32(g, 3), 2)),
