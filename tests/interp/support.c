@@ -76,6 +76,22 @@ int support_make_dir_with(char *dir_template, const char *file, const char *text
   return 0;
 }
 
+int support_pool_with_entry(char *dir_template, const char *file, const char *text, const char *entry,
+                            servd_pool **pool) {
+  if (support_make_dir_with(dir_template, file, text) < 0) return -1;
+  servd_pool_options o = {.n_interpreters = 1, .world_size = 1, .extra_sys_path = dir_template};
+  if (servd_pool_create(NULL, &o, pool) < 0) {
+    fprintf(stderr, "%s\n", servd_last_error());
+    return -1;
+  }
+  servd_py_error err;
+  if (servd_interp__load_entry(servd_pool_get(*pool, 0), entry, &err) < 0) {
+    fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
+    return -1;
+  }
+  return 0;
+}
+
 double support_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -31,6 +31,11 @@ void support_expect_raises_prefix(servd_interp *it, const char *code, const char
 /* Makes a new folder from dir_template (".../NAME-XXXXXX", rewritten in place) holding file with text;
  * 0 or -1. */
 int support_make_dir_with(char *dir_template, const char *file, const char *text);
+/* A one-interpreter pool whose sys.path holds a new folder made from dir_template (rewritten in
+ * place) with file = text, and whose entry object is entry ("module:Class"); 0, or -1 after printing
+ * why. The caller destroys the pool and removes the folder. */
+int support_pool_with_entry(char *dir_template, const char *file, const char *text, const char *entry,
+                            servd_pool **pool);
 /* Resident set size of this process in bytes (from /proc/self/statm). */
 size_t support_rss(void);
 /* Runs a shell command; returns its exit status. */

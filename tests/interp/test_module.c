@@ -54,17 +54,7 @@ static servd_interp *it0(void) { return servd_pool_get(g_pool, 0); }
 static int setup(void **state) {
   (void)state;
   snprintf(g_dir, sizeof g_dir, "/tmp/servd-interp-test-XXXXXX");
-  if (support_make_dir_with(g_dir, "doubler.py", entry_py) < 0) return -1;
-  servd_pool_options o = {.n_interpreters = 1, .world_size = 1, .extra_sys_path = g_dir};
-  if (servd_pool_create(NULL, &o, &g_pool) < 0) {
-    fprintf(stderr, "%s\n", servd_last_error());
-    return -1;
-  }
-  servd_py_error err;
-  if (servd_interp__load_entry(servd_pool_get(g_pool, 0), "doubler:Doubler", &err) < 0) {
-    fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
-    return -1;
-  }
+  if (support_pool_with_entry(g_dir, "doubler.py", entry_py, "doubler:Doubler", &g_pool) < 0) return -1;
   support_exec(servd_pool_get(g_pool, 0), "import servd, math\nfrom servd import ops\n");
   return 0;
 }
