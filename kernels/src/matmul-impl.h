@@ -98,6 +98,9 @@ typedef struct servd__mm {
    * elements (the order in which a 32-bit load splits bf16 pairs); whole runs only. */
   const float *xeo;
   int64_t ldxeo; /* floats between rows */
+  /* VNNI q8_0/q4_0/q4_1/iq4_nl kernel in prefill: its weight tile's block scales, decoded once for
+   * every x row tile (matmul_avx512vnni.c); NULL: decoded per tile. */
+  const float *hdr;
 } servd__mm;
 
 typedef void (*servd__mm_fn)(const servd__mm *p, int64_t j0, int64_t j1);

@@ -2,16 +2,20 @@
  *
  * Per weight row, blocks go in groups of 16: their 16 f16 scales (and q4_1 mins) are collected into
  * one vector with word permutes (load_headers) and multiplied by the activation scales of the group;
- * the offset terms of q4_0 (-8*d) and q4_1 (m) meet s = d_x*sum(q_x) in one vector FMA per group.
+ * the offset terms of q4_0 (-8*d), q4_1 (m) and q8_0 (-128*d) meet s = d_x*sum(q_x) in one vector
+ * FMA per group.
  * iq4_nl is q4_0's layout with codes into a 16-value table: one vpshufb per nibble vector turns codes
  * into table value + 128 (unsigned for vpdpbusd), and the +128 comes off as the offset -128*d.
  * Inside a group:
  * - q4: 4 blocks per step; their 16-byte nibble runs fill the 4 lanes of a zmm (two loads and one
  *   word permute), low and high nibbles are split with one shift and two ands and multiplied
  *   (vpdpbusd, u8 x s8) with activations kept in the matching "quad" layout: no byte shuffles.
- * - q8_0: 2 blocks per step, signed x signed via |w| and x with w's sign.
- * Each 4-lane (q4) or 8-lane (q8_0) run of int32 dot lanes belongs to one block; one permute spreads
- * the group's block scales to those lanes, then one FMA accumulates in f32.
+ * - q8_0: the same 4 blocks per step and quad activations: two word permutes gather the 4 blocks'
+ *   values 0..15 and 16..31 into one zmm each, and xor 0x80 makes them unsigned (w + 128) for
+ *   vpdpbusd; the +128 comes off with the offset -128*d, as for iq4_nl. Per x row a q8_0 quad then
+ *   costs what a q4 quad does (two vpdpbusd, one conversion, one FMA), half q4's cost per byte.
+ * Each 4-lane run of int32 dot lanes belongs to one block; one permute spreads the group's block
+ * scales to those lanes, then one FMA accumulates in f32.
  * Up to RQ activation rows share each weight load (batched decode and prefill).
  */
 #include <immintrin.h>
@@ -109,23 +113,64 @@ static inline __m512i iq4_table(void) {
       _mm_add_epi8(_mm_loadu_si128((const __m128i *)servd_iq4_values), _mm_set1_epi8((char)0x80)));
 }
 
-/* q4_0's and iq4_nl's offset per unit of s: -8*d, -128*d. */
+/* q4_0's, iq4_nl's and q8_0's offset per unit of s: -8*d, -128*d, -128*d. */
 static inline __m512 offset_of(__m512 dw, const servd_dtype wt) {
-  return _mm512_mul_ps(dw, _mm512_set1_ps(wt == SERVD_IQ4_NL ? -128.0f : -8.0f));
+  return _mm512_mul_ps(dw, _mm512_set1_ps(wt == SERVD_Q4_0 ? -8.0f : -128.0f));
 }
 
-/* Blocks g+q.. of weight row c (4 of them, or `valid` < 4) against R activation rows. */
-static inline __attribute__((always_inline)) void q4_step(const char *wq, int bb, int64_t g, int q, int valid,
-                                                          const int8_t *const *xq, const __m512 (*ds)[NWMAX],
-                                                          __m512 (*acc)[NWMAX], const int c, const int R,
-                                                          const bool nl) {
-  const __m512i nib = _mm512_set1_epi8(0x0f);
-  const __m512i z =
-      valid >= 4 ? load_quad_full(wq - (bb == 20 ? 4 : 2) + q * bb, bb) : load_quad(wq + q * bb, bb, valid);
-  __m512i lo = _mm512_and_si512(z, nib), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
-  if (nl) {
-    lo = _mm512_shuffle_epi8(iq4_table(), lo);
-    hi = _mm512_shuffle_epi8(iq4_table(), hi);
+/* Values 0..15 (*lo) and 16..31 (*hi) of 4 q8_0 blocks whose quanta start at qs (`valid` < 4: the
+ * lanes of missing blocks are zero), block i in 128-bit lane i as in the quad activations, plus 128
+ * (xor 0x80): unsigned for vpdpbusd, the +128 taken off by the offset term -128*d as for iq4_nl.
+ * Whole quads: lo from the window [qs-2, qs+126), hi from [qs+6, qs+134) (both inside the 4 blocks'
+ * 136 bytes), one word permute each; block i's runs start at words 17i+1 and 17i+5 of them. */
+static inline __attribute__((always_inline)) void load_q8_quad(const char *qs, int valid, __m512i *lo, __m512i *hi) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  if (valid >= 4) {
+    static const uint16_t ilo[32] = {1,  2,  3,  4,  5,  6,  7,  8,  18, 19, 20, 21, 22, 23, 24, 25,
+                                     35, 36, 37, 38, 39, 40, 41, 42, 52, 53, 54, 55, 56, 57, 58, 59};
+    static const uint16_t ihi[32] = {5,  6,  7,  8,  9,  10, 11, 12, 22, 23, 24, 25, 26, 27, 28, 29,
+                                     39, 40, 41, 42, 43, 44, 45, 46, 56, 57, 58, 59, 60, 61, 62, 63};
+    const __m512i l =
+        _mm512_permutex2var_epi16(_mm512_loadu_si512(qs - 2), _mm512_loadu_si512(ilo), _mm512_loadu_si512(qs + 62));
+    const __m512i h =
+        _mm512_permutex2var_epi16(_mm512_loadu_si512(qs + 6), _mm512_loadu_si512(ihi), _mm512_loadu_si512(qs + 70));
+    *lo = _mm512_xor_si512(l, flip);
+    *hi = _mm512_xor_si512(h, flip);
+    return;
+  }
+  __m512i l = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)qs));
+  __m512i h = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)(qs + 16)));
+  if (valid > 1) {
+    l = _mm512_inserti32x4(l, _mm_loadu_si128((const __m128i *)(qs + 34)), 1);
+    h = _mm512_inserti32x4(h, _mm_loadu_si128((const __m128i *)(qs + 50)), 1);
+  }
+  if (valid > 2) {
+    l = _mm512_inserti32x4(l, _mm_loadu_si128((const __m128i *)(qs + 68)), 2);
+    h = _mm512_inserti32x4(h, _mm_loadu_si128((const __m128i *)(qs + 84)), 2);
+  }
+  const __mmask16 lanes = (__mmask16)((1u << (4 * valid)) - 1);
+  *lo = _mm512_mask_xor_epi32(l, lanes, l, flip);
+  *hi = _mm512_mask_xor_epi32(h, lanes, h, flip);
+}
+
+/* Blocks g+q.. of weight row c (4 of them, or `valid` < 4) against R activation rows; wq points at
+ * block g+q's quanta (q4_1: past d and m). */
+static inline __attribute__((always_inline)) void quad_step(const char *wq, int bb, int64_t g, int q, int valid,
+                                                            const int8_t *const *xq, const __m512 (*ds)[NWMAX],
+                                                            __m512 (*acc)[NWMAX], const int c, const int R,
+                                                            const servd_dtype wt) {
+  __m512i lo, hi;
+  if (wt == SERVD_Q8_0) {
+    load_q8_quad(wq + q * bb, valid, &lo, &hi);
+  } else {
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i z =
+        valid >= 4 ? load_quad_full(wq - (bb == 20 ? 4 : 2) + q * bb, bb) : load_quad(wq + q * bb, bb, valid);
+    lo = _mm512_and_si512(z, nib), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+    if (wt == SERVD_IQ4_NL) {
+      lo = _mm512_shuffle_epi8(iq4_table(), lo);
+      hi = _mm512_shuffle_epi8(iq4_table(), hi);
+    }
   }
   const __m512i idx =
       _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(q));
@@ -134,26 +179,6 @@ static inline __attribute__((always_inline)) void q4_step(const char *wq, int bb
     const int8_t *xp = xq[r] + (g + q) * 32; /* quad layout: 4 blocks per 128 bytes */
     __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)xp));
     dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
-    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, ds[r][c]), acc[r][c]);
-  }
-}
-
-/* Blocks g+q, g+q+1 (or only g+q when valid == 1) of q8_0 weight row c against R activation rows. */
-static inline __attribute__((always_inline)) void q8_step(const char *wg, int bb, int64_t g, int q, int valid,
-                                                          const int8_t *const *xq, const __m512 (*ds)[NWMAX],
-                                                          __m512 (*acc)[NWMAX], const int c, const int R) {
-  const char *b0 = wg + q * bb + 2;
-  __m512i z = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)b0));
-  if (valid > 1) z = _mm512_inserti64x4(z, _mm256_loadu_si256((const __m256i *)(b0 + bb)), 1);
-  const __m512i aw = _mm512_abs_epi8(z);
-  const __mmask64 neg = _mm512_movepi8_mask(z);
-  const __m512i idx =
-      _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_set1_epi32(q));
-#pragma GCC unroll 4
-  for (int r = 0; r < R; r++) {
-    __m512i xv = _mm512_load_si512((const void *)(xq[r] + (g + q) * 32));
-    xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-    const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, xv);
     acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, ds[r][c]), acc[r][c]);
   }
 }
@@ -212,6 +237,16 @@ static inline __attribute__((always_inline)) void q4_tail(const char *const *w, 
   }
 }
 
+/* The scales (*dw) and offsets per unit of s (*cw: q4_1's m, else offset_of) of the nbg (<= 16)
+ * blocks at wg; zero for missing blocks. */
+static inline __attribute__((always_inline)) void group_scales(const char *wg, const int nbg, const hdr_plan *pl,
+                                                               __m512 *dw, __m512 *cw, const servd_dtype wt) {
+  const int bb = wt == SERVD_Q8_0 ? 34 : wt == SERVD_Q4_1 ? 20 : 18;
+  const __m512i raw = nbg == 16 ? load_headers(wg, bb, 16, pl) : load_headers(wg, bb, nbg, pl);
+  *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+  *cw = wt != SERVD_Q4_1 ? offset_of(*dw, wt) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16)));
+}
+
 /* out rows i0..i0+R, columns j..j+NW = x rows . weight rows j..j+NW */
 static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64_t i0, int64_t j, const int R,
                                                        const int NW, const servd_dtype wt) {
@@ -260,39 +295,27 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
     __m512 ds[RQ][NWMAX];
 #pragma GCC unroll 4
     for (int c = 0; c < NW; c++) {
-      const __m512i raw =
-          nbg == 16 ? load_headers(w[c] + g * bb, bb, 16, pl) : load_headers(w[c] + g * bb, bb, nbg, pl);
-      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+      __m512 dw, cw;
+      if (p->hdr) { /* decoded once for every x row tile */
+        dw = _mm512_loadu_ps(p->hdr + 2 * c * p->xq.lds + g);
+        cw = _mm512_loadu_ps(p->hdr + (2 * c + 1) * p->xq.lds + g);
+      } else {
+        group_scales(w[c] + g * bb, nbg, pl, &dw, &cw, wt);
+      }
 #pragma GCC unroll 4
       for (int r = 0; r < R; r++) ds[r][c] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd[r] + g));
-      if (wt != SERVD_Q8_0) {
-        const __m512 cw =
-            wt != SERVD_Q4_1 ? offset_of(dw, wt) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16)));
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) accm[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), accm[r][c]);
-      }
+      for (int r = 0; r < R; r++) accm[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), accm[r][c]);
     }
     if (nbg == 16) { /* unrolled: the lane permutes become constants */
-      if (wt == SERVD_Q8_0) {
-#pragma GCC unroll 8
-        for (int q = 0; q < 16; q += 2)
 #pragma GCC unroll 4
-          for (int c = 0; c < NW; c++) q8_step(w[c] + g * bb, bb, g, q, 2, xq, ds, acc, c, R);
-      } else {
+      for (int q = 0; q < 16; q += 4)
 #pragma GCC unroll 4
-        for (int q = 0; q < 16; q += 4)
-#pragma GCC unroll 4
-          for (int c = 0; c < NW; c++)
-            q4_step(w[c] + g * bb + qoff, bb, g, q, 4, xq, ds, acc, c, R, wt == SERVD_IQ4_NL);
-      }
+        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, 4, xq, ds, acc, c, R, wt);
     } else {
-      const int step = wt == SERVD_Q8_0 ? 2 : 4;
-      for (int q = 0; q < nbg; q += step) {
+      for (int q = 0; q < nbg; q += 4) {
 #pragma GCC unroll 4
-        for (int c = 0; c < NW; c++) {
-          if (wt == SERVD_Q8_0) q8_step(w[c] + g * bb, bb, g, q, nbg - q, xq, ds, acc, c, R);
-          else q4_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, ds, acc, c, R, wt == SERVD_IQ4_NL);
-        }
+        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, ds, acc, c, R, wt);
       }
     }
   }
@@ -314,18 +337,46 @@ TILES(SERVD_Q4_0, q4_0)
 TILES(SERVD_Q4_1, q4_1)
 TILES(SERVD_IQ4_NL, iq4_nl)
 
+/* Scales and offsets of every block of weight rows j..j+nw as floats (group_scales), into hd:
+ * row c's at hd[2c * lds ..] and hd[(2c + 1) * lds ..]. */
+static void decode_scales(const servd__mm *p, int64_t j, int nw, float *hd) {
+  const servd_dtype wt = p->wt;
+  const int bb = wt == SERVD_Q8_0 ? 34 : wt == SERVD_Q4_1 ? 20 : 18;
+  const hdr_plan *pl = &plans[wt == SERVD_Q8_0 ? 0 : wt == SERVD_Q4_1 ? 2 : 1];
+  const int64_t nb = p->xq.nb, lds = p->xq.lds;
+  for (int c = 0; c < nw; c++) {
+    const char *w = p->w + (j + c) * p->ldw;
+    for (int64_t g = 0; g < nb; g += 16) {
+      const int nbg = nb - g < 16 ? (int)(nb - g) : 16;
+      __m512 dw, cw;
+      if (wt == SERVD_Q8_0) group_scales(w + g * bb, nbg, pl, &dw, &cw, SERVD_Q8_0);
+      else if (wt == SERVD_Q4_1) group_scales(w + g * bb, nbg, pl, &dw, &cw, SERVD_Q4_1);
+      else if (wt == SERVD_Q4_0) group_scales(w + g * bb, nbg, pl, &dw, &cw, SERVD_Q4_0);
+      else group_scales(w + g * bb, nbg, pl, &dw, &cw, SERVD_IQ4_NL);
+      _mm512_storeu_ps(hd + 2 * c * lds + g, dw);
+      _mm512_storeu_ps(hd + (2 * c + 1) * lds + g, cw);
+    }
+  }
+}
+
 void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
   const tile_fn(*t)[2] = p->wt == SERVD_Q8_0   ? tiles_q8_0
                          : p->wt == SERVD_Q4_0 ? tiles_q4_0
                          : p->wt == SERVD_Q4_1 ? tiles_q4_1
                                                : tiles_iq4_nl;
+  /* With more than one x row tile (prefill), the weight rows' block scales are decoded once per
+   * weight tile instead of once per x row tile: the word permutes that collect them are slow on
+   * some cores (q8_0's five per 16 blocks made its prefill ~1.4x slower per value than q4_1's). */
+  servd__mm pd = *p;
+  if (p->m > RQ) pd.hdr = servd__scratch(1, (size_t)(4 * p->xq.lds) * sizeof(float));
   /* Weight rows outer: a tile of NW rows stays in L1 while every activation row passes over it. */
   for (int64_t j = j0; j < j1;) {
     const int nw_full = p->m == 1 ? 4 : 2;
     const int nw = j1 - j >= nw_full ? nw_full : 1;
+    if (pd.hdr) decode_scales(p, j, nw, (float *)pd.hdr);
     for (int64_t i = 0; i < p->m; i += RQ) {
       const int R = p->m - i < RQ ? (int)(p->m - i) : RQ;
-      t[p->m == 1 ? RQ : R - 1][nw == 1](p, i, j);
+      t[p->m == 1 ? RQ : R - 1][nw == 1](&pd, i, j);
     }
     j += nw;
   }
