@@ -15,7 +15,7 @@
 /* x rows quantized to 8 bits per block of 32 (ggml's q8 activations, with an f32 scale):
  * row r block b holds 32 int8 q with x ~= q * d[r*lds + b], and s[r*lds + b] = d * sum(q).
  * Natural layout: block b of row r is qs[r*ldq + 32b .. +32].
- * Quad layout (the VNNI q4 kernels): blocks go in groups of 4; a group is 128 bytes, first the
+ * Quad layout (the VNNI q4 and q5 kernels): blocks go in groups of 4; a group is 128 bytes, first the
  * elements 0..15 of its 4 blocks, then their elements 16..31, matching how a q4 block packs its
  * nibbles (low nibbles = elements 0..15). A last partial group is zero padded.
  * d and s are zero from nb up to lds. */
@@ -128,7 +128,7 @@ void servd__mm_quant_avx2(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_kquant_avx2(const servd__mm *p, int64_t j0, int64_t j1);       /* matmul_k_avx2.c */
 void servd__mm_kquant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1); /* matmul_k_avx512vnni.c */
-/* q5_0 q5_1 on natural-layout q8 activations (matmul_q5_avx2.c, matmul_q5_avx512vnni.c) */
+/* q5_0 q5_1 (matmul_q5_avx2.c: natural q8 activations, matmul_q5_avx512vnni.c: quad layout) */
 void servd__mm_q5_avx2(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_q5_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1);
 

@@ -203,7 +203,7 @@ static int prepare(servd__mm *p, servd__mm_fn *fn) {
   } else if (servd_dtype_is_quantized(p->wt)) {
     const bool vnni = servd__cpu_has_vnni();
     p->xq.nb = p->k / SERVD_QK;
-    p->xq.quad = vnni && !servd__is_q5(p->wt);
+    p->xq.quad = vnni;
     p->xq.ldq = (p->xq.nb + 3) / 4 * 128; /* whole quads, a multiple of 64 bytes */
     p->xq.lds = (p->xq.nb + 15) / 16 * 16;
     size_t qbytes = (size_t)(p->m * p->xq.ldq), fbytes = (size_t)(p->m * p->xq.lds) * sizeof(float);

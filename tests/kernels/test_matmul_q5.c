@@ -102,6 +102,21 @@ static double wmax(servd_dtype dt, const servd_tensor *w, int64_t j, int64_t b) 
   return fabs(servd_f16_to_f32(d)) * 31 + fabs(servd_f16_to_f32(m));
 }
 
+/* rand_w with adversarial blocks mixed in: qh all set or all clear, nibbles all 15 or all 0, so that
+ * every element takes the extreme 5-bit values 0 and 31 somewhere (a dropped or doubled bit 4 shows). */
+static servd_tensor *extreme_w(servd_dtype dt, int64_t n, int64_t k) {
+  servd_tensor *w = rand_w(dt, n, k);
+  const size_t bb = servd_dtype_block_bytes(dt), hoff = dt == SERVD_Q5_0 ? 2 : 4;
+  uint8_t *p = servd_tensor_data(w);
+  for (int64_t b = 0; b < n * k / SERVD_QK; b++, p += bb) {
+    const int kind = (int)frand(0.0f, 4.0f);
+    if (kind == 3) continue; /* random */
+    memset(p + hoff, kind == 0 ? 0x00 : 0xff, 4);
+    memset(p + hoff + 4, kind == 1 ? 0x00 : 0xff, 16);
+  }
+  return w;
+}
+
 typedef struct shape {
   int64_t m, n, k;
 } shape;
@@ -120,6 +135,33 @@ static void test_matmul_q5(void **state) {
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) check_case(q5dtypes[t], shapes[i]);
 }
 
+/* The VNNI kernel's 16-block groups: exactly one group, a group plus 5..15 blocks (partial quads
+ * inside a group), the model's k = 1536 (three groups) at decode and prefill-sized m, and extreme
+ * blocks at both. */
+static void test_matmul_q5_groups(void **state) {
+  (void)state;
+  static const shape shapes[] = {{1, 5, 512},   {3, 11, 512},  {2, 6, 672},  {6, 19, 960}, {1, 7, 1024},
+                                 {1, 64, 1536}, {64, 9, 1536}, {5, 13, 736}, {1, 4, 1184}, {7, 3, 1056}};
+  for (size_t t = 0; t < sizeof q5dtypes / sizeof *q5dtypes; t++)
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+      const shape s = shapes[i];
+      check_case(q5dtypes[t], s);
+      check_quant_matmul(q5dtypes[t], extreme_w(q5dtypes[t], s.n, s.k), s.m, SERVD_QK, wmax);
+    }
+}
+
+/* The VNNI kernel has a build for CPUs with GFNI and VBMI and one for those without (Cascade Lake);
+ * this one turns the first off (an internal switch of the kernels library) so that the second is
+ * checked here too, on the same shapes. */
+void servd__q5_use_gfni(bool on);
+
+static void test_matmul_q5_without_gfni(void **state) {
+  servd__q5_use_gfni(false);
+  test_matmul_q5(state);
+  test_matmul_q5_groups(state);
+  servd__q5_use_gfni(true);
+}
+
 /* Several q5 weights sharing one x (the q/k/v and gate/up projections) match one by one. */
 static void test_matmul_many_q5(void **state) {
   (void)state;
@@ -136,8 +178,12 @@ static void test_nonfinite_x(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_decoder_vs_ggufpy), cmocka_unit_test(test_quantizer_vs_ggufpy),
-      cmocka_unit_test(test_matmul_q5),         cmocka_unit_test(test_matmul_many_q5),
+      cmocka_unit_test(test_decoder_vs_ggufpy),
+      cmocka_unit_test(test_quantizer_vs_ggufpy),
+      cmocka_unit_test(test_matmul_q5),
+      cmocka_unit_test(test_matmul_q5_groups),
+      cmocka_unit_test(test_matmul_q5_without_gfni),
+      cmocka_unit_test(test_matmul_many_q5),
       cmocka_unit_test(test_nonfinite_x),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
