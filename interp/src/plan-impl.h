@@ -45,6 +45,21 @@ void plan__par_free(plan_par *x); /* accepts NULL */
 /* Whether the parallel executor fuses nodes i (gate/up matmul_many) and i + 1 (their SwiGLU). */
 bool plan__fuses_swiglu(const servd_plan *p, int i);
 
+/* Fusions of the serial walk (plan_fuse.c): a group of nodes run as one pool job. */
+enum { PLAN_FUSE_NONE, PLAN_FUSE_ROPE_KV, PLAN_FUSE_GATE_UP_SWIGLU, PLAN_FUSE_KINDS };
+extern const char *const plan__fuse_names[PLAN_FUSE_KINDS];
+extern const int plan__fuse_len[PLAN_FUSE_KINDS]; /* nodes per group */
+typedef struct plan_fusion plan_fusion;
+void plan__fusion_free(plan_fusion *f); /* accepts NULL */
+/* Makes p's fused groups (at capture, unless SERVD_PLAN_FUSE=off); the serial walk's first replay
+ * checks each against its nodes. */
+void plan__fuse(servd_plan *p);
+/* The serial walk, with the fused groups. */
+int plan__serial_run(servd_plan *p);
+/* The kind of the fused group starting at node i (PLAN_FUSE_NONE: none). */
+int plan__fused_at(const servd_plan *p, int i);
+const char *plan__op_name(servd_op_id op);
+
 struct servd_plan {
   plan_node *nodes;
   int n, cap;
@@ -54,7 +69,12 @@ struct servd_plan {
   servd_attn_batch attn; /* the running step's layout: set by each replay */
   servd_tensor *logits;  /* what the forward returned (one reference), or NULL */
   const plan_executor *exec;
-  plan_par *par; /* the parallel executor's slices, made at its first replay */
+  plan_par *par;               /* the parallel executor's slices, made at its first replay */
+  plan_fusion *fusion;         /* the serial walk's fused groups, made at capture, checked at its first replay */
+  bool fusion_tried, fuse_off; /* fuse_off: SERVD_PLAN_FUSE=off at capture */
+  /* SERVD_PLAN_PROFILE=1 at capture: ns per op id, then per fused kind; printed at destroy */
+  int64_t *prof_ns;
+  int64_t prof_steps;
   /* Guard: the owned tensors the nodes use, each with the references the plan holds on it, and
    * their storages, each with the number of those tensors over it. */
   struct plan_held {

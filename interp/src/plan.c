@@ -13,10 +13,37 @@ static const char *const op_names[] = {
 };
 _Static_assert(sizeof op_names / sizeof op_names[0] == SERVD_OP_COUNT, "plan.c: one name per op");
 
+const char *plan__op_name(servd_op_id op) { return (unsigned)op < SERVD_OP_COUNT ? op_names[op] : "?"; }
+
 static const char *const in_names[PLAN_IN_COUNT] = {"tokens", "positions", "slots", "logit_rows"};
+
+/* SERVD_PLAN_PROFILE: where the replayed steps spent their time, by op and fused kind. */
+static void print_profile(const servd_plan *p, FILE *f) {
+  int64_t total = 0;
+  for (int k = 0; k < SERVD_OP_COUNT + PLAN_FUSE_KINDS; k++) total += p->prof_ns[k];
+  if (p->prof_steps == 0 || total == 0) return;
+  fprintf(f, "plan profile: %d tokens, %lld replayed steps, %.1f us per step in nodes\n", p->n_tokens,
+          (long long)p->prof_steps, (double)total / 1e3 / (double)p->prof_steps);
+  for (int k = 0; k < SERVD_OP_COUNT + PLAN_FUSE_KINDS; k++) {
+    if (!p->prof_ns[k]) continue;
+    int nodes = 0; /* nodes of op k outside fused groups, or groups of fused kind k */
+    for (int i = 0; i < p->n;) {
+      int fk = plan__fused_at(p, i);
+      nodes += fk ? k == SERVD_OP_COUNT + fk : (int)p->nodes[i].op == k;
+      i += plan__fuse_len[fk];
+    }
+    fprintf(f, "  %-16s %4d %s  %8.1f us per step  %5.1f%%\n",
+            k < SERVD_OP_COUNT ? op_names[k] : plan__fuse_names[k - SERVD_OP_COUNT], nodes,
+            k < SERVD_OP_COUNT ? "nodes " : "groups", (double)p->prof_ns[k] / 1e3 / (double)p->prof_steps,
+            100.0 * (double)p->prof_ns[k] / (double)total);
+  }
+}
 
 void servd_plan_destroy(servd_plan *p) {
   if (!p) return;
+  if (p->prof_ns) print_profile(p, stderr);
+  free(p->prof_ns);
+  plan__fusion_free(p->fusion);
   for (int i = 0; i < p->n; i++)
     for (int j = 0; j < p->nodes[i].nt; j++) servd_tensor_release(p->nodes[i].t[j]);
   for (int k = 0; k < PLAN_IN_COUNT; k++) servd_tensor_release(p->in[k]);
@@ -93,6 +120,12 @@ int servd_plan_capture(servd_interp *it, const servd_forward_batch *b, int64_t t
   p->kv = b->kv;
   const char *ex = getenv("SERVD_PLAN_EXEC");
   p->exec = ex && !strcmp(ex, "parallel") ? &plan__host_parallel_executor : &plan__host_executor;
+  const char *fu = getenv("SERVD_PLAN_FUSE"), *pr = getenv("SERVD_PLAN_PROFILE");
+  p->fuse_off = fu && !strcmp(fu, "off");
+  if (pr && strcmp(pr, "0") && !(p->prof_ns = calloc(SERVD_OP_COUNT + PLAN_FUSE_KINDS, sizeof *p->prof_ns))) {
+    servd_plan_destroy(p);
+    return servd_fail(SERVD_ENOMEM, "plan: profile");
+  }
   const int32_t *src[PLAN_IN_COUNT] = {b->tokens, b->positions, b->slots, b->logit_rows};
   for (int k = 0; k < PLAN_IN_COUNT; k++)
     if (!(p->in[k] = i32_input(src[k], k == PLAN_IN_LOGIT_ROWS ? b->n_logit_rows : b->n_tokens))) {
@@ -119,6 +152,7 @@ int servd_plan_capture(servd_interp *it, const servd_forward_batch *b, int64_t t
     servd_plan_destroy(p);
     return rc;
   }
+  plan__fuse(p);
   *plan = p;
   return 0;
 }
@@ -209,17 +243,7 @@ int plan__run_node(servd_plan *p, const plan_node *n) {
   }
 }
 
-static int host_run(servd_plan *p) {
-  for (int i = 0; i < p->n; i++) {
-    int rc = plan__run_node(p, &p->nodes[i]);
-    if (rc < 0) {
-      char msg[400]; /* servd_fail writes the buffer servd_last_error returns: copy it first */
-      snprintf(msg, sizeof msg, "%s", servd_last_error());
-      return servd_fail(rc, "plan replay, op %d (%s): %s", i, op_names[p->nodes[i].op], msg);
-    }
-  }
-  return 0;
-}
+static int host_run(servd_plan *p) { return plan__serial_run(p); }
 
 const plan_executor plan__host_executor = {"host-serial", host_run};
 
@@ -234,8 +258,11 @@ int servd_plan_replay(servd_plan *p, const servd_forward_batch *b, servd_tensor 
     if (n > 0) memcpy(servd_tensor_data(p->in[k]), src[k], sizeof(int32_t) * (size_t)n);
   }
   p->attn = b->attn;
+  const bool first = !p->fusion_tried;
   int rc = p->exec->run(p);
-  memset(&p->attn, 0, sizeof p->attn); /* the step's arrays are the engine's again */
+  if (p->prof_ns && first) memset(p->prof_ns, 0, sizeof *p->prof_ns * (SERVD_OP_COUNT + PLAN_FUSE_KINDS));
+  else if (p->prof_ns) p->prof_steps++; /* the first replay checks the fusions: not counted */
+  memset(&p->attn, 0, sizeof p->attn);  /* the step's arrays are the engine's again */
   if (rc == 0 && p->logits) {
     servd_tensor_retain(p->logits);
     *logits = p->logits;
@@ -280,11 +307,15 @@ void servd_plan_print(const servd_plan *p, FILE *f) {
       else bytes += tensor_bytes(t);
       fprintf(f, "%s%s", j ? ", " : " ", tensor_name(p, n->t[j], b, sizeof b));
     }
-    fprintf(f, "  [%zu bytes%s]%s\n", bytes,
-            n->op == SERVD_OP_attention || n->op == SERVD_OP_attention_window ? " + the KV rows read" : "",
-            p->exec == &plan__host_parallel_executor && plan__fuses_swiglu(p, i)
-                ? "  fused with the next (gate/up + SwiGLU per column slice, checked bit-equal at first use)"
-                : "");
+    int fused = p->exec == &plan__host_executor ? plan__fused_at(p, i) : PLAN_FUSE_NONE;
+    fprintf(f, "  [%zu bytes%s]", bytes,
+            n->op == SERVD_OP_attention || n->op == SERVD_OP_attention_window ? " + the KV rows read" : "");
+    if (p->exec == &plan__host_parallel_executor && plan__fuses_swiglu(p, i))
+      fprintf(f, "  fused with the next (gate/up + SwiGLU per column slice, checked bit-equal at first use)");
+    if (fused)
+      fprintf(f, "  fused %s: with the next %d, one pool job (checked bit-equal against them at first use)",
+              plan__fuse_names[fused], plan__fuse_len[fused] - 1);
+    fputc('\n', f);
     total += bytes;
   }
   fprintf(f, "plan: %zu bytes of tensors touched per step (%.1f MB)\n", total, (double)total / 1e6);

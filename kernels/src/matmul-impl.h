@@ -105,6 +105,11 @@ typedef struct servd__mm {
 
 typedef void (*servd__mm_fn)(const servd__mm *p, int64_t j0, int64_t j1);
 
+/* A matmul's descriptor from its tensors (checked as servd_matmul checks them), and its prepared x
+ * (in the calling thread's scratch slot 0; m, k > 0) and kernel: for fused kernels (fused_*.c). */
+int servd__mm_setup(servd__mm *p, servd_tensor *out, const servd_tensor *x, const servd_tensor *w);
+int servd__mm_prepare(servd__mm *p, servd__mm_fn *fn);
+
 /* Quantizes m rows of x (k a multiple of 32) into q (sized by the caller). */
 void servd__quantize_q8x(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8x *q);
 void servd__quantize_q8x_avx512(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8x *q);

@@ -323,3 +323,11 @@ int servd_matmul_many(int count, servd_tensor *const *outs, const servd_tensor *
   servd_parallel_for(row_blocks * t.first[count], grain_of(&p[0]), run_many, &t);
   return 0;
 }
+
+/* ---- for fused kernels (fused_*.c) ------------------------------------------------------------ */
+
+int servd__mm_setup(servd__mm *p, servd_tensor *out, const servd_tensor *x, const servd_tensor *w) {
+  return setup(p, out, x, w);
+}
+
+int servd__mm_prepare(servd__mm *p, servd__mm_fn *fn) { return prepare(p, fn); }

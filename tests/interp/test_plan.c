@@ -19,17 +19,25 @@ static char g_dir[256];
  * sequence's values; logits = the logit rows of that mean. Buffers are made once per step size and
  * kept, as models/llama does; grow() replaces them (host growth). */
 static const char *entry_py =
+    "import array, math\n"
     "import servd\n"
     "from servd import ops\n"
-    "VOCAB, DIM = 16, 8\n"
+    "VOCAB, DIM, FF, WIDE = 16, 8, 96, 8192\n"
     "class Mean:\n"
     "    def __init__(self):\n"
     "        self.table = servd.tensor([[i + j / 10 for j in range(DIM)] for i in range(VOCAB)])\n"
     "        self.mode = 'plain'\n"
     "        self.steps = 0\n"
     "        self.grow()\n"
+    "        w = lambda n, k, s: servd.tensor(array.array('f', (math.sin(s * i) / k for i in range(n * "
+    "k))).tobytes(),\n"
+    "                                         shape=(n, k))\n"
+    "        self.wg, self.wu, self.wq, self.wk = w(FF, DIM, 0.7), w(FF, DIM, 1.3), w(WIDE, FF, 0.11), w(DIM, DIM, "
+    "2.1)\n"
+    "        self.rope = servd.Rope(layout='interleaved', head_dim=4, theta=100.0)\n"
     "    def grow(self):\n"
     "        self.buf = [servd.empty((8, DIM)) for _ in range(4)]\n"
+    "        self.fbuf = [servd.empty((8, FF)), servd.empty((8, FF)), servd.empty((8, WIDE)), servd.empty((8, WIDE))]\n"
     "        self.views = {}\n"
     "    def set_mode(self, m):\n"
     "        self.mode = m\n"
@@ -46,11 +54,31 @@ static const char *entry_py =
     "            ops.add(x, x, k)\n"
     "        if self.mode == 'softmax':\n"
     "            ops.softmax(k)\n"
+    "        if self.mode == 'fused':\n"
+    "            return self.fused(batch, x, k, a)\n"
     "        ops.kv_write(batch.kv, 0, k, x, batch.slots)\n"
     "        ops.attention(a, x, batch.kv, 0, batch, 1, 1.0)\n"
     "        r = len(batch.logit_rows)\n"
     "        out = sel.narrow(0, 0, r)\n"
     "        ops.embedding(out, a, batch.logit_rows)\n"
+    "        return out\n"
+    /* The patterns the serial walk fuses (gate/up + SwiGLU, RoPE of q and k + KV write) with a q
+     * wide enough that a step of 2 tokens splits into row slices; the logit rows are q's, so they
+     * carry both, and the next step's attention reads the KV rows. */
+    "    def fused(self, batch, x, k, a):\n"
+    "        n, r = batch.n_tokens, len(batch.logit_rows)\n"
+    "        g, u, q, out = (b.narrow(0, 0, m) for b, m in zip(self.fbuf, (n, n, n, r)))\n"
+    "        ops.matmul_many(x, g, self.wg, u, self.wu)\n"
+    "        ops.swiglu(g, g, u)\n"
+    "        ops.matmul(q, g, self.wq)\n"
+    "        ops.matmul(k, x, self.wk)\n"
+    "        ops.rope(q, batch.positions, self.rope)\n"
+    "        ops.rope(k, batch.positions, self.rope)\n"
+    "        ops.kv_write(batch.kv, 0, k, x, batch.slots)\n"
+    "        ops.attention(a, k, batch.kv, 0, batch, 1, 1.0)\n"
+    "        ops.add(x, x, a)\n"
+    "        ops.matmul(q.narrow(1, 0, DIM), x, self.wk)\n"
+    "        ops.embedding(out, q, batch.logit_rows)\n"
     "        return out\n";
 
 static int setup(void **state) {
@@ -262,12 +290,88 @@ static void test_buffers_moved(void **state) {
   servd_kv_cache_destroy(s.kv);
 }
 
+/* The serial walk's fused groups (plan_fuse.c) against the same steps through Python and against
+ * the plan replayed unfused: the logits bit for bit, step after step (each step's attention reads
+ * the KV rows the fused groups wrote before). */
+static servd_tensor *eager_step(seqs *s, int n, const int32_t *tok) {
+  servd_tensor *logits = NULL;
+  servd_py_error err;
+  int rc = servd_interp_forward_deadline(servd_pool_get(g_pool, 0), seqs_step(s, n, tok), 0, &logits, &err);
+  if (rc) fprintf(stderr, "%s: %s\n%s\n", err.type, err.message, err.traceback);
+  assert_int_equal(rc, 0);
+  return logits;
+}
+
+static bool plan_says(const servd_plan *p, const char *what) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  servd_plan_print(p, f);
+  fclose(f);
+  bool says = strstr(text, what) != NULL;
+  free(text);
+  return says;
+}
+
+static servd_plan *capture_any(seqs *s, int n, const int32_t *tok) {
+  servd_tensor *logits = NULL;
+  servd_py_error err;
+  servd_plan *p = NULL;
+  char why[256] = "";
+  assert_int_equal(
+      servd_plan_capture(servd_pool_get(g_pool, 0), seqs_step(s, n, tok), 0, &logits, &err, &p, why, sizeof why), 0);
+  servd_tensor_release(logits);
+  if (!p) fprintf(stderr, "not captured: %s\n", why);
+  assert_non_null(p);
+  return p;
+}
+
+static void test_fused_groups(void **state) {
+  (void)state;
+  set_mode("\"fused\"");
+  setenv("SERVD_PLAN_EXEC", "serial", 1);
+  seqs se, sf, su; /* eager, fused, unfused: each its own cache, the same steps */
+  seqs_init(&se);
+  seqs_init(&sf);
+  seqs_init(&su);
+  const int32_t first[2] = {3, 5};
+  servd_tensor_release(eager_step(&se, 2, first));
+  servd_plan *fused = capture_any(&sf, 2, first);
+  setenv("SERVD_PLAN_FUSE", "off", 1);
+  servd_plan *unfused = capture_any(&su, 2, first);
+  unsetenv("SERVD_PLAN_FUSE");
+  for (int step = 0; step < 6; step++) {
+    const int32_t tok[2] = {(step * 5 + 1) % VOCAB, (step * 3 + 2) % VOCAB};
+    servd_tensor *want = eager_step(&se, 2, tok), *got = NULL, *plain = NULL;
+    char why[256];
+    const servd_forward_batch *fb = seqs_step(&sf, 2, tok);
+    assert_int_equal(servd_plan_check(fused, fb, why, sizeof why), 0);
+    assert_int_equal(servd_plan_replay(fused, fb, &got), 0);
+    assert_memory_equal(servd_tensor_data(got), servd_tensor_data(want), servd_tensor_nbytes(want));
+    servd_tensor_release(got);
+    assert_int_equal(servd_plan_replay(unfused, seqs_step(&su, 2, tok), &plain), 0);
+    assert_memory_equal(servd_tensor_data(plain), servd_tensor_data(want), servd_tensor_nbytes(want));
+    servd_tensor_release(plain);
+    servd_tensor_release(want);
+  }
+  /* both kinds still fused after their first-use check (a kind that differed would be dropped) */
+  assert_true(plan_says(fused, "fused rope_kv") && plan_says(fused, "fused gate_up_swiglu"));
+  assert_false(plan_says(unfused, "fused"));
+  servd_plan_destroy(fused);
+  servd_plan_destroy(unfused);
+  servd_kv_cache_destroy(se.kv);
+  servd_kv_cache_destroy(sf.kv);
+  servd_kv_cache_destroy(su.kv);
+  unsetenv("SERVD_PLAN_EXEC");
+  set_mode("\"plain\"");
+}
+
 int main(int argc, char **argv) {
   support_early_init(argc, argv);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_capture_replay), cmocka_unit_test(test_capture_replay_parallel),
       cmocka_unit_test(test_branch_differs), cmocka_unit_test(test_refused),
-      cmocka_unit_test(test_buffers_moved),
+      cmocka_unit_test(test_buffers_moved),  cmocka_unit_test(test_fused_groups),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

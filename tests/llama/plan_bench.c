@@ -1,5 +1,6 @@
-/* Benchmark (not a test): decode steps replayed from step plans against the same steps through
- * Python, at batch 1 and at a larger batch, with the anchors measured in the same run: the 2-thread
+/* Benchmark (not a test): decode steps replayed from step plans (the serial walk unfused and with
+ * its fusions, plan_fuse.c; the parallel executor) against the same steps through Python, at batch 1
+ * and at a larger batch, with the anchors measured in the same run: the 2-thread
  * streaming read rate of a buffer far beyond L3 (the batch-1 roofline: read rate / weight bytes) and
  * llama.cpp's llama-bench on the same GGUF. The modes alternate round by round so that both see the
  * same machine load; medians over rounds (the first, which captures, is left out). The replayed
@@ -98,6 +99,7 @@ static double llama_tg(const char *bin, const char *gguf, int threads, int n) {
 #define BLOCK 16
 typedef struct side {
   const char *exec; /* SERVD_PLAN_EXEC at its captures */
+  const char *fuse; /* SERVD_PLAN_FUSE at its captures */
   servd_pool *pool;
   servd_kv_cache *kv;
   servd_runner *rn;
@@ -130,6 +132,7 @@ static void side_close(side *s) {
  * last step's logits into last (vocab * batch floats). */
 static double decode(side *s, int batch, int steps, float *last, size_t last_n) {
   setenv("SERVD_PLAN_EXEC", s->exec ? s->exec : "serial", 1);
+  setenv("SERVD_PLAN_FUSE", s->fuse ? s->fuse : "on", 1);
   int32_t tok[256], pos[256], slot[256], row[256], qs[256], ql[256], kl[256];
   const int32_t *tables[256];
   for (int q = 0; q < batch; q++) tables[q] = s->blocks + q * s->per_seq;
@@ -203,19 +206,20 @@ int main(int argc, char **argv) {
     servd_tensor_release(t);
   }
 
-  /* through Python, the serial replay, the parallel replay (with its fusion); at batch 1 and big */
-  enum { MODES = 3 };
-  static const char *const mode_names[MODES] = {"through Python", "replayed (serial walk)",
-                                                "replayed (parallel, fused)"};
+  /* through Python; the serial replay unfused and with its fusions (plan_fuse.c); the parallel
+   * replay (with its own gate/up fusion); at batch 1 and big */
+  enum { MODES = 4, UNFUSED = 1 };
+  static const char *const mode_names[MODES] = {"through Python", "replayed (serial walk, unfused)",
+                                                "replayed (serial walk, fused)", "replayed (parallel)"};
   side sides[2][MODES];
   for (int b = 0; b < 2; b++)
     for (int m = 0; m < MODES; m++) {
-      sides[b][m].exec = m == 2 ? "parallel" : "serial";
       if (side_open(&sides[b][m], p, L, KV, HD, b ? big : 1, steps, m > 0)) {
         fprintf(stderr, "setup: %s\n", servd_last_error());
         return 1;
       }
-      sides[b][m].exec = m == 2 ? "parallel" : "serial";
+      sides[b][m].exec = m == 3 ? "parallel" : "serial";
+      sides[b][m].fuse = m == UNFUSED ? "off" : "on";
     }
   const size_t rbytes = (size_t)1 << 30; /* 1 GiB: far beyond any L3 */
   char *buf = aligned_alloc(64, rbytes);
@@ -226,7 +230,7 @@ int main(int argc, char **argv) {
   double *rr = calloc((size_t)rounds, sizeof *rr), *sec[2][MODES];
   for (int b = 0; b < 2; b++)
     for (int m = 0; m < MODES; m++) sec[b][m] = calloc((size_t)rounds, sizeof(double));
-  bool same[2][MODES] = {{true, true, true}, {true, true, true}};
+  bool same[2][MODES] = {{true, true, true, true}, {true, true, true, true}};
   for (int r = 0; r < rounds; r++) {
     rr[r] = read_rate(buf, rbytes);
     for (int b = 0; b < 2; b++) {
@@ -237,8 +241,8 @@ int main(int argc, char **argv) {
         if (sec[b][m][r] < 0) return 1;
         if (m) same[b][m] = same[b][m] && memcmp(ref, got, sizeof(float) * ln) == 0;
       }
-      fprintf(stderr, "round %d: read %.1f GB/s; batch %d: %.1f / %.1f / %.1f tok/s\n", r, rr[r], batch,
-              batch / sec[b][0][r], batch / sec[b][1][r], batch / sec[b][2][r]);
+      fprintf(stderr, "round %d: read %.1f GB/s; batch %d: %.1f / %.1f / %.1f / %.1f tok/s\n", r, rr[r], batch,
+              batch / sec[b][0][r], batch / sec[b][1][r], batch / sec[b][2][r], batch / sec[b][3][r]);
     }
   }
   double tg = llama_tg(lb, gguf, threads, 64);
@@ -254,11 +258,16 @@ int main(int argc, char **argv) {
       printf("batch %d, %s: %.1f tok/s", batch, mode_names[m], tok[b][m]);
       if (b == 0) printf(" (%.0f%% of the roofline)", 100 * tok[b][m] / roof);
       if (m) printf(", %.2fx through Python, logits bit-equal: %s", tok[b][m] / tok[b][0], same[b][m] ? "yes" : "NO");
+      if (m > UNFUSED) { /* also the median of the rounds' own ratios: each round's modes ran back to back */
+        double q[50];
+        for (int r = 1; r < rounds; r++) q[r - 1] = sec[b][UNFUSED][r] / sec[b][m][r];
+        printf(", %.3fx the unfused replay (per-round median %.3fx)", tok[b][m] / tok[b][UNFUSED], median(q, n));
+      }
       printf("\n");
     }
   if (tg > 0)
-    printf("llama-bench tg64: %.1f tok/s; batch 1 serial / llama-bench = %.2fx, parallel = %.2fx\n", tg, tok[0][1] / tg,
-           tok[0][2] / tg);
+    printf("llama-bench tg64: %.1f tok/s; batch 1 / llama-bench: serial unfused %.2fx, fused %.2fx, parallel %.2fx\n",
+           tg, tok[0][1] / tg, tok[0][2] / tg, tok[0][3] / tg);
   else printf("llama-bench: not run (--gguf and --llama-bench)\n");
   bool all = true;
   for (int b = 0; b < 2; b++)

@@ -1,7 +1,7 @@
 /* Step plans in the runner: decode steps replayed from plans give the logits of the same steps
  * through the model's Python bit for bit (a runner with SERVD_PLANS=off beside it, on the tiny
- * Llama), and a prefill that makes the model grow its buffers drops the plan (logged with the reason)
- * and captures again, still bit for bit. */
+ * Llama), with the serial walk's fused groups, and a prefill that makes the model grow its buffers
+ * drops the plan (logged with the reason) and captures again, still bit for bit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -85,7 +85,9 @@ static void test_replay_and_growth(void **state) {
   assert_int_equal(mpk_open(g_pkg, &p), 0);
   side eager, plan;
   side_open(&eager, p, false);
+  setenv("SERVD_TRACE_PLAN", "1", 1); /* the plan's trace names its fused groups */
   side_open(&plan, p, true);
+  unsetenv("SERVD_TRACE_PLAN");
   /* stderr to a file: the runner logs why a plan was dropped */
   char log[600];
   snprintf(log, sizeof log, "%s/stderr.txt", g_tmp);
@@ -110,6 +112,11 @@ static void test_replay_and_growth(void **state) {
   assert_non_null(strstr(text, "step plan for decode batches of 1 dropped"));
   assert_non_null(strstr(text, "buffers moved"));
   assert_null(strstr(text, "step plans off"));
+  /* the serial walk fused each layer's RoPE + KV write and gate/up + SwiGLU, and each group gave
+   * its unfused nodes' bits at its first use (else it would say so and run them apart) */
+  assert_non_null(strstr(text, "fused rope_kv"));
+  assert_non_null(strstr(text, "fused gate_up_swiglu"));
+  assert_null(strstr(text, "differs from its unfused nodes"));
   side_close(&eager);
   side_close(&plan);
   mpk_close(p);
