@@ -152,8 +152,7 @@ static inline __attribute__((always_inline)) __mmask64 lane_bits(__m512i v, cons
 static inline __attribute__((always_inline)) __mmask64 quad_mask(const char *b0, const int bb, int valid, int h) {
   const int off = bb - 20 + 2 * h; /* qh is the 4 bytes before the 16 nibble bytes that end a block */
   uint64_t m = 0;
-#pragma GCC unroll 4
-  for (int p = 0; p < 4 && p < valid; p++) {
+  for (int p = 0; p < valid; p++) { /* valid < 4 */
     uint16_t v;
     memcpy(&v, b0 + p * bb + off, 2);
     m |= (uint64_t)v << (16 * p);
