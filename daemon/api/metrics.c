@@ -122,7 +122,11 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
             "Token masks computed for constrained decoding (one per constrained sequence per step).", F(guided_rows),
             G_U64);
   per_model(a, &b, st, "servd_guided_mask_seconds_total", "counter",
-            "Time the scheduler spent in the grammar engine computing token masks.", F(guided_mask_seconds), G_DBL);
+            "Time spent in the grammar engine computing token masks (beside the forward steps).",
+            F(guided_mask_seconds), G_DBL);
+  per_model(a, &b, st, "servd_guided_wait_seconds_total", "counter",
+            "Of that time, what the steps waited for after their forward (mask computation not overlapped).",
+            F(guided_wait_seconds), G_DBL);
   per_model(a, &b, st, "servd_guided_sequences", "gauge", "Sequences holding a grammar matcher.", F(guided_sequences),
             G_INT);
   per_model(a, &b, st, "servd_scheduler_steps_total", "counter", "Scheduler steps run.", F(steps), G_U64);

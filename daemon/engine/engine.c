@@ -478,7 +478,9 @@ static void scheduler_run(servd_model *m) {
       memset(&err, 0, sizeof err);
       int failed_rank = -1;
       int64_t t_step = servd_now_ns();
+      servd_guides_begin(m); /* the constrained rows' token masks, computed while the forward runs */
       int rc = servd_runner_step(m->runner, &b, &logits, &err, &failed_rank);
+      servd_guides_collect(m); /* before any row samples or finishes */
       const bool picked = rc == 0 && b.want_picks && logits && logits->dtype == SERVD_I32 && logits->ndim == 2 &&
                           logits->shape[0] == b.n_logit_rows && logits->shape[1] == 2;
       int row_len = b.want_hidden ? m->emb.dim : m->vocab;
@@ -512,7 +514,6 @@ static void scheduler_run(servd_model *m) {
           finish_ex(m, m->sched.planned[i]->owner, "error", code, msg, etype, false);
       } else {
         sched_commit(&m->sched);
-        servd_guides_prepare(m); /* the constrained rows' token masks, before any row samples */
         int row = 0;
         for (int i = 0; i < m->sched.n_planned; i++) {
           sched_seq *q = m->sched.planned[i];
@@ -898,6 +899,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   servd_runner_destroy(m->runner);
   servd_isolated_stop(m->iso, deadline_ms);
   servd_batcher_destroy(m->batcher);
+  servd_guides_stop(m->guides); /* its thread calls into the chat interpreter */
   if (m->ithread) servd_interp_thread_run(m->ithread, pool_destroy_job, m); /* finalize where it rendered */
   servd_interp_thread_stop(m->ithread);
   servd_pool_destroy(m->pool);
@@ -962,7 +964,8 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   s->kv_blocks_cached = m->kv_cached;
   s->prefix_cache_queries = m->prefix_queries;
   s->prefix_cache_hits = m->prefix_hits;
-  servd_guides_stats(m->guides, &s->guided_rows, &s->guided_mask_seconds, &s->guided_sequences);
+  servd_guides_stats(m->guides, &s->guided_rows, &s->guided_mask_seconds, &s->guided_wait_seconds,
+                     &s->guided_sequences);
   bool pending = m->inbox_head || m->n_waiting || m->n_running;
   s->last_step_age_s = pending ? (double)(servd_now_ns() - m->last_progress_ns) / 1e9 : 0.0;
   pthread_mutex_unlock(&mm->mu);

@@ -342,6 +342,8 @@ typedef struct servd_model_stats {
   /* Appended: isolation "process": the model's process was started again this many times. */
   bool isolated;
   int isolated_restarts;
+  /* Appended: of guided_mask_seconds (computed beside the forward), what the steps waited for. */
+  double guided_wait_seconds;
 } servd_model_stats;
 void servd_model_get_stats(const servd_model *m, servd_model_stats *s);
 

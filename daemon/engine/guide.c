@@ -6,16 +6,37 @@
 #include <string.h>
 
 #include "engine/engine_impl.h"
+#include "engine/interp_thread.h"
 #include "engine/model_error.h"
+
+typedef struct step_job step_job;
+struct step_job {
+  servd_model *m;
+  json_t *args, *res;
+  servd_py_error err;
+  int rc;
+  int64_t ns; /* the worker's time in the call */
+};
 
 struct servd_guides {
   uint64_t next_id;
   uint64_t *ended; /* ids of started matchers whose requests ended */
   int n_ended, cap_ended;
   int live; /* matchers started and not yet freed (scheduler thread only) */
+  /* The step in flight: begun before the forward, collected after it. */
+  servd_interp_thread *worker; /* makes the grammar calls; started at the first constrained step */
+  step_job job;
+  bool in_flight, posted;
+  int n_ended_sent;     /* ended ids the job frees */
+  servd_request **rows; /* the job's rows, in its order */
+  int n_rows, cap_rows;
+  uint8_t *masks; /* row i's mask at i * mask_bytes */
+  size_t masks_cap;
+  int mask_bytes;
   /* read by get_stats on other threads */
-  _Atomic uint64_t rows;
-  _Atomic uint64_t mask_ns;
+  _Atomic uint64_t rows_total;
+  _Atomic uint64_t mask_ns; /* the worker's time in the grammar calls */
+  _Atomic uint64_t wait_ns; /* the part of it the steps waited for, after their forward */
   _Atomic int live_pub;
 };
 
@@ -24,15 +45,25 @@ int servd_guides_create(servd_guides **out) {
   return *out ? 0 : servd_fail(SERVD_ENOMEM, "guided decoding: out of memory");
 }
 
+void servd_guides_stop(servd_guides *g) {
+  if (!g || !g->worker) return;
+  servd_interp_thread_stop(g->worker);
+  g->worker = NULL;
+}
+
 void servd_guides_free(servd_guides *g) {
   if (!g) return;
+  servd_guides_stop(g);
   free(g->ended);
+  free(g->rows);
+  free(g->masks);
   free(g);
 }
 
-void servd_guides_stats(const servd_guides *g, uint64_t *rows, double *mask_seconds, int *live) {
-  *rows = g ? atomic_load(&g->rows) : 0;
+void servd_guides_stats(const servd_guides *g, uint64_t *rows, double *mask_seconds, double *wait_seconds, int *live) {
+  *rows = g ? atomic_load(&g->rows_total) : 0;
   *mask_seconds = g ? (double)atomic_load(&g->mask_ns) / 1e9 : 0;
+  *wait_seconds = g ? (double)atomic_load(&g->wait_ns) / 1e9 : 0;
   *live = g ? atomic_load(&g->live_pub) : 0;
 }
 
@@ -89,7 +120,16 @@ int servd_model_guide_compile(servd_model *m, servd_guide_kind kind, const char 
   return *grammar ? 0 : servd_fail(SERVD_ENOMEM, "guided decoding: grammar");
 }
 
-/* ---- per step (scheduler thread) --------------------------------------------------------------- */
+/* ---- per step (scheduler thread; the grammar calls on the guide worker) ---------------------- */
+
+static int step_run(void *arg) {
+  step_job *j = arg;
+  int64_t t0 = servd_now_ns();
+  j->rc = servd_interp_call_json(servd_pool_get(j->m->pool, j->m->chat_interp), "guide_step", j->args, &j->res, 10000,
+                                 &j->err);
+  j->ns = servd_now_ns() - t0;
+  return 0; /* the call's result travels in j->rc, with its error */
+}
 
 static json_t *ended_ids(servd_guides *g) {
   json_t *a = json_array();
@@ -97,10 +137,11 @@ static json_t *ended_ids(servd_guides *g) {
   return a;
 }
 
-/* After a call that took the ended ids: they are gone in the interpreter. */
-static void ended_done(servd_guides *g) {
-  g->live -= g->n_ended;
-  g->n_ended = 0;
+/* After a call that took the first n ended ids: they are gone in the interpreter. */
+static void ended_done(servd_guides *g, int n) {
+  g->live -= n;
+  g->n_ended -= n;
+  memmove(g->ended, g->ended + n, (size_t)g->n_ended * sizeof *g->ended);
   atomic_store(&g->live_pub, g->live);
 }
 
@@ -111,73 +152,136 @@ static void fail_rows(servd_request **rows, int n, const char *fmt, const char *
   }
 }
 
-void servd_guides_prepare(servd_model *m) {
-  servd_guides *g = m->guides;
-  if (!g) return;
-  servd_request *stack[64], **rows = stack;
-  int n = 0;
-  if (m->sched.n_planned > 64 && !(rows = malloc((size_t)m->sched.n_planned * sizeof *rows))) rows = stack;
-  int cap = rows == stack ? 64 : m->sched.n_planned;
-  for (int i = 0; i < m->sched.n_planned && n < cap; i++) {
-    sched_seq *q = m->sched.planned[i];
-    servd_request *r = q->owner;
-    if (q->wants_logits && q->state == SCHED_RUNNING && r->guide.grammar) rows[n++] = r;
+/* Room for n rows and their masks (one buffer, row after row). */
+static int reserve(servd_guides *g, int n, int mask_bytes) {
+  if (n > g->cap_rows) {
+    servd_request **r = realloc(g->rows, (size_t)n * sizeof *r);
+    if (!r) return -1;
+    g->rows = r;
+    g->cap_rows = n;
   }
-  if (!n) goto out;
-  int64_t t0 = servd_now_ns();
+  size_t need = (size_t)n * (size_t)mask_bytes;
+  if (need > g->masks_cap) {
+    void *p = realloc(g->masks, need);
+    if (!p) return -1;
+    g->masks = p;
+    g->masks_cap = need;
+  }
+  return 0;
+}
+
+/* The planned row's request when it samples under a grammar this step, else NULL. */
+static servd_request *constrained(sched_seq *q) {
+  servd_request *r = q->owner;
+  return q->wants_logits && q->state == SCHED_RUNNING && r->guide.grammar ? r : NULL;
+}
+
+static int start_worker(servd_guides *g) {
+  if (g->worker) return 0;
+  return servd_interp_thread_start(&g->worker);
+}
+
+void servd_guides_begin(servd_model *m) {
+  servd_guides *g = m->guides;
+  if (!g || g->in_flight) return;
+  g->n_rows = 0;
+  int n = 0;
+  int nw = 0, mask_bytes = 0;
+  for (int i = 0; i < m->sched.n_planned; i++) {
+    servd_request *r = constrained(m->sched.planned[i]);
+    if (!r) continue;
+    n++;
+    if (!mask_bytes && servd_sampler_mask(r->sampler, &nw)) mask_bytes = nw * 4;
+  }
+  if (!n) return;
+  if (!mask_bytes || reserve(g, n, mask_bytes) || start_worker(g)) {
+    /* Nothing can be computed: the rows end with the reason (status 2), the others run on. */
+    for (int i = 0; i < m->sched.n_planned; i++) {
+      servd_request *r = constrained(m->sched.planned[i]);
+      if (r) fail_rows(&r, 1, "guided decoding: %s%s", "no memory or thread for the step's token masks", "");
+    }
+    return;
+  }
+  g->mask_bytes = mask_bytes;
   json_t *jrows = json_array();
-  for (int i = 0; i < n; i++) {
-    servd_request *r = rows[i];
+  for (int i = 0; i < m->sched.n_planned; i++) {
+    servd_request *r = constrained(m->sched.planned[i]);
+    if (!r) continue;
     servd_guide_seq *gs = &r->guide;
     if (!gs->started) gs->id = ++g->next_id;
     json_t *toks = json_array();
     int gen = r->seq.n_tokens - r->n_prompt;
     for (int k = gs->fed; k < gen; k++) json_array_append_new(toks, json_integer(r->seq.tokens[r->n_prompt + k]));
-    int nw;
-    uint32_t *mask = servd_sampler_mask(r->sampler, &nw);
+    /* The rows' masks lie one after another: guided.py hands them to llguidance's parallel executor. */
+    uint8_t *mask = g->masks + (size_t)g->n_rows * (size_t)mask_bytes;
     json_array_append_new(jrows, json_pack("[I, o, o, I, i]", (json_int_t)gs->id,
                                            gs->started ? json_null() : json_string(gs->grammar), toks,
-                                           (json_int_t)(uintptr_t)mask, nw * 4));
+                                           (json_int_t)(uintptr_t)mask, mask_bytes));
+    g->rows[g->n_rows++] = r;
   }
-  json_t *args = json_pack("[o, o]", jrows, ended_ids(g));
-  json_t *res = NULL;
-  servd_py_error err;
-  memset(&err, 0, sizeof err);
-  int rc = args ? servd_interp_call_json(servd_pool_get(m->pool, m->chat_interp), "guide_step", args, &res, 10000, &err)
-                : servd_fail(SERVD_ENOMEM, "guided decoding: arguments");
-  json_decref(args);
-  if (rc) {
+  step_job *j = &g->job;
+  memset(j, 0, sizeof *j);
+  j->m = m;
+  j->args = json_pack("[o, o]", jrows, ended_ids(g));
+  g->n_ended_sent = g->n_ended;
+  if (!j->args) {
+    j->rc = servd_fail(SERVD_ENOMEM, "guided decoding: arguments");
+    g->in_flight = true; /* collect reports it */
+    g->posted = false;
+    return;
+  }
+  servd_interp_thread_post(g->worker, step_run, j);
+  g->in_flight = true;
+  g->posted = true;
+}
+
+void servd_guides_collect(servd_model *m) {
+  servd_guides *g = m->guides;
+  if (!g || !g->in_flight) return;
+  int64_t t0 = servd_now_ns();
+  step_job *j = &g->job;
+  if (g->posted) servd_interp_thread_wait(g->worker);
+  g->in_flight = false;
+  int64_t waited = servd_now_ns() - t0;
+  servd_request **rows = g->rows;
+  int n = g->n_rows;
+  json_decref(j->args);
+  if (j->rc) {
     /* Which matchers exist is unknown now: the rows fail, and their ids are freed with them. */
-    if (err.type[0]) fail_rows(rows, n, "guided decoding: %.60s: %.400s", err.type, err.message);
+    if (j->err.type[0]) fail_rows(rows, n, "guided decoding: %.60s: %.400s", j->err.type, j->err.message);
     else fail_rows(rows, n, "guided decoding: %.400s%s", servd_last_error(), "");
     for (int i = 0; i < n; i++) rows[i]->guide.started = true;
     g->live += n;
     goto done;
   }
-  ended_done(g);
+  ended_done(g, g->n_ended_sent);
   for (int i = 0; i < n; i++) {
     servd_request *r = rows[i];
     servd_guide_seq *gs = &r->guide;
-    json_t *e = json_array_get(res, (size_t)i);
+    json_t *e = json_array_get(j->res, (size_t)i);
     if (!gs->started) g->live++;
     gs->started = true;
     gs->fed = r->seq.n_tokens - r->n_prompt;
     json_t *st = json_array_get(e, 0);
     gs->status = json_is_integer(st) ? (int)json_integer_value(st) : 2;
-    if (gs->status == 0) servd_sampler_mask_ready(r->sampler);
-    else if (gs->status == 2) {
+    if (gs->status == 0) {
+      int nw;
+      uint32_t *mask = servd_sampler_mask(r->sampler, &nw);
+      memcpy(mask, g->masks + (size_t)i * (size_t)g->mask_bytes, (size_t)nw * 4);
+      servd_sampler_mask_ready(r->sampler);
+    } else if (gs->status == 2) {
       const char *msg = json_string_value(json_array_get(e, 1));
       snprintf(gs->error, sizeof gs->error, "guided decoding: %.480s",
                msg && *msg ? msg : "guide_step() gave no result");
     }
   }
 done:
-  json_decref(res);
-  atomic_fetch_add(&g->rows, (uint64_t)n);
-  atomic_fetch_add(&g->mask_ns, (uint64_t)(servd_now_ns() - t0));
+  json_decref(j->res);
+  j->res = NULL;
+  atomic_fetch_add(&g->rows_total, (uint64_t)n);
+  atomic_fetch_add(&g->mask_ns, (uint64_t)j->ns);
+  atomic_fetch_add(&g->wait_ns, (uint64_t)waited);
   atomic_store(&g->live_pub, g->live);
-out:
-  if (rows != stack) free(rows);
 }
 
 void servd_guide_end(servd_model *m, servd_request *r) {
@@ -197,12 +301,16 @@ void servd_guide_end(servd_model *m, servd_request *r) {
 
 void servd_guides_flush(servd_model *m) {
   servd_guides *g = m->guides;
-  if (!g || !g->n_ended) return;
-  json_t *args = json_pack("[[], o]", ended_ids(g));
-  json_t *res = NULL;
-  if (args &&
-      servd_interp_call_json(servd_pool_get(m->pool, m->chat_interp), "guide_step", args, &res, 10000, NULL) == 0)
-    ended_done(g);
-  json_decref(args);
-  json_decref(res);
+  if (!g || !g->n_ended || g->in_flight || start_worker(g)) return;
+  step_job *j = &g->job;
+  memset(j, 0, sizeof *j);
+  j->m = m;
+  j->args = json_pack("[[], o]", ended_ids(g));
+  int sent = g->n_ended;
+  if (!j->args) return;
+  servd_interp_thread_run(g->worker, step_run, j);
+  if (j->rc == 0) ended_done(g, sent);
+  json_decref(j->args);
+  json_decref(j->res);
+  j->res = NULL;
 }

@@ -1,12 +1,16 @@
 /* Constrained decoding in the engine (internal): a request with a grammar (servd_gen_params.guide)
- * gets a masked sampler; before each step's sampling, one call into the model's Python hooks
- * (models/llama/guided.py, llguidance) feeds every constrained row the tokens it generated since the
- * last step and writes its next allowed-token bitmask straight into that row's sampler mask. All of
- * it runs on the scheduler thread, on the interpreter that renders chat templates, so the forward
- * ranks never wait for it and a grammar never blocks another model.
+ * gets a masked sampler. A row's mask for a step depends only on the tokens it generated before
+ * that step, so it is computed while the step's forward runs, as vLLM overlaps it with the GPU: just
+ * before the forward, one call into the model's Python hooks (models/llama/guided.py, llguidance)
+ * is handed to the guide worker, a thread of its own on the interpreter that renders chat
+ * templates. It feeds every constrained row the tokens it generated since the last step and writes
+ * the rows' next allowed-token bitmasks, one after another in one buffer (llguidance's parallel
+ * executor spreads several rows over threads). After the forward the scheduler collects them into
+ * the rows' sampler masks; it waits only for what the forward did not cover. A grammar never blocks
+ * another model, and the forward ranks never wait for it.
  *
  * Why one batched call per step: a call into an interpreter costs ~20 us of JSON and thread-state
- * switching; the mask itself is computed by llguidance with the GIL dropped.
+ * switching; the masks themselves are computed by llguidance with the GIL dropped.
  */
 #ifndef SERVD_ENGINE_GUIDE_H
 #define SERVD_ENGINE_GUIDE_H
@@ -20,6 +24,8 @@ typedef struct servd_request servd_request;
 /* Per model: sequences to free, counters. Created at load (causal-lm). */
 typedef struct servd_guides servd_guides;
 int servd_guides_create(servd_guides **out);
+/* Ends the guide worker (before the interpreters finalize); accepts NULL. */
+void servd_guides_stop(servd_guides *g);
 void servd_guides_free(servd_guides *g); /* accepts NULL */
 
 /* Per request: its grammar (copied at submit) and how far its matcher has been fed. */
@@ -32,15 +38,19 @@ typedef struct servd_guide_seq {
   char error[512];
 } servd_guide_seq;
 
-/* Before sampling the step's rows: for every planned running request with a grammar that wants
- * logits, fills its sampler's mask (status 0), or says why it must end (1: the grammar is complete,
- * finish "stop"; 2: error). Never finishes requests itself. */
-void servd_guides_prepare(servd_model *m);
+/* Before the step's forward: starts computing the masks of every planned running request with a
+ * grammar that wants logits. */
+void servd_guides_begin(servd_model *m);
+/* After the forward, before any row samples or finishes: waits for those masks and fills each row's
+ * sampler mask (status 0), or says why it must end (1: the grammar is complete, finish "stop";
+ * 2: error). Never finishes requests itself. A no-op when nothing was begun. */
+void servd_guides_collect(servd_model *m);
 /* The request ended: its matcher is freed at the next prepare or flush. */
 void servd_guide_end(servd_model *m, servd_request *r);
 /* Frees the matchers of ended requests (a no-op when none). */
 void servd_guides_flush(servd_model *m);
 /* Counters for the model's stats. */
-void servd_guides_stats(const servd_guides *g, uint64_t *rows, double *mask_seconds, int *live);
+/* mask_seconds: the worker's time in the grammar engine; wait_seconds: the part the steps waited for. */
+void servd_guides_stats(const servd_guides *g, uint64_t *rows, double *mask_seconds, double *wait_seconds, int *live);
 
 #endif

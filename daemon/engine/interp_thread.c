@@ -97,20 +97,30 @@ int servd_interp_thread_start(servd_interp_thread **out) {
   return 0;
 }
 
-int servd_interp_thread_run(servd_interp_thread *t, int (*fn)(void *arg), void *arg) {
-  pthread_mutex_lock(&t->callers);
+void servd_interp_thread_post(servd_interp_thread *t, int (*fn)(void *arg), void *arg) {
+  pthread_mutex_lock(&t->callers); /* held until the wait */
   pthread_mutex_lock(&t->mu);
   t->fn = fn;
   t->arg = arg;
   t->done = false;
   t->pending = true;
   pthread_cond_broadcast(&t->cv);
+  pthread_mutex_unlock(&t->mu);
+}
+
+int servd_interp_thread_wait(servd_interp_thread *t) {
+  pthread_mutex_lock(&t->mu);
   while (!t->done) pthread_cond_wait(&t->cv, &t->mu);
   int rc = t->rc;
   if (rc) servd_fail(rc, "%s", t->err);
   pthread_mutex_unlock(&t->mu);
   pthread_mutex_unlock(&t->callers);
   return rc;
+}
+
+int servd_interp_thread_run(servd_interp_thread *t, int (*fn)(void *arg), void *arg) {
+  servd_interp_thread_post(t, fn, arg);
+  return servd_interp_thread_wait(t);
 }
 
 static int release_devices_job(void *arg) {

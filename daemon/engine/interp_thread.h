@@ -22,6 +22,11 @@ typedef struct servd_interp_thread servd_interp_thread;
 int servd_interp_thread_start(servd_interp_thread **out); /* *out owned by the caller */
 /* Runs fn(arg) on the thread and returns its result; calls from several threads run one at a time. */
 int servd_interp_thread_run(servd_interp_thread *t, int (*fn)(void *arg), void *arg);
+/* servd_interp_thread_run in two halves, for a caller with work of its own meanwhile: post starts
+ * fn(arg) and returns at once; wait returns its result. Every post is followed by one wait before the
+ * thread takes any other job (a run from another caller waits until then). */
+void servd_interp_thread_post(servd_interp_thread *t, int (*fn)(void *arg), void *arg);
+int servd_interp_thread_wait(servd_interp_thread *t);
 /* Accepts NULL. The thread releases its device contexts and is kept for the next start (a few are
  * kept, the others joined): a thread that ran interpreter code leaves memory behind when it ends
  * (see servd_interp_thread_stop). */

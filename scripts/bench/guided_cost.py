@@ -8,13 +8,17 @@ rounds (free, constrained, constrained, free, ...).
 
 Every request generates exactly --max-tokens tokens (ignore_eos), so both sides decode the same
 number of tokens and only the grammar differs. The grammars are ones that never force the end:
-a regex of words (`guided_regex`) and a JSON array of at least 200 short strings
-(`response_format` json_schema), each computing a 49152-bit token mask per row per step through llguidance, as
-any constrained request does. Prints each round, the medians and the ratio constrained / free
+a regex of words (`guided_regex`), a JSON array of at least 200 records with free-length strings
+(the common case, where llguidance's slicer answers inside a string at once) and a JSON array of at
+least 200 strings of at most 12 characters (the costly case: a bounded string makes llguidance
+walk the whole token trie, ~0.2-0.3 ms a row), each computing a 49152-bit token mask per row per
+step, as any constrained request does. The masks are computed while the step's forward runs
+(daemon/engine/guide.h); the script prints servd_guided_wait_seconds_total, what steps still waited. Prints each round, the medians and the ratio constrained / free
 (1.0 is free of cost; the target is >= 0.90).
 """
 import argparse
 import concurrent.futures
+import http.client
 import os
 import statistics
 import sys
@@ -28,7 +32,11 @@ PROMPTS = ["List some fruits.", "Name animals of the forest.", "Which colours ar
            "Which tools does a carpenter use?", "List musical instruments."]
 GRAMMARS = {
     "regex": {"guided_regex": "([a-z]+ )+"},
-    "json_schema": {"response_format": {"type": "json_schema", "json_schema": {
+    "json_records": {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "records", "schema": {"type": "array", "minItems": 200, "items": {
+            "type": "object", "properties": {"name": {"type": "string"}, "note": {"type": "string"}},
+            "required": ["name", "note"], "additionalProperties": False}}}}},
+    "json_short_strings": {"response_format": {"type": "json_schema", "json_schema": {
         "name": "words", "schema": {"type": "array", "minItems": 200, "items": {"type": "string", "maxLength": 12}}}}},
 }
 
@@ -50,6 +58,22 @@ def one_round(port, streams, max_tokens, grammar):
     if tokens != streams * max_tokens:
         sys.exit(f"{grammar}: {tokens} tokens, expected {streams * max_tokens} (a grammar ended a request early)")
     return tokens / dt
+
+
+def guided_metrics(port):
+    """servd's constrained-decoding counters: masks computed, seconds computing, seconds waited."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    names = {"servd_guided_rows_total": "rows", "servd_guided_mask_seconds_total": "mask",
+             "servd_guided_wait_seconds_total": "wait"}
+    out = {v: 0.0 for v in names.values()}
+    for line in text.splitlines():
+        name = line.split("{")[0]
+        if name in names:
+            out[names[name]] += float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def main():
@@ -78,6 +102,9 @@ def main():
             line = " ".join(f"{k} {statistics.median(rates[k]):.1f} tok/s ({statistics.median(rates[k]) / free:.2f}x)"
                             for k in GRAMMARS)
             print(f"streams {streams}: median free {free:.1f} tok/s, {line}", flush=True)
+            m = guided_metrics(a.port)
+            print(f"streams {streams}: so far {m['rows']:.0f} masks, {m['mask']:.2f} s computing them beside the "
+                  f"forward, {m['wait']:.3f} s waited for after it", flush=True)
 
 
 if __name__ == "__main__":
