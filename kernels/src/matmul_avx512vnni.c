@@ -364,20 +364,33 @@ void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
                          : p->wt == SERVD_Q4_0 ? tiles_q4_0
                          : p->wt == SERVD_Q4_1 ? tiles_q4_1
                                                : tiles_iq4_nl;
-  /* With more than one x row tile (prefill), the weight rows' block scales are decoded once per
-   * weight tile instead of once per x row tile: the word permutes that collect them are slow on
+  if (p->m <= RQ) { /* one x row tile: weight rows stream past it */
+    for (int64_t j = j0; j < j1;) {
+      const int nw_full = p->m == 1 ? 4 : 2;
+      const int nw = j1 - j >= nw_full ? nw_full : 1;
+      t[p->m == 1 ? RQ : p->m - 1][nw == 1](p, 0, j);
+      j += nw;
+    }
+    return;
+  }
+  /* Batches: blocks of CHUNK weight rows and RQ x rows both stay in L1 while they meet (weight
+   * rows outer streamed all of x from L2 for every pair of weight rows), and the chunk's block
+   * scales are decoded once for every x row tile: the word permutes that collect them are slow on
    * some cores (q8_0's five per 16 blocks made its prefill ~1.4x slower per value than q4_1's). */
+  enum { CHUNK = 16 };
   servd__mm pd = *p;
-  if (p->m > RQ) pd.hdr = servd__scratch(1, (size_t)(4 * p->xq.lds) * sizeof(float));
-  /* Weight rows outer: a tile of NW rows stays in L1 while every activation row passes over it. */
-  for (int64_t j = j0; j < j1;) {
-    const int nw_full = p->m == 1 ? 4 : 2;
-    const int nw = j1 - j >= nw_full ? nw_full : 1;
-    if (pd.hdr) decode_scales(p, j, nw, (float *)pd.hdr);
+  float *hd = servd__scratch(1, (size_t)(2 * CHUNK * p->xq.lds) * sizeof(float));
+  for (int64_t jc = j0; jc < j1; jc += CHUNK) {
+    const int64_t je = j1 - jc < CHUNK ? j1 : jc + CHUNK;
+    if (hd) decode_scales(p, jc, (int)(je - jc), hd);
     for (int64_t i = 0; i < p->m; i += RQ) {
       const int R = p->m - i < RQ ? (int)(p->m - i) : RQ;
-      t[p->m == 1 ? RQ : R - 1][nw == 1](&pd, i, j);
+      for (int64_t j = jc; j < je;) {
+        const int nw = je - j >= 2 ? 2 : 1;
+        pd.hdr = hd ? hd + 2 * (j - jc) * p->xq.lds : NULL;
+        t[R - 1][nw == 1](&pd, i, j);
+        j += nw;
+      }
     }
-    j += nw;
   }
 }

@@ -133,8 +133,10 @@ static void check_case(servd_dtype dt, shape s) {
 static void test_matmul_kquant(void **state) {
   (void)state;
   /* decode (m = 1), odd row counts around the 4-row tile, more than one 128-row block (prefill),
-   * column counts off the 32-column item size. */
-  static const shape shapes[] = {{1, 37, 256}, {1, 64, 1536}, {3, 33, 512}, {5, 70, 1024}, {130, 9, 256}, {8, 1, 2048}};
+   * column counts off the 32-column item size; batches of 2..12 rows end in each row count of the
+   * 8-row batch kernel (7, 9 = 8 + 1, 12 = 8 + 4). */
+  static const shape shapes[] = {{1, 37, 256}, {1, 64, 1536}, {3, 33, 512}, {5, 70, 1024}, {130, 9, 256},
+                                 {8, 1, 2048}, {2, 6, 768},   {7, 5, 768},  {9, 11, 512},  {12, 3, 256}};
   for (size_t t = 0; t < sizeof kdtypes / sizeof *kdtypes; t++)
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) check_case(kdtypes[t], shapes[i]);
 }
