@@ -16,8 +16,12 @@
  *   them (vpaddb with a mask register): 5 more.
  * - A last group of 1..4 blocks (k = 576 leaves 2) is one masked window: nibbles, headers spread to
  *   the lanes of their block and both masks from three permutes of the same two registers.
- * Up to RQ activation rows share each weight load (batched decode and prefill). Weights are read as
- * they are stored: no repacking, no second copy.
+ * Up to RQ activation rows share each weight load (decode, batched decode).
+ * - Prompts (m > RQ): a chunk of weight rows is decoded once per call into the thread's L1 scratch
+ *   (q5_run_decoded), and every x row tile meets the decoded bytes: the fifth bit costs once per
+ *   weight block per call instead of once per x row tile (q4_1, whose decode is cheaper, decodes
+ *   its scales once per chunk and its nibbles per tile). Weights stay as the package stores them;
+ *   the scratch is ~16 KiB per thread, not a second copy of the weights.
  *
  * Two files compile this header: matmul_q5_gfni_avx512vnni.c with GFNI and VBMI enabled (Ice Lake,
  * Zen 4 and later) and matmul_q5_avx512vnni.c without them (Cascade Lake), which picks one of the
@@ -170,12 +174,10 @@ static inline __attribute__((always_inline)) void split5(__m512i z, __mmask64 ml
   *hi = _mm512_mask_add_epi8(h, mhi, h, bit4);
 }
 
-/* Blocks g+q.. (4 of them, or `valid` < 4) of weight row w against R activation rows. */
-static inline __attribute__((always_inline)) void q5_step(const char *w, const int bb, const q5_plan *pl, int64_t g,
-                                                          int q, int valid, const int8_t *const *xq,
-                                                          const __m512 (*ds)[NWMAX], __m512 (*acc)[NWMAX], const int c,
-                                                          const int R) {
-  const char *b0 = w + (g + q) * bb;
+/* The 5-bit values of 4 blocks from b0 (`valid` of them; missing ones zero) in the quad layout:
+ * lo = elements 0..15 of each block, hi = 16..31. */
+static inline __attribute__((always_inline)) void decode_quad(const char *b0, const int bb, const q5_plan *pl,
+                                                              int valid, __m512i *plo, __m512i *phi) {
   __m512i lo, hi;
   if (valid >= 4) { /* two loads inside the 4 blocks; word permutes give nibble runs and qh words */
     const __m512i a = _mm512_loadu_si512(b0);
@@ -200,6 +202,17 @@ static inline __attribute__((always_inline)) void q5_step(const char *w, const i
   } else {
     split5(load_quad(b0, bb, valid), quad_mask(b0, bb, valid, 0), quad_mask(b0, bb, valid, 1), &lo, &hi);
   }
+  *plo = lo;
+  *phi = hi;
+}
+
+/* Blocks g+q.. (4 of them, or `valid` < 4) of weight row w against R activation rows. */
+static inline __attribute__((always_inline)) void q5_step(const char *w, const int bb, const q5_plan *pl, int64_t g,
+                                                          int q, int valid, const int8_t *const *xq,
+                                                          const __m512 (*ds)[NWMAX], __m512 (*acc)[NWMAX], const int c,
+                                                          const int R) {
+  __m512i lo, hi;
+  decode_quad(w + (g + q) * bb, bb, pl, valid, &lo, &hi);
   const __m512i idx =
       _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(q));
 #pragma GCC unroll 4
@@ -221,8 +234,8 @@ static inline __m512 offset_of(__m512 dw, __m512i hdr, const servd_dtype wt) {
 static inline __attribute__((always_inline)) void q5_tail(const char *const *w, const int bb, const q5_plan *pl,
                                                           int64_t g, int nbg, const int8_t *const *xq,
                                                           const float *const *xd, const float *const *xs,
-                                                          __m512 (*acc)[NWMAX], __m512 (*accm)[NWMAX], const int R,
-                                                          const int NW, const servd_dtype wt) {
+                                                          __m512 (*acc)[NWMAX], const int R, const int NW,
+                                                          const servd_dtype wt) {
   const __m512i lanes4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const int bytes = nbg * bb;
   const __mmask64 ma = bytes >= 64 ? ~0ull : (1ull << bytes) - 1;
@@ -249,7 +262,7 @@ static inline __attribute__((always_inline)) void q5_tail(const char *const *w, 
       __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)xp));
       dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
       acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dxe[r]), acc[r][c]);
-      accm[r][c] = _mm512_fmadd_ps(cw, sxe[r], accm[r][c]);
+      acc[r][c] = _mm512_fmadd_ps(cw, sxe[r], acc[r][c]);
     }
   }
 }
@@ -263,7 +276,9 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
   const int8_t *xq[RQ];
   const float *xd[RQ], *xs[RQ];
   const char *w[NWMAX];
-  __m512 acc[RQ][NWMAX], accm[RQ][NWMAX];
+  /* one accumulator per output: the block terms and the offset terms sit in different lanes, but
+   * only the sum of all lanes is wanted (and fewer live registers leave room for the constants) */
+  __m512 acc[RQ][NWMAX];
 #pragma GCC unroll 4
   for (int c = 0; c < NW; c++) w[c] = p->w + (j + c) * p->ldw;
 #pragma GCC unroll 4
@@ -272,7 +287,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
     xd[r] = p->xq.d + (i0 + r) * p->xq.lds;
     xs[r] = p->xq.s + (i0 + r) * p->xq.lds;
 #pragma GCC unroll 4
-    for (int c = 0; c < NW; c++) acc[r][c] = accm[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < NW; c++) acc[r][c] = _mm512_setzero_ps();
   }
   const int64_t row_bytes = nb * bb;
   /* Software prefetch for weights streamed from DRAM, as in the q4 kernel (measured there). */
@@ -291,7 +306,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
       }
     }
     if (nbg <= 4) {
-      q5_tail(w, bb, pl, g, nbg, xq, xd, xs, acc, accm, R, NW, wt);
+      q5_tail(w, bb, pl, g, nbg, xq, xd, xs, acc, R, NW, wt);
       continue;
     }
     __m512 ds[RQ][NWMAX];
@@ -303,7 +318,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 #pragma GCC unroll 4
       for (int r = 0; r < R; r++) {
         ds[r][c] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd[r] + g));
-        accm[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), accm[r][c]);
+        acc[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), acc[r][c]);
       }
     }
     if (nbg == 16) { /* unrolled: the lane permutes and offsets become constants */
@@ -321,11 +336,10 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
   for (int r = 0; r < R; r++) {
     float *o = (float *)(p->out + (i0 + r) * p->ldo) + j;
     if (NW == 4) {
-      _mm_storeu_ps(o, reduce4(_mm512_add_ps(acc[r][0], accm[r][0]), _mm512_add_ps(acc[r][1], accm[r][1]),
-                               _mm512_add_ps(acc[r][2], accm[r][2]), _mm512_add_ps(acc[r][3], accm[r][3])));
+      _mm_storeu_ps(o, reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
     } else {
 #pragma GCC unroll 4
-      for (int c = 0; c < NW; c++) o[c] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][c], accm[r][c]));
+      for (int c = 0; c < NW; c++) o[c] = _mm512_reduce_add_ps(acc[r][c]);
     }
   }
 }
@@ -333,6 +347,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 TILES(SERVD_Q5_0, q5_0)
 TILES(SERVD_Q5_1, q5_1)
 
+/* Decode and batched decode (m <= RQ), and the fallback of q5_run_decoded. */
 static void q5_run(const servd__mm *p, int64_t j0, int64_t j1) {
   const tile_fn(*t)[2] = p->wt == SERVD_Q5_0 ? tiles_q5_0 : tiles_q5_1;
   /* Weight rows outer: a tile of NW rows stays in L1 while every activation row passes over it. */
@@ -344,6 +359,146 @@ static void q5_run(const servd__mm *p, int64_t j0, int64_t j1) {
       t[p->m == 1 ? RQ : R - 1][nw == 1](p, i, j);
     }
     j += nw;
+  }
+}
+
+/* ---- prompts: weight rows decoded once per call ------------------------------------------------
+ * With more than RQ x rows every weight block would be decoded once per x row tile; instead a
+ * chunk of weight rows is decoded once into the thread's L1 scratch (per row: the 5-bit values in
+ * the quad layout, nq*128 bytes, and the block scales and offsets as floats), and every x row tile
+ * then meets it with q8_0-like steps: two loads, two vpdpbusd. The scratch is a few KiB, reused. */
+typedef struct q5_dec {
+  const int8_t *q; /* row c's quanta at q + c*ldq (quad layout, zero past nb) */
+  const float *h;  /* row c's d at h + 2c*lds, offsets at h + (2c+1)*lds (zero past nb) */
+  int64_t ldq;
+} q5_dec;
+
+static inline __attribute__((always_inline)) void decode_row(const char *w, int64_t nb, int64_t lds, const q5_plan *pl,
+                                                             int8_t *q, float *h, const servd_dtype wt) {
+  const int bb = wt == SERVD_Q5_0 ? 22 : 24;
+  for (int64_t g = 0; g < nb; g += 16) {
+    const int nbg = nb - g < 16 ? (int)(nb - g) : 16;
+    const __m512i hdr = nbg == 16 ? load_headers(w + g * bb, bb, 16, pl) : load_headers(w + g * bb, bb, nbg, pl);
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr));
+    _mm512_storeu_ps(h + g, dw);
+    _mm512_storeu_ps(h + lds + g, offset_of(dw, hdr, wt));
+    for (int qd = 0; qd < nbg; qd += 4) {
+      __m512i lo, hi;
+      decode_quad(w + (g + qd) * bb, bb, pl, nbg - qd, &lo, &hi);
+      _mm512_store_si512((void *)(q + (g + qd) * 32), lo);
+      _mm512_store_si512((void *)(q + (g + qd) * 32 + 64), hi);
+    }
+  }
+}
+
+/* out rows i0..i0+R, columns j..j+NW from decoded weight rows (d: row j's) */
+static inline __attribute__((always_inline)) void tile_dec(const servd__mm *p, const q5_dec *d, int64_t i0, int64_t j,
+                                                           const int R, const int NW) {
+  const int64_t nb = p->xq.nb, lds = p->xq.lds;
+  const int8_t *xq[RQ];
+  const float *xd[RQ], *xs[RQ];
+  __m512 acc[RQ][2];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    xq[r] = p->xq.qs + (i0 + r) * p->xq.ldq;
+    xd[r] = p->xq.d + (i0 + r) * p->xq.lds;
+    xs[r] = p->xq.s + (i0 + r) * p->xq.lds;
+#pragma GCC unroll 2
+    for (int c = 0; c < NW; c++) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < nb; g += 16) {
+    __m512 ds[RQ][2];
+#pragma GCC unroll 2
+    for (int c = 0; c < NW; c++) {
+      const __m512 dw = _mm512_loadu_ps(d->h + 2 * c * lds + g), cw = _mm512_loadu_ps(d->h + (2 * c + 1) * lds + g);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++) {
+        ds[r][c] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd[r] + g));
+        acc[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), acc[r][c]);
+      }
+    }
+    const int nq = nb - g < 16 ? (int)(nb - g + 3) / 4 : 4; /* decoded quads are zero padded */
+#pragma GCC unroll 4
+    for (int qi = 0; qi < 4; qi++) {
+      if (qi >= nq) break;
+      const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                           _mm512_set1_epi32(4 * qi));
+      __m512i lo[2], hi[2];
+#pragma GCC unroll 2
+      for (int c = 0; c < NW; c++) {
+        lo[c] = _mm512_load_si512((const void *)(d->q + c * d->ldq + (g + 4 * qi) * 32));
+        hi[c] = _mm512_load_si512((const void *)(d->q + c * d->ldq + (g + 4 * qi) * 32 + 64));
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++) {
+        const int8_t *xp = xq[r] + (g + 4 * qi) * 32;
+        const __m512i xl = _mm512_load_si512((const void *)xp), xh = _mm512_load_si512((const void *)(xp + 64));
+#pragma GCC unroll 2
+        for (int c = 0; c < NW; c++) {
+          const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[c], xl), hi[c], xh);
+          acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, ds[r][c]), acc[r][c]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    float *o = (float *)(p->out + (i0 + r) * p->ldo) + j;
+#pragma GCC unroll 2
+    for (int c = 0; c < NW; c++) o[c] = _mm512_reduce_add_ps(acc[r][c]);
+  }
+}
+
+typedef void (*tile_dec_fn)(const servd__mm *p, const q5_dec *d, int64_t i0, int64_t j);
+#define TILE_DEC(R, NW) \
+  static void tile_dec_##R##x##NW(const servd__mm *p, const q5_dec *d, int64_t i0, int64_t j) { \
+    tile_dec(p, d, i0, j, R, NW); \
+  }
+TILE_DEC(1, 1)
+TILE_DEC(1, 2)
+TILE_DEC(2, 1)
+TILE_DEC(2, 2)
+TILE_DEC(3, 1)
+TILE_DEC(3, 2)
+TILE_DEC(4, 1)
+TILE_DEC(4, 2)
+static const tile_dec_fn tiles_dec[RQ][2] = {{tile_dec_1x1, tile_dec_1x2},
+                                             {tile_dec_2x1, tile_dec_2x2},
+                                             {tile_dec_3x1, tile_dec_3x2},
+                                             {tile_dec_4x1, tile_dec_4x2}};
+
+/* Decoded chunks: about 16 KiB of quanta, so that a chunk and an x row tile share L1. */
+static void q5_run_decoded(const servd__mm *p, int64_t j0, int64_t j1) {
+  const q5_plan *pl = &plans[p->wt == SERVD_Q5_0 ? 0 : 1];
+  const int64_t nb = p->xq.nb, lds = p->xq.lds, ldq = (nb + 3) / 4 * 128;
+  int64_t chunk = (16 << 10) / ldq;
+  chunk = chunk < 2 ? 2 : chunk > 16 ? 16 : chunk & ~1;
+  char *buf = servd__scratch(1, (size_t)(chunk * (ldq + 2 * lds * (int64_t)sizeof(float))));
+  if (!buf) { /* no scratch: decode per tile */
+    q5_run(p, j0, j1);
+    return;
+  }
+  int8_t *q = (int8_t *)buf;
+  float *h = (float *)(buf + chunk * ldq);
+  for (int64_t jc = j0; jc < j1; jc += chunk) {
+    const int64_t je = j1 - jc < chunk ? j1 : jc + chunk;
+    for (int64_t j = jc; j < je; j++) {
+      const char *w = p->w + j * p->ldw;
+      int8_t *qj = q + (j - jc) * ldq;
+      float *hj = h + 2 * (j - jc) * lds;
+      if (nb % 4) memset(qj + nb / 4 * 128, 0, 128); /* a last partial quad: missing blocks zero */
+      if (p->wt == SERVD_Q5_0) decode_row(w, nb, lds, pl, qj, hj, SERVD_Q5_0);
+      else decode_row(w, nb, lds, pl, qj, hj, SERVD_Q5_1);
+    }
+    for (int64_t i = 0; i < p->m; i += RQ) {
+      const int R = p->m - i < RQ ? (int)(p->m - i) : RQ;
+      for (int64_t j = jc; j < je;) {
+        const int nw = je - j >= 2 ? 2 : 1;
+        const q5_dec d = {.q = q + (j - jc) * ldq, .h = h + 2 * (j - jc) * lds, .ldq = ldq};
+        tiles_dec[R - 1][nw - 1](p, &d, i, j);
+        j += nw;
+      }
+    }
   }
 }
 
