@@ -53,8 +53,8 @@ int main(int argc, char **argv) {
       for (int d = 0; d < ND; d++) {
         const double tm = bench_median(t[d], rounds);
         if (tm <= 0) printf(" - |");
-        else if (anchor[d] == d) printf(" %.1f |", (double)servd_tensor_nbytes(w[d]) / tm * 1e-9);
-        else printf(" %.1f (%.2f) |", (double)servd_tensor_nbytes(w[d]) / tm * 1e-9, bench_median(ratio[d], rounds));
+        else if (anchor[d] == d) printf(" %.3g |", (double)servd_tensor_nbytes(w[d]) / tm * 1e-9);
+        else printf(" %.3g (%.2f) |", (double)servd_tensor_nbytes(w[d]) / tm * 1e-9, bench_median(ratio[d], rounds));
       }
       printf("\n");
       fflush(stdout);

@@ -17,10 +17,11 @@
  * - A last group of 1..4 blocks (k = 576 leaves 2) is one masked window: nibbles, headers spread to
  *   the lanes of their block and both masks from three permutes of the same two registers.
  * Up to RQ activation rows share each weight load (decode, batched decode).
- * - Prompts (m > RQ): a chunk of weight rows is decoded once per call into the thread's L1 scratch
- *   (q5_run_decoded), and every x row tile meets the decoded bytes: the fifth bit costs once per
- *   weight block per call instead of once per x row tile (q4_1, whose decode is cheaper, decodes
- *   its scales once per chunk and its nibbles per tile). Weights stay as the package stores them;
+ * - Prompts (m > 2*RQ; below, decoding per x row tile measured as fast): a chunk of weight rows
+ *   is decoded once per call into the thread's L1 scratch (q5_run_decoded), and every x row tile
+ *   meets the decoded bytes: the fifth bit costs once per weight block per call instead of once
+ *   per x row tile (q4_1, whose decode is cheaper, decodes its scales once per chunk and its
+ *   nibbles per tile). Weights stay as the package stores them;
  *   the scratch is ~16 KiB per thread, not a second copy of the weights.
  *
  * Two files compile this header: matmul_q5_gfni_avx512vnni.c with GFNI and VBMI enabled (Ice Lake,
@@ -347,7 +348,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 TILES(SERVD_Q5_0, q5_0)
 TILES(SERVD_Q5_1, q5_1)
 
-/* Decode and batched decode (m <= RQ), and the fallback of q5_run_decoded. */
+/* Decode and batched decode (m <= 2*RQ), and the fallback of q5_run_decoded. */
 static void q5_run(const servd__mm *p, int64_t j0, int64_t j1) {
   const tile_fn(*t)[2] = p->wt == SERVD_Q5_0 ? tiles_q5_0 : tiles_q5_1;
   /* Weight rows outer: a tile of NW rows stays in L1 while every activation row passes over it. */
@@ -363,8 +364,8 @@ static void q5_run(const servd__mm *p, int64_t j0, int64_t j1) {
 }
 
 /* ---- prompts: weight rows decoded once per call ------------------------------------------------
- * With more than RQ x rows every weight block would be decoded once per x row tile; instead a
- * chunk of weight rows is decoded once into the thread's L1 scratch (per row: the 5-bit values in
+ * With more than 2*RQ x rows every weight block would be decoded 3 or more times (once per x row
+ * tile); instead a chunk of weight rows is decoded once into the thread's L1 scratch (per row: the 5-bit values in
  * the quad layout, nq*128 bytes, and the block scales and offsets as floats), and every x row tile
  * then meets it with q8_0-like steps: two loads, two vpdpbusd. The scratch is a few KiB, reused. */
 typedef struct q5_dec {

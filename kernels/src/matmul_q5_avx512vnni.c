@@ -19,6 +19,6 @@ void servd__mm_q5_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
     g = atomic_load(&use_gfni);
   }
   if (g) servd__mm_q5_avx512gfni(p, j0, j1);
-  else if (p->m > RQ) q5_run_decoded(p, j0, j1);
+  else if (p->m > 2 * RQ) q5_run_decoded(p, j0, j1);
   else q5_run(p, j0, j1);
 }

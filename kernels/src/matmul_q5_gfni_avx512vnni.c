@@ -5,6 +5,6 @@
 #include "matmul_q5_avx512vnni-impl.h"
 
 void servd__mm_q5_avx512gfni(const servd__mm *p, int64_t j0, int64_t j1) {
-  if (p->m > RQ) q5_run_decoded(p, j0, j1);
+  if (p->m > 2 * RQ) q5_run_decoded(p, j0, j1);
   else q5_run(p, j0, j1);
 }
