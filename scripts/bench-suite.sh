@@ -18,6 +18,11 @@
 #                by llama-quantize to each of GGUF_TYPES, per type package/GGUF size, decode and
 #                512-token prefill tok/s against llama-bench on the same file, alternating, ROUNDS
 #                rounds (default 3); section "GGUF types" of docs/performance.md
+#   --gguf sweep-1b  the same sweep on a synthesized 1.1B Llama (TinyLlama's shape: hidden 2048, 22
+#                layers, FFN 5632; byte vocabulary of 8192; random weights, written as f32 GGUF by
+#                tests/llama/make_tiny.py, which needs .venv-test's numpy and gguf), whose weights are
+#                far beyond L3 and whose rows are whole k-quant super-blocks; GGUF_TYPES default
+#                "Q4_0 Q4_K_M Q6_K"; section "GGUF types on a 1.1B Llama" of docs/performance.md
 #   --no-llama   do not run llama.cpp even where its binaries exist
 #   --no-doc     leave docs/ alone
 # Environment: BUILD_DIR (default build), THREADS (default: all CPUs), PORT (default 18090), CONCURRENCY ("1 4 16 32"),
@@ -53,6 +58,7 @@ done
 [ $smoke = 1 ] && write_doc=0
 sweep=0
 [ "$gguf" = sweep ] && { sweep=1; gguf=""; }
+[ "$gguf" = sweep-1b ] && { sweep=2; gguf=""; }
 
 threads=${THREADS:-$(nproc)}
 port=${PORT:-18090}
@@ -140,21 +146,40 @@ if [ $use_llama = 1 ] && [ $smoke = 0 ]; then
 fi
 
 # ---- the GGUF type sweep (--gguf sweep): only it ----
-if [ $sweep = 1 ]; then
+if [ $sweep != 0 ]; then
   [ -n "$servd" ] && [ -n "$modelpkg" ] || { echo "bench-suite: the sweep needs servd and modelpkg" >&2; exit 1; }
   [ -x "$llama_bin/llama-quantize" ] && [ -x "$llama_bin/llama-bench" ] ||
     { echo "bench-suite: the sweep needs llama-quantize and llama-bench in $llama_bin" >&2; exit 1; }
-  [ -f "$gguf_default" ] || { echo "bench-suite: no default GGUF at $gguf_default" >&2; exit 1; }
-  sargs=(--servd "$servd" --modelpkg "$modelpkg" --llama-bin "$llama_bin" --base "$gguf_default" --out "$out/gguf"
-         --threads "$threads" --rounds "${ROUNDS:-3}")
-  [ -n "${GGUF_TYPES:-}" ] && sargs+=(--types "$GGUF_TYPES")
-  scripts/bench/gguf_sweep.sh "${sargs[@]}" || exit 1
+  sweep_out=$out/gguf
+  rargs=()
+  if [ $sweep = 1 ]; then
+    [ -f "$gguf_default" ] || { echo "bench-suite: no default GGUF at $gguf_default" >&2; exit 1; }
+    base=$gguf_default
+    sargs=(--types "${GGUF_TYPES:-Q4_0 Q4_1 Q8_0 Q4_K_M Q5_K_M Q6_K Q3_K_M Q2_K IQ4_NL IQ4_XS}")
+  else
+    sweep_out=$out/gguf-1b
+    base=$sweep_out/f32.gguf
+    mkdir -p "$sweep_out"
+    if [ ! -f "$base" ]; then
+      log "synthesizing the 1.1B Llama (f32 GGUF, ~4 GB) in $sweep_out"
+      "$root/.venv-test/bin/python" tests/llama/make_tiny.py "$sweep_out/hf" --dims 32,4,64,5632,22 \
+        --llama-cpp-merge --gguf "$base" >"$sweep_out/make.log" 2>&1 ||
+        { echo "bench-suite: making the 1.1B model failed (see $sweep_out/make.log)" >&2; exit 1; }
+      rm -rf "$sweep_out/hf"
+    fi
+    # ~100 words are ~512 tokens for the byte vocabulary.
+    sargs=(--types "${GGUF_TYPES:-Q4_0 Q4_K_M Q6_K}" --prompt-words 103)
+    rargs=(--section gguf-1b --title "GGUF types on a 1.1B Llama: decode and prefill against llama.cpp"
+           --command "scripts/bench-suite.sh --gguf sweep-1b")
+  fi
+  scripts/bench/gguf_sweep.sh --servd "$servd" --modelpkg "$modelpkg" --llama-bin "$llama_bin" --base "$base" \
+    --out "$sweep_out" --threads "$threads" --rounds "${ROUNDS:-3}" "${sargs[@]}" || exit 1
   doc=$out/performance.md
   [ $write_doc = 1 ] && doc=$root/docs/performance.md
-  python3 scripts/bench/gguf_sweep_report.py "$out/gguf/sweep.tsv" --doc "$doc" \
+  python3 scripts/bench/gguf_sweep_report.py "$sweep_out/sweep.tsv" --doc "$doc" "${rargs[@]}" \
     --note "$threads threads, $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n 1)${LLAMA_ARGS:+, llama.cpp with $LLAMA_ARGS}." \
     >/dev/null
-  log "results in $out/gguf; section \"GGUF types\" written to $doc"
+  log "results in $sweep_out; written to $doc"
   exit 0
 fi
 

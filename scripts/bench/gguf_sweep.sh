@@ -10,12 +10,14 @@
 # medians and ratios by gguf_sweep_report.py.
 #
 # Usage: gguf_sweep.sh --servd BIN --modelpkg BIN --llama-bin DIR --base GGUF --out DIR
-#                      [--types "Q4_0 Q4_1 ..."] [--rounds N] [--threads N]
+#                      [--types "Q4_0 Q4_1 ..."] [--rounds N] [--threads N] [--prompt-words N]
+# --prompt-words (default 512) sizes the prefill prompt: 512 words are ~512 tokens for SmolLM2's
+# tokenizer; a byte-level tokenizer (the synthesized models of tests/llama/make_tiny.py) wants ~100.
 # Environment: LLAMA_ARGS (extra llama-bench arguments, e.g. "--poll 0").
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 types="Q4_0 Q4_1 Q8_0 Q4_K_M Q5_K_M Q6_K Q3_K_M Q2_K IQ4_NL IQ4_XS"
-rounds=3; threads=2; servd=""; modelpkg=""; llama_bin=""; base=""; out=""
+rounds=3; threads=2; prompt_words=512; servd=""; modelpkg=""; llama_bin=""; base=""; out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --servd) servd=$2; shift ;;
@@ -26,6 +28,7 @@ while [ $# -gt 0 ]; do
     --types) types=$2; shift ;;
     --rounds) rounds=$2; shift ;;
     --threads) threads=$2; shift ;;
+    --prompt-words) prompt_words=$2; shift ;;
     *) echo "gguf_sweep: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -42,10 +45,11 @@ tsv=$out/sweep.tsv
 log() { echo "[gguf-sweep] $*"; }
 
 # A prompt of about 512 tokens (SmolLM2's tokenizer; the report uses the count servd prints).
-long_prompt=$(python3 - <<'EOF'
+long_prompt=$(python3 - "$prompt_words" <<'EOF'
+import sys
 words = ("the quick brown fox jumps over the lazy dog while a model reads every word of a long prompt "
          "and computes its keys and values once for all of them before the first new token appears").split()
-print(" ".join(words[i % len(words)] for i in range(512)))
+print(" ".join(words[i % len(words)] for i in range(int(sys.argv[1]))))
 EOF
 )
 

@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Summarises a GGUF type sweep (gguf_sweep.sh's sweep.tsv) as a Markdown table: per type the
 package / GGUF size and the medians of servd's and llama-bench's decode and prefill tok/s with their
-ratios. With --doc FILE the table replaces the text between "<!-- bench-suite:gguf:begin -->" and
-"<!-- bench-suite:gguf:end -->" there (appended as a new section when the markers are missing).
+ratios. With --doc FILE the table replaces the text between "<!-- bench-suite:SECTION:begin -->" and
+"<!-- bench-suite:SECTION:end -->" there (appended under --title when the markers are missing).
 
-    gguf_sweep_report.py SWEEP.tsv [--doc docs/performance.md] [--note TEXT]
+    gguf_sweep_report.py SWEEP.tsv [--doc docs/performance.md] [--note TEXT] [--section gguf]
+        [--title "GGUF types: ..."] [--command "scripts/bench-suite.sh --gguf sweep"]
 """
 import argparse
 import statistics
 import time
 from collections import defaultdict
 
-BEGIN, END = "<!-- bench-suite:gguf:begin -->", "<!-- bench-suite:gguf:end -->"
 
 
 def load(path):
@@ -60,7 +60,11 @@ def main():
     ap.add_argument("tsv")
     ap.add_argument("--doc")
     ap.add_argument("--note", default="")
+    ap.add_argument("--section", default="gguf", help="the name in the doc's bench-suite markers")
+    ap.add_argument("--title", default="GGUF types: size, decode and prefill against llama.cpp")
+    ap.add_argument("--command", default="scripts/bench-suite.sh --gguf sweep", help="what made the figures")
     a = ap.parse_args()
+    begin, end = f"<!-- bench-suite:{a.section}:begin -->", f"<!-- bench-suite:{a.section}:end -->"
     order, vals = load(a.tsv)
     text = table(order, vals)
     print(text)
@@ -68,17 +72,17 @@ def main():
         return
     prompt = med(vals, (order[0], "prompt_tokens", "servd")) if order else None
     body = "\n".join([
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `scripts/bench-suite.sh --gguf sweep`."
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{a.command}`."
         + (f" {a.note}" if a.note else ""),
         f"Medians over rounds; servd's prefill prompt is {fmt(prompt, 0)} tokens (prompt tokens over the time to "
         "the first token), llama.cpp's is llama-bench pp512; decode is 128 tokens (servd after a 5-token prompt, "
         "llama-bench tg128).", "", text])
     doc = open(a.doc).read() if __import__("os").path.exists(a.doc) else ""
-    block = BEGIN + "\n" + body + "\n" + END
-    if BEGIN in doc and END in doc and doc.index(BEGIN) < doc.index(END):
-        doc = doc[:doc.index(BEGIN)] + block + doc[doc.index(END) + len(END):]
+    block = begin + "\n" + body + "\n" + end
+    if begin in doc and end in doc and doc.index(begin) < doc.index(end):
+        doc = doc[:doc.index(begin)] + block + doc[doc.index(end) + len(end):]
     else:
-        doc = doc.rstrip("\n") + "\n\n## GGUF types: size, decode and prefill against llama.cpp\n\n" + block + "\n"
+        doc = doc.rstrip("\n") + f"\n\n## {a.title}\n\n" + block + "\n"
     open(a.doc, "w").write(doc)
 
 

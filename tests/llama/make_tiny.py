@@ -38,6 +38,11 @@ import sys
 
 import numpy as np
 
+# The GGUF's BPE merges: none (bytes are tokens), or with --llama-cpp-merge one merge of two spaces
+# into the vocabulary's last id (a reserved token otherwise), because llama.cpp refuses a BPE
+# vocabulary without merges. Only the GGUF has it (the benchmarks pack the GGUF for both engines).
+GGUF_MERGES = []
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_ref import permute_for_interleaved  # noqa: E402
 
@@ -229,8 +234,8 @@ def write_gguf_phi3(path, cfg, w):
     g.add_tokenizer_model("gpt2")
     g.add_tokenizer_pre("gpt-2")
     g.add_token_list(toks)
-    g.add_token_types([1 if i < 256 else 3 for i in range(len(toks))])
-    g.add_token_merges([])
+    g.add_token_types(token_types(toks))
+    g.add_token_merges(GGUF_MERGES)
     g.add_bos_token_id(cfg["bos_token_id"])
     g.add_eos_token_id(cfg["eos_token_id"])
     g.add_add_bos_token(False)
@@ -281,8 +286,8 @@ def write_gguf_gemma3(path, cfg, w):
     g.add_tokenizer_model("gpt2")
     g.add_tokenizer_pre("gpt-2")
     g.add_token_list(toks)
-    g.add_token_types([1 if i < 256 else 3 for i in range(len(toks))])
-    g.add_token_merges([])
+    g.add_token_types(token_types(toks))
+    g.add_token_merges(GGUF_MERGES)
     g.add_bos_token_id(cfg["bos_token_id"])
     g.add_eos_token_id(cfg["eos_token_id"])
     g.add_add_bos_token(False)
@@ -336,7 +341,14 @@ def tokens(cfg):
     b2u = bytes_to_unicode()
     toks = [b2u[b] for b in range(256)] + SPECIALS
     toks += [f"<|reserved_{i}|>" for i in range(cfg["vocab_size"] - len(toks))]
+    if GGUF_MERGES:
+        toks[-1] = "".join(GGUF_MERGES[0].split(" "))
     return toks
+
+
+def token_types(toks):
+    """GGUF token types: bytes and merged tokens normal (1), the others control (3)."""
+    return [1 if i < 256 or not t.startswith("<|") else 3 for i, t in enumerate(toks)]
 
 
 def tokenizer_json(cfg):
@@ -400,8 +412,8 @@ def write_gguf(path, cfg, w, quant=None):
     g.add_tokenizer_model("gpt2")
     g.add_tokenizer_pre("qwen2" if arch != "llama" else "gpt-2")  # llama.cpp's name for Qwen's regex
     g.add_token_list(toks)
-    g.add_token_types([1 if i < 256 else 3 for i in range(len(toks))])
-    g.add_token_merges([])
+    g.add_token_types(token_types(toks))
+    g.add_token_merges(GGUF_MERGES)
     g.add_bos_token_id(cfg["bos_token_id"])
     g.add_eos_token_id(cfg["eos_token_id"])
     g.add_add_bos_token(False)
@@ -452,8 +464,11 @@ def main():
     ap.add_argument("--yarn", action="store_true", help="qwen2: rope_scaling yarn (factor 4 of 64 positions)")
     ap.add_argument("--dims", help="HEADS,KV_HEADS,HEAD_DIM,INTER,LAYERS for any family, context 1024, vocabulary "
                     "8192 (benchmarks)")
+    ap.add_argument("--llama-cpp-merge", action="store_true", help="one GGUF merge, so that llama.cpp loads the file")
     ap.add_argument("--eos", help="comma-separated eos_token_id of generation_config.json (several: a list)")
     args = ap.parse_args()
+    if args.llama_cpp_merge:
+        GGUF_MERGES.append("\u0120 \u0120")
     cfg = config(args)
     w = weights(cfg, np.random.default_rng(args.seed))
     os.makedirs(args.out, exist_ok=True)
