@@ -2,8 +2,9 @@
  * its fusions, plan_fuse.c; the parallel executor) against the same steps through Python, at batch 1
  * and at a larger batch, with the anchors measured in the same run: the 2-thread
  * streaming read rate of a buffer far beyond L3 (the batch-1 roofline: read rate / weight bytes) and
- * llama.cpp's llama-bench on the same GGUF. The modes alternate round by round so that both see the
- * same machine load; medians over rounds (the first, which captures, is left out). The replayed
+ * llama.cpp's llama-bench on the same GGUF. The modes run one after the other in each round, in an
+ * order rotated round by round, so that all see the same machine load; medians over rounds (the
+ * first, which captures, is left out), and the median of each round's own fused/unfused ratio. The replayed
  * logits are compared with those through Python bit for bit.
  *
  *   plan_bench PKG [--gguf FILE --llama-bench BIN] [--threads N] [--rounds R] [--steps S] [--batch B]
@@ -226,7 +227,9 @@ int main(int argc, char **argv) {
   if (!buf) return 1;
   memset(buf, 1, rbytes);
   size_t lnB = (size_t)vocab * (size_t)big;
-  float *ref = malloc(sizeof(float) * lnB), *got = malloc(sizeof(float) * lnB);
+  float *last[MODES]; /* each mode's last logits of the round */
+  for (int m = 0; m < MODES; m++)
+    if (!(last[m] = malloc(sizeof(float) * lnB))) return 1;
   double *rr = calloc((size_t)rounds, sizeof *rr), *sec[2][MODES];
   for (int b = 0; b < 2; b++)
     for (int m = 0; m < MODES; m++) sec[b][m] = calloc((size_t)rounds, sizeof(double));
@@ -236,11 +239,14 @@ int main(int argc, char **argv) {
     for (int b = 0; b < 2; b++) {
       int batch = b ? big : 1;
       size_t ln = (size_t)vocab * (size_t)batch;
-      for (int m = 0; m < MODES; m++) {
-        sec[b][m][r] = decode(&sides[b][m], batch, steps, m ? got : ref, ln);
+      /* the modes in another order each round (a rotation), so that none always runs first after
+       * the read anchor or after the same neighbour */
+      for (int i = 0; i < MODES; i++) {
+        int m = (i + r) % MODES;
+        sec[b][m][r] = decode(&sides[b][m], batch, steps, last[m], ln);
         if (sec[b][m][r] < 0) return 1;
-        if (m) same[b][m] = same[b][m] && memcmp(ref, got, sizeof(float) * ln) == 0;
       }
+      for (int m = 1; m < MODES; m++) same[b][m] = same[b][m] && memcmp(last[0], last[m], sizeof(float) * ln) == 0;
       fprintf(stderr, "round %d: read %.1f GB/s; batch %d: %.1f / %.1f / %.1f / %.1f tok/s\n", r, rr[r], batch,
               batch / sec[b][0][r], batch / sec[b][1][r], batch / sec[b][2][r], batch / sec[b][3][r]);
     }
@@ -277,5 +283,6 @@ int main(int argc, char **argv) {
     }
   mpk_close(p);
   free(buf);
+  for (int m = 0; m < MODES; m++) free(last[m]);
   return all ? 0 : 1;
 }
