@@ -54,6 +54,9 @@ void plan__fusion_free(plan_fusion *f); /* accepts NULL */
 /* Makes p's fused groups (at capture, unless SERVD_PLAN_FUSE=off); the serial walk's first replay
  * checks each against its nodes. */
 void plan__fuse(servd_plan *p);
+/* The tensor views the fused groups hold (into out when not NULL); their count. The guard counts
+ * them among the plan's own references (servd_plan_check). */
+int plan__fusion_views(const servd_plan *p, const servd_tensor **out);
 /* The serial walk, with the fused groups. */
 int plan__serial_run(servd_plan *p);
 /* The kind of the fused group starting at node i (PLAN_FUSE_NONE: none). */

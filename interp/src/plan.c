@@ -83,14 +83,21 @@ static void note_held(servd_plan *p, const servd_tensor *t) {
 }
 
 static int collect_held(servd_plan *p) {
-  int max = 1;
+  int views = plan__fusion_views(p, NULL), max = 1 + views;
   for (int i = 0; i < p->n; i++) max += p->nodes[i].nt;
   p->held = malloc(sizeof *p->held * (size_t)max);
   p->held_s = malloc(sizeof *p->held_s * (size_t)max);
-  if (!p->held || !p->held_s) return servd_fail(SERVD_ENOMEM, "plan: guard table of %d tensors", max);
+  const servd_tensor **v = malloc(sizeof *v * (size_t)(views + 1));
+  if (!p->held || !p->held_s || !v) {
+    free(v);
+    return servd_fail(SERVD_ENOMEM, "plan: guard table of %d tensors", max);
+  }
   for (int i = 0; i < p->n; i++)
     for (int j = 0; j < p->nodes[i].nt; j++) note_held(p, p->nodes[i].t[j]);
   note_held(p, p->logits);
+  plan__fusion_views(p, v); /* the fused groups' views hold the storages too */
+  for (int i = 0; i < views; i++) note_held(p, v[i]);
+  free(v);
   return 0;
 }
 
@@ -146,13 +153,13 @@ int servd_plan_capture(servd_interp *it, const servd_forward_batch *b, int64_t t
     p->logits = *logits;
   }
   if (rc == 0 && !rec.refused && p->n == 0) plan__rec_refuse(&rec, "the forward called no servd.ops");
+  if (rc == 0 && !rec.refused) plan__fuse(p);
   if (rc == 0 && !rec.refused && (rc = collect_held(p)) != 0) plan__rec_refuse(&rec, "%s", servd_last_error());
   if (rc != 0 || rec.refused) {
     if (rec.refused && why_cap) snprintf(why, why_cap, "%s", rec.why);
     servd_plan_destroy(p);
     return rc;
   }
-  plan__fuse(p);
   *plan = p;
   return 0;
 }

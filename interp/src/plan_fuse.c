@@ -236,6 +236,14 @@ static int walk(servd_plan *p, plan_fusion *f, bool check) {
   return 0;
 }
 
+int plan__fusion_views(const servd_plan *p, const servd_tensor **out) {
+  int n = 0;
+  for (int g = 0; p->fusion && g < p->fusion->n; g++)
+    for (int j = 0; p->fusion->groups[g].views && j < p->fusion->groups[g].n_slices * FUSED_VIEWS; j++, n++)
+      if (out) out[n] = p->fusion->groups[g].views[j];
+  return n;
+}
+
 void plan__fuse(servd_plan *p) {
   bool off[PLAN_FUSE_KINDS] = {0};
   if (!p->fuse_off) p->fusion = build(p, off); /* NULL (out of memory): unfused */

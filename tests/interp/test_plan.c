@@ -39,6 +39,8 @@ static const char *entry_py =
     "        self.buf = [servd.empty((8, DIM)) for _ in range(4)]\n"
     "        self.fbuf = [servd.empty((8, FF)), servd.empty((8, FF)), servd.empty((8, WIDE)), servd.empty((8, WIDE))]\n"
     "        self.views = {}\n"
+    "    def grow_q(self):\n"
+    "        self.fbuf[2] = servd.empty((8, WIDE))\n"
     "    def set_mode(self, m):\n"
     "        self.mode = m\n"
     "    def forward(self, batch):\n"
@@ -357,13 +359,24 @@ static void test_fused_groups(void **state) {
   /* both kinds still fused after their first-use check (a kind that differed would be dropped) */
   assert_true(plan_says(fused, "fused rope_kv") && plan_says(fused, "fused gate_up_swiglu"));
   assert_false(plan_says(unfused, "fused"));
-  servd_plan_destroy(fused);
+  /* the guard still sees the model drop q's buffer, whose storage the rope_kv slices' views hold
+   * (the unfused plan, which holds it too, goes first) */
   servd_plan_destroy(unfused);
+  json_t *res = NULL;
+  servd_py_error err;
+  char why[256];
+  assert_int_equal(servd_interp_call_json(servd_pool_get(g_pool, 0), "grow_q", NULL, &res, 0, &err), 0);
+  json_decref(res);
+  assert_int_equal(servd_plan_check(fused, seqs_step(&sf, 2, (int32_t[]){1, 2}), why, sizeof why), SERVD_EINVAL);
+  assert_non_null(strstr(why, "moved"));
+  servd_plan_destroy(fused);
   servd_kv_cache_destroy(se.kv);
   servd_kv_cache_destroy(sf.kv);
   servd_kv_cache_destroy(su.kv);
   unsetenv("SERVD_PLAN_EXEC");
   set_mode("\"plain\"");
+  assert_int_equal(servd_interp_call_json(servd_pool_get(g_pool, 0), "grow", NULL, &res, 0, &err), 0);
+  json_decref(res);
 }
 
 int main(int argc, char **argv) {
