@@ -197,7 +197,7 @@ static int check_group(servd_plan *p, const plan_fused *g) {
   if (rc == 0) rc = run_group(p, g);
   for (int j = 0; rc == 0 && j < 2; j++)
     if (!(got[j] = snapshot(outs[j]))) rc = servd_fail(SERVD_ENOMEM, "plan: fused check");
-  for (int j = 0; rc == 0 && in[j] && j < 2; j++)
+  for (int j = 0; rc == 0 && j < 2 && in[j]; j++)
     memcpy(servd_tensor_data(outs[j]), in[j], servd_tensor_nbytes(outs[j]));
   for (int i = 0; rc == 0 && i < plan__fuse_len[g->kind]; i++) rc = plan__run_node(p, &n[i]);
   if (rc == 0)

@@ -41,7 +41,7 @@ static void check_same(servd_dtype dt, int64_t m, int64_t n, int64_t k) {
   if (memcmp(f(g), f(g0), servd_tensor_nbytes(g)) || memcmp(f(u), f(u0), servd_tensor_nbytes(u)))
     fail_msg("%s m=%lld n=%lld k=%lld: fused differs from matmul_many + swiglu", servd_dtype_name(dt), (long long)m,
              (long long)n, (long long)k);
-  if (dt == SERVD_F32) /* against float64 */
+  if (dt == SERVD_F32 && m <= 32) /* against float64 */
     for (int64_t r = 0; r < m; r++)
       for (int64_t c = 0; c < n; c++) {
         double a = 0, b = 0;
@@ -64,8 +64,8 @@ static void test_same_as_parts(void **state) {
     if (servd_cpu_force_isa((servd_isa)isa) != 0) continue;
     for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
       for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
-        int64_t k = dts[d] == SERVD_Q4_K ? 512 : 576;
-        check_same(dts[d], rows[r], 1536, k);
+        int64_t k = dts[d] == SERVD_Q4_K ? 256 : 96;
+        check_same(dts[d], rows[r], 320, k);
         check_same(dts[d], rows[r], 100, k); /* a last partial tile */
       }
   }
