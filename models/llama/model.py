@@ -301,7 +301,7 @@ class LlamaModel:
         P.embedding(sel, x, rows)  # gathers the rows that need logits
         rmsnorm(sel, sel, self.norm, eps)
         if getattr(batch, "hidden", False):  # embeddings: the final-norm hidden rows instead of logits
-            return sel
+            return self._mem.hidden_rows(sel)
         matmul(lg, sel, self.output)
         if tp:  # rank r's columns [v0, v0+vn) land at that offset: shards in rank order
             P.allgather_cols(full, lg)
@@ -524,7 +524,7 @@ class Gemma3Model(LlamaModel):
         P.embedding(sel, x, rows)
         rmsnorm(sel, sel, self.norm, eps_res)
         if getattr(batch, "hidden", False):
-            return sel
+            return self._mem.hidden_rows(sel)
         matmul(lg, sel, self.output)
         if tp:
             P.allgather_cols(full, lg)

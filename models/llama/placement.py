@@ -96,6 +96,10 @@ class RowViews:
             self._views[n] = v
         return v
 
+    def hidden_rows(self, sel):
+        """The final-norm hidden rows as embeddings take them: f32 on the host (here, as they are)."""
+        return sel
+
     def logit_views(self, r, batch):
         v = self._logit_views.get(r)
         if v is None:
@@ -172,6 +176,19 @@ class DeviceMemory(RowViews):
 
     def _ensure_logits(self, r, batch):
         check_fits(r, self._rcap, "logit rows (batch.max_seqs)", self.device)
+
+    def hidden_rows(self, sel):
+        """Embeddings take f32 rows on the host, and the GPU's activations are bf16: the rows are
+        copied to the host and widened there (a bf16 is the upper half of an f32: its two bytes
+        become bytes 2 and 3 of each little-endian f32, the zeroed lower two stay)."""
+        h = sel.to_host()
+        if h.dtype != "bf16":
+            return h
+        out = self._servd.empty(tuple(h.shape))
+        dst, src = memoryview(out).cast("B"), memoryview(h).cast("B")
+        dst[2::4] = src[0::2]
+        dst[3::4] = src[1::2]
+        return out
 
 
 def memory_for(servd, dims):
