@@ -2,8 +2,7 @@
  *
  * Per weight row, blocks go in groups of 16: their 16 f16 scales (and q4_1 mins) are collected into
  * one vector with word permutes (load_headers) and multiplied by the activation scales of the group;
- * the offset terms of q4_0 (-8*d), q4_1 (m) and q8_0 (-128*d) meet s = d_x*sum(q_x) in one vector
- * FMA per group.
+ * the offset terms of q4_0 (-8*d) and q4_1 (m) meet s = d_x*sum(q_x) in one vector FMA per group.
  * iq4_nl is q4_0's layout with codes into a 16-value table: one vpshufb per nibble vector turns codes
  * into table value + 128 (unsigned for vpdpbusd), and the +128 comes off as the offset -128*d.
  * Inside a group:
@@ -12,8 +11,10 @@
  *   (vpdpbusd, u8 x s8) with activations kept in the matching "quad" layout: no byte shuffles.
  * - q8_0: the same 4 blocks per step and quad activations: two word permutes gather the 4 blocks'
  *   values 0..15 and 16..31 into one zmm each, and xor 0x80 makes them unsigned (w + 128) for
- *   vpdpbusd; the +128 comes off with the offset -128*d, as for iq4_nl. Per x row a q8_0 quad then
- *   costs what a q4 quad does (two vpdpbusd, one conversion, one FMA), half q4's cost per byte.
+ *   vpdpbusd. The +128 comes off inside the integer dots, which start from -128 * x's lane sums
+ *   (xcorr, once per call): exact, as the scalar path. (Taking it off in f32 with the offset term,
+ *   as iq4_nl does, cancelled badly on real activations: TP=1 and TP=3 logits differed by 7e-3.)
+ *   Per x row a q8_0 quad then costs what a q4 quad does (two vpdpbusd, one conversion, one FMA).
  * Each 4-lane run of int32 dot lanes belongs to one block; one permute spreads the group's block
  * scales to those lanes, then one FMA accumulates in f32.
  * Up to RQ activation rows share each weight load (batched decode and prefill).
@@ -113,7 +114,7 @@ static inline __m512i iq4_table(void) {
       _mm_add_epi8(_mm_loadu_si128((const __m128i *)servd_iq4_values), _mm_set1_epi8((char)0x80)));
 }
 
-/* q4_0's, iq4_nl's and q8_0's offset per unit of s: -8*d, -128*d, -128*d. */
+/* q4_0's and iq4_nl's offset per unit of s: -8*d, -128*d (q8_0 has none: see xcorr). */
 static inline __m512 offset_of(__m512 dw, const servd_dtype wt) {
   return _mm512_mul_ps(dw, _mm512_set1_ps(wt == SERVD_Q4_0 ? -8.0f : -128.0f));
 }
@@ -156,9 +157,9 @@ static inline __attribute__((always_inline)) void load_q8_quad(const char *qs, i
 /* Blocks g+q.. of weight row c (4 of them, or `valid` < 4) against R activation rows; wq points at
  * block g+q's quanta (q4_1: past d and m). */
 static inline __attribute__((always_inline)) void quad_step(const char *wq, int bb, int64_t g, int q, int valid,
-                                                            const int8_t *const *xq, const __m512 (*ds)[NWMAX],
-                                                            __m512 (*acc)[NWMAX], const int c, const int R,
-                                                            const servd_dtype wt) {
+                                                            const int8_t *const *xq, const int32_t *const *xc,
+                                                            const __m512 (*ds)[NWMAX], __m512 (*acc)[NWMAX],
+                                                            const int c, const int R, const servd_dtype wt) {
   __m512i lo, hi;
   if (wt == SERVD_Q8_0) {
     load_q8_quad(wq + q * bb, valid, &lo, &hi);
@@ -177,7 +178,10 @@ static inline __attribute__((always_inline)) void quad_step(const char *wq, int 
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++) {
     const int8_t *xp = xq[r] + (g + q) * 32; /* quad layout: 4 blocks per 128 bytes */
-    __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)xp));
+    /* q8_0: from -128 * (x's lane sums), so that the dots with w + 128 come out exact */
+    const __m512i z =
+        wt == SERVD_Q8_0 ? _mm512_load_si512((const void *)(xc[r] + (g + q) * 4)) : _mm512_setzero_si512();
+    __m512i dot = _mm512_dpbusd_epi32(z, lo, _mm512_load_si512((const void *)xp));
     dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
     acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, ds[r][c]), acc[r][c]);
   }
@@ -255,6 +259,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
   const int64_t nb = p->xq.nb;
   const hdr_plan *pl = &plans[wt == SERVD_Q8_0 ? 0 : wt == SERVD_Q4_1 ? 2 : 1];
   const int8_t *xq[RQ];
+  const int32_t *xc[RQ] = {NULL};
   const float *xd[RQ], *xs[RQ];
   const char *w[NWMAX];
   __m512 acc[RQ][NWMAX], accm[RQ][NWMAX];
@@ -263,6 +268,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++) {
     xq[r] = p->xq.qs + (i0 + r) * p->xq.ldq;
+    if (wt == SERVD_Q8_0) xc[r] = p->xcorr + (i0 + r) * (p->xq.ldq / 8); /* 16 ints a quad */
     xd[r] = p->xq.d + (i0 + r) * p->xq.lds;
     xs[r] = p->xq.s + (i0 + r) * p->xq.lds;
 #pragma GCC unroll 4
@@ -305,17 +311,18 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 #pragma GCC unroll 4
       for (int r = 0; r < R; r++) ds[r][c] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd[r] + g));
 #pragma GCC unroll 4
-      for (int r = 0; r < R; r++) accm[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), accm[r][c]);
+      for (int r = 0; r < R && wt != SERVD_Q8_0; r++) /* q8_0's +128 is in its dots */
+        accm[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), accm[r][c]);
     }
     if (nbg == 16) { /* unrolled: the lane permutes become constants */
 #pragma GCC unroll 4
       for (int q = 0; q < 16; q += 4)
 #pragma GCC unroll 4
-        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, 4, xq, ds, acc, c, R, wt);
+        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, 4, xq, xc, ds, acc, c, R, wt);
     } else {
       for (int q = 0; q < nbg; q += 4) {
 #pragma GCC unroll 4
-        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, ds, acc, c, R, wt);
+        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, xc, ds, acc, c, R, wt);
       }
     }
   }
@@ -359,16 +366,42 @@ static void decode_scales(const servd__mm *p, int64_t j, int nw, float *hd) {
   }
 }
 
+/* xcorr for q8_0: per row and quad, -128 times each dot lane's 8 x quanta (its 4 of values 0..15
+ * and 4 of 16..31), by the same vpdpbusd with 128 in place of w + 128. */
+static void q8_corrections(const servd__q8x *xq, int64_t m, int32_t *xc) {
+  const __m512i c128 = _mm512_set1_epi8((char)0x80);
+  const int64_t quads = xq->ldq / 128;
+  for (int64_t r = 0; r < m; r++)
+    for (int64_t qd = 0; qd < quads; qd++) {
+      const int8_t *x = xq->qs + r * xq->ldq + qd * 128;
+      const __m512i c = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, _mm512_load_si512(x)),
+                                            c128, _mm512_load_si512(x + 64));
+      _mm512_store_si512(xc + (r * quads + qd) * 16, _mm512_sub_epi32(_mm512_setzero_si512(), c));
+    }
+}
+
 void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
   const tile_fn(*t)[2] = p->wt == SERVD_Q8_0   ? tiles_q8_0
                          : p->wt == SERVD_Q4_0 ? tiles_q4_0
                          : p->wt == SERVD_Q4_1 ? tiles_q4_1
                                                : tiles_iq4_nl;
+  servd__mm pd = *p;
+  if (p->wt == SERVD_Q8_0) {
+    int32_t *xc = servd__scratch(2, (size_t)(p->m * (p->xq.ldq / 8)) * sizeof(int32_t) + 64);
+    if (!xc) { /* no memory for the corrections: NaN marks the outputs rather than a wrong value */
+      for (int64_t i = 0; i < p->m; i++)
+        for (int64_t j = j0; j < j1; j++) ((float *)(p->out + i * p->ldo))[j] = NAN;
+      return;
+    }
+    xc = (int32_t *)(((uintptr_t)xc + 63) & ~(uintptr_t)63);
+    q8_corrections(&p->xq, p->m, xc);
+    pd.xcorr = xc;
+  }
   if (p->m <= RQ) { /* one x row tile: weight rows stream past it */
     for (int64_t j = j0; j < j1;) {
       const int nw_full = p->m == 1 ? 4 : 2;
       const int nw = j1 - j >= nw_full ? nw_full : 1;
-      t[p->m == 1 ? RQ : p->m - 1][nw == 1](p, 0, j);
+      t[p->m == 1 ? RQ : p->m - 1][nw == 1](&pd, 0, j);
       j += nw;
     }
     return;
@@ -378,7 +411,6 @@ void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
    * scales are decoded once for every x row tile: the word permutes that collect them are slow on
    * some cores (q8_0's five per 16 blocks made its prefill ~1.4x slower per value than q4_1's). */
   enum { CHUNK = 16 };
-  servd__mm pd = *p;
   float *hd = servd__scratch(1, (size_t)(2 * CHUNK * p->xq.lds) * sizeof(float));
   for (int64_t jc = j0; jc < j1; jc += CHUNK) {
     const int64_t je = j1 - jc < CHUNK ? j1 : jc + CHUNK;

@@ -11,7 +11,8 @@
  * - q6_k: 16-value sub-blocks and 6-bit quanta (dots would overflow i16): maddubs (u8 x s8 pairs,
  *   at most 2*63*127) then vpdpwssd by the sub-block scale per 64 values: 8 multiplies.
  * The offsets (q4_k/q5_k: -dmin*m[j]; q6_k: -32*d*sc[g]) multiply the 16-value sums of x (bsums);
- * dots and offsets share one f32 accumulator per row (lanes 0..7 and 8..15).
+ * q4_k/q5_k dots and offsets share one f32 accumulator per row (lanes 0..7 and 8..15), q6_k's
+ * offset comes off the dots in integers (both scale by d).
  *
  * Amortization: a super-block is decoded once for up to RQ x rows (batched decode, prefill); at
  * batch 1, four weight rows share the x loads and one scale unpack. Weights never reach memory as
@@ -168,8 +169,9 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
   const servd__q8k *q = &p->xk;
   const int64_t nb = q->nb;
   const int8_t *xq[RQ];
-  /* per row: lanes 0..7 sum the scaled sub-block dots (times d), lanes 8..15 the offsets (as
-   * positive magnitudes: dmin*m, 32*d*sc; subtracted at the end) */
+  /* per row, q4_k/q5_k: lanes 0..7 sum the scaled sub-block dots (times d), lanes 8..15 the
+   * offsets (as positive magnitudes dmin*m, subtracted at the end); q6_k: all 16 lanes sum dots
+   * with the offset already taken off */
   __m512 acc[NWMAX][RQ];
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++) {
@@ -225,6 +227,11 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
       __m256i msv;
       __m512 dwc = NW == NWMAX && wt != SERVD_Q6_K ? dwc4[c] : _mm512_setzero_ps();
       decode(w[c], b, NW == NWMAX && wt != SERVD_Q6_K ? &sm[c] : NULL, wv, sv, &msv, &dwc, wt);
+      float dq6 = 0.0f;
+      if (wt == SERVD_Q6_K) {
+        dq6 = f16(((const servd_block_q6_k *)w[c] + b)->d);
+        msv = _mm256_slli_epi16(msv, 5); /* 32 * sc: at most 4096 */
+      }
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++) {
         const int8_t *xb = xq[r] + b * SERVD_QK_K;
@@ -248,6 +255,13 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
         }
         const int64_t rb = (i0 + r) * nb + b;
         const __m256i bs = _mm256_loadu_si256((const __m256i *)(q->bsums + rb * 16));
+        if (wt == SERVD_Q6_K) {
+          /* q6_k's -32 shares d with the dots: taken off in integers (|32*sc*bsums| <= 16.6M per
+           * lane pair), then one conversion and one FMA by d*d_x */
+          const __m512i tot = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_madd_epi16(bs, msv)));
+          acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_set1_ps(dq6 * q->d[rb]), acc[c][r]);
+          continue;
+        }
         const __m256i dot = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
         const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(dot), _mm256_madd_epi16(bs, msv), 1);
         acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(dwc, _mm512_set1_ps(q->d[rb])), acc[c][r]);
@@ -258,8 +272,10 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
   for (int c = 0; c < NW; c++)
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-      res[c][r] = _mm512_reduce_add_ps(
-          _mm512_mul_ps(acc[c][r], _mm512_insertf32x8(_mm512_set1_ps(1.0f), _mm256_set1_ps(-1.0f), 1)));
+      res[c][r] = wt == SERVD_Q6_K
+                      ? _mm512_reduce_add_ps(acc[c][r])
+                      : _mm512_reduce_add_ps(_mm512_mul_ps(
+                            acc[c][r], _mm512_insertf32x8(_mm512_set1_ps(1.0f), _mm256_set1_ps(-1.0f), 1)));
 }
 
 /* x rows i0..i0+R . weight row w for q4_k/q5_k when m > 1, in q4_1's arrangement: the sub-block
