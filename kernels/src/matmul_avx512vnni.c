@@ -310,9 +310,10 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
       }
 #pragma GCC unroll 4
       for (int r = 0; r < R; r++) ds[r][c] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd[r] + g));
+      if (wt != SERVD_Q8_0) { /* q8_0's +128 is in its dots */
 #pragma GCC unroll 4
-      for (int r = 0; r < R && wt != SERVD_Q8_0; r++) /* q8_0's +128 is in its dots */
-        accm[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), accm[r][c]);
+        for (int r = 0; r < R; r++) accm[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), accm[r][c]);
+      }
     }
     if (nbg == 16) { /* unrolled: the lane permutes become constants */
 #pragma GCC unroll 4
