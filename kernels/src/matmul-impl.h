@@ -101,9 +101,6 @@ typedef struct servd__mm {
   /* VNNI q8_0/q4_0/q4_1/iq4_nl kernel in prefill: its weight tile's block scales, decoded once for
    * every x row tile (matmul_avx512vnni.c); NULL: decoded per tile. */
   const float *hdr;
-  /* VNNI q8_0 kernel: per x row (ldq / 8 ints apart) and quad, -128 times the sum of each dot
-   * lane's 8 x quanta, where its dots with w + 128 start (matmul_avx512vnni.c). */
-  const int32_t *xcorr;
 } servd__mm;
 
 typedef void (*servd__mm_fn)(const servd__mm *p, int64_t j0, int64_t j1);

@@ -10,11 +10,12 @@
  *   word permute), low and high nibbles are split with one shift and two ands and multiplied
  *   (vpdpbusd, u8 x s8) with activations kept in the matching "quad" layout: no byte shuffles.
  * - q8_0: the same 4 blocks per step and quad activations: two word permutes gather the 4 blocks'
- *   values 0..15 and 16..31 into one zmm each, and xor 0x80 makes them unsigned (w + 128) for
- *   vpdpbusd. The +128 comes off inside the integer dots, which start from -128 * x's lane sums
- *   (xcorr, once per call): exact, as the scalar path. (Taking it off in f32 with the offset term,
- *   as iq4_nl does, cancelled badly on real activations: TP=1 and TP=3 logits differed by 7e-3.)
- *   Per x row a q8_0 quad then costs what a q4 quad does (two vpdpbusd, one conversion, one FMA).
+ *   values 0..15 and 16..31 into one zmm each. vpdpbusd multiplies x + 128 (unsigned: a copy of
+ *   the activations xor 0x80, once per call) with the signed quanta; the dots start from -128 *
+ *   the lane sums of w (two vpdpbusd per quad and weight row, shared by the R rows), so they are
+ *   exact integers, as the scalar path's. (Taking a +128 off in f32 with an offset term, as iq4_nl
+ *   does, cancelled badly on real activations: TP=1 and TP=3 logits differed by 7e-3.) Per x row
+ *   a q8_0 quad then costs what a q4 quad does (two vpdpbusd, one conversion, one FMA).
  * Each 4-lane run of int32 dot lanes belongs to one block; one permute spreads the group's block
  * scales to those lanes, then one FMA accumulates in f32.
  * Up to RQ activation rows share each weight load (batched decode and prefill).
@@ -114,18 +115,16 @@ static inline __m512i iq4_table(void) {
       _mm_add_epi8(_mm_loadu_si128((const __m128i *)servd_iq4_values), _mm_set1_epi8((char)0x80)));
 }
 
-/* q4_0's and iq4_nl's offset per unit of s: -8*d, -128*d (q8_0 has none: see xcorr). */
+/* q4_0's and iq4_nl's offset per unit of s: -8*d, -128*d (q8_0 has none: its dots are exact). */
 static inline __m512 offset_of(__m512 dw, const servd_dtype wt) {
   return _mm512_mul_ps(dw, _mm512_set1_ps(wt == SERVD_Q4_0 ? -8.0f : -128.0f));
 }
 
 /* Values 0..15 (*lo) and 16..31 (*hi) of 4 q8_0 blocks whose quanta start at qs (`valid` < 4: the
- * lanes of missing blocks are zero), block i in 128-bit lane i as in the quad activations, plus 128
- * (xor 0x80): unsigned for vpdpbusd, the +128 taken off by the offset term -128*d as for iq4_nl.
- * Whole quads: lo from the window [qs-2, qs+126), hi from [qs+6, qs+134) (both inside the 4 blocks'
- * 136 bytes), one word permute each; block i's runs start at words 17i+1 and 17i+5 of them. */
+ * lanes of missing blocks are zero), block i in 128-bit lane i as in the quad activations, as signed
+ * bytes. Whole quads: lo from the window [qs-2, qs+126), hi from [qs+6, qs+134) (both inside the 4
+ * blocks' 136 bytes), one word permute each; block i's runs start at words 17i+1 and 17i+5 of them. */
 static inline __attribute__((always_inline)) void load_q8_quad(const char *qs, int valid, __m512i *lo, __m512i *hi) {
-  const __m512i flip = _mm512_set1_epi8((char)0x80);
   if (valid >= 4) {
     static const uint16_t ilo[32] = {1,  2,  3,  4,  5,  6,  7,  8,  18, 19, 20, 21, 22, 23, 24, 25,
                                      35, 36, 37, 38, 39, 40, 41, 42, 52, 53, 54, 55, 56, 57, 58, 59};
@@ -135,8 +134,8 @@ static inline __attribute__((always_inline)) void load_q8_quad(const char *qs, i
         _mm512_permutex2var_epi16(_mm512_loadu_si512(qs - 2), _mm512_loadu_si512(ilo), _mm512_loadu_si512(qs + 62));
     const __m512i h =
         _mm512_permutex2var_epi16(_mm512_loadu_si512(qs + 6), _mm512_loadu_si512(ihi), _mm512_loadu_si512(qs + 70));
-    *lo = _mm512_xor_si512(l, flip);
-    *hi = _mm512_xor_si512(h, flip);
+    *lo = l;
+    *hi = h;
     return;
   }
   __m512i l = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)qs));
@@ -149,17 +148,16 @@ static inline __attribute__((always_inline)) void load_q8_quad(const char *qs, i
     l = _mm512_inserti32x4(l, _mm_loadu_si128((const __m128i *)(qs + 68)), 2);
     h = _mm512_inserti32x4(h, _mm_loadu_si128((const __m128i *)(qs + 84)), 2);
   }
-  const __mmask16 lanes = (__mmask16)((1u << (4 * valid)) - 1);
-  *lo = _mm512_mask_xor_epi32(l, lanes, l, flip);
-  *hi = _mm512_mask_xor_epi32(h, lanes, h, flip);
+  *lo = l;
+  *hi = h;
 }
 
 /* Blocks g+q.. of weight row c (4 of them, or `valid` < 4) against R activation rows; wq points at
  * block g+q's quanta (q4_1: past d and m). */
 static inline __attribute__((always_inline)) void quad_step(const char *wq, int bb, int64_t g, int q, int valid,
-                                                            const int8_t *const *xq, const int32_t *const *xc,
-                                                            const __m512 (*ds)[NWMAX], __m512 (*acc)[NWMAX],
-                                                            const int c, const int R, const servd_dtype wt) {
+                                                            const int8_t *const *xq, const __m512 (*ds)[NWMAX],
+                                                            __m512 (*acc)[NWMAX], const int c, const int R,
+                                                            const servd_dtype wt) {
   __m512i lo, hi;
   if (wt == SERVD_Q8_0) {
     load_q8_quad(wq + q * bb, valid, &lo, &hi);
@@ -175,14 +173,19 @@ static inline __attribute__((always_inline)) void quad_step(const char *wq, int 
   }
   const __m512i idx =
       _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(q));
+  /* q8_0: x + 128 (unsigned, stored so by the driver) times signed w; the dots start from -128 *
+   * the lane sums of w, taken once for the R rows: exact integers */
+  __m512i z = _mm512_setzero_si512();
+  if (wt == SERVD_Q8_0) {
+    const __m512i c128 = _mm512_set1_epi8((char)0x80);
+    z = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, c128, lo), c128, hi));
+  }
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++) {
     const int8_t *xp = xq[r] + (g + q) * 32; /* quad layout: 4 blocks per 128 bytes */
-    /* q8_0: from -128 * (x's lane sums), so that the dots with w + 128 come out exact */
-    const __m512i z =
-        wt == SERVD_Q8_0 ? _mm512_load_si512((const void *)(xc[r] + (g + q) * 4)) : _mm512_setzero_si512();
-    __m512i dot = _mm512_dpbusd_epi32(z, lo, _mm512_load_si512((const void *)xp));
-    dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
+    const __m512i x0 = _mm512_load_si512((const void *)xp), x1 = _mm512_load_si512((const void *)(xp + 64));
+    const __m512i dot = wt == SERVD_Q8_0 ? _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, x0, lo), x1, hi)
+                                         : _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, x0), hi, x1);
     acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, ds[r][c]), acc[r][c]);
   }
 }
@@ -259,7 +262,6 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
   const int64_t nb = p->xq.nb;
   const hdr_plan *pl = &plans[wt == SERVD_Q8_0 ? 0 : wt == SERVD_Q4_1 ? 2 : 1];
   const int8_t *xq[RQ];
-  const int32_t *xc[RQ] = {NULL};
   const float *xd[RQ], *xs[RQ];
   const char *w[NWMAX];
   __m512 acc[RQ][NWMAX], accm[RQ][NWMAX];
@@ -268,7 +270,6 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++) {
     xq[r] = p->xq.qs + (i0 + r) * p->xq.ldq;
-    if (wt == SERVD_Q8_0) xc[r] = p->xcorr + (i0 + r) * (p->xq.ldq / 8); /* 16 ints a quad */
     xd[r] = p->xq.d + (i0 + r) * p->xq.lds;
     xs[r] = p->xq.s + (i0 + r) * p->xq.lds;
 #pragma GCC unroll 4
@@ -319,11 +320,11 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 #pragma GCC unroll 4
       for (int q = 0; q < 16; q += 4)
 #pragma GCC unroll 4
-        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, 4, xq, xc, ds, acc, c, R, wt);
+        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, 4, xq, ds, acc, c, R, wt);
     } else {
       for (int q = 0; q < nbg; q += 4) {
 #pragma GCC unroll 4
-        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, xc, ds, acc, c, R, wt);
+        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, ds, acc, c, R, wt);
       }
     }
   }
@@ -367,18 +368,11 @@ static void decode_scales(const servd__mm *p, int64_t j, int nw, float *hd) {
   }
 }
 
-/* xcorr for q8_0: per row and quad, -128 times each dot lane's 8 x quanta (its 4 of values 0..15
- * and 4 of 16..31), by the same vpdpbusd with 128 in place of w + 128. */
-static void q8_corrections(const servd__q8x *xq, int64_t m, int32_t *xc) {
-  const __m512i c128 = _mm512_set1_epi8((char)0x80);
-  const int64_t quads = xq->ldq / 128;
-  for (int64_t r = 0; r < m; r++)
-    for (int64_t qd = 0; qd < quads; qd++) {
-      const int8_t *x = xq->qs + r * xq->ldq + qd * 128;
-      const __m512i c = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, _mm512_load_si512(x)),
-                                            c128, _mm512_load_si512(x + 64));
-      _mm512_store_si512(xc + (r * quads + qd) * 16, _mm512_sub_epi32(_mm512_setzero_si512(), c));
-    }
+/* q8_0's activations as unsigned bytes, x + 128 (xor 0x80), for m rows of xq into dst (same layout). */
+static void q8_flip(const servd__q8x *xq, int64_t m, int8_t *dst) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  for (int64_t i = 0; i < m * xq->ldq; i += 64)
+    _mm512_store_si512(dst + i, _mm512_xor_si512(_mm512_load_si512(xq->qs + i), flip));
 }
 
 void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
@@ -388,15 +382,15 @@ void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
                                                : tiles_iq4_nl;
   servd__mm pd = *p;
   if (p->wt == SERVD_Q8_0) {
-    int32_t *xc = servd__scratch(2, (size_t)(p->m * (p->xq.ldq / 8)) * sizeof(int32_t) + 64);
-    if (!xc) { /* no memory for the corrections: NaN marks the outputs rather than a wrong value */
+    int8_t *xf = servd__scratch(2, (size_t)(p->m * p->xq.ldq) + 64);
+    if (!xf) { /* no memory for x + 128: NaN marks the outputs rather than a wrong value */
       for (int64_t i = 0; i < p->m; i++)
         for (int64_t j = j0; j < j1; j++) ((float *)(p->out + i * p->ldo))[j] = NAN;
       return;
     }
-    xc = (int32_t *)(((uintptr_t)xc + 63) & ~(uintptr_t)63);
-    q8_corrections(&p->xq, p->m, xc);
-    pd.xcorr = xc;
+    xf = (int8_t *)(((uintptr_t)xf + 63) & ~(uintptr_t)63);
+    q8_flip(&p->xq, p->m, xf);
+    pd.xq.qs = xf;
   }
   if (p->m <= RQ) { /* one x row tile: weight rows stream past it */
     for (int64_t j = j0; j < j1;) {
