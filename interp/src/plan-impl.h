@@ -54,9 +54,11 @@ void plan__fusion_free(plan_fusion *f); /* accepts NULL */
 /* Makes p's fused groups (at capture, unless SERVD_PLAN_FUSE=off); the serial walk's first replay
  * checks each against its nodes. */
 void plan__fuse(servd_plan *p);
-/* The tensor views the fused groups hold (into out when not NULL); their count. The guard counts
- * them among the plan's own references (servd_plan_check). */
+/* The tensor views the fused groups hold (into out when not NULL); their count. */
 int plan__fusion_views(const servd_plan *p, const servd_tensor **out);
+/* Counts the fused groups' views per guarded storage (servd_plan_check counts them as the plan's
+ * own references); after every change of p->fusion. */
+void plan__guard_views(servd_plan *p);
 /* The serial walk, with the fused groups. */
 int plan__serial_run(servd_plan *p);
 /* The kind of the fused group starting at node i (PLAN_FUSE_NONE: none). */
@@ -72,9 +74,10 @@ struct servd_plan {
   servd_attn_batch attn; /* the running step's layout: set by each replay */
   servd_tensor *logits;  /* what the forward returned (one reference), or NULL */
   const plan_executor *exec;
-  plan_par *par;               /* the parallel executor's slices, made at its first replay */
-  plan_fusion *fusion;         /* the serial walk's fused groups, made at capture, checked at its first replay */
-  bool fusion_tried, fuse_off; /* fuse_off: SERVD_PLAN_FUSE=off at capture */
+  plan_par *par;       /* the parallel executor's slices, made at its first replay */
+  plan_fusion *fusion; /* the serial walk's fused groups, made at capture, checked at its first replay */
+  bool fusion_tried;
+  const char *fuse_env; /* SERVD_PLAN_FUSE at capture: NULL or "on" (all kinds), "off", or kinds by name */
   /* SERVD_PLAN_PROFILE=1 at capture: ns per op id, then per fused kind; printed at destroy */
   int64_t *prof_ns;
   int64_t prof_steps;
@@ -87,6 +90,7 @@ struct servd_plan {
   struct plan_held_storage {
     const servd_storage *s;
     int mine;
+    int views; /* the fused groups' views over it (they hold it too) */
   } * held_s;
   int n_held, n_held_s;
 };

@@ -79,31 +79,44 @@ static void note_held(servd_plan *p, const servd_tensor *t) {
       p->held_s[i].mine++;
       return;
     }
-  p->held_s[p->n_held_s++] = (struct plan_held_storage){t->storage, 1};
+  p->held_s[p->n_held_s++] = (struct plan_held_storage){t->storage, 1, 0};
 }
 
 static int collect_held(servd_plan *p) {
-  int views = plan__fusion_views(p, NULL), max = 1 + views;
+  int max = 1;
   for (int i = 0; i < p->n; i++) max += p->nodes[i].nt;
   p->held = malloc(sizeof *p->held * (size_t)max);
   p->held_s = malloc(sizeof *p->held_s * (size_t)max);
-  const servd_tensor **v = malloc(sizeof *v * (size_t)(views + 1));
-  if (!p->held || !p->held_s || !v) {
-    free(v);
-    return servd_fail(SERVD_ENOMEM, "plan: guard table of %d tensors", max);
-  }
+  if (!p->held || !p->held_s) return servd_fail(SERVD_ENOMEM, "plan: guard table of %d tensors", max);
   for (int i = 0; i < p->n; i++)
     for (int j = 0; j < p->nodes[i].nt; j++) note_held(p, p->nodes[i].t[j]);
   note_held(p, p->logits);
-  plan__fusion_views(p, v); /* the fused groups' views hold the storages too */
-  for (int i = 0; i < views; i++) note_held(p, v[i]);
-  free(v);
+  plan__guard_views(p);
   return 0;
+}
+
+void plan__guard_views(servd_plan *p) {
+  for (int i = 0; i < p->n_held_s; i++) p->held_s[i].views = 0;
+  int n = plan__fusion_views(p, NULL);
+  const servd_tensor **v = n ? malloc(sizeof *v * (size_t)n) : NULL;
+  if (n && !v) { /* out of memory: the groups go, so that no uncounted view holds a storage */
+    plan__fusion_free(p->fusion);
+    p->fusion = NULL;
+    return;
+  }
+  plan__fusion_views(p, v);
+  for (int k = 0; k < n; k++)
+    for (int i = 0; i < p->n_held_s; i++)
+      if (p->held_s[i].s == v[k]->storage) {
+        p->held_s[i].views++;
+        break;
+      }
+  free(v);
 }
 
 static int storage_mine(const servd_plan *p, const servd_storage *s) {
   for (int i = 0; i < p->n_held_s; i++)
-    if (p->held_s[i].s == s) return p->held_s[i].mine;
+    if (p->held_s[i].s == s) return p->held_s[i].mine + p->held_s[i].views;
   return 0;
 }
 
@@ -128,7 +141,7 @@ int servd_plan_capture(servd_interp *it, const servd_forward_batch *b, int64_t t
   const char *ex = getenv("SERVD_PLAN_EXEC");
   p->exec = ex && !strcmp(ex, "parallel") ? &plan__host_parallel_executor : &plan__host_executor;
   const char *fu = getenv("SERVD_PLAN_FUSE"), *pr = getenv("SERVD_PLAN_PROFILE");
-  p->fuse_off = fu && !strcmp(fu, "off");
+  p->fuse_env = fu && strcmp(fu, "on") ? fu : NULL; /* read by plan__fuse, still during the capture */
   if (pr && strcmp(pr, "0") && !(p->prof_ns = calloc(SERVD_OP_COUNT + PLAN_FUSE_KINDS, sizeof *p->prof_ns))) {
     servd_plan_destroy(p);
     return servd_fail(SERVD_ENOMEM, "plan: profile");

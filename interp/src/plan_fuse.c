@@ -17,7 +17,8 @@
  * unfused nodes (whose results stay) and compares bit for bit. The KV rows a fused group writes come
  * from the same kv_write on the checked k rows and the unchanged v rows. A kind of fusion with a
  * group that differs is dropped with a line on stderr, so a fused plan gives the unfused plan's bits.
- * SERVD_PLAN_FUSE=off at capture turns the pass off. */
+ * SERVD_PLAN_FUSE=off at capture turns the pass off; a comma-separated list of kinds (rope_kv,
+ * gate_up_swiglu) keeps only those. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,8 +45,9 @@ enum { FUSED_VIEWS = 5 }; /* rope_kv: q, k, v, positions, slots */
 struct plan_fusion {
   plan_fused *groups;
   int n;
-  int *at; /* [p->n]: the group starting at node i, or -1 */
-  bool off[PLAN_FUSE_KINDS];
+  int *at;                       /* [p->n]: the group starting at node i, or -1 */
+  bool off[PLAN_FUSE_KINDS];     /* kinds not made (SERVD_PLAN_FUSE) */
+  bool differs[PLAN_FUSE_KINDS]; /* kinds with a group that differed from its nodes at first use */
 };
 
 void plan__fusion_free(plan_fusion *f) {
@@ -211,7 +213,7 @@ static int check_group(servd_plan *p, const plan_fused *g) {
 }
 
 /* The serial walk with f's groups (NULL: none), each checked against its parts instead when check
- * is set (a kind that differs is marked in f->off); time per op and fused kind into p->prof_ns. */
+ * is set (a kind that differs is marked in f->differs); time per op and fused kind into p->prof_ns. */
 static int walk(servd_plan *p, plan_fusion *f, bool check) {
   for (int i = 0; i < p->n;) {
     int g = f ? f->at[i] : -1;
@@ -221,7 +223,7 @@ static int walk(servd_plan *p, plan_fusion *f, bool check) {
     if (g < 0) rc = plan__run_node(p, &p->nodes[i]);
     else if (!check) rc = run_group(p, &f->groups[g]);
     else if ((rc = check_group(p, &f->groups[g])) >= 0) {
-      if (rc == 0) f->off[kind] = true;
+      if (rc == 0) f->differs[kind] = true;
       rc = 0;
     }
     if (p->prof_ns) p->prof_ns[kind ? SERVD_OP_COUNT + kind : (int)p->nodes[i].op] += servd_now_ns() - t0;
@@ -246,7 +248,14 @@ int plan__fusion_views(const servd_plan *p, const servd_tensor **out) {
 
 void plan__fuse(servd_plan *p) {
   bool off[PLAN_FUSE_KINDS] = {0};
-  if (!p->fuse_off) p->fusion = build(p, off); /* NULL (out of memory): unfused */
+  const char *env = p->fuse_env; /* a comma-separated list of kinds keeps only those */
+  for (int k = 1; env && k < PLAN_FUSE_KINDS; k++) {
+    const char *at = strstr(env, plan__fuse_names[k]);
+    size_t len = strlen(plan__fuse_names[k]);
+    off[k] = !at || (at != env && at[-1] != ',') || (at[len] && at[len] != ',');
+  }
+  p->fuse_env = NULL;        /* the environment's string: not kept past capture */
+  p->fusion = build(p, off); /* NULL (out of memory): unfused */
 }
 
 /* First serial replay: each group is checked against its parts as the walk reaches it (the step's
@@ -257,18 +266,20 @@ static int first_replay(servd_plan *p) {
   if (!f || f->n == 0) return walk(p, NULL, false);
   int rc = walk(p, f, true);
   if (rc < 0) return rc;
-  bool redo = false;
-  for (int k = 1; k < PLAN_FUSE_KINDS; k++)
-    if (f->off[k]) {
+  bool redo = false, off[PLAN_FUSE_KINDS];
+  for (int k = 1; k < PLAN_FUSE_KINDS; k++) {
+    off[k] = f->off[k] || f->differs[k];
+    if (f->differs[k]) {
       redo = true;
       fprintf(stderr, "servd: step plan: the fused %s differs from its unfused nodes: the plan runs it unfused\n",
               plan__fuse_names[k]);
     }
+  }
   if (redo) {
-    bool off[PLAN_FUSE_KINDS];
-    memcpy(off, f->off, sizeof off);
+    off[0] = false;
     plan__fusion_free(f);
     p->fusion = build(p, off);
+    plan__guard_views(p);
   }
   return 0;
 }

@@ -332,15 +332,18 @@ static void test_fused_groups(void **state) {
   (void)state;
   set_mode("\"fused\"");
   setenv("SERVD_PLAN_EXEC", "serial", 1);
-  seqs se, sf, su; /* eager, fused, unfused: each its own cache, the same steps */
+  seqs se, sf, su, sp; /* eager, fused, unfused, only rope_kv fused: each its own cache, the same steps */
   seqs_init(&se);
   seqs_init(&sf);
   seqs_init(&su);
+  seqs_init(&sp);
   const int32_t first[2] = {3, 5};
   servd_tensor_release(eager_step(&se, 2, first));
   servd_plan *fused = capture_any(&sf, 2, first);
   setenv("SERVD_PLAN_FUSE", "off", 1);
   servd_plan *unfused = capture_any(&su, 2, first);
+  setenv("SERVD_PLAN_FUSE", "rope_kv", 1); /* a list of kinds keeps only those */
+  servd_plan *partial = capture_any(&sp, 2, first);
   unsetenv("SERVD_PLAN_FUSE");
   for (int step = 0; step < 6; step++) {
     const int32_t tok[2] = {(step * 5 + 1) % VOCAB, (step * 3 + 2) % VOCAB};
@@ -354,11 +357,19 @@ static void test_fused_groups(void **state) {
     assert_int_equal(servd_plan_replay(unfused, seqs_step(&su, 2, tok), &plain), 0);
     assert_memory_equal(servd_tensor_data(plain), servd_tensor_data(want), servd_tensor_nbytes(want));
     servd_tensor_release(plain);
+    fb = seqs_step(&sp, 2, tok);
+    assert_int_equal(servd_plan_check(partial, fb, why, sizeof why), 0);
+    assert_int_equal(servd_plan_replay(partial, fb, &plain), 0);
+    assert_memory_equal(servd_tensor_data(plain), servd_tensor_data(want), servd_tensor_nbytes(want));
+    servd_tensor_release(plain);
     servd_tensor_release(want);
   }
   /* both kinds still fused after their first-use check (a kind that differed would be dropped) */
   assert_true(plan_says(fused, "fused rope_kv") && plan_says(fused, "fused gate_up_swiglu"));
   assert_false(plan_says(unfused, "fused"));
+  assert_true(plan_says(partial, "fused rope_kv") && !plan_says(partial, "fused gate_up_swiglu"));
+  servd_plan_destroy(partial);
+  servd_kv_cache_destroy(sp.kv);
   /* the guard still sees the model drop q's buffer, whose storage the rope_kv slices' views hold
    * (the unfused plan, which holds it too, goes first) */
   servd_plan_destroy(unfused);

@@ -8,6 +8,7 @@
  * logits are compared with those through Python bit for bit.
  *
  *   plan_bench PKG [--gguf FILE --llama-bench BIN] [--threads N] [--rounds R] [--steps S] [--batch B]
+ *              [--fuse KINDS]   (the fused mode's SERVD_PLAN_FUSE: "on", or e.g. "rope_kv")
  */
 #include <immintrin.h>
 #include <math.h>
@@ -171,10 +172,10 @@ int main(int argc, char **argv) {
   if (servd_interp_early_init(argc, argv)) return 1;
   if (argc < 2) {
     fprintf(stderr, "usage: plan_bench PKG [--gguf FILE --llama-bench BIN] [--threads N] [--rounds R] [--steps S] "
-                    "[--batch B]\n");
+                    "[--batch B] [--fuse KINDS]\n");
     return 2;
   }
-  const char *pkg = argv[1], *gguf = NULL, *lb = NULL;
+  const char *pkg = argv[1], *gguf = NULL, *lb = NULL, *fuse = "on"; /* --fuse: SERVD_PLAN_FUSE of the fused mode */
   int threads = 2, rounds = 7, steps = 48, big = 32;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--gguf")) gguf = argv[i + 1];
@@ -183,6 +184,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--batch")) big = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--fuse")) fuse = argv[i + 1];
   }
   if (rounds < 2 || rounds > 50 || steps < 4 || big < 2 || big > 64) return 2;
   servd_threadpool_init(threads);
@@ -220,7 +222,7 @@ int main(int argc, char **argv) {
         return 1;
       }
       sides[b][m].exec = m == 3 ? "parallel" : "serial";
-      sides[b][m].fuse = m == UNFUSED ? "off" : "on";
+      sides[b][m].fuse = m == UNFUSED ? "off" : fuse;
     }
   const size_t rbytes = (size_t)1 << 30; /* 1 GiB: far beyond any L3 */
   char *buf = aligned_alloc(64, rbytes);
