@@ -276,25 +276,10 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
     for (int c = 0; c < NW; c++) acc[r][c] = accm[r][c] = _mm512_setzero_ps();
   }
   const int64_t row_bytes = nb * bb;
-  /* Software prefetch pays for weights streamed from DRAM (+15-90% measured at k = 1536..8192) and
-   * costs ~10% of instructions when they already sit in cache; below 1 MiB assume the latter. */
-  const int64_t pf_rows = p->n * row_bytes < (1 << 20) ? 0
-                          : row_bytes >= 8192 / NW     ? NW
-                                                       : (8192 + row_bytes - 1) / row_bytes;
+  const int64_t pf_rows = prefetch_rows(p->n, row_bytes, NW);
   for (int64_t g = 0; g < nb; g += 16) {
     const int nbg = nb - g < 16 ? (int)(nb - g) : 16;
-    /* Large weights come from DRAM in NW short interleaved streams (a 4096-wide q4 row is 2.5 KiB),
-     * which hardware prefetchers pick up late: fetch the same group of a row pf_rows ahead
-     * (about 8 KiB ahead). */
-    if (pf_rows) {
-      const int lo = (int)(g * bb), hi = (int)(g + nbg) * bb;
-#pragma GCC unroll 4
-      for (int c = 0; c < NW; c++) {
-        /* integer arithmetic: the target may lie past the tensor (prefetches never fault) */
-        const char *nx = (const char *)((uintptr_t)w[c] + (uintptr_t)(pf_rows * p->ldw));
-        for (int l = lo & ~63; l < hi; l += 64) _mm_prefetch(nx + l, _MM_HINT_T0);
-      }
-    }
+    if (pf_rows) prefetch_group(w, NW, p->ldw, pf_rows, (int)(g * bb), (int)(g + nbg) * bb);
     if (wt != SERVD_Q8_0 && nbg <= 4) {
       q4_tail(w, bb, g, nbg, xq, xd, xs, acc, accm, R, NW, wt);
       continue;

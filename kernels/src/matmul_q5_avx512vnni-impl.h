@@ -291,21 +291,10 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
     for (int c = 0; c < NW; c++) acc[r][c] = _mm512_setzero_ps();
   }
   const int64_t row_bytes = nb * bb;
-  /* Software prefetch for weights streamed from DRAM, as in the q4 kernel (measured there). */
-  const int64_t pf_rows = p->n * row_bytes < (1 << 20) ? 0
-                          : row_bytes >= 8192 / NW     ? NW
-                                                       : (8192 + row_bytes - 1) / row_bytes;
+  const int64_t pf_rows = prefetch_rows(p->n, row_bytes, NW); /* as in the q4 kernel */
   for (int64_t g = 0; g < nb; g += 16) {
     const int nbg = nb - g < 16 ? (int)(nb - g) : 16;
-    if (pf_rows) {
-      const int lo = (int)(g * bb), hi = (int)(g + nbg) * bb;
-#pragma GCC unroll 4
-      for (int c = 0; c < NW; c++) {
-        /* integer arithmetic: the target may lie past the tensor (prefetches never fault) */
-        const char *nx = (const char *)((uintptr_t)w[c] + (uintptr_t)(pf_rows * p->ldw));
-        for (int l = lo & ~63; l < hi; l += 64) _mm_prefetch(nx + l, _MM_HINT_T0);
-      }
-    }
+    if (pf_rows) prefetch_group(w, NW, p->ldw, pf_rows, (int)(g * bb), (int)(g + nbg) * bb);
     if (nbg <= 4) {
       q5_tail(w, bb, pl, g, nbg, xq, xd, xs, acc, R, NW, wt);
       continue;
