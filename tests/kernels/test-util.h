@@ -79,6 +79,17 @@ typedef double (*block_term_bound)(servd_dtype dt, const servd_tensor *w, int64_
 /* A random weight of n rows by k columns of a quantized type. */
 typedef servd_tensor *(*rand_weight)(servd_dtype dt, int64_t n, int64_t k);
 
+/* The rows of the block-quantized weight w (n, k) as floats, malloc'd: the float64 references'
+ * weights. */
+static inline float *dequantized_rows(servd_dtype dt, const servd_tensor *w) {
+  const int64_t n = w->shape[0], k = w->shape[1];
+  float *wd = malloc((size_t)(n * k) * sizeof(float));
+  assert_non_null(wd);
+  for (int64_t j = 0; j < n; j++)
+    assert_int_equal(servd_row_to_f32(dt, (const char *)servd_tensor_data(w) + j * w->strides[0], wd + j * k, k), 0);
+  return wd;
+}
+
 /* m rows of random x times the quantized w (n x k), checked the same way by every quantized matmul
  * test: the scalar reference against a float64 product of x and the dequantized weights (activation
  * rounding of amax_b/254 per element of each act_block-element block, 1.01x plus 2^-20 of sum|x*w|),
@@ -89,10 +100,7 @@ static inline void check_quant_matmul(servd_dtype dt, servd_tensor *w, int64_t m
   const int64_t n = w->shape[0], k = w->shape[1], wb = (int64_t)servd_dtype_block_elems(dt), nb = k / wb;
   servd_tensor *x = tnew(SERVD_F32, 2, m, k);
   for (int64_t i = 0; i < m * k; i++) f(x)[i] = frand(-1.0f, 1.0f) * (i % 7 == 0 ? 4.0f : 1.0f);
-  float *wd = malloc((size_t)(n * k) * sizeof(float));
-  assert_non_null(wd);
-  for (int64_t j = 0; j < n; j++)
-    assert_int_equal(servd_row_to_f32(dt, (char *)servd_tensor_data(w) + j * w->strides[0], wd + j * k, k), 0);
+  float *wd = dequantized_rows(dt, w);
   servd_tensor *ref = tnew(SERVD_F32, 2, m, n), *out = tnew(SERVD_F32, 2, m, n);
 
   assert_int_equal(servd_cpu_force_isa(SERVD_ISA_SCALAR), 0);
