@@ -1,6 +1,6 @@
-/* The q5_0/q5_1 AVX-512 VNNI kernel (matmul_q5_avx512vnni-impl.h) built with GFNI and VBMI, for the
- * CPUs that have them; matmul_q5_avx512vnni.c calls it when they do. */
-#pragma GCC target("gfni,avx512vbmi")
+/* The q5_0/q5_1 AVX-512 VNNI kernel (matmul_q5_avx512vnni-impl.h) built with GFNI and VBMI (the file
+ * name gives it those flags, kernels/CMakeLists.txt), for the CPUs that have them;
+ * matmul_q5_avx512vnni.c calls it when they do. */
 #define Q5_GFNI 1
 #include "matmul_q5_avx512vnni-impl.h"
 
