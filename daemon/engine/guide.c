@@ -30,9 +30,6 @@ struct servd_guides {
   int n_ended_sent;     /* ended ids the job frees */
   servd_request **rows; /* the job's rows, in its order */
   int n_rows, cap_rows;
-  uint8_t *masks; /* row i's mask at i * mask_bytes */
-  size_t masks_cap;
-  int mask_bytes;
   /* read by get_stats on other threads */
   _Atomic uint64_t rows_total;
   _Atomic uint64_t mask_ns; /* the worker's time in the grammar calls */
@@ -56,7 +53,6 @@ void servd_guides_free(servd_guides *g) {
   servd_guides_stop(g);
   free(g->ended);
   free(g->rows);
-  free(g->masks);
   free(g);
 }
 
@@ -152,21 +148,13 @@ static void fail_rows(servd_request **rows, int n, const char *fmt, const char *
   }
 }
 
-/* Room for n rows and their masks (one buffer, row after row). */
-static int reserve(servd_guides *g, int n, int mask_bytes) {
-  if (n > g->cap_rows) {
-    servd_request **r = realloc(g->rows, (size_t)n * sizeof *r);
-    if (!r) return -1;
-    g->rows = r;
-    g->cap_rows = n;
-  }
-  size_t need = (size_t)n * (size_t)mask_bytes;
-  if (need > g->masks_cap) {
-    void *p = realloc(g->masks, need);
-    if (!p) return -1;
-    g->masks = p;
-    g->masks_cap = need;
-  }
+/* Room for the job's n rows. */
+static int reserve(servd_guides *g, int n) {
+  if (n <= g->cap_rows) return 0;
+  servd_request **r = realloc(g->rows, (size_t)n * sizeof *r);
+  if (!r) return -1;
+  g->rows = r;
+  g->cap_rows = n;
   return 0;
 }
 
@@ -186,15 +174,10 @@ void servd_guides_begin(servd_model *m) {
   if (!g || g->in_flight) return;
   g->n_rows = 0;
   int n = 0;
-  int nw = 0, mask_bytes = 0;
-  for (int i = 0; i < m->sched.n_planned; i++) {
-    servd_request *r = constrained(m->sched.planned[i]);
-    if (!r) continue;
-    n++;
-    if (!mask_bytes && servd_sampler_mask(r->sampler, &nw)) mask_bytes = nw * 4;
-  }
+  for (int i = 0; i < m->sched.n_planned; i++)
+    if (constrained(m->sched.planned[i])) n++;
   if (!n) return;
-  if (!mask_bytes || reserve(g, n, mask_bytes) || start_worker(g)) {
+  if (reserve(g, n) || start_worker(g)) {
     /* Nothing can be computed: the rows end with the reason (status 2), the others run on. */
     for (int i = 0; i < m->sched.n_planned; i++) {
       servd_request *r = constrained(m->sched.planned[i]);
@@ -202,7 +185,6 @@ void servd_guides_begin(servd_model *m) {
     }
     return;
   }
-  g->mask_bytes = mask_bytes;
   json_t *jrows = json_array();
   for (int i = 0; i < m->sched.n_planned; i++) {
     servd_request *r = constrained(m->sched.planned[i]);
@@ -212,11 +194,12 @@ void servd_guides_begin(servd_model *m) {
     json_t *toks = json_array();
     int gen = r->seq.n_tokens - r->n_prompt;
     for (int k = gs->fed; k < gen; k++) json_array_append_new(toks, json_integer(r->seq.tokens[r->n_prompt + k]));
-    /* The rows' masks lie one after another: guided.py hands them to llguidance's parallel executor. */
-    uint8_t *mask = g->masks + (size_t)g->n_rows * (size_t)mask_bytes;
+    /* The mask goes straight into the row's sampler, which reads it only after collect. */
+    int nw;
+    uint32_t *mask = servd_sampler_mask(r->sampler, &nw);
     json_array_append_new(jrows, json_pack("[I, o, o, I, i]", (json_int_t)gs->id,
                                            gs->started ? json_null() : json_string(gs->grammar), toks,
-                                           (json_int_t)(uintptr_t)mask, mask_bytes));
+                                           (json_int_t)(uintptr_t)mask, nw * 4));
     g->rows[g->n_rows++] = r;
   }
   step_job *j = &g->job;
@@ -264,12 +247,8 @@ void servd_guides_collect(servd_model *m) {
     gs->fed = r->seq.n_tokens - r->n_prompt;
     json_t *st = json_array_get(e, 0);
     gs->status = json_is_integer(st) ? (int)json_integer_value(st) : 2;
-    if (gs->status == 0) {
-      int nw;
-      uint32_t *mask = servd_sampler_mask(r->sampler, &nw);
-      memcpy(mask, g->masks + (size_t)i * (size_t)g->mask_bytes, (size_t)nw * 4);
-      servd_sampler_mask_ready(r->sampler);
-    } else if (gs->status == 2) {
+    if (gs->status == 0) servd_sampler_mask_ready(r->sampler);
+    else if (gs->status == 2) {
       const char *msg = json_string_value(json_array_get(e, 1));
       snprintf(gs->error, sizeof gs->error, "guided decoding: %.480s",
                msg && *msg ? msg : "guide_step() gave no result");

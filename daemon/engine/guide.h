@@ -4,10 +4,15 @@
  * before the forward, one call into the model's Python hooks (models/llama/guided.py, llguidance)
  * is handed to the guide worker, a thread of its own on the interpreter that renders chat
  * templates. It feeds every constrained row the tokens it generated since the last step and writes
- * the rows' next allowed-token bitmasks, one after another in one buffer (llguidance's parallel
- * executor spreads several rows over threads). After the forward the scheduler collects them into
- * the rows' sampler masks; it waits only for what the forward did not cover. A grammar never blocks
- * another model, and the forward ranks never wait for it.
+ * each row's next allowed-token bitmask into its sampler. After the forward the scheduler collects
+ * the results; it waits only for what the forward did not cover. A grammar never blocks another
+ * model, and the forward ranks never wait for it.
+ *
+ * One thread, rows one after another: the forward already keeps every core of the compute pool
+ * busy, so more mask threads only take cores from it. llguidance's parallel executor (rayon) was
+ * measured on 2 cores at 32 constrained streams: 0.80-0.92x of free decoding where the single
+ * worker gave 0.99x (regex), and 0.73-0.81x against 0.84-0.94x (JSON strings of at most 12
+ * characters, ~0.3 ms a mask).
  *
  * Why one batched call per step: a call into an interpreter costs ~20 us of JSON and thread-state
  * switching; the masks themselves are computed by llguidance with the GIL dropped.

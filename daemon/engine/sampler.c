@@ -385,14 +385,20 @@ static float prepare(servd_sampler *s, const float *logits) {
   const servd_gen_params *p = &s->p;
   float *w = s->work;
   for (int i = 0; i < n; i++) w[i] = logits[i] == logits[i] ? logits[i] : -INFINITY; /* NaN: never */
-  if (s->mask_ready) { /* whole words of allowed tokens (most of them, in JSON strings) cost one test */
+  if (s->mask_ready) { /* per 32-token word: all allowed (JSON strings), none (regexes), or bit by bit */
     s->mask_ready = false;
     for (int k = 0; k < (n + 31) / 32; k++) {
-      uint32_t bits = s->mask[k];
-      if (bits == UINT32_MAX) continue;
-      int end = k * 32 + 32 < n ? k * 32 + 32 : n;
-      for (int i = k * 32; i < end; i++)
-        if (!(bits >> (i - k * 32) & 1)) w[i] = -INFINITY;
+      uint32_t banned = ~s->mask[k];
+      int base = k * 32, end = base + 32 < n ? base + 32 : n;
+      if (!banned) continue;
+      if (banned == UINT32_MAX) {
+        for (int i = base; i < end; i++) w[i] = -INFINITY;
+        continue;
+      }
+      for (; banned; banned &= banned - 1) {
+        int i = base + __builtin_ctz(banned);
+        if (i < end) w[i] = -INFINITY;
+      }
     }
   }
   for (int i = 0; i < s->n_bias; i++) w[s->bias[i].token] += s->bias[i].bias; /* -inf stays -inf */
@@ -492,11 +498,52 @@ static int32_t plain_argmax(const float *logits, int n) {
   return tok;
 }
 
+/* Plain greedy but for this step's mask (a constrained greedy request): the arg max among the
+ * allowed tokens, reading only their logits; -1 when none is above -inf (what prepare then
+ * first_max give, lowest id on ties, NaN never). A regex's mask is mostly empty words. */
+static int32_t masked_argmax(const float *logits, const uint32_t *mask, int n) {
+  float best = -INFINITY;
+  int32_t tok = -1;
+  for (int k = 0; k < (n + 31) / 32; k++) {
+    uint32_t bits = mask[k];
+    int base = k * 32;
+    if (bits == UINT32_MAX && base + 32 <= n) {
+      for (int i = base; i < base + 32; i++)
+        if (logits[i] > best) {
+          best = logits[i];
+          tok = i;
+        }
+      continue;
+    }
+    for (; bits; bits &= bits - 1) {
+      int i = base + __builtin_ctz(bits);
+      if (i < n && logits[i] > best) {
+        best = logits[i];
+        tok = i;
+      }
+    }
+  }
+  return tok;
+}
+
+static bool masked_greedy(const servd_sampler *s) {
+  const servd_gen_params *p = &s->p;
+  return s->mask_ready && !s->n_bias && !before_min(s) && is_greedy(p) && p->repetition_penalty == 1.0f &&
+         p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f && p->logprobs < 0;
+}
+
 int servd_sampler_sample(servd_sampler *s, const float *logits, servd_sampled *out) {
   const int n = s->n_vocab;
   const servd_gen_params *p = &s->p;
   if (servd_sampler_plain_greedy(s)) { /* no penalties, no logprobs: nothing but the arg max */
     *out = (servd_sampled){.token = plain_argmax(logits, n), .top = s->top};
+    return 0;
+  }
+  if (masked_greedy(s)) {
+    s->mask_ready = false; /* a stale mask never applies twice */
+    int32_t tok = masked_argmax(logits, s->mask, n);
+    if (tok < 0) return servd_fail(SERVD_EINVAL, "sampler: the constraint allows no token these logits can produce");
+    *out = (servd_sampled){.token = tok, .top = s->top};
     return 0;
   }
   float *w = s->work, *e = s->prob;

@@ -11,9 +11,8 @@ The engine calls these through the entry object (LlamaModel.guide_*):
   feeds the tokens generated since the last call to that sequence's matcher (created from grammar
   on its first call) and writes its next mask at ptr. status 0: mask written; 1: the grammar is
   complete (the engine ends the sequence); 2: error (message). free_ids: sequences that ended.
-  Runs on the engine's guide worker, once per step for all constrained rows, while the step's
-  forward runs. The rows' masks lie one after another in one buffer (ptr of row i = ptr of row 0 +
-  i * nbytes), so several rows go to llguidance's parallel executor in one call.
+  Runs on the engine's guide worker thread, once per step for all constrained rows, while the
+  step's forward runs (daemon/engine/guide.h says why one thread).
 
 llguidance is a pinned PyPI wheel installed by scripts/install-python-deps.sh into a directory
 servd puts on sys.path; its heavy calls drop the GIL.
@@ -25,7 +24,6 @@ import servd
 _tok = None
 _tok_key = None
 _matchers = {}
-_executor = None
 
 # The request's kinds, as the engine numbers them (servd_guide_kind, engine.h).
 KINDS = {1: "json_schema", 2: "json_object", 3: "regex", 4: "choice", 5: "grammar", 6: "tools"}
@@ -94,50 +92,29 @@ def compile(kind, spec, n_vocab, eos_ids):
     return grammar
 
 
-def _compute_masks(pending):
-    """pending: [(out index, matcher, ptr, nbytes)]: writes each matcher's next mask at its ptr."""
-    global _executor
-    if len(pending) == 1:
-        _, m, ptr, nbytes = pending[0]
-        m.unsafe_compute_mask_ptr(ptr, nbytes)
-        return
-    base = min(p[2] for p in pending)
-    nbytes = pending[0][3]
-    if any((p[2] - base) % nbytes or p[3] != nbytes for p in pending):
-        for _, m, ptr, n in pending:  # not one buffer: one by one
-            m.unsafe_compute_mask_ptr(ptr, n)
-        return
-    if _executor is None:
-        _executor = _llg().LLExecutor()
-    rows = [(m, (ptr - base) // nbytes) for _, m, ptr, _ in pending]
-    _executor.unsafe_compute_mask_ptr(rows, base, nbytes, max(k for _, k in rows) + 1)
-
-
 def step(rows, free_ids):
     for i in free_ids:
         _matchers.pop(i, None)
-    out = [None] * len(rows)
-    pending = []
-    for i, (sid, grammar, tokens, ptr, nbytes) in enumerate(rows):
+    out = []
+    for sid, grammar, tokens, ptr, nbytes in rows:
         m = _matchers.get(sid)
         if m is None:
             if grammar is None:
-                out[i] = [2, "no matcher for sequence %d" % sid]
+                out.append([2, "no matcher for sequence %d" % sid])
                 continue
             m = _llg().LLMatcher(_tok, grammar)
             _matchers[sid] = m
         if tokens and not m.consume_tokens(tokens):
-            out[i] = [2, m.get_error() or "the grammar rejected a token"]
-        elif m.is_error():
-            out[i] = [2, m.get_error()]
-        elif m.is_stopped():
-            out[i] = [1, ""]
-        else:
-            pending.append((i, m, ptr, nbytes))
-    if pending:
-        _compute_masks(pending)
-    for i, m, _, _ in pending:
-        out[i] = [0, ""] if not m.is_error() else [2, m.get_error()]
+            out.append([2, m.get_error() or "the grammar rejected a token"])
+            continue
+        if m.is_error():
+            out.append([2, m.get_error()])
+            continue
+        if m.is_stopped():
+            out.append([1, ""])
+            continue
+        m.unsafe_compute_mask_ptr(ptr, nbytes)
+        out.append([0, ""] if not m.is_error() else [2, m.get_error()])
     return out
 
 

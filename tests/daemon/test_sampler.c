@@ -753,6 +753,99 @@ static void test_min_tokens(void **st) {
   servd_sampler_free(s);
 }
 
+/* Constrained rows: a step's token mask against a reference that reads it bit by bit. Greedy (the
+ * fast masked arg max, and the full path that logprobs take) gives the lowest-id largest logit among
+ * the allowed tokens, NaN never, and an error when no allowed logit is above -inf; a draw at
+ * temperature 1 only ever gives an allowed token; the mask applies to one step only. Masks of every
+ * shape a grammar makes: empty words, full words, sparse bits, one token, a last partial word. */
+static bool allowed(const uint32_t *mask, int i) { return mask[i / 32] >> (i % 32) & 1; }
+
+static int32_t reference_masked_argmax(const float *logits, const uint32_t *mask, int n) {
+  int32_t tok = -1;
+  for (int i = 0; i < n; i++)
+    if (allowed(mask, i) && logits[i] == logits[i] && logits[i] > -INFINITY && (tok < 0 || logits[i] > logits[tok]))
+      tok = i;
+  return tok;
+}
+
+static void fill_mask(uint32_t *mask, int words, int shape, uint64_t *r) {
+  for (int k = 0; k < words; k++) {
+    *r = *r * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t x = (uint32_t)(*r >> 32);
+    switch (shape) {
+    case 0: mask[k] = k % 3 ? UINT32_MAX : x; break;                    /* mostly full words */
+    case 1: mask[k] = k % 5 == 2 ? x & (x >> 7) & (x >> 13) : 0; break; /* sparse: a regex's */
+    case 2: mask[k] = x; break;                                         /* half the bits */
+    default: mask[k] = k == words / 2 ? 1u << (x % 32) : 0; break;      /* one token */
+    }
+  }
+}
+
+static void test_masks(void **st) {
+  (void)st;
+  uint64_t r = 77;
+  const int vocabs[] = {1000, 4096}; /* 1000: a last word of 8 tokens */
+  for (int vi = 0; vi < 2; vi++) {
+    const int V = vocabs[vi], words = (V + 31) / 32;
+    float *logits = malloc((size_t)V * sizeof *logits);
+    uint32_t *mask = malloc((size_t)words * sizeof *mask);
+    assert_non_null(logits);
+    assert_non_null(mask);
+    for (int trial = 0; trial < 200; trial++) {
+      for (int i = 0; i < V; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        float x = (float)((r >> 40) % 64) / 8; /* ties */
+        logits[i] = i % 89 == 0 ? NAN : i % 53 == 0 ? -INFINITY : x;
+      }
+      servd_gen_params p = params();
+      p.temperature = 0;
+      p.logprobs = trial % 2 ? 2 : -1; /* the fast path, and the full one */
+      int32_t eos = 1;
+      servd_sampler_config c =
+          {.n_vocab = V, .params = &p, .eos_ids = &eos, .n_eos = 1, .logprob_mode = SERVD_LOGPROBS_RAW, .masked = true};
+      servd_sampler *s;
+      assert_int_equal(servd_sampler_create(&c, &s), 0);
+      fill_mask(mask, words, trial % 4, &r);
+      if (trial % 50 == 7) memset(mask, 0, (size_t)words * sizeof *mask); /* nothing allowed */
+      int32_t want = reference_masked_argmax(logits, mask, V);
+      int nw;
+      memcpy(servd_sampler_mask(s, &nw), mask, (size_t)words * sizeof *mask);
+      assert_int_equal(nw, words);
+      servd_sampler_mask_ready(s);
+      servd_sampled o;
+      int rc = servd_sampler_sample(s, logits, &o);
+      if (want < 0) {
+        assert_int_equal(rc, SERVD_EINVAL);
+      } else {
+        assert_int_equal(rc, 0);
+        assert_int_equal(o.token, want);
+      }
+      /* the next step without a new mask is unconstrained */
+      assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+      int32_t free_max = -1;
+      for (int i = 0; i < V; i++)
+        if (logits[i] == logits[i] && (free_max < 0 || logits[i] > logits[free_max])) free_max = i;
+      assert_int_equal(o.token, free_max);
+      servd_sampler_free(s);
+
+      if (want < 0) continue;
+      p.temperature = 1.0f;
+      p.top_p = trial % 3 ? 1.0f : 0.9f;
+      assert_int_equal(servd_sampler_create(&c, &s), 0);
+      uint32_t *m2 = servd_sampler_mask(s, &nw);
+      for (int k = 0; k < 20; k++) {
+        memcpy(m2, mask, (size_t)words * sizeof *mask);
+        servd_sampler_mask_ready(s);
+        assert_int_equal(servd_sampler_sample(s, logits, &o), 0);
+        assert_true(allowed(mask, o.token));
+      }
+      servd_sampler_free(s);
+    }
+    free(logits);
+    free(mask);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_greedy),       cmocka_unit_test(test_plain_greedy),
@@ -762,6 +855,7 @@ int main(void) {
       cmocka_unit_test(test_bad_params),   cmocka_unit_test(test_stop_strings),
       cmocka_unit_test(test_kept_sets),    cmocka_unit_test(test_shared_scratch),
       cmocka_unit_test(test_logit_bias),   cmocka_unit_test(test_min_tokens),
+      cmocka_unit_test(test_masks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -87,8 +87,8 @@ check(json.loads(r.choices[0].text)["n"] in range(1, 10), f"guided_json: {r.choi
 
 
 # Many constrained rows in one step, each with its own grammar, beside unconstrained ones: the step's
-# masks are computed together (llguidance's parallel executor, while the forward runs) and every row
-# gets its own. Each output is checked against its own constraint.
+# masks are computed together on the guide worker while the forward runs, and every row gets its
+# own. Each output is checked against its own constraint.
 def one(i):
     kind = i % 4
     if kind == 0:
