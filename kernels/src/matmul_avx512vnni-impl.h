@@ -51,4 +51,20 @@ static inline __attribute__((always_inline)) void prefetch_group(const char *con
   }
 }
 
+/* The last group of a row when it holds at most 4 blocks (bytes = their size): load masks for its two
+ * 64-byte halves, and each x row's block scales (dxe) and block sums / 4 (sxe) spread over the
+ * blocks' 4-lane groups. Padding past the last block is zero, so missing blocks weigh nothing. */
+static inline __attribute__((always_inline)) void tail_setup(int bytes, __mmask64 *ma, __mmask64 *mb,
+                                                             const float *const *xd, const float *const *xs, int64_t g,
+                                                             int R, __m512 *dxe, __m512 *sxe) {
+  const __m512i lanes4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  *ma = bytes >= 64 ? ~0ull : (1ull << bytes) - 1;
+  *mb = bytes > 64 ? (1ull << (bytes - 64)) - 1 : 0;
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    dxe[r] = _mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(xd[r] + g));
+    sxe[r] = _mm512_mul_ps(_mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(xs[r] + g)), _mm512_set1_ps(0.25f));
+  }
+}
+
 #endif

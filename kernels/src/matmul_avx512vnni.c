@@ -207,19 +207,12 @@ static inline __attribute__((always_inline)) void q4_tail(const char *const *w, 
                                      20, 21, 20, 21, 20, 21, 20, 21, 30, 31, 30, 31, 30, 31, 30, 31};
   static const uint16_t hdr18[32] = {0,  1,  0,  1,  0,  1,  0,  1,  9,  10, 9,  10, 9,  10, 9,  10,
                                      18, 19, 18, 19, 18, 19, 18, 19, 27, 28, 27, 28, 27, 28, 27, 28};
-  const __m512i lanes4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i nib = _mm512_set1_epi8(0x0f);
   const __m512i inib = _mm512_loadu_si512(bb == 20 ? nib20 : nib18);
   const __m512i ihdr = _mm512_loadu_si512(bb == 20 ? hdr20 : hdr18);
-  const int bytes = nbg * bb;
-  const __mmask64 ma = bytes >= 64 ? ~0ull : (1ull << bytes) - 1;
-  const __mmask64 mb = bytes > 64 ? (1ull << (bytes - 64)) - 1 : 0;
+  __mmask64 ma, mb;
   __m512 dxe[RQ], sxe[RQ];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; r++) { /* padding past nb is zero, so missing blocks weigh nothing */
-    dxe[r] = _mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(xd[r] + g));
-    sxe[r] = _mm512_mul_ps(_mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(xs[r] + g)), _mm512_set1_ps(0.25f));
-  }
+  tail_setup(nbg * bb, &ma, &mb, xd, xs, g, R, dxe, sxe);
 #pragma GCC unroll 4
   for (int c = 0; c < NW; c++) {
     const char *src = w[c] + g * bb;

@@ -237,16 +237,9 @@ static inline __attribute__((always_inline)) void q5_tail(const char *const *w, 
                                                           const float *const *xd, const float *const *xs,
                                                           __m512 (*acc)[NWMAX], const int R, const int NW,
                                                           const servd_dtype wt) {
-  const __m512i lanes4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const int bytes = nbg * bb;
-  const __mmask64 ma = bytes >= 64 ? ~0ull : (1ull << bytes) - 1;
-  const __mmask64 mb = bytes > 64 ? (1ull << (bytes - 64)) - 1 : 0;
+  __mmask64 ma, mb;
   __m512 dxe[RQ], sxe[RQ];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; r++) { /* padding past nb is zero, so missing blocks weigh nothing */
-    dxe[r] = _mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(xd[r] + g));
-    sxe[r] = _mm512_mul_ps(_mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(xs[r] + g)), _mm512_set1_ps(0.25f));
-  }
+  tail_setup(nbg * bb, &ma, &mb, xd, xs, g, R, dxe, sxe);
 #pragma GCC unroll 4
   for (int c = 0; c < NW; c++) {
     const char *src = w[c] + g * bb;
