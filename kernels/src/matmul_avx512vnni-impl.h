@@ -51,6 +51,17 @@ static inline __attribute__((always_inline)) void prefetch_group(const char *con
   }
 }
 
+/* A 128-byte window of block bytes at src, rem of them valid (> 0), permuted by idx: the two 64-byte
+ * halves are loaded under masks, so that no byte past the blocks is touched (the tensor may end
+ * there). The header loads of the q4/q8_0 and q5 kernels run their windows through it. */
+static inline __attribute__((always_inline)) __m512i window_permute(const char *src, int rem, __m512i idx) {
+  const __m512i a = rem >= 64 ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8((1ull << rem) - 1, src);
+  const __m512i b = rem >= 128 ? _mm512_loadu_si512(src + 64)
+                    : rem > 64 ? _mm512_maskz_loadu_epi8((1ull << (rem - 64)) - 1, src + 64)
+                               : _mm512_setzero_si512();
+  return _mm512_permutex2var_epi16(a, idx, b);
+}
+
 /* The last group of a row when it holds at most 4 blocks (bytes = their size): load masks for its two
  * 64-byte halves, and each x row's block scales (dxe) and block sums / 4 (sxe) spread over the
  * blocks' 4-lane groups. Padding past the last block is zero, so missing blocks weigh nothing. */

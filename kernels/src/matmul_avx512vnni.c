@@ -98,13 +98,7 @@ static inline __attribute__((always_inline)) __m512i load_headers(const char *wg
     if (t * 128 >= 16 * bb) break;
     const int rem = bytes - t * 128;
     if (rem <= 0) break;
-    const char *src = wg + t * 128;
-    /* masked loads: never touch bytes past the blocks */
-    const __m512i a = rem >= 64 ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8((1ull << rem) - 1, src);
-    const __m512i b = rem >= 128 ? _mm512_loadu_si512(src + 64)
-                      : rem > 64 ? _mm512_maskz_loadu_epi8((1ull << (rem - 64)) - 1, src + 64)
-                                 : _mm512_setzero_si512();
-    res = _mm512_mask_mov_epi16(res, pl->take[t], _mm512_permutex2var_epi16(a, pl->idx[t], b));
+    res = _mm512_mask_mov_epi16(res, pl->take[t], window_permute(wg + t * 128, rem, pl->idx[t]));
   }
   return res;
 }
