@@ -51,6 +51,17 @@ static inline __attribute__((always_inline)) void prefetch_group(const char *con
   }
 }
 
+/* A tile's R x rows from row i0: their quantized values, block scales and block sums. */
+static inline __attribute__((always_inline)) void tile_x_rows(const servd__mm *p, int64_t i0, int R, const int8_t **xq,
+                                                              const float **xd, const float **xs) {
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    xq[r] = p->xq.qs + (i0 + r) * p->xq.ldq;
+    xd[r] = p->xq.d + (i0 + r) * p->xq.lds;
+    xs[r] = p->xq.s + (i0 + r) * p->xq.lds;
+  }
+}
+
 /* A 128-byte window of block bytes at src, rem of them valid (> 0), permuted by idx: the two 64-byte
  * halves are loaded under masks, so that no byte past the blocks is touched (the tensor may end
  * there). The header loads of the q4/q8_0 and q5 kernels run their windows through it. */

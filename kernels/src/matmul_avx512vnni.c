@@ -254,14 +254,11 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
   __m512 acc[RQ][NWMAX], accm[RQ][NWMAX];
 #pragma GCC unroll 4
   for (int c = 0; c < NW; c++) w[c] = p->w + (j + c) * p->ldw;
+  tile_x_rows(p, i0, R, xq, xd, xs);
 #pragma GCC unroll 4
-  for (int r = 0; r < R; r++) {
-    xq[r] = p->xq.qs + (i0 + r) * p->xq.ldq;
-    xd[r] = p->xq.d + (i0 + r) * p->xq.lds;
-    xs[r] = p->xq.s + (i0 + r) * p->xq.lds;
+  for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
     for (int c = 0; c < NW; c++) acc[r][c] = accm[r][c] = _mm512_setzero_ps();
-  }
   const int64_t row_bytes = nb * bb;
   const int64_t pf_rows = prefetch_rows(p->n, row_bytes, NW);
   for (int64_t g = 0; g < nb; g += 16) {

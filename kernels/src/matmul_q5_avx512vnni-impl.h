@@ -269,14 +269,11 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
   __m512 acc[RQ][NWMAX];
 #pragma GCC unroll 4
   for (int c = 0; c < NW; c++) w[c] = p->w + (j + c) * p->ldw;
+  tile_x_rows(p, i0, R, xq, xd, xs);
 #pragma GCC unroll 4
-  for (int r = 0; r < R; r++) {
-    xq[r] = p->xq.qs + (i0 + r) * p->xq.ldq;
-    xd[r] = p->xq.d + (i0 + r) * p->xq.lds;
-    xs[r] = p->xq.s + (i0 + r) * p->xq.lds;
+  for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
     for (int c = 0; c < NW; c++) acc[r][c] = _mm512_setzero_ps();
-  }
   const int64_t row_bytes = nb * bb;
   const int64_t pf_rows = prefetch_rows(p->n, row_bytes, NW); /* as in the q4 kernel */
   for (int64_t g = 0; g < nb; g += 16) {
@@ -375,14 +372,11 @@ static inline __attribute__((always_inline)) void tile_dec(const servd__mm *p, c
   const int8_t *xq[RQ];
   const float *xd[RQ], *xs[RQ];
   __m512 acc[RQ][2];
+  tile_x_rows(p, i0, R, xq, xd, xs);
 #pragma GCC unroll 4
-  for (int r = 0; r < R; r++) {
-    xq[r] = p->xq.qs + (i0 + r) * p->xq.ldq;
-    xd[r] = p->xq.d + (i0 + r) * p->xq.lds;
-    xs[r] = p->xq.s + (i0 + r) * p->xq.lds;
+  for (int r = 0; r < R; r++)
 #pragma GCC unroll 2
     for (int c = 0; c < NW; c++) acc[r][c] = _mm512_setzero_ps();
-  }
   for (int64_t g = 0; g < nb; g += 16) {
     __m512 ds[RQ][2];
 #pragma GCC unroll 2
