@@ -17,7 +17,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -25,6 +24,8 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "bench"))
+from bench_http import free_port  # noqa: E402
 PROMPTS = [list(b"The quick brown fox, 12345!"), list(b"Hello there, how are you?"), list(b"def f(x):\n  return")]
 LONG = [(p * 4)[:80] for p in PROMPTS]  # beyond the tiny Phi-3's original context of 64
 # (name, make_tiny args, the GGUF's original context for LongRoPE (None: make_tiny's 64), prompts).
@@ -35,14 +36,6 @@ VARIANTS = [("llama", ["--untied"], None, PROMPTS), ("mistral", [], None, PROMPT
             ("qwen2", ["--untied"], None, PROMPTS), ("qwen2-yarn", ["--yarn"], None, PROMPTS),
             ("qwen3", ["--untied"], None, PROMPTS), ("gemma3", [], None, PROMPTS), ("phi3", [], None, PROMPTS),
             ("phi3-longrope-short", ["--longrope"], 512, PROMPTS), ("phi3-longrope-long", ["--longrope"], None, LONG)]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def servd_greedy(build, pkg, prompt, n, work):

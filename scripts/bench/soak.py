@@ -39,6 +39,8 @@ import threading
 import time
 import zipfile
 
+from bench_http import listening_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 GENERIC_PY = """\
@@ -268,10 +270,7 @@ def main():
     log = open(os.path.join(out, "servd.log"), "w")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
     s = Soak(a)
-    for line in proc.stdout:
-        if line.startswith("servd: port "):
-            s.port = int(line.split()[2])
-            break
+    s.port = listening_port(proc)
     if s.port is None:
         sys.exit(f"soak: servd did not start (see {out}/servd.log)")
     deadline = time.monotonic() + 300
