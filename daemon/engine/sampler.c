@@ -372,11 +372,15 @@ WIDE static float topp_bound(const float *w, const float *e, int n, float mx, do
 /* Temperatures below 1e-5 are greedy (as in vLLM): dividing by them overflows float logits. */
 static bool is_greedy(const servd_gen_params *p) { return p->temperature < 1e-5f || p->top_k == 1; }
 
-bool servd_sampler_plain_greedy(const servd_sampler *s) {
+/* Greedy with nothing that moves a logit or wants the distribution: no bias, penalties, min_tokens
+ * bans or logprobs. Such a row needs only the arg max (of the allowed tokens, when masked). */
+static bool bare_greedy(const servd_sampler *s) {
   const servd_gen_params *p = &s->p;
-  return !s->mask && !s->n_bias && !before_min(s) && is_greedy(p) && p->repetition_penalty == 1.0f &&
-         p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f && p->logprobs < 0;
+  return !s->n_bias && !before_min(s) && is_greedy(p) && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+         p->frequency_penalty == 0.0f && p->logprobs < 0;
 }
+
+bool servd_sampler_plain_greedy(const servd_sampler *s) { return !s->mask && bare_greedy(s); }
 
 /* 0-4: w = biased, penalized logits / temperature (NaN and masked tokens as -inf); returns their
  * maximum. */
@@ -526,12 +530,6 @@ static int32_t masked_argmax(const float *logits, const uint32_t *mask, int n) {
   return tok;
 }
 
-static bool masked_greedy(const servd_sampler *s) {
-  const servd_gen_params *p = &s->p;
-  return s->mask_ready && !s->n_bias && !before_min(s) && is_greedy(p) && p->repetition_penalty == 1.0f &&
-         p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f && p->logprobs < 0;
-}
-
 int servd_sampler_sample(servd_sampler *s, const float *logits, servd_sampled *out) {
   const int n = s->n_vocab;
   const servd_gen_params *p = &s->p;
@@ -539,7 +537,7 @@ int servd_sampler_sample(servd_sampler *s, const float *logits, servd_sampled *o
     *out = (servd_sampled){.token = plain_argmax(logits, n), .top = s->top};
     return 0;
   }
-  if (masked_greedy(s)) {
+  if (s->mask_ready && bare_greedy(s)) {
     s->mask_ready = false; /* a stale mask never applies twice */
     int32_t tok = masked_argmax(logits, s->mask, n);
     if (tok < 0) return servd_fail(SERVD_EINVAL, "sampler: the constraint allows no token these logits can produce");
