@@ -26,7 +26,7 @@ struct servd_guides {
   /* The step in flight: begun before the forward, collected after it. */
   servd_interp_thread *worker; /* makes the grammar calls; started at the first constrained step */
   step_job job;
-  bool in_flight, posted;
+  bool in_flight;
   int n_ended_sent;     /* ended ids the job frees */
   servd_request **rows; /* the job's rows, in its order */
   int n_rows, cap_rows;
@@ -207,15 +207,9 @@ void servd_guides_begin(servd_model *m) {
   j->m = m;
   j->args = json_pack("[o, o]", jrows, ended_ids(g));
   g->n_ended_sent = g->n_ended;
-  if (!j->args) {
-    j->rc = servd_fail(SERVD_ENOMEM, "guided decoding: arguments");
-    g->in_flight = true; /* collect reports it */
-    g->posted = false;
-    return;
-  }
-  servd_interp_thread_post(g->worker, step_run, j);
+  if (j->args) servd_interp_thread_post(g->worker, step_run, j);
+  else j->rc = servd_fail(SERVD_ENOMEM, "guided decoding: arguments"); /* collect reports it */
   g->in_flight = true;
-  g->posted = true;
 }
 
 void servd_guides_collect(servd_model *m) {
@@ -223,7 +217,7 @@ void servd_guides_collect(servd_model *m) {
   if (!g || !g->in_flight) return;
   int64_t t0 = servd_now_ns();
   step_job *j = &g->job;
-  if (g->posted) servd_interp_thread_wait(g->worker);
+  if (j->args) servd_interp_thread_wait(g->worker); /* no arguments: nothing was posted */
   g->in_flight = false;
   int64_t waited = servd_now_ns() - t0;
   servd_request **rows = g->rows;
