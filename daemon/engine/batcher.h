@@ -10,7 +10,7 @@
 #ifndef SERVD_ENGINE_BATCHER_H
 #define SERVD_ENGINE_BATCHER_H
 
-#include "engine/engine.h"
+#include "engine/types.h"
 #include "servd/interp.h"
 
 typedef struct servd_batcher servd_batcher;

@@ -3,7 +3,7 @@
 #ifndef SERVD_ENGINE_GPU_PREWARM_H
 #define SERVD_ENGINE_GPU_PREWARM_H
 
-#include "engine/engine.h"
+#include "engine/types.h"
 
 /* Runs the bf16 GEMMs (bf16 and f32 outputs) of every weight shape of the package's model, sharded
  * over o->tp ranks on GPUs 0..tp-1, for the row counts that steps use (cuBLAS rows: 9 to

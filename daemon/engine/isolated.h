@@ -20,7 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "engine/engine.h"
+#include "engine/types.h"
 
 typedef struct servd_isolated servd_isolated;
 

@@ -1,6 +1,7 @@
 /* Process isolation, the child's side: `servd isolated-worker FD`. Loads the model named in the HELLO
  * message as an in-process generic model and answers PREDICT messages until the socket ends.
  * See isolated.h. */
+#include "engine/engine.h"
 #include "engine/isolated.h"
 #include "engine/isolated_wire.h"
 

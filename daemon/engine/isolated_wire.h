@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/engine.h"
+#include "engine/types.h"
 
 #define ISO_MAGIC 0x6f737673u /* "svso" */
 #define ISO_INLINE_MAX (64u << 10)

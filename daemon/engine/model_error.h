@@ -1,11 +1,11 @@
 /* Classifies a failed call into the model's Python code (internal to the engine): the rule is in
- * engine.h at SERVD_EMODEL. */
+ * engine/types.h at servd_model_error. */
 #ifndef SERVD_ENGINE_MODEL_ERROR_H
 #define SERVD_ENGINE_MODEL_ERROR_H
 
 #include <stdbool.h>
 
-#include "engine/engine.h"
+#include "engine/types.h"
 #include "servd/interp.h"
 
 typedef enum servd_call_kind {

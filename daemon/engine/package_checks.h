@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "engine/engine.h"
+#include "engine/types.h"
 
 /* Sets o's verify_weights and trusted_keys from the process-wide defaults
  * (servd_engine_set_package_checks). */

@@ -32,7 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/engine.h"
+#include "engine/types.h"
 
 #define SERVD_SAMPLER_MAX_TOP 20 /* OpenAI's top_logprobs limit */
 

@@ -5,8 +5,9 @@
 #define SERVD_ENGINE_STEP_ROWS_H
 
 #include <stdint.h>
+#include <jansson.h>
 
-#include "engine/engine.h"
+#include "engine/types.h"
 
 /* The package's embedding settings, from its model config (config.json):
  *   "pooling": "last" (default: a causal LM's summary is its last token), "mean" or "cls";
