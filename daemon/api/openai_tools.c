@@ -17,6 +17,7 @@ typedef struct tool_gen {
   bool in_call;    /* streaming: a call started at 'released'; the rest is held for the parser */
   json_t *calls;   /* after the parse: [{id, type, function}] or NULL */
   char *content;   /* after the parse: the text outside the calls, or NULL */
+  bool withheld;   /* after the parse: a forced call that did not complete (cut by max_tokens) */
 } tool_gen;
 
 struct oai_tools {
@@ -120,8 +121,13 @@ static bool parse_list(api_check *v, const char *key, json_t *arr, bool legacy, 
         json_decref(list);
         return api_check_fail(v, param, "'%s' must be {\"type\": \"function\", \"function\": {...}}", param);
       }
-      e = json_object_get(e, "function");
-      snprintf(param, sizeof param, "%s[%zu].function", key, i);
+      /* The Responses API's flat form {type, name, parameters, ...} (the openai client passes such a
+       * dict through unchanged) is the function itself. */
+      json_t *fn = json_object_get(e, "function");
+      if (fn || !json_object_get(e, "name")) {
+        e = fn;
+        snprintf(param, sizeof param, "%s[%zu].function", key, i);
+      }
     }
     if (!check_function(v, param, e, &f)) {
       json_decref(list);
@@ -250,6 +256,26 @@ bool oai_check_message_tools(api_check *v, const char *param, json_t *in, json_t
 
 /* ---- rendering and the forced call (prep worker) ------------------------------------------------ */
 
+/* The tools as the forced call's grammar takes them: each function's parameters become a schema
+ * resource of their own ("$id"), so that their local references ("#/$defs/Inner", as pydantic writes
+ * them, or "#" for recursion) resolve against the parameters wherever the grammar nests them (under
+ * the call's "arguments", within an anyOf of the allowed functions) instead of against the call's
+ * root, where no "$defs" is. A schema that names itself keeps its own "$id". New reference. */
+static json_t *forced_tools(json_t *tools) {
+  json_t *copy = json_deep_copy(tools);
+  size_t i;
+  json_t *t;
+  json_array_foreach(copy, i, t) {
+    json_t *f = json_object_get(t, "function");
+    json_t *params = json_object_get(f, "parameters");
+    if (!json_is_object(params) || json_object_get(params, "$id")) continue;
+    char id[96];
+    snprintf(id, sizeof id, "urn:servd:tool:%s", json_string_value(json_object_get(f, "name")));
+    json_object_set_new(params, "$id", json_string(id));
+  }
+  return copy;
+}
+
 int oai_tools_prepare(oai_tools *t, const servd_model_ops *ops, servd_model *m, json_t *messages, bool add_gen,
                       int n_gens, char **prompt, char **grammar, const char **param) {
   *prompt = *grammar = NULL;
@@ -270,9 +296,9 @@ int oai_tools_prepare(oai_tools *t, const servd_model_ops *ops, servd_model *m, 
   if (!forced(t)) return 0;
   *param = t->legacy ? "function_call" : "tool_choice";
   if (!ops->guide_compile) return servd_fail(SERVD_EUNSUPPORTED, "this server has no constrained decoding");
-  json_t *spec =
-      json_pack("{s:O, s:s, s:b, s:O}", "tools", t->tools, "choice", t->choice == CHOICE_NAMED ? t->name : "required",
-                "parallel", t->parallel, "family", t->family ? t->family : json_null());
+  json_t *spec = json_pack("{s:o, s:s, s:b, s:O}", "tools", forced_tools(t->tools), "choice",
+                           t->choice == CHOICE_NAMED ? t->name : "required", "parallel", t->parallel, "family",
+                           t->family ? t->family : json_null());
   char *text = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
   json_decref(spec);
   if (!text) return servd_fail(SERVD_ENOMEM, "tool calling: out of memory");
@@ -349,8 +375,16 @@ int oai_tools_parse(oai_tools *t, const servd_model_ops *ops, servd_model *m, in
                                               "name", name, "arguments", args));
   }
   json_decref(res);
+  /* A forced call's grammar allows nothing but calls: whatever text stands without one is a call
+   * cut short (max_tokens), its markup no answer to show as content. */
+  if (forced(t) && !g->calls) {
+    free(g->content);
+    g->content = NULL;
+    g->withheld = true;
+  }
   return 0;
 }
 
+bool oai_tools_withheld(const oai_tools *t, int gen) { return t && gen < t->n_gens && t->g[gen].withheld; }
 json_t *oai_tools_calls(const oai_tools *t, int gen) { return t && gen < t->n_gens ? t->g[gen].calls : NULL; }
 const char *oai_tools_content(const oai_tools *t, int gen) { return t && gen < t->n_gens ? t->g[gen].content : NULL; }

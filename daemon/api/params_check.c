@@ -22,6 +22,7 @@ bool api_check_fail(api_check *c, const char *param, const char *fmt, ...) {
 }
 
 const char *api_json_type(const json_t *j) {
+  if (!j) return "nothing (the field is missing)"; /* json_typeof reads through its argument */
   switch (json_typeof(j)) {
   case JSON_OBJECT: return "an object";
   case JSON_ARRAY: return "an array";

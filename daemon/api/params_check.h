@@ -19,7 +19,7 @@ typedef struct api_check {
 /* Records a 400 naming where + param (param NULL: no field); returns false. */
 bool api_check_fail(api_check *c, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-/* "an object", "a string", ... for messages. */
+/* "an object", "a string", ... for messages; j may be NULL (a missing field). */
 const char *api_json_type(const json_t *j);
 
 /* obj's field key when present and not null (null means absent, as OpenAI's clients send it). */

@@ -33,6 +33,9 @@ static void test_accepted(void **st) {
       {"{" MSGS ",\"tools\":[" F("a") "],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"a\"}}}", true},
       {"{" MSGS ",\"tools\":[" F("a") "],\"tool_choice\":\"none\"}", false},
       {"{" MSGS ",\"tool_choice\":\"none\"}", false},
+      /* The Responses API's flat tool, as the openai client sends a dict it is handed. */
+      {"{" MSGS ",\"tools\":[{\"type\":\"function\",\"name\":\"a\",\"parameters\":{\"type\":\"object\"}}]}",
+       true},
       {"{" MSGS ",\"functions\":[{\"name\":\"f\"}],\"function_call\":{\"name\":\"f\"}}", true},
       {"{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":"
        "\"function\","
@@ -51,7 +54,7 @@ static void test_accepted(void **st) {
   /* The history keeps its calls and the result's id for the template. */
   oai_params p;
   api_param_error e;
-  assert_int_equal(parse(cases[6].body, a, &p, &e), 0);
+  assert_int_equal(parse(cases[7].body, a, &p, &e), 0);
   json_t *m0 = json_array_get(p.messages, 0), *m1 = json_array_get(p.messages, 1);
   assert_string_equal(json_string_value(json_object_get(
                           json_object_get(json_array_get(json_object_get(m0, "tool_calls"), 0), "function"), "name")),
@@ -70,6 +73,13 @@ static void test_refusals(void **st) {
       {"{" MSGS ",\"tools\":[]}", "tools", "'tools' must not be empty"},
       {"{" MSGS ",\"tools\":[{\"type\":\"function\",\"function\":{}}]}", "tools[0].function.name",
        "'tools[0].function.name' is required"},
+      /* A missing function once reached a type check as NULL (a crash of the server). */
+      {"{" MSGS ",\"tools\":[{\"type\":\"function\"}]}", "tools[0].function",
+       "'tools[0].function' must be an object with a 'name', got nothing"},
+      {"{" MSGS ",\"tools\":[{\"type\":\"function\",\"function\":null}]}", "tools[0].function",
+       "'tools[0].function' must be an object with a 'name', got null"},
+      {"{" MSGS ",\"tools\":[{\"type\":\"function\",\"name\":7}]}", "tools[0].name",
+       "'tools[0].name' is required"},
       {"{" MSGS ",\"tools\":[" F("a b") "]}", "tools[0].function.name", "'tools[0].function.name' must be 1 to 64"},
       {"{" MSGS ",\"tools\":[" F("a") "," F("a") "]}", "tools[1].function",
        "'tools[1].function.name': \"a\" is defined twice"},
@@ -158,11 +168,77 @@ static void test_stream_holdback(void **st) {
   servd_arena_destroy(a);
 }
 
+/* The forced call's grammar nests each function's parameters under the call's "arguments" (and an
+ * anyOf of the functions): a local reference such as pydantic's "#/$defs/Inner" once resolved
+ * against the grammar's root and failed ("Pointer '/$defs/Inner' does not exist"). Each function's
+ * parameters go to the grammar as a schema resource of their own, the template sees them as sent. */
+static char *compiled_spec;
+static json_t *rendered_tools;
+
+static int fake_render_keep(servd_model *m, json_t *messages, json_t *tools, bool add_gen, json_t **out) {
+  rendered_tools = json_deep_copy(tools);
+  return fake_render(m, messages, tools, add_gen, out);
+}
+
+static int fake_compile(servd_model *m, servd_guide_kind kind, const char *spec, char **grammar) {
+  (void)m;
+  assert_int_equal(kind, SERVD_GUIDE_TOOLS);
+  compiled_spec = strdup(spec);
+  *grammar = strdup("G");
+  return 0;
+}
+
+static void test_forced_call_local_refs(void **st) {
+  (void)st;
+  servd_model_ops ops;
+  memset(&ops, 0, sizeof ops);
+  ops.tools_render = fake_render_keep;
+  ops.guide_compile = fake_compile;
+  servd_arena *a = servd_arena_create(4096);
+  oai_params p;
+  api_param_error e;
+  const char *body =
+      "{" MSGS ",\"tool_choice\":\"required\",\"tools\":["
+      "{\"type\":\"function\",\"function\":{\"name\":\"outer\",\"parameters\":{\"$defs\":{\"Inner\":{\"type\":"
+      "\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}}}},\"type\":\"object\",\"properties\":{\"inner\":"
+      "{\"$ref\":\"#/$defs/Inner\"}}}}},"
+      "{\"type\":\"function\",\"function\":{\"name\":\"own\",\"parameters\":{\"$id\":\"https://example.com/own\","
+      "\"type\":\"object\"}}}]}";
+  assert_int_equal(parse(body, a, &p, &e), 0);
+  char *prompt = NULL, *grammar = NULL;
+  const char *param = NULL;
+  assert_int_equal(oai_tools_prepare(p.tools, &ops, NULL, p.messages, true, 1, &prompt, &grammar, &param), 0);
+  assert_string_equal(grammar, "G");
+  json_t *spec = json_loads(compiled_spec, 0, NULL);
+  json_t *want = json_loads(
+      "{\"choice\":\"required\",\"parallel\":true,\"family\":\"hermes\",\"tools\":["
+      "{\"type\":\"function\",\"function\":{\"name\":\"outer\",\"parameters\":{\"$id\":\"urn:servd:tool:outer\","
+      "\"$defs\":{\"Inner\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}}}},\"type\":"
+      "\"object\",\"properties\":{\"inner\":{\"$ref\":\"#/$defs/Inner\"}}}}},"
+      "{\"type\":\"function\",\"function\":{\"name\":\"own\",\"parameters\":{\"$id\":\"https://example.com/own\","
+      "\"type\":\"object\"}}}]}",
+      0, NULL);
+  assert_non_null(want);
+  if (!json_equal(spec, want)) fail_msg("the forced call's spec: %s", compiled_spec);
+  /* The template renders the tools as the client sent them. */
+  assert_null(json_object_get(
+      json_object_get(json_object_get(json_array_get(rendered_tools, 0), "function"), "parameters"), "$id"));
+  json_decref(spec);
+  json_decref(want);
+  json_decref(rendered_tools);
+  free(compiled_spec);
+  free(prompt);
+  free(grammar);
+  oai_params_free(&p);
+  servd_arena_destroy(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_accepted),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_stream_holdback),
+      cmocka_unit_test(test_forced_call_local_refs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
