@@ -82,7 +82,7 @@ static void plan_build(hdr_plan *p, int bb, bool both_words) {
   for (int t = 0; t < HDR_WINDOWS; t++) p->idx[t] = _mm512_loadu_si512(idx[t]);
 }
 
-__attribute__((constructor)) static void plans_init(void) {
+SERVD__AVX512_CONSTRUCTOR(plans_init) {
   plan_build(&plans[0], 34, false);
   plan_build(&plans[1], 18, false);
   plan_build(&plans[2], 20, true);

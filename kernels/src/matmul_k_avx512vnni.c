@@ -23,6 +23,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "avx512-impl.h"
 #include "matmul-impl.h"
 #include "matmul_k-impl.h"
 
@@ -36,7 +37,7 @@ static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
  * k6[s]: step s of q6_k, word t takes group 4s + t/8; k4m: bsum group g takes min m[g/2] (word 8+g/2). */
 static uint16_t idx_k4[2][32], idx_k6[4][32], idx_k4m[32], unmix[2][16];
 
-__attribute__((constructor)) static void idx_init(void) {
+SERVD__AVX512_CONSTRUCTOR(idx_init) {
   for (int s = 0; s < 4; s++)
     for (int t = 0; t < 32; t++) idx_k6[s][t] = (uint16_t)(4 * s + t / 8);
   for (int e = 0; e < 2; e++)

@@ -107,7 +107,7 @@ static void plan_build(q5_plan *p, int bb, int hoff, bool has_m) {
   p->tail_qh = _mm512_loadu_si512(tq);
 }
 
-__attribute__((constructor)) static void plans_init(void) {
+SERVD__AVX512_CONSTRUCTOR(plans_init) {
   plan_build(&plans[0], 22, 2, false);
   plan_build(&plans[1], 24, 4, true);
 }
