@@ -14,6 +14,7 @@
 #include "engine/scheduler.h"
 #include "engine/step_rows.h"
 #include "engine/sampler.h"
+#include "engine/stop_matcher.h"
 #include "mpk/package.h"
 #include "servd/clock.h"
 #include "servd/interp.h"

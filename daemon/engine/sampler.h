@@ -1,4 +1,4 @@
-/* Token sampling for one request, and a stop-string matcher (internal to the engine).
+/* Token sampling for one request (internal to the engine); stop strings are stop_matcher.h's.
  *
  * A servd_sampler holds everything one request needs to pick its tokens, allocated once at create
  * (no allocation per token). Per step: servd_sampler_sample(logits) -> token (+ logprobs), then
@@ -49,7 +49,7 @@ void servd_sampler_scratch_free(servd_sampler_scratch *x);                  /* a
 
 typedef struct servd_sampler_config {
   int n_vocab;                    /* length of each logits row */
-  const servd_gen_params *params; /* copied; stop strings are not used here (servd_stop_matcher) */
+  const servd_gen_params *params; /* copied; stop strings are not used here (stop_matcher.h) */
   const int32_t *eos_ids;         /* end-of-sequence ids (copied), ignored when params->ignore_eos */
   int n_eos;
   servd_logprob_mode logprob_mode;
@@ -107,21 +107,5 @@ int servd_sampler_n_generated(const servd_sampler *s);
  * tests and diagnostics). ids has room for n_vocab. Tokens whose probability underflows float (more
  * than 87 below the maximum after temperature) are never candidates. */
 int servd_sampler_kept(servd_sampler *s, const float *logits, int32_t *ids, int *n_ids);
-
-/* ---- stop strings ---------------------------------------------------------------------------------
- * Fed the detokenized text deltas, finds stop strings even when they span token boundaries. Text that
- * could still be the start of a stop string is held back; when a stop string appears, the text before
- * it is released and the rest dropped (the stop string is not returned, as in the OpenAI API). */
-typedef struct servd_stop_matcher servd_stop_matcher;
-
-/* Copies the strings (empty ones are ignored). *out owned by the caller. */
-int servd_stop_matcher_create(const char *const *stops, int n, servd_stop_matcher **out);
-void servd_stop_matcher_free(servd_stop_matcher *m); /* accepts NULL */
-/* text, text_len: what may be released now (borrowed until the next call); *stopped: a stop string
- * was found, feed nothing more. Grows its buffers only when a delta is longer than any before. */
-int servd_stop_matcher_push(servd_stop_matcher *m, const char *delta, size_t len, const char **text, size_t *text_len,
-                            bool *stopped);
-/* End of generation (length, eos): releases what was held back. */
-int servd_stop_matcher_flush(servd_stop_matcher *m, const char **text, size_t *text_len);
 
 #endif

@@ -1,6 +1,6 @@
 /* Sampler tests: kept supports against hand computation, seed determinism, penalties against
- * hand-computed logits, logprobs against an independent long-double log-softmax, stop strings
- * across token boundaries, finish conditions. */
+ * hand-computed logits, logprobs against an independent long-double log-softmax, finish conditions
+ * (stop strings: test_stop_matcher.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -449,93 +449,6 @@ static void test_bad_params(void **st) {
   servd_sampler_free(NULL);
 }
 
-/* Feeds the deltas; returns the released text and whether it stopped. */
-static bool feed(const char *const *stops, int n_stops, const char *const *deltas, int n, char *out) {
-  servd_stop_matcher *m;
-  assert_int_equal(servd_stop_matcher_create(stops, n_stops, &m), 0);
-  bool stopped = false;
-  out[0] = 0;
-  for (int i = 0; i < n && !stopped; i++) {
-    const char *t;
-    size_t l;
-    assert_int_equal(servd_stop_matcher_push(m, deltas[i], strlen(deltas[i]), &t, &l, &stopped), 0);
-    strncat(out, t, l);
-  }
-  if (!stopped) {
-    const char *t;
-    size_t l;
-    servd_stop_matcher_flush(m, &t, &l);
-    strncat(out, t, l);
-  }
-  servd_stop_matcher_free(m);
-  return stopped;
-}
-
-static void test_stop_strings(void **st) {
-  (void)st;
-  char out[256];
-  const char *stops[] = {"END", "\n\n", ""};
-  const char *d1[] = {"Hello E", "N", "D more"};
-  assert_true(feed(stops, 3, d1, 3, out));
-  assert_string_equal(out, "Hello ");
-  const char *d2[] = {"a\n", "\nb"};
-  assert_true(feed(stops, 3, d2, 2, out));
-  assert_string_equal(out, "a");
-  const char *d3[] = {"EN", "x", "E"}; /* prefix that does not complete, and one left at the end */
-  assert_false(feed(stops, 3, d3, 3, out));
-  assert_string_equal(out, "ENxE");
-  /* earliest occurrence wins even when another stop string completes first in the stream */
-  const char *s2[] = {"xyz", "yq"};
-  const char *d4[] = {"x", "y", "q"};
-  assert_true(feed(s2, 2, d4, 3, out));
-  assert_string_equal(out, "x");
-  const char *s3[] = {"abcd", "bc"};
-  const char *d5[] = {"ab", "c"};
-  assert_true(feed(s3, 2, d5, 2, out));
-  assert_string_equal(out, "a");
-  /* held text is released as soon as it can no longer start a stop string */
-  servd_stop_matcher *m;
-  const char *s4[] = {"<|end|>"};
-  assert_int_equal(servd_stop_matcher_create(s4, 1, &m), 0);
-  const char *t;
-  size_t l;
-  bool stopped;
-  servd_stop_matcher_push(m, "ok <|e", 6, &t, &l, &stopped);
-  assert_int_equal(l, 3);
-  assert_memory_equal(t, "ok ", 3);
-  servd_stop_matcher_push(m, "x", 1, &t, &l, &stopped);
-  assert_int_equal(l, 4);
-  assert_memory_equal(t, "<|ex", 4);
-  assert_false(stopped);
-  /* multi-byte: a stop string made of one emoji split across deltas */
-  servd_stop_matcher_free(m);
-  const char *s5[] = {"\xF0\x9F\x98\x80"};
-  const char *d6[] = {"smile \xF0\x9F", "\x98\x80 after"};
-  assert_true(feed(s5, 1, d6, 2, out));
-  assert_string_equal(out, "smile ");
-  /* the matcher's own output fed back in (a caller chaining calls) is read before it is overwritten */
-  {
-    const char *s6[] = {"zz"};
-    servd_stop_matcher *m6;
-    assert_int_equal(servd_stop_matcher_create(s6, 1, &m6), 0);
-    char big[1000];
-    memset(big, 'a', sizeof big);
-    bool st6;
-    servd_stop_matcher_push(m6, "abc", 3, &t, &l, &st6);
-    assert_int_equal(l, 3);
-    servd_stop_matcher_push(m6, t, l, &t, &l, &st6); /* "abc" again, from its own buffer */
-    assert_int_equal(l, 3);
-    assert_memory_equal(t, "abc", 3);
-    servd_stop_matcher_push(m6, big, sizeof big, &t, &l, &st6); /* grows the buffers */
-    assert_int_equal(l, sizeof big);
-    servd_stop_matcher_free(m6);
-  }
-  /* no stop strings: pass through */
-  const char *d7[] = {"a", "b"};
-  assert_false(feed(NULL, 0, d7, 2, out));
-  assert_string_equal(out, "ab");
-}
-
 /* ---- kept sets against a brute-force reference ----------------------------------------------------
  * The reference follows the definitions literally: long-double softmax, a full sort (value desc, id
  * asc), top-k, then top-p over the renormalized top-k set (a token stays while the mass ranked above it
@@ -849,14 +762,13 @@ static void test_masks(void **st) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_greedy),       cmocka_unit_test(test_plain_greedy),
-      cmocka_unit_test(test_supports),     cmocka_unit_test(test_large_vocab_truncation),
-      cmocka_unit_test(test_seed),         cmocka_unit_test(test_penalties),
-      cmocka_unit_test(test_logprobs_raw), cmocka_unit_test(test_finish),
-      cmocka_unit_test(test_bad_params),   cmocka_unit_test(test_stop_strings),
-      cmocka_unit_test(test_kept_sets),    cmocka_unit_test(test_shared_scratch),
-      cmocka_unit_test(test_logit_bias),   cmocka_unit_test(test_min_tokens),
-      cmocka_unit_test(test_masks),
+      cmocka_unit_test(test_greedy),         cmocka_unit_test(test_plain_greedy),
+      cmocka_unit_test(test_supports),       cmocka_unit_test(test_large_vocab_truncation),
+      cmocka_unit_test(test_seed),           cmocka_unit_test(test_penalties),
+      cmocka_unit_test(test_logprobs_raw),   cmocka_unit_test(test_finish),
+      cmocka_unit_test(test_bad_params),     cmocka_unit_test(test_kept_sets),
+      cmocka_unit_test(test_shared_scratch), cmocka_unit_test(test_logit_bias),
+      cmocka_unit_test(test_min_tokens),     cmocka_unit_test(test_masks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
