@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench-util.h" /* kernels/bench */
+#include "servd/bench-util.h"
 #include "interp-impl.h"
 #include "mpk/package.h"
 #include "servd/interp.h"

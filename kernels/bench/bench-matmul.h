@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-#include "bench-util.h"
+#include "servd/bench-util.h"
 #include "servd/ops.h"
 #include "servd/threadpool.h"
 

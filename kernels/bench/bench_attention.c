@@ -23,7 +23,7 @@
 #include <time.h>
 
 #include "../src/ops-impl.h" /* the cache layout, for the anchors over its pages */
-#include "bench-util.h"
+#include "servd/bench-util.h"
 #include "servd/ops.h"
 #include "servd/threadpool.h"
 

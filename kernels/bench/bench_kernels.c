@@ -21,7 +21,7 @@
 #include "servd/ops.h"
 #include "servd/threadpool.h"
 
-#include "bench-util.h"
+#include "servd/bench-util.h"
 
 void openblas_set_num_threads(int);
 

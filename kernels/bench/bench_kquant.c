@@ -13,7 +13,7 @@
 #include "servd/threadpool.h"
 
 #include "bench-matmul.h"
-#include "bench-util.h"
+#include "servd/bench-util.h"
 
 int main(int argc, char **argv) {
   int rounds;

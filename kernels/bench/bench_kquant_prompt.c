@@ -18,7 +18,7 @@
 #include "servd/threadpool.h"
 
 #include "bench-matmul.h"
-#include "bench-util.h"
+#include "servd/bench-util.h"
 
 typedef struct column {
   servd_dtype dt;

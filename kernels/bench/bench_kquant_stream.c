@@ -17,7 +17,7 @@
 #include "servd/ops.h"
 #include "servd/threadpool.h"
 
-#include "bench-util.h"
+#include "servd/bench-util.h"
 
 #define FOOTPRINT ((size_t)192 << 20) /* bytes per side and round: six times the L3 */
 #define N 4096

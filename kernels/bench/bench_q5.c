@@ -15,7 +15,7 @@
 #include "servd/threadpool.h"
 
 #include "bench-matmul.h"
-#include "bench-util.h"
+#include "servd/bench-util.h"
 
 enum { Q41, Q50, Q51, Q41_AVX2, Q50_AVX2, ND };
 

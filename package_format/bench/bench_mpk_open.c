@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "bench-util.h" /* kernels/bench */
+#include "servd/bench-util.h"
 #include "mpk/package.h"
 
 int main(int argc, char **argv) {

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "bench-util.h" /* kernels/bench */
+#include "servd/bench-util.h"
 #include "servd/tokenizer.h"
 
 #ifndef ANCHOR_SCRIPT

@@ -1,5 +1,6 @@
-/* Timing helpers shared by the benchmark programs (kernels/bench, package_format/bench): a monotonic
- * clock, medians and the streaming-read anchor. Header-only so that a benchmark directory can include it without a library. */
+/* Timing helpers shared by the benchmark programs of every folder (kernels, tokenizer, package_format,
+ * interp): a monotonic clock, medians and the streaming-read anchor. Header-only (libc only), in
+ * core so that any folder may use it: a benchmark links the interface target servd_bench_util. */
 #ifndef SERVD_BENCH_UTIL_H
 #define SERVD_BENCH_UTIL_H
 
