@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "engine/speculate.h"
 #include "servd/status.h"
 
 #define MAX_GRAPH_BATCH 4096
@@ -193,6 +194,21 @@ static int j_fraction(jctx *x, json_t *obj, const char *key, double *out) {
 }
 
 /* true/false, or "on"/"off" as on the command line. */
+static int parse_speculative(const char *where, const char *v, int *out) {
+  int mode = servd_spec_mode_parse(v);
+  if (mode < 0) return servd_fail(SERVD_EINVAL, "%s must be auto, off, ngram or suffix, got '%s'", where, v ? v : "");
+  *out = mode;
+  return 0;
+}
+
+static int j_speculative(jctx *x, json_t *obj, int *out) {
+  json_t *v = json_object_get(obj, "speculative");
+  if (!v || json_is_null(v)) return 0;
+  char where[600];
+  snprintf(where, sizeof where, "config %s: 'speculative'", x->file);
+  return parse_speculative(where, json_is_string(v) ? json_string_value(v) : NULL, out);
+}
+
 static int j_on_off(jctx *x, json_t *obj, const char *key, bool *out) {
   json_t *v = json_object_get(obj, key);
   if (!v || json_is_null(v)) return 0;
@@ -299,6 +315,8 @@ int servd_config_load_file(servd_config *c, const char *path) {
                                      "load_timeout",
                                      "prefix_cache",
                                      "max_step_ms",
+                                     "speculative",
+                                     "num_speculative_tokens",
                                      "max_model_len",
                                      "package_cache",
                                      "grpc_port",
@@ -332,6 +350,8 @@ int servd_config_load_file(servd_config *c, const char *path) {
       (rc = j_on_off(&x, root, "verify_weights", &c->verify_weights)) ||
       (rc = j_on_off(&x, root, "prefix_cache", &c->prefix_cache)) ||
       (rc = j_int(&x, root, "max_step_ms", 0, 60000, &c->max_step_ms)) ||
+      (rc = j_speculative(&x, root, &c->speculative)) ||
+      (rc = j_int(&x, root, "num_speculative_tokens", 1, SERVD_SPEC_MAX_DRAFT, &c->num_speculative_tokens)) ||
       (rc = j_int(&x, root, "max_model_len", 0, 1 << 24, &c->max_model_len)) ||
       (rc = j_str(&x, root, "trusted_keys", &c->trusted_keys)) || (rc = j_str(&x, root, "tls_cert", &c->tls_cert)) ||
       (rc = j_str(&x, root, "tls_key", &c->tls_key)) || (rc = j_str(&x, root, "tls_ca", &c->tls_ca)) ||
@@ -426,6 +446,10 @@ void servd_config_usage(FILE *f) {
         "  --no-prefix-cache       compute every prompt in full (no sharing of common prompt beginnings)\n"
         "  --max-step-ms MS        target duration of a step carrying decodes: its prefill chunk is cut to\n"
         "                          fit (default 100; 0: the token budget only)\n"
+        "  --speculative MODE      speculative decoding: auto (default: drafts from the request's own text and\n"
+        "                          recent requests, as many as the step's cost model says pay), off, ngram\n"
+        "                          (own text only) or suffix (own text, then recent requests), always drafting\n"
+        "  --num-speculative-tokens N  drafts per step and sequence at most (default 8, at most 16)\n"
         "  --max-model-len N       cap each language model's context at N tokens (longer prompts: 400\n"
         "                          context_length_exceeded); the KV cache is sized for it\n"
         "  --metrics-public        serve GET /metrics without the API key (Prometheus scrapers)\n"
@@ -564,6 +588,12 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
       if ((rc = VAL("--kv-blocks")) || (rc = parse_int("--kv-blocks", v, 1, 1 << 24, &c->kv_blocks))) return rc;
     } else if (flag_is(a, "--max-step-ms")) {
       if ((rc = VAL("--max-step-ms")) || (rc = parse_int("--max-step-ms", v, 0, 60000, &c->max_step_ms))) return rc;
+    } else if (flag_is(a, "--speculative")) {
+      if ((rc = VAL("--speculative")) || (rc = parse_speculative("--speculative", v, &c->speculative))) return rc;
+    } else if (flag_is(a, "--num-speculative-tokens")) {
+      if ((rc = VAL("--num-speculative-tokens")) ||
+          (rc = parse_int("--num-speculative-tokens", v, 1, SERVD_SPEC_MAX_DRAFT, &c->num_speculative_tokens)))
+        return rc;
     } else if (flag_is(a, "--max-model-len")) {
       if ((rc = VAL("--max-model-len")) || (rc = parse_int("--max-model-len", v, 1, 1 << 24, &c->max_model_len)))
         return rc;
@@ -657,6 +687,8 @@ void servd_config_model_options(const servd_config *c, int i, servd_model_option
   o->verify_weights = c->verify_weights;
   o->prefix_cache = c->prefix_cache;
   o->max_step_ms = c->max_step_ms;
+  o->speculative = c->speculative;
+  o->num_speculative_tokens = c->num_speculative_tokens;
   if (c->max_model_len > 0) o->max_context = c->max_model_len; /* as servd generate --max-context */
   o->trusted_keys = c->trusted_keys;
   o->load_timeout_s = c->load_timeout_s;

@@ -32,6 +32,8 @@ typedef struct servd_config {
   bool cuda_graphs;           /* decode steps as CUDA graphs */
   bool prefix_cache;          /* share the KV blocks of common prompt beginnings (--no-prefix-cache) */
   int max_step_ms;            /* target of a step that carries decodes (--max-step-ms); 0: no bound */
+  int speculative;            /* servd_spec_mode (--speculative auto|off|ngram|suffix) */
+  int num_speculative_tokens; /* drafts per verify row at most (--num-speculative-tokens); 0: default */
   int max_model_len;          /* cap on each language model's context and KV sizing (--max-model-len); 0: none */
   int cuda_graph_max_batch;   /* largest decode batch run as a graph */
   char *api_key;

@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine/gpu_prewarm.h"
+#include "engine/speculate.h"
 #include "package_cache.h"
 #include "servd/threadpool.h"
 
@@ -83,6 +84,8 @@ static void usage(FILE *f) {
              "  --no-special            do not add the tokenizer's special tokens (e.g. BOS) to the prompt\n"
              "  --max-context N         cap the context length (and the KV cache with it)\n"
              "  --kv-f32                keep the KV cache in f32 (default f16)\n"
+             "  --speculative MODE      auto (default), off, ngram or suffix: as servd --speculative\n"
+             "  --num-speculative-tokens N  drafts per step at most (default 8)\n"
              "  --ids-out FILE          write the generated token ids, one per line\n"
              "  --prompt-ids-out FILE   write the prompt's token ids, one per line\n"
              "  --quiet                 do not print the text\n"
@@ -134,6 +137,8 @@ int servd_generate_main(int argc, char **argv) {
     O_NO_SPECIAL,
     O_MAXCTX,
     O_KVF32,
+    O_SPEC,
+    O_SPEC_N,
     O_IDS,
     O_PIDS,
     O_QUIET,
@@ -166,6 +171,8 @@ int servd_generate_main(int argc, char **argv) {
                                        {"no-special", no_argument, 0, O_NO_SPECIAL},
                                        {"max-context", required_argument, 0, O_MAXCTX},
                                        {"kv-f32", no_argument, 0, O_KVF32},
+                                       {"speculative", required_argument, 0, O_SPEC},
+                                       {"num-speculative-tokens", required_argument, 0, O_SPEC_N},
                                        {"ids-out", required_argument, 0, O_IDS},
                                        {"prompt-ids-out", required_argument, 0, O_PIDS},
                                        {"quiet", no_argument, 0, O_QUIET},
@@ -263,6 +270,13 @@ int servd_generate_main(int argc, char **argv) {
     case O_NO_SPECIAL: add_special = false; break;
     case O_MAXCTX: bad = parse_int(optarg, "--max-context", 16, 1 << 24, &mo.max_context); break;
     case O_KVF32: mo.kv_dtype = SERVD_F32; break;
+    case O_SPEC:
+      mo.speculative = servd_spec_mode_parse(optarg);
+      if ((bad = mo.speculative < 0)) fprintf(stderr, "--speculative must be auto, off, ngram or suffix\n");
+      break;
+    case O_SPEC_N:
+      bad = parse_int(optarg, "--num-speculative-tokens", 1, SERVD_SPEC_MAX_DRAFT, &mo.num_speculative_tokens);
+      break;
     case O_IDS: ids_path = optarg; break;
     case O_PIDS: pids_path = optarg; break;
     case O_QUIET: quiet = true; break;

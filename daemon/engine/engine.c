@@ -40,6 +40,11 @@ void servd_engine_set_prefix_cache(bool on) { prefix_cache_default = on; }
 static int max_step_ms_default = SERVD_DEFAULT_MAX_STEP_MS;
 void servd_engine_set_max_step_ms(int ms) { max_step_ms_default = ms > 0 ? ms : 0; }
 static servd_isolation isolation_default = SERVD_ISOLATION_NONE;
+static int speculative_default = SERVD_SPEC_AUTO, speculative_tokens_default = 0;
+void servd_engine_set_speculation(int mode, int num_speculative_tokens) {
+  speculative_default = mode;
+  speculative_tokens_default = num_speculative_tokens;
+}
 void servd_engine_set_isolation(servd_isolation isolation) { isolation_default = isolation; }
 
 void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cuda_graphs, int cuda_graph_max_batch) {
@@ -72,6 +77,8 @@ void servd_model_options_default(servd_model_options *o) {
   o->isolation = isolation_default;
   o->prefix_cache = prefix_cache_default;
   o->max_step_ms = max_step_ms_default;
+  o->speculative = speculative_default;
+  o->num_speculative_tokens = speculative_tokens_default;
   o->extra_sys_path = servd_py_deps_dir(); /* servd's own Python packages (llguidance), when installed */
 }
 
@@ -251,6 +258,7 @@ static void finish_ex(servd_model *m, servd_request *r, const char *reason, int 
   }
   phase_times(r, &ev);
   sched_remove(&m->sched, &r->seq);
+  if (!error_code && !r->seq.embed && r->n_generated > 0) servd_spec_remember(&m->spec, r->seq.tokens, r->seq.n_tokens);
   servd_guide_end(m, r);
   /* Stats first: whoever sees the final event sees the freed blocks and counts. */
   pthread_mutex_lock(&m->mu);
@@ -347,6 +355,51 @@ static void emit(servd_model *m, servd_request *r, const servd_sampled *sp) {
 }
 
 /* ---- the scheduler thread ----------------------------------------------------------------------- */
+
+/* Drafts for the running decoders (engine/speculate.h), before the plan: the step verifies them. */
+static void propose_drafts(servd_model *m) {
+  if (m->spec.mode == SERVD_SPEC_OFF) return;
+  int rows = 0;
+  for (sched_seq *q = m->sched.running.head; q; q = q->next)
+    if (!q->embed && q->n_tokens - q->n_draft - q->n_computed == 1) rows++;
+  double step_ns = sched_decode_cost(&m->sched, rows), token_ns = sched_token_cost(&m->sched);
+  for (sched_seq *q = m->sched.running.head; q; q = q->next) {
+    if (q->embed || q->n_tokens - q->n_draft - q->n_computed != 1) continue;
+    servd_request *r = q->owner;
+    /* Constrained rows get their mask for the first position only: they decode one token a step. */
+    int room = 0;
+    if (!r->guide.grammar && !r->p.prompt_only) {
+      int n = q->n_tokens - q->n_draft;
+      room = r->p.max_tokens - r->n_generated - 1;
+      if (room > m->context_length - n - 1) room = m->context_length - n - 1;
+    }
+    servd_spec_propose(&m->spec, &r->spec, q, room, rows, step_ns, token_ns);
+  }
+}
+
+/* A verify row's logits rows first.. (its last token's, then each draft's): row i is sampled as a
+ * plain decode step would; the next row counts while the token equals the draft (speculate.h). The
+ * rejected drafts' K/V goes back to the block manager. */
+static void verify_rows(servd_model *m, sched_seq *q, const servd_tensor *logits, int first) {
+  servd_request *r = q->owner;
+  int n_draft = q->n_draft, accepted = 0;
+  int n_kv = q->n_computed - n_draft; /* the last real token's K/V and those before it */
+  q->n_tokens -= n_draft;
+  q->n_draft = 0;
+  atomic_fetch_add(&r->refs, 1); /* r outlives a finish in the loop */
+  for (int i = 0; i <= n_draft; i++) {
+    advance(m, r, (const float *)((const char *)servd_tensor_data(logits) + (int64_t)(first + i) * logits->strides[0]));
+    if (q->state != SCHED_RUNNING || i == n_draft || q->tokens[q->n_tokens - 1] != r->spec.draft[i]) break;
+    accepted++;
+    n_kv++;
+  }
+  r->spec.n_draft = n_draft; /* the plan may have cut some */
+  pthread_mutex_lock(&m->mu);
+  servd_spec_observe(&m->spec, &r->spec, accepted);
+  pthread_mutex_unlock(&m->mu);
+  sched_truncate(&m->sched, q, n_kv);
+  request_unref(r);
+}
 
 /* Every sequence of the planned step that wants logits picks the arg max of its raw row: a GPU step
  * may then return picks (servd_forward_batch.want_picks). */
@@ -455,6 +508,7 @@ static void scheduler_run(servd_model *m) {
     int64_t now = servd_now_ns();
     reap(m, now, m->quit && drain && now > drain);
 
+    propose_drafts(m);
     int n = sched_plan(&m->sched);
     for (int i = 0; i < m->sched.n_starved; i++)
       finish(m, m->sched.starved[i]->owner, "error", SERVD_EBUSY,
@@ -530,6 +584,10 @@ static void scheduler_run(servd_model *m) {
           if (!q->wants_logits) continue;
           if (qr->p.prompt_only) {
             finish(m, qr, "length", 0, NULL);
+            continue;
+          }
+          if (q->n_draft > 0 && !picked) {
+            verify_rows(m, q, logits, first);
             continue;
           }
           const char *lr = (const char *)servd_tensor_data(logits) + (int64_t)(row - 1) * logits->strides[0];
@@ -755,6 +813,7 @@ static int scheduler_setup(servd_model *m) {
                      .cache_key = prefix_cache_key(m->name, m->o.path),
                      .max_step_ns = (int64_t)m->o.max_step_ms * 1000000};
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
+  if ((rc = servd_spec_init(&m->spec, (servd_spec_mode)m->o.speculative, m->o.num_speculative_tokens))) return rc;
   if ((rc = servd_guides_create(&m->guides))) return rc;
   return servd_sampler_scratch_create(m->vocab, &m->scratch);
 }
@@ -904,6 +963,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   servd_interp_thread_stop(m->ithread);
   servd_pool_destroy(m->pool);
   sched_free(&m->sched);
+  servd_spec_free(&m->spec);
   for (int r = 0; r < SERVD_INTERP_MAX; r++) servd_kv_cache_destroy(m->kv[r]);
   servd_comm_destroy(m->comm);
   servd_gpu_teardown(m); /* after the pool: the interpreters held device tensors */
@@ -960,6 +1020,11 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   s->preemptions = m->preemptions;
   s->steps = m->steps;
   s->pick_steps = m->pick_steps;
+  s->spec_drafts = m->spec.c.drafts;
+  s->spec_draft_tokens = m->spec.c.draft_tokens;
+  s->spec_accepted_tokens = m->spec.c.accepted_tokens;
+  for (int i = 0; i < SERVD_SPEC_MAX_DRAFT && i < 16; i++) s->spec_accepted_per_pos[i] = m->spec.c.accepted_per_pos[i];
+  s->spec_max_draft = m->spec.mode == SERVD_SPEC_OFF ? 0 : m->spec.max_draft;
   s->kv_blocks_used = m->kv_used;
   s->kv_blocks_cached = m->kv_cached;
   s->prefix_cache_queries = m->prefix_queries;

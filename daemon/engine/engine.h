@@ -26,6 +26,8 @@ void servd_model_options_default(servd_model_options *o);
 void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cuda_graphs, int cuda_graph_max_batch);
 /* Process-wide default of step_timeout_s (seconds, 0: none); call before loading models. */
 void servd_engine_set_step_timeout(double seconds);
+/* Process-wide defaults of speculative and num_speculative_tokens; call before loading models. */
+void servd_engine_set_speculation(int mode, int num_speculative_tokens);
 /* Process-wide default of isolation (none set: SERVD_ISOLATION_NONE); call before loading models. */
 void servd_engine_set_isolation(servd_isolation isolation);
 /* Process-wide defaults of verify_weights and trusted_keys (borrowed: must outlive every load). */

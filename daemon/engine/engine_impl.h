@@ -12,6 +12,7 @@
 #include "engine/isolated.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
+#include "engine/speculate.h"
 #include "engine/step_rows.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
@@ -49,7 +50,8 @@ struct servd_request {
   servd_pool_sum pool; /* embeddings: the pooled hidden rows so far */
   float *embedding;    /* embeddings: the final vector (pool.dim floats), set when the prompt is done */
   int n_embedding;
-  int lp_next; /* prompt logprobs: the next prompt position to report (positions before it were) */
+  int lp_next;         /* prompt logprobs: the next prompt position to report (positions before it were) */
+  servd_spec_seq spec; /* speculation: this step's drafts, the acceptance so far */
 };
 
 struct servd_model {
@@ -80,6 +82,7 @@ struct servd_model {
   int startup_rc;                               /* the scheduler thread's setup (under mu); 1: still running */
   char startup_err[1024];
   servd_scheduler sched;
+  servd_spec spec; /* speculative decoding; its counters under mu */
   int context_length;
   int vocab;
   int32_t eos[SERVD_MAX_EOS];

@@ -124,7 +124,14 @@ static void release_blocks(servd_scheduler *s, sched_seq *q) {
   q->chain = (prefix_chain){0};
 }
 
+/* Drafts planned for a step that did not run leave the sequence. */
+static void drop_drafts(sched_seq *q) {
+  q->n_tokens -= q->n_draft;
+  q->n_draft = 0;
+}
+
 void sched_remove(servd_scheduler *s, sched_seq *q) {
+  drop_drafts(q);
   if (q->state == SCHED_WAITING) list_remove(&s->waiting, q);
   else if (q->state == SCHED_RUNNING) list_remove(&s->running, q);
   if (q->state != SCHED_NEW && q->state != SCHED_REMOVED) release_blocks(s, q);
@@ -134,6 +141,7 @@ void sched_remove(servd_scheduler *s, sched_seq *q) {
 }
 
 static void preempt(servd_scheduler *s, sched_seq *q) {
+  drop_drafts(q);
   list_remove(&s->running, q);
   release_blocks(s, q);
   q->state = SCHED_WAITING;
@@ -183,8 +191,12 @@ static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
   a->q_len[i] = chunk;
   a->kv_len[i] = q->n_computed + chunk;
   a->block_tables[i] = q->blocks;
-  if (q->n_tokens - q->n_computed == 1) s->n_decode_rows++;
-  else s->n_prefill_tokens += chunk;
+  if (q->n_tokens - q->n_draft - q->n_computed == 1) { /* a decode, or a verify row of its drafts */
+    s->n_decode_rows++;
+    s->n_prefill_tokens += chunk - 1;
+  } else {
+    s->n_prefill_tokens += chunk;
+  }
   for (int j = 0; j < chunk; j++) {
     int p = q->n_computed + j, t = s->n_tokens + j;
     a->tokens[t] = q->tokens[p];
@@ -193,7 +205,7 @@ static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
   }
   s->n_tokens += chunk;
   q->n_rows = 0;
-  if (q->rows == SCHED_ROWS_ALL) {
+  if (q->rows == SCHED_ROWS_ALL || q->n_draft > 0) {
     q->row_pos = q->n_computed;
     for (int j = 0; j < chunk; j++) a->logit_rows[s->n_logit_rows++] = s->n_tokens - chunk + j;
     q->n_rows = chunk;
@@ -262,7 +274,7 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
   /* Running decoders each get one reserved token so a long prefill chunk cannot starve them. */
   int decoders = 0;
   for (sched_seq *q = s->running.head; q; q = q->next)
-    if (q->embed == embed && q->n_tokens - q->n_computed == 1) decoders++;
+    if (q->embed == embed && q->n_tokens - q->n_draft - q->n_computed == 1) decoders++;
   /* Prefill tokens left to this step: bounded by max_step_ns when it carries decodes. */
   int prefill_left = s->prefill_cap = prefill_cap(s, decoders);
 
@@ -274,11 +286,18 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
       continue;
     }
     int need = q->n_tokens - q->n_computed;
-    bool decoding = need == 1;
+    bool decoding = need - q->n_draft == 1;
     if (decoding) decoders--;
     int chunk = need;
     int room = budget - decoders;
     if (chunk > room) chunk = room;
+    if (q->n_draft > 0 && chunk < need) { /* a verify row is whole: cut drafts that do not fit */
+      int cut = need - (chunk > 1 ? chunk : 1);
+      q->n_draft -= cut;
+      q->n_tokens -= cut;
+      chunk = need = q->n_tokens - q->n_computed;
+      if (chunk > room) chunk = room;
+    }
     if (!decoding && chunk > prefill_left) chunk = prefill_left;
     chunk = logit_chunk(q, chunk);
     if (chunk <= 0) {
@@ -289,7 +308,7 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
     while ((rc = grow(s, q, q->n_computed + chunk)) == SERVD_EBUSY) {
       sched_seq *victim = s->running.tail;
       if (victim == q) break;
-      if (victim->n_tokens - victim->n_computed == 1) decoders--;
+      if (victim->n_tokens - victim->n_draft - victim->n_computed == 1) decoders--;
       if (next == victim) next = NULL;
       preempt(s, victim);
     }
@@ -388,20 +407,40 @@ int sched_plan(servd_scheduler *s) {
   return rc;
 }
 
+/* Full blocks whose K/V is computed become findable (an embedding's stay private). */
+static void register_blocks(servd_scheduler *s, sched_seq *q) {
+  while (s->pc.enabled && !q->embed && (q->chain.n + 1) * s->block_size <= q->n_computed) {
+    int i = q->chain.n;
+    prefix_cache_register(&s->pc, s->cfg.cache_key, &q->chain, q->blocks[i], q->tokens + (size_t)i * s->block_size);
+  }
+}
+
 void sched_commit(servd_scheduler *s) {
   for (int i = 0; i < s->n_planned; i++) {
     sched_seq *q = s->planned[i];
     if (q->state == SCHED_RUNNING) {
       q->n_computed += q->chunk;
-      /* Full blocks whose K/V this step completed become findable (an embedding's stay private). */
-      while (s->pc.enabled && !q->embed && (q->chain.n + 1) * s->block_size <= q->n_computed) {
-        int i = q->chain.n;
-        prefix_cache_register(&s->pc, s->cfg.cache_key, &q->chain, q->blocks[i], q->tokens + (size_t)i * s->block_size);
-      }
+      if (q->n_draft == 0) register_blocks(s, q);
     }
     q->chunk = 0;
   }
 }
+
+void sched_truncate(servd_scheduler *s, sched_seq *q, int n_kv) {
+  q->n_draft = 0;
+  if (q->state != SCHED_RUNNING) return;
+  if (n_kv < q->n_computed) q->n_computed = n_kv;
+  int keep = blocks_for(s, q->n_tokens);
+  if (keep < q->chain.n) keep = q->chain.n; /* never below what the prefix cache shares */
+  if (q->n_blocks > keep) {
+    prefix_cache_release(&s->pc, q->n_blocks - keep, q->blocks + keep);
+    q->n_blocks = keep;
+  }
+  register_blocks(s, q);
+}
+
+double sched_decode_cost(const servd_scheduler *s, int rows) { return rows > 0 ? decodes_estimate(s, rows) : 0; }
+double sched_token_cost(const servd_scheduler *s) { return s->cost.prefill_token_ns; }
 
 /* Weight of a new measurement in the running estimates: about the last five steps count. */
 #define COST_ALPHA 0.2

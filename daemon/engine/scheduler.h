@@ -82,6 +82,11 @@ typedef struct sched_seq {
   bool embed;
   sched_rows rows;
   bool no_cache_hits;
+  /* Speculation (engine/speculate.h): the last n_draft of tokens are drafts to verify. Set by the
+   * caller before sched_plan, on a decoding sequence only; the step then computes them with its last
+   * token and returns a row for each (a verify row). A plan short of room cuts them; preemption and
+   * removal drop them; sched_truncate ends them. */
+  int n_draft;
 
   /* Plan of the current step (valid after sched_plan). */
   int chunk;         /* tokens computed this step */
@@ -178,8 +183,18 @@ void sched_remove(servd_scheduler *s, sched_seq *q);
  * (their tokens need more blocks than the whole cache) are listed in starved[] and already removed;
  * the caller fails them. Returns the number of tokens planned (0: idle) or a negative SERVD_E* code. */
 int sched_plan(servd_scheduler *s);
-/* After the step ran: advances n_computed of every planned sequence. */
+/* After the step ran: advances n_computed of every planned sequence. The blocks of a verify row
+ * are registered in the prefix cache by sched_truncate, once its drafts are judged. */
 void sched_commit(servd_scheduler *s);
+/* The block manager's truncate: q keeps the K/V of its first n_kv tokens (n_kv <= n_computed; the
+ * caller has set n_tokens, n_tokens >= n_kv) and gives back the blocks past what n_tokens needs:
+ * rejected drafts' K/V goes, blocks shared through the prefix cache (below n_kv) stay intact. Its
+ * full blocks are then registered. Ends the sequence's drafts. */
+void sched_truncate(servd_scheduler *s, sched_seq *q, int n_kv);
+/* The estimated cost in nanoseconds of a step of `rows` decode rows, and of one more token in a
+ * step (a prefill token's); 0 until learned. */
+double sched_decode_cost(const servd_scheduler *s, int rows);
+double sched_token_cost(const servd_scheduler *s);
 /* After the planned step ran in step_ns (the whole step: forward and sampling): updates the cost
  * model the next plans bound their prefill with. Call before the next sched_plan. */
 void sched_observe(servd_scheduler *s, int64_t step_ns);
