@@ -289,6 +289,7 @@ static int sse_delta(oai *o, gen *g, json_t *delta) {
  * then the arguments in pieces. */
 static int sse_tool_calls(oai *o, gen *g) {
   json_t *calls = oai_tools_calls(o->tools, g->index);
+  if (!calls && oai_tools_withheld(o->tools, g->index)) return 0; /* a forced call cut short: no text */
   if (!calls) {
     size_t from;
     size_t to = oai_tools_releasable(o->tools, g->index, g->text.data, g->text.len, &from);
@@ -370,7 +371,7 @@ static void respond_full(oai *o) {
     json_t *lp = g->lp ? json_incref(g->lp) : json_null();
     json_t *c;
     json_t *calls = chat ? oai_tools_calls(o->tools, i) : NULL;
-    if (calls) { /* the text outside the calls, or null when there is none */
+    if (calls || (chat && oai_tools_withheld(o->tools, i))) { /* the text outside the calls, or null */
       const char *rest = oai_tools_content(o->tools, i);
       json_decref(text);
       text = rest ? json_text(rest, strlen(rest)) : json_null();
@@ -567,7 +568,8 @@ void api_oai_event(servd_api *a, api_event *ev) {
 static void gen_complete(oai *o, gen *g) {
   if (!g->error) echo_flush(o, g);
   if (o->req && o->stream && o->sink) {
-    if (!g->error && o->tools && !oai_tools_calls(o->tools, g->index)) { /* held back, and no call after all */
+    if (!g->error && o->tools && !oai_tools_calls(o->tools, g->index) &&
+        !oai_tools_withheld(o->tools, g->index)) { /* held back, and no call after all */
       size_t from;
       oai_tools_releasable(o->tools, g->index, g->text.data, g->text.len, &from);
       if (g->text.len > from) o->sink->stream_text(o, g, g->text.data + from, g->text.len - from);

@@ -44,6 +44,9 @@ int oai_tools_parse(oai_tools *t, const servd_model_ops *ops, servd_model *m, in
  * content without the calls (borrowed; NULL: none), whether the choice had a call. */
 json_t *oai_tools_calls(const oai_tools *t, int gen);
 const char *oai_tools_content(const oai_tools *t, int gen);
+/* After the parse: the text was a forced call that did not complete (cut by max_tokens), and
+ * withheld: the choice has neither calls nor content. */
+bool oai_tools_withheld(const oai_tools *t, int gen);
 /* Legacy functions: the response carries message.function_call instead of tool_calls. */
 bool oai_tools_legacy(const oai_tools *t);
 

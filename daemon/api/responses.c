@@ -81,8 +81,9 @@ static void respond(oai *o) {
   resp *x = o->sink_ctx;
   gen *g = &o->gens[0];
   json_t *calls = o->tools ? oai_tools_calls(o->tools, 0) : NULL;
-  const char *text = calls ? oai_tools_content(o->tools, 0) : g->text.data;
-  size_t n = calls ? (text ? strlen(text) : 0) : g->text.len;
+  bool parsed = calls || oai_tools_withheld(o->tools, 0); /* the parse says what the text is */
+  const char *text = parsed ? oai_tools_content(o->tools, 0) : g->text.data;
+  size_t n = parsed ? (text ? strlen(text) : 0) : g->text.len;
   const char *status = cut_short(o) ? "incomplete" : "completed";
   json_t *output = json_array();
   if (!calls || n > 0) json_array_append_new(output, message_item(o, status, oai_json_text(text ? text : "", n)));

@@ -231,6 +231,24 @@ static void fake_stats(const servd_model *m, servd_model_stats *s) {
   s->interp_busy_seconds[0] = 1.5;
 }
 
+/* Tool calling as a package's hooks do it: the fake model's words are never a call, so the parse
+ * gives them back as content (as tools.py does with a call cut short); a forced call's grammar. */
+static int fake_tools_render(servd_model *m, json_t *msgs, json_t *tools, bool gen, json_t **out) {
+  (void)m, (void)msgs, (void)tools, (void)gen;
+  *out = json_pack("{s:s, s:[s], s:s}", "prompt", "P", "markers", "<tool_call>", "family", "hermes");
+  return 0;
+}
+static int fake_tools_parse(servd_model *m, const char *text, json_t *spec, json_t **out) {
+  (void)m, (void)spec;
+  *out = json_pack("{s:s, s:[]}", "content", text, "calls");
+  return 0;
+}
+static int fake_guide_compile(servd_model *m, servd_guide_kind kind, const char *spec, char **grammar) {
+  (void)m, (void)kind, (void)spec;
+  *grammar = strdup("G");
+  return 0;
+}
+
 static const servd_model_ops fake_ops = {
     .options_default = fake_options_default,
     .gen_params_default = fake_params_default,
@@ -251,6 +269,9 @@ static const servd_model_ops fake_ops = {
     .get_stats = fake_stats,
     .restarting = fake_restarting,
     .quarantined_interpreters = fake_quarantined,
+    .tools_render = fake_tools_render,
+    .tools_parse = fake_tools_parse,
+    .guide_compile = fake_guide_compile,
 };
 
 /* ---- servers ---------------------------------------------------------------------------------- */
@@ -1071,6 +1092,50 @@ static void test_max_completion_tokens(void **st) {
   json_decref(j);
 }
 
+/* A forced tool call cut by max_tokens has no call: its text (a call's beginning) is no content
+ * either, streamed or not (it once came back as message.content, raw markup and all). With
+ * tool_choice auto the same words are the answer. */
+static void test_forced_call_cut_short(void **st) {
+  (void)st;
+#define TOOLS_BODY(choice, stream) \
+  "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2,\"stream\":" stream \
+  ",\"tool_choice\":" choice ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}"
+  int s;
+  json_t *j = post_json(open_srv.port, "/v1/chat/completions", TOOLS_BODY("\"required\"", "false"), &s, NULL);
+  assert_int_equal(s, 200);
+  json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+  assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "length");
+  json_t *msg = json_object_get(c, "message");
+  assert_true(json_is_null(json_object_get(msg, "content")));
+  assert_null(json_object_get(msg, "tool_calls"));
+  json_decref(j);
+  j = post_json(open_srv.port, "/v1/chat/completions", TOOLS_BODY("\"auto\"", "false"), &s, NULL);
+  assert_int_equal(s, 200);
+  c = json_array_get(json_object_get(j, "choices"), 0);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(c, "message"), "content")), "w0 w1 ");
+  json_decref(j);
+  tc_resp r = tc_request(open_srv.port, "POST", "/v1/chat/completions", "Content-Type: application/json\r\n",
+                         TOOLS_BODY("{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", "true"));
+  assert_int_equal(r.status, 200);
+  assert_non_null(strstr(r.body, "\"finish_reason\":\"length\""));
+  assert_non_null(strstr(r.body, "data: [DONE]"));
+  if (strstr(r.body, "w0") || strstr(r.body, "tool_calls")) fail_msg("a cut forced call streamed: %s", r.body);
+  tc_resp_free(&r);
+  /* The Responses API over the same: an empty, incomplete message. */
+  j = post_json(open_srv.port, "/v1/responses",
+                "{\"model\":\"lm\",\"input\":\"x\",\"max_output_tokens\":2,\"tool_choice\":\"required\",\"tools\":["
+                "{\"type\":\"function\",\"name\":\"f\"}]}",
+                &s, NULL);
+  assert_int_equal(s, 200);
+  assert_string_equal(json_string_value(json_object_get(j, "status")), "incomplete");
+  json_t *out = json_object_get(j, "output");
+  assert_int_equal(json_array_size(out), 1);
+  json_t *part = json_array_get(json_object_get(json_array_get(out, 0), "content"), 0);
+  assert_string_equal(json_string_value(json_object_get(part, "text")), "");
+  json_decref(j);
+#undef TOOLS_BODY
+}
+
 /* Failures the API can only learn from the engine read as answers to the client: no engine stage
  * prefix, and the field at fault named. */
 static void test_engine_refusals_name_the_field(void **st) {
@@ -1218,6 +1283,7 @@ int main(void) {
       cmocka_unit_test(test_metrics),
       cmocka_unit_test(test_restarting_model),
       cmocka_unit_test(test_max_completion_tokens),
+      cmocka_unit_test(test_forced_call_cut_short),
       cmocka_unit_test(test_engine_refusals_name_the_field),
       cmocka_unit_test(test_versions),
       cmocka_unit_test(test_router_statuses),

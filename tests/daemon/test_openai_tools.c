@@ -34,8 +34,7 @@ static void test_accepted(void **st) {
       {"{" MSGS ",\"tools\":[" F("a") "],\"tool_choice\":\"none\"}", false},
       {"{" MSGS ",\"tool_choice\":\"none\"}", false},
       /* The Responses API's flat tool, as the openai client sends a dict it is handed. */
-      {"{" MSGS ",\"tools\":[{\"type\":\"function\",\"name\":\"a\",\"parameters\":{\"type\":\"object\"}}]}",
-       true},
+      {"{" MSGS ",\"tools\":[{\"type\":\"function\",\"name\":\"a\",\"parameters\":{\"type\":\"object\"}}]}", true},
       {"{" MSGS ",\"functions\":[{\"name\":\"f\"}],\"function_call\":{\"name\":\"f\"}}", true},
       {"{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":"
        "\"function\","
@@ -78,8 +77,7 @@ static void test_refusals(void **st) {
        "'tools[0].function' must be an object with a 'name', got nothing"},
       {"{" MSGS ",\"tools\":[{\"type\":\"function\",\"function\":null}]}", "tools[0].function",
        "'tools[0].function' must be an object with a 'name', got null"},
-      {"{" MSGS ",\"tools\":[{\"type\":\"function\",\"name\":7}]}", "tools[0].name",
-       "'tools[0].name' is required"},
+      {"{" MSGS ",\"tools\":[{\"type\":\"function\",\"name\":7}]}", "tools[0].name", "'tools[0].name' is required"},
       {"{" MSGS ",\"tools\":[" F("a b") "]}", "tools[0].function.name", "'tools[0].function.name' must be 1 to 64"},
       {"{" MSGS ",\"tools\":[" F("a") "," F("a") "]}", "tools[1].function",
        "'tools[1].function.name': \"a\" is defined twice"},
