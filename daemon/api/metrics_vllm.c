@@ -112,7 +112,19 @@ static void hist(servd_buf *b, const char *name, const live *l, int n, size_t of
   }
 }
 
-typedef enum { V_RUNNING, V_WAITING, V_KV_USAGE, V_PROMPT, V_GENERATION, V_PREEMPT, V_PC_QUERIES, V_PC_HITS } vkind;
+typedef enum {
+  V_RUNNING,
+  V_WAITING,
+  V_KV_USAGE,
+  V_PROMPT,
+  V_GENERATION,
+  V_PREEMPT,
+  V_PC_QUERIES,
+  V_PC_HITS,
+  V_SPEC_DRAFTS,
+  V_SPEC_DRAFT_TOKENS,
+  V_SPEC_ACCEPTED
+} vkind;
 
 static void value(servd_buf *b, const char *name, const char *type, const char *help, const live *l, int n, vkind k) {
   head(b, name, type, help);
@@ -130,8 +142,29 @@ static void value(servd_buf *b, const char *name, const char *type, const char *
     case V_PREEMPT: servd_buf_printf(b, " %llu\n", (unsigned long long)s->preemptions); break;
     case V_PC_QUERIES: servd_buf_printf(b, " %llu\n", (unsigned long long)s->prefix_cache_queries); break;
     case V_PC_HITS: servd_buf_printf(b, " %llu\n", (unsigned long long)s->prefix_cache_hits); break;
+    case V_SPEC_DRAFTS: servd_buf_printf(b, " %llu\n", (unsigned long long)s->spec_drafts); break;
+    case V_SPEC_DRAFT_TOKENS: servd_buf_printf(b, " %llu\n", (unsigned long long)s->spec_draft_tokens); break;
+    case V_SPEC_ACCEPTED: servd_buf_printf(b, " %llu\n", (unsigned long long)s->spec_accepted_tokens); break;
     }
   }
+}
+
+/* Speculative decoding, vLLM's spec_decode families: verify rows ("drafts"), their draft tokens, the
+ * accepted ones, and those by position in the row. */
+static void speculation(servd_buf *b, const live *l, int n) {
+  value(b, "vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.", l, n, V_SPEC_DRAFTS);
+  value(b, "vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", l, n, V_SPEC_DRAFT_TOKENS);
+  value(b, "vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.", l, n,
+        V_SPEC_ACCEPTED);
+  const char *name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+  head(b, name, "counter", "Accepted tokens per draft position.");
+  for (int k = 0; k < n; k++)
+    for (int pos = 0; pos < l[k].st->spec_max_draft && pos < 16; pos++) {
+      char extra[32];
+      snprintf(extra, sizeof extra, ",position=\"%d\"", pos);
+      series(b, name, l[k].am, extra);
+      servd_buf_printf(b, " %llu\n", (unsigned long long)l[k].st->spec_accepted_per_pos[pos]);
+    }
 }
 
 void api_metrics_vllm(servd_api *a, servd_buf *b, const servd_model_stats *st) {
@@ -167,6 +200,7 @@ void api_metrics_vllm(servd_api *a, servd_buf *b, const servd_model_stats *st) {
         l, n, V_PC_QUERIES);
   value(b, "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", l, n,
         V_PC_HITS);
+  speculation(b, l, n);
   head(b, "vllm:request_success_total", "counter", "Count of successfully processed requests.");
   for (int k = 0; k < n; k++)
     for (int r = 0; r < 3; r++) {

@@ -414,6 +414,101 @@ static void test_cancel_mid_shared_prefill(void **state) {
   teardown_fx(f);
 }
 
+/* Speculation's verify rows: drafts are computed with the last token as one chunk with a row each;
+ * their blocks are registered only once accepted, and sched_truncate gives back the blocks of
+ * rejected ones while blocks shared through the cache stay. */
+static void add_drafts(sched_seq *q, int n) {
+  for (int j = 0; j < n; j++) q->tokens[q->n_tokens + j] = 500 + j;
+  q->n_tokens += n;
+  q->n_draft = n;
+}
+
+/* What the engine does after a verify row: drafts off, `accepted` of them and one token taken. */
+static void judge(fixture *f, sched_seq *q, int accepted) {
+  int n_draft = q->n_draft, n_kv = q->n_computed - n_draft + accepted;
+  q->n_tokens -= n_draft;
+  q->n_draft = 0;
+  for (int j = 0; j < accepted; j++) q->tokens[q->n_tokens++] = 500 + j;
+  q->tokens[q->n_tokens++] = 9;
+  sched_truncate(&f->s, q, n_kv);
+}
+
+static void test_verify_rows_truncate(void **state) {
+  (void)state;
+  fixture *f = setup_fx(16, 64);
+  sched_seq *a = add_seq(f, 0, 6, 0);
+  step(f); /* 6 computed, a 7th token appended; block 0 registered */
+  assert_int_equal(f->s.pc.n_cached, 1);
+
+  add_drafts(a, 5); /* positions 6..11: the last token and 5 drafts */
+  assert_int_equal(sched_plan(&f->s), 6);
+  assert_int_equal(a->chunk, 6);
+  assert_true(a->wants_logits);
+  assert_int_equal(a->n_rows, 6);
+  assert_int_equal(a->row_pos, 6);
+  assert_int_equal(f->s.n_logit_rows, 6);
+  assert_int_equal(f->s.n_decode_rows, 1);
+  assert_int_equal(f->s.n_prefill_tokens, 5);
+  assert_int_equal(a->n_blocks, 3);
+  sched_commit(&f->s);
+  assert_int_equal(f->s.pc.n_cached, 1); /* block 1 (4..7) holds drafts: not yet */
+  judge(f, a, 2);                        /* tokens 0..8 have K/V, the 10th is the new one */
+  assert_int_equal(a->n_computed, 9);
+  assert_int_equal(a->n_tokens, 10);
+  assert_int_equal(f->s.pc.n_cached, 2); /* block 1 now holds accepted tokens */
+  assert_int_equal(a->n_blocks, 3);
+
+  add_drafts(a, 6); /* positions 9..15: a fourth block */
+  assert_int_equal(sched_plan(&f->s), 7);
+  assert_int_equal(a->n_blocks, 4);
+  assert_int_equal(sched_used_blocks(&f->s), 4);
+  sched_commit(&f->s);
+  judge(f, a, 0); /* the first draft rejected: the fourth block goes back */
+  assert_int_equal(a->n_computed, 10);
+  assert_int_equal(a->n_tokens, 11);
+  assert_int_equal(a->n_blocks, 3);
+  assert_int_equal(sched_used_blocks(&f->s), 3);
+  assert_int_equal(f->s.pc.n_cached, 2); /* block 2 (8..11) is not full of accepted tokens */
+  assert_int_equal(step(f), 1);          /* a plain decode after it */
+
+  /* Drafts of a sequence that is removed (or preempted) before its step leave it. */
+  add_drafts(a, 3);
+  int n = a->n_tokens;
+  sched_remove(&f->s, a);
+  assert_int_equal(a->n_tokens, n - 3);
+  assert_int_equal(a->n_draft, 0);
+
+  /* A new sequence with a's beginning finds the blocks of accepted tokens only. */
+  sched_seq *b = &f->seqs[1];
+  memset(b, 0, sizeof *b);
+  memcpy(f->toks[1], f->toks[0], sizeof(int32_t) * 12);
+  b->tokens = f->toks[1];
+  b->n_tokens = 12;
+  assert_int_equal(sched_seq_init(&f->s, b), 0);
+  sched_add(&f->s, b);
+  step(f);
+  assert_int_equal(b->n_cached, 8);
+  teardown_fx(f);
+}
+
+/* A verify row cut by the token budget keeps only the drafts that fit. */
+static void test_verify_row_cut_by_budget(void **state) {
+  (void)state;
+  fixture *f = setup_fx(16, 4);
+  sched_seq *a = add_seq(f, 0, 4, 0);
+  step(f);
+  add_drafts(a, 6);
+  assert_int_equal(sched_plan(&f->s), 4); /* the budget: the last token and 3 drafts */
+  assert_int_equal(a->n_draft, 3);
+  assert_int_equal(a->n_tokens, 8);
+  assert_int_equal(a->n_rows, 4);
+  sched_commit(&f->s);
+  judge(f, a, 3);
+  assert_int_equal(a->n_computed, 8);
+  assert_int_equal(a->n_tokens, 9);
+  teardown_fx(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lookups),
@@ -427,6 +522,8 @@ int main(void) {
       cmocka_unit_test(test_preempt_shared),
       cmocka_unit_test(test_burst_computes_once),
       cmocka_unit_test(test_cancel_mid_shared_prefill),
+      cmocka_unit_test(test_verify_rows_truncate),
+      cmocka_unit_test(test_verify_row_cut_by_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
