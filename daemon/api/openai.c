@@ -405,6 +405,7 @@ static void respond_full(oai *o) {
 static void append_text(gen *g, const char *s, size_t n) { servd_buf_append(&g->text, s, n); }
 
 static void gen_complete(oai *o, gen *g);
+static void embed_feed(oai *o);
 
 /* ---- tool calls: the output parsed by the package's hook on a worker thread -------------------- */
 
@@ -594,6 +595,7 @@ static void gen_complete(oai *o, gen *g) {
   }
   g->done = true;
   o->n_done++;
+  if (o->mode == OAI_EMBEDDINGS) embed_feed(o);
   if (o->n_done == o->n_submitted && !o->work_pending && o->req) {
     if (o->stream && o->sink) o->sink->stream_finish(o);
     else if (o->stream) stream_finish(o);
@@ -698,6 +700,86 @@ static void prep_work(uv_work_t *w) {
   }
 }
 
+/* Embeddings: the most inputs of one request queued in the engine at once. Each input is an engine
+ * request and takes a queue slot; queued all at once, 270 of them overflowed --max-queue 256 on an
+ * idle server (a 429 after the first inputs had been computed) and starved other requests. */
+#define EMBED_WINDOW 32
+
+/* Queues choice i. 0, or the engine's code (nothing queued). */
+static int submit_gen(oai *o, int i) {
+  servd_api *a = o->a;
+  api_model *am = o->am;
+  gen *g = &o->gens[i];
+  g->api = a;
+  g->owner = o;
+  g->am = am;
+  g->index = i;
+  g->t_submit = api_now_ns();
+  oai_prompt *p = &o->prompts[i / o->n];
+  servd_gen_params gp = o->gp;
+  if (gp.has_seed) gp.seed += (uint64_t)i; /* n samples from one seed must differ, reproducibly */
+  if (o->echo) echo_begin(o, g);
+  int rc = a->ops->submit(am->m, p->ids, p->n_ids, &gp, o->mode == OAI_EMBEDDINGS ? oai_embedding_cb : api_engine_cb, g,
+                          &g->r);
+  if (rc != 0) return rc;
+  g->next = a->gens;
+  if (a->gens) a->gens->prev = g;
+  a->gens = g;
+  o->n_submitted++;
+  return 0;
+}
+
+/* A submit failed: the choices already queued are cancelled (o lives until their final events) and
+ * the client gets the error. */
+static void submit_failed(oai *o, int rc) {
+  servd_api *a = o->a;
+  char msg[768];
+  if (rc == SERVD_EBUSY)
+    snprintf(msg, sizeof msg, "the server is at capacity for model '%s': queue full; retry later", o->am->name);
+  else if (rc == SERVD_ECANCELED) snprintf(msg, sizeof msg, "The model `%s` is unloading; retry later.", o->am->name);
+  else if (api_status_for(rc) == 400) /* what the API cannot check itself: token ids beyond the vocabulary */
+    snprintf(msg, sizeof msg, "the model cannot take this %s: %s", prompt_field(o), api_user_cause(servd_last_error()));
+  else snprintf(msg, sizeof msg, "the generation could not start: %s", api_user_cause(servd_last_error()));
+  for (int k = 0; k < o->n_submitted; k++)
+    if (!o->gens[k].done && o->gens[k].r) a->ops->cancel(o->gens[k].r);
+  oai_error_rc(o, rc, prompt_field(o), msg);
+}
+
+static void embed_retry(uv_timer_t *t);
+static void on_embed_timer_closed(uv_handle_t *h) { free(h); }
+
+/* Embeddings: queues the next inputs while fewer than EMBED_WINDOW run. A full queue (other
+ * requests took the slots) waits for this request's next input to finish or, with none running,
+ * retries on a timer; o->work_pending keeps the response (and o) until then. */
+static void embed_feed(oai *o) {
+  while (o->req && o->n_submitted < o->n_gens && o->n_submitted - o->n_done < EMBED_WINDOW) {
+    int rc = submit_gen(o, o->n_submitted);
+    if (rc == SERVD_EBUSY && o->n_submitted > o->n_done) return;
+    if (rc == SERVD_EBUSY) {
+      uv_timer_t *t = malloc(sizeof *t);
+      if (t && uv_timer_init(o->a->loop, t) == 0) {
+        t->data = o;
+        o->work_pending = true;
+        uv_timer_start(t, embed_retry, 5, 0);
+        return;
+      }
+      free(t);
+    }
+    if (rc != 0) {
+      submit_failed(o, rc);
+      return;
+    }
+  }
+}
+
+static void embed_retry(uv_timer_t *t) {
+  oai *o = t->data;
+  uv_close((uv_handle_t *)t, on_embed_timer_closed);
+  o->work_pending = false;
+  embed_feed(o);
+  oai_maybe_free(o);
+}
+
 static void start_generation(oai *o) {
   servd_api *a = o->a;
   api_model *am = o->am;
@@ -751,39 +833,17 @@ static void start_generation(oai *o) {
     return;
   }
   /* Everything is queued before the response starts, so a full queue is still a plain 429. Events
-   * cannot overtake: they reach this request through the loop, after this function returns. */
-  for (int i = 0; i < o->n_gens; i++) {
-    gen *g = &o->gens[i];
-    g->api = a;
-    g->owner = o;
-    g->am = am;
-    g->index = i;
-    g->t_submit = api_now_ns();
-    oai_prompt *p = &o->prompts[i / o->n];
-    servd_gen_params gp = o->gp;
-    if (gp.has_seed) gp.seed += (uint64_t)i; /* n samples from one seed must differ, reproducibly */
-    if (o->echo) echo_begin(o, g);
-    int rc = a->ops->submit(am->m, p->ids, p->n_ids, &gp, o->mode == OAI_EMBEDDINGS ? oai_embedding_cb : api_engine_cb,
-                            g, &g->r);
+   * cannot overtake: they reach this request through the loop, after this function returns.
+   * Embeddings queue a window of their inputs; each one done lets the next in (embed_feed). */
+  int first = o->mode == OAI_EMBEDDINGS && o->n_gens > EMBED_WINDOW ? EMBED_WINDOW : o->n_gens;
+  for (int i = 0; i < first; i++) {
+    int rc = submit_gen(o, i);
+    /* A full queue after the first input: the request is admitted, the rest follow as inputs finish. */
+    if (rc == SERVD_EBUSY && o->mode == OAI_EMBEDDINGS && i > 0) break;
     if (rc != 0) {
-      char msg[768];
-      if (rc == SERVD_EBUSY)
-        snprintf(msg, sizeof msg, "the server is at capacity for model '%s': queue full; retry later", am->name);
-      else if (rc == SERVD_ECANCELED) snprintf(msg, sizeof msg, "The model `%s` is unloading; retry later.", am->name);
-      else if (api_status_for(rc) == 400) /* what the API cannot check itself: token ids beyond the vocabulary */
-        snprintf(msg, sizeof msg, "the model cannot take this %s: %s", prompt_field(o),
-                 api_user_cause(servd_last_error()));
-      else snprintf(msg, sizeof msg, "the generation could not start: %s", api_user_cause(servd_last_error()));
-      /* Choices already queued are cancelled; o lives until their final events. */
-      for (int k = 0; k < o->n_submitted; k++)
-        if (o->gens[k].r) a->ops->cancel(o->gens[k].r);
-      oai_error_rc(o, rc, prompt_field(o), msg);
+      submit_failed(o, rc);
       return;
     }
-    g->next = a->gens;
-    if (a->gens) a->gens->prev = g;
-    a->gens = g;
-    o->n_submitted++;
   }
   if (o->stream) servd_http_stream_begin(o->req, 200, "text/event-stream");
   if (o->stream && o->sink) {

@@ -26,11 +26,14 @@ struct servd_request {
   servd_event_cb cb;
   void *ud;
   int max_tokens, n_prompt, logprobs;
+  bool embed;
+  float first; /* embeddings: the prompt's first token, the vector's first value */
   atomic_bool cancel;
   atomic_int refs;
 };
 
 static atomic_int max_predict_running, fake_busy, fake_error, fake_delay_us, n_cancel, n_live, n_submit;
+static atomic_int fake_max_queue; /* > 0: at most this many requests live at once, as --max-queue bounds them */
 static atomic_bool fake_ready = true;
 
 static void fake_options_default(servd_model_options *o) { memset(o, 0, sizeof(*o)); }
@@ -122,6 +125,18 @@ static void *fake_run(void *p) {
   servd_event ev;
   char text[32];
   int produced = 0;
+  if (r->embed) {
+    float vec[2] = {r->first, (float)r->n_prompt};
+    memset(&ev, 0, sizeof ev);
+    ev.kind = SERVD_EVENT_DONE;
+    ev.finish_reason = "stop";
+    ev.prompt_tokens = r->n_prompt;
+    ev.embedding = vec;
+    ev.n_embedding = 2;
+    r->cb(r->ud, &ev);
+    req_unref(r);
+    return NULL;
+  }
   for (int i = 0; i < r->max_tokens; i++) {
     if (atomic_load(&fake_delay_us)) usleep((useconds_t)atomic_load(&fake_delay_us));
     if (atomic_load(&r->cancel)) break;
@@ -163,7 +178,8 @@ static void *fake_run(void *p) {
 static int fake_submit(servd_model *m, const int32_t *prompt, int n, const servd_gen_params *p, servd_event_cb cb,
                        void *ud, servd_request **out) {
   (void)m;
-  if (atomic_load(&fake_busy)) return servd_fail(SERVD_EBUSY, "queue full");
+  if (atomic_load(&fake_busy) || (atomic_load(&fake_max_queue) && atomic_load(&n_live) >= atomic_load(&fake_max_queue)))
+    return servd_fail(SERVD_EBUSY, "queue full");
   for (int i = 0; i < n; i++) /* as the engine words it */
     if (prompt[i] >= 1000)
       return servd_fail(SERVD_EINVAL, "submit: prompt token %d at %d outside the vocabulary of 1000", prompt[i], i);
@@ -173,6 +189,8 @@ static int fake_submit(servd_model *m, const int32_t *prompt, int n, const servd
   r->max_tokens = p->max_tokens > 0 ? p->max_tokens : 4;
   r->n_prompt = n;
   r->logprobs = p->logprobs;
+  r->embed = p->embed;
+  r->first = n > 0 ? (float)prompt[0] : 0;
   atomic_store(&r->refs, 2);
   atomic_fetch_add(&n_live, 1);
   atomic_fetch_add(&n_submit, 1);
@@ -249,6 +267,13 @@ static int fake_guide_compile(servd_model *m, servd_guide_kind kind, const char 
   return 0;
 }
 
+static int fake_embedding_info(const servd_model *m, servd_embedding_info *out) {
+  (void)m;
+  memset(out, 0, sizeof *out);
+  out->dim = 2;
+  return 0;
+}
+
 static const servd_model_ops fake_ops = {
     .options_default = fake_options_default,
     .gen_params_default = fake_params_default,
@@ -272,6 +297,7 @@ static const servd_model_ops fake_ops = {
     .tools_render = fake_tools_render,
     .tools_parse = fake_tools_parse,
     .guide_compile = fake_guide_compile,
+    .embedding_info = fake_embedding_info,
 };
 
 /* ---- servers ---------------------------------------------------------------------------------- */
@@ -1136,6 +1162,62 @@ static void test_forced_call_cut_short(void **st) {
 #undef TOOLS_BODY
 }
 
+/* One embeddings request of 300 inputs (within the documented 512) against a queue of 256: each
+ * input is an engine request, and queued all at once they once overflowed it (a 429 on an idle
+ * server after the first 256 had been queued, and computed). Its inputs go in a window: all are
+ * answered, in order, each submitted once. A queue of 3 makes the window wait for room (and, with
+ * none of its own inputs running, retry); a queue that takes none is a 429 with nothing queued. */
+static json_t *post_embeddings(const char *body, int *status) { /* on auth_srv: open_srv's metrics stay as they are */
+  tc_resp r = tc_request(auth_srv.port, "POST", "/v1/embeddings",
+                         "Authorization: Bearer sekret-key\r\nContent-Type: application/json\r\n", body);
+  *status = r.status;
+  json_t *j = r.body ? json_loads(r.body, 0, NULL) : NULL;
+  tc_resp_free(&r);
+  return j;
+}
+
+static void test_embeddings_queue(void **st) {
+  (void)st;
+  json_t *inputs = json_array();
+  for (int i = 0; i < 300; i++) {
+    char t[8] = {(char)('A' + i % 26), (char)('a' + i / 26), 0};
+    json_array_append_new(inputs, json_string(t));
+  }
+  json_t *req = json_pack("{s:s, s:o}", "model", "lm", "input", inputs);
+  char *body = json_dumps(req, JSON_COMPACT);
+  json_decref(req);
+  static const int queues[] = {256, 3};
+  for (size_t q = 0; q < 2; q++) {
+    atomic_store(&fake_max_queue, queues[q]);
+    int before = atomic_load(&n_submit), s;
+    json_t *j = post_embeddings(body, &s);
+    if (s != 200) fail_msg("queue %d: status %d", queues[q], s);
+    json_t *data = json_object_get(j, "data");
+    assert_int_equal(json_array_size(data), 300);
+    for (int i = 0; i < 300; i++) {
+      json_t *d = json_array_get(data, (size_t)i);
+      assert_int_equal(json_integer_value(json_object_get(d, "index")), i);
+      json_t *v = json_object_get(d, "embedding");
+      assert_true(json_real_value(json_array_get(v, 0)) == (double)('A' + i % 26)); /* its own input's */
+      assert_true(json_real_value(json_array_get(v, 1)) == 2.0);
+    }
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), 600);
+    assert_int_equal(atomic_load(&n_submit) - before, 300);
+    json_decref(j);
+  }
+  atomic_store(&fake_max_queue, 0);
+  atomic_store(&fake_busy, 1);
+  int before = atomic_load(&n_submit), s;
+  json_t *j = post_embeddings(body, &s);
+  atomic_store(&fake_busy, 0);
+  assert_int_equal(s, 429);
+  assert_int_equal(atomic_load(&n_submit), before);
+  json_decref(j);
+  free(body);
+  for (int i = 0; i < 5000 && atomic_load(&n_live) != 0; i++) usleep(1000);
+  assert_int_equal(atomic_load(&n_live), 0);
+}
+
 /* Failures the API can only learn from the engine read as answers to the client: no engine stage
  * prefix, and the field at fault named. */
 static void test_engine_refusals_name_the_field(void **st) {
@@ -1284,6 +1366,7 @@ int main(void) {
       cmocka_unit_test(test_restarting_model),
       cmocka_unit_test(test_max_completion_tokens),
       cmocka_unit_test(test_forced_call_cut_short),
+      cmocka_unit_test(test_embeddings_queue),
       cmocka_unit_test(test_engine_refusals_name_the_field),
       cmocka_unit_test(test_versions),
       cmocka_unit_test(test_router_statuses),
