@@ -491,6 +491,13 @@ static int repository_unload(servd_api *a, const repo_waiter *r, const char *nam
     return 0;
   }
   if (am->state == M_UNAVAILABLE) {
+    /* A failed load has nothing loaded to free: unloading it forgets the failure (FAILED becomes
+     * UNAVAILABLE, as Triton does), so the index no longer reports it. */
+    if (am->load_failed) {
+      am->load_failed = false;
+      snprintf(am->error, sizeof am->error, "model '%s' is unloaded", am->name);
+      fprintf(a->log, "servd: model '%s' unloaded (its load had failed)\n", am->name);
+    }
     repo_answer(r, 200, "%s", "");
     return 0;
   }

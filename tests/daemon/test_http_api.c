@@ -52,6 +52,7 @@ static servd_model *fake_new(const char *name, servd_model_kind k) {
 }
 
 static int fake_load(const servd_model_options *o, servd_model **out) {
+  if (o->name && !strcmp(o->name, "broken")) return servd_fail(SERVD_EFORMAT, "broken.mpk: not a package");
   *out = fake_new(o->name ? o->name : "loaded", SERVD_MODEL_CAUSAL_LM);
   return 0;
 }
@@ -357,6 +358,10 @@ static int setup(void **st) {
   FILE *f = fopen(p, "w");
   fputs("x", f);
   fclose(f);
+  snprintf(p, sizeof p, "%s/broken.mpk", repo_dir);
+  f = fopen(p, "w");
+  fputs("x", f);
+  fclose(f);
   tloop_start(&L);
   auth_srv.key = "sekret-key";
   tloop_run(&L, start_inst, &open_srv);
@@ -371,6 +376,8 @@ static int teardown(void **st) {
   tloop_stop(&L);
   char p[256];
   snprintf(p, sizeof p, "%s/extra.mpk", repo_dir);
+  unlink(p);
+  snprintf(p, sizeof p, "%s/broken.mpk", repo_dir);
   unlink(p);
   rmdir(repo_dir);
   fclose(devnull);
@@ -922,6 +929,44 @@ static void test_repository(void **st) {
   json_decref(j);
 }
 
+static const char *index_state(const char *name, const char **reason) {
+  int s;
+  static char state[32], why[256];
+  json_t *j = post_json(open_srv.port, "/v2/repository/index", "", &s, NULL);
+  assert_int_equal(s, 200);
+  state[0] = why[0] = '\0';
+  for (size_t i = 0; i < json_array_size(j); i++) {
+    json_t *e = json_array_get(j, i);
+    if (strcmp(json_string_value(json_object_get(e, "name")), name)) continue;
+    snprintf(state, sizeof state, "%s", json_string_value(json_object_get(e, "state")));
+    const char *r = json_string_value(json_object_get(e, "reason"));
+    snprintf(why, sizeof why, "%s", r ? r : "");
+  }
+  json_decref(j);
+  if (reason) *reason = why;
+  return state;
+}
+
+/* Unloading a model whose load failed unloads it: FAILED once stayed FAILED after a 200. */
+static void test_unload_failed_model(void **st) {
+  (void)st;
+  int s;
+  json_t *j = post_json(open_srv.port, "/v2/repository/models/broken/load", "", &s, NULL);
+  assert_int_equal(s, 400);
+  json_decref(j);
+  const char *why;
+  assert_string_equal(index_state("broken", &why), "FAILED");
+  assert_non_null(strstr(why, "not a package"));
+  j = post_json(open_srv.port, "/v2/repository/models/broken/unload", "", &s, NULL);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  assert_string_equal(index_state("broken", &why), "UNAVAILABLE");
+  assert_string_equal(why, "model 'broken' is unloaded");
+  j = get_json(open_srv.port, "/v2/models/broken/ready", &s);
+  assert_int_not_equal(s, 200);
+  json_decref(j);
+}
+
 /* A process-isolated model restarting after a crash is not ready itself, but the server stays ready
  * and live (a crash loop must not take the pod out of service); the index says why. */
 static void test_restarting_model(void **st) {
@@ -1362,6 +1407,7 @@ int main(void) {
       cmocka_unit_test(test_auth),
       cmocka_unit_test(test_tokenize),
       cmocka_unit_test(test_repository),
+      cmocka_unit_test(test_unload_failed_model),
       cmocka_unit_test(test_metrics),
       cmocka_unit_test(test_restarting_model),
       cmocka_unit_test(test_max_completion_tokens),
