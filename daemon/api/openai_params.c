@@ -64,6 +64,12 @@ static bool parse_prompt(api_check *v, oai_params *o, json_t *body, const char *
   if (!o->prompts) return api_check_fail(v, NULL, "out of memory");
   for (size_t i = 0; i < np; i++) {
     json_t *e = json_array_get(p, i);
+    /* OpenAI's shapes are a list of strings or a list of token-id lists, never a mix of them. */
+    if (i > 0 && ((json_is_string(e) && json_is_array(first)) || (json_is_array(e) && json_is_string(first))))
+      return api_check_fail(v, key,
+                            "'%s' must be a list of strings or a list of lists of token ids, not a mix: "
+                            "'%s'[0] is %s, '%s'[%zu] %s",
+                            key, key, api_json_type(first), key, i, api_json_type(e));
     if (json_is_string(e)) {
       o->prompts[i].text = servd_arena_strndup(v->arena, json_string_value(e), json_string_length(e));
     } else if (json_is_array(e)) {

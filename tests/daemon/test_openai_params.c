@@ -486,10 +486,10 @@ static void test_embeddings(void **st) {
   oai_params p;
   api_param_error e;
   assert_int_equal(
-      parse("{\"input\":[\"a\",[5,6,7]],\"encoding_format\":\"base64\",\"dimensions\":8}", OAI_EMBEDDINGS, a, &p, &e),
-      0);
+      parse("{\"input\":[[4],[5,6,7]],\"encoding_format\":\"base64\",\"dimensions\":8}", OAI_EMBEDDINGS, a, &p, &e), 0);
   assert_int_equal(p.n_prompts, 2);
-  assert_string_equal(p.prompts[0].text, "a");
+  assert_int_equal(p.prompts[0].n_ids, 1);
+  assert_int_equal(p.prompts[0].ids[0], 4);
   assert_int_equal(p.prompts[1].n_ids, 3);
   assert_int_equal(p.prompts[1].ids[2], 7);
   assert_true(p.gp.embed && p.base64 && p.add_special);
@@ -498,6 +498,19 @@ static void test_embeddings(void **st) {
   assert_int_equal(parse("{\"input\":[1,2]}", OAI_EMBEDDINGS, a, &p, &e), 0);
   assert_true(p.n_prompts == 1 && p.prompts[0].n_ids == 2 && !p.base64 && p.gp.dimensions == 0);
   oai_params_free(&p);
+  assert_int_equal(parse("{\"input\":[\"a\",\"b\"]}", OAI_EMBEDDINGS, a, &p, &e), 0);
+  assert_true(p.n_prompts == 2 && !strcmp(p.prompts[0].text, "a") && !strcmp(p.prompts[1].text, "b"));
+  oai_params_free(&p);
+  /* A mix of strings and token-id lists is none of OpenAI's shapes (it was once taken). */
+  assert_int_equal(parse("{\"input\":[\"a\",[5,6,7]]}", OAI_EMBEDDINGS, a, &p, &e), -1);
+  assert_int_equal(e.status, 400);
+  assert_string_equal(e.param, "input");
+  assert_string_equal(e.message, "'input' must be a list of strings or a list of lists of token ids, not a mix: "
+                                 "'input'[0] is a string, 'input'[1] an array");
+  assert_int_equal(parse("{\"input\":[[5],\"a\"]}", OAI_EMBEDDINGS, a, &p, &e), -1);
+  assert_string_equal(e.param, "input");
+  assert_int_equal(parse("{\"prompt\":[\"a\",[5]]}", OAI_COMPLETIONS, a, &p, &e), -1);
+  assert_string_equal(e.param, "prompt");
   static const struct {
     const char *body, *param;
   } bad[] = {{"{}", "input"},
