@@ -22,6 +22,7 @@ typedef struct api_hist {
   uint64_t count;
 } api_hist;
 
+/* Histograms (metrics_text.c, with the other helpers of the /metrics families). */
 void api_hist_init(api_hist *h, const double *bounds, int n);
 void api_hist_observe(api_hist *h, double v);
 
@@ -92,12 +93,19 @@ typedef struct api_route_count {
 } api_route_count;
 
 struct gen;
+struct api_event;
+
+/* The consumer of a generation's events, on the loop: chosen by the engine callback the generation
+ * was submitted with (api_engine_cb: OpenAI's; frontend_llm.c: a front end's), so the queue in api.c
+ * names no consumer. */
+typedef void (*api_event_sink)(servd_api *a, struct api_event *ev);
 
 /* An engine event copied off the engine thread; nodes and their text buffers are recycled. */
 typedef struct api_event {
   struct api_event *next;
   struct api_event *spare; /* final events: the request's unused cached nodes, going back */
   struct gen *g;
+  api_event_sink sink; /* where the loop hands it */
   servd_event_kind kind;
   int32_t token;
   float logprob;
@@ -184,8 +192,12 @@ void api_oai_event(servd_api *a, api_event *ev);
 /* A request's response is complete: counts it for /metrics and writes the access log. */
 void api_request_done(servd_api *a, const servd_http_req *r);
 
-/* The engine callback: copies the event into the loop's queue. */
-void api_engine_cb(void *ud, const servd_event *ev);
+/* Copies an engine event of generation ud (a gen) into the loop's queue; the loop hands it to sink.
+ * On the engine thread. */
+void api_event_push(void *ud, const servd_event *ev, api_event_sink sink);
+/* The engine callback of an OpenAI generation (openai.c submits with it): its events go to
+ * api_oai_event. */
+static inline void api_engine_cb(void *ud, const servd_event *ev) { api_event_push(ud, ev, api_oai_event); }
 
 /* ---- metrics beside servd's own (metrics.c) ---- */
 void api_vllm_init(api_vllm_stats *v);

@@ -1,7 +1,6 @@
 /* The API's lifecycle and the queue that carries engine events from engine threads to the loop.
  * Routing is router.c over the table of routes.c; responses are respond.c. */
 #include "api/api-impl.h"
-#include "api/frontend-impl.h" /* api_fe_generate_event */
 
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +20,7 @@ void servd_api_options_default(servd_api_options *o) {
 
 /* ---- event queue: engine threads -> loop ------------------------------------------------------ */
 
-void api_engine_cb(void *ud, const servd_event *ev) {
+void api_event_push(void *ud, const servd_event *ev, api_event_sink sink) {
   gen *g = ud;
   servd_api *a = g->api;
   /* Nodes come from the request's own cache, refilled from the free list a few at a time: one
@@ -53,6 +52,7 @@ void api_engine_cb(void *ud, const servd_event *ev) {
     }
   }
   e->g = g;
+  e->sink = sink;
   e->kind = ev->kind;
   e->token = ev->token;
   e->logprob = ev->logprob;
@@ -114,8 +114,7 @@ static void on_async(uv_async_t *h) {
   api_event *last = NULL;
   int n = 0; /* nodes to recycle: the events and the spares handed back */
   for (e = fifo; e; e = e->next) {
-    if (e->g->owner) api_oai_event(a, e);
-    else api_fe_generate_event(a, e); /* a front end's generation (gRPC) */
+    e->sink(a, e); /* the generation's consumer: OpenAI's or a front end's (gRPC) */
     a->n_events++;
     n++;
     if (e->spare) { /* splice the request's unused nodes in after its final event */

@@ -23,7 +23,4 @@ bool api_kserve_usable(servd_api *a, servd_http_req *r, api_model *am);
 /* cb will not run; the prediction finishes (it cannot be stopped) and its result is dropped. */
 void api_kserve_predict_abandon(struct infer_job *j);
 
-/* The consumer of a front end's generation events (frontend_llm.c): gens without an OpenAI owner. */
-void api_fe_generate_event(servd_api *a, api_event *ev);
-
 #endif

@@ -2,7 +2,8 @@
  * /v1/completions tokenizes it, submitted to the engine, and the engine's text pieces (already
  * detokenized incrementally, stop strings applied) handed to the front end's callback on the loop.
  *
- * A generation is one engine request (a gen without an OpenAI owner: api.c routes its events here).
+ * A generation is one engine request (a gen without an OpenAI owner), submitted with engine_cb, whose
+ * events the loop hands to generation_event.
  * It lives until both sides are done with it: the front end (until the final event or a cancel) and
  * the engine (until its final event), so a cancelled request is freed when the engine lets go. */
 #include "api/frontend-impl.h"
@@ -77,6 +78,8 @@ void servd_api_generate_defaults(servd_api *a, const char *model, servd_gen_para
   else a->ops->gen_params_default(gp);
 }
 
+static void engine_cb(void *ud, const servd_event *ev);
+
 /* ---- tokenizing on a worker thread ------------------------------------------------------------ */
 
 static void tokenize_work(uv_work_t *w) {
@@ -111,7 +114,7 @@ static void submit(servd_api_generation *x) {
     return;
   }
   x->g.t_submit = api_now_ns();
-  int rc = a->ops->submit(am->m, x->ids, x->n_ids, &x->gp, api_engine_cb, &x->g, &x->g.r);
+  int rc = a->ops->submit(am->m, x->ids, x->n_ids, &x->gp, engine_cb, &x->g, &x->g.r);
   if (rc != 0) {
     if (rc == SERVD_EBUSY)
       snprintf(msg, sizeof msg, "the server is at capacity for model '%s': queue full; retry later", am->name);
@@ -139,7 +142,7 @@ static void tokenize_after(uv_work_t *w, int status) {
 
 /* ---- engine events ---------------------------------------------------------------------------- */
 
-void api_fe_generate_event(servd_api *a, api_event *ev) {
+static void generation_event(servd_api *a, api_event *ev) {
   servd_api_generation *x = (servd_api_generation *)ev->g;
   gen *g = &x->g;
   api_model *am = g->am;
@@ -174,6 +177,10 @@ void api_fe_generate_event(servd_api *a, api_event *ev) {
     finish(x, 200, NULL, ev->finish[0] ? ev->finish : "stop");
   }
 }
+
+/* The engine callback of a front end's generation (engine thread): queues the event for the loop,
+ * which hands it to generation_event. */
+static void engine_cb(void *ud, const servd_event *ev) { api_event_push(ud, ev, generation_event); }
 
 /* ---- entry points ----------------------------------------------------------------------------- */
 

@@ -22,20 +22,6 @@ static const double e2e_bounds[] = {0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
 
 #define N_OF(x) ((int)(sizeof(x) / sizeof((x)[0])))
 
-void api_hist_init(api_hist *h, const double *bounds, int n) {
-  memset(h, 0, sizeof(*h));
-  h->bounds = bounds;
-  h->n = n > API_HIST_MAX ? API_HIST_MAX : n;
-}
-
-void api_hist_observe(api_hist *h, double v) {
-  int i = 0;
-  while (i < h->n && v > h->bounds[i]) i++;
-  h->counts[i]++;
-  h->sum += v;
-  h->count++;
-}
-
 api_model *api_model_find(servd_api *a, const char *name) {
   for (api_model *am = a->models; am; am = am->next)
     if (strcmp(am->name, name) == 0) return am;
