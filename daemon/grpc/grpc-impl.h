@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "api/frontend.h"
+#include "grpc/grpc.h"
 #include "grpc_service.pb-c.h" /* generated from proto/grpc_service.proto */
 
 /* gRPC status codes (grpc/status.h). */
@@ -61,9 +62,10 @@ typedef struct grpc_method {
   bool client_streaming; /* any number of request messages (ModelStreamInfer) */
 } grpc_method;
 
-extern const grpc_method grpc_methods[];
-extern const size_t grpc_n_methods;
-const grpc_method *grpc_method_find(const char *path);
+/* servd_grpc_server_create (grpc.h) with a method table (borrowed: it outlives the server):
+ * methods.c calls it with its table. */
+int grpc_server_create(uv_loop_t *loop, servd_api *api, const servd_grpc_limits *limits, const grpc_method *methods,
+                       size_t n_methods, servd_grpc_server **out);
 
 /* Answers with one message (packed here); c is invalid afterwards. */
 void grpc_reply(grpc_call *c, const ProtobufCMessage *m);
@@ -107,9 +109,10 @@ int grpc_llm_inputs(const Inference__ModelInferRequest *q, const servd_gen_param
                     grpc_llm_request *r, char *msg, size_t cap);
 void grpc_llm_request_free(grpc_llm_request *r);
 
-/* The deadline of an inference (ms; 0: none): grpc-timeout, else Triton's "timeout" parameter
- * (microseconds), else the server's default; the earliest when several are given (infer.c). */
-int64_t grpc_infer_deadline(grpc_call *c, const Inference__ModelInferRequest *q);
+/* The deadline of an inference (ms; 0: none): the call's grpc-timeout (timeout_ms, -1: none), else
+ * Triton's "timeout" parameter (microseconds), else default_ms (the server's default); the earliest
+ * when several are given (infer_inputs.c, beside the rest of the request's decoding). */
+int64_t grpc_infer_deadline(const Inference__ModelInferRequest *q, int64_t timeout_ms, int64_t default_ms);
 /* ModelInfer of a language model (llm_infer.c): q is read during the call only. */
 void grpc_llm_infer(grpc_call *c, const Inference__ModelInferRequest *q);
 

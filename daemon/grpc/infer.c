@@ -150,23 +150,6 @@ done:
   call_free(ic);
 }
 
-/* The deadline of the call: grpc-timeout, else Triton's "timeout" parameter (microseconds), else the
- * server's default; the earliest when several are given. */
-int64_t grpc_infer_deadline(grpc_call *c, const Inference__ModelInferRequest *q) {
-  int64_t ms = c->timeout_ms >= 0 ? c->timeout_ms : 0;
-  for (size_t i = 0; i < q->n_parameters; i++) {
-    const Inference__ModelInferRequest__ParametersEntry *e = q->parameters[i];
-    if (strcmp(e->key, "timeout") == 0 && e->value &&
-        e->value->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM &&
-        e->value->int64_param > 0) {
-      int64_t t = (e->value->int64_param + 999) / 1000;
-      if (ms == 0 || t < ms) ms = t;
-    }
-  }
-  if (ms == 0) ms = servd_api_default_deadline(c->api);
-  return ms;
-}
-
 void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len) {
   Inference__ModelInferRequest *q = inference__model_infer_request__unpack(NULL, len, msg);
   if (!q) {
@@ -195,7 +178,8 @@ void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len) {
       if (!(ic->wanted[ic->n_wanted] = strdup(q->outputs[ic->n_wanted]->name))) goto oom;
   }
   ic->c = c;
-  int st = servd_api_predict(c->api, q->model_name, q->model_version, in, n_in, grpc_infer_deadline(c, q), on_done, ic,
+  int st = servd_api_predict(c->api, q->model_name, q->model_version, in, n_in,
+                             grpc_infer_deadline(q, c->timeout_ms, servd_api_default_deadline(c->api)), on_done, ic,
                              &ic->p, err, sizeof err);
   in = NULL; /* taken whatever the outcome */
   if (st != 0) {

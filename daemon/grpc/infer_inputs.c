@@ -118,3 +118,17 @@ int grpc_infer_inputs(const Inference__ModelInferRequest *req, servd_named_tenso
   *n_out = (int)n;
   return 0;
 }
+
+int64_t grpc_infer_deadline(const Inference__ModelInferRequest *q, int64_t timeout_ms, int64_t default_ms) {
+  int64_t ms = timeout_ms >= 0 ? timeout_ms : 0;
+  for (size_t i = 0; i < q->n_parameters; i++) {
+    const Inference__ModelInferRequest__ParametersEntry *e = q->parameters[i];
+    if (strcmp(e->key, "timeout") == 0 && e->value &&
+        e->value->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM &&
+        e->value->int64_param > 0) {
+      int64_t t = (e->value->int64_param + 999) / 1000;
+      if (ms == 0 || t < ms) ms = t;
+    }
+  }
+  return ms ? ms : default_ms;
+}

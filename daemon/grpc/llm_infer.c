@@ -191,7 +191,7 @@ static int start(llm_req *q, grpc_call *c, const Inference__ModelInferRequest *m
   if (code == 0) {
     q->stream = r.stream && q->st;
     q->out_ndim = r.out_ndim;
-    r.gp.deadline_ms = grpc_infer_deadline(c, m);
+    r.gp.deadline_ms = grpc_infer_deadline(m, c->timeout_ms, servd_api_default_deadline(c->api));
     if (!r.exclude_input && !q->stream && text_append(q, (const char *)r.prompt, r.prompt_len) != 0) {
       snprintf(msg, cap, "out of memory");
       code = GRPC_RESOURCE_EXHAUSTED;

@@ -81,6 +81,8 @@ struct conn {
 struct servd_grpc_server {
   uv_loop_t *loop;
   servd_api *api;
+  const grpc_method *methods; /* methods.c's table */
+  size_t n_methods;
   servd_grpc_limits lim;
   uv_tcp_t listener;
   bool listening, listener_open, closing;
@@ -316,6 +318,12 @@ int grpc_code_for_status(int st) {
 
 /* ---- a complete request ----------------------------------------------------------------------- */
 
+static const grpc_method *method_find(const servd_grpc_server *srv, const char *path) {
+  for (size_t i = 0; i < srv->n_methods; i++)
+    if (strcmp(srv->methods[i].path, path) == 0) return &srv->methods[i];
+  return NULL;
+}
+
 static void dispatch(stream *s) {
   conn *c = s->c;
   s->dispatched = true;
@@ -326,7 +334,7 @@ static void dispatch(stream *s) {
   s->msg = NULL;
   bool whole = s->n_msgs == 1 && s->msg_got == s->msg_len;
   stream_drop_msg(s);
-  const grpc_method *m = grpc_method_find(s->path);
+  const grpc_method *m = method_find(c->srv, s->path);
   s->streaming = m && m->client_streaming;
   if (s->bad_header)
     grpc_fail(call, GRPC_RESOURCE_EXHAUSTED, "request headers over %u bytes", c->srv->lim.max_header_list_bytes);
@@ -509,7 +517,7 @@ static int on_frame_recv(nghttp2_session *h2, const nghttp2_frame *f, void *ud) 
   if (!s) return 0;
   if (f->hd.type == NGHTTP2_HEADERS && f->headers.cat == NGHTTP2_HCAT_REQUEST && !s->dispatched) {
     /* A client streaming call opens at its headers; a unary one waits for its message. */
-    const grpc_method *m = grpc_method_find(s->path);
+    const grpc_method *m = method_find(s->c->srv, s->path);
     if (m && m->client_streaming) dispatch(s);
   }
   if (!(f->hd.flags & NGHTTP2_FLAG_END_STREAM)) return 0;
@@ -752,12 +760,15 @@ static void on_connection(uv_stream_t *l, int status) {
 
 /* ---- the server ------------------------------------------------------------------------------- */
 
-int servd_grpc_server_create(uv_loop_t *loop, servd_api *api, const servd_grpc_limits *lim, servd_grpc_server **out) {
+int grpc_server_create(uv_loop_t *loop, servd_api *api, const servd_grpc_limits *lim, const grpc_method *methods,
+                       size_t n_methods, servd_grpc_server **out) {
   *out = NULL;
   servd_grpc_server *s = calloc(1, sizeof *s);
   if (!s) return servd_fail(SERVD_ENOMEM, "grpc: out of memory");
   s->loop = loop;
   s->api = api;
+  s->methods = methods;
+  s->n_methods = n_methods;
   if (lim) s->lim = *lim;
   else servd_grpc_limits_default(&s->lim);
   if (nghttp2_session_callbacks_new(&s->cbs) != 0 || nghttp2_option_new(&s->opt) != 0) {

@@ -1,7 +1,5 @@
-/* The method table and the unary methods that need no model work: inference.GRPCInferenceService's
- * liveness, readiness and metadata. ModelInfer is infer.c (llm_infer.c for language models, and
- * ModelStreamInfer), ModelStatistics statistics.c, the repository methods repository.c,
- * grpc.health.v1 health.c. */
+/* The unary methods that need no model work: inference.GRPCInferenceService's liveness, readiness
+ * and metadata. The method table is methods.c. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,16 +10,6 @@
 #define SERVD_VERSION_STRING "0.1.0"
 #endif
 
-void grpc_model_infer(grpc_call *c, const uint8_t *msg, size_t len);        /* infer.c */
-void grpc_model_config(grpc_call *c, const uint8_t *msg, size_t len);       /* model_config.c */
-void grpc_model_stream_infer(grpc_call *c, const uint8_t *msg, size_t len); /* llm_infer.c */
-void grpc_model_statistics(grpc_call *c, const uint8_t *msg, size_t len);   /* statistics.c */
-void grpc_repository_index(grpc_call *c, const uint8_t *msg, size_t len);   /* repository.c */
-void grpc_repository_load(grpc_call *c, const uint8_t *msg, size_t len);    /* repository.c */
-void grpc_repository_unload(grpc_call *c, const uint8_t *msg, size_t len);  /* repository.c */
-void grpc_health_check(grpc_call *c, const uint8_t *msg, size_t len);       /* health.c */
-void grpc_health_watch(grpc_call *c, const uint8_t *msg, size_t len);       /* health.c */
-
 /* Unpacks the request, or answers INVALID_ARGUMENT and returns NULL. */
 static ProtobufCMessage *unpack(grpc_call *c, const ProtobufCMessageDescriptor *d, const uint8_t *msg, size_t len) {
   ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, len, msg);
@@ -29,7 +17,7 @@ static ProtobufCMessage *unpack(grpc_call *c, const ProtobufCMessageDescriptor *
   return m;
 }
 
-static void server_live(grpc_call *c, const uint8_t *msg, size_t len) {
+void grpc_server_live(grpc_call *c, const uint8_t *msg, size_t len) {
   ProtobufCMessage *q = unpack(c, &inference__server_live_request__descriptor, msg, len);
   if (!q) return;
   protobuf_c_message_free_unpacked(q, NULL);
@@ -38,7 +26,7 @@ static void server_live(grpc_call *c, const uint8_t *msg, size_t len) {
   grpc_reply(c, &r.base);
 }
 
-static void server_ready(grpc_call *c, const uint8_t *msg, size_t len) {
+void grpc_server_ready(grpc_call *c, const uint8_t *msg, size_t len) {
   ProtobufCMessage *q = unpack(c, &inference__server_ready_request__descriptor, msg, len);
   if (!q) return;
   protobuf_c_message_free_unpacked(q, NULL);
@@ -47,7 +35,7 @@ static void server_ready(grpc_call *c, const uint8_t *msg, size_t len) {
   grpc_reply(c, &r.base);
 }
 
-static void model_ready(grpc_call *c, const uint8_t *msg, size_t len) {
+void grpc_model_ready(grpc_call *c, const uint8_t *msg, size_t len) {
   Inference__ModelReadyRequest *q =
       (Inference__ModelReadyRequest *)unpack(c, &inference__model_ready_request__descriptor, msg, len);
   if (!q) return;
@@ -64,7 +52,7 @@ static void model_ready(grpc_call *c, const uint8_t *msg, size_t len) {
   grpc_reply(c, &r.base);
 }
 
-static void server_metadata(grpc_call *c, const uint8_t *msg, size_t len) {
+void grpc_server_metadata(grpc_call *c, const uint8_t *msg, size_t len) {
   ProtobufCMessage *q = unpack(c, &inference__server_metadata_request__descriptor, msg, len);
   if (!q) return;
   protobuf_c_message_free_unpacked(q, NULL);
@@ -114,7 +102,7 @@ static void tensors_free(Inference__ModelMetadataResponse__TensorMetadata **v, s
   free(v);
 }
 
-static void model_metadata(grpc_call *c, const uint8_t *msg, size_t len) {
+void grpc_model_metadata(grpc_call *c, const uint8_t *msg, size_t len) {
   Inference__ModelMetadataRequest *q =
       (Inference__ModelMetadataRequest *)unpack(c, &inference__model_metadata_request__descriptor, msg, len);
   if (!q) return;
@@ -144,30 +132,4 @@ static void model_metadata(grpc_call *c, const uint8_t *msg, size_t len) {
   tensors_free(r.inputs, r.n_inputs);
   tensors_free(r.outputs, r.n_outputs);
   json_decref(m);
-}
-
-#define SVC "/inference.GRPCInferenceService/"
-const grpc_method grpc_methods[] = {
-    /* Probes answer without the API key, as the HTTP health probes do. */
-    {SVC "ServerLive", true, server_live, false},
-    {SVC "ServerReady", true, server_ready, false},
-    {"/grpc.health.v1.Health/Check", true, grpc_health_check, false},
-    {"/grpc.health.v1.Health/Watch", true, grpc_health_watch, false},
-    {SVC "ModelReady", false, model_ready, false},
-    {SVC "ServerMetadata", false, server_metadata, false},
-    {SVC "ModelMetadata", false, model_metadata, false},
-    {SVC "ModelInfer", false, grpc_model_infer, false},
-    {SVC "ModelConfig", false, grpc_model_config, false},
-    {SVC "ModelStreamInfer", false, grpc_model_stream_infer, true},
-    {SVC "ModelStatistics", false, grpc_model_statistics, false},
-    {SVC "RepositoryIndex", false, grpc_repository_index, false},
-    {SVC "RepositoryModelLoad", false, grpc_repository_load, false},
-    {SVC "RepositoryModelUnload", false, grpc_repository_unload, false},
-};
-const size_t grpc_n_methods = sizeof grpc_methods / sizeof grpc_methods[0];
-
-const grpc_method *grpc_method_find(const char *path) {
-  for (size_t i = 0; i < grpc_n_methods; i++)
-    if (strcmp(grpc_methods[i].path, path) == 0) return &grpc_methods[i];
-  return NULL;
 }
