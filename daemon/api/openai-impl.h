@@ -52,6 +52,7 @@ struct oai {
   int n_gens, n_submitted, n_done;
   bool work_pending;
   int err_rc;
+  int err_status;        /* > 0: the status of err (instead of err_rc's) */
   char err[1024];        /* a message for the client (no engine stage prefixes) */
   const char *err_param; /* the request field at fault, or NULL (static string) */
   char id[48];

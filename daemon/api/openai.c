@@ -606,6 +606,27 @@ static void gen_complete(oai *o, gen *g) {
 
 /* ---- preparing prompts on a worker thread ----------------------------------------------------- */
 
+/* A constraint that does not compile. The grammar engine compiles nothing but what the request
+ * gave, so whatever it raised (a RecursionError on a deep schema as much as a ValueError) is the
+ * request's 400 naming the field, not the model's 500. A grammar engine that is not installed is
+ * the server's 501 saying how to install it (models/llama/guided.py words that "... which is not
+ * installed (scripts/install-python-deps.sh)"). */
+static void guide_failed(oai *o, int rc, const char *param) {
+  const char *cause = api_user_cause(servd_last_error());
+  o->err_param = param;
+  if (strstr(cause, "which is not installed")) {
+    o->err_rc = SERVD_EUNSUPPORTED;
+    o->err_status = 501;
+    snprintf(o->err, sizeof o->err,
+             "'%s' needs the grammar engine of constrained decoding (the llguidance Python package), which this "
+             "server does not have: install it with scripts/install-python-deps.sh and restart servd",
+             param);
+    return;
+  }
+  o->err_rc = rc == SERVD_EMODEL ? SERVD_EINVAL : rc;
+  snprintf(o->err, sizeof o->err, "'%s' cannot be enforced: %s", param, cause);
+}
+
 static void prep_work(uv_work_t *w) {
   oai *o = w->data;
   servd_api *a = o->a;
@@ -626,10 +647,7 @@ static void prep_work(uv_work_t *w) {
     rc = a->ops->guide_compile ? a->ops->guide_compile(m, o->guide_kind, o->guide_spec, &o->guide)
                                : servd_fail(SERVD_EUNSUPPORTED, "this server has no constrained decoding");
     if (rc != 0) {
-      o->err_rc = rc;
-      o->err_param = o->guide_param;
-      snprintf(o->err, sizeof o->err, "'%s' cannot be enforced: %s", o->guide_param,
-               api_user_cause(servd_last_error()));
+      guide_failed(o, rc, o->guide_param);
       return;
     }
     o->gp.guide = o->guide;
@@ -644,9 +662,7 @@ static void prep_work(uv_work_t *w) {
       o->guide = grammar;
       o->gp.guide = grammar;
       if (rc != 0 && param && strcmp(param, "messages")) {
-        o->err_rc = rc;
-        o->err_param = param;
-        snprintf(o->err, sizeof o->err, "'%s' cannot be enforced: %s", param, api_user_cause(servd_last_error()));
+        guide_failed(o, rc, param);
         free(text);
         return;
       }
@@ -896,7 +912,8 @@ static void prep_after(uv_work_t *w, int status) {
     oai_maybe_free(o);
     return;
   }
-  if (o->err_rc) oai_error_rc(o, o->err_rc, o->err_param, o->err);
+  if (o->err_status) oai_error(o, o->err_status, "server_error", o->err_param, "not_implemented", "%s", o->err);
+  else if (o->err_rc) oai_error_rc(o, o->err_rc, o->err_param, o->err);
   else if (o->mode == OAI_TOKENIZE || o->mode == OAI_DETOKENIZE) respond_tokens(o);
   else start_generation(o);
   oai_maybe_free(o);

@@ -12,6 +12,9 @@
 static bool set_guide(api_check *v, oai_params *o, const char *param, servd_guide_kind kind, json_t *spec) {
   if (o->guide_kind != SERVD_GUIDE_NONE)
     return api_check_fail(v, param, "'%s' and '%s' both constrain the output: give one of them", o->guide_param, param);
+  if (!api_json_depth_ok(spec, API_MAX_SCHEMA_DEPTH))
+    return api_check_fail(v, param, "'%s' nests deeper than %d levels (use \"$defs\" and \"$ref\" for deep structures)",
+                          param, API_MAX_SCHEMA_DEPTH);
   char *text = NULL;
   if (json_is_string(spec)) {
     text = servd_arena_strndup(v->arena, json_string_value(spec), json_string_length(spec));
@@ -97,9 +100,13 @@ static bool parse_one(api_check *v, oai_params *o, json_t *obj, const char *key,
     if (json_is_string(j)) {
       json_error_t e;
       json_t *parsed = json_loads(json_string_value(j), 0, &e);
-      bool obj_ok = json_is_object(parsed);
+      bool obj_ok = json_is_object(parsed), deep = obj_ok && !api_json_depth_ok(parsed, API_MAX_SCHEMA_DEPTH);
       json_decref(parsed);
       if (!obj_ok) return api_check_fail(v, param, "'%s' must be a JSON Schema (an object, or its JSON text)", param);
+      if (deep)
+        return api_check_fail(v, param,
+                              "'%s' nests deeper than %d levels (use \"$defs\" and \"$ref\" for deep structures)",
+                              param, API_MAX_SCHEMA_DEPTH);
     } else if (!json_is_object(j)) {
       return api_check_fail(v, param, "'%s' must be a JSON Schema (an object, or its JSON text), got %s", param,
                             api_json_type(j));

@@ -78,6 +78,9 @@ static bool check_function(api_check *v, const char *param, json_t *f, json_t **
   snprintf(p, sizeof p, "%s.parameters", param);
   if (params && !json_is_object(params))
     return api_check_fail(v, p, "'%s' must be a JSON Schema object, got %s", p, api_json_type(params));
+  if (params && !api_json_depth_ok(params, API_MAX_SCHEMA_DEPTH))
+    return api_check_fail(v, p, "'%s' nests deeper than %d levels (use \"$defs\" and \"$ref\" for deep structures)", p,
+                          API_MAX_SCHEMA_DEPTH);
   json_t *strict = api_check_field(f, "strict");
   snprintf(p, sizeof p, "%s.strict", param);
   if (strict && !json_is_boolean(strict)) return api_check_fail(v, p, "'%s' must be a boolean", p);

@@ -91,3 +91,17 @@ bool api_check_bool(api_check *c, json_t *obj, const char *key, bool *out) {
   *out = json_is_true(j);
   return true;
 }
+
+bool api_json_depth_ok(const json_t *j, int max) {
+  if (!json_is_object(j) && !json_is_array(j)) return true;
+  if (max <= 0) return false;
+  size_t i;
+  const char *k;
+  json_t *e;
+  if (json_is_array(j)) {
+    json_array_foreach(j, i, e) if (!api_json_depth_ok(e, max - 1)) return false;
+  } else {
+    json_object_foreach((json_t *)j, k, e) if (!api_json_depth_ok(e, max - 1)) return false;
+  }
+  return true;
+}

@@ -25,6 +25,13 @@ const char *api_json_type(const json_t *j);
 /* obj's field key when present and not null (null means absent, as OpenAI's clients send it). */
 json_t *api_check_field(json_t *obj, const char *key);
 
+/* How deep a constraint's JSON (a schema, a tool's parameters) may nest: the grammar engine's
+ * compile recurses through it (a 2000-deep schema once overflowed the interpreter's recursion limit,
+ * a 500); pydantic's deepest models stay far below, their nesting goes through "$defs". */
+#define API_MAX_SCHEMA_DEPTH 64
+/* Whether j nests at most max containers deep (a scalar is 0, [] or {} 1). */
+bool api_json_depth_ok(const json_t *j, int max);
+
 /* An integer, or a real with an integral value (5.0 is 5, as lax JSON schema validators take it). */
 bool api_check_as_int(const json_t *j, long long *out);
 

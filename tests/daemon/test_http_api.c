@@ -263,7 +263,14 @@ static int fake_tools_parse(servd_model *m, const char *text, json_t *spec, json
   return 0;
 }
 static int fake_guide_compile(servd_model *m, servd_guide_kind kind, const char *spec, char **grammar) {
-  (void)m, (void)kind, (void)spec;
+  (void)m, (void)kind;
+  /* As the engine reports what guided.py raised (an exception other than ValueError is EMODEL). */
+  if (strstr(spec, "RECURSE"))
+    return servd_fail(SERVD_EMODEL, "guided decoding: RecursionError: maximum recursion depth exceeded");
+  if (strstr(spec, "NOLLG"))
+    return servd_fail(SERVD_EMODEL, "guided decoding: RuntimeError: guided decoding needs the llguidance package, "
+                                    "which is not installed (scripts/install-python-deps.sh): No module named "
+                                    "'llguidance'");
   *grammar = strdup("G");
   return 0;
 }
@@ -1207,6 +1214,43 @@ static void test_forced_call_cut_short(void **st) {
 #undef TOOLS_BODY
 }
 
+/* A constraint the grammar engine cannot compile, whatever it raised, is the request's 400 naming the
+ * field (a RecursionError once answered 500); a grammar engine not installed is a 501 that says how
+ * to install it (it was a 500). */
+static void test_constraint_compile_errors(void **st) {
+  (void)st;
+  int s;
+  json_t *j = post_json(open_srv.port, "/v1/chat/completions",
+                        "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                        "\"guided_regex\":\"RECURSE\"}",
+                        &s, NULL);
+  assert_int_equal(s, 400);
+  json_t *e = json_object_get(j, "error");
+  assert_string_equal(json_string_value(json_object_get(e, "param")), "guided_regex");
+  assert_string_equal(json_string_value(json_object_get(e, "message")),
+                      "'guided_regex' cannot be enforced: guided decoding: RecursionError: maximum recursion depth "
+                      "exceeded");
+  json_decref(j);
+  j = post_json(open_srv.port, "/v1/chat/completions",
+                "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"NOLLG\",\"schema\":"
+                "{\"title\":\"NOLLG\"}}}}",
+                &s, NULL);
+  assert_int_equal(s, 501);
+  e = json_object_get(j, "error");
+  assert_string_equal(json_string_value(json_object_get(e, "param")), "response_format");
+  assert_non_null(strstr(json_string_value(json_object_get(e, "message")), "scripts/install-python-deps.sh"));
+  json_decref(j);
+  /* A forced tool call's grammar likewise. */
+  j = post_json(open_srv.port, "/v1/chat/completions",
+                "{\"model\":\"lm\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":"
+                "\"required\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"RECURSE\"}}]}",
+                &s, NULL);
+  assert_int_equal(s, 400);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "param")), "tools");
+  json_decref(j);
+}
+
 /* One embeddings request of 300 inputs (within the documented 512) against a queue of 256: each
  * input is an engine request, and queued all at once they once overflowed it (a 429 on an idle
  * server after the first 256 had been queued, and computed). Its inputs go in a window: all are
@@ -1413,6 +1457,7 @@ int main(void) {
       cmocka_unit_test(test_max_completion_tokens),
       cmocka_unit_test(test_forced_call_cut_short),
       cmocka_unit_test(test_embeddings_queue),
+      cmocka_unit_test(test_constraint_compile_errors),
       cmocka_unit_test(test_engine_refusals_name_the_field),
       cmocka_unit_test(test_versions),
       cmocka_unit_test(test_router_statuses),

@@ -5,8 +5,11 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "api/request_params.h"
 
@@ -119,11 +122,76 @@ static void test_defaults_accepted(void **st) {
   servd_arena_destroy(a);
 }
 
+/* A constraint nesting deeper than the grammar engine's compile can recurse (a 2000-deep schema
+ * once overflowed the interpreter's recursion limit: a 500) is a 400 naming its field, in each of
+ * the places a schema comes in; 64 levels are taken. */
+static char *nested(int depth, const char *leaf) {
+  size_t cap = (size_t)depth * 32 + 64;
+  char *s = malloc(cap), *w = s;
+  for (int i = 0; i < depth; i++) w += sprintf(w, "{\"type\":\"array\",\"items\":");
+  w += sprintf(w, "%s", leaf);
+  for (int i = 0; i < depth; i++) *w++ = '}';
+  *w = '\0';
+  return s;
+}
+
+static void test_depth(void **st) {
+  (void)st;
+  static const struct {
+    const char *fmt, *param;
+  } places[] = {
+      {CHAT "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"d\",\"schema\":%s}}}",
+       "response_format"},
+      {CHAT "\"guided_json\":%s}", "guided_json"},
+      {CHAT "\"structured_outputs\":{\"json\":%s}}", "structured_outputs.json"},
+      {CHAT "\"tool_choice\":\"required\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+            "\"parameters\":%s}}]}",
+       "tools[0].function.parameters"},
+  };
+  servd_arena *a = servd_arena_create(4096);
+  for (size_t i = 0; i < sizeof places / sizeof places[0]; i++) {
+    /* depth levels of {"type":"array","items": ...} around {"type":"integer"}: depth + 1 objects */
+    for (int depth = 63; depth <= 2000; depth += 2000 - 63) {
+      char *schema = nested(depth, "{\"type\":\"integer\"}");
+      char *body = malloc(strlen(schema) + 256);
+      sprintf(body, places[i].fmt, schema);
+      oai_params p;
+      api_param_error e;
+      int rc = parse(body, OAI_CHAT, a, &p, &e);
+      if (depth == 63) {
+        if (rc != 0) fail_msg("place %zu: 64 levels refused: %s: %s", i, e.param, e.message);
+        oai_params_free(&p);
+      } else {
+        assert_int_equal(rc, -1);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, places[i].param);
+        assert_non_null(strstr(e.message, "nests deeper than 64 levels"));
+      }
+      free(body);
+      free(schema);
+    }
+  }
+  /* The same as JSON text in a string. */
+  char *schema = nested(2000, "{}");
+  json_t *body = json_pack("{s:[{s:s, s:s}], s:s}", "messages", "role", "user", "content", "x", "guided_json", schema);
+  char *text = json_dumps(body, JSON_COMPACT);
+  oai_params p;
+  api_param_error e;
+  assert_int_equal(parse(text, OAI_CHAT, a, &p, &e), -1);
+  assert_string_equal(e.param, "guided_json");
+  assert_non_null(strstr(e.message, "nests deeper than 64 levels"));
+  free(text);
+  json_decref(body);
+  free(schema);
+  servd_arena_destroy(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kinds),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_defaults_accepted),
+      cmocka_unit_test(test_depth),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
