@@ -155,6 +155,33 @@ fc = r.choices[0].message.function_call
 check(fc and fc.name == "get_weather" and r.choices[0].finish_reason == "function_call", f"legacy: {r.choices[0]!r}")
 jsonschema.validate(json.loads(fc.arguments), weather)
 
+# Parameters with local references, as openai.pydantic_function_tool(NestedModel) writes them: a
+# forced call once failed with 400 "Pointer '/$defs/Inner' does not exist" (the grammar nests the
+# parameters under the call, away from the root their references point into).
+nested = {"$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                              "required": ["city"], "additionalProperties": False}},
+          "type": "object", "properties": {"place": {"$ref": "#/$defs/Place"}},
+          "required": ["place"], "additionalProperties": False}
+schemas["lookup"] = nested
+nested_tools = tools + [{"type": "function", "function": {"name": "lookup", "parameters": nested}}]
+for seed in (21, 22):
+    r = client.chat.completions.create(model="tiny", messages=msgs, tools=nested_tools, max_tokens=1200, seed=seed,
+                                       temperature=1.0, tool_choice={"type": "function", "function": {"name": "lookup"}})
+    check_calls(r, f"local $ref, named, seed {seed}", only="lookup")
+    r = client.chat.completions.create(model="tiny", messages=msgs, tools=nested_tools, tool_choice="required",
+                                       max_tokens=1200, temperature=1.0, seed=seed)
+    check_calls(r, f"local $ref, required, seed {seed}")
+
+# A forced call cut by max_tokens: no call, and none of its markup as content (it once leaked
+# "<tool_call>\n{..." into message.content).
+r = client.chat.completions.create(model="tiny", messages=msgs, tools=tools, tool_choice="required", max_tokens=6,
+                                   temperature=1.0, seed=1)
+ch = r.choices[0]
+check(ch.finish_reason == "length" and not ch.message.tool_calls and not ch.message.content,
+      f"cut forced call: {ch!r}")
+got, content, finish = streamed(tool_choice="required", max_tokens=6, temperature=1.0, seed=1)
+check(not got and content == "" and finish == "length", f"cut forced call, streamed: {got} {content!r} {finish}")
+
 
 def expect_400(param, **kw):
     try:
