@@ -767,10 +767,10 @@ int grpc_server_create(uv_loop_t *loop, servd_api *api, const servd_grpc_limits 
   if (!s) return servd_fail(SERVD_ENOMEM, "grpc: out of memory");
   s->loop = loop;
   s->api = api;
-  s->methods = methods;
-  s->n_methods = n_methods;
   if (lim) s->lim = *lim;
   else servd_grpc_limits_default(&s->lim);
+  s->methods = methods;
+  s->n_methods = n_methods;
   if (nghttp2_session_callbacks_new(&s->cbs) != 0 || nghttp2_option_new(&s->opt) != 0) {
     if (s->cbs) nghttp2_session_callbacks_del(s->cbs);
     free(s);
