@@ -362,7 +362,8 @@ static void propose_drafts(servd_model *m) {
   int rows = 0;
   for (sched_seq *q = m->sched.running.head; q; q = q->next)
     if (!q->embed && q->n_tokens - q->n_draft - q->n_computed == 1) rows++;
-  double step_ns = sched_decode_cost(&m->sched, rows), token_ns = sched_token_cost(&m->sched);
+  double step_ns = sched_decode_cost(&m->sched, rows), fixed_ns, token_ns;
+  bool cost_known = sched_verify_cost(&m->sched, &fixed_ns, &token_ns);
   for (sched_seq *q = m->sched.running.head; q; q = q->next) {
     if (q->embed || q->n_tokens - q->n_draft - q->n_computed != 1) continue;
     servd_request *r = q->owner;
@@ -373,7 +374,7 @@ static void propose_drafts(servd_model *m) {
       room = r->p.max_tokens - r->n_generated - 1;
       if (room > m->context_length - n - 1) room = m->context_length - n - 1;
     }
-    servd_spec_propose(&m->spec, &r->spec, q, room, rows, step_ns, token_ns);
+    servd_spec_propose(&m->spec, &r->spec, q, room, rows, step_ns, fixed_ns, token_ns, cost_known);
   }
 }
 

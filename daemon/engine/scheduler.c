@@ -193,7 +193,7 @@ static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
   a->block_tables[i] = q->blocks;
   if (q->n_tokens - q->n_draft - q->n_computed == 1) { /* a decode, or a verify row of its drafts */
     s->n_decode_rows++;
-    s->n_prefill_tokens += chunk - 1;
+    s->n_verify_tokens += chunk - 1;
   } else {
     s->n_prefill_tokens += chunk;
   }
@@ -263,7 +263,7 @@ static bool outranks_running(const servd_scheduler *s, const sched_seq *q) {
 
 static int plan_once(servd_scheduler *s, bool may_preempt) {
   s->n_planned = s->n_tokens = s->n_logit_rows = 0;
-  s->n_decode_rows = s->n_prefill_tokens = 0;
+  s->n_decode_rows = s->n_prefill_tokens = s->n_verify_tokens = 0;
   int budget = s->cfg.max_batch_tokens;
   int total_blocks = servd_kv_cache_n_blocks(s->kv);
   /* The step's kind: embeddings on their turn, or when generation has no work. */
@@ -440,7 +440,22 @@ void sched_truncate(servd_scheduler *s, sched_seq *q, int n_kv) {
 }
 
 double sched_decode_cost(const servd_scheduler *s, int rows) { return rows > 0 ? decodes_estimate(s, rows) : 0; }
-double sched_token_cost(const servd_scheduler *s) { return s->cost.prefill_token_ns; }
+
+bool sched_verify_cost(const servd_scheduler *s, double *fixed_ns, double *token_ns) {
+  const sched_cost *c = &s->cost;
+  *fixed_ns = 0;
+  *token_ns = c->prefill_token_ns; /* before any verify step: a draft costs what a prefill token does */
+  if (c->vw <= 0 || c->vx <= 0) return false;
+  double mx = c->vx / c->vw, my = c->vy / c->vw, var = c->vxx / c->vw - mx * mx;
+  double slope = var >= 1 ? (c->vxy / c->vw - mx * my) / var : 0, fixed = my - slope * mx;
+  if (slope > 0 && fixed >= 0) {
+    *fixed_ns = fixed;
+    *token_ns = slope;
+  } else if (my > 0) {
+    *token_ns = my / mx; /* one draft count seen, or noise: through the origin */
+  }
+  return true;
+}
 
 /* Weight of a new measurement in the running estimates: about the last five steps count. */
 #define COST_ALPHA 0.2
@@ -512,10 +527,27 @@ static bool joint_fit(const sched_cost *c, double *fixed, double *row, double *t
   return *token > 0 && *fixed >= 0 && *row >= JOINT_ROW_TOKEN_MIN * *token && *row <= JOINT_ROW_TOKEN_MAX * *token;
 }
 
+/* Steps with verify rows: what they cost beyond their decode rows' (and prefill tokens') estimate,
+ * against their draft tokens, as a line (fixed: the step's share a plain decode step does not pay,
+ * e.g. running the model's code where decode steps replay a plan; per draft token). */
+static void fit_verify(sched_cost *c, int drafts, double extra) {
+  double x[5] = {1, drafts, (double)drafts * drafts, extra, drafts * extra};
+  double *sum[5] = {&c->vw, &c->vx, &c->vxx, &c->vy, &c->vxy};
+  double a = c->vw > 0 ? COST_ALPHA : 1;
+  for (int i = 0; i < 5; i++) *sum[i] += a * (x[i] - *sum[i]);
+}
+
 void sched_observe(servd_scheduler *s, int64_t step_ns) {
   if (step_ns <= 0 || s->n_tokens == 0) return;
   double t = (double)step_ns;
   sched_cost *c = &s->cost;
+  if (s->n_verify_tokens > 0) { /* kept out of the prefill and decode estimates */
+    if (c->decode_row_ns > 0) {
+      double extra = t - decodes_estimate(s, s->n_decode_rows) - c->prefill_token_ns * s->n_prefill_tokens;
+      fit_verify(c, s->n_verify_tokens, extra > 0 ? extra : 0);
+    }
+    return;
+  }
   joint_add(c, s->n_decode_rows, s->n_prefill_tokens, t);
   if (s->n_prefill_tokens == 0) {
     fit_decodes(c, s->n_decode_rows, t);

@@ -138,6 +138,9 @@ typedef struct sched_cost {
   double jw, jr, jk, jt, jrr, jkk, jrk, jrt, jkt;
   int joint_steps;
   bool joint; /* the estimates above came from the plane */
+  /* Exponentially weighted sums over steps with verify rows (weight, drafts, drafts^2, the time
+   * beyond the estimate of their decode rows and prefill, drafts x that): sched_verify_cost's line. */
+  double vw, vx, vxx, vy, vxy;
 } sched_cost;
 
 typedef struct servd_scheduler {
@@ -160,6 +163,7 @@ typedef struct servd_scheduler {
   int n_starved;
   int n_decode_rows;    /* of the plan: decoding sequences */
   int n_prefill_tokens; /* of the plan: tokens of prefilling (or recomputing) sequences */
+  int n_verify_tokens;  /* of the plan: drafts of verify rows (each row counts as a decode row) */
   int prefill_cap;      /* of the plan: prefill tokens allowed by max_step_ns (INT32_MAX: unbounded) */
   sched_cost cost;
   bool embed_step; /* of the plan: a step of embeddings only (their hidden rows, no logits) */
@@ -194,7 +198,9 @@ void sched_truncate(servd_scheduler *s, sched_seq *q, int n_kv);
 /* The estimated cost in nanoseconds of a step of `rows` decode rows, and of one more token in a
  * step (a prefill token's); 0 until learned. */
 double sched_decode_cost(const servd_scheduler *s, int rows);
-double sched_token_cost(const servd_scheduler *s);
+/* A verify row's cost in a step: the step's extra fixed cost and one draft token's (nanoseconds),
+ * learned from the steps that verified drafts (true); before any, 0 and a prefill token's cost. */
+bool sched_verify_cost(const servd_scheduler *s, double *fixed_ns, double *token_ns);
 /* After the planned step ran in step_ns (the whole step: forward and sampling): updates the cost
  * model the next plans bound their prefill with. Call before the next sched_plan. */
 void sched_observe(servd_scheduler *s, int64_t step_ns);

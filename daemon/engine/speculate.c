@@ -145,12 +145,12 @@ double spec_expected_tokens(double a, int k) {
  * averages, and a mispriced draft costs more than it saves. */
 #define SPEC_MIN_GAIN 1.03
 
-int spec_choose_length(double a, int k_max, int base_rows, double step_ns, double token_ns) {
+int spec_choose_length(double a, int k_max, int base_rows, double step_ns, double fixed_ns, double token_ns) {
   if (k_max <= 0 || base_rows <= 0 || step_ns <= 0 || token_ns <= 0) return 0;
   double base = base_rows / step_ns, best = base * SPEC_MIN_GAIN;
   int best_k = 0;
   for (int k = 1; k <= k_max; k++) {
-    double rate = (base_rows + spec_expected_tokens(a, k) - 1.0) / (step_ns + k * token_ns);
+    double rate = (base_rows + spec_expected_tokens(a, k) - 1.0) / (step_ns + fixed_ns + k * token_ns);
     if (rate > best) {
       best = rate;
       best_k = k;
@@ -163,11 +163,18 @@ int spec_choose_length(double a, int k_max, int base_rows, double step_ns, doubl
 
 /* Tokens the suffix index keeps (16 MB of ring and table). */
 #define SPEC_SUFFIX_TOKENS (1 << 20)
-/* Weight of the past in a request's acceptance: each proposal multiplies the counts by it. */
+/* Acceptance evidence: a request's own decayed counts (SPEC_DECAY per verify row), with the model's
+ * acceptance for proposals of the same kind (the n-gram match length; 0: the suffix index; decayed by
+ * SPEC_MODEL_DECAY per verify row) as a prior worth SPEC_PRIOR_WEIGHT drafts reached. */
 #define SPEC_DECAY 0.95
-/* A request's prior: one accepted of two (a = 0.5 before anything was seen). */
-#define SPEC_PRIOR_HITS 1.0
-#define SPEC_PRIOR_TRIALS 2.0
+#define SPEC_MODEL_DECAY 0.995
+#define SPEC_PRIOR_WEIGHT 4.0
+/* A proposal the cost model turns down is still verified now and then, SPEC_EXPLORE_DRAFTS drafts
+ * after SPEC_EXPLORE_EVERY turned-down ones of a request (every other one while no verify step was
+ * timed): what acceptance and verify rows cost is otherwise never learned. At most about 1.5% of the
+ * steps of text where drafts fail. */
+#define SPEC_EXPLORE_EVERY 64
+#define SPEC_EXPLORE_DRAFTS 2
 
 int servd_spec_init(servd_spec *sp, servd_spec_mode mode, int max_draft) {
   memset(sp, 0, sizeof *sp);
@@ -186,22 +193,28 @@ void servd_spec_free(servd_spec *sp) {
 }
 
 void servd_spec_propose(servd_spec *sp, servd_spec_seq *ss, sched_seq *q, int room, int step_rows, double step_ns,
-                        double token_ns) {
+                        double fixed_ns, double token_ns, bool cost_known) {
   q->n_tokens -= q->n_draft; /* drafts of a plan that did not schedule q */
   q->n_draft = ss->n_draft = 0;
   if (sp->mode == SERVD_SPEC_OFF || room <= 0) return;
   int k = room < sp->max_draft ? room : sp->max_draft;
-  ss->hits *= SPEC_DECAY;
-  ss->trials *= SPEC_DECAY;
-  if (sp->mode == SERVD_SPEC_AUTO) {
-    double a = (ss->hits + SPEC_PRIOR_HITS) / (ss->trials + SPEC_PRIOR_TRIALS);
-    k = spec_choose_length(a, k, step_rows, step_ns, token_ns);
-    if (k == 0) return;
-  }
   int match = 0;
   int n = spec_ngram_propose(q->tokens, q->n_tokens, k, ss->draft, &match);
   if (n == 0 && sp->suffix) n = spec_suffix_index_propose(sp->suffix, q->tokens, q->n_tokens, k, ss->draft);
   if (n == 0) return;
+  if (sp->mode == SERVD_SPEC_AUTO) {
+    double prior = (sp->kind_hits[match] + 1.0) / (sp->kind_trials[match] + 2.0);
+    double a = (ss->hits + SPEC_PRIOR_WEIGHT * prior) / (ss->trials + SPEC_PRIOR_WEIGHT);
+    int best = spec_choose_length(a, n, step_rows, step_ns, fixed_ns, token_ns);
+    if (best == 0) {
+      ss->declined++;
+      if (cost_known ? ss->declined < SPEC_EXPLORE_EVERY : ss->declined % 2) return;
+      best = n < SPEC_EXPLORE_DRAFTS ? n : SPEC_EXPLORE_DRAFTS;
+    }
+    ss->declined = 0;
+    n = best;
+  }
+  ss->kind = match;
   memcpy(q->tokens + q->n_tokens, ss->draft, sizeof(int32_t) * (size_t)n);
   q->n_tokens += n;
   q->n_draft = ss->n_draft = n;
@@ -209,8 +222,11 @@ void servd_spec_propose(servd_spec *sp, servd_spec_seq *ss, sched_seq *q, int ro
 
 void servd_spec_observe(servd_spec *sp, servd_spec_seq *ss, int n_accepted) {
   if (ss->n_draft <= 0) return;
-  ss->hits += n_accepted;
-  ss->trials += n_accepted + (n_accepted < ss->n_draft);
+  int reached = n_accepted + (n_accepted < ss->n_draft);
+  ss->hits = ss->hits * SPEC_DECAY + n_accepted;
+  ss->trials = ss->trials * SPEC_DECAY + reached;
+  sp->kind_hits[ss->kind] = sp->kind_hits[ss->kind] * SPEC_MODEL_DECAY + n_accepted;
+  sp->kind_trials[ss->kind] = sp->kind_trials[ss->kind] * SPEC_MODEL_DECAY + reached;
   sp->c.drafts++;
   sp->c.draft_tokens += (uint64_t)ss->n_draft;
   sp->c.accepted_tokens += (uint64_t)n_accepted;

@@ -70,8 +70,9 @@ int spec_suffix_index_propose(const spec_suffix_index *x, const int32_t *tokens,
 /* Expected tokens a verify row of k drafts yields when each draft is accepted with probability a. */
 double spec_expected_tokens(double a, int k);
 /* The draft length in [0, k_max] that maximizes tokens per nanosecond of a step of base_rows rows
- * costing step_ns, each extra token costing token_ns; 0 when no draft pays. */
-int spec_choose_length(double a, int k_max, int base_rows, double step_ns, double token_ns);
+ * costing step_ns, which a verify row makes fixed_ns longer plus token_ns per draft; 0 when no draft
+ * pays. */
+int spec_choose_length(double a, int k_max, int base_rows, double step_ns, double fixed_ns, double token_ns);
 
 /* ---- per model ----------------------------------------------------------------------------------- */
 
@@ -84,14 +85,19 @@ typedef struct servd_spec_counters {
 typedef struct servd_spec_seq {
   int32_t draft[SERVD_SPEC_MAX_DRAFT]; /* the drafts appended for the planned step */
   int n_draft;
+  int kind;            /* of the drafts: the n-gram match length, 0 for the suffix index */
   double hits, trials; /* decayed accepted drafts and drafts reached (accepted + the first rejected) */
+  int declined;        /* proposals turned down by the cost model since the last drafts */
 } servd_spec_seq;
 
 typedef struct servd_spec {
   servd_spec_mode mode;
   int max_draft;
   spec_suffix_index *suffix; /* NULL: mode ngram or off */
-  servd_spec_counters c;     /* read under the model's lock by the stats */
+  /* Decayed accepted drafts and drafts reached by proposal kind (servd_spec_seq.kind): the prior of
+   * a request's acceptance. */
+  double kind_hits[SPEC_NGRAM_MAX + 1], kind_trials[SPEC_NGRAM_MAX + 1];
+  servd_spec_counters c; /* read under the model's lock by the stats */
 } servd_spec;
 
 int servd_spec_init(servd_spec *sp, servd_spec_mode mode, int max_draft);
@@ -99,9 +105,10 @@ void servd_spec_free(servd_spec *sp); /* accepts a zeroed struct */
 
 /* Drafts for q (a decoding sequence: one token to compute) whose request allows at most `room`
  * more tokens beyond the next: appends them to q->tokens (capacity must hold room more), sets
- * q->n_draft and ss. step_rows/step_ns/token_ns: the step's cost model (0: not learned yet). */
+ * q->n_draft and ss. step_rows, step_ns: the step's decode rows and their cost; fixed_ns, token_ns:
+ * what a verify row adds (sched_verify_cost), cost_known: measured on verify steps already. */
 void servd_spec_propose(servd_spec *sp, servd_spec_seq *ss, sched_seq *q, int room, int step_rows, double step_ns,
-                        double token_ns);
+                        double fixed_ns, double token_ns, bool cost_known);
 /* After the verify row: n_accepted of ss->n_draft drafts were taken. */
 void servd_spec_observe(servd_spec *sp, servd_spec_seq *ss, int n_accepted);
 /* A finished request's tokens, for the suffix index. */

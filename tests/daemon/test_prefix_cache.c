@@ -448,7 +448,8 @@ static void test_verify_rows_truncate(void **state) {
   assert_int_equal(a->row_pos, 6);
   assert_int_equal(f->s.n_logit_rows, 6);
   assert_int_equal(f->s.n_decode_rows, 1);
-  assert_int_equal(f->s.n_prefill_tokens, 5);
+  assert_int_equal(f->s.n_prefill_tokens, 0);
+  assert_int_equal(f->s.n_verify_tokens, 5);
   assert_int_equal(a->n_blocks, 3);
   sched_commit(&f->s);
   assert_int_equal(f->s.pc.n_cached, 1); /* block 1 (4..7) holds drafts: not yet */

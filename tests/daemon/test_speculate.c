@@ -102,16 +102,21 @@ static void test_choose_length(void **st) {
   (void)st;
   /* Batch 1, a 10 ms step, 0.5 ms per extra token. a = 0.9: rate(k) = E(k) / (10 + 0.5 k) tokens/ms
    * peaks at k = 13 (E = 7.71, 0.4674; k = 12: 0.4661, k = 14: 0.4671). */
-  assert_int_equal(spec_choose_length(0.9, 16, 1, 10e6, 0.5e6), 13);
+  assert_int_equal(spec_choose_length(0.9, 16, 1, 10e6, 0, 0.5e6), 13);
   /* The bound. */
-  assert_int_equal(spec_choose_length(0.9, 4, 1, 10e6, 0.5e6), 4);
+  assert_int_equal(spec_choose_length(0.9, 4, 1, 10e6, 0, 0.5e6), 4);
   /* a = 0.04: one draft gives 1.04 / 10.5 = 0.099 < 0.1 * 1.03. */
-  assert_int_equal(spec_choose_length(0.04, 8, 1, 10e6, 0.5e6), 0);
+  assert_int_equal(spec_choose_length(0.04, 8, 1, 10e6, 0, 0.5e6), 0);
   /* 32 rows costing what 32 tokens do: an extra token costs a row's share, never paid by a < 1. */
-  assert_int_equal(spec_choose_length(0.9, 8, 32, 32e6, 1e6), 0);
+  assert_int_equal(spec_choose_length(0.9, 8, 32, 32e6, 0, 1e6), 0);
+  /* A verify step's fixed cost of 4 ms: a = 0.9 still pays (k = 16 bound: 0.40 against 0.1), a = 0.3
+   * does not (k = 1: 1.3 / 14.5 = 0.090 against 0.1). */
+  assert_int_equal(spec_choose_length(0.3, 8, 1, 10e6, 0, 0.5e6) > 0, 1);
+  assert_int_equal(spec_choose_length(0.3, 8, 1, 10e6, 4e6, 0.5e6), 0);
+  assert_int_equal(spec_choose_length(0.9, 16, 1, 10e6, 4e6, 0.5e6) > 0, 1);
   /* Nothing learned yet: no drafts. */
-  assert_int_equal(spec_choose_length(0.9, 8, 1, 0, 0.5e6), 0);
-  assert_int_equal(spec_choose_length(0.9, 8, 1, 10e6, 0), 0);
+  assert_int_equal(spec_choose_length(0.9, 8, 1, 0, 0, 0.5e6), 0);
+  assert_int_equal(spec_choose_length(0.9, 8, 1, 10e6, 0, 0), 0);
 }
 
 /* propose appends drafts after the sequence's tokens, takes back drafts of an unscheduled plan, and
@@ -123,13 +128,13 @@ static void test_propose_and_observe(void **st) {
   int32_t toks[32] = {1, 2, 3, 4, 5, 6, 1, 2};
   sched_seq q = {.tokens = toks, .n_tokens = 8};
   servd_spec_seq ss = {0};
-  servd_spec_propose(&sp, &ss, &q, 10, 1, 0, 0);
+  servd_spec_propose(&sp, &ss, &q, 10, 1, 0, 0, 0, true);
   assert_int_equal(q.n_draft, 3);
   assert_int_equal(q.n_tokens, 11);
   expect_tokens(toks + 8, 3, (const int32_t[]){3, 4, 5}, 3);
   expect_tokens(ss.draft, ss.n_draft, (const int32_t[]){3, 4, 5}, 3);
   /* Proposed again (the plan did not schedule it): the old drafts leave first; room bounds them. */
-  servd_spec_propose(&sp, &ss, &q, 1, 1, 0, 0);
+  servd_spec_propose(&sp, &ss, &q, 1, 1, 0, 0, 0, true);
   assert_int_equal(q.n_draft, 1);
   assert_int_equal(q.n_tokens, 9);
   servd_spec_observe(&sp, &ss, 1);
@@ -139,17 +144,43 @@ static void test_propose_and_observe(void **st) {
   assert_int_equal(sp.c.accepted_per_pos[0], 1);
   servd_spec_free(&sp);
 
-  /* Off: nothing. Auto before the cost model learned anything: nothing either. */
+  /* Off: nothing. */
   assert_int_equal(servd_spec_init(&sp, SERVD_SPEC_OFF, 0), 0);
   q.n_tokens = 8;
   q.n_draft = 0;
-  servd_spec_propose(&sp, &ss, &q, 10, 1, 10e6, 0.5e6);
+  servd_spec_propose(&sp, &ss, &q, 10, 1, 10e6, 0, 0.5e6, true);
   assert_int_equal(q.n_draft, 0);
   servd_spec_free(&sp);
+  /* Auto before anything was timed: every other proposal is verified with 2 drafts, so that both
+   * decode and verify steps are measured. */
   assert_int_equal(servd_spec_init(&sp, SERVD_SPEC_AUTO, 0), 0);
   assert_int_equal(sp.max_draft, SERVD_SPEC_DEFAULT_DRAFT);
-  servd_spec_propose(&sp, &ss, &q, 10, 1, 0, 0);
+  servd_spec_seq fresh = {0};
+  servd_spec_propose(&sp, &fresh, &q, 10, 1, 0, 0, 0, false);
   assert_int_equal(q.n_draft, 0);
+  servd_spec_propose(&sp, &fresh, &q, 10, 1, 0, 0, 0, false);
+  assert_int_equal(q.n_draft, 2);
+  /* Timed: a 10 ms step, 0.5 ms a draft, the prior a = 0.5: E(k) / (10 + 0.5 k) peaks at k = 3
+   * (1.875 / 11.5 = 0.163; k = 2: 0.159, k = 4: 0.161). */
+  servd_spec_propose(&sp, &fresh, &q, 10, 1, 10e6, 0, 0.5e6, true);
+  assert_int_equal(q.n_draft, 3);
+  assert_int_equal(q.n_tokens, 11);
+  /* All three rejected, many times over: the request and the model learn it, and drafting stops. */
+  for (int i = 0; i < 40; i++) {
+    servd_spec_propose(&sp, &fresh, &q, 10, 1, 10e6, 0, 0.5e6, true);
+    servd_spec_observe(&sp, &fresh, 0);
+  }
+  servd_spec_propose(&sp, &fresh, &q, 10, 1, 10e6, 0, 0.5e6, true);
+  assert_int_equal(q.n_draft, 0);
+  assert_int_equal(q.n_tokens, 8);
+  /* ... but a turned-down proposal is tried again after SPEC_EXPLORE_EVERY of them. */
+  int explored = 0;
+  for (int i = 0; i < 64; i++) {
+    servd_spec_propose(&sp, &fresh, &q, 10, 1, 10e6, 0, 0.5e6, true);
+    explored += q.n_draft > 0;
+    servd_spec_observe(&sp, &fresh, 0);
+  }
+  assert_int_equal(explored, 1);
   servd_spec_free(&sp);
   assert_int_not_equal(servd_spec_init(&sp, SERVD_SPEC_AUTO, SERVD_SPEC_MAX_DRAFT + 1), 0);
   servd_spec_free(&sp);
