@@ -6,6 +6,8 @@
  * touched by the scheduler thread only.
  */
 #include "engine/engine_impl.h"
+#include "engine/request.h"
+#include "engine/step.h"
 #include "engine/py_deps.h"
 #include "engine/model_geometry.h"
 #include "engine/gpu_setup.h"
@@ -176,287 +178,7 @@ int servd_model_vocab_size(const servd_model *m) { return m->vocab; }
 
 /* ---- requests ----------------------------------------------------------------------------------- */
 
-static void request_unref(servd_request *r) {
-  if (atomic_fetch_sub(&r->refs, 1) != 1) return;
-  for (int i = 0; i < r->p.n_stop; i++) free(r->stop_copy ? r->stop_copy[i] : NULL);
-  free(r->stop_copy);
-  free(r->stop_ids_copy);
-  free(r->seq.tokens);
-  sched_seq_free(&r->seq);
-  servd_detok_free(r->detok);
-  servd_stop_matcher_free(r->stopper);
-  servd_sampler_free(r->sampler);
-  free(r->guide.grammar);
-  free(r->pool.sum);
-  free(r->embedding);
-  pthread_mutex_destroy(&r->cb_mu);
-  free(r);
-}
-
-static void deliver(servd_request *r, const servd_event *ev) {
-  pthread_mutex_lock(&r->cb_mu);
-  bool final = ev->kind == SERVD_EVENT_DONE || ev->kind == SERVD_EVENT_ERROR;
-  if (!r->released && !r->finished) r->cb(r->ud, ev);
-  if (final) r->finished = true;
-  pthread_mutex_unlock(&r->cb_mu);
-}
-
-static double secs_between(int64_t from, int64_t to) { return from && to > from ? (double)(to - from) / 1e9 : 0.0; }
-
-/* vLLM's request phases, for /metrics: a request ending before its first step (cancelled, deadline)
- * spent all its time queued. */
-static void phase_times(const servd_request *r, servd_event *ev) {
-  int64_t now = servd_now_ns();
-  ev->queue_s = secs_between(r->t_queued_ns, r->t_scheduled_ns ? r->t_scheduled_ns : now);
-  ev->prefill_s = secs_between(r->t_scheduled_ns, r->t_first_ns ? r->t_first_ns : now);
-  ev->decode_s = secs_between(r->t_first_ns, r->t_last_ns);
-}
-
-/* Ends r with a final event. flush: text held back (a possible stop-string prefix, an incomplete
- * UTF-8 sequence) goes out first; not after a stop string matched, a cancel or an error. */
-static void finish_ex(servd_model *m, servd_request *r, const char *reason, int error_code, const char *msg,
-                      const char *error_type, bool flush) {
-  if (flush && !error_code) {
-    const char *t1 = "", *t2 = "";
-    size_t l1 = 0, l2 = 0;
-    bool stopped = false;
-    if (r->detok && servd_detok_flush(r->detok, &t1, &l1) == 0 && l1)
-      servd_stop_matcher_push(r->stopper, t1, l1, &t1, &l1, &stopped);
-    else l1 = 0;
-    if (!stopped && servd_stop_matcher_flush(r->stopper, &t2, &l2) == 0 && (l1 || l2)) {
-      /* Two pieces at most: send them as one delta. */
-      servd_event ev = {.kind = SERVD_EVENT_TOKEN,
-                        .token = -1,
-                        .prompt_tokens = r->n_prompt,
-                        .cached_tokens = r->seq.n_cached,
-                        .completion_tokens = r->n_generated};
-      if (l1) {
-        ev.text = t1;
-        ev.text_len = l1;
-        deliver(r, &ev);
-      }
-      if (l2) {
-        ev.text = t2;
-        ev.text_len = l2;
-        deliver(r, &ev);
-      }
-    }
-  }
-  servd_event ev = {.kind = error_code ? SERVD_EVENT_ERROR : SERVD_EVENT_DONE,
-                    .text = "",
-                    .finish_reason = reason,
-                    .prompt_tokens = r->n_prompt,
-                    .cached_tokens = r->seq.n_cached,
-                    .completion_tokens = r->n_generated,
-                    .error_code = error_code,
-                    .error_message = msg,
-                    .token = -1,
-                    .error_type = error_type};
-  if (!error_code && r->embedding) {
-    ev.embedding = r->embedding;
-    ev.n_embedding = r->n_embedding;
-  }
-  phase_times(r, &ev);
-  sched_remove(&m->sched, &r->seq);
-  if (!error_code && !r->seq.embed && r->n_generated > 0) servd_spec_remember(&m->spec, r->seq.tokens, r->seq.n_tokens);
-  servd_guide_end(m, r);
-  /* Stats first: whoever sees the final event sees the freed blocks and counts. */
-  pthread_mutex_lock(&m->mu);
-  m->n_running = m->sched.running.n;
-  m->n_waiting = m->sched.waiting.n;
-  m->kv_used = sched_used_blocks(&m->sched);
-  pthread_mutex_unlock(&m->mu);
-  deliver(r, &ev);
-  request_unref(r);
-}
-
-static void finish(servd_model *m, servd_request *r, const char *reason, int error_code, const char *msg) {
-  finish_ex(m, r, reason, error_code, msg, NULL, strcmp(reason, "length") == 0 || strcmp(reason, "deadline") == 0);
-}
-
-static void emit(servd_model *m, servd_request *r, const servd_sampled *s);
-
-/* After the step that produced logits row `row` for r: sample, stream, check the end. */
-static void advance(servd_model *m, servd_request *r, const float *row) {
-  servd_sampled s;
-  if (r->guide.grammar && r->guide.status == 1) { /* the grammar is complete: the text is too */
-    finish_ex(m, r, "stop", 0, NULL, NULL, true);
-    return;
-  }
-  if (r->guide.grammar && r->guide.status) {
-    finish_ex(m, r, "error", SERVD_EMODEL, r->guide.error, NULL, false);
-    return;
-  }
-  int rc = servd_sampler_sample(r->sampler, row, &s);
-  if (rc) {
-    finish(m, r, "error", rc, servd_last_error());
-    return;
-  }
-  emit(m, r, &s);
-}
-
-/* A plain-greedy request's token from the device's top-1 of its row (token, logit): what
- * servd_sampler_sample picks from the whole row (no logit above -inf: token 0, its first index). */
-static void advance_pick(servd_model *m, servd_request *r, int32_t token, float logit) {
-  servd_sampled s = {.token = logit > -INFINITY ? token : 0};
-  emit(m, r, &s);
-}
-
-/* The request takes token s->token: accept, detokenize, stop strings, deliver, finish. */
-static void emit(servd_model *m, servd_request *r, const servd_sampled *sp) {
-  const servd_sampled s = *sp;
-  int rc;
-  int32_t t = s.token;
-  servd_sampler_accept(r->sampler, t);
-  servd_finish fin = servd_sampler_finish(r->sampler, t);
-  r->seq.tokens[r->seq.n_tokens++] = t;
-  r->n_generated++;
-  r->t_last_ns = servd_now_ns();
-  if (!r->t_first_ns) r->t_first_ns = r->t_last_ns;
-  pthread_mutex_lock(&m->mu);
-  m->generation_tokens++;
-  pthread_mutex_unlock(&m->mu);
-
-  /* An end-of-sequence or stop token ends the text without adding its own. */
-  bool stop_tok = fin == SERVD_FINISH_EOS || fin == SERVD_FINISH_STOP_TOKEN;
-  const char *text = "";
-  size_t len = 0;
-  bool stopped = false;
-  if (!stop_tok) {
-    const char *d;
-    size_t dl;
-    if ((rc = servd_detok_push(r->detok, t, &d, &dl)) == 0 && r->n_generated <= r->p.min_tokens) {
-      text = d; /* stop strings count only after min_tokens (vLLM): the matcher has held nothing yet */
-      len = dl;
-    } else if (rc == 0) {
-      rc = servd_stop_matcher_push(r->stopper, d, dl, &text, &len, &stopped);
-    }
-    if (rc) {
-      finish(m, r, "error", rc, servd_last_error());
-      return;
-    }
-  }
-  servd_event ev = {.kind = SERVD_EVENT_TOKEN,
-                    .text = text,
-                    .text_len = len,
-                    .token = t,
-                    .logprob = s.logprob,
-                    .top = s.top,
-                    .n_top = s.n_top,
-                    .prompt_tokens = r->n_prompt,
-                    .cached_tokens = r->seq.n_cached,
-                    .completion_tokens = r->n_generated};
-  deliver(r, &ev);
-
-  if (stopped) finish_ex(m, r, "stop", 0, NULL, NULL, false);
-  else if (stop_tok) finish_ex(m, r, "stop", 0, NULL, NULL, true); /* end of sequence: release what was held */
-  else if (fin == SERVD_FINISH_LENGTH || r->n_generated >= r->p.max_tokens || r->seq.n_tokens >= m->context_length)
-    finish(m, r, "length", 0, NULL);
-}
-
 /* ---- the scheduler thread ----------------------------------------------------------------------- */
-
-/* Drafts for the running decoders (engine/speculate.h), before the plan: the step verifies them. */
-static void propose_drafts(servd_model *m) {
-  if (m->spec.mode == SERVD_SPEC_OFF) return;
-  int rows = 0;
-  for (sched_seq *q = m->sched.running.head; q; q = q->next)
-    if (!q->embed && q->n_tokens - q->n_draft - q->n_computed == 1) rows++;
-  double step_ns = sched_decode_cost(&m->sched, rows), fixed_ns, token_ns;
-  bool cost_known = sched_verify_cost(&m->sched, &fixed_ns, &token_ns);
-  for (sched_seq *q = m->sched.running.head; q; q = q->next) {
-    if (q->embed || q->n_tokens - q->n_draft - q->n_computed != 1) continue;
-    servd_request *r = q->owner;
-    /* Constrained rows get their mask for the first position only: they decode one token a step. */
-    int room = 0;
-    if (!r->guide.grammar && !r->p.prompt_only) {
-      int n = q->n_tokens - q->n_draft;
-      room = r->p.max_tokens - r->n_generated - 1;
-      if (room > m->context_length - n - 1) room = m->context_length - n - 1;
-    }
-    servd_spec_propose(&m->spec, &r->spec, q, room, rows, step_ns, fixed_ns, token_ns, cost_known);
-  }
-}
-
-/* A verify row's logits rows first.. (its last token's, then each draft's): row i is sampled as a
- * plain decode step would; the next row counts while the token equals the draft (speculate.h). The
- * rejected drafts' K/V goes back to the block manager. */
-static void verify_rows(servd_model *m, sched_seq *q, const servd_tensor *logits, int first) {
-  servd_request *r = q->owner;
-  int n_draft = q->n_draft, accepted = 0;
-  int n_kv = q->n_computed - n_draft; /* the last real token's K/V and those before it */
-  q->n_tokens -= n_draft;
-  q->n_draft = 0;
-  atomic_fetch_add(&r->refs, 1); /* r outlives a finish in the loop */
-  for (int i = 0; i <= n_draft; i++) {
-    advance(m, r, (const float *)((const char *)servd_tensor_data(logits) + (int64_t)(first + i) * logits->strides[0]));
-    if (q->state != SCHED_RUNNING || i == n_draft || q->tokens[q->n_tokens - 1] != r->spec.draft[i]) break;
-    accepted++;
-    n_kv++;
-  }
-  r->spec.n_draft = n_draft; /* the plan may have cut some */
-  pthread_mutex_lock(&m->mu);
-  servd_spec_observe(&m->spec, &r->spec, accepted);
-  pthread_mutex_unlock(&m->mu);
-  sched_truncate(&m->sched, q, n_kv);
-  request_unref(r);
-}
-
-/* Every sequence of the planned step that wants logits picks the arg max of its raw row: a GPU step
- * may then return picks (servd_forward_batch.want_picks). */
-static bool all_plain_greedy(const servd_model *m) {
-  for (int i = 0; i < m->sched.n_planned; i++) {
-    const sched_seq *q = m->sched.planned[i];
-    const servd_request *r = q->owner;
-    if (q->n_rows != (q->wants_logits ? 1 : 0)) return false;
-    if (q->wants_logits && !servd_sampler_plain_greedy(r->sampler)) return false;
-  }
-  return !m->sched.embed_step;
-}
-
-/* An embedding's rows of this step: pooled; once its prompt is done, the vector and the end. */
-static void embed_rows(servd_model *m, servd_request *r, const servd_tensor *hidden, int row, int n_rows) {
-  const sched_seq *q = &r->seq;
-  /* A row from the prompt's start begins the sum (again, after a preemption); last-token and CLS
-   * pooling take one row. */
-  if (n_rows > 0 && (q->rows != SCHED_ROWS_ALL || q->row_pos == 0)) servd_pool_sum_reset(&r->pool);
-  for (int j = 0; j < n_rows; j++)
-    servd_pool_sum_add(
-        &r->pool, (const float *)((const char *)servd_tensor_data(hidden) + (int64_t)(row + j) * hidden->strides[0]));
-  if (!q->wants_logits) return;
-  r->n_embedding = r->p.dimensions > 0 && r->p.dimensions < r->pool.dim ? r->p.dimensions : r->pool.dim;
-  r->embedding = malloc(sizeof(float) * (size_t)r->pool.dim);
-  if (!r->embedding) {
-    finish(m, r, "error", SERVD_ENOMEM, "embedding: out of memory");
-    return;
-  }
-  servd_pool_sum_finish(&r->pool, r->n_embedding, r->embedding);
-  r->t_first_ns = r->t_last_ns = servd_now_ns();
-  finish_ex(m, r, "stop", 0, NULL, NULL, false);
-}
-
-/* Prompt logprobs: row j holds the logits after position row_pos + j, which score the prompt token
- * that follows it. Positions reported before (a preempted request computes them again) are not. */
-static void prompt_rows(servd_model *m, servd_request *r, const servd_tensor *logits, int row, int n_rows) {
-  const sched_seq *q = &r->seq;
-  int n_top = r->p.logprobs > 0 ? r->p.logprobs : 0;
-  for (int j = 0; j < n_rows; j++) {
-    int target = q->row_pos + j + 1;
-    if (target >= r->n_prompt) break;
-    if (target < r->lp_next) continue;
-    const float *lr =
-        (const float *)((const char *)servd_tensor_data(logits) + (int64_t)(row + j) * logits->strides[0]);
-    servd_event ev = {.kind = SERVD_EVENT_PROMPT_TOKEN,
-                      .text = "",
-                      .token = q->tokens[target],
-                      .top = m->lp_top,
-                      .n_top = n_top,
-                      .prompt_tokens = r->n_prompt};
-    ev.logprob = servd_row_logprob(lr, m->vocab, ev.token, n_top, m->lp_top);
-    deliver(r, &ev);
-    r->lp_next = target + 1;
-  }
-}
 
 static bool has_work(servd_model *m) { return m->inbox_head || m->sched.waiting.n || m->sched.running.n; }
 
@@ -467,8 +189,8 @@ static void reap(servd_model *m, int64_t now, bool drain_expired) {
     for (sched_seq *q = lists[l]->head; q;) {
       sched_seq *next = q->next;
       servd_request *r = q->owner;
-      if (atomic_load(&r->cancel) || drain_expired) finish(m, r, "cancelled", 0, NULL);
-      else if (r->deadline_ns && now > r->deadline_ns) finish(m, r, "deadline", 0, NULL);
+      if (atomic_load(&r->cancel) || drain_expired) request_finish(m, r, "cancelled", 0, NULL);
+      else if (r->deadline_ns && now > r->deadline_ns) request_finish(m, r, "deadline", 0, NULL);
       q = next;
     }
   }
@@ -477,7 +199,6 @@ static void reap(servd_model *m, int64_t now, bool drain_expired) {
 static int scheduler_setup(servd_model *m);
 
 static void scheduler_run(servd_model *m) {
-  servd_py_error err;
   /* The setup that needs this thread (GPUs: rank 0's warm-up runs on the thread of its steps). */
   int src = scheduler_setup(m);
   pthread_mutex_lock(&m->mu);
@@ -509,111 +230,10 @@ static void scheduler_run(servd_model *m) {
     int64_t now = servd_now_ns();
     reap(m, now, m->quit && drain && now > drain);
 
-    propose_drafts(m);
-    int n = sched_plan(&m->sched);
-    for (int i = 0; i < m->sched.n_starved; i++)
-      finish(m, m->sched.starved[i]->owner, "error", SERVD_EBUSY,
-             "the KV cache is too small for this request's prompt and max_tokens");
-    if (n < 0) {
-      /* A planning failure is a bug or exhausted memory: fail what was planned and go on. */
-      for (int i = 0; i < m->sched.n_planned; i++)
-        finish(m, m->sched.planned[i]->owner, "error", n, servd_last_error());
-      continue;
-    }
-    if (n > 0) {
-      servd_forward_batch b = {0};
-      servd_step_arrays_point(&m->sched.step, &b, n, m->sched.n_logit_rows, m->sched.n_planned);
-      b.want_picks = m->gpus > 0 && all_plain_greedy(m);
-      b.want_hidden = m->sched.embed_step;
-      for (int i = 0; i < m->sched.n_planned; i++) {
-        servd_request *pr = m->sched.planned[i]->owner;
-        if (!pr->t_scheduled_ns) pr->t_scheduled_ns = now;
-      }
-      servd_tensor *logits = NULL;
-      memset(&err, 0, sizeof err);
-      int failed_rank = -1;
-      int64_t t_step = servd_now_ns();
-      servd_guides_begin(m); /* the constrained rows' token masks, computed while the forward runs */
-      int rc = servd_runner_step(m->runner, &b, &logits, &err, &failed_rank);
-      servd_guides_collect(m); /* before any row samples or finishes */
-      const bool picked = rc == 0 && b.want_picks && logits && logits->dtype == SERVD_I32 && logits->ndim == 2 &&
-                          logits->shape[0] == b.n_logit_rows && logits->shape[1] == 2;
-      int row_len = b.want_hidden ? m->emb.dim : m->vocab;
-      bool bad_logits =
-          rc == 0 && b.n_logit_rows > 0 && !picked &&
-          (!logits || logits->dtype != SERVD_F32 || logits->ndim != 2 || logits->shape[0] != b.n_logit_rows ||
-           logits->shape[1] < row_len || (b.want_hidden && logits->shape[1] != row_len));
-      if (bad_logits) {
-        if (b.want_hidden && logits && logits->ndim == 2 && logits->shape[1] >= m->vocab)
-          rc = servd_fail(SERVD_EMODEL,
-                          "forward: the package's model code returned logits where embeddings need its final "
-                          "hidden states (batch.hidden): the code predates embeddings; repack the model with "
-                          "this modelpkg");
-        else
-          rc = servd_fail(SERVD_EMODEL, "forward: expected %s f32 (%d, %d)", b.want_hidden ? "hidden states" : "logits",
-                          b.n_logit_rows, row_len);
-        snprintf(err.type, sizeof err.type, "%s", "TypeError");
-        snprintf(err.message, sizeof err.message, "%s", servd_last_error());
-      }
-      if (rc) {
-        /* The step fails its requests only; the runner has already reset the ranks' communicator. */
-        int code = bad_logits ? SERVD_EMODEL : servd_model_error_code(rc, &err, SERVD_CALL_FORWARD, NULL);
-        char msg[sizeof err.type + sizeof err.message + 32];
-        char where[24] = "";
-        if (m->tp > 1 && failed_rank >= 0) snprintf(where, sizeof where, " (rank %d)", failed_rank);
-        /* With several ranks the runner's message already names the rank ("rank 1: ..."). */
-        if (err.type[0]) snprintf(msg, sizeof msg, "%s%s: %s", err.type, where, err.message);
-        else snprintf(msg, sizeof msg, "forward: %s", servd_last_error());
-        const char *etype = code == SERVD_EMODEL && err.type[0] ? err.type : NULL;
-        for (int i = 0; i < m->sched.n_planned; i++)
-          finish_ex(m, m->sched.planned[i]->owner, "error", code, msg, etype, false);
-      } else {
-        sched_commit(&m->sched);
-        int row = 0;
-        for (int i = 0; i < m->sched.n_planned; i++) {
-          sched_seq *q = m->sched.planned[i];
-          int first = row;
-          row += q->n_rows;
-          if (q->state != SCHED_RUNNING) continue;
-          servd_request *qr = q->owner;
-          if (q->embed) { /* a chunk may have no row of its own (CLS pooling past position 0) */
-            embed_rows(m, qr, logits, first, q->n_rows);
-            continue;
-          }
-          if (q->n_rows == 0) continue;
-          if (qr->p.prompt_logprobs) prompt_rows(m, qr, logits, first, q->n_rows);
-          if (!q->wants_logits) continue;
-          if (qr->p.prompt_only) {
-            finish(m, qr, "length", 0, NULL);
-            continue;
-          }
-          if (q->n_draft > 0 && !picked) {
-            verify_rows(m, q, logits, first);
-            continue;
-          }
-          const char *lr = (const char *)servd_tensor_data(logits) + (int64_t)(row - 1) * logits->strides[0];
-          if (picked) {
-            float logit;
-            memcpy(&logit, lr + sizeof(int32_t), sizeof logit);
-            advance_pick(m, q->owner, *(const int32_t *)lr, logit);
-          } else {
-            advance(m, q->owner, (const float *)lr);
-          }
-        }
-        if (picked) {
-          pthread_mutex_lock(&m->mu);
-          m->pick_steps++;
-          pthread_mutex_unlock(&m->mu);
-        }
-        /* What a decode waited for: the forward and the sampling, the cost the next plans bound. */
-        sched_observe(&m->sched, servd_now_ns() - t_step);
-      }
-      servd_tensor_release(logits);
-      pthread_mutex_lock(&m->mu);
-      m->steps++;
-      m->last_progress_ns = servd_now_ns();
-      pthread_mutex_unlock(&m->mu);
-    }
+    step_plan_make(m, &m->plan);
+    step_result res = {0};
+    if (m->plan.n_tokens > 0 && !m->plan.error) step_run(m, &m->plan, &res);
+    step_update(m, &m->plan, &res);
     servd_guides_flush(m); /* matchers of the requests that ended in this round */
     pthread_mutex_lock(&m->mu);
     m->n_waiting = m->sched.waiting.n;
@@ -623,7 +243,7 @@ static void scheduler_run(servd_model *m) {
     m->kv_cached = sched_cached_blocks(&m->sched);
     m->prefix_queries = m->sched.pc.queries;
     m->prefix_hits = m->sched.pc.hits;
-    if (n == 0 && has_work(m) && !m->inbox_head) {
+    if (m->plan.n_tokens == 0 && !m->plan.error && has_work(m) && !m->inbox_head) {
       /* Work is pending but nothing can run (waiting for blocks that only a finishing request would
        * free cannot happen: then something runs). Sleep briefly to watch deadlines and cancels. */
       struct timespec ts;
@@ -815,6 +435,7 @@ static int scheduler_setup(servd_model *m) {
                      .max_step_ns = (int64_t)m->o.max_step_ms * 1000000};
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
   if ((rc = servd_spec_init(&m->spec, (servd_spec_mode)m->o.speculative, m->o.num_speculative_tokens))) return rc;
+  if ((rc = step_plan_init(&m->plan, m->o.max_seqs))) return rc;
   if ((rc = servd_guides_create(&m->guides))) return rc;
   return servd_sampler_scratch_create(m->vocab, &m->scratch);
 }
@@ -965,6 +586,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   servd_pool_destroy(m->pool);
   sched_free(&m->sched);
   servd_spec_free(&m->spec);
+  step_plan_free(&m->plan);
   for (int r = 0; r < SERVD_INTERP_MAX; r++) servd_kv_cache_destroy(m->kv[r]);
   servd_comm_destroy(m->comm);
   servd_gpu_teardown(m); /* after the pool: the interpreters held device tensors */

@@ -13,6 +13,7 @@
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "engine/speculate.h"
+#include "engine/step.h"
 #include "engine/step_rows.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
@@ -83,6 +84,7 @@ struct servd_model {
   char startup_err[1024];
   servd_scheduler sched;
   servd_spec spec; /* speculative decoding; its counters under mu */
+  step_plan plan;  /* the step being run (engine/step.h), its rows preallocated */
   int context_length;
   int vocab;
   int32_t eos[SERVD_MAX_EOS];

@@ -118,7 +118,7 @@ int servd_model_guide_compile(servd_model *m, servd_guide_kind kind, const char 
 
 /* ---- per step (scheduler thread; the grammar calls on the guide worker) ---------------------- */
 
-static int step_run(void *arg) {
+static int guide_step_job(void *arg) {
   step_job *j = arg;
   int64_t t0 = servd_now_ns();
   j->rc = servd_interp_call_json(servd_pool_get(j->m->pool, j->m->chat_interp), "guide_step", j->args, &j->res, 10000,
@@ -207,7 +207,7 @@ void servd_guides_begin(servd_model *m) {
   j->m = m;
   j->args = json_pack("[o, o]", jrows, ended_ids(g));
   g->n_ended_sent = g->n_ended;
-  if (j->args) servd_interp_thread_post(g->worker, step_run, j);
+  if (j->args) servd_interp_thread_post(g->worker, guide_step_job, j);
   else j->rc = servd_fail(SERVD_ENOMEM, "guided decoding: arguments"); /* collect reports it */
   g->in_flight = true;
 }
@@ -281,7 +281,7 @@ void servd_guides_flush(servd_model *m) {
   j->args = json_pack("[[], o]", ended_ids(g));
   int sent = g->n_ended;
   if (!j->args) return;
-  servd_interp_thread_run(g->worker, step_run, j);
+  servd_interp_thread_run(g->worker, guide_step_job, j);
   if (j->rc == 0) ended_done(g, sent);
   json_decref(j->args);
   json_decref(j->res);
