@@ -222,6 +222,11 @@ char *bench_body_turn(const bench_config *cfg, const bench_conv *c, int *in_toke
 int bench_conv_answer(bench_conv *c, const char *text, size_t len, int tokens);
 
 /* The run and its results. */
+/* Speculative decoding's counters on the server (vLLM's spec_decode families in /metrics). */
+typedef struct bench_spec_counts {
+  double drafts, draft_tokens, accepted; /* verify rows, their draft tokens, drafts accepted */
+} bench_spec_counts;
+
 typedef struct bench_results {
   double duration_s;
   long completed, failed, warmup_failed;
@@ -240,7 +245,12 @@ typedef struct bench_results {
   bench_count_mode counted_by; /* how output tokens were counted in the end */
   char tokenize_error[160];    /* why --count-tokens tokenize fell back to chunks, or "" */
   bool interrupted;            /* stopped early by SIGINT; the figures cover what finished */
+  bool spec_seen;              /* the server exports speculative decoding's counters */
+  bench_spec_counts spec;      /* their growth over the run (warm-up included) */
 } bench_results;
+
+/* Reads them (blocking, 5 s at most); false when the server exports none or cannot be reached. */
+bool bench_spec_scrape(const bench_config *cfg, bench_spec_counts *out);
 
 /* Runs the benchmark. Returns 0 when it ran (requests may have failed), -1 on setup failure. */
 int bench_run(const bench_config *cfg, bench_prompts *prompts, bench_results *res);

@@ -578,7 +578,14 @@ int main(int argc, char **argv) {
     prompts = bench_prompts_create(&cfg);
     if (!prompts) goto done;
   }
+  bench_spec_counts spec0, spec1;
+  bool spec = cfg.api != BENCH_API_KSERVE && bench_spec_scrape(&cfg, &spec0);
   if (bench_run(&cfg, prompts, &res)) goto done;
+  if (spec && bench_spec_scrape(&cfg, &spec1)) {
+    res.spec_seen = true;
+    res.spec = (bench_spec_counts){spec1.drafts - spec0.drafts, spec1.draft_tokens - spec0.draft_tokens,
+                                   spec1.accepted - spec0.accepted};
+  }
   if (!cfg.quiet) bench_report_table(&cfg, &res);
   if (cfg.json_path && bench_report_json(&cfg, &res, cfg.json_path)) goto done;
   rc = res.completed > 0 ? 0 : 1;

@@ -71,6 +71,13 @@ void bench_report_table(const bench_config *cfg, const bench_results *res) {
       printf("%-34s %ld\n", "Output tokens (server's usage):", res->usage_output_tokens);
     printf("%-34s %.2f\n", "Output token throughput (tok/s):", res->output_tokens_per_s);
     printf("%-34s %.2f\n", "Total token throughput (tok/s):", res->total_tokens_per_s);
+    if (res->spec_seen) {
+      const bench_spec_counts *c = &res->spec;
+      printf("%-34s %.0f of %.0f drafts accepted (%.1f%%) in %.0f verify rows, %.2f tokens a row\n",
+             "Speculation (server):", c->accepted, c->draft_tokens,
+             c->draft_tokens > 0 ? 100.0 * c->accepted / c->draft_tokens : 0.0, c->drafts,
+             c->drafts > 0 ? 1.0 + c->accepted / c->drafts : 0.0);
+    }
   }
   printf("---------------------- latency (ms) ----------------\n");
   printf("  %-6s %9s %9s %9s %9s %9s %9s %9s %7s\n", "", "mean", "median", "p75", "p90", "p95", "p99", "max", "n");
@@ -305,6 +312,12 @@ int bench_report_json(const bench_config *cfg, const bench_results *res, const c
     json_object_set_new(r, "output_chunks", json_integer(res->output_chunks));
     json_object_set_new(r, "output_tokens_counted_by", json_string(count_name(res->counted_by)));
     json_object_set_new(r, "usage_output_tokens", nullable_int(res->usage_output_tokens));
+    json_object_set_new(
+        r, "speculation",
+        res->spec_seen ? json_pack("{s:f, s:f, s:f, s:f}", "drafts", res->spec.drafts, "draft_tokens",
+                                   res->spec.draft_tokens, "accepted_tokens", res->spec.accepted, "acceptance_rate",
+                                   res->spec.draft_tokens > 0 ? res->spec.accepted / res->spec.draft_tokens : 0.0)
+                       : json_null());
     json_object_set_new(r, "output_tokens_per_s", json_real(res->output_tokens_per_s));
     json_object_set_new(r, "total_tokens_per_s", json_real(res->total_tokens_per_s));
     json_object_set_new(r, "ttft_ms", summary_json(&res->ttft));

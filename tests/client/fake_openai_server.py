@@ -50,6 +50,7 @@ class State:
         self.lock = threading.Lock()
         self.requests = 0
         self.connections = 0
+        self.scrapes = 0
         self.prompts = []
         self.messages = []  # chat: each request's whole messages array, in arrival order
         self.timings = []  # per finished stream: what the server actually did, in ms
@@ -126,7 +127,24 @@ class Handler(BaseHTTPRequestHandler):
             with st.lock:
                 self.send_json(200, {"requests": st.requests, "connections": st.connections,
                                      "prompts": st.prompts, "timings": st.timings,
-                                     "messages": st.messages})
+                                     "messages": st.messages, "scrapes": st.scrapes})
+        elif self.path == "/metrics":
+            # vLLM's speculative decoding counters, as if every request had one verify row of 4
+            # drafts of which 3 were accepted, split over two models' series
+            with st.lock:
+                st.scrapes += 1
+                n = st.requests
+            lines = []
+            for fam, per in (("drafts", 1), ("draft_tokens", 4), ("accepted_tokens", 3)):
+                name = "vllm:spec_decode_num_%s_total" % fam
+                lines += ["# TYPE %s counter" % name, '%s{model_name="a"} %d' % (name, per * (n - n // 2)),
+                          '%s{model_name="b"} %d' % (name, per * (n // 2))]
+            body = ("\n".join(lines) + "\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         else:
             self.send_json(404, {"error": "not found"})
 

@@ -115,7 +115,14 @@ class BenchTest(unittest.TestCase):
         self.assertEqual(r["input_tokens"], reqs * 32)
         self.assertEqual(st["requests"], reqs + 2)       # warm-up sent but not reported
         self.assertEqual(len(doc["requests"]), reqs)
-        self.assertEqual(st["connections"] - 1, conc)     # keep-alive (the /stats call is one)
+        # keep-alive: the /stats call is one connection, the /metrics scrapes before and after one each
+        self.assertEqual(st["scrapes"], 2)
+        self.assertEqual(st["connections"] - 1 - st["scrapes"], conc)
+        # speculation over the run (warm-up included), summed over the models' series
+        self.assertEqual(r["speculation"], {"drafts": reqs + 2, "draft_tokens": 4 * (reqs + 2),
+                                            "accepted_tokens": 3 * (reqs + 2), "acceptance_rate": 0.75})
+        self.assertIn("Speculation (server):", table)
+        self.assertIn("%d of %d drafts accepted (75.0%%)" % (3 * (reqs + 2), 4 * (reqs + 2)), table)
         for p in st["prompts"]:
             self.assertEqual(len(p.split()), 32)
         # the scripted delays are lower bounds (a sleep can only overrun) ...
