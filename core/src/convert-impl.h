@@ -1,17 +1,17 @@
-/* Row conversions of the low-bit block dtypes (convert_lowbit.c), called from servd_row_to_f32 and
- * servd_row_from_f32 (convert.c); nb is the number of blocks. */
+/* The reference row conversions of every row of servd/dtypes.def, defined in convert.c (plain dtypes,
+ * blocks of 32, q4_k q5_k q6_k) and convert_lowbit.c (q2_k q3_k iq4_nl iq4_xs), called through the
+ * table in convert.c by servd_row_to_f32 / servd_row_from_f32, which have checked the arguments.
+ * nb is the number of blocks (of elements for plain dtypes); from_f32 returns 0 or a servd_fail code. */
 #ifndef SERVD_CONVERT_IMPL_H
 #define SERVD_CONVERT_IMPL_H
 
 #include <stdint.h>
 
-void servd__dequant_q2_k(const void *src, float *y, int64_t nb);
-void servd__dequant_q3_k(const void *src, float *y, int64_t nb);
-void servd__dequant_iq4_nl(const void *src, float *y, int64_t nb);
-void servd__dequant_iq4_xs(const void *src, float *y, int64_t nb);
-void servd__quantize_q2_k(const float *x, void *dst, int64_t nb);
-void servd__quantize_q3_k(const float *x, void *dst, int64_t nb);
-void servd__quantize_iq4_nl(const float *x, void *dst, int64_t nb);
-void servd__quantize_iq4_xs(const float *x, void *dst, int64_t nb);
+#include "servd/tensor.h"
+
+#define SERVD_DTYPE(ID, value, name, ...) \
+  void servd__##name##_to_f32(const void *src, float *dst, int64_t nb); \
+  int servd__##name##_from_f32(const float *src, void *dst, int64_t nb);
+#include "servd/dtypes.def"
 
 #endif

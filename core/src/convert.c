@@ -94,7 +94,8 @@ static void store_qh(uint8_t *dst, uint32_t qh) {
   for (int k = 0; k < 4; k++) dst[k] = (uint8_t)(qh >> (8 * k));
 }
 
-static void quantize_q8_0(const float *x, servd_block_q8_0 *y, int64_t nb) {
+int servd__q8_0_from_f32(const float *x, void *dst, int64_t nb) {
+  servd_block_q8_0 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     float amax = 0.0f;
     for (int j = 0; j < SERVD_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
@@ -103,9 +104,11 @@ static void quantize_q8_0(const float *x, servd_block_q8_0 *y, int64_t nb) {
     y[i].d = servd_f32_to_f16(d);
     for (int j = 0; j < SERVD_QK; j++) y[i].qs[j] = (int8_t)to_int(roundf(x[j] * id));
   }
+  return 0;
 }
 
-static void quantize_q4_0(const float *x, servd_block_q4_0 *y, int64_t nb) {
+int servd__q4_0_from_f32(const float *x, void *dst, int64_t nb) {
+  servd_block_q4_0 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     const float max = signed_absmax(x);
     const float d = max / -8.0f;
@@ -117,9 +120,11 @@ static void quantize_q4_0(const float *x, servd_block_q4_0 *y, int64_t nb) {
       y[i].qs[j] = (uint8_t)(qa | (qb << 4));
     }
   }
+  return 0;
 }
 
-static void quantize_q4_1(const float *x, servd_block_q4_1 *y, int64_t nb) {
+int servd__q4_1_from_f32(const float *x, void *dst, int64_t nb) {
+  servd_block_q4_1 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     float min, max;
     min_max(x, &min, &max);
@@ -134,10 +139,12 @@ static void quantize_q4_1(const float *x, servd_block_q4_1 *y, int64_t nb) {
       y[i].qs[j] = (uint8_t)(qa | (qb << 4));
     }
   }
+  return 0;
 }
 
 /* q5_0 / q5_1: as q4_0 / q4_1 on 32 levels, bit 4 of element j in bit j of qh. */
-static void quantize_q5_0(const float *x, servd_block_q5_0 *y, int64_t nb) {
+int servd__q5_0_from_f32(const float *x, void *dst, int64_t nb) {
+  servd_block_q5_0 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     const float max = signed_absmax(x);
     const float d = max / -16.0f;
@@ -151,9 +158,11 @@ static void quantize_q5_0(const float *x, servd_block_q5_0 *y, int64_t nb) {
     }
     store_qh(y[i].qh, qh);
   }
+  return 0;
 }
 
-static void quantize_q5_1(const float *x, servd_block_q5_1 *y, int64_t nb) {
+int servd__q5_1_from_f32(const float *x, void *dst, int64_t nb) {
+  servd_block_q5_1 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     float min, max;
     min_max(x, &min, &max);
@@ -170,6 +179,7 @@ static void quantize_q5_1(const float *x, servd_block_q5_1 *y, int64_t nb) {
     }
     store_qh(y[i].qh, qh);
   }
+  return 0;
 }
 
 /* ---- k-quants: reference dequantization as in ggml (dequantize_row_q*_K); quantization by plain
@@ -194,15 +204,18 @@ static void dequant_k4(uint16_t dh, uint16_t dminh, const uint8_t *scales, const
   }
 }
 
-static void dequant_q4_k(const servd_block_q4_k *b, float *y, int64_t nb) {
+void servd__q4_k_to_f32(const void *src, float *y, int64_t nb) {
+  const servd_block_q4_k *b = src;
   for (int64_t i = 0; i < nb; i++, b++, y += SERVD_QK_K) dequant_k4(b->d, b->dmin, b->scales, b->qs, NULL, y);
 }
 
-static void dequant_q5_k(const servd_block_q5_k *b, float *y, int64_t nb) {
+void servd__q5_k_to_f32(const void *src, float *y, int64_t nb) {
+  const servd_block_q5_k *b = src;
   for (int64_t i = 0; i < nb; i++, b++, y += SERVD_QK_K) dequant_k4(b->d, b->dmin, b->scales, b->qs, b->qh, y);
 }
 
-static void dequant_q6_k(const servd_block_q6_k *b, float *y, int64_t nb) {
+void servd__q6_k_to_f32(const void *src, float *y, int64_t nb) {
+  const servd_block_q6_k *b = src;
   for (int64_t i = 0; i < nb; i++, b++) {
     const float d = servd_f16_to_f32(b->d);
     for (int h = 0; h < 2; h++) {
@@ -259,16 +272,19 @@ static void quantize_k4(const float *x, uint8_t *dh, uint8_t *dminh, uint8_t *sc
   }
 }
 
-static void quantize_q4_k(const float *x, servd_block_q4_k *y, int64_t nb) {
+int servd__q4_k_from_f32(const float *x, void *dst, int64_t nb) {
+  servd_block_q4_k *y = dst;
   uint8_t q[SERVD_QK_K];
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
     quantize_k4(x, (uint8_t *)&y->d, (uint8_t *)&y->dmin, y->scales, q, 15);
     for (int c = 0; c < 4; c++)
       for (int l = 0; l < 32; l++) y->qs[32 * c + l] = (uint8_t)(q[64 * c + l] | q[64 * c + 32 + l] << 4);
   }
+  return 0;
 }
 
-static void quantize_q5_k(const float *x, servd_block_q5_k *y, int64_t nb) {
+int servd__q5_k_from_f32(const float *x, void *dst, int64_t nb) {
+  servd_block_q5_k *y = dst;
   uint8_t q[SERVD_QK_K];
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
     quantize_k4(x, (uint8_t *)&y->d, (uint8_t *)&y->dmin, y->scales, q, 31);
@@ -281,10 +297,12 @@ static void quantize_q5_k(const float *x, servd_block_q5_k *y, int64_t nb) {
       }
     }
   }
+  return 0;
 }
 
 /* q6_k: per group of 16 a symmetric grid with q in -32..31, its scale an int8 multiple of d. */
-static void quantize_q6_k(const float *x, servd_block_q6_k *y, int64_t nb) {
+int servd__q6_k_from_f32(const float *x, void *dst, int64_t nb) {
+  servd_block_q6_k *y = dst;
   uint8_t q[SERVD_QK_K];
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
     float scale[16], max_scale = 0.0f;
@@ -313,7 +331,108 @@ static void quantize_q6_k(const float *x, servd_block_q6_k *y, int64_t nb) {
       }
     }
   }
+  return 0;
 }
+
+/* ---- plain dtypes and the blocks of 32: to f32 (nb blocks; elements for plain dtypes) ---------- */
+
+void servd__f32_to_f32(const void *src, float *dst, int64_t n) { memmove(dst, src, (size_t)n * 4); }
+
+void servd__f16_to_f32(const void *src, float *dst, int64_t n) {
+  for (int64_t i = 0; i < n; i++) dst[i] = servd_f16_to_f32(((const uint16_t *)src)[i]);
+}
+
+void servd__bf16_to_f32(const void *src, float *dst, int64_t n) {
+  for (int64_t i = 0; i < n; i++) dst[i] = servd_bf16_to_f32(((const uint16_t *)src)[i]);
+}
+
+void servd__i32_to_f32(const void *src, float *dst, int64_t n) {
+  for (int64_t i = 0; i < n; i++) dst[i] = (float)((const int32_t *)src)[i];
+}
+
+void servd__q8_0_to_f32(const void *src, float *dst, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++) {
+    const servd_block_q8_0 *b = (const servd_block_q8_0 *)src + i;
+    const float d = servd_f16_to_f32(b->d);
+    for (int j = 0; j < SERVD_QK; j++) dst[i * SERVD_QK + j] = d * (float)b->qs[j];
+  }
+}
+
+void servd__q4_0_to_f32(const void *src, float *dst, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++) {
+    const servd_block_q4_0 *b = (const servd_block_q4_0 *)src + i;
+    const float d = servd_f16_to_f32(b->d);
+    for (int j = 0; j < SERVD_QK / 2; j++) {
+      dst[i * SERVD_QK + j] = d * (float)((b->qs[j] & 0x0f) - 8);
+      dst[i * SERVD_QK + j + SERVD_QK / 2] = d * (float)((b->qs[j] >> 4) - 8);
+    }
+  }
+}
+
+void servd__q4_1_to_f32(const void *src, float *dst, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++) {
+    const servd_block_q4_1 *b = (const servd_block_q4_1 *)src + i;
+    const float d = servd_f16_to_f32(b->d), m = servd_f16_to_f32(b->m);
+    for (int j = 0; j < SERVD_QK / 2; j++) {
+      dst[i * SERVD_QK + j] = d * (float)(b->qs[j] & 0x0f) + m;
+      dst[i * SERVD_QK + j + SERVD_QK / 2] = d * (float)(b->qs[j] >> 4) + m;
+    }
+  }
+}
+
+void servd__q5_0_to_f32(const void *src, float *dst, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++) {
+    const servd_block_q5_0 *b = (const servd_block_q5_0 *)src + i;
+    const float d = servd_f16_to_f32(b->d);
+    for (int j = 0; j < SERVD_QK; j++) dst[i * SERVD_QK + j] = d * (float)(servd_q5_at(b->qh, b->qs, j) - 16);
+  }
+}
+
+void servd__q5_1_to_f32(const void *src, float *dst, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++) {
+    const servd_block_q5_1 *b = (const servd_block_q5_1 *)src + i;
+    const float d = servd_f16_to_f32(b->d), m = servd_f16_to_f32(b->m);
+    for (int j = 0; j < SERVD_QK; j++) dst[i * SERVD_QK + j] = d * (float)servd_q5_at(b->qh, b->qs, j) + m;
+  }
+}
+
+/* ---- plain dtypes: from f32 ------------------------------------------------------------------- */
+
+int servd__f32_from_f32(const float *src, void *dst, int64_t n) {
+  memmove(dst, src, (size_t)n * 4);
+  return 0;
+}
+
+int servd__f16_from_f32(const float *src, void *dst, int64_t n) {
+  for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = servd_f32_to_f16(src[i]);
+  return 0;
+}
+
+int servd__bf16_from_f32(const float *src, void *dst, int64_t n) {
+  for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = servd_f32_to_bf16(src[i]);
+  return 0;
+}
+
+int servd__i32_from_f32(const float *src, void *dst, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    float v = rintf(src[i]);
+    if (!(v >= -2147483648.0f && v < 2147483648.0f))
+      return servd_fail(SERVD_ERANGE, "row_from_f32: element %lld (%g) does not fit i32", (long long)i, (double)src[i]);
+    ((int32_t *)dst)[i] = (int32_t)v;
+  }
+  return 0;
+}
+
+/* ---- the rows of servd/dtypes.def ------------------------------------------------------------- */
+
+static const struct {
+  void (*to_f32)(const void *src, float *dst, int64_t nb);
+  int (*from_f32)(const float *src, void *dst, int64_t nb);
+} conversions[] = {
+#define SERVD_DTYPE(ID, value, name, ...) [SERVD_##ID] = {servd__##name##_to_f32, servd__##name##_from_f32},
+#include "servd/dtypes.def"
+};
+_Static_assert(sizeof conversions / sizeof conversions[0] == SERVD_DTYPE_COUNT, "one conversion row per dtype");
 
 static int check_row(const char *op, servd_dtype t, const void *a, const void *b, int64_t n) {
   if ((unsigned)t >= SERVD_DTYPE_COUNT) return servd_fail(SERVD_EINVAL, "%s: invalid dtype %d", op, (int)t);
@@ -327,105 +446,12 @@ static int check_row(const char *op, servd_dtype t, const void *a, const void *b
 int servd_row_to_f32(servd_dtype t, const void *src, float *dst, int64_t n) {
   int rc = check_row("row_to_f32", t, src, dst, n);
   if (rc) return rc;
-  const int64_t nb = n / SERVD_QK;
-  switch (t) {
-  case SERVD_F32: memmove(dst, src, (size_t)n * 4); break;
-  case SERVD_F16:
-    for (int64_t i = 0; i < n; i++) dst[i] = servd_f16_to_f32(((const uint16_t *)src)[i]);
-    break;
-  case SERVD_BF16:
-    for (int64_t i = 0; i < n; i++) dst[i] = servd_bf16_to_f32(((const uint16_t *)src)[i]);
-    break;
-  case SERVD_I32:
-    for (int64_t i = 0; i < n; i++) dst[i] = (float)((const int32_t *)src)[i];
-    break;
-  case SERVD_Q8_0:
-    for (int64_t i = 0; i < nb; i++) {
-      const servd_block_q8_0 *b = (const servd_block_q8_0 *)src + i;
-      const float d = servd_f16_to_f32(b->d);
-      for (int j = 0; j < SERVD_QK; j++) dst[i * SERVD_QK + j] = d * (float)b->qs[j];
-    }
-    break;
-  case SERVD_Q4_0:
-    for (int64_t i = 0; i < nb; i++) {
-      const servd_block_q4_0 *b = (const servd_block_q4_0 *)src + i;
-      const float d = servd_f16_to_f32(b->d);
-      for (int j = 0; j < SERVD_QK / 2; j++) {
-        dst[i * SERVD_QK + j] = d * (float)((b->qs[j] & 0x0f) - 8);
-        dst[i * SERVD_QK + j + SERVD_QK / 2] = d * (float)((b->qs[j] >> 4) - 8);
-      }
-    }
-    break;
-  case SERVD_Q4_1:
-    for (int64_t i = 0; i < nb; i++) {
-      const servd_block_q4_1 *b = (const servd_block_q4_1 *)src + i;
-      const float d = servd_f16_to_f32(b->d), m = servd_f16_to_f32(b->m);
-      for (int j = 0; j < SERVD_QK / 2; j++) {
-        dst[i * SERVD_QK + j] = d * (float)(b->qs[j] & 0x0f) + m;
-        dst[i * SERVD_QK + j + SERVD_QK / 2] = d * (float)(b->qs[j] >> 4) + m;
-      }
-    }
-    break;
-  case SERVD_Q5_0:
-    for (int64_t i = 0; i < nb; i++) {
-      const servd_block_q5_0 *b = (const servd_block_q5_0 *)src + i;
-      const float d = servd_f16_to_f32(b->d);
-      for (int j = 0; j < SERVD_QK; j++) dst[i * SERVD_QK + j] = d * (float)(servd_q5_at(b->qh, b->qs, j) - 16);
-    }
-    break;
-  case SERVD_Q5_1:
-    for (int64_t i = 0; i < nb; i++) {
-      const servd_block_q5_1 *b = (const servd_block_q5_1 *)src + i;
-      const float d = servd_f16_to_f32(b->d), m = servd_f16_to_f32(b->m);
-      for (int j = 0; j < SERVD_QK; j++) dst[i * SERVD_QK + j] = d * (float)servd_q5_at(b->qh, b->qs, j) + m;
-    }
-    break;
-  case SERVD_Q4_K: dequant_q4_k(src, dst, n / SERVD_QK_K); break;
-  case SERVD_Q5_K: dequant_q5_k(src, dst, n / SERVD_QK_K); break;
-  case SERVD_Q6_K: dequant_q6_k(src, dst, n / SERVD_QK_K); break;
-  case SERVD_Q2_K: servd__dequant_q2_k(src, dst, n / SERVD_QK_K); break;
-  case SERVD_Q3_K: servd__dequant_q3_k(src, dst, n / SERVD_QK_K); break;
-  case SERVD_IQ4_NL: servd__dequant_iq4_nl(src, dst, nb); break;
-  case SERVD_IQ4_XS: servd__dequant_iq4_xs(src, dst, n / SERVD_QK_K); break;
-  default: return servd_fail(SERVD_EINVAL, "row_to_f32: invalid dtype %d", (int)t);
-  }
+  conversions[t].to_f32(src, dst, n / (int64_t)servd_dtype_block_elems(t));
   return 0;
 }
 
 int servd_row_from_f32(servd_dtype t, const float *src, void *dst, int64_t n) {
   int rc = check_row("row_from_f32", t, src, dst, n);
   if (rc) return rc;
-  const int64_t nb = n / SERVD_QK;
-  switch (t) {
-  case SERVD_F32: memmove(dst, src, (size_t)n * 4); break;
-  case SERVD_F16:
-    for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = servd_f32_to_f16(src[i]);
-    break;
-  case SERVD_BF16:
-    for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = servd_f32_to_bf16(src[i]);
-    break;
-  case SERVD_I32:
-    for (int64_t i = 0; i < n; i++) {
-      float v = rintf(src[i]);
-      if (!(v >= -2147483648.0f && v < 2147483648.0f))
-        return servd_fail(SERVD_ERANGE, "row_from_f32: element %lld (%g) does not fit i32", (long long)i,
-                          (double)src[i]);
-      ((int32_t *)dst)[i] = (int32_t)v;
-    }
-    break;
-  case SERVD_Q8_0: quantize_q8_0(src, dst, nb); break;
-  case SERVD_Q4_0: quantize_q4_0(src, dst, nb); break;
-  case SERVD_Q4_1: quantize_q4_1(src, dst, nb); break;
-  case SERVD_Q5_0: quantize_q5_0(src, dst, nb); break;
-  case SERVD_Q5_1: quantize_q5_1(src, dst, nb); break;
-  case SERVD_Q4_K: quantize_q4_k(src, dst, n / SERVD_QK_K); break;
-  case SERVD_Q5_K: quantize_q5_k(src, dst, n / SERVD_QK_K); break;
-  case SERVD_Q6_K: quantize_q6_k(src, dst, n / SERVD_QK_K); break;
-  case SERVD_Q2_K: servd__quantize_q2_k(src, dst, n / SERVD_QK_K); break;
-  case SERVD_Q3_K: servd__quantize_q3_k(src, dst, n / SERVD_QK_K); break;
-  case SERVD_IQ4_NL: servd__quantize_iq4_nl(src, dst, nb); break;
-  case SERVD_IQ4_XS: servd__quantize_iq4_xs(src, dst, n / SERVD_QK_K); break;
-  default: return servd_fail(SERVD_EINVAL, "row_from_f32: invalid dtype %d", (int)t);
-  }
-  return 0;
+  return conversions[t].from_f32(src, dst, n / (int64_t)servd_dtype_block_elems(t));
 }

@@ -11,7 +11,7 @@
 static inline int to_int(float v) { return v > -65536.0f && v < 65536.0f ? (int)v : 0; }
 static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-void servd__dequant_q2_k(const void *src, float *y, int64_t nb) {
+void servd__q2_k_to_f32(const void *src, float *y, int64_t nb) {
   const servd_block_q2_k *b = src;
   for (int64_t i = 0; i < nb; i++, b++, y += SERVD_QK_K) {
     const float d = servd_f16_to_f32(b->d), dmin = servd_f16_to_f32(b->dmin);
@@ -23,7 +23,7 @@ void servd__dequant_q2_k(const void *src, float *y, int64_t nb) {
   }
 }
 
-void servd__dequant_q3_k(const void *src, float *y, int64_t nb) {
+void servd__q3_k_to_f32(const void *src, float *y, int64_t nb) {
   const servd_block_q3_k *b = src;
   for (int64_t i = 0; i < nb; i++, b++, y += SERVD_QK_K) {
     const float d = servd_f16_to_f32(b->d);
@@ -35,7 +35,7 @@ void servd__dequant_q3_k(const void *src, float *y, int64_t nb) {
   }
 }
 
-void servd__dequant_iq4_nl(const void *src, float *y, int64_t nb) {
+void servd__iq4_nl_to_f32(const void *src, float *y, int64_t nb) {
   const servd_block_iq4_nl *b = src;
   for (int64_t i = 0; i < nb; i++, b++, y += SERVD_QK) {
     const float d = servd_f16_to_f32(b->d);
@@ -46,7 +46,7 @@ void servd__dequant_iq4_nl(const void *src, float *y, int64_t nb) {
   }
 }
 
-void servd__dequant_iq4_xs(const void *src, float *y, int64_t nb) {
+void servd__iq4_xs_to_f32(const void *src, float *y, int64_t nb) {
   const servd_block_iq4_xs *b = src;
   for (int64_t i = 0; i < nb; i++, b++) {
     const float d = servd_f16_to_f32(b->d);
@@ -95,15 +95,16 @@ static float signed_absmax(const float *x, int n) {
   return max;
 }
 
-void servd__quantize_iq4_nl(const float *x, void *dst, int64_t nb) {
+int servd__iq4_nl_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_iq4_nl *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK, y++) {
     y->d = servd_f32_to_f16(signed_absmax(x, SERVD_QK) / (float)servd_iq4_values[0]);
     iq4_codes(x, servd_f16_to_f32(y->d), y->qs, SERVD_QK);
   }
+  return 0;
 }
 
-void servd__quantize_iq4_xs(const float *x, void *dst, int64_t nb) {
+int servd__iq4_xs_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_iq4_xs *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
     float s[8], amax = 0.0f;
@@ -122,9 +123,10 @@ void servd__quantize_iq4_xs(const float *x, void *dst, int64_t nb) {
       iq4_codes(x + 32 * ib, d * (float)(ls - 32), y->qs + 16 * ib, 32);
     }
   }
+  return 0;
 }
 
-void servd__quantize_q2_k(const float *x, void *dst, int64_t nb) {
+int servd__q2_k_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q2_k *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
     float scale[16], min[16], max_scale = 0.0f, max_min = 0.0f;
@@ -155,9 +157,10 @@ void servd__quantize_q2_k(const float *x, void *dst, int64_t nb) {
       }
     }
   }
+  return 0;
 }
 
-void servd__quantize_q3_k(const float *x, void *dst, int64_t nb) {
+int servd__q3_k_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q3_k *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
     float scale[16], max_scale = 0.0f;
@@ -184,4 +187,5 @@ void servd__quantize_q3_k(const float *x, void *dst, int64_t nb) {
       }
     }
   }
+  return 0;
 }

@@ -4,23 +4,50 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "servd/dtype_traits.h"
 #include "servd/tensor.h"
 
-static const struct {
-  const char *name;
-  size_t block_elems, block_bytes;
-} dtypes[SERVD_DTYPE_COUNT] = {
-    [SERVD_F32] = {"f32", 1, 4},           [SERVD_F16] = {"f16", 1, 2},       [SERVD_BF16] = {"bf16", 1, 2},
-    [SERVD_I32] = {"i32", 1, 4},           [SERVD_Q8_0] = {"q8_0", 32, 34},   [SERVD_Q4_0] = {"q4_0", 32, 18},
-    [SERVD_Q4_1] = {"q4_1", 32, 20},       [SERVD_Q4_K] = {"q4_k", 256, 144}, [SERVD_Q6_K] = {"q6_k", 256, 210},
-    [SERVD_Q5_K] = {"q5_k", 256, 176},     [SERVD_Q5_0] = {"q5_0", 32, 22},   [SERVD_Q5_1] = {"q5_1", 32, 24},
-    [SERVD_Q2_K] = {"q2_k", 256, 84},      [SERVD_Q3_K] = {"q3_k", 256, 110}, [SERVD_IQ4_NL] = {"iq4_nl", 32, 18},
-    [SERVD_IQ4_XS] = {"iq4_xs", 256, 136},
+#define SERVD__UNPAREN(...) __VA_ARGS__
+/* One row per row of servd/dtypes.def; the count of scales is that of their names. */
+static const servd_dtype_traits dtypes[] = {
+#define SERVD_DTYPE(ID, value, name_, elems, bytes, ggml, scales_) \
+  [SERVD_##ID] = { \
+      .name = #name_, \
+      .block_elems = elems, \
+      .block_bytes = bytes, \
+      .ggml_type = ggml, \
+      .n_scales = \
+          (int)(sizeof((servd_dtype_scale[]){{0, NULL}, SERVD__UNPAREN scales_}) / sizeof(servd_dtype_scale)) - 1, \
+      .scales = {SERVD__UNPAREN scales_}},
+#include "servd/dtypes.def"
 };
+_Static_assert(sizeof dtypes / sizeof dtypes[0] == SERVD_DTYPE_COUNT, "one traits row per dtype");
+
+/* Rows in value order with none skipped: a row's value is its position. */
+enum {
+#define SERVD_DTYPE(ID, ...) ROW_##ID,
+#include "servd/dtypes.def"
+};
+#define SERVD_DTYPE(ID, ...) _Static_assert(SERVD_##ID == (int)ROW_##ID, "servd/dtypes.def: rows in value order");
+#include "servd/dtypes.def"
 
 static bool dtype_ok(servd_dtype t) { return (unsigned)t < SERVD_DTYPE_COUNT; }
 
+const servd_dtype_traits *servd_dtype_get_traits(servd_dtype t) { return dtype_ok(t) ? &dtypes[t] : NULL; }
+
 const char *servd_dtype_name(servd_dtype t) { return dtype_ok(t) ? dtypes[t].name : "invalid"; }
+
+const char *servd_dtype_list(char *buf, size_t cap, bool quantized_only, const char *sep) {
+  size_t len = 0;
+  if (cap) buf[0] = '\0';
+  for (int i = 0; i < SERVD_DTYPE_COUNT && len < cap; i++) {
+    if (quantized_only && dtypes[i].block_elems == 1) continue;
+    int k = snprintf(buf + len, cap - len, "%s%s", len ? sep : "", dtypes[i].name);
+    if (k < 0) break;
+    len += (size_t)k;
+  }
+  return buf;
+}
 
 int servd_dtype_from_name(const char *name, servd_dtype *out) {
   for (int i = 0; name && i < SERVD_DTYPE_COUNT; i++) {
@@ -29,10 +56,19 @@ int servd_dtype_from_name(const char *name, servd_dtype *out) {
       return 0;
     }
   }
-  return servd_fail(SERVD_EINVAL,
-                    "dtype: unknown name '%s' (expected f32 f16 bf16 i32 q8_0 q4_0 q4_1 q4_k q6_k q5_k q5_0 q5_1 q2_k "
-                    "q3_k iq4_nl iq4_xs)",
-                    name ? name : "(null)");
+  char names[256];
+  return servd_fail(SERVD_EINVAL, "dtype: unknown name '%s' (expected %s)", name ? name : "(null)",
+                    servd_dtype_list(names, sizeof names, false, " "));
+}
+
+int servd_dtype_from_ggml(int ggml_type, servd_dtype *out) {
+  for (int i = 0; ggml_type >= 0 && i < SERVD_DTYPE_COUNT; i++) {
+    if (dtypes[i].ggml_type == ggml_type) {
+      *out = (servd_dtype)i;
+      return 0;
+    }
+  }
+  return SERVD_EUNSUPPORTED;
 }
 
 size_t servd_dtype_block_elems(servd_dtype t) { return dtype_ok(t) ? dtypes[t].block_elems : 0; }

@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "servd/blocks.h"
+#include "servd/dtype_traits.h"
 #include "servd/tensor.h"
 
 static void test_dtypes(void **state) {
@@ -35,6 +37,64 @@ static void test_dtypes(void **state) {
   assert_int_equal(servd_dtype_row_bytes(SERVD_Q4_1, 64), 40);
   assert_int_equal(servd_dtype_row_bytes(SERVD_BF16, 7), 14);
   assert_int_equal(servd_dtype_row_bytes(SERVD_Q8_0, 33), 0);
+}
+
+/* servd/dtypes.def's rows as data: the stored values, the GGUF types kept, and the block scales at
+ * the offsets of servd/blocks.h's fields. */
+static void test_dtype_traits(void **state) {
+  (void)state;
+  assert_int_equal(SERVD_Q8_0, 4);
+  assert_int_equal(SERVD_Q4_1, 6);
+  assert_int_equal(SERVD_IQ4_XS, 15);
+#define SCALE(t, blk, field) \
+  { t, offsetof(blk, field), #field }
+  static const struct {
+    servd_dtype t;
+    size_t offset;
+    const char *name;
+  } scales[] = {SCALE(SERVD_Q8_0, servd_block_q8_0, d),    SCALE(SERVD_Q4_0, servd_block_q4_0, d),
+                SCALE(SERVD_Q4_1, servd_block_q4_1, d),    SCALE(SERVD_Q4_1, servd_block_q4_1, m),
+                SCALE(SERVD_Q4_K, servd_block_q4_k, d),    SCALE(SERVD_Q4_K, servd_block_q4_k, dmin),
+                SCALE(SERVD_Q6_K, servd_block_q6_k, d),    SCALE(SERVD_Q5_K, servd_block_q5_k, d),
+                SCALE(SERVD_Q5_K, servd_block_q5_k, dmin), SCALE(SERVD_Q5_0, servd_block_q5_0, d),
+                SCALE(SERVD_Q5_1, servd_block_q5_1, d),    SCALE(SERVD_Q5_1, servd_block_q5_1, m),
+                SCALE(SERVD_Q2_K, servd_block_q2_k, d),    SCALE(SERVD_Q2_K, servd_block_q2_k, dmin),
+                SCALE(SERVD_Q3_K, servd_block_q3_k, d),    SCALE(SERVD_IQ4_NL, servd_block_iq4_nl, d),
+                SCALE(SERVD_IQ4_XS, servd_block_iq4_xs, d)};
+#undef SCALE
+  int seen[SERVD_DTYPE_COUNT] = {0};
+  for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
+    const servd_dtype_traits *tr = servd_dtype_get_traits(scales[i].t);
+    const int k = seen[scales[i].t]++;
+    assert_true(k < tr->n_scales);
+    assert_int_equal(tr->scales[k].offset, scales[i].offset);
+    assert_string_equal(tr->scales[k].name, scales[i].name);
+  }
+  /* ggml's type ids (gguf-py's GGMLQuantizationType); I32 and Q8_1 are not kept. */
+  static const int ggml[SERVD_DTYPE_COUNT] = {0, 1, 30, -1, 8, 2, 3, 12, 14, 13, 6, 7, 10, 11, 20, 23};
+  for (int t = 0; t < SERVD_DTYPE_COUNT; t++) {
+    const servd_dtype_traits *tr = servd_dtype_get_traits((servd_dtype)t);
+    assert_int_equal(seen[t], tr->n_scales);
+    assert_int_equal(tr->n_scales > 0, servd_dtype_is_quantized((servd_dtype)t));
+    assert_string_equal(tr->name, servd_dtype_name((servd_dtype)t));
+    assert_int_equal(tr->ggml_type, ggml[t]);
+    servd_dtype d;
+    if (ggml[t] >= 0) {
+      assert_int_equal(servd_dtype_from_ggml(ggml[t], &d), 0);
+      assert_int_equal(d, t);
+    }
+  }
+  servd_dtype d;
+  assert_int_equal(servd_dtype_from_ggml(26, &d), SERVD_EUNSUPPORTED);
+  assert_int_equal(servd_dtype_from_ggml(9, &d), SERVD_EUNSUPPORTED);
+  assert_int_equal(servd_dtype_from_ggml(-1, &d), SERVD_EUNSUPPORTED);
+  assert_null(servd_dtype_get_traits(SERVD_DTYPE_COUNT));
+  char buf[160];
+  assert_string_equal(servd_dtype_list(buf, sizeof buf, true, "/"),
+                      "q8_0/q4_0/q4_1/q4_k/q6_k/q5_k/q5_0/q5_1/q2_k/q3_k/iq4_nl/iq4_xs");
+  assert_string_equal(servd_dtype_list(buf, 12, false, " "), "f32 f16 bf1"); /* truncated */
+  assert_int_equal(servd_dtype_from_name("q9", &d), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "(expected f32 f16 bf16 i32 q8_0"));
 }
 
 static void test_new_and_strides(void **state) {
@@ -165,9 +225,13 @@ static void test_fail_wraps_last_error(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fail_wraps_last_error), cmocka_unit_test(test_dtypes),
-      cmocka_unit_test(test_new_and_strides),       cmocka_unit_test(test_wrap_and_refcounts),
-      cmocka_unit_test(test_atomic_refcounts),      cmocka_unit_test(test_views),
+      cmocka_unit_test(test_fail_wraps_last_error),
+      cmocka_unit_test(test_dtypes),
+      cmocka_unit_test(test_dtype_traits),
+      cmocka_unit_test(test_new_and_strides),
+      cmocka_unit_test(test_wrap_and_refcounts),
+      cmocka_unit_test(test_atomic_refcounts),
+      cmocka_unit_test(test_views),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,9 +6,9 @@
  *
  * Layout: shape[0] is the outermost dimension. strides[] are in bytes. The innermost dimension of
  * every tensor is contiguous: for plain dtypes strides[ndim-1] == element size; for GGUF block dtypes
- * (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, and the 256-value q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs) the innermost dimension is a run of packed blocks, its length is a multiple of
- * the block size and strides[ndim-1] == block bytes / block elements is not an integer, so it is
- * stored as 0 and never used. Outer strides may be anything (views of rows, column slices of a row).
+ * (servd/dtypes.def: blocks of 32 or 256 values) the innermost dimension is a run of packed blocks,
+ * its length is a multiple of the block size and strides[ndim-1] == block bytes / block elements is
+ * not an integer, so it is stored as 0 and never used. Outer strides may be anything (views of rows, column slices of a row).
  */
 #ifndef SERVD_TENSOR_H
 #define SERVD_TENSOR_H
@@ -23,26 +23,11 @@
 extern "C" {
 #endif
 
-/* NOTE: append new dtypes at the end; the values are stored in packages. */
+/* One value per row of servd/dtypes.def (the registry: layouts, names, sizes, GGUF types); new
+ * dtypes are appended there, as the values are stored in packages. */
 typedef enum servd_dtype {
-  SERVD_F32 = 0,
-  SERVD_F16 = 1,
-  SERVD_BF16 = 2,
-  SERVD_I32 = 3,
-  SERVD_Q8_0 = 4, /* blocks of 32: f16 scale d, int8 q[32]; x = d*q               (34 bytes) */
-  SERVD_Q4_0 = 5, /* blocks of 32: f16 d, 16 bytes nibbles; x = d*(q-8)          (18 bytes) */
-  SERVD_Q4_1 = 6, /* blocks of 32: f16 d, f16 m, 16 bytes nibbles; x = d*q + m   (20 bytes) */
-  /* k-quants (ggml's, kept byte for byte from GGUF): super-blocks of 256 in sub-blocks with 6- or
-   * 8-bit scales (servd/blocks.h spells the bits out). */
-  SERVD_Q4_K = 7,    /* 8 x 32: 4-bit q, 6-bit scale and min; x = d*sc*q - dmin*m   (144 bytes) */
-  SERVD_Q6_K = 8,    /* 16 x 16: 6-bit q, int8 scale; x = d*sc*(q - 32)             (210 bytes) */
-  SERVD_Q5_K = 9,    /* 8 x 32: 5-bit q, 6-bit scale and min; x = d*sc*q - dmin*m   (176 bytes) */
-  SERVD_Q5_0 = 10,   /* blocks of 32: f16 d, 4 bytes high bits, 16 bytes nibbles; x = d*(q-16) (22 bytes) */
-  SERVD_Q5_1 = 11,   /* blocks of 32: f16 d, f16 m, high bits, nibbles; x = d*q + m  (24 bytes) */
-  SERVD_Q2_K = 12,   /* 16 x 16: 2-bit q, 4-bit scale and min; x = d*sc*q - dmin*m  (84 bytes) */
-  SERVD_Q3_K = 13,   /* 16 x 16: 3-bit q, 6-bit scale; x = d*(sc-32)*(q-4)          (110 bytes) */
-  SERVD_IQ4_NL = 14, /* blocks of 32: f16 d, 4-bit codes into a 16-value table; x = d*kv[q] (18 bytes) */
-  SERVD_IQ4_XS = 15, /* 8 x 32: 4-bit codes into the IQ4_NL table, 6-bit scale; x = d*(sc-32)*kv[q] (136 bytes) */
+#define SERVD_DTYPE(ID, value, ...) SERVD_##ID = value,
+#include "servd/dtypes.def"
   SERVD_DTYPE_COUNT
 } servd_dtype;
 
