@@ -12,7 +12,7 @@ int servd_embedding(servd_tensor *out, const servd_tensor *table, const servd_te
              servd_tensor_describe(table, b, sizeof b), servd_tensor_describe(ids, c, sizeof c))
   if (out->dtype != SERVD_F32 || ids->dtype != SERVD_I32) return BAD("out must be f32 and ids i32");
   if (table->dtype == SERVD_I32 || (unsigned)table->dtype >= SERVD_DTYPE_COUNT)
-    return BAD("table must be f32, f16, bf16 or a block dtype (q8_0, q4_0, q4_1, q5_0, q5_1, k-quants)");
+    return BAD("table must be f32, f16, bf16 or a block dtype");
   if (table->ndim != 2) return BAD("table must be 2-D (vocab,d)");
   if (out->device >= 0 || table->device >= 0 || ids->device >= 0) return BAD("tensors must be on the host");
   if (!servd_tensor_is_contiguous(ids)) return BAD("ids must be contiguous");

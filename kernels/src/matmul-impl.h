@@ -79,13 +79,6 @@ static inline bool servd__block_absmax(const float *v, int n, float *amax) {
   return finite;
 }
 
-/* Weights that take q8_K activations: the k-quants and iq4_xs. */
-static inline bool servd__is_kquant(servd_dtype t) {
-  return t == SERVD_Q4_K || t == SERVD_Q5_K || t == SERVD_Q6_K || t == SERVD_Q2_K || t == SERVD_Q3_K ||
-         t == SERVD_IQ4_XS;
-}
-static inline bool servd__is_q5(servd_dtype t) { return t == SERVD_Q5_0 || t == SERVD_Q5_1; }
-
 typedef struct servd__mm {
   const char *x, *w;
   char *out;
@@ -104,6 +97,26 @@ typedef struct servd__mm {
 } servd__mm;
 
 typedef void (*servd__mm_fn)(const servd__mm *p, int64_t j0, int64_t j1);
+
+/* What a weight dtype's kernels read of x, prepared once per call by matmul.c's prepare(). */
+typedef enum servd__act {
+  SERVD__ACT_F32,          /* x as it is (f32 f16 bf16 weights) */
+  SERVD__ACT_F32_EVEN_ODD, /* as F32; on AVX-512 also xeo, x's runs of 32 split even/odd (bf16) */
+  SERVD__ACT_Q8,           /* servd__q8x: q8 per 32 (the quad layout for the VNNI kernels) */
+  SERVD__ACT_Q8K,          /* servd__q8k: q8_K per 256 (the k-quants and iq4_xs) */
+} servd__act;
+
+/* A dtype's CPU traits as a weight (dtype_cpu.c, one row per row of servd/dtypes.def). */
+typedef struct servd__dtype_cpu {
+  servd__act act;
+  bool q8k_perm; /* its VNNI kernel reads q8_K groups in servd__q8k_group_off's permuted order */
+  /* Its kernel per ISA; NULL falls back to the next lower ISA's, a NULL scalar: not a weight dtype. */
+  servd__mm_fn scalar, avx2, avx512, avx512vnni;
+} servd__dtype_cpu;
+
+extern const servd__dtype_cpu servd__dtype_cpu_traits[SERVD_DTYPE_COUNT];
+/* c's kernel on the active ISA (vnni: servd__cpu_has_vnni()). */
+servd__mm_fn servd__dtype_cpu_kernel(const servd__dtype_cpu *c, servd_isa isa, bool vnni);
 
 /* A matmul's descriptor from its tensors (checked as servd_matmul checks them), and its prepared x
  * (in the calling thread's scratch slot 0; m, k > 0) and kernel: for fused kernels (fused_*.c). */

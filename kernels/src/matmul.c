@@ -3,7 +3,6 @@
 #include <string.h>
 
 #include "matmul-impl.h"
-#include "matmul_lowbit-impl.h"
 #include "servd/threadpool.h"
 
 /* ---- scalar reference ------------------------------------------------------------------------- */
@@ -83,7 +82,7 @@ static int setup(servd__mm *p, servd_tensor *out, const servd_tensor *x, const s
   servd__mat mx, mw, mo;
   if (!out || !x || !w) return servd_fail(SERVD_EINVAL, "matmul: NULL tensor");
   if (x->dtype != SERVD_F32 || out->dtype != SERVD_F32) return bad(out, x, w, "x and out must be f32");
-  if (w->dtype == SERVD_I32 || (unsigned)w->dtype >= SERVD_DTYPE_COUNT)
+  if ((unsigned)w->dtype >= SERVD_DTYPE_COUNT || !servd__dtype_cpu_traits[w->dtype].scalar)
     return bad(out, x, w, "w must be f32, f16, bf16 or a block dtype");
   if (w->ndim != 2) return bad(out, x, w, "w must be 2-D (n,k)");
   if (x->device >= 0 || w->device >= 0 || out->device >= 0) return bad(out, x, w, "tensors must be on the host");
@@ -171,7 +170,7 @@ static void run_quant(void *ctx, int64_t b, int64_t e, int thread) {
   q.qs += b * q.ldq;
   q.d += b * q.lds;
   q.s += b * q.lds;
-  if (servd__is_kquant(p->wt)) {
+  if (servd__dtype_cpu_traits[p->wt].act == SERVD__ACT_Q8K) {
     servd__q8k k = p->xk;
     k.qs += b * k.ldq;
     k.d += b * k.nb;
@@ -181,11 +180,13 @@ static void run_quant(void *ctx, int64_t b, int64_t e, int thread) {
   else servd__quantize_q8x(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
 }
 
-/* Prepares x for w's dtype (q8 activations, or the AVX-512 bf16 layout, in thread scratch slot 0)
- * and picks the kernel. */
+/* Prepares x for w's dtype as its row of dtype_cpu.c asks (q8 activations, or the AVX-512 bf16
+ * layout, in thread scratch slot 0) and picks the row's kernel for this CPU. */
 static int prepare(servd__mm *p, servd__mm_fn *fn) {
-  servd_isa isa = servd__isa();
-  if (servd__is_kquant(p->wt)) {
+  const servd_isa isa = servd__isa();
+  const bool vnni = servd__cpu_has_vnni();
+  const servd__dtype_cpu *c = &servd__dtype_cpu_traits[p->wt];
+  if (c->act == SERVD__ACT_Q8K) {
     p->xk.nb = p->k / SERVD_QK_K;
     p->xk.ldq = p->k; /* a multiple of 256 */
     const size_t qbytes = (size_t)(p->m * p->k), dbytes = (size_t)(p->m * p->xk.nb) * sizeof(float);
@@ -194,14 +195,10 @@ static int prepare(servd__mm *p, servd__mm_fn *fn) {
     p->xk.qs = (int8_t *)buf;
     p->xk.d = (float *)(buf + qbytes);
     p->xk.bsums = (int16_t *)(buf + qbytes + dbytes);
-    const bool vnni = servd__cpu_has_vnni();
-    p->xk.perm = vnni && (p->wt == SERVD_Q4_K || p->wt == SERVD_Q5_K);
+    p->xk.perm = vnni && c->q8k_perm;
     quant_task qt = {.p = p, .avx512 = vnni}; /* its quantizer lives with the VNNI kernel */
     servd_parallel_for(p->m, (1 << 16) / p->k + 1, run_quant, &qt);
-    *fn = vnni ? servd__mm_kquant_avx512vnni : isa >= SERVD_ISA_AVX2 ? servd__mm_kquant_avx2 : servd__mm_kquant_scalar;
-    if (servd__is_lowbit(p->wt)) *fn = servd__lowbit_kernel(p->wt, isa);
-  } else if (servd_dtype_is_quantized(p->wt)) {
-    const bool vnni = servd__cpu_has_vnni();
+  } else if (c->act == SERVD__ACT_Q8) {
     p->xq.nb = p->k / SERVD_QK;
     p->xq.quad = vnni;
     p->xq.ldq = (p->xq.nb + 3) / 4 * 128; /* whole quads, a multiple of 64 bytes */
@@ -214,22 +211,14 @@ static int prepare(servd__mm *p, servd__mm_fn *fn) {
     p->xq.s = (float *)(buf + qbytes + fbytes);
     quant_task qt = {.p = p, .avx512 = isa == SERVD_ISA_AVX512};
     servd_parallel_for(p->m, (1 << 16) / p->k + 1, run_quant, &qt); /* prefill: many rows */
-    *fn = vnni ? servd__mm_quant_avx512vnni : isa >= SERVD_ISA_AVX2 ? servd__mm_quant_avx2 : servd__mm_quant_scalar;
-    if (servd__is_q5(p->wt))
-      *fn = vnni ? servd__mm_q5_avx512vnni : isa >= SERVD_ISA_AVX2 ? servd__mm_q5_avx2 : servd__mm_q5_scalar;
-    if (p->wt == SERVD_IQ4_NL) *fn = servd__lowbit_kernel(p->wt, isa);
-  } else {
-    if (isa == SERVD_ISA_AVX512 && p->wt == SERVD_BF16 && p->k >= 32) {
-      p->ldxeo = p->k / 32 * 32;
-      float *xeo = servd__scratch(0, (size_t)(p->m * p->ldxeo) * sizeof(float));
-      if (!xeo) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate bf16 activation scratch");
-      servd__split_even_odd_avx512(p->x, p->ldx, p->m, p->k, xeo, p->ldxeo);
-      p->xeo = xeo;
-    }
-    *fn = isa == SERVD_ISA_AVX512 ? servd__mm_float_avx512
-          : isa == SERVD_ISA_AVX2 ? servd__mm_float_avx2
-                                  : servd__mm_float_scalar;
+  } else if (c->act == SERVD__ACT_F32_EVEN_ODD && isa == SERVD_ISA_AVX512 && p->k >= 32) {
+    p->ldxeo = p->k / 32 * 32;
+    float *xeo = servd__scratch(0, (size_t)(p->m * p->ldxeo) * sizeof(float));
+    if (!xeo) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate bf16 activation scratch");
+    servd__split_even_odd_avx512(p->x, p->ldx, p->m, p->k, xeo, p->ldxeo);
+    p->xeo = xeo;
   }
+  *fn = servd__dtype_cpu_kernel(c, isa, vnni);
   return 0;
 }
 

@@ -6,21 +6,9 @@
 
 #include "matmul-impl.h"
 
-static inline bool servd__is_lowbit(servd_dtype t) {
-  return t == SERVD_Q2_K || t == SERVD_Q3_K || t == SERVD_IQ4_NL || t == SERVD_IQ4_XS;
-}
-
 void servd__mm_iq4nl_scalar(const servd__mm *p, int64_t j0, int64_t j1);
 void servd__mm_lowbit_avx2(const servd__mm *p, int64_t j0, int64_t j1);
 /* q2_k q3_k iq4_xs (matmul_lowbit_avx512vnni.c) */
 void servd__mm_lowbit_k_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1);
-
-/* The kernel for a low-bit dtype on the CPU's ISA (q2_k q3_k iq4_xs: the k-quant reference when
- * scalar). */
-static inline servd__mm_fn servd__lowbit_kernel(servd_dtype t, servd_isa isa) {
-  if (servd__cpu_has_vnni()) return t == SERVD_IQ4_NL ? servd__mm_quant_avx512vnni : servd__mm_lowbit_k_avx512vnni;
-  if (isa >= SERVD_ISA_AVX2) return servd__mm_lowbit_avx2;
-  return t == SERVD_IQ4_NL ? servd__mm_iq4nl_scalar : servd__mm_kquant_scalar;
-}
 
 #endif
