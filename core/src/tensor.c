@@ -37,12 +37,20 @@ const servd_dtype_traits *servd_dtype_get_traits(servd_dtype t) { return dtype_o
 
 const char *servd_dtype_name(servd_dtype t) { return dtype_ok(t) ? dtypes[t].name : "invalid"; }
 
-const char *servd_dtype_list(char *buf, size_t cap, bool quantized_only, const char *sep) {
+const char *servd_dtype_quantized_name(servd_dtype t) { return servd_dtype_is_quantized(t) ? dtypes[t].name : NULL; }
+
+const char *servd_dtype_list(char *buf, size_t cap, const char *(*name_of)(servd_dtype t), const char *sep,
+                             const char *last_sep) {
+  const char *names[SERVD_DTYPE_COUNT];
+  int n = 0;
+  for (int i = 0; i < SERVD_DTYPE_COUNT; i++) {
+    const char *name = name_of ? name_of((servd_dtype)i) : dtypes[i].name;
+    if (name) names[n++] = name;
+  }
   size_t len = 0;
   if (cap) buf[0] = '\0';
-  for (int i = 0; i < SERVD_DTYPE_COUNT && len < cap; i++) {
-    if (quantized_only && dtypes[i].block_elems == 1) continue;
-    int k = snprintf(buf + len, cap - len, "%s%s", len ? sep : "", dtypes[i].name);
+  for (int i = 0; i < n && len < cap; i++) {
+    const int k = snprintf(buf + len, cap - len, "%s%s", i == 0 ? "" : i == n - 1 ? last_sep : sep, names[i]);
     if (k < 0) break;
     len += (size_t)k;
   }
@@ -58,12 +66,12 @@ int servd_dtype_from_name(const char *name, servd_dtype *out) {
   }
   char names[256];
   return servd_fail(SERVD_EINVAL, "dtype: unknown name '%s' (expected %s)", name ? name : "(null)",
-                    servd_dtype_list(names, sizeof names, false, " "));
+                    servd_dtype_list(names, sizeof names, NULL, " ", " "));
 }
 
-int servd_dtype_from_ggml(int ggml_type, servd_dtype *out) {
-  for (int i = 0; ggml_type >= 0 && i < SERVD_DTYPE_COUNT; i++) {
-    if (dtypes[i].ggml_type == ggml_type) {
+int servd_dtype_from_ggml(uint32_t ggml_type, servd_dtype *out) {
+  for (int i = 0; i < SERVD_DTYPE_COUNT; i++) {
+    if (dtypes[i].ggml_type >= 0 && (uint32_t)dtypes[i].ggml_type == ggml_type) {
       *out = (servd_dtype)i;
       return 0;
     }

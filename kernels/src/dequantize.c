@@ -16,8 +16,8 @@ int servd__check_dequantize(servd_tensor *out, const servd_tensor *x) {
   if (!ok) {
     char names[160];
     return servd_fail(SERVD_EINVAL, "dequantize: expected x (..., n) %s and out f32 of its shape; got out %s, x %s",
-                      servd_dtype_list(names, sizeof names, true, "/"), ops__desc(out, bo, sizeof bo),
-                      ops__desc(x, bx, sizeof bx));
+                      servd_dtype_list(names, sizeof names, servd_dtype_quantized_name, "/", "/"),
+                      ops__desc(out, bo, sizeof bo), ops__desc(x, bx, sizeof bx));
   }
   return 0;
 }

@@ -1,7 +1,7 @@
 /* GGUF (llama architecture) -> package: model config from llama.* metadata, tokenizer.ggml.* as an
  * equivalent Hugging Face tokenizer.json, the chat template, and tensors under Hugging Face names.
- * F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS are kept as they are
- * (every type it reads); a NaN or infinite block scale is refused.
+ * Every ggml type a dtype keeps (servd/dtypes.def: F32 F16 BF16 and the block types) is kept as it
+ * is; a NaN or infinite block scale is refused.
  * GGUF Q/K rows are permuted for interleaved-pair RoPE: rope_layout "interleaved".
  * rope_freqs.weight becomes the config's Llama 3 rope_scaling (rope_fit.c) and is not stored. */
 #include <stdio.h>
@@ -12,6 +12,13 @@
 #include "mpk-impl.h"
 #include "mpk/gguf.h"
 #include "rope_fit.h"
+#include "servd/dtype_traits.h"
+
+/* The ggml type that t keeps ("Q4_K"), NULL when none: lists them in the message refusing another. */
+static const char *ggml_kept(servd_dtype t) {
+  const int g = servd_dtype_get_traits(t)->ggml_type;
+  return g >= 0 ? mpk_ggml_type_name((uint32_t)g) : NULL;
+}
 
 static json_t *jstrn(const char *s, size_t n) { return json_stringn(s, n); } /* NULL unless valid UTF-8 */
 
@@ -396,28 +403,12 @@ int mpk_pack_gguf(const char *gguf_path, const char *out_path, const mpk_import_
     int64_t shape[4];
     for (int d = 0; d < t->ndim; d++) shape[d] = t->ne[t->ndim - 1 - d]; /* innermost first -> row-major */
     const void *data = (const uint8_t *)map.data + t->offset;
-    servd_dtype keep;
-    switch (t->type) {
-    case MPK_GGML_F32: keep = SERVD_F32; break;
-    case MPK_GGML_F16: keep = SERVD_F16; break;
-    case MPK_GGML_BF16: keep = SERVD_BF16; break;
-    case MPK_GGML_Q8_0: keep = SERVD_Q8_0; break;
-    case MPK_GGML_Q4_0: keep = SERVD_Q4_0; break;
-    case MPK_GGML_Q4_1: keep = SERVD_Q4_1; break;
-    case MPK_GGML_Q4_K: keep = SERVD_Q4_K; break;
-    case MPK_GGML_Q5_K: keep = SERVD_Q5_K; break;
-    case MPK_GGML_Q6_K: keep = SERVD_Q6_K; break;
-    case MPK_GGML_Q5_0: keep = SERVD_Q5_0; break;
-    case MPK_GGML_Q5_1: keep = SERVD_Q5_1; break;
-    case MPK_GGML_Q2_K: keep = SERVD_Q2_K; break;
-    case MPK_GGML_Q3_K: keep = SERVD_Q3_K; break;
-    case MPK_GGML_IQ4_NL: keep = SERVD_IQ4_NL; break;
-    case MPK_GGML_IQ4_XS: keep = SERVD_IQ4_XS; break;
-    default:
-      rc = servd_fail(SERVD_EUNSUPPORTED,
-                      "%s: tensor \"%s\": ggml type %s is not supported (expected F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 "
-                      "Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS)",
-                      gguf_path, t->name, mpk_ggml_type_name(t->type) ? mpk_ggml_type_name(t->type) : "?");
+    servd_dtype keep; /* every type a dtype keeps byte for byte (servd/dtypes.def), the rest refused */
+    if (servd_dtype_from_ggml(t->type, &keep)) {
+      char kept[160];
+      rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor \"%s\": ggml type %s is not supported (expected %s)", gguf_path,
+                      t->name, mpk_ggml_type_name(t->type) ? mpk_ggml_type_name(t->type) : "?",
+                      servd_dtype_list(kept, sizeof kept, ggml_kept, " ", " "));
       goto fail;
     }
     if ((rc = mpk__check_block_scales(gguf_path, t->name, keep, data, t->nbytes))) goto fail;

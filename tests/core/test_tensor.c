@@ -80,19 +80,19 @@ static void test_dtype_traits(void **state) {
     assert_int_equal(tr->ggml_type, ggml[t]);
     servd_dtype d;
     if (ggml[t] >= 0) {
-      assert_int_equal(servd_dtype_from_ggml(ggml[t], &d), 0);
+      assert_int_equal(servd_dtype_from_ggml((uint32_t)ggml[t], &d), 0);
       assert_int_equal(d, t);
     }
   }
   servd_dtype d;
   assert_int_equal(servd_dtype_from_ggml(26, &d), SERVD_EUNSUPPORTED);
   assert_int_equal(servd_dtype_from_ggml(9, &d), SERVD_EUNSUPPORTED);
-  assert_int_equal(servd_dtype_from_ggml(-1, &d), SERVD_EUNSUPPORTED);
+  assert_int_equal(servd_dtype_from_ggml(UINT32_MAX, &d), SERVD_EUNSUPPORTED);
   assert_null(servd_dtype_get_traits(SERVD_DTYPE_COUNT));
   char buf[160];
-  assert_string_equal(servd_dtype_list(buf, sizeof buf, true, "/"),
-                      "q8_0/q4_0/q4_1/q4_k/q6_k/q5_k/q5_0/q5_1/q2_k/q3_k/iq4_nl/iq4_xs");
-  assert_string_equal(servd_dtype_list(buf, 12, false, " "), "f32 f16 bf1"); /* truncated */
+  assert_string_equal(servd_dtype_list(buf, sizeof buf, servd_dtype_quantized_name, "/", " or "),
+                      "q8_0/q4_0/q4_1/q4_k/q6_k/q5_k/q5_0/q5_1/q2_k/q3_k/iq4_nl or iq4_xs");
+  assert_string_equal(servd_dtype_list(buf, 12, NULL, " ", " "), "f32 f16 bf1"); /* truncated */
   assert_int_equal(servd_dtype_from_name("q9", &d), SERVD_EINVAL);
   assert_non_null(strstr(servd_last_error(), "(expected f32 f16 bf16 i32 q8_0"));
 }

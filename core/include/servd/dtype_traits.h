@@ -35,10 +35,13 @@ typedef struct servd_dtype_traits {
 SERVD_API const servd_dtype_traits *servd_dtype_get_traits(servd_dtype t);
 /* The dtype a GGUF tensor of ggml type `ggml_type` is kept as: 0, or SERVD_EUNSUPPORTED (nothing
  * recorded: the caller names the tensor) when no dtype keeps it. */
-SERVD_API int servd_dtype_from_ggml(int ggml_type, servd_dtype *out);
-/* The names of every dtype (quantized_only: every block dtype), in value order, each followed by
- * sep but the last, into buf (truncated to cap); returns buf. For error messages that list them. */
-SERVD_API const char *servd_dtype_list(char *buf, size_t cap, bool quantized_only, const char *sep);
+SERVD_API int servd_dtype_from_ggml(uint32_t ggml_type, servd_dtype *out);
+/* For error messages that list dtypes: name_of(t) of every dtype in value order (servd_dtype_name
+ * when name_of is NULL; a NULL name leaves t out), joined by sep and by last_sep before the last,
+ * into buf (truncated to cap); returns buf. servd_dtype_quantized_name lists the block dtypes. */
+SERVD_API const char *servd_dtype_list(char *buf, size_t cap, const char *(*name_of)(servd_dtype t), const char *sep,
+                                       const char *last_sep);
+SERVD_API const char *servd_dtype_quantized_name(servd_dtype t); /* its name if a block dtype, else NULL */
 
 #ifdef __cplusplus
 }
