@@ -169,10 +169,12 @@ int spec_choose_length(double a, int k_max, int base_rows, double step_ns, doubl
 #define SPEC_DECAY 0.95
 #define SPEC_MODEL_DECAY 0.995
 #define SPEC_PRIOR_WEIGHT 4.0
-/* A proposal the cost model turns down is still verified now and then, SPEC_EXPLORE_DRAFTS drafts
- * after SPEC_EXPLORE_EVERY turned-down ones of a request (every other one while no verify step was
- * timed): what acceptance and verify rows cost is otherwise never learned. At most about 1.5% of the
- * steps of text where drafts fail. */
+/* A proposal the cost model turns down is still verified now and then, with SPEC_EXPLORE_DRAFTS
+ * drafts, when no row of the model drafted for SPEC_EXPLORE_EVERY steps (for one step while no verify
+ * step was timed): what acceptance and verify rows cost is otherwise never learned. Counted in steps,
+ * not proposals, so that one row explores at a time and at most one step in 64 is a verify step (it
+ * runs the model's code where a decode step may replay its plan) on text where drafts fail, at any
+ * batch size. */
 #define SPEC_EXPLORE_EVERY 64
 #define SPEC_EXPLORE_DRAFTS 2
 
@@ -207,11 +209,10 @@ void servd_spec_propose(servd_spec *sp, servd_spec_seq *ss, sched_seq *q, int ro
     double a = (ss->hits + SPEC_PRIOR_WEIGHT * prior) / (ss->trials + SPEC_PRIOR_WEIGHT);
     int best = spec_choose_length(a, n, step_rows, step_ns, fixed_ns, token_ns);
     if (best == 0) {
-      ss->declined++;
-      if (cost_known ? ss->declined < SPEC_EXPLORE_EVERY : ss->declined % 2) return;
+      if (sp->quiet_steps < (cost_known ? SPEC_EXPLORE_EVERY : 1)) return;
       best = n < SPEC_EXPLORE_DRAFTS ? n : SPEC_EXPLORE_DRAFTS;
     }
-    ss->declined = 0;
+    sp->quiet_steps = 0;
     n = best;
   }
   ss->kind = match;
@@ -219,6 +220,8 @@ void servd_spec_propose(servd_spec *sp, servd_spec_seq *ss, sched_seq *q, int ro
   q->n_tokens += n;
   q->n_draft = ss->n_draft = n;
 }
+
+void servd_spec_step(servd_spec *sp) { sp->quiet_steps++; }
 
 void servd_spec_observe(servd_spec *sp, servd_spec_seq *ss, int n_accepted) {
   if (ss->n_draft <= 0) return;

@@ -87,7 +87,6 @@ typedef struct servd_spec_seq {
   int n_draft;
   int kind;            /* of the drafts: the n-gram match length, 0 for the suffix index */
   double hits, trials; /* decayed accepted drafts and drafts reached (accepted + the first rejected) */
-  int declined;        /* proposals turned down by the cost model since the last drafts */
 } servd_spec_seq;
 
 typedef struct servd_spec {
@@ -97,6 +96,7 @@ typedef struct servd_spec {
   /* Decayed accepted drafts and drafts reached by proposal kind (servd_spec_seq.kind): the prior of
    * a request's acceptance. */
   double kind_hits[SPEC_NGRAM_MAX + 1], kind_trials[SPEC_NGRAM_MAX + 1];
+  int quiet_steps;       /* steps since a row drafted (auto: exploration, see speculate.c) */
   servd_spec_counters c; /* read under the model's lock by the stats */
 } servd_spec;
 
@@ -109,6 +109,8 @@ void servd_spec_free(servd_spec *sp); /* accepts a zeroed struct */
  * what a verify row adds (sched_verify_cost), cost_known: measured on verify steps already. */
 void servd_spec_propose(servd_spec *sp, servd_spec_seq *ss, sched_seq *q, int room, int step_rows, double step_ns,
                         double fixed_ns, double token_ns, bool cost_known);
+/* Before a step's proposals. */
+void servd_spec_step(servd_spec *sp);
 /* After the verify row: n_accepted of ss->n_draft drafts were taken. */
 void servd_spec_observe(servd_spec *sp, servd_spec_seq *ss, int n_accepted);
 /* A finished request's tokens, for the suffix index. */

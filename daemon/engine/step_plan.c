@@ -23,6 +23,7 @@ void step_plan_free(step_plan *p) {
 /* Drafts for the running decoders (engine/speculate.h), before the plan: the step verifies them. */
 static void propose_drafts(servd_model *m) {
   if (m->spec.mode == SERVD_SPEC_OFF) return;
+  servd_spec_step(&m->spec);
   int rows = 0;
   for (sched_seq *q = m->sched.running.head; q; q = q->next)
     if (!q->embed && q->n_tokens - q->n_draft - q->n_computed == 1) rows++;

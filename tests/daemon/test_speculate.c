@@ -158,8 +158,11 @@ static void test_propose_and_observe(void **st) {
   servd_spec_seq fresh = {0};
   servd_spec_propose(&sp, &fresh, &q, 10, 1, 0, 0, 0, false);
   assert_int_equal(q.n_draft, 0);
+  servd_spec_step(&sp);
   servd_spec_propose(&sp, &fresh, &q, 10, 1, 0, 0, 0, false);
   assert_int_equal(q.n_draft, 2);
+  servd_spec_propose(&sp, &fresh, &q, 10, 1, 0, 0, 0, false); /* the same step: one row explores */
+  assert_int_equal(q.n_draft, 0);
   /* Timed: a 10 ms step, 0.5 ms a draft, the prior a = 0.5: E(k) / (10 + 0.5 k) peaks at k = 3
    * (1.875 / 11.5 = 0.163; k = 2: 0.159, k = 4: 0.161). */
   servd_spec_propose(&sp, &fresh, &q, 10, 1, 10e6, 0, 0.5e6, true);
@@ -167,20 +170,24 @@ static void test_propose_and_observe(void **st) {
   assert_int_equal(q.n_tokens, 11);
   /* All three rejected, many times over: the request and the model learn it, and drafting stops. */
   for (int i = 0; i < 40; i++) {
+    servd_spec_step(&sp);
     servd_spec_propose(&sp, &fresh, &q, 10, 1, 10e6, 0, 0.5e6, true);
     servd_spec_observe(&sp, &fresh, 0);
   }
   servd_spec_propose(&sp, &fresh, &q, 10, 1, 10e6, 0, 0.5e6, true);
   assert_int_equal(q.n_draft, 0);
   assert_int_equal(q.n_tokens, 8);
-  /* ... but a turned-down proposal is tried again after SPEC_EXPLORE_EVERY of them. */
+  /* ... but a turned-down proposal is tried again once in 64 steps, by one row of the step. */
   int explored = 0;
-  for (int i = 0; i < 64; i++) {
-    servd_spec_propose(&sp, &fresh, &q, 10, 1, 10e6, 0, 0.5e6, true);
-    explored += q.n_draft > 0;
-    servd_spec_observe(&sp, &fresh, 0);
+  for (int i = 0; i < 128; i++) {
+    servd_spec_step(&sp);
+    for (int row = 0; row < 4; row++) {
+      servd_spec_propose(&sp, &fresh, &q, 10, 1, 10e6, 0, 0.5e6, true);
+      explored += q.n_draft > 0;
+      servd_spec_observe(&sp, &fresh, 0);
+    }
   }
-  assert_int_equal(explored, 1);
+  assert_int_equal(explored, 2);
   servd_spec_free(&sp);
   assert_int_not_equal(servd_spec_init(&sp, SERVD_SPEC_AUTO, SERVD_SPEC_MAX_DRAFT + 1), 0);
   servd_spec_free(&sp);
