@@ -3,6 +3,8 @@
 #include <stdio.h>
 
 #include "device_internal.h"
+#include "servd/cuda_blocks.h"
+#include "servd/dtype_traits.h"
 
 const char *servd__dev_describe(const servd_tensor *t, char *buf, size_t cap) {
   char d[96];
@@ -21,6 +23,21 @@ int servd__dev_wrap(int rc, const char *op) {
   char msg[512]; /* servd_fail writes the buffer servd_last_error returns: copy it first */
   snprintf(msg, sizeof msg, "%s", servd_last_error());
   return servd_fail(rc, "%s: %s", op, msg);
+}
+
+/* What an upload into each dtype takes; 0: nothing (not a device dtype to upload into). A block dtype
+ * has a row once a device op reads its blocks (dequantize.cu; the GPU matmul: those that
+ * servd/cuda_blocks.h decodes): its packed rows go up as they are. */
+enum { UP_CONVERT = 1 /* converted from any dtype but i32 */, UP_SAME /* from its own dtype, as it is */ };
+static const unsigned char upload_of[SERVD_DTYPE_COUNT] = {
+    [SERVD_F32] = UP_CONVERT, [SERVD_BF16] = UP_CONVERT, [SERVD_I32] = UP_SAME,  [SERVD_Q8_0] = UP_SAME,
+    [SERVD_Q4_0] = UP_SAME,   [SERVD_Q4_1] = UP_SAME,    [SERVD_Q5_0] = UP_SAME, [SERVD_Q5_1] = UP_SAME,
+    [SERVD_Q4_K] = UP_SAME,   [SERVD_Q5_K] = UP_SAME,    [SERVD_Q6_K] = UP_SAME,
+};
+
+/* The weight dtypes of the device matmul: bf16, and the blocks the GPU GEMV decodes. */
+static const char *matmul_weight_name(servd_dtype t) {
+  return t == SERVD_BF16 || servd_qb_supported((int)t) ? servd_dtype_name(t) : NULL;
 }
 
 /* Block dtypes live on a device as their packed rows (uploaded as they are, read by ops that take them,
@@ -56,24 +73,11 @@ int servd__dev_check_upload(const char *op, const servd_tensor *host, servd_dtyp
     return servd_fail(SERVD_EINVAL, "%s: source %s is not on the host", op, servd__dev_describe(host, b, sizeof b));
   if ((unsigned)host->dtype >= SERVD_DTYPE_COUNT || host->ndim < 0 || host->ndim > SERVD_MAX_DIMS)
     return servd_fail(SERVD_EINVAL, "%s: source tensor has dtype %d and ndim %d", op, (int)host->dtype, host->ndim);
-  bool ok;
-  switch (dtype) {
-  case SERVD_BF16:
-  case SERVD_F32: ok = host->dtype != SERVD_I32; break;
-  case SERVD_I32: ok = host->dtype == SERVD_I32; break;
-  case SERVD_Q8_0:
-  case SERVD_Q4_0:
-  case SERVD_Q4_1:
-  case SERVD_Q5_0:
-  case SERVD_Q5_1:
-  case SERVD_Q4_K:
-  case SERVD_Q5_K:
-  case SERVD_Q6_K: ok = host->dtype == dtype; break; /* the packed rows as they are */
-  default:
+  const int up = (unsigned)dtype < SERVD_DTYPE_COUNT ? upload_of[dtype] : 0;
+  if (!up)
     return servd_fail(SERVD_EINVAL, "%s: dtype %s (%d) is not a device dtype (bf16, f32, i32)", op,
                       servd_dtype_name(dtype), (int)dtype);
-  }
-  if (!ok)
+  if (up == UP_CONVERT ? host->dtype == SERVD_I32 : host->dtype != dtype)
     return servd_fail(
         SERVD_EINVAL,
         "%s: cannot convert %s to %s (bf16/f32 from float and block dtypes, i32 from i32, block dtypes as they are)",
@@ -144,9 +148,9 @@ int servd__dev_check_matmul(servd_tensor *out, const servd_tensor *x, const serv
   if (out->dtype != SERVD_BF16 && out->dtype != SERVD_F32)
     return servd_fail(SERVD_EINVAL, "%s: out %s must be bf16 or f32", op, servd__dev_describe(out, a, sizeof a));
   /* quantized weights stay as their blocks: servd_cuda_matmul_quant reads these */
-  if (w->dtype != SERVD_BF16 && w->dtype != SERVD_Q8_0 && w->dtype != SERVD_Q4_K && w->dtype != SERVD_Q6_K)
-    return servd_fail(SERVD_EINVAL, "%s: w %s must be bf16, q8_0, q4_k or q6_k", op,
-                      servd__dev_describe(w, a, sizeof a));
+  if (!matmul_weight_name(w->dtype))
+    return servd_fail(SERVD_EINVAL, "%s: w %s must be %s", op, servd__dev_describe(w, a, sizeof a),
+                      servd_dtype_list(b, sizeof b, matmul_weight_name, ", ", " or "));
   if (x->ndim != 2 || w->ndim != 2 || out->ndim != 2 || x->shape[1] != w->shape[1] || out->shape[0] != x->shape[0] ||
       out->shape[1] != w->shape[0])
     return servd_fail(SERVD_EINVAL, "%s: out %s = x %s @ w^T %s: expected x (m,k), w (n,k), out (m,n)", op,
