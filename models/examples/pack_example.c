@@ -50,6 +50,18 @@ static int add_weight(mpk_writer *w, uint64_t seed, const char *name, int64_t ro
   return rc;
 }
 
+/* The manifest's "inputs" and "outputs": what predict takes and gives (the model's docstring), as
+ * KServe v2 metadata lists tensors; -1 is the batch size, which any call may choose. */
+static json_t *tensor_spec(const char *name, const char *datatype, int64_t d1) {
+  return d1 > 0 ? json_pack("{s:s,s:s,s:[i,I]}", "name", name, "datatype", datatype, "shape", -1, (json_int_t)d1)
+                : json_pack("{s:s,s:s,s:[i]}", "name", name, "datatype", datatype, "shape", -1);
+}
+
+static int set_signature(mpk_writer *w, json_t *inputs, json_t *outputs) {
+  int rc = mpk_writer_set(w, "inputs", inputs);
+  return rc ? rc : mpk_writer_set(w, "outputs", outputs);
+}
+
 static int add_code(mpk_writer *w, const char *model) {
   char dir[1024];
   snprintf(dir, sizeof dir, "%s/%s", EXAMPLES_DIR, model);
@@ -100,6 +112,9 @@ int main(int argc, char **argv) {
       rc = mpk_writer_set(w, "config",
                           json_pack("{s:i,s:i,s:i,s:f,s:o}", "d_in", d_in, "hidden", hidden, "n_classes", n_classes,
                                     "eps", 1e-5, "labels", labels));
+    if (!rc)
+      rc = set_signature(w, json_pack("[o]", tensor_spec("x", "FP32", d_in)),
+                         json_pack("[o,o]", tensor_spec("probs", "FP32", n_classes), tensor_spec("label", "INT32", 0)));
     if (!rc) rc = add_weight(w, seed, "norm.weight", d_in, 0, 1.0f, 0.1f);
     if (!rc) rc = add_weight(w, seed, "gate.weight", hidden, d_in, 0.0f, 1.0f / 8.0f);
     if (!rc) rc = add_weight(w, seed, "up.weight", hidden, d_in, 0.0f, 1.0f / 8.0f);
@@ -113,6 +128,9 @@ int main(int argc, char **argv) {
     if (!rc)
       rc = mpk_writer_set(w, "config",
                           json_pack("{s:i,s:i,s:i,s:f}", "d", d, "f", f, "n_layers", n_layers, "eps", 1e-5));
+    if (!rc)
+      rc = set_signature(w, json_pack("[o]", tensor_spec("x", "FP32", d)),
+                         json_pack("[o]", tensor_spec("y", "FP32", d)));
     for (int i = 0; rc == 0 && i < n_layers; i++) {
       char name[64];
       snprintf(name, sizeof name, "layers.%d.norm", i);

@@ -99,6 +99,37 @@ static int check_entry_ref(const char *what, mpk_package *p, json_t *obj, const 
   return 0;
 }
 
+/* "inputs" / "outputs" (optional): the tensors a generic package's predict takes and gives, as KServe
+ * v2 model metadata lists them (GET /v2/models/{m}, /config and gRPC ModelMetadata/ModelConfig copy
+ * them): each {"name", "datatype" (a KServe datatype), "shape" (1..8 integers, -1 a free size)}. */
+static int check_tensor_specs(const char *what, json_t *m, const char *key) {
+  static const char *const dts[] = {"BOOL",  "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
+                                    "INT32", "INT64", "FP16",   "FP32",   "FP64",   "BF16", "BYTES"};
+  json_t *v = json_object_get(m, key);
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_array(v) || json_array_size(v) > 64)
+    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: %s: expected an array of at most 64 tensors", what, key);
+  for (size_t i = 0; i < json_array_size(v); i++) {
+    json_t *t = json_array_get(v, i), *shape = json_object_get(t, "shape");
+    const char *name = json_string_value(json_object_get(t, "name"));
+    const char *dt = json_string_value(json_object_get(t, "datatype"));
+    bool ok = json_is_object(t) && name && name[0] && strlen(name) <= 128 && dt && json_is_array(shape) &&
+              json_array_size(shape) >= 1 && json_array_size(shape) <= 8;
+    bool known = false;
+    for (size_t k = 0; ok && k < sizeof dts / sizeof dts[0]; k++) known |= strcmp(dt, dts[k]) == 0;
+    for (size_t d = 0; ok && d < json_array_size(shape); d++) {
+      json_t *e = json_array_get(shape, d);
+      ok = json_is_integer(e) && json_integer_value(e) >= -1;
+    }
+    if (!ok || !known)
+      return servd_fail(SERVD_EFORMAT,
+                        "%s: manifest.json: %s[%zu]: expected {\"name\": 1..128 characters, \"datatype\": a KServe "
+                        "datatype (FP32, INT32, BYTES, ...), \"shape\": 1..8 integers, -1 for a free size}",
+                        what, key, i);
+  }
+  return 0;
+}
+
 /* The manifest's top-level fields, the file list and hashes. */
 static int check_manifest(const char *what, mpk_package *p) {
   json_t *m = p->manifest;
@@ -146,6 +177,7 @@ static int check_manifest(const char *what, mpk_package *p) {
     return servd_fail(SERVD_EFORMAT, "%s: manifest.json: a causal-lm package needs tokenizer.file and rope_layout",
                       what);
   if ((rc = check_entry_ref(what, p, m, "chat_template_file", "chat_template_file"))) return rc;
+  if ((rc = check_tensor_specs(what, m, "inputs")) || (rc = check_tensor_specs(what, m, "outputs"))) return rc;
 
   /* files: exactly the archive's file entries other than manifest.json, each with size and sha256. */
   json_t *files = json_object_get(m, "files");

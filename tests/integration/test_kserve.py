@@ -53,6 +53,16 @@ st, meta = s.json("GET", "/v2/models/mlp")
 check(st == 200, f"model metadata: {st}")
 jsonschema.validate(meta, MODEL_META)
 check(meta["name"] == "mlp", f"metadata name: {meta}")
+# The tensors the package declares (models/examples/mlp_classifier/model.py: x f32 (batch, 64) in;
+# probs f32 (batch, 10) and label i32 (batch,) out), written into its manifest by servd-example-pack.
+check(meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 64]}], f"metadata inputs: {meta}")
+check(meta["outputs"] == [{"name": "probs", "datatype": "FP32", "shape": [-1, 10]},
+                          {"name": "label", "datatype": "INT32", "shape": [-1]}], f"metadata outputs: {meta}")
+st, cfg = s.json("GET", "/v2/models/mlp/config")
+check(st == 200, f"model config: {st} {cfg}")
+check(cfg["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 64]}], f"config input: {cfg}")
+check(cfg["output"] == [{"name": "probs", "data_type": "TYPE_FP32", "dims": [-1, 10]},
+                        {"name": "label", "data_type": "TYPE_INT32", "dims": [-1]}], f"config output: {cfg}")
 
 # The classifier's input width, from the error it gives for a wrong one.
 st, body = s.json("POST", "/v2/models/mlp/infer",

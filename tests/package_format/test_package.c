@@ -240,6 +240,20 @@ static void bad_entry(mpk_writer *w) { mpk_writer_set(w, "entry_point", json_str
 static void bad_rope(mpk_writer *w) { mpk_writer_set(w, "rope_layout", json_string("neox")); }
 static void bad_tok(mpk_writer *w) { mpk_writer_set(w, "tokenizer", json_pack("{s:s}", "file", "missing.json")); }
 static void bad_cfg(mpk_writer *w) { mpk_writer_set(w, "config", json_string("x")); }
+/* KServe tensor metadata: a datatype KServe does not have, a shape of strings, a nameless tensor. */
+static void bad_inputs_dt(mpk_writer *w) {
+  mpk_writer_set(w, "inputs", json_pack("[{s:s,s:s,s:[i]}]", "name", "x", "datatype", "f32", "shape", 4));
+}
+static void bad_inputs_shape(mpk_writer *w) {
+  mpk_writer_set(w, "inputs", json_pack("[{s:s,s:s,s:[s]}]", "name", "x", "datatype", "FP32", "shape", "batch"));
+}
+static void bad_outputs_name(mpk_writer *w) {
+  mpk_writer_set(w, "outputs", json_pack("[{s:s,s:[i,i]}]", "datatype", "FP32", "shape", -1, 10));
+}
+static void good_specs(mpk_writer *w) {
+  mpk_writer_set(w, "inputs", json_pack("[{s:s,s:s,s:[i,i]}]", "name", "x", "datatype", "FP32", "shape", -1, 64));
+  mpk_writer_set(w, "outputs", json_pack("[{s:s,s:s,s:[i]}]", "name", "label", "datatype", "INT32", "shape", -1));
+}
 
 static json_t *base_index(void) {
   return json_pack("[{s:s,s:s,s:[i,i],s:s,s:i,s:i},{s:s,s:s,s:[i,i],s:s,s:i,s:i}]", "name",
@@ -281,7 +295,8 @@ static void good_index(mpk_writer *w) { mpk__writer_replace_index(w, base_index(
 
 static void bad_manifests(void **state) {
   (void)state;
-  void (*cases[])(mpk_writer *) = {bad_kind, bad_entry, bad_rope, bad_tok, bad_cfg};
+  void (*cases[])(mpk_writer *) = {bad_kind, bad_entry,     bad_rope,         bad_tok,
+                                   bad_cfg,  bad_inputs_dt, bad_inputs_shape, bad_outputs_name};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     mpk_package *p = NULL;
     assert_int_equal(mpk_open(write_pkg("m", cases[i]), &p), SERVD_EFORMAT);
@@ -289,6 +304,12 @@ static void bad_manifests(void **state) {
   }
   mpk_package *p = NULL;
   assert_int_equal(mpk_open(write_pkg("g", good_index), &p), 0); /* the hand-written index is right */
+  mpk_close(p);
+  p = NULL;
+  assert_int_equal(mpk_open(write_pkg("s", good_specs), &p), 0);
+  json_t *in = json_object_get(mpk_manifest(p), "inputs");
+  assert_string_equal(json_string_value(json_object_get(json_array_get(in, 0), "datatype")), "FP32");
+  assert_int_equal(json_integer_value(json_array_get(json_object_get(json_array_get(in, 0), "shape"), 0)), -1);
   mpk_close(p);
   for (idx_case = 0; idx_case <= 14; idx_case++) {
     p = NULL;
