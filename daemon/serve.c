@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "api/api.h"
+#include "components.h"
 #include "config.h"
 #include "trust.h"
 #include "package_cache.h"
@@ -315,6 +316,7 @@ int servd_serve_main(int argc, char **argv) {
     servd_config_free(&s.cfg);
     return rc;
   }
+  servd_components_report(stderr);
   /* Every language model this process loads (also through the repository API) uses the GPUs. */
   servd_engine_set_gpu_defaults(s.cfg.gpus, s.cfg.gpu_memory_fraction, s.cfg.cuda_graphs, s.cfg.cuda_graph_max_batch);
   servd_engine_set_step_timeout(s.cfg.step_timeout_s);

@@ -12,6 +12,7 @@
 #
 # Layout: bin/{servd,modelpkg,servd-bench,servd-env}, lib/ (libpython3.11 and the shared libraries
 # the programs need beyond glibc, libstdc++ and CUDA), lib/servd/ (the Python module),
+# lib/servd/python-deps/ (llguidance, scripts/install-python-deps.sh),
 # lib/python3.11/ (a pruned standard library), lib/python3/dist-packages/{jinja2,markupsafe},
 # share/servd/models/llama/ (model code modelpkg embeds into packages), BUNDLE.txt.
 # bin/servd-env PROGRAM ARGS runs a program with the bundle's libraries and Python and the machine's
@@ -113,6 +114,15 @@ for m in jinja2 markupsafe; do
   tar -C "$distpkg" -cf - --exclude=__pycache__ "$m" | tar -C "$tmp/lib/python3/dist-packages" -xf -
 done
 tar -C "$root/models" -cf - --exclude=__pycache__ llama | tar -C "$tmp/share/servd/models" -xf -
+# The interpreters' pinned Python packages (the grammar engine llguidance: structured outputs and
+# forced tool calls, 501 without it), where servd looks beside itself: lib/servd/python-deps.
+"$root/scripts/install-python-deps.sh" "$build/python-deps" >/dev/null ||
+  die "scripts/install-python-deps.sh $build/python-deps failed (llguidance from PyPI)"
+cp -a "$build/python-deps" "$tmp/lib/servd/python-deps"
+find "$tmp/lib/servd/python-deps" -name '__pycache__' -prune -exec rm -rf {} +
+if command -v strip >/dev/null; then
+  find "$tmp/lib/servd/python-deps" -name '*.so' -exec strip --strip-unneeded {} + 2>/dev/null || true
+fi
 
 # Shared libraries: the closure of DT_NEEDED, resolved as ldd resolves it here. Left to the target:
 # glibc, libstdc++/libgcc (the target's are newer) and CUDA/cuBLAS/NCCL (must match its driver).
@@ -246,6 +256,7 @@ size=$(du -sb "$tmp" | cut -f1)
   echo "servd: $servd"
   echo "cuda backend linked: $cuda_linked"
   echo "left to the machine: glibc, libstdc++, libgcc_s${left_out[*]:+, ${left_out[*]}}"
+  echo "grammar engine: $(cd "$tmp/lib/servd/python-deps" && ls -d llguidance-*.dist-info 2>/dev/null | sed 's/.dist-info//')"
   echo "libarchive: $( ((stub_archive)) && echo 'stand-in (modelpkg unpack unavailable)' || echo 'not needed')"
   echo "size: $size bytes"
   echo "run: bin/servd-env servd --model PKG ...   (bin/servd-env --check lists missing libraries)"
