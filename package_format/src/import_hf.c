@@ -283,7 +283,8 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
     servd_dtype target = is_native ? native : SERVD_F32;
     if (!is_native || (opt->convert_all && nd == 2 && native != SERVD_I32)) {
       target = opt->dtype;
-      if (servd_dtype_is_quantized(target) && (nd < 2 || shape[nd - 1] % SERVD_QK)) target = SERVD_F32;
+      if (servd_dtype_is_quantized(target) && (nd < 2 || shape[nd - 1] % (int64_t)servd_dtype_block_elems(target)))
+        target = SERVD_F32;
     }
     if (is_native && target == native)
       rc = mpk__emit_raw(w, &pr, refs[i].canon, target, nd, shape, data, t->end - t->begin, s->map.fd,

@@ -89,6 +89,12 @@ def main():
         blk = np.abs(ref.reshape(-1, 32)).max(axis=1, keepdims=True)
         assert (np.abs(got.reshape(-1, 32) - ref.reshape(-1, 32)) <= blk / 127 * 0.57 + 1e-7).all(), k
 
+    # --dtype q4_k: rows that are not whole 256-value super-blocks (all of tiny's) stay f32, as rows that
+    # are not whole blocks of 32 do for q8_0 (the block size is the dtype's, not 32).
+    k4 = os.path.join(tmp, "tiny-q4k.mpk")
+    run("pack", hf, "-o", k4, "--dtype", "q4_k", "--convert-all", "--quiet")
+    assert all(dt == "f32" for dt, _, _ in pkgread.load(k4)[1].values())
+
     # inspect, list, unpack, verify
     out = run("inspect", pkg).stdout
     assert "model.layers.1.mlp.down_proj.weight" in out and "total" in out and "causal-lm" in out
