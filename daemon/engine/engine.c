@@ -433,6 +433,10 @@ static int scheduler_setup(servd_model *m) {
                      .prefix_cache = m->o.prefix_cache,
                      .cache_key = prefix_cache_key(m->name, m->o.path),
                      .max_step_ns = (int64_t)m->o.max_step_ms * 1000000};
+  if (m->gpus > 0) { /* the device step's logit buffers hold its capacity of sequences */
+    int cap_tokens;
+    servd_runner_capacity(m->runner, &cap_tokens, &sc.max_logit_rows);
+  }
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
   if ((rc = servd_spec_init(&m->spec, (servd_spec_mode)m->o.speculative, m->o.num_speculative_tokens))) return rc;
   if ((rc = step_plan_init(&m->plan, m->o.max_seqs))) return rc;

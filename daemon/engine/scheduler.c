@@ -277,6 +277,9 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
     if (q->embed == embed && q->n_tokens - q->n_draft - q->n_computed == 1) decoders++;
   /* Prefill tokens left to this step: bounded by max_step_ns when it carries decodes. */
   int prefill_left = s->prefill_cap = prefill_cap(s, decoders);
+  /* Output rows left (a GPU step's buffers hold max_logit_rows): rows beyond one per sequence (verify
+   * rows, prompt logprobs) take what the decoders after them leave. */
+  int rows_left = s->cfg.max_logit_rows > 0 && !embed ? s->cfg.max_logit_rows : INT32_MAX;
 
   /* Running sequences, best first; preempt from the worst, newest end when blocks run out. */
   for (sched_seq *q = s->running.head; q && budget > 0;) {
@@ -291,6 +294,8 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
     int chunk = need;
     int room = budget - decoders;
     if (chunk > room) chunk = room;
+    if ((q->n_draft > 0 || q->rows == SCHED_ROWS_ALL) && chunk > rows_left - decoders) /* a row per token */
+      chunk = rows_left - decoders;
     if (q->n_draft > 0 && chunk < need) { /* a verify row is whole: cut drafts that do not fit */
       int cut = need - (chunk > 1 ? chunk : 1);
       q->n_draft -= cut;
@@ -326,6 +331,7 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
     if (rc) return rc;
     emit(s, q, chunk);
     budget -= chunk;
+    rows_left -= q->n_rows;
     if (!decoding) prefill_left -= chunk;
     q = next;
   }
@@ -360,6 +366,8 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
     if (chunk > budget) chunk = budget;
     if (chunk > prefill_left) chunk = prefill_left;
     chunk = logit_chunk(q, chunk);
+    if (q->rows == SCHED_ROWS_ALL && !q->embed && chunk > rows_left) chunk = rows_left;
+    if (chunk <= 0 || (start + chunk == q->n_tokens && rows_left < 1)) break; /* no output row left */
     bool fits = blocks_for(s, start + chunk) - hit <= prefix_cache_available(&s->pc) - evictable_hits;
     int rc = 0;
     if (fits) {
@@ -390,6 +398,7 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
     list_insert_running(&s->running, q);
     emit(s, q, chunk);
     budget -= chunk;
+    rows_left -= q->n_rows;
     prefill_left -= chunk;
   }
   return s->n_tokens;

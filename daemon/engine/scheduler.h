@@ -107,6 +107,9 @@ typedef struct sched_config {
   bool prefix_cache;    /* share cached full blocks between sequences with a common prefix */
   uint64_t cache_key;   /* the model's key: blocks are only found by sequences of the same key */
   int64_t max_step_ns;  /* target duration of a step that carries decodes; 0: no bound */
+  int max_logit_rows;   /* output rows of a generation step at most (a GPU step's buffers); 0: no bound.
+                         * At least max_seqs: every sequence keeps its one row; verify rows' drafts and
+                         * prompt-logprob chunks are cut to what is left */
 } sched_config;
 
 /* How much longer than its decodes alone a step carrying decodes may run: its target is

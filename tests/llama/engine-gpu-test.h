@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "engine/speculate.h"
 #include "engine/engine.h"
 
 #define ENGINE_GPU_MAXTOK 64
@@ -123,6 +124,9 @@ static inline void engine_gpu_options(servd_model_options *o, const char *path, 
   /* Steps as the token budget makes them, whatever the machine's speed: the fault tests' packages
    * fail on a step of a given size, which a time-bounded prefill chunk could also make. */
   o->max_step_ms = 0;
+  /* Steps of one token per sequence, as the graph and fault counts expect; speculation's verify rows
+   * have a run of their own. */
+  o->speculative = SERVD_SPEC_OFF;
 }
 
 /* Equal until the first difference, which is allowed only where the reference's top two logprobs

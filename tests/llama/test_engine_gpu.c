@@ -49,9 +49,10 @@ static const int lengths[NREQ] = {24, 20, 16, 12, 8};
 static bool on_cpu;
 
 /* Loads the model (gpus 0: CPU), runs the requests at once, fills res; returns the model's stats. */
-static servd_model_stats run(int gpus, bool graphs, bool logprobs, result *res) {
+static servd_model_stats run_spec(int gpus, bool graphs, bool logprobs, int speculative, result *res) {
   servd_model_options o;
   engine_gpu_options(&o, pkg_path, on_cpu ? 0 : gpus, graphs);
+  o.speculative = speculative;
   servd_model *m = NULL;
   int rc = servd_model_load(&o, &m);
   if (rc) fail_msg("load (gpus %d): %s", gpus, servd_last_error());
@@ -93,6 +94,10 @@ static servd_model_stats run(int gpus, bool graphs, bool logprobs, result *res) 
   return st;
 }
 
+static servd_model_stats run(int gpus, bool graphs, bool logprobs, result *res) {
+  return run_spec(gpus, graphs, logprobs, SERVD_SPEC_OFF, res);
+}
+
 static void test_gpu_matches(void **state) {
   (void)state;
   static result cpu[NREQ], graphs[NREQ], eager[NREQ], picked[NREQ];
@@ -119,6 +124,14 @@ static void test_gpu_matches(void **state) {
          (unsigned long long)sp.steps, (unsigned long long)(sg.pick_steps + se.pick_steps));
   assert_true(sp.pick_steps > 0);
   assert_int_equal(sg.pick_steps + se.pick_steps, 0);
+  /* Speculation's verify rows (a row of logits per draft) through the same device step, with graphs
+   * on (verify steps run eagerly, decode steps from graphs): the CPU's tokens. */
+  static result spec[NREQ];
+  servd_model_stats ss = run_spec(1, true, true, SERVD_SPEC_NGRAM, spec);
+  printf("speculation on the GPU: %llu verify rows, %llu of %llu drafts accepted\n", (unsigned long long)ss.spec_drafts,
+         (unsigned long long)ss.spec_accepted_tokens, (unsigned long long)ss.spec_draft_tokens);
+  assert_true(ss.spec_drafts > 0);
+  engine_gpu_close_to("GPU with verify rows against the CPU", cpu, spec, NREQ);
   for (int i = 0; i < NREQ; i++) {
     assert_int_equal(picked[i].n, graphs[i].n);
     for (int t = 0; t < picked[i].n; t++)
