@@ -89,30 +89,37 @@ static void fill(fill_ctx *f, json_t *j) {
   f->i++;
 }
 
-/* The input's bytes from the binary tail (parameters.binary_data_size), as t's elements. */
-static bool take_binary(api_check *c, const char *f, const char *name, json_t *size, kserve_tail *tail,
-                        servd_tensor *t) {
+/* The input's bytes from the binary tail (parameters.binary_data_size) as a tensor of dt and shape,
+ * allocated only once the bytes are known to be there: a request of a few bytes naming shape
+ * [2147483648] must not make servd allocate 8 GiB (found by tests/fuzz/fuzz_api_routes.c). */
+static servd_tensor *take_binary(api_check *c, const char *f, const char *name, json_t *size, kserve_tail *tail,
+                                 servd_dtype dt, int ndim, const int64_t *shape, long long numel) {
   long long n;
-  size_t want = (size_t)servd_tensor_numel(t) * servd_dtype_block_bytes(t->dtype);
+  size_t want = (size_t)numel * servd_dtype_block_bytes(dt);
   if (!api_check_as_int(size, &n) || n < 0)
-    return api_check_fail(c, f, "input '%s': parameters.binary_data_size must be a non-negative integer", name);
+    return api_check_fail(c, f, "input '%s': parameters.binary_data_size must be a non-negative integer", name), NULL;
   if (!tail)
     return api_check_fail(c, f,
                           "input '%s' has parameters.binary_data_size but the request has no " KSERVE_HEADER_LENGTH
                           " header: the length of the JSON header is needed to find the binary data",
-                          name);
+                          name),
+           NULL;
   if ((size_t)n != want)
     return api_check_fail(c, f,
                           "input '%s': parameters.binary_data_size is %lld but its shape and datatype take %zu bytes",
-                          name, n, want);
+                          name, n, want),
+           NULL;
   if (want > tail->len - tail->used)
     return api_check_fail(c, f,
                           "input '%s': parameters.binary_data_size is %lld but only %zu bytes of binary data remain "
                           "after the JSON header (" KSERVE_HEADER_LENGTH ") and the inputs before it",
-                          name, n, tail->len - tail->used);
+                          name, n, tail->len - tail->used),
+           NULL;
+  servd_tensor *t = servd_tensor_new(dt, ndim, shape);
+  if (!t) return api_check_fail(c, f, "input '%s': %s", name, servd_last_error()), NULL;
   memcpy(servd_tensor_data(t), tail->p + tail->used, want);
   tail->used += want;
-  return true;
+  return t;
 }
 
 /* Parses one input tensor (its data from tail when binary); on failure records the error in c and
@@ -159,13 +166,7 @@ static servd_tensor *parse_input(api_check *c, json_t *in, size_t idx, char name
     snprintf(f, sizeof f, "inputs[%zu].parameters.binary_data_size", idx);
     if (data)
       return api_check_fail(c, f, "input '%s' has both 'data' and parameters.binary_data_size: send one", name), NULL;
-    servd_tensor *t = servd_tensor_new(dt, ndim, shape);
-    if (!t) return api_check_fail(c, f, "input '%s': %s", name, servd_last_error()), NULL;
-    if (!take_binary(c, f, name, bsize, tail, t)) {
-      servd_tensor_release(t);
-      return NULL;
-    }
-    return t;
+    return take_binary(c, f, name, bsize, tail, dt, ndim, shape, numel);
   }
   snprintf(f, sizeof f, "inputs[%zu].data", idx);
   if (!json_is_array(data)) return api_check_fail(c, f, "input '%s': 'data' must be a list", name), NULL;
