@@ -186,6 +186,13 @@ api_model *api_model_find(servd_api *a, const char *name);
 bool api_model_ready(servd_api *a, api_model *am);
 void api_model_release_ref(servd_api *a, api_model *am); /* inflight-- and continue a pending unload */
 bool api_all_ready(servd_api *a);
+/* Interpreter namespaces of one process (servd/interp.h's SERVD_INTERP_MAX, which the API does not
+ * include). */
+#define API_INTERP_NAMESPACES 15
+/* Whether quarantined interpreters have taken the last interpreter namespace while a model that needs
+ * one is not loaded (loading, or its load failed): it cannot load again until servd restarts. why
+ * (may be NULL) gets the reason. */
+bool api_interp_starved(servd_api *a, char *why, size_t cap);
 
 /* The consumer of engine events (openai.c): one event, on the loop. */
 void api_oai_event(servd_api *a, api_event *ev);

@@ -1,5 +1,6 @@
 /* Kept in a file of its own: only programs that use the real engine link against it. */
 #include "api/model_ops.h"
+#include "servd/interp.h"
 
 const servd_model_ops servd_engine_model_ops = {
     .options_default = servd_model_options_default,
@@ -27,4 +28,5 @@ const servd_model_ops servd_engine_model_ops = {
     .model_gen_params_default = servd_model_gen_params_default,
     .vocab_size = servd_model_vocab_size,
     .embedding_info = servd_model_embedding_info,
+    .interpreter_namespaces_free = servd_interp_namespaces_free,
 };

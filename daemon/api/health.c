@@ -16,14 +16,24 @@ static bool all_live(servd_api *a) {
   return true;
 }
 
+/* Both probes fail, with the reason, while quarantined interpreters hold the last interpreter
+ * namespace and a model that needs one is not loaded: only a restart gives the namespaces back
+ * (docs/interpreters.md), so the orchestrator should restart the process. */
+static void answer(servd_http_req *r, const char *key, bool ok, servd_api *a) {
+  char why[400];
+  if (ok && api_interp_starved(a, why, sizeof why)) {
+    api_json(r, 503, json_pack("{s:b, s:s}", key, false, "reason", why));
+    return;
+  }
+  api_json(r, ok ? 200 : 503, json_pack("{s:b}", key, ok));
+}
+
 void api_health_live(servd_api *a, servd_http_req *r, const api_route_args *args) {
   (void)args;
-  bool live = all_live(a);
-  api_json(r, live ? 200 : 503, json_pack("{s:b}", "live", live));
+  answer(r, "live", all_live(a), a);
 }
 
 void api_health_ready(servd_api *a, servd_http_req *r, const api_route_args *args) {
   (void)args;
-  bool ready = api_all_ready(a);
-  api_json(r, ready ? 200 : 503, json_pack("{s:b}", "ready", ready));
+  answer(r, "ready", api_all_ready(a), a);
 }

@@ -170,6 +170,14 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
          "Interpreters of abandoned loads, never reused until servd restarts (at most 15 per process).");
     servd_buf_printf(&b, "servd_engine_quarantined_interpreters %d\n", a->ops->quarantined_interpreters());
   }
+  if (a->ops->interpreter_namespaces_free) {
+    head(&b, "servd_interpreter_namespaces_free", "gauge",
+         "Interpreter namespaces a model load could still take (glibc: 15 per process; quarantined "
+         "interpreters hold theirs until servd restarts).");
+    servd_buf_printf(&b, "servd_interpreter_namespaces_free %d\n", a->ops->interpreter_namespaces_free());
+    head(&b, "servd_interpreter_namespaces", "gauge", "Interpreter namespaces of this process, used or not.");
+    servd_buf_printf(&b, "servd_interpreter_namespaces %d\n", API_INTERP_NAMESPACES);
+  }
   head(&b, "servd_api_requests_in_flight", "gauge", "API requests holding engine work.");
   servd_buf_printf(&b, "servd_api_requests_in_flight %d\n", servd_api_inflight(a));
   api_metrics_generic(a, &b);

@@ -42,6 +42,9 @@ typedef struct servd_model_ops {
   int (*vocab_size)(const servd_model *m);
   /* Appended; NULL: no embeddings (POST /v1/embeddings answers 400). servd_model_embedding_info. */
   int (*embedding_info)(const servd_model *m, servd_embedding_info *out);
+  /* Appended; NULL: no limit known (metrics and readiness leave it out). servd_interp_namespaces_free:
+   * the interpreter namespaces (of 15 per process) a load could still take. */
+  int (*interpreter_namespaces_free)(void);
 } servd_model_ops;
 
 /* The engine's implementation (daemon/api/engine_ops.c). */

@@ -49,6 +49,23 @@ bool api_all_ready(servd_api *a) {
   return true;
 }
 
+bool api_interp_starved(servd_api *a, char *why, size_t cap) {
+  if (!a->ops->interpreter_namespaces_free || !a->ops->quarantined_interpreters) return false;
+  int q = a->ops->quarantined_interpreters();
+  if (q <= 0 || a->ops->interpreter_namespaces_free() > 0) return false;
+  for (api_model *am = a->models; am; am = am->next) {
+    bool waiting = am->state == M_LOADING || (am->state == M_UNAVAILABLE && am->load_failed);
+    if (!waiting || am->opts.isolation == SERVD_ISOLATION_PROCESS) continue; /* a process of its own */
+    if (why)
+      snprintf(why, cap,
+               "model '%s' cannot load: no interpreter namespace is left (%d of the process's %d are held by "
+               "quarantined interpreters of abandoned loads until servd restarts)",
+               am->name, q, API_INTERP_NAMESPACES);
+    return true;
+  }
+  return false;
+}
+
 int servd_api_models_loading(const servd_api *a) {
   int n = 0;
   for (api_model *am = a->models; am; am = am->next) n += am->state == M_LOADING;

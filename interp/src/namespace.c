@@ -122,6 +122,14 @@ done:
   return rc;
 }
 
+int servd_interp_namespaces_free(void) {
+  pthread_mutex_lock(&g_mu);
+  int n = SERVD_INTERP_MAX - g_count;
+  for (int i = 0; i < g_count; i++) n += !g_ns[i].in_use && g_ns[i].api; /* reusable */
+  pthread_mutex_unlock(&g_mu);
+  return n;
+}
+
 void servd_ns__release(servd_ns *ns) {
   if (!ns) return;
   pthread_mutex_lock(&g_mu);

@@ -78,6 +78,8 @@ static bool fake_restarting(const servd_model *m, char *why, size_t cap) {
   return down;
 }
 static int fake_quarantined(void) { return 3; }
+static atomic_int fake_namespaces_free = 12; /* of 15: 3 quarantined */
+static int fake_ns_free(void) { return atomic_load(&fake_namespaces_free); }
 static json_t *fake_meta(const servd_model *m) {
   (void)m;
   return json_pack("{s:[{s:s, s:s, s:[i]}], s:[{s:s, s:s, s:[i]}]}", "inputs", "name", "x", "datatype", "FP32", "shape",
@@ -323,6 +325,7 @@ static const servd_model_ops fake_ops = {
     .tools_parse = fake_tools_parse,
     .guide_compile = fake_guide_compile,
     .embedding_info = fake_embedding_info,
+    .interpreter_namespaces_free = fake_ns_free,
 };
 
 #endif

@@ -682,6 +682,47 @@ static void test_unload_failed_model(void **st) {
   json_decref(j);
 }
 
+/* Quarantined interpreters holding the last namespace: metrics show what is left; both probes fail,
+ * naming the model and the cause, only while a model that needs a namespace is not loaded. */
+static void test_namespaces_starved(void **st) {
+  (void)st;
+  int s;
+  tc_resp r = tc_request(open_srv.port, "GET", "/metrics", NULL, NULL);
+  assert_non_null(strstr(r.body, "\nservd_interpreter_namespaces_free 12\n"));
+  assert_non_null(strstr(r.body, "\nservd_interpreter_namespaces 15\n"));
+  tc_resp_free(&r);
+  atomic_store(&fake_namespaces_free, 0);
+  json_t *j = get_json(open_srv.port, "/v2/health/ready", &s); /* every model loaded: nothing waits */
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = post_json(open_srv.port, "/v2/repository/models/broken/load", "", &s, NULL);
+  assert_int_equal(s, 400);
+  json_decref(j);
+  const char *paths[] = {"/v2/health/ready", "/health", "/v2/health/live"};
+  const char *keys[] = {"ready", "live", "live"};
+  for (int i = 0; i < 3; i++) {
+    j = get_json(open_srv.port, paths[i], &s);
+    assert_int_equal(s, 503);
+    assert_true(json_is_false(json_object_get(j, keys[i])));
+    assert_string_equal(json_string_value(json_object_get(j, "reason")),
+                        "model 'broken' cannot load: no interpreter namespace is left (3 of the process's 15 are "
+                        "held by quarantined interpreters of abandoned loads until servd restarts)");
+    json_decref(j);
+  }
+  atomic_store(&fake_namespaces_free, 1); /* one came back: the load may be tried again */
+  j = get_json(open_srv.port, "/v2/health/ready", &s);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  atomic_store(&fake_namespaces_free, 0);
+  j = post_json(open_srv.port, "/v2/repository/models/broken/unload", "", &s, NULL); /* forgets the failure */
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = get_json(open_srv.port, "/health", &s);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  atomic_store(&fake_namespaces_free, 12);
+}
+
 /* A process-isolated model restarting after a crash is not ready itself, but the server stays ready
  * and live (a crash loop must not take the pod out of service); the index says why. */
 static void test_restarting_model(void **st) {
@@ -1159,6 +1200,7 @@ int main(void) {
       cmocka_unit_test(test_auth),
       cmocka_unit_test(test_tokenize),
       cmocka_unit_test(test_repository),
+      cmocka_unit_test(test_namespaces_starved),
       cmocka_unit_test(test_unload_failed_model),
       cmocka_unit_test(test_metrics),
       cmocka_unit_test(test_restarting_model),

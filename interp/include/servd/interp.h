@@ -28,6 +28,9 @@ typedef struct servd_interp servd_interp;
 struct servd_py_error;
 
 SERVD_API int servd_interp_early_init(int argc, char **argv);
+/* Link-map namespaces an interpreter could still take (of SERVD_INTERP_MAX): never used, or released by
+ * a finalized interpreter. Quarantined interpreters keep theirs until the process exits. */
+SERVD_API int servd_interp_namespaces_free(void);
 
 typedef struct servd_pool_options {
   int n_interpreters;           /* 1..SERVD_INTERP_MAX */
