@@ -73,14 +73,19 @@ static float signed_absmax(const float *x) {
   return max;
 }
 
-/* The range of a block: q4_1's and q5_1's grid. */
-static void min_max(const float *x, float *min, float *max) {
+/* q4_1's and q5_1's grid of a block: nmax steps of d from its min to its max. Stores d and the min
+ * as f16 and returns 1/d (0 for a constant block); *min is the min as f32. */
+static float affine_grid(const float *x, float nmax, uint16_t *d16, uint16_t *m16, float *min) {
+  float max = -INFINITY;
   *min = INFINITY;
-  *max = -INFINITY;
   for (int j = 0; j < SERVD_QK; j++) {
     if (x[j] < *min) *min = x[j];
-    if (x[j] > *max) *max = x[j];
+    if (x[j] > max) max = x[j];
   }
+  const float d = (max - *min) / nmax;
+  *d16 = servd_f32_to_f16(d);
+  *m16 = servd_f32_to_f16(*min);
+  return d ? 1.0f / d : 0.0f;
 }
 
 /* Elements j and j + 16 (0..31) of a q5 block: low nibbles in qs[j], bit 4 in bits j and j + 16 of
@@ -126,12 +131,8 @@ int servd__q4_0_from_f32(const float *x, void *dst, int64_t nb) {
 int servd__q4_1_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q4_1 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
-    float min, max;
-    min_max(x, &min, &max);
-    const float d = (max - min) / 15.0f;
-    const float id = d ? 1.0f / d : 0.0f;
-    y[i].d = servd_f32_to_f16(d);
-    y[i].m = servd_f32_to_f16(min);
+    float min;
+    const float id = affine_grid(x, 15.0f, &y[i].d, &y[i].m, &min);
     for (int j = 0; j < SERVD_QK / 2; j++) {
       const int8_t a = (int8_t)to_int((x[j] - min) * id + 0.5f);
       const int8_t b = (int8_t)to_int((x[j + SERVD_QK / 2] - min) * id + 0.5f);
@@ -164,12 +165,8 @@ int servd__q5_0_from_f32(const float *x, void *dst, int64_t nb) {
 int servd__q5_1_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q5_1 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
-    float min, max;
-    min_max(x, &min, &max);
-    const float d = (max - min) / 31.0f;
-    const float id = d ? 1.0f / d : 0.0f;
-    y[i].d = servd_f32_to_f16(d);
-    y[i].m = servd_f32_to_f16(min);
+    float min;
+    const float id = affine_grid(x, 31.0f, &y[i].d, &y[i].m, &min);
     uint32_t qh = 0;
     for (int j = 0; j < SERVD_QK / 2; j++) {
       /* ggml does not clamp here (the rounding cannot pass 31 for finite x); NaN/inf rows stay in range */
