@@ -60,9 +60,9 @@ uint16_t servd_f32_to_bf16(float f) {
  * whose conversion C leaves undefined, become 0: garbage in, but no undefined behaviour. */
 static inline int to_int(float v) { return v > -256.0f && v < 256.0f ? (int)v : 0; }
 
-/* The element of largest magnitude in a block (the first of equals), sign kept: q4_0's and q5_0's
- * scale. */
-static float signed_absmax(const float *x) {
+/* q4_0's and q5_0's grid of a block: d = the element of largest magnitude (the first of equals, sign
+ * kept) over the grid's lowest level `low` (-8, -16). Stores d as f16 and returns 1/d (0 for zeros). */
+static float symmetric_grid(const float *x, float low, uint16_t *d16) {
   float amax = 0.0f, max = 0.0f;
   for (int j = 0; j < SERVD_QK; j++) {
     if (amax < fabsf(x[j])) {
@@ -70,7 +70,9 @@ static float signed_absmax(const float *x) {
       max = x[j];
     }
   }
-  return max;
+  const float d = max / low;
+  *d16 = servd_f32_to_f16(d);
+  return d ? 1.0f / d : 0.0f;
 }
 
 /* q4_1's and q5_1's grid of a block: nmax steps of d from its min to its max. Stores d and the min
@@ -115,10 +117,7 @@ int servd__q8_0_from_f32(const float *x, void *dst, int64_t nb) {
 int servd__q4_0_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q4_0 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
-    const float max = signed_absmax(x);
-    const float d = max / -8.0f;
-    const float id = d ? 1.0f / d : 0.0f;
-    y[i].d = servd_f32_to_f16(d);
+    const float id = symmetric_grid(x, -8.0f, &y[i].d);
     for (int j = 0; j < SERVD_QK / 2; j++) {
       const int8_t a = (int8_t)to_int(x[j] * id + 8.5f), b = (int8_t)to_int(x[j + SERVD_QK / 2] * id + 8.5f);
       const uint8_t qa = (uint8_t)(a < 15 ? a : 15), qb = (uint8_t)(b < 15 ? b : 15);
@@ -147,10 +146,7 @@ int servd__q4_1_from_f32(const float *x, void *dst, int64_t nb) {
 int servd__q5_0_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q5_0 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
-    const float max = signed_absmax(x);
-    const float d = max / -16.0f;
-    const float id = d ? 1.0f / d : 0.0f;
-    y[i].d = servd_f32_to_f16(d);
+    const float id = symmetric_grid(x, -16.0f, &y[i].d);
     uint32_t qh = 0;
     for (int j = 0; j < SERVD_QK / 2; j++) {
       const int8_t a = (int8_t)to_int(x[j] * id + 16.5f), b = (int8_t)to_int(x[j + SERVD_QK / 2] * id + 16.5f);
