@@ -90,6 +90,12 @@ static float affine_grid(const float *x, float nmax, uint16_t *d16, uint16_t *m1
   return d ? 1.0f / d : 0.0f;
 }
 
+/* Elements j and j + 16 (0..31) of a q4 block, clamped to 15: the low and the high nibble of qs[j]. */
+static void pack_q4(uint8_t *qs, int j, int8_t a, int8_t b) {
+  const uint8_t qa = (uint8_t)(a < 15 ? a : 15), qb = (uint8_t)(b < 15 ? b : 15);
+  qs[j] = (uint8_t)(qa | (qb << 4));
+}
+
 /* Elements j and j + 16 (0..31) of a q5 block: low nibbles in qs[j], bit 4 in bits j and j + 16 of
  * *qh. */
 static void pack_q5(uint8_t *qs, uint32_t *qh, int j, uint8_t qa, uint8_t qb) {
@@ -119,9 +125,7 @@ int servd__q4_0_from_f32(const float *x, void *dst, int64_t nb) {
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     const float id = symmetric_grid(x, -8.0f, &y[i].d);
     for (int j = 0; j < SERVD_QK / 2; j++) {
-      const int8_t a = (int8_t)to_int(x[j] * id + 8.5f), b = (int8_t)to_int(x[j + SERVD_QK / 2] * id + 8.5f);
-      const uint8_t qa = (uint8_t)(a < 15 ? a : 15), qb = (uint8_t)(b < 15 ? b : 15);
-      y[i].qs[j] = (uint8_t)(qa | (qb << 4));
+      pack_q4(y[i].qs, j, (int8_t)to_int(x[j] * id + 8.5f), (int8_t)to_int(x[j + SERVD_QK / 2] * id + 8.5f));
     }
   }
   return 0;
@@ -133,10 +137,8 @@ int servd__q4_1_from_f32(const float *x, void *dst, int64_t nb) {
     float min;
     const float id = affine_grid(x, 15.0f, &y[i].d, &y[i].m, &min);
     for (int j = 0; j < SERVD_QK / 2; j++) {
-      const int8_t a = (int8_t)to_int((x[j] - min) * id + 0.5f);
-      const int8_t b = (int8_t)to_int((x[j + SERVD_QK / 2] - min) * id + 0.5f);
-      const uint8_t qa = (uint8_t)(a < 15 ? a : 15), qb = (uint8_t)(b < 15 ? b : 15);
-      y[i].qs[j] = (uint8_t)(qa | (qb << 4));
+      pack_q4(y[i].qs, j, (int8_t)to_int((x[j] - min) * id + 0.5f),
+              (int8_t)to_int((x[j + SERVD_QK / 2] - min) * id + 0.5f));
     }
   }
   return 0;
