@@ -151,6 +151,87 @@ _AUDIT_REFUSED = {
 }
 
 
+# ---- capabilities: what package code may do only when its manifest declares it --------------------
+# "capabilities": ["native"] lets it run native code through ctypes or cffi (a bad pointer crashes the
+# whole server); ["fd"] lets it close, replace or write file descriptors it did not open itself (the
+# server's sockets, its event loop's descriptors: closing them aborted servd). Undeclared, they raise
+# PermissionError naming the call and the capability. Interpreters without a package (the host's own
+# calls, tests) have every capability. docs/interpreters.md, "Capabilities".
+
+_ALL_CAPABILITIES = frozenset(("native", "fd"))
+_caps = _ALL_CAPABILITIES
+_owned_fds = set()  # descriptors this interpreter's code opened (os.open, os.pipe, os.dup, ...)
+
+# ctypes' and cffi's ways into native code. ctypes' own import only opens the running program
+# (dlopen(None)), which is allowed: importing ctypes is harmless, reaching a symbol or an address is not.
+_NATIVE_EVENTS = frozenset(("ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.call_function",
+                            "ctypes.string_at", "ctypes.wstring_at", "ctypes.cdata", "ctypes.addressof"))
+_NATIVE_MODULES = frozenset(("cffi", "_cffi_backend"))
+
+
+def _undeclared(call, cap, why):
+    return PermissionError(call + " is not allowed in this package's code: " + why + "; a package that needs it "
+                           "declares it in its manifest (\"capabilities\": [\"" + cap + "\"]) and is best served "
+                           "with \"isolation\": \"process\" (docs/interpreters.md, \"Capabilities\")")
+
+
+_REASON_NATIVE = "native code through ctypes or cffi can crash the whole server"
+_REASON_FD = "the descriptor was not opened by this package's code (it may be the server's socket or event loop)"
+
+
+def _fd_owned(fd):
+    return "fd" in _caps or fd in _owned_fds
+
+
+def _guard_fds():
+    """os functions that open descriptors record them as owned; those that close, replace or write one
+    check it is owned (or that the package declares "fd")."""
+    def opener(name, fn, many=False):
+        def opened(*args, **kwargs):
+            r = fn(*args, **kwargs)
+            _owned_fds.update(r if many else (r,))
+            return r
+        opened.__name__ = opened.__qualname__ = name
+        return opened
+
+    def checked(name, fn, fd_arg=0, forget=False, std_ok=False):
+        def guarded(*args, **kwargs):
+            fd = args[fd_arg] if len(args) > fd_arg else None
+            if isinstance(fd, int) and not _fd_owned(fd) and not (std_ok and fd in (1, 2)):
+                raise _undeclared("os." + name + "(" + str(fd) + ")", "fd", _REASON_FD)
+            r = fn(*args, **kwargs)
+            if forget:
+                _owned_fds.discard(fd)
+            return r
+        guarded.__name__ = guarded.__qualname__ = name
+        return guarded
+
+    def closerange(lo, hi):
+        for fd in range(lo, hi):
+            if not _fd_owned(fd):
+                raise _undeclared("os.closerange(" + str(lo) + ", " + str(hi) + ")", "fd", _REASON_FD +
+                                  ": " + str(fd) + " is in the range")
+        real_closerange(lo, hi)
+        _owned_fds.difference_update(range(lo, hi))
+
+    import posix
+    real_closerange = posix.closerange
+    for mod in (os, posix):
+        for name in ("open", "dup", "memfd_create", "eventfd"):
+            if hasattr(mod, name):
+                setattr(mod, name, opener(name, getattr(posix, name)))
+        for name in ("pipe", "pipe2", "openpty"):
+            if hasattr(mod, name):
+                setattr(mod, name, opener(name, getattr(posix, name), many=True))
+        mod.close = checked("close", posix.close, forget=True)
+        mod.closerange = closerange
+        if hasattr(mod, "dup2"):
+            setattr(mod, "dup2", checked("dup2", posix.dup2, fd_arg=1))
+        for name in ("write", "writev", "pwrite", "sendfile", "ftruncate"):  # the log (1, 2) is shared
+            if hasattr(mod, name):
+                setattr(mod, name, checked(name, getattr(posix, name), std_ok=name != "ftruncate"))
+
+
 def _audit(event, args):
     """An audit hook cannot be removed by Python code: it keeps the guards of the calls that raise
     audit events even when their module is imported again."""
@@ -168,6 +249,13 @@ def _audit(event, args):
         if args[1] in _FORBIDDEN_SYMBOLS:
             raise _refusal("ctypes access to " + str(args[1]) + "()",
                            "it is a process-wide call (it could end or take over the whole server)")
+    if "native" not in _caps:
+        if event in _NATIVE_EVENTS and not (event == "ctypes.dlopen" and args[0] is None):
+            raise _undeclared(event + "(" + ", ".join(repr(a) for a in args[:2]) + ")", "native", _REASON_NATIVE)
+        if event == "import" and args[0] in _NATIVE_MODULES:
+            raise _undeclared("import " + args[0], "native", _REASON_NATIVE)
+    if event == "open" and isinstance(args[0], int) and not _fd_owned(args[0]):
+        raise _undeclared("open(" + str(args[0]) + ")", "fd", _REASON_FD)
 
 
 def install_guards():
@@ -204,7 +292,12 @@ def install_guards():
 
 
 def setup(pkg_name, allow_dir, allow_modules, extra_sys_path, code_prefix, has_package):
+    global _caps
+    if has_package:  # checked by the package reader: a list of known capabilities
+        _caps = frozenset(servd.package.manifest.get("capabilities", ())) & _ALL_CAPABILITIES
     install_guards()
+    if "fd" not in _caps:
+        _guard_fds()
     if has_package:
         sys.meta_path.insert(0, PackageFinder(pkg_name or "package", code_prefix))
     if allow_dir and allow_modules:

@@ -130,6 +130,28 @@ static int check_tensor_specs(const char *what, json_t *m, const char *key) {
   return 0;
 }
 
+/* "capabilities" (optional): what the package's Python may do beyond the interpreters' guards,
+ * distinct names servd knows ("native": ctypes/cffi; "fd": descriptors it did not open). An unknown
+ * one is refused, not ignored: the package would be run without what it asked for. */
+static int check_capabilities(const char *what, json_t *m) {
+  static const char *const known[] = {"native", "fd"};
+  json_t *v = json_object_get(m, "capabilities");
+  if (!v || json_is_null(v)) return 0;
+  bool seen[sizeof known / sizeof known[0]] = {false};
+  for (size_t i = 0; json_is_array(v) && i < json_array_size(v); i++) {
+    const char *c = json_string_value(json_array_get(v, i));
+    size_t k = 0;
+    while (c && k < sizeof known / sizeof known[0] && strcmp(c, known[k])) k++;
+    if (!c || k == sizeof known / sizeof known[0] || seen[k])
+      return servd_fail(SERVD_EFORMAT,
+                        "%s: manifest.json: capabilities[%zu]: expected one of \"native\", \"fd\", each once", what, i);
+    seen[k] = true;
+  }
+  if (!json_is_array(v))
+    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: capabilities: expected an array of strings", what);
+  return 0;
+}
+
 /* The manifest's top-level fields, the file list and hashes. */
 static int check_manifest(const char *what, mpk_package *p) {
   json_t *m = p->manifest;
@@ -177,7 +199,9 @@ static int check_manifest(const char *what, mpk_package *p) {
     return servd_fail(SERVD_EFORMAT, "%s: manifest.json: a causal-lm package needs tokenizer.file and rope_layout",
                       what);
   if ((rc = check_entry_ref(what, p, m, "chat_template_file", "chat_template_file"))) return rc;
-  if ((rc = check_tensor_specs(what, m, "inputs")) || (rc = check_tensor_specs(what, m, "outputs"))) return rc;
+  if ((rc = check_tensor_specs(what, m, "inputs")) || (rc = check_tensor_specs(what, m, "outputs")) ||
+      (rc = check_capabilities(what, m)))
+    return rc;
 
   /* files: exactly the archive's file entries other than manifest.json, each with size and sha256. */
   json_t *files = json_object_get(m, "files");

@@ -50,21 +50,23 @@ class Guarded:
 """ % (CALLS,)
 
 
-def make_package(path, name, model_py):
+def make_package(path, name, model_py, capabilities=None):
     files = {f"code/{name}/__init__.py": b"", f"code/{name}/model.py": model_py.encode()}
     manifest = {"format_version": 1, "name": name, "model_version": "1", "kind": "generic",
                 "entry_point": f"{name}.model:Guarded", "config": {}, "tensors": [],
                 "files": {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in files.items()}}
+    if capabilities is not None:
+        manifest["capabilities"] = capabilities
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
         for n, d in files.items():
             z.writestr(n, d)
         z.writestr("manifest.json", json.dumps(manifest))
 
 
-def infer(s, k):
+def infer(s, k, model="guarded"):
     data = [float(k), 1.0, 2.0, 3.0]
     body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": data}]}
-    st, resp = s.json("POST", "/v2/models/guarded/infer", body)
+    st, resp = s.json("POST", f"/v2/models/{model}/infer", body)
     return st, resp, data
 
 
@@ -80,6 +82,39 @@ for k, (name, _) in enumerate(CALLS):
           "is not allowed in servd model code" in msg, f"{name}: {resp}")
     st, resp, data = infer(s, -1)
     check(st == 200 and resp["outputs"][0]["data"] == [2 * v for v in data], f"after {name}: {st} {resp}")
+check(s.proc.poll() is None, "servd is still running")
+rc = s.stop()
+check(rc == 0, f"SIGTERM: exit status {rc}")
+
+# Capabilities (docs/interpreters.md): a package that does not declare "native" cannot reach native
+# code through ctypes, nor, without "fd", close or write descriptors it did not open (closing the
+# server's sockets over a range aborted servd in libuv, exit 134): PermissionError, a 500 naming the
+# capability, and servd serves on. Declared, the harmless ones of the same calls work.
+CAP_CALLS = [  # (capability, code, harmless: run by the package that declares it too)
+    ("native", "import ctypes; assert ctypes.CDLL('libm.so.6').cos", True),
+    ("native", "import ctypes; ctypes.c_int.from_address(8).value", False),
+    ("fd", "import os; os.closerange(3, 1024)", False),
+    ("fd", "import os\nfor fd in range(3, 1024): os.close(fd)", False),
+    ("fd", "import os\nwith open('/dev/null', 'wb') as f: os.write(f.fileno(), b'x')", True),
+    ("fd", "import os\nr, w = os.pipe(); os.write(w, b'x'); os.close(r); os.close(w)", None),  # its own: always
+]
+CAP_MODEL_PY = MODEL_PY.replace("CALLS = %r" % (CALLS,), "CALLS = %r" % ([(c, code) for c, code, _ in CAP_CALLS],))
+make_package(os.path.join(a.work, "undeclared.mpk"), "undeclared", CAP_MODEL_PY)
+make_package(os.path.join(a.work, "declared.mpk"), "declared", CAP_MODEL_PY, ["native", "fd"])
+s = Servd(a, ["--model", os.path.join(a.work, "undeclared.mpk"), "--model", os.path.join(a.work, "declared.mpk")])
+for k, (cap, code, harmless) in enumerate(CAP_CALLS):
+    st, resp, data = infer(s, k, "undeclared")
+    exc = resp.get("exception", {}) if isinstance(resp, dict) else {}
+    if harmless is None:
+        check(st == 200, f"undeclared, its own descriptors: {st} {resp}")
+    else:
+        check(st == 500 and exc.get("type") == "PermissionError" and
+              f'"capabilities": ["{cap}"]' in exc.get("message", ""), f"undeclared {code!r}: {st} {resp}")
+    st, resp, data = infer(s, -1, "undeclared")
+    check(st == 200 and resp["outputs"][0]["data"] == [2 * v for v in data], f"after {code!r}: {st} {resp}")
+    if harmless is not False:
+        st, resp, data = infer(s, k, "declared")
+        check(st == 200, f"declared {code!r}: {st} {resp}")
 check(s.proc.poll() is None, "servd is still running")
 rc = s.stop()
 check(rc == 0, f"SIGTERM: exit status {rc}")

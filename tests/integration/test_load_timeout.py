@@ -49,6 +49,8 @@ def make_package(path, name, model_py):
     manifest = {"format_version": 1, "name": name, "model_version": "1", "kind": "generic",
                 "entry_point": f"{name}.model:Model", "config": {}, "tensors": [],
                 "files": {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in files.items()}}
+    if "ctypes" in model_py:  # native code: the package declares it (docs/interpreters.md, "Capabilities")
+        manifest["capabilities"] = ["native"]
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
         for n, d in files.items():
             z.writestr(n, d)

@@ -250,7 +250,11 @@ static void bad_inputs_shape(mpk_writer *w) {
 static void bad_outputs_name(mpk_writer *w) {
   mpk_writer_set(w, "outputs", json_pack("[{s:s,s:[i,i]}]", "datatype", "FP32", "shape", -1, 10));
 }
+static void bad_caps_unknown(mpk_writer *w) { mpk_writer_set(w, "capabilities", json_pack("[s]", "network")); }
+static void bad_caps_twice(mpk_writer *w) { mpk_writer_set(w, "capabilities", json_pack("[s,s]", "fd", "fd")); }
+static void bad_caps_string(mpk_writer *w) { mpk_writer_set(w, "capabilities", json_string("native")); }
 static void good_specs(mpk_writer *w) {
+  mpk_writer_set(w, "capabilities", json_pack("[s,s]", "native", "fd"));
   mpk_writer_set(w, "inputs", json_pack("[{s:s,s:s,s:[i,i]}]", "name", "x", "datatype", "FP32", "shape", -1, 64));
   mpk_writer_set(w, "outputs", json_pack("[{s:s,s:s,s:[i]}]", "name", "label", "datatype", "INT32", "shape", -1));
 }
@@ -295,8 +299,9 @@ static void good_index(mpk_writer *w) { mpk__writer_replace_index(w, base_index(
 
 static void bad_manifests(void **state) {
   (void)state;
-  void (*cases[])(mpk_writer *) = {bad_kind, bad_entry,     bad_rope,         bad_tok,
-                                   bad_cfg,  bad_inputs_dt, bad_inputs_shape, bad_outputs_name};
+  void (*cases[])(mpk_writer *) = {bad_kind,         bad_entry,      bad_rope,         bad_tok,
+                                   bad_cfg,          bad_inputs_dt,  bad_inputs_shape, bad_outputs_name,
+                                   bad_caps_unknown, bad_caps_twice, bad_caps_string};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     mpk_package *p = NULL;
     assert_int_equal(mpk_open(write_pkg("m", cases[i]), &p), SERVD_EFORMAT);
