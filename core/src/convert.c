@@ -107,7 +107,7 @@ static void store_qh(uint8_t *dst, uint32_t qh) {
   for (int k = 0; k < 4; k++) dst[k] = (uint8_t)(qh >> (8 * k));
 }
 
-int servd__q8_0_from_f32(const float *x, void *dst, int64_t nb) {
+void servd__q8_0_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q8_0 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     float amax = 0.0f;
@@ -117,10 +117,9 @@ int servd__q8_0_from_f32(const float *x, void *dst, int64_t nb) {
     y[i].d = servd_f32_to_f16(d);
     for (int j = 0; j < SERVD_QK; j++) y[i].qs[j] = (int8_t)to_int(roundf(x[j] * id));
   }
-  return 0;
 }
 
-int servd__q4_0_from_f32(const float *x, void *dst, int64_t nb) {
+void servd__q4_0_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q4_0 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     const float id = symmetric_grid(x, -8.0f, &y[i].d);
@@ -128,10 +127,9 @@ int servd__q4_0_from_f32(const float *x, void *dst, int64_t nb) {
       pack_q4(y[i].qs, j, (int8_t)to_int(x[j] * id + 8.5f), (int8_t)to_int(x[j + SERVD_QK / 2] * id + 8.5f));
     }
   }
-  return 0;
 }
 
-int servd__q4_1_from_f32(const float *x, void *dst, int64_t nb) {
+void servd__q4_1_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q4_1 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     float min;
@@ -141,11 +139,10 @@ int servd__q4_1_from_f32(const float *x, void *dst, int64_t nb) {
               (int8_t)to_int((x[j + SERVD_QK / 2] - min) * id + 0.5f));
     }
   }
-  return 0;
 }
 
 /* q5_0 / q5_1: as q4_0 / q4_1 on 32 levels, bit 4 of element j in bit j of qh. */
-int servd__q5_0_from_f32(const float *x, void *dst, int64_t nb) {
+void servd__q5_0_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q5_0 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     const float id = symmetric_grid(x, -16.0f, &y[i].d);
@@ -157,10 +154,9 @@ int servd__q5_0_from_f32(const float *x, void *dst, int64_t nb) {
     }
     store_qh(y[i].qh, qh);
   }
-  return 0;
 }
 
-int servd__q5_1_from_f32(const float *x, void *dst, int64_t nb) {
+void servd__q5_1_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q5_1 *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK) {
     float min;
@@ -174,7 +170,6 @@ int servd__q5_1_from_f32(const float *x, void *dst, int64_t nb) {
     }
     store_qh(y[i].qh, qh);
   }
-  return 0;
 }
 
 /* ---- k-quants: reference dequantization as in ggml (dequantize_row_q*_K); quantization by plain
@@ -267,7 +262,7 @@ static void quantize_k4(const float *x, uint8_t *dh, uint8_t *dminh, uint8_t *sc
   }
 }
 
-int servd__q4_k_from_f32(const float *x, void *dst, int64_t nb) {
+void servd__q4_k_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q4_k *y = dst;
   uint8_t q[SERVD_QK_K];
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
@@ -275,10 +270,9 @@ int servd__q4_k_from_f32(const float *x, void *dst, int64_t nb) {
     for (int c = 0; c < 4; c++)
       for (int l = 0; l < 32; l++) y->qs[32 * c + l] = (uint8_t)(q[64 * c + l] | q[64 * c + 32 + l] << 4);
   }
-  return 0;
 }
 
-int servd__q5_k_from_f32(const float *x, void *dst, int64_t nb) {
+void servd__q5_k_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q5_k *y = dst;
   uint8_t q[SERVD_QK_K];
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
@@ -292,11 +286,10 @@ int servd__q5_k_from_f32(const float *x, void *dst, int64_t nb) {
       }
     }
   }
-  return 0;
 }
 
 /* q6_k: per group of 16 a symmetric grid with q in -32..31, its scale an int8 multiple of d. */
-int servd__q6_k_from_f32(const float *x, void *dst, int64_t nb) {
+void servd__q6_k_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q6_k *y = dst;
   uint8_t q[SERVD_QK_K];
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
@@ -326,7 +319,6 @@ int servd__q6_k_from_f32(const float *x, void *dst, int64_t nb) {
       }
     }
   }
-  return 0;
 }
 
 /* ---- plain dtypes and the blocks of 32: to f32 (nb blocks; elements for plain dtypes) ---------- */
@@ -393,27 +385,27 @@ void servd__q5_1_to_f32(const void *src, float *dst, int64_t nb) {
 
 /* ---- plain dtypes: from f32 ------------------------------------------------------------------- */
 
-int servd__f32_from_f32(const float *src, void *dst, int64_t n) {
-  memmove(dst, src, (size_t)n * 4);
-  return 0;
-}
+void servd__f32_from_f32(const float *src, void *dst, int64_t n) { memmove(dst, src, (size_t)n * 4); }
 
-int servd__f16_from_f32(const float *src, void *dst, int64_t n) {
+void servd__f16_from_f32(const float *src, void *dst, int64_t n) {
   for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = servd_f32_to_f16(src[i]);
-  return 0;
 }
 
-int servd__bf16_from_f32(const float *src, void *dst, int64_t n) {
+void servd__bf16_from_f32(const float *src, void *dst, int64_t n) {
   for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = servd_f32_to_bf16(src[i]);
-  return 0;
 }
 
-int servd__i32_from_f32(const float *src, void *dst, int64_t n) {
+/* Values rounded to the nearest integer; each fits (checked by fits_i32 first). */
+void servd__i32_from_f32(const float *src, void *dst, int64_t n) {
+  for (int64_t i = 0; i < n; i++) ((int32_t *)dst)[i] = (int32_t)rintf(src[i]);
+}
+
+/* i32 is the one dtype a value may not fit: servd_row_from_f32 refuses such a row before writing it. */
+static int fits_i32(const float *src, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
-    float v = rintf(src[i]);
+    const float v = rintf(src[i]);
     if (!(v >= -2147483648.0f && v < 2147483648.0f))
       return servd_fail(SERVD_ERANGE, "row_from_f32: element %lld (%g) does not fit i32", (long long)i, (double)src[i]);
-    ((int32_t *)dst)[i] = (int32_t)v;
   }
   return 0;
 }
@@ -422,7 +414,7 @@ int servd__i32_from_f32(const float *src, void *dst, int64_t n) {
 
 static const struct {
   void (*to_f32)(const void *src, float *dst, int64_t nb);
-  int (*from_f32)(const float *src, void *dst, int64_t nb);
+  void (*from_f32)(const float *src, void *dst, int64_t nb);
 } conversions[] = {
 #define SERVD_DTYPE(ID, value, name, ...) [SERVD_##ID] = {servd__##name##_to_f32, servd__##name##_from_f32},
 #include "servd/dtypes.def"
@@ -447,6 +439,8 @@ int servd_row_to_f32(servd_dtype t, const void *src, float *dst, int64_t n) {
 
 int servd_row_from_f32(servd_dtype t, const float *src, void *dst, int64_t n) {
   int rc = check_row("row_from_f32", t, src, dst, n);
+  if (!rc && t == SERVD_I32) rc = fits_i32(src, n);
   if (rc) return rc;
-  return conversions[t].from_f32(src, dst, n / (int64_t)servd_dtype_block_elems(t));
+  conversions[t].from_f32(src, dst, n / (int64_t)servd_dtype_block_elems(t));
+  return 0;
 }

@@ -95,16 +95,15 @@ static float signed_absmax(const float *x, int n) {
   return max;
 }
 
-int servd__iq4_nl_from_f32(const float *x, void *dst, int64_t nb) {
+void servd__iq4_nl_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_iq4_nl *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK, y++) {
     y->d = servd_f32_to_f16(signed_absmax(x, SERVD_QK) / (float)servd_iq4_values[0]);
     iq4_codes(x, servd_f16_to_f32(y->d), y->qs, SERVD_QK);
   }
-  return 0;
 }
 
-int servd__iq4_xs_from_f32(const float *x, void *dst, int64_t nb) {
+void servd__iq4_xs_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_iq4_xs *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
     float s[8], amax = 0.0f;
@@ -123,10 +122,9 @@ int servd__iq4_xs_from_f32(const float *x, void *dst, int64_t nb) {
       iq4_codes(x + 32 * ib, d * (float)(ls - 32), y->qs + 16 * ib, 32);
     }
   }
-  return 0;
 }
 
-int servd__q2_k_from_f32(const float *x, void *dst, int64_t nb) {
+void servd__q2_k_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q2_k *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
     float scale[16], min[16], max_scale = 0.0f, max_min = 0.0f;
@@ -157,10 +155,9 @@ int servd__q2_k_from_f32(const float *x, void *dst, int64_t nb) {
       }
     }
   }
-  return 0;
 }
 
-int servd__q3_k_from_f32(const float *x, void *dst, int64_t nb) {
+void servd__q3_k_from_f32(const float *x, void *dst, int64_t nb) {
   servd_block_q3_k *y = dst;
   for (int64_t i = 0; i < nb; i++, x += SERVD_QK_K, y++) {
     float scale[16], max_scale = 0.0f;
@@ -187,5 +184,4 @@ int servd__q3_k_from_f32(const float *x, void *dst, int64_t nb) {
       }
     }
   }
-  return 0;
 }
