@@ -39,6 +39,10 @@ fi
 "$venv/bin/python" -c "import langchain_openai, litellm" 2>/dev/null ||
   "$venv/bin/pip" install --quiet "langchain-openai>=0.3" "litellm>=1.60"
 
+# The official Anthropic and Ollama clients (tests of /v1/messages and of Ollama's /api routes).
+"$venv/bin/python" -c "import anthropic, ollama" 2>/dev/null ||
+  "$venv/bin/pip" install --quiet "anthropic>=0.40" "ollama>=0.4"
+
 # Python packages servd's interpreters use at run time (llguidance: structured outputs), pinned,
 # into the directory a build tree's servd puts on sys.path (build/python-deps).
 "$here/scripts/install-python-deps.sh" "$here/build/python-deps"

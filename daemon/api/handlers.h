@@ -23,6 +23,10 @@ void api_oai_detokenize(servd_api *a, servd_http_req *r, const api_route_args *a
 /* responses.c */
 void api_oai_responses(servd_api *a, servd_http_req *r, const api_route_args *args);
 
+/* anthropic.c: Anthropic's Messages API */
+void api_anthropic_messages(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_anthropic_count_tokens(servd_api *a, servd_http_req *r, const api_route_args *args);
+
 /* kserve.c */
 void api_kserve_server_meta(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_kserve_model_meta(servd_api *a, servd_http_req *r, const api_route_args *args);

@@ -28,6 +28,14 @@ typedef struct oai_sink {
   /* The route's name for a chat field in an error ("messages[2]" -> "input"), into out. */
   void (*param)(const char *chat_param, char *out, size_t cap);
   void (*ctx_free)(void *ctx); /* o->sink_ctx, when o is freed */
+  /* Optional (NULL: OpenAI's). The route's own error body in place of OpenAI's error object
+   * (anthropic.c); msg names the field where one is at fault. */
+  void (*error)(servd_http_req *r, int status, const char *msg);
+  /* Optional. Every generated token's event, streamed or not, before the request's own handling
+   * (anthropic.c tells a stop sequence from the end of the sequence by the last tokens). */
+  void (*token)(oai *o, gen *g, const api_event *ev);
+  /* Optional: the streamed body's Content-Type (NULL: text/event-stream). */
+  const char *content_type;
 } oai_sink;
 
 struct oai {
@@ -81,6 +89,9 @@ json_t *oai_json_text(const char *s, size_t n);
 /* Serves body (stolen) as a chat completions request whose output sink formats; sink_ctx is freed
  * with sink->ctx_free, also when this answers an error itself. */
 void oai_chat_serve(servd_api *a, servd_http_req *r, json_t *body, const oai_sink *sink, void *sink_ctx);
+/* The same for another mode: OAI_COMPLETIONS (a raw prompt), OAI_EMBEDDINGS (sink->respond reads
+ * o->x[i].vec), OAI_TOKENIZE (sink->respond reads o->prompts[0].n_ids: counting tokens). */
+void oai_sink_serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, const oai_sink *sink, void *sink_ctx);
 
 /* Embeddings (embeddings.c). The engine callback of an embedding: keeps the vector, then
  * api_engine_cb. */

@@ -7,6 +7,8 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -80,8 +82,24 @@ static void oai_error(oai *o, int status, const char *type, const char *param, c
   }
   if (r) {
     r->on_abort = NULL;
-    api_oai_error(r, status, type, param, code, fmt, msg);
+    if (o->sink && o->sink->error) o->sink->error(r, status, msg);
+    else api_oai_error(r, status, type, param, code, fmt, msg);
   }
+}
+
+/* An error before o exists: OpenAI's error object, or the sink's route's own shape. */
+static void route_error(servd_http_req *r, const oai_sink *sink, int status, const char *type, const char *param,
+                        const char *code, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static void route_error(servd_http_req *r, const oai_sink *sink, int status, const char *type, const char *param,
+                        const char *code, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  api_utf8_fix(msg);
+  if (sink && sink->error) sink->error(r, status, msg);
+  else api_oai_error(r, status, type, param, code, "%s", msg);
 }
 
 /* An engine code: the field at fault is named only when the client is at fault (4xx). */
@@ -496,6 +514,7 @@ void api_oai_event(servd_api *a, api_event *ev) {
     return;
   }
   if (ev->kind == SERVD_EVENT_TOKEN) {
+    if (o->sink && o->sink->token) o->sink->token(o, g, ev);
     echo_flush(o, g);
     bool first = !g->t_first;
     double secs = (double)(ev->t_ns - (first ? o->t_start : g->t_last)) / 1e9;
@@ -861,7 +880,9 @@ static void start_generation(oai *o) {
       return;
     }
   }
-  if (o->stream) servd_http_stream_begin(o->req, 200, "text/event-stream");
+  if (o->stream)
+    servd_http_stream_begin(o->req, 200,
+                            o->sink && o->sink->content_type ? o->sink->content_type : "text/event-stream");
   if (o->stream && o->sink) {
     o->sink->stream_begin(o);
   } else if (o->stream && o->mode == OAI_CHAT) {
@@ -883,6 +904,10 @@ static void start_generation(oai *o) {
 
 static void respond_tokens(oai *o) {
   servd_api *a = o->a;
+  if (o->sink) {
+    o->sink->respond(o);
+    return;
+  }
   if (o->mode == OAI_DETOKENIZE) {
     json_t *t = json_text(o->detok_text ? o->detok_text : "", o->detok_text ? strlen(o->detok_text) : 0);
     servd_http_req *r = o->req;
@@ -930,7 +955,7 @@ static void make_id(servd_api *a, const char *prefix, char *out, size_t cap) {
 }
 
 /* Resolves 'model'; responds (and returns NULL) when it is missing, unknown or not serving. */
-static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, bool need_lm) {
+static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, bool need_lm, const oai_sink *sink) {
   json_t *jm = json_object_get(body, "model");
   api_model *am = NULL;
   if (!jm || json_is_null(jm)) {
@@ -942,37 +967,38 @@ static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, b
       }
     }
     if (n != 1) {
-      api_oai_error(r, 400, "invalid_request_error", "model", NULL,
-                    "'model' is required when the server serves %d models", n);
+      route_error(r, sink, 400, "invalid_request_error", "model", NULL,
+                  "'model' is required when the server serves %d models", n);
       return NULL;
     }
   } else if (!json_is_string(jm)) {
-    api_oai_error(r, 400, "invalid_request_error", "model", NULL, "'model' must be a string");
+    route_error(r, sink, 400, "invalid_request_error", "model", NULL, "'model' must be a string");
     return NULL;
   } else {
     am = api_model_find(a, json_string_value(jm));
     if (!am) {
-      api_oai_error(r, 404, "invalid_request_error", "model", "model_not_found", "The model `%s` does not exist.",
-                    json_string_value(jm));
+      route_error(r, sink, 404, "invalid_request_error", "model", "model_not_found", "The model `%s` does not exist.",
+                  json_string_value(jm));
       return NULL;
     }
   }
   r->model = am->name;
   if (am->state == M_UNAVAILABLE) {
-    api_oai_error(r, 404, "invalid_request_error", "model", "model_not_found", "The model `%s` is not loaded.",
-                  am->name);
+    route_error(r, sink, 404, "invalid_request_error", "model", "model_not_found", "The model `%s` is not loaded.",
+                am->name);
     return NULL;
   }
   if (am->state != M_READY || a->draining) {
-    api_oai_error(r, 503, "server_error", NULL, "service_unavailable", "The model `%s` is %s; retry later.", am->name,
-                  am->state == M_LOADING ? "loading"
-                  : a->draining          ? "draining"
-                                         : "unloading");
+    route_error(r, sink, 503, "server_error", NULL, "service_unavailable", "The model `%s` is %s; retry later.",
+                am->name,
+                am->state == M_LOADING ? "loading"
+                : a->draining          ? "draining"
+                                       : "unloading");
     return NULL;
   }
   if (need_lm && a->ops->kind(am->m) != SERVD_MODEL_CAUSAL_LM) {
-    api_oai_error(r, 400, "invalid_request_error", "model", NULL,
-                  "The model `%s` is not a language model; call /v2/models/%s/infer", am->name, am->name);
+    route_error(r, sink, 400, "invalid_request_error", "model", NULL,
+                "The model `%s` is not a language model; call /v2/models/%s/infer", am->name, am->name);
     return NULL;
   }
   return am;
@@ -983,7 +1009,7 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   api_param_error perr;
   json_t *rid = json_object_get(body, "request_id"); /* vLLM's body field; the header wins, as in vLLM */
   if (json_is_string(rid) && !servd_http_header_get(r, "x-request-id")) api_request_id_set(r, json_string_value(rid));
-  api_model *am = resolve_model(a, r, body, true);
+  api_model *am = resolve_model(a, r, body, true, sink);
   if (!am) {
     json_decref(body);
     if (sink && sink->ctx_free) sink->ctx_free(sink_ctx);
@@ -997,8 +1023,8 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
     free(w);
     servd_arena_destroy(arena);
     json_decref(body);
+    route_error(r, sink, 500, "server_error", NULL, NULL, "out of memory");
     if (sink && sink->ctx_free) sink->ctx_free(sink_ctx);
-    api_oai_error(r, 500, "server_error", NULL, NULL, "out of memory");
     return;
   }
   o->a = a;
@@ -1031,7 +1057,8 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
       sink->param(perr.param, renamed, sizeof renamed);
       snprintf(perr.param, sizeof perr.param, "%s", renamed);
     }
-    api_oai_error(r, perr.status, "invalid_request_error", perr.param[0] ? perr.param : NULL, NULL, "%s", perr.message);
+    route_error(r, sink, perr.status, "invalid_request_error", perr.param[0] ? perr.param : NULL, NULL, "%s",
+                perr.message);
     free(w);
     oai_free(o);
     return;
@@ -1083,6 +1110,11 @@ static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
 
 void oai_chat_serve(servd_api *a, servd_http_req *r, json_t *body, const oai_sink *sink, void *sink_ctx) {
   serve(a, r, body, OAI_CHAT, sink, sink_ctx);
+}
+
+void oai_sink_serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, const oai_sink *sink,
+                    void *sink_ctx) {
+  serve(a, r, body, mode, sink, sink_ctx);
 }
 
 void api_oai_completions(servd_api *a, servd_http_req *r, const api_route_args *args) {

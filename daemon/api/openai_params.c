@@ -206,7 +206,8 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
     o->add_generation_prompt = true;
     if (api_check_field(body, "messages")) {
       o->add_special = false;
-      if (!parse_messages(v, o, body)) return false;
+      /* With tools, as vLLM's chat /tokenize: the prompt the template renders with them. */
+      if (!parse_messages(v, o, body) || !oai_parse_tools(v, body, o)) return false;
     } else if (!parse_prompt(v, o, body, "prompt", 64)) {
       return false;
     }

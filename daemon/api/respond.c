@@ -47,6 +47,30 @@ void api_oai_error(servd_http_req *r, int status, const char *type, const char *
                        param ? json_string(param) : json_null(), "code", code ? json_string(code) : json_null()));
 }
 
+const char *api_anthropic_error_type(int status) {
+  switch (status) {
+  case 400: return "invalid_request_error";
+  case 401: return "authentication_error";
+  case 403: return "permission_error";
+  case 404: return "not_found_error";
+  case 413: return "request_too_large";
+  case 429: return "rate_limit_error";
+  case 503: return "overloaded_error";
+  default: return status < 500 ? "invalid_request_error" : "api_error";
+  }
+}
+
+void api_anthropic_error(servd_http_req *r, int status, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  error_message(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  error_json(r, status,
+             json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", api_anthropic_error_type(status),
+                       "message", msg));
+}
+
 void api_kserve_error(servd_http_req *r, int status, const char *fmt, ...) {
   char msg[1024];
   va_list ap;

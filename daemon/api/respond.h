@@ -18,6 +18,13 @@ void api_json(servd_http_req *r, int status, json_t *body);
 void api_oai_error(servd_http_req *r, int status, const char *type, const char *param, const char *code,
                    const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
+/* Anthropic's error {"type": "error", "error": {"type", "message"}}, its type from the status
+ * (400 invalid_request_error, 401 authentication_error, 403 permission_error, 404 not_found_error,
+ * 413 request_too_large, 429 rate_limit_error, 503 overloaded_error, else api_error). */
+void api_anthropic_error(servd_http_req *r, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Anthropic's error type of a status (static string). */
+const char *api_anthropic_error_type(int status);
+
 /* KServe v2 error {"error": "..."}; 429 and 503 carry Retry-After. */
 void api_kserve_error(servd_http_req *r, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

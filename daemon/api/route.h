@@ -33,10 +33,11 @@ enum { API_GET = 1u << 0, API_HEAD = 1u << 1, API_POST = 1u << 2 };
 
 /* What the router does before the handler runs. */
 enum {
-  API_ROUTE_PUBLIC = 1u << 0,  /* no API key needed (health probes) */
-  API_ROUTE_OAI = 1u << 1,     /* errors in OpenAI's shape, else KServe v2's */
-  API_ROUTE_MODEL = 1u << 2,   /* {model} must name a model known to the server: 404 otherwise */
-  API_ROUTE_METRICS = 1u << 3, /* public when servd_api_options.metrics_public (Prometheus scrapers) */
+  API_ROUTE_PUBLIC = 1u << 0,    /* no API key needed (health probes) */
+  API_ROUTE_OAI = 1u << 1,       /* errors in OpenAI's shape, else KServe v2's */
+  API_ROUTE_MODEL = 1u << 2,     /* {model} must name a model known to the server: 404 otherwise */
+  API_ROUTE_METRICS = 1u << 3,   /* public when servd_api_options.metrics_public (Prometheus scrapers) */
+  API_ROUTE_ANTHROPIC = 1u << 4, /* errors in Anthropic's shape (api_anthropic_error) */
 };
 
 typedef struct api_route {

@@ -48,6 +48,8 @@ static bool authorized(servd_api *a, servd_http_req *r) {
   if (h && strncasecmp(h, "Bearer ", 7) == 0) {
     tok = h + 7;
     while (*tok == ' ') tok++;
+  } else if ((h = servd_http_header_get(r, "x-api-key"))) { /* Anthropic's clients send the key so */
+    tok = h;
   }
   return servd_api_key_equal(tok, strlen(tok), a->api_key, a->api_key_len);
 }
@@ -59,7 +61,7 @@ static void not_found(servd_http_req *r, bool oai, const char *code, const char 
   else api_kserve_error(r, 404, "%s", msg);
 }
 
-static void method_not_allowed(servd_http_req *r, bool oai, unsigned allowed) {
+static void method_not_allowed(servd_http_req *r, bool oai, bool anth, unsigned allowed) {
   static const struct {
     unsigned bit;
     const char *name;
@@ -69,7 +71,8 @@ static void method_not_allowed(servd_http_req *r, bool oai, unsigned allowed) {
     if (allowed & names[i].bit)
       snprintf(allow + strlen(allow), sizeof allow - strlen(allow), "%s%s", allow[0] ? ", " : "", names[i].name);
   servd_http_set_header(r, "Allow", allow);
-  if (oai)
+  if (anth) api_anthropic_error(r, 405, "method %s is not allowed on %s", r->method, r->path);
+  else if (oai)
     api_oai_error(r, 405, "invalid_request_error", NULL, "method_not_allowed", "method %s is not allowed on %s",
                   r->method, r->path);
   else api_kserve_error(r, 405, "method %s is not allowed on %s", r->method, r->path);
@@ -97,10 +100,14 @@ static void on_request(void *ud, servd_http_req *r) {
     }
   }
   bool oai = first ? (first->flags & API_ROUTE_OAI) != 0 : oai_path(p);
+  bool anth = first && (first->flags & API_ROUTE_ANTHROPIC);
   if (!(first && public) && !authorized(a, r)) {
     r->route = "unauthorized";
     servd_http_set_header(r, "WWW-Authenticate", "Bearer");
-    if (oai)
+    if (anth)
+      api_anthropic_error(r, 401,
+                          "missing or incorrect API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'");
+    else if (oai)
       api_oai_error(r, 401, "invalid_request_error", NULL, "invalid_api_key",
                     "missing or incorrect API key: send 'Authorization: Bearer <key>'");
     else api_kserve_error(r, 401, "missing or incorrect API key: send 'Authorization: Bearer <key>'");
@@ -115,7 +122,7 @@ static void on_request(void *ud, servd_http_req *r) {
   }
   r->route = (hit ? hit : first)->label;
   if (!hit) {
-    method_not_allowed(r, oai, allowed);
+    method_not_allowed(r, oai, anth, allowed);
     return;
   }
   api_route_args args = {NULL, NULL, NULL};
@@ -149,7 +156,13 @@ static void on_request(void *ud, servd_http_req *r) {
 
 static void error_body(void *ud, const char *target, int status, const char *message, servd_buf *out) {
   (void)ud;
-  if (oai_path(target)) {
+  if (!strncmp(target, "/v1/messages", 12)) {
+    servd_buf_puts(out, "{\"type\": \"error\", \"error\": {\"type\": ");
+    servd_buf_json_str(out, api_anthropic_error_type(status), strlen(api_anthropic_error_type(status)));
+    servd_buf_puts(out, ", \"message\": ");
+    servd_buf_json_str(out, message, strlen(message));
+    servd_buf_puts(out, "}}");
+  } else if (oai_path(target)) {
     servd_buf_puts(out, "{\"error\": {\"message\": ");
     servd_buf_json_str(out, message, strlen(message));
     servd_buf_printf(out, ", \"type\": \"invalid_request_error\", \"param\": null, \"code\": %s}}",

@@ -20,6 +20,11 @@ const api_route api_routes[] = {
     {API_POST, "/tokenize", "/tokenize", API_ROUTE_OAI, api_oai_tokenize},
     {API_POST, "/detokenize", "/detokenize", API_ROUTE_OAI, api_oai_detokenize},
 
+    /* Anthropic's Messages API: errors in its shape; x-api-key is taken as the key. */
+    {API_POST, "/v1/messages", "/v1/messages", API_ROUTE_ANTHROPIC, api_anthropic_messages},
+    {API_POST, "/v1/messages/count_tokens", "/v1/messages/count_tokens", API_ROUTE_ANTHROPIC,
+     api_anthropic_count_tokens},
+
     /* KServe v2 / Open Inference Protocol; the versioned paths share their template's label. */
     {API_GET, "/v2", "/v2", 0, api_kserve_server_meta},
     {API_GET, "/v2/", "/v2", 0, api_kserve_server_meta},

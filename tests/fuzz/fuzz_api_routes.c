@@ -341,6 +341,50 @@ static const fz_field f_responses[] = {{"model", &t_model},
                                        {"parallel_tool_calls", &t_bool},
                                        {"seed", &t_int}};
 
+/* Anthropic's Messages API: content blocks, tools {name, input_schema}, tool_choice {type, name}. */
+static const char *const v_blk_type[] = {"text", "tool_use", "tool_result", "image", "thinking", "document", "x"};
+static const fz_type t_blk_type = STR(v_blk_type);
+static const char *const v_tool_id[] = {"toolu_1", "toolu_2", ""};
+static const fz_type t_tool_id = STR(v_tool_id);
+static const fz_field f_blk_inner[] = {{"type", &t_blk_type}, {"text", &t_text}};
+static const fz_type t_blk_inner = OBJ(f_blk_inner), t_blks_inner = ARR(&t_blk_inner);
+static const fz_type *const a_result[] = {&t_text, &t_blks_inner};
+static const fz_type t_result = ALT(a_result);
+static const fz_field f_block[] = {{"type", &t_blk_type},  {"text", &t_text},     {"id", &t_tool_id},
+                                   {"name", &t_text},      {"input", &t_schema},  {"tool_use_id", &t_tool_id},
+                                   {"content", &t_result}, {"is_error", &t_bool}, {"thinking", &t_text}};
+static const fz_type t_block = OBJ(f_block), t_blocks = ARR(&t_block);
+static const fz_type *const a_anth_content[] = {&t_text, &t_blocks};
+static const fz_type t_anth_content = ALT(a_anth_content);
+static const fz_field f_anth_msg[] = {{"role", &t_role}, {"content", &t_anth_content}};
+static const fz_type t_anth_msg = OBJ(f_anth_msg), t_anth_msgs = ARR(&t_anth_msg);
+static const fz_field f_anth_tool[] = {
+    {"type", &t_fn_type}, {"name", &t_text}, {"description", &t_text}, {"input_schema", &t_schema}};
+static const fz_type t_anth_tool = OBJ(f_anth_tool), t_anth_tools = ARR(&t_anth_tool);
+static const char *const v_anth_choice[] = {"auto", "any", "tool", "none", "required"};
+static const fz_type t_anth_choice_type = STR(v_anth_choice);
+static const fz_field f_anth_choice[] = {
+    {"type", &t_anth_choice_type}, {"name", &t_text}, {"disable_parallel_tool_use", &t_bool}};
+static const fz_type t_anth_choice = OBJ(f_anth_choice);
+static const char *const v_thinking[] = {"enabled", "disabled", "adaptive", "x"};
+static const fz_type t_thinking_type = STR(v_thinking);
+static const fz_field f_thinking[] = {{"type", &t_thinking_type}, {"budget_tokens", &t_int}};
+static const fz_type t_thinking = OBJ(f_thinking);
+static const fz_field f_anth_meta[] = {{"user_id", &t_text}};
+static const fz_type t_anth_meta = OBJ(f_anth_meta);
+static const fz_type *const a_system[] = {&t_text, &t_blks_inner};
+static const fz_type t_system = ALT(a_system);
+static const fz_field f_messages[] = {
+    {"model", &t_model},          {"max_tokens", &t_int},  {"messages", &t_anth_msgs}, {"system", &t_system},
+    {"stop_sequences", &t_texts}, {"temperature", &t_num}, {"top_p", &t_num},          {"top_k", &t_int},
+    {"metadata", &t_anth_meta},   {"stream", &t_bool},     {"tools", &t_anth_tools},   {"tool_choice", &t_anth_choice},
+    {"thinking", &t_thinking},    {"ignore_eos", &t_bool}};
+static const fz_field f_count_tokens[] = {{"model", &t_model},
+                                          {"messages", &t_anth_msgs},
+                                          {"system", &t_system},
+                                          {"tools", &t_anth_tools},
+                                          {"tool_choice", &t_anth_choice}};
+
 static const char *const v_encoding[] = {"float", "base64", "int8"};
 static const fz_type t_encoding = STR(v_encoding);
 static const fz_type *const a_embed_input[] = {&t_text, &t_texts, &t_ints, &t_intss};
@@ -397,6 +441,8 @@ static const fz_route routes[] = {
     {"POST", "/v1/completions", BODY(f_completions)},
     {"POST", "/v1/chat/completions", BODY(f_chat)},
     {"POST", "/v1/responses", BODY(f_responses)},
+    {"POST", "/v1/messages", BODY(f_messages)},
+    {"POST", "/v1/messages/count_tokens", BODY(f_count_tokens)},
     {"POST", "/v1/embeddings", BODY(f_embeddings)},
     {"GET", "/v1/models", NULL, 0},
     {"GET", "/v1/models/{m}", NULL, 0},
