@@ -241,8 +241,8 @@ static void scheduler_run(servd_model *m) {
     m->kv_used = sched_used_blocks(&m->sched);
     m->preemptions = m->sched.preemptions;
     m->kv_cached = sched_cached_blocks(&m->sched);
-    m->prefix_queries = m->sched.pc.queries;
-    m->prefix_hits = m->sched.pc.hits;
+    m->prefix_queries = m->sched.bm.pc.queries;
+    m->prefix_hits = m->sched.bm.pc.hits;
     if (m->plan.n_tokens == 0 && !m->plan.error && has_work(m) && !m->inbox_head) {
       /* Work is pending but nothing can run (waiting for blocks that only a finishing request would
        * free cannot happen: then something runs). Sleep briefly to watch deadlines and cancels. */

@@ -65,13 +65,10 @@ int sched_init(servd_scheduler *s, const sched_config *cfg, servd_kv_cache *kv) 
                       "expected all >= 1 and a KV cache",
                       cfg->max_batch_tokens, cfg->max_seqs, cfg->max_seq_len);
   s->cfg = *cfg;
-  s->kv = kv;
-  s->block_size = servd_kv_cache_block_size(kv);
-  s->max_blocks_per_seq = (cfg->max_seq_len + s->block_size - 1) / s->block_size;
   size_t n = (size_t)cfg->max_seqs;
   int rc = servd_step_arrays_init(&s->step, cfg->max_batch_tokens, cfg->max_seqs, "scheduler");
   if (rc) goto fail;
-  if ((rc = prefix_cache_init(&s->pc, kv, cfg->prefix_cache))) goto fail;
+  if ((rc = bm_init(&s->bm, kv, cfg->max_seq_len, cfg->prefix_cache, cfg->cache_key))) goto fail;
   s->planned = calloc(n, sizeof *s->planned);
   s->starved = calloc(n, sizeof *s->starved);
   if (!s->planned || !s->starved) {
@@ -89,17 +86,15 @@ void sched_free(servd_scheduler *s) {
   free(s->planned);
   free(s->starved);
   servd_step_arrays_free(&s->step);
-  prefix_cache_free(&s->pc);
+  bm_free(&s->bm);
   memset(s, 0, sizeof *s);
 }
 
 int sched_seq_init(servd_scheduler *s, sched_seq *q) {
-  q->blocks = calloc((size_t)s->max_blocks_per_seq, sizeof(int32_t));
-  if (!q->blocks) return servd_fail(SERVD_ENOMEM, "scheduler: block table of %d blocks", s->max_blocks_per_seq);
-  q->n_blocks = 0;
+  int rc = bm_table_init(&s->bm, &q->table);
+  if (rc) return rc;
   q->n_computed = 0;
   q->n_cached = 0;
-  q->chain = (prefix_chain){0};
   q->state = SCHED_NEW;
   q->prev = q->next = NULL;
   return 0;
@@ -107,8 +102,7 @@ int sched_seq_init(servd_scheduler *s, sched_seq *q) {
 
 void sched_seq_free(sched_seq *q) {
   if (!q) return;
-  free(q->blocks);
-  q->blocks = NULL;
+  bm_table_free(&q->table);
 }
 
 void sched_add(servd_scheduler *s, sched_seq *q) {
@@ -118,10 +112,8 @@ void sched_add(servd_scheduler *s, sched_seq *q) {
 }
 
 static void release_blocks(servd_scheduler *s, sched_seq *q) {
-  if (q->n_blocks) prefix_cache_release(&s->pc, q->n_blocks, q->blocks);
-  q->n_blocks = 0;
+  bm_release(&s->bm, &q->table);
   q->n_computed = 0;
-  q->chain = (prefix_chain){0};
 }
 
 /* Drafts planned for a step that did not run leave the sequence. */
@@ -153,18 +145,9 @@ static void preempt(servd_scheduler *s, sched_seq *q) {
 }
 
 /* Makes q own enough blocks for its first n tokens; 0, or SERVD_EBUSY having taken none. */
-static int grow(servd_scheduler *s, sched_seq *q, int n) {
-  int need = (n + s->block_size - 1) / s->block_size - q->n_blocks;
-  if (need <= 0) return 0;
-  if (q->n_blocks + need > s->max_blocks_per_seq)
-    return servd_fail(SERVD_ERANGE, "scheduler: %d tokens exceed the context of %d", n, s->cfg.max_seq_len);
-  int rc = prefix_cache_alloc(&s->pc, need, q->blocks + q->n_blocks);
-  if (rc) return rc;
-  q->n_blocks += need;
-  return 0;
-}
+static int grow(servd_scheduler *s, sched_seq *q, int n) { return bm_grow(&s->bm, &q->table, n); }
 
-static int blocks_for(const servd_scheduler *s, int n) { return (n + s->block_size - 1) / s->block_size; }
+static int blocks_for(const servd_scheduler *s, int n) { return bm_blocks_for(&s->bm, n); }
 
 /* Whether a running sequence is about to compute q's next full block after its first `hit` cached
  * ones (same tokens from the start, that block not computed yet). Then q waits for it rather than
@@ -172,8 +155,8 @@ static int blocks_for(const servd_scheduler *s, int n) { return (n + s->block_si
  * one system prompt, the n choices of one request) compute it once. The one computing it is running,
  * so the wait ends: the block is registered, or that sequence is preempted and no longer counts. */
 static bool prefix_pending(const servd_scheduler *s, const sched_seq *q, int hit) {
-  int end = (hit + 1) * s->block_size;
-  if (!s->pc.enabled || end > q->n_tokens - 1) return false;
+  int end = (hit + 1) * s->bm.block_size;
+  if (!s->bm.pc.enabled || end > q->n_tokens - 1) return false;
   for (const sched_seq *r = s->running.head; r; r = r->next)
     if (r->n_computed < end && r->n_tokens >= end && memcmp(r->tokens, q->tokens, (size_t)end * sizeof *q->tokens) == 0)
       return true;
@@ -190,7 +173,7 @@ static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
   a->q_start[i] = s->n_tokens;
   a->q_len[i] = chunk;
   a->kv_len[i] = q->n_computed + chunk;
-  a->block_tables[i] = q->blocks;
+  a->block_tables[i] = q->table.ids;
   if (q->n_tokens - q->n_draft - q->n_computed == 1) { /* a decode, or a verify row of its drafts */
     s->n_decode_rows++;
     s->n_verify_tokens += chunk - 1;
@@ -201,7 +184,7 @@ static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
     int p = q->n_computed + j, t = s->n_tokens + j;
     a->tokens[t] = q->tokens[p];
     a->positions[t] = p;
-    a->slots[t] = q->blocks[p / s->block_size] * s->block_size + p % s->block_size;
+    a->slots[t] = q->table.ids[p / s->bm.block_size] * s->bm.block_size + p % s->bm.block_size;
   }
   s->n_tokens += chunk;
   q->n_rows = 0;
@@ -243,7 +226,7 @@ static int prefill_cap(const servd_scheduler *s, int decoders) {
   double target = (double)s->cfg.max_step_ns;
   if (target < SCHED_STEP_STRETCH * decodes) target = SCHED_STEP_STRETCH * decodes;
   double n = (target - decodes) / s->cost.prefill_token_ns;
-  if (n < s->block_size) return s->block_size;
+  if (n < s->bm.block_size) return s->bm.block_size;
   return n > INT32_MAX ? INT32_MAX : (int)n;
 }
 
@@ -265,7 +248,7 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
   s->n_planned = s->n_tokens = s->n_logit_rows = 0;
   s->n_decode_rows = s->n_prefill_tokens = s->n_verify_tokens = 0;
   int budget = s->cfg.max_batch_tokens;
-  int total_blocks = servd_kv_cache_n_blocks(s->kv);
+  int total_blocks = servd_kv_cache_n_blocks(s->bm.kv);
   /* The step's kind: embeddings on their turn, or when generation has no work. */
   bool has_embed = list_has(&s->running, true) || list_has(&s->waiting, true);
   bool has_gen = list_has(&s->running, false) || list_has(&s->waiting, false);
@@ -358,23 +341,20 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
     prefix_chain chain = {0};
     int hit = 0;
     if (!q->embed && !q->no_cache_hits)
-      hit = prefix_cache_match(&s->pc, s->cfg.cache_key, q->tokens, (q->n_tokens - 1) / s->block_size, q->blocks,
-                               &chain, &evictable_hits);
+      hit = bm_match(&s->bm, q->tokens, (q->n_tokens - 1) / s->bm.block_size, &q->table, &chain, &evictable_hits);
     if (!q->embed && !q->no_cache_hits && prefix_pending(s, q, hit)) break;
-    int start = hit * s->block_size;
+    int start = hit * s->bm.block_size;
     int chunk = q->n_tokens - start;
     if (chunk > budget) chunk = budget;
     if (chunk > prefill_left) chunk = prefill_left;
     chunk = logit_chunk(q, chunk);
     if (q->rows == SCHED_ROWS_ALL && !q->embed && chunk > rows_left) chunk = rows_left;
     if (chunk <= 0 || (start + chunk == q->n_tokens && rows_left < 1)) break; /* no output row left */
-    bool fits = blocks_for(s, start + chunk) - hit <= prefix_cache_available(&s->pc) - evictable_hits;
+    bool fits = blocks_for(s, start + chunk) - hit <= bm_available(&s->bm) - evictable_hits;
     int rc = 0;
     if (fits) {
-      if ((rc = prefix_cache_acquire(&s->pc, hit, q->blocks))) return rc;
-      q->n_blocks = hit;
+      if ((rc = bm_acquire(&s->bm, &q->table, hit, &chain))) return rc;
       q->n_computed = start;
-      q->chain = chain;
       if ((rc = grow(s, q, start + chunk))) {
         release_blocks(s, q);
         if (rc != SERVD_EBUSY) return rc;
@@ -388,9 +368,9 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
       preempt(s, s->running.tail);
       return PLAN_AGAIN;
     }
-    if (s->pc.enabled) {
-      s->pc.queries += (uint64_t)q->n_tokens;
-      s->pc.hits += (uint64_t)start;
+    if (s->bm.pc.enabled) {
+      s->bm.pc.queries += (uint64_t)q->n_tokens;
+      s->bm.pc.hits += (uint64_t)start;
     }
     if (q->n_preempted == 0) q->n_cached = start;
     list_remove(&s->waiting, q);
@@ -418,10 +398,7 @@ int sched_plan(servd_scheduler *s) {
 
 /* Full blocks whose K/V is computed become findable (an embedding's stay private). */
 static void register_blocks(servd_scheduler *s, sched_seq *q) {
-  while (s->pc.enabled && !q->embed && (q->chain.n + 1) * s->block_size <= q->n_computed) {
-    int i = q->chain.n;
-    prefix_cache_register(&s->pc, s->cfg.cache_key, &q->chain, q->blocks[i], q->tokens + (size_t)i * s->block_size);
-  }
+  if (!q->embed) bm_register(&s->bm, &q->table, q->tokens, q->n_computed);
 }
 
 void sched_commit(servd_scheduler *s) {
@@ -439,12 +416,7 @@ void sched_truncate(servd_scheduler *s, sched_seq *q, int n_kv) {
   q->n_draft = 0;
   if (q->state != SCHED_RUNNING) return;
   if (n_kv < q->n_computed) q->n_computed = n_kv;
-  int keep = blocks_for(s, q->n_tokens);
-  if (keep < q->chain.n) keep = q->chain.n; /* never below what the prefix cache shares */
-  if (q->n_blocks > keep) {
-    prefix_cache_release(&s->pc, q->n_blocks - keep, q->blocks + keep);
-    q->n_blocks = keep;
-  }
+  bm_truncate(&s->bm, &q->table, q->n_tokens);
   register_blocks(s, q);
 }
 
@@ -589,8 +561,6 @@ void sched_observe(servd_scheduler *s, int64_t step_ns) {
   }
 }
 
-int sched_used_blocks(const servd_scheduler *s) {
-  return servd_kv_cache_n_blocks(s->kv) - servd_kv_cache_free_blocks(s->kv) - s->pc.n_evictable;
-}
+int sched_used_blocks(const servd_scheduler *s) { return bm_used(&s->bm); }
 
-int sched_cached_blocks(const servd_scheduler *s) { return s->pc.n_cached; }
+int sched_cached_blocks(const servd_scheduler *s) { return s->bm.pc.n_cached; }

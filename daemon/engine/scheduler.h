@@ -33,8 +33,8 @@
  *    inter-token latency is at stake). A decode then waits at most about max(target, STRETCH decode
  *    steps) for its next token instead of behind a max_batch_tokens prefill chunk.
  *
- * Block ids come from one servd_kv_cache (the allocator); with tensor parallelism the other ranks'
- * caches use the same ids, so only the allocator cache hands out blocks.
+ * Blocks come from the block manager (block_manager.h), which owns the tables, the prefix cache and
+ * the way to the allocator; with tensor parallelism the other ranks' caches use the same ids.
  * Not thread-safe: the engine calls it from its scheduler thread only.
  */
 #ifndef SERVD_ENGINE_SCHEDULER_H
@@ -43,7 +43,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/prefix_cache.h"
+#include "engine/block_manager.h"
 #include "engine/step_arrays.h"
 #include "servd/ops.h"
 
@@ -64,17 +64,15 @@ typedef struct sched_seq {
   void *owner;
 
   /* Managed by the scheduler. */
-  int n_computed;  /* tokens whose K/V are in the cache */
-  int32_t *blocks; /* block table, capacity max_blocks_per_seq (allocated by sched_seq_init) */
-  int n_blocks;
-  uint64_t order; /* arrival order (FCFS) */
-  int priority;   /* lower runs first; set by the caller before sched_add */
+  int n_computed;    /* tokens whose K/V are in the cache */
+  block_table table; /* its blocks (allocated by sched_seq_init) */
+  uint64_t order;    /* arrival order (FCFS) */
+  int priority;      /* lower runs first; set by the caller before sched_add */
   sched_state state;
   int n_preempted;
   struct sched_seq *prev, *next;
 
-  prefix_chain chain; /* its full blocks registered in (or found in) the prefix cache */
-  int n_cached;       /* tokens of the prompt found in the prefix cache at its first admission */
+  int n_cached; /* tokens of the prompt found in the prefix cache at its first admission */
   /* Set by the caller before sched_add. embed: an embedding (a prefill whose hidden rows are pooled):
    * it runs in steps of its own kind (servd_forward_batch.want_hidden), never shares cached blocks
    * and never registers its own. rows: which of its chunk's rows the step returns. no_cache_hits:
@@ -148,10 +146,7 @@ typedef struct sched_cost {
 
 typedef struct servd_scheduler {
   sched_config cfg;
-  servd_kv_cache *kv;    /* allocator; borrowed */
-  servd_prefix_cache pc; /* every block goes through it (a plain allocator when disabled) */
-  int block_size;
-  int max_blocks_per_seq;
+  block_manager bm; /* every block of every sequence */
   sched_list waiting, running;
   uint64_t next_order;
   uint64_t preemptions;

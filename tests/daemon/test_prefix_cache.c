@@ -246,11 +246,11 @@ static int step(fixture *f) {
 
 static void teardown_fx(fixture *f) {
   for (int i = 0; i < 4; i++) {
-    if (f->seqs[i].blocks) sched_remove(&f->s, &f->seqs[i]);
+    if (f->seqs[i].table.ids) sched_remove(&f->s, &f->seqs[i]);
     sched_seq_free(&f->seqs[i]);
   }
   assert_int_equal(sched_used_blocks(&f->s), 0);
-  assert_int_equal(prefix_cache_available(&f->s.pc), servd_kv_cache_n_blocks(f->kv));
+  assert_int_equal(prefix_cache_available(&f->s.bm.pc), servd_kv_cache_n_blocks(f->kv));
   sched_free(&f->s);
   servd_kv_cache_destroy(f->kv);
   free(f);
@@ -262,7 +262,7 @@ static void test_sched_hits(void **state) {
   sched_seq *a = add_seq(f, 0, 18, 18);
   assert_int_equal(step(f), 18); /* nothing cached yet */
   assert_int_equal(a->n_cached, 0);
-  assert_int_equal(f->s.pc.n_cached, 4); /* its 4 full blocks, registered after the step */
+  assert_int_equal(f->s.bm.pc.n_cached, 4); /* its 4 full blocks, registered after the step */
   sched_remove(&f->s, a);
   assert_int_equal(sched_used_blocks(&f->s), 0);
   assert_int_equal(sched_cached_blocks(&f->s), 4);
@@ -277,16 +277,16 @@ static void test_sched_hits(void **state) {
   sched_seq *c = add_seq(f, 2, 12, 10);
   assert_int_equal(step(f), 1 + 4); /* b decodes; c computes tokens 8..11 */
   assert_int_equal(c->n_cached, 8);
-  assert_int_equal(c->blocks[0], b->blocks[0]);
-  assert_int_equal(c->blocks[1], b->blocks[1]);
-  assert_int_not_equal(c->blocks[2], b->blocks[2]);
+  assert_int_equal(c->table.ids[0], b->table.ids[0]);
+  assert_int_equal(c->table.ids[1], b->table.ids[1]);
+  assert_int_not_equal(c->table.ids[2], b->table.ids[2]);
   /* The whole prompt cached, block-aligned: the last block is computed again for its logits. */
   sched_seq *d = add_seq(f, 3, 16, 16);
   assert_int_equal(step(f), 1 + 1 + 4);
   assert_int_equal(d->n_cached, 12);
-  assert_int_equal(servd_kv_cache_refcount(f->kv, b->blocks[0]), 4); /* b, c, d and the cache */
-  assert_int_equal(f->s.pc.queries, 18u + 22 + 12 + 16);
-  assert_int_equal(f->s.pc.hits, 16u + 8 + 12);
+  assert_int_equal(servd_kv_cache_refcount(f->kv, b->table.ids[0]), 4); /* b, c, d and the cache */
+  assert_int_equal(f->s.bm.pc.queries, 18u + 22 + 12 + 16);
+  assert_int_equal(f->s.bm.pc.hits, 16u + 8 + 12);
   teardown_fx(f);
 }
 
@@ -300,25 +300,25 @@ static void test_shared_block_outlives_owner(void **state) {
   sched_seq *b = add_seq(f, 1, 10, 8);
   step(f);
   assert_int_equal(b->n_cached, 8);
-  int32_t shared0 = a->blocks[0];
+  int32_t shared0 = a->table.ids[0];
   sched_remove(&f->s, a); /* a's third block is free again, its two full ones still b's */
   assert_int_equal(servd_kv_cache_refcount(f->kv, shared0), 2);
-  assert_int_equal(f->s.pc.n_evictable, 0);
+  assert_int_equal(f->s.bm.pc.n_evictable, 0);
   /* A stranger wanting every other block: 5 are free; it waits rather than evict b's. */
   sched_seq *c = add_seq(f, 2, 24, 0);
   for (int i = 0; i < 3; i++) step(f);
   assert_int_equal(c->state, SCHED_WAITING);
-  assert_int_equal(b->blocks[0], shared0);
+  assert_int_equal(b->table.ids[0], shared0);
   assert_int_equal(servd_kv_cache_refcount(f->kv, shared0), 2);
   assert_int_equal(b->n_tokens, 14);
   sched_remove(&f->s, b);
-  assert_int_equal(f->s.pc.n_evictable, 3); /* the shared two and b's own full third */
+  assert_int_equal(f->s.bm.pc.n_evictable, 3); /* the shared two and b's own full third */
   step(f); /* c gets in: 5 free blocks and one evicted, b's tail (the last block goes first) */
   assert_int_equal(c->state, SCHED_RUNNING);
-  assert_int_equal(f->s.pc.evictions, 1);
-  assert_int_equal(f->s.pc.n_cached, 2 + 6); /* and c's, registered after its step */
+  assert_int_equal(f->s.bm.pc.evictions, 1);
+  assert_int_equal(f->s.bm.pc.n_cached, 2 + 6); /* and c's, registered after its step */
   int32_t got[3];
-  assert_int_equal(prefix_cache_match(&f->s.pc, 5, f->toks[1], 3, got, NULL, NULL), 2);
+  assert_int_equal(prefix_cache_match(&f->s.bm.pc, 5, f->toks[1], 3, got, NULL, NULL), 2);
   assert_int_equal(got[0], shared0);
   teardown_fx(f);
 }
@@ -333,25 +333,25 @@ static void test_preempt_shared(void **state) {
   sched_seq *b = add_seq(f, 1, 15, 12);
   step(f); /* b: shares 3, takes 1 */
   assert_int_equal(b->n_cached, 12);
-  int32_t shared[3] = {a->blocks[0], a->blocks[1], a->blocks[2]};
+  int32_t shared[3] = {a->table.ids[0], a->table.ids[1], a->table.ids[2]};
   /* Decode until the cache runs out: 9 blocks, a and b grow into 4 of their own each. */
   uint64_t pre = f->s.preemptions;
   for (int i = 0; i < 16 && f->s.preemptions == pre; i++) step(f);
   assert_true(f->s.preemptions > pre);
   assert_int_equal(b->state, SCHED_WAITING);
-  assert_int_equal(b->n_blocks, 0);
+  assert_int_equal(b->table.n, 0);
   for (int i = 0; i < 3; i++) {
-    assert_int_equal(a->blocks[i], shared[i]);
+    assert_int_equal(a->table.ids[i], shared[i]);
     assert_int_equal(servd_kv_cache_refcount(f->kv, shared[i]), 2); /* a and the cache */
   }
-  uint64_t hits = f->s.pc.hits;
+  uint64_t hits = f->s.bm.pc.hits;
   int b_tokens = b->n_tokens;
   sched_remove(&f->s, a); /* room again */
   step(f);
   assert_int_equal(b->state, SCHED_RUNNING);
-  for (int i = 0; i < 3; i++) assert_int_equal(b->blocks[i], shared[i]);
+  for (int i = 0; i < 3; i++) assert_int_equal(b->table.ids[i], shared[i]);
   /* Everything but its last token found: the shared blocks and its own full blocks that survived. */
-  assert_true(f->s.pc.hits - hits >= 12);
+  assert_true(f->s.bm.pc.hits - hits >= 12);
   assert_int_equal(b->n_computed, b_tokens);
   assert_int_equal(b->n_cached, 12); /* reported: the first admission's */
   teardown_fx(f);
@@ -372,7 +372,7 @@ static void test_burst_computes_once(void **state) {
   assert_int_equal(step(f), 2 + 2);          /* a's last 2; b: 4 blocks found, its last 2 */
   assert_int_equal(b->state, SCHED_RUNNING);
   assert_int_equal(b->n_cached, 16);
-  for (int i = 0; i < 4; i++) assert_int_equal(b->blocks[i], a->blocks[i]);
+  for (int i = 0; i < 4; i++) assert_int_equal(b->table.ids[i], a->table.ids[i]);
   teardown_fx(f);
 }
 
@@ -397,20 +397,20 @@ static void test_cancel_mid_shared_prefill(void **state) {
   assert_int_equal(b->n_cached, 8);
   assert_int_equal(c->state, SCHED_WAITING); /* b is computing c's third block */
   sched_remove(&f->s, c);                    /* cancelled while waiting: it held nothing */
-  assert_int_equal(c->n_blocks, 0);
+  assert_int_equal(c->table.n, 0);
   sched_seq *d = add_seq(f, 3, 30, 16);
   assert_int_equal(step(f), 2 + 6); /* b's last 2; d: 4 blocks found (b's), 6 of its 14 own */
   assert_int_equal(d->state, SCHED_RUNNING);
   assert_int_equal(d->n_cached, 16);
-  for (int i = 0; i < 4; i++) assert_int_equal(d->blocks[i], b->blocks[i]);
+  for (int i = 0; i < 4; i++) assert_int_equal(d->table.ids[i], b->table.ids[i]);
   sched_remove(&f->s, b); /* b goes while d shares its blocks: d keeps them, nothing else is held */
-  assert_int_equal(sched_used_blocks(&f->s), d->n_blocks);
+  assert_int_equal(sched_used_blocks(&f->s), d->table.n);
   assert_int_equal(d->n_computed, 22);
   sched_remove(&f->s, d); /* d goes mid-prefill too */
   assert_int_equal(f->s.running.n, 0);
   assert_int_equal(f->s.waiting.n, 0);
   assert_int_equal(sched_used_blocks(&f->s), 0);
-  assert_int_equal(prefix_cache_available(&f->s.pc), servd_kv_cache_n_blocks(f->kv));
+  assert_int_equal(prefix_cache_available(&f->s.bm.pc), servd_kv_cache_n_blocks(f->kv));
   teardown_fx(f);
 }
 
@@ -438,7 +438,7 @@ static void test_verify_rows_truncate(void **state) {
   fixture *f = setup_fx(16, 64);
   sched_seq *a = add_seq(f, 0, 6, 0);
   step(f); /* 6 computed, a 7th token appended; block 0 registered */
-  assert_int_equal(f->s.pc.n_cached, 1);
+  assert_int_equal(f->s.bm.pc.n_cached, 1);
 
   add_drafts(a, 5); /* positions 6..11: the last token and 5 drafts */
   assert_int_equal(sched_plan(&f->s), 6);
@@ -450,27 +450,27 @@ static void test_verify_rows_truncate(void **state) {
   assert_int_equal(f->s.n_decode_rows, 1);
   assert_int_equal(f->s.n_prefill_tokens, 0);
   assert_int_equal(f->s.n_verify_tokens, 5);
-  assert_int_equal(a->n_blocks, 3);
+  assert_int_equal(a->table.n, 3);
   sched_commit(&f->s);
-  assert_int_equal(f->s.pc.n_cached, 1); /* block 1 (4..7) holds drafts: not yet */
-  judge(f, a, 2);                        /* tokens 0..8 have K/V, the 10th is the new one */
+  assert_int_equal(f->s.bm.pc.n_cached, 1); /* block 1 (4..7) holds drafts: not yet */
+  judge(f, a, 2);                           /* tokens 0..8 have K/V, the 10th is the new one */
   assert_int_equal(a->n_computed, 9);
   assert_int_equal(a->n_tokens, 10);
-  assert_int_equal(f->s.pc.n_cached, 2); /* block 1 now holds accepted tokens */
-  assert_int_equal(a->n_blocks, 3);
+  assert_int_equal(f->s.bm.pc.n_cached, 2); /* block 1 now holds accepted tokens */
+  assert_int_equal(a->table.n, 3);
 
   add_drafts(a, 6); /* positions 9..15: a fourth block */
   assert_int_equal(sched_plan(&f->s), 7);
-  assert_int_equal(a->n_blocks, 4);
+  assert_int_equal(a->table.n, 4);
   assert_int_equal(sched_used_blocks(&f->s), 4);
   sched_commit(&f->s);
   judge(f, a, 0); /* the first draft rejected: the fourth block goes back */
   assert_int_equal(a->n_computed, 10);
   assert_int_equal(a->n_tokens, 11);
-  assert_int_equal(a->n_blocks, 3);
+  assert_int_equal(a->table.n, 3);
   assert_int_equal(sched_used_blocks(&f->s), 3);
-  assert_int_equal(f->s.pc.n_cached, 2); /* block 2 (8..11) is not full of accepted tokens */
-  assert_int_equal(step(f), 1);          /* a plain decode after it */
+  assert_int_equal(f->s.bm.pc.n_cached, 2); /* block 2 (8..11) is not full of accepted tokens */
+  assert_int_equal(step(f), 1);             /* a plain decode after it */
 
   /* Drafts of a sequence that is removed (or preempted) before its step leave it. */
   add_drafts(a, 3);

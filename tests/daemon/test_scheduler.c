@@ -59,7 +59,7 @@ static int step(fixture *f) {
 
 static void teardown_fx(fixture *f) {
   for (int i = 0; i < 8; i++) {
-    if (f->seqs[i].blocks) sched_remove(&f->s, &f->seqs[i]);
+    if (f->seqs[i].table.ids) sched_remove(&f->s, &f->seqs[i]);
     sched_seq_free(&f->seqs[i]);
   }
   assert_int_equal(servd_kv_cache_free_blocks(f->kv), servd_kv_cache_n_blocks(f->kv));
@@ -79,9 +79,9 @@ static void test_chunked_prefill(void **state) {
   for (int t = 0; t < 8; t++) {
     assert_int_equal(f->s.step.positions[t], t);
     assert_int_equal(f->s.step.tokens[t], t);
-    assert_int_equal(f->s.step.slots[t], q->blocks[t / 4] * 4 + t % 4);
+    assert_int_equal(f->s.step.slots[t], q->table.ids[t / 4] * 4 + t % 4);
   }
-  assert_int_equal(q->n_blocks, 2); /* blocks taken only as far as the chunk reaches */
+  assert_int_equal(q->table.n, 2); /* blocks taken only as far as the chunk reaches */
   sched_commit(&f->s);
   assert_int_equal(step(f), 8);
   assert_int_equal(sched_plan(&f->s), 4);
@@ -93,14 +93,14 @@ static void test_chunked_prefill(void **state) {
   assert_int_equal(b.q_start[0], 0);
   assert_int_equal(b.q_len[0], 4);
   assert_int_equal(b.kv_len[0], 20);
-  assert_ptr_equal(b.block_tables[0], q->blocks);
+  assert_ptr_equal(b.block_tables[0], q->table.ids);
   sched_commit(&f->s);
   q->tokens[q->n_tokens++] = 5;
   /* Decode: one token at position 20, a sixth block. */
   assert_int_equal(sched_plan(&f->s), 1);
   assert_int_equal(f->s.step.positions[0], 20);
   assert_int_equal(f->s.step.tokens[0], 5);
-  assert_int_equal(q->n_blocks, 6);
+  assert_int_equal(q->table.n, 6);
   sched_commit(&f->s);
   teardown_fx(f);
 }
@@ -180,7 +180,7 @@ static void test_preemption_recompute(void **state) {
   assert_int_equal(f->s.preemptions, 1);
   assert_int_equal(b->state, SCHED_WAITING);
   assert_int_equal(b->n_computed, 0);
-  assert_int_equal(b->n_blocks, 0);
+  assert_int_equal(b->table.n, 0);
   assert_int_equal(b->n_tokens, 9); /* keeps its prompt and generated tokens */
   sched_commit(&f->s);
   a->tokens[a->n_tokens++] = 7;
@@ -266,7 +266,7 @@ static void test_priority_preempts_for_blocks(void **state) {
   assert_ptr_equal(f->s.planned[0], h);
   assert_int_equal(f->s.preemptions, 1);
   assert_int_equal(low->state, SCHED_WAITING);
-  assert_int_equal(low->n_blocks, 0);
+  assert_int_equal(low->table.n, 0);
   assert_ptr_equal(f->s.waiting.head, low);
   assert_ptr_equal(low->next, e);
   sched_commit(&f->s);
