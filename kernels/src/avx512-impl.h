@@ -12,12 +12,12 @@
  * SERVD__AVX512_CONSTRUCTOR(name) { ... } runs its body only where AVX-512 (with VNNI) exists, from a
  * function the compiler cannot inline into the check (a body built for AVX-512 is an illegal
  * instruction on an AVX2-only CPU, e.g. AMD Zen 2/3). */
-#define SERVD__AVX512_CONSTRUCTOR(name)                                                         \
-  static void name##_body(void) __attribute__((noinline));                                      \
-  __attribute__((constructor)) static void name(void) {                                         \
-    __builtin_cpu_init();                                                                       \
+#define SERVD__AVX512_CONSTRUCTOR(name) \
+  static void name##_body(void) __attribute__((noinline)); \
+  __attribute__((constructor)) static void name(void) { \
+    __builtin_cpu_init(); \
     if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")) name##_body(); \
-  }                                                                                             \
+  } \
   static void name##_body(void)
 
 /* Lanes of a 16-float step with `left` elements left: all 16 when left >= 16, none when left <= 0. */
