@@ -27,6 +27,15 @@ void api_oai_responses(servd_api *a, servd_http_req *r, const api_route_args *ar
 void api_anthropic_messages(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_anthropic_count_tokens(servd_api *a, servd_http_req *r, const api_route_args *args);
 
+/* ollama.c: Ollama's API */
+void api_ollama_chat(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_ollama_generate(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_ollama_embed(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_ollama_tags(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_ollama_show(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_ollama_ps(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_ollama_version(servd_api *a, servd_http_req *r, const api_route_args *args);
+
 /* kserve.c */
 void api_kserve_server_meta(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_kserve_model_meta(servd_api *a, servd_http_req *r, const api_route_args *args);

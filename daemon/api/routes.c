@@ -25,6 +25,15 @@ const api_route api_routes[] = {
     {API_POST, "/v1/messages/count_tokens", "/v1/messages/count_tokens", API_ROUTE_ANTHROPIC,
      api_anthropic_count_tokens},
 
+    /* Ollama's API: errors are {"error": "..."}, KServe's shape; its version is public, as /version. */
+    {API_POST, "/api/chat", "/api/chat", 0, api_ollama_chat},
+    {API_POST, "/api/generate", "/api/generate", 0, api_ollama_generate},
+    {API_POST, "/api/embed", "/api/embed", 0, api_ollama_embed},
+    {API_GET, "/api/tags", "/api/tags", 0, api_ollama_tags},
+    {API_POST, "/api/show", "/api/show", 0, api_ollama_show},
+    {API_GET, "/api/ps", "/api/ps", 0, api_ollama_ps},
+    {API_GET, "/api/version", "/api/version", API_ROUTE_PUBLIC, api_ollama_version},
+
     /* KServe v2 / Open Inference Protocol; the versioned paths share their template's label. */
     {API_GET, "/v2", "/v2", 0, api_kserve_server_meta},
     {API_GET, "/v2/", "/v2", 0, api_kserve_server_meta},

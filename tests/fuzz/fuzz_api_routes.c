@@ -385,6 +385,29 @@ static const fz_field f_count_tokens[] = {{"model", &t_model},
                                           {"tools", &t_anth_tools},
                                           {"tool_choice", &t_anth_choice}};
 
+/* Ollama's API: options by Ollama's names, format "json" or a schema. */
+static const fz_field f_ollama_opts[] = {{"num_predict", &t_int}, {"temperature", &t_num},   {"top_k", &t_int},
+                                         {"top_p", &t_num},       {"stop", &t_texts},        {"seed", &t_int},
+                                         {"num_ctx", &t_int},     {"repeat_penalty", &t_num}};
+static const fz_type t_ollama_opts = OBJ(f_ollama_opts);
+static const char *const v_ollama_fmt[] = {"json", "", "yaml"};
+static const fz_type t_ollama_fmt_s = STR(v_ollama_fmt);
+static const fz_type *const a_ollama_fmt[] = {&t_ollama_fmt_s, &t_schema};
+static const fz_type t_ollama_fmt = ALT(a_ollama_fmt);
+static const fz_field f_ollama_msg[] = {
+    {"role", &t_role}, {"content", &t_text}, {"images", &t_texts}, {"tool_calls", &t_calls}, {"tool_name", &t_text}};
+static const fz_type t_ollama_msg = OBJ(f_ollama_msg), t_ollama_msgs = ARR(&t_ollama_msg);
+static const fz_field f_ollama_chat[] = {
+    {"model", &t_model}, {"messages", &t_ollama_msgs}, {"options", &t_ollama_opts}, {"format", &t_ollama_fmt},
+    {"stream", &t_bool}, {"tools", &t_tools},          {"keep_alive", &t_text},     {"think", &t_bool}};
+static const fz_field f_ollama_generate[] = {
+    {"model", &t_model},         {"prompt", &t_text},       {"system", &t_text}, {"raw", &t_bool},
+    {"options", &t_ollama_opts}, {"format", &t_ollama_fmt}, {"stream", &t_bool}, {"suffix", &t_text}};
+static const fz_type *const a_embed_input_o[] = {&t_text, &t_texts};
+static const fz_type t_embed_input_o = ALT(a_embed_input_o);
+static const fz_field f_ollama_embed[] = {{"model", &t_model}, {"input", &t_embed_input_o}, {"truncate", &t_bool}};
+static const fz_field f_ollama_show[] = {{"model", &t_model}, {"name", &t_model}};
+
 static const char *const v_encoding[] = {"float", "base64", "int8"};
 static const fz_type t_encoding = STR(v_encoding);
 static const fz_type *const a_embed_input[] = {&t_text, &t_texts, &t_ints, &t_intss};
@@ -443,6 +466,13 @@ static const fz_route routes[] = {
     {"POST", "/v1/responses", BODY(f_responses)},
     {"POST", "/v1/messages", BODY(f_messages)},
     {"POST", "/v1/messages/count_tokens", BODY(f_count_tokens)},
+    {"POST", "/api/chat", BODY(f_ollama_chat)},
+    {"POST", "/api/generate", BODY(f_ollama_generate)},
+    {"POST", "/api/embed", BODY(f_ollama_embed)},
+    {"POST", "/api/show", BODY(f_ollama_show)},
+    {"GET", "/api/tags", NULL, 0},
+    {"GET", "/api/ps", NULL, 0},
+    {"GET", "/api/version", NULL, 0},
     {"POST", "/v1/embeddings", BODY(f_embeddings)},
     {"GET", "/v1/models", NULL, 0},
     {"GET", "/v1/models/{m}", NULL, 0},
