@@ -25,6 +25,7 @@ typedef struct anth {
   int n_tail;         /* tokens seen (the ring holds the last TAIL of them) */
   int index;          /* streaming: the next content block's index */
   bool text_open;     /* streaming: a text block is open */
+  bool thinking_open; /* streaming: a thinking block is open (the thought comes before any text) */
   bool failed;        /* streaming: an error event was sent */
 } anth;
 
@@ -113,7 +114,12 @@ static void respond(oai *o) {
   const char *text = parsed ? oai_tools_content(o->tools, 0) : g->text.data;
   size_t n = parsed ? (text ? strlen(text) : 0) : g->text.len;
   json_t *content = json_array();
-  if (n > 0 || (!calls && !oai_tools_withheld(o->tools, 0)))
+  size_t tn;
+  const char *thought = oai_reasoning_text(o, 0, &tn); /* a thinking block first, as Anthropic's */
+  if (thought)
+    json_array_append_new(content, json_pack("{s:s, s:o, s:s}", "type", "thinking", "thinking",
+                                             oai_json_text(thought, tn), "signature", ""));
+  if (n > 0 || (!calls && !oai_tools_withheld(o->tools, 0) && !thought))
     json_array_append_new(content, json_pack("{s:s, s:o}", "type", "text", "text", oai_json_text(text ? text : "", n)));
   for (size_t i = 0; i < json_array_size(calls); i++)
     json_array_append_new(content, tool_use_block(json_array_get(calls, i), true));
@@ -152,23 +158,47 @@ static int block_stop(oai *o, anth *x) {
   return event(o, "content_block_stop", json_pack("{s:i}", "index", x->index++));
 }
 
-/* A delta is written directly: it is the one event per token. */
-static void stream_text(oai *o, gen *g, const char *s, size_t n) {
-  (void)g;
-  anth *x = o->sink_ctx;
-  if (!x->text_open) {
-    if (block_start(o, x, json_pack("{s:s, s:s}", "type", "text", "text", "")) != 0) return;
-    x->text_open = true;
-  }
+/* One delta of an open block: {"type": type, key: s}. Written directly: it is the one event per token. */
+static void block_delta(oai *o, anth *x, const char *type, const char *key, const char *s, size_t n) {
   servd_buf *b = &o->sse;
   servd_buf_clear(b);
   servd_buf_printf(b,
                    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":%d,"
-                   "\"delta\":{\"type\":\"text_delta\",\"text\":",
-                   x->index);
+                   "\"delta\":{\"type\":\"%s\",\"%s\":",
+                   x->index, type, key);
   servd_buf_json_str(b, s, n);
   servd_buf_puts(b, "}}\n\n");
   if (!b->oom) oai_stream_write(o, b->data, b->len);
+}
+
+/* The thought: one thinking block (its signature empty: servd signs nothing), before the text. */
+static void stream_thinking(oai *o, gen *g, const char *s, size_t n) {
+  (void)g;
+  anth *x = o->sink_ctx;
+  if (x->text_open) return; /* the splitter gives no thought after the answer */
+  if (!x->thinking_open) {
+    if (block_start(o, x, json_pack("{s:s, s:s, s:s}", "type", "thinking", "thinking", "", "signature", "")) != 0)
+      return;
+    x->thinking_open = true;
+  }
+  block_delta(o, x, "thinking_delta", "thinking", s, n);
+}
+
+static int thinking_close(oai *o, anth *x) {
+  if (!x->thinking_open) return 0;
+  x->thinking_open = false;
+  return block_stop(o, x);
+}
+
+static void stream_text(oai *o, gen *g, const char *s, size_t n) {
+  (void)g;
+  anth *x = o->sink_ctx;
+  if (thinking_close(o, x) != 0) return;
+  if (!x->text_open) {
+    if (block_start(o, x, json_pack("{s:s, s:s}", "type", "text", "text", "")) != 0) return;
+    x->text_open = true;
+  }
+  block_delta(o, x, "text_delta", "text", s, n);
 }
 
 /* A call: its block with input {}, then its input's JSON in pieces (input_json_delta), then stop. */
@@ -198,7 +228,11 @@ static void stream_end(oai *o, gen *g) {
     return;
   }
   json_t *calls = o->tools ? oai_tools_calls(o->tools, g->index) : NULL;
-  if (!calls && !x->text_open && !oai_tools_withheld(o->tools, g->index)) { /* an empty answer is still a block */
+  size_t tn;
+  bool thought = oai_reasoning_text(o, g->index, &tn) != NULL;
+  if (thinking_close(o, x) != 0) return;
+  if (!calls && !x->text_open && !oai_tools_withheld(o->tools, g->index) &&
+      !thought) { /* an empty answer is still a block */
     if (block_start(o, x, json_pack("{s:s, s:s}", "type", "text", "text", "")) != 0) return;
     x->text_open = true;
   }
@@ -235,6 +269,7 @@ static const oai_sink messages_sink = {
     .ctx_free = anth_free,
     .error = anth_error,
     .token = on_token,
+    .stream_reasoning = stream_thinking,
 };
 
 /* Parses the body; answers the 400 itself (NULL). */

@@ -33,6 +33,7 @@ static const char *const known[] = {
     "frequency_penalty",
     "output_config",
     "cache_control",
+    "guided_regex",
 };
 
 /* Copied into the chat body as they are: the chat parser checks them under the same names. */
@@ -47,6 +48,7 @@ static const char *const passed[] = {
     "repetition_penalty",
     "presence_penalty",
     "frequency_penalty",
+    "guided_regex", /* vLLM's: the output as a regular expression (forces a reply, as in tests) */
 };
 
 /* What count_tokens takes. */
@@ -336,6 +338,9 @@ static bool parse_thinking(api_check *v, json_t *body, long long max_tokens, ant
     return api_check_fail(v, "thinking",
                           "'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N}, {\"type\": "
                           "\"adaptive\"} or {\"type\": \"disabled\"}");
+  /* The template's switch (Qwen3's and SmolLM3's enable_thinking); absent, the template's default. */
+  json_t *chat = q->chat;
+  json_object_set_new(chat, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", strcmp(type, "disabled")));
   if (!strcmp(type, "disabled")) return true;
   if (!strcmp(type, "adaptive")) return q->thinking = true, true;
   bool present;

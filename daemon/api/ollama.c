@@ -112,6 +112,11 @@ static void respond(oai *o) {
   size_t n = parsed ? (text ? strlen(text) : 0) : g->text.len;
   if (x->kind == OLLAMA_CHAT) json_object_set_new(j, "message", message(text, n, calls ? calls_json(calls) : NULL));
   else json_object_set_new(j, "response", oai_json_text(text ? text : "", n));
+  size_t tn;
+  const char *thought = oai_reasoning_text(o, 0, &tn); /* message.thinking, generate's thinking */
+  if (thought)
+    json_object_set_new(x->kind == OLLAMA_CHAT ? json_object_get(j, "message") : j, "thinking",
+                        oai_json_text(thought, tn));
   done_fields(o, j);
   oai_respond(o, j);
 }
@@ -138,6 +143,23 @@ static void stream_text(oai *o, gen *g, const char *s, size_t n) {
   json_t *j = head(x->model);
   if (x->kind == OLLAMA_CHAT) json_object_set_new(j, "message", message(s, n, NULL));
   else json_object_set_new(j, "response", oai_json_text(s, n));
+  json_object_set_new(j, "done", json_false());
+  line(o, j);
+}
+
+/* The thought streams as the answer does, in "thinking" beside an empty content or response. */
+static void stream_thinking(oai *o, gen *g, const char *s, size_t n) {
+  (void)g;
+  oll *x = o->sink_ctx;
+  json_t *j = head(x->model);
+  if (x->kind == OLLAMA_CHAT) {
+    json_t *m = message("", 0, NULL);
+    json_object_set_new(m, "thinking", oai_json_text(s, n));
+    json_object_set_new(j, "message", m);
+  } else {
+    json_object_set_new(j, "response", json_string(""));
+    json_object_set_new(j, "thinking", oai_json_text(s, n));
+  }
   json_object_set_new(j, "done", json_false());
   line(o, j);
 }
@@ -181,6 +203,7 @@ static const oai_sink ollama_sink = {
     .ctx_free = oll_free,
     .error = oll_error,
     .content_type = "application/x-ndjson",
+    .stream_reasoning = stream_thinking,
 };
 
 /* ---- the generating routes ---------------------------------------------------------------------- */

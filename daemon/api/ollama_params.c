@@ -113,6 +113,16 @@ static bool parse_accepted(api_check *v, json_t *body) {
   return true;
 }
 
+/* think: the template's switch (enable_thinking; an effort also as reasoning_effort, gpt-oss's);
+ * absent, the template's default. Only for a chat body: a raw generate has no template. */
+static void think_kwargs(json_t *body, json_t *out) {
+  json_t *th = json_object_get(body, "think");
+  if (!th || json_is_null(th)) return;
+  json_t *kw = json_pack("{s:b}", "enable_thinking", !json_is_false(th));
+  if (kw && json_is_string(th)) json_object_set(kw, "reasoning_effort", th);
+  json_object_set_new(out, "chat_template_kwargs", kw);
+}
+
 /* Messages: content a string; images refused; an assistant's tool_calls {function: {name,
  * arguments}} as chat's; thinking and tool_name dropped. */
 static bool parse_messages(api_check *v, json_t *body, json_t *out) {
@@ -207,6 +217,7 @@ static bool parse(api_check *v, json_t *body, ollama_kind kind, ollama_request *
     if (tools && !(json_is_array(tools) && json_array_size(tools) == 0)) json_object_set(out, "tools", tools);
     if (!parse_messages(v, body, out)) return false;
     if (!json_array_size(json_object_get(out, "messages"))) q->empty = true; /* Ollama's "load the model" */
+    think_kwargs(body, out);
     return true;
   }
   static const char *const refused[] = {"suffix", "template", "context"};
@@ -235,6 +246,7 @@ static bool parse(api_check *v, json_t *body, ollama_kind kind, ollama_request *
   json_object_set_new(out, "messages", msgs);
   if (system) json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", system));
   json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content", prompt));
+  think_kwargs(body, out);
   return true;
 }
 

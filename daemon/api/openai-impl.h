@@ -36,7 +36,13 @@ typedef struct oai_sink {
   void (*token)(oai *o, gen *g, const api_event *ev);
   /* Optional: the streamed body's Content-Type (NULL: text/event-stream). */
   const char *content_type;
+  /* Optional (NULL: the thought is not streamed). A reasoning model's thought released (n > 0),
+   * before any of the answer's text (openai_reasoning.c); the whole thought is
+   * oai_reasoning_text at the end, streamed or not. */
+  void (*stream_reasoning)(oai *o, gen *g, const char *s, size_t n);
 } oai_sink;
+
+typedef struct oai_reasoning oai_reasoning; /* openai_reasoning.c */
 
 struct oai {
   servd_api *a;
@@ -53,9 +59,11 @@ struct oai {
   int logprobs;                /* -1: none; else top count */
   servd_guide_kind guide_kind; /* constrained decoding: the request's constraint (arena spec) */
   const char *guide_spec, *guide_param;
-  char *guide;      /* its grammar from the model (malloc'd); gp.guide points here */
-  oai_tools *tools; /* chat with tools (api/openai_tools.h); NULL: none */
-  char *detok_text; /* detokenize result (malloc'd) */
+  char *guide;              /* its grammar from the model (malloc'd); gp.guide points here */
+  oai_tools *tools;         /* chat with tools (api/openai_tools.h); NULL: none */
+  json_t *template_kwargs;  /* chat_template_kwargs (own reference); NULL: none */
+  oai_reasoning *reasoning; /* the thought of a reasoning model's output, split off; NULL: none */
+  char *detok_text;         /* detokenize result (malloc'd) */
   gen *gens;
   int n_gens, n_submitted, n_done;
   bool work_pending;
@@ -102,6 +110,22 @@ bool oai_embeddings_check(oai *o);
 void oai_embeddings_respond(oai *o);
 /* Serves a POST /v1/embeddings body (openai.c). */
 void oai_embeddings_serve(servd_api *a, servd_http_req *r);
+/* Reasoning output (openai_reasoning.c; the splitter is api/reasoning.h). Prep worker: renders the
+ * chat (with o->tools when set, through oai_tools_prepare) with o->template_kwargs and sets
+ * o->reasoning when the package says the output holds a thought. *prompt: caller frees; *grammar:
+ * a forced call's (caller frees, NULL otherwise); *param: the field at fault. 0 or an engine code. */
+int oai_chat_render(oai *o, char **prompt, char **grammar, const char **param);
+/* Loop: a token event's text; the thought goes out (streamed, or kept), ev->text keeps the answer. */
+void oai_reasoning_token(oai *o, gen *g, api_event *ev);
+/* Loop: g's final event (ev); what was held back goes out, held answer text as a last token event. */
+void oai_reasoning_end(oai *o, gen *g, const api_event *ev);
+/* Choice gen's thought so far (NULL: the output has none) and its length; its tokens. */
+const char *oai_reasoning_text(const oai *o, int gen, size_t *len);
+int oai_reasoning_tokens(const oai *o, int gen);
+/* Chat's message or delta object: "reasoning_content" set when choice gen had a thought. */
+void oai_reasoning_set(const oai *o, int gen, json_t *message);
+void oai_reasoning_free(oai_reasoning *r); /* accepts NULL */
+
 /* oai_error of openai.c for the other files of the OpenAI routes. */
 void oai_fail(oai *o, int status, const char *param, const char *code, const char *msg);
 

@@ -47,6 +47,8 @@ static void oai_free(oai *o) {
   json_decref(o->messages);
   free(o->guide);
   oai_tools_free(o->tools);
+  oai_reasoning_free(o->reasoning);
+  json_decref(o->template_kwargs);
   free(o->detok_text);
   servd_buf_free(&o->sse);
   if (o->am) api_model_release_ref(a, o->am);
@@ -408,6 +410,7 @@ static void respond_full(oai *o) {
       c = json_pack("{s:i, s:o, s:o, s:s}", "index", g->index, "text", text, "logprobs", lp, "finish_reason",
                     g->finish);
     if (c && g->finish_detail[0]) json_object_set_new(c, "servd_finish_detail", json_string(g->finish_detail));
+    if (c && chat) oai_reasoning_set(o, i, json_object_get(c, "message"));
     json_array_append_new(choices, c);
   }
   json_t *resp =
@@ -523,6 +526,7 @@ void api_oai_event(servd_api *a, api_event *ev) {
     api_vllm_token(am, first, secs);
     g->t_last = ev->t_ns;
     if (!o->req) return;
+    if (o->reasoning) oai_reasoning_token(o, g, ev); /* the thought goes out; ev keeps the answer */
     /* token -1: text held back by the engine (stop strings, UTF-8) and released at the end. */
     bool want_lp = o->logprobs >= 0 && ev->token >= 0;
     if (o->stream) {
@@ -562,6 +566,7 @@ void api_oai_event(servd_api *a, api_event *ev) {
   }
 
   /* Final event. */
+  if (o->reasoning) oai_reasoning_end(o, g, ev);
   if (ev->kind == SERVD_EVENT_ERROR) {
     g->error = strdup(ev->error[0] ? ev->error : "the model failed");
     g->error_code = ev->error_code;
@@ -672,21 +677,17 @@ static void prep_work(uv_work_t *w) {
     o->gp.guide = o->guide;
   }
   if (o->messages) {
-    char *text = NULL;
-    if (o->tools) {
-      const char *param = "messages";
-      char *grammar = NULL;
-      rc = oai_tools_prepare(o->tools, a->ops, m, o->messages, o->add_generation_prompt, o->n_prompts * o->n, &text,
-                             &grammar, &param);
+    char *text = NULL, *grammar = NULL;
+    const char *param = "messages";
+    rc = oai_chat_render(o, &text, &grammar, &param); /* with tools and chat_template_kwargs */
+    if (grammar) { /* a forced call (never with another constraint); auto keeps the request's own */
       o->guide = grammar;
       o->gp.guide = grammar;
-      if (rc != 0 && param && strcmp(param, "messages")) {
-        guide_failed(o, rc, param);
-        free(text);
-        return;
-      }
-    } else {
-      rc = a->ops->apply_chat_template(m, o->messages, o->add_generation_prompt, &text);
+    }
+    if (rc != 0 && param && strcmp(param, "messages")) {
+      guide_failed(o, rc, param);
+      free(text);
+      return;
     }
     if (rc != 0) {
       o->err_rc = rc;
@@ -1078,6 +1079,7 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   o->guide_spec = p.guide_spec;
   o->guide_param = p.guide_param;
   o->tools = p.tools;
+  o->template_kwargs = p.template_kwargs;
   o->echo = p.echo;
   o->base64 = p.base64;
   o->am = am;

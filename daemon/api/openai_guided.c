@@ -191,7 +191,6 @@ static const struct {
     {"echo", OK_FALSE, "echoing the prompt"},
     {"continue_final_message", OK_FALSE, "continuing the final message"},
     {"chat_template", OK_NONE, "a request's own chat template"},
-    {"chat_template_kwargs", OK_NONE, "chat template arguments"},
     {"documents", OK_NONE, "documents"},
     {"mm_processor_kwargs", OK_NONE, "multimodal inputs"},
     {"kv_transfer_params", OK_NONE, "KV transfer"},

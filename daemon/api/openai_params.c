@@ -185,6 +185,21 @@ static bool unsupported(api_check *v, json_t *body, const char *key, const char 
   return api_check_fail(v, key, "'%s' is not supported: %s", key, why);
 }
 
+/* chat_template_kwargs (vLLM's): extra variables for the chat template, such as Qwen3's
+ * enable_thinking; the template's own variables (messages, tools, ...) are not replaced by them. */
+static bool parse_template_kwargs(api_check *v, json_t *body, oai_params *o) {
+  json_t *k = api_check_field(body, "chat_template_kwargs");
+  if (!k) return true;
+  if (!json_is_object(k))
+    return api_check_fail(v, "chat_template_kwargs", "'chat_template_kwargs' must be an object, got %s",
+                          api_json_type(k));
+  if (!api_json_depth_ok(k, API_MAX_SCHEMA_DEPTH))
+    return api_check_fail(v, "chat_template_kwargs", "'chat_template_kwargs' nests deeper than %d levels",
+                          API_MAX_SCHEMA_DEPTH);
+  o->template_kwargs = json_incref(k);
+  return true;
+}
+
 static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_limits *lim, oai_params *o) {
   if (!json_is_object(body))
     return api_check_fail(v, NULL, "the request body must be a JSON object, got %s", api_json_type(body));
@@ -207,7 +222,8 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
     if (api_check_field(body, "messages")) {
       o->add_special = false;
       /* With tools, as vLLM's chat /tokenize: the prompt the template renders with them. */
-      if (!parse_messages(v, o, body) || !oai_parse_tools(v, body, o)) return false;
+      if (!parse_messages(v, o, body) || !oai_parse_tools(v, body, o) || !parse_template_kwargs(v, body, o))
+        return false;
     } else if (!parse_prompt(v, o, body, "prompt", 64)) {
       return false;
     }
@@ -286,7 +302,9 @@ static bool parse(api_check *v, json_t *body, oai_mode mode, const api_param_lim
   bool refused = !oai_refuse_unimplemented(v, refusable);
   json_decref(refusable);
   if (refused || !oai_parse_guided(v, body, o)) return false;
-  if (chat && !oai_parse_tools(v, body, o)) return false;
+  if (chat && (!oai_parse_tools(v, body, o) || !parse_template_kwargs(v, body, o))) return false;
+  if (!chat && !unsupported(v, body, "chat_template_kwargs", "chat template arguments are for chat requests"))
+    return false;
   if (chat && !api_check_bool(v, body, "add_generation_prompt", &o->add_generation_prompt)) return false;
   json_t *user = api_check_field(body, "user");
   if (user && !json_is_string(user)) return api_check_fail(v, "user", "'user' must be a string");
@@ -319,6 +337,7 @@ void oai_params_free(oai_params *p) {
   if (!p) return;
   for (int i = 0; p->prompts && i < p->n_prompts; i++) free(p->prompts[i].ids);
   json_decref(p->messages);
+  json_decref(p->template_kwargs);
   oai_tools_free(p->tools);
   memset(p, 0, sizeof(*p));
 }

@@ -279,22 +279,46 @@ static json_t *forced_tools(json_t *tools) {
   return copy;
 }
 
-int oai_tools_prepare(oai_tools *t, const servd_model_ops *ops, servd_model *m, json_t *messages, bool add_gen,
-                      int n_gens, char **prompt, char **grammar, const char **param) {
+int oai_render_call(const servd_model_ops *ops, servd_model *m, json_t *messages, json_t *tools, json_t *kwargs,
+                    bool add_gen, json_t **res) {
+  *res = NULL;
+  bool has_kwargs = json_object_size(kwargs) > 0;
+  int rc = 0;
+  if (ops->tools_render) {
+    json_t *opts = json_pack("{s:O?, s:O?}", "tools", tools, "chat_template_kwargs", kwargs);
+    rc = opts ? ops->tools_render(m, messages, opts, add_gen, res) : servd_fail(SERVD_ENOMEM, "out of memory");
+    json_decref(opts);
+    if (rc == 0 && json_is_true(json_object_get(*res, "options"))) return 0;
+    json_decref(*res);
+    *res = NULL;
+    if (rc != 0 && has_kwargs) return rc; /* the template's own error */
+  }
+  if (has_kwargs)
+    return servd_fail(SERVD_EINVAL, "chat_template_kwargs: the model code of this package predates them "
+                                    "(repack it with this servd's model code)");
+  if (tools) return ops->tools_render(m, messages, tools, add_gen, res);
+  char *text = NULL;
+  rc = ops->apply_chat_template(m, messages, add_gen, &text);
+  if (rc == 0) *res = json_pack("{s:s}", "prompt", text);
+  free(text);
+  return rc != 0 ? rc : *res ? 0 : servd_fail(SERVD_ENOMEM, "out of memory");
+}
+
+int oai_tools_prepare(oai_tools *t, const servd_model_ops *ops, servd_model *m, json_t *messages, json_t *kwargs,
+                      bool add_gen, int n_gens, char **prompt, char **grammar, const char **param, json_t **res) {
   *prompt = *grammar = NULL;
+  *res = NULL;
   *param = "messages";
   if (!ops->tools_render) return servd_fail(SERVD_EUNSUPPORTED, "this server has no tool calling");
   t->g = calloc((size_t)n_gens, sizeof *t->g);
   if (!t->g) return servd_fail(SERVD_ENOMEM, "tool calling: out of memory");
   t->n_gens = n_gens;
-  json_t *res = NULL;
-  int rc = ops->tools_render(m, messages, t->tools, add_gen, &res);
+  int rc = oai_render_call(ops, m, messages, t->tools, kwargs, add_gen, res);
   if (rc) return rc;
-  json_t *p = json_object_get(res, "prompt");
-  t->markers = json_incref(json_object_get(res, "markers"));
-  t->family = json_incref(json_object_get(res, "family"));
+  json_t *p = json_object_get(*res, "prompt");
+  t->markers = json_incref(json_object_get(*res, "markers"));
+  t->family = json_incref(json_object_get(*res, "family"));
   *prompt = json_is_string(p) ? strdup(json_string_value(p)) : NULL;
-  json_decref(res);
   if (!*prompt) return servd_fail(SERVD_EFORMAT, "tool calling: tool_render() gave no prompt");
   if (!forced(t)) return 0;
   *param = t->legacy ? "function_call" : "tool_choice";

@@ -27,11 +27,21 @@ bool oai_parse_tools(api_check *v, json_t *body, oai_params *o);
 bool oai_check_message_tools(api_check *v, const char *param, json_t *in, json_t *out);
 void oai_tools_free(oai_tools *t); /* accepts NULL */
 
-/* Prep worker: renders messages with the tools (*prompt, caller frees) and, for a forced call,
- * compiles its grammar (*grammar, caller frees; NULL otherwise). n_gens: the choices to track.
- * 0, or an engine code with *param set to the field at fault. */
-int oai_tools_prepare(oai_tools *t, const servd_model_ops *ops, servd_model *m, json_t *messages, bool add_gen,
-                      int n_gens, char **prompt, char **grammar, const char **param);
+/* Prep worker: renders messages through the package's render hook (ops->tools_render) with the
+ * options object {"tools": tools or null, "chat_template_kwargs": kwargs or null} (models/llama/
+ * reasoning.py). *res (new reference): {"prompt", "options": true, "reasoning"?, "markers"?,
+ * "family"?}. Code packed before the options object (its result lacks "options") is called as it
+ * was: with the tools list, or without tools through ops->apply_chat_template ({"prompt"} only);
+ * kwargs it cannot take are a 400. 0 or an engine code. */
+int oai_render_call(const servd_model_ops *ops, servd_model *m, json_t *messages, json_t *tools, json_t *kwargs,
+                    bool add_gen, json_t **res);
+
+/* Prep worker: renders messages with the tools and kwargs (oai_render_call; *prompt, caller frees;
+ * *res: the hook's result, caller releases) and, for a forced call, compiles its grammar (*grammar,
+ * caller frees; NULL otherwise). n_gens: the choices to track. 0, or an engine code with *param set
+ * to the field at fault. */
+int oai_tools_prepare(oai_tools *t, const servd_model_ops *ops, servd_model *m, json_t *messages, json_t *kwargs,
+                      bool add_gen, int n_gens, char **prompt, char **grammar, const char **param, json_t **res);
 
 /* Streaming: choice gen's whole text so far is text[0, len); returns how far, from where the last
  * call left off (*from), the text is content that may go out now: up to where a call starts, less

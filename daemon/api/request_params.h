@@ -73,6 +73,7 @@ typedef struct oai_params {
   const char *guide_spec;      /* arena: schema (JSON text), regex, choices (JSON list) or grammar */
   const char *guide_param;     /* the field it came from (static string), for errors */
   oai_tools *tools;            /* chat: tools, tool_choice, ... (owned); NULL: none or "none" */
+  json_t *template_kwargs;     /* chat, tokenize: chat_template_kwargs (own reference); NULL: none */
   bool echo;                   /* completions: the prompt starts each choice's text (gp.prompt_logprobs
                                   with logprobs, gp.prompt_only with max_tokens 0) */
   bool base64;                 /* embeddings: encoding_format "base64" (little-endian f32) */

@@ -18,6 +18,7 @@ typedef struct resp {
   int seq;        /* the next event's sequence_number */
   int n_items;    /* output items started */
   int msg_index;  /* output_index of the open message, -1: none */
+  int rs_index;   /* output_index of the open reasoning item, -1: none */
   bool failed;    /* response.failed was sent */
   servd_buf text; /* streaming: the open message's text */
 } resp;
@@ -38,7 +39,7 @@ static json_t *usage_json(const oai *o) {
   long long cached = o->n_gens ? o->gens[0].cached_tokens : 0;
   return json_pack("{s:I, s:I, s:I, s:{s:I}, s:{s:i}}", "input_tokens", (json_int_t)in, "output_tokens",
                    (json_int_t)out, "total_tokens", (json_int_t)(in + out), "input_tokens_details", "cached_tokens",
-                   (json_int_t)cached, "output_tokens_details", "reasoning_tokens", 0);
+                   (json_int_t)cached, "output_tokens_details", "reasoning_tokens", oai_reasoning_tokens(o, 0));
 }
 
 static bool cut_short(const oai *o) { return o->n_gens && !strcmp(o->gens[0].finish, "length"); }
@@ -56,6 +57,20 @@ static json_t *response_json(oai *o, resp *x, const char *status, json_t *output
 }
 
 static void msg_id(const oai *o, char *out, size_t cap) { snprintf(out, cap, "msg_%s", o->id + 5); }
+static void rs_id(const oai *o, char *out, size_t cap) { snprintf(out, cap, "rs_%s", o->id + 5); }
+
+/* The thought of a reasoning model as a reasoning item: its text as one reasoning_text part. */
+static json_t *reasoning_item(const oai *o, const char *status) {
+  char id[64];
+  rs_id(o, id, sizeof id);
+  size_t n;
+  const char *t = oai_reasoning_text(o, 0, &n);
+  json_t *content = strcmp(status, "in_progress")
+                        ? json_pack("[{s:s, s:o}]", "type", "reasoning_text", "text", oai_json_text(t ? t : "", n))
+                        : json_array();
+  return json_pack("{s:s, s:s, s:[], s:o, s:s}", "type", "reasoning", "id", id, "summary", "content", content, "status",
+                   status);
+}
 static void fc_id(const oai *o, int i, char *out, size_t cap) { snprintf(out, cap, "fc_%s_%d", o->id + 5, i); }
 
 static json_t *message_item(const oai *o, const char *status, json_t *text) {
@@ -86,6 +101,8 @@ static void respond(oai *o) {
   size_t n = parsed ? (text ? strlen(text) : 0) : g->text.len;
   const char *status = cut_short(o) ? "incomplete" : "completed";
   json_t *output = json_array();
+  size_t tn;
+  if (oai_reasoning_text(o, 0, &tn)) json_array_append_new(output, reasoning_item(o, "completed"));
   if (!calls || n > 0) json_array_append_new(output, message_item(o, status, oai_json_text(text ? text : "", n)));
   for (size_t i = 0; i < json_array_size(calls); i++)
     json_array_append_new(output, call_item(o, (int)i, json_array_get(calls, i), "completed", true));
@@ -121,7 +138,42 @@ static json_t *text_part(const char *s, size_t n) {
   return json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", oai_json_text(s, n), "annotations");
 }
 
+/* The thought: a reasoning item open from its first piece until the answer or the end. */
+static void stream_reasoning(oai *o, gen *g, const char *s, size_t n) {
+  (void)g;
+  resp *x = o->sink_ctx;
+  char id[64];
+  rs_id(o, id, sizeof id);
+  if (x->rs_index < 0) {
+    x->rs_index = x->n_items++;
+    if (event(o, "response.output_item.added",
+              json_pack("{s:i, s:o}", "output_index", x->rs_index, "item", reasoning_item(o, "in_progress"))) != 0)
+      return;
+  }
+  event(o, "response.reasoning_text.delta",
+        json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", x->rs_index, "content_index", 0, "delta",
+                  oai_json_text(s, n)));
+}
+
+static int reasoning_close(oai *o, resp *x) {
+  if (x->rs_index < 0) return 0;
+  char id[64];
+  rs_id(o, id, sizeof id);
+  int at = x->rs_index;
+  x->rs_index = -1;
+  size_t n;
+  const char *t = oai_reasoning_text(o, 0, &n);
+  if (event(o, "response.reasoning_text.done",
+            json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", at, "content_index", 0, "text",
+                      oai_json_text(t ? t : "", n))) != 0)
+    return -1;
+  json_t *item = reasoning_item(o, "completed");
+  json_array_append(x->output, item);
+  return event(o, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", at, "item", item));
+}
+
 static int message_open(oai *o, resp *x) {
+  if (reasoning_close(o, x) != 0) return -1;
   x->msg_index = x->n_items++;
   char id[64];
   msg_id(o, id, sizeof id);
@@ -196,6 +248,7 @@ static void stream_end(oai *o, gen *g) {
     return;
   }
   json_t *calls = o->tools ? oai_tools_calls(o->tools, g->index) : NULL;
+  if (reasoning_close(o, x) != 0) return;
   if (!calls && x->msg_index < 0 && message_open(o, x) != 0) return; /* an empty answer is still a message */
   if (x->msg_index >= 0 && message_close(o, x, cut_short(o) ? "incomplete" : "completed") != 0) return;
   for (size_t i = 0; i < json_array_size(calls); i++)
@@ -223,6 +276,7 @@ static const oai_sink responses_sink = {
     .respond = respond,
     .param = resp_param_name,
     .ctx_free = resp_free,
+    .stream_reasoning = stream_reasoning,
 };
 
 void api_oai_responses(servd_api *a, servd_http_req *r, const api_route_args *args) {
@@ -252,6 +306,7 @@ void api_oai_responses(servd_api *a, servd_http_req *r, const api_route_args *ar
   x->echo = q.echo;
   x->output = output;
   x->msg_index = -1;
+  x->rs_index = -1;
   servd_buf_init(&x->text);
   oai_chat_serve(a, r, q.chat, &responses_sink, x); /* takes the chat body and x */
 }

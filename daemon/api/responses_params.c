@@ -33,6 +33,8 @@ static const char *const known[] = {
     "repetition_penalty",
     "presence_penalty",
     "frequency_penalty",
+    "chat_template_kwargs",
+    "guided_regex",
 };
 
 /* Copied into the chat body as they are: the chat parser checks them under the same names. */
@@ -51,6 +53,8 @@ static const char *const passed[] = {
     "repetition_penalty",
     "presence_penalty",
     "frequency_penalty",
+    "chat_template_kwargs",
+    "guided_regex",
 };
 
 static bool is_one_of(const char *s, const char *const *set, size_t n) {

@@ -380,6 +380,10 @@ class LlamaModel:
 
     # ---- tool calling (tools.py) ---------------------------------------------------------------
     def tool_render(self, messages, add_generation_prompt, tools):
+        # tools: the list, or the options object of reasoning.render ({"tools", "chat_template_kwargs"})
+        if isinstance(tools, dict):
+            from . import reasoning
+            return reasoning.render(messages, add_generation_prompt, tools)
         from . import tools as t
         return t.render(messages, add_generation_prompt, tools)
 

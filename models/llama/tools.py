@@ -15,7 +15,8 @@ also takes the bare JSON at the start of the output. A forced call is constraine
 (no special-token marker), which every parser accepts.
 
 The engine calls, through the entry object (LlamaModel.tool_*):
-- render(messages, add_generation_prompt, tools) -> {"prompt": text, "markers": [...], "family": f}
+- render(messages, add_generation_prompt, tools, **template_kwargs) -> {"prompt": text, "markers": [...],
+  "family": f} (through reasoning.render, which passes the request's chat_template_kwargs)
 - parse(text, spec) -> {"content": str or None, "calls": [{"name", "arguments" (JSON text)}]}
 - grammar(spec) -> llguidance grammar, spec = {"tools", "choice" ("required" or a name), "parallel"}
 """
@@ -62,11 +63,11 @@ def _functions(tools):
     return [t["function"] for t in tools]
 
 
-def render(messages, add_generation_prompt, tools):
+def render(messages, add_generation_prompt, tools, **template_kwargs):
     fam = family()
     messages = [_normalize(m) for m in messages]
     if chat.supports_tools():
-        prompt = chat.render(messages, add_generation_prompt, tools=tools)
+        prompt = chat.render(messages, add_generation_prompt, tools=tools, **template_kwargs)
     else:
         # The template knows no tools: describe them in a system message, Hermes style.
         pre = _HERMES_PREAMBLE.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
@@ -75,7 +76,7 @@ def render(messages, add_generation_prompt, tools):
             messages[0] = dict(messages[0], content=(messages[0].get("content") or "") + "\n\n" + pre)
         else:
             messages.insert(0, {"role": "system", "content": pre})
-        prompt = chat.render(messages, add_generation_prompt)
+        prompt = chat.render(messages, add_generation_prompt, **template_kwargs)
         fam = "hermes"
     return {"prompt": prompt, "markers": _markers(fam), "family": fam}
 

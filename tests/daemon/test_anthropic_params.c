@@ -69,6 +69,13 @@ static void test_plain(void **st) {
               "{\"model\":\"m\",\"max_tokens\":9,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
               "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"output\","
               "\"schema\":{\"type\":\"object\"}}}}");
+  /* thinking is the template's switch (enable_thinking), on or off; absent, the template decides. */
+  expect_chat("{\"model\":\"m\",\"max_tokens\":2000," HI ",\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024}}",
+              "{\"model\":\"m\",\"max_tokens\":2000,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+              "\"chat_template_kwargs\":{\"enable_thinking\":true}}");
+  expect_chat("{" M HI ",\"thinking\":{\"type\":\"disabled\"}}",
+              "{\"model\":\"m\",\"max_tokens\":9,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+              "\"chat_template_kwargs\":{\"enable_thinking\":false}}");
   /* An empty system is no message; servd's sampling extensions pass through. */
   expect_chat("{" M "\"system\":\"\"," HI ",\"seed\":3,\"ignore_eos\":true}",
               "{\"model\":\"m\",\"max_tokens\":9,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"seed\":3,"

@@ -45,7 +45,14 @@ static void test_chat(void **st) {
               "\"keep_alive\":\"5m\",\"think\":false,\"tools\":[]}",
               OLLAMA_CHAT, OAI_CHAT,
               "{\"model\":\"m\",\"stream\":true," HI ",\"max_tokens\":5,\"temperature\":0.2,\"top_k\":3,\"top_p\":0.5,"
-              "\"min_p\":0.1,\"seed\":4,\"stop\":[\"x\"],\"repetition_penalty\":1.1}");
+              "\"min_p\":0.1,\"seed\":4,\"stop\":[\"x\"],\"repetition_penalty\":1.1,"
+              "\"chat_template_kwargs\":{\"enable_thinking\":false}}");
+  /* think: the template's switch; an effort is also gpt-oss's reasoning_effort. */
+  expect_body("{\"model\":\"m\"," HI ",\"think\":true}", OLLAMA_CHAT, OAI_CHAT,
+              "{\"model\":\"m\",\"stream\":true," HI ",\"chat_template_kwargs\":{\"enable_thinking\":true}}");
+  expect_body("{\"model\":\"m\"," HI ",\"think\":\"high\"}", OLLAMA_CHAT, OAI_CHAT,
+              "{\"model\":\"m\",\"stream\":true," HI ",\"chat_template_kwargs\":{\"enable_thinking\":true,"
+              "\"reasoning_effort\":\"high\"}}");
   expect_body("{\"model\":\"m\",\"stream\":false,\"messages\":[{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":"
               "[{\"function\":{\"name\":\"f\",\"arguments\":{\"a\":1}}}]},{\"role\":\"tool\",\"content\":\"2\","
               "\"tool_name\":\"f\"}],\"format\":\"json\",\"options\":{\"num_predict\":-1}}",
