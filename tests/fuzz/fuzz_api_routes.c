@@ -776,7 +776,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
   }
   if (!ok || getenv("FUZZ_API_PRINT"))
-    fprintf(stderr, "%s %s [%.*s] -> %d %s [%.*s]\n", rt->method, path.data, (int)(body.len < 300 ? body.len : 300),
+    fprintf(stderr, "%s %s [%.*s] -> %d %s [%.*s]\n", rt->method, path.data, (int)(body.len < 3000 ? body.len : 3000),
             body.data ? body.data : "", c.status, c.ctype ? c.ctype : "-", (int)(c.out.len < 600 ? c.out.len : 600),
             c.out.data ? c.out.data : "");
   CHECK(ok); /* the answer is printed above */
