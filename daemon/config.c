@@ -22,6 +22,7 @@ void servd_config_init(servd_config *c) {
   c->gpu_memory_fraction = 0.90;
   c->cuda_graphs = true;
   c->prefix_cache = true;
+  c->isolation = SERVD_ISOLATION_AUTO; /* in-process unless a package declares native code */
   c->max_step_ms = SERVD_DEFAULT_MAX_STEP_MS;
   c->cuda_graph_max_batch = 64;
   c->step_timeout_s = 120;

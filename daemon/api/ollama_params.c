@@ -204,7 +204,10 @@ static bool parse(api_check *v, json_t *body, ollama_kind kind, ollama_request *
     json_t *tr = api_check_field(body, "truncate");
     if (tr && !json_is_boolean(tr)) return api_check_fail(v, "truncate", "'truncate' must be a boolean");
     if (api_check_field(body, "dimensions")) json_object_set(out, "dimensions", json_object_get(body, "dimensions"));
-    return parse_options(v, body, json_object(), q); /* checked; sampling means nothing here */
+    json_t *scratch = json_object(); /* options are checked; sampling means nothing here */
+    bool ok = scratch && parse_options(v, body, scratch, q);
+    json_decref(scratch);
+    return ok || api_check_fail(v, NULL, "out of memory");
   }
   json_t *stream = api_check_field(body, "stream");
   if (stream && !json_is_boolean(stream)) return api_check_fail(v, "stream", "'stream' must be a boolean");

@@ -41,7 +41,7 @@ static bool prefix_cache_default = true;
 void servd_engine_set_prefix_cache(bool on) { prefix_cache_default = on; }
 static int max_step_ms_default = SERVD_DEFAULT_MAX_STEP_MS;
 void servd_engine_set_max_step_ms(int ms) { max_step_ms_default = ms > 0 ? ms : 0; }
-static servd_isolation isolation_default = SERVD_ISOLATION_NONE;
+static servd_isolation isolation_default = SERVD_ISOLATION_AUTO;
 static int speculative_default = SERVD_SPEC_AUTO, speculative_tokens_default = 0;
 void servd_engine_set_speculation(int mode, int num_speculative_tokens) {
   speculative_default = mode;
@@ -511,6 +511,22 @@ static int load_causal_lm(servd_model *m) {
   return 0;
 }
 
+/* The isolation a generic package runs with: the operator's, or for AUTO a process when the package
+ * declares native code (its ctypes/cffi calls are beyond what in-process guards contain). */
+static servd_isolation isolation_of(const servd_model *m, const servd_model_options *o) {
+  if (o->isolation != SERVD_ISOLATION_AUTO) return o->isolation;
+  json_t *caps = json_object_get(mpk_manifest(m->pkg), "capabilities");
+  for (size_t i = 0; i < json_array_size(caps); i++)
+    if (!strcmp(json_string_value(json_array_get(caps, i)), "native")) {
+      fprintf(stderr,
+              "servd: model '%s' declares native code (capabilities: native): its interpreters run in a "
+              "process of their own (isolation \"none\" in its config runs it in-process)\n",
+              m->name);
+      return SERVD_ISOLATION_PROCESS;
+    }
+  return SERVD_ISOLATION_NONE;
+}
+
 int servd_model_load(const servd_model_options *o, servd_model **out) {
   *out = NULL;
   if (!o || !o->path) return servd_fail(SERVD_EINVAL, "model load: no package path");
@@ -545,7 +561,7 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
     m->kind = SERVD_MODEL_GENERIC;
     int n = o->interpreters > 0 ? o->interpreters : 1;
     servd_pool_options po = {.n_interpreters = n, .world_size = 1, .extra_sys_path = o->extra_sys_path};
-    if (o->isolation == SERVD_ISOLATION_PROCESS) { /* its interpreters live in a child process */
+    if (isolation_of(m, o) == SERVD_ISOLATION_PROCESS) { /* its interpreters live in a child process */
       if ((rc = servd_isolated_start(o, m->name, &m->iso))) goto fail;
       goto loaded;
     }

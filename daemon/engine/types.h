@@ -40,7 +40,13 @@ typedef struct servd_model_error {
 
 typedef enum servd_model_kind { SERVD_MODEL_CAUSAL_LM = 0, SERVD_MODEL_GENERIC = 1 } servd_model_kind;
 
-typedef enum servd_isolation { SERVD_ISOLATION_NONE = 0, SERVD_ISOLATION_PROCESS = 1 } servd_isolation;
+/* AUTO (the default when the operator chose none): in-process, unless the package declares the
+ * "native" capability (ctypes/cffi, which the interpreters' guards cannot contain): then a process. */
+typedef enum servd_isolation {
+  SERVD_ISOLATION_NONE = 0,
+  SERVD_ISOLATION_PROCESS = 1,
+  SERVD_ISOLATION_AUTO = 2
+} servd_isolation;
 
 typedef struct servd_model_options {
   const char *path;     /* package file */
@@ -82,8 +88,8 @@ typedef struct servd_model_options {
   bool verify_weights;
   const char *trusted_keys;
   /* Generic packages: SERVD_ISOLATION_PROCESS runs the interpreters in a child process of their own
-   * (engine/isolated.h), so a crash of the model's code ends only that process. Language models
-   * always run in-process. */
+   * (engine/isolated.h), so a crash of the model's code ends only that process; AUTO chooses it for
+   * packages that declare native code. Language models always run in-process. */
   servd_isolation isolation;
   /* Causal-lm: automatic prefix caching (engine/prefix_cache.h): requests share the KV blocks of a
    * common prompt beginning, computed once. */

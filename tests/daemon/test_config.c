@@ -227,6 +227,10 @@ static void test_isolation(void **state) {
   servd_model_options o;
   assert_int_equal(PARSE(&c, "--model", "/x.mpk"), 0);
   servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.isolation, SERVD_ISOLATION_AUTO); /* none, unless the package declares native code */
+  servd_config_free(&c);
+  assert_int_equal(PARSE(&c, "--isolation", "none", "--model", "/x.mpk"), 0);
+  servd_config_model_options(&c, 0, &o);
   assert_int_equal(o.isolation, SERVD_ISOLATION_NONE);
   servd_config_free(&c);
   assert_int_equal(PARSE(&c, "--isolation", "process", "--model", "/x.mpk"), 0);
@@ -242,7 +246,7 @@ static void test_isolation(void **state) {
   servd_config_model_options(&c, 0, &o);
   assert_int_equal(o.isolation, SERVD_ISOLATION_PROCESS);
   servd_config_model_options(&c, 1, &o);
-  assert_int_equal(o.isolation, SERVD_ISOLATION_NONE);
+  assert_int_equal(o.isolation, SERVD_ISOLATION_AUTO);
   servd_config_free(&c);
   assert_int_equal(parse_file(&c,
                               "{\"models\": [{\"path\": \"/c.mpk\", \"isolation\": \"none\"}, "

@@ -102,6 +102,9 @@ CAP_MODEL_PY = MODEL_PY.replace("CALLS = %r" % (CALLS,), "CALLS = %r" % ([(c, co
 make_package(os.path.join(a.work, "undeclared.mpk"), "undeclared", CAP_MODEL_PY)
 make_package(os.path.join(a.work, "declared.mpk"), "declared", CAP_MODEL_PY, ["native", "fd"])
 s = Servd(a, ["--model", os.path.join(a.work, "undeclared.mpk"), "--model", os.path.join(a.work, "declared.mpk")])
+# Declared native code runs in a process of its own unless the operator says otherwise.
+check("model 'declared' declares native code" in s.stderr(), f"no isolation line for 'declared':\n{s.stderr()}")
+check("model 'undeclared' declares native code" not in s.stderr(), "'undeclared' was isolated")
 for k, (cap, code, harmless) in enumerate(CAP_CALLS):
     st, resp, data = infer(s, k, "undeclared")
     exc = resp.get("exception", {}) if isinstance(resp, dict) else {}

@@ -82,7 +82,7 @@ make_package(plain, "steady", "Crashy", MODEL_PY.replace("ctypes.string_at(0)", 
 cfg = os.path.join(a.work, "isolation.json")
 with open(cfg, "w") as f:
     json.dump({"models": [{"path": pkg, "name": "crashy", "isolation": "process", "interpreters": 2},
-                          {"path": plain, "name": "steady"}]}, f)
+                          {"path": plain, "name": "steady", "isolation": "none"}]}, f)  # it declares native
 s = Servd(a, ["--config", cfg])
 
 # Answers and model errors cross the boundary unchanged.

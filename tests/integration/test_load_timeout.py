@@ -106,8 +106,10 @@ os.makedirs(repo, exist_ok=True)
 for name, code in (("good", GOOD_PY), ("spin", SPIN_PY), ("sleeper", SLEEPER_PY), ("stopper", STOPPER_PY)):
     make_package(os.path.join(repo, f"{name}.mpk"), name, code)
 
+# In-process (the packages that use ctypes declare native code, which would otherwise run them in a
+# process of their own): the quarantine of interpreters is what this part checks.
 s = Servd(a, ["--model", os.path.join(repo, "good.mpk") + ":good", "--model-repository", repo,
-              "--load-timeout", str(LOAD_TIMEOUT), "--interpreters", "1"])
+              "--load-timeout", str(LOAD_TIMEOUT), "--interpreters", "1", "--isolation", "none"])
 infer_good(s)
 
 # Interruptible: TimeoutError in the import at the load timeout.
