@@ -239,6 +239,10 @@ static void serve(servd_api *a, servd_http_req *r, ollama_kind kind) {
     api_kserve_error(r, 404, "model '%s' not found", q.model);
     goto out;
   }
+  if (am->state != M_READY) { /* loading, unloading or failed: no model to ask (am->m may be NULL) */
+    api_kserve_error(r, 503, "model '%s' is not available (loading, unloading or failed)", q.model);
+    goto out;
+  }
   r->model = am->name;
   json_object_set_new(q.body, "model", json_string(served));
   int ctx = a->ops->kind(am->m) == SERVD_MODEL_CAUSAL_LM ? a->ops->context_length(am->m) : 0;
