@@ -672,6 +672,17 @@ static void test_unload_failed_model(void **st) {
   const char *why;
   assert_string_equal(index_state("broken", &why), "FAILED");
   assert_non_null(strstr(why, "not a package"));
+  /* Ollama's generating routes name it while it is FAILED (it has no model): a 503, never a call into
+   * a model that is not there (a NULL model once reached the model's ops). */
+  static const char *const oll[] = {"/api/chat", "/api/generate", "/api/embed"};
+  static const char *const oll_body[] = {"{\"model\":\"broken\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+                                         "{\"model\":\"broken\",\"prompt\":\"x\"}",
+                                         "{\"model\":\"broken\",\"input\":\"x\"}"};
+  for (int k = 0; k < 3; k++) {
+    j = post_json(open_srv.port, oll[k], oll_body[k], &s, NULL);
+    assert_int_equal(s, 503);
+    json_decref(j);
+  }
   j = post_json(open_srv.port, "/v2/repository/models/broken/unload", "", &s, NULL);
   assert_int_equal(s, 200);
   json_decref(j);
