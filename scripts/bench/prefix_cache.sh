@@ -20,19 +20,14 @@ pid=
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 
+# shellcheck source=server-lib.sh
+. "$root/scripts/bench/server-lib.sh"
 start() { # $1: extra flag ("" or --no-prefix-cache)
   "$build/daemon/servd" --model "$model" --port "$port" --threads "$threads" --access-log off $1 \
     2>"$work/servd.log" &
   pid=$!
-  for _ in $(seq 1 300); do
-    curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "servd did not become ready:" >&2
-  cat "$work/servd.log" >&2
-  exit 1
+  wait_ready "$port" /v2/health/ready "$work/servd.log"
 }
-stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
 
 bench() { # $1: result name; the rest: servd-bench options
   local name=$1

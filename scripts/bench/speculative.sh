@@ -30,27 +30,19 @@ trap cleanup EXIT
 
 python3 "$root/scripts/bench/copy_workload.py" "$work/copy.jsonl" --n "$copy_reqs"
 
-wait_ready() { # $1: health path
-  for _ in $(seq 1 600); do
-    curl -sf "http://127.0.0.1:$port$1" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "server did not become ready:" >&2
-  cat "$work/server.log" >&2
-  exit 1
-}
+# shellcheck source=server-lib.sh
+. "$root/scripts/bench/server-lib.sh"
 start_servd() { # $1: --speculative mode
   "$build/daemon/servd" --model "$model" --port "$port" --threads "$threads" --access-log off --speculative "$1" \
     2>"$work/server.log" &
   pid=$!
-  wait_ready /v2/health/ready
+  wait_ready "$port" /v2/health/ready "$work/server.log"
 }
 start_llama() { # $@: extra llama-server flags
   "$llama_server" -m "$gguf" --port "$port" -t "$threads" -c 4096 -np 1 "$@" >"$work/server.log" 2>&1 &
   pid=$!
-  wait_ready /health
+  wait_ready "$port" /health "$work/server.log"
 }
-stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
 
 bench() { # $1: result name; the rest: servd-bench options
   local name=$1
