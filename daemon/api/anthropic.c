@@ -330,5 +330,5 @@ void api_anthropic_count_tokens(servd_api *a, servd_http_req *r, const api_route
   json_t *body = q.chat;
   q.chat = NULL;
   anth_request_free(&q);
-  oai_sink_serve(a, r, body, OAI_TOKENIZE, &count_sink, NULL);
+  oai_sink_serve(a, r, body, OAI_TOKENIZE, &count_sink, NULL, NULL);
 }

@@ -12,7 +12,8 @@
 
 #include "servd/status.h"
 
-void oai_embedding_cb(void *ud, const servd_event *ev) {
+/* The engine callback of an embedding: keeps the vector, then api_engine_cb. */
+static void embedding_cb(void *ud, const servd_event *ev) {
   gen *g = ud;
   oai *o = g->owner;
   if (ev->kind == SERVD_EVENT_DONE && ev->embedding && ev->n_embedding > 0 && o->x) {
@@ -27,7 +28,7 @@ void oai_embedding_cb(void *ud, const servd_event *ev) {
   api_engine_cb(ud, ev);
 }
 
-bool oai_embeddings_check(oai *o) {
+static bool embeddings_check(oai *o) {
   servd_embedding_info info;
   const servd_model_ops *ops = o->a->ops;
   if (!ops->embedding_info || ops->embedding_info(o->am->m, &info) != 0) {
@@ -88,7 +89,7 @@ static json_t *vector_json(const float *v, int n, bool base64) {
   return a;
 }
 
-void oai_embeddings_respond(oai *o) {
+static void embeddings_respond(oai *o) {
   json_t *data = json_array();
   long long prompt = 0;
   for (int i = 0; i < o->n_prompts; i++) prompt += o->prompts[i].n_ids;
@@ -106,7 +107,9 @@ void oai_embeddings_respond(oai *o) {
                            "usage", "prompt_tokens", (json_int_t)prompt, "total_tokens", (json_int_t)prompt));
 }
 
+const oai_embed_hooks oai_embedding_hooks = {embeddings_check, embedding_cb, embeddings_respond};
+
 void api_oai_embeddings(servd_api *a, servd_http_req *r, const api_route_args *args) {
   (void)args;
-  oai_embeddings_serve(a, r);
+  oai_embeddings_serve(a, r, &oai_embedding_hooks);
 }

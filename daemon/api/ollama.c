@@ -273,7 +273,8 @@ static void serve(servd_api *a, servd_http_req *r, ollama_kind kind) {
   oai_mode mode = q.mode;
   ollama_request_free(&q);
   json_decref(body);
-  oai_sink_serve(a, r, oai_body, mode, &ollama_sink, x); /* takes the body and x */
+  oai_sink_serve(a, r, oai_body, mode, &ollama_sink, x, /* takes the body and x */
+                 mode == OAI_EMBEDDINGS ? &oai_embedding_hooks : NULL);
   return;
 out:
   ollama_request_free(&q);

@@ -76,7 +76,8 @@ struct oai {
   const char *model_name;
   servd_buf sse;
   uint64_t t_start;
-  const oai_sink *sink; /* NULL: chat completions' own output */
+  const oai_sink *sink;                /* NULL: chat completions' own output */
+  const struct oai_embed_hooks *embed; /* OAI_EMBEDDINGS: what embeddings.c adds */
   void *sink_ctx;
   bool echo;       /* completions: each choice's text starts with its prompt */
   bool base64;     /* embeddings: encoding_format base64 */
@@ -97,19 +98,23 @@ json_t *oai_json_text(const char *s, size_t n);
 /* Serves body (stolen) as a chat completions request whose output sink formats; sink_ctx is freed
  * with sink->ctx_free, also when this answers an error itself. */
 void oai_chat_serve(servd_api *a, servd_http_req *r, json_t *body, const oai_sink *sink, void *sink_ctx);
-/* The same for another mode: OAI_COMPLETIONS (a raw prompt), OAI_EMBEDDINGS (sink->respond reads
- * o->x[i].vec), OAI_TOKENIZE (sink->respond reads o->prompts[0].n_ids: counting tokens). */
-void oai_sink_serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, const oai_sink *sink, void *sink_ctx);
+/* What embeddings add to this machinery (embeddings.c): the check of what the model must allow
+ * (false: answered with a 400), each input's engine callback (keeps the vector), the 200 body
+ * without a sink. The embeddings routes pass them; openai.c names none of embeddings.c. */
+typedef struct oai_embed_hooks {
+  bool (*check)(oai *o);
+  servd_event_cb engine_cb;
+  void (*respond)(oai *o);
+} oai_embed_hooks;
+extern const oai_embed_hooks oai_embedding_hooks;
 
-/* Embeddings (embeddings.c). The engine callback of an embedding: keeps the vector, then
- * api_engine_cb. */
-void oai_embedding_cb(void *ud, const servd_event *ev);
-/* Checks what the model must allow (dimensions); false: answered with a 400. */
-bool oai_embeddings_check(oai *o);
-/* The 200 body of a finished embeddings request (every choice succeeded). */
-void oai_embeddings_respond(oai *o);
-/* Serves a POST /v1/embeddings body (openai.c). */
-void oai_embeddings_serve(servd_api *a, servd_http_req *r);
+/* The same for another mode: OAI_COMPLETIONS (a raw prompt), OAI_EMBEDDINGS (embed: the hooks;
+ * sink->respond reads o->x[i].vec), OAI_TOKENIZE (sink->respond reads o->prompts[0].n_ids: counting
+ * tokens); embed NULL for the modes other than OAI_EMBEDDINGS. */
+void oai_sink_serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, const oai_sink *sink, void *sink_ctx,
+                    const oai_embed_hooks *embed);
+/* Serves a POST /v1/embeddings body in OpenAI's shape. */
+void oai_embeddings_serve(servd_api *a, servd_http_req *r, const oai_embed_hooks *embed);
 /* Reasoning output (openai_reasoning.c; the splitter is api/reasoning.h). Prep worker: renders the
  * chat (with o->tools when set, through oai_tools_prepare) with o->template_kwargs and sets
  * o->reasoning when the package says the output holds a thought. *prompt: caller frees; *grammar:

@@ -380,8 +380,8 @@ static void respond_full(oai *o) {
     o->sink->respond(o);
     return;
   }
-  if (o->mode == OAI_EMBEDDINGS) {
-    oai_embeddings_respond(o);
+  if (o->embed) {
+    o->embed->respond(o);
     return;
   }
   json_t *choices = json_array();
@@ -755,8 +755,7 @@ static int submit_gen(oai *o, int i) {
   servd_gen_params gp = o->gp;
   if (gp.has_seed) gp.seed += (uint64_t)i; /* n samples from one seed must differ, reproducibly */
   if (o->echo) echo_begin(o, g);
-  int rc = a->ops->submit(am->m, p->ids, p->n_ids, &gp, o->mode == OAI_EMBEDDINGS ? oai_embedding_cb : api_engine_cb, g,
-                          &g->r);
+  int rc = a->ops->submit(am->m, p->ids, p->n_ids, &gp, o->embed ? o->embed->engine_cb : api_engine_cb, g, &g->r);
   if (rc != 0) return rc;
   g->next = a->gens;
   if (a->gens) a->gens->prev = g;
@@ -825,7 +824,7 @@ static void start_generation(oai *o) {
               "the server is draining)");
     return;
   }
-  if (o->mode == OAI_EMBEDDINGS && !oai_embeddings_check(o)) return;
+  if (o->embed && !o->embed->check(o)) return;
   int ctx = a->ops->context_length(am->m);
   for (int i = 0; i < o->n_prompts; i++) {
     int np = o->prompts[i].n_ids;
@@ -1006,7 +1005,8 @@ static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, b
 }
 
 /* Serves body (stolen) for mode; sink (NULL: the mode's own output) takes sink_ctx. */
-static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, const oai_sink *sink, void *sink_ctx) {
+static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, const oai_sink *sink, void *sink_ctx,
+                  const oai_embed_hooks *embed) {
   api_param_error perr;
   json_t *rid = json_object_get(body, "request_id"); /* vLLM's body field; the header wins, as in vLLM */
   if (json_is_string(rid) && !servd_http_header_get(r, "x-request-id")) api_request_id_set(r, json_string_value(rid));
@@ -1031,6 +1031,7 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   o->a = a;
   o->sink = sink;
   o->sink_ctx = sink_ctx;
+  o->embed = mode == OAI_EMBEDDINGS ? embed : NULL;
   o->mode = mode;
   o->arena = arena;
   o->t_start = r->start_ns;
@@ -1100,23 +1101,25 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   a->works++;
 }
 
-static void handle(servd_api *a, servd_http_req *r, oai_mode mode) {
+static void handle_embed(servd_api *a, servd_http_req *r, oai_mode mode, const oai_embed_hooks *embed) {
   json_t *body = NULL;
   api_param_error perr;
   if (api_body_parse(r->body, r->body_len, &body, &perr) != 0) {
     api_oai_error(r, perr.status, "invalid_request_error", NULL, NULL, "%s", perr.message);
     return;
   }
-  serve(a, r, body, mode, NULL, NULL);
+  serve(a, r, body, mode, NULL, NULL, embed);
 }
+
+static void handle(servd_api *a, servd_http_req *r, oai_mode mode) { handle_embed(a, r, mode, NULL); }
 
 void oai_chat_serve(servd_api *a, servd_http_req *r, json_t *body, const oai_sink *sink, void *sink_ctx) {
-  serve(a, r, body, OAI_CHAT, sink, sink_ctx);
+  serve(a, r, body, OAI_CHAT, sink, sink_ctx, NULL);
 }
 
-void oai_sink_serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, const oai_sink *sink,
-                    void *sink_ctx) {
-  serve(a, r, body, mode, sink, sink_ctx);
+void oai_sink_serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, const oai_sink *sink, void *sink_ctx,
+                    const oai_embed_hooks *embed) {
+  serve(a, r, body, mode, sink, sink_ctx, embed);
 }
 
 void api_oai_completions(servd_api *a, servd_http_req *r, const api_route_args *args) {
@@ -1127,7 +1130,9 @@ void api_oai_chat_completions(servd_api *a, servd_http_req *r, const api_route_a
   (void)args;
   handle(a, r, OAI_CHAT);
 }
-void oai_embeddings_serve(servd_api *a, servd_http_req *r) { handle(a, r, OAI_EMBEDDINGS); }
+void oai_embeddings_serve(servd_api *a, servd_http_req *r, const oai_embed_hooks *embed) {
+  handle_embed(a, r, OAI_EMBEDDINGS, embed);
+}
 
 void api_oai_tokenize(servd_api *a, servd_http_req *r, const api_route_args *args) {
   (void)args;
