@@ -42,6 +42,9 @@ typedef struct oai_sink {
   void (*stream_reasoning)(oai *o, gen *g, const char *s, size_t n);
 } oai_sink;
 
+/* Chat completions' own streamed thought (openai.c): a chunk whose delta is {"reasoning_content"}. */
+typedef void (*oai_reasoning_chunk_fn)(oai *o, gen *g, const char *s, size_t n);
+
 typedef struct oai_reasoning oai_reasoning; /* openai_reasoning.c */
 
 struct oai {
@@ -76,8 +79,9 @@ struct oai {
   const char *model_name;
   servd_buf sse;
   uint64_t t_start;
-  const oai_sink *sink;                /* NULL: chat completions' own output */
-  const struct oai_embed_hooks *embed; /* OAI_EMBEDDINGS: what embeddings.c adds */
+  const oai_sink *sink;                   /* NULL: chat completions' own output */
+  const struct oai_embed_hooks *embed;    /* OAI_EMBEDDINGS: what embeddings.c adds */
+  oai_reasoning_chunk_fn reasoning_chunk; /* without a sink: streams a thought's pieces */
   void *sink_ctx;
   bool echo;       /* completions: each choice's text starts with its prompt */
   bool base64;     /* embeddings: encoding_format base64 */
@@ -122,13 +126,13 @@ void oai_embeddings_serve(servd_api *a, servd_http_req *r, const oai_embed_hooks
 int oai_chat_render(oai *o, char **prompt, char **grammar, const char **param);
 /* Loop: a token event's text; the thought goes out (streamed, or kept), ev->text keeps the answer. */
 void oai_reasoning_token(oai *o, gen *g, api_event *ev);
-/* Loop: g's final event (ev); what was held back goes out, held answer text as a last token event. */
-void oai_reasoning_end(oai *o, gen *g, const api_event *ev);
+/* Loop: g's final event (ev); the thought held back goes out. Returns answer text that was held
+ * back in case it began the thought ("<thi" at the very end), *len bytes (valid until the next call
+ * for o), for the caller to send as a last token's text; NULL: none. */
+const char *oai_reasoning_end(oai *o, gen *g, const api_event *ev, size_t *len);
 /* Choice gen's thought so far (NULL: the output has none) and its length; its tokens. */
 const char *oai_reasoning_text(const oai *o, int gen, size_t *len);
 int oai_reasoning_tokens(const oai *o, int gen);
-/* Chat's message or delta object: "reasoning_content" set when choice gen had a thought. */
-void oai_reasoning_set(const oai *o, int gen, json_t *message);
 void oai_reasoning_free(oai_reasoning *r); /* accepts NULL */
 
 /* oai_error of openai.c for the other files of the OpenAI routes. */

@@ -410,7 +410,9 @@ static void respond_full(oai *o) {
       c = json_pack("{s:i, s:o, s:o, s:s}", "index", g->index, "text", text, "logprobs", lp, "finish_reason",
                     g->finish);
     if (c && g->finish_detail[0]) json_object_set_new(c, "servd_finish_detail", json_string(g->finish_detail));
-    if (c && chat) oai_reasoning_set(o, i, json_object_get(c, "message"));
+    size_t tn;
+    const char *thought = chat ? oai_reasoning_text(o, i, &tn) : NULL;
+    if (c && thought) json_object_set_new(json_object_get(c, "message"), "reasoning_content", json_text(thought, tn));
     json_array_append_new(choices, c);
   }
   json_t *resp =
@@ -566,7 +568,21 @@ void api_oai_event(servd_api *a, api_event *ev) {
   }
 
   /* Final event. */
-  if (o->reasoning) oai_reasoning_end(o, g, ev);
+  size_t held_len = 0;
+  const char *held = o->reasoning ? oai_reasoning_end(o, g, ev, &held_len) : NULL;
+  if (held) {
+    /* Answer text held back in case it began the thought: out as the last token's text, the way the
+     * engine releases text it held for a stop string. No time passed. */
+    api_event last;
+    memset(&last, 0, sizeof last);
+    last.kind = SERVD_EVENT_TOKEN;
+    last.g = g;
+    last.token = -1;
+    last.t_ns = g->t_last ? g->t_last : ev->t_ns;
+    last.text = (char *)held;
+    last.text_len = last.text_cap = held_len;
+    api_oai_event(a, &last);
+  }
   if (ev->kind == SERVD_EVENT_ERROR) {
     g->error = strdup(ev->error[0] ? ev->error : "the model failed");
     g->error_code = ev->error_code;
@@ -1005,6 +1021,19 @@ static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, b
 }
 
 /* Serves body (stolen) for mode; sink (NULL: the mode's own output) takes sink_ctx. */
+/* Chat completions' own streamed thought: a chunk whose delta is {"reasoning_content": s}. */
+static void reasoning_chunk(oai *o, gen *g, const char *s, size_t n) {
+  servd_buf *b = &o->sse;
+  servd_buf_clear(b);
+  servd_buf_printf(b, "data: {\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%lld,\"model\":", o->id,
+                   (long long)o->created);
+  servd_buf_json_str(b, o->model_name, strlen(o->model_name));
+  servd_buf_printf(b, ",\"choices\":[{\"index\":%d,\"delta\":{\"reasoning_content\":", g->index);
+  servd_buf_json_str(b, s, n);
+  servd_buf_puts(b, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+  if (!b->oom) oai_stream_write(o, b->data, b->len);
+}
+
 static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, const oai_sink *sink, void *sink_ctx,
                   const oai_embed_hooks *embed) {
   api_param_error perr;
@@ -1031,6 +1060,7 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   o->a = a;
   o->sink = sink;
   o->sink_ctx = sink_ctx;
+  o->reasoning_chunk = reasoning_chunk;
   o->embed = mode == OAI_EMBEDDINGS ? embed : NULL;
   o->mode = mode;
   o->arena = arena;

@@ -90,19 +90,6 @@ typedef struct emit_ctx {
   rgen *rg;
 } emit_ctx;
 
-/* A chat chunk whose delta is {"reasoning_content": s}. */
-static void chunk_reasoning(oai *o, gen *g, const char *s, size_t n) {
-  servd_buf *b = &o->sse;
-  servd_buf_clear(b);
-  servd_buf_printf(b, "data: {\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%lld,\"model\":", o->id,
-                   (long long)o->created);
-  servd_buf_json_str(b, o->model_name, strlen(o->model_name));
-  servd_buf_printf(b, ",\"choices\":[{\"index\":%d,\"delta\":{\"reasoning_content\":", g->index);
-  servd_buf_json_str(b, s, n);
-  servd_buf_puts(b, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
-  if (!b->oom) oai_stream_write(o, b->data, b->len);
-}
-
 static void on_piece(void *ud, bool thinking, const char *s, size_t n) {
   emit_ctx *c = ud;
   oai *o = c->o;
@@ -112,7 +99,7 @@ static void on_piece(void *ud, bool thinking, const char *s, size_t n) {
   }
   servd_buf_append(&c->rg->text, s, n);
   if (!o->stream || !o->req) return;
-  if (!o->sink) chunk_reasoning(o, c->g, s, n);
+  if (!o->sink) o->reasoning_chunk(o, c->g, s, n);
   else if (o->sink->stream_reasoning) o->sink->stream_reasoning(o, c->g, s, n);
 }
 
@@ -137,25 +124,17 @@ void oai_reasoning_token(oai *o, gen *g, api_event *ev) {
   ev->text_len = n;
 }
 
-void oai_reasoning_end(oai *o, gen *g, const api_event *ev) {
+const char *oai_reasoning_end(oai *o, gen *g, const api_event *ev, size_t *len) {
   oai_reasoning *r = o->reasoning;
   rgen *rg = &r->g[g->index];
-  if (rg->t.done) return;
+  *len = 0;
+  if (rg->t.done) return NULL;
   emit_ctx c = {o, g, rg};
   servd_buf_clear(&r->answer);
   api_think_feed(&rg->t, NULL, 0, true, on_piece, &c);
-  if (!r->answer.len || r->answer.oom || ev->kind == SERVD_EVENT_ERROR || !o->req) return;
-  /* Answer text held back in case it began the thought ("<thi" at the very end): out as the last
-   * token's text, the way the engine releases text it held for a stop string. No time passed. */
-  api_event last;
-  memset(&last, 0, sizeof last);
-  last.kind = SERVD_EVENT_TOKEN;
-  last.g = g;
-  last.token = -1;
-  last.t_ns = g->t_last ? g->t_last : ev->t_ns;
-  last.text = r->answer.data;
-  last.text_len = last.text_cap = r->answer.len;
-  api_oai_event(o->a, &last);
+  if (!r->answer.len || r->answer.oom || ev->kind == SERVD_EVENT_ERROR || !o->req) return NULL;
+  *len = r->answer.len;
+  return r->answer.data;
 }
 
 const char *oai_reasoning_text(const oai *o, int gen, size_t *len) {
@@ -169,10 +148,4 @@ const char *oai_reasoning_text(const oai *o, int gen, size_t *len) {
 int oai_reasoning_tokens(const oai *o, int gen) {
   const oai_reasoning *r = o->reasoning;
   return r && gen >= 0 && gen < r->n ? r->g[gen].tokens : 0;
-}
-
-void oai_reasoning_set(const oai *o, int gen, json_t *message) {
-  size_t n;
-  const char *s = oai_reasoning_text(o, gen, &n);
-  if (s && json_is_object(message)) json_object_set_new(message, "reasoning_content", oai_json_text(s, n));
 }
