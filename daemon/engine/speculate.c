@@ -200,6 +200,12 @@ void servd_spec_propose(servd_spec *sp, servd_spec_seq *ss, sched_seq *q, int ro
   q->n_draft = ss->n_draft = 0;
   if (sp->mode == SERVD_SPEC_OFF || room <= 0) return;
   int k = room < sp->max_draft ? room : sp->max_draft;
+  bool explore = sp->quiet_steps >= (cost_known ? SPEC_EXPLORE_EVERY : 1);
+  /* Where no draft could pay even if all were accepted (large compute-bound batches), the proposal's
+   * scan of the request's tokens is skipped: it runs per decoding row and step. */
+  if (sp->mode == SERVD_SPEC_AUTO && !explore &&
+      spec_choose_length(1.0, k, step_rows, step_ns, fixed_ns, token_ns) == 0)
+    return;
   int match = 0;
   int n = spec_ngram_propose(q->tokens, q->n_tokens, k, ss->draft, &match);
   if (n == 0 && sp->suffix) n = spec_suffix_index_propose(sp->suffix, q->tokens, q->n_tokens, k, ss->draft);
@@ -209,7 +215,7 @@ void servd_spec_propose(servd_spec *sp, servd_spec_seq *ss, sched_seq *q, int ro
     double a = (ss->hits + SPEC_PRIOR_WEIGHT * prior) / (ss->trials + SPEC_PRIOR_WEIGHT);
     int best = spec_choose_length(a, n, step_rows, step_ns, fixed_ns, token_ns);
     if (best == 0) {
-      if (sp->quiet_steps < (cost_known ? SPEC_EXPLORE_EVERY : 1)) return;
+      if (!explore) return;
       best = n < SPEC_EXPLORE_DRAFTS ? n : SPEC_EXPLORE_DRAFTS;
     }
     sp->quiet_steps = 0;
