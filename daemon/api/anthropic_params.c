@@ -116,6 +116,14 @@ static bool str_in(api_check *v, const char *param, json_t *b, const char *key, 
   return api_check_fail(v, param, "'%s.%s' is required: a string", param, key);
 }
 
+/* A text block's text appended to b; false: the 400 naming p.text. */
+static bool text_block(api_check *v, const char *p, json_t *blk, servd_buf *b) {
+  json_t *t = json_object_get(blk, "text");
+  if (!json_is_string(t)) return api_check_fail(v, p, "'%s.text' is required: a string", p);
+  servd_buf_append(b, json_string_value(t), json_string_length(t));
+  return true;
+}
+
 /* A user message's blocks: tool_result blocks become tool messages (first, in their order), the text
  * blocks one user message. ids: the tool_use ids of the assistant message just before. */
 static bool user_blocks(api_check *v, const char *param, json_t *content, json_t *ids, json_t *msgs) {
@@ -130,9 +138,7 @@ static bool user_blocks(api_check *v, const char *param, json_t *content, json_t
     if (!type || !no_media(v, p, type)) {
       ok = false;
     } else if (!strcmp(type, "text")) {
-      json_t *t = json_object_get(blk, "text");
-      if (!json_is_string(t)) ok = api_check_fail(v, p, "'%s.text' is required: a string", p);
-      else servd_buf_append(&b, json_string_value(t), json_string_length(t)), any_text = true;
+      ok = any_text = text_block(v, p, blk, &b);
     } else if (!strcmp(type, "tool_result")) {
       json_t *id, *err = api_check_field(blk, "is_error");
       if (!str_in(v, p, blk, "tool_use_id", &id)) {
@@ -183,9 +189,7 @@ static bool assistant_blocks(api_check *v, const char *param, json_t *content, j
     if (!type || !no_media(v, p, type)) {
       ok = false;
     } else if (!strcmp(type, "text")) {
-      json_t *t = json_object_get(blk, "text");
-      if (!json_is_string(t)) ok = api_check_fail(v, p, "'%s.text' is required: a string", p);
-      else servd_buf_append(&b, json_string_value(t), json_string_length(t));
+      ok = text_block(v, p, blk, &b);
     } else if (!strcmp(type, "tool_use")) {
       json_t *id, *name, *input = json_object_get(blk, "input");
       if (!str_in(v, p, blk, "id", &id) || !str_in(v, p, blk, "name", &name)) {
