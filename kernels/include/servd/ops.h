@@ -28,6 +28,14 @@ SERVD_API const char *servd_isa_name(servd_isa isa);
  * pass SERVD_ISA_COUNT to return to automatic choice. Not thread-safe w.r.t. running ops. */
 SERVD_API int servd_cpu_force_isa(servd_isa isa);
 SERVD_API servd_isa servd_cpu_active_isa(void);
+/* Batch invariance: on one ISA, every matmul gives a row the same floats whether it is computed
+ * alone or with other rows (decode, batched decode, prefill chunks, speculation's verify rows), so a
+ * request's logits do not depend on what else the step carries. Free, and always on, for every weight
+ * dtype except q4_k and q5_k on AVX-512 VNNI, whose batch-1 kernel has a faster form that rounds
+ * differently: on (SERVD_BATCH_INVARIANT=1 in the environment, or this call) they take their batch
+ * form at batch 1 too, which costs those matmuls ~15-30% at batch 1 (docs/performance.md). */
+SERVD_API void servd_cpu_set_batch_invariant(bool on);
+SERVD_API bool servd_cpu_batch_invariant(void);
 
 /* outs[i] = x @ ws[i]^T for 1..SERVD_MATMUL_MANY_MAX weights sharing x (Q, K and V; gate and up):
  * what one servd_matmul per weight computes, to the bit. Weights of one dtype run as one split over
