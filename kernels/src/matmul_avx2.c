@@ -95,8 +95,8 @@ TILE_FN(SERVD_F16, tile_f16)
 TILE_FN(SERVD_BF16, tile_bf16)
 
 /* a's tile of weight rows j.. (set by the caller) against x rows i..i+rm over the k block at l0. */
-static void tile_at(const servd__mm *p, tile_args *a, void (*fn)(const tile_args *, int), int64_t l0, int64_t i,
-                    int rm, int64_t j) {
+static void tile_at(const servd__mm *p, tile_args *a, void (*fn)(const tile_args *, int), int64_t l0, int64_t i, int rm,
+                    int64_t j) {
   a->l0 = l0;
   a->kc = p->k - l0 < KC ? p->k - l0 : KC;
   a->first = l0 == 0;
@@ -130,7 +130,8 @@ void servd__mm_float_avx2(const servd__mm *p, int64_t j0, int64_t j1) {
       const int64_t i1 = p->m - i0 < MC ? p->m : i0 + MC;
       for (int64_t j = j0; j < j1; j += RN) {
         set_w(p, &a, j, j1);
-        for (int64_t i = i0; i < i1; i += RM_MAX) tile_at(p, &a, fn, l0, i, i1 - i < RM_MAX ? (int)(i1 - i) : RM_MAX, j);
+        for (int64_t i = i0; i < i1; i += RM_MAX)
+          tile_at(p, &a, fn, l0, i, i1 - i < RM_MAX ? (int)(i1 - i) : RM_MAX, j);
       }
     }
   }

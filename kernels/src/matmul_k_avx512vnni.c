@@ -274,10 +274,10 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
   for (int c = 0; c < NW; c++)
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-      res[c][r] = wt == SERVD_Q6_K
-                      ? hsum16(acc[c][r])
-                      : hsum16(_mm512_mul_ps(
-                            acc[c][r], _mm512_insertf32x8(_mm512_set1_ps(1.0f), _mm256_set1_ps(-1.0f), 1)));
+      res[c][r] =
+          wt == SERVD_Q6_K
+              ? hsum16(acc[c][r])
+              : hsum16(_mm512_mul_ps(acc[c][r], _mm512_insertf32x8(_mm512_set1_ps(1.0f), _mm256_set1_ps(-1.0f), 1)));
 }
 
 /* x rows i0..i0+R . weight row w for q4_k/q5_k when m > 1, in q4_1's arrangement: the sub-block
@@ -324,7 +324,7 @@ static inline __attribute__((always_inline)) void krows_batch(const servd__mm *p
       __m512i wv[4], sv[4];
       __m256i msv;
       __m512 dwc;
-      decode(w[c], b, &sm, wv, sv, &msv, &dwc, wt); /* quanta only: the scale vectors go unused */
+      decode(w[c], b, &sm, wv, sv, &msv, &dwc, wt);                    /* quanta only: the scale vectors go unused */
       const __m512 scf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm)); /* sc[0..7], m[0..7] */
       const __m512 d = _mm512_set1_ps(f16(dd[0]));
       const __m512 dev = _mm512_mul_ps(_mm512_permutexvar_ps(ev_of, scf), d);
@@ -333,12 +333,12 @@ static inline __attribute__((always_inline)) void krows_batch(const servd__mm *p
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++) {
         const int8_t *xb = q->qs + (i0 + r) * q->ldq + b * SERVD_QK_K;
-        const __m512i ev = _mm512_dpbusd_epi32(
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_load_si512(xb)), wv[1],
-            _mm512_load_si512(xb + 64));
-        const __m512i od = _mm512_dpbusd_epi32(
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[2], _mm512_load_si512(xb + 128)), wv[3],
-            _mm512_load_si512(xb + 192));
+        const __m512i ev =
+            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_load_si512(xb)), wv[1],
+                                _mm512_load_si512(xb + 64));
+        const __m512i od =
+            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[2], _mm512_load_si512(xb + 128)), wv[3],
+                                _mm512_load_si512(xb + 192));
         const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(od), dod, _mm512_mul_ps(_mm512_cvtepi32_ps(ev), dev));
         const int64_t rb = (i0 + r) * nb + b;
         acc[c][r] = _mm512_fmadd_ps(t, _mm512_set1_ps(q->d[rb]), acc[c][r]);
@@ -366,7 +366,7 @@ static void sub_block_sums(const servd__q8k *q, int64_t m, float *sx) {
 typedef void (*batch_fn)(const servd__mm *p, const char *const *w, int64_t i0, float (*res)[RQ], int R,
                          const float *sx);
 #define BATCH_FN(wt, name) \
-  static void name(const servd__mm *p, const char *const *w, int64_t i0, float (*res)[RQ], int R, const float *sx) { \
+  static void name(const servd__mm *p, const char *const *w, int64_t i0, float(*res)[RQ], int R, const float *sx) { \
     switch (R) { \
     case 0: krows_batch(p, w, i0, res, 1, NWMAX, sx, wt); break; \
     case 1: krows_batch(p, w, i0, res, 1, 1, sx, wt); break; \

@@ -192,8 +192,8 @@ static void check_dtype(servd_dtype dt, int64_t k) {
       run_path(&p, (path)w, out);
       if (w == P_BATCH) memcpy(first, out, M * N * 4);
       /* q4_k/q5_k on AVX-512 are batch invariant only when asked (servd_cpu_set_batch_invariant) */
-      const bool invariant = servd_cpu_batch_invariant() || isa != SERVD_ISA_AVX512 ||
-                             (dt != SERVD_Q4_K && dt != SERVD_Q5_K);
+      const bool invariant =
+          servd_cpu_batch_invariant() || isa != SERVD_ISA_AVX512 || (dt != SERVD_Q4_K && dt != SERVD_Q5_K);
       for (int i = 0; i < M * N && w != P_KSPLIT && invariant; i++)
         if (memcmp(&out[i], &first[i], 4))
           fail_msg("%s %s (k %lld): %s gives element %d as %.9g, the batch path %.9g: not batch invariant",
