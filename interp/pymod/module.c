@@ -272,8 +272,7 @@ PyObject *pm_batch_new(const servd_forward_batch *b) {
       set_item(o->dict, "n_seqs", PyLong_FromLong(b->attn.n_seqs)) < 0 ||
       set_item(o->dict, "max_tokens", PyLong_FromLong(b->max_tokens > 0 ? b->max_tokens : 0)) < 0 ||
       set_item(o->dict, "max_seqs", PyLong_FromLong(b->max_seqs > 0 ? b->max_seqs : 0)) < 0 ||
-      set_item(o->dict, "hidden", PyBool_FromLong(b->want_hidden)) < 0 ||
-      set_item(o->dict, "lora", batch_lora(b)) < 0)
+      set_item(o->dict, "hidden", PyBool_FromLong(b->want_hidden)) < 0 || set_item(o->dict, "lora", batch_lora(b)) < 0)
     goto fail;
   if (b->kv || b->dkv) {
     PyTypeObject *kt = (PyTypeObject *)pm.kv_type;

@@ -95,9 +95,9 @@ SERVD_API int servd_interp_call_json(servd_interp *it, const char *method, json_
  * return NULL in *logits). */
 /* The rows of a step that one LoRA adapter applies to (servd_forward_batch.lora). */
 typedef struct servd_lora_group {
-  int first, n;  /* rows [first, first + n) of the token batch */
-  int64_t id;    /* the adapter's registration number: one id, the same weights */
-  float scale;   /* alpha / r (rsLoRA: alpha / sqrt(r)) */
+  int first, n; /* rows [first, first + n) of the token batch */
+  int64_t id;   /* the adapter's registration number: one id, the same weights */
+  float scale;  /* alpha / r (rsLoRA: alpha / sqrt(r)) */
   int n_layers;
   /* [layer * 7 + projection] (q k v o gate up down): servd.ops.lora's ab, or NULL where the adapter
    * leaves that projection alone; borrowed, valid while the step runs */
