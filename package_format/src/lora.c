@@ -13,7 +13,7 @@
 #include "mpk-impl.h"
 #include "mpk/safetensors.h"
 
-static const char *const module_names[MPK_LORA_MODULES] = {"q_proj",    "k_proj", "v_proj",   "o_proj",
+static const char *const module_names[MPK_LORA_MODULES] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                            "gate_proj", "up_proj", "down_proj"};
 /* where each projection sits in a layer (Hugging Face names) and its GGUF name */
 static const char *const module_parent[MPK_LORA_MODULES] = {"self_attn", "self_attn", "self_attn", "self_attn",
@@ -21,9 +21,7 @@ static const char *const module_parent[MPK_LORA_MODULES] = {"self_attn", "self_a
 static const char *const module_gguf[MPK_LORA_MODULES] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
                                                           "ffn_gate", "ffn_up", "ffn_down"};
 
-const char *mpk_lora_module_name(mpk_lora_module m) {
-  return m >= 0 && m < MPK_LORA_MODULES ? module_names[m] : "?";
-}
+const char *mpk_lora_module_name(mpk_lora_module m) { return m >= 0 && m < MPK_LORA_MODULES ? module_names[m] : "?"; }
 
 static int find_module(const char *s, size_t len) {
   for (int m = 0; m < MPK_LORA_MODULES; m++)
@@ -92,6 +90,18 @@ int mpk_lora_base_of(mpk_package *p, mpk_lora_base *out) {
     out->in[m] = ti.shape[1];
   }
   while (projection(p, out->n_layers, MPK_LORA_Q, &ti) == 0) out->n_layers++;
+  const char *layout = mpk_rope_layout(p);
+  if (layout && !strcmp(layout, "interleaved")) {
+    json_t *cfg = mpk_config(p);
+    json_t *h = json_object_get(cfg, "num_attention_heads"), *kvh = json_object_get(cfg, "num_key_value_heads");
+    out->q_heads = (int)json_integer_value(h);
+    out->kv_heads = kvh ? (int)json_integer_value(kvh) : out->q_heads;
+    if (out->q_heads < 1 || out->kv_heads < 1 || out->out[MPK_LORA_Q] % (2 * out->q_heads) ||
+        out->out[MPK_LORA_K] % (2 * out->kv_heads))
+      return servd_fail(SERVD_EFORMAT, "LoRA: the base %s has interleaved RoPE rows but no head counts that split them",
+                        mpk_name(p));
+    out->permute_qk = true;
+  }
   snprintf(out->name, sizeof out->name, "%s", mpk_name(p));
   weights_hash(p, out->hash);
   return 0;
@@ -116,8 +126,8 @@ static int read_config(const char *what, const char *text, size_t len, mpk_lora 
   }
   const char *pt = json_string_value(json_object_get(c, "peft_type"));
   if (pt && strcmp(pt, "LORA")) {
-    rc = servd_fail(SERVD_EUNSUPPORTED, "%s: adapter_config.json: peft_type \"%s\": only LORA adapters are served", what,
-                    pt);
+    rc = servd_fail(SERVD_EUNSUPPORTED, "%s: adapter_config.json: peft_type \"%s\": only LORA adapters are served",
+                    what, pt);
     goto out;
   }
   json_t *r = json_object_get(c, "r");
@@ -163,8 +173,8 @@ static int read_config(const char *what, const char *text, size_t len, mpk_lora 
   }
   json_t *mts = json_object_get(c, "modules_to_save");
   if (json_is_array(mts) && json_array_size(mts)) {
-    rc = servd_fail(SERVD_EUNSUPPORTED, "%s: adapter_config.json: modules_to_save: full copies of modules are not supported",
-                    what);
+    rc = servd_fail(SERVD_EUNSUPPORTED,
+                    "%s: adapter_config.json: modules_to_save: full copies of modules are not supported", what);
     goto out;
   }
   json_t *tm = json_object_get(c, "target_modules");
@@ -207,12 +217,9 @@ static int parse_name(const char *name, int n_layers, int *layer, int *module, i
   int m = find_module(s, (size_t)(dot - s));
   if (m < 0 || strlen(module_parent[m]) != parent_len || memcmp(parent, module_parent[m], parent_len)) return -1;
   s = dot + 1;
-  if (!strcmp(s, "lora_A.weight") || !strcmp(s, "lora_A.default.weight"))
-    *is_b = 0;
-  else if (!strcmp(s, "lora_B.weight") || !strcmp(s, "lora_B.default.weight"))
-    *is_b = 1;
-  else
-    return -1;
+  if (!strcmp(s, "lora_A.weight") || !strcmp(s, "lora_A.default.weight")) *is_b = 0;
+  else if (!strcmp(s, "lora_B.weight") || !strcmp(s, "lora_B.default.weight")) *is_b = 1;
+  else return -1;
   *layer = (int)li;
   *module = m;
   return li < n_layers ? 0 : -2;
@@ -252,9 +259,17 @@ static int check_tensor(const char *what, const mpk_st_tensor *t, const uint8_t 
   return 0;
 }
 
-/* ab (r, in + out): row j = A[j, :], then B[:, j]. */
+/* The B row that lands at row c of an interleaved-RoPE base (llama.cpp's permute of Q/K rows: within
+ * each head, pair i of the half-split layout becomes rows 2i, 2i+1). heads 0: no permutation. */
+static int64_t source_row(int64_t c, int64_t out, int heads) {
+  if (!heads) return c;
+  int64_t hd = out / heads, h = c / hd, w = c % hd;
+  return h * hd + (w % 2) * (hd / 2) + w / 2;
+}
+
+/* ab (r, in + out): row j = A[j, :], then B[:, j] (its rows permuted for an interleaved base). */
 static servd_tensor *build_ab(const uint8_t *data, const mpk_st_tensor *A, servd_dtype at, const mpk_st_tensor *B,
-                              servd_dtype bt, int64_t r, int64_t in, int64_t out) {
+                              servd_dtype bt, int64_t r, int64_t in, int64_t out, int heads) {
   bool f16 = at == SERVD_F16 && bt == SERVD_F16;
   const int64_t shape[2] = {r, in + out};
   servd_tensor *t = servd_tensor_new(f16 ? SERVD_F16 : SERVD_F32, 2, shape);
@@ -264,11 +279,11 @@ static servd_tensor *build_ab(const uint8_t *data, const mpk_st_tensor *A, servd
     if (f16) {
       uint16_t *row = (uint16_t *)servd_tensor_data(t) + j * (in + out);
       memcpy(row, a + (size_t)(j * in) * 2, (size_t)in * 2);
-      for (int64_t c = 0; c < out; c++) memcpy(row + in + c, b + (size_t)(c * r + j) * 2, 2);
+      for (int64_t c = 0; c < out; c++) memcpy(row + in + c, b + (size_t)(source_row(c, out, heads) * r + j) * 2, 2);
     } else {
       float *row = (float *)servd_tensor_data(t) + j * (in + out);
       for (int64_t c = 0; c < in; c++) row[c] = st_value(a, at, j * in + c);
-      for (int64_t c = 0; c < out; c++) row[in + c] = st_value(b, bt, c * r + j);
+      for (int64_t c = 0; c < out; c++) row[in + c] = st_value(b, bt, source_row(c, out, heads) * r + j);
     }
   }
   return t;
@@ -339,7 +354,8 @@ int mpk_lora_parse(const char *what, const char *config, size_t config_len, cons
     snprintf(why, sizeof why, "the %lld output features of %s's %s by rank %lld", (long long)base->out[m], base->name,
              module_names[m], (long long)r);
     if ((rc = check_tensor(st_what, B, data, base->out[m], r, why, &bt))) goto fail;
-    if (!(l->ab[p] = build_ab(data, A, at, B, bt, r, base->in[m], base->out[m]))) {
+    int heads = !base->permute_qk ? 0 : m == MPK_LORA_Q ? base->q_heads : m == MPK_LORA_K ? base->kv_heads : 0;
+    if (!(l->ab[p] = build_ab(data, A, at, B, bt, r, base->in[m], base->out[m], heads))) {
       rc = servd_fail(SERVD_ENOMEM, "%s: layer %d's %s", what, layer, module_names[m]);
       goto fail;
     }

@@ -43,8 +43,12 @@ SERVD_API const char *mpk_lora_module_name(mpk_lora_module m);
 typedef struct mpk_lora_base {
   int n_layers;
   int64_t out[MPK_LORA_MODULES], in[MPK_LORA_MODULES];
-  char name[128];     /* the package's name */
-  char hash[72];      /* content hash of the base package's weights ("" when unknown) */
+  /* The base's Q/K rows are llama.cpp's interleaved-RoPE permutation (a GGUF Llama: rope_layout
+   * "interleaved"): lora_B rows of q_proj / k_proj are permuted the same way, heads of head_dim. */
+  bool permute_qk;
+  int q_heads, kv_heads;
+  char name[128]; /* the package's name */
+  char hash[72];  /* content hash of the base package's weights ("" when unknown) */
 } mpk_lora_base;
 
 /* Reads the projection shapes of a package (Hugging Face or GGUF tensor names); SERVD_EUNSUPPORTED
@@ -60,11 +64,11 @@ typedef struct mpk_lora {
   /* [layer * MPK_LORA_MODULES + module]: ab (r, in + out), row j = lora_A row j then lora_B column j,
    * f16 when both came as F16, else f32; NULL where the adapter leaves the projection alone. Owned. */
   servd_tensor **ab;
-  int n_adapted;           /* non-NULL entries */
-  uint64_t bytes;          /* of the ab tensors */
-  char base_model[256];    /* adapter_config's base_model_name_or_path, "" when absent */
-  char base_hash[72];      /* an adapter package's base hash, "" for a PEFT folder */
-  char content_hash[72];   /* "sha256:<hex>" of the adapter's config and weights */
+  int n_adapted;         /* non-NULL entries */
+  uint64_t bytes;        /* of the ab tensors */
+  char base_model[256];  /* adapter_config's base_model_name_or_path, "" when absent */
+  char base_hash[72];    /* an adapter package's base hash, "" for a PEFT folder */
+  char content_hash[72]; /* "sha256:<hex>" of the adapter's config and weights */
 } mpk_lora;
 
 /* Parses a PEFT adapter from its two files in memory (config JSON text, safetensors bytes), checked
