@@ -6,7 +6,8 @@
 
 #include "servd/ops.h"
 
-_Static_assert(MPK_LORA_MAX_RANK == SERVD_LORA_MAX_RANK, "the adapter reader and the lora op must agree on the rank limit");
+_Static_assert(MPK_LORA_MAX_RANK == SERVD_LORA_MAX_RANK,
+               "the adapter reader and the lora op must agree on the rank limit");
 _Static_assert(MPK_LORA_MODULES == 7, "batch.lora holds 7 projections per layer (interp.h)");
 
 static int max_loras_default = SERVD_DEFAULT_MAX_LORAS;

@@ -13,10 +13,8 @@ int lora_registry_init(lora_registry *g, mpk_package *pkg, int max_loras, const 
   g->pkg = pkg;
   g->max_loras = max_loras < 1 ? 1 : max_loras;
   g->next_id = 1;
-  if (refuse)
-    snprintf(g->base_err, sizeof g->base_err, "%s", refuse);
-  else if (mpk_lora_base_of(pkg, &g->base) != 0)
-    snprintf(g->base_err, sizeof g->base_err, "%s", servd_last_error());
+  if (refuse) snprintf(g->base_err, sizeof g->base_err, "%s", refuse);
+  else if (mpk_lora_base_of(pkg, &g->base) != 0) snprintf(g->base_err, sizeof g->base_err, "%s", servd_last_error());
   return 0;
 }
 
@@ -105,8 +103,7 @@ int lora_register(lora_registry *g, const char *name, const char *path) {
   a->key = key_of_hash(w->content_hash);
   a->last_used = ++g->clock;
   set_weights(a, w);
-  while (n_resident(g) >= g->max_loras && evict_one(g, NULL)) {
-  }
+  while (n_resident(g) >= g->max_loras && evict_one(g, NULL)) {}
   if (n_resident(g) >= g->max_loras) { /* every slot held: registered, read again on first use */
     mpk_lora_free(a->w);
     a->w = NULL;
@@ -125,10 +122,8 @@ int lora_unregister(lora_registry *g, const char *name) {
   while (*pp && ((*pp)->removed || strcmp((*pp)->name, name))) pp = &(*pp)->next;
   lora_adapter *a = *pp;
   int rc = 0;
-  if (!a)
-    rc = servd_fail(SERVD_EINVAL, "LoRA adapter %s: no adapter of that name is loaded", name);
-  else if (a->users > 0)
-    a->removed = true;
+  if (!a) rc = servd_fail(SERVD_EINVAL, "LoRA adapter %s: no adapter of that name is loaded", name);
+  else if (a->users > 0) a->removed = true;
   else {
     *pp = a->next;
     adapter_free(a);
@@ -147,8 +142,7 @@ int lora_acquire(lora_registry *g, const char *name, lora_adapter **out) {
     goto out;
   }
   if (!a->w) {
-    while (n_resident(g) >= g->max_loras && evict_one(g, a)) {
-    }
+    while (n_resident(g) >= g->max_loras && evict_one(g, a)) {}
     if (n_resident(g) >= g->max_loras) {
       rc = servd_fail(SERVD_EBUSY, "LoRA adapter %s: all %d resident adapters are in use (--max-loras); try again",
                       name, g->max_loras);

@@ -20,9 +20,9 @@
 
 typedef struct lora_adapter {
   char *name, *path;
-  int64_t id;   /* registration number, never reused: the forward's group id */
-  uint64_t key; /* the prefix-cache key of its sequences' blocks (from its content hash) */
-  mpk_lora *w;  /* resident weights, or NULL (evicted) */
+  int64_t id;             /* registration number, never reused: the forward's group id */
+  uint64_t key;           /* the prefix-cache key of its sequences' blocks (from its content hash) */
+  mpk_lora *w;            /* resident weights, or NULL (evicted) */
   servd_lora_group group; /* the forward's view of w (ab, scale, layers) */
   int users;              /* requests holding it */
   int running;            /* of those, sequences in the step just planned */
