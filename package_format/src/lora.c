@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "mpk-impl.h"
+#include "mpk/gguf.h"
 #include "mpk/safetensors.h"
 
 static const char *const module_names[MPK_LORA_MODULES] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
@@ -197,8 +198,9 @@ out:
   return rc;
 }
 
-/* "base_model.model.model.layers.N.<parent>.<module>.lora_<A|B>[.default].weight" -> layer, module, B? */
-static int parse_name(const char *name, int n_layers, int *layer, int *module, int *is_b) {
+/* "base_model.model.model.layers.N.<parent>.<module>.lora_<A|B>[.default].weight" -> layer, module, B?
+ * 0, -1 (not such a name), -2 (a layer the base lacks). */
+static int parse_peft_name(const char *name, int n_layers, int *layer, int *module, int *is_b) {
   const char *s = name;
   if (!strncmp(s, "base_model.model.", 17)) s += 17;
   if (strncmp(s, "model.layers.", 13)) return -1;
@@ -225,7 +227,38 @@ static int parse_name(const char *name, int n_layers, int *layer, int *module, i
   return li < n_layers ? 0 : -2;
 }
 
-static float st_value(const uint8_t *p, servd_dtype t, int64_t i) {
+/* llama.cpp's "blk.N.<attn_q|...>.weight.lora_<a|b>" -> layer, module, B? (as parse_peft_name) */
+static int parse_gguf_name(const char *name, int n_layers, int *layer, int *module, int *is_b) {
+  if (strncmp(name, "blk.", 4)) return -1;
+  char *end;
+  errno = 0;
+  long li = strtol(name + 4, &end, 10);
+  if (end == name + 4 || *end != '.' || errno || li < 0 || li >= 1 << 20) return -1;
+  const char *s = end + 1;
+  for (int m = 0; m < MPK_LORA_MODULES; m++) {
+    size_t n = strlen(module_gguf[m]);
+    if (strncmp(s, module_gguf[m], n)) continue;
+    if (!strcmp(s + n, ".weight.lora_a")) *is_b = 0;
+    else if (!strcmp(s + n, ".weight.lora_b")) *is_b = 1;
+    else continue;
+    *layer = (int)li;
+    *module = m;
+    return li < n_layers ? 0 : -2;
+  }
+  return -1;
+}
+
+/* One tensor of an adapter file, whatever the file: (rows, cols) row-major values. */
+typedef struct src_tensor {
+  const char *name;
+  char dtype[12]; /* the file's name of its dtype */
+  servd_dtype dt; /* F32, F16 or BF16; else SERVD_DTYPE_COUNT (refused when used) */
+  int ndim;
+  int64_t shape[2];
+  const uint8_t *data;
+} src_tensor;
+
+static float src_value(const uint8_t *p, servd_dtype t, int64_t i) {
   uint16_t h;
   float f;
   switch (t) {
@@ -236,13 +269,12 @@ static float st_value(const uint8_t *p, servd_dtype t, int64_t i) {
 }
 
 typedef struct pair {
-  int a, b; /* tensor indices in the header, -1: absent */
+  int a, b; /* tensor indices, -1: absent */
 } pair;
 
 /* Checks one tensor's dtype, shape and values. */
-static int check_tensor(const char *what, const mpk_st_tensor *t, const uint8_t *data, int64_t rows, int64_t cols,
-                        const char *shape_why, servd_dtype *dt) {
-  if (mpk_st_dtype_to_servd(t->dtype, dt) || (*dt != SERVD_F32 && *dt != SERVD_F16 && *dt != SERVD_BF16))
+static int check_tensor(const char *what, const src_tensor *t, int64_t rows, int64_t cols, const char *shape_why) {
+  if (t->dt != SERVD_F32 && t->dt != SERVD_F16 && t->dt != SERVD_BF16)
     return servd_fail(SERVD_EUNSUPPORTED, "%s: tensor %s: dtype %s (expected F32, F16 or BF16)", what, t->name,
                       t->dtype);
   if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
@@ -251,7 +283,7 @@ static int check_tensor(const char *what, const mpk_st_tensor *t, const uint8_t 
                       t->ndim > 1 ? (long long)t->shape[1] : -1LL, t->ndim != 2 ? " (not 2-D)" : "", (long long)rows,
                       (long long)cols, shape_why);
   for (int64_t i = 0, n = rows * cols; i < n; i++) {
-    float v = st_value(data + t->begin, *dt, i);
+    float v = src_value(t->data, t->dt, i);
     if (!isfinite(v))
       return servd_fail(SERVD_EINVAL, "%s: tensor %s: value %lld (row %lld, column %lld) is %s", what, t->name,
                         (long long)i, (long long)(i / cols), (long long)(i % cols), isnan(v) ? "NaN" : "infinite");
@@ -268,13 +300,12 @@ static int64_t source_row(int64_t c, int64_t out, int heads) {
 }
 
 /* ab (r, in + out): row j = A[j, :], then B[:, j] (its rows permuted for an interleaved base). */
-static servd_tensor *build_ab(const uint8_t *data, const mpk_st_tensor *A, servd_dtype at, const mpk_st_tensor *B,
-                              servd_dtype bt, int64_t r, int64_t in, int64_t out, int heads) {
-  bool f16 = at == SERVD_F16 && bt == SERVD_F16;
+static servd_tensor *build_ab(const src_tensor *A, const src_tensor *B, int64_t r, int64_t in, int64_t out, int heads) {
+  bool f16 = A->dt == SERVD_F16 && B->dt == SERVD_F16;
   const int64_t shape[2] = {r, in + out};
   servd_tensor *t = servd_tensor_new(f16 ? SERVD_F16 : SERVD_F32, 2, shape);
   if (!t) return NULL;
-  const uint8_t *a = data + A->begin, *b = data + B->begin;
+  const uint8_t *a = A->data, *b = B->data;
   for (int64_t j = 0; j < r; j++) {
     if (f16) {
       uint16_t *row = (uint16_t *)servd_tensor_data(t) + j * (in + out);
@@ -282,111 +313,197 @@ static servd_tensor *build_ab(const uint8_t *data, const mpk_st_tensor *A, servd
       for (int64_t c = 0; c < out; c++) memcpy(row + in + c, b + (size_t)(source_row(c, out, heads) * r + j) * 2, 2);
     } else {
       float *row = (float *)servd_tensor_data(t) + j * (in + out);
-      for (int64_t c = 0; c < in; c++) row[c] = st_value(a, at, j * in + c);
-      for (int64_t c = 0; c < out; c++) row[in + c] = st_value(b, bt, source_row(c, out, heads) * r + j);
+      for (int64_t c = 0; c < in; c++) row[c] = src_value(a, A->dt, j * in + c);
+      for (int64_t c = 0; c < out; c++) row[in + c] = src_value(b, B->dt, source_row(c, out, heads) * r + j);
     }
   }
   return t;
+}
+
+typedef int (*name_parser)(const char *name, int n_layers, int *layer, int *module, int *is_b);
+
+/* The adapter's ab tensors from its file's tensors: paired, checked against the base, laid out.
+ * l->rank and l->scale are set; permute: lora_B's Q/K rows are in the half-split order (PEFT), so an
+ * interleaved base needs them permuted (a GGUF adapter's already are). */
+static int assemble(const char *file, const src_tensor *ts, size_t n, name_parser parse, bool permute,
+                    const char *expected_names, const mpk_lora_base *base, mpk_lora *l) {
+  int nl = base->n_layers, np = nl * MPK_LORA_MODULES, rc = 0;
+  l->n_layers = nl;
+  pair *pairs = malloc(sizeof *pairs * (size_t)np);
+  if (!pairs || !(l->ab = calloc((size_t)np, sizeof *l->ab))) {
+    free(pairs);
+    return servd_fail(SERVD_ENOMEM, "%s: adapter of %d layers", file, nl);
+  }
+  for (int i = 0; i < np; i++) pairs[i] = (pair){-1, -1};
+  for (size_t i = 0; i < n; i++) {
+    int layer, m, is_b, pr = parse(ts[i].name, nl, &layer, &m, &is_b);
+    if (pr == -2) {
+      rc = servd_fail(SERVD_EINVAL, "%s: tensor %s: layer %d, but the base %s has %d layers", file, ts[i].name, layer,
+                      base->name, nl);
+      goto out;
+    }
+    if (pr < 0) {
+      rc = servd_fail(SERVD_EUNSUPPORTED, "%s: tensor %s: not a LoRA weight of a projection servd adapts (expected %s)",
+                      file, ts[i].name, expected_names);
+      goto out;
+    }
+    int *slot = is_b ? &pairs[layer * MPK_LORA_MODULES + m].b : &pairs[layer * MPK_LORA_MODULES + m].a;
+    if (*slot >= 0) {
+      rc = servd_fail(SERVD_EINVAL, "%s: tensor %s: a second lora_%c of layer %d's %s", file, ts[i].name,
+                      is_b ? 'B' : 'A', layer, module_names[m]);
+      goto out;
+    }
+    *slot = (int)i;
+  }
+  int64_t r = l->rank;
+  for (int p = 0; p < np; p++) {
+    if (pairs[p].a < 0 && pairs[p].b < 0) continue;
+    int layer = p / MPK_LORA_MODULES, m = p % MPK_LORA_MODULES;
+    if (pairs[p].a < 0 || pairs[p].b < 0) {
+      rc = servd_fail(SERVD_EINVAL, "%s: layer %d's %s has a lora_%c but no lora_%c", file, layer, module_names[m],
+                      pairs[p].a < 0 ? 'B' : 'A', pairs[p].a < 0 ? 'A' : 'B');
+      goto out;
+    }
+    const src_tensor *A = &ts[pairs[p].a], *B = &ts[pairs[p].b];
+    char why[200];
+    snprintf(why, sizeof why, "rank %lld of the adapter by the %lld input features of %s's %s", (long long)r,
+             (long long)base->in[m], base->name, module_names[m]);
+    if ((rc = check_tensor(file, A, r, base->in[m], why))) goto out;
+    snprintf(why, sizeof why, "the %lld output features of %s's %s by rank %lld", (long long)base->out[m], base->name,
+             module_names[m], (long long)r);
+    if ((rc = check_tensor(file, B, base->out[m], r, why))) goto out;
+    int heads = !permute || !base->permute_qk ? 0
+                : m == MPK_LORA_Q             ? base->q_heads
+                : m == MPK_LORA_K             ? base->kv_heads
+                                              : 0;
+    if (!(l->ab[p] = build_ab(A, B, r, base->in[m], base->out[m], heads))) {
+      rc = servd_fail(SERVD_ENOMEM, "%s: layer %d's %s", file, layer, module_names[m]);
+      goto out;
+    }
+    l->n_adapted++;
+    l->bytes += servd_tensor_nbytes(l->ab[p]);
+  }
+  if (!l->n_adapted) rc = servd_fail(SERVD_EINVAL, "%s holds no LoRA weights", file);
+out:
+  free(pairs);
+  return rc;
+}
+
+static void content_hash(const void *a, size_t na, const void *b, size_t nb, char out[72]) {
+  char hex[65];
+  uint8_t *both = malloc(na + nb ? na + nb : 1);
+  out[0] = 0;
+  if (!both) return;
+  if (na) memcpy(both, a, na);
+  if (nb) memcpy(both + na, b, nb);
+  mpk__sha256_hex(both, na + nb, hex);
+  free(both);
+  snprintf(out, 72, "sha256:%s", hex);
+}
+
+static int check_base(const char *what, const mpk_lora_base *base) {
+  if (base->n_layers < 1 || base->n_layers > (1 << 16))
+    return servd_fail(SERVD_EINVAL, "%s: the base has %d layers", what, base->n_layers);
+  return 0;
 }
 
 int mpk_lora_parse(const char *what, const char *config, size_t config_len, const void *st, size_t st_len,
                    const mpk_lora_base *base, mpk_lora **out) {
   *out = NULL;
   mpk_st_header *h = NULL;
-  pair *pairs = NULL;
+  src_tensor *ts = NULL;
   int rc;
   mpk_lora *l = calloc(1, sizeof *l);
   if (!l) return servd_fail(SERVD_ENOMEM, "%s: adapter", what);
-  if (base->n_layers < 1 || base->n_layers > (1 << 16)) {
-    rc = servd_fail(SERVD_EINVAL, "%s: the base has %d layers", what, base->n_layers);
-    goto fail;
-  }
-  if ((rc = read_config(what, config, config_len, l))) goto fail;
+  if ((rc = check_base(what, base)) || (rc = read_config(what, config, config_len, l))) goto fail;
   char st_what[600];
   snprintf(st_what, sizeof st_what, "%s: adapter_model.safetensors", what);
   if ((rc = mpk_st_parse(st_what, st, st_len, &h))) goto fail;
-  int nl = base->n_layers, np = nl * MPK_LORA_MODULES;
-  l->n_layers = nl;
-  if (!(pairs = malloc(sizeof *pairs * (size_t)np)) || !(l->ab = calloc((size_t)np, sizeof *l->ab))) {
-    rc = servd_fail(SERVD_ENOMEM, "%s: adapter of %d layers", what, nl);
+  if (!(ts = calloc(h->n ? h->n : 1, sizeof *ts))) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: tensors", what);
     goto fail;
   }
-  for (int i = 0; i < np; i++) pairs[i] = (pair){-1, -1};
   for (size_t i = 0; i < h->n; i++) {
-    int layer, m, is_b, pr = parse_name(h->tensors[i].name, nl, &layer, &m, &is_b);
-    if (pr == -2) {
-      rc = servd_fail(SERVD_EINVAL, "%s: tensor %s: layer %d, but the base %s has %d layers", st_what,
-                      h->tensors[i].name, layer, base->name, nl);
-      goto fail;
-    }
-    if (pr < 0) {
-      rc = servd_fail(SERVD_EUNSUPPORTED,
-                      "%s: tensor %s: not a LoRA weight of a projection servd adapts (expected "
-                      "base_model.model.model.layers.N.{self_attn.{q,k,v,o}_proj|mlp.{gate,up,down}_proj}.lora_{A,B}"
-                      ".weight)",
-                      st_what, h->tensors[i].name);
-      goto fail;
-    }
-    int *slot = is_b ? &pairs[layer * MPK_LORA_MODULES + m].b : &pairs[layer * MPK_LORA_MODULES + m].a;
-    if (*slot >= 0) {
-      rc = servd_fail(SERVD_EINVAL, "%s: tensor %s: a second lora_%c of layer %d's %s", st_what, h->tensors[i].name,
-                      is_b ? 'B' : 'A', layer, module_names[m]);
-      goto fail;
-    }
-    *slot = (int)i;
+    const mpk_st_tensor *t = &h->tensors[i];
+    ts[i] = (src_tensor){.name = t->name, .ndim = t->ndim, .data = (const uint8_t *)st + h->data_start + t->begin};
+    snprintf(ts[i].dtype, sizeof ts[i].dtype, "%s", t->dtype);
+    if (mpk_st_dtype_to_servd(t->dtype, &ts[i].dt)) ts[i].dt = SERVD_DTYPE_COUNT;
+    for (int d = 0; d < 2 && d < t->ndim; d++) ts[i].shape[d] = t->shape[d];
   }
-  const uint8_t *data = (const uint8_t *)st + h->data_start;
-  int64_t r = l->rank;
-  for (int p = 0; p < np; p++) {
-    if (pairs[p].a < 0 && pairs[p].b < 0) continue;
-    int layer = p / MPK_LORA_MODULES, m = p % MPK_LORA_MODULES;
-    if (pairs[p].a < 0 || pairs[p].b < 0) {
-      rc = servd_fail(SERVD_EINVAL, "%s: layer %d's %s has a lora_%c but no lora_%c", st_what, layer, module_names[m],
-                      pairs[p].a < 0 ? 'B' : 'A', pairs[p].a < 0 ? 'A' : 'B');
-      goto fail;
-    }
-    const mpk_st_tensor *A = &h->tensors[pairs[p].a], *B = &h->tensors[pairs[p].b];
-    char why[200];
-    servd_dtype at, bt;
-    snprintf(why, sizeof why, "rank %lld of adapter_config.json by the %lld input features of %s's %s", (long long)r,
-             (long long)base->in[m], base->name, module_names[m]);
-    if ((rc = check_tensor(st_what, A, data, r, base->in[m], why, &at))) goto fail;
-    snprintf(why, sizeof why, "the %lld output features of %s's %s by rank %lld", (long long)base->out[m], base->name,
-             module_names[m], (long long)r);
-    if ((rc = check_tensor(st_what, B, data, base->out[m], r, why, &bt))) goto fail;
-    int heads = !base->permute_qk ? 0 : m == MPK_LORA_Q ? base->q_heads : m == MPK_LORA_K ? base->kv_heads : 0;
-    if (!(l->ab[p] = build_ab(data, A, at, B, bt, r, base->in[m], base->out[m], heads))) {
-      rc = servd_fail(SERVD_ENOMEM, "%s: layer %d's %s", what, layer, module_names[m]);
-      goto fail;
-    }
-    l->n_adapted++;
-    l->bytes += servd_tensor_nbytes(l->ab[p]);
-  }
-  if (!l->n_adapted) {
-    rc = servd_fail(SERVD_EINVAL, "%s: adapter_model.safetensors holds no LoRA weights", what);
+  if ((rc = assemble(st_what, ts, h->n, parse_peft_name, true,
+                     "base_model.model.model.layers.N.{self_attn.{q,k,v,o}_proj|mlp.{gate,up,down}_proj}.lora_{A,B}"
+                     ".weight",
+                     base, l)))
     goto fail;
-  }
-  {
-    char hex[65];
-    size_t n = config_len + st_len;
-    char *both = malloc(n ? n : 1);
-    if (!both) {
-      rc = servd_fail(SERVD_ENOMEM, "%s: hash", what);
-      goto fail;
-    }
-    memcpy(both, config, config_len);
-    memcpy(both + config_len, st, st_len);
-    mpk__sha256_hex(both, n, hex);
-    free(both);
-    snprintf(l->content_hash, sizeof l->content_hash, "sha256:%s", hex);
-  }
-  free(pairs);
+  content_hash(config, config_len, st, st_len, l->content_hash);
+  free(ts);
   mpk_st_free(h);
   *out = l;
   return 0;
 fail:
-  free(pairs);
+  free(ts);
   mpk_st_free(h);
+  mpk_lora_free(l);
+  return rc;
+}
+
+int mpk_lora_parse_gguf(const char *what, const void *buf, size_t len, const mpk_lora_base *base, mpk_lora **out) {
+  *out = NULL;
+  mpk_gguf *g = NULL;
+  src_tensor *ts = NULL;
+  int rc;
+  mpk_lora *l = calloc(1, sizeof *l);
+  if (!l) return servd_fail(SERVD_ENOMEM, "%s: adapter", what);
+  if ((rc = check_base(what, base)) || (rc = mpk_gguf_parse(what, buf, len, &g))) goto fail;
+  const char *s;
+  size_t sl;
+  if (mpk_gguf_get_str(g, "general.type", &s, &sl) || sl != 7 || memcmp(s, "adapter", 7) ||
+      mpk_gguf_get_str(g, "adapter.type", &s, &sl) || sl != 4 || memcmp(s, "lora", 4)) {
+    rc = servd_fail(SERVD_EFORMAT, "%s: not a llama.cpp LoRA adapter (general.type \"adapter\", adapter.type \"lora\")",
+                    what);
+    goto fail;
+  }
+  double alpha = 0;
+  if (mpk_gguf_get_f64(g, "adapter.lora.alpha", &alpha) || !isfinite(alpha)) {
+    rc = servd_fail(SERVD_EFORMAT, "%s: adapter.lora.alpha: expected a number", what);
+    goto fail;
+  }
+  if (!(ts = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *ts))) {
+    rc = servd_fail(SERVD_ENOMEM, "%s: tensors", what);
+    goto fail;
+  }
+  for (uint64_t i = 0; i < g->n_tensors; i++) {
+    const mpk_gguf_tensor *t = &g->tensors[i];
+    ts[i] = (src_tensor){.name = t->name, .ndim = t->ndim, .data = (const uint8_t *)buf + t->offset};
+    const char *tn = mpk_ggml_type_name(t->type);
+    snprintf(ts[i].dtype, sizeof ts[i].dtype, "%s", tn ? tn : "?");
+    ts[i].dt = t->type == MPK_GGML_F32    ? SERVD_F32
+               : t->type == MPK_GGML_F16  ? SERVD_F16
+               : t->type == MPK_GGML_BF16 ? SERVD_BF16
+                                          : SERVD_DTYPE_COUNT;
+    if (t->ndim == 2) ts[i].shape[0] = t->ne[1], ts[i].shape[1] = t->ne[0]; /* ne is innermost first */
+    /* the rank: lora_a's rows (all pairs must agree: assemble checks every shape against it) */
+    if (!l->rank && t->ndim == 2 && strstr(t->name, ".lora_a")) l->rank = (int)t->ne[1];
+  }
+  if (l->rank < 1 || l->rank > MPK_LORA_MAX_RANK) {
+    rc = servd_fail(SERVD_EINVAL, "%s: rank %d (from the first lora_a): expected 1..%d (servd's rank limit)", what,
+                    l->rank, MPK_LORA_MAX_RANK);
+    goto fail;
+  }
+  l->alpha = alpha;
+  l->scale = (float)(alpha / l->rank); /* llama.cpp: alpha / rank, times the user's scale (1 here) */
+  /* llama.cpp's converter permutes lora_B's Q/K rows as it permutes its base's: taken as they are */
+  if ((rc = assemble(what, ts, (size_t)g->n_tensors, parse_gguf_name, false,
+                     "blk.N.{attn_q,attn_k,attn_v,attn_output,ffn_gate,ffn_up,ffn_down}.weight.lora_{a,b}", base, l)))
+    goto fail;
+  content_hash(buf, len, NULL, 0, l->content_hash);
+  free(ts);
+  mpk_gguf_free(g);
+  *out = l;
+  return 0;
+fail:
+  free(ts);
+  mpk_gguf_free(g);
   mpk_lora_free(l);
   return rc;
 }
@@ -395,10 +512,13 @@ int mpk_lora_load(const char *path, const mpk_lora_base *base, mpk_lora **out) {
   *out = NULL;
   struct stat sb;
   if (stat(path, &sb) != 0) return servd_fail(SERVD_EIO, "LoRA adapter %s: %s", path, strerror(errno));
-  if (!S_ISDIR(sb.st_mode))
-    return servd_fail(SERVD_EUNSUPPORTED,
-                      "LoRA adapter %s: expected a PEFT folder (adapter_config.json and adapter_model.safetensors)",
-                      path);
+  if (!S_ISDIR(sb.st_mode)) { /* a llama.cpp GGUF LoRA file */
+    mpk_map m = {0};
+    int rc = mpk__map_file(path, &m);
+    if (rc == 0) rc = mpk_lora_parse_gguf(path, m.data, m.len, base, out);
+    mpk__unmap(&m);
+    return rc;
+  }
   char cp[4096], wp[4096];
   snprintf(cp, sizeof cp, "%s/adapter_config.json", path);
   snprintf(wp, sizeof wp, "%s/adapter_model.safetensors", path);

@@ -121,3 +121,37 @@ def merged(cfg, w, folder):
         base = name.replace("base_model.model.", "", 1).replace(".lora_A.weight", ".weight")
         w[base] = np.asarray(w[base], dtype=np.float64) + scale * (b @ a)
     return w
+
+
+GGUF_NAME = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+
+
+def write_gguf_lora(path, cfg, folder, permute=None):
+    """The PEFT adapter in folder as llama.cpp's convert_lora_to_gguf.py writes it: general.type
+    "adapter", adapter.type "lora", adapter.lora.alpha, blk.N.<name>.weight.lora_a (r, in) and lora_b
+    (out, r) in f32; permute(b, n_head): the Q/K row permutation the converter applies to a Llama's
+    lora_b (llama_ref.permute_for_interleaved)."""
+    import gguf
+    conf = json.load(open(os.path.join(folder, "adapter_config.json")))
+    t = read_safetensors(os.path.join(folder, "adapter_model.safetensors"))
+    g = gguf.GGUFWriter(path, "llama")
+    g.add_string("general.type", "adapter")
+    g.add_string("adapter.type", "lora")
+    g.add_float32("adapter.lora.alpha", float(conf["lora_alpha"]))
+    heads = {"q_proj": cfg["num_attention_heads"], "k_proj": cfg.get("num_key_value_heads", cfg["num_attention_heads"])}
+    for name in sorted(t):
+        if ".lora_A." not in name:
+            continue
+        parts = name.split(".")
+        li, mod = int(parts[4]), parts[6]
+        a, b = t[name], t[name.replace(".lora_A.", ".lora_B.")]
+        if permute and mod in heads:
+            b = permute(b, heads[mod])
+        g.add_tensor(f"blk.{li}.{GGUF_NAME[mod]}.weight.lora_a", np.ascontiguousarray(a, np.float32))
+        g.add_tensor(f"blk.{li}.{GGUF_NAME[mod]}.weight.lora_b", np.ascontiguousarray(b, np.float32))
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
+    return path

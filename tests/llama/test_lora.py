@@ -7,6 +7,7 @@ On a tiny random-weight Llama packed with modelpkg, with PEFT adapters synthesiz
     own float64 model, within the quantized tolerance);
   - a mixed batch (two sequences in the same steps: one adapter and another, or one and none) gives
     each sequence bit for bit what its adapter gives alone;
+  - the same adapter as llama.cpp's GGUF LoRA file gives the PEFT folder's logits bit for bit;
   - bad adapters are refused naming the file and the tensor: a rank or shape that does not fit the
     base, an unknown module, NaN, a missing lora_B, a truncated file, an unsupported config.
 
@@ -211,6 +212,11 @@ def main():
         check(e <= 1.5 * eb + 1e-4,
               f"q8_0 base with a1: RMS logit error against its merged float64 model {e:.5f}, the base alone "
               f"against its own {eb:.5f} (the adapter adds no error of its own)")
+        # a1 as llama.cpp's GGUF LoRA (lora_b's Q/K rows permuted as its converter does): the same bits
+        ga1 = la.write_gguf_lora(os.path.join(args.work, "a1.gguf"), qcfg, a1, llama_ref.permute_for_interleaved)
+        grows, ggen, _ = logits(args, qpkg, os.path.join(args.work, "q8-a1-gguf.bin"), lora=ga1)
+        check(np.array_equal(grows, rows) and ggen == gen,
+              "a1 as a GGUF LoRA file on the q8_0 base: logits equal the PEFT folder's, bit for bit")
     except ImportError:
         print("note: python module gguf missing: the quantized base is skipped")
 

@@ -5,8 +5,10 @@
  *     and adapter_model.safetensors with
  *     base_model.model.model.layers.N.{self_attn.{q,k,v,o}_proj | mlp.{gate,up,down}_proj}.lora_{A,B}.weight
  *     (lora_A (r, in), lora_B (out, r); F32, F16 or BF16);
- *   - an adapter package (modelpkg pack --lora): the same two files in a zip whose manifest names the
- *     base by name and content hash (mpk_lora_pack).
+ *   - a llama.cpp GGUF LoRA file (convert_lora_to_gguf.py: general.type "adapter", adapter.type "lora",
+ *     adapter.lora.alpha, blk.N.<attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down>.weight.lora_{a,b};
+ *     F32, F16 or BF16): scale alpha / rank, lora_b's Q/K rows taken as the converter permuted them
+ *     (for a base packed from a GGUF of the same model).
  * Scale: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora. Ranks 1..MPK_LORA_MAX_RANK.
  * Refused, naming the file and the tensor: another rank or shape than the base's projection takes,
  * modules other than the seven projections, a lora_A without its lora_B, NaN or infinite values,
@@ -75,8 +77,10 @@ typedef struct mpk_lora {
  * against `base`. `what` names the source in messages. *out owned by the caller (mpk_lora_free). */
 SERVD_API int mpk_lora_parse(const char *what, const char *config, size_t config_len, const void *st, size_t st_len,
                              const mpk_lora_base *base, mpk_lora **out);
-/* Reads a PEFT folder or an adapter package (a file) at path; an adapter package whose base hash
- * differs from base->hash (when both are known) is refused. */
+/* The same from a llama.cpp GGUF LoRA file in memory. */
+SERVD_API int mpk_lora_parse_gguf(const char *what, const void *buf, size_t len, const mpk_lora_base *base,
+                                  mpk_lora **out);
+/* Reads a PEFT folder or a GGUF LoRA file at path. */
 SERVD_API int mpk_lora_load(const char *path, const mpk_lora_base *base, mpk_lora **out);
 SERVD_API void mpk_lora_free(mpk_lora *l); /* accepts NULL */
 
