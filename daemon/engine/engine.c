@@ -556,6 +556,11 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
     goto fail;
   }
   const char *kind = mpk_kind(m->pkg);
+  if (kind && strcmp(kind, "lora-adapter") == 0) {
+    rc = servd_fail(SERVD_EINVAL, "%s: a LoRA adapter package, not a model: serve it with --lora NAME=%s on its base",
+                    o->path, o->path);
+    goto fail;
+  }
   if (kind && strcmp(kind, "causal-lm") == 0) {
     m->kind = SERVD_MODEL_CAUSAL_LM;
     servd__model_lora_init(m);

@@ -13,6 +13,7 @@
 #include "mpk-impl.h"
 #include "mpk/gguf.h"
 #include "mpk/safetensors.h"
+#include "mpk/writer.h"
 
 static const char *const module_names[MPK_LORA_MODULES] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                            "gate_proj", "up_proj", "down_proj"};
@@ -508,14 +509,88 @@ fail:
   return rc;
 }
 
+/* An adapter package (mpk_lora_pack): refused when made for another base, else its two files. */
+static int load_package(const char *path, const mpk_lora_base *base, mpk_lora **out) {
+  mpk_package *p = NULL;
+  int rc = mpk_open(path, &p);
+  if (rc) return rc;
+  const void *config = NULL, *st = NULL;
+  size_t clen = 0, slen = 0;
+  json_t *b = json_object_get(json_object_get(mpk_manifest(p), "lora"), "base");
+  const char *bname = json_string_value(json_object_get(b, "name")),
+             *bhash = json_string_value(json_object_get(b, "hash"));
+  if (strcmp(mpk_kind(p), "lora-adapter")) {
+    rc = servd_fail(SERVD_EINVAL,
+                    "LoRA adapter %s: a package of kind \"%s\", not an adapter package (modelpkg pack --lora)", path,
+                    mpk_kind(p));
+  } else if (!bname || !bhash) {
+    rc = servd_fail(SERVD_EFORMAT, "LoRA adapter %s: manifest.json: lora.base.name and lora.base.hash are required",
+                    path);
+  } else if (base->hash[0] && strcmp(bhash, base->hash)) {
+    rc = servd_fail(SERVD_EINVAL,
+                    "LoRA adapter %s: made for the base %s (weights %s), not for %s (weights %s): pack it again "
+                    "against this base",
+                    path, bname, bhash, base->name, base->hash);
+  } else if (!(rc = mpk_file(p, "adapter_config.json", &config, &clen)) &&
+             !(rc = mpk_file(p, "adapter_model.safetensors", &st, &slen))) {
+    rc = mpk_lora_parse(path, config, clen, st, slen, base, out);
+    if (rc == 0) snprintf((*out)->base_hash, sizeof(*out)->base_hash, "%s", bhash);
+  }
+  mpk_close(p); /* the ab tensors are copies: nothing of the package stays in use */
+  return rc;
+}
+
+int mpk_lora_pack(const char *adapter_dir, mpk_package *base_pkg, const char *name, const char *out) {
+  mpk_lora_base base;
+  mpk_lora *l = NULL;
+  mpk_writer *w = NULL;
+  char *config = NULL;
+  mpk_map st = {0};
+  size_t clen = 0;
+  char cp[4096], wp[4096];
+  snprintf(cp, sizeof cp, "%s/adapter_config.json", adapter_dir);
+  snprintf(wp, sizeof wp, "%s/adapter_model.safetensors", adapter_dir);
+  int rc = mpk_lora_base_of(base_pkg, &base);
+  if (!rc) rc = mpk_lora_load(adapter_dir, &base, &l); /* every check of a load, against this base */
+  if (!rc && !base.hash[0])
+    rc = servd_fail(SERVD_EFORMAT, "%s: the base package has no weight hashes to name it by", mpk_path(base_pkg));
+  if (!rc) rc = mpk__read_file(cp, 1 << 20, &config, &clen);
+  if (!rc) rc = mpk__map_file(wp, &st);
+  json_error_t je;
+  json_t *cj = rc ? NULL : json_loadb(config, clen, 0, &je);
+  if (!rc && !cj) rc = servd_fail(SERVD_EFORMAT, "%s: not JSON: %s", cp, je.text);
+  if (!rc) rc = mpk_check_name(out, "--name", name);
+  if (!rc) rc = mpk_writer_create(out, &w);
+  if (!rc) {
+    json_t *lj = json_pack("{s:{s:s, s:s}, s:i, s:f, s:b}", "base", "name", base.name, "hash", base.hash, "rank",
+                           l->rank, "alpha", l->alpha, "use_rslora", l->rslora);
+    rc = mpk_writer_set(w, "name", json_string(name));
+    if (!rc) rc = mpk_writer_set(w, "model_version", json_string("1"));
+    if (!rc) rc = mpk_writer_set(w, "kind", json_string("lora-adapter"));
+    if (!rc) rc = mpk_writer_set(w, "entry_point", json_string("peft:lora")); /* the format, not code */
+    if (!rc) rc = mpk_writer_set(w, "config", json_incref(cj));
+    if (!rc) rc = mpk_writer_set(w, "lora", lj);
+    if (!rc) rc = mpk_writer_add_file(w, "adapter_config.json", config, clen);
+    if (!rc) rc = mpk_writer_add_file(w, "adapter_model.safetensors", st.data, st.len);
+    if (!rc) rc = mpk_writer_finish(w);
+  }
+  json_decref(cj);
+  mpk_writer_destroy(w);
+  mpk__unmap(&st);
+  free(config);
+  mpk_lora_free(l);
+  return rc;
+}
+
 int mpk_lora_load(const char *path, const mpk_lora_base *base, mpk_lora **out) {
   *out = NULL;
   struct stat sb;
   if (stat(path, &sb) != 0) return servd_fail(SERVD_EIO, "LoRA adapter %s: %s", path, strerror(errno));
-  if (!S_ISDIR(sb.st_mode)) { /* a llama.cpp GGUF LoRA file */
+  if (!S_ISDIR(sb.st_mode)) { /* a llama.cpp GGUF LoRA file or an adapter package */
     mpk_map m = {0};
     int rc = mpk__map_file(path, &m);
-    if (rc == 0) rc = mpk_lora_parse_gguf(path, m.data, m.len, base, out);
+    bool gguf = rc == 0 && m.len >= 4 && !memcmp(m.data, "GGUF", 4);
+    if (rc == 0) rc = gguf ? mpk_lora_parse_gguf(path, m.data, m.len, base, out) : load_package(path, base, out);
     mpk__unmap(&m);
     return rc;
   }

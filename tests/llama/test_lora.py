@@ -7,7 +7,8 @@ On a tiny random-weight Llama packed with modelpkg, with PEFT adapters synthesiz
     own float64 model, within the quantized tolerance);
   - a mixed batch (two sequences in the same steps: one adapter and another, or one and none) gives
     each sequence bit for bit what its adapter gives alone;
-  - the same adapter as llama.cpp's GGUF LoRA file gives the PEFT folder's logits bit for bit;
+  - the same adapter as llama.cpp's GGUF LoRA file, or as an adapter package (modelpkg pack --lora),
+    gives the PEFT folder's logits bit for bit; a package made for another base is refused;
   - bad adapters are refused naming the file and the tensor: a rank or shape that does not fit the
     base, an unknown module, NaN, a missing lora_B, a truncated file, an unsupported config.
 
@@ -219,6 +220,17 @@ def main():
               "a1 as a GGUF LoRA file on the q8_0 base: logits equal the PEFT folder's, bit for bit")
     except ImportError:
         print("note: python module gguf missing: the quantized base is skipped")
+
+    # An adapter package (modelpkg pack --lora): the folder's bits on its base, refused on another.
+    apkg = os.path.join(args.work, "a1.mpk")
+    run([args.modelpkg, "pack", "--lora", a1, "--base", pkg, "-o", apkg, "--name", "a1", "--quiet"])
+    prows, pgen, _ = logits(args, pkg, os.path.join(args.work, "a1-pkg.bin"), lora=apkg)
+    check(np.array_equal(prows, r1) and pgen == g1, "a1 as an adapter package: logits equal the folder's, bit for bit")
+    other = os.path.join(args.work, "hf-other")
+    run([py, os.path.join(HERE, "make_tiny.py"), other, "--untied", "--seed", "99"])
+    opkg = os.path.join(args.work, "other.mpk")
+    run([args.modelpkg, "pack", other, "-o", opkg])
+    refused(args, opkg, "an adapter package on another base of the same shapes", apkg, "made for the base", "a1.mpk")
 
     bad_adapters(args, pkg, cfg)
     if failures:

@@ -80,8 +80,14 @@ SERVD_API int mpk_lora_parse(const char *what, const char *config, size_t config
 /* The same from a llama.cpp GGUF LoRA file in memory. */
 SERVD_API int mpk_lora_parse_gguf(const char *what, const void *buf, size_t len, const mpk_lora_base *base,
                                   mpk_lora **out);
-/* Reads a PEFT folder or a GGUF LoRA file at path. */
+/* Reads a PEFT folder, a GGUF LoRA file or an adapter package at path; an adapter package made for
+ * another base (its lora.base.hash is not base->hash) is refused naming both. */
 SERVD_API int mpk_lora_load(const char *path, const mpk_lora_base *base, mpk_lora **out);
 SERVD_API void mpk_lora_free(mpk_lora *l); /* accepts NULL */
+
+/* modelpkg pack --lora: the PEFT folder adapter_dir, checked against base as a load checks it, as an
+ * adapter package at out: manifest kind "lora-adapter", name, config (adapter_config.json),
+ * lora {base {name, hash}, rank, alpha, use_rslora}, and the two files as they are. */
+SERVD_API int mpk_lora_pack(const char *adapter_dir, mpk_package *base, const char *name, const char *out);
 
 #endif
