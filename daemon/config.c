@@ -466,7 +466,7 @@ void servd_config_usage(FILE *f) {
         "                          recent requests, as many as the step's cost model says pay), off, ngram\n"
         "                          (own text only) or suffix (own text, then recent requests), always drafting\n"
         "  --num-speculative-tokens N  drafts per step and sequence at most (default 8, at most 16)\n"
-        "  --lora NAME=PATH[,base=MODEL]  serve the LoRA adapter at PATH (a PEFT folder or an adapter package)\n"
+        "  --lora NAME=PATH[,base=MODEL]  serve the LoRA adapter at PATH (a PEFT folder, GGUF LoRA or package)\n"
         "                          as model NAME on MODEL (default: the only language model); repeatable\n"
         "  --max-loras N           LoRA adapters resident per model (default 4); idle ones beyond are evicted\n"
         "                          least recently used first and read again when asked for\n"

@@ -97,7 +97,8 @@ static json_t *body_of(servd_http_req *r) {
 static void plain(servd_http_req *r, const char *fmt, const char *name) {
   char text[400];
   int n = snprintf(text, sizeof text, fmt, name);
-  servd_http_respond(r, 200, "text/plain; charset=utf-8", text, (size_t)(n < (int)sizeof text ? n : (int)sizeof text - 1));
+  servd_http_respond(r, 200, "text/plain; charset=utf-8", text,
+                     (size_t)(n < (int)sizeof text ? n : (int)sizeof text - 1));
 }
 
 void api_oai_load_lora(servd_api *a, servd_http_req *r, const api_route_args *args) {
@@ -126,8 +127,7 @@ void api_oai_unload_lora(servd_api *a, servd_http_req *r, const api_route_args *
   } else if (name) {
     if (a->ops->lora_unload(am->m, name) != 0)
       api_oai_error(r, 404, "not_found_error", "lora_name", NULL, "%s", api_user_cause(servd_last_error()));
-    else
-      plain(r, "Success: LoRA adapter '%s' removed successfully.", name);
+    else plain(r, "Success: LoRA adapter '%s' removed successfully.", name);
   }
   json_decref(body);
 }

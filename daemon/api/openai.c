@@ -785,7 +785,10 @@ static int submit_gen(oai *o, int i) {
 static void submit_failed(oai *o, int rc) {
   servd_api *a = o->a;
   char msg[768];
-  if (rc == SERVD_EBUSY)
+  if (rc == SERVD_EBUSY && strstr(servd_last_error(), "LoRA adapter")) /* every resident adapter slot is held */
+    snprintf(msg, sizeof msg, "the server is at capacity for model '%s': %s", o->model_name,
+             api_user_cause(servd_last_error()));
+  else if (rc == SERVD_EBUSY)
     snprintf(msg, sizeof msg, "the server is at capacity for model '%s': queue full; retry later", o->am->name);
   else if (rc == SERVD_ECANCELED) snprintf(msg, sizeof msg, "The model `%s` is unloading; retry later.", o->am->name);
   else if (api_status_for(rc) == 400) /* what the API cannot check itself: token ids beyond the vocabulary */

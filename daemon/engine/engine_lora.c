@@ -56,15 +56,14 @@ void servd__plan_lora_groups(servd_model *m, servd_lora_group *groups, servd_for
   b->n_lora = 0;
   b->lora = groups;
   if (!m->loras.head) return;
-  pthread_mutex_lock(&m->loras.mu);
+  pthread_mutex_lock(&m->loras.mu); /* the running counts are read by lora_list */
   for (lora_adapter *a = m->loras.head; a; a = a->next) a->running = 0;
-  pthread_mutex_unlock(&m->loras.mu);
   const lora_adapter *prev = NULL;
   for (int i = 0; i < s->n_planned; i++) {
     const servd_request *r = s->planned[i]->owner;
     lora_adapter *a = r->lora;
     int first = s->step.q_start[i], n = s->step.q_len[i];
-    if (a) a->running++; /* read by the metrics only: a count off by one step is harmless */
+    if (a) a->running++;
     if (!a || n == 0) {
       prev = NULL;
       continue;
@@ -79,4 +78,5 @@ void servd__plan_lora_groups(servd_model *m, servd_lora_group *groups, servd_for
     b->n_lora++;
     prev = a;
   }
+  pthread_mutex_unlock(&m->loras.mu);
 }

@@ -47,16 +47,26 @@ bench() { # $1: result name; the rest: servd-bench options
     >/dev/null
 }
 streams() { # $1: result name; $2..$5: the four clients' models
-  local name=$1 k=0
+  local name=$1 k=0 clients=()
   shift
   for m in "$@"; do
     k=$((k + 1))
     bench "$name-c$k" --model "$m" --num-requests "$reqs" --concurrency "$conc" --input-len "$in" --output-len "$out" \
       --seed "$k" &
+    clients+=($!)
   done
-  wait
+  wait "${clients[@]}" # not the server
 }
 bench warm --model a1 --num-requests 2 --input-len "$in" --output-len 8
+greedy() { # $1: model: its greedy text of a fixed prompt
+  curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$1\", \"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}" |
+    "$py" -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["text"])'
+}
+if [ "$(greedy base)" = "$(greedy a1)" ]; then
+  echo "adapter a1 does not change the base's greedy text: not applied?" >&2
+  exit 1
+fi
 for round in $(seq 1 "$rounds"); do
   order="base lora"
   [ $((round % 2)) = 0 ] && order="lora base"

@@ -161,6 +161,26 @@ check(len(lines) == 1 and 'max_lora="2"' in lines[0] and "running_lora_adapters=
 print("ok   vllm:lora_requests_info")
 s.stop()
 
+# --max-loras 1: an adapter a running request holds is never evicted; another adapter waits (429).
+import http.client  # noqa: E402
+s = Servd(a, ["--model", f"{pkg}:tiny", "--lora", f"a1={ad['a1']}", "--lora", f"a2={ad['a2']}", "--max-loras", "1"])
+c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+c.request("POST", "/v1/completions", json.dumps({"model": "a1", "prompt": PROMPT, "max_tokens": 400, "temperature": 0,
+                                                 "ignore_eos": True, "stream": True}),
+          {"Content-Type": "application/json"})
+resp = c.getresponse()
+first = resp.readline()
+st, _, body = s.request("POST", "/v1/completions", {"model": "a2", "prompt": PROMPT, "max_tokens": 2})
+rest = resp.read().decode()
+c.close()
+check(resp.status == 200 and first.startswith(b"data:") and "[DONE]" in rest and '"error"' not in rest,
+      f"the streaming a1 request ran to its end: {resp.status} {rest[-200:]}")
+check(st == 429, f"a2 while a1's only slot is held: 429, got {st} {body[:200]}")
+check(complete("a2") == want["a2"] and complete("a1") == want["a1"],
+      "once a1's request ended, a2 evicts it, and a1 is read again")
+s.stop()
+print("ok   --max-loras 1: an adapter in use is never evicted; the other adapter waits with a 429")
+
 # Off unless enabled; a bad --lora stops startup naming the tensor.
 s = Servd(a, ["--model", f"{pkg}:tiny"])
 st, _, body = s.request("POST", "/v1/load_lora_adapter", {"lora_name": "a3", "lora_path": ad["a3"]})
