@@ -18,6 +18,47 @@ void servd__model_lora_init(servd_model *m) {
   lora_registry_init(&m->loras, m->pkg, m->o.max_loras > 0 ? m->o.max_loras : max_loras_default, NULL);
 }
 
+typedef struct hook_job {
+  servd_model *m;
+  json_t *res;
+  servd_py_error err;
+} hook_job;
+
+static int hook_run(void *arg) {
+  hook_job *j = arg;
+  json_t *args = json_array();
+  int rc =
+      servd_interp_call_json(servd_pool_get(j->m->pool, j->m->chat_interp), "lora_info", args, &j->res, 10000, &j->err);
+  json_decref(args);
+  return rc;
+}
+
+/* Whether the package's model code applies batch.lora (its entry object's lora_info hook, on the
+ * interpreter that renders templates): model code packed before adapters existed would run every
+ * adapter's requests as the base alone. Asked once per model. */
+static int check_model_code(servd_model *m) {
+  if (m->loras.code_checked) return m->loras.code_rc;
+  hook_job j = {.m = m};
+  memset(&j.err, 0, sizeof j.err);
+  int rc = m->chat_interp >= 0 && m->ithread ? 0 : SERVD_EUNSUPPORTED;
+  if (rc == 0) {
+    pthread_mutex_lock(&m->chat_mu);
+    rc = servd_interp_thread_run(m->ithread, hook_run, &j);
+    pthread_mutex_unlock(&m->chat_mu);
+  }
+  bool ok = rc == 0 && json_is_true(json_object_get(j.res, "batch_lora"));
+  json_decref(j.res);
+  m->loras.code_rc = ok ? 0
+                        : servd_fail(SERVD_EUNSUPPORTED,
+                                     "model %s: its package's model code applies no LoRA adapters (%s%s%s): repack it "
+                                     "with this servd's modelpkg",
+                                     m->name, j.err.type[0] ? j.err.type : "no lora_info hook",
+                                     j.err.type[0] ? ": " : "", j.err.type[0] ? j.err.message : "");
+  snprintf(m->loras.code_err, sizeof m->loras.code_err, "%s", ok ? "" : servd_last_error());
+  m->loras.code_checked = true;
+  return m->loras.code_rc;
+}
+
 int servd_model_lora_load(servd_model *m, const char *name, const char *path) {
   if (m->kind != SERVD_MODEL_CAUSAL_LM || !m->loras.max_loras)
     return servd_fail(SERVD_EUNSUPPORTED, "LoRA adapter %s: model %s is not a language model", name, m->name);
@@ -26,6 +67,8 @@ int servd_model_lora_load(servd_model *m, const char *name, const char *path) {
                       "LoRA adapter %s: model %s runs %s; adapters are applied on one CPU rank only (--tp 1, no "
                       "--gpus)",
                       name, m->name, m->gpus > 0 ? "on GPUs" : "with tensor parallelism");
+  int rc = check_model_code(m);
+  if (rc) return servd_fail(rc, "LoRA adapter %s: %s", name, m->loras.code_err);
   return lora_register(&m->loras, name, path);
 }
 

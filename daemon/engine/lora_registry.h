@@ -41,6 +41,10 @@ typedef struct lora_registry {
   int64_t next_id;
   uint64_t clock;
   uint64_t loads, evictions; /* counters */
+  /* engine_lora.c: whether the package's model code applies adapters, asked once */
+  bool code_checked;
+  int code_rc;
+  char code_err[512];
 } lora_registry;
 
 /* max_loras >= 1. refuse (NULL: none) says why this model takes no adapters (tensor parallelism,

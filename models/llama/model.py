@@ -381,6 +381,12 @@ class LlamaModel:
     def profile_stats(self):
         return dict(self._prof or {})
 
+    # ---- LoRA adapters ---------------------------------------------------------------------------
+    def lora_info(self):
+        """Asked by the engine before it registers an adapter: this code adds batch.lora's products
+        (a package packed before adapters existed has no such method, and is refused)."""
+        return {"batch_lora": True}
+
     # ---- chat ----------------------------------------------------------------------------------
     def chat_template(self, messages, add_generation_prompt=True):
         from . import chat

@@ -9,6 +9,7 @@ llama_ref.py and lora_adapters.py), detokenized by the server.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -27,10 +28,9 @@ except ImportError as e:
 
 a = parse_args()
 hf, pkg = os.path.join(a.work, "lora-hf"), os.path.join(a.work, "lora-tiny.mpk")
-if not os.path.exists(pkg):
-    r = subprocess.run([a.modelpkg, "synth", "tiny", "--hf-out", hf, "-o", pkg, "--quiet"], capture_output=True,
-                       text=True)
-    check(r.returncode == 0, f"modelpkg synth: {r.stderr}")
+shutil.rmtree(hf, ignore_errors=True)  # packed afresh: the package carries this tree's model code
+r = subprocess.run([a.modelpkg, "synth", "tiny", "--hf-out", hf, "-o", pkg, "--quiet"], capture_output=True, text=True)
+check(r.returncode == 0, f"modelpkg synth: {r.stderr}")
 cfg, w = llama_ref.load_folder(hf)
 ad = {n: la.write_peft(os.path.join(a.work, "lora-" + n), cfg, r, alpha, seed=s, scale_b=0.2)
       for n, r, alpha, s in (("a1", 4, 8, 21), ("a2", 8, 8, 22), ("a3", 16, 32, 23))}
@@ -191,4 +191,21 @@ r = subprocess.run([a.servd, "--host", "127.0.0.1", "--port", "0", "--model", f"
 check(r.returncode != 0 and "layers." in r.stderr and "lora_A" in r.stderr,
       f"servd --lora with a bad adapter exits non-zero naming the tensor: {r.returncode} {r.stderr[-400:]}")
 print("ok   runtime loading off by default; a bad --lora stops startup")
+
+# A package whose model code predates adapters (no lora_info hook) is refused, not served as the base.
+old_code = os.path.join(a.work, "old-code", "llama")
+shutil.rmtree(os.path.dirname(old_code), ignore_errors=True)
+shutil.copytree(os.path.join(HERE, "..", "..", "models", "llama"), old_code,
+                ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "CMakeLists.txt"))
+src = open(os.path.join(old_code, "model.py")).read()
+open(os.path.join(old_code, "model.py"), "w").write(src.replace("def lora_info(self):", "def _no_lora_info(self):"))
+old_pkg = os.path.join(a.work, "old-code.mpk")
+r = subprocess.run([a.modelpkg, "pack", hf, "-o", old_pkg, "--code", old_code, "--quiet"], capture_output=True,
+                   text=True)
+check(r.returncode == 0, f"pack with the old model code: {r.stderr}")
+r = subprocess.run([a.servd, "--host", "127.0.0.1", "--port", "0", "--model", f"{old_pkg}:tiny", "--lora",
+                    f"a1={ad['a1']}"], capture_output=True, text=True, timeout=120)
+check(r.returncode != 0 and "applies no LoRA adapters" in r.stderr,
+      f"model code without adapters: --lora refused: {r.returncode} {r.stderr[-300:]}")
+print("ok   a package whose model code applies no adapters refuses them")
 print("all LoRA serving checks passed")
