@@ -70,6 +70,16 @@ typedef struct servd_rope_params {
 } servd_rope_params;
 #define SERVD_ROPE_TABLE_MAX 256
 
+/* One segment of a LoRA product over a batch (servd_lora_sgmv, punica's SGMV): rows [first, first+n)
+ * get out += scale * (x A^T) B^T with ab (r, k+n_out) = [A_j | B column j] per row j (servd_lora). ab
+ * NULL: the segment's rows have no adapter for this projection. Borrowed for the call. */
+typedef struct servd_lora_seg {
+  int64_t first, n;
+  const servd_tensor *ab;
+  float scale;
+} servd_lora_seg;
+#define SERVD_LORA_MAX_RANK 64
+
 /* ---- the op registry (servd/ops.def) ----------------------------------------------------------------
  * Signature kinds: SERVD_SIG_<kind>(names...) is the parameter list of every function of an op
  * (CPU, device, dispatch, host table); SERVD_SIG_EACH_<kind>(M, names...) applies M to its tensor
@@ -129,6 +139,10 @@ typedef enum servd_op_id {
       SERVD__IF_ANYT_##dispatch(int servd__check_##name(SERVD__PARAMS(sig, names));)
 #include "servd/ops.def"
 #undef SERVD_OP
+
+/* servd_lora over segments of the rows of out (m,n) and x (m,k), in increasing, non-overlapping
+ * order: one split of every segment's rows over the pool; a row's bits are servd_lora's. */
+SERVD_API int servd_lora_sgmv(servd_tensor *out, const servd_tensor *x, int n_segs, const servd_lora_seg *segs);
 
 /* Row-wise softmax in place over the last dim of x (m,n) f32, scaled: softmax(x*scale). */
 SERVD_API int servd_softmax(servd_tensor *x, float scale);
