@@ -6,6 +6,7 @@
  * touched by the scheduler thread only.
  */
 #include "engine/engine_impl.h"
+#include "engine/kv_dtype.h"
 #include "engine/request.h"
 #include "engine/step.h"
 #include "engine/py_deps.h"
@@ -67,7 +68,7 @@ void servd_model_options_default(servd_model_options *o) {
   o->block_size = 16;
   o->max_batch_size = 1;
   o->max_batch_delay_ms = 0;
-  o->kv_dtype = SERVD_F16;
+  o->kv_dtype = SERVD_DTYPE_COUNT; /* the package's default, else f16 */
   o->kv_budget_mb = 2048;
   o->gpus = gpu_defaults.gpus;
   o->gpu_memory_fraction = gpu_defaults.fraction;
@@ -352,8 +353,7 @@ static int load_on_cpu(servd_model *m, int n_layers, int kv_heads, int head_dim,
   int blocks = m->o.kv_blocks;
   if (blocks <= 0) {
     /* Enough for max_seqs full contexts, capped by the memory budget (both ranks together). */
-    size_t per_block =
-        (size_t)n_layers * 2 * (size_t)kv_heads * m->tp * head_dim * bs * servd_dtype_block_bytes(m->o.kv_dtype);
+    size_t per_block = servd_kv_cache_block_bytes(n_layers, kv_heads, head_dim, bs, m->o.kv_dtype) * m->tp;
     size_t budget = (size_t)(m->o.kv_budget_mb > 0 ? m->o.kv_budget_mb : 2048) << 20;
     size_t want = (size_t)m->o.max_seqs * ((m->context_length + bs - 1) / bs);
     size_t cap = budget / per_block;
@@ -488,6 +488,7 @@ static int load_causal_lm(servd_model *m) {
   m->head_dim = head_dim;
   m->block_size = bs;
   m->gpus = m->o.gpus > 0 ? m->o.gpus : 0;
+  if ((rc = servd__kv_dtype_resolve(m, head_dim))) return rc;
   if (m->gpus > 0) {
     if ((rc = load_on_gpus(m))) return rc;
   } else {

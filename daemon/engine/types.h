@@ -61,7 +61,8 @@ typedef struct servd_model_options {
   int max_batch_size;   /* generic dynamic batching (1: off) */
   int max_batch_delay_ms;
   /* Appended fields; servd_model_options_default sets them. */
-  servd_dtype kv_dtype;       /* SERVD_F16 (default) or SERVD_F32 */
+  servd_dtype kv_dtype;       /* f16, bf16, q8_0, q4_0 or f32; SERVD_DTYPE_COUNT (default): the package's
+                               * kv_cache_dtype, else f16 (kv_dtype.h) */
   int kv_budget_mb;           /* cap on KV memory when kv_blocks is 0 (all ranks together) */
   int max_context;            /* > 0: cap the model's context length */
   const char *extra_sys_path; /* NULL, or ':'-separated directories added to the interpreters' sys.path */

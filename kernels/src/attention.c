@@ -11,9 +11,10 @@
 
 #include "servd/threadpool.h"
 
-#define ATTN_MAX_Q 16    /* queries (rows x heads) per item: their accumulators live on the stack */
-#define ATTN_MAX_DIM 512 /* head_dim bound for those accumulators */
-#define ATTN_TILE 64     /* keys per softmax update (spanning blocks) */
+#define ATTN_MAX_Q 16     /* queries (rows x heads) per item: their accumulators live on the stack */
+#define ATTN_MAX_DIM 512  /* head_dim bound for those accumulators */
+#define ATTN_TILE 64      /* keys per softmax update (spanning blocks) */
+#define ATTN_TILE_DIM 128 /* head_dim bound of the f32 tile a quantized cache's prefill converts into */
 
 static float kv_elem(const void *p, servd_dtype t, size_t i) {
   if (t == SERVD_F16) return servd_f16_to_f32(((const uint16_t *)p)[i]);
@@ -54,6 +55,8 @@ typedef struct attn_kernels {
   void (*scores_q)(float *, int, const float *const *, int, const char *, servd_dtype, int, int, int, int, float,
                    const char *);
   void (*accum_q)(float *, int, const float *, int, int, const char *, servd_dtype, int, int, int, const char *);
+  void (*dequant_k)(float *, int, const char *, servd_dtype, int, int, int, int);
+  void (*dequant_v)(float *, const char *, servd_dtype, int, int, int);
   float (*max)(const float *, int64_t);
   float (*exp_shift_sum)(float *, int64_t, float, float);
   void (*mul)(float *, int64_t, float);
@@ -62,11 +65,14 @@ typedef struct attn_kernels {
 /* AVX-512 reads quantized caches with the AVX2 kernels (a superset ISA; no 512-bit version yet). */
 static const attn_kernels kernels[SERVD_ISA_COUNT] = {
     {servd__attn_scores_scalar, servd__attn_accum_scalar, servd__attn_scores_q_scalar, servd__attn_accum_q_scalar,
-     servd__max_scalar, servd__exp_shift_sum_scalar, servd__mul_scalar_scalar},
+     servd__kvq_dequant_k_scalar, servd__kvq_dequant_v_scalar, servd__max_scalar, servd__exp_shift_sum_scalar,
+     servd__mul_scalar_scalar},
     {servd__attn_scores_avx2, servd__attn_accum_avx2, servd__attn_scores_q_avx2, servd__attn_accum_q_avx2,
-     servd__max_avx2, servd__exp_shift_sum_avx2, servd__mul_scalar_avx2},
+     servd__kvq_dequant_k_avx2, servd__kvq_dequant_v_avx2, servd__max_avx2, servd__exp_shift_sum_avx2,
+     servd__mul_scalar_avx2},
     {servd__attn_scores_avx512, servd__attn_accum_avx512, servd__attn_scores_q_avx2, servd__attn_accum_q_avx2,
-     servd__max_avx512, servd__exp_shift_sum_avx512, servd__mul_scalar_avx512},
+     servd__kvq_dequant_k_avx2, servd__kvq_dequant_v_avx2, servd__max_avx512, servd__exp_shift_sum_avx512,
+     servd__mul_scalar_avx512},
 };
 
 typedef struct attn_job {
@@ -120,6 +126,10 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
   if (begin < k0) begin = k0;
   if (end > k1) end = k1;
   bool quant = ops__kv_quantized(c->dtype);
+  /* Many queries (a prefill chunk) convert each key and value once into an f32 tile in L1 and run
+   * the f32 kernels on it, rather than once per three queries; a few (decode) read codes directly. */
+  bool tiled = quant && nq > 3 && hd <= ATTN_TILE_DIM;
+  float tile[ATTN_TILE_DIM * ATTN_TILE] __attribute__((aligned(64)));
   /* the kernels prefetch pf_blocks ahead of what they read, so the first blocks are fetched here */
   for (int t = begin - begin % bs; t < end && t < begin + j->pf_blocks * bs; t += bs)
     for (int kv = 0; kv < 2; kv++) {
@@ -135,7 +145,10 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
       int far = t / bs + j->pf_blocks; /* the block prefetched while this one is read */
       const char *kp = ops__kv_run(c, j->layer, 0, table[t / bs], g);
       const char *pf = far * bs < end ? ops__kv_run(c, j->layer, 0, table[far], g) : NULL;
-      if (quant) {
+      if (tiled) {
+        kn->dequant_k(tile, ATTN_TILE, kp, c->dtype, off, m, hd, bs);
+        kn->scores(&sc[0][t - t0], ATTN_TILE, qp, nq, tile, SERVD_F32, m, hd, ATTN_TILE, j->scale, NULL);
+      } else if (quant) {
         /* a later run is prefetched whole once, from the segment that starts its block's keys */
         kn->scores_q(&sc[0][t - t0], ATTN_TILE, qp, nq, kp, c->dtype, off, m, hd, bs, j->scale,
                      off == 0 || t == begin ? pf : NULL);
@@ -170,7 +183,10 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
       int far = t / bs + j->pf_blocks;
       const char *vp = ops__kv_run(c, j->layer, 1, table[t / bs], g);
       const char *pf = far * bs < end ? ops__kv_run(c, j->layer, 1, table[far], g) : NULL;
-      if (quant) {
+      if (tiled) {
+        kn->dequant_v(tile, vp, c->dtype, off, m, hd);
+        kn->accum(&acc[0][0], ATTN_MAX_DIM, &sc[0][t - t0], ATTN_TILE, nq, tile, SERVD_F32, m, hd, hd, NULL);
+      } else if (quant) {
         kn->accum_q(&acc[0][0], ATTN_MAX_DIM, &sc[0][t - t0], ATTN_TILE, nq, vp, c->dtype, off, m, hd, pf);
       } else {
         size_t at = (size_t)off * (size_t)hd * c->elem;

@@ -79,3 +79,13 @@ void servd__attn_accum_q_scalar(float *acc, int acc_ld, const float *p, int ld, 
       for (int d = 0; d < hd; d++) a[d] += pj * v_value(run, vt, hd, off + j, d);
     }
 }
+
+void servd__kvq_dequant_k_scalar(float *out, int ld, const char *run, servd_dtype kt, int off, int n, int hd, int bs) {
+  for (int d = 0; d < hd; d++)
+    for (int j = 0; j < n; j++) out[(size_t)d * (size_t)ld + (size_t)j] = k_value(run, kt, hd, bs, off + j, d);
+}
+
+void servd__kvq_dequant_v_scalar(float *out, const char *run, servd_dtype vt, int off, int n, int hd) {
+  for (int j = 0; j < n; j++)
+    for (int d = 0; d < hd; d++) out[(size_t)j * (size_t)hd + (size_t)d] = v_value(run, vt, hd, off + j, d);
+}

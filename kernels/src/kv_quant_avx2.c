@@ -113,11 +113,11 @@ static inline __m128i value_codes(const char *blk, servd_dtype vt, int e) {
 }
 
 /* NQ (<= 6, constant after inlining) queries x 16 dims [d, d+16) of acc in registers while the n
- * value rows stream by. */
+ * value rows stream by; p already carries each row's block scale (p[i*ld + j] = weight * d_j). */
 static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc, int acc_ld, const float *p, int ld,
                                                               const char *rows, servd_dtype vt, int n, size_t vrow,
                                                               int d, const char *pf) {
-  size_t bb = servd_dtype_block_bytes(vt), at = (size_t)(d / 32) * bb;
+  size_t at = (size_t)(d / 32) * servd_dtype_block_bytes(vt);
   __m256 a0[6], a1[6];
   for (int i = 0; i < NQ; i++) {
     a0[i] = _mm256_loadu_ps(acc + (size_t)i * (size_t)acc_ld);
@@ -126,12 +126,10 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
   for (int j = 0; j < n; j++) {
     const char *blk = rows + (size_t)j * vrow + at;
     if (pf) _mm_prefetch(pf + (size_t)j * vrow + at, _MM_HINT_T0); /* this block's line in the later run */
-    __m256 ds = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk)), v0, v1;
+    __m256 v0, v1;
     cvt16(value_codes(blk, vt, d % 32), &v0, &v1);
-    v0 = _mm256_mul_ps(v0, ds);
-    v1 = _mm256_mul_ps(v1, ds);
     for (int i = 0; i < NQ; i++) {
-      __m256 pj = _mm256_set1_ps(p[(size_t)i * (size_t)ld + (size_t)j]);
+      __m256 pj = _mm256_broadcast_ss(p + (size_t)i * (size_t)ld + (size_t)j);
       a0[i] = _mm256_fmadd_ps(pj, v0, a0[i]);
       a1[i] = _mm256_fmadd_ps(pj, v1, a1[i]);
     }
@@ -142,25 +140,83 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
   }
 }
 
+#define ACCUM_KEYS 64 /* value rows per pass: their scaled weights fit a small stack array */
+
 void servd__attn_accum_q_avx2(float *acc, int acc_ld, const float *p, int ld, int nq, const char *run, servd_dtype vt,
                               int off, int n, int hd, const char *pf) {
-  size_t vrow = (size_t)(hd / 32) * servd_dtype_block_bytes(vt);
-  const char *rows = run + (size_t)off * vrow;
-  const char *pfr = pf ? pf + (size_t)off * vrow : NULL;
-  for (int d = 0; d < hd; d += 16) {
+  size_t bb = servd_dtype_block_bytes(vt), vrow = (size_t)(hd / 32) * bb;
+  float w[6][ACCUM_KEYS] __attribute__((aligned(32)));
+  for (int j0 = 0; j0 < n; j0 += ACCUM_KEYS) {
+    int nj = n - j0 < ACCUM_KEYS ? n - j0 : ACCUM_KEYS;
+    const char *rows = run + (size_t)(off + j0) * vrow;
+    const char *pfr = pf ? pf + (size_t)(off + j0) * vrow : NULL;
     for (int i = 0; i < nq; i += 6) {
       int c = nq - i < 6 ? nq - i : 6;
-      float *a = acc + (size_t)i * (size_t)acc_ld + d;
-      const float *pi = p + (size_t)i * (size_t)ld;
-      const char *pd = pfr && i == 0 && d % 32 == 0 ? pfr : NULL; /* once per block of a row */
-      switch (c) {
-      case 1: accum_block(1, a, acc_ld, pi, ld, rows, vt, n, vrow, d, pd); break;
-      case 2: accum_block(2, a, acc_ld, pi, ld, rows, vt, n, vrow, d, pd); break;
-      case 3: accum_block(3, a, acc_ld, pi, ld, rows, vt, n, vrow, d, pd); break;
-      case 4: accum_block(4, a, acc_ld, pi, ld, rows, vt, n, vrow, d, pd); break;
-      case 5: accum_block(5, a, acc_ld, pi, ld, rows, vt, n, vrow, d, pd); break;
-      default: accum_block(6, a, acc_ld, pi, ld, rows, vt, n, vrow, d, pd); break;
+      const float *pi = p + (size_t)i * (size_t)ld + j0;
+      for (int b = 0; b < hd / 32; b++) {
+        /* the weights times each row's scale of block b: one multiply per weight, not per dim */
+        for (int j = 0; j < nj; j++) {
+          float ds = _cvtsh_ss(*(const uint16_t *)(rows + (size_t)j * vrow + (size_t)b * bb));
+          for (int k = 0; k < c; k++) w[k][j] = pi[(size_t)k * (size_t)ld + (size_t)j] * ds;
+        }
+        for (int d = b * 32; d < b * 32 + 32; d += 16) {
+          float *a = acc + (size_t)i * (size_t)acc_ld + d;
+          const char *pd = pfr && i == 0 && d % 32 == 0 ? pfr : NULL; /* once per block of a row */
+          switch (c) {
+          case 1: accum_block(1, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
+          case 2: accum_block(2, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
+          case 3: accum_block(3, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
+          case 4: accum_block(4, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
+          case 5: accum_block(5, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
+          default: accum_block(6, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
+          }
+        }
       }
     }
   }
+}
+
+void servd__kvq_dequant_k_avx2(float *out, int ld, const char *run, servd_dtype kt, int off, int n, int hd, int bs) {
+  const uint16_t *scales = (const uint16_t *)run + off;
+  const uint8_t *codes = (const uint8_t *)run + ops__kvq_scale_bytes(hd, bs);
+  size_t krow = ops__kvq_krow(kt, bs);
+  for (int j = 0; j < n; j += 16) {
+    int nj = n - j < 16 ? n - j : 16;
+    bool fast = nj == 16 && (kt == SERVD_Q8_0 || ((off + j) & 1) == 0);
+    for (int b = 0; b < hd / 32; b++) {
+      __m256 s0, s1;
+      key_scales(scales + (size_t)b * (size_t)bs + j, nj, &s0, &s1);
+      for (int d = b * 32; d < b * 32 + 32; d++) {
+        const uint8_t *row = codes + (size_t)d * krow;
+        __m256 k0, k1;
+        cvt16(fast ? key_codes(row, kt, off + j) : key_codes_slow(row, kt, off + j, nj), &k0, &k1);
+        float *o = out + (size_t)d * (size_t)ld + (size_t)j;
+        if (nj == 16) {
+          _mm256_storeu_ps(o, _mm256_mul_ps(k0, s0));
+          _mm256_storeu_ps(o + 8, _mm256_mul_ps(k1, s1));
+        } else {
+          float tmp[16];
+          _mm256_storeu_ps(tmp, _mm256_mul_ps(k0, s0));
+          _mm256_storeu_ps(tmp + 8, _mm256_mul_ps(k1, s1));
+          memcpy(o, tmp, (size_t)nj * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+void servd__kvq_dequant_v_avx2(float *out, const char *run, servd_dtype vt, int off, int n, int hd) {
+  size_t bb = servd_dtype_block_bytes(vt), vrow = (size_t)(hd / 32) * bb;
+  for (int j = 0; j < n; j++)
+    for (int b = 0; b < hd / 32; b++) {
+      const char *blk = run + (size_t)(off + j) * vrow + (size_t)b * bb;
+      __m256 ds = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk));
+      float *o = out + (size_t)j * (size_t)hd + (size_t)b * 32;
+      for (int e = 0; e < 32; e += 16) {
+        __m256 v0, v1;
+        cvt16(value_codes(blk, vt, e), &v0, &v1);
+        _mm256_storeu_ps(o + e, _mm256_mul_ps(v0, ds));
+        _mm256_storeu_ps(o + e + 8, _mm256_mul_ps(v1, ds));
+      }
+    }
 }

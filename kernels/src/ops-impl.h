@@ -44,7 +44,12 @@
   void servd__attn_scores_q_##isa(float *out, int ld, const float *const *q, int nq, const char *run, servd_dtype kt, \
                                   int off, int n, int hd, int bs, float scale, const char *pf); \
   void servd__attn_accum_q_##isa(float *acc, int acc_ld, const float *p, int ld, int nq, const char *run, \
-                                 servd_dtype vt, int off, int n, int hd, const char *pf);
+                                 servd_dtype vt, int off, int n, int hd, const char *pf); \
+  /* keys [off, off+n) of a K run as f32, transposed: out[d*ld + j]; value rows as f32: out[j*hd + d] \
+   * (what many queries at once, a prefill, read from a tile in L1 instead of converting per query) */ \
+  void servd__kvq_dequant_k_##isa(float *out, int ld, const char *run, servd_dtype kt, int off, int n, int hd, \
+                                  int bs); \
+  void servd__kvq_dequant_v_##isa(float *out, const char *run, servd_dtype vt, int off, int n, int hd);
 
 OPS__DECLARE_ROW_KERNELS(scalar)
 OPS__DECLARE_ROW_KERNELS(avx2)
