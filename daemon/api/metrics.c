@@ -108,6 +108,10 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
   per_model(a, &b, st, "servd_kv_cache_blocks_capacity", "gauge", "KV cache blocks of the model.", F(kv_blocks_total),
             G_INT);
   per_model(a, &b, st, "servd_kv_cache_blocks_used", "gauge", "KV cache blocks in use.", F(kv_blocks_used), G_INT);
+  per_model(a, &b, st, "servd_kv_cache_tokens_capacity", "gauge", "Tokens the KV cache holds (blocks x block size).",
+            F(kv_cache_tokens), G_U64);
+  per_model(a, &b, st, "servd_kv_cache_bytes", "gauge", "Memory of the KV cache, in its dtype's layout.",
+            F(kv_cache_bytes), G_U64);
   per_model(a, &b, st, "servd_prompt_tokens_total", "counter", "Prompt tokens processed.", F(prompt_tokens), G_U64);
   per_model(a, &b, st, "servd_generation_tokens_total", "counter", "Tokens generated.", F(generation_tokens), G_U64);
   per_model(a, &b, st, "servd_preemptions_total", "counter", "Sequences preempted when KV blocks ran out.",
@@ -133,6 +137,16 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
   per_model(a, &b, st, "servd_scheduler_last_step_age_seconds", "gauge",
             "Seconds since the scheduler last finished a step while work was pending.", F(last_step_age_s), G_DBL);
 #undef F
+  head(&b, "servd_kv_cache_info", "gauge", "The KV cache's dtype and block size (value 1).");
+  i = 0;
+  for (api_model *am = a->models; am; am = am->next) {
+    if (am->state != M_READY && am->state != M_UNLOADING) continue;
+    const servd_model_stats *s = &st[i++];
+    if (!s->kv_cache_dtype[0]) continue;
+    servd_buf_puts(&b, "servd_kv_cache_info{model=\"");
+    label(&b, am->name);
+    servd_buf_printf(&b, "\",dtype=\"%s\",block_size=\"%d\"} 1\n", s->kv_cache_dtype, s->kv_block_size);
+  }
   head(&b, "servd_kv_cache_usage_ratio", "gauge", "Fraction of KV cache blocks in use.");
   i = 0;
   for (api_model *am = a->models; am; am = am->next) {

@@ -679,6 +679,7 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   s->last_step_age_s = pending ? (double)(servd_now_ns() - m->last_progress_ns) / 1e9 : 0.0;
   pthread_mutex_unlock(&mm->mu);
   s->kv_blocks_total = m->kv[0] ? servd_kv_cache_n_blocks(m->kv[0]) : 0;
+  servd__kv_stats(m, s);
   s->n_interpreters = m->pool ? servd_pool_size(m->pool) : 0;
   if (s->n_interpreters > 16) s->n_interpreters = 16;
   for (int i = 0; i < s->n_interpreters; i++)

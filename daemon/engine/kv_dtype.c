@@ -50,3 +50,16 @@ int servd__kv_dtype_resolve(servd_model *m, int head_dim) {
   m->o.kv_dtype = t;
   return 0;
 }
+
+void servd__kv_stats(const servd_model *m, servd_model_stats *s) {
+  if (!m->kv[0]) return;
+  int blocks = servd_kv_cache_n_blocks(m->kv[0]), bs = servd_kv_cache_block_size(m->kv[0]);
+  bool gpu = m->gpus > 0;
+  snprintf(s->kv_cache_dtype, sizeof s->kv_cache_dtype, "%s", servd_dtype_name(gpu ? SERVD_F16 : m->o.kv_dtype));
+  s->kv_block_size = bs;
+  s->kv_cache_tokens = (uint64_t)blocks * (uint64_t)bs;
+  s->kv_cache_bytes =
+      gpu ? (uint64_t)m->gpu_kv_bytes * (uint64_t)m->tp
+          : (uint64_t)servd_kv_cache_block_bytes(m->n_layers, m->kv_heads, m->head_dim, bs, m->o.kv_dtype) *
+                (uint64_t)blocks * (uint64_t)m->tp;
+}

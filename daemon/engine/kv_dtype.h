@@ -12,4 +12,7 @@
  * f16 asked for a GPU cache). */
 int servd__kv_dtype_resolve(servd_model *m, int head_dim);
 
+/* The cache's dtype, block size, tokens and bytes into s (servd_model_get_stats). */
+void servd__kv_stats(const servd_model *m, servd_model_stats *s);
+
 #endif

@@ -272,6 +272,12 @@ typedef struct servd_model_stats {
   uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
   uint64_t spec_accepted_per_pos[16];
   int spec_max_draft; /* 0: speculation off */
+  /* Appended: the KV cache's dtype (a servd_dtype name, "" for generic models), tokens per block,
+   * tokens it holds in all and its bytes (CPU: the pool; GPU: as measured at load). */
+  char kv_cache_dtype[8];
+  int kv_block_size;
+  uint64_t kv_cache_tokens;
+  uint64_t kv_cache_bytes;
 } servd_model_stats;
 
 #endif
