@@ -48,6 +48,7 @@ void servd_config_free(servd_config *c) {
   free(c->tls_key);
   free(c->tls_ca);
   free(c->package_cache);
+  free(c->prefix_cache_dir);
   for (int i = 0; i < c->n_repository; i++) free(c->repository[i]);
   free(c->repository);
   for (int i = 0; i < c->n_models; i++) {
@@ -350,6 +351,8 @@ int servd_config_load_file(servd_config *c, const char *path) {
                                      "tls_key",
                                      "tls_ca",
                                      "kv_cache_dtype",
+                                     "prefix_cache_dir",
+                                     "prefix_cache_dir_mb",
                                      NULL};
   json_error_t err;
   json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
@@ -397,7 +400,9 @@ int servd_config_load_file(servd_config *c, const char *path) {
       (rc = j_int(&x, root, "cuda_graph_max_batch", 1, MAX_GRAPH_BATCH, &c->cuda_graph_max_batch)) ||
       (rc = j_int(&x, root, "grpc_port", -1, 65535, &c->grpc_port)) ||
       (rc = j_num(&x, root, "grpc_max_message_bytes", 1024, 4294967295.0, &grpc_msg)) ||
-      (rc = j_kv_dtype(&x, root, "", &c->kv_cache_dtype)))
+      (rc = j_kv_dtype(&x, root, "", &c->kv_cache_dtype)) ||
+      (rc = j_str(&x, root, "prefix_cache_dir", &c->prefix_cache_dir)) ||
+      (rc = j_int(&x, root, "prefix_cache_dir_mb", 1, 1 << 24, &c->prefix_cache_dir_mb)))
     goto out;
   c->grpc_max_message_bytes = (size_t)grpc_msg;
   c->max_body_bytes = (size_t)body;
@@ -473,6 +478,9 @@ void servd_config_usage(FILE *f) {
         "                          f16 per byte), q4_0 or f32 (default: the package's, else f16)\n"
         "  --api-key KEY           require 'Authorization: Bearer KEY' (or set SERVD_API_KEY)\n"
         "  --no-prefix-cache       compute every prompt in full (no sharing of common prompt beginnings)\n"
+        "  --prefix-cache-dir DIR  also keep the prefix cache's full blocks in files under DIR, found again\n"
+        "                          after a restart (CPU models)\n"
+        "  --prefix-cache-dir-mb N bound on each model's files in that directory (default 4096)\n"
         "  --max-step-ms MS        target duration of a step carrying decodes: its prefill chunk is cut to\n"
         "                          fit (default 100; 0: the token budget only)\n"
         "  --speculative MODE      speculative decoding: auto (default: drafts from the request's own text and\n"
@@ -615,6 +623,12 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
         return rc;
     } else if (flag_is(a, "--kv-blocks")) {
       if ((rc = VAL("--kv-blocks")) || (rc = parse_int("--kv-blocks", v, 1, 1 << 24, &c->kv_blocks))) return rc;
+    } else if (flag_is(a, "--prefix-cache-dir")) {
+      if ((rc = VAL("--prefix-cache-dir")) || (rc = set_str(&c->prefix_cache_dir, v))) return rc;
+    } else if (flag_is(a, "--prefix-cache-dir-mb")) {
+      if ((rc = VAL("--prefix-cache-dir-mb")) ||
+          (rc = parse_int("--prefix-cache-dir-mb", v, 1, 1 << 24, &c->prefix_cache_dir_mb)))
+        return rc;
     } else if (flag_is(a, "--kv-cache-dtype")) {
       if ((rc = VAL("--kv-cache-dtype")) || (rc = parse_kv_dtype("--kv-cache-dtype", v, &c->kv_cache_dtype))) return rc;
     } else if (flag_is(a, "--max-step-ms")) {
@@ -724,6 +738,8 @@ void servd_config_model_options(const servd_config *c, int i, servd_model_option
   o->trusted_keys = c->trusted_keys;
   o->load_timeout_s = c->load_timeout_s;
   o->isolation = m->isolation ? (servd_isolation)(m->isolation - 1) : c->isolation;
+  o->prefix_cache_dir = c->prefix_cache_dir;
+  o->prefix_cache_dir_mb = c->prefix_cache_dir_mb;
   int kvd = m->kv_cache_dtype ? m->kv_cache_dtype : c->kv_cache_dtype;
   if (kvd) o->kv_dtype = (servd_dtype)(kvd - 1);
 }

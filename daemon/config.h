@@ -38,6 +38,8 @@ typedef struct servd_config {
   int max_model_len;          /* cap on each language model's context and KV sizing (--max-model-len); 0: none */
   int cuda_graph_max_batch;   /* largest decode batch run as a graph */
   int kv_cache_dtype;         /* 0: each package's default (else f16); else 1 + servd_dtype (--kv-cache-dtype) */
+  char *prefix_cache_dir;     /* NULL: the prefix cache in memory only; else also on disk here */
+  int prefix_cache_dir_mb;    /* bound on each model's files there; 0: 4096 */
   char *api_key;
   bool metrics_public;      /* GET /metrics without the API key (Prometheus scrapers) */
   bool verify_weights;      /* hash the weights at load, not only the code and small entries */

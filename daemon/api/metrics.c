@@ -122,6 +122,19 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
             "Tokens found in the prefix cache (their K/V reused, not computed).", F(prefix_cache_hits), G_U64);
   per_model(a, &b, st, "servd_kv_cache_blocks_cached", "gauge",
             "Full KV blocks in the prefix cache (shared or evictable).", F(kv_blocks_cached), G_INT);
+  per_model(a, &b, st, "servd_prefix_cache_disk_blocks_written_total", "counter",
+            "Full KV blocks the prefix cache wrote to its directory.", F(prefix_disk_written), G_U64);
+  per_model(a, &b, st, "servd_prefix_cache_disk_blocks_read_total", "counter",
+            "Full KV blocks read back from the prefix cache's directory instead of computed.", F(prefix_disk_read),
+            G_U64);
+  per_model(a, &b, st, "servd_prefix_cache_disk_rejected_total", "counter",
+            "Block files found foreign, truncated or corrupt: removed, never used.", F(prefix_disk_rejected), G_U64);
+  per_model(a, &b, st, "servd_prefix_cache_disk_evicted_total", "counter",
+            "Block files removed to keep the directory within its bound.", F(prefix_disk_evicted), G_U64);
+  per_model(a, &b, st, "servd_prefix_cache_disk_dropped_total", "counter",
+            "Blocks not written: the writer was too far behind.", F(prefix_disk_dropped), G_U64);
+  per_model(a, &b, st, "servd_prefix_cache_disk_bytes", "gauge", "Bytes of block files in the directory.",
+            F(prefix_disk_bytes), G_U64);
   per_model(a, &b, st, "servd_guided_rows_total", "counter",
             "Token masks computed for constrained decoding (one per constrained sequence per step).", F(guided_rows),
             G_U64);

@@ -7,6 +7,7 @@
  */
 #include "engine/engine_impl.h"
 #include "engine/kv_dtype.h"
+#include "engine/prefix_tier.h"
 #include "engine/request.h"
 #include "engine/step.h"
 #include "engine/py_deps.h"
@@ -438,6 +439,7 @@ static int scheduler_setup(servd_model *m) {
     servd_runner_capacity(m->runner, &cap_tokens, &sc.max_logit_rows);
   }
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
+  if ((rc = servd__prefix_tier_open(m))) return rc;
   if ((rc = servd_spec_init(&m->spec, (servd_spec_mode)m->o.speculative, m->o.num_speculative_tokens))) return rc;
   if ((rc = step_plan_init(&m->plan, m->o.max_seqs))) return rc;
   if ((rc = servd_guides_create(&m->guides))) return rc;
@@ -605,6 +607,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   if (m->ithread) servd_interp_thread_run(m->ithread, pool_destroy_job, m); /* finalize where it rendered */
   servd_interp_thread_stop(m->ithread);
   servd_pool_destroy(m->pool);
+  servd__prefix_tier_close(m); /* writes what is queued */
   sched_free(&m->sched);
   servd_spec_free(&m->spec);
   step_plan_free(&m->plan);
@@ -680,6 +683,7 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   pthread_mutex_unlock(&mm->mu);
   s->kv_blocks_total = m->kv[0] ? servd_kv_cache_n_blocks(m->kv[0]) : 0;
   servd__kv_stats(m, s);
+  servd__prefix_tier_stats(m, s);
   s->n_interpreters = m->pool ? servd_pool_size(m->pool) : 0;
   if (s->n_interpreters > 16) s->n_interpreters = 16;
   for (int i = 0; i < s->n_interpreters; i++)

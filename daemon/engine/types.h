@@ -103,6 +103,11 @@ typedef struct servd_model_options {
    * 3 suffix (servd_spec_mode); drafts per verify row at most (0: the default, 8). Appended. */
   int speculative;
   int num_speculative_tokens;
+  /* Causal-lm on the CPU: the prefix cache's full blocks also go to files under this directory and
+   * come back from there after a restart (engine/prefix_disk.h); NULL: memory only. Bounded by
+   * prefix_cache_dir_mb (0: 4096). Appended. */
+  const char *prefix_cache_dir;
+  int prefix_cache_dir_mb;
 } servd_model_options;
 
 /* Constrained decoding (structured outputs): what the output must match. */
@@ -278,6 +283,12 @@ typedef struct servd_model_stats {
   int kv_block_size;
   uint64_t kv_cache_tokens;
   uint64_t kv_cache_bytes;
+  /* Appended: the prefix cache's disk tier (--prefix-cache-dir): blocks written, bytes written, blocks
+   * read back, files rejected (foreign, truncated, corrupt), evicted for the bound, writes dropped,
+   * and what is on disk now. */
+  bool prefix_disk;
+  uint64_t prefix_disk_written, prefix_disk_bytes_written, prefix_disk_read, prefix_disk_rejected;
+  uint64_t prefix_disk_evicted, prefix_disk_dropped, prefix_disk_files, prefix_disk_bytes;
 } servd_model_stats;
 
 #endif

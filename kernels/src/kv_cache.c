@@ -294,3 +294,33 @@ int servd_kv_write(servd_kv_cache *c, int layer, const servd_tensor *k, const se
   servd_parallel_for(j.k.rows, grain, write_task, &j);
   return 0;
 }
+
+/* A block's runs in [layer][kv head][K|V] order, head_bytes each. */
+static int block_io(const servd_kv_cache *c, int32_t id, const char *what) {
+  if (!c || !c->pool)
+    return servd_fail(SERVD_EINVAL, "kv_cache_block_%s: %s", what,
+                      c ? "this cache keeps block bookkeeping only (its K/V live on a device)" : "cache is NULL");
+  if (id < 0 || id >= c->n_blocks)
+    return servd_fail(SERVD_EINVAL, "kv_cache_block_%s: block %d outside [0, %d)", what, id, c->n_blocks);
+  return 0;
+}
+
+int servd_kv_cache_block_read(const servd_kv_cache *c, int32_t id, void *dst) {
+  int rc = block_io(c, id, "read");
+  if (rc) return rc;
+  char *o = dst;
+  for (int l = 0; l < c->n_layers; l++)
+    for (int g = 0; g < c->n_kv_heads; g++, o += 2 * c->head_bytes)
+      memcpy(o, ops__kv_run(c, l, 0, id, g), 2 * c->head_bytes); /* K and V runs are adjacent */
+  return 0;
+}
+
+int servd_kv_cache_block_write(servd_kv_cache *c, int32_t id, const void *src) {
+  int rc = block_io(c, id, "write");
+  if (rc) return rc;
+  const char *p = src;
+  for (int l = 0; l < c->n_layers; l++)
+    for (int g = 0; g < c->n_kv_heads; g++, p += 2 * c->head_bytes)
+      memcpy(ops__kv_run(c, l, 0, id, g), p, 2 * c->head_bytes);
+  return 0;
+}

@@ -255,6 +255,55 @@ static void test_block_bytes(void **state) {
   servd_kv_cache_destroy(c);
 }
 
+/* A block's bytes out of one cache and into a block of another make attention there read the same
+ * keys and values: the same output, bit for bit. */
+static void test_block_read_write(void **state) {
+  (void)state;
+  const int n_kv = 2, hd = 64, bs = 16, w = n_kv * hd;
+  servd_kv_cache *a = NULL, *b = NULL;
+  assert_int_equal(servd_kv_cache_create(&a, 3, n_kv, hd, bs, 4, SERVD_Q8_0), 0);
+  assert_int_equal(servd_kv_cache_create(&b, 3, n_kv, hd, bs, 4, SERVD_Q8_0), 0);
+  int32_t ids[4];
+  assert_int_equal(servd_kv_cache_alloc(a, 4, ids), 0);
+  assert_int_equal(servd_kv_cache_alloc(b, 4, ids), 0);
+  servd_tensor *k = tnew(SERVD_F32, 2, bs, w), *v = tnew(SERVD_F32, 2, bs, w), *sl = tnew(SERVD_I32, 1, bs, 0);
+  for (int i = 0; i < bs * w; i++) {
+    f(k)[i] = sinf((float)i);
+    f(v)[i] = cosf((float)i * 0.7f);
+  }
+  for (int j = 0; j < bs; j++) ((int32_t *)servd_tensor_data(sl))[j] = 1 * bs + j; /* block 1 of a */
+  for (int l = 0; l < 3; l++) assert_int_equal(servd_kv_write(a, l, k, v, sl), 0);
+  size_t n = servd_kv_cache_block_bytes(3, n_kv, hd, bs, SERVD_Q8_0);
+  char *buf = test_malloc(n);
+  assert_int_equal(servd_kv_cache_block_read(a, 1, buf), 0);
+  assert_int_equal(servd_kv_cache_block_write(b, 3, buf), 0); /* block 3 of b */
+  servd_tensor *q = tnew(SERVD_F32, 2, 1, w), *oa = tnew(SERVD_F32, 2, 1, w), *ob = tnew(SERVD_F32, 2, 1, w);
+  for (int i = 0; i < w; i++) f(q)[i] = 0.1f * (float)(i % 9);
+  int32_t ta[1] = {1}, tb[1] = {3}, qs = 0, ql = 1, kl = bs;
+  const int32_t *tables_a[1] = {ta}, *tables_b[1] = {tb};
+  servd_attn_batch ba = {1, &qs, &ql, &kl, tables_a}, bb = {1, &qs, &ql, &kl, tables_b};
+  for (int l = 0; l < 3; l++) {
+    assert_int_equal(servd_attention(oa, q, a, l, &ba, n_kv, 0.125f), 0);
+    assert_int_equal(servd_attention(ob, q, b, l, &bb, n_kv, 0.125f), 0);
+    assert_memory_equal(f(oa), f(ob), (size_t)w * sizeof(float));
+  }
+  assert_int_equal(servd_kv_cache_block_read(a, 4, buf), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "block 4 outside [0, 4)"));
+  servd_kv_cache *only = NULL;
+  assert_int_equal(servd_kv_cache_create_blocks_only(&only, 3, n_kv, hd, bs, 4), 0);
+  assert_int_equal(servd_kv_cache_block_write(only, 0, buf), SERVD_EINVAL);
+  servd_kv_cache_destroy(only);
+  test_free(buf);
+  servd_tensor_release(k);
+  servd_tensor_release(v);
+  servd_tensor_release(sl);
+  servd_tensor_release(q);
+  servd_tensor_release(oa);
+  servd_tensor_release(ob);
+  servd_kv_cache_destroy(a);
+  servd_kv_cache_destroy(b);
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   servd_kv_cache *c = NULL;
@@ -296,10 +345,10 @@ static void test_bad_input(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_accounting), cmocka_unit_test(test_refcounts),  cmocka_unit_test(test_threads),
-      cmocka_unit_test(test_write_f32),  cmocka_unit_test(test_write_f16),  cmocka_unit_test(test_write_bf16),
-      cmocka_unit_test(test_write_q8_0), cmocka_unit_test(test_write_q4_0), cmocka_unit_test(test_block_bytes),
-      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_accounting),       cmocka_unit_test(test_refcounts),  cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_write_f32),        cmocka_unit_test(test_write_f16),  cmocka_unit_test(test_write_bf16),
+      cmocka_unit_test(test_write_q8_0),       cmocka_unit_test(test_write_q4_0), cmocka_unit_test(test_block_bytes),
+      cmocka_unit_test(test_block_read_write), cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

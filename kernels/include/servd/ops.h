@@ -141,6 +141,11 @@ SERVD_API bool servd_kv_cache_dtype_ok(servd_dtype t);
 SERVD_API size_t servd_kv_cache_block_bytes(int n_layers, int n_kv_heads, int head_dim, int block_size,
                                             servd_dtype dtype);
 SERVD_API servd_dtype servd_kv_cache_dtype(const servd_kv_cache *c);
+/* Block id's K/V of every layer and kv head, servd_kv_cache_block_bytes(...) bytes in this cache's
+ * own layout, copied out to dst or in from src (a lower tier of the prefix cache keeps blocks so).
+ * SERVD_EINVAL for an unknown block or a cache without storage. */
+SERVD_API int servd_kv_cache_block_read(const servd_kv_cache *c, int32_t id, void *dst);
+SERVD_API int servd_kv_cache_block_write(servd_kv_cache *c, int32_t id, const void *src);
 /* A cache of block bookkeeping only (alloc/free, no K/V storage): the host side of a cache whose
  * K/V live on a device (servd/device.h). kv_write and attention on it fail with SERVD_EINVAL. */
 SERVD_API int servd_kv_cache_create_blocks_only(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim,
