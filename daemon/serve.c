@@ -350,6 +350,7 @@ int servd_serve_main(int argc, char **argv) {
   servd_engine_set_prefix_cache(s.cfg.prefix_cache);
   servd_engine_set_max_step_ms(s.cfg.max_step_ms);
   servd_engine_set_speculation(s.cfg.speculative, s.cfg.num_speculative_tokens);
+  servd_engine_set_kv_dtype(s.cfg.kv_cache_dtype ? (servd_dtype)(s.cfg.kv_cache_dtype - 1) : SERVD_DTYPE_COUNT);
   /* Before the first interpreter namespace exists: see gpu_prewarm.c. */
   for (int i = 0; s.cfg.gpus > 0 && i < s.cfg.n_models; i++) {
     servd_model_options mo;

@@ -80,6 +80,15 @@ int bm_acquire(block_manager *bm, block_table *t, int n, const prefix_chain *cha
 void bm_register(block_manager *bm, block_table *t, const int32_t *tokens, int n_final) {
   while (bm->pc.enabled && (t->chain.n + 1) * bm->block_size <= n_final) {
     int i = t->chain.n;
-    prefix_cache_register(&bm->pc, key_of(bm, t), &t->chain, t->ids[i], tokens + (size_t)i * bm->block_size);
+    int32_t id = t->ids[i];
+    prefix_cache_register(&bm->pc, key_of(bm, t), &t->chain, id, tokens + (size_t)i * bm->block_size);
+    /* newly cached (not an equal entry found): the tier keeps a copy; not of an adapter's blocks,
+     * whose K/V the tier's key (the model's) does not describe */
+    if (bm->tier.stored && !t->adapter && bm->pc.serial[id] != 0 && bm->pc.serial[id] == t->chain.serial)
+      bm->tier.stored(bm->tier.ctx, bm, tokens, i, id);
   }
+}
+
+void bm_fetch(block_manager *bm, const int32_t *tokens, int max_blocks) {
+  if (bm->pc.enabled && bm->tier.fetch && max_blocks > 0) bm->tier.fetch(bm->tier.ctx, bm, tokens, max_blocks);
 }

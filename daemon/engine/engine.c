@@ -6,6 +6,8 @@
  * touched by the scheduler thread only.
  */
 #include "engine/engine_impl.h"
+#include "engine/kv_dtype.h"
+#include "engine/prefix_tier.h"
 #include "engine/request.h"
 #include "engine/step.h"
 #include "engine/py_deps.h"
@@ -68,7 +70,7 @@ void servd_model_options_default(servd_model_options *o) {
   o->block_size = 16;
   o->max_batch_size = 1;
   o->max_batch_delay_ms = 0;
-  o->kv_dtype = SERVD_F16;
+  o->kv_dtype = SERVD_DTYPE_COUNT; /* the package's default, else f16 */
   o->kv_budget_mb = 2048;
   o->gpus = gpu_defaults.gpus;
   o->gpu_memory_fraction = gpu_defaults.fraction;
@@ -354,8 +356,7 @@ static int load_on_cpu(servd_model *m, int n_layers, int kv_heads, int head_dim,
   int blocks = m->o.kv_blocks;
   if (blocks <= 0) {
     /* Enough for max_seqs full contexts, capped by the memory budget (both ranks together). */
-    size_t per_block =
-        (size_t)n_layers * 2 * (size_t)kv_heads * m->tp * head_dim * bs * servd_dtype_block_bytes(m->o.kv_dtype);
+    size_t per_block = servd_kv_cache_block_bytes(n_layers, kv_heads, head_dim, bs, m->o.kv_dtype) * m->tp;
     size_t budget = (size_t)(m->o.kv_budget_mb > 0 ? m->o.kv_budget_mb : 2048) << 20;
     size_t want = (size_t)m->o.max_seqs * ((m->context_length + bs - 1) / bs);
     size_t cap = budget / per_block;
@@ -440,6 +441,7 @@ static int scheduler_setup(servd_model *m) {
     servd_runner_capacity(m->runner, &cap_tokens, &sc.max_logit_rows);
   }
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
+  if ((rc = servd__prefix_tier_open(m))) return rc;
   if ((rc = servd_spec_init(&m->spec, (servd_spec_mode)m->o.speculative, m->o.num_speculative_tokens))) return rc;
   if ((rc = step_plan_init(&m->plan, m->o.max_seqs))) return rc;
   if ((rc = servd_guides_create(&m->guides))) return rc;
@@ -490,6 +492,7 @@ static int load_causal_lm(servd_model *m) {
   m->head_dim = head_dim;
   m->block_size = bs;
   m->gpus = m->o.gpus > 0 ? m->o.gpus : 0;
+  if ((rc = servd__kv_dtype_resolve(m, head_dim))) return rc;
   if (m->gpus > 0) {
     if ((rc = load_on_gpus(m))) return rc;
   } else {
@@ -612,6 +615,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   if (m->ithread) servd_interp_thread_run(m->ithread, pool_destroy_job, m); /* finalize where it rendered */
   servd_interp_thread_stop(m->ithread);
   servd_pool_destroy(m->pool);
+  servd__prefix_tier_close(m); /* writes what is queued */
   sched_free(&m->sched);
   servd_spec_free(&m->spec);
   step_plan_free(&m->plan);
@@ -687,6 +691,8 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   s->last_step_age_s = pending ? (double)(servd_now_ns() - m->last_progress_ns) / 1e9 : 0.0;
   pthread_mutex_unlock(&mm->mu);
   s->kv_blocks_total = m->kv[0] ? servd_kv_cache_n_blocks(m->kv[0]) : 0;
+  servd__kv_stats(m, s);
+  servd__prefix_tier_stats(m, s);
   s->n_interpreters = m->pool ? servd_pool_size(m->pool) : 0;
   if (s->n_interpreters > 16) s->n_interpreters = 16;
   for (int i = 0; i < s->n_interpreters; i++)

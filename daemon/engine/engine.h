@@ -28,6 +28,12 @@ void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cu
 void servd_engine_set_step_timeout(double seconds);
 /* Process-wide defaults of speculative and num_speculative_tokens; call before loading models. */
 void servd_engine_set_speculation(int mode, int num_speculative_tokens);
+/* A KV cache dtype by name (--kv-cache-dtype, the config's kv_cache_dtype): f16, bf16, q8_0, q4_0 or
+ * f32; SERVD_EINVAL saying what is expected otherwise. */
+int servd_kv_dtype_parse(const char *name, servd_dtype *out);
+/* Process-wide --kv-cache-dtype for models whose options leave it to the package (SERVD_DTYPE_COUNT:
+ * none, the package's default, else f16); call before loading models. */
+void servd_engine_set_kv_dtype(servd_dtype t);
 /* Process-wide default of isolation (none set: SERVD_ISOLATION_NONE); call before loading models. */
 void servd_engine_set_isolation(servd_isolation isolation);
 /* Process-wide defaults of verify_weights and trusted_keys (borrowed: must outlive every load). */

@@ -85,8 +85,9 @@ struct servd_model {
   int startup_rc;                               /* the scheduler thread's setup (under mu); 1: still running */
   char startup_err[1024];
   servd_scheduler sched;
-  servd_spec spec; /* speculative decoding; its counters under mu */
-  step_plan plan;  /* the step being run (engine/step.h), its rows preallocated */
+  struct prefix_disk *prefix_disk; /* the prefix cache's disk tier (--prefix-cache-dir); NULL: none */
+  servd_spec spec;                 /* speculative decoding; its counters under mu */
+  step_plan plan;                  /* the step being run (engine/step.h), its rows preallocated */
   int context_length;
   int vocab;
   int32_t eos[SERVD_MAX_EOS];

@@ -1,7 +1,9 @@
 /* Paged attention against a naive reference written here: K/V of each sequence kept contiguously in
  * double, plain causal softmax. Covers prefill, chunked prefill, decode batches with scrambled block
- * tables, mixed batches, GQA ratios 1/2/3 and above 16, odd head dims, an f16 cache, every ISA; and
- * batch invariance: a row comes out bit for bit the same alone, in a batch, in a chunk of any length. */
+ * tables, mixed batches, GQA ratios 1/2/3 and above 16, odd head dims, f16, bf16, q8_0 and q4_0
+ * caches (the reference reads the values the reference quantizer gives back), long single sequences
+ * split over positions, every ISA; and batch invariance: a row comes out bit for bit the same alone,
+ * in a batch, in a chunk of any length. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -46,8 +48,19 @@ typedef struct problem {
   int window; /* sliding window of the run (0: none) */
 } problem;
 
-static float stored(const problem *p, float x) {
-  return p->dt == SERVD_F16 ? servd_f16_to_f32(servd_f32_to_f16(x)) : x;
+/* Rounds one token's head vector x (hd values) to what the cache stores: f16, bf16, or the blocks of
+ * 32 of q8_0 / q4_0 through core's reference quantizer. */
+static void stored(const problem *p, float *x) {
+  if (p->dt == SERVD_F32) return;
+  if (p->dt == SERVD_F16 || p->dt == SERVD_BF16) {
+    for (int e = 0; e < p->hd; e++)
+      x[e] = p->dt == SERVD_F16 ? servd_f16_to_f32(servd_f32_to_f16(x[e])) : servd_bf16_to_f32(servd_f32_to_bf16(x[e]));
+    return;
+  }
+  char blocks[34 * 16];
+  assert_true(p->hd % 32 == 0 && p->hd <= 512);
+  assert_int_equal(servd_row_from_f32(p->dt, x, blocks, p->hd), 0);
+  assert_int_equal(servd_row_to_f32(p->dt, blocks, x, p->hd), 0);
 }
 
 /* Writes positions [from, to) of sequence s into layer 1 (layer 0 gets other data). */
@@ -104,8 +117,12 @@ static void setup(problem *p, int n_kv, int hd, int n_heads, int bs, servd_dtype
     p->k[s] = test_malloc((size_t)(kv_len[s] * w + 1) * sizeof(float));
     p->v[s] = test_malloc((size_t)(kv_len[s] * w + 1) * sizeof(float));
     for (int i = 0; i < kv_len[s] * w; i++) {
-      p->k[s][i] = stored(p, frand(-1, 1));
-      p->v[s][i] = stored(p, frand(-1, 1));
+      p->k[s][i] = frand(-1, 1);
+      p->v[s][i] = frand(-1, 1);
+    }
+    for (int i = 0; i < kv_len[s] * n_kv; i++) {
+      stored(p, p->k[s] + (size_t)i * hd);
+      stored(p, p->v[s] + (size_t)i * hd);
     }
     if (write) write_range(p, s, 0, kv_len[s]);
   }
@@ -198,6 +215,21 @@ static const shape_case cases[] = {
      * with a distance of 2 blocks (f16, head_dim 128) and of 48 blocks of 3 tokens, tiles mid-block */
     {"decode f16 llama-like", 8, 128, 32, 16, SERVD_F16, 2, {1, 1}, {200, 33}},
     {"small blocks long context", 2, 16, 4, 3, SERVD_F16, 2, {2, 1}, {400, 97}},
+    /* bf16 and the quantized caches (head_dim a multiple of 32): decode, prefill, odd block sizes
+     * (q4_0 packs two tokens per byte, so segments start on odd keys), GQA above 3 queries a pass */
+    {"decode bf16", 3, 64, 9, 16, SERVD_BF16, 4, {1, 1, 1, 1}, {5, 64, 129, 300}},
+    {"mixed bf16 odd dims", 2, 20, 4, 5, SERVD_BF16, 3, {4, 1, 13}, {9, 1, 13}},
+    {"decode q8_0", 3, 64, 9, 16, SERVD_Q8_0, 4, {1, 1, 1, 1}, {5, 64, 129, 300}},
+    {"decode q4_0", 3, 64, 9, 16, SERVD_Q4_0, 4, {1, 1, 1, 1}, {5, 64, 129, 300}},
+    {"mixed q8_0 block 5", 2, 32, 8, 5, SERVD_Q8_0, 3, {4, 1, 13}, {9, 1, 13}},
+    {"mixed q4_0 block 5", 2, 32, 8, 5, SERVD_Q4_0, 3, {4, 1, 13}, {9, 1, 13}},
+    {"prefill q8_0 head_dim 128", 2, 128, 32, 16, SERVD_Q8_0, 2, {37, 1}, {37, 200}},
+    {"prefill q4_0 gqa 20", 1, 96, 20, 7, SERVD_Q4_0, 2, {9, 1}, {30, 77}},
+    /* one long sequence: its kv heads' keys split over the threads, ranges merged */
+    {"long decode f16 split", 3, 64, 9, 16, SERVD_F16, 1, {1}, {1500}},
+    {"long decode q8_0 split", 3, 64, 9, 16, SERVD_Q8_0, 1, {1}, {1500}},
+    {"long decode q4_0 split", 3, 64, 9, 16, SERVD_Q4_0, 1, {1}, {1203}},
+    {"long verify rows q8_0 split", 1, 32, 2, 16, SERVD_Q8_0, 1, {4}, {2000}},
 };
 
 static void test_shapes(void **state) {

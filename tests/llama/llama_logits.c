@@ -4,7 +4,10 @@
  * reference in test_llama.py.
  *
  *   llama_logits PKG OUT.bin --tokens 1,2,3 [--tp N] [--chunk C] [--decode K] [--block-size B]
- *                [--pair] [--lora DIR] [--lora2 DIR|-]
+ *                [--pair] [--lora DIR] [--lora2 DIR|-] [--kv-dtype f32|f16|bf16|q8_0|q4_0] [--keep-last R]
+ *
+ * --kv-dtype: the KV cache's dtype (default f32); --keep-last R: only the last R rows are kept and
+ * written (long prompts: a row is vocab floats), n_rows then being R.
  *
  * OUT.bin: int32 n_rows, int32 vocab, then n_rows*vocab f32 (prompt rows, then one row per decoded
  * token), then int32 K and the K greedy ids. --pair runs a second copy of the sequence, one chunk
@@ -24,7 +27,7 @@
 #include "servd/interp.h"
 #include "servd/threadpool.h"
 
-#define MAX_TOK 4096
+#define MAX_TOK 8192
 
 static int argmax_row(const float *x, int n) {
   int b = 0;
@@ -51,7 +54,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *pkg_path = argv[1], *out_path = argv[2];
-  int tp = 1, chunk = 1 << 20, decode = 0, bs = 4, n_prompt = 0;
+  int tp = 1, chunk = 1 << 20, decode = 0, bs = 4, n_prompt = 0, keep_last = 0;
+  servd_dtype kv_dtype = SERVD_F32;
   bool pair = false;
   const char *lora_path[2] = {NULL, NULL};
   bool lora2_set = false;
@@ -70,6 +74,13 @@ int main(int argc, char **argv) {
       decode = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--block-size") && i + 1 < argc) {
       bs = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--kv-dtype") && i + 1 < argc) {
+      if (servd_dtype_from_name(argv[++i], &kv_dtype) != 0) {
+        fprintf(stderr, "llama_logits: unknown dtype %s\n", argv[i]);
+        return 2;
+      }
+    } else if (!strcmp(argv[i], "--keep-last") && i + 1 < argc) {
+      keep_last = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--pair")) {
       pair = true;
     } else if (!strcmp(argv[i], "--lora") && i + 1 < argc) {
@@ -82,7 +93,8 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (n_prompt < 1 || tp < 1 || chunk < 1 || decode < 0 || n_prompt + decode > MAX_TOK / 2) {
+  if (n_prompt < 1 || tp < 1 || chunk < 1 || decode < 0 || n_prompt + decode > MAX_TOK / 2 || keep_last < 0 ||
+      (keep_last > 0 && (pair || keep_last < decode + 1))) {
     fprintf(stderr, "llama_logits: bad arguments\n");
     return 2;
   }
@@ -111,9 +123,10 @@ int main(int argc, char **argv) {
   int n_seq = pair ? 2 : 1;
   int total = n_prompt + decode;
   int blocks_per_seq = (total + bs - 1) / bs;
+  int skip = keep_last > 0 && keep_last < total ? total - keep_last : 0; /* rows not kept */
   if (tp > 1 && servd_comm_create(&comm, tp)) goto fail;
   for (int r = 0; r < tp; r++)
-    if (servd_kv_cache_create(&kv[r], layers, kv_heads / tp, head_dim, bs, blocks_per_seq * n_seq + 1, SERVD_F32))
+    if (servd_kv_cache_create(&kv[r], layers, kv_heads / tp, head_dim, bs, blocks_per_seq * n_seq + 1, kv_dtype))
       goto fail;
   servd_pool_options po = {.n_interpreters = tp, .world_size = tp, .comm = comm};
   if (servd_pool_create(pkg, &po, &pool)) goto fail;
@@ -136,7 +149,7 @@ int main(int argc, char **argv) {
         S[s].blocks[i] = S[s].blocks[blocks_per_seq - 1 - i];
         S[s].blocks[blocks_per_seq - 1 - i] = t;
       }
-    S[s].rows = calloc((size_t)total * vocab, sizeof(float));
+    S[s].rows = calloc((size_t)(total - skip) * vocab, sizeof(float));
     if (!S[s].rows) goto fail;
   }
 
@@ -208,12 +221,12 @@ int main(int argc, char **argv) {
       seqst *q = &S[which[i]];
       for (int j = 0; j < lrow_count[i]; j++, row++) {
         const float *src = (const float *)((char *)servd_tensor_data(logits) + (size_t)row * logits->strides[0]);
-        memcpy(q->rows + (size_t)q->n_rows * vocab, src, sizeof(float) * vocab);
+        if (q->n_rows >= skip) memcpy(q->rows + (size_t)(q->n_rows - skip) * vocab, src, sizeof(float) * vocab);
         q->n_rows++;
       }
       q->n_done += q_len[i];
       if (q->n_done == q->n_tok && q->n_tok < total)
-        q->tok[q->n_tok++] = argmax_row(q->rows + (size_t)(q->n_rows - 1) * vocab, vocab);
+        q->tok[q->n_tok++] = argmax_row(q->rows + (size_t)(q->n_rows - 1 - skip) * vocab, vocab);
     }
     servd_tensor_release(logits);
   }
@@ -225,9 +238,9 @@ int main(int argc, char **argv) {
   }
   FILE *f = fopen(out_path, "wb");
   if (!f) goto fail;
-  int32_t hdr[2] = {S[0].n_rows, vocab};
+  int32_t hdr[2] = {S[0].n_rows - skip, vocab};
   fwrite(hdr, sizeof hdr, 1, f);
-  fwrite(S[0].rows, sizeof(float), (size_t)S[0].n_rows * vocab, f);
+  fwrite(S[0].rows, sizeof(float), (size_t)(S[0].n_rows - skip) * vocab, f);
   int32_t k = decode;
   fwrite(&k, sizeof k, 1, f);
   fwrite(S[0].tok + n_prompt, sizeof(int32_t), (size_t)decode, f);

@@ -149,13 +149,25 @@ SERVD_API int servd_softmax(servd_tensor *x, float scale);
 
 /* ---- Paged KV cache ------------------------------------------------------------------------------
  * Per layer, K and V are pools of `n_blocks` blocks of `block_size` token slots, each slot holding
- * n_kv_heads*head_dim values (f32 or f16). A sequence owns a block table (block ids in order); its
+ * n_kv_heads*head_dim values (f32, f16, bf16, or q8_0 / q4_0 quantized per 32 dims as written). A sequence owns a block table (block ids in order); its
  * token at position p lives in slot table[p / block_size] * block_size + p % block_size. The cache
  * hands out and takes back blocks; which sequence owns what is the engine's business. */
 typedef struct servd_kv_cache servd_kv_cache;
 
 SERVD_API int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim, int block_size,
-                                    int n_blocks, servd_dtype dtype /* f32 or f16 */);
+                                    int n_blocks, servd_dtype dtype /* f32, f16, bf16, q8_0 or q4_0 */);
+/* Whether a cache can hold dtype (q8_0 and q4_0 also need head_dim a multiple of 32). */
+SERVD_API bool servd_kv_cache_dtype_ok(servd_dtype t);
+/* Bytes one block of block_size tokens takes over all layers, K and V, in the layout of dtype (what
+ * sizes a pool in memory: q8_0 holds ~1.9x the tokens of f16); 0 for a geometry create refuses. */
+SERVD_API size_t servd_kv_cache_block_bytes(int n_layers, int n_kv_heads, int head_dim, int block_size,
+                                            servd_dtype dtype);
+SERVD_API servd_dtype servd_kv_cache_dtype(const servd_kv_cache *c);
+/* Block id's K/V of every layer and kv head, servd_kv_cache_block_bytes(...) bytes in this cache's
+ * own layout, copied out to dst or in from src (a lower tier of the prefix cache keeps blocks so).
+ * SERVD_EINVAL for an unknown block or a cache without storage. */
+SERVD_API int servd_kv_cache_block_read(const servd_kv_cache *c, int32_t id, void *dst);
+SERVD_API int servd_kv_cache_block_write(servd_kv_cache *c, int32_t id, const void *src);
 /* A cache of block bookkeeping only (alloc/free, no K/V storage): the host side of a cache whose
  * K/V live on a device (servd/device.h). kv_write and attention on it fail with SERVD_EINVAL. */
 SERVD_API int servd_kv_cache_create_blocks_only(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim,
