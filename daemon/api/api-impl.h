@@ -214,6 +214,9 @@ void api_vllm_token(api_model *am, bool first, double secs);
 void api_vllm_finished(servd_api *a, api_model *am, const api_event *ev, double e2e_s, int max_tokens);
 /* Appends the vllm: families; st holds the stats of the live models (READY or UNLOADING) in order. */
 void api_metrics_vllm(servd_api *a, servd_buf *b, const servd_model_stats *st);
+/* vllm:cache_config_info (metrics_cache_config.c): the family's head, then one series per model. */
+void api_vllm_cache_config_head(servd_buf *b);
+void api_vllm_cache_config(servd_buf *b, const api_model *am, const servd_model_stats *s);
 void api_infer_init(api_infer_stats *s);
 /* A generic model's prediction ended (ok or not), secs after it was accepted. */
 void api_infer_done(api_model *am, bool ok, double secs);
