@@ -130,6 +130,10 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
   per_model(a, &b, st, "servd_guided_sequences", "gauge", "Sequences holding a grammar matcher.", F(guided_sequences),
             G_INT);
   per_model(a, &b, st, "servd_scheduler_steps_total", "counter", "Scheduler steps run.", F(steps), G_U64);
+  per_model(a, &b, st, "servd_kv_events_queued_total", "counter", "KV-cache events queued for publishing.",
+            F(kv_events_queued), G_U64);
+  per_model(a, &b, st, "servd_kv_events_dropped_total", "counter",
+            "KV-cache events dropped because the publisher's queue was full.", F(kv_events_dropped), G_U64);
   per_model(a, &b, st, "servd_scheduler_last_step_age_seconds", "gauge",
             "Seconds since the scheduler last finished a step while work was pending.", F(last_step_age_s), G_DBL);
 #undef F

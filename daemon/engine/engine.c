@@ -13,6 +13,7 @@
 #include "engine/gpu_setup.h"
 #include "engine/model_error.h"
 #include "engine/package_checks.h"
+#include "engine/kv_events.h"
 
 #include <errno.h>
 #include <math.h>
@@ -81,6 +82,7 @@ void servd_model_options_default(servd_model_options *o) {
   o->max_step_ms = max_step_ms_default;
   o->speculative = speculative_default;
   o->num_speculative_tokens = speculative_tokens_default;
+  o->kv_events = servd_kv_events_default();
   o->extra_sys_path = servd_py_deps_dir(); /* servd's own Python packages (llguidance), when installed */
 }
 
@@ -438,6 +440,7 @@ static int scheduler_setup(servd_model *m) {
     servd_runner_capacity(m->runner, &cap_tokens, &sc.max_logit_rows);
   }
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
+  if ((rc = servd_kv_events_attach(m->o.kv_events, &m->sched.bm.pc, m->name, m->gpus > 0, &m->kv_events))) return rc;
   if ((rc = servd_spec_init(&m->spec, (servd_spec_mode)m->o.speculative, m->o.num_speculative_tokens))) return rc;
   if ((rc = step_plan_init(&m->plan, m->o.max_seqs))) return rc;
   if ((rc = servd_guides_create(&m->guides))) return rc;
@@ -604,6 +607,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   if (m->ithread) servd_interp_thread_run(m->ithread, pool_destroy_job, m); /* finalize where it rendered */
   servd_interp_thread_stop(m->ithread);
   servd_pool_destroy(m->pool);
+  servd_kv_events_detach(m->kv_events, &m->sched.bm.pc);
   sched_free(&m->sched);
   servd_spec_free(&m->spec);
   step_plan_free(&m->plan);
@@ -672,6 +676,7 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   s->kv_blocks_cached = m->kv_cached;
   s->prefix_cache_queries = m->prefix_queries;
   s->prefix_cache_hits = m->prefix_hits;
+  servd_kv_events_source_stats(m->kv_events, &s->kv_events_queued, &s->kv_events_dropped);
   servd_guides_stats(m->guides, &s->guided_rows, &s->guided_mask_seconds, &s->guided_wait_seconds,
                      &s->guided_sequences);
   bool pending = m->inbox_head || m->n_waiting || m->n_running;

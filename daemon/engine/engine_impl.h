@@ -118,6 +118,7 @@ struct servd_model {
    * (scheduler thread). */
   servd_embedding_info emb;
   servd_top_logprob lp_top[SERVD_SAMPLER_MAX_TOP];
+  struct kv_events_source *kv_events; /* the prefix cache's events (engine/kv_events.h); NULL: none */
 };
 
 #endif

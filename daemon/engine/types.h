@@ -102,6 +102,9 @@ typedef struct servd_model_options {
    * 3 suffix (servd_spec_mode); drafts per verify row at most (0: the default, 8). Appended. */
   int speculative;
   int num_speculative_tokens;
+  /* Causal-lm: KV-cache events (engine/kv_events.h): the prefix cache's blocks published there;
+   * NULL: none. Borrowed: outlives the model. Appended. */
+  struct servd_kv_events *kv_events;
 } servd_model_options;
 
 /* Constrained decoding (structured outputs): what the output must match. */
@@ -271,6 +274,8 @@ typedef struct servd_model_stats {
   uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
   uint64_t spec_accepted_per_pos[16];
   int spec_max_draft; /* 0: speculation off */
+  /* Appended: KV-cache events queued for the publisher, and dropped because its queue was full. */
+  uint64_t kv_events_queued, kv_events_dropped;
 } servd_model_stats;
 
 #endif
