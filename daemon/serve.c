@@ -390,6 +390,7 @@ int servd_serve_main(int argc, char **argv) {
     servd_config_free(&s.cfg);
     return 1;
   }
+  if (s.cfg.idle_unload_s > 0) servd_api_set_idle_unload(s.api, s.cfg.idle_unload_s);
   servd_http_limits lim;
   servd_http_limits_default(&lim);
   lim.max_body_bytes = s.cfg.max_body_bytes;

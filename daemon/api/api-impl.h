@@ -84,6 +84,13 @@ typedef struct api_model {
    * block waiting for an interpreter) and a bounded FIFO of those waiting. */
   int predict_running, predict_waiting;
   struct infer_job *wait_head, *wait_tail;
+  /* Sleep (sleep.c): 0 awake, 1 KV cache released, 2 unloaded; where it is going; a step toward it
+   * under way; a level-2 wake (reload) under way; idle unload's activity watch. */
+  int sleep_level, sleep_target;
+  bool sleep_busy, waking;
+  struct servd_api *sleep_api;
+  uint64_t sleep_seen;
+  int64_t last_busy_ns;
 } api_model;
 
 typedef struct api_route_count {
@@ -179,6 +186,7 @@ struct servd_api {
   void *unload_ud;
   void (*close_done)(void *);
   void *close_ud;
+  struct api_sleep *sleep; /* sleep.c's state; NULL until used */
 };
 
 /* ---- models ---- */
@@ -225,6 +233,14 @@ void api_metrics_generic(servd_api *a, servd_buf *b);
 void api_kserve_stats_add(api_model *am, bool ok, const api_kserve_times *t);
 /* Prometheus label value escaping (backslash, quote, newline). */
 void api_prom_label(servd_buf *b, const char *v);
+
+/* ---- sleep and wake (sleep.c) ---- */
+/* 0 when am may serve a request now (a model asleep at level 1 wakes at once); else 503 with the
+ * reason in msg, and a Retry-After header on r (may be NULL): am is going to sleep, or was asleep
+ * at level 2 and this request started its reload. */
+int api_sleep_gate(servd_api *a, api_model *am, servd_http_req *r, char *msg, size_t cap);
+void api_sleep_close(servd_api *a);                 /* at servd_api_close */
+void api_metrics_sleep(servd_api *a, servd_buf *b); /* servd_model_sleep_level */
 
 /* ---- request ids (request_id.c) ---- */
 /* Sets r->request_id from a client's id when it is usable (1..128 printable ASCII bytes, no space),

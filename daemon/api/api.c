@@ -235,6 +235,7 @@ void servd_api_close(servd_api *a, void (*done)(void *), void *ud) {
   if (!a) return;
   a->close_done = done;
   a->close_ud = ud;
+  api_sleep_close(a);
   uv_close((uv_handle_t *)&a->async, on_async_closed);
 }
 

@@ -29,4 +29,5 @@ const servd_model_ops servd_engine_model_ops = {
     .vocab_size = servd_model_vocab_size,
     .embedding_info = servd_model_embedding_info,
     .interpreter_namespaces_free = servd_interp_namespaces_free,
+    .release_kv = servd_model_release_kv,
 };

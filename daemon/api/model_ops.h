@@ -45,6 +45,8 @@ typedef struct servd_model_ops {
   /* Appended; NULL: no limit known (metrics and readiness leave it out). servd_interp_namespaces_free:
    * the interpreter namespaces (of 15 per process) a load could still take. */
   int (*interpreter_namespaces_free)(void);
+  /* Appended; NULL: sleep level 1 frees nothing (the model stays as it is). servd_model_release_kv. */
+  int (*release_kv)(servd_model *m);
 } servd_model_ops;
 
 /* The engine's implementation (daemon/api/engine_ops.c). */

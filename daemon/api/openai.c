@@ -999,6 +999,11 @@ static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, b
     }
   }
   r->model = am->name;
+  char why[256];
+  if (api_sleep_gate(a, am, r, why, sizeof why)) {
+    route_error(r, sink, 503, "server_error", NULL, "service_unavailable", "%s", why);
+    return NULL;
+  }
   if (am->state == M_UNAVAILABLE) {
     route_error(r, sink, 404, "invalid_request_error", "model", "model_not_found", "The model `%s` is not loaded.",
                 am->name);

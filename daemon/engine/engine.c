@@ -212,7 +212,10 @@ static void scheduler_run(servd_model *m) {
   if (src) return;
   for (;;) {
     pthread_mutex_lock(&m->mu);
-    while (!m->quit && !has_work(m)) pthread_cond_wait(&m->wake, &m->mu);
+    while (!m->quit && !has_work(m)) {
+      servd__kv_release_service(m); /* sleep, level 1 (engine_sleep.c) */
+      pthread_cond_wait(&m->wake, &m->mu);
+    }
     if (m->quit && !has_work(m)) {
       pthread_mutex_unlock(&m->mu);
       break;

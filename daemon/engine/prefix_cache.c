@@ -170,6 +170,20 @@ int prefix_cache_alloc(servd_prefix_cache *pc, int n, int32_t *ids) {
   return servd_kv_cache_alloc(pc->kv, n, ids);
 }
 
+int prefix_cache_clear(servd_prefix_cache *pc) {
+  int n = 0;
+  while (pc->lru_head >= 0) {
+    int32_t b = pc->lru_head;
+    lru_unlink(pc, b);
+    if (pc->events) pc->events->removed(pc->events_ud, b);
+    unregister(pc, b);
+    servd_kv_cache_free(pc->kv, 1, &b);
+    pc->evictions++;
+    n++;
+  }
+  return n;
+}
+
 void prefix_cache_release(servd_prefix_cache *pc, int n, const int32_t *ids) {
   if (!pc->enabled) {
     servd_kv_cache_free(pc->kv, n, ids);

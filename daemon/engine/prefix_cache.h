@@ -99,6 +99,8 @@ int prefix_cache_alloc(servd_prefix_cache *pc, int n, int32_t *ids);
 /* Drops a sequence's reference on each of its n blocks. Cached blocks nobody else holds become
  * evictable, the last block first in line, so a shared beginning outlives its tails. */
 void prefix_cache_release(servd_prefix_cache *pc, int n, const int32_t *ids);
+/* Evicts every cached block nobody holds (each told as removed); returns how many. */
+int prefix_cache_clear(servd_prefix_cache *pc);
 /* Registers block id, whose K/V for tokens[0, block_size) are computed, as the next full block of
  * chain (advanced: n, hash, serial). When an equal entry exists (the same prefix computed twice at
  * once) the block is not registered and chain follows that entry. No-op when disabled. */
