@@ -54,6 +54,7 @@ typedef struct servd_config {
   int max_n;
   /* KV-cache events (engine/kv_events.h): PUB endpoint (NULL: none), replay ROUTER endpoint, topic. */
   char *kv_events_endpoint, *kv_events_replay_endpoint, *kv_events_topic;
+  char *otlp_traces_endpoint; /* OTLP/HTTP collector for request spans; NULL: no traces */
   /* Unload a model idle this long until its next request (sleep level 2); 0: never. */
   double idle_unload_s;
   char *package_cache; /* NULL: the default; where GGUF and Hugging Face sources are packed (package_cache.h) */

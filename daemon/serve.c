@@ -391,6 +391,13 @@ int servd_serve_main(int argc, char **argv) {
     return 1;
   }
   if (s.cfg.idle_unload_s > 0) servd_api_set_idle_unload(s.api, s.cfg.idle_unload_s);
+  if (s.cfg.otlp_traces_endpoint && servd_api_set_otlp_traces(s.api, s.cfg.otlp_traces_endpoint) != 0) {
+    fprintf(stderr, "servd: %s\n", servd_last_error());
+    servd_api_close(s.api, NULL, NULL);
+    uv_run(s.loop, UV_RUN_DEFAULT);
+    servd_config_free(&s.cfg);
+    return 2;
+  }
   servd_http_limits lim;
   servd_http_limits_default(&lim);
   lim.max_body_bytes = s.cfg.max_body_bytes;

@@ -186,7 +186,8 @@ struct servd_api {
   void *unload_ud;
   void (*close_done)(void *);
   void *close_ud;
-  struct api_sleep *sleep; /* sleep.c's state; NULL until used */
+  struct api_sleep *sleep;   /* sleep.c's state; NULL until used */
+  struct api_tracer *tracer; /* --otlp-traces-endpoint (otlp.h); NULL: no traces */
 };
 
 /* ---- models ---- */
@@ -241,6 +242,14 @@ void api_prom_label(servd_buf *b, const char *v);
 int api_sleep_gate(servd_api *a, api_model *am, servd_http_req *r, char *msg, size_t cap);
 void api_sleep_close(servd_api *a);                 /* at servd_api_close */
 void api_metrics_sleep(servd_api *a, servd_buf *b); /* servd_model_sleep_level */
+
+/* ---- request traces (trace_request.c, otlp.h) ---- */
+struct api_trace_ctx;
+/* A language-model request (a choice) ended with ev: its span record goes to the exporter. Times
+ * are api_now_ns(): arrival, handed to the engine, first token (0: none). No-op without a tracer. */
+void api_trace_finished(servd_api *a, api_model *am, const struct api_trace_ctx *ctx, const api_event *ev,
+                        uint64_t t_start, uint64_t t_submit, uint64_t t_first, int max_tokens);
+void api_metrics_traces(servd_api *a, servd_buf *b); /* servd_otlp_spans_* */
 
 /* ---- request ids (request_id.c) ---- */
 /* Sets r->request_id from a client's id when it is usable (1..128 printable ASCII bytes, no space),

@@ -186,6 +186,7 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
   servd_buf_printf(&b, "servd_api_requests_in_flight %d\n", servd_api_inflight(a));
   api_metrics_generic(a, &b);
   api_metrics_sleep(a, &b);
+  api_metrics_traces(a, &b);
   api_metrics_vllm(a, &b, st);
   free(st);
   if (b.oom) api_kserve_error(r, 500, "out of memory");

@@ -598,6 +598,7 @@ void api_oai_event(servd_api *a, api_event *ev) {
   if (ev->cached_tokens > 0) g->cached_tokens = ev->cached_tokens;
   api_hist_observe(&am->e2e, (double)(ev->t_ns - o->t_start) / 1e9);
   api_vllm_finished(a, am, ev, (double)(ev->t_ns - o->t_start) / 1e9, o->gp.max_tokens);
+  api_trace_finished(a, am, &o->trace, ev, o->t_start, g->t_submit, g->t_first, o->gp.max_tokens);
   if (g->r) a->ops->release(g->r);
   g->r = NULL;
   gen_unlink(a, g);
@@ -1070,6 +1071,7 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   o->mode = mode;
   o->arena = arena;
   o->t_start = r->start_ns;
+  if (a->tracer) api_trace_ctx_init(&o->trace, servd_http_header_get(r, "traceparent"), r->request_id);
   o->created = (int64_t)time(NULL);
   o->model_name = servd_arena_strdup(arena, am->name);
   make_id(a,
