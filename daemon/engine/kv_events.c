@@ -195,6 +195,11 @@ static void publish_source(servd_kv_events *e, kv_events_source *s, msgpack_sbuf
     atomic_store_explicit(&s->head, h, memory_order_release);
     uint8_t seq[8];
     seq_bytes(e->seq, seq);
+    /* Reading ZMQ_EVENTS makes the socket take in the subscriptions its peers sent since the last
+     * batch, so this one is filtered against them (a new subscriber's first batch is not lost). */
+    int events;
+    size_t events_len = sizeof events;
+    zmq_getsockopt(e->pub, ZMQ_EVENTS, &events, &events_len);
     zmq_send(e->pub, s->topic, strlen(s->topic), ZMQ_SNDMORE | ZMQ_DONTWAIT);
     zmq_send(e->pub, seq, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
     zmq_send(e->pub, sb->data, sb->size, ZMQ_DONTWAIT);
@@ -297,14 +302,22 @@ servd_kv_events *servd_kv_events_default(void) { return process_default; }
 
 /* ---- life cycle ----------------------------------------------------------------------------- */
 
-static int bind_socket(void *ctx, int type, const char *endpoint, const char *flag, void **out) {
+/* vLLM's rule: an endpoint with a wildcard address ("*", "::") or a local transport is bound (the
+ * subscribers connect to this replica); any other is connected to (a subscriber that binds, as
+ * llm-d's endpoint picker does, and every replica connects to it). The replay socket always binds. */
+static bool binds(const char *endpoint) {
+  return strchr(endpoint, '*') || strstr(endpoint, "::") || !strncmp(endpoint, "ipc://", 6) ||
+         !strncmp(endpoint, "inproc://", 9);
+}
+
+static int open_socket(void *ctx, int type, const char *endpoint, bool bind, const char *flag, void **out) {
   *out = zmq_socket(ctx, type);
   if (!*out) return servd_fail(SERVD_ENOMEM, "%s %s: socket: %s", flag, endpoint, zmq_strerror(zmq_errno()));
   int linger = 200; /* ms: what is queued at exit still goes out, for a moment */
   zmq_setsockopt(*out, ZMQ_LINGER, &linger, sizeof linger);
-  if (zmq_bind(*out, endpoint) != 0)
-    return servd_fail(SERVD_EINVAL, "%s %s: cannot bind: %s (expected tcp://HOST:PORT, ipc://PATH, ...)", flag,
-                      endpoint, zmq_strerror(zmq_errno()));
+  if ((bind ? zmq_bind(*out, endpoint) : zmq_connect(*out, endpoint)) != 0)
+    return servd_fail(SERVD_EINVAL, "%s %s: cannot %s: %s (expected tcp://HOST:PORT, ipc://PATH, ...)", flag, endpoint,
+                      bind ? "bind" : "connect", zmq_strerror(zmq_errno()));
   return 0;
 }
 
@@ -328,9 +341,9 @@ int servd_kv_events_create(const servd_kv_events_options *o, servd_kv_events **o
     rc = servd_fail(SERVD_ENOMEM, "kv events: publisher state (%s)", strerror(errno));
     goto fail;
   }
-  if ((rc = bind_socket(e->ctx, ZMQ_PUB, o->endpoint, "--kv-events-endpoint", &e->pub))) goto fail;
+  if ((rc = open_socket(e->ctx, ZMQ_PUB, o->endpoint, binds(o->endpoint), "--kv-events-endpoint", &e->pub))) goto fail;
   if (o->replay_endpoint &&
-      (rc = bind_socket(e->ctx, ZMQ_ROUTER, o->replay_endpoint, "--kv-events-replay-endpoint", &e->router)))
+      (rc = open_socket(e->ctx, ZMQ_ROUTER, o->replay_endpoint, true, "--kv-events-replay-endpoint", &e->router)))
     goto fail;
   if (pthread_create(&e->thread, NULL, publisher_main, e)) {
     rc = servd_fail(SERVD_ENOMEM, "kv events: starting the publisher thread");

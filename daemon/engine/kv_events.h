@@ -34,7 +34,9 @@ typedef struct servd_kv_events servd_kv_events;
 typedef struct kv_events_source kv_events_source;
 
 typedef struct servd_kv_events_options {
-  const char *endpoint;        /* PUB socket, e.g. "tcp://0.0.0.0:5557" */
+  /* PUB socket: bound when the address is a wildcard ("tcp://" "*:5557") or ipc://, else connected
+   * to (a subscriber that binds, "tcp://epp:5557"): vLLM's rule. */
+  const char *endpoint;
   const char *replay_endpoint; /* ROUTER socket; NULL: no replay */
   /* Per model: "{model}" is replaced by the served model name, "{host}" by $POD_IP, else the host
    * name. NULL: "kv@{host}@{model}", the topic llm-d's subscriber parses (pod, model). */
@@ -44,8 +46,8 @@ typedef struct servd_kv_events_options {
   int replay_batches;    /* batches kept for replay; 0: 1024 */
 } servd_kv_events_options;
 
-/* Binds the sockets and starts the publisher thread. 0, or SERVD_EINVAL naming the endpoint that
- * could not be bound and why (address in use, malformed endpoint). */
+/* Binds or connects the sockets and starts the publisher thread. 0, or SERVD_EINVAL naming the
+ * endpoint that could not be bound or connected and why (address in use, malformed endpoint). */
 int servd_kv_events_create(const servd_kv_events_options *o, servd_kv_events **out);
 /* Publishes what the rings still hold, then closes. Accepts NULL. Models must be detached first. */
 void servd_kv_events_destroy(servd_kv_events *e);

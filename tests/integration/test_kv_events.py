@@ -10,7 +10,9 @@ batch [ts, [event, ...]], events as tagged arrays) with pyzmq and msgpack, not w
 - blocks evicted to make room give BlockRemoved events naming hashes stored before;
 - sequence numbers are consecutive, the topic is the configured one, and the counters in /metrics
   agree with what arrived;
-- an endpoint that cannot be bound stops servd at startup with exit status 2 and names it."""
+- an endpoint that cannot be bound stops servd at startup with exit status 2 and names it;
+- an endpoint without a wildcard is connected to: a subscriber that binds (llm-d's endpoint picker)
+  gets the events, under the default topic kv@HOST@MODEL."""
 import hashlib
 import os
 import socket
@@ -57,7 +59,7 @@ sub = ctx.socket(zmq.SUB)
 sub.connect(f"tcp://127.0.0.1:{pub_port}")
 sub.setsockopt(zmq.SUBSCRIBE, b"")
 s = Servd(a, ["--model", f"{llama}:tiny", "--kv-blocks", "12", "--speculative", "off",
-              "--kv-events-endpoint", f"tcp://127.0.0.1:{pub_port}",
+              "--kv-events-endpoint", f"tcp://*:{pub_port}",
               "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{replay_port}",
               "--kv-events-topic", "kv@test-pod@{model}"])
 
@@ -156,10 +158,31 @@ check(s.stop() == 0, "exit status")
 # A port already bound: a configuration error at startup, naming the endpoint.
 taken = ctx.socket(zmq.PUB)
 port = free_port()
-taken.bind(f"tcp://127.0.0.1:{port}")
+taken.bind(f"tcp://*:{port}")
 r = subprocess.run([a.servd, "--host", "127.0.0.1", "--port", "0", "--model", f"{llama}:tiny",
-                    "--kv-events-endpoint", f"tcp://127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+                    "--kv-events-endpoint", f"tcp://*:{port}"], capture_output=True, text=True, timeout=60)
 check(r.returncode == 2, f"exit status {r.returncode} with the endpoint taken:\n{r.stderr}")
-check(f"--kv-events-endpoint tcp://127.0.0.1:{port}: cannot bind" in r.stderr, f"stderr: {r.stderr}")
+check(f"--kv-events-endpoint tcp://*:{port}: cannot bind" in r.stderr, f"stderr: {r.stderr}")
 taken.close()
+
+# llm-d's topology: the subscriber binds, servd connects to it (an endpoint without a wildcard).
+port = free_port()
+collector = ctx.socket(zmq.SUB)
+collector.bind(f"tcp://127.0.0.1:{port}")
+collector.setsockopt(zmq.SUBSCRIBE, b"kv@")
+s3 = Servd(a, ["--model", f"{llama}:tiny", "--kv-events-endpoint", f"tcp://127.0.0.1:{port}"])
+# A bound SUB sends its subscription to a new peer only once it runs (as a live subscriber does).
+for _ in range(10):
+    collector.poll(50)
+st, _, _ = s3.request("POST", "/v1/completions", body)
+check(st == 200, "completion with a connecting publisher")
+got_stored = False
+deadline = time.monotonic() + 10
+while not got_stored and time.monotonic() < deadline:
+    if collector.poll(100):
+        topic, _, payload = collector.recv_multipart()
+        check(topic.endswith(b"@tiny"), f"default topic {topic!r}")
+        got_stored = any(e[0] == "BlockStored" and e[1] == [want[0]] for e in msgpack.unpackb(payload, raw=False)[1])
+check(got_stored, "no BlockStored reached a subscriber that binds")
+check(s3.stop() == 0, "exit status")
 print("ok")

@@ -52,7 +52,7 @@ for i in range(REQUESTS):
 def run(policy):
     ports = [free_port() for _ in range(2)]
     reps = [Servd(a, ["--model", f"{llama}:tiny", "--kv-blocks", str(KV_BLOCKS), "--speculative", "off",
-                      "--kv-events-endpoint", f"tcp://127.0.0.1:{p}"]) for p in ports]
+                      "--kv-events-endpoint", f"tcp://*:{p}"]) for p in ports]
     router = kv_router.Router([(r.url, f"tcp://127.0.0.1:{p}") for r, p in zip(reps, ports)], BLOCK, seed=1)
     time.sleep(0.5)  # the subscriptions reach the publishers
     pick_rng = random.Random(3)
