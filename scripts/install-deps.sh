@@ -46,9 +46,11 @@ fi
 
 # Readers of what servd exports for Kubernetes serving stacks: the Prometheus text parser (the
 # model-server protocol's metrics), a ZeroMQ + msgpack subscriber and CBOR for llm-d's block hashes
-# (KV-cache events), OpenTelemetry's protobuf messages (an OTLP collector for the trace tests).
-"$venv/bin/python" -c "import prometheus_client, zmq, msgpack, cbor2, opentelemetry.proto" 2>/dev/null ||
-  "$venv/bin/pip" install --quiet "prometheus_client" "pyzmq" "msgpack" "cbor2" "opentelemetry-proto"
+# (KV-cache events), OpenTelemetry's protobuf messages (an OTLP collector for the trace tests), and
+# the Kubernetes schema validator with its bundled schemas (deploy/ checked offline).
+"$venv/bin/python" -c "import prometheus_client, zmq, msgpack, cbor2, opentelemetry.proto, kubernetes_validate" \
+  2>/dev/null || "$venv/bin/pip" install --quiet "prometheus_client" "pyzmq" "msgpack" "cbor2" "opentelemetry-proto" \
+  "kubernetes-validate"
 
 # Python packages servd's interpreters use at run time (llguidance: structured outputs), pinned,
 # into the directory a build tree's servd puts on sys.path (build/python-deps).
