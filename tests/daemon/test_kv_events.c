@@ -70,7 +70,7 @@ static void test_hooks(void **state) {
   pc.events_ud = &s;
 
   /* A chain of three blocks: each stored after the one before it. */
-  int32_t toks[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, ids[3];
+  int32_t toks[24] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24}, ids[3];
   assert_int_equal(prefix_cache_alloc(&pc, 3, ids), 0);
   prefix_chain c = {0};
   for (int i = 0; i < 3; i++) prefix_cache_register(&pc, 7, &c, ids[i], toks + i * BS);
@@ -113,6 +113,19 @@ static void test_hooks(void **state) {
   prefix_cache_release(&pc, 1, &b);
   prefix_cache_release(&pc, 1, &a[1]);
   prefix_cache_release(&pc, 2, filler);
+
+  /* Emptied (sleep, level 1): every cached block nobody holds goes, and each is told. */
+  int32_t held[2];
+  assert_int_equal(prefix_cache_alloc(&pc, 2, held), 0);
+  prefix_chain c4 = {0};
+  for (int i = 0; i < 2; i++) prefix_cache_register(&pc, 11, &c4, held[i], toks + 4 * BS + i * BS);
+  prefix_cache_release(&pc, 2, held);
+  int removed = s.n_removed, cached = pc.n_cached;
+  assert_true(cached >= 2);
+  assert_int_equal(prefix_cache_clear(&pc), cached);
+  assert_int_equal(pc.n_cached, 0);
+  assert_int_equal(s.n_removed, removed + cached);
+  assert_int_equal(servd_kv_cache_free_blocks(kv), 4);
 
   prefix_cache_free(&pc);
   servd_kv_cache_destroy(kv);
