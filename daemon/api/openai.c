@@ -978,7 +978,7 @@ static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, b
   if (!jm || json_is_null(jm)) {
     int n = 0;
     for (api_model *x = a->models; x; x = x->next) {
-      if (x->state != M_UNAVAILABLE) {
+      if (x->state != M_UNAVAILABLE || x->sleep_level) { /* a sleeper is served: the request wakes it */
         am = x;
         n++;
       }

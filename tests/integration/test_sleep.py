@@ -138,7 +138,8 @@ deadline = time.monotonic() + 30
 while time.monotonic() < deadline and t.json("GET", "/is_sleeping")[1]["models"]["tiny"]["level"] != 2:
     time.sleep(0.1)
 check(t.json("GET", "/is_sleeping")[1]["models"]["tiny"]["level"] == 2, "idle model not unloaded")
-st, h, _ = t.request("POST", "/v1/completions", body)
+# Without "model" (the server's one model is asleep): that model, waking.
+st, h, _ = t.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
 check(st == 503 and h.get("retry-after"), f"tiny: request to the unloaded model: {st}")
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
