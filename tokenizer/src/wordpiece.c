@@ -316,26 +316,26 @@ static int encode_word(const servd_tokenizer *t, const uint8_t *s, size_t n, siz
   return 0;
 }
 
-int wp__encode(const servd_tokenizer *t, const uint8_t *s, size_t n, word_cache *cache, tok_buf *scratch,
-               int32_t **out, size_t *n_out, size_t *cap) {
+int wp__encode(const servd_tokenizer *t, const uint8_t *s, size_t n, word_cache *cache, tok_buf *scratch, int32_t **out,
+               size_t *n_out, size_t *cap) {
   size_t word = 0, nchars = 0, p = 0;
   int rc = 0;
   /* emits s[word..end) as a word (through the cache when the caller holds its lock) */
-#define WP_FLUSH(end)                                                                                                \
-  do {                                                                                                               \
-    size_t wl = (end) - word;                                                                                        \
-    if (wl) {                                                                                                        \
-      int nc = 0;                                                                                                    \
-      const int32_t *hit = cache && wl <= 64 ? word_cache_get(cache, s + word, wl, &nc) : NULL;                     \
-      if (hit) {                                                                                                     \
-        for (int k = 0; !rc && k < nc; k++) rc = push_id(out, n_out, cap, hit[k]);                                   \
-      } else {                                                                                                       \
-        size_t b0 = *n_out;                                                                                          \
-        rc = encode_word(t, s + word, wl, nchars, scratch, out, n_out, cap);                                         \
-        if (!rc && cache && wl <= 64) word_cache_put(cache, s + word, wl, *out + b0, (int)(*n_out - b0));            \
-      }                                                                                                              \
-      if (rc) return rc;                                                                                             \
-    }                                                                                                                \
+#define WP_FLUSH(end) \
+  do { \
+    size_t wl = (end)-word; \
+    if (wl) { \
+      int nc = 0; \
+      const int32_t *hit = cache && wl <= 64 ? word_cache_get(cache, s + word, wl, &nc) : NULL; \
+      if (hit) { \
+        for (int k = 0; !rc && k < nc; k++) rc = push_id(out, n_out, cap, hit[k]); \
+      } else { \
+        size_t b0 = *n_out; \
+        rc = encode_word(t, s + word, wl, nchars, scratch, out, n_out, cap); \
+        if (!rc && cache && wl <= 64) word_cache_put(cache, s + word, wl, *out + b0, (int)(*n_out - b0)); \
+      } \
+      if (rc) return rc; \
+    } \
   } while (0)
   while (p < n) {
     uint32_t c;
