@@ -11,8 +11,8 @@
 #include "servd/status.h"
 
 /* One line per family. */
-static const mpk_arch *const arches[] = {&mpk__arch_llama, &mpk__arch_mistral, &mpk__arch_qwen2,
-                                         &mpk__arch_qwen3, &mpk__arch_gemma3,  &mpk__arch_phi3};
+static const mpk_arch *const arches[] = {&mpk__arch_llama,  &mpk__arch_mistral, &mpk__arch_qwen2, &mpk__arch_qwen3,
+                                         &mpk__arch_gemma3, &mpk__arch_phi3,    &mpk__arch_bert};
 #define N_ARCHES (sizeof arches / sizeof *arches)
 
 static void join(char *buf, size_t cap, size_t *o, const char *const *list) {
@@ -91,8 +91,11 @@ void mpk__arch_map_name(const mpk_name_map *m, const char *src, char *out, size_
       snprintf(out, cap, "%s", p->dst);
       return;
     }
-  size_t pl = m->block_prefix ? strlen(m->block_prefix) : 0;
-  if (pl && !strncmp(src, m->block_prefix, pl)) {
+  const char *prefix = m->block_prefix;
+  if (m->block_prefix_alt && !strncmp(src, m->block_prefix_alt, strlen(m->block_prefix_alt)))
+    prefix = m->block_prefix_alt; /* the same blocks under the second prefix */
+  size_t pl = prefix ? strlen(prefix) : 0;
+  if (pl && !strncmp(src, prefix, pl)) {
     const char *s = src + pl;
     char *end;
     unsigned long layer = strtoul(s, &end, 10);

@@ -26,10 +26,12 @@ typedef struct mpk_name_pair {
 
 /* Source tensor names -> canonical names. Whole names are looked up in `global`; per-layer names
  * "<block_prefix><N>.<suffix>" in `block` by suffix, becoming "model.layers.<N>.<dst>". Tables end
- * with {NULL, NULL}; a NULL table or prefix maps nothing. Names no table matches are kept. */
+ * with {NULL, NULL}; a NULL table or prefix maps nothing. Names no table matches are kept; a name
+ * mapped to "" is left out of the package (a buffer the code never reads). */
 typedef struct mpk_name_map {
   const char *block_prefix;
   const mpk_name_pair *global, *block;
+  const char *block_prefix_alt; /* a second prefix of the same blocks (BERT heads' "bert.encoder.layer."), or NULL */
 } mpk_name_map;
 
 /* The tensors of a package or a source under canonical names, sorted by name (mpk__shapes_sort). */
@@ -73,6 +75,7 @@ extern const mpk_arch mpk__arch_qwen2;
 extern const mpk_arch mpk__arch_qwen3;
 extern const mpk_arch mpk__arch_gemma3;
 extern const mpk_arch mpk__arch_phi3;
+extern const mpk_arch mpk__arch_bert;
 
 /* An importer's config step: a->prepare_config (if any), then a->check_config. */
 int mpk__arch_config(const mpk_arch *a, const char *what, json_t *config);
