@@ -104,8 +104,8 @@ static int read_dims(const char *what, const json_t *c, dims *d) {
       (rc = mpk__cfg_pos(what, c, "layer_norm_eps", false, 1e-12, &eps)))
     return rc;
   if (d->hidden % d->heads)
-    return servd_fail(SERVD_EFORMAT, "%s: config: hidden_size %lld is not a multiple of num_attention_heads %lld",
-                      what, (long long)d->hidden, (long long)d->heads);
+    return servd_fail(SERVD_EFORMAT, "%s: config: hidden_size %lld is not a multiple of num_attention_heads %lld", what,
+                      (long long)d->hidden, (long long)d->heads);
   return 0;
 }
 

@@ -16,23 +16,24 @@ static servd_tokenizer *fixed;
 /* Specials, ASCII letters and their ## forms, a few words, accented and CJK entries. */
 static servd_tokenizer *build_fixed(void) {
   static const char *words[] = {"the", "##s", "##ing", "hello", "world", "un", "##aff", "##able", "中", "日",
-                                "é",   "ß",   "##é",   ".",     ",",     "!",  "##ü",   "σ",      "ω", "##ω"};
+                                "é",   "ß",   "##é",   ".",     ",",     "!",  "##ü",   "σ",      "ω",  "##ω"};
   char *buf = malloc(1 << 16), *p = buf;
   int id = 0;
-  p += sprintf(p, "{\"added_tokens\":[{\"id\":1,\"content\":\"[UNK]\",\"special\":true},"
-                  "{\"id\":2,\"content\":\"[CLS]\",\"special\":true},{\"id\":3,\"content\":\"[SEP]\",\"special\":true}],"
-                  "\"normalizer\":{\"type\":\"BertNormalizer\",\"clean_text\":true,\"handle_chinese_chars\":true,"
-                  "\"strip_accents\":null,\"lowercase\":true},\"pre_tokenizer\":{\"type\":\"BertPreTokenizer\"},"
-                  "\"decoder\":{\"type\":\"WordPiece\",\"prefix\":\"##\",\"cleanup\":true},"
-                  "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"[CLS]\","
-                  "\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},{\"SpecialToken\":{\"id\":\"[SEP]\","
-                  "\"type_id\":0}}],\"pair\":[{\"SpecialToken\":{\"id\":\"[CLS]\",\"type_id\":0}},{\"Sequence\":{\"id\":"
-                  "\"A\",\"type_id\":0}},{\"SpecialToken\":{\"id\":\"[SEP]\",\"type_id\":0}},{\"Sequence\":{\"id\":\"B\","
-                  "\"type_id\":1}},{\"SpecialToken\":{\"id\":\"[SEP]\",\"type_id\":1}}],\"special_tokens\":{\"[CLS]\":"
-                  "{\"id\":\"[CLS]\",\"ids\":[2],\"tokens\":[\"[CLS]\"]},\"[SEP]\":{\"id\":\"[SEP]\",\"ids\":[3],"
-                  "\"tokens\":[\"[SEP]\"]}}},\"model\":{\"type\":\"WordPiece\",\"unk_token\":\"[UNK]\","
-                  "\"continuing_subword_prefix\":\"##\",\"max_input_chars_per_word\":20,\"vocab\":{"
-                  "\"[PAD]\":0,\"[UNK]\":1,\"[CLS]\":2,\"[SEP]\":3");
+  p += sprintf(p,
+               "{\"added_tokens\":[{\"id\":1,\"content\":\"[UNK]\",\"special\":true},"
+               "{\"id\":2,\"content\":\"[CLS]\",\"special\":true},{\"id\":3,\"content\":\"[SEP]\",\"special\":true}],"
+               "\"normalizer\":{\"type\":\"BertNormalizer\",\"clean_text\":true,\"handle_chinese_chars\":true,"
+               "\"strip_accents\":null,\"lowercase\":true},\"pre_tokenizer\":{\"type\":\"BertPreTokenizer\"},"
+               "\"decoder\":{\"type\":\"WordPiece\",\"prefix\":\"##\",\"cleanup\":true},"
+               "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"[CLS]\","
+               "\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},{\"SpecialToken\":{\"id\":\"[SEP]\","
+               "\"type_id\":0}}],\"pair\":[{\"SpecialToken\":{\"id\":\"[CLS]\",\"type_id\":0}},{\"Sequence\":{\"id\":"
+               "\"A\",\"type_id\":0}},{\"SpecialToken\":{\"id\":\"[SEP]\",\"type_id\":0}},{\"Sequence\":{\"id\":\"B\","
+               "\"type_id\":1}},{\"SpecialToken\":{\"id\":\"[SEP]\",\"type_id\":1}}],\"special_tokens\":{\"[CLS]\":"
+               "{\"id\":\"[CLS]\",\"ids\":[2],\"tokens\":[\"[CLS]\"]},\"[SEP]\":{\"id\":\"[SEP]\",\"ids\":[3],"
+               "\"tokens\":[\"[SEP]\"]}}},\"model\":{\"type\":\"WordPiece\",\"unk_token\":\"[UNK]\","
+               "\"continuing_subword_prefix\":\"##\",\"max_input_chars_per_word\":20,\"vocab\":{"
+               "\"[PAD]\":0,\"[UNK]\":1,\"[CLS]\":2,\"[SEP]\":3");
   id = 4;
   for (char c = 'a'; c <= 'z'; c++) p += sprintf(p, ",\"%c\":%d,\"##%c\":%d", c, id, c, id + 1), id += 2;
   for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) p += sprintf(p, ",\"%s\":%d", words[i], id++);
@@ -46,7 +47,11 @@ static servd_tokenizer *build_fixed(void) {
 static int valid_utf8(const uint8_t *s, size_t n) {
   for (size_t i = 0; i < n;) {
     uint8_t c = s[i];
-    size_t l = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+    size_t l = c < 0x80                   ? 1
+               : (c >= 0xC2 && c <= 0xDF) ? 2
+               : (c >= 0xE0 && c <= 0xEF) ? 3
+               : (c >= 0xF0 && c <= 0xF4) ? 4
+                                          : 0;
     if (!l || i + l > n) return 0;
     for (size_t k = 1; k < l; k++)
       if ((s[i + k] & 0xC0) != 0x80) return 0;
