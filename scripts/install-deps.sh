@@ -11,7 +11,7 @@ pkgs=(
   libhttp-parser-dev libopenblas-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler
   libpython3.11-dev python3 python3-jinja2 python3-numpy python3-venv python3-pip python3-yaml
   prometheus curl gnuplot-nox linux-perf
-  libutf8proc-dev
+  libutf8proc-dev python3-scipy
 )
 
 missing=()

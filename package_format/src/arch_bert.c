@@ -129,6 +129,12 @@ static int check_config(const mpk_arch *a, const char *what, const json_t *c) {
   return 0;
 }
 
+/* Pack time: the engine reads "is_causal": false as "an encoder" (whole prompts in one step). */
+static int prepare_config(const mpk_arch *a, const char *what, json_t *c) {
+  (void)a, (void)what;
+  return json_object_set_new(c, "is_causal", json_false()) ? servd_fail(SERVD_ENOMEM, "out of memory") : 0;
+}
+
 static int check_tensors(const mpk_arch *a, const char *what, const json_t *c, const mpk_shapes *s) {
   (void)a;
   dims d;
@@ -208,6 +214,7 @@ const mpk_arch mpk__arch_bert = {
     .code = "bert",
     .entry_point = "bert.model:BertModel",
     .gguf_config = gguf_config,
+    .prepare_config = prepare_config,
     .check_config = check_config,
     .check_tensors = check_tensors,
 };
