@@ -18,8 +18,9 @@ extern "C" int servd_cuda_bias_gelu(servd_cuda_ctx *c, servd_tensor *out, const 
   const int threads = 256;
   const long long grid = (n + threads - 1) / threads;
   if (grid > 0x7fffffffLL) return servd_fail(SERVD_ERANGE, "cuda bias_gelu: %lld elements", n);
-  bias_gelu_kernel<<<(unsigned)grid, threads, 0, servd__stream(c)>>>(
-      (float *)servd_tensor_data(out), (const float *)servd_tensor_data(x), (const float *)servd_tensor_data(b), n, cols);
+  bias_gelu_kernel<<<(unsigned)grid, threads, 0, servd__stream(c)>>>((float *)servd_tensor_data(out),
+                                                                     (const float *)servd_tensor_data(x),
+                                                                     (const float *)servd_tensor_data(b), n, cols);
   SERVD_CUDA_LAUNCH_CHECK();
   return SERVD_OK;
 }

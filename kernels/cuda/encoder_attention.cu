@@ -4,9 +4,8 @@
 // reference is kernels/src/encoder_attention.c.
 #include "cuda_common.cuh"
 
-__global__ void encoder_attention_kernel(float *out, const float *q, const float *k, const float *v,
-                                         const int *offsets, int n_seqs, long long t, int heads, int hd,
-                                         float scale) {
+__global__ void encoder_attention_kernel(float *out, const float *q, const float *k, const float *v, const int *offsets,
+                                         int n_seqs, long long t, int heads, int hd, float scale) {
   const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= t * heads) return;
   const long long r = idx / heads;
@@ -39,8 +38,7 @@ __global__ void encoder_attention_kernel(float *out, const float *q, const float
 // Called by servd_device_encoder_attention after the checks (servd__check_encoder_attention, one
 // device, contiguous).
 extern "C" int servd_cuda_encoder_attention(servd_cuda_ctx *c, servd_tensor *out, const servd_tensor *q,
-                                            const servd_tensor *k, const servd_tensor *v,
-                                            const servd_tensor *offsets) {
+                                            const servd_tensor *k, const servd_tensor *v, const servd_tensor *offsets) {
   const long long t = q->shape[0];
   const int heads = (int)q->shape[1], hd = (int)q->shape[2], n_seqs = (int)offsets->shape[0] - 1;
   if (hd > 128) return servd_fail(SERVD_EUNSUPPORTED, "cuda encoder_attention: head_dim %d over 128", hd);

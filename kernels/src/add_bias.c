@@ -10,8 +10,9 @@ int servd__check_rows_bias(const char *op, servd_tensor *out, const servd_tensor
             out->ndim == x->ndim && out->ndim >= 1 && b->ndim == 1 && b->shape[0] == out->shape[out->ndim - 1];
   for (int i = 0; ok && i < out->ndim; i++) ok = out->shape[i] == x->shape[i];
   if (!ok)
-    return servd_fail(SERVD_EINVAL, "%s: expected f32 out and x of one shape (..., n) and b (n); got out %s, x %s, b %s",
-                      op, ops__desc(out, bo, sizeof bo), ops__desc(x, bx, sizeof bx), ops__desc(b, bb, sizeof bb));
+    return servd_fail(SERVD_EINVAL,
+                      "%s: expected f32 out and x of one shape (..., n) and b (n); got out %s, x %s, b %s", op,
+                      ops__desc(out, bo, sizeof bo), ops__desc(x, bx, sizeof bx), ops__desc(b, bb, sizeof bb));
   return 0;
 }
 
@@ -27,8 +28,8 @@ typedef struct bias_job {
 static void add_bias_task(void *ctx, int64_t begin, int64_t end, int thread) {
   (void)thread;
   const bias_job *j = ctx;
-  static void (*const adds[SERVD_ISA_COUNT])(float *, const float *, const float *, int64_t) = {
-      servd__add_scalar, servd__add_avx2, servd__add_avx512};
+  static void (*const adds[SERVD_ISA_COUNT])(float *, const float *, const float *,
+                                             int64_t) = {servd__add_scalar, servd__add_avx2, servd__add_avx512};
   void (*add)(float *, const float *, const float *, int64_t) = adds[ops__isa()];
   for (int64_t r = begin; r < end; r++)
     add((float *)(j->o.data + r * j->o.stride), (const float *)(j->x.data + r * j->x.stride), j->b, j->o.cols);

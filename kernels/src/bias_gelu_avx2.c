@@ -22,7 +22,8 @@ static inline __m256 gelu8(__m256 z) {
 
 void servd__bias_gelu_avx2(float *out, const float *x, const float *b, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, gelu8(_mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(b + i))));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, gelu8(_mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(b + i))));
   if (i < n) {
     __m256i m = ops__tailmask256(n - i);
     _mm256_maskstore_ps(out + i, m, gelu8(_mm256_add_ps(_mm256_maskload_ps(x + i, m), _mm256_maskload_ps(b + i, m))));

@@ -96,9 +96,22 @@ int servd_encoder_attention(servd_tensor *out, const servd_tensor *q, const serv
     return servd_fail(SERVD_EINVAL, "encoder_attention: the heads of a row must be contiguous, k and v one row stride");
   static const head_fn fns[SERVD_ISA_COUNT] = {servd__enc_attn_head_scalar, servd__enc_attn_head_avx2,
                                                servd__enc_attn_head_avx2};
-  enc_job j = {servd_tensor_data(out), servd_tensor_data(q), servd_tensor_data(k), servd_tensor_data(v),
-               out->strides[0], q->strides[0], k->strides[0], v->strides[0], off, n_seqs,
-               (int)q->shape[1], (int)q->shape[2], longest, 1.0f / sqrtf((float)q->shape[2]), fns[ops__isa()], NULL};
+  enc_job j = {servd_tensor_data(out),
+               servd_tensor_data(q),
+               servd_tensor_data(k),
+               servd_tensor_data(v),
+               out->strides[0],
+               q->strides[0],
+               k->strides[0],
+               v->strides[0],
+               off,
+               n_seqs,
+               (int)q->shape[1],
+               (int)q->shape[2],
+               longest,
+               1.0f / sqrtf((float)q->shape[2]),
+               fns[ops__isa()],
+               NULL};
   if (t == 0) return 0;
   int slots = servd_threadpool_size();
   j.scratch = malloc((size_t)(slots > 0 ? slots : 1) * (size_t)longest * sizeof(float));

@@ -16,8 +16,8 @@ static inline float dot(const float *a, const float *b, int hd) {
   return ops__hsum256(acc);
 }
 
-void servd__enc_attn_head_avx2(float *o, const float *q, const float *k, const float *v, int n, int hd,
-                               int64_t stride, float scale, float *p) {
+void servd__enc_attn_head_avx2(float *o, const float *q, const float *k, const float *v, int n, int hd, int64_t stride,
+                               float scale, float *p) {
   float mx = -INFINITY;
   for (int j = 0; j < n; j++) {
     p[j] = dot(q, k + j * stride, hd) * scale;

@@ -179,7 +179,8 @@ static void test_encoder_attention(void **state) {
   }
   servd_cpu_force_isa(SERVD_ISA_COUNT);
   /* a one-token sequence attends to itself alone: out = its v */
-  for (int d = 0; d < HEADS * HD; d++) assert_true(fabsf(((float *)servd_tensor_data(out))[5 * HEADS * HD + d] - pv[5 * HEADS * HD + d]) < 1e-6f);
+  for (int d = 0; d < HEADS * HD; d++)
+    assert_true(fabsf(((float *)servd_tensor_data(out))[5 * HEADS * HD + d] - pv[5 * HEADS * HD + d]) < 1e-6f);
   /* refusals: offsets that do not end at t, that descend, q of another shape */
   int32_t *po = servd_tensor_data(off);
   po[NS] = T - 1;
