@@ -7,7 +7,8 @@ ids of the same tokenizer.json:
   accents, punctuation, long, near-empty) through the official openai client, cosine >= 0.9999 and
   unit norm; the same vectors through LangChain's and LiteLLM's embedding clients;
 - bad input: an empty list, an empty string, token ids out of range, input over max_seq_length,
-  10k inputs in one request: a 400 naming the field, and the server still serves.
+  10k inputs in one request: a 400 naming the field, and the server still serves;
+- truncate_prompt_tokens (k and -1): the first tokens and [SEP], as Hugging Face's truncation.
 """
 import json
 import os
@@ -156,6 +157,18 @@ def main():
         except ImportError as e:
             print(f"litellm missing: {e}")
         bad_input(s, "minilm")
+        # truncate_prompt_tokens: the first tokens and [SEP], as Hugging Face truncates on the right
+        long_text = " ".join(["retrieval", "augmented", "generation", "naïve", "東京"] * 120)
+        for k, n in ((50, 50), (-1, 255)):
+            r = client.embeddings.create(model="minilm", input=long_text, extra_body={"truncate_prompt_tokens": k})
+            tok.enable_truncation(n)
+            ids = tok.encode(long_text).ids
+            tok.no_truncation()
+            check(len(ids) == n and ids[-1] == 102, f"reference truncation: {len(ids)} ids")
+            c = cos(np.array(r.data[0].embedding), ref.embed(ids))
+            check(c >= 0.9999 and r.usage.prompt_tokens == n, f"truncate_prompt_tokens {k}: cosine {c}, "
+                                                               f"{r.usage.prompt_tokens} tokens")
+        print("truncate_prompt_tokens: ok")
     s.stop()
     print("ok")
 
