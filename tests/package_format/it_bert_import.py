@@ -94,6 +94,38 @@ def main():  # noqa: C901
         c = man["config"]
         assert c["pooling"] == "mean" and c["normalize"] is True and c["max_seq_length"] == 256, c
         print(f"all-MiniLM-L6-v2: {len(src) - 1} tensors packed, bytes equal")
+
+        # the same model as a GGUF f16 (llama.cpp's BERT layout and phantom-space WordPiece vocabulary)
+        gg = os.path.join(tmp, "minilm-f16.gguf")
+        subprocess.check_call([sys.executable, os.path.join(ROOT, "scripts", "bench", "minilm_gguf.py"), mini, gg])
+        out = os.path.join(tmp, "minilm-gguf.mpk")
+        CLI.run("pack", gg, "-o", out, "--code", CODE, "--quiet")
+        CLI.run("verify", out)
+        man, tensors = pkgread.load(out)
+        c = man["config"]
+        assert man["architecture"] == "bert" and c["pooling"] == "mean" and c["is_causal"] is False, c
+        assert c["hidden_size"] == 384 and c["num_hidden_layers"] == 6 and c["type_vocab_size"] == 2, c
+        for name, a in src.items():
+            if name.endswith("position_ids") or name.startswith("pooler."):  # the converter leaves the pooler out
+                continue
+            dt, shape, data = tensors[canonical(name)]
+            want = a.astype(np.float16 if a.ndim == 2 and "token_type" not in name else np.float32)
+            assert shape == a.shape and data == want.tobytes(), name
+        # its tokenizer.json, rebuilt from the GGUF, gives Hugging Face's ids of the original
+        from tokenizers import Tokenizer
+        import zipfile
+        rebuilt = Tokenizer.from_str(zipfile.ZipFile(out).read("tokenizer.json").decode())
+        orig = Tokenizer.from_file(os.path.join(mini, "tokenizer.json"))
+        for t in (rebuilt, orig):
+            t.no_truncation()
+            t.no_padding()
+        texts = ["Héllo Wörld! naïve café", "東京タワー 中文", "U.S.A. don't [brackets] 3.14", "supercalifragilistic",
+                 "ＦＵＬＬ ｗｉｄｔｈ and İstanbul", "", "x" * 120]
+        for text in texts:
+            assert rebuilt.encode(text).ids == orig.encode(text).ids, text
+            e = rebuilt.encode(text, "a second text")
+            assert e.type_ids == orig.encode(text, "a second text").type_ids, text
+        print("all-MiniLM-L6-v2 as GGUF f16: packed, tensors and tokenizer ids equal")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
