@@ -91,11 +91,8 @@ void mpk__arch_map_name(const mpk_name_map *m, const char *src, char *out, size_
       snprintf(out, cap, "%s", p->dst);
       return;
     }
-  const char *prefix = m->block_prefix;
-  if (m->block_prefix_alt && !strncmp(src, m->block_prefix_alt, strlen(m->block_prefix_alt)))
-    prefix = m->block_prefix_alt; /* the same blocks under the second prefix */
-  size_t pl = prefix ? strlen(prefix) : 0;
-  if (pl && !strncmp(src, prefix, pl)) {
+  size_t pl = m->block_prefix ? strlen(m->block_prefix) : 0;
+  if (pl && !strncmp(src, m->block_prefix, pl)) {
     const char *s = src + pl;
     char *end;
     unsigned long layer = strtoul(s, &end, 10);

@@ -31,7 +31,6 @@ typedef struct mpk_name_pair {
 typedef struct mpk_name_map {
   const char *block_prefix;
   const mpk_name_pair *global, *block;
-  const char *block_prefix_alt; /* a second prefix of the same blocks (BERT heads' "bert.encoder.layer."), or NULL */
 } mpk_name_map;
 
 /* The tensors of a package or a source under canonical names, sorted by name (mpk__shapes_sort). */
@@ -51,6 +50,9 @@ typedef struct mpk_arch {
   const char *const *hf_architectures; /* config.json architectures accepted; [0] is written for GGUF sources */
   const char *const *gguf_archs;       /* general.architecture accepted (also its metadata key prefix) */
   mpk_name_map gguf_names, hf_names;
+  /* Optional: a prefix the Hugging Face names may carry, cut before hf_names maps them (a BERT
+   * cross-encoder's "bert."): the same tensors as the bare model's. */
+  const char *hf_prefix;
   const char *rope_layout_gguf, *rope_layout_hf; /* "interleaved" (llama.cpp permuted Q/K rows) or "half" */
   const char *code;                              /* the code folder: models/<code>, packed as code/<code>/ */
   const char *entry_point;                       /* default "module:callable" of that code */

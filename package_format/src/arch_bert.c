@@ -31,16 +31,8 @@ static const mpk_name_pair hf_global[] = {
     {"embeddings.token_type_embeddings.weight", "model.embed_token_types.weight"},
     {"embeddings.LayerNorm.weight", "model.embed_norm.weight"},
     {"embeddings.LayerNorm.bias", "model.embed_norm.bias"},
-    {"bert.embeddings.word_embeddings.weight", "model.embed_tokens.weight"},
-    {"bert.embeddings.position_embeddings.weight", "model.embed_positions.weight"},
-    {"bert.embeddings.token_type_embeddings.weight", "model.embed_token_types.weight"},
-    {"bert.embeddings.LayerNorm.weight", "model.embed_norm.weight"},
-    {"bert.embeddings.LayerNorm.bias", "model.embed_norm.bias"},
     /* transformers' position_ids buffer (0..max-1, I64): the code counts positions itself */
     {"embeddings.position_ids", ""},
-    {"bert.embeddings.position_ids", ""},
-    {"bert.pooler.dense.weight", "pooler.dense.weight"},
-    {"bert.pooler.dense.bias", "pooler.dense.bias"},
     {NULL, NULL}};
 static const mpk_name_pair hf_block[] = {{"attention.self.query.weight", "self_attn.q_proj.weight"},
                                          {"attention.self.query.bias", "self_attn.q_proj.bias"},
@@ -234,7 +226,8 @@ const mpk_arch mpk__arch_bert = {
     .hf_architectures = hf_archs,
     .gguf_archs = gguf_archs,
     .gguf_names = {"blk.", gguf_global, gguf_block},
-    .hf_names = {"encoder.layer.", hf_global, hf_block, "bert.encoder.layer."},
+    .hf_names = {"encoder.layer.", hf_global, hf_block},
+    .hf_prefix = "bert.",
     /* no RoPE (absolute positions); the manifest's field is required of every causal-lm package */
     .rope_layout_gguf = "half",
     .rope_layout_hf = "half",

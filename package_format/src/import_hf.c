@@ -187,7 +187,10 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
     for (size_t j = 0; j < sh[i].h->n; j++) {
       const mpk_st_tensor *t = &sh[i].h->tensors[j];
       char cn[512];
-      mpk__arch_map_name(&arch->hf_names, t->name, cn, sizeof cn);
+      const char *src = t->name;
+      size_t hp = arch->hf_prefix ? strlen(arch->hf_prefix) : 0;
+      if (hp && !strncmp(src, arch->hf_prefix, hp)) src += hp;
+      mpk__arch_map_name(&arch->hf_names, src, cn, sizeof cn);
       if (!cn[0]) continue; /* a buffer the family's code never reads (mapped to "") */
       refs[k] = (tref){t->name, i, j, strdup(cn)};
       if (!refs[k++].canon) {
