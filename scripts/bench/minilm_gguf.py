@@ -59,7 +59,8 @@ def main():
     w.add_eos_token_id(vocab["[SEP]"])
     w.add_sep_token_id(vocab["[SEP]"])
     w.add_pad_token_id(vocab["[PAD]"])
-    w.add_mask_token_id(vocab["[MASK]"])
+    if "[MASK]" in vocab:
+        w.add_mask_token_id(vocab["[MASK]"])
     w.add_add_bos_token(True)
     w.add_add_eos_token(True)
     for name, t in sorted(read_safetensors(os.path.join(folder, "model.safetensors")).items()):
