@@ -86,8 +86,9 @@ int mpk__gguf_wpm_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *t
     if (!json_object_get(vocab, buf)) json_object_set_new(vocab, buf, json_integer((json_int_t)i)); /* first id wins */
     if ((int64_t)i == unk) unk_json = json_incref(str);
     if ((types ? mpk_gguf_arr_int(types, i) : 1) == TT_CONTROL)
-      json_array_append_new(added, json_pack("{s:I,s:O,s:b,s:b,s:b,s:b,s:b}", "id", (json_int_t)i, "content", str,
-                                             "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1));
+      json_array_append_new(added,
+                            json_pack("{s:I,s:O,s:b,s:b,s:b,s:b,s:b}", "id", (json_int_t)i, "content", str,
+                                      "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1));
     json_decref(str);
   }
   const char *cls_s, *sep_s;
