@@ -239,6 +239,8 @@ int servd_plan_check(const servd_plan *p, const servd_forward_batch *b, char *wh
 #define RUN_T3(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2])
 #define RUN_T3F(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2], (n)->fval)
 #define RUN_T3L(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2], (n)->lval)
+#define RUN_T4F(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2], (n)->t[3], (n)->fval)
+#define RUN_T5(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2], (n)->t[3], (n)->t[4])
 #define RUN_TOPK(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2], (n)->ival[0])
 #define RUN_ROPE(name, n) servd_op__##name((n)->t[0], (n)->t[1], &(n)->rope)
 

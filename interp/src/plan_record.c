@@ -68,6 +68,8 @@ void plan__rec_tensor(plan_recorder *r, plan_node *n, const servd_tensor *t) {
 #define REC_SCALARS_T3F(n, a, b, c, x) (n)->fval = (x);
 #define REC_SCALARS_T3L(n, a, b, c, x) (n)->lval = (x);
 #define REC_SCALARS_TOPK(n, a, b, c, x) (n)->ival[0] = (x);
+#define REC_SCALARS_T4F(n, a, b, c, d, x) (n)->fval = (x);
+#define REC_SCALARS_T5(n, a, b, c, d, e)
 #define REC_SCALARS_ROPE(n, x, pos, params) (n)->rope = *(params);
 #define SERVD_OP(name, dispatch, py, sig, names) \
   SERVD__IF_ANY_##dispatch(int servd_plan__##name(SERVD__PARAMS(sig, names)) { \
