@@ -54,7 +54,7 @@ struct servd_request {
   int n_embedding;
   int lp_next;         /* prompt logprobs: the next prompt position to report (positions before it were) */
   servd_spec_seq spec; /* speculation: this step's drafts, the acceptance so far */
-  lora_adapter *lora;  /* the LoRA adapter it holds (NULL: the base alone), released at its end */
+  lora_adapter *lora;  /* the LoRA adapter it holds (NULL: the base alone), released when it finishes */
 };
 
 struct servd_model {
