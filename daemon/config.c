@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "lora_spec.h"
 #include "engine/speculate.h"
 #include "servd/status.h"
 
@@ -48,6 +49,7 @@ void servd_config_free(servd_config *c) {
   free(c->tls_key);
   free(c->tls_ca);
   free(c->package_cache);
+  free(c->prefix_cache_dir);
   free(c->kv_events_endpoint);
   free(c->kv_events_replay_endpoint);
   free(c->kv_events_topic);
@@ -59,6 +61,8 @@ void servd_config_free(servd_config *c) {
     free(c->models[i].name);
   }
   free(c->models);
+  for (int i = 0; i < c->n_loras; i++) free(c->loras[i]);
+  free(c->loras);
   memset(c, 0, sizeof(*c));
 }
 
@@ -76,6 +80,18 @@ static int add_repository(servd_config *c, const char *dir) {
   c->repository = r;
   if (!(r[c->n_repository] = strdup(dir))) return servd_fail(SERVD_ENOMEM, "config: out of memory");
   c->n_repository++;
+  return 0;
+}
+
+static int add_lora(servd_config *c, const char *spec) {
+  servd_lora_spec parsed;
+  int rc = servd_lora_spec_parse(spec, &parsed);
+  if (rc) return rc;
+  char **l = realloc(c->loras, (size_t)(c->n_loras + 1) * sizeof(char *));
+  if (!l) return servd_fail(SERVD_ENOMEM, "config: out of memory");
+  c->loras = l;
+  if (!(l[c->n_loras] = strdup(spec))) return servd_fail(SERVD_ENOMEM, "config: out of memory");
+  c->n_loras++;
   return 0;
 }
 
@@ -214,6 +230,26 @@ static int j_speculative(jctx *x, json_t *obj, int *out) {
   return parse_speculative(where, json_is_string(v) ? json_string_value(v) : NULL, out);
 }
 
+/* kv_cache_dtype: a dtype name; *out = 1 + the dtype. */
+static int parse_kv_dtype(const char *where, const char *v, int *out) {
+  servd_dtype t;
+  if (servd_kv_dtype_parse(v, &t) != 0) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "%s", servd_last_error());
+    return servd_fail(SERVD_EINVAL, "%s: %s", where, msg);
+  }
+  *out = 1 + (int)t;
+  return 0;
+}
+
+static int j_kv_dtype(jctx *x, json_t *obj, const char *at, int *out) {
+  json_t *v = json_object_get(obj, "kv_cache_dtype");
+  if (!v || json_is_null(v)) return 0;
+  char where[600];
+  snprintf(where, sizeof where, "config %s: %skv_cache_dtype", x->file, at);
+  return parse_kv_dtype(where, json_is_string(v) ? json_string_value(v) : NULL, out);
+}
+
 static int j_on_off(jctx *x, json_t *obj, const char *key, bool *out) {
   json_t *v = json_object_get(obj, key);
   if (!v || json_is_null(v)) return 0;
@@ -252,6 +288,7 @@ static int load_model_entry(jctx *x, servd_config *c, json_t *e, size_t i) {
                                      "max_batch_size",
                                      "max_batch_delay_ms",
                                      "isolation",
+                                     "kv_cache_dtype",
                                      NULL};
   char where[32];
   snprintf(where, sizeof where, "models[%zu]", i);
@@ -274,6 +311,9 @@ static int load_model_entry(jctx *x, servd_config *c, json_t *e, size_t i) {
       (rc = j_int(x, e, "max_batch_size", 1, 4096, &m->max_batch_size)) ||
       (rc = j_int(x, e, "max_batch_delay_ms", 0, 60000, &m->max_batch_delay_ms)))
     return rc;
+  char at[48];
+  snprintf(at, sizeof at, "%s.", where);
+  if ((rc = j_kv_dtype(x, e, at, &m->kv_cache_dtype))) return rc;
   json_t *iso = json_object_get(e, "isolation");
   if (iso && !json_is_null(iso)) {
     char what[64];
@@ -329,6 +369,9 @@ int servd_config_load_file(servd_config *c, const char *path) {
                                      "tls_cert",
                                      "tls_key",
                                      "tls_ca",
+                                     "kv_cache_dtype",
+                                     "prefix_cache_dir",
+                                     "prefix_cache_dir_mb",
                                      NULL};
   json_error_t err;
   json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
@@ -375,7 +418,10 @@ int servd_config_load_file(servd_config *c, const char *path) {
       (rc = j_on_off(&x, root, "cuda_graphs", &c->cuda_graphs)) ||
       (rc = j_int(&x, root, "cuda_graph_max_batch", 1, MAX_GRAPH_BATCH, &c->cuda_graph_max_batch)) ||
       (rc = j_int(&x, root, "grpc_port", -1, 65535, &c->grpc_port)) ||
-      (rc = j_num(&x, root, "grpc_max_message_bytes", 1024, 4294967295.0, &grpc_msg)))
+      (rc = j_num(&x, root, "grpc_max_message_bytes", 1024, 4294967295.0, &grpc_msg)) ||
+      (rc = j_kv_dtype(&x, root, "", &c->kv_cache_dtype)) ||
+      (rc = j_str(&x, root, "prefix_cache_dir", &c->prefix_cache_dir)) ||
+      (rc = j_int(&x, root, "prefix_cache_dir_mb", 1, 1 << 24, &c->prefix_cache_dir_mb)))
     goto out;
   c->grpc_max_message_bytes = (size_t)grpc_msg;
   c->max_body_bytes = (size_t)body;
@@ -447,14 +493,23 @@ void servd_config_usage(FILE *f) {
         "  --max-seqs N            running sequences per language model\n"
         "  --max-batch-tokens N    token budget per scheduler step\n"
         "  --kv-blocks N           KV cache blocks per language model\n"
+        "  --kv-cache-dtype T      KV cache dtype of language models: f16, bf16, q8_0 (~1.9x the tokens of\n"
+        "                          f16 per byte), q4_0 or f32 (default: the package's, else f16)\n"
         "  --api-key KEY           require 'Authorization: Bearer KEY' (or set SERVD_API_KEY)\n"
         "  --no-prefix-cache       compute every prompt in full (no sharing of common prompt beginnings)\n"
+        "  --prefix-cache-dir DIR  also keep the prefix cache's full blocks in files under DIR, found again\n"
+        "                          after a restart (CPU models)\n"
+        "  --prefix-cache-dir-mb N bound on each model's files in that directory (default 4096)\n"
         "  --max-step-ms MS        target duration of a step carrying decodes: its prefill chunk is cut to\n"
         "                          fit (default 100; 0: the token budget only)\n"
         "  --speculative MODE      speculative decoding: auto (default: drafts from the request's own text and\n"
         "                          recent requests, as many as the step's cost model says pay), off, ngram\n"
         "                          (own text only) or suffix (own text, then recent requests), always drafting\n"
         "  --num-speculative-tokens N  drafts per step and sequence at most (default 8, at most 16)\n"
+        "  --lora NAME=PATH[,base=MODEL]  serve the LoRA adapter at PATH (a PEFT folder, GGUF LoRA or package)\n"
+        "                          as model NAME on MODEL (default: the only language model); repeatable\n"
+        "  --max-loras N           LoRA adapters resident per model (default 4); idle ones beyond are evicted\n"
+        "                          least recently used first and read again when asked for\n"
         "  --max-model-len N       cap each language model's context at N tokens (longer prompts: 400\n"
         "                          context_length_exceeded); the KV cache is sized for it\n"
         "  --metrics-public        serve GET /metrics without the API key (Prometheus scrapers)\n"
@@ -600,6 +655,14 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
         return rc;
     } else if (flag_is(a, "--kv-blocks")) {
       if ((rc = VAL("--kv-blocks")) || (rc = parse_int("--kv-blocks", v, 1, 1 << 24, &c->kv_blocks))) return rc;
+    } else if (flag_is(a, "--prefix-cache-dir")) {
+      if ((rc = VAL("--prefix-cache-dir")) || (rc = set_str(&c->prefix_cache_dir, v))) return rc;
+    } else if (flag_is(a, "--prefix-cache-dir-mb")) {
+      if ((rc = VAL("--prefix-cache-dir-mb")) ||
+          (rc = parse_int("--prefix-cache-dir-mb", v, 1, 1 << 24, &c->prefix_cache_dir_mb)))
+        return rc;
+    } else if (flag_is(a, "--kv-cache-dtype")) {
+      if ((rc = VAL("--kv-cache-dtype")) || (rc = parse_kv_dtype("--kv-cache-dtype", v, &c->kv_cache_dtype))) return rc;
     } else if (flag_is(a, "--max-step-ms")) {
       if ((rc = VAL("--max-step-ms")) || (rc = parse_int("--max-step-ms", v, 0, 60000, &c->max_step_ms))) return rc;
     } else if (flag_is(a, "--speculative")) {
@@ -608,6 +671,10 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
       if ((rc = VAL("--num-speculative-tokens")) ||
           (rc = parse_int("--num-speculative-tokens", v, 1, SERVD_SPEC_MAX_DRAFT, &c->num_speculative_tokens)))
         return rc;
+    } else if (flag_is(a, "--lora")) {
+      if ((rc = VAL("--lora")) || (rc = add_lora(c, v))) return rc;
+    } else if (flag_is(a, "--max-loras")) {
+      if ((rc = VAL("--max-loras")) || (rc = parse_int("--max-loras", v, 1, 1024, &c->max_loras))) return rc;
     } else if (flag_is(a, "--max-model-len")) {
       if ((rc = VAL("--max-model-len")) || (rc = parse_int("--max-model-len", v, 1, 1 << 24, &c->max_model_len)))
         return rc;
@@ -715,8 +782,13 @@ void servd_config_model_options(const servd_config *c, int i, servd_model_option
   o->max_step_ms = c->max_step_ms;
   o->speculative = c->speculative;
   o->num_speculative_tokens = c->num_speculative_tokens;
+  if (c->max_loras > 0) o->max_loras = c->max_loras;
   if (c->max_model_len > 0) o->max_context = c->max_model_len; /* as servd generate --max-context */
   o->trusted_keys = c->trusted_keys;
   o->load_timeout_s = c->load_timeout_s;
   o->isolation = m->isolation ? (servd_isolation)(m->isolation - 1) : c->isolation;
+  o->prefix_cache_dir = c->prefix_cache_dir;
+  o->prefix_cache_dir_mb = c->prefix_cache_dir_mb;
+  int kvd = m->kv_cache_dtype ? m->kv_cache_dtype : c->kv_cache_dtype;
+  if (kvd) o->kv_dtype = (servd_dtype)(kvd - 1);
 }

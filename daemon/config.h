@@ -16,7 +16,8 @@ typedef struct servd_model_config {
   /* 0: inherit the server-wide value */
   int interpreters, tp, max_queue, max_batch_tokens, max_seqs, kv_blocks, block_size, max_batch_size;
   int max_batch_delay_ms;
-  int isolation; /* 0: inherit; else 1 + servd_isolation */
+  int isolation;      /* 0: inherit; else 1 + servd_isolation */
+  int kv_cache_dtype; /* 0: inherit; else 1 + servd_dtype */
 } servd_model_config;
 
 typedef struct servd_config {
@@ -36,6 +37,9 @@ typedef struct servd_config {
   int num_speculative_tokens; /* drafts per verify row at most (--num-speculative-tokens); 0: default */
   int max_model_len;          /* cap on each language model's context and KV sizing (--max-model-len); 0: none */
   int cuda_graph_max_batch;   /* largest decode batch run as a graph */
+  int kv_cache_dtype;         /* 0: each package's default (else f16); else 1 + servd_dtype (--kv-cache-dtype) */
+  char *prefix_cache_dir;     /* NULL: the prefix cache in memory only; else also on disk here */
+  int prefix_cache_dir_mb;    /* bound on each model's files there; 0: 4096 */
   char *api_key;
   bool metrics_public;      /* GET /metrics without the API key (Prometheus scrapers) */
   bool verify_weights;      /* hash the weights at load, not only the code and small entries */
@@ -62,6 +66,9 @@ typedef struct servd_config {
   int n_repository;
   servd_model_config *models;
   int n_models;
+  char **loras; /* --lora NAME=PATH[,base=MODEL] specs (lora_spec.h), registered once their base loads */
+  int n_loras;
+  int max_loras; /* LoRA adapters resident per language model (--max-loras); 0: the engine's default */
 } servd_config;
 
 void servd_config_init(servd_config *c);

@@ -84,6 +84,9 @@ static void usage(FILE *f) {
              "  --no-special            do not add the tokenizer's special tokens (e.g. BOS) to the prompt\n"
              "  --max-context N         cap the context length (and the KV cache with it)\n"
              "  --kv-f32                keep the KV cache in f32 (default f16)\n"
+             "  --kv-cache-dtype T      f16, bf16, q8_0, q4_0 or f32 (default: the package's, else f16)\n"
+             "  --prefix-cache-dir DIR  keep the prompt's full KV blocks in files under DIR and find them\n"
+             "                          there on a later run\n"
              "  --speculative MODE      auto (default), off, ngram or suffix: as servd --speculative\n"
              "  --num-speculative-tokens N  drafts per step at most (default 8)\n"
              "  --ids-out FILE          write the generated token ids, one per line\n"
@@ -149,7 +152,9 @@ int servd_generate_main(int argc, char **argv) {
     O_GRAPH_MAX,
     O_PKG_CACHE,
     O_NO_PLAN,
-    O_TRACE_PLAN
+    O_TRACE_PLAN,
+    O_KV_DTYPE,
+    O_PREFIX_DIR
   };
   static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                        {"prompt", required_argument, 0, 'p'},
@@ -171,6 +176,8 @@ int servd_generate_main(int argc, char **argv) {
                                        {"no-special", no_argument, 0, O_NO_SPECIAL},
                                        {"max-context", required_argument, 0, O_MAXCTX},
                                        {"kv-f32", no_argument, 0, O_KVF32},
+                                       {"kv-cache-dtype", required_argument, 0, O_KV_DTYPE},
+                                       {"prefix-cache-dir", required_argument, 0, O_PREFIX_DIR},
                                        {"speculative", required_argument, 0, O_SPEC},
                                        {"num-speculative-tokens", required_argument, 0, O_SPEC_N},
                                        {"ids-out", required_argument, 0, O_IDS},
@@ -270,6 +277,13 @@ int servd_generate_main(int argc, char **argv) {
     case O_NO_SPECIAL: add_special = false; break;
     case O_MAXCTX: bad = parse_int(optarg, "--max-context", 16, 1 << 24, &mo.max_context); break;
     case O_KVF32: mo.kv_dtype = SERVD_F32; break;
+    case O_PREFIX_DIR: mo.prefix_cache_dir = optarg; break;
+    case O_KV_DTYPE:
+      if (servd_kv_dtype_parse(optarg, &mo.kv_dtype) != 0) {
+        fprintf(stderr, "servd generate: --kv-cache-dtype: %s\n", servd_last_error());
+        return 2;
+      }
+      break;
     case O_SPEC:
       mo.speculative = servd_spec_mode_parse(optarg);
       if ((bad = mo.speculative < 0)) fprintf(stderr, "--speculative must be auto, off, ngram or suffix\n");

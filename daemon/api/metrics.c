@@ -108,6 +108,10 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
   per_model(a, &b, st, "servd_kv_cache_blocks_capacity", "gauge", "KV cache blocks of the model.", F(kv_blocks_total),
             G_INT);
   per_model(a, &b, st, "servd_kv_cache_blocks_used", "gauge", "KV cache blocks in use.", F(kv_blocks_used), G_INT);
+  per_model(a, &b, st, "servd_kv_cache_tokens_capacity", "gauge", "Tokens the KV cache holds (blocks x block size).",
+            F(kv_cache_tokens), G_U64);
+  per_model(a, &b, st, "servd_kv_cache_bytes", "gauge", "Memory of the KV cache, in its dtype's layout.",
+            F(kv_cache_bytes), G_U64);
   per_model(a, &b, st, "servd_prompt_tokens_total", "counter", "Prompt tokens processed.", F(prompt_tokens), G_U64);
   per_model(a, &b, st, "servd_generation_tokens_total", "counter", "Tokens generated.", F(generation_tokens), G_U64);
   per_model(a, &b, st, "servd_preemptions_total", "counter", "Sequences preempted when KV blocks ran out.",
@@ -118,6 +122,19 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
             "Tokens found in the prefix cache (their K/V reused, not computed).", F(prefix_cache_hits), G_U64);
   per_model(a, &b, st, "servd_kv_cache_blocks_cached", "gauge",
             "Full KV blocks in the prefix cache (shared or evictable).", F(kv_blocks_cached), G_INT);
+  per_model(a, &b, st, "servd_prefix_cache_disk_blocks_written_total", "counter",
+            "Full KV blocks the prefix cache wrote to its directory.", F(prefix_disk_written), G_U64);
+  per_model(a, &b, st, "servd_prefix_cache_disk_blocks_read_total", "counter",
+            "Full KV blocks read back from the prefix cache's directory instead of computed.", F(prefix_disk_read),
+            G_U64);
+  per_model(a, &b, st, "servd_prefix_cache_disk_rejected_total", "counter",
+            "Block files found foreign, truncated or corrupt: removed, never used.", F(prefix_disk_rejected), G_U64);
+  per_model(a, &b, st, "servd_prefix_cache_disk_evicted_total", "counter",
+            "Block files removed to keep the directory within its bound.", F(prefix_disk_evicted), G_U64);
+  per_model(a, &b, st, "servd_prefix_cache_disk_dropped_total", "counter",
+            "Blocks not written: the writer was too far behind.", F(prefix_disk_dropped), G_U64);
+  per_model(a, &b, st, "servd_prefix_cache_disk_bytes", "gauge", "Bytes of block files in the directory.",
+            F(prefix_disk_bytes), G_U64);
   per_model(a, &b, st, "servd_guided_rows_total", "counter",
             "Token masks computed for constrained decoding (one per constrained sequence per step).", F(guided_rows),
             G_U64);
@@ -137,6 +154,16 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
   per_model(a, &b, st, "servd_scheduler_last_step_age_seconds", "gauge",
             "Seconds since the scheduler last finished a step while work was pending.", F(last_step_age_s), G_DBL);
 #undef F
+  head(&b, "servd_kv_cache_info", "gauge", "The KV cache's dtype and block size (value 1).");
+  i = 0;
+  for (api_model *am = a->models; am; am = am->next) {
+    if (am->state != M_READY && am->state != M_UNLOADING) continue;
+    const servd_model_stats *s = &st[i++];
+    if (!s->kv_cache_dtype[0]) continue;
+    servd_buf_puts(&b, "servd_kv_cache_info{model=\"");
+    label(&b, am->name);
+    servd_buf_printf(&b, "\",dtype=\"%s\",block_size=\"%d\"} 1\n", s->kv_cache_dtype, s->kv_block_size);
+  }
   head(&b, "servd_kv_cache_usage_ratio", "gauge", "Fraction of KV cache blocks in use.");
   i = 0;
   for (api_model *am = a->models; am; am = am->next) {
@@ -188,6 +215,7 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
   api_metrics_sleep(a, &b);
   api_metrics_traces(a, &b);
   api_metrics_vllm(a, &b, st);
+  api_lora_metrics(a, &b);
   free(st);
   if (b.oom) api_kserve_error(r, 500, "out of memory");
   else servd_http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.data, b.len);

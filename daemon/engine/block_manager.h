@@ -22,16 +22,29 @@ typedef struct block_table {
   int32_t *ids;       /* capacity: the manager's max_blocks */
   int n;              /* blocks held */
   prefix_chain chain; /* its full blocks registered in (or found in) the prefix cache */
+  uint64_t adapter;   /* mixed into the prefix-cache key: 0, or the LoRA adapter's (its K/V differ) */
 } block_table;
 
-typedef struct block_manager {
+typedef struct block_manager block_manager;
+
+/* A lower tier under the prefix cache (prefix_disk.h; zeroed: none): told of each block newly
+ * registered (block `index` of the sequence whose tokens start at `tokens`), and asked, before a
+ * prompt is matched, to bring back into the cache the blocks of it that it holds. */
+typedef struct bm_tier {
+  void *ctx;
+  void (*stored)(void *ctx, block_manager *bm, const int32_t *tokens, int index, int32_t id);
+  void (*fetch)(void *ctx, block_manager *bm, const int32_t *tokens, int max_blocks);
+} bm_tier;
+
+struct block_manager {
   servd_kv_cache *kv;    /* the allocator; borrowed */
   servd_prefix_cache pc; /* every block goes through it (a plain allocator when disabled) */
   int block_size;
   int max_blocks; /* per table: a context's worth */
   int max_tokens; /* the context */
   uint64_t key;   /* the model's prefix-cache key: blocks are only found under the same key */
-} block_manager;
+  bm_tier tier;
+};
 
 /* kv borrowed (outlives bm); tables hold up to max_tokens tokens. 0 or SERVD_ENOMEM. */
 int bm_init(block_manager *bm, servd_kv_cache *kv, int max_tokens, bool prefix_cache, uint64_t key);
@@ -60,6 +73,8 @@ void bm_truncate(block_manager *bm, block_table *t, int n_tokens);
  * cache is off). t must hold no block. */
 int bm_match(const block_manager *bm, const int32_t *tokens, int max_blocks, block_table *t, prefix_chain *chain,
              int *n_evictable);
+/* Asks the tier (if any) to bring back the blocks of tokens[] (at most max_blocks) it holds. */
+void bm_fetch(block_manager *bm, const int32_t *tokens, int max_blocks);
 /* Takes the n blocks bm_match found into t (t->n = n, t->chain = chain). */
 int bm_acquire(block_manager *bm, block_table *t, int n, const prefix_chain *chain);
 /* Registers the full blocks of t whose tokens (tokens[0..n_final)) are all final. */

@@ -6,6 +6,8 @@
  * touched by the scheduler thread only.
  */
 #include "engine/engine_impl.h"
+#include "engine/kv_dtype.h"
+#include "engine/prefix_tier.h"
 #include "engine/request.h"
 #include "engine/step.h"
 #include "engine/py_deps.h"
@@ -13,6 +15,7 @@
 #include "engine/gpu_setup.h"
 #include "engine/model_error.h"
 #include "engine/package_checks.h"
+#include "engine/engine_lora.h"
 #include "engine/kv_events.h"
 
 #include <errno.h>
@@ -68,7 +71,7 @@ void servd_model_options_default(servd_model_options *o) {
   o->block_size = 16;
   o->max_batch_size = 1;
   o->max_batch_delay_ms = 0;
-  o->kv_dtype = SERVD_F16;
+  o->kv_dtype = SERVD_DTYPE_COUNT; /* the package's default, else f16 */
   o->kv_budget_mb = 2048;
   o->gpus = gpu_defaults.gpus;
   o->gpu_memory_fraction = gpu_defaults.fraction;
@@ -82,6 +85,7 @@ void servd_model_options_default(servd_model_options *o) {
   o->max_step_ms = max_step_ms_default;
   o->speculative = speculative_default;
   o->num_speculative_tokens = speculative_tokens_default;
+  o->max_loras = servd__max_loras_default();
   o->kv_events = servd_kv_events_default();
   o->extra_sys_path = servd_py_deps_dir(); /* servd's own Python packages (llguidance), when installed */
 }
@@ -357,8 +361,7 @@ static int load_on_cpu(servd_model *m, int n_layers, int kv_heads, int head_dim,
   int blocks = m->o.kv_blocks;
   if (blocks <= 0) {
     /* Enough for max_seqs full contexts, capped by the memory budget (both ranks together). */
-    size_t per_block =
-        (size_t)n_layers * 2 * (size_t)kv_heads * m->tp * head_dim * bs * servd_dtype_block_bytes(m->o.kv_dtype);
+    size_t per_block = servd_kv_cache_block_bytes(n_layers, kv_heads, head_dim, bs, m->o.kv_dtype) * m->tp;
     size_t budget = (size_t)(m->o.kv_budget_mb > 0 ? m->o.kv_budget_mb : 2048) << 20;
     size_t want = (size_t)m->o.max_seqs * ((m->context_length + bs - 1) / bs);
     size_t cap = budget / per_block;
@@ -443,7 +446,9 @@ static int scheduler_setup(servd_model *m) {
     servd_runner_capacity(m->runner, &cap_tokens, &sc.max_logit_rows);
   }
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
+  /* Events first: blocks the disk tier brings back are announced too. */
   if ((rc = servd_kv_events_attach(m->o.kv_events, &m->sched.bm.pc, m->name, m->gpus > 0, &m->kv_events))) return rc;
+  if ((rc = servd__prefix_tier_open(m))) return rc;
   if ((rc = servd_spec_init(&m->spec, (servd_spec_mode)m->o.speculative, m->o.num_speculative_tokens))) return rc;
   if ((rc = step_plan_init(&m->plan, m->o.max_seqs))) return rc;
   if ((rc = servd_guides_create(&m->guides))) return rc;
@@ -494,6 +499,7 @@ static int load_causal_lm(servd_model *m) {
   m->head_dim = head_dim;
   m->block_size = bs;
   m->gpus = m->o.gpus > 0 ? m->o.gpus : 0;
+  if ((rc = servd__kv_dtype_resolve(m, head_dim))) return rc;
   if (m->gpus > 0) {
     if ((rc = load_on_gpus(m))) return rc;
   } else {
@@ -560,8 +566,14 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
     goto fail;
   }
   const char *kind = mpk_kind(m->pkg);
+  if (kind && strcmp(kind, "lora-adapter") == 0) {
+    rc = servd_fail(SERVD_EINVAL, "%s: a LoRA adapter package, not a model: serve it with --lora NAME=%s on its base",
+                    o->path, o->path);
+    goto fail;
+  }
   if (kind && strcmp(kind, "causal-lm") == 0) {
     m->kind = SERVD_MODEL_CAUSAL_LM;
+    servd__model_lora_init(m);
     if ((rc = load_causal_lm(m))) goto fail;
   } else {
     m->kind = SERVD_MODEL_GENERIC;
@@ -610,10 +622,12 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   if (m->ithread) servd_interp_thread_run(m->ithread, pool_destroy_job, m); /* finalize where it rendered */
   servd_interp_thread_stop(m->ithread);
   servd_pool_destroy(m->pool);
+  servd__prefix_tier_close(m); /* writes what is queued */
   servd_kv_events_detach(m->kv_events, &m->sched.bm.pc);
   sched_free(&m->sched);
   servd_spec_free(&m->spec);
   step_plan_free(&m->plan);
+  lora_registry_free(&m->loras); /* after the scheduler: its requests held adapters */
   for (int r = 0; r < SERVD_INTERP_MAX; r++) servd_kv_cache_destroy(m->kv[r]);
   servd_comm_destroy(m->comm);
   servd_gpu_teardown(m); /* after the pool: the interpreters held device tensors */
@@ -686,6 +700,8 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   s->last_step_age_s = pending ? (double)(servd_now_ns() - m->last_progress_ns) / 1e9 : 0.0;
   pthread_mutex_unlock(&mm->mu);
   s->kv_blocks_total = m->kv[0] ? servd_kv_cache_n_blocks(m->kv[0]) : 0;
+  servd__kv_stats(m, s);
+  servd__prefix_tier_stats(m, s);
   s->n_interpreters = m->pool ? servd_pool_size(m->pool) : 0;
   if (s->n_interpreters > 16) s->n_interpreters = 16;
   for (int i = 0; i < s->n_interpreters; i++)
@@ -842,6 +858,7 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
   r->seq.owner = r;
   if ((rc = sched_seq_init(&m->sched, &r->seq))) goto fail;
   r->seq.priority = p->priority;
+  if ((rc = servd__request_lora(m, r, p->lora))) goto fail;
   if (p->embed) {
     static const sched_rows pooled_rows[] =
         {[SERVD_POOL_LAST] = SCHED_ROWS_LAST, [SERVD_POOL_MEAN] = SCHED_ROWS_ALL, [SERVD_POOL_CLS] = SCHED_ROWS_FIRST};

@@ -28,6 +28,12 @@ void servd_engine_set_gpu_defaults(int gpus, double gpu_memory_fraction, bool cu
 void servd_engine_set_step_timeout(double seconds);
 /* Process-wide defaults of speculative and num_speculative_tokens; call before loading models. */
 void servd_engine_set_speculation(int mode, int num_speculative_tokens);
+/* A KV cache dtype by name (--kv-cache-dtype, the config's kv_cache_dtype): f16, bf16, q8_0, q4_0 or
+ * f32; SERVD_EINVAL saying what is expected otherwise. */
+int servd_kv_dtype_parse(const char *name, servd_dtype *out);
+/* Process-wide --kv-cache-dtype for models whose options leave it to the package (SERVD_DTYPE_COUNT:
+ * none, the package's default, else f16); call before loading models. */
+void servd_engine_set_kv_dtype(servd_dtype t);
 /* Process-wide default of isolation (none set: SERVD_ISOLATION_NONE); call before loading models. */
 void servd_engine_set_isolation(servd_isolation isolation);
 /* Process-wide defaults of verify_weights and trusted_keys (borrowed: must outlive every load). */
@@ -112,5 +118,19 @@ int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_
 
 /* ---- stats for /metrics ------------------------------------------------------------------------- */
 void servd_model_get_stats(const servd_model *m, servd_model_stats *s);
+
+/* LoRA adapters of a language model (engine_lora.c, engine/lora_registry.h). load: reads the PEFT
+ * folder or adapter package at path, checks it against this model and registers it as name (a
+ * request picks it by servd_gen_params.lora); SERVD_EINVAL when the name is taken or the adapter does
+ * not fit, SERVD_EUNSUPPORTED for a model that takes none (tensor parallelism, GPUs). unload: new
+ * requests can no longer pick it; running ones finish with it. */
+int servd_model_lora_load(servd_model *m, const char *name, const char *path);
+int servd_model_lora_unload(servd_model *m, const char *name);
+bool servd_model_has_lora(servd_model *m, const char *name);
+/* Up to cap adapters into out; returns how many are registered. *max_loras (may be NULL): the
+ * resident limit. */
+int servd_model_lora_list(servd_model *m, servd_lora_info *out, int cap, int *max_loras);
+/* The engine-wide default of servd_model_options.max_loras (servd --max-loras). */
+void servd_engine_set_max_loras(int n);
 
 #endif

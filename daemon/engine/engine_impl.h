@@ -10,6 +10,7 @@
 #include "engine/guide.h"
 #include "engine/interp_thread.h"
 #include "engine/isolated.h"
+#include "engine/lora_registry.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "engine/speculate.h"
@@ -53,6 +54,7 @@ struct servd_request {
   int n_embedding;
   int lp_next;         /* prompt logprobs: the next prompt position to report (positions before it were) */
   servd_spec_seq spec; /* speculation: this step's drafts, the acceptance so far */
+  lora_adapter *lora;  /* the LoRA adapter it holds (NULL: the base alone), released at its end */
 };
 
 struct servd_model {
@@ -83,8 +85,9 @@ struct servd_model {
   int startup_rc;                               /* the scheduler thread's setup (under mu); 1: still running */
   char startup_err[1024];
   servd_scheduler sched;
-  servd_spec spec; /* speculative decoding; its counters under mu */
-  step_plan plan;  /* the step being run (engine/step.h), its rows preallocated */
+  struct prefix_disk *prefix_disk; /* the prefix cache's disk tier (--prefix-cache-dir); NULL: none */
+  servd_spec spec;                 /* speculative decoding; its counters under mu */
+  step_plan plan;                  /* the step being run (engine/step.h), its rows preallocated */
   int context_length;
   int vocab;
   int32_t eos[SERVD_MAX_EOS];
@@ -118,6 +121,7 @@ struct servd_model {
    * (scheduler thread). */
   servd_embedding_info emb;
   servd_top_logprob lp_top[SERVD_SAMPLER_MAX_TOP];
+  lora_registry loras; /* causal-lm: its LoRA adapters (engine_lora.c) */
   struct kv_events_source *kv_events; /* the prefix cache's events (engine/kv_events.h); NULL: none */
   /* Sleep level 1 (engine_sleep.c), under mu: asked, done, and its outcome. */
   int kv_release, kv_release_rc;

@@ -55,10 +55,11 @@ void servd__model_log_loaded(const servd_model *m, int64_t started_ns, const cha
   char kv[200] = "";
   if (m->kind == SERVD_MODEL_CAUSAL_LM && m->kv[0]) {
     int blocks = servd_kv_cache_n_blocks(m->kv[0]), bs = servd_kv_cache_block_size(m->kv[0]);
-    /* K and V per layer, kv_heads x head_dim values per token per rank. */
-    double bytes = m->gpus > 0 ? (double)m->gpu_kv_bytes * m->tp
-                               : 2.0 * m->n_layers * m->kv_heads * m->head_dim *
-                                     servd_dtype_block_bytes(m->o.kv_dtype) * (double)blocks * bs * m->tp;
+    /* K and V per layer, kv_heads x head_dim values per token per rank, in the dtype's layout */
+    double bytes = m->gpus > 0
+                       ? (double)m->gpu_kv_bytes * m->tp
+                       : (double)servd_kv_cache_block_bytes(m->n_layers, m->kv_heads, m->head_dim, bs, m->o.kv_dtype) *
+                             blocks * m->tp;
     char b[32];
     snprintf(kv, sizeof kv, "; KV cache %d blocks x %d tokens = %lld tokens, %s (%s, %d rank%s)", blocks, bs,
              (long long)blocks * bs, human(bytes, b, sizeof b), m->gpus > 0 ? "GPU" : servd_dtype_name(m->o.kv_dtype),

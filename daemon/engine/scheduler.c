@@ -340,8 +340,10 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
     int evictable_hits = 0;
     prefix_chain chain = {0};
     int hit = 0;
-    if (!q->embed && !q->no_cache_hits)
+    if (!q->embed && !q->no_cache_hits) {
+      bm_fetch(&s->bm, q->tokens, (q->n_tokens - 1) / s->bm.block_size);
       hit = bm_match(&s->bm, q->tokens, (q->n_tokens - 1) / s->bm.block_size, &q->table, &chain, &evictable_hits);
+    }
     if (!q->embed && !q->no_cache_hits && prefix_pending(s, q, hit)) break;
     int start = hit * s->bm.block_size;
     int chunk = q->n_tokens - start;

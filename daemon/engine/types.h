@@ -61,7 +61,8 @@ typedef struct servd_model_options {
   int max_batch_size;   /* generic dynamic batching (1: off) */
   int max_batch_delay_ms;
   /* Appended fields; servd_model_options_default sets them. */
-  servd_dtype kv_dtype;       /* SERVD_F16 (default) or SERVD_F32 */
+  servd_dtype kv_dtype;       /* f16, bf16, q8_0, q4_0 or f32; SERVD_DTYPE_COUNT (default): the package's
+                               * kv_cache_dtype, else f16 (kv_dtype.h) */
   int kv_budget_mb;           /* cap on KV memory when kv_blocks is 0 (all ranks together) */
   int max_context;            /* > 0: cap the model's context length */
   const char *extra_sys_path; /* NULL, or ':'-separated directories added to the interpreters' sys.path */
@@ -102,10 +103,33 @@ typedef struct servd_model_options {
    * 3 suffix (servd_spec_mode); drafts per verify row at most (0: the default, 8). Appended. */
   int speculative;
   int num_speculative_tokens;
+  /* Causal-lm: LoRA adapters resident at most (engine/lora_registry.h): one more evicts the least
+   * recently used one that no request holds. 0: SERVD_DEFAULT_MAX_LORAS. Appended. */
+  int max_loras;
+  /* Causal-lm on the CPU: the prefix cache's full blocks also go to files under this directory and
+   * come back from there after a restart (engine/prefix_disk.h); NULL: memory only. Bounded by
+   * prefix_cache_dir_mb (0: 4096). Appended. */
+  const char *prefix_cache_dir;
+  int prefix_cache_dir_mb;
   /* Causal-lm: KV-cache events (engine/kv_events.h): the prefix cache's blocks published there;
    * NULL: none. Borrowed: outlives the model. Appended. */
   struct servd_kv_events *kv_events;
 } servd_model_options;
+
+#define SERVD_DEFAULT_MAX_LORAS 4
+
+/* A registered LoRA adapter (servd_model_lora_list). */
+typedef struct servd_lora_info {
+  char name[128];
+  char path[512];
+  int64_t id;    /* registration number */
+  bool resident; /* its weights are in memory (else read again on first use) */
+  int users;     /* requests holding it */
+  int running;   /* of those, sequences in the latest step */
+  int rank;      /* resident: the adapter's rank, scale and bytes */
+  float scale;
+  uint64_t bytes;
+} servd_lora_info;
 
 /* Constrained decoding (structured outputs): what the output must match. */
 typedef enum servd_guide_kind {
@@ -170,6 +194,9 @@ typedef struct servd_gen_params {
    * prompt is computed (OpenAI's echo with max_tokens 0). */
   bool prompt_logprobs;
   bool prompt_only;
+  /* Appended: the LoRA adapter the request runs with (a name servd_model_lora_load registered;
+   * copied at submit); NULL or "": the base model alone. */
+  const char *lora;
 } servd_gen_params;
 
 /* Embeddings: how the package pools (SERVD_POOL_*), the vector's length (hidden_size) and whether
@@ -274,6 +301,18 @@ typedef struct servd_model_stats {
   uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
   uint64_t spec_accepted_per_pos[16];
   int spec_max_draft; /* 0: speculation off */
+  /* Appended: the KV cache's dtype (a servd_dtype name, "" for generic models), tokens per block,
+   * tokens it holds in all and its bytes (CPU: the pool; GPU: as measured at load). */
+  char kv_cache_dtype[8];
+  int kv_block_size;
+  uint64_t kv_cache_tokens;
+  uint64_t kv_cache_bytes;
+  /* Appended: the prefix cache's disk tier (--prefix-cache-dir): blocks written, bytes written, blocks
+   * read back, files rejected (foreign, truncated, corrupt), evicted for the bound, writes dropped,
+   * and what is on disk now. */
+  bool prefix_disk;
+  uint64_t prefix_disk_written, prefix_disk_bytes_written, prefix_disk_read, prefix_disk_rejected;
+  uint64_t prefix_disk_evicted, prefix_disk_dropped, prefix_disk_files, prefix_disk_bytes;
   /* Appended: KV-cache events queued for the publisher, and dropped because its queue was full. */
   uint64_t kv_events_queued, kv_events_dropped;
 } servd_model_stats;

@@ -124,10 +124,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   const config cfgs[] = {
-      {"32/8/128 (Llama-3-8B-like)", 32, 8, 128, SERVD_F32},
-      {"32/8/128 (Llama-3-8B-like)", 32, 8, 128, SERVD_F16},
-      {"9/3/64 (SmolLM2-135M)", 9, 3, 64, SERVD_F32},
-      {"9/3/64 (SmolLM2-135M)", 9, 3, 64, SERVD_F16},
+      {"32/8/128 (Llama-3-8B-like)", 32, 8, 128, SERVD_F32}, {"32/8/128 (Llama-3-8B-like)", 32, 8, 128, SERVD_F16},
+      {"9/3/64 (SmolLM2-135M)", 9, 3, 64, SERVD_F32},        {"9/3/64 (SmolLM2-135M)", 9, 3, 64, SERVD_F16},
+      {"9/3/64 (SmolLM2-135M)", 9, 3, 64, SERVD_BF16},       {"9/3/64 (SmolLM2-135M)", 9, 3, 64, SERVD_Q8_0},
+      {"9/3/64 (SmolLM2-135M)", 9, 3, 64, SERVD_Q4_0},       {"32/8/128 (Llama-3-8B-like)", 32, 8, 128, SERVD_Q8_0},
   };
   printf("attention decode: %d sequences x %d cached tokens, block %d, tables %s, %d threads, median of %d\n", n_seqs,
          kv_len, bs, scrambled ? "scrambled" : "in order", servd_threadpool_size(), reps);
@@ -136,8 +136,8 @@ int main(int argc, char **argv) {
   for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
     const config *cf = &cfgs[ci];
     if (only >= 0 && (size_t)only != ci) continue;
-    size_t elem = cf->dt == SERVD_F16 ? 2 : 4;
-    double kv_bytes = 2.0 * n_seqs * kv_len * cf->n_kv * cf->hd * (double)elem; /* K and V read per call */
+    /* K and V read per call, in the dtype's layout (a quantized block keeps its scales beside its codes) */
+    double kv_bytes = (double)servd_kv_cache_block_bytes(1, cf->n_kv, cf->hd, bs, cf->dt) * n_seqs * (kv_len / bs);
     int layers = (int)ceil(footprint / kv_bytes);
     if (layers < 1) layers = 1;
     int blocks_per_seq = kv_len / bs, n_blocks = n_seqs * blocks_per_seq;

@@ -1,13 +1,17 @@
-/* Attention dot products and value accumulation with AVX2+FMA (f32 or f16 cache via F16C).
+/* Attention dot products and value accumulation with AVX2+FMA (f32, f16 via F16C, or bf16 cache).
  * Dims past the last multiple of 8 are done in scalar code. */
 #include "ops-impl.h"
 
 static inline __m256 load8(const void *p, servd_dtype t, int64_t i) {
   if (t == SERVD_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+  if (t == SERVD_BF16) /* bf16 is the high half of an f32 */
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
   return _mm256_loadu_ps((const float *)p + i);
 }
 
 static inline float elem(const void *p, servd_dtype t, int64_t i) {
+  if (t == SERVD_BF16) return servd_bf16_to_f32(((const uint16_t *)p)[i]);
   return t == SERVD_F16 ? servd_f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
@@ -59,7 +63,7 @@ static inline __attribute__((always_inline)) void scores_block(int NQ, float *ou
 
 void servd__attn_scores_avx2(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt, int n,
                              int hd, int64_t kstride, float scale, const void *pf) {
-  size_t esz = kt == SERVD_F16 ? 2 : 4, krow = (size_t)kstride * esz;
+  size_t esz = kt == SERVD_F32 ? 4 : 2, krow = (size_t)kstride * esz;
   for (int j = 0; j < n; j += 16) {
     int nj = n - j < 16 ? n - j : 16;
     const char *kj = (const char *)k + (size_t)j * esz;
@@ -106,7 +110,7 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
 
 void servd__attn_accum_avx2(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v, servd_dtype vt,
                             int n, int hd, int64_t vstride, const void *pf) {
-  size_t esz = vt == SERVD_F16 ? 2 : 4, vrow = (size_t)vstride * esz;
+  size_t esz = vt == SERVD_F32 ? 4 : 2, vrow = (size_t)vstride * esz;
   int hd16 = hd & ~15, d = 0;
   for (; d < hd16; d += 16) {
     const char *vd = (const char *)v + (size_t)d * esz;

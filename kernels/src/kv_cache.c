@@ -20,19 +20,46 @@ static int init_free_list(servd_kv_cache *c) {
   return pthread_mutex_init(&c->mu, NULL) != 0 ? SERVD_ENOMEM : 0; /* last: nothing to undo after it */
 }
 
+bool servd_kv_cache_dtype_ok(servd_dtype t) {
+  return t == SERVD_F32 || t == SERVD_F16 || t == SERVD_BF16 || t == SERVD_Q8_0 || t == SERVD_Q4_0;
+}
+
+/* Bytes of one run (block_size tokens of one kv head, K or V, the larger), before rounding. */
+static unsigned __int128 run_bytes(int head_dim, int block_size, servd_dtype dtype) {
+  unsigned __int128 bs = (unsigned __int128)block_size, hd = (unsigned __int128)head_dim;
+  if (!ops__kv_quantized(dtype)) return bs * hd * servd_dtype_block_bytes(dtype);
+  unsigned __int128 k = ops__kvq_scale_bytes(head_dim, block_size) + hd * ops__kvq_krow(dtype, block_size);
+  unsigned __int128 v = bs * (hd / 32) * servd_dtype_block_bytes(dtype);
+  return k > v ? k : v;
+}
+
+size_t servd_kv_cache_block_bytes(int n_layers, int n_kv_heads, int head_dim, int block_size, servd_dtype dtype) {
+  if (n_layers < 1 || n_kv_heads < 1 || head_dim < 1 || block_size < 1 || !servd_kv_cache_dtype_ok(dtype) ||
+      (ops__kv_quantized(dtype) && head_dim % 32 != 0) || head_dim > (1 << 20) || block_size > (1 << 20))
+    return 0;
+  return round64((size_t)run_bytes(head_dim, block_size, dtype)) * 2 * (size_t)n_kv_heads * (size_t)n_layers;
+}
+
+servd_dtype servd_kv_cache_dtype(const servd_kv_cache *c) { return c ? c->dtype : SERVD_F16; }
+
 int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim, int block_size,
                           int n_blocks, servd_dtype dtype) {
   servd_kv_cache *c = NULL;
   if (!out || n_layers < 1 || n_kv_heads < 1 || head_dim < 1 || block_size < 1 || n_blocks < 1 ||
-      (dtype != SERVD_F32 && dtype != SERVD_F16))
+      !servd_kv_cache_dtype_ok(dtype))
     return servd_fail(SERVD_EINVAL,
                       "kv_cache_create: expected positive n_layers, n_kv_heads, head_dim, block_size, n_blocks "
-                      "and dtype f32 or f16; got %d, %d, %d, %d, %d, %s",
+                      "and dtype f32, f16, bf16, q8_0 or q4_0; got %d, %d, %d, %d, %d, %s",
                       n_layers, n_kv_heads, head_dim, block_size, n_blocks, servd_dtype_name(dtype));
+  if (ops__kv_quantized(dtype) && head_dim % 32 != 0)
+    return servd_fail(SERVD_EINVAL,
+                      "kv_cache_create: a %s cache quantizes blocks of 32 dims, so head_dim must be a multiple of 32; "
+                      "got head_dim %d (use f16 or bf16)",
+                      servd_dtype_name(dtype), head_dim);
   *out = NULL;
-  size_t elem = servd_dtype_block_bytes(dtype);
+  size_t elem = ops__kv_quantized(dtype) ? 0 : servd_dtype_block_bytes(dtype);
   /* every size below stays far from SIZE_MAX: check the product in 128 bits */
-  unsigned __int128 head = (unsigned __int128)block_size * (unsigned __int128)head_dim * elem;
+  unsigned __int128 head = run_bytes(head_dim, block_size, dtype);
   unsigned __int128 total =
       (head + 64) * (unsigned __int128)n_kv_heads * (unsigned __int128)n_blocks * 2u * (unsigned __int128)n_layers;
   if (total > ((unsigned __int128)1 << 46)) /* 64 TiB: surely a wrong argument */
@@ -210,10 +237,14 @@ static void write_task(void *ctx, int64_t begin, int64_t end, int thread) {
       if (c->dtype == SERVD_F32) {
         memcpy(vdst, vs, (size_t)hd * sizeof(float));
         for (int d = 0; d < hd; d++) ((float *)kdst)[(size_t)d * (size_t)c->block_size + (size_t)off] = ks[d];
-      } else {
-        servd_row_from_f32(SERVD_F16, vs, vdst, hd);
+      } else if (c->dtype == SERVD_F16 || c->dtype == SERVD_BF16) {
+        bool h = c->dtype == SERVD_F16;
+        servd_row_from_f32(c->dtype, vs, vdst, hd);
         for (int d = 0; d < hd; d++)
-          ((uint16_t *)kdst)[(size_t)d * (size_t)c->block_size + (size_t)off] = servd_f32_to_f16(ks[d]);
+          ((uint16_t *)kdst)[(size_t)d * (size_t)c->block_size + (size_t)off] =
+              h ? servd_f32_to_f16(ks[d]) : servd_f32_to_bf16(ks[d]);
+      } else {
+        ops__kvq_write(c, kdst, ops__kv_run(c, j->layer, 1, blk, g), off, ks, vs);
       }
     }
   }
@@ -261,5 +292,35 @@ int servd_kv_write(servd_kv_cache *c, int layer, const servd_tensor *k, const se
   if (j.k.rows == 0) return 0;
   int64_t grain = width >= 4096 ? 4 : 16384 / width + 1;
   servd_parallel_for(j.k.rows, grain, write_task, &j);
+  return 0;
+}
+
+/* A block's runs in [layer][kv head][K|V] order, head_bytes each. */
+static int block_io(const servd_kv_cache *c, int32_t id, const char *what) {
+  if (!c || !c->pool)
+    return servd_fail(SERVD_EINVAL, "kv_cache_block_%s: %s", what,
+                      c ? "this cache keeps block bookkeeping only (its K/V live on a device)" : "cache is NULL");
+  if (id < 0 || id >= c->n_blocks)
+    return servd_fail(SERVD_EINVAL, "kv_cache_block_%s: block %d outside [0, %d)", what, id, c->n_blocks);
+  return 0;
+}
+
+int servd_kv_cache_block_read(const servd_kv_cache *c, int32_t id, void *dst) {
+  int rc = block_io(c, id, "read");
+  if (rc) return rc;
+  char *o = dst;
+  for (int l = 0; l < c->n_layers; l++)
+    for (int g = 0; g < c->n_kv_heads; g++, o += 2 * c->head_bytes)
+      memcpy(o, ops__kv_run(c, l, 0, id, g), 2 * c->head_bytes); /* K and V runs are adjacent */
+  return 0;
+}
+
+int servd_kv_cache_block_write(servd_kv_cache *c, int32_t id, const void *src) {
+  int rc = block_io(c, id, "write");
+  if (rc) return rc;
+  const char *p = src;
+  for (int l = 0; l < c->n_layers; l++)
+    for (int g = 0; g < c->n_kv_heads; g++, p += 2 * c->head_bytes)
+      memcpy(ops__kv_run(c, l, 0, id, g), p, 2 * c->head_bytes);
   return 0;
 }

@@ -37,9 +37,25 @@
   void servd__attn_accum_##isa(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v, servd_dtype vt, \
                                int n, int hd, int64_t vstride, const void *pf);
 
+/* The same two kernels over a quantized cache (q8_0, q4_0; run layout below): keys or value rows
+ * [off, off+n) of one run of block_size bs, read in place; pf (NULL: none) is another run of the same
+ * layout, prefetched at the offsets read. */
+#define OPS__DECLARE_KVQ_KERNELS(isa) \
+  void servd__attn_scores_q_##isa(float *out, int ld, const float *const *q, int nq, const char *run, servd_dtype kt, \
+                                  int off, int n, int hd, int bs, float scale, const char *pf); \
+  void servd__attn_accum_q_##isa(float *acc, int acc_ld, const float *p, int ld, int nq, const char *run, \
+                                 servd_dtype vt, int off, int n, int hd, const char *pf); \
+  /* keys [off, off+n) of a K run as f32, transposed: out[d*ld + j]; value rows as f32: out[j*hd + d] \
+   * (what many queries at once, a prefill, read from a tile in L1 instead of converting per query) */ \
+  void servd__kvq_dequant_k_##isa(float *out, int ld, const char *run, servd_dtype kt, int off, int n, int hd, \
+                                  int bs); \
+  void servd__kvq_dequant_v_##isa(float *out, const char *run, servd_dtype vt, int off, int n, int hd);
+
 OPS__DECLARE_ROW_KERNELS(scalar)
 OPS__DECLARE_ROW_KERNELS(avx2)
 OPS__DECLARE_ROW_KERNELS(avx512)
+OPS__DECLARE_KVQ_KERNELS(scalar)
+OPS__DECLARE_KVQ_KERNELS(avx2)
 
 /* The active ISA (forced or best), indexes the kernel tables above. */
 static inline servd_isa ops__isa(void) {
@@ -82,11 +98,20 @@ static inline const char *ops__desc(const servd_tensor *t, char *buf, size_t cap
  * case right after its prefill) is read as one sequential stream per kv head. (With K and V in
  * separate regions, their distance was a power of two for common shapes and the two streams
  * collided in the caches and DRAM banks: 5 instead of 28 GB/s.) head_bytes is rounded up to 64 so
- * every run starts on a cache line. */
+ * every run starts on a cache line.
+ *
+ * Quantized caches (q8_0, q4_0) keep each token's head vector in blocks of 32 dims (head_dim a
+ * multiple of 32), one f16 scale per token and block, quantized as written (kv_write, with the
+ * reference quantizer of core's dtype row): a slot is rewritten whole, so truncated drafts and reused
+ * blocks never mix scales. A run of V is [token][block] of ggml's own blocks (servd/blocks.h); a run
+ * of K stays transposed: the scales [block][token] (f16) first, then the codes [dim][token], int8 for
+ * q8_0, and for q4_0 two tokens per byte (even token in the low nibble, value nibble - 8), a dim's
+ * row (block_size+1)/2 bytes. Scores then load 16 keys' codes of one dim as one vector, as f16 does,
+ * and scale each key's partial dot product once per block of 32 dims. */
 struct servd_kv_cache {
   int n_layers, n_kv_heads, head_dim, block_size, n_blocks;
-  servd_dtype dtype; /* f32 or f16 */
-  size_t elem;       /* bytes per value */
+  servd_dtype dtype; /* f32, f16, bf16, q8_0 or q4_0 */
+  size_t elem;       /* bytes per value of a plain dtype; 0 for q8_0 / q4_0 */
   size_t head_bytes; /* one run: block_size tokens of one kv head */
   char *pool;
   size_t pool_bytes;
@@ -102,6 +127,17 @@ static inline char *ops__kv_run(const struct servd_kv_cache *c, int layer, int k
   size_t r = (((size_t)layer * (size_t)c->n_kv_heads + (size_t)g) * (size_t)c->n_blocks + (size_t)blk) * 2 + (size_t)kv;
   return c->pool + r * c->head_bytes;
 }
+
+/* A quantized cache: K/V in blocks of 32 dims (the layout above). */
+static inline bool ops__kv_quantized(servd_dtype t) { return t == SERVD_Q8_0 || t == SERVD_Q4_0; }
+/* Bytes of one K run of a quantized cache before its codes (the scales), and of one dim's codes. */
+static inline size_t ops__kvq_scale_bytes(int hd, int bs) { return (size_t)(hd / 32) * (size_t)bs * 2; }
+static inline size_t ops__kvq_krow(servd_dtype t, int bs) {
+  return t == SERVD_Q8_0 ? (size_t)bs : (size_t)(bs + 1) / 2;
+}
+
+/* Quantizes one token's head vectors k, v (head_dim f32 each) into slot off of the runs krun, vrun. */
+void ops__kvq_write(const struct servd_kv_cache *c, char *krun, char *vrun, int off, const float *k, const float *v);
 
 /* How far ahead attention prefetches, in blocks (at least 1). On shuffled block tables the hardware
  * prefetchers cannot guess the next block's address, so the kernels prefetch the block this many

@@ -29,9 +29,10 @@ static const synth_cfg configs[] = {
     {"tiny", 320, 64, 128, 2, 4, 2, 512, false},
     {"200mb", 32000, 768, 2048, 12, 12, 4, 2048, true},      /* ~100M parameters: 200 MB in bf16 */
     {"small-1b", 32000, 2048, 5632, 22, 32, 4, 2048, false}, /* TinyLlama-1.1B shape */
+    {"tiny-hd32", 320, 128, 256, 2, 4, 2, 512, false},       /* tiny with head_dim 32: quantized KV caches */
 };
 
-const char *mpk_synth_configs(void) { return "tiny, 200mb, small-1b"; }
+const char *mpk_synth_configs(void) { return "tiny, 200mb, small-1b, tiny-hd32"; }
 
 static uint64_t splitmix(uint64_t *s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "lora_spec.h"
 #include "servd/status.h"
 
 /* Parses argv (NULL-terminated, after "servd") into a fresh config; returns the status. */
@@ -307,6 +308,64 @@ static void test_max_model_len(void **state) {
   servd_config_free(&c);
 }
 
+/* --lora NAME=PATH[,base=MODEL] (repeatable, checked at parse) and --max-loras into every model. */
+static void test_lora_flags(void **state) {
+  (void)state;
+  servd_config c;
+  servd_model_options o;
+  assert_int_equal(PARSE(&c, "--model", "/x.mpk", "--lora", "a=/ad/a", "--lora", "b=/ad/b,base=x", "--max-loras", "3"),
+                   0);
+  assert_int_equal(c.n_loras, 2);
+  assert_string_equal(c.loras[1], "b=/ad/b,base=x");
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.max_loras, 3);
+  servd_config_free(&c);
+  servd_lora_spec sp;
+  assert_int_equal(servd_lora_spec_parse("b=/ad/b,base=x", &sp), 0);
+  assert_true(!strcmp(sp.name, "b") && !strcmp(sp.path, "/ad/b") && !strcmp(sp.base, "x"));
+  assert_int_equal(servd_lora_spec_parse("a=/p", &sp), 0);
+  assert_true(!strcmp(sp.path, "/p") && sp.base[0] == 0);
+  const char *bad[] = {"a", "=p", "a=", "a=/p,base=", "a=,base=x"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(PARSE(&c, "--model", "/x.mpk", "--lora", bad[i]), SERVD_EINVAL);
+    assert_non_null(strstr(servd_last_error(), "--lora"));
+    servd_config_free(&c);
+  }
+  assert_int_equal(PARSE(&c, "--model", "/x.mpk", "--max-loras", "0"), SERVD_EINVAL);
+  servd_config_free(&c);
+}
+
+/* --kv-cache-dtype / "kv_cache_dtype" (top level or per model, the model's winning): unset leaves
+ * the choice to the package (SERVD_DTYPE_COUNT); a name that is not a cache dtype is refused. */
+static void test_kv_cache_dtype(void **state) {
+  (void)state;
+  servd_config c;
+  servd_model_options o;
+  assert_int_equal(PARSE(&c, "--model", "/x.mpk"), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.kv_dtype, SERVD_DTYPE_COUNT);
+  servd_config_free(&c);
+  assert_int_equal(PARSE(&c, "--kv-cache-dtype", "q8_0", "--model", "/x.mpk"), 0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.kv_dtype, SERVD_Q8_0);
+  servd_config_free(&c);
+  assert_int_equal(parse_file(&c,
+                              "{\"kv_cache_dtype\": \"bf16\", \"models\": [{\"path\": \"/a.mpk\"}, "
+                              "{\"path\": \"/b.mpk\", \"kv_cache_dtype\": \"q4_0\"}]}",
+                              NULL),
+                   0);
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.kv_dtype, SERVD_BF16);
+  servd_config_model_options(&c, 1, &o);
+  assert_int_equal(o.kv_dtype, SERVD_Q4_0);
+  servd_config_free(&c);
+  EXPECT_ERROR("--kv-cache-dtype: expected f16, bf16, q8_0, q4_0 or f32, got 'q4_1'", "--kv-cache-dtype", "q4_1");
+  EXPECT_ERROR("got 'int8'", "--kv-cache-dtype=int8");
+  assert_int_equal(parse_file(&c, "{\"models\": [{\"path\": \"/a.mpk\", \"kv_cache_dtype\": 8}]}", NULL), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "models[0].kv_cache_dtype"));
+  servd_config_free(&c);
+}
+
 /* The step target: 100 ms by default, --max-step-ms or "max_step_ms" (0 turns it off); every model. */
 static void test_max_step_ms(void **state) {
   (void)state;
@@ -331,12 +390,13 @@ static void test_max_step_ms(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_defaults),      cmocka_unit_test(test_gpu_flags),
-      cmocka_unit_test(test_step_timeout),  cmocka_unit_test(test_isolation),
-      cmocka_unit_test(test_bad_flags),     cmocka_unit_test(test_config_file),
-      cmocka_unit_test(test_model_options), cmocka_unit_test(test_help_mentions_gpu_flags),
-      cmocka_unit_test(test_prefix_cache),  cmocka_unit_test(test_max_step_ms),
-      cmocka_unit_test(test_max_model_len),
+      cmocka_unit_test(test_defaults),       cmocka_unit_test(test_gpu_flags),
+      cmocka_unit_test(test_step_timeout),   cmocka_unit_test(test_isolation),
+      cmocka_unit_test(test_bad_flags),      cmocka_unit_test(test_config_file),
+      cmocka_unit_test(test_model_options),  cmocka_unit_test(test_help_mentions_gpu_flags),
+      cmocka_unit_test(test_prefix_cache),   cmocka_unit_test(test_max_step_ms),
+      cmocka_unit_test(test_max_model_len),  cmocka_unit_test(test_lora_flags),
+      cmocka_unit_test(test_kv_cache_dtype),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

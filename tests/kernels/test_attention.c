@@ -1,6 +1,9 @@
 /* Paged attention against a naive reference written here: K/V of each sequence kept contiguously in
  * double, plain causal softmax. Covers prefill, chunked prefill, decode batches with scrambled block
- * tables, mixed batches, GQA ratios 1/2/3 and above 16, odd head dims, an f16 cache, every ISA. */
+ * tables, mixed batches, GQA ratios 1/2/3 and above 16, odd head dims, f16, bf16, q8_0 and q4_0
+ * caches (the reference reads the values the reference quantizer gives back), long single sequences
+ * split over positions, every ISA; and batch invariance: a row comes out bit for bit the same alone,
+ * in a batch, in a chunk of any length. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -45,8 +48,19 @@ typedef struct problem {
   int window; /* sliding window of the run (0: none) */
 } problem;
 
-static float stored(const problem *p, float x) {
-  return p->dt == SERVD_F16 ? servd_f16_to_f32(servd_f32_to_f16(x)) : x;
+/* Rounds one token's head vector x (hd values) to what the cache stores: f16, bf16, or the blocks of
+ * 32 of q8_0 / q4_0 through core's reference quantizer. */
+static void stored(const problem *p, float *x) {
+  if (p->dt == SERVD_F32) return;
+  if (p->dt == SERVD_F16 || p->dt == SERVD_BF16) {
+    for (int e = 0; e < p->hd; e++)
+      x[e] = p->dt == SERVD_F16 ? servd_f16_to_f32(servd_f32_to_f16(x[e])) : servd_bf16_to_f32(servd_f32_to_bf16(x[e]));
+    return;
+  }
+  char blocks[34 * 16];
+  assert_true(p->hd % 32 == 0 && p->hd <= 512);
+  assert_int_equal(servd_row_from_f32(p->dt, x, blocks, p->hd), 0);
+  assert_int_equal(servd_row_to_f32(p->dt, blocks, x, p->hd), 0);
 }
 
 /* Writes positions [from, to) of sequence s into layer 1 (layer 0 gets other data). */
@@ -103,8 +117,12 @@ static void setup(problem *p, int n_kv, int hd, int n_heads, int bs, servd_dtype
     p->k[s] = test_malloc((size_t)(kv_len[s] * w + 1) * sizeof(float));
     p->v[s] = test_malloc((size_t)(kv_len[s] * w + 1) * sizeof(float));
     for (int i = 0; i < kv_len[s] * w; i++) {
-      p->k[s][i] = stored(p, frand(-1, 1));
-      p->v[s][i] = stored(p, frand(-1, 1));
+      p->k[s][i] = frand(-1, 1);
+      p->v[s][i] = frand(-1, 1);
+    }
+    for (int i = 0; i < kv_len[s] * n_kv; i++) {
+      stored(p, p->k[s] + (size_t)i * hd);
+      stored(p, p->v[s] + (size_t)i * hd);
     }
     if (write) write_range(p, s, 0, kv_len[s]);
   }
@@ -197,6 +215,21 @@ static const shape_case cases[] = {
      * with a distance of 2 blocks (f16, head_dim 128) and of 48 blocks of 3 tokens, tiles mid-block */
     {"decode f16 llama-like", 8, 128, 32, 16, SERVD_F16, 2, {1, 1}, {200, 33}},
     {"small blocks long context", 2, 16, 4, 3, SERVD_F16, 2, {2, 1}, {400, 97}},
+    /* bf16 and the quantized caches (head_dim a multiple of 32): decode, prefill, odd block sizes
+     * (q4_0 packs two tokens per byte, so segments start on odd keys), GQA above 3 queries a pass */
+    {"decode bf16", 3, 64, 9, 16, SERVD_BF16, 4, {1, 1, 1, 1}, {5, 64, 129, 300}},
+    {"mixed bf16 odd dims", 2, 20, 4, 5, SERVD_BF16, 3, {4, 1, 13}, {9, 1, 13}},
+    {"decode q8_0", 3, 64, 9, 16, SERVD_Q8_0, 4, {1, 1, 1, 1}, {5, 64, 129, 300}},
+    {"decode q4_0", 3, 64, 9, 16, SERVD_Q4_0, 4, {1, 1, 1, 1}, {5, 64, 129, 300}},
+    {"mixed q8_0 block 5", 2, 32, 8, 5, SERVD_Q8_0, 3, {4, 1, 13}, {9, 1, 13}},
+    {"mixed q4_0 block 5", 2, 32, 8, 5, SERVD_Q4_0, 3, {4, 1, 13}, {9, 1, 13}},
+    {"prefill q8_0 head_dim 128", 2, 128, 32, 16, SERVD_Q8_0, 2, {37, 1}, {37, 200}},
+    {"prefill q4_0 gqa 20", 1, 96, 20, 7, SERVD_Q4_0, 2, {9, 1}, {30, 77}},
+    /* one long sequence: its kv heads' keys split over the threads, ranges merged */
+    {"long decode f16 split", 3, 64, 9, 16, SERVD_F16, 1, {1}, {1500}},
+    {"long decode q8_0 split", 3, 64, 9, 16, SERVD_Q8_0, 1, {1}, {1500}},
+    {"long decode q4_0 split", 3, 64, 9, 16, SERVD_Q4_0, 1, {1}, {1203}},
+    {"long verify rows q8_0 split", 1, 32, 2, 16, SERVD_Q8_0, 1, {4}, {2000}},
 };
 
 static void test_shapes(void **state) {
@@ -266,6 +299,54 @@ static void test_chunked_prefill(void **state) {
   servd_cpu_force_isa(SERVD_ISA_COUNT);
 }
 
+/* Batch invariance: a query row's output does not depend on the rows around it. Sequence 0 decodes
+ * at a long context (where one sequence's keys may be split over threads), sequence 1 is a prefill
+ * chunk, six more are short. Each of their rows must come out bit for bit the same in the batch of 8,
+ * alone, and (sequence 1's last row) as a decode row alone or as the last row of a shorter chunk. */
+static void expect_rows_equal(const problem *p, const float *want, int row0, int rows, const char *what) {
+  const int w = p->n_heads * p->hd;
+  for (int i = 0; i < rows * w; i++)
+    if (memcmp(&f(p->out)[row0 * w + i], &want[i], sizeof(float)))
+      fail_msg("%s (%s, ISA %s): element %d is %.9g, in the batch %.9g", what, servd_dtype_name(p->dt),
+               servd_isa_name(servd_cpu_active_isa()), i, (double)f(p->out)[row0 * w + i], (double)want[i]);
+}
+
+static void run_sub(problem *p, int s, int q_off, int q_len, int kv_len) {
+  const int32_t *tables[1] = {p->tables[s]};
+  const int32_t qs[1] = {p->q_start[s] + q_off}, ql[1] = {q_len}, kl[1] = {kv_len};
+  servd_attn_batch b = {1, qs, ql, kl, tables};
+  for (int64_t i = 0; i < (int64_t)p->t * p->n_heads * p->hd; i++) f(p->out)[i] = NAN;
+  assert_int_equal(servd_attention(p->out, p->q, p->c, 1, &b, p->n_heads, 0.125f), 0);
+}
+
+static void test_batch_invariance(void **state) {
+  (void)state;
+  const servd_dtype dts[] = {SERVD_F32, SERVD_F16};
+  for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
+    for (int isa = 0; isa < SERVD_ISA_COUNT; isa++) {
+      if (servd_cpu_force_isa((servd_isa)isa) != 0) continue;
+      problem p;
+      const int ql[8] = {1, 16, 1, 1, 3, 1, 1, 2}, kl[8] = {1500, 1100, 40, 7, 300, 90, 1, 64};
+      setup(&p, 2, 64, 8, 16, dts[d], 8, ql, kl, true);
+      const int w = p.n_heads * p.hd;
+      assert_int_equal(run(&p, 0.125f), 0);
+      float *batch = test_malloc((size_t)p.t * w * sizeof(float));
+      memcpy(batch, f(p.out), (size_t)p.t * w * sizeof(float));
+      for (int s = 0; s < 8; s++) {
+        run_sub(&p, s, 0, ql[s], kl[s]);
+        expect_rows_equal(&p, batch + (size_t)p.q_start[s] * w, p.q_start[s], ql[s], "a sequence alone");
+      }
+      const int last = p.q_start[1] + 15;
+      run_sub(&p, 1, 15, 1, kl[1]);
+      expect_rows_equal(&p, batch + (size_t)last * w, last, 1, "a chunk's last row as a decode row");
+      run_sub(&p, 1, 12, 4, kl[1]);
+      expect_rows_equal(&p, batch + (size_t)last * w, last, 1, "a chunk's last row in a chunk of 4");
+      test_free(batch);
+      teardown_problem(&p);
+    }
+  servd_cpu_force_isa(SERVD_ISA_COUNT);
+}
+
 /* Softmax stability: scores of several hundred must not overflow the running sums. */
 static void test_large_scores(void **state) {
   (void)state;
@@ -329,7 +410,7 @@ static void test_bad_input(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shapes),       cmocka_unit_test(test_window),    cmocka_unit_test(test_chunked_prefill),
-      cmocka_unit_test(test_large_scores), cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_large_scores), cmocka_unit_test(test_bad_input), cmocka_unit_test(test_batch_invariance),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -128,9 +128,23 @@ static void test_threads(void **state) {
   servd_kv_cache_destroy(c);
 }
 
+/* What the cache gives back for value i of a row of n_kv head vectors of hd values: dt's rounding of
+ * the value, and for q8_0 / q4_0 the reference quantizer's over the value's block of 32. */
+static float stored(servd_dtype dt, const float *row, int i) {
+  if (dt == SERVD_F16) return servd_f16_to_f32(servd_f32_to_f16(row[i]));
+  if (dt == SERVD_BF16) return servd_bf16_to_f32(servd_f32_to_bf16(row[i]));
+  if (dt != SERVD_Q8_0 && dt != SERVD_Q4_0) return row[i];
+  char blk[34];
+  float back[32];
+  assert_int_equal(servd_row_from_f32(dt, row + i / 32 * 32, blk, 32), 0);
+  assert_int_equal(servd_row_to_f32(dt, blk, back, 32), 0);
+  return back[i % 32];
+}
+
 /* kv_write into scattered slots of both layers, read back through attention. */
 static void check_write(servd_dtype dt) {
-  const int n_kv = 3, hd = 20, bs = 4, nb = 6;
+  const bool quant = dt == SERVD_Q8_0 || dt == SERVD_Q4_0;
+  const int n_kv = 3, hd = quant ? 32 : 20, bs = 4, nb = 6; /* quantized: blocks of 32 dims */
   servd_kv_cache *c = NULL;
   assert_int_equal(servd_kv_cache_create(&c, 2, n_kv, hd, bs, nb, dt), 0);
   int32_t all[6];
@@ -156,8 +170,9 @@ static void check_write(servd_dtype dt) {
     for (int i = 0; i < n_kv * hd; i++) f(q)[i] = 0.3f;
     assert_int_equal(servd_attention(o, q, c, 0, &b, n_kv, 0.125f), 0);
     for (int i = 0; i < n_kv * hd; i++) {
-      float want = (float)i * 0.01f + 1.0f / 3.0f; /* what layer 0 got for row 0 */
-      if (dt == SERVD_F16) want = servd_f16_to_f32(servd_f32_to_f16(want));
+      float row0[96];
+      for (int e = 0; e < n_kv * hd; e++) row0[e] = (float)e * 0.01f + 1.0f / 3.0f; /* what layer 0 got */
+      float want = stored(dt, row0, i);
       assert_float_equal(f(o)[i], want, 1e-6 * fabsf(want)); /* the one weight is exactly 1 */
     }
   }
@@ -181,8 +196,7 @@ static void check_write(servd_dtype dt) {
     for (int i = 0; i < n_kv * hd; i++) f(q)[i] = 0.05f * (float)(i % 5);
     assert_int_equal(servd_attention(o, q, c, 1, &b, n_kv, 0.125f), 0);
     for (int i = 0; i < n_kv * hd; i++) {
-      float want = f(v)[r * n_kv * hd + i];
-      if (dt == SERVD_F16) want = servd_f16_to_f32(servd_f32_to_f16(want));
+      float want = stored(dt, f(v) + r * n_kv * hd, i);
       /* identical value rows averaged with weights summing to 1 in f32: a few ulp */
       assert_float_equal(f(o)[i], want, 4e-6 * fabsf(want));
     }
@@ -207,11 +221,96 @@ static void test_write_f16(void **state) {
   check_write(SERVD_F16);
 }
 
+static void test_write_bf16(void **state) {
+  (void)state;
+  check_write(SERVD_BF16);
+}
+static void test_write_q8_0(void **state) {
+  (void)state;
+  check_write(SERVD_Q8_0);
+}
+static void test_write_q4_0(void **state) {
+  (void)state;
+  check_write(SERVD_Q4_0);
+}
+
+/* The pool's bytes per block: what the engine sizes its pool by. The default model's geometry (30
+ * layers, 3 kv heads of 64 dims, blocks of 16): f16 2 KiB per run, q8_0 1088 bytes (64 codes and a
+ * 2-byte scale per 32 dims, per token), q4_0 576; a quantized cache needs head_dim % 32 == 0. */
+static void test_block_bytes(void **state) {
+  (void)state;
+  size_t f16 = servd_kv_cache_block_bytes(30, 3, 64, 16, SERVD_F16);
+  size_t q8 = servd_kv_cache_block_bytes(30, 3, 64, 16, SERVD_Q8_0);
+  size_t q4 = servd_kv_cache_block_bytes(30, 3, 64, 16, SERVD_Q4_0);
+  assert_int_equal(f16, (size_t)30 * 3 * 2 * 2048);
+  assert_int_equal(q8, (size_t)30 * 3 * 2 * 1088);
+  assert_int_equal(q4, (size_t)30 * 3 * 2 * 576);
+  assert_true((double)f16 / (double)q8 > 1.85);
+  assert_int_equal(servd_kv_cache_block_bytes(30, 3, 64, 16, SERVD_BF16), f16);
+  assert_int_equal(servd_kv_cache_block_bytes(30, 3, 48, 16, SERVD_Q8_0), 0);
+  assert_int_equal(servd_kv_cache_block_bytes(30, 3, 64, 16, SERVD_Q4_1), 0);
+  servd_kv_cache *c = NULL;
+  assert_int_equal(servd_kv_cache_create(&c, 1, 1, 64, 16, 2, SERVD_Q8_0), 0);
+  assert_int_equal(servd_kv_cache_dtype(c), SERVD_Q8_0);
+  servd_kv_cache_destroy(c);
+}
+
+/* A block's bytes out of one cache and into a block of another make attention there read the same
+ * keys and values: the same output, bit for bit. */
+static void test_block_read_write(void **state) {
+  (void)state;
+  const int n_kv = 2, hd = 64, bs = 16, w = n_kv * hd;
+  servd_kv_cache *a = NULL, *b = NULL;
+  assert_int_equal(servd_kv_cache_create(&a, 3, n_kv, hd, bs, 4, SERVD_Q8_0), 0);
+  assert_int_equal(servd_kv_cache_create(&b, 3, n_kv, hd, bs, 4, SERVD_Q8_0), 0);
+  int32_t ids[4];
+  assert_int_equal(servd_kv_cache_alloc(a, 4, ids), 0);
+  assert_int_equal(servd_kv_cache_alloc(b, 4, ids), 0);
+  servd_tensor *k = tnew(SERVD_F32, 2, bs, w), *v = tnew(SERVD_F32, 2, bs, w), *sl = tnew(SERVD_I32, 1, bs, 0);
+  for (int i = 0; i < bs * w; i++) {
+    f(k)[i] = sinf((float)i);
+    f(v)[i] = cosf((float)i * 0.7f);
+  }
+  for (int j = 0; j < bs; j++) ((int32_t *)servd_tensor_data(sl))[j] = 1 * bs + j; /* block 1 of a */
+  for (int l = 0; l < 3; l++) assert_int_equal(servd_kv_write(a, l, k, v, sl), 0);
+  size_t n = servd_kv_cache_block_bytes(3, n_kv, hd, bs, SERVD_Q8_0);
+  char *buf = test_malloc(n);
+  assert_int_equal(servd_kv_cache_block_read(a, 1, buf), 0);
+  assert_int_equal(servd_kv_cache_block_write(b, 3, buf), 0); /* block 3 of b */
+  servd_tensor *q = tnew(SERVD_F32, 2, 1, w), *oa = tnew(SERVD_F32, 2, 1, w), *ob = tnew(SERVD_F32, 2, 1, w);
+  for (int i = 0; i < w; i++) f(q)[i] = 0.1f * (float)(i % 9);
+  int32_t ta[1] = {1}, tb[1] = {3}, qs = 0, ql = 1, kl = bs;
+  const int32_t *tables_a[1] = {ta}, *tables_b[1] = {tb};
+  servd_attn_batch ba = {1, &qs, &ql, &kl, tables_a}, bb = {1, &qs, &ql, &kl, tables_b};
+  for (int l = 0; l < 3; l++) {
+    assert_int_equal(servd_attention(oa, q, a, l, &ba, n_kv, 0.125f), 0);
+    assert_int_equal(servd_attention(ob, q, b, l, &bb, n_kv, 0.125f), 0);
+    assert_memory_equal(f(oa), f(ob), (size_t)w * sizeof(float));
+  }
+  assert_int_equal(servd_kv_cache_block_read(a, 4, buf), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "block 4 outside [0, 4)"));
+  servd_kv_cache *only = NULL;
+  assert_int_equal(servd_kv_cache_create_blocks_only(&only, 3, n_kv, hd, bs, 4), 0);
+  assert_int_equal(servd_kv_cache_block_write(only, 0, buf), SERVD_EINVAL);
+  servd_kv_cache_destroy(only);
+  test_free(buf);
+  servd_tensor_release(k);
+  servd_tensor_release(v);
+  servd_tensor_release(sl);
+  servd_tensor_release(q);
+  servd_tensor_release(oa);
+  servd_tensor_release(ob);
+  servd_kv_cache_destroy(a);
+  servd_kv_cache_destroy(b);
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   servd_kv_cache *c = NULL;
-  assert_int_equal(servd_kv_cache_create(&c, 1, 2, 8, 4, 3, SERVD_BF16), SERVD_EINVAL);
-  assert_non_null(strstr(servd_last_error(), "bf16"));
+  assert_int_equal(servd_kv_cache_create(&c, 1, 2, 8, 4, 3, SERVD_Q4_1), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "q4_1"));
+  assert_int_equal(servd_kv_cache_create(&c, 1, 2, 48, 4, 3, SERVD_Q8_0), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "head_dim 48"));
   assert_int_equal(servd_kv_cache_create(&c, 1, 0, 8, 4, 3, SERVD_F32), SERVD_EINVAL);
   assert_int_equal(servd_kv_cache_create(&c, 1 << 20, 64, 1024, 1024, 1 << 20, SERVD_F32), SERVD_ERANGE);
   assert_int_equal(servd_kv_cache_create(&c, 2, 2, 8, 4, 3, SERVD_F32), 0);
@@ -246,8 +345,10 @@ static void test_bad_input(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_accounting), cmocka_unit_test(test_refcounts), cmocka_unit_test(test_threads),
-      cmocka_unit_test(test_write_f32),  cmocka_unit_test(test_write_f16), cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_accounting),       cmocka_unit_test(test_refcounts),  cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_write_f32),        cmocka_unit_test(test_write_f16),  cmocka_unit_test(test_write_bf16),
+      cmocka_unit_test(test_write_q8_0),       cmocka_unit_test(test_write_q4_0), cmocka_unit_test(test_block_bytes),
+      cmocka_unit_test(test_block_read_write), cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -171,8 +171,9 @@ def window_of(cfg, layer):
     return None
 
 
-def forward(cfg, w, tokens):
-    """Logits (T, vocab) float64 for one sequence of token ids, positions 0..T-1."""
+def forward(cfg, w, tokens, kv_round=None):
+    """Logits (T, vocab) float64 for one sequence of token ids, positions 0..T-1. kv_round (optional):
+    applied to each layer's K (after RoPE) and V, (T, kv heads, head_dim), as a KV cache stores them."""
     if cfg.get("model_type") == "gemma3_text":
         return forward_gemma3(cfg, w, tokens)
     d = cfg["hidden_size"]
@@ -217,6 +218,8 @@ def forward(cfg, w, tokens):
         q, k, v = proj("q", nh), proj("k", nkv), proj("v", nkv)
         q = rope(q)
         k = rope(k)
+        if kv_round:
+            k, v = kv_round(k), kv_round(v)
         rep = nh // nkv
         k = np.repeat(k, rep, axis=1)
         v = np.repeat(v, rep, axis=1)

@@ -1,6 +1,6 @@
 /* Prefix caching must not change what a request generates: greedy tokens of prompts that share a
  * long beginning (a system prompt, a multi-turn chat resending its history) are identical with the
- * cache on and off, token for token, on the tiny Llama with f32 and with f16 K/V. The oracle is
+ * cache on and off, token for token, on the tiny Llama with f32, f16, q8_0 and q4_0 K/V. The oracle is
  * the cache-off engine, which tests/llama/test_engine_batching.c checks against requests run alone.
  *
  * A cached block's K/V are the bytes the same tokens at the same positions produced before; the cache
@@ -49,6 +49,8 @@ typedef struct result {
 } result;
 
 static char pkg_path[256];
+static char pkg_hd32[256]; /* head_dim 32: what a q8_0 / q4_0 cache quantizes */
+static const char *pkg = pkg_path;
 static char tmpdir[128];
 
 static void on_event(void *ud, const servd_event *ev) {
@@ -73,7 +75,7 @@ static servd_model *load_tp(const char *name, bool cache, int budget, int kv_blo
   servd_model_options o;
   servd_model_options_default(&o);
   assert_true(o.prefix_cache); /* on by default */
-  o.path = pkg_path;
+  o.path = pkg;
   o.name = name;
   o.max_batch_tokens = budget;
   o.max_seqs = 8;
@@ -271,8 +273,8 @@ static void check_kv(servd_dtype kv) {
   }
   assert_true(preempted);
   /* Not bit for bit: see the top of the file. */
-  printf("%s K/V: largest |logprob difference| of a chosen token, cache on against off: %.3g\n",
-         kv == SERVD_F32 ? "f32" : "f16", max_dlogprob);
+  printf("%s K/V: largest |logprob difference| of a chosen token, cache on against off: %.3g\n", servd_dtype_name(kv),
+         max_dlogprob);
   assert_true(max_dlogprob < 1e-3);
   max_dlogprob = 0;
 }
@@ -287,16 +289,56 @@ static void test_same_tokens_f16(void **state) {
   check_kv(SERVD_F16);
 }
 
+/* Quantized K/V (per token and block of 32 dims, as written): a shared block holds the codes the
+ * same tokens produced before, a truncated or reused slot is rewritten whole, so sharing, TP and
+ * preemption leave every token as with the cache off, on the tiny model with head_dim 32. */
+static void test_same_tokens_q8_0(void **state) {
+  (void)state;
+  pkg = pkg_hd32;
+  check_kv(SERVD_Q8_0);
+  pkg = pkg_path;
+}
+
+static void test_same_tokens_q4_0(void **state) {
+  (void)state;
+  pkg = pkg_hd32;
+  check_kv(SERVD_Q4_0);
+  pkg = pkg_path;
+}
+
+/* A quantized cache needs head_dim % 32 == 0: the tiny model's 16 is refused at load, saying so. */
+static void test_quantized_needs_head_dim_32(void **state) {
+  (void)state;
+  servd_model_options o;
+  servd_model_options_default(&o);
+  o.path = pkg_path;
+  o.name = "hd16";
+  o.kv_dtype = SERVD_Q8_0;
+  servd_model *m = NULL;
+  assert_int_equal(servd_model_load(&o, &m), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "head_dim is 16"));
+  assert_null(m);
+}
+
 int main(int argc, char **argv) {
   if (engine_test_start(argc, argv, "prefix", tmpdir, sizeof tmpdir) ||
       engine_test_synth_tiny(tmpdir, "tiny.mpk", pkg_path, sizeof pkg_path, NULL))
     return 1;
+  snprintf(pkg_hd32, sizeof pkg_hd32, "%s/tiny-hd32.mpk", tmpdir);
+  if (mpk_synth("tiny-hd32", 11, SERVD_F32, NULL, pkg_hd32, NULL)) {
+    fprintf(stderr, "synth: %s\n", servd_last_error());
+    return 1;
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_same_tokens_f32),
       cmocka_unit_test(test_same_tokens_f16),
+      cmocka_unit_test(test_same_tokens_q8_0),
+      cmocka_unit_test(test_same_tokens_q4_0),
+      cmocka_unit_test(test_quantized_needs_head_dim_32),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   unlink(pkg_path);
+  unlink(pkg_hd32);
   rmdir(tmpdir);
   fflush(stdout);
   fflush(stderr);

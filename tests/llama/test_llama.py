@@ -7,7 +7,9 @@ converter does), packed with `modelpkg pack`:
     sequence in the same batches one step behind) match the reference within the tolerance below;
   - the greedy tokens equal the reference's argmax at every step;
   - TP=2 gives the same greedy tokens as TP=1 (and logits within the same tolerance);
-  - `servd generate` (the whole engine: tokenizer, scheduler, sampler) produces the same greedy ids.
+  - `servd generate` (the whole engine: tokenizer, scheduler, sampler) produces the same greedy ids;
+  - with an f16, bf16, q8_0 or q4_0 KV cache, the logits match the reference whose K/V are rounded or
+    quantized as that cache stores them (gguf-py's ggml quantizers), see kv_dtypes.
 
 Tolerance: servd computes in f32 (f32 weights, f32 KV cache in this test) while the reference uses
 float64, so the difference is f32 rounding accumulated over two layers of dot products of length
@@ -49,9 +51,9 @@ def run(cmd, **kw):
     return r
 
 
-def servd_logits(args, pkg, out, tp=1, chunk=5):
+def servd_logits(args, pkg, out, tp=1, chunk=5, kv_dtype="f32"):
     run([args.logits, pkg, out, "--tokens", ",".join(map(str, PROMPT)), "--tp", str(tp), "--chunk",
-         str(chunk), "--decode", str(DECODE), "--pair"])
+         str(chunk), "--decode", str(DECODE), "--pair", "--kv-dtype", kv_dtype])
     raw = open(out, "rb").read()
     n, vocab = np.frombuffer(raw[:8], dtype="<i4")
     off = 8
@@ -117,6 +119,53 @@ def quantized_tp3(args, py, quant):
           f"{quant}: RMS logit error against the float64 model, TP=1 {e1:.5f}, TP=3 {e3:.5f} (within 1%)")
 
 
+def kv_rounding(dtype):
+    """K/V (T, heads, head_dim) as a cache of dtype stores them: numpy's f16, bf16 rounded to nearest
+    even, and gguf-py's ggml reference quantizers per head vector's blocks of 32 (an implementation
+    independent of servd's)."""
+    def bf16(y):
+        u = y.astype(np.float32).view(np.uint32).astype(np.uint64)
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        return u.astype(np.uint32).view(np.float32).astype(np.float64)
+    if dtype == "f16":
+        return lambda y: y.astype(np.float32).astype(np.float16).astype(np.float64)
+    if dtype == "bf16":
+        return bf16
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize, quantize
+    qt = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0}[dtype]
+
+    def blocks(y):
+        flat = np.ascontiguousarray(y.astype(np.float32).reshape(-1, y.shape[-1]))
+        return dequantize(quantize(flat, qt), qt).reshape(y.shape).astype(np.float64)
+    return blocks
+
+
+def kv_dtypes(args, pkg, cfg, w, have_gguf):
+    """Each KV cache dtype against the reference with K/V rounded as that cache stores them: servd's
+    logits must be explained by the storage (its error against that reference a small part of its
+    error against the exact model, and within the f32 tolerance but for rare rounding flips of values
+    that servd's f32 forward puts on the other side of a quantization step than float64 does)."""
+    for dtype in ("f16", "bf16", "q8_0", "q4_0"):
+        if dtype.startswith("q") and not have_gguf:
+            print(f"note: python module gguf missing: the {dtype} KV cache check is skipped")
+            continue
+        rows, gen, pair = servd_logits(args, pkg, os.path.join(args.work, f"kv-{dtype}.bin"), kv_dtype=dtype)
+        toks = PROMPT + gen
+        exact = llama_ref.forward(cfg, w, toks)
+        stored = llama_ref.forward(cfg, w, toks, kv_round=kv_rounding(dtype))
+        scale = max(1.0, np.abs(exact).max())
+        e_exact = np.abs(rows - exact).max() / scale
+        e_stored = np.abs(rows - stored).max() / scale
+        e_pair = np.abs(pair - stored).max() / scale
+        bound = max(TOL, e_exact / 10)
+        check(e_stored <= bound and e_pair <= bound,
+              f"{dtype} KV cache: error vs the exact model {e_exact:.2e}, vs K/V stored as {dtype} {e_stored:.2e} "
+              f"(second sequence {e_pair:.2e}; <= {bound:.2e})")
+        check(gen == [int(np.argmax(stored[len(PROMPT) - 1 + i])) for i in range(len(gen))],
+              f"{dtype} KV cache: greedy tokens == the reference's with K/V stored as {dtype}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--logits", required=True)
@@ -168,6 +217,7 @@ def main():
     rows3, gen3, pair3 = servd_logits(args, pkg, folder + ".tp3.bin", tp=3, chunk=6)
     check(gen3 == gen, "hf-6heads: TP=3 greedy tokens == TP=1")
     compare("hf-6heads tp3", cfg, w, rows3, gen3, pair3)
+    kv_dtypes(args, pkg, cfg, w, have_gguf)
     if have_gguf:
         for quant in ("q4_1", "q4_0", "q8_0"):
             quantized_tp3(args, py, quant)

@@ -28,6 +28,14 @@ SERVD_API const char *servd_isa_name(servd_isa isa);
  * pass SERVD_ISA_COUNT to return to automatic choice. Not thread-safe w.r.t. running ops. */
 SERVD_API int servd_cpu_force_isa(servd_isa isa);
 SERVD_API servd_isa servd_cpu_active_isa(void);
+/* Batch invariance: on one ISA, every matmul gives a row the same floats whether it is computed
+ * alone or with other rows (decode, batched decode, prefill chunks, speculation's verify rows), so a
+ * request's logits do not depend on what else the step carries. Free, and always on, for every weight
+ * dtype except q4_k and q5_k on AVX-512 VNNI, whose batch-1 kernel has a faster form that rounds
+ * differently: on (SERVD_BATCH_INVARIANT=1 in the environment, or this call) they take their batch
+ * form at batch 1 too, which costs those matmuls ~15-30% at batch 1 (docs/performance.md). */
+SERVD_API void servd_cpu_set_batch_invariant(bool on);
+SERVD_API bool servd_cpu_batch_invariant(void);
 
 /* outs[i] = x @ ws[i]^T for 1..SERVD_MATMUL_MANY_MAX weights sharing x (Q, K and V; gate and up):
  * what one servd_matmul per weight computes, to the bit. Weights of one dtype run as one split over
@@ -61,6 +69,16 @@ typedef struct servd_rope_params {
   float attn_factor; /* cos and sin times this (YaRN mscale, LongRoPE attention factor); 0 means 1 */
 } servd_rope_params;
 #define SERVD_ROPE_TABLE_MAX 256
+
+/* One segment of a LoRA product over a batch (servd_lora_sgmv, punica's SGMV): rows [first, first+n)
+ * get out += scale * (x A^T) B^T with ab (r, k+n_out) = [A_j | B column j] per row j (servd_lora). ab
+ * NULL: the segment's rows have no adapter for this projection. Borrowed for the call. */
+typedef struct servd_lora_seg {
+  int64_t first, n;
+  const servd_tensor *ab;
+  float scale;
+} servd_lora_seg;
+#define SERVD_LORA_MAX_RANK 64
 
 /* ---- the op registry (servd/ops.def) ----------------------------------------------------------------
  * Signature kinds: SERVD_SIG_<kind>(names...) is the parameter list of every function of an op
@@ -122,18 +140,34 @@ typedef enum servd_op_id {
 #include "servd/ops.def"
 #undef SERVD_OP
 
+/* servd_lora over segments of the rows of out (m,n) and x (m,k), in increasing, non-overlapping
+ * order: one split of every segment's rows over the pool; a row's bits are servd_lora's. */
+SERVD_API int servd_lora_sgmv(servd_tensor *out, const servd_tensor *x, int n_segs, const servd_lora_seg *segs);
+
 /* Row-wise softmax in place over the last dim of x (m,n) f32, scaled: softmax(x*scale). */
 SERVD_API int servd_softmax(servd_tensor *x, float scale);
 
 /* ---- Paged KV cache ------------------------------------------------------------------------------
  * Per layer, K and V are pools of `n_blocks` blocks of `block_size` token slots, each slot holding
- * n_kv_heads*head_dim values (f32 or f16). A sequence owns a block table (block ids in order); its
+ * n_kv_heads*head_dim values (f32, f16, bf16, or q8_0 / q4_0 quantized per 32 dims as written). A sequence owns a block table (block ids in order); its
  * token at position p lives in slot table[p / block_size] * block_size + p % block_size. The cache
  * hands out and takes back blocks; which sequence owns what is the engine's business. */
 typedef struct servd_kv_cache servd_kv_cache;
 
 SERVD_API int servd_kv_cache_create(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim, int block_size,
-                                    int n_blocks, servd_dtype dtype /* f32 or f16 */);
+                                    int n_blocks, servd_dtype dtype /* f32, f16, bf16, q8_0 or q4_0 */);
+/* Whether a cache can hold dtype (q8_0 and q4_0 also need head_dim a multiple of 32). */
+SERVD_API bool servd_kv_cache_dtype_ok(servd_dtype t);
+/* Bytes one block of block_size tokens takes over all layers, K and V, in the layout of dtype (what
+ * sizes a pool in memory: q8_0 holds ~1.9x the tokens of f16); 0 for a geometry create refuses. */
+SERVD_API size_t servd_kv_cache_block_bytes(int n_layers, int n_kv_heads, int head_dim, int block_size,
+                                            servd_dtype dtype);
+SERVD_API servd_dtype servd_kv_cache_dtype(const servd_kv_cache *c);
+/* Block id's K/V of every layer and kv head, servd_kv_cache_block_bytes(...) bytes in this cache's
+ * own layout, copied out to dst or in from src (a lower tier of the prefix cache keeps blocks so).
+ * SERVD_EINVAL for an unknown block or a cache without storage. */
+SERVD_API int servd_kv_cache_block_read(const servd_kv_cache *c, int32_t id, void *dst);
+SERVD_API int servd_kv_cache_block_write(servd_kv_cache *c, int32_t id, const void *src);
 /* A cache of block bookkeeping only (alloc/free, no K/V storage): the host side of a cache whose
  * K/V live on a device (servd/device.h). kv_write and attention on it fail with SERVD_EINVAL. */
 SERVD_API int servd_kv_cache_create_blocks_only(servd_kv_cache **out, int n_layers, int n_kv_heads, int head_dim,

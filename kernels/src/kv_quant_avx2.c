@@ -1,0 +1,222 @@
+/* Attention's two kernels over a quantized cache (q8_0, q4_0) with AVX2+FMA, reading the codes in
+ * place (layout in ops-impl.h): codes become f32 in registers, never a dequantized copy.
+ *
+ * scores: 16 keys' codes of one dim are one load, as with f16, FMA'd with each query's broadcast dim
+ * into per-block sums; at the end of each block of 32 dims the 16 keys' scales (one f16 vector)
+ * multiply those sums into the scores. Three queries per pass keep 12 accumulators in registers.
+ * accum: a value row's 16 dims are one load; its block scale multiplies the converted vector once,
+ * shared by every query's FMA. */
+#include "ops-impl.h"
+
+#include "servd/blocks.h"
+
+/* 16 int8 codes -> two vectors of 8 f32 */
+static inline void cvt16(__m128i x, __m256 *lo, __m256 *hi) {
+  *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
+  *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)));
+}
+
+/* Codes of keys [off, off+16) of one K dim row, as int8 (q4_0: nibble - 8). */
+static inline __m128i key_codes(const uint8_t *row, servd_dtype kt, int off) {
+  if (kt == SERVD_Q8_0) return _mm_loadu_si128((const __m128i *)(row + off));
+  __m128i b = _mm_loadl_epi64((const __m128i *)(row + off / 2)), m = _mm_set1_epi8(15);
+  __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+  return _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), _mm_set1_epi8(8)); /* even, odd, even, ... */
+}
+
+/* The same for n < 16 keys or a q4_0 run read from an odd key: codes one by one, zero past n. */
+static inline __m128i key_codes_slow(const uint8_t *row, servd_dtype kt, int off, int n) {
+  int8_t tmp[16] = {0};
+  for (int j = 0; j < n; j++) {
+    int t = off + j;
+    tmp[j] = kt == SERVD_Q8_0 ? (int8_t)row[t] : (int8_t)(((row[t / 2] >> ((t & 1) * 4)) & 15) - 8);
+  }
+  return _mm_loadu_si128((const __m128i *)tmp);
+}
+
+/* f16 scales of keys [off, off+n) of one block, zero past n. */
+static inline void key_scales(const uint16_t *s, int n, __m256 *lo, __m256 *hi) {
+  if (n == 16) {
+    *lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s));
+    *hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 8)));
+    return;
+  }
+  uint16_t tmp[16] = {0};
+  memcpy(tmp, s, (size_t)n * sizeof *tmp);
+  *lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tmp));
+  *hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tmp + 8)));
+}
+
+/* NQ (<= 3, constant after inlining) queries against n <= 16 keys from key off. */
+static inline __attribute__((always_inline)) void scores_block(int NQ, float *out, int ld, const float *const *q,
+                                                               const char *run, servd_dtype kt, int off, int n, int hd,
+                                                               int bs, float scale, const char *pf) {
+  const uint16_t *scales = (const uint16_t *)run + off;
+  const uint8_t *codes = (const uint8_t *)run + ops__kvq_scale_bytes(hd, bs);
+  size_t krow = ops__kvq_krow(kt, bs), lines = (ops__kvq_scale_bytes(hd, bs) + (size_t)hd * krow + 63) / 64;
+  bool fast = n == 16 && (kt == SERVD_Q8_0 || (off & 1) == 0);
+  __m256 a0[3], a1[3], t0[3], t1[3];
+  for (int i = 0; i < NQ; i++) a0[i] = a1[i] = _mm256_setzero_ps();
+  for (int b = 0; b < hd / 32; b++) {
+    for (int i = 0; i < NQ; i++) t0[i] = t1[i] = _mm256_setzero_ps();
+    for (int e = 0; e < 32; e++) {
+      int d = b * 32 + e;
+      if (pf && (size_t)d < lines) _mm_prefetch(pf + (size_t)d * 64, _MM_HINT_T0); /* the run, a line per dim */
+      const uint8_t *row = codes + (size_t)d * krow;
+      __m256 k0, k1;
+      cvt16(fast ? key_codes(row, kt, off) : key_codes_slow(row, kt, off, n), &k0, &k1);
+      for (int i = 0; i < NQ; i++) {
+        __m256 qd = _mm256_set1_ps(q[i][d]);
+        t0[i] = _mm256_fmadd_ps(qd, k0, t0[i]);
+        t1[i] = _mm256_fmadd_ps(qd, k1, t1[i]);
+      }
+    }
+    __m256 s0, s1;
+    key_scales(scales + (size_t)b * (size_t)bs, n, &s0, &s1);
+    for (int i = 0; i < NQ; i++) {
+      a0[i] = _mm256_fmadd_ps(t0[i], s0, a0[i]);
+      a1[i] = _mm256_fmadd_ps(t1[i], s1, a1[i]);
+    }
+  }
+  __m256 sv = _mm256_set1_ps(scale);
+  for (int i = 0; i < NQ; i++) {
+    float r[16];
+    _mm256_storeu_ps(r, _mm256_mul_ps(a0[i], sv));
+    _mm256_storeu_ps(r + 8, _mm256_mul_ps(a1[i], sv));
+    memcpy(out + (size_t)i * (size_t)ld, r, (size_t)n * sizeof(float));
+  }
+}
+
+void servd__attn_scores_q_avx2(float *out, int ld, const float *const *q, int nq, const char *run, servd_dtype kt,
+                               int off, int n, int hd, int bs, float scale, const char *pf) {
+  for (int j = 0; j < n; j += 16) {
+    int nj = n - j < 16 ? n - j : 16;
+    for (int i = 0; i < nq; i += 3) {
+      int c = nq - i < 3 ? nq - i : 3;
+      float *o = out + (size_t)i * (size_t)ld + (size_t)j;
+      const char *pj = i == 0 && j == 0 ? pf : NULL; /* once per run */
+      switch (c) {
+      case 1: scores_block(1, o, ld, q + i, run, kt, off + j, nj, hd, bs, scale, pj); break;
+      case 2: scores_block(2, o, ld, q + i, run, kt, off + j, nj, hd, bs, scale, pj); break;
+      default: scores_block(3, o, ld, q + i, run, kt, off + j, nj, hd, bs, scale, pj); break;
+      }
+    }
+  }
+}
+
+/* 16 dims [e, e+16) (e 0 or 16) of one block of a value row, as int8. */
+static inline __m128i value_codes(const char *blk, servd_dtype vt, int e) {
+  if (vt == SERVD_Q8_0) return _mm_loadu_si128((const __m128i *)(((const servd_block_q8_0 *)blk)->qs + e));
+  __m128i b = _mm_loadu_si128((const __m128i *)((const servd_block_q4_0 *)blk)->qs);
+  if (e) b = _mm_srli_epi16(b, 4);
+  return _mm_sub_epi8(_mm_and_si128(b, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+}
+
+/* NQ (<= 6, constant after inlining) queries x 16 dims [d, d+16) of acc in registers while the n
+ * value rows stream by; p already carries each row's block scale (p[i*ld + j] = weight * d_j). */
+static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc, int acc_ld, const float *p, int ld,
+                                                              const char *rows, servd_dtype vt, int n, size_t vrow,
+                                                              int d, const char *pf) {
+  size_t at = (size_t)(d / 32) * servd_dtype_block_bytes(vt);
+  __m256 a0[6], a1[6];
+  for (int i = 0; i < NQ; i++) {
+    a0[i] = _mm256_loadu_ps(acc + (size_t)i * (size_t)acc_ld);
+    a1[i] = _mm256_loadu_ps(acc + (size_t)i * (size_t)acc_ld + 8);
+  }
+  for (int j = 0; j < n; j++) {
+    const char *blk = rows + (size_t)j * vrow + at;
+    if (pf) _mm_prefetch(pf + (size_t)j * vrow + at, _MM_HINT_T0); /* this block's line in the later run */
+    __m256 v0, v1;
+    cvt16(value_codes(blk, vt, d % 32), &v0, &v1);
+    for (int i = 0; i < NQ; i++) {
+      __m256 pj = _mm256_broadcast_ss(p + (size_t)i * (size_t)ld + (size_t)j);
+      a0[i] = _mm256_fmadd_ps(pj, v0, a0[i]);
+      a1[i] = _mm256_fmadd_ps(pj, v1, a1[i]);
+    }
+  }
+  for (int i = 0; i < NQ; i++) {
+    _mm256_storeu_ps(acc + (size_t)i * (size_t)acc_ld, a0[i]);
+    _mm256_storeu_ps(acc + (size_t)i * (size_t)acc_ld + 8, a1[i]);
+  }
+}
+
+#define ACCUM_KEYS 64 /* value rows per pass: their scaled weights fit a small stack array */
+
+void servd__attn_accum_q_avx2(float *acc, int acc_ld, const float *p, int ld, int nq, const char *run, servd_dtype vt,
+                              int off, int n, int hd, const char *pf) {
+  size_t bb = servd_dtype_block_bytes(vt), vrow = (size_t)(hd / 32) * bb;
+  float w[6][ACCUM_KEYS] __attribute__((aligned(32)));
+  for (int j0 = 0; j0 < n; j0 += ACCUM_KEYS) {
+    int nj = n - j0 < ACCUM_KEYS ? n - j0 : ACCUM_KEYS;
+    const char *rows = run + (size_t)(off + j0) * vrow;
+    const char *pfr = pf ? pf + (size_t)(off + j0) * vrow : NULL;
+    for (int i = 0; i < nq; i += 6) {
+      int c = nq - i < 6 ? nq - i : 6;
+      const float *pi = p + (size_t)i * (size_t)ld + j0;
+      for (int b = 0; b < hd / 32; b++) {
+        /* the weights times each row's scale of block b: one multiply per weight, not per dim */
+        for (int j = 0; j < nj; j++) {
+          float ds = _cvtsh_ss(*(const uint16_t *)(rows + (size_t)j * vrow + (size_t)b * bb));
+          for (int k = 0; k < c; k++) w[k][j] = pi[(size_t)k * (size_t)ld + (size_t)j] * ds;
+        }
+        for (int d = b * 32; d < b * 32 + 32; d += 16) {
+          float *a = acc + (size_t)i * (size_t)acc_ld + d;
+          const char *pd = pfr && i == 0 && d % 32 == 0 ? pfr : NULL; /* once per block of a row */
+          switch (c) {
+          case 1: accum_block(1, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
+          case 2: accum_block(2, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
+          case 3: accum_block(3, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
+          case 4: accum_block(4, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
+          case 5: accum_block(5, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
+          default: accum_block(6, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
+          }
+        }
+      }
+    }
+  }
+}
+
+void servd__kvq_dequant_k_avx2(float *out, int ld, const char *run, servd_dtype kt, int off, int n, int hd, int bs) {
+  const uint16_t *scales = (const uint16_t *)run + off;
+  const uint8_t *codes = (const uint8_t *)run + ops__kvq_scale_bytes(hd, bs);
+  size_t krow = ops__kvq_krow(kt, bs);
+  for (int j = 0; j < n; j += 16) {
+    int nj = n - j < 16 ? n - j : 16;
+    bool fast = nj == 16 && (kt == SERVD_Q8_0 || ((off + j) & 1) == 0);
+    for (int b = 0; b < hd / 32; b++) {
+      __m256 s0, s1;
+      key_scales(scales + (size_t)b * (size_t)bs + j, nj, &s0, &s1);
+      for (int d = b * 32; d < b * 32 + 32; d++) {
+        const uint8_t *row = codes + (size_t)d * krow;
+        __m256 k0, k1;
+        cvt16(fast ? key_codes(row, kt, off + j) : key_codes_slow(row, kt, off + j, nj), &k0, &k1);
+        float *o = out + (size_t)d * (size_t)ld + (size_t)j;
+        if (nj == 16) {
+          _mm256_storeu_ps(o, _mm256_mul_ps(k0, s0));
+          _mm256_storeu_ps(o + 8, _mm256_mul_ps(k1, s1));
+        } else {
+          float tmp[16];
+          _mm256_storeu_ps(tmp, _mm256_mul_ps(k0, s0));
+          _mm256_storeu_ps(tmp + 8, _mm256_mul_ps(k1, s1));
+          memcpy(o, tmp, (size_t)nj * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+void servd__kvq_dequant_v_avx2(float *out, const char *run, servd_dtype vt, int off, int n, int hd) {
+  size_t bb = servd_dtype_block_bytes(vt), vrow = (size_t)(hd / 32) * bb;
+  for (int j = 0; j < n; j++)
+    for (int b = 0; b < hd / 32; b++) {
+      const char *blk = run + (size_t)(off + j) * vrow + (size_t)b * bb;
+      __m256 ds = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk));
+      float *o = out + (size_t)j * (size_t)hd + (size_t)b * 32;
+      for (int e = 0; e < 32; e += 16) {
+        __m256 v0, v1;
+        cvt16(value_codes(blk, vt, e), &v0, &v1);
+        _mm256_storeu_ps(o + e, _mm256_mul_ps(v0, ds));
+        _mm256_storeu_ps(o + e + 8, _mm256_mul_ps(v1, ds));
+      }
+    }
+}
