@@ -122,7 +122,8 @@ struct servd_model {
   servd_embedding_info emb;
   servd_top_logprob lp_top[SERVD_SAMPLER_MAX_TOP];
   lora_registry loras; /* causal-lm: its LoRA adapters (engine_lora.c) */
-  struct kv_events_source *kv_events; /* the prefix cache's events (engine/kv_events.h); NULL: none */
+  /* The prefix cache's events (engine/kv_events.h); NULL: none. */
+  struct kv_events_source *kv_events;
   /* Sleep level 1 (engine_sleep.c), under mu: asked, done, and its outcome. */
   int kv_release, kv_release_rc;
   char kv_release_err[256];
