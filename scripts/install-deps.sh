@@ -12,6 +12,7 @@ pkgs=(
   libpython3.11-dev python3 python3-jinja2 python3-numpy python3-venv python3-pip python3-yaml
   prometheus curl gnuplot-nox linux-perf
   libzmq3-dev libmsgpack-dev
+  libutf8proc-dev python3-scipy
 )
 
 missing=()

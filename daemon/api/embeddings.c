@@ -107,7 +107,40 @@ static void embeddings_respond(oai *o) {
                            "usage", "prompt_tokens", (json_int_t)prompt, "total_tokens", (json_int_t)prompt));
 }
 
-const oai_embed_hooks oai_embedding_hooks = {embeddings_check, embedding_cb, embeddings_respond};
+/* truncate_prompt_tokens (vLLM's): an input longer than k tokens (-1: the model's context, less the
+ * one position the engine keeps) keeps its first tokens and the template's closing ones ([SEP]), as
+ * Hugging Face truncates a single text on the right. The template's parts are found by tokenizing
+ * "a" with and without them. Token-id inputs keep their last k ids, as vLLM does. */
+static void embeddings_tokenized(oai *o) {
+  if (!o->truncate_prompt_tokens) return;
+  const servd_model_ops *ops = o->a->ops;
+  servd_model *m = o->am->m;
+  int ctx = ops->context_length(m), k = o->truncate_prompt_tokens;
+  if (k < 0 || (ctx > 0 && k > ctx - 1)) k = ctx > 1 ? ctx - 1 : 1;
+  int32_t *bare = NULL, *full = NULL;
+  int nb = 0, nf = 0, suffix = 0;
+  if (ops->tokenize(m, "a", 1, false, &bare, &nb) == 0 && ops->tokenize(m, "a", 1, true, &full, &nf) == 0 && nb > 0 &&
+      nf >= nb)
+    for (int at = 0; at + nb <= nf; at++)
+      if (!memcmp(full + at, bare, sizeof(int32_t) * (size_t)nb)) {
+        suffix = nf - at - nb;
+        break;
+      }
+  free(bare);
+  free(full);
+  for (int i = 0; i < o->n_prompts; i++) {
+    oai_prompt *p = &o->prompts[i];
+    if (p->n_ids <= k) continue;
+    if (!p->text) { /* ids as given: the last k */
+      memmove(p->ids, p->ids + p->n_ids - k, sizeof(int32_t) * (size_t)k);
+    } else if (o->add_special && suffix > 0 && suffix < k) {
+      memmove(p->ids + k - suffix, p->ids + p->n_ids - suffix, sizeof(int32_t) * (size_t)suffix);
+    }
+    p->n_ids = k;
+  }
+}
+
+const oai_embed_hooks oai_embedding_hooks = {embeddings_check, embedding_cb, embeddings_respond, embeddings_tokenized};
 
 void api_oai_embeddings(servd_api *a, servd_http_req *r, const api_route_args *args) {
   (void)args;

@@ -84,9 +84,10 @@ struct oai {
   const struct oai_embed_hooks *embed;    /* OAI_EMBEDDINGS: what embeddings.c adds */
   oai_reasoning_chunk_fn reasoning_chunk; /* without a sink: streams a thought's pieces */
   void *sink_ctx;
-  bool echo;       /* completions: each choice's text starts with its prompt */
-  bool base64;     /* embeddings: encoding_format base64 */
-  oai_choice_x *x; /* per choice (n_gens): echo and embedding state; NULL until submitted */
+  bool echo;                  /* completions: each choice's text starts with its prompt */
+  bool base64;                /* embeddings: encoding_format base64 */
+  int truncate_prompt_tokens; /* embeddings: 0 none, -1 the model's context, else at most k tokens */
+  oai_choice_x *x;            /* per choice (n_gens): echo and embedding state; NULL until submitted */
   /* With --otlp-traces-endpoint: the request's trace context (api/otlp.h). */
   api_trace_ctx trace;
 };
@@ -112,6 +113,8 @@ typedef struct oai_embed_hooks {
   bool (*check)(oai *o);
   servd_event_cb engine_cb;
   void (*respond)(oai *o);
+  /* On the prep worker, once the inputs are tokenized (NULL: nothing): may cut them, or set o->err. */
+  void (*tokenized)(oai *o);
 } oai_embed_hooks;
 extern const oai_embed_hooks oai_embedding_hooks;
 

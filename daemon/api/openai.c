@@ -751,6 +751,7 @@ static void prep_work(uv_work_t *w) {
       return;
     }
   }
+  if (o->embed && o->embed->tokenized) o->embed->tokenized(o);
 }
 
 /* Embeddings: the most inputs of one request queued in the engine at once. Each input is an engine
@@ -1126,6 +1127,7 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   o->template_kwargs = p.template_kwargs;
   o->echo = p.echo;
   o->base64 = p.base64;
+  o->truncate_prompt_tokens = p.truncate_prompt_tokens;
   o->am = am;
   am->inflight++;
   a->inflight++;

@@ -172,6 +172,10 @@ static bool parse_embeddings(api_check *v, oai_params *o, json_t *body, const ap
   long long x = 0;
   if (!api_check_int(v, body, "dimensions", 1, 1 << 20, &present, &x)) return false;
   if (present) o->gp.dimensions = (int)x;
+  if (!api_check_int(v, body, "truncate_prompt_tokens", -1, 1 << 24, &present, &x)) return false;
+  if (present && x == 0)
+    return api_check_fail(v, "truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or at least 1");
+  if (present) o->truncate_prompt_tokens = (int)x;
   if (api_params_adopt(body, API_ADOPT_DEADLINE | API_ADOPT_PRIORITY, "", lim, v->arena, &o->gp, v->err) != 0)
     return v->failed = true, false;
   json_t *user = api_check_field(body, "user");

@@ -77,6 +77,7 @@ typedef struct oai_params {
   bool echo;                   /* completions: the prompt starts each choice's text (gp.prompt_logprobs
                                   with logprobs, gp.prompt_only with max_tokens 0) */
   bool base64;                 /* embeddings: encoding_format "base64" (little-endian f32) */
+  int truncate_prompt_tokens;  /* embeddings: vLLM's; 0: none, -1: the model's context, else at most k */
 } oai_params;
 
 #define OAI_MAX_EMBEDDING_INPUTS 512 /* inputs of one /v1/embeddings request */

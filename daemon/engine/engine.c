@@ -440,7 +440,8 @@ static int scheduler_setup(servd_model *m) {
                      .max_seq_len = m->context_length,
                      .prefix_cache = m->o.prefix_cache,
                      .cache_key = prefix_cache_key(m->name, m->o.path),
-                     .max_step_ns = (int64_t)m->o.max_step_ms * 1000000};
+                     .max_step_ns = (int64_t)m->o.max_step_ms * 1000000,
+                     .whole_embeddings = m->emb.bidirectional};
   if (m->gpus > 0) { /* the device step's logit buffers hold its capacity of sequences */
     int cap_tokens;
     servd_runner_capacity(m->runner, &cap_tokens, &sc.max_logit_rows);

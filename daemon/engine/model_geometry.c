@@ -22,4 +22,7 @@ void servd_model_geometry_read(json_t *cfg, servd_model_geometry *g) {
   g->ffn_dim = field(cfg, "intermediate_size", field(cfg, "feed_forward_length", 0));
   g->vocab = field(cfg, "vocab_size", 0);
   g->context_length = field(cfg, "max_position_embeddings", field(cfg, "context_length", 2048));
+  /* sentence-transformers' input limit (sentence_bert_config.json), below the positions the model has */
+  int msl = field(cfg, "max_seq_length", 0);
+  if (msl > 0 && g->context_length > 0 && msl < g->context_length) g->context_length = msl;
 }

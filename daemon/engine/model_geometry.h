@@ -15,7 +15,7 @@ typedef struct servd_model_geometry {
   int head_dim;       /* head_dim; absent: dim / n_heads */
   int ffn_dim;        /* intermediate_size | feed_forward_length */
   int vocab;          /* vocab_size; absent: 0, the caller's choice (the tokenizer's size, ...) */
-  int context_length; /* max_position_embeddings | context_length; absent: 2048 */
+  int context_length; /* max_position_embeddings | context_length; absent: 2048; max_seq_length when lower */
 } servd_model_geometry;
 
 /* Fills *g from cfg (borrowed; NULL reads as an empty config). Where a name has two spellings the

@@ -352,6 +352,13 @@ static int plan_once(servd_scheduler *s, bool may_preempt) {
     chunk = logit_chunk(q, chunk);
     if (q->rows == SCHED_ROWS_ALL && !q->embed && chunk > rows_left) chunk = rows_left;
     if (chunk <= 0 || (start + chunk == q->n_tokens && rows_left < 1)) break; /* no output row left */
+    if (s->cfg.whole_embeddings && q->embed && start + chunk < q->n_tokens) {
+      /* an encoder's prompt waits for a step with room for all of it; alone in a step it never fits */
+      if (s->n_planned > 0 || s->n_starved == s->cfg.max_seqs) break;
+      sched_remove(s, q);
+      s->starved[s->n_starved++] = q;
+      continue;
+    }
     bool fits = blocks_for(s, start + chunk) - hit <= bm_available(&s->bm) - evictable_hits;
     int rc = 0;
     if (fits) {

@@ -99,13 +99,14 @@ typedef struct sched_list {
 } sched_list;
 
 typedef struct sched_config {
-  int max_batch_tokens; /* token budget per step */
-  int max_seqs;         /* running sequences at most */
-  int max_seq_len;      /* context length: tokens of one sequence at most */
-  bool prefix_cache;    /* share cached full blocks between sequences with a common prefix */
-  uint64_t cache_key;   /* the model's key: blocks are only found by sequences of the same key */
-  int64_t max_step_ns;  /* target duration of a step that carries decodes; 0: no bound */
-  int max_logit_rows;   /* output rows of a generation step at most (a GPU step's buffers); 0: no bound.
+  int max_batch_tokens;  /* token budget per step */
+  int max_seqs;          /* running sequences at most */
+  int max_seq_len;       /* context length: tokens of one sequence at most */
+  bool prefix_cache;     /* share cached full blocks between sequences with a common prefix */
+  uint64_t cache_key;    /* the model's key: blocks are only found by sequences of the same key */
+  int64_t max_step_ns;   /* target duration of a step that carries decodes; 0: no bound */
+  bool whole_embeddings; /* an encoder's: an embedding's prompt is computed in one step, never in chunks */
+  int max_logit_rows;    /* output rows of a generation step at most (a GPU step's buffers); 0: no bound.
                          * At least max_seqs: every sequence keeps its one row; verify rows' drafts and
                          * prompt-logprob chunks are cut to what is left */
 } sched_config;

@@ -18,6 +18,7 @@ int servd_embedding_info_read(json_t *cfg, int hidden_size, servd_embedding_info
   else if (!strcmp(mode, "cls")) out->pooling = SERVD_POOL_CLS;
   else return servd_fail(SERVD_EFORMAT, "model config: \"pooling\" is \"%s\": expected last, mean or cls", mode);
   out->truncatable = json_is_array(json_object_get(cfg, "matryoshka_dimensions"));
+  out->bidirectional = json_is_false(json_object_get(cfg, "is_causal"));
   return 0;
 }
 

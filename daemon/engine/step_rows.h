@@ -11,7 +11,8 @@
 
 /* The package's embedding settings, from its model config (config.json):
  *   "pooling": "last" (default: a causal LM's summary is its last token), "mean" or "cls";
- *   "matryoshka_dimensions": a list (sentence-transformers' name): present, a client may truncate.
+ *   "matryoshka_dimensions": a list (sentence-transformers' name): present, a client may truncate;
+ *   "is_causal": false: an encoder (BERT), whose attention needs each prompt whole in one step.
  * dim is hidden_size. An unknown pooling is SERVD_EFORMAT naming the value. */
 int servd_embedding_info_read(json_t *cfg, int hidden_size, servd_embedding_info *out);
 

@@ -206,6 +206,7 @@ typedef struct servd_embedding_info {
   servd_pooling pooling;
   int dim;
   bool truncatable;
+  bool bidirectional; /* an encoder (config "is_causal": false): each prompt is computed in one step */
 } servd_embedding_info;
 
 #define SERVD_MAX_LOGIT_BIAS 300 /* OpenAI's limit */

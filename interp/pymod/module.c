@@ -2,6 +2,7 @@
 #include "pymod.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 const servd_host_api *pm_host;
@@ -169,7 +170,7 @@ static PyType_Slot batch_slots[] = {
     {Py_tp_getattro, batch_getattro},
     {Py_tp_repr, batch_repr},
     {Py_tp_doc, "One forward step: n_tokens, tokens, positions, slots, logit_rows, kv, n_seqs, max_tokens, "
-                "max_seqs, hidden, lora."},
+                "max_seqs, hidden, lora, seq_offsets and whole_seqs (CPU)."},
     {0, NULL},
 };
 static PyType_Spec batch_spec = {"servd.Batch", sizeof(BatchObject), 0,
@@ -183,6 +184,27 @@ static PyObject *i32_tensor(const int32_t *src, int n) {
   if (!t) return pm_raise(SERVD_ENOMEM, "servd.Batch");
   if (n > 0 && src) memcpy(pm_tensor_data(t), src, sizeof(int32_t) * (size_t)n);
   return pm_tensor_wrap(t);
+}
+
+/* Sequence boundaries for encoders, whose attention stays within a sequence and needs all of it:
+ * offsets i32 (n_seqs + 1), sequence s being rows offsets[s] .. offsets[s+1]; and whether every
+ * sequence is whole in this step (its rows are in order, back to back, and are all its tokens). */
+static PyObject *seq_offsets(const servd_forward_batch *b, bool *whole) {
+  const servd_attn_batch *at = &b->attn;
+  int n = at->n_seqs > 0 && at->q_start && at->q_len ? at->n_seqs : 0;
+  int32_t *off = malloc(sizeof(int32_t) * (size_t)(n + 1));
+  if (!off) return pm_raise(SERVD_ENOMEM, "servd.Batch");
+  *whole = true;
+  for (int s = 0; s < n; s++) {
+    off[s] = at->q_start[s];
+    int end = at->q_start[s] + at->q_len[s], next = s + 1 < n ? at->q_start[s + 1] : b->n_tokens;
+    if (end != next || (at->kv_len && at->kv_len[s] != at->q_len[s])) *whole = false;
+  }
+  off[n] = b->n_tokens;
+  if (n == 0 && b->n_tokens) *whole = false;
+  PyObject *t = i32_tensor(off, n + 1);
+  free(off);
+  return t;
 }
 
 /* One i32 input of the step: on a GPU rank a view of the uploaded device inputs (the buffers stay
@@ -273,6 +295,10 @@ PyObject *pm_batch_new(const servd_forward_batch *b) {
       set_item(o->dict, "max_tokens", PyLong_FromLong(b->max_tokens > 0 ? b->max_tokens : 0)) < 0 ||
       set_item(o->dict, "max_seqs", PyLong_FromLong(b->max_seqs > 0 ? b->max_seqs : 0)) < 0 ||
       set_item(o->dict, "hidden", PyBool_FromLong(b->want_hidden)) < 0 || set_item(o->dict, "lora", batch_lora(b)) < 0)
+    goto fail;
+  bool whole = false;
+  if (!b->dbatch && (set_item(o->dict, "seq_offsets", seq_offsets(b, &whole)) < 0 ||
+                     set_item(o->dict, "whole_seqs", PyBool_FromLong(whole)) < 0))
     goto fail;
   if (b->kv || b->dkv) {
     PyTypeObject *kt = (PyTypeObject *)pm.kv_type;

@@ -289,6 +289,16 @@ static PyObject *op_allgather_cols(PyObject *m, PyObject *const *args, Py_ssize_
   double f = PyFloat_AsDouble(args[3]); \
   if (f == -1.0 && PyErr_Occurred()) return NULL; \
   PM_RUN(#name, name, pm_host->name(t[0], t[1], t[2], (float)f));
+#define PM_BIND_T4F(name) \
+  servd_tensor *t[4]; \
+  if (!targs(args, n, 5, 0, 4, #name, t)) return NULL; \
+  double f = PyFloat_AsDouble(args[4]); \
+  if (f == -1.0 && PyErr_Occurred()) return NULL; \
+  PM_RUN(#name, name, pm_host->name(t[0], t[1], t[2], t[3], (float)f));
+#define PM_BIND_T5(name) \
+  servd_tensor *t[5]; \
+  if (!targs(args, n, 5, 0, 5, #name, t)) return NULL; \
+  PM_RUN(#name, name, pm_host->name(t[0], t[1], t[2], t[3], t[4]));
 #define PM_BIND_TOPK(name) \
   servd_tensor *t[3]; \
   if (!targs(args, n, 4, 0, 3, #name, t)) return NULL; \

@@ -64,7 +64,7 @@ static int device_only(const char *op, const arg *a, int n, int want, const char
 #define SERVD_OP(name, dispatch, py, sig, names) \
   SERVD__IF_ANY_##dispatch(int servd_op__##name(SERVD__PARAMS(sig, names)) { \
     const arg args_[] = {SERVD__EACH(sig, ARG_OF, names)}; /* not `a`: add's parameter */ \
-    int d, rc = where(#name, args_, N(args_), &d); \
+    int d = -1, rc = where(#name, args_, N(args_), &d); \
     return rc < 0 ? rc : d < 0 ? servd_##name(SERVD__ARGS(names)) : servd_device_##name(SERVD__ARGS(names)); \
   })
 #include "servd/ops.def"

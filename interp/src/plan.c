@@ -239,6 +239,8 @@ int servd_plan_check(const servd_plan *p, const servd_forward_batch *b, char *wh
 #define RUN_T3(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2])
 #define RUN_T3F(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2], (n)->fval)
 #define RUN_T3L(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2], (n)->lval)
+#define RUN_T4F(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2], (n)->t[3], (n)->fval)
+#define RUN_T5(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2], (n)->t[3], (n)->t[4])
 #define RUN_TOPK(name, n) servd_op__##name((n)->t[0], (n)->t[1], (n)->t[2], (n)->ival[0])
 #define RUN_ROPE(name, n) servd_op__##name((n)->t[0], (n)->t[1], &(n)->rope)
 
@@ -259,6 +261,10 @@ int plan__run_node(servd_plan *p, const plan_node *n) {
   case SERVD_OP_add_rmsnorm: return servd_op__add_rmsnorm(n->t[0], n->t[1], n->t[2], n->t[3], n->fval);
   case SERVD_OP_matmul_many:
     return servd_op__matmul_many(n->ival[0], &n->t[1], n->t[0], (const servd_tensor *const *)&n->t[1 + n->ival[0]]);
+  case SERVD_OP_lora_sgmv: {
+    const servd_lora_seg seg = {n->lval, n->ival[1], n->ival[2] ? n->t[2] : NULL, n->fval};
+    return servd_op__lora_sgmv(n->t[0], n->t[1], n->ival[0], &seg);
+  }
   default: return servd_fail(SERVD_EINVAL, "plan: no executor for op %s", op_names[n->op]);
   }
 }

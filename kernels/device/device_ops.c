@@ -286,6 +286,19 @@ int servd_device_topk(servd_tensor *values, servd_tensor *indices, const servd_t
     const servd_tensor *p1, *p2; \
   } anyt_##name##_args; \
   SERVD__DEV_JOB(anyt_##name, servd_device_##name(a->p0, a->p1, a->p2))
+#define ANYT_JOB_T4F(name) \
+  typedef struct anyt_##name##_args { \
+    servd_tensor *p0; \
+    const servd_tensor *p1, *p2, *p3; \
+    float f; \
+  } anyt_##name##_args; \
+  SERVD__DEV_JOB(anyt_##name, servd_device_##name(a->p0, a->p1, a->p2, a->p3, a->f))
+#define ANYT_JOB_T5(name) \
+  typedef struct anyt_##name##_args { \
+    servd_tensor *p0; \
+    const servd_tensor *p1, *p2, *p3, *p4; \
+  } anyt_##name##_args; \
+  SERVD__DEV_JOB(anyt_##name, servd_device_##name(a->p0, a->p1, a->p2, a->p3, a->p4))
 #define ANYT_JOB_T3F(name) \
   typedef struct anyt_##name##_args { \
     servd_tensor *p0; \

@@ -57,6 +57,19 @@ OPS__DECLARE_ROW_KERNELS(avx512)
 OPS__DECLARE_KVQ_KERNELS(scalar)
 OPS__DECLARE_KVQ_KERNELS(avx2)
 
+/* add_bias.c: out and x f32 of one shape (..., n), b f32 (n); `op` names the caller in the message. */
+int servd__check_rows_bias(const char *op, servd_tensor *out, const servd_tensor *x, const servd_tensor *b);
+/* bias_gelu.c: out[i] = gelu_erf(x[i] + b[i]) over n, per ISA (bias_gelu_avx2.c). */
+void servd__bias_gelu_scalar(float *out, const float *x, const float *b, int64_t n);
+void servd__bias_gelu_avx2(float *out, const float *x, const float *b, int64_t n);
+/* encoder_attention.c: one query row's head: o (hd) = softmax(scale q.k_j) v_j over the n keys and values
+ * of its sequence, k_j at k + j*stride (v likewise); p: scratch of n floats. Per ISA
+ * (encoder_attention_avx2.c). */
+void servd__enc_attn_head_scalar(float *o, const float *q, const float *k, const float *v, int n, int hd,
+                                 int64_t stride, float scale, float *p);
+void servd__enc_attn_head_avx2(float *o, const float *q, const float *k, const float *v, int n, int hd, int64_t stride,
+                               float scale, float *p);
+
 /* The active ISA (forced or best), indexes the kernel tables above. */
 static inline servd_isa ops__isa(void) {
   servd_isa isa = servd__isa();

@@ -11,8 +11,8 @@
 #include "servd/status.h"
 
 /* One line per family. */
-static const mpk_arch *const arches[] = {&mpk__arch_llama, &mpk__arch_mistral, &mpk__arch_qwen2,
-                                         &mpk__arch_qwen3, &mpk__arch_gemma3,  &mpk__arch_phi3};
+static const mpk_arch *const arches[] = {&mpk__arch_llama,  &mpk__arch_mistral, &mpk__arch_qwen2, &mpk__arch_qwen3,
+                                         &mpk__arch_gemma3, &mpk__arch_phi3,    &mpk__arch_bert};
 #define N_ARCHES (sizeof arches / sizeof *arches)
 
 static void join(char *buf, size_t cap, size_t *o, const char *const *list) {

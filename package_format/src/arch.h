@@ -26,7 +26,8 @@ typedef struct mpk_name_pair {
 
 /* Source tensor names -> canonical names. Whole names are looked up in `global`; per-layer names
  * "<block_prefix><N>.<suffix>" in `block` by suffix, becoming "model.layers.<N>.<dst>". Tables end
- * with {NULL, NULL}; a NULL table or prefix maps nothing. Names no table matches are kept. */
+ * with {NULL, NULL}; a NULL table or prefix maps nothing. Names no table matches are kept; a name
+ * mapped to "" is left out of the package (a buffer the code never reads). */
 typedef struct mpk_name_map {
   const char *block_prefix;
   const mpk_name_pair *global, *block;
@@ -49,6 +50,9 @@ typedef struct mpk_arch {
   const char *const *hf_architectures; /* config.json architectures accepted; [0] is written for GGUF sources */
   const char *const *gguf_archs;       /* general.architecture accepted (also its metadata key prefix) */
   mpk_name_map gguf_names, hf_names;
+  /* Optional: a prefix the Hugging Face names may carry, cut before hf_names maps them (a BERT
+   * cross-encoder's "bert."): the same tensors as the bare model's. */
+  const char *hf_prefix;
   const char *rope_layout_gguf, *rope_layout_hf; /* "interleaved" (llama.cpp permuted Q/K rows) or "half" */
   const char *code;                              /* the code folder: models/<code>, packed as code/<code>/ */
   const char *entry_point;                       /* default "module:callable" of that code */
@@ -73,6 +77,7 @@ extern const mpk_arch mpk__arch_qwen2;
 extern const mpk_arch mpk__arch_qwen3;
 extern const mpk_arch mpk__arch_gemma3;
 extern const mpk_arch mpk__arch_phi3;
+extern const mpk_arch mpk__arch_bert;
 
 /* An importer's config step: a->prepare_config (if any), then a->check_config. */
 int mpk__arch_config(const mpk_arch *a, const char *what, json_t *config);

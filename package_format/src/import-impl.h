@@ -50,6 +50,9 @@ int mpk__source_regular(const char *path);
 /* A sentence-transformers folder's 1_Pooling/config.json as the config's "pooling" (import_pooling.c);
  * nothing when the config names one or the file is absent. */
 int mpk__hf_pooling(const char *dir, json_t *config);
+/* import_pooling.c: modules.json's Normalize module -> config "normalize": true, and
+ * sentence_bert_config.json's max_seq_length -> config "max_seq_length" (the config's own win). */
+int mpk__hf_sentence_modules(const char *dir, json_t *config);
 
 #define MPK_MAX_SIDE_FILE ((size_t)256 << 20) /* tokenizer.json and friends */
 

@@ -136,6 +136,10 @@ fail:
 int mpk__gguf_spm_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *tokens, const mpk_gguf_kv *types,
                        json_t **out);
 
+/* gguf_wpm.c: tokenizer.ggml.model "bert" (WordPiece) -> tokenizer.json (*out owned by the caller). */
+int mpk__gguf_wpm_json(const char *what, const mpk_gguf *g, const mpk_gguf_kv *tokens, const mpk_gguf_kv *types,
+                       json_t **out);
+
 static int convert_tokenizer(const char *what, const mpk_gguf *g, tok_out *t) {
   int rc = 0;
   const char *model;
@@ -144,10 +148,11 @@ static int convert_tokenizer(const char *what, const mpk_gguf *g, tok_out *t) {
   if ((rc = mpk_gguf_get_str(g, "tokenizer.ggml.model", &model, &ml)))
     return rc == SERVD_EINVAL ? servd_fail(SERVD_EFORMAT, "%s: tokenizer.ggml.model: missing", what) : rc;
   bool spm = ml == 5 && !memcmp(model, "llama", 5); /* SentencePiece BPE with byte fallback */
-  if (!spm && (ml != 4 || memcmp(model, "gpt2", 4)))
+  bool wpm = ml == 4 && !memcmp(model, "bert", 4);  /* WordPiece */
+  if (!spm && !wpm && (ml != 4 || memcmp(model, "gpt2", 4)))
     return servd_fail(SERVD_EUNSUPPORTED,
-                      "%s: tokenizer.ggml.model \"%.*s\": only \"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece "
-                      "BPE) are supported",
+                      "%s: tokenizer.ggml.model \"%.*s\": only \"gpt2\" (byte-level BPE), \"llama\" (SentencePiece "
+                      "BPE) and \"bert\" (WordPiece) are supported",
                       what, (int)(ml > 32 ? 32 : ml), model);
   const mpk_gguf_kv *tokens = mpk_gguf_find(g, "tokenizer.ggml.tokens"),
                     *types = mpk_gguf_find(g, "tokenizer.ggml.token_type"),
@@ -169,6 +174,7 @@ static int convert_tokenizer(const char *what, const mpk_gguf *g, tok_out *t) {
   else if (r != SERVD_EINVAL) return r;
 
   if (spm) rc = mpk__gguf_spm_json(what, g, tokens, types, &root);
+  else if (wpm) rc = mpk__gguf_wpm_json(what, g, tokens, types, &root);
   else rc = gpt2_json(what, g, tokens, types, mkv, pre, &root);
   if (rc) goto fail;
   /* tokenizer.ggml.pre goes into the manifest (tokenizer.pre): tokenizer.json allows no extra keys. */

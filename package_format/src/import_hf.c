@@ -169,7 +169,7 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
     goto fail;
   }
   if ((rc = mpk__arch_for_hf(path, config, &arch)) || (rc = mpk__arch_config(arch, path, config))) goto fail;
-  if ((rc = mpk__hf_pooling(dir, config))) goto fail;
+  if ((rc = mpk__hf_pooling(dir, config)) || (rc = mpk__hf_sentence_modules(dir, config))) goto fail;
   if ((rc = load_shards(dir, &sh, &nsh))) goto fail;
 
   /* Tensors under canonical names, sorted for reproducible packages, checked against the config
@@ -187,7 +187,11 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
     for (size_t j = 0; j < sh[i].h->n; j++) {
       const mpk_st_tensor *t = &sh[i].h->tensors[j];
       char cn[512];
-      mpk__arch_map_name(&arch->hf_names, t->name, cn, sizeof cn);
+      const char *src = t->name;
+      size_t hp = arch->hf_prefix ? strlen(arch->hf_prefix) : 0;
+      if (hp && !strncmp(src, arch->hf_prefix, hp)) src += hp;
+      mpk__arch_map_name(&arch->hf_names, src, cn, sizeof cn);
+      if (!cn[0]) continue; /* a buffer the family's code never reads (mapped to "") */
       refs[k] = (tref){t->name, i, j, strdup(cn)};
       if (!refs[k++].canon) {
         rc = servd_fail(SERVD_ENOMEM, "out of memory");
@@ -195,6 +199,7 @@ int mpk_pack_hf(const char *dir, const char *out_path, const mpk_import_options 
       }
       pr.total += t->end - t->begin;
     }
+  nt = k;
   qsort(refs, nt, sizeof *refs, cmp_tref);
   for (size_t i = 0; i < nt; i++) {
     const mpk_st_tensor *t = &sh[refs[i].shard].h->tensors[refs[i].idx];

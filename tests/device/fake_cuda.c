@@ -1077,6 +1077,53 @@ static void run_anyt3(const void *a_) {
     servd_storage_release(args_.t0.storage), servd_storage_release(args_.t1.storage), \
         servd_storage_release(args_.t2.storage); \
   return rc_;
+typedef struct anyt4f_args {
+  int (*fn)(servd_tensor *, const servd_tensor *, const servd_tensor *, const servd_tensor *, float);
+  const char *name;
+  servd_tensor t0, t1, t2, t3;
+  float f;
+} anyt4f_args;
+static void run_anyt4f(const void *a_) {
+  const anyt4f_args *a = a_;
+  servd_tensor x = a->t0, y = a->t1, z = a->t2, w = a->t3;
+  if (a->fn(&x, &y, &z, &w, a->f)) {
+    fprintf(stderr, "fake cuda %s: %s\n", a->name, servd_last_error());
+    abort();
+  }
+  servd_storage_release(x.storage), servd_storage_release(y.storage), servd_storage_release(z.storage),
+      servd_storage_release(w.storage);
+}
+#define FAKE_ANYT_T4F(name, p0_, p1_, p2_, p3_, f_) \
+  anyt4f_args args_ = {servd_##name, #name, host_alias(p0_), host_alias(p1_), host_alias(p2_), host_alias(p3_), f_}; \
+  int rc_ = launch(c, run_anyt4f, &args_, sizeof args_); \
+  if (rc_) \
+    servd_storage_release(args_.t0.storage), servd_storage_release(args_.t1.storage), \
+        servd_storage_release(args_.t2.storage), servd_storage_release(args_.t3.storage); \
+  return rc_;
+typedef struct anyt5_args {
+  int (*fn)(servd_tensor *, const servd_tensor *, const servd_tensor *, const servd_tensor *, const servd_tensor *);
+  const char *name;
+  servd_tensor t0, t1, t2, t3, t4;
+} anyt5_args;
+static void run_anyt5(const void *a_) {
+  const anyt5_args *a = a_;
+  servd_tensor x = a->t0, y = a->t1, z = a->t2, w = a->t3, u = a->t4;
+  if (a->fn(&x, &y, &z, &w, &u)) {
+    fprintf(stderr, "fake cuda %s: %s\n", a->name, servd_last_error());
+    abort();
+  }
+  servd_storage_release(x.storage), servd_storage_release(y.storage), servd_storage_release(z.storage),
+      servd_storage_release(w.storage), servd_storage_release(u.storage);
+}
+#define FAKE_ANYT_T5(name, p0_, p1_, p2_, p3_, p4_) \
+  anyt5_args args_ = {servd_##name,    #name,           host_alias(p0_), host_alias(p1_), \
+                      host_alias(p2_), host_alias(p3_), host_alias(p4_)}; \
+  int rc_ = launch(c, run_anyt5, &args_, sizeof args_); \
+  if (rc_) \
+    servd_storage_release(args_.t0.storage), servd_storage_release(args_.t1.storage), \
+        servd_storage_release(args_.t2.storage), servd_storage_release(args_.t3.storage), \
+        servd_storage_release(args_.t4.storage); \
+  return rc_;
 typedef struct anyt3f_args {
   int (*fn)(servd_tensor *, const servd_tensor *, const servd_tensor *, float);
   const char *name;

@@ -1,12 +1,15 @@
 """Seeds of fuzz_gguf_import: the smallest GGUFs of the families whose metadata readers differ
 (Qwen2 with YaRN, Phi-3 with LongRoPE factor tensors, Gemma 3), written by tests/llama/make_tiny.py's
-writers at 2 heads of head_dim 4, one layer.
+writers at 2 heads of head_dim 4, one layer; and a BERT encoder (bert.* metadata, a WordPiece
+vocabulary) from tests/bert/tiny_bert.py through scripts/bench/minilm_gguf.py.
 
     python3 tests/fuzz/make_gguf_import_seeds.py tests/fuzz/corpus/gguf_import
 """
 import argparse
 import os
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -31,6 +34,13 @@ def main():
             cfg["original_max_position_embeddings"] = 64
         w = make_tiny.weights(cfg, np.random.default_rng(1))
         make_tiny.write_gguf(os.path.join(out, f"{fam}.gguf"), cfg, w)
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    sys.path.insert(0, os.path.join(root, "tests", "bert"))
+    import tiny_bert
+    with tempfile.TemporaryDirectory() as d:
+        tiny_bert.make_folder(d, tiny_bert.bert_tensors(np.random.default_rng(1)), ["BertModel"])
+        subprocess.check_call([sys.executable, os.path.join(root, "scripts", "bench", "minilm_gguf.py"), d,
+                               os.path.join(out, "bert.gguf")])
 
 
 if __name__ == "__main__":

@@ -220,7 +220,13 @@ static void test_refusals(void **st) {
   (void)st;
   expect_refused("{\"model\":", SERVD_EFORMAT, "not valid JSON");
   expect_refused("[]", SERVD_EFORMAT, "model");
-  expect_refused("{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}", SERVD_EUNSUPPORTED, "model.type");
+  expect_refused("{\"model\":{\"type\":\"Unigram\",\"vocab\":[]}}", SERVD_EUNSUPPORTED, "model.type");
+  expect_refused("{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}", SERVD_EFORMAT, "model.unk_token");
+  expect_refused("{\"normalizer\":{\"type\":\"NFC\"},\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"[UNK]\":0}}}",
+                 SERVD_EUNSUPPORTED, "normalizer.type");
+  expect_refused(
+      "{\"pre_tokenizer\":{\"type\":\"Whitespace\"},\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"[UNK]\":0}}}",
+      SERVD_EUNSUPPORTED, "pre_tokenizer.type");
   /* a template adding an id that has no token (1 here) could not be decoded */
   expect_refused("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
                  "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[1]}}},"
@@ -262,8 +268,11 @@ static void test_refusals(void **st) {
   j = make_json("{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":\"Isolated\"}", "null", false, NULL);
   expect_refused(j, SERVD_EUNSUPPORTED, "pre_tokenizer.pattern");
   free(j);
-  j = make_json(BYTELEVEL, "{\"type\":\"BertProcessing\"}", false, NULL);
+  j = make_json(BYTELEVEL, "{\"type\":\"RobertaProcessing\"}", false, NULL);
   expect_refused(j, SERVD_EUNSUPPORTED, "post_processor.type");
+  free(j);
+  j = make_json(BYTELEVEL, "{\"type\":\"BertProcessing\"}", false, NULL);
+  expect_refused(j, SERVD_EFORMAT, "post_processor.cls");
   free(j);
   j = make_json(BYTELEVEL, "null", false, "\"pre\":\"qwen2\",");
   expect_refused(j, SERVD_EUNSUPPORTED, "model.pre");

@@ -150,6 +150,29 @@ static void check_one(const char *name) {
     free(txt);
     checked++;
   }
+  /* pairs through the pair template (cross-encoders), with their token type ids */
+  json_t *pairs = json_object_get(exp, "pairs");
+  for (size_t i = 0; i < json_array_size(pairs); i++) {
+    json_t *c = json_array_get(pairs, i), *want = json_object_get(c, "ids"), *wtypes = json_object_get(c, "type_ids");
+    size_t la = unhex(json_string_value(json_object_get(c, "a_hex")), buf);
+    size_t lb = unhex(json_string_value(json_object_get(c, "b_hex")), got);
+    int32_t *ids, *types;
+    int n;
+    assert_int_equal(servd_tokenizer_encode_pair(
+                         t, buf, la, got, lb, (int)json_integer_value(json_object_get(c, "max_len")), &ids, &types, &n),
+                     0);
+    bool same = (size_t)n == json_array_size(want);
+    for (int k = 0; same && k < n; k++)
+      same = ids[k] == json_integer_value(json_array_get(want, (size_t)k)) &&
+             types[k] == json_integer_value(json_array_get(wtypes, (size_t)k));
+    if (!same && mismatches++ < 5) {
+      fprintf(stderr, "%s: pair %zu mismatch (\"%.*s\", \"%.*s\")\n", name, i, (int)la, buf, (int)lb, got);
+      print_ids("servd", ids, (size_t)n);
+    }
+    free(ids);
+    free(types);
+    checked++;
+  }
   fprintf(stderr, "%s: %d cases, %d mismatches\n", name, checked, mismatches);
   free(got);
   free(buf);

@@ -71,7 +71,7 @@ int servd_tokenizer_decode(const servd_tokenizer *t, const int32_t *ids, int n, 
                         ids[i], i, t->n_ids);
     total += t->piece_off[ids[i] + 1] - t->piece_off[ids[i]];
   }
-  uint8_t *raw = malloc(total + 1);
+  uint8_t *raw = malloc(total + sizeof t->wp.prefix + 1);
   char *out = malloc(total * 3 + 1);
   if (!raw || !out) {
     free(raw);
@@ -85,7 +85,12 @@ int servd_tokenizer_decode(const servd_tokenizer *t, const int32_t *ids, int n, 
     if (skip_special && t->is_special[ids[i]]) continue;
     size_t pl = t->piece_off[ids[i] + 1] - t->piece_off[ids[i]];
     const char *p = t->pieces.p + t->piece_off[ids[i]];
-    size_t cut = t->char_level ? spm__lead_cut(t, ids[i], p, pl, &first, &budget) : 0;
+    size_t lead = 0;
+    size_t cut = t->wordpiece    ? wp__lead_cut(t, ids[i], p, pl, &first, &lead)
+                 : t->char_level ? spm__lead_cut(t, ids[i], p, pl, &first, &budget)
+                                 : 0;
+    memcpy(raw + r, t->wp.prefix, lead);
+    r += lead;
     memcpy(raw + r, p + cut, pl - cut);
     r += pl - cut;
   }
@@ -141,7 +146,7 @@ int servd_detok_create(const servd_tokenizer *t, bool skip_special, servd_detok 
     size_t l = t->piece_off[i + 1] - t->piece_off[i];
     if (l > longest) longest = l;
   }
-  int rc = detok_reserve(d, longest + 8);
+  int rc = detok_reserve(d, longest + sizeof t->wp.prefix + 8);
   if (rc) {
     free(d);
     return rc;
@@ -172,14 +177,18 @@ int servd_detok_push(servd_detok *d, int32_t id, const char **text, size_t *len)
   if (d->skip_special && t->is_special[id]) return 0;
   size_t pl = t->piece_off[id + 1] - t->piece_off[id];
   const char *p = t->pieces.p + t->piece_off[id];
-  size_t cut = t->char_level ? spm__lead_cut(t, id, p, pl, &d->first, &d->budget) : 0;
+  size_t lead = 0;
+  size_t cut = t->wordpiece    ? wp__lead_cut(t, id, p, pl, &d->first, &lead)
+               : t->char_level ? spm__lead_cut(t, id, p, pl, &d->first, &d->budget)
+                               : 0;
   p += cut;
   pl -= cut;
-  int rc = detok_reserve(d, d->n_held + pl);
+  int rc = detok_reserve(d, d->n_held + lead + pl);
   if (rc) return rc;
   memcpy(d->in, d->held, d->n_held);
-  memcpy(d->in + d->n_held, p, pl);
-  size_t n = d->n_held + pl, o = 0;
+  memcpy(d->in + d->n_held, t->wp.prefix, lead);
+  memcpy(d->in + d->n_held + lead, p, pl);
+  size_t n = d->n_held + lead + pl, o = 0;
   size_t used = emit_utf8(d->in, n, true, d->out, &o);
   d->n_held = n - used;
   memcpy(d->held, d->in + used, d->n_held);

@@ -73,6 +73,10 @@ static size_t ws_fwd(const uint8_t *s, size_t p, size_t hi) {
   return p;
 }
 
+int tok__normalize(const servd_tokenizer *t, const uint8_t *s, size_t n, tok_buf *out) {
+  return t->wp.norm.on ? wp__normalize(t, s, n, out) : spm__normalize(t, s, n, out);
+}
+
 /* Each segment of `in` into out: an added token's as it is, a text segment through fn (with ctx). */
 typedef int (*text_seg_fn)(const void *ctx, seg g, seg_list *out);
 static int map_text_segments(const seg_list *in, text_seg_fn fn, const void *ctx, seg_list *out) {
@@ -169,7 +173,7 @@ typedef struct normalize_ctx {
 static int normalize_text(const void *ctx, seg g, seg_list *out) {
   const normalize_ctx *c = ctx;
   size_t start = c->buf->len;
-  int rc = spm__normalize(c->t, c->s + g.off, g.len, c->buf);
+  int rc = tok__normalize(c->t, c->s + g.off, g.len, c->buf);
   if (!rc && c->buf->len > (size_t)INT_MAX / 2)
     rc = servd_fail(SERVD_ERANGE, "tokenizer: encode: normalized text too long");
   if (!rc) rc = seg_push(out, (uint32_t)start, (uint32_t)(c->buf->len - start), -1);
@@ -211,19 +215,18 @@ static int meta_split(const servd_tokenizer *t, const tok_buf *m, tok_work *w) {
   return 0;
 }
 
-int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
-                           int *n) {
+/* The ids of text (no post_processor specials), appended to *out (n_out used of cap). */
+static int encode_text(const servd_tokenizer *t, const char *text, size_t len, int32_t **outp, size_t *n_outp,
+                       size_t *capp) {
   int rc = 0;
   tok_work w = {0};
   tok_buf clean = {0};
   seg_list s1 = {0}, s2 = {0};
   tok_buf norm = {0}, meta = {0};
-  int32_t *out = NULL;
-  size_t n_out = 0, cap = 0;
+  int32_t *out = *outp;
+  size_t n_out = *n_outp, cap = *capp;
   bool locked = false;
   word_cache *cache = (word_cache *)&t->cache; /* the one mutable part, behind its lock */
-  *ids = NULL;
-  *n = 0;
   if (!text && len) return servd_fail(SERVD_EINVAL, "tokenizer: encode: text is NULL");
   if (len > (size_t)INT_MAX / 4)
     return servd_fail(SERVD_ERANGE, "tokenizer: encode: text of %zu bytes is too long", len);
@@ -235,15 +238,15 @@ int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t le
     s = (const uint8_t *)clean.p;
     len = clean.len;
   }
-
-  cap = len / 3 + 16 + (size_t)t->n_prefix + (size_t)t->n_suffix;
-  out = malloc(cap * sizeof *out);
-  if (!out) {
-    rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
-    goto fail;
+  if (cap - n_out < len / 3 + 16) {
+    cap = n_out + len / 3 + 16;
+    int32_t *o = realloc(out, cap * sizeof *o);
+    if (!o) {
+      rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+      goto fail;
+    }
+    out = o;
   }
-  if (add_special)
-    for (int i = 0; i < t->n_prefix; i++) out[n_out++] = t->prefix_ids[i];
 
   /* added tokens matched in the raw text, the normalizer, added tokens matched in its output; each
    * stage reads *cur and writes *spare, then they swap */
@@ -257,7 +260,7 @@ int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t le
     if ((rc = split_added(t, s, cur, false, w.md, spare))) goto fail;
     x = cur, cur = spare, spare = x;
   }
-  if (t->n_norm) {
+  if (t->n_norm || t->wp.norm.on) {
     if ((rc = normalize_segments(t, s, cur, &norm, spare))) goto fail;
     s = (const uint8_t *)norm.p;
     x = cur, cur = spare, spare = x;
@@ -280,6 +283,10 @@ int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t le
         out = o;
       }
       out[n_out++] = g.id;
+      continue;
+    }
+    if (t->wordpiece) {
+      if ((rc = wp__encode(t, s + g.off, g.len, locked ? cache : NULL, &meta, &out, &n_out, &cap))) goto fail;
       continue;
     }
     const char *base;
@@ -316,29 +323,12 @@ int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t le
       if (locked && pl <= CACHE_MAX_PIECE) word_cache_put(cache, p, pl, out + before, (int)(n_out - before));
     }
   }
-  if (locked) {
-    pthread_mutex_unlock(&cache->lock);
-    locked = false;
-  }
-  if (add_special && t->n_suffix) {
-    int32_t *o = realloc(out, (n_out + (size_t)t->n_suffix + 1) * sizeof *o);
-    if (!o) {
-      rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
-      goto fail;
-    }
-    out = o;
-    for (int i = 0; i < t->n_suffix; i++) out[n_out++] = t->suffix_ids[i];
-  }
-  if (n_out > INT_MAX) {
-    rc = servd_fail(SERVD_ERANGE, "tokenizer: encode: too many tokens");
-    goto fail;
-  }
-  *ids = out;
-  *n = (int)n_out;
-  out = NULL;
+  if (n_out > INT_MAX / 2) rc = servd_fail(SERVD_ERANGE, "tokenizer: encode: too many tokens");
 fail:
   if (locked) pthread_mutex_unlock(&cache->lock);
-  free(out);
+  *outp = out;
+  *n_outp = n_out;
+  *capp = cap;
   free(clean.p);
   free(s1.v);
   free(s2.v);
@@ -347,3 +337,101 @@ fail:
   tok_work_free(&w);
   return rc;
 }
+
+int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
+                           int *n) {
+  *ids = NULL;
+  *n = 0;
+  size_t n_out = 0, cap = (size_t)t->n_prefix + (size_t)t->n_suffix + 16;
+  int32_t *out = malloc(cap * sizeof *out);
+  if (!out) return servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+  if (add_special)
+    for (int i = 0; i < t->n_prefix; i++) out[n_out++] = t->prefix_ids[i];
+  int rc = encode_text(t, text, len, &out, &n_out, &cap);
+  if (!rc && add_special && t->n_suffix) {
+    int32_t *o = realloc(out, (n_out + (size_t)t->n_suffix + 1) * sizeof *o);
+    if (!o) {
+      rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+    } else {
+      out = o;
+      for (int i = 0; i < t->n_suffix; i++) out[n_out++] = t->suffix_ids[i];
+    }
+  }
+  if (rc) {
+    free(out);
+    return rc;
+  }
+  *ids = out;
+  *n = (int)n_out;
+  return 0;
+}
+
+/* Hugging Face's LongestFirst truncation of a pair to `room` tokens: the shorter side is kept whole
+ * when the longer can take the rest, else each gets half (the second the odd token). */
+static void truncate_longest_first(size_t *na, size_t *nb, size_t room) {
+  if (*na + *nb <= room) return;
+  bool swap = *na > *nb;
+  size_t n1 = swap ? *nb : *na, n2;
+  n2 = n1 > room ? n1 : (n1 > room - n1 ? n1 : room - n1);
+  if (n1 + n2 > room) {
+    n1 = room / 2;
+    n2 = n1 + room % 2;
+  }
+  size_t a = swap ? n2 : n1, b = swap ? n1 : n2;
+  if (a < *na) *na = a;
+  if (b < *nb) *nb = b;
+}
+
+int servd_tokenizer_encode_pair(const servd_tokenizer *t, const char *a, size_t alen, const char *b, size_t blen,
+                                int max_len, int32_t **ids, int32_t **type_ids, int *n) {
+  *ids = NULL;
+  if (type_ids) *type_ids = NULL;
+  *n = 0;
+  const tok_template *tp = &t->pair;
+  if (!t->has_pair)
+    return servd_fail(SERVD_EUNSUPPORTED, "tokenizer: encode_pair: the post_processor has no pair template");
+  int32_t *ta = NULL, *tb = NULL, *out = NULL, *types = NULL;
+  size_t na = 0, nb = 0, ca = 16, cb = 16;
+  int rc = 0;
+  ta = malloc(ca * sizeof *ta);
+  tb = malloc(cb * sizeof *tb);
+  if (!ta || !tb) {
+    rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+    goto done;
+  }
+  if ((rc = encode_text(t, a, alen, &ta, &na, &ca)) || (rc = encode_text(t, b, blen, &tb, &nb, &cb))) goto done;
+  if (max_len > 0) {
+    if (max_len < tp->n + 2) {
+      rc = servd_fail(SERVD_ERANGE, "tokenizer: encode_pair: max_len %d leaves no room beside %d special tokens",
+                      max_len, tp->n);
+      goto done;
+    }
+    truncate_longest_first(&na, &nb, (size_t)max_len - (size_t)tp->n);
+  }
+  size_t total = na + nb + (size_t)tp->n, o = 0;
+  out = malloc((total + 1) * sizeof *out);
+  types = malloc((total + 1) * sizeof *types);
+  if (!out || !types) {
+    rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+    goto done;
+  }
+  for (int i = 0; i <= tp->n; i++) {
+    if (i == tp->a_at)
+      for (size_t k = 0; k < na; k++) out[o] = ta[k], types[o++] = tp->a_type;
+    if (i == tp->b_at)
+      for (size_t k = 0; k < nb; k++) out[o] = tb[k], types[o++] = tp->b_type;
+    if (i < tp->n) out[o] = tp->ids[i], types[o++] = tp->types[i];
+  }
+  *ids = out;
+  *n = (int)o;
+  out = NULL;
+  if (type_ids) *type_ids = types, types = NULL;
+done:
+  free(ta);
+  free(tb);
+  free(out);
+  free(types);
+  return rc;
+}
+
+bool servd_tokenizer_has_pair_template(const servd_tokenizer *t) { return t->has_pair; }

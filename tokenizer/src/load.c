@@ -127,6 +127,100 @@ static int parse_pre_hint(servd_tokenizer *t, const char *pre, const char *field
                     field, pre);
 }
 
+/* One template (single or pair) of a TemplateProcessing: its specials' ids (each must decode) and
+ * where A and B go; a pair template needs both, a single one A only. */
+static int parse_template(servd_tokenizer *t, json_t *arr, json_t *specials, bool pair, const char *field,
+                          tok_template *out) {
+  if (!json_is_array(arr)) return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s: expected an array", field);
+  size_t n_ids = 0;
+  for (size_t i = 0; i < json_array_size(arr); i++) {
+    json_t *ids = json_object_get(
+        json_object_get(
+            specials,
+            json_string_value(json_object_get(json_object_get(json_array_get(arr, i), "SpecialToken"), "id")) ?: ""),
+        "ids");
+    n_ids += json_array_size(ids);
+  }
+  out->ids = calloc(n_ids + 1, sizeof *out->ids);
+  out->types = calloc(n_ids + 1, sizeof *out->types);
+  if (!out->ids || !out->types) return servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+  out->a_at = out->b_at = -1;
+  for (size_t i = 0; i < json_array_size(arr); i++) {
+    json_t *it = json_array_get(arr, i), *sq = json_object_get(it, "Sequence"),
+           *sp = json_object_get(it, "SpecialToken");
+    if (sq) {
+      const char *sid = json_string_value(json_object_get(sq, "id"));
+      int *at = sid && !strcmp(sid, "A") ? &out->a_at : sid && pair && !strcmp(sid, "B") ? &out->b_at : NULL;
+      if (!at || *at >= 0)
+        return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s[%zu]: expected one Sequence \"A\"%s", field, i,
+                          pair ? " and one \"B\"" : "");
+      *at = out->n;
+      json_int_t ty = json_integer_value(json_object_get(sq, "type_id"));
+      *(at == &out->a_at ? &out->a_type : &out->b_type) = (int32_t)(ty >= 0 && ty < 16 ? ty : 0);
+      continue;
+    }
+    const char *name = json_string_value(json_object_get(sp, "id"));
+    json_t *ids = json_object_get(json_object_get(specials, name ? name : ""), "ids");
+    if (!name || !json_is_array(ids))
+      return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s[%zu]: special token without ids in special_tokens", field,
+                        i);
+    json_int_t ty = json_integer_value(json_object_get(sp, "type_id"));
+    for (size_t k = 0; k < json_array_size(ids); k++) {
+      json_int_t id = json_integer_value(json_array_get(ids, k));
+      /* every id it adds must decode: one in the vocabulary or the added tokens */
+      if (!json_is_integer(json_array_get(ids, k)) || id < 0 || id >= t->n_ids || !t->has_piece[id])
+        return servd_fail(SERVD_EFORMAT,
+                          "tokenizer.json: post_processor.special_tokens[\"%s\"].ids[%zu]: id out of range or "
+                          "without a token",
+                          name, k);
+      out->types[out->n] = (int32_t)(ty >= 0 && ty < 16 ? ty : 0);
+      out->ids[out->n++] = (int32_t)id;
+    }
+  }
+  if (out->a_at < 0 || (pair && out->b_at < 0))
+    return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s: expected one Sequence \"A\"%s", field,
+                      pair ? " and one \"B\"" : "");
+  return 0;
+}
+
+/* The single template's ids around the text, as encode adds them. */
+static int template_affixes(servd_tokenizer *t) {
+  const tok_template *s = &t->single;
+  t->prefix_ids = calloc((size_t)s->n + 1, sizeof(int32_t));
+  t->suffix_ids = calloc((size_t)s->n + 1, sizeof(int32_t));
+  if (!t->prefix_ids || !t->suffix_ids) return servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+  t->n_prefix = s->a_at;
+  t->n_suffix = s->n - s->a_at;
+  memcpy(t->prefix_ids, s->ids, (size_t)t->n_prefix * sizeof(int32_t));
+  memcpy(t->suffix_ids, s->ids + s->a_at, (size_t)t->n_suffix * sizeof(int32_t));
+  return 0;
+}
+
+/* BertProcessing {"cls": [content, id], "sep": [content, id]}: [CLS] A [SEP] and [CLS] A [SEP] B [SEP],
+ * B and its [SEP] of type 1. */
+static int parse_bert_processing(servd_tokenizer *t, json_t *pp, const char *field) {
+  json_int_t id[2];
+  static const char *keys[2] = {"cls", "sep"};
+  for (int k = 0; k < 2; k++) {
+    json_t *v = json_array_get(json_object_get(pp, keys[k]), 1);
+    id[k] = json_integer_value(v);
+    if (!json_is_integer(v) || id[k] < 0 || id[k] >= t->n_ids || !t->has_piece[id[k]])
+      return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.%s: expected [content, id] with an id of the vocabulary",
+                        field, keys[k]);
+  }
+  tok_template *s = &t->single, *p = &t->pair;
+  s->ids = calloc(2, sizeof(int32_t)), s->types = calloc(2, sizeof(int32_t));
+  p->ids = calloc(3, sizeof(int32_t)), p->types = calloc(3, sizeof(int32_t));
+  if (!s->ids || !s->types || !p->ids || !p->types) return servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+  s->ids[0] = p->ids[0] = (int32_t)id[0];
+  s->ids[1] = p->ids[1] = p->ids[2] = (int32_t)id[1];
+  p->types[2] = 1;
+  s->n = 2, s->a_at = 1, s->b_at = -1;
+  p->n = 3, p->a_at = 1, p->b_at = 2, p->b_type = 1;
+  t->has_pair = true;
+  return template_affixes(t);
+}
+
 static int parse_post(servd_tokenizer *t, json_t *pp, const char *field) {
   if (json_is_null(pp) || !pp) return 0;
   const char *type = json_string_value(json_object_get(pp, "type"));
@@ -135,60 +229,27 @@ static int parse_post(servd_tokenizer *t, json_t *pp, const char *field) {
   if (!strcmp(type, "Sequence")) {
     return parse_sequence(t, pp, field, "processors", parse_post);
   }
-  if (strcmp(type, "TemplateProcessing"))
+  bool bert = !strcmp(type, "BertProcessing");
+  if (strcmp(type, "TemplateProcessing") && !bert)
     return servd_fail(SERVD_EUNSUPPORTED,
                       "tokenizer.json: %s.type: post-processor \"%s\" is not supported (ByteLevel, "
-                      "TemplateProcessing, Sequence are)",
+                      "TemplateProcessing, BertProcessing, Sequence are)",
                       field, type);
-  if (t->n_prefix || t->n_suffix)
+  if (t->single.ids)
     return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s: more than one TemplateProcessing", field);
-  json_t *single = json_object_get(pp, "single"), *specials = json_object_get(pp, "special_tokens");
-  if (!json_is_array(single)) return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.single: expected an array", field);
-  size_t n_ids = 0;
-  for (size_t pass = 0; pass < 2; pass++) {
-    bool seen_seq = false;
-    size_t np = 0, ns = 0;
-    for (size_t i = 0; i < json_array_size(single); i++) {
-      json_t *it = json_array_get(single, i), *sp = json_object_get(it, "SpecialToken");
-      if (json_object_get(it, "Sequence")) {
-        const char *sid = json_string_value(json_object_get(json_object_get(it, "Sequence"), "id"));
-        if (!sid || strcmp(sid, "A") || seen_seq)
-          return servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: %s.single[%zu]: expected one Sequence \"A\"", field,
-                            i);
-        seen_seq = true;
-        continue;
-      }
-      const char *name = json_string_value(json_object_get(sp, "id"));
-      json_t *ids = json_object_get(json_object_get(specials, name ? name : ""), "ids");
-      if (!name || !json_is_array(ids))
-        return servd_fail(SERVD_EFORMAT, "tokenizer.json: %s.single[%zu]: special token without ids in special_tokens",
-                          field, i);
-      for (size_t k = 0; k < json_array_size(ids); k++) {
-        json_int_t id = json_integer_value(json_array_get(ids, k));
-        /* every id it adds must decode: one in the vocabulary or the added tokens */
-        if (!json_is_integer(json_array_get(ids, k)) || id < 0 || id >= t->n_ids || !t->has_piece[id])
-          return servd_fail(SERVD_EFORMAT,
-                            "tokenizer.json: %s.special_tokens[\"%s\"].ids[%zu]: id out of range or without a token",
-                            field, name, k);
-        if (pass == 0) {
-          n_ids++;
-        } else if (!seen_seq) {
-          t->prefix_ids[np++] = (int32_t)id;
-        } else {
-          t->suffix_ids[ns++] = (int32_t)id;
-        }
-      }
-    }
-    if (pass == 0) {
-      t->prefix_ids = calloc(n_ids + 1, sizeof(int32_t));
-      t->suffix_ids = calloc(n_ids + 1, sizeof(int32_t));
-      if (!t->prefix_ids || !t->suffix_ids) return servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
-    } else {
-      t->n_prefix = (int)np;
-      t->n_suffix = (int)ns;
-    }
+  if (bert) return parse_bert_processing(t, pp, field);
+  json_t *specials = json_object_get(pp, "special_tokens");
+  char f[160];
+  snprintf(f, sizeof f, "%s.single", field);
+  int rc = parse_template(t, json_object_get(pp, "single"), specials, false, f, &t->single);
+  if (rc) return rc;
+  json_t *pair = json_object_get(pp, "pair");
+  if (pair && !json_is_null(pair) && json_array_size(pair)) { /* [] : no pair template */
+    snprintf(f, sizeof f, "%s.pair", field);
+    if ((rc = parse_template(t, pair, specials, true, f, &t->pair))) return rc;
+    t->has_pair = true;
   }
-  return 0;
+  return template_affixes(t);
 }
 
 /* Hugging Face's ByteLevel decoder: a token whose every character is in the byte alphabet stands for
@@ -254,8 +315,10 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
     goto fail;
   }
   const char *mtype = json_string_value(json_object_get(model, "type"));
-  if (mtype && strcmp(mtype, "BPE")) {
-    rc = servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: model.type: \"%s\" is not supported (BPE is)", mtype);
+  bool wordpiece = mtype && !strcmp(mtype, "WordPiece");
+  if (mtype && strcmp(mtype, "BPE") && !wordpiece) {
+    rc = servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: model.type: \"%s\" is not supported (BPE, WordPiece are)",
+                    mtype);
     goto fail;
   }
   t->byte_fallback = json_flag(model, "byte_fallback", false);
@@ -267,7 +330,7 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
     goto fail;
   }
   static const char *affix[] = {"continuing_subword_prefix", "end_of_word_suffix"};
-  for (int i = 0; i < 2; i++) {
+  for (int i = wordpiece ? 2 : 0; i < 2; i++) { /* WordPiece's prefix is its own (wp__parse) */
     const char *v = json_string_value(json_object_get(model, affix[i]));
     if (v && *v) {
       rc = servd_fail(SERVD_EUNSUPPORTED, "tokenizer.json: model.%s: \"%s\" is not supported", affix[i], v);
@@ -278,7 +341,7 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   json_t *vocab = json_object_get(model, "vocab");
   json_t *merges = json_object_get(model, "merges");
   json_t *added = json_object_get(root, "added_tokens");
-  if (!json_is_object(vocab) || !json_is_array(merges)) {
+  if (!json_is_object(vocab) || (!json_is_array(merges) && !wordpiece)) {
     rc = servd_fail(SERVD_EFORMAT, "tokenizer.json: model.vocab and model.merges: expected an object and an array");
     goto fail;
   }
@@ -346,7 +409,11 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   }
 
   /* normalizer, pre-tokenizer and decoder decide between byte-level and character-level symbols */
-  if ((rc = spm__parse_normalizer(t, json_object_get(root, "normalizer"), "normalizer"))) goto fail;
+  if (wordpiece) {
+    if ((rc = wp__parse(t, root, model))) goto fail;
+  } else if ((rc = spm__parse_normalizer(t, json_object_get(root, "normalizer"), "normalizer"))) {
+    goto fail;
+  }
   const char *hint = json_string_value(json_object_get(root, "pre"));
   const char *hint_field = "pre";
   if (!hint) {
@@ -356,14 +423,16 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   json_t *pt = json_object_get(root, "pre_tokenizer");
   bool bytelevel_pre = hint != NULL;
   /* pre-tokenizer: a GGUF pre name wins, as llama.cpp would use it for that file */
-  if (hint) {
+  if (wordpiece) {
+    bytelevel_pre = false; /* wp__parse took pre_tokenizer and decoder */
+  } else if (hint) {
     rc = parse_pre_hint(t, hint, hint_field);
   } else if (pt && !json_is_null(pt)) {
     rc = parse_pre(t, pt, "pre_tokenizer");
   }
   if (rc) goto fail;
   for (int i = 0; i < t->n_steps; i++) bytelevel_pre |= t->steps[i].kind == PRE_BYTELEVEL;
-  if ((rc = spm__parse_decoder(t, json_object_get(root, "decoder"), "decoder"))) goto fail;
+  if (!wordpiece && (rc = spm__parse_decoder(t, json_object_get(root, "decoder"), "decoder"))) goto fail;
   t->char_level = t->byte_fallback || t->n_norm || t->metaspace || t->dec_charlevel;
   if (t->char_level && (bytelevel_pre || t->dec_bytelevel)) {
     rc = servd_fail(SERVD_EUNSUPPORTED,
@@ -380,7 +449,7 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   for (int b = 0; b < 256; b++) {
     char u[8];
     int l = t->char_level ? snprintf(u, sizeof u, "<0x%02X>", b) : utf8__encode(bytelevel__byte_to_cp[b], u);
-    t->byte_id[b] = t->char_level && !t->byte_fallback ? -1 : str_map_get(&t->content_ids, u, (size_t)l);
+    t->byte_id[b] = (t->char_level && !t->byte_fallback) || wordpiece ? -1 : str_map_get(&t->content_ids, u, (size_t)l);
   }
 
   /* merges (looked up in the model's vocabulary, before added tokens enter the map) */
@@ -445,7 +514,8 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
     at->single_word = json_flag(a, "single_word", false);
     at->normalized = json_flag(a, "normalized", !at->special);
     ntmp.len = 0;
-    if (at->normalized && t->n_norm) rc = spm__normalize(t, (const uint8_t *)at->content, at->len, &ntmp);
+    if (at->normalized && (t->n_norm || t->wp.norm.on))
+      rc = tok__normalize(t, (const uint8_t *)at->content, at->len, &ntmp);
     else rc = tok_buf_append(&ntmp, at->content, at->len);
     if (rc) goto fail;
     at->match_len = ntmp.len;
@@ -470,12 +540,22 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
     }
   for (int i = 0; i < t->n_added; i++) t->added_first[(uint8_t)t->added[i].match[0]] = 1;
 
+  if (wordpiece && !(t->wp.is_cont = calloc((size_t)t->n_ids + 1, 1))) {
+    rc = servd_fail(SERVD_ENOMEM, "tokenizer: out of memory");
+    goto fail;
+  }
   /* id -> bytes, and bytes -> id for ignore_merges */
   for (int32_t id = 0; id < t->n_ids; id++) {
     t->piece_off[id] = (uint32_t)t->pieces.len;
     if (!vocab_str[id]) continue;
     bool mapped = false, is_byte = false;
-    if (t->char_level && norm_added[id] && t->n_norm) {
+    if (wordpiece) {
+      t->wp.is_cont[id] = t->in_vocab[id] && !t->is_added[id] && vocab_len[id] > t->wp.prefix_len &&
+                          !memcmp(vocab_str[id], t->wp.prefix, t->wp.prefix_len);
+      rc = wp__token_bytes(t, vocab_str[id], vocab_len[id], t->in_vocab[id] && !t->is_added[id], &tmp);
+      if (t->in_vocab[id] && vocab_len[id] + t->wp.prefix_len > t->wp.longest)
+        t->wp.longest = vocab_len[id] + t->wp.prefix_len;
+    } else if (t->char_level && norm_added[id] && t->n_norm) {
       /* Hugging Face decodes a normalized added token from its normalized content ("hi" -> "▁hi") */
       ntmp.len = 0;
       if (!(rc = spm__normalize(t, (const uint8_t *)vocab_str[id], vocab_len[id], &ntmp)))
@@ -498,6 +578,7 @@ int servd_tokenizer_load(const char *json, size_t len, servd_tokenizer **out) {
   }
   t->piece_off[t->n_ids] = (uint32_t)t->pieces.len;
 
+  if (wordpiece && (rc = wp__resolve_vocab(t, model))) goto fail;
   if ((rc = parse_post(t, json_object_get(root, "post_processor"), "post_processor"))) goto fail;
   *out = t;
   t = NULL; /* the caller's now: only the scratch is freed below */
@@ -560,6 +641,11 @@ void servd_tokenizer_free(servd_tokenizer *t) {
   pcre2_code_free(t->word_re);
   free(t->prefix_ids);
   free(t->suffix_ids);
+  free(t->single.ids);
+  free(t->single.types);
+  free(t->pair.ids);
+  free(t->pair.types);
+  free(t->wp.is_cont);
   free(t->in_vocab);
   free(t->is_bytetok);
   for (int i = 0; i < t->n_norm; i++) free(t->norm[i].from), free(t->norm[i].to);

@@ -180,6 +180,57 @@ int spm__metaspace(const servd_tokenizer *t, const uint8_t *s, size_t n, bool at
  * *first and *budget carry the state across tokens (start: true and t->strip_left). */
 size_t spm__lead_cut(const servd_tokenizer *t, int32_t id, const char *p, size_t pl, bool *first, int *budget);
 
+/* ---- WordPiece (wordpiece.c) ------------------------------------------------------------------- */
+typedef struct wp_normalizer {
+  bool on, clean_text, chinese, strip_accents, lowercase;
+} wp_normalizer;
+typedef struct wp_model {
+  wp_normalizer norm;
+  char prefix[16]; /* continuing_subword_prefix, "##" */
+  size_t prefix_len;
+  int max_chars;    /* max_input_chars_per_word */
+  uint8_t *is_cont; /* per id: a vocabulary entry starting with the prefix */
+  size_t longest;   /* bytes of the longest vocabulary entry plus the prefix: no piece is longer */
+} wp_model;
+
+/* A post_processor template: its special ids in order, where the sequences go among them (before
+ * specials[a_at], specials[b_at]; b_at -1 in a single template) and every position's type id. */
+typedef struct tok_template {
+  int32_t *ids, *types;
+  int n, a_at, b_at;
+  int32_t a_type, b_type;
+} tok_template;
+
+/* A character class: sorted, disjoint inclusive ranges of code points. */
+typedef struct wp_class {
+  const uint32_t (*r)[2];
+  size_t n;
+} wp_class;
+/* Hugging Face tokenizers' classes (wordpiece_tables.c, generated): punctuation BertPreTokenizer
+ * splits off, nonspacing marks accent stripping drops, controls clean_text drops (non-ASCII). */
+extern const wp_class wp__punct, wp__mark, wp__control;
+bool wp__in(const wp_class *k, uint32_t c);
+
+struct json_t;
+/* model.type WordPiece: normalizer, pre_tokenizer, decoder and model fields (refusing others). */
+int wp__parse(servd_tokenizer *t, struct json_t *root, struct json_t *model);
+/* After the vocabulary is in: the unknown token (required) and the longest piece. */
+int wp__resolve_vocab(servd_tokenizer *t, struct json_t *model);
+/* BertNormalizer of s[0..n) appended to out. */
+int wp__normalize(const servd_tokenizer *t, const uint8_t *s, size_t n, tok_buf *out);
+/* BertPreTokenizer + WordPiece of normalized text, ids appended to *out; cache: the word cache, its
+ * lock held by the caller, or NULL. scratch: a buffer the call may grow. */
+int wp__encode(const servd_tokenizer *t, const uint8_t *s, size_t n, word_cache *cache, tok_buf *scratch, int32_t **out,
+               size_t *n_out, size_t *cap);
+/* What token string s decodes to (out is reset first). */
+int wp__token_bytes(const servd_tokenizer *t, const char *s, size_t n, bool in_vocab, tok_buf *out);
+/* Bytes to cut from the front of the first decoded token (its added space), and in *lead the bytes
+ * of the prefix to put back before it (a continuation decoded first keeps its "##"); *first: no
+ * token decoded yet. */
+size_t wp__lead_cut(const servd_tokenizer *t, int32_t id, const char *p, size_t pl, bool *first, size_t *lead);
+/* Either normalizer (BertNormalizer, or the Prepend/Replace edits) of s[0..n) appended to out. */
+int tok__normalize(const servd_tokenizer *t, const uint8_t *s, size_t n, tok_buf *out);
+
 /* ---- the tokenizer ------------------------------------------------------------------------------ */
 typedef struct added_token {
   char *content;
@@ -237,6 +288,12 @@ struct servd_tokenizer {
   bool dec_bytelevel, dec_bytes, dec_fused, dec_charlevel;
   int strip_left;  /* Strip decoder: leading spaces of the text to drop */
   bool meta_first; /* Metaspace decoder: the first token's leading spaces are dropped */
+
+  /* WordPiece models (wordpiece.c) and the pair template of cross-encoders */
+  bool wordpiece;
+  wp_model wp;
+  tok_template single, pair; /* pair.n == 0 && pair.a_at == 0: no pair template */
+  bool has_pair;
 
   word_cache cache;
 };

@@ -92,6 +92,12 @@ typedef struct servd_lora_seg {
 #define SERVD_SIG_EACH_T3F(M, a, b, c, f) M(a) M(b) M(c)
 #define SERVD_SIG_T3L(a, b, c, l) servd_tensor *a, const servd_tensor *b, const servd_tensor *c, int64_t l
 #define SERVD_SIG_EACH_T3L(M, a, b, c, l) M(a) M(b) M(c)
+#define SERVD_SIG_T4F(a, b, c, d, f) \
+  servd_tensor *a, const servd_tensor *b, const servd_tensor *c, const servd_tensor *d, float f
+#define SERVD_SIG_EACH_T4F(M, a, b, c, d, f) M(a) M(b) M(c) M(d)
+#define SERVD_SIG_T5(a, b, c, d, e) \
+  servd_tensor *a, const servd_tensor *b, const servd_tensor *c, const servd_tensor *d, const servd_tensor *e
+#define SERVD_SIG_EACH_T5(M, a, b, c, d, e) M(a) M(b) M(c) M(d) M(e)
 #define SERVD_SIG_TOPK(a, b, c, k) servd_tensor *a, servd_tensor *b, const servd_tensor *c, int k
 #define SERVD_SIG_EACH_TOPK(M, a, b, c, k) M(a) M(b) M(c)
 #define SERVD_SIG_ROPE(x, pos, p) servd_tensor *x, const servd_tensor *pos, const servd_rope_params *p

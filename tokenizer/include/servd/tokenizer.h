@@ -1,5 +1,6 @@
 /* BPE tokenizer read from a Hugging Face tokenizer.json: byte-level (GPT-2, Llama 3, SmolLM2) or
- * SentencePiece-style with byte fallback (Llama 2, TinyLlama, Mistral 7B v0.1).
+ * SentencePiece-style with byte fallback (Llama 2, TinyLlama, Mistral 7B v0.1); and WordPiece (BERT
+ * and its descendants: MiniLM, bge, e5, gte).
  *
  * Supported tokenizer.json subset (anything else is refused with a message naming the field):
  *   model:          {"type": "BPE", "vocab": {token: id}, "merges": ["a b", ...] or [["a", "b"], ...],
@@ -15,9 +16,13 @@
  *                     MergedWithNext|Contiguous, invert: false} | Sequence of these
  *                   | Metaspace{replacement, prepend_scheme always|first|never (or add_prefix_space),
  *                     split} (alone)
- *   post_processor: null | ByteLevel | TemplateProcessing (single) | Sequence of these
+ *   post_processor: null | ByteLevel | TemplateProcessing (single, pair) | BertProcessing | Sequence of these
  *   decoder:        null | ByteLevel | Sequence of ByteLevel
  *                   | Sequence of Replace{String}, ByteFallback, Fuse, Strip{" ", start, stop 0}, Metaspace
+ * WordPiece models ({"type": "WordPiece", "vocab", "unk_token", "continuing_subword_prefix",
+ * "max_input_chars_per_word"}) take normalizer BertNormalizer{clean_text, handle_chinese_chars,
+ * strip_accents, lowercase} or null, pre_tokenizer BertPreTokenizer or null and decoder WordPiece or
+ * null (its cleanup glues . , ? ! to the word before; the other cleanup rules are not applied).
  * Byte-level tokenizers BPE the bytes of each pre-token (the ByteLevel alphabet); the others
  * ("character-level": byte_fallback, a normalizer, Metaspace or one of those decoders, never with
  * ByteLevel) start from characters, spell a character outside the vocabulary as its <0xXX> tokens
@@ -63,6 +68,16 @@ SERVD_API void servd_tokenizer_free(servd_tokenizer *t); /* accepts NULL */
  * SmolLM2 or GPT-2). *ids is malloc'd, the caller frees it; *n is its length. */
 SERVD_API int servd_tokenizer_encode(const servd_tokenizer *t, const char *text, size_t len, bool add_special,
                                      int32_t **ids, int *n);
+
+/* A pair of texts (cross-encoders: query and document) through the post_processor's pair template,
+ * [CLS] a [SEP] b [SEP] for BERT. type_ids (may be NULL) receives each token's segment id (BERT's
+ * token_type_ids). max_len > 0: the two texts' tokens are cut LongestFirst (the longer loses its last
+ * token until all fits, as Hugging Face truncates pairs) so that the result has at most max_len ids;
+ * SERVD_ERANGE when the template's specials leave no room. SERVD_EUNSUPPORTED without a pair
+ * template. *ids and *type_ids are malloc'd, the caller frees them. */
+SERVD_API int servd_tokenizer_encode_pair(const servd_tokenizer *t, const char *a, size_t alen, const char *b,
+                                          size_t blen, int max_len, int32_t **ids, int32_t **type_ids, int *n);
+SERVD_API bool servd_tokenizer_has_pair_template(const servd_tokenizer *t);
 
 /* The ids add_special puts before and after the text (borrowed, valid while t lives; counts may be
  * 0), e.g. to avoid a second BOS when a rendered chat template already starts with one. */

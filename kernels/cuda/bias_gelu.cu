@@ -1,0 +1,26 @@
+// bias_gelu: out = gelu(x + b), gelu(z) = z/2 (1 + erf(z / sqrt 2)), f32, contiguous on the context's
+// device. The scalar reference is kernels/src/bias_gelu.c.
+#include "cuda_common.cuh"
+
+__global__ void bias_gelu_kernel(float *out, const float *x, const float *b, long long n, long long cols) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float z = x[i] + b[i % cols];
+  out[i] = 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
+}
+
+// Called by servd_device_bias_gelu after the checks (servd__check_bias_gelu, one device, contiguous).
+extern "C" int servd_cuda_bias_gelu(servd_cuda_ctx *c, servd_tensor *out, const servd_tensor *x,
+                                    const servd_tensor *b) {
+  const long long n = (long long)servd_tensor_numel(out), cols = out->shape[out->ndim - 1];
+  if (n == 0) return SERVD_OK;
+  SERVD_CUDA_DEVICE_SCOPE(c);
+  const int threads = 256;
+  const long long grid = (n + threads - 1) / threads;
+  if (grid > 0x7fffffffLL) return servd_fail(SERVD_ERANGE, "cuda bias_gelu: %lld elements", n);
+  bias_gelu_kernel<<<(unsigned)grid, threads, 0, servd__stream(c)>>>((float *)servd_tensor_data(out),
+                                                                     (const float *)servd_tensor_data(x),
+                                                                     (const float *)servd_tensor_data(b), n, cols);
+  SERVD_CUDA_LAUNCH_CHECK();
+  return SERVD_OK;
+}
