@@ -12,11 +12,12 @@ void api_vllm_cache_config_head(servd_buf *b) {
 }
 
 void api_vllm_cache_config(servd_buf *b, const api_model *am, const servd_model_stats *s) {
-  int block_size = am->opts.block_size > 0 ? am->opts.block_size : 16; /* the engine's default */
+  /* The engine's own account; the options (its default 16) for an engine that gives none. */
+  int block_size = s->kv_block_size > 0 ? s->kv_block_size : am->opts.block_size > 0 ? am->opts.block_size : 16;
   servd_buf_puts(b, "vllm:cache_config_info{model_name=\"");
   api_prom_label(b, am->name);
-  servd_buf_printf(b,
-                   "\",block_size=\"%d\",num_gpu_blocks=\"%d\",enable_prefix_caching=\"%s\","
-                   "cache_dtype=\"auto\"} 1\n",
+  servd_buf_printf(b, "\",block_size=\"%d\",num_gpu_blocks=\"%d\",enable_prefix_caching=\"%s\",cache_dtype=\"",
                    block_size, s->kv_blocks_total, am->opts.prefix_cache ? "True" : "False");
+  api_prom_label(b, s->kv_cache_dtype[0] ? s->kv_cache_dtype : "auto");
+  servd_buf_puts(b, "\"} 1\n");
 }

@@ -447,8 +447,11 @@ static int scheduler_setup(servd_model *m) {
     servd_runner_capacity(m->runner, &cap_tokens, &sc.max_logit_rows);
   }
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
+  /* Events first: blocks the disk tier brings back are announced too. */
+  if ((rc = servd_kv_events_attach(m->o.kv_events, &m->sched.bm.pc, m->sched.bm.key, m->name, m->gpus > 0,
+                                   &m->kv_events)))
+    return rc;
   if ((rc = servd__prefix_tier_open(m))) return rc;
-  if ((rc = servd_kv_events_attach(m->o.kv_events, &m->sched.bm.pc, m->name, m->gpus > 0, &m->kv_events))) return rc;
   if ((rc = servd_spec_init(&m->spec, (servd_spec_mode)m->o.speculative, m->o.num_speculative_tokens))) return rc;
   if ((rc = step_plan_init(&m->plan, m->o.max_seqs))) return rc;
   if ((rc = servd_guides_create(&m->guides))) return rc;

@@ -32,6 +32,7 @@ struct kv_events_source {
   char *topic;
   const char *medium;
   int block_size, n_blocks;
+  uint64_t key;   /* the model's prefix-cache key: blocks under another (an adapter's) are not told */
   uint64_t *ext;  /* per block id: its llm-d hash (the scheduler thread's) */
   uint8_t *known; /* per block id: stored and not removed since */
   char *ring;     /* cap slots of stride bytes */
@@ -91,9 +92,11 @@ static void slot_put(kv_events_source *s) {
   if (t == h) wake(s->pub); /* the ring was empty: the publisher may be waiting */
 }
 
-static void on_stored(void *ud, int32_t id, int32_t parent, const int32_t *tokens, int block_size) {
+/* An adapter's blocks hold other K/V for the same tokens, and llm-d's hashes (no extra keys) cannot
+ * tell them from the base model's: they are not told, so a base prompt is never routed to them. */
+static void on_stored(void *ud, int32_t id, int32_t parent, const int32_t *tokens, int block_size, uint64_t key) {
   kv_events_source *s = ud;
-  if (id < 0 || id >= s->n_blocks || block_size != s->block_size) return;
+  if (id < 0 || id >= s->n_blocks || block_size != s->block_size || key != s->key) return;
   if (parent >= 0 && (parent >= s->n_blocks || !s->known[parent])) return; /* a chain nobody heard of */
   uint64_t h = kv_block_hash(parent >= 0 ? s->ext[parent] : s->pub->root, tokens, block_size);
   s->ext[id] = h;
@@ -405,13 +408,14 @@ static char *topic_of(const char *fmt, const char *model) {
   return out;
 }
 
-int servd_kv_events_attach(servd_kv_events *e, servd_prefix_cache *pc, const char *model, bool gpu,
+int servd_kv_events_attach(servd_kv_events *e, servd_prefix_cache *pc, uint64_t key, const char *model, bool gpu,
                            kv_events_source **out) {
   *out = NULL;
   if (!e || !pc->enabled) return 0; /* no prefix cache: no blocks to tell of */
   kv_events_source *s = calloc(1, sizeof *s);
   if (!s) return servd_fail(SERVD_ENOMEM, "kv events: model %s", model);
   s->pub = e;
+  s->key = key;
   s->medium = gpu ? "GPU" : "CPU";
   s->block_size = pc->block_size;
   s->n_blocks = pc->n_blocks;

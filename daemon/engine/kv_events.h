@@ -57,9 +57,10 @@ void servd_kv_events_destroy(servd_kv_events *e);
 void servd_engine_set_kv_events(servd_kv_events *e);
 servd_kv_events *servd_kv_events_default(void);
 
-/* Hooks pc (on its scheduler thread, before it caches anything) to publish under model's topic,
- * starting with an AllBlocksCleared. gpu: the medium. 0 or SERVD_ENOMEM. */
-int servd_kv_events_attach(servd_kv_events *e, struct servd_prefix_cache *pc, const char *model, bool gpu,
+/* Hooks pc (on its scheduler thread, before it caches anything) to publish the blocks it caches under
+ * key (the model's; an adapter's are left out) under model's topic, starting with an
+ * AllBlocksCleared. gpu: the medium. 0 or SERVD_ENOMEM. */
+int servd_kv_events_attach(servd_kv_events *e, struct servd_prefix_cache *pc, uint64_t key, const char *model, bool gpu,
                            kv_events_source **out);
 /* Unhooks pc and publishes an AllBlocksCleared for the model (it is unloading). Accepts NULL. */
 void servd_kv_events_detach(kv_events_source *s, struct servd_prefix_cache *pc);

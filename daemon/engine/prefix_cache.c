@@ -220,7 +220,7 @@ void prefix_cache_register(servd_prefix_cache *pc, uint64_t key, prefix_chain *c
     /* A parent evicted since the chain passed it leaves this entry unreachable: nobody is told. */
     bool reachable = !chain->serial || pc->serial[chain->id] == chain->serial;
     if (pc->events && reachable)
-      pc->events->stored(pc->events_ud, e, chain->serial ? chain->id : -1, tokens, pc->block_size);
+      pc->events->stored(pc->events_ud, e, chain->serial ? chain->id : -1, tokens, pc->block_size, key);
   }
   chain->n++;
   chain->hash = h;

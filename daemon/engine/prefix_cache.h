@@ -43,10 +43,11 @@ typedef uint64_t (*prefix_hash_fn)(uint64_t parent, const int32_t *tokens, int n
 
 /* Who is told when a block enters or leaves the cache (KV-cache events, kv_events.h), on the
  * scheduler's thread, inside the call that changes the cache: keep them short. stored: block id now
- * holds tokens[0, block_size) after block parent (-1: first block of its chain). removed: id's entry
- * is gone (evicted for reuse), told for every id, stored or not. */
+ * holds tokens[0, block_size) after block parent (-1: first block of its chain), under key (the
+ * model's, or an adapter's). removed: id's entry is gone (evicted for reuse), told for every id,
+ * stored or not. */
 typedef struct prefix_cache_events {
-  void (*stored)(void *ud, int32_t id, int32_t parent, const int32_t *tokens, int block_size);
+  void (*stored)(void *ud, int32_t id, int32_t parent, const int32_t *tokens, int block_size, uint64_t key);
   void (*removed)(void *ud, int32_t id);
 } prefix_cache_events;
 

@@ -44,8 +44,9 @@ typedef struct seen {
   int32_t first_token[16];
 } seen;
 
-static void on_stored(void *ud, int32_t id, int32_t parent, const int32_t *tokens, int block_size) {
+static void on_stored(void *ud, int32_t id, int32_t parent, const int32_t *tokens, int block_size, uint64_t key) {
   seen *s = ud;
+  (void)key;
   assert_int_equal(block_size, BS);
   s->first_token[s->n_stored] = tokens[0];
   s->parent[s->n_stored] = parent;
@@ -161,11 +162,46 @@ static void test_bind_failures(void **state) {
   servd_kv_events_destroy(NULL);
 }
 
+/* Only the model's own blocks are told: an adapter's (another key) share llm-d's hashes with the
+ * base model's tokens but not their K/V. */
+static void test_adapter_blocks_untold(void **state) {
+  (void)state;
+  servd_kv_events *e = NULL;
+  servd_kv_events_options o = {.endpoint = "tcp://*:*"};
+  assert_int_equal(servd_kv_events_create(&o, &e), 0);
+  servd_kv_cache *kv;
+  servd_prefix_cache pc;
+  assert_int_equal(servd_kv_cache_create_blocks_only(&kv, 1, 1, 4, BS, 4), 0);
+  assert_int_equal(prefix_cache_init(&pc, kv, true), 0);
+  kv_events_source *src = NULL;
+  assert_int_equal(servd_kv_events_attach(e, &pc, 7, "m", false, &src), 0);
+  uint64_t queued, dropped;
+  servd_kv_events_source_stats(src, &queued, &dropped);
+  assert_int_equal(queued, 1); /* AllBlocksCleared */
+  int32_t toks[BS] = {5, 6, 7, 8}, ids[2];
+  assert_int_equal(prefix_cache_alloc(&pc, 2, ids), 0);
+  prefix_chain adapter = {0}, base = {0};
+  prefix_cache_register(&pc, 9, &adapter, ids[0], toks);
+  servd_kv_events_source_stats(src, &queued, &dropped);
+  assert_int_equal(queued, 1);
+  prefix_cache_register(&pc, 7, &base, ids[1], toks);
+  servd_kv_events_source_stats(src, &queued, &dropped);
+  assert_int_equal(queued, 2);
+  assert_int_equal(dropped, 0);
+  prefix_cache_release(&pc, 2, ids);
+  servd_kv_events_detach(src, &pc);
+  assert_null(pc.events);
+  servd_kv_events_destroy(e);
+  prefix_cache_free(&pc);
+  servd_kv_cache_destroy(kv);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_block_hash_reference),
       cmocka_unit_test(test_hooks),
       cmocka_unit_test(test_bind_failures),
+      cmocka_unit_test(test_adapter_blocks_untold),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
