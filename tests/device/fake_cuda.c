@@ -1123,6 +1123,7 @@ static void run_anyt5(const void *a_) {
     servd_storage_release(args_.t0.storage), servd_storage_release(args_.t1.storage), \
         servd_storage_release(args_.t2.storage), servd_storage_release(args_.t3.storage), \
         servd_storage_release(args_.t4.storage); \
+  return rc_;
 typedef struct anyt3f_args {
   int (*fn)(servd_tensor *, const servd_tensor *, const servd_tensor *, float);
   const char *name;
