@@ -50,6 +50,10 @@ void servd_config_free(servd_config *c) {
   free(c->tls_ca);
   free(c->package_cache);
   free(c->prefix_cache_dir);
+  free(c->kv_events_endpoint);
+  free(c->kv_events_replay_endpoint);
+  free(c->kv_events_topic);
+  free(c->otlp_traces_endpoint);
   for (int i = 0; i < c->n_repository; i++) free(c->repository[i]);
   free(c->repository);
   for (int i = 0; i < c->n_models; i++) {
@@ -530,6 +534,15 @@ void servd_config_usage(FILE *f) {
         "                          re-read on SIGHUP)\n"
         "  --tls-key FILE          PEM private key of --tls-cert\n"
         "  --tls-ca FILE           require client certificates signed by these PEM CAs (mutual TLS)\n"
+        "  --kv-events-endpoint E  publish the prefix cache's KV-cache events (vLLM's format: ZeroMQ PUB,\n"
+        "                          msgpack) on E, e.g. tcp://*:5557 (default: none)\n"
+        "  --kv-events-replay-endpoint E  answer replay requests for missed event batches on E (ROUTER)\n"
+        "  --otlp-traces-endpoint URL  export a span per language-model request (queue, prefill, decode)\n"
+        "                          over OTLP/HTTP protobuf to URL, e.g. http://otel-collector:4318/v1/traces\n"
+        "  --idle-unload-seconds N unload a model that has had no request for N seconds; its next request\n"
+        "                          loads it again (answered 503 with Retry-After meanwhile; default 0: never)\n"
+        "  --kv-events-topic T     topic per model; {model} and {host} ($POD_IP or the host name) are\n"
+        "                          replaced (default kv@{host}@{model})\n"
         "  --help, --version\n",
         f);
 }
@@ -707,6 +720,18 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
           (rc = parse_double("--grpc-max-message-bytes", v, 1024, 4294967295.0, &d)))
         return rc;
       c->grpc_max_message_bytes = (size_t)d;
+    } else if (flag_is(a, "--kv-events-endpoint")) {
+      if ((rc = VAL("--kv-events-endpoint")) || (rc = set_str(&c->kv_events_endpoint, v))) return rc;
+    } else if (flag_is(a, "--kv-events-replay-endpoint")) {
+      if ((rc = VAL("--kv-events-replay-endpoint")) || (rc = set_str(&c->kv_events_replay_endpoint, v))) return rc;
+    } else if (flag_is(a, "--otlp-traces-endpoint")) {
+      if ((rc = VAL("--otlp-traces-endpoint")) || (rc = set_str(&c->otlp_traces_endpoint, v))) return rc;
+    } else if (flag_is(a, "--idle-unload-seconds")) {
+      if ((rc = VAL("--idle-unload-seconds")) ||
+          (rc = parse_double("--idle-unload-seconds", v, 0, 1e7, &c->idle_unload_s)))
+        return rc;
+    } else if (flag_is(a, "--kv-events-topic")) {
+      if ((rc = VAL("--kv-events-topic")) || (rc = set_str(&c->kv_events_topic, v))) return rc;
     } else if (flag_is(a, "--max-body-bytes")) {
       if ((rc = VAL("--max-body-bytes")) || (rc = parse_double("--max-body-bytes", v, 1024, 4294967296.0, &d)))
         return rc;

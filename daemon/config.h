@@ -56,6 +56,11 @@ typedef struct servd_config {
   size_t max_body_bytes, max_header_bytes;
   int max_connections;
   int max_n;
+  /* KV-cache events (engine/kv_events.h): PUB endpoint (NULL: none), replay ROUTER endpoint, topic. */
+  char *kv_events_endpoint, *kv_events_replay_endpoint, *kv_events_topic;
+  char *otlp_traces_endpoint; /* OTLP/HTTP collector for request spans; NULL: no traces */
+  /* Unload a model idle this long until its next request (sleep level 2); 0: never. */
+  double idle_unload_s;
   char *package_cache; /* NULL: the default; where GGUF and Hugging Face sources are packed (package_cache.h) */
   char **repository;   /* directories for the repository API */
   int n_repository;

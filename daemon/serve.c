@@ -18,6 +18,7 @@
 #include "http/tls.h"
 #include "grpc/grpc.h"
 #include "engine/gpu_prewarm.h"
+#include "engine/kv_events.h"
 #include "servd/device.h"
 #include "servd/status.h"
 #include "servd/threadpool.h"
@@ -299,6 +300,24 @@ static void set_worker_threads(const servd_config *c) {
   setenv("UV_THREADPOOL_SIZE", v, 1);
 }
 
+/* --kv-events-endpoint: the publisher every language model's prefix cache reports to. A socket that
+ * cannot be bound is a configuration error (exit status 2), before any model loads. */
+static int start_kv_events(const servd_config *c, servd_kv_events **out) {
+  if (!c->kv_events_endpoint) return 0;
+  servd_kv_events_options o = {.endpoint = c->kv_events_endpoint,
+                               .replay_endpoint = c->kv_events_replay_endpoint,
+                               .topic = c->kv_events_topic};
+  if (servd_kv_events_create(&o, out) != 0) {
+    fprintf(stderr, "servd: %s\n", servd_last_error());
+    return 2;
+  }
+  servd_engine_set_kv_events(*out);
+  fprintf(stderr, "servd: KV-cache events on %s%s%s\n", c->kv_events_endpoint,
+          c->kv_events_replay_endpoint ? ", replay on " : "",
+          c->kv_events_replay_endpoint ? c->kv_events_replay_endpoint : "");
+  return 0;
+}
+
 int servd_serve_main(int argc, char **argv) {
   server s;
   memset(&s, 0, sizeof s);
@@ -351,6 +370,11 @@ int servd_serve_main(int argc, char **argv) {
   servd_engine_set_max_step_ms(s.cfg.max_step_ms);
   servd_engine_set_speculation(s.cfg.speculative, s.cfg.num_speculative_tokens);
   servd_engine_set_kv_dtype(s.cfg.kv_cache_dtype ? (servd_dtype)(s.cfg.kv_cache_dtype - 1) : SERVD_DTYPE_COUNT);
+  servd_kv_events *kv_events = NULL;
+  if ((rc = start_kv_events(&s.cfg, &kv_events)) != 0) {
+    servd_config_free(&s.cfg);
+    return rc;
+  }
   /* Before the first interpreter namespace exists: see gpu_prewarm.c. */
   for (int i = 0; s.cfg.gpus > 0 && i < s.cfg.n_models; i++) {
     servd_model_options mo;
@@ -386,6 +410,14 @@ int servd_serve_main(int argc, char **argv) {
     fprintf(stderr, "servd: %s\n", servd_last_error());
     servd_config_free(&s.cfg);
     return 1;
+  }
+  if (s.cfg.idle_unload_s > 0) servd_api_set_idle_unload(s.api, s.cfg.idle_unload_s);
+  if (s.cfg.otlp_traces_endpoint && servd_api_set_otlp_traces(s.api, s.cfg.otlp_traces_endpoint) != 0) {
+    fprintf(stderr, "servd: %s\n", servd_last_error());
+    servd_api_close(s.api, NULL, NULL);
+    uv_run(s.loop, UV_RUN_DEFAULT);
+    servd_config_free(&s.cfg);
+    return 2;
   }
   servd_http_limits lim;
   servd_http_limits_default(&lim);
@@ -459,6 +491,7 @@ int servd_serve_main(int argc, char **argv) {
   fflush(stderr);
   uv_run(s.loop, UV_RUN_DEFAULT);
   uv_loop_close(s.loop);
+  servd_kv_events_destroy(kv_events); /* after the models: their last events go out */
   int code = s.exit_code;
   servd_tls_ctx_destroy(s.tls);
   servd_tls_ctx_destroy(s.grpc_tls);

@@ -11,6 +11,7 @@ pkgs=(
   libhttp-parser-dev libopenblas-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler
   libpython3.11-dev python3 python3-jinja2 python3-numpy python3-venv python3-pip python3-yaml
   prometheus curl gnuplot-nox linux-perf
+  libzmq3-dev libmsgpack-dev
   libutf8proc-dev python3-scipy
 )
 
@@ -43,6 +44,14 @@ fi
 # The official Anthropic and Ollama clients (tests of /v1/messages and of Ollama's /api routes).
 "$venv/bin/python" -c "import anthropic, ollama" 2>/dev/null ||
   "$venv/bin/pip" install --quiet "anthropic>=0.40" "ollama>=0.4"
+
+# Readers of what servd exports for Kubernetes serving stacks: the Prometheus text parser (the
+# model-server protocol's metrics), a ZeroMQ + msgpack subscriber and CBOR for llm-d's block hashes
+# (KV-cache events), OpenTelemetry's protobuf messages (an OTLP collector for the trace tests), and
+# the Kubernetes schema validator with its bundled schemas (deploy/ checked offline).
+"$venv/bin/python" -c "import prometheus_client, zmq, msgpack, cbor2, opentelemetry.proto, kubernetes_validate" \
+  2>/dev/null || "$venv/bin/pip" install --quiet "prometheus_client" "pyzmq" "msgpack" "cbor2" "opentelemetry-proto" \
+  "kubernetes-validate"
 
 # Python packages servd's interpreters use at run time (llguidance: structured outputs), pinned,
 # into the directory a build tree's servd puts on sys.path (build/python-deps).

@@ -84,6 +84,13 @@ typedef struct api_model {
    * block waiting for an interpreter) and a bounded FIFO of those waiting. */
   int predict_running, predict_waiting;
   struct infer_job *wait_head, *wait_tail;
+  /* Sleep (sleep.c): 0 awake, 1 KV cache released, 2 unloaded; where it is going; a step toward it
+   * under way; a level-2 wake (reload) under way; idle unload's activity watch. */
+  int sleep_level, sleep_target;
+  bool sleep_busy, waking;
+  struct servd_api *sleep_api;
+  uint64_t sleep_seen;
+  int64_t last_busy_ns;
 } api_model;
 
 typedef struct api_route_count {
@@ -179,6 +186,8 @@ struct servd_api {
   void *unload_ud;
   void (*close_done)(void *);
   void *close_ud;
+  struct api_sleep *sleep;   /* sleep.c's state; NULL until used */
+  struct api_tracer *tracer; /* --otlp-traces-endpoint (otlp.h); NULL: no traces */
 };
 
 /* ---- models ---- */
@@ -223,6 +232,9 @@ void api_metrics_vllm(servd_api *a, servd_buf *b, const servd_model_stats *st);
 void api_lora_model_entries(servd_api *a, api_model *am, json_t *data);
 json_t *api_lora_model_entry(servd_api *a, api_model *am, const char *name);
 void api_lora_metrics(servd_api *a, servd_buf *b);
+/* vllm:cache_config_info (metrics_cache_config.c): the family's head, then one series per model. */
+void api_vllm_cache_config_head(servd_buf *b);
+void api_vllm_cache_config(servd_buf *b, const api_model *am, const servd_model_stats *s);
 void api_infer_init(api_infer_stats *s);
 /* A generic model's prediction ended (ok or not), secs after it was accepted. */
 void api_infer_done(api_model *am, bool ok, double secs);
@@ -231,6 +243,22 @@ void api_metrics_generic(servd_api *a, servd_buf *b);
 void api_kserve_stats_add(api_model *am, bool ok, const api_kserve_times *t);
 /* Prometheus label value escaping (backslash, quote, newline). */
 void api_prom_label(servd_buf *b, const char *v);
+
+/* ---- sleep and wake (sleep.c) ---- */
+/* 0 when am may serve a request now (a model asleep at level 1 wakes at once); else 503 with the
+ * reason in msg, and a Retry-After header on r (may be NULL): am is going to sleep, or was asleep
+ * at level 2 and this request started its reload. */
+int api_sleep_gate(servd_api *a, api_model *am, servd_http_req *r, char *msg, size_t cap);
+void api_sleep_close(servd_api *a);                 /* at servd_api_close */
+void api_metrics_sleep(servd_api *a, servd_buf *b); /* servd_model_sleep_level */
+
+/* ---- request traces (trace_request.c, otlp.h) ---- */
+struct api_trace_ctx;
+/* A language-model request (a choice) ended with ev: its span record goes to the exporter. Times
+ * are api_now_ns(): arrival, handed to the engine, first token (0: none). No-op without a tracer. */
+void api_trace_finished(servd_api *a, api_model *am, const struct api_trace_ctx *ctx, const api_event *ev,
+                        uint64_t t_start, uint64_t t_submit, uint64_t t_first, int max_tokens);
+void api_metrics_traces(servd_api *a, servd_buf *b); /* servd_otlp_spans_* */
 
 /* ---- request ids (request_id.c) ---- */
 /* Sets r->request_id from a client's id when it is usable (1..128 printable ASCII bytes, no space),

@@ -1,6 +1,7 @@
 /* The API's lifecycle and the queue that carries engine events from engine threads to the loop.
  * Routing is router.c over the table of routes.c; responses are respond.c. */
 #include "api/api-impl.h"
+#include "api/otlp.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +226,7 @@ static void api_free(servd_api *a) {
   free(a->repository);
   free(a->api_key);
   pthread_mutex_destroy(&a->lock);
+  api_tracer_destroy(a->tracer); /* sends what is queued, bounded by its socket timeouts */
   free(a);
   if (done) done(ud);
 }
@@ -235,6 +237,7 @@ void servd_api_close(servd_api *a, void (*done)(void *), void *ud) {
   if (!a) return;
   a->close_done = done;
   a->close_ud = ud;
+  api_sleep_close(a);
   uv_close((uv_handle_t *)&a->async, on_async_closed);
 }
 

@@ -64,6 +64,12 @@ int servd_api_models_loading(const servd_api *a);
 
 /* Draining: readiness fails and new inference requests get 503; running ones continue. */
 void servd_api_set_draining(servd_api *a, bool draining);
+/* --idle-unload-seconds: a model loaded from a file and idle this long is unloaded until its next
+ * request (sleep level 2, daemon/api/sleep.c); 0: never. */
+void servd_api_set_idle_unload(servd_api *a, double seconds);
+/* --otlp-traces-endpoint: a span per language-model request exported over OTLP/HTTP to endpoint
+ * (http://HOST[:PORT][/PATH]; daemon/api/otlp.h). 0, or SERVD_EINVAL naming what is wrong with it. */
+int servd_api_set_otlp_traces(servd_api *a, const char *endpoint);
 /* Shutdown: loads in progress are not waited for (a load can take up to the load timeout): their
  * waiting repository requests get 503 now. Returns how many loads are still running; when the models
  * are unloaded the process exits without waiting for them (servd_api_close needs none running). */

@@ -58,4 +58,9 @@ void api_repository_unload(servd_api *a, servd_http_req *r, const api_route_args
 /* metrics.c */
 void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args);
 
+/* sleep.c: vLLM's sleep mode */
+void api_sleep(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_wake_up(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_is_sleeping(servd_api *a, servd_http_req *r, const api_route_args *args);
+
 #endif

@@ -27,6 +27,8 @@ void api_kserve_server_meta(servd_api *a, servd_http_req *r, const api_route_arg
 }
 
 int api_model_usable(servd_api *a, api_model *am, char *msg, size_t cap) {
+  int slept = api_sleep_gate(a, am, NULL, msg, cap);
+  if (slept) return slept;
   if (am->state == M_UNAVAILABLE) {
     snprintf(msg, cap, "model '%s' is not loaded%s%s", am->name, am->error[0] ? ": " : "", am->error);
     return 404;

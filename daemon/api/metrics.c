@@ -147,6 +147,10 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
   per_model(a, &b, st, "servd_guided_sequences", "gauge", "Sequences holding a grammar matcher.", F(guided_sequences),
             G_INT);
   per_model(a, &b, st, "servd_scheduler_steps_total", "counter", "Scheduler steps run.", F(steps), G_U64);
+  per_model(a, &b, st, "servd_kv_events_queued_total", "counter", "KV-cache events queued for publishing.",
+            F(kv_events_queued), G_U64);
+  per_model(a, &b, st, "servd_kv_events_dropped_total", "counter",
+            "KV-cache events dropped because the publisher's queue was full.", F(kv_events_dropped), G_U64);
   per_model(a, &b, st, "servd_scheduler_last_step_age_seconds", "gauge",
             "Seconds since the scheduler last finished a step while work was pending.", F(last_step_age_s), G_DBL);
 #undef F
@@ -208,6 +212,8 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
   head(&b, "servd_api_requests_in_flight", "gauge", "API requests holding engine work.");
   servd_buf_printf(&b, "servd_api_requests_in_flight %d\n", servd_api_inflight(a));
   api_metrics_generic(a, &b);
+  api_metrics_sleep(a, &b);
+  api_metrics_traces(a, &b);
   api_metrics_vllm(a, &b, st);
   api_lora_metrics(a, &b);
   free(st);

@@ -201,6 +201,8 @@ void api_metrics_vllm(servd_api *a, servd_buf *b, const servd_model_stats *st) {
   value(b, "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", l, n,
         V_PC_HITS);
   speculation(b, l, n);
+  api_vllm_cache_config_head(b);
+  for (int k = 0; k < n; k++) api_vllm_cache_config(b, l[k].am, l[k].st);
   head(b, "vllm:request_success_total", "counter", "Count of successfully processed requests.");
   for (int k = 0; k < n; k++)
     for (int r = 0; r < 3; r++) {

@@ -51,6 +51,8 @@ typedef struct servd_model_ops {
   int (*lora_unload)(servd_model *m, const char *name);
   bool (*has_lora)(servd_model *m, const char *name);
   int (*lora_list)(servd_model *m, servd_lora_info *out, int cap, int *max_loras);
+  /* Appended; NULL: sleep level 1 frees nothing (the model stays as it is). servd_model_release_kv. */
+  int (*release_kv)(servd_model *m);
 } servd_model_ops;
 
 /* The engine's implementation (daemon/api/engine_ops.c). */

@@ -3,6 +3,7 @@
 #define SERVD_API_OPENAI_IMPL_H
 
 #include "api/api-impl.h"
+#include "api/otlp.h"
 #include "api/request_params.h"
 
 typedef struct oai oai;
@@ -87,6 +88,8 @@ struct oai {
   bool base64;                /* embeddings: encoding_format base64 */
   int truncate_prompt_tokens; /* embeddings: 0 none, -1 the model's context, else at most k tokens */
   oai_choice_x *x;            /* per choice (n_gens): echo and embedding state; NULL until submitted */
+  /* With --otlp-traces-endpoint: the request's trace context (api/otlp.h). */
+  api_trace_ctx trace;
 };
 
 /* For sinks (openai.c). A stream write; -1 when the client is gone (o->req is NULL then). */

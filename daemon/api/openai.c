@@ -598,6 +598,7 @@ void api_oai_event(servd_api *a, api_event *ev) {
   if (ev->cached_tokens > 0) g->cached_tokens = ev->cached_tokens;
   api_hist_observe(&am->e2e, (double)(ev->t_ns - o->t_start) / 1e9);
   api_vllm_finished(a, am, ev, (double)(ev->t_ns - o->t_start) / 1e9, o->gp.max_tokens);
+  api_trace_finished(a, am, &o->trace, ev, o->t_start, g->t_submit, g->t_first, o->gp.max_tokens);
   if (g->r) a->ops->release(g->r);
   g->r = NULL;
   gen_unlink(a, g);
@@ -982,7 +983,7 @@ static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, b
   if (!jm || json_is_null(jm)) {
     int n = 0;
     for (api_model *x = a->models; x; x = x->next) {
-      if (x->state != M_UNAVAILABLE) {
+      if (x->state != M_UNAVAILABLE || x->sleep_level) { /* a sleeper is served: the request wakes it */
         am = x;
         n++;
       }
@@ -1004,6 +1005,11 @@ static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, b
     }
   }
   r->model = am->name;
+  char why[256];
+  if (api_sleep_gate(a, am, r, why, sizeof why)) {
+    route_error(r, sink, 503, "server_error", NULL, "service_unavailable", "%s", why);
+    return NULL;
+  }
   if (am->state == M_UNAVAILABLE) {
     route_error(r, sink, 404, "invalid_request_error", "model", "model_not_found", "The model `%s` is not loaded.",
                 am->name);
@@ -1071,6 +1077,7 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   o->mode = mode;
   o->arena = arena;
   o->t_start = r->start_ns;
+  if (a->tracer) api_trace_ctx_init(&o->trace, servd_http_header_get(r, "traceparent"), r->request_id);
   o->created = (int64_t)time(NULL);
   o->model_name = servd_arena_strdup(arena, lora ? lora : am->name); /* an adapter answers by its name */
   make_id(a,

@@ -59,6 +59,11 @@ const api_route api_routes[] = {
     {API_POST, "/v2/repository/models/{model}/unload", "/v2/repository/models/{model}/unload", 0,
      api_repository_unload},
 
+    /* Sleep and wake (vLLM's admin endpoints, behind the API key): sleep.c. */
+    {API_POST, "/sleep", "/sleep", 0, api_sleep},
+    {API_POST, "/wake_up", "/wake_up", 0, api_wake_up},
+    {API_GET, "/is_sleeping", "/is_sleeping", 0, api_is_sleeping},
+
     {API_GET, "/metrics", "/metrics", API_ROUTE_METRICS, api_metrics},
     {API_GET, "/version", "/version", API_ROUTE_PUBLIC, api_version},
 };

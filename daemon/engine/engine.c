@@ -16,6 +16,7 @@
 #include "engine/model_error.h"
 #include "engine/package_checks.h"
 #include "engine/engine_lora.h"
+#include "engine/kv_events.h"
 
 #include <errno.h>
 #include <math.h>
@@ -85,6 +86,7 @@ void servd_model_options_default(servd_model_options *o) {
   o->speculative = speculative_default;
   o->num_speculative_tokens = speculative_tokens_default;
   o->max_loras = servd__max_loras_default();
+  o->kv_events = servd_kv_events_default();
   o->extra_sys_path = servd_py_deps_dir(); /* servd's own Python packages (llguidance), when installed */
 }
 
@@ -214,7 +216,10 @@ static void scheduler_run(servd_model *m) {
   if (src) return;
   for (;;) {
     pthread_mutex_lock(&m->mu);
-    while (!m->quit && !has_work(m)) pthread_cond_wait(&m->wake, &m->mu);
+    while (!m->quit && !has_work(m)) {
+      servd__kv_release_service(m); /* sleep, level 1 (engine_sleep.c) */
+      pthread_cond_wait(&m->wake, &m->mu);
+    }
     if (m->quit && !has_work(m)) {
       pthread_mutex_unlock(&m->mu);
       break;
@@ -443,6 +448,7 @@ static int scheduler_setup(servd_model *m) {
   }
   if ((rc = sched_init(&m->sched, &sc, m->kv[0]))) return rc;
   if ((rc = servd__prefix_tier_open(m))) return rc;
+  if ((rc = servd_kv_events_attach(m->o.kv_events, &m->sched.bm.pc, m->name, m->gpus > 0, &m->kv_events))) return rc;
   if ((rc = servd_spec_init(&m->spec, (servd_spec_mode)m->o.speculative, m->o.num_speculative_tokens))) return rc;
   if ((rc = step_plan_init(&m->plan, m->o.max_seqs))) return rc;
   if ((rc = servd_guides_create(&m->guides))) return rc;
@@ -617,6 +623,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   servd_interp_thread_stop(m->ithread);
   servd_pool_destroy(m->pool);
   servd__prefix_tier_close(m); /* writes what is queued */
+  servd_kv_events_detach(m->kv_events, &m->sched.bm.pc);
   sched_free(&m->sched);
   servd_spec_free(&m->spec);
   step_plan_free(&m->plan);
@@ -686,6 +693,7 @@ void servd_model_get_stats(const servd_model *m, servd_model_stats *s) {
   s->kv_blocks_cached = m->kv_cached;
   s->prefix_cache_queries = m->prefix_queries;
   s->prefix_cache_hits = m->prefix_hits;
+  servd_kv_events_source_stats(m->kv_events, &s->kv_events_queued, &s->kv_events_dropped);
   servd_guides_stats(m->guides, &s->guided_rows, &s->guided_mask_seconds, &s->guided_wait_seconds,
                      &s->guided_sequences);
   bool pending = m->inbox_head || m->n_waiting || m->n_running;

@@ -54,6 +54,9 @@ int servd_engine_quarantined_interpreters(void);
 int servd_model_load(const servd_model_options *o, servd_model **out);
 /* Stops accepting, lets running requests finish until deadline_ms (then cancels them), frees all. */
 void servd_model_unload(servd_model *m, int deadline_ms); /* accepts NULL */
+/* Sleep, level 1: once nothing runs, empties the prefix cache and gives the KV cache's memory back
+ * (engine_sleep.c); the model stays loaded and serves the next request. 0 for other kinds. */
+int servd_model_release_kv(servd_model *m);
 
 const char *servd_model_name(const servd_model *m);
 servd_model_kind servd_model_get_kind(const servd_model *m);

@@ -54,7 +54,7 @@ struct servd_request {
   int n_embedding;
   int lp_next;         /* prompt logprobs: the next prompt position to report (positions before it were) */
   servd_spec_seq spec; /* speculation: this step's drafts, the acceptance so far */
-  lora_adapter *lora;  /* the LoRA adapter it holds (NULL: the base alone), released at its end */
+  lora_adapter *lora;  /* the LoRA adapter it holds (NULL: the base alone), released when it finishes */
 };
 
 struct servd_model {
@@ -121,7 +121,14 @@ struct servd_model {
    * (scheduler thread). */
   servd_embedding_info emb;
   servd_top_logprob lp_top[SERVD_SAMPLER_MAX_TOP];
-  lora_registry loras; /* causal-lm: its LoRA adapters (engine_lora.c) */
+  lora_registry loras;                /* causal-lm: its LoRA adapters (engine_lora.c) */
+  struct kv_events_source *kv_events; /* the prefix cache's events (engine/kv_events.h); NULL: none */
+  /* Sleep level 1 (engine_sleep.c), under mu: asked, done, and its outcome. */
+  int kv_release, kv_release_rc;
+  char kv_release_err[256];
 };
+
+/* On the scheduler thread, holding mu, with nothing to run: a KV release asked for is done here. */
+void servd__kv_release_service(servd_model *m);
 
 #endif

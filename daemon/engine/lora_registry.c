@@ -73,26 +73,28 @@ static uint64_t key_of_hash(const char *h) {
   return hex ? strtoull(hex + 1 + 48, NULL, 16) | 1 : 1;
 }
 
-static int read_weights(lora_registry *g, const char *path, mpk_lora **w) {
+/* Reads only what init fixed (the base), so it may run without the lock. */
+static int read_weights(const lora_registry *g, const char *path, mpk_lora **w) {
   if (g->base_err[0]) return servd_fail(SERVD_EUNSUPPORTED, "LoRA adapter %s: %s", path, g->base_err);
-  int rc = mpk_lora_load(path, &g->base, w);
-  if (rc == 0) g->loads++;
-  return rc;
+  return mpk_lora_load(path, &g->base, w);
 }
 
 int lora_register(lora_registry *g, const char *name, const char *path) {
   if (!name || !name[0] || strlen(name) >= 128 || !path || !path[0])
     return servd_fail(SERVD_EINVAL, "LoRA adapter: expected a name (1 to 127 bytes) and a path");
-  pthread_mutex_lock(&g->mu);
-  int rc = 0;
+  /* Read and checked before taking the lock: the scheduler takes it every step, and a large adapter
+   * takes a while to read. The name is checked again under the lock. */
   mpk_lora *w = NULL;
+  int rc = read_weights(g, path, &w);
+  if (rc) return rc;
+  pthread_mutex_lock(&g->mu);
   lora_adapter *a = NULL;
   if (find(g, name)) {
     rc = servd_fail(SERVD_EINVAL, "LoRA adapter %s: the name is taken (unload it first)", name);
+    mpk_lora_free(w);
     goto out;
   }
-  /* read outside no lock would let two loads of one name race; adapters are small and loads rare */
-  if ((rc = read_weights(g, path, &w))) goto out;
+  g->loads++;
   if (!(a = calloc(1, sizeof *a)) || !(a->name = strdup(name)) || !(a->path = strdup(path))) {
     rc = servd_fail(SERVD_ENOMEM, "LoRA adapter %s", name);
     adapter_free(a);
@@ -148,8 +150,9 @@ int lora_acquire(lora_registry *g, const char *name, lora_adapter **out) {
                       name, g->max_loras);
       goto out;
     }
-    mpk_lora *w;
+    mpk_lora *w; /* an evicted adapter asked for again: read under the lock (rare; see lora_register) */
     if ((rc = read_weights(g, a->path, &w))) goto out;
+    g->loads++;
     set_weights(a, w);
   }
   a->users++;

@@ -16,6 +16,7 @@ typedef enum bucket_state { B_EMPTY, B_FIRST, B_READY, B_OFF } bucket_state;
 
 typedef struct bucket {
   bucket_state state;
+  int64_t lora; /* the LoRA adapter every row of its plans runs (lora_of), 0: none */
   int mismatches;
   servd_plan **plans;   /* [world]: the ready plans, or the first capture */
   servd_plan **pending; /* [world]: this round's captures */
@@ -92,6 +93,14 @@ static int decode_bucket(const servd_plan_cache *c, const servd_forward_batch *b
   return n - 1;
 }
 
+/* The adapter a step's rows all run: 0 (none), its group id (one group over every token), or -1
+ * (several adapters, or some rows without: never captured, since such groups change step by step). */
+static int64_t lora_of(const servd_forward_batch *b) {
+  if (b->n_lora == 0) return 0;
+  if (b->n_lora == 1 && b->lora[0].first == 0 && b->lora[0].n == b->n_tokens) return b->lora[0].id;
+  return -1;
+}
+
 /* Drops every ready plan (but bucket `skip`'s) whose buffers moved: plans of a batch size that does
  * not come again would otherwise keep the model's old buffers alive. */
 static void drop_stale(servd_plan_cache *c, const servd_forward_batch *b, int skip) {
@@ -116,12 +125,17 @@ static void drop_stale(servd_plan_cache *c, const servd_forward_batch *b, int sk
 servd_plan_action servd_plan_cache_decide(servd_plan_cache *c, const servd_forward_batch *b) {
   if (!c) return SERVD_PLAN_EAGER;
   c->current = -1;
-  if (b->n_lora > 0) return SERVD_PLAN_EAGER; /* adapter groups change every step: never captured */
-  int bi = decode_bucket(c, b);
+  int64_t lora = lora_of(b);
+  int bi = lora < 0 ? -1 : decode_bucket(c, b);
   if (bi < 0) return SERVD_PLAN_EAGER;
   bucket *k = &c->buckets[bi];
   if (k->state == B_OFF) return SERVD_PLAN_EAGER;
   c->current = bi;
+  if (k->state != B_EMPTY && k->lora != lora) { /* another adapter now: its plan is another (not a mismatch) */
+    drop(c, k, k->plans);
+    k->state = B_EMPTY;
+  }
+  if (k->state == B_EMPTY) k->lora = lora;
   if (k->state == B_READY) {
     char why[256] = "";
     servd_forward_batch mine = *b;

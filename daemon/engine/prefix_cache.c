@@ -135,6 +135,7 @@ int prefix_cache_match(const servd_prefix_cache *pc, uint64_t key, const int32_t
       c.n++;
       c.hash = h;
       c.serial = pc->serial[e];
+      c.id = e;
     }
   }
   if (chain) *chain = c;
@@ -161,11 +162,26 @@ int prefix_cache_alloc(servd_prefix_cache *pc, int n, int32_t *ids) {
   for (int k = free_now; k < n; k++) {
     int32_t b = pc->lru_head;
     lru_unlink(pc, b);
+    if (pc->events) pc->events->removed(pc->events_ud, b);
     unregister(pc, b);
     servd_kv_cache_free(pc->kv, 1, &b); /* the cache's reference was the last */
     pc->evictions++;
   }
   return servd_kv_cache_alloc(pc->kv, n, ids);
+}
+
+int prefix_cache_clear(servd_prefix_cache *pc) {
+  int n = 0;
+  while (pc->lru_head >= 0) {
+    int32_t b = pc->lru_head;
+    lru_unlink(pc, b);
+    if (pc->events) pc->events->removed(pc->events_ud, b);
+    unregister(pc, b);
+    servd_kv_cache_free(pc->kv, 1, &b);
+    pc->evictions++;
+    n++;
+  }
+  return n;
 }
 
 void prefix_cache_release(servd_prefix_cache *pc, int n, const int32_t *ids) {
@@ -201,8 +217,13 @@ void prefix_cache_register(servd_prefix_cache *pc, uint64_t key, prefix_chain *c
     pc->chain_next[e] = pc->bucket[bk];
     pc->bucket[bk] = e;
     pc->n_cached++;
+    /* A parent evicted since the chain passed it leaves this entry unreachable: nobody is told. */
+    bool reachable = !chain->serial || pc->serial[chain->id] == chain->serial;
+    if (pc->events && reachable)
+      pc->events->stored(pc->events_ud, e, chain->serial ? chain->id : -1, tokens, pc->block_size);
   }
   chain->n++;
   chain->hash = h;
   chain->serial = e >= 0 ? pc->serial[e] : PREFIX_CHAIN_BROKEN;
+  chain->id = e;
 }

@@ -33,12 +33,22 @@ typedef struct prefix_chain {
   int n;           /* full blocks registered (or found) from the start */
   uint64_t hash;   /* chain hash of the last one */
   uint64_t serial; /* serial of the entry holding the last one's content (0: none yet) */
+  int32_t id;      /* that entry's block (meaningful when serial is neither 0 nor broken) */
 } prefix_chain;
 
 /* chain.serial of a chain with a block that could not be registered: what follows is not either. */
 #define PREFIX_CHAIN_BROKEN UINT64_MAX
 
 typedef uint64_t (*prefix_hash_fn)(uint64_t parent, const int32_t *tokens, int n, uint64_t key);
+
+/* Who is told when a block enters or leaves the cache (KV-cache events, kv_events.h), on the
+ * scheduler's thread, inside the call that changes the cache: keep them short. stored: block id now
+ * holds tokens[0, block_size) after block parent (-1: first block of its chain). removed: id's entry
+ * is gone (evicted for reuse), told for every id, stored or not. */
+typedef struct prefix_cache_events {
+  void (*stored)(void *ud, int32_t id, int32_t parent, const int32_t *tokens, int block_size);
+  void (*removed)(void *ud, int32_t id);
+} prefix_cache_events;
 
 typedef struct servd_prefix_cache {
   servd_kv_cache *kv; /* the allocator; borrowed */
@@ -61,6 +71,8 @@ typedef struct servd_prefix_cache {
 
   /* Counters (tokens): looked up at admission, and found. Evicted blocks. */
   uint64_t queries, hits, evictions;
+  const prefix_cache_events *events; /* NULL: nobody listens */
+  void *events_ud;
 } servd_prefix_cache;
 
 /* Sized for kv's blocks; kv borrowed (must outlive pc). 0 or SERVD_ENOMEM. */
@@ -87,6 +99,8 @@ int prefix_cache_alloc(servd_prefix_cache *pc, int n, int32_t *ids);
 /* Drops a sequence's reference on each of its n blocks. Cached blocks nobody else holds become
  * evictable, the last block first in line, so a shared beginning outlives its tails. */
 void prefix_cache_release(servd_prefix_cache *pc, int n, const int32_t *ids);
+/* Evicts every cached block nobody holds (each told as removed); returns how many. */
+int prefix_cache_clear(servd_prefix_cache *pc);
 /* Registers block id, whose K/V for tokens[0, block_size) are computed, as the next full block of
  * chain (advanced: n, hash, serial). When an equal entry exists (the same prefix computed twice at
  * once) the block is not registered and chain follows that entry. No-op when disabled. */

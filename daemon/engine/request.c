@@ -19,7 +19,7 @@ void request_unref(servd_request *r) {
   free(r->guide.grammar);
   free(r->pool.sum);
   free(r->embedding);
-  if (r->lora) lora_release(&r->m->loras, r->lora);
+  if (r->lora) lora_release(&r->m->loras, r->lora); /* a submit that failed (the model is loaded) */
   pthread_mutex_destroy(&r->cb_mu);
   free(r);
 }
@@ -87,6 +87,8 @@ void request_finish_ex(servd_model *m, servd_request *r, const char *reason, int
   }
   phase_times(r, &ev);
   sched_remove(&m->sched, &r->seq);
+  lora_release(&m->loras, r->lora); /* before the final event: whoever sees it may evict the adapter */
+  r->lora = NULL;
   if (!error_code && !r->seq.embed && r->n_generated > 0) servd_spec_remember(&m->spec, r->seq.tokens, r->seq.n_tokens);
   servd_guide_end(m, r);
   /* Stats first: whoever sees the final event sees the freed blocks and counts. */

@@ -111,6 +111,9 @@ typedef struct servd_model_options {
    * prefix_cache_dir_mb (0: 4096). Appended. */
   const char *prefix_cache_dir;
   int prefix_cache_dir_mb;
+  /* Causal-lm: KV-cache events (engine/kv_events.h): the prefix cache's blocks published there;
+   * NULL: none. Borrowed: outlives the model. Appended. */
+  struct servd_kv_events *kv_events;
 } servd_model_options;
 
 #define SERVD_DEFAULT_MAX_LORAS 4
@@ -311,6 +314,8 @@ typedef struct servd_model_stats {
   bool prefix_disk;
   uint64_t prefix_disk_written, prefix_disk_bytes_written, prefix_disk_read, prefix_disk_rejected;
   uint64_t prefix_disk_evicted, prefix_disk_dropped, prefix_disk_files, prefix_disk_bytes;
+  /* Appended: KV-cache events queued for the publisher, and dropped because its queue was full. */
+  uint64_t kv_events_queued, kv_events_dropped;
 } servd_model_stats;
 
 #endif

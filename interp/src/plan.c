@@ -261,6 +261,10 @@ int plan__run_node(servd_plan *p, const plan_node *n) {
   case SERVD_OP_add_rmsnorm: return servd_op__add_rmsnorm(n->t[0], n->t[1], n->t[2], n->t[3], n->fval);
   case SERVD_OP_matmul_many:
     return servd_op__matmul_many(n->ival[0], &n->t[1], n->t[0], (const servd_tensor *const *)&n->t[1 + n->ival[0]]);
+  case SERVD_OP_lora_sgmv: {
+    const servd_lora_seg seg = {n->lval, n->ival[1], n->ival[2] ? n->t[2] : NULL, n->fval};
+    return servd_op__lora_sgmv(n->t[0], n->t[1], n->ival[0], &seg);
+  }
   default: return servd_fail(SERVD_EINVAL, "plan: no executor for op %s", op_names[n->op]);
   }
 }

@@ -91,8 +91,26 @@ static void refuse(const char *what) {
   if (plan__rec) plan__rec_refuse(plan__rec, "%s", what);
 }
 
+/* One segment (a decode step whose rows all run one adapter; the engine captures no other) is a node:
+ * out, x and the segment's ab (when the adapter has this projection), its rows and scale. */
 int servd_plan__lora_sgmv(servd_tensor *out, const servd_tensor *x, int n_segs, const servd_lora_seg *segs) {
-  refuse("LoRA adapters (their row groups change every step)");
+  if (n_segs > 1) {
+    refuse("LoRA segments of several adapters in one step");
+  } else {
+    plan_node *n = rec_begin(SERVD_OP_lora_sgmv);
+    if (n) {
+      plan__rec_tensor(plan__rec, n, out);
+      plan__rec_tensor(plan__rec, n, x);
+      n->ival[0] = n_segs;
+      if (n_segs == 1) {
+        n->lval = segs[0].first;
+        n->ival[1] = (int)segs[0].n;
+        n->fval = segs[0].scale;
+        n->ival[2] = segs[0].ab != NULL;
+        if (segs[0].ab) plan__rec_tensor(plan__rec, n, segs[0].ab);
+      }
+    }
+  }
   return servd_op__lora_sgmv(out, x, n_segs, segs);
 }
 

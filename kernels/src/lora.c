@@ -102,6 +102,25 @@ static void rows_task(void *ctx, int64_t begin, int64_t end, int thread) {
   }
 }
 
+/* Few rows, first pass: items are (listed row, block of 4 rank components); each t[j] is its own dot
+ * product, so the split changes no bit. */
+#define LORA_DOWN_BLOCK 4
+static void down_task(void *ctx, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  const lora_job *j = ctx;
+  const int64_t per = LORA_MAX_RANK / LORA_DOWN_BLOCK;
+  for (int64_t it = begin; it < end; it++) {
+    int64_t l = it / per, j0 = (it % per) * LORA_DOWN_BLOCK;
+    const servd_lora_seg *s = &j->segs[j->seg_of[l]];
+    int64_t r = s->ab->shape[0], ld = ld_of(s->ab), j1 = j0 + LORA_DOWN_BLOCK < r ? j0 + LORA_DOWN_BLOCK : r;
+    if (j0 >= r) continue;
+    size_t esz = s->ab->dtype == SERVD_F16 ? 2 : 4;
+    j->down((float *)j->t + l * LORA_MAX_RANK + j0, (const float *)(j->x.data + j->row_of[l] * j->x.stride),
+            (const char *)servd_tensor_data(s->ab) + (size_t)(j0 * ld) * esz, s->ab->dtype, j1 - j0, j->k, ld,
+            s->scale);
+  }
+}
+
 static void cols_task(void *ctx, int64_t begin, int64_t end, int thread) {
   (void)thread;
   const lora_job *j = ctx;
@@ -115,7 +134,7 @@ static void cols_task(void *ctx, int64_t begin, int64_t end, int thread) {
 }
 
 /* Multiply-adds below which a call stays on the caller thread (a pool round trip costs about as much). */
-#define LORA_SERIAL_WORK (1 << 17)
+#define LORA_SERIAL_WORK (1 << 14)
 /* Rows up to which B's columns are split rather than the rows. */
 #define LORA_COL_SPLIT_ROWS 8
 
@@ -208,16 +227,13 @@ int servd_lora_sgmv(servd_tensor *out, const servd_tensor *x, int n_segs, const 
     int64_t row_of[LORA_COL_SPLIT_ROWS];
     for (int i = 0; i < n_segs; i++)
       for (int64_t r = 0; segs[i].ab && r < segs[i].n; r++, j.n_listed++) {
-        const servd_lora_seg *s = &segs[i];
-        int64_t row = s->first + r;
         seg_of[j.n_listed] = i;
-        row_of[j.n_listed] = row;
-        j.down(t + j.n_listed * LORA_MAX_RANK, (const float *)(j.x.data + row * j.x.stride), servd_tensor_data(s->ab),
-               s->ab->dtype, s->ab->shape[0], j.k, ld_of(s->ab), s->scale);
+        row_of[j.n_listed] = segs[i].first + r;
       }
     j.t = t;
     j.seg_of = seg_of;
     j.row_of = row_of;
+    servd_parallel_for(j.n_listed * (LORA_MAX_RANK / LORA_DOWN_BLOCK), 4, down_task, &j);
     int64_t chunks = (j.o.cols + LORA_COL_ALIGN - 1) / LORA_COL_ALIGN;
     servd_parallel_for(chunks, 2, cols_task, &j);
   }

@@ -104,10 +104,10 @@ for label, f in (("32 streams, 4 adapters: output tok/s", lambda m, k: s32(m, k)
     base = [f("base", k) for k in range(1, rounds + 1)]
     lora = [f("lora", k) for k in range(1, rounds + 1)]
     ratios = [l / b for l, b in zip(lora, base)]
-    rows.append((label, statistics.median(base), statistics.median(lora), statistics.median(ratios)))
-print(f"{'workload':<40}{'base':>10}{'LoRA':>10}{'LoRA/base':>11}")
-for label, b, l, r in rows:
-    print(f"{label:<40}{b:>10.2f}{l:>10.2f}{r:>11.3f}")
+    rows.append((label, statistics.median(base), statistics.median(lora), statistics.median(ratios), ratios))
+print(f"{'workload':<40}{'base':>10}{'LoRA':>10}{'LoRA/base':>11}   per round")
+for label, b, l, r, rs in rows:
+    print(f"{label:<40}{b:>10.2f}{l:>10.2f}{r:>11.3f}   {' '.join(f'{x:.2f}' for x in rs)}")
 failed = sum(s32(m, k)[1] for m in ("base", "lora") for k in range(1, rounds + 1))
 failed += sum(load(f"b1-{m}-{k}")["failed"] for m in ("base", "lora") for k in range(1, rounds + 1))
 if failed:

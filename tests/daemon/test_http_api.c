@@ -860,6 +860,72 @@ static bool hex32(const char *v) {
   return true;
 }
 
+/* vLLM's sleep mode over the fake engine: level 2 unloads (a request then gets 503 with Retry-After
+ * and starts the reload), level 1 wakes on the next request, the refusals name what is wrong, and
+ * the routes need the API key. */
+static int sleep_level_of(const char *model) {
+  int s;
+  json_t *j = get_json(open_srv.port, "/is_sleeping", &s);
+  assert_int_equal(s, 200);
+  int level = (int)json_integer_value(json_object_get(json_object_get(json_object_get(j, "models"), model), "level"));
+  json_decref(j);
+  return level;
+}
+
+static void test_sleep_routes(void **st) {
+  (void)st;
+  int s;
+  json_t *j = post_json(open_srv.port, "/v2/repository/models/extra/load", "", &s, NULL);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  j = post_json(open_srv.port, "/sleep?level=2&model=extra", "", &s, NULL);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  assert_int_equal(sleep_level_of("extra"), 2);
+  tc_resp r;
+  j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"extra\",\"prompt\":\"x\",\"max_tokens\":1}", &s, &r);
+  assert_int_equal(s, 503);
+  assert_non_null(strstr(r.headers, "Retry-After: 2"));
+  tc_resp_free(&r);
+  json_decref(j);
+  for (int i = 0; i < 500 && s != 200; i++) {
+    usleep(10000);
+    json_decref(post_json(open_srv.port, "/v1/completions", "{\"model\":\"extra\",\"prompt\":\"x\",\"max_tokens\":1}",
+                          &s, NULL));
+  }
+  assert_int_equal(s, 200);
+  assert_int_equal(sleep_level_of("extra"), 0);
+
+  j = post_json(open_srv.port, "/sleep", "", &s, NULL); /* level 1, every language model */
+  assert_int_equal(s, 200);
+  json_decref(j);
+  assert_int_equal(sleep_level_of("lm"), 1);
+  assert_int_equal(sleep_level_of("gen"), 0);
+  j = post_json(open_srv.port, "/v1/completions", "{\"model\":\"lm\",\"prompt\":\"x\",\"max_tokens\":1}", &s, NULL);
+  assert_int_equal(s, 200); /* level 1 wakes at once */
+  json_decref(j);
+  assert_int_equal(sleep_level_of("lm"), 0);
+
+  j = post_json(open_srv.port, "/sleep?level=3", "", &s, NULL);
+  assert_int_equal(s, 400);
+  json_decref(j);
+  j = post_json(open_srv.port, "/sleep?model=nothere", "", &s, NULL);
+  assert_int_equal(s, 404);
+  json_decref(j);
+  j = post_json(open_srv.port, "/sleep?level=1&model=gen", "", &s, NULL);
+  assert_int_equal(s, 400); /* no KV cache to free */
+  json_decref(j);
+  j = post_json(open_srv.port, "/wake_up", "", &s, NULL);
+  assert_int_equal(s, 200);
+  json_decref(j);
+  for (int i = 0; i < 3; i++) {
+    static const char *const paths[] = {"/sleep", "/wake_up", "/is_sleeping"};
+    tc_resp a = tc_request(auth_srv.port, i == 2 ? "GET" : "POST", paths[i], NULL, NULL);
+    assert_int_equal(a.status, 401);
+    tc_resp_free(&a);
+  }
+}
+
 static void test_request_id(void **st) {
   (void)st;
   tc_resp r = tc_request(open_srv.port, "GET", "/v2/health/live", "X-Request-Id: trace-42/a.b\r\n", NULL);
@@ -1225,6 +1291,7 @@ int main(void) {
       cmocka_unit_test(test_route_table),
       cmocka_unit_test(test_metrics_vllm),
       cmocka_unit_test(test_request_id),
+      cmocka_unit_test(test_sleep_routes),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -4,6 +4,8 @@ Ollama routes, /v1/models lists them with `parent`, `--max-loras` evicts idle on
 first (and reads them again when asked), load/unload under traffic loses no request, prompts sharing
 a beginning under different adapters never share cached KV blocks, vllm:lora_requests_info.
 
+gRPC's ModelInfer takes an adapter's name as its model too (when tritonclient is installed).
+
 Greedy text of each adapter equals the float64 reference with merged weights (tests/llama's
 llama_ref.py and lora_adapters.py), detokenized by the server.
 """
@@ -208,4 +210,41 @@ r = subprocess.run([a.servd, "--host", "127.0.0.1", "--port", "0", "--model", f"
 check(r.returncode != 0 and "applies no LoRA adapters" in r.stderr,
       f"model code without adapters: --lora refused: {r.returncode} {r.stderr[-300:]}")
 print("ok   a package whose model code applies no adapters refuses them")
+
+# gRPC (KServe v2, TensorRT-LLM's inputs): a model name that is an adapter generates with it.
+try:
+    import numpy as np
+    import tritonclient.grpc as tc
+    sys.path.insert(0, os.path.join(HERE, "..", "grpc"))
+    from grpc_start import start
+except ImportError as e:
+    print(f"note: {e.name} missing: the gRPC check is skipped\nall LoRA serving checks passed")
+    sys.exit(0)
+s, gport = start(a, ["--model", f"{pkg}:tiny", "--lora", f"a1={ad['a1']}"])
+s.wait_ready(120)
+c = tc.InferenceServerClient(f"127.0.0.1:{gport}")
+
+
+def grpc_text(model):
+    txt = tc.InferInput("text_input", [1], "BYTES")
+    txt.set_data_from_numpy(np.array([PROMPT.encode()], dtype=object))
+    mt = tc.InferInput("max_tokens", [1], "INT32")
+    mt.set_data_from_numpy(np.array([N], dtype=np.int32))
+    t = tc.InferInput("temperature", [1], "FP32")
+    t.set_data_from_numpy(np.array([0.0], dtype=np.float32))
+    r = c.infer(model, [txt, mt, t])
+    return b"".join(r.as_numpy("text_output").ravel()).decode("utf-8", "replace")
+
+
+def http_text(model):
+    st, r = s.json("POST", "/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": N, "temperature": 0})
+    check(st == 200, f"completion {model}: {st} {r}")
+    return r["choices"][0]["text"]
+
+
+g1, gb = grpc_text("a1"), grpc_text("tiny")
+check(g1 == http_text("a1") and gb == http_text("tiny") and g1 != gb,
+      f"gRPC ModelInfer with a1 equals /v1/completions with a1 and differs from the base: {g1!r} {gb!r}")
+s.stop()
+print("ok   gRPC ModelInfer picks the adapter by model name")
 print("all LoRA serving checks passed")

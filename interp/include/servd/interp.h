@@ -131,7 +131,8 @@ typedef struct servd_forward_batch {
    * order (a plan capture's, servd/plan.h); NULL: the model gets fresh copies of the arrays. */
   servd_tensor *host_inputs[4];
   /* Appended: LoRA adapter groups in row order (batch.lora in Python); rows outside every group run
-   * the base alone. A step with groups is never captured as a plan (the groups change each step). */
+   * the base alone. Only a decode step with one group over every row is captured as a plan (keyed by
+   * the group's id: daemon/engine/plan_cache.c); groups that mix adapters change step by step. */
   int n_lora;
   const servd_lora_group *lora;
 } servd_forward_batch;

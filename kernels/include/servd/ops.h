@@ -193,6 +193,9 @@ SERVD_API int servd_kv_cache_ref(servd_kv_cache *c, int n, const int32_t *ids);
 SERVD_API int servd_kv_cache_refcount(const servd_kv_cache *c, int32_t id);
 /* Drops one reference of each of n blocks; ids that are free or unknown are ignored. */
 SERVD_API void servd_kv_cache_free(servd_kv_cache *c, int n, const int32_t *ids);
+/* Gives the K/V memory back to the system while no block is held (SERVD_EBUSY otherwise): the cache
+ * stays usable, its pages come back zeroed as they are written. A blocks-only cache: nothing to do. */
+SERVD_API int servd_kv_cache_discard(servd_kv_cache *c);
 
 /* Writes k, v (t, n_kv_heads*head_dim) f32 of layer into slots i32 (t) (slot = block*block_size+off). */
 SERVD_API int servd_kv_write(servd_kv_cache *c, int layer, const servd_tensor *k, const servd_tensor *v,
