@@ -16,6 +16,13 @@ static inline void cvt16(__m128i x, __m256 *lo, __m256 *hi) {
   *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)));
 }
 
+/* The same from memory: each half sign-extended straight from its 8 bytes (no shuffle for the high
+ * half), what q8_0's codes allow. */
+static inline void cvt16_at(const void *p, __m256 *lo, __m256 *hi) {
+  *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+  *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const char *)p + 8))));
+}
+
 /* Codes of keys [off, off+16) of one K dim row, as int8 (q4_0: nibble - 8). */
 static inline __m128i key_codes(const uint8_t *row, servd_dtype kt, int off) {
   if (kt == SERVD_Q8_0) return _mm_loadu_si128((const __m128i *)(row + off));
@@ -64,7 +71,8 @@ static inline __attribute__((always_inline)) void scores_block(int NQ, float *ou
       if (pf && (size_t)d < lines) _mm_prefetch(pf + (size_t)d * 64, _MM_HINT_T0); /* the run, a line per dim */
       const uint8_t *row = codes + (size_t)d * krow;
       __m256 k0, k1;
-      cvt16(fast ? key_codes(row, kt, off) : key_codes_slow(row, kt, off, n), &k0, &k1);
+      if (fast && kt == SERVD_Q8_0) cvt16_at(row + off, &k0, &k1);
+      else cvt16(fast ? key_codes(row, kt, off) : key_codes_slow(row, kt, off, n), &k0, &k1);
       for (int i = 0; i < NQ; i++) {
         __m256 qd = _mm256_set1_ps(q[i][d]);
         t0[i] = _mm256_fmadd_ps(qd, k0, t0[i]);
@@ -127,7 +135,8 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
     const char *blk = rows + (size_t)j * vrow + at;
     if (pf) _mm_prefetch(pf + (size_t)j * vrow + at, _MM_HINT_T0); /* this block's line in the later run */
     __m256 v0, v1;
-    cvt16(value_codes(blk, vt, d % 32), &v0, &v1);
+    if (vt == SERVD_Q8_0) cvt16_at(((const servd_block_q8_0 *)blk)->qs + d % 32, &v0, &v1);
+    else cvt16(value_codes(blk, vt, d % 32), &v0, &v1);
     for (int i = 0; i < NQ; i++) {
       __m256 pj = _mm256_broadcast_ss(p + (size_t)i * (size_t)ld + (size_t)j);
       a0[i] = _mm256_fmadd_ps(pj, v0, a0[i]);
