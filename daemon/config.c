@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "lora_spec.h"
 #include "engine/speculate.h"
 #include "servd/status.h"
 
@@ -56,6 +57,8 @@ void servd_config_free(servd_config *c) {
     free(c->models[i].name);
   }
   free(c->models);
+  for (int i = 0; i < c->n_loras; i++) free(c->loras[i]);
+  free(c->loras);
   memset(c, 0, sizeof(*c));
 }
 
@@ -73,6 +76,18 @@ static int add_repository(servd_config *c, const char *dir) {
   c->repository = r;
   if (!(r[c->n_repository] = strdup(dir))) return servd_fail(SERVD_ENOMEM, "config: out of memory");
   c->n_repository++;
+  return 0;
+}
+
+static int add_lora(servd_config *c, const char *spec) {
+  servd_lora_spec parsed;
+  int rc = servd_lora_spec_parse(spec, &parsed);
+  if (rc) return rc;
+  char **l = realloc(c->loras, (size_t)(c->n_loras + 1) * sizeof(char *));
+  if (!l) return servd_fail(SERVD_ENOMEM, "config: out of memory");
+  c->loras = l;
+  if (!(l[c->n_loras] = strdup(spec))) return servd_fail(SERVD_ENOMEM, "config: out of memory");
+  c->n_loras++;
   return 0;
 }
 
@@ -487,6 +502,10 @@ void servd_config_usage(FILE *f) {
         "                          recent requests, as many as the step's cost model says pay), off, ngram\n"
         "                          (own text only) or suffix (own text, then recent requests), always drafting\n"
         "  --num-speculative-tokens N  drafts per step and sequence at most (default 8, at most 16)\n"
+        "  --lora NAME=PATH[,base=MODEL]  serve the LoRA adapter at PATH (a PEFT folder, GGUF LoRA or package)\n"
+        "                          as model NAME on MODEL (default: the only language model); repeatable\n"
+        "  --max-loras N           LoRA adapters resident per model (default 4); idle ones beyond are evicted\n"
+        "                          least recently used first and read again when asked for\n"
         "  --max-model-len N       cap each language model's context at N tokens (longer prompts: 400\n"
         "                          context_length_exceeded); the KV cache is sized for it\n"
         "  --metrics-public        serve GET /metrics without the API key (Prometheus scrapers)\n"
@@ -639,6 +658,10 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
       if ((rc = VAL("--num-speculative-tokens")) ||
           (rc = parse_int("--num-speculative-tokens", v, 1, SERVD_SPEC_MAX_DRAFT, &c->num_speculative_tokens)))
         return rc;
+    } else if (flag_is(a, "--lora")) {
+      if ((rc = VAL("--lora")) || (rc = add_lora(c, v))) return rc;
+    } else if (flag_is(a, "--max-loras")) {
+      if ((rc = VAL("--max-loras")) || (rc = parse_int("--max-loras", v, 1, 1024, &c->max_loras))) return rc;
     } else if (flag_is(a, "--max-model-len")) {
       if ((rc = VAL("--max-model-len")) || (rc = parse_int("--max-model-len", v, 1, 1 << 24, &c->max_model_len)))
         return rc;
@@ -734,6 +757,7 @@ void servd_config_model_options(const servd_config *c, int i, servd_model_option
   o->max_step_ms = c->max_step_ms;
   o->speculative = c->speculative;
   o->num_speculative_tokens = c->num_speculative_tokens;
+  if (c->max_loras > 0) o->max_loras = c->max_loras;
   if (c->max_model_len > 0) o->max_context = c->max_model_len; /* as servd generate --max-context */
   o->trusted_keys = c->trusted_keys;
   o->load_timeout_s = c->load_timeout_s;

@@ -61,6 +61,9 @@ typedef struct servd_config {
   int n_repository;
   servd_model_config *models;
   int n_models;
+  char **loras; /* --lora NAME=PATH[,base=MODEL] specs (lora_spec.h), registered once their base loads */
+  int n_loras;
+  int max_loras; /* LoRA adapters resident per language model (--max-loras); 0: the engine's default */
 } servd_config;
 
 void servd_config_init(servd_config *c);

@@ -11,6 +11,7 @@
 #include "api/api.h"
 #include "components.h"
 #include "config.h"
+#include "lora_spec.h"
 #include "trust.h"
 #include "package_cache.h"
 #include "http/server.h"
@@ -250,6 +251,20 @@ static void on_signal(uv_signal_t *h, int signum) {
   begin_drain(s, strsignal(signum));
 }
 
+/* servd --lora: every adapter on its base, once the models given at startup have loaded. */
+static int register_loras(server *s) {
+  for (int i = 0; i < s->cfg.n_loras; i++) {
+    servd_lora_spec sp;
+    char msg[1024] = "";
+    if (servd_lora_spec_parse(s->cfg.loras[i], &sp) != 0) snprintf(msg, sizeof msg, "%s", servd_last_error());
+    if (msg[0] || servd_api_lora_load(s->api, sp.base, sp.name, sp.path, msg, sizeof msg) != 200) {
+      fprintf(stderr, "servd: startup failed: --lora %s: %s\n", s->cfg.loras[i], msg);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 static void on_model_loaded(void *ud, const char *name, int rc, const char *msg) {
   server *s = ud;
   if (rc != 0 && !s->startup_done) {
@@ -259,6 +274,11 @@ static void on_model_loaded(void *ud, const char *name, int rc, const char *msg)
     return;
   }
   if (!s->startup_done && servd_api_models_loading(s->api) == 0) {
+    if (register_loras(s) != 0) {
+      s->exit_code = 1;
+      begin_drain(s, "startup failure");
+      return;
+    }
     s->startup_done = true;
     fprintf(stderr, "servd: all models loaded; ready\n");
   }

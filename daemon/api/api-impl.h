@@ -183,6 +183,10 @@ struct servd_api {
 
 /* ---- models ---- */
 api_model *api_model_find(servd_api *a, const char *name);
+/* api_model_find, or the serving language model that has a LoRA adapter of that name: then *lora is
+ * name (else NULL). lora may be NULL when the caller does not pass adapters on (its route serves
+ * the base's own data). */
+api_model *api_model_resolve(servd_api *a, const char *name, const char **lora);
 bool api_model_ready(servd_api *a, api_model *am);
 void api_model_release_ref(servd_api *a, api_model *am); /* inflight-- and continue a pending unload */
 bool api_all_ready(servd_api *a);
@@ -214,6 +218,11 @@ void api_vllm_token(api_model *am, bool first, double secs);
 void api_vllm_finished(servd_api *a, api_model *am, const api_event *ev, double e2e_s, int max_tokens);
 /* Appends the vllm: families; st holds the stats of the live models (READY or UNLOADING) in order. */
 void api_metrics_vllm(servd_api *a, servd_buf *b, const servd_model_stats *st);
+/* lora.c: the adapters of a language model as /v1/models rows (appended to data), one of them by
+ * name (NULL: none), and vllm:lora_requests_info */
+void api_lora_model_entries(servd_api *a, api_model *am, json_t *data);
+json_t *api_lora_model_entry(servd_api *a, api_model *am, const char *name);
+void api_lora_metrics(servd_api *a, servd_buf *b);
 void api_infer_init(api_infer_stats *s);
 /* A generic model's prediction ended (ok or not), secs after it was accepted. */
 void api_infer_done(api_model *am, bool ok, double secs);

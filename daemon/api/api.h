@@ -55,6 +55,9 @@ void servd_api_set_server(servd_api *a, servd_http_server *s);
 
 /* Starts loading a model on a worker thread; it serves once loaded (503 until then). o is copied. */
 int servd_api_load_model(servd_api *a, const servd_model_options *o);
+/* Registers the LoRA adapter at path as name on the language model base (NULL or "": the only one
+ * served); the adapter is read and checked now. Returns an HTTP status (200, or 400 with msg). */
+int servd_api_lora_load(servd_api *a, const char *base, const char *name, const char *path, char *msg, size_t cap);
 /* Serves an already loaded model (tests, embedding). The api takes ownership of m. */
 int servd_api_add_model(servd_api *a, servd_model *m);
 int servd_api_models_loading(const servd_api *a);

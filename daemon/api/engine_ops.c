@@ -29,4 +29,8 @@ const servd_model_ops servd_engine_model_ops = {
     .vocab_size = servd_model_vocab_size,
     .embedding_info = servd_model_embedding_info,
     .interpreter_namespaces_free = servd_interp_namespaces_free,
+    .lora_load = servd_model_lora_load,
+    .lora_unload = servd_model_lora_unload,
+    .has_lora = servd_model_has_lora,
+    .lora_list = servd_model_lora_list,
 };

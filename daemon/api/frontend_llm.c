@@ -24,6 +24,7 @@ struct servd_api_generation {
   void *ud;
   char *prompt;
   size_t prompt_len;
+  char lora[128]; /* the LoRA adapter the model name meant ("": none); gp.lora points here */
   int32_t *ids;
   int n_ids;
   servd_gen_params gp;
@@ -67,12 +68,12 @@ static void finish(servd_api_generation *x, int status, const char *message, con
 }
 
 bool servd_api_is_language_model(servd_api *a, const char *name) {
-  api_model *am = name && name[0] ? api_model_find(a, name) : NULL;
+  api_model *am = name && name[0] ? api_model_resolve(a, name, NULL) : NULL;
   return am && am->m && am->state == M_READY && a->ops->kind(am->m) == SERVD_MODEL_CAUSAL_LM;
 }
 
 void servd_api_generate_defaults(servd_api *a, const char *model, servd_gen_params *gp) {
-  api_model *am = model && model[0] ? api_model_find(a, model) : NULL;
+  api_model *am = model && model[0] ? api_model_resolve(a, model, NULL) : NULL;
   if (am && am->m && am->state == M_READY && a->ops->model_gen_params_default)
     a->ops->model_gen_params_default(am->m, gp);
   else a->ops->gen_params_default(gp);
@@ -189,7 +190,8 @@ int servd_api_generate(servd_api *a, const char *model, const char *version, con
                        size_t cap) {
   *out = NULL;
   msg[0] = '\0';
-  api_model *am = model && model[0] ? api_model_find(a, model) : NULL;
+  const char *lora = NULL;
+  api_model *am = model && model[0] ? api_model_resolve(a, model, &lora) : NULL;
   if (!am || (version && version[0] && strcmp(version, API_MODEL_VERSION) != 0)) {
     snprintf(msg, cap, "model '%s' (version '%s') is not served here", model ? model : "", version ? version : "");
     return 404;
@@ -210,6 +212,8 @@ int servd_api_generate(servd_api *a, const char *model, const char *version, con
   x->gp.n_stop = 0;
   x->gp.stop_token_ids = NULL;
   x->gp.n_stop_token_ids = 0;
+  snprintf(x->lora, sizeof x->lora, "%s", lora ? lora : "");
+  x->gp.lora = x->lora[0] ? x->lora : NULL;
   if (gp->n_stop > 0) {
     if (!(x->stop = calloc((size_t)gp->n_stop, sizeof *x->stop))) goto oom;
     for (; x->gp.n_stop < gp->n_stop; x->gp.n_stop++)

@@ -17,6 +17,9 @@ void api_oai_completions(servd_api *a, servd_http_req *r, const api_route_args *
 void api_oai_chat_completions(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_oai_models(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_oai_model(servd_api *a, servd_http_req *r, const api_route_args *args);
+/* lora.c: vLLM's runtime LoRA adapter routes */
+void api_oai_load_lora(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_oai_unload_lora(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_oai_tokenize(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_oai_detokenize(servd_api *a, servd_http_req *r, const api_route_args *args);
 

@@ -209,6 +209,7 @@ void api_metrics(servd_api *a, servd_http_req *r, const api_route_args *args) {
   servd_buf_printf(&b, "servd_api_requests_in_flight %d\n", servd_api_inflight(a));
   api_metrics_generic(a, &b);
   api_metrics_vllm(a, &b, st);
+  api_lora_metrics(a, &b);
   free(st);
   if (b.oom) api_kserve_error(r, 500, "out of memory");
   else servd_http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.data, b.len);

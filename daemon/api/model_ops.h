@@ -45,6 +45,12 @@ typedef struct servd_model_ops {
   /* Appended; NULL: no limit known (metrics and readiness leave it out). servd_interp_namespaces_free:
    * the interpreter namespaces (of 15 per process) a load could still take. */
   int (*interpreter_namespaces_free)(void);
+  /* Appended; NULL: no LoRA adapters (a request naming one is a 404, loading one a 400).
+   * servd_model_lora_*, servd_model_has_lora. */
+  int (*lora_load)(servd_model *m, const char *name, const char *path);
+  int (*lora_unload)(servd_model *m, const char *name);
+  bool (*has_lora)(servd_model *m, const char *name);
+  int (*lora_list)(servd_model *m, servd_lora_info *out, int cap, int *max_loras);
 } servd_model_ops;
 
 /* The engine's implementation (daemon/api/engine_ops.c). */

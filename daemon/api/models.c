@@ -28,6 +28,19 @@ api_model *api_model_find(servd_api *a, const char *name) {
   return NULL;
 }
 
+api_model *api_model_resolve(servd_api *a, const char *name, const char **lora) {
+  if (lora) *lora = NULL;
+  api_model *am = api_model_find(a, name);
+  if (am || !a->ops->has_lora) return am;
+  for (am = a->models; am; am = am->next)
+    if (am->state == M_READY && am->m && a->ops->kind(am->m) == SERVD_MODEL_CAUSAL_LM &&
+        a->ops->has_lora(am->m, name)) {
+      if (lora) *lora = name;
+      return am;
+    }
+  return NULL;
+}
+
 bool api_model_ready(servd_api *a, api_model *am) { return am->state == M_READY && am->m && a->ops->ready(am->m); }
 
 /* A serving model whose process died and is being restarted (isolation "process"). */

@@ -211,11 +211,11 @@ static const oai_sink ollama_sink = {
 /* The served model a name means: itself, or without Ollama's default tag ":latest". NULL: none. */
 static api_model *find_model(servd_api *a, const char *name, char *served, size_t cap) {
   snprintf(served, cap, "%s", name);
-  api_model *am = api_model_find(a, served);
+  api_model *am = api_model_resolve(a, served, NULL); /* an adapter: the OpenAI machinery resolves it again */
   size_t n = strlen(served);
   if (!am && n > 7 && !strcmp(served + n - 7, ":latest")) {
     served[n - 7] = '\0';
-    am = api_model_find(a, served);
+    am = api_model_resolve(a, served, NULL);
   }
   return am;
 }

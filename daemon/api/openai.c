@@ -785,7 +785,10 @@ static int submit_gen(oai *o, int i) {
 static void submit_failed(oai *o, int rc) {
   servd_api *a = o->a;
   char msg[768];
-  if (rc == SERVD_EBUSY)
+  if (rc == SERVD_EBUSY && strstr(servd_last_error(), "LoRA adapter")) /* every resident adapter slot is held */
+    snprintf(msg, sizeof msg, "the server is at capacity for model '%s': %s", o->model_name,
+             api_user_cause(servd_last_error()));
+  else if (rc == SERVD_EBUSY)
     snprintf(msg, sizeof msg, "the server is at capacity for model '%s': queue full; retry later", o->am->name);
   else if (rc == SERVD_ECANCELED) snprintf(msg, sizeof msg, "The model `%s` is unloading; retry later.", o->am->name);
   else if (api_status_for(rc) == 400) /* what the API cannot check itself: token ids beyond the vocabulary */
@@ -971,7 +974,8 @@ static void make_id(servd_api *a, const char *prefix, char *out, size_t cap) {
 }
 
 /* Resolves 'model'; responds (and returns NULL) when it is missing, unknown or not serving. */
-static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, bool need_lm, const oai_sink *sink) {
+static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, bool need_lm, const oai_sink *sink,
+                                const char **lora) {
   json_t *jm = json_object_get(body, "model");
   api_model *am = NULL;
   if (!jm || json_is_null(jm)) {
@@ -991,7 +995,7 @@ static api_model *resolve_model(servd_api *a, servd_http_req *r, json_t *body, b
     route_error(r, sink, 400, "invalid_request_error", "model", NULL, "'model' must be a string");
     return NULL;
   } else {
-    am = api_model_find(a, json_string_value(jm));
+    am = api_model_resolve(a, json_string_value(jm), lora);
     if (!am) {
       route_error(r, sink, 404, "invalid_request_error", "model", "model_not_found", "The model `%s` does not exist.",
                   json_string_value(jm));
@@ -1039,7 +1043,8 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   api_param_error perr;
   json_t *rid = json_object_get(body, "request_id"); /* vLLM's body field; the header wins, as in vLLM */
   if (json_is_string(rid) && !servd_http_header_get(r, "x-request-id")) api_request_id_set(r, json_string_value(rid));
-  api_model *am = resolve_model(a, r, body, true, sink);
+  const char *lora = NULL;
+  api_model *am = resolve_model(a, r, body, true, sink, &lora);
   if (!am) {
     json_decref(body);
     if (sink && sink->ctx_free) sink->ctx_free(sink_ctx);
@@ -1066,7 +1071,7 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   o->arena = arena;
   o->t_start = r->start_ns;
   o->created = (int64_t)time(NULL);
-  o->model_name = servd_arena_strdup(arena, am->name);
+  o->model_name = servd_arena_strdup(arena, lora ? lora : am->name); /* an adapter answers by its name */
   make_id(a,
           sink                     ? sink->id_prefix
           : mode == OAI_CHAT       ? "chatcmpl-"
@@ -1105,6 +1110,7 @@ static void serve(servd_api *a, servd_http_req *r, json_t *body, oai_mode mode, 
   o->prompts = p.prompts;
   o->messages = p.messages;
   o->gp = p.gp;
+  o->gp.lora = lora ? o->model_name : NULL;
   o->logprobs = p.logprobs;
   o->guide_kind = p.guide_kind;
   o->guide_spec = p.guide_spec;
@@ -1185,17 +1191,21 @@ void api_oai_models(servd_api *a, servd_http_req *r, const api_route_args *args)
   (void)args;
   json_t *data = json_array();
   for (api_model *am = a->models; am; am = am->next)
-    if (am->state == M_READY) json_array_append_new(data, model_entry(a, am));
+    if (am->state == M_READY) {
+      json_array_append_new(data, model_entry(a, am));
+      api_lora_model_entries(a, am, data);
+    }
   api_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
 
 void api_oai_model(servd_api *a, servd_http_req *r, const api_route_args *args) {
-  const char *name = args->model;
-  api_model *am = api_model_find(a, name);
+  const char *name = args->model, *lora = NULL;
+  api_model *am = api_model_resolve(a, name, &lora);
   r->model = am ? am->name : NULL;
-  if (!am || am->state != M_READY) {
+  json_t *e = !am || am->state != M_READY ? NULL : lora ? api_lora_model_entry(a, am, lora) : model_entry(a, am);
+  if (!e) {
     api_oai_error(r, 404, "invalid_request_error", "model", "model_not_found", "The model `%s` does not exist.", name);
     return;
   }
-  api_json(r, 200, model_entry(a, am));
+  api_json(r, 200, e);
 }

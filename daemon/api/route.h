@@ -24,6 +24,7 @@ typedef struct api_route_args {
   const char *model;    /* the {model} capture, or NULL */
   const char *version;  /* the {version} capture, or NULL */
   struct api_model *am; /* with API_ROUTE_MODEL: the model named by {model}, never NULL */
+  const char *lora;     /* {model} named a LoRA adapter of am (engine.h), else NULL */
 } api_route_args;
 
 typedef void (*api_handler)(servd_api *a, servd_http_req *r, const api_route_args *args);

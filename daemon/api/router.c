@@ -125,7 +125,7 @@ static void on_request(void *ud, servd_http_req *r) {
     method_not_allowed(r, oai, anth, allowed);
     return;
   }
-  api_route_args args = {NULL, NULL, NULL};
+  api_route_args args = {NULL, NULL, NULL, NULL};
   if (model.n) {
     args.model = servd_arena_strndup(r->arena, model.p, model.n);
     r->model = args.model;
@@ -137,7 +137,7 @@ static void on_request(void *ud, servd_http_req *r) {
   }
   char msg[600];
   if (hit->flags & API_ROUTE_MODEL) {
-    args.am = api_model_find(a, args.model);
+    args.am = api_model_resolve(a, args.model, &args.lora);
     if (!args.am) {
       if (oai) snprintf(msg, sizeof msg, "The model `%s` does not exist.", args.model);
       else snprintf(msg, sizeof msg, "model '%s' is not served here", args.model);

@@ -19,6 +19,8 @@ const api_route api_routes[] = {
     {API_GET, "/v1/models/{model}", "/v1/models/{model}", API_ROUTE_OAI, api_oai_model},
     {API_POST, "/tokenize", "/tokenize", API_ROUTE_OAI, api_oai_tokenize},
     {API_POST, "/detokenize", "/detokenize", API_ROUTE_OAI, api_oai_detokenize},
+    {API_POST, "/v1/load_lora_adapter", "/v1/load_lora_adapter", API_ROUTE_OAI, api_oai_load_lora},
+    {API_POST, "/v1/unload_lora_adapter", "/v1/unload_lora_adapter", API_ROUTE_OAI, api_oai_unload_lora},
 
     /* Anthropic's Messages API: errors in its shape; x-api-key is taken as the key. */
     {API_POST, "/v1/messages", "/v1/messages", API_ROUTE_ANTHROPIC, api_anthropic_messages},

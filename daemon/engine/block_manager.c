@@ -57,11 +57,16 @@ void bm_truncate(block_manager *bm, block_table *t, int n_tokens) {
   t->n = keep;
 }
 
+/* The key a table's blocks are cached under: the model's, and its adapter's (none: the model's). */
+static uint64_t key_of(const block_manager *bm, const block_table *t) {
+  return t->adapter ? bm->key ^ (t->adapter * 0x9E3779B97F4A7C15ull) : bm->key;
+}
+
 int bm_match(const block_manager *bm, const int32_t *tokens, int max_blocks, block_table *t, prefix_chain *chain,
              int *n_evictable) {
   *chain = (prefix_chain){0};
   *n_evictable = 0;
-  return prefix_cache_match(&bm->pc, bm->key, tokens, max_blocks, t->ids, chain, n_evictable);
+  return prefix_cache_match(&bm->pc, key_of(bm, t), tokens, max_blocks, t->ids, chain, n_evictable);
 }
 
 int bm_acquire(block_manager *bm, block_table *t, int n, const prefix_chain *chain) {
@@ -76,9 +81,10 @@ void bm_register(block_manager *bm, block_table *t, const int32_t *tokens, int n
   while (bm->pc.enabled && (t->chain.n + 1) * bm->block_size <= n_final) {
     int i = t->chain.n;
     int32_t id = t->ids[i];
-    prefix_cache_register(&bm->pc, bm->key, &t->chain, id, tokens + (size_t)i * bm->block_size);
-    /* newly cached (not an equal entry found): the tier keeps a copy */
-    if (bm->tier.stored && bm->pc.serial[id] != 0 && bm->pc.serial[id] == t->chain.serial)
+    prefix_cache_register(&bm->pc, key_of(bm, t), &t->chain, id, tokens + (size_t)i * bm->block_size);
+    /* newly cached (not an equal entry found): the tier keeps a copy; not of an adapter's blocks,
+     * whose K/V the tier's key (the model's) does not describe */
+    if (bm->tier.stored && !t->adapter && bm->pc.serial[id] != 0 && bm->pc.serial[id] == t->chain.serial)
       bm->tier.stored(bm->tier.ctx, bm, tokens, i, id);
   }
 }

@@ -22,6 +22,7 @@ typedef struct block_table {
   int32_t *ids;       /* capacity: the manager's max_blocks */
   int n;              /* blocks held */
   prefix_chain chain; /* its full blocks registered in (or found in) the prefix cache */
+  uint64_t adapter;   /* mixed into the prefix-cache key: 0, or the LoRA adapter's (its K/V differ) */
 } block_table;
 
 typedef struct block_manager block_manager;

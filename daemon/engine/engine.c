@@ -15,6 +15,7 @@
 #include "engine/gpu_setup.h"
 #include "engine/model_error.h"
 #include "engine/package_checks.h"
+#include "engine/engine_lora.h"
 
 #include <errno.h>
 #include <math.h>
@@ -83,6 +84,7 @@ void servd_model_options_default(servd_model_options *o) {
   o->max_step_ms = max_step_ms_default;
   o->speculative = speculative_default;
   o->num_speculative_tokens = speculative_tokens_default;
+  o->max_loras = servd__max_loras_default();
   o->extra_sys_path = servd_py_deps_dir(); /* servd's own Python packages (llguidance), when installed */
 }
 
@@ -557,8 +559,14 @@ int servd_model_load(const servd_model_options *o, servd_model **out) {
     goto fail;
   }
   const char *kind = mpk_kind(m->pkg);
+  if (kind && strcmp(kind, "lora-adapter") == 0) {
+    rc = servd_fail(SERVD_EINVAL, "%s: a LoRA adapter package, not a model: serve it with --lora NAME=%s on its base",
+                    o->path, o->path);
+    goto fail;
+  }
   if (kind && strcmp(kind, "causal-lm") == 0) {
     m->kind = SERVD_MODEL_CAUSAL_LM;
+    servd__model_lora_init(m);
     if ((rc = load_causal_lm(m))) goto fail;
   } else {
     m->kind = SERVD_MODEL_GENERIC;
@@ -611,6 +619,7 @@ void servd_model_unload(servd_model *m, int deadline_ms) {
   sched_free(&m->sched);
   servd_spec_free(&m->spec);
   step_plan_free(&m->plan);
+  lora_registry_free(&m->loras); /* after the scheduler: its requests held adapters */
   for (int r = 0; r < SERVD_INTERP_MAX; r++) servd_kv_cache_destroy(m->kv[r]);
   servd_comm_destroy(m->comm);
   servd_gpu_teardown(m); /* after the pool: the interpreters held device tensors */
@@ -840,6 +849,7 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
   r->seq.owner = r;
   if ((rc = sched_seq_init(&m->sched, &r->seq))) goto fail;
   r->seq.priority = p->priority;
+  if ((rc = servd__request_lora(m, r, p->lora))) goto fail;
   if (p->embed) {
     static const sched_rows pooled_rows[] =
         {[SERVD_POOL_LAST] = SCHED_ROWS_LAST, [SERVD_POOL_MEAN] = SCHED_ROWS_ALL, [SERVD_POOL_CLS] = SCHED_ROWS_FIRST};

@@ -116,4 +116,18 @@ int servd_model_predict(servd_model *m, const servd_named_tensor *inputs, int n_
 /* ---- stats for /metrics ------------------------------------------------------------------------- */
 void servd_model_get_stats(const servd_model *m, servd_model_stats *s);
 
+/* LoRA adapters of a language model (engine_lora.c, engine/lora_registry.h). load: reads the PEFT
+ * folder or adapter package at path, checks it against this model and registers it as name (a
+ * request picks it by servd_gen_params.lora); SERVD_EINVAL when the name is taken or the adapter does
+ * not fit, SERVD_EUNSUPPORTED for a model that takes none (tensor parallelism, GPUs). unload: new
+ * requests can no longer pick it; running ones finish with it. */
+int servd_model_lora_load(servd_model *m, const char *name, const char *path);
+int servd_model_lora_unload(servd_model *m, const char *name);
+bool servd_model_has_lora(servd_model *m, const char *name);
+/* Up to cap adapters into out; returns how many are registered. *max_loras (may be NULL): the
+ * resident limit. */
+int servd_model_lora_list(servd_model *m, servd_lora_info *out, int cap, int *max_loras);
+/* The engine-wide default of servd_model_options.max_loras (servd --max-loras). */
+void servd_engine_set_max_loras(int n);
+
 #endif

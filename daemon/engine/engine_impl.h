@@ -10,6 +10,7 @@
 #include "engine/guide.h"
 #include "engine/interp_thread.h"
 #include "engine/isolated.h"
+#include "engine/lora_registry.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "engine/speculate.h"
@@ -53,6 +54,7 @@ struct servd_request {
   int n_embedding;
   int lp_next;         /* prompt logprobs: the next prompt position to report (positions before it were) */
   servd_spec_seq spec; /* speculation: this step's drafts, the acceptance so far */
+  lora_adapter *lora;  /* the LoRA adapter it holds (NULL: the base alone), released at its end */
 };
 
 struct servd_model {
@@ -119,6 +121,7 @@ struct servd_model {
    * (scheduler thread). */
   servd_embedding_info emb;
   servd_top_logprob lp_top[SERVD_SAMPLER_MAX_TOP];
+  lora_registry loras; /* causal-lm: its LoRA adapters (engine_lora.c) */
 };
 
 #endif

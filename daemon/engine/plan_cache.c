@@ -116,6 +116,7 @@ static void drop_stale(servd_plan_cache *c, const servd_forward_batch *b, int sk
 servd_plan_action servd_plan_cache_decide(servd_plan_cache *c, const servd_forward_batch *b) {
   if (!c) return SERVD_PLAN_EAGER;
   c->current = -1;
+  if (b->n_lora > 0) return SERVD_PLAN_EAGER; /* adapter groups change every step: never captured */
   int bi = decode_bucket(c, b);
   if (bi < 0) return SERVD_PLAN_EAGER;
   bucket *k = &c->buckets[bi];

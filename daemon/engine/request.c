@@ -19,6 +19,7 @@ void request_unref(servd_request *r) {
   free(r->guide.grammar);
   free(r->pool.sum);
   free(r->embedding);
+  if (r->lora) lora_release(&r->m->loras, r->lora);
   pthread_mutex_destroy(&r->cb_mu);
   free(r);
 }

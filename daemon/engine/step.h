@@ -46,7 +46,8 @@ typedef struct step_plan {
   int n_starved;
   int error; /* planning failed (SERVD_E*): the update fails the rows */
   char error_message[512];
-  int64_t t_plan_ns; /* servd_now_ns() when planned */
+  int64_t t_plan_ns;             /* servd_now_ns() when planned */
+  servd_lora_group *lora_groups; /* batch.lora's storage; capacity: max_seqs */
 } step_plan;
 
 typedef struct step_result {

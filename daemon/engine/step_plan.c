@@ -2,6 +2,7 @@
  * rows of the step's kinds. */
 #include "engine/engine_impl.h"
 #include "engine/step.h"
+#include "engine/engine_lora.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +13,15 @@
 int step_plan_init(step_plan *p, int max_seqs) {
   memset(p, 0, sizeof *p);
   p->rows = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *p->rows);
-  return p->rows ? 0 : servd_fail(SERVD_ENOMEM, "step plan of %d sequences", max_seqs);
+  p->lora_groups = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *p->lora_groups);
+  return p->rows && p->lora_groups ? 0 : servd_fail(SERVD_ENOMEM, "step plan of %d sequences", max_seqs);
 }
 
 void step_plan_free(step_plan *p) {
   free(p->rows);
+  free(p->lora_groups);
   p->rows = NULL;
+  p->lora_groups = NULL;
 }
 
 /* Drafts for the running decoders (engine/speculate.h), before the plan: the step verifies them. */
@@ -91,4 +95,5 @@ void step_plan_make(servd_model *m, step_plan *p) {
   servd_step_arrays_point(&s->step, b, n, s->n_logit_rows, s->n_planned);
   b->want_picks = m->gpus > 0 && all_plain_greedy(m);
   b->want_hidden = s->embed_step;
+  servd__plan_lora_groups(m, p->lora_groups, b);
 }

@@ -103,12 +103,30 @@ typedef struct servd_model_options {
    * 3 suffix (servd_spec_mode); drafts per verify row at most (0: the default, 8). Appended. */
   int speculative;
   int num_speculative_tokens;
+  /* Causal-lm: LoRA adapters resident at most (engine/lora_registry.h): one more evicts the least
+   * recently used one that no request holds. 0: SERVD_DEFAULT_MAX_LORAS. Appended. */
+  int max_loras;
   /* Causal-lm on the CPU: the prefix cache's full blocks also go to files under this directory and
    * come back from there after a restart (engine/prefix_disk.h); NULL: memory only. Bounded by
    * prefix_cache_dir_mb (0: 4096). Appended. */
   const char *prefix_cache_dir;
   int prefix_cache_dir_mb;
 } servd_model_options;
+
+#define SERVD_DEFAULT_MAX_LORAS 4
+
+/* A registered LoRA adapter (servd_model_lora_list). */
+typedef struct servd_lora_info {
+  char name[128];
+  char path[512];
+  int64_t id;    /* registration number */
+  bool resident; /* its weights are in memory (else read again on first use) */
+  int users;     /* requests holding it */
+  int running;   /* of those, sequences in the latest step */
+  int rank;      /* resident: the adapter's rank, scale and bytes */
+  float scale;
+  uint64_t bytes;
+} servd_lora_info;
 
 /* Constrained decoding (structured outputs): what the output must match. */
 typedef enum servd_guide_kind {
@@ -173,6 +191,9 @@ typedef struct servd_gen_params {
    * prompt is computed (OpenAI's echo with max_tokens 0). */
   bool prompt_logprobs;
   bool prompt_only;
+  /* Appended: the LoRA adapter the request runs with (a name servd_model_lora_load registered;
+   * copied at submit); NULL or "": the base model alone. */
+  const char *lora;
 } servd_gen_params;
 
 /* Embeddings: how the package pools (SERVD_POOL_*), the vector's length (hidden_size) and whether

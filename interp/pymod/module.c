@@ -169,7 +169,7 @@ static PyType_Slot batch_slots[] = {
     {Py_tp_getattro, batch_getattro},
     {Py_tp_repr, batch_repr},
     {Py_tp_doc, "One forward step: n_tokens, tokens, positions, slots, logit_rows, kv, n_seqs, max_tokens, "
-                "max_seqs, hidden."},
+                "max_seqs, hidden, lora."},
     {0, NULL},
 };
 static PyType_Spec batch_spec = {"servd.Batch", sizeof(BatchObject), 0,
@@ -204,6 +204,57 @@ static int set_item(PyObject *d, const char *k, PyObject *v) {
   return rc;
 }
 
+/* batch.lora: [(first, n, scale, abs)] per adapter group, abs a tuple of n_layers * 7 tensors or
+ * None (q k v o gate up down per layer). The tuples are kept per adapter id, so a step wraps only
+ * the weights of adapters it has not seen; ids of adapters absent from a step are dropped once more
+ * than a few are kept (an id is never reused, so a kept tuple is never stale). */
+static PyObject *lora_abs_cache;
+
+static PyObject *lora_abs(const servd_lora_group *g) {
+  PyObject *key = PyLong_FromLongLong(g->id);
+  if (!key) return NULL;
+  PyObject *t = PyDict_GetItemWithError(lora_abs_cache, key);
+  if (t || PyErr_Occurred()) {
+    Py_DECREF(key);
+    return t ? Py_NewRef(t) : NULL;
+  }
+  int n = g->n_layers * 7;
+  if (!(t = PyTuple_New(n))) goto fail;
+  for (int i = 0; i < n; i++) {
+    PyObject *w = Py_None;
+    if (g->ab[i]) {
+      pm_host->tensor_retain(g->ab[i]);
+      if (!(w = pm_tensor_wrap(g->ab[i]))) goto fail;
+    } else {
+      Py_INCREF(w);
+    }
+    PyTuple_SET_ITEM(t, i, w);
+  }
+  if (PyDict_SetItem(lora_abs_cache, key, t) < 0) goto fail;
+  Py_DECREF(key);
+  return t;
+fail:
+  Py_DECREF(key);
+  Py_XDECREF(t);
+  return NULL;
+}
+
+static PyObject *batch_lora(const servd_forward_batch *b) {
+  if (!lora_abs_cache && !(lora_abs_cache = PyDict_New())) return NULL;
+  if (PyDict_Size(lora_abs_cache) > 16 + 2 * b->n_lora) PyDict_Clear(lora_abs_cache);
+  PyObject *l = PyList_New(b->n_lora);
+  for (int i = 0; l && i < b->n_lora; i++) {
+    const servd_lora_group *g = &b->lora[i];
+    PyObject *abs = lora_abs(g), *it = abs ? Py_BuildValue("(iidN)", g->first, g->n, (double)g->scale, abs) : NULL;
+    if (!it) {
+      Py_CLEAR(l);
+      break;
+    }
+    PyList_SET_ITEM(l, i, it);
+  }
+  return l;
+}
+
 PyObject *pm_batch_new(const servd_forward_batch *b) {
   PyTypeObject *tp = (PyTypeObject *)pm.batch_type;
   BatchObject *o = (BatchObject *)tp->tp_alloc(tp, 0);
@@ -221,7 +272,7 @@ PyObject *pm_batch_new(const servd_forward_batch *b) {
       set_item(o->dict, "n_seqs", PyLong_FromLong(b->attn.n_seqs)) < 0 ||
       set_item(o->dict, "max_tokens", PyLong_FromLong(b->max_tokens > 0 ? b->max_tokens : 0)) < 0 ||
       set_item(o->dict, "max_seqs", PyLong_FromLong(b->max_seqs > 0 ? b->max_seqs : 0)) < 0 ||
-      set_item(o->dict, "hidden", PyBool_FromLong(b->want_hidden)) < 0)
+      set_item(o->dict, "hidden", PyBool_FromLong(b->want_hidden)) < 0 || set_item(o->dict, "lora", batch_lora(b)) < 0)
     goto fail;
   if (b->kv || b->dkv) {
     PyTypeObject *kt = (PyTypeObject *)pm.kv_type;

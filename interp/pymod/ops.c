@@ -109,6 +109,58 @@ static PyObject *op_matmul_many(PyObject *m, PyObject *const *args, Py_ssize_t n
   PM_RUN("matmul_many", matmul_many, pm_host->matmul_many(count, outs, t[0], ws));
 }
 
+/* lora_sgmv(out, x, segs, abs): segs a sequence of (first, n, scale), abs as many ab tensors or None
+ * (no adapter on that projection). */
+static PyObject *op_lora_sgmv(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+  (void)m;
+  servd_tensor *t[2];
+  if (!targs(args, n, 4, 0, 2, "lora_sgmv", t)) return NULL;
+  PyObject *segs = PySequence_Fast(args[2], "servd.ops.lora_sgmv: segs must be a sequence of (first, n, scale)");
+  if (!segs) return NULL;
+  PyObject *abs = PySequence_Fast(args[3], "servd.ops.lora_sgmv: abs must be a sequence of tensors or None");
+  if (!abs) {
+    Py_DECREF(segs);
+    return NULL;
+  }
+  Py_ssize_t ns = PySequence_Fast_GET_SIZE(segs);
+  servd_lora_seg stack[32], *sg = stack;
+  PyObject *ret = NULL;
+  if (PySequence_Fast_GET_SIZE(abs) != ns) {
+    PyErr_Format(PyExc_ValueError, "servd.ops.lora_sgmv: %zd segments but %zd adapter tensors", ns,
+                 PySequence_Fast_GET_SIZE(abs));
+    goto done;
+  }
+  if (ns > (Py_ssize_t)(sizeof stack / sizeof stack[0]) && !(sg = PyMem_Malloc(sizeof *sg * (size_t)ns))) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < ns; i++) {
+    long long first, rows;
+    double scale;
+    PyObject *ab = PySequence_Fast_GET_ITEM(abs, i);
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(segs, i), "LLd;servd.ops.lora_sgmv: a segment is (first, n, scale)",
+                          &first, &rows, &scale))
+      goto done;
+    sg[i] = (servd_lora_seg){first, rows, NULL, (float)scale};
+    if (ab != Py_None && !(sg[i].ab = targ(ab, 3, "lora_sgmv"))) goto done;
+  }
+  {
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = pm_host->lora_sgmv(t[0], t[1], (int)ns, sg);
+    Py_END_ALLOW_THREADS if (rc < 0) {
+      pm_raise(rc, "servd.ops.lora_sgmv");
+      goto done;
+    }
+  }
+  ret = Py_None;
+  Py_INCREF(ret);
+done:
+  if (sg != stack) PyMem_Free(sg);
+  Py_DECREF(segs);
+  Py_DECREF(abs);
+  return ret;
+}
+
 static PyObject *op_softmax(PyObject *m, PyObject *args, PyObject *kw) {
   (void)m;
   static char *kwlist[] = {"x", "scale", NULL};
@@ -279,6 +331,9 @@ static PyMethodDef hand_methods[] = {
     FAST("add_rmsnorm", op_add_rmsnorm, "add_rmsnorm(x, o, out, weight, eps): x += o; out = rmsnorm(x) * weight"),
     FAST("matmul_many", op_matmul_many,
          "matmul_many(x, out0, w0, out1, w1, ...): out_i = x @ w_i^T for 1 to 4 weights (one launch on a GPU)"),
+    FAST("lora_sgmv", op_lora_sgmv,
+         "lora_sgmv(out, x, segs, abs): out[rows] += scale * (x[rows] A^T) B^T per segment (first, n, scale) "
+         "with its ab (or None)"),
     {NULL, NULL, 0, NULL},
 };
 /* Every PYHAND row has its binding (an op_<name> missing does not compile), and the hand table lists

@@ -96,6 +96,25 @@ int servd_op__matmul_many(int count, servd_tensor *const *outs, const servd_tens
   return d < 0 ? servd_matmul_many(count, outs, x, ws) : servd_device_matmul_many(count, outs, x, ws);
 }
 
+/* Host: one split of every segment (servd_lora_sgmv). Device: servd_device_lora per segment, on views
+ * of its rows. */
+int servd_op__lora_sgmv(servd_tensor *out, const servd_tensor *x, int n_segs, const servd_lora_seg *segs) {
+  const arg a[] = {A(out), A(x)};
+  int d = -1, rc = where("lora_sgmv", a, N(a), &d);
+  if (rc < 0) return rc;
+  if (d < 0) return servd_lora_sgmv(out, x, n_segs, segs);
+  for (int i = 0; i < n_segs && rc == 0; i++) {
+    if (!segs[i].ab || segs[i].n == 0) continue;
+    servd_tensor *o = servd_tensor_narrow(out, 0, segs[i].first, segs[i].n);
+    servd_tensor *xi = servd_tensor_narrow(x, 0, segs[i].first, segs[i].n);
+    rc = o && xi ? servd_op__lora(o, xi, segs[i].ab, segs[i].scale)
+                 : servd_fail(SERVD_EINVAL, "lora_sgmv: %s", servd_last_error());
+    servd_tensor_release(o);
+    servd_tensor_release(xi);
+  }
+  return rc;
+}
+
 int servd_op__softmax(servd_tensor *x, float scale) {
   const arg a[] = {A(x)};
   int rc = host_only("softmax", a, N(a), "softmax runs on the host only (sample on the device with argmax/topk)");

@@ -89,6 +89,11 @@ static void refuse(const char *what) {
   if (plan__rec) plan__rec_refuse(plan__rec, "%s", what);
 }
 
+int servd_plan__lora_sgmv(servd_tensor *out, const servd_tensor *x, int n_segs, const servd_lora_seg *segs) {
+  refuse("LoRA adapters (their row groups change every step)");
+  return servd_op__lora_sgmv(out, x, n_segs, segs);
+}
+
 int servd_plan__softmax(servd_tensor *x, float scale) {
   refuse("softmax in the forward (sampling belongs to the engine)");
   return servd_op__softmax(x, scale);

@@ -286,6 +286,13 @@ int servd_device_topk(servd_tensor *values, servd_tensor *indices, const servd_t
     const servd_tensor *p1, *p2; \
   } anyt_##name##_args; \
   SERVD__DEV_JOB(anyt_##name, servd_device_##name(a->p0, a->p1, a->p2))
+#define ANYT_JOB_T3F(name) \
+  typedef struct anyt_##name##_args { \
+    servd_tensor *p0; \
+    const servd_tensor *p1, *p2; \
+    float f; \
+  } anyt_##name##_args; \
+  SERVD__DEV_JOB(anyt_##name, servd_device_##name(a->p0, a->p1, a->p2, a->f))
 #define ANYT_HOLD_OF(t) (servd_tensor *)t,
 #define SERVD_OP(name, dispatch, py, sig, names) SERVD__IF_ANYT_##dispatch(ANYT_JOB_##sig(name))
 #include "servd/ops.def"

@@ -15,7 +15,6 @@
 #define ATTN_MAX_DIM 512  /* head_dim bound for those accumulators */
 #define ATTN_TILE 64      /* keys per softmax update (spanning blocks) */
 #define ATTN_TILE_DIM 128 /* head_dim bound of the f32 tile a quantized cache's prefill converts into */
-#define ATTN_SPAN 1024    /* keys per range (a multiple of ATTN_TILE: tiles start at fixed positions) */
 
 static float kv_elem(const void *p, servd_dtype t, size_t i) {
   if (t == SERVD_F16) return servd_f16_to_f32(((const uint16_t *)p)[i]);
@@ -87,9 +86,8 @@ typedef struct attn_job {
   int pf_blocks; /* prefetch distance in blocks */
   float scale;
   int window; /* 0: none */
-  /* split over positions (few items, long contexts): each item's keys in `parts` ranges, each
-   * range's running max, sum and unnormalized sums in part[] (part_floats per range), merged after */
-  int parts;
+  /* split over positions (long contexts): each range's running max, sum and unnormalized sums in
+   * part[] (part_floats per range), merged after */
   float *part;
   size_t part_floats; /* one range's state: max and sum of each of ATTN_MAX_Q queries, their head_dim sums */
 } attn_job;
@@ -99,31 +97,17 @@ static int64_t seq_items(const attn_job *j, int s) {
   return chunks * j->c->n_kv_heads * j->n_sub;
 }
 
-/* One range's online-softmax state merged into the running (M, S, O) of its query: both rescaled
- * to the larger max. The same calls in the same order whether the ranges ran on one thread or on
- * several (split_task + merge_item), so a row's floats never depend on how its batch was split. */
-static void merge_state(float *M, float *S, float *O, float m, float s, const float *a, int hd) {
-  if (s == 0.0f) return; /* a range this query sees no key of */
-  float mn = m > *M ? m : *M;
-  float c1 = expf(*M - mn), c2 = expf(m - mn); /* c1 is 0 for the first range: M is -inf */
-  *S = *S * c1 + s * c2;
-  for (int d = 0; d < hd; d++) O[d] = O[d] * c1 + a[d] * c2;
-  *M = mn;
-}
-
 /* Item: rows [r0, r1) of sequence s, query heads [h0, h1) of kv head g (h relative to the group),
- * over the key ranges [p0, p1) (range p: keys [p*ATTN_SPAN, (p+1)*ATTN_SPAN)); part NULL: every
- * range merged into the outputs, normalized; else the one range's state, for merge_item. */
-static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, int r1, int p0, int p1, float *part) {
+ * over keys [k0, k1) of the sequence; part NULL: the outputs, normalized, else the range's state. */
+static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, int r1, int k0, int k1, float *part) {
   const servd_kv_cache *c = j->c;
   const attn_kernels *kn = j->kn;
   int hd = c->head_dim, bs = c->block_size;
   int q_len = j->b->q_len[s], kv_len = j->b->kv_len[s], q_start = j->b->q_start[s];
   const int32_t *table = j->b->block_tables[s];
   float acc[ATTN_MAX_Q][ATTN_MAX_DIM] __attribute__((aligned(64)));
-  float out_acc[ATTN_MAX_Q][ATTN_MAX_DIM] __attribute__((aligned(64)));
   float sc[ATTN_MAX_Q][ATTN_TILE] __attribute__((aligned(64)));
-  float mx[ATTN_MAX_Q], sum[ATTN_MAX_Q], out_mx[ATTN_MAX_Q], out_sum[ATTN_MAX_Q];
+  float mx[ATTN_MAX_Q], sum[ATTN_MAX_Q];
   const float *qp[ATTN_MAX_Q];
   int lim[ATTN_MAX_Q], lo[ATTN_MAX_Q]; /* keys [lo, lim) are visible to that query */
   int nq = 0;
@@ -132,113 +116,102 @@ static void attn_item(const attn_job *j, int s, int g, int h0, int h1, int r0, i
       qp[nq] = (const float *)(j->q.data + (int64_t)(q_start + r) * j->q.stride) + (size_t)(g * j->rep + h) * hd;
       lim[nq] = kv_len - q_len + r + 1;
       lo[nq] = j->window > 0 && lim[nq] > j->window ? lim[nq] - j->window : 0;
-      out_mx[nq] = -INFINITY;
-      out_sum[nq] = 0.0f;
-      if (!part) memset(out_acc[nq], 0, (size_t)hd * sizeof(float));
+      mx[nq] = -INFINITY;
+      sum[nq] = 0.0f;
+      memset(acc[nq], 0, (size_t)hd * sizeof(float));
     }
-  int kv_end = kv_len - q_len + r1; /* the last row sees the most keys */
+  int end = kv_len - q_len + r1; /* the last row sees the most keys */
+  int begin = lo[0];             /* the first row the oldest (lo grows with the row) */
+  if (begin < k0) begin = k0;
+  if (end > k1) end = k1;
   bool quant = ops__kv_quantized(c->dtype);
   /* Many queries (a prefill chunk) convert each key and value once into an f32 tile in L1 and run
-   * the f32 kernels on it, rather than once per three queries; a few (decode) read codes directly,
-   * with the same arithmetic per query (code times scale, then the f32 kernels' FMAs). */
+   * the f32 kernels on it, rather than once per three queries; a few (decode) read codes directly. */
   bool tiled = quant && nq > 3 && hd <= ATTN_TILE_DIM;
   float tile[ATTN_TILE_DIM * ATTN_TILE] __attribute__((aligned(64)));
-  for (int p = p0; p < p1; p++) {
-    int begin = lo[0] > p * ATTN_SPAN ? lo[0] : p * ATTN_SPAN; /* the first row sees the oldest key */
-    int end = kv_end < (p + 1) * ATTN_SPAN ? kv_end : (p + 1) * ATTN_SPAN;
+  /* the kernels prefetch pf_blocks ahead of what they read, so the first blocks are fetched here */
+  for (int t = begin - begin % bs; t < end && t < begin + j->pf_blocks * bs; t += bs)
+    for (int kv = 0; kv < 2; kv++) {
+      const char *r = ops__kv_run(c, j->layer, kv, table[t / bs], g);
+      for (size_t o = 0; o < c->head_bytes; o += 64) __builtin_prefetch(r + o);
+    }
+  /* A tile is up to ATTN_TILE keys and may span blocks: scores and value sums run per block segment,
+   * the softmax bookkeeping once per tile. */
+  for (int t0 = begin; t0 < end;) {
+    int n = end - t0 < ATTN_TILE ? end - t0 : ATTN_TILE;
+    for (int t = t0; t < t0 + n;) {
+      int off = t % bs, m = bs - off < t0 + n - t ? bs - off : t0 + n - t;
+      int far = t / bs + j->pf_blocks; /* the block prefetched while this one is read */
+      const char *kp = ops__kv_run(c, j->layer, 0, table[t / bs], g);
+      const char *pf = far * bs < end ? ops__kv_run(c, j->layer, 0, table[far], g) : NULL;
+      if (tiled) {
+        kn->dequant_k(tile, ATTN_TILE, kp, c->dtype, off, m, hd, bs);
+        kn->scores(&sc[0][t - t0], ATTN_TILE, qp, nq, tile, SERVD_F32, m, hd, ATTN_TILE, j->scale, NULL);
+      } else if (quant) {
+        /* a later run is prefetched whole once, from the segment that starts its block's keys */
+        kn->scores_q(&sc[0][t - t0], ATTN_TILE, qp, nq, kp, c->dtype, off, m, hd, bs, j->scale,
+                     off == 0 || t == begin ? pf : NULL);
+      } else {
+        size_t at = (size_t)off * c->elem;
+        kn->scores(&sc[0][t - t0], ATTN_TILE, qp, nq, kp + at, c->dtype, m, hd, bs, j->scale, pf ? pf + at : NULL);
+      }
+      t += m;
+    }
+    /* online softmax per query; keys past a query's causal limit get weight 0, so one weighted sum
+     * over the tile serves every query of the item */
     for (int i = 0; i < nq; i++) {
-      mx[i] = -INFINITY;
-      sum[i] = 0.0f;
-      memset(acc[i], 0, (size_t)hd * sizeof(float));
+      int ni = lim[i] - t0 < n ? lim[i] - t0 : n;
+      int a = lo[i] > t0 ? lo[i] - t0 : 0; /* keys before the window: weight 0 */
+      float *si = sc[i];
+      if (ni <= a) {
+        memset(si, 0, (size_t)n * sizeof(float));
+        continue;
+      }
+      float m_new = kn->max(si + a, ni - a);
+      if (m_new < mx[i]) m_new = mx[i];
+      float corr = expf(mx[i] - m_new); /* 0 on the first tile: mx is -inf */
+      float ps = kn->exp_shift_sum(si + a, ni - a, 1.0f, m_new);
+      for (int jj = 0; jj < a; jj++) si[jj] = 0.0f;
+      for (int jj = ni; jj < n; jj++) si[jj] = 0.0f;
+      if (corr != 1.0f) kn->mul(acc[i], hd, corr);
+      sum[i] = sum[i] * corr + ps;
+      mx[i] = m_new;
     }
-    /* the kernels prefetch pf_blocks ahead of what they read, so the first blocks are fetched here */
-    for (int t = begin - begin % bs; t < end && t < begin + j->pf_blocks * bs; t += bs)
-      for (int kv = 0; kv < 2; kv++) {
-        const char *r = ops__kv_run(c, j->layer, kv, table[t / bs], g);
-        for (size_t o = 0; o < c->head_bytes; o += 64) __builtin_prefetch(r + o);
+    for (int t = t0; t < t0 + n;) {
+      int off = t % bs, m = bs - off < t0 + n - t ? bs - off : t0 + n - t;
+      int far = t / bs + j->pf_blocks;
+      const char *vp = ops__kv_run(c, j->layer, 1, table[t / bs], g);
+      const char *pf = far * bs < end ? ops__kv_run(c, j->layer, 1, table[far], g) : NULL;
+      if (tiled) {
+        kn->dequant_v(tile, vp, c->dtype, off, m, hd);
+        kn->accum(&acc[0][0], ATTN_MAX_DIM, &sc[0][t - t0], ATTN_TILE, nq, tile, SERVD_F32, m, hd, hd, NULL);
+      } else if (quant) {
+        kn->accum_q(&acc[0][0], ATTN_MAX_DIM, &sc[0][t - t0], ATTN_TILE, nq, vp, c->dtype, off, m, hd, pf);
+      } else {
+        size_t at = (size_t)off * (size_t)hd * c->elem;
+        kn->accum(&acc[0][0], ATTN_MAX_DIM, &sc[0][t - t0], ATTN_TILE, nq, vp + at, c->dtype, m, hd, hd,
+                  pf ? pf + at : NULL);
       }
-    /* A tile is up to ATTN_TILE keys and may span blocks: scores and value sums run per block segment,
-     * the softmax bookkeeping once per tile. */
-    for (int t0 = begin; t0 < end;) {
-      int n = end - t0 < ATTN_TILE ? end - t0 : ATTN_TILE;
-      for (int t = t0; t < t0 + n;) {
-        int off = t % bs, m = bs - off < t0 + n - t ? bs - off : t0 + n - t;
-        int far = t / bs + j->pf_blocks; /* the block prefetched while this one is read */
-        const char *kp = ops__kv_run(c, j->layer, 0, table[t / bs], g);
-        const char *pf = far * bs < end ? ops__kv_run(c, j->layer, 0, table[far], g) : NULL;
-        if (tiled) {
-          kn->dequant_k(tile, ATTN_TILE, kp, c->dtype, off, m, hd, bs);
-          kn->scores(&sc[0][t - t0], ATTN_TILE, qp, nq, tile, SERVD_F32, m, hd, ATTN_TILE, j->scale, NULL);
-        } else if (quant) {
-          /* a later run is prefetched whole once, from the segment that starts its block's keys */
-          kn->scores_q(&sc[0][t - t0], ATTN_TILE, qp, nq, kp, c->dtype, off, m, hd, bs, j->scale,
-                       off == 0 || t == begin ? pf : NULL);
-        } else {
-          size_t at = (size_t)off * c->elem;
-          kn->scores(&sc[0][t - t0], ATTN_TILE, qp, nq, kp + at, c->dtype, m, hd, bs, j->scale, pf ? pf + at : NULL);
-        }
-        t += m;
-      }
-      /* online softmax per query; keys past a query's causal limit get weight 0, so one weighted sum
-       * over the tile serves every query of the item */
-      for (int i = 0; i < nq; i++) {
-        int ni = lim[i] - t0 < n ? lim[i] - t0 : n;
-        int a = lo[i] > t0 ? lo[i] - t0 : 0; /* keys before the window: weight 0 */
-        float *si = sc[i];
-        if (ni <= a) {
-          memset(si, 0, (size_t)n * sizeof(float));
-          continue;
-        }
-        float m_new = kn->max(si + a, ni - a);
-        if (m_new < mx[i]) m_new = mx[i];
-        float corr = expf(mx[i] - m_new); /* 0 on the first tile: mx is -inf */
-        float ps = kn->exp_shift_sum(si + a, ni - a, 1.0f, m_new);
-        for (int jj = 0; jj < a; jj++) si[jj] = 0.0f;
-        for (int jj = ni; jj < n; jj++) si[jj] = 0.0f;
-        if (corr != 1.0f) kn->mul(acc[i], hd, corr);
-        sum[i] = sum[i] * corr + ps;
-        mx[i] = m_new;
-      }
-      for (int t = t0; t < t0 + n;) {
-        int off = t % bs, m = bs - off < t0 + n - t ? bs - off : t0 + n - t;
-        int far = t / bs + j->pf_blocks;
-        const char *vp = ops__kv_run(c, j->layer, 1, table[t / bs], g);
-        const char *pf = far * bs < end ? ops__kv_run(c, j->layer, 1, table[far], g) : NULL;
-        if (tiled) {
-          kn->dequant_v(tile, vp, c->dtype, off, m, hd);
-          kn->accum(&acc[0][0], ATTN_MAX_DIM, &sc[0][t - t0], ATTN_TILE, nq, tile, SERVD_F32, m, hd, hd, NULL);
-        } else if (quant) {
-          kn->accum_q(&acc[0][0], ATTN_MAX_DIM, &sc[0][t - t0], ATTN_TILE, nq, vp, c->dtype, off, m, hd, pf);
-        } else {
-          size_t at = (size_t)off * (size_t)hd * c->elem;
-          kn->accum(&acc[0][0], ATTN_MAX_DIM, &sc[0][t - t0], ATTN_TILE, nq, vp + at, c->dtype, m, hd, hd,
-                    pf ? pf + at : NULL);
-        }
-        t += m;
-      }
-      t0 += n;
+      t += m;
     }
-    if (part) {
-      for (int i = 0; i < nq; i++) {
-        part[i] = mx[i];
-        part[ATTN_MAX_Q + i] = sum[i];
-        memcpy(part + 2 * ATTN_MAX_Q + (size_t)i * (size_t)hd, acc[i], (size_t)hd * sizeof(float));
-      }
-      return;
+    t0 += n;
+  }
+  if (part) {
+    for (int i = 0; i < nq; i++) {
+      part[i] = mx[i];
+      part[ATTN_MAX_Q + i] = sum[i];
+      memcpy(part + 2 * ATTN_MAX_Q + (size_t)i * (size_t)hd, acc[i], (size_t)hd * sizeof(float));
     }
-    for (int i = 0; i < nq; i++) merge_state(&out_mx[i], &out_sum[i], out_acc[i], mx[i], sum[i], acc[i], hd);
+    return;
   }
   nq = 0;
   for (int r = r0; r < r1; r++)
     for (int h = h0; h < h1; h++, nq++) {
       float *o = (float *)(j->o.data + (int64_t)(q_start + r) * j->o.stride) + (size_t)(g * j->rep + h) * hd;
-      float inv = 1.0f / out_sum[nq]; /* sum >= 1: the max key contributes exp(0) */
-      for (int d = 0; d < hd; d++) o[d] = out_acc[nq][d] * inv;
+      float inv = 1.0f / sum[nq]; /* sum >= 1: the max key contributes exp(0) */
+      for (int d = 0; d < hd; d++) o[d] = acc[nq][d] * inv;
     }
 }
-
-/* Key ranges of an item whose last row sees kv_end keys. */
-static int ranges_of(int kv_end) { return kv_end > 0 ? (kv_end + ATTN_SPAN - 1) / ATTN_SPAN : 0; }
 
 /* An item's place: sequence, kv head, query heads [h0, h1) of its group, rows [r0, r1). */
 typedef struct item_at {
@@ -265,70 +238,130 @@ static void attn_task(void *ctx, int64_t begin, int64_t end, int thread) {
   for (int64_t it = begin; it < end; it++) {
     while (it - base >= seq_items(j, s)) base += seq_items(j, s++);
     item_at a = item_of(j, s, it - base);
-    attn_item(j, a.s, a.g, a.h0, a.h1, a.r0, a.r1, 0, ranges_of(j->b->kv_len[a.s] - j->b->q_len[a.s] + a.r1), NULL);
+    attn_item(j, a.s, a.g, a.h0, a.h1, a.r0, a.r1, 0, INT32_MAX, NULL);
   }
 }
 
 /* ---- split over positions ------------------------------------------------------------------------
  * A decode step of one sequence is n_kv_heads items: fewer than the threads, or not a multiple of
  * them (3 kv heads on 2 threads: one thread reads two thirds of the cache), while the cache read is
- * the whole cost at long contexts. Every item computes its keys in fixed ranges of ATTN_SPAN
- * (flash decoding's split, at positions that depend on nothing but the key index) and merges them in
- * order; when the batch has too few items for the threads, the ranges run as units of their own on
- * any thread and are merged after, by the same merge_state calls in the same order: the floats are
- * the same either way, so a row computes alike alone and in any batch. */
-static item_at item_global(const attn_job *j, int64_t it) {
-  int s = 0;
-  while (it >= seq_items(j, s)) it -= seq_items(j, s++);
-  return item_of(j, s, it);
+ * the whole cost at long contexts. An item whose rows see more than SPLIT_KEYS keys therefore reads
+ * them in ranges of SPLIT_KEYS positions, [0, R), [R, 2R), ..., each with its own running max and
+ * sums, merged in order by rescaling to the largest max (flash decoding); the ranges are the units
+ * the threads share. The ranges are fixed positions, never a share of the threads or of the batch:
+ * a row's output is the same bits alone, in any batch and in a prompt chunk of any length (a row that
+ * sees at most SPLIT_KEYS keys gives the same bits through one range as without one). */
+/* A multiple of ATTN_TILE (tiles start at the same positions either way). 512: a 6,000-key decode is
+ * 12 ranges per kv head for the threads to share, and a range's state (16 queries' max, sum and sums)
+ * costs ~3% of reading its 512 keys in a long prompt's chunk. */
+#define SPLIT_KEYS 512
+
+/* The split's bookkeeping: per item its place, its first unit and, when it has several ranges, its
+ * first range state in part (-1: one range, computed straight into the outputs). */
+typedef struct split_plan {
+  item_at *at;
+  int64_t *first_unit; /* [items + 1] */
+  int64_t *state;      /* [items] */
+} split_plan;
+
+static int item_ranges(const attn_job *j, const item_at *a) {
+  int end = j->b->kv_len[a->s] - j->b->q_len[a->s] + a->r1; /* its last row sees the most keys */
+  return end > SPLIT_KEYS ? (end + SPLIT_KEYS - 1) / SPLIT_KEYS : 1;
 }
+
+typedef struct split_job {
+  const attn_job *j;
+  const split_plan *sp;
+  int64_t items;
+} split_job;
 
 static void split_task(void *ctx, int64_t begin, int64_t end, int thread) {
   (void)thread;
-  const attn_job *j = ctx;
-  for (int64_t u = begin; u < end; u++) {
-    item_at a = item_global(j, u / j->parts);
-    int p = (int)(u % j->parts);
-    float *part = j->part + (size_t)u * j->part_floats;
-    if (p < ranges_of(j->b->kv_len[a.s] - j->b->q_len[a.s] + a.r1)) {
-      attn_item(j, a.s, a.g, a.h0, a.h1, a.r0, a.r1, p, p + 1, part);
-    } else {
-      for (int i = 0; i < ATTN_MAX_Q; i++) part[ATTN_MAX_Q + i] = 0.0f; /* past the item's keys: empty */
+  const split_job *x = ctx;
+  const attn_job *j = x->j;
+  const split_plan *sp = x->sp;
+  int64_t lo = 0, hi = x->items - 1; /* the item holding unit begin */
+  while (lo < hi) {
+    int64_t mid = (lo + hi + 1) / 2;
+    if (sp->first_unit[mid] <= begin) lo = mid;
+    else hi = mid - 1;
+  }
+  for (int64_t u = begin, it = lo; u < end; u++) {
+    while (u >= sp->first_unit[it + 1]) it++;
+    const item_at *a = &sp->at[it];
+    if (sp->state[it] < 0) {
+      attn_item(j, a->s, a->g, a->h0, a->h1, a->r0, a->r1, 0, INT32_MAX, NULL);
+      continue;
     }
+    int64_t r = u - sp->first_unit[it];
+    attn_item(j, a->s, a->g, a->h0, a->h1, a->r0, a->r1, (int)(r * SPLIT_KEYS), (int)((r + 1) * SPLIT_KEYS),
+              j->part + (size_t)(sp->state[it] + r) * j->part_floats);
   }
 }
 
-/* Item it's ranges into its outputs, in range order (as attn_item merges them itself). */
-static void merge_item(const attn_job *j, int64_t it) {
-  item_at a = item_global(j, it);
-  int hd = j->c->head_dim, nq = 0;
-  const float *first = j->part + (size_t)it * (size_t)j->parts * j->part_floats;
-  float acc[ATTN_MAX_DIM];
-  for (int r = a.r0; r < a.r1; r++)
-    for (int h = a.h0; h < a.h1; h++, nq++) {
-      float m = -INFINITY, sum = 0.0f;
-      memset(acc, 0, (size_t)hd * sizeof(float));
-      for (int p = 0; p < j->parts; p++) {
-        const float *pp = first + (size_t)p * j->part_floats;
-        merge_state(&m, &sum, acc, pp[nq], pp[ATTN_MAX_Q + nq], pp + 2 * ATTN_MAX_Q + (size_t)nq * (size_t)hd, hd);
-      }
+/* Item it's ranges into its outputs, in order: each range's sums rescaled by exp(its max - the
+ * largest). */
+static void merge_item(const attn_job *j, const split_plan *sp, int64_t it) {
+  const item_at *a = &sp->at[it];
+  int hd = j->c->head_dim, nq = 0, parts = (int)(sp->first_unit[it + 1] - sp->first_unit[it]);
+  const float *first = j->part + (size_t)sp->state[it] * j->part_floats;
+  for (int r = a->r0; r < a->r1; r++)
+    for (int h = a->h0; h < a->h1; h++, nq++) {
       float *o =
-          (float *)(j->o.data + (int64_t)(j->b->q_start[a.s] + r) * j->o.stride) + (size_t)(a.g * j->rep + h) * hd;
+          (float *)(j->o.data + (int64_t)(j->b->q_start[a->s] + r) * j->o.stride) + (size_t)(a->g * j->rep + h) * hd;
+      float m = -INFINITY, sum = 0.0f;
+      for (int p = 0; p < parts; p++)
+        if (first[(size_t)p * j->part_floats + (size_t)nq] > m) m = first[(size_t)p * j->part_floats + (size_t)nq];
+      memset(o, 0, (size_t)hd * sizeof(float));
+      for (int p = 0; p < parts; p++) {
+        const float *pp = first + (size_t)p * j->part_floats;
+        if (pp[ATTN_MAX_Q + nq] == 0.0f) continue; /* a range this query sees no key of */
+        float w = expf(pp[nq] - m);
+        sum += pp[ATTN_MAX_Q + nq] * w;
+        const float *acc = pp + 2 * ATTN_MAX_Q + (size_t)nq * (size_t)hd;
+        for (int d = 0; d < hd; d++) o[d] += acc[d] * w;
+      }
       float inv = 1.0f / sum; /* >= 1: the range holding the max contributes exp(0) */
-      for (int d = 0; d < hd; d++) o[d] = acc[d] * inv;
+      for (int d = 0; d < hd; d++) o[d] *= inv;
     }
 }
 
-/* Ranges per item as units of their own (1: no split): when the batch has too few items to keep
- * every thread busy and its longest sequence spans several ranges. */
-static int parts_for(const attn_job *j, int64_t items) {
-  int threads = servd_threadpool_size();
-  if (threads < 2 || items >= 2 * (int64_t)threads) return 1;
-  int longest = 0;
+/* Runs the items of a batch in which some item has several ranges. Its plan and range states live in
+ * the calling thread's scratch (reused from step to step: a long prompt's chunk has thousands of
+ * ranges); SERVD_ENOMEM without it (nothing computed). */
+static int run_split(attn_job *j, int64_t items) {
+  int64_t units = 0, states = 0;
   for (int s = 0; s < j->b->n_seqs; s++)
-    if (j->b->kv_len[s] > longest) longest = j->b->kv_len[s];
-  int p = ranges_of(longest);
-  return p < 2 ? 1 : p;
+    for (int64_t l = 0; l < seq_items(j, s); l++) {
+      item_at a = item_of(j, s, l);
+      int n = item_ranges(j, &a);
+      units += n;
+      states += n > 1 ? n : 0;
+    }
+  const size_t at_bytes = (size_t)items * sizeof(item_at), idx_bytes = (size_t)(2 * items + 1) * sizeof(int64_t);
+  const size_t head = (at_bytes + idx_bytes + 63) / 64 * 64;
+  char *mem = servd__scratch(3, head + (size_t)states * j->part_floats * sizeof(float));
+  if (!mem)
+    return servd_fail(SERVD_ENOMEM, "attention: no memory for %lld ranges of %lld items split over positions",
+                      (long long)units, (long long)items);
+  split_plan sp = {(item_at *)mem, (int64_t *)(mem + at_bytes), (int64_t *)(mem + at_bytes) + items + 1};
+  j->part = (float *)(mem + head);
+  int64_t u = 0, st = 0, it = 0;
+  for (int s = 0; s < j->b->n_seqs; s++)
+    for (int64_t l = 0; l < seq_items(j, s); l++, it++) {
+      sp.at[it] = item_of(j, s, l);
+      int n = item_ranges(j, &sp.at[it]);
+      sp.first_unit[it] = u;
+      sp.state[it] = n > 1 ? st : -1;
+      st += n > 1 ? n : 0;
+      u += n;
+    }
+  sp.first_unit[items] = u;
+  split_job x = {j, &sp, items};
+  servd_parallel_for(units, 1, split_task, &x);
+  for (it = 0; it < items; it++)
+    if (sp.state[it] >= 0) merge_item(j, &sp, it);
+  return 0;
 }
 
 /* Checks one sequence of the batch; NULL when fine. */
@@ -407,15 +440,9 @@ int servd_attention_window(servd_tensor *out, const servd_tensor *q, const servd
   int64_t items = 0;
   for (int s = 0; s < b->n_seqs; s++) items += seq_items(&j, s);
   if (items == 0) return 0;
-  j.parts = parts_for(&j, items);
   j.part_floats = 2 * ATTN_MAX_Q + (size_t)ATTN_MAX_Q * (size_t)c->head_dim;
-  /* one allocation per call, only on this path, where the call reads megabytes of cache */
-  if (j.parts > 1 && (j.part = malloc((size_t)items * (size_t)j.parts * j.part_floats * sizeof(float)))) {
-    servd_parallel_for(items * j.parts, 1, split_task, &j);
-    for (int64_t it = 0; it < items; it++) merge_item(&j, it);
-    free(j.part);
-    return 0;
-  }
+  for (int s = 0; s < b->n_seqs; s++) /* a row that sees several ranges: the split, batch or not */
+    if (b->q_len[s] > 0 && b->kv_len[s] > SPLIT_KEYS) return run_split(&j, items);
   servd_parallel_for(items, 1, attn_task, &j);
   return 0;
 }

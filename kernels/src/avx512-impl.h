@@ -25,7 +25,18 @@ static inline __mmask16 tail16(int64_t left) {
   return left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
-/* [sum a, sum b, sum c, sum d] */
+/* Sum of a's 16 lanes in one fixed order: lanes 8 apart added, then 4, then 2, then 1 (the order of
+ * GCC's _mm512_reduce_add_ps, spelled out so no compiler chooses another). reduce4 sums each of its
+ * vectors in this same order, so an output column's value does not depend on whether its kernel
+ * reduced it alone or with three others: a row's numbers do not depend on the batch around it. */
+static inline float hsum16(__m512 a) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  const __m128 p = _mm_add_ps(q, _mm_permute_ps(q, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
+}
+
+/* [sum a, sum b, sum c, sum d], each summed in hsum16's order. */
 static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
   __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
                             _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
@@ -33,8 +44,8 @@ static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
                             _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
   __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
                            _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
   t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
   return _mm512_castps512_ps128(
       _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), t));
 }

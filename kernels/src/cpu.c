@@ -12,6 +12,7 @@
 static atomic_int best_isa = -1;
 static atomic_int forced_isa = -1;
 static atomic_int has_vnni = -1, has_bf16 = -1;
+static atomic_int batch_invariant = 0;
 
 static void detect(void) {
   __builtin_cpu_init();
@@ -26,6 +27,9 @@ static void detect(void) {
   atomic_store(&best_isa, best);
   /* SERVD_ISA=scalar|avx2|avx512 runs a whole process on that path (checking a model on the scalar
    * reference); a name this CPU cannot run is refused with a warning. */
+  /* SERVD_BATCH_INVARIANT=1: batch invariance also where it costs (servd/ops.h) */
+  const char *bi = getenv("SERVD_BATCH_INVARIANT");
+  if (bi && *bi && strcmp(bi, "0") != 0) atomic_store(&batch_invariant, 1);
   const char *env = getenv("SERVD_ISA");
   for (int i = 0; env && *env && i <= SERVD_ISA_COUNT; i++) {
     if (i == SERVD_ISA_COUNT || i > best) {
@@ -71,8 +75,19 @@ int servd_cpu_force_isa(servd_isa isa) {
 }
 
 servd_isa servd__isa(void) {
+  const servd_isa best = servd_cpu_best_isa(); /* detects first: SERVD_ISA is read there */
   int f = atomic_load_explicit(&forced_isa, memory_order_relaxed);
-  return f >= 0 ? (servd_isa)f : servd_cpu_best_isa();
+  return f >= 0 ? (servd_isa)f : best;
+}
+
+void servd_cpu_set_batch_invariant(bool on) {
+  (void)servd_cpu_best_isa(); /* the environment is read once, at detection: not after this */
+  atomic_store(&batch_invariant, on ? 1 : 0);
+}
+
+bool servd_cpu_batch_invariant(void) {
+  (void)servd_cpu_best_isa();
+  return atomic_load_explicit(&batch_invariant, memory_order_relaxed) == 1;
 }
 
 servd_isa servd_cpu_active_isa(void) { return servd__isa(); }

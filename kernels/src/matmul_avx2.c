@@ -94,29 +94,44 @@ TILE_FN(SERVD_F32, tile_f32)
 TILE_FN(SERVD_F16, tile_f16)
 TILE_FN(SERVD_BF16, tile_bf16)
 
+/* a's tile of weight rows j.. (set by the caller) against x rows i..i+rm over the k block at l0. */
+static void tile_at(const servd__mm *p, tile_args *a, void (*fn)(const tile_args *, int), int64_t l0, int64_t i, int rm,
+                    int64_t j) {
+  a->l0 = l0;
+  a->kc = p->k - l0 < KC ? p->k - l0 : KC;
+  a->first = l0 == 0;
+  for (int r = 0; r < rm; r++) {
+    a->x[r] = (const float *)(p->x + (i + r) * p->ldx) + l0;
+    a->o[r] = (float *)(p->out + (i + r) * p->ldo) + j;
+  }
+  fn(a, rm);
+}
+
+static void set_w(const servd__mm *p, tile_args *a, int64_t j, int64_t j1) {
+  a->nvalid = j1 - j < RN ? (int)(j1 - j) : RN;
+  for (int c = 0; c < RN; c++) a->w[c] = p->w + (j + (c < a->nvalid ? c : a->nvalid - 1)) * p->ldw;
+}
+
 void servd__mm_float_avx2(const servd__mm *p, int64_t j0, int64_t j1) {
   void (*fn)(const tile_args *, int) = p->wt == SERVD_BF16 ? tile_bf16 : p->wt == SERVD_F16 ? tile_f16 : tile_f32;
   tile_args a;
-  /* k blocks keep a weight tile in L1 across x row tiles; with a single x tile there is no reuse,
-   * and whole rows stream better. */
-  const int64_t kc = p->m <= RM_MAX ? p->k : KC;
-  for (int64_t l0 = 0; l0 < p->k; l0 += kc) {
-    a.l0 = l0;
-    a.kc = p->k - l0 < kc ? p->k - l0 : kc;
-    a.first = l0 == 0;
+  /* Every output is summed over k blocks of KC, whatever m is, so a row's value does not depend on
+   * how many rows share the call (batch invariance). k blocks keep a weight tile in L1 across x row
+   * tiles; with a single x tile (decode) a tile's k blocks run back to back, so whole rows stream. */
+  if (p->m <= RM_MAX) {
+    for (int64_t j = j0; j < j1; j += RN) {
+      set_w(p, &a, j, j1);
+      for (int64_t l0 = 0; l0 < p->k; l0 += KC) tile_at(p, &a, fn, l0, 0, (int)p->m, j);
+    }
+    return;
+  }
+  for (int64_t l0 = 0; l0 < p->k; l0 += KC) {
     for (int64_t i0 = 0; i0 < p->m; i0 += MC) {
       const int64_t i1 = p->m - i0 < MC ? p->m : i0 + MC;
       for (int64_t j = j0; j < j1; j += RN) {
-        a.nvalid = j1 - j < RN ? (int)(j1 - j) : RN;
-        for (int c = 0; c < RN; c++) a.w[c] = p->w + (j + (c < a.nvalid ? c : a.nvalid - 1)) * p->ldw;
-        for (int64_t i = i0; i < i1; i += RM_MAX) {
-          int rm = i1 - i < RM_MAX ? (int)(i1 - i) : RM_MAX;
-          for (int r = 0; r < rm; r++) {
-            a.x[r] = (const float *)(p->x + (i + r) * p->ldx) + l0;
-            a.o[r] = (float *)(p->out + (i + r) * p->ldo) + j;
-          }
-          fn(&a, rm);
-        }
+        set_w(p, &a, j, j1);
+        for (int64_t i = i0; i < i1; i += RM_MAX)
+          tile_at(p, &a, fn, l0, i, i1 - i < RM_MAX ? (int)(i1 - i) : RM_MAX, j);
       }
     }
   }

@@ -66,11 +66,10 @@ static inline __attribute__((always_inline)) void tile(const tile_args *a, const
   int64_t l = 0;
   if (wt == SERVD_BF16) {
     /* 32 weights per 64-byte load: even elements are the low halves of the dwords (shift up),
-     * odd ones the high halves (mask); x was split the same way once per call. */
+     * odd ones the high halves (mask); x was split the same way once per call. One FMA chain per
+     * output whatever rm is (a second chain for odd terms at rm == 1 would round a row alone
+     * differently from the same row in a batch). */
     const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    __m512 acc_odd[RN];
-#pragma GCC unroll 4
-    for (int c = 0; c < RN; c++) acc_odd[c] = _mm512_setzero_ps();
     for (; l + 32 <= kc; l += 32) {
       prefetch_rows(a, 2, l0 + l);
       __m512 we[RN], wo[RN];
@@ -80,25 +79,12 @@ static inline __attribute__((always_inline)) void tile(const tile_args *a, const
         we[c] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
         wo[c] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
       }
-      if (rm == 1) { /* one x row: odd terms get their own accumulators, halving the FMA chains */
-        const __m512 xe = _mm512_loadu_ps(a->xe[0] + l), xo = _mm512_loadu_ps(a->xe[0] + l + 16);
-#pragma GCC unroll 4
-        for (int c = 0; c < RN; c++) {
-          acc[0][c] = _mm512_fmadd_ps(xe, we[c], acc[0][c]);
-          acc_odd[c] = _mm512_fmadd_ps(xo, wo[c], acc_odd[c]);
-        }
-        continue;
-      }
 #pragma GCC unroll 8
       for (int r = 0; r < rm; r++) {
         const __m512 xe = _mm512_loadu_ps(a->xe[r] + l), xo = _mm512_loadu_ps(a->xe[r] + l + 16);
 #pragma GCC unroll 4
         for (int c = 0; c < RN; c++) acc[r][c] = _mm512_fmadd_ps(xo, wo[c], _mm512_fmadd_ps(xe, we[c], acc[r][c]));
       }
-    }
-    if (rm == 1) {
-#pragma GCC unroll 4
-      for (int c = 0; c < RN; c++) acc[0][c] = _mm512_add_ps(acc[0][c], acc_odd[c]);
     }
   }
   for (; l + 16 <= kc; l += 16) {
@@ -149,34 +135,49 @@ TILE_FN(SERVD_F32, tile_f32)
 TILE_FN(SERVD_F16, tile_f16)
 TILE_FN(SERVD_BF16, tile_bf16)
 
+/* a's tile of weight rows j.. (set by the caller) against x rows i..i+rm over the k block at l0. */
+static void tile_at(const servd__mm *p, tile_args *a, void (*fn)(const tile_args *, int), int64_t l0, int64_t i, int rm,
+                    int64_t j) {
+  a->l0 = l0;
+  a->kc = p->k - l0 < KC ? p->k - l0 : KC;
+  a->first = l0 == 0;
+  for (int r = 0; r < rm; r++) {
+    a->x[r] = (const float *)(p->x + (i + r) * p->ldx) + l0;
+    a->xe[r] = p->xeo ? p->xeo + (i + r) * p->ldxeo + l0 : NULL;
+    a->o[r] = (float *)(p->out + (i + r) * p->ldo) + j;
+  }
+  fn(a, rm);
+}
+
+static void set_w(const servd__mm *p, tile_args *a, int64_t j, int64_t j1) {
+  a->nvalid = j1 - j < RN ? (int)(j1 - j) : RN;
+  for (int c = 0; c < RN; c++) a->w[c] = p->w + (j + (c < a->nvalid ? c : a->nvalid - 1)) * p->ldw;
+}
+
 void servd__mm_float_avx512(const servd__mm *p, int64_t j0, int64_t j1) {
   void (*fn)(const tile_args *, int) = p->wt == SERVD_BF16 ? tile_bf16 : p->wt == SERVD_F16 ? tile_f16 : tile_f32;
   tile_args a;
-  /* k blocks keep a weight tile in L1 across x row tiles; with a single x tile there is no reuse,
-   * and whole rows stream better. */
-  const int64_t kc = p->m <= RM_MAX ? p->k : KC;
+  /* Every output is summed over k blocks of KC, whatever m is, so a row's value does not depend on
+   * how many rows share the call (batch invariance). k blocks keep a weight tile in L1 across x row
+   * tiles; with a single x tile (decode) a tile's k blocks run back to back, so whole rows stream. */
   /* Single pass over weights of 1 MiB or more (decode): prefetch the next tile's rows, which
    * hardware prefetchers pick up late when four rows stream at once (+~30% from DRAM). */
   const int64_t row_bytes = p->k * (p->wt == SERVD_F32 ? 4 : 2);
   a.pf = p->m <= RM_MAX && p->n * row_bytes >= (1 << 20) ? RN * p->ldw : 0;
-  for (int64_t l0 = 0; l0 < p->k; l0 += kc) {
-    a.l0 = l0;
-    a.kc = p->k - l0 < kc ? p->k - l0 : kc;
-    a.first = l0 == 0;
+  if (p->m <= RM_MAX) {
+    for (int64_t j = j0; j < j1; j += RN) {
+      set_w(p, &a, j, j1);
+      for (int64_t l0 = 0; l0 < p->k; l0 += KC) tile_at(p, &a, fn, l0, 0, (int)p->m, j);
+    }
+    return;
+  }
+  for (int64_t l0 = 0; l0 < p->k; l0 += KC) {
     for (int64_t i0 = 0; i0 < p->m; i0 += MC) {
       const int64_t i1 = p->m - i0 < MC ? p->m : i0 + MC;
       for (int64_t j = j0; j < j1; j += RN) {
-        a.nvalid = j1 - j < RN ? (int)(j1 - j) : RN;
-        for (int c = 0; c < RN; c++) a.w[c] = p->w + (j + (c < a.nvalid ? c : a.nvalid - 1)) * p->ldw;
-        for (int64_t i = i0; i < i1; i += RM_MAX) {
-          int rm = i1 - i < RM_MAX ? (int)(i1 - i) : RM_MAX;
-          for (int r = 0; r < rm; r++) {
-            a.x[r] = (const float *)(p->x + (i + r) * p->ldx) + l0;
-            a.xe[r] = p->xeo ? p->xeo + (i + r) * p->ldxeo + l0 : NULL;
-            a.o[r] = (float *)(p->out + (i + r) * p->ldo) + j;
-          }
-          fn(&a, rm);
-        }
+        set_w(p, &a, j, j1);
+        for (int64_t i = i0; i < i1; i += RM_MAX)
+          tile_at(p, &a, fn, l0, i, i1 - i < RM_MAX ? (int)(i1 - i) : RM_MAX, j);
       }
     }
   }

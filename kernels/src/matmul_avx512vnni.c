@@ -305,7 +305,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
                                _mm512_add_ps(acc[r][2], accm[r][2]), _mm512_add_ps(acc[r][3], accm[r][3])));
     } else {
 #pragma GCC unroll 4
-      for (int c = 0; c < NW; c++) o[c] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][c], accm[r][c]));
+      for (int c = 0; c < NW; c++) o[c] = hsum16(_mm512_add_ps(acc[r][c], accm[r][c]));
     }
   }
 }

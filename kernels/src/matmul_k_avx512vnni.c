@@ -17,7 +17,8 @@
  * Amortization: a super-block is decoded once for up to RQ x rows (batched decode, prefill); at
  * batch 1, four weight rows share the x loads and one scale unpack. Weights never reach memory as
  * floats. Batches of q4_k/q5_k take krows_batch instead (f32 sub-block scales, as q4_1's kernel
- * scales its blocks), and every batch meets x in blocks of RQ rows by 16 weight rows, both in L1.
+ * scales its blocks), and so does batch 1 when batch invariance is on (servd/ops.h); every batch
+ * meets x in blocks of RQ rows by 16 weight rows, both in L1.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -273,10 +274,10 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
   for (int c = 0; c < NW; c++)
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-      res[c][r] = wt == SERVD_Q6_K
-                      ? _mm512_reduce_add_ps(acc[c][r])
-                      : _mm512_reduce_add_ps(_mm512_mul_ps(
-                            acc[c][r], _mm512_insertf32x8(_mm512_set1_ps(1.0f), _mm256_set1_ps(-1.0f), 1)));
+      res[c][r] =
+          wt == SERVD_Q6_K
+              ? hsum16(acc[c][r])
+              : hsum16(_mm512_mul_ps(acc[c][r], _mm512_insertf32x8(_mm512_set1_ps(1.0f), _mm256_set1_ps(-1.0f), 1)));
 }
 
 /* x rows i0..i0+R . weight row w for q4_k/q5_k when m > 1, in q4_1's arrangement: the sub-block
@@ -286,53 +287,69 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
  * per call by sub_block_sums). Against krows this drops the i16 scale multiplies and the
  * per-super-block folding and insertion of the offset lanes: ~10 instructions per row and
  * super-block besides the four vpdpbusd instead of ~15. */
-static inline __attribute__((always_inline)) void krows_batch(const servd__mm *p, const char *w, int64_t i0, float *res,
-                                                              const int R, const float *sx, const servd_dtype wt) {
+static inline __attribute__((always_inline)) void krows_batch(const servd__mm *p, const char *const *w, int64_t i0,
+                                                              float (*res)[RQ], const int R, const int NW,
+                                                              const float *sx, const servd_dtype wt) {
   const servd__q8k *q = &p->xk;
   const int64_t nb = q->nb;
   const __m512i ev_of = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
   const __m512i od_of = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
-  __m512 acc[RQ];
-  __m256 accm[RQ];
+  const int bb = wt == SERVD_Q4_K ? sizeof(servd_block_q4_k) : sizeof(servd_block_q5_k);
+  const bool pf = NW == NWMAX && p->n * p->ldw >= (1 << 20); /* as krows: four streams from DRAM */
+  __m512 acc[NWMAX][RQ];
+  __m256 accm[NWMAX][RQ];
+#pragma GCC unroll 4
+  for (int c = 0; c < NW; c++)
 #pragma GCC unroll 8
-  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps(), accm[c][r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
-    const uint16_t *dd;
-    const uint8_t *scales;
-    if (wt == SERVD_Q4_K) {
-      dd = &((const servd_block_q4_k *)w + b)->d;
-      scales = ((const servd_block_q4_k *)w + b)->scales;
-    } else {
-      dd = &((const servd_block_q5_k *)w + b)->d;
-      scales = ((const servd_block_q5_k *)w + b)->scales;
-    }
-    const __m128i sm = servd__k4_scales_mins(scales);
-    __m512i wv[4], sv[4];
-    __m256i msv;
-    __m512 dwc;
-    decode(w, b, &sm, wv, sv, &msv, &dwc, wt);                       /* quanta only: the scale vectors go unused */
-    const __m512 scf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm)); /* sc[0..7], m[0..7] */
-    const __m512 d = _mm512_set1_ps(f16(dd[0]));
-    const __m512 dev = _mm512_mul_ps(_mm512_permutexvar_ps(ev_of, scf), d);
-    const __m512 dod = _mm512_mul_ps(_mm512_permutexvar_ps(od_of, scf), d);
-    const __m256 mins = _mm256_mul_ps(_mm512_extractf32x8_ps(scf, 1), _mm256_set1_ps(f16(dd[1])));
+#pragma GCC unroll 4
+    for (int c = 0; c < NW; c++) {
+      if (pf) {
+        const char *nx = (const char *)((uintptr_t)w[c] + (uintptr_t)(NW * p->ldw) + (uintptr_t)(b * bb));
+#pragma GCC unroll 4
+        for (int l = 0; l < bb; l += 64) _mm_prefetch(nx + l, _MM_HINT_T0);
+        _mm_prefetch(nx + bb - 1, _MM_HINT_T0);
+      }
+      const uint16_t *dd;
+      const uint8_t *scales;
+      if (wt == SERVD_Q4_K) {
+        dd = &((const servd_block_q4_k *)w[c] + b)->d;
+        scales = ((const servd_block_q4_k *)w[c] + b)->scales;
+      } else {
+        dd = &((const servd_block_q5_k *)w[c] + b)->d;
+        scales = ((const servd_block_q5_k *)w[c] + b)->scales;
+      }
+      const __m128i sm = servd__k4_scales_mins(scales);
+      __m512i wv[4], sv[4];
+      __m256i msv;
+      __m512 dwc;
+      decode(w[c], b, &sm, wv, sv, &msv, &dwc, wt);                    /* quanta only: the scale vectors go unused */
+      const __m512 scf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm)); /* sc[0..7], m[0..7] */
+      const __m512 d = _mm512_set1_ps(f16(dd[0]));
+      const __m512 dev = _mm512_mul_ps(_mm512_permutexvar_ps(ev_of, scf), d);
+      const __m512 dod = _mm512_mul_ps(_mm512_permutexvar_ps(od_of, scf), d);
+      const __m256 mins = _mm256_mul_ps(_mm512_extractf32x8_ps(scf, 1), _mm256_set1_ps(f16(dd[1])));
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-      const int8_t *xb = q->qs + (i0 + r) * q->ldq + b * SERVD_QK_K;
-      const __m512i ev = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_load_si512(xb)),
-                                             wv[1], _mm512_load_si512(xb + 64));
-      const __m512i od =
-          _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[2], _mm512_load_si512(xb + 128)), wv[3],
-                              _mm512_load_si512(xb + 192));
-      const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(od), dod, _mm512_mul_ps(_mm512_cvtepi32_ps(ev), dev));
-      const int64_t rb = (i0 + r) * nb + b;
-      acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(q->d[rb]), acc[r]);
-      accm[r] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(sx + rb * 8), accm[r]);
+      for (int r = 0; r < R; r++) {
+        const int8_t *xb = q->qs + (i0 + r) * q->ldq + b * SERVD_QK_K;
+        const __m512i ev =
+            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_load_si512(xb)), wv[1],
+                                _mm512_load_si512(xb + 64));
+        const __m512i od =
+            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[2], _mm512_load_si512(xb + 128)), wv[3],
+                                _mm512_load_si512(xb + 192));
+        const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(od), dod, _mm512_mul_ps(_mm512_cvtepi32_ps(ev), dev));
+        const int64_t rb = (i0 + r) * nb + b;
+        acc[c][r] = _mm512_fmadd_ps(t, _mm512_set1_ps(q->d[rb]), acc[c][r]);
+        accm[c][r] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(sx + rb * 8), accm[c][r]);
+      }
     }
   }
+#pragma GCC unroll 4
+  for (int c = 0; c < NW; c++)
 #pragma GCC unroll 8
-  for (int r = 0; r < R; r++)
-    res[r] = _mm512_reduce_add_ps(acc[r]) - _mm512_reduce_add_ps(_mm512_castps256_ps512(accm[r]));
+    for (int r = 0; r < R; r++) res[c][r] = hsum16(acc[c][r]) - hsum16(_mm512_castps256_ps512(accm[c][r]));
 }
 
 /* sx for krows_batch: per x row and super-block the 8 sub-block sums of q times d_x (from bsums). */
@@ -344,18 +361,22 @@ static void sub_block_sums(const servd__q8k *q, int64_t m, float *sx) {
   }
 }
 
-typedef void (*batch_fn)(const servd__mm *p, const char *w, int64_t i0, float *res, int R, const float *sx);
+/* x rows i0..i0+R (1..RQ) against one weight row, or (R = 0) x row i0 against NWMAX weight rows:
+ * res[c][r]. Each output takes the same arithmetic either way. */
+typedef void (*batch_fn)(const servd__mm *p, const char *const *w, int64_t i0, float (*res)[RQ], int R,
+                         const float *sx);
 #define BATCH_FN(wt, name) \
-  static void name(const servd__mm *p, const char *w, int64_t i0, float *res, int R, const float *sx) { \
+  static void name(const servd__mm *p, const char *const *w, int64_t i0, float(*res)[RQ], int R, const float *sx) { \
     switch (R) { \
-    case 1: krows_batch(p, w, i0, res, 1, sx, wt); break; \
-    case 2: krows_batch(p, w, i0, res, 2, sx, wt); break; \
-    case 3: krows_batch(p, w, i0, res, 3, sx, wt); break; \
-    case 4: krows_batch(p, w, i0, res, 4, sx, wt); break; \
-    case 5: krows_batch(p, w, i0, res, 5, sx, wt); break; \
-    case 6: krows_batch(p, w, i0, res, 6, sx, wt); break; \
-    case 7: krows_batch(p, w, i0, res, 7, sx, wt); break; \
-    default: krows_batch(p, w, i0, res, 8, sx, wt); break; \
+    case 0: krows_batch(p, w, i0, res, 1, NWMAX, sx, wt); break; \
+    case 1: krows_batch(p, w, i0, res, 1, 1, sx, wt); break; \
+    case 2: krows_batch(p, w, i0, res, 2, 1, sx, wt); break; \
+    case 3: krows_batch(p, w, i0, res, 3, 1, sx, wt); break; \
+    case 4: krows_batch(p, w, i0, res, 4, 1, sx, wt); break; \
+    case 5: krows_batch(p, w, i0, res, 5, 1, sx, wt); break; \
+    case 6: krows_batch(p, w, i0, res, 6, 1, sx, wt); break; \
+    case 7: krows_batch(p, w, i0, res, 7, 1, sx, wt); break; \
+    default: krows_batch(p, w, i0, res, 8, 1, sx, wt); break; \
     } \
   }
 BATCH_FN(SERVD_Q4_K, batch_q4_k)
@@ -436,23 +457,27 @@ KROWS_FN(SERVD_Q6_K, rows_q6_k)
 
 void servd__mm_kquant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
   const rows_fn fn = p->wt == SERVD_Q4_K ? rows_q4_k : p->wt == SERVD_Q5_K ? rows_q5_k : rows_q6_k;
+  const batch_fn bf = p->wt == SERVD_Q4_K ? batch_q4_k : batch_q5_k;
   float res[NWMAX][RQ];
-  /* q4_k/q5_k batches: krows_batch, on x's sub-block sums (NULL without memory, and for q6_k: krows) */
-  float *sx = p->m > 1 && p->wt != SERVD_Q6_K ? servd__scratch(1, (size_t)(p->m * p->xk.nb * 8) * sizeof(float)) : NULL;
+  /* q4_k/q5_k batches take krows_batch, on x's sub-block sums; batch 1 takes krows (faster) unless
+   * batch invariance is asked for (servd_cpu_batch_invariant): then krows_batch too, so that a row
+   * alone takes the same arithmetic as in a batch. q6_k (and q4_k/q5_k without scratch memory) take
+   * krows at every m. */
+  const bool batch_form = p->wt != SERVD_Q6_K && (p->m > 1 || servd_cpu_batch_invariant());
+  float *sx = batch_form ? servd__scratch(1, (size_t)(p->m * p->xk.nb * 8) * sizeof(float)) : NULL;
   if (sx) sub_block_sums(&p->xk, p->m, sx);
   if (p->m > 1) {
     /* Batches: blocks of CHUNK weight rows (CHUNK * 144..210 bytes) and RQ x rows (RQ * k bytes)
      * both stay in L1 while they meet; weight rows outer streamed all of x from L2 for every weight
      * row (q4_k at m = 512 ran at 0.6x the speed of this order). */
     enum { CHUNK = 16 };
-    const batch_fn bf = p->wt == SERVD_Q4_K ? batch_q4_k : batch_q5_k;
     for (int64_t jc = j0; jc < j1; jc += CHUNK) {
       const int64_t je = j1 - jc < CHUNK ? j1 : jc + CHUNK;
       for (int64_t i = 0; i < p->m; i += RQ) {
         const int R = p->m - i < RQ ? (int)(p->m - i) : RQ;
         for (int64_t j = jc; j < je; j++) {
           const char *w = p->w + j * p->ldw;
-          if (sx) bf(p, w, i, res[0], R, sx);
+          if (sx) bf(p, &w, i, res, R, sx);
           else fn(p, &w, i, res, R);
           for (int r = 0; r < R; r++) ((float *)(p->out + (i + r) * p->ldo))[j] = res[0][r];
         }
@@ -465,13 +490,15 @@ void servd__mm_kquant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
     /* q6_k stays at one weight row: measured 3-4x slower with four from DRAM (k = 4096) */
     if (p->wt != SERVD_Q6_K && j1 - j >= NWMAX) {
       for (int c = 0; c < NWMAX; c++) w[c] = p->w + (j + c) * p->ldw;
-      fn(p, w, 0, res, 0);
+      if (sx) bf(p, w, 0, res, 0, sx);
+      else fn(p, w, 0, res, 0);
       for (int c = 0; c < NWMAX; c++) ((float *)p->out)[j + c] = res[c][0];
       j += NWMAX;
       continue;
     }
     w[0] = p->w + j * p->ldw;
-    fn(p, w, 0, res, 1);
+    if (sx) bf(p, w, 0, res, 1, sx);
+    else fn(p, w, 0, res, 1);
     ((float *)p->out)[j] = res[0][0];
     j++;
   }

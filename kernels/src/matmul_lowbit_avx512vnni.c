@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "avx512-impl.h"
 #include "matmul_lowbit-impl.h"
 #include "servd/blocks.h"
 
@@ -145,7 +146,7 @@ void servd__mm_lowbit_k_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
           acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(q->d[i * q->nb + b]), acc[r]);
         }
       }
-      for (int r = 0; r < rows; r++) ((float *)(p->out + (i0 + r) * p->ldo))[j] = _mm512_reduce_add_ps(acc[r]);
+      for (int r = 0; r < rows; r++) ((float *)(p->out + (i0 + r) * p->ldo))[j] = hsum16(acc[r]);
     }
   }
 }

@@ -313,7 +313,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
       _mm_storeu_ps(o, reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
     } else {
 #pragma GCC unroll 4
-      for (int c = 0; c < NW; c++) o[c] = _mm512_reduce_add_ps(acc[r][c]);
+      for (int c = 0; c < NW; c++) o[c] = hsum16(acc[r][c]);
     }
   }
 }
@@ -378,6 +378,28 @@ static inline __attribute__((always_inline)) void tile_dec(const servd__mm *p, c
 #pragma GCC unroll 2
     for (int c = 0; c < NW; c++) acc[r][c] = _mm512_setzero_ps();
   for (int64_t g = 0; g < nb; g += 16) {
+    if (nb - g <= 4) { /* a last group of 1..4 blocks in q5_tail's arithmetic, term for term */
+      const __m512i lanes4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+      __mmask64 ma, mb;
+      __m512 dxe[RQ], sxe[RQ];
+      tail_setup((int)(nb - g) * 32, &ma, &mb, xd, xs, g, R, dxe, sxe);
+#pragma GCC unroll 2
+      for (int c = 0; c < NW; c++) {
+        const __m512 dw = _mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(d->h + 2 * c * lds + g));
+        const __m512 cw = _mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(d->h + (2 * c + 1) * lds + g));
+        const __m512i lo = _mm512_load_si512((const void *)(d->q + c * d->ldq + g * 32));
+        const __m512i hi = _mm512_load_si512((const void *)(d->q + c * d->ldq + g * 32 + 64));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+          const int8_t *xp = xq[r] + g * 32;
+          __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)xp));
+          dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
+          acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dxe[r]), acc[r][c]);
+          acc[r][c] = _mm512_fmadd_ps(cw, sxe[r], acc[r][c]);
+        }
+      }
+      break;
+    }
     __m512 ds[RQ][2];
 #pragma GCC unroll 2
     for (int c = 0; c < NW; c++) {
@@ -416,7 +438,7 @@ static inline __attribute__((always_inline)) void tile_dec(const servd__mm *p, c
   for (int r = 0; r < R; r++) {
     float *o = (float *)(p->out + (i0 + r) * p->ldo) + j;
 #pragma GCC unroll 2
-    for (int c = 0; c < NW; c++) o[c] = _mm512_reduce_add_ps(acc[r][c]);
+    for (int c = 0; c < NW; c++) o[c] = hsum16(acc[r][c]);
   }
 }
 

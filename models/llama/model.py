@@ -257,8 +257,18 @@ class LlamaModel:
         extras = self.extras
         if extras:
             zeros, scratch, qh, kh, _ = self._extras_for(n, q, k, g, batch)
+        # LoRA adapter groups (batch.lora: rows, scale, ab per layer and projection): each projection's
+        # output gets scale * (x A^T) B^T on its group's rows, one lora_sgmv call for all groups.
+        lora = getattr(batch, "lora", None)
+        if lora:
+            lsegs, labs, sgmv = [(f, m, s) for f, m, s, _ in lora], [w for *_, w in lora], P.lora_sgmv
         for li, (an, wq, wk, wv, wo, fnorm, w1, w3, w2) in enumerate(layers):
             matmul_many(h, q, wq, k, wk, v, wv)
+            if lora:
+                lb = li * 7
+                sgmv(q, h, lsegs, [w[lb] for w in labs])
+                sgmv(k, h, lsegs, [w[lb + 1] for w in labs])
+                sgmv(v, h, lsegs, [w[lb + 2] for w in labs])
             if extras:
                 bias, qk_norm = extras[li]
                 if bias:  # out += the bias row: broadcast by an embedding of row 0, then added
@@ -279,12 +289,19 @@ class LlamaModel:
             else:
                 attention(a, q, kv, li, batch, hl, scale)
             matmul(o, a, wo)
+            if lora:
+                sgmv(o, a, lsegs, [w[lb + 3] for w in labs])
             if tp:
                 allreduce(o)
             add_rmsnorm(x, o, h, fnorm, eps)
             matmul_many(h, g, w1, u, w3)
+            if lora:
+                sgmv(g, h, lsegs, [w[lb + 4] for w in labs])
+                sgmv(u, h, lsegs, [w[lb + 5] for w in labs])
             swiglu(g, g, u)
             matmul(o, g, w2)
+            if lora:
+                sgmv(o, g, lsegs, [w[lb + 6] for w in labs])
             if tp:
                 allreduce(o)
             if li < last:
@@ -363,6 +380,12 @@ class LlamaModel:
 
     def profile_stats(self):
         return dict(self._prof or {})
+
+    # ---- LoRA adapters ---------------------------------------------------------------------------
+    def lora_info(self):
+        """Asked by the engine before it registers an adapter: this code adds batch.lora's products
+        (a package packed before adapters existed has no such method, and is refused)."""
+        return {"batch_lora": True}
 
     # ---- chat ----------------------------------------------------------------------------------
     def chat_template(self, messages, add_generation_prompt=True):
@@ -489,8 +512,16 @@ class Gemma3Model(LlamaModel):
             allreduce(x)
         rmsnorm(h, x, self.g_in[0], eps_res)
         last = self.n_layers - 1
+        lora = getattr(batch, "lora", None)  # as LlamaModel.forward
+        if lora:
+            lsegs, labs, sgmv = [(f, m, s) for f, m, s, _ in lora], [w for *_, w in lora], P.lora_sgmv
         for li, (_, wq, wk, wv, wo, _, w1, w3, w2) in enumerate(self.layers):
             matmul_many(h, q, wq, k, wk, v, wv)
+            if lora:
+                lb = li * 7
+                sgmv(q, h, lsegs, [w[lb] for w in labs])
+                sgmv(k, h, lsegs, [w[lb + 1] for w in labs])
+                sgmv(v, h, lsegs, [w[lb + 2] for w in labs])
             qn, kn = self.g_qk[li]
             rmsnorm(qh, qh, qn, eps)
             rmsnorm(kh, kh, kn, eps)
@@ -504,13 +535,20 @@ class Gemma3Model(LlamaModel):
             else:
                 attention(a, q, kv, li, batch, hl, scale)
             matmul(o, a, wo)
+            if lora:
+                sgmv(o, a, lsegs, [w[lb + 3] for w in labs])
             if tp:
                 allreduce(o)
             rmsnorm(o, o, self.g_post_attn[li], eps)
             add_rmsnorm(x, o, h, self.g_pre_ff[li], eps_res)
             matmul_many(h, g, w1, u, w3)
+            if lora:
+                sgmv(g, h, lsegs, [w[lb + 4] for w in labs])
+                sgmv(u, h, lsegs, [w[lb + 5] for w in labs])
             geglu(g, g, u)
             matmul(o, g, w2)
+            if lora:
+                sgmv(o, g, lsegs, [w[lb + 6] for w in labs])
             if tp:
                 allreduce(o)
             rmsnorm(o, o, self.g_post_ff[li], eps)

@@ -170,9 +170,10 @@ static int check_manifest(const char *what, mpk_package *p) {
   if (an && (!json_is_string(an) || mpk_check_name(what, "manifest.json: architecture", json_string_value(an))))
     return json_is_string(an) ? SERVD_EFORMAT
                               : servd_fail(SERVD_EFORMAT, "%s: manifest.json: architecture: expected a string", what);
-  if (strcmp(p->kind, "causal-lm") && strcmp(p->kind, "generic"))
-    return servd_fail(SERVD_EFORMAT, "%s: manifest.json: kind \"%.32s\": expected \"causal-lm\" or \"generic\"", what,
-                      p->kind);
+  if (strcmp(p->kind, "causal-lm") && strcmp(p->kind, "generic") && strcmp(p->kind, "lora-adapter"))
+    return servd_fail(SERVD_EFORMAT,
+                      "%s: manifest.json: kind \"%.32s\": expected \"causal-lm\", \"generic\" or \"lora-adapter\"",
+                      what, p->kind);
   const char *colon = strchr(p->entry_point, ':');
   if (!colon || !is_ident(p->entry_point, (size_t)(colon - p->entry_point), true) ||
       !is_ident(colon + 1, strlen(colon + 1), true))

@@ -21,6 +21,7 @@
 
 #include "mpk/import.h"
 #include "mpk/integrity.h"
+#include "mpk/lora.h"
 #include "mpk/package.h"
 #include "servd/status.h"
 
@@ -35,6 +36,9 @@ static int usage(void) {
           "[--quiet]\n"
           "         a model with predict(inputs) -> outputs; MODULE starts with DIR's name (DIR goes under code/);\n"
           "         tensors F32/F16/BF16, names unique across files; CONFIG: a JSON object (default {})\n"
+          "       modelpkg pack --lora ADAPTER_DIR --base BASE.mpk -o OUT.mpk [--name N] [--quiet]\n"
+          "         a PEFT LoRA adapter folder, checked against BASE, as an adapter package naming BASE by name and\n"
+          "         weight hash (servd --lora NAME=OUT.mpk refuses it on another base)\n"
           "       modelpkg inspect PKG [--json]\n"
           "       modelpkg verify [--key PUBLIC.pem|DIR] PKG\n"
           "         --key: also require a signature by that key (or one of DIR's *.pem keys)\n"
@@ -109,8 +113,27 @@ static int usage_line(const char *msg) {
   return 2;
 }
 
+/* modelpkg pack --lora: an adapter package (mpk_lora_pack), named --name or after the folder. */
+static int pack_lora(const char *dir, const char *base_path, const char *out, const char *name, bool quiet) {
+  mpk_package *base = NULL;
+  char fallback[65];
+  if (!name) {
+    const char *slash = strrchr(dir, '/');
+    const char *b = slash && slash[1] ? slash + 1 : dir;
+    snprintf(fallback, sizeof fallback, "%s", b);
+    name = fallback;
+  }
+  double t0 = now();
+  int rc = mpk_open(base_path, &base);
+  if (rc == 0) rc = mpk_lora_pack(dir, base, name, out);
+  mpk_close(base);
+  if (rc) return fail();
+  if (!quiet) printf("wrote %s (LoRA adapter %s for %s) in %.2f s\n", out, name, base_path, now() - t0);
+  return 0;
+}
+
 static int cmd_pack(int argc, char **argv) {
-  const char *src = NULL, *out = NULL, *kind = "causal-lm", *config = NULL;
+  const char *src = NULL, *out = NULL, *kind = "causal-lm", *config = NULL, *lora = NULL, *base = NULL;
   bool quiet = false, dtype_set = false;
   const char **weights = calloc((size_t)argc + 1, sizeof *weights); /* at most one per argument */
   size_t nw = 0;
@@ -125,6 +148,8 @@ static int cmd_pack(int argc, char **argv) {
     else if (!strcmp(a, "--kind") && more) kind = argv[++i];
     else if (!strcmp(a, "--weights") && more) weights[nw++] = argv[++i];
     else if (!strcmp(a, "--config") && more) config = argv[++i];
+    else if (!strcmp(a, "--lora") && more) lora = argv[++i];
+    else if (!strcmp(a, "--base") && more) base = argv[++i];
     else if (!strcmp(a, "--name") && more) o.name = argv[++i];
     else if (!strcmp(a, "--model-version") && more) o.model_version = argv[++i];
     else if (!strcmp(a, "--code") && more) o.code_dir = argv[++i];
@@ -139,6 +164,12 @@ static int cmd_pack(int argc, char **argv) {
       rc = usage();
       goto done;
     }
+  }
+  if (lora || base) {
+    rc = !lora || !base || !out || src
+             ? usage_line("--lora ADAPTER_DIR needs --base BASE.mpk and -o OUT.mpk, and no SRC")
+             : pack_lora(lora, base, out, o.name, quiet);
+    goto done;
   }
   bool generic = !strcmp(kind, "generic");
   if (!generic && strcmp(kind, "causal-lm")) {

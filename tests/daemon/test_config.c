@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "lora_spec.h"
 #include "servd/status.h"
 
 /* Parses argv (NULL-terminated, after "servd") into a fresh config; returns the status. */
@@ -307,6 +308,33 @@ static void test_max_model_len(void **state) {
   servd_config_free(&c);
 }
 
+/* --lora NAME=PATH[,base=MODEL] (repeatable, checked at parse) and --max-loras into every model. */
+static void test_lora_flags(void **state) {
+  (void)state;
+  servd_config c;
+  servd_model_options o;
+  assert_int_equal(PARSE(&c, "--model", "/x.mpk", "--lora", "a=/ad/a", "--lora", "b=/ad/b,base=x", "--max-loras", "3"),
+                   0);
+  assert_int_equal(c.n_loras, 2);
+  assert_string_equal(c.loras[1], "b=/ad/b,base=x");
+  servd_config_model_options(&c, 0, &o);
+  assert_int_equal(o.max_loras, 3);
+  servd_config_free(&c);
+  servd_lora_spec sp;
+  assert_int_equal(servd_lora_spec_parse("b=/ad/b,base=x", &sp), 0);
+  assert_true(!strcmp(sp.name, "b") && !strcmp(sp.path, "/ad/b") && !strcmp(sp.base, "x"));
+  assert_int_equal(servd_lora_spec_parse("a=/p", &sp), 0);
+  assert_true(!strcmp(sp.path, "/p") && sp.base[0] == 0);
+  const char *bad[] = {"a", "=p", "a=", "a=/p,base=", "a=,base=x"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(PARSE(&c, "--model", "/x.mpk", "--lora", bad[i]), SERVD_EINVAL);
+    assert_non_null(strstr(servd_last_error(), "--lora"));
+    servd_config_free(&c);
+  }
+  assert_int_equal(PARSE(&c, "--model", "/x.mpk", "--max-loras", "0"), SERVD_EINVAL);
+  servd_config_free(&c);
+}
+
 /* --kv-cache-dtype / "kv_cache_dtype" (top level or per model, the model's winning): unset leaves
  * the choice to the package (SERVD_DTYPE_COUNT); a name that is not a cache dtype is refused. */
 static void test_kv_cache_dtype(void **state) {
@@ -362,12 +390,13 @@ static void test_max_step_ms(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_defaults),      cmocka_unit_test(test_gpu_flags),
-      cmocka_unit_test(test_step_timeout),  cmocka_unit_test(test_isolation),
-      cmocka_unit_test(test_bad_flags),     cmocka_unit_test(test_config_file),
-      cmocka_unit_test(test_model_options), cmocka_unit_test(test_help_mentions_gpu_flags),
-      cmocka_unit_test(test_prefix_cache),  cmocka_unit_test(test_max_step_ms),
-      cmocka_unit_test(test_max_model_len), cmocka_unit_test(test_kv_cache_dtype),
+      cmocka_unit_test(test_defaults),       cmocka_unit_test(test_gpu_flags),
+      cmocka_unit_test(test_step_timeout),   cmocka_unit_test(test_isolation),
+      cmocka_unit_test(test_bad_flags),      cmocka_unit_test(test_config_file),
+      cmocka_unit_test(test_model_options),  cmocka_unit_test(test_help_mentions_gpu_flags),
+      cmocka_unit_test(test_prefix_cache),   cmocka_unit_test(test_max_step_ms),
+      cmocka_unit_test(test_max_model_len),  cmocka_unit_test(test_lora_flags),
+      cmocka_unit_test(test_kv_cache_dtype),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1077,6 +1077,28 @@ static void run_anyt3(const void *a_) {
     servd_storage_release(args_.t0.storage), servd_storage_release(args_.t1.storage), \
         servd_storage_release(args_.t2.storage); \
   return rc_;
+typedef struct anyt3f_args {
+  int (*fn)(servd_tensor *, const servd_tensor *, const servd_tensor *, float);
+  const char *name;
+  servd_tensor t0, t1, t2;
+  float f;
+} anyt3f_args;
+static void run_anyt3f(const void *a_) {
+  const anyt3f_args *a = a_;
+  servd_tensor x = a->t0, y = a->t1, z = a->t2;
+  if (a->fn(&x, &y, &z, a->f)) {
+    fprintf(stderr, "fake cuda %s: %s\n", a->name, servd_last_error());
+    abort();
+  }
+  servd_storage_release(x.storage), servd_storage_release(y.storage), servd_storage_release(z.storage);
+}
+#define FAKE_ANYT_T3F(name, p0_, p1_, p2_, f_) \
+  anyt3f_args args_ = {servd_##name, #name, host_alias(p0_), host_alias(p1_), host_alias(p2_), f_}; \
+  int rc_ = launch(c, run_anyt3f, &args_, sizeof args_); \
+  if (rc_) \
+    servd_storage_release(args_.t0.storage), servd_storage_release(args_.t1.storage), \
+        servd_storage_release(args_.t2.storage); \
+  return rc_;
 /* A row of another signature kind needs its FAKE_ANYT_<kind> here (the build says which). */
 #define SERVD_OP(name, dispatch, py, sig, names) \
   SERVD__IF_ANYT_##dispatch(int servd_cuda_##name(servd_cuda_ctx *c, SERVD__PARAMS(sig, names)) { \

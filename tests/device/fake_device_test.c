@@ -416,6 +416,50 @@ static void test_dequantize_on_device(void **state) {
   assert_int_equal(pthread_join(th, NULL), 0);
 }
 
+/* ---- LoRA on the generated device path (ANYT): lora ---------------------------------------------
+ * bf16 activations on the stand-in device, the adapter's ab uploaded as f32: out += scale (x A^T) B^T
+ * equals the CPU op on the same bf16 rows (f32 inside, rounded once), one launch; a host ab and an ab
+ * whose width is not k + n are refused before any launch. */
+static void *lora_main(void *arg) {
+  (void)arg;
+  enum { M = 3, K = 64, N = 48, R = 4 };
+  servd_tensor *hx = host_f32(M, K, 0.1f), *ho = host_f32(M, N, 0.7f), *hab = host_f32(R, K + N, 1.3f);
+  const int64_t sx[2] = {M, K}, so[2] = {M, N};
+  servd_tensor *bx = servd_tensor_new(SERVD_BF16, 2, sx), *bo = servd_tensor_new(SERVD_BF16, 2, so);
+  for (int i = 0; i < M * K; i++)
+    ((uint16_t *)servd_tensor_data(bx))[i] = servd_f32_to_bf16(((float *)servd_tensor_data(hx))[i]);
+  for (int i = 0; i < M * N; i++)
+    ((uint16_t *)servd_tensor_data(bo))[i] = servd_f32_to_bf16(((float *)servd_tensor_data(ho))[i]);
+  servd_tensor *dx, *dout, *dab, *bad;
+  assert_int_equal(servd_device_upload(0, hx, SERVD_BF16, &dx), 0);
+  assert_int_equal(servd_device_upload(0, ho, SERVD_BF16, &dout), 0);
+  assert_int_equal(servd_device_upload(0, hab, SERVD_F32, &dab), 0);
+  assert_int_equal(servd_lora(bo, bx, hab, 0.5f), 0);                     /* the CPU op on the same bf16 rows */
+  assert_int_equal(servd_device_lora(dout, dx, hab, 0.5f), SERVD_EINVAL); /* ab on the host */
+  assert_int_equal(servd_device_tensor_new(0, SERVD_F32, 2, (int64_t[]){R, K + N - 1}, &bad), 0);
+  assert_int_equal(servd_device_lora(dout, dx, bad, 0.5f), SERVD_EINVAL);
+  assert_non_null(strstr(servd_last_error(), "lora: expected"));
+  servd_tensor_release(bad);
+  fake_cuda_stats before, after;
+  fake_cuda_get_stats(&before);
+  assert_int_equal(servd_device_lora(dout, dx, dab, 0.5f), 0);
+  float got[M * N];
+  download_f32(dout, got);
+  fake_cuda_get_stats(&after);
+  assert_int_equal(after.kernels, before.kernels + 1);
+  for (int i = 0; i < M * N; i++) assert_true(got[i] == servd_bf16_to_f32(((uint16_t *)servd_tensor_data(bo))[i]));
+  servd_tensor *ts[] = {hx, ho, hab, bx, bo, dx, dout, dab};
+  for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) servd_tensor_release(ts[i]);
+  servd_device_thread_release();
+  return NULL;
+}
+static void test_lora_on_device(void **state) {
+  (void)state;
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, lora_main, NULL), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+}
+
 /* ---- quantized weights kept as their blocks ------------------------------------------------------ */
 /* The GEMV's block decoding (servd/cuda_blocks.h, the code the GPU kernel runs) equals the reference
  * dequantizer bit for bit; servd_device_matmul on q8_0/q4_k/q6_k device weights (decode rows and a
@@ -522,6 +566,7 @@ int main(void) {
       cmocka_unit_test(test_kv_memory_given_back),
       cmocka_unit_test(test_all_memory_back),
       cmocka_unit_test(test_dequantize_on_device),
+      cmocka_unit_test(test_lora_on_device),
       cmocka_unit_test(test_quantized_matmul), /* after the memory check, as dequantize */
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

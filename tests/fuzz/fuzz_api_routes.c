@@ -423,6 +423,8 @@ static const fz_field f_tokenize[] = {{"model", &t_model},
                                       {"add_generation_prompt", &t_bool},
                                       {"return_token_strs", &t_bool}};
 static const fz_field f_detokenize[] = {{"model", &t_model}, {"tokens", &t_ints}};
+static const fz_field f_load_lora[] = {{"lora_name", &t_model}, {"lora_path", &t_text}, {"base_model_name", &t_model}};
+static const fz_field f_unload_lora[] = {{"lora_name", &t_model}};
 
 static const char *const v_datatype[] = {"FP32", "INT32", "FP16",  "BF16",  "BYTES",
                                          "BOOL", "FP64",  "INT64", "UINT8", "x"};
@@ -478,6 +480,8 @@ static const fz_route routes[] = {
     {"GET", "/v1/models/{m}", NULL, 0},
     {"POST", "/tokenize", BODY(f_tokenize)},
     {"POST", "/detokenize", BODY(f_detokenize)},
+    {"POST", "/v1/load_lora_adapter", BODY(f_load_lora)},
+    {"POST", "/v1/unload_lora_adapter", BODY(f_unload_lora)},
     {"POST", "/v2/models/{m}/infer", BODY(f_infer)},
     {"POST", "/v2/models/{m}/versions/{v}/infer", BODY(f_infer)},
     {"GET", "/v2/models/{m}", NULL, 0},
@@ -670,6 +674,7 @@ static void touch(const char *name) {
 
 static void server_init(void) {
   fake_inline = true;
+  setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1", 1); /* the LoRA routes answer past their switch */
   CHECK(uv_loop_init(&loop) == 0);
   CHECK(mkdtemp(repo_dir));
   touch("extra.mpk");

@@ -2,7 +2,8 @@
  * double, plain causal softmax. Covers prefill, chunked prefill, decode batches with scrambled block
  * tables, mixed batches, GQA ratios 1/2/3 and above 16, odd head dims, f16, bf16, q8_0 and q4_0
  * caches (the reference reads the values the reference quantizer gives back), long single sequences
- * split over positions, every ISA. */
+ * split over positions, every ISA; and batch invariance: a row comes out bit for bit the same alone,
+ * in a batch, in a chunk of any length. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -298,6 +299,57 @@ static void test_chunked_prefill(void **state) {
   servd_cpu_force_isa(SERVD_ISA_COUNT);
 }
 
+/* Batch invariance: a query row's output does not depend on the rows around it. Sequence 0 decodes
+ * at a long context (where one sequence's keys may be split over threads), sequence 1 is a prefill
+ * chunk, six more are short. Each of their rows must come out bit for bit the same in the batch of 8,
+ * alone, and (sequence 1's last row) as a decode row alone or as the last row of a shorter chunk. */
+static void expect_rows_equal(const problem *p, const float *want, int row0, int rows, const char *what) {
+  const int w = p->n_heads * p->hd;
+  for (int i = 0; i < rows * w; i++)
+    if (memcmp(&f(p->out)[row0 * w + i], &want[i], sizeof(float)))
+      fail_msg("%s (%s, ISA %s): element %d is %.9g, in the batch %.9g", what, servd_dtype_name(p->dt),
+               servd_isa_name(servd_cpu_active_isa()), i, (double)f(p->out)[row0 * w + i], (double)want[i]);
+}
+
+static void run_sub(problem *p, int s, int q_off, int q_len, int kv_len) {
+  const int32_t *tables[1] = {p->tables[s]};
+  const int32_t qs[1] = {p->q_start[s] + q_off}, ql[1] = {q_len}, kl[1] = {kv_len};
+  servd_attn_batch b = {1, qs, ql, kl, tables};
+  for (int64_t i = 0; i < (int64_t)p->t * p->n_heads * p->hd; i++) f(p->out)[i] = NAN;
+  assert_int_equal(servd_attention(p->out, p->q, p->c, 1, &b, p->n_heads, 0.125f), 0);
+}
+
+static void test_batch_invariance(void **state) {
+  (void)state;
+  /* the quantized caches with 3 query heads per kv head: a decode row reads the codes directly, a
+   * prefill chunk through an f32 tile, and both must give the same bits */
+  const servd_dtype dts[] = {SERVD_F32, SERVD_F16, SERVD_BF16, SERVD_Q8_0, SERVD_Q4_0, SERVD_Q8_0};
+  const int heads[] = {8, 8, 6, 6, 6, 8};
+  for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
+    for (int isa = 0; isa < SERVD_ISA_COUNT; isa++) {
+      if (servd_cpu_force_isa((servd_isa)isa) != 0) continue;
+      problem p;
+      const int ql[8] = {1, 16, 1, 1, 3, 1, 1, 2}, kl[8] = {1500, 1100, 40, 7, 300, 90, 1, 64};
+      setup(&p, 2, 64, heads[d], 16, dts[d], 8, ql, kl, true);
+      const int w = p.n_heads * p.hd;
+      assert_int_equal(run(&p, 0.125f), 0);
+      float *batch = test_malloc((size_t)p.t * w * sizeof(float));
+      memcpy(batch, f(p.out), (size_t)p.t * w * sizeof(float));
+      for (int s = 0; s < 8; s++) {
+        run_sub(&p, s, 0, ql[s], kl[s]);
+        expect_rows_equal(&p, batch + (size_t)p.q_start[s] * w, p.q_start[s], ql[s], "a sequence alone");
+      }
+      const int last = p.q_start[1] + 15;
+      run_sub(&p, 1, 15, 1, kl[1]);
+      expect_rows_equal(&p, batch + (size_t)last * w, last, 1, "a chunk's last row as a decode row");
+      run_sub(&p, 1, 12, 4, kl[1]);
+      expect_rows_equal(&p, batch + (size_t)last * w, last, 1, "a chunk's last row in a chunk of 4");
+      test_free(batch);
+      teardown_problem(&p);
+    }
+  servd_cpu_force_isa(SERVD_ISA_COUNT);
+}
+
 /* Softmax stability: scores of several hundred must not overflow the running sums. */
 static void test_large_scores(void **state) {
   (void)state;
@@ -361,7 +413,7 @@ static void test_bad_input(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shapes),       cmocka_unit_test(test_window),    cmocka_unit_test(test_chunked_prefill),
-      cmocka_unit_test(test_large_scores), cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_large_scores), cmocka_unit_test(test_bad_input), cmocka_unit_test(test_batch_invariance),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

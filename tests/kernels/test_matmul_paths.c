@@ -11,7 +11,11 @@
  *   quantization; a path that rounded x differently, or used another form of the offset term, errs
  *   by a different amount at the 1e-2 level, while summation order moves it by ~1e-6);
  * - each path equals the scalar path within the summation-order bound of test_matmul.c:
- *   4*(nb+8)*u*(2*sum|x*w|) + 1e-6 per element (u = 2^-24).
+ *   4*(nb+8)*u*(2*sum|x*w|) + 1e-6 per element (u = 2^-24);
+ * - batch invariance: on one ISA, every path but the k split gives bit-identical floats (a row alone,
+ *   in a batch, in a batch of 130, beside a second weight, in a column slice): a request's numbers do
+ *   not depend on what else the step computes (tests/llama/test_engine_batch_invariance.c checks the
+ *   same of whole requests).
  * Weights have a per-row mean (the q4_1/q5_1/k-quant offset terms carry weight) and x has outlier
  * columns, as the activations of a trained model do.
  */
@@ -174,7 +178,7 @@ static double rms_error(const problem *p, const float *out) {
 static void check_dtype(servd_dtype dt, int64_t k) {
   problem p;
   problem_init(&p, dt, k);
-  float *ref = malloc(M * N * 4), *out = malloc(M * N * 4);
+  float *ref = malloc(M * N * 4), *out = malloc(M * N * 4), *first = malloc(M * N * 4);
   assert_int_equal(servd_cpu_force_isa(SERVD_ISA_SCALAR), 0);
   run_path(&p, P_BATCH, ref);
   double err[MAX_PATHS], best = INFINITY;
@@ -186,6 +190,15 @@ static void check_dtype(servd_dtype dt, int64_t k) {
     for (int w = 0; w < P_COUNT; w++) {
       if (isa != (int)servd_cpu_best_isa() && w != P_BATCH && w != P_ALONE) continue;
       run_path(&p, (path)w, out);
+      if (w == P_BATCH) memcpy(first, out, M * N * 4);
+      /* q4_k/q5_k on AVX-512 are batch invariant only when asked (servd_cpu_set_batch_invariant) */
+      const bool invariant =
+          servd_cpu_batch_invariant() || isa != SERVD_ISA_AVX512 || (dt != SERVD_Q4_K && dt != SERVD_Q5_K);
+      for (int i = 0; i < M * N && w != P_KSPLIT && invariant; i++)
+        if (memcmp(&out[i], &first[i], 4))
+          fail_msg("%s %s (k %lld): %s gives element %d as %.9g, the batch path %.9g: not batch invariant",
+                   servd_dtype_name(dt), servd_isa_name((servd_isa)isa), (long long)k, path_names[w], i, out[i],
+                   first[i]);
       for (int i = 0; i < M * N; i++) {
         const double tol = 4.0 * (double)(nb + 8) * 0x1p-24 * 2.0 * p.mag[i] + 1e-6;
         if (!(fabs(out[i] - ref[i]) <= tol))
@@ -206,7 +219,7 @@ static void check_dtype(servd_dtype dt, int64_t k) {
   }
   print_message("%-6s k %4lld: %d paths, RMS error against float64 %.6g .. %.6g\n", servd_dtype_name(dt), (long long)k,
                 n_paths, best, best * 1.001);
-  free(ref), free(out);
+  free(ref), free(out), free(first);
   problem_free(&p);
 }
 
@@ -222,10 +235,14 @@ static void test_block_types(void **state) {
 static void test_kquant_types(void **state) {
   (void)state;
   const servd_dtype types[] = {SERVD_Q4_K, SERVD_Q5_K, SERVD_Q6_K, SERVD_Q2_K, SERVD_Q3_K, SERVD_IQ4_XS};
-  for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
-    check_dtype(types[t], 768);  /* one super-block per rank */
-    check_dtype(types[t], 1536); /* two per rank */
+  for (int on = 0; on <= 1; on++) { /* the default, then batch invariance asked for */
+    servd_cpu_set_batch_invariant(on);
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+      check_dtype(types[t], 768);  /* one super-block per rank */
+      check_dtype(types[t], 1536); /* two per rank */
+    }
   }
+  servd_cpu_set_batch_invariant(false);
 }
 
 int main(void) {

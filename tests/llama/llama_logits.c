@@ -4,7 +4,7 @@
  * reference in test_llama.py.
  *
  *   llama_logits PKG OUT.bin --tokens 1,2,3 [--tp N] [--chunk C] [--decode K] [--block-size B]
- *                [--pair] [--kv-dtype f32|f16|bf16|q8_0|q4_0] [--keep-last R]
+ *                [--pair] [--lora DIR] [--lora2 DIR|-] [--kv-dtype f32|f16|bf16|q8_0|q4_0] [--keep-last R]
  *
  * --kv-dtype: the KV cache's dtype (default f32); --keep-last R: only the last R rows are kept and
  * written (long prompts: a row is vocab floats), n_rows then being R.
@@ -12,6 +12,9 @@
  * OUT.bin: int32 n_rows, int32 vocab, then n_rows*vocab f32 (prompt rows, then one row per decoded
  * token), then int32 K and the K greedy ids. --pair runs a second copy of the sequence, one chunk
  * behind, in the same batches (mixed prefill/decode steps); its results must equal the first's.
+ * --lora runs the first sequence with that PEFT adapter (batch.lora), --lora2 the second with its
+ * own ("-": the base alone; default: the first's); with different adapters the two generate
+ * different tokens, and each must equal its adapter's run alone.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +22,7 @@
 #include <unistd.h>
 
 #include "engine/model_runner.h"
+#include "mpk/lora.h"
 #include "mpk/package.h"
 #include "servd/interp.h"
 #include "servd/threadpool.h"
@@ -53,6 +57,8 @@ int main(int argc, char **argv) {
   int tp = 1, chunk = 1 << 20, decode = 0, bs = 4, n_prompt = 0, keep_last = 0;
   servd_dtype kv_dtype = SERVD_F32;
   bool pair = false;
+  const char *lora_path[2] = {NULL, NULL};
+  bool lora2_set = false;
   int32_t prompt[MAX_TOK];
   for (int i = 3; i < argc; i++) {
     if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
@@ -77,6 +83,11 @@ int main(int argc, char **argv) {
       keep_last = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--pair")) {
       pair = true;
+    } else if (!strcmp(argv[i], "--lora") && i + 1 < argc) {
+      lora_path[0] = argv[++i];
+    } else if (!strcmp(argv[i], "--lora2") && i + 1 < argc) {
+      lora_path[1] = strcmp(argv[++i], "-") ? argv[i] : NULL;
+      lora2_set = true;
     } else {
       fprintf(stderr, "llama_logits: unknown argument %s\n", argv[i]);
       return 2;
@@ -94,6 +105,9 @@ int main(int argc, char **argv) {
   servd_kv_cache *kv[SERVD_INTERP_MAX] = {0};
   servd_pool *pool = NULL;
   servd_runner *runner = NULL;
+  mpk_lora *lora[2] = {NULL, NULL};
+  servd_lora_group groups[2];
+  if (!lora2_set) lora_path[1] = lora_path[0];
   seqst *S = calloc(2, sizeof *S);
   servd_threadpool_init(2);
   if (mpk_open(pkg_path, &pkg)) goto fail;
@@ -117,6 +131,12 @@ int main(int argc, char **argv) {
   servd_pool_options po = {.n_interpreters = tp, .world_size = tp, .comm = comm};
   if (servd_pool_create(pkg, &po, &pool)) goto fail;
   if (servd_runner_create(pool, kv, tp, comm, &runner)) goto fail;
+  if (lora_path[0] || lora_path[1]) {
+    mpk_lora_base base;
+    if (mpk_lora_base_of(pkg, &base)) goto fail;
+    for (int s = 0; s < 2; s++)
+      if (lora_path[s] && mpk_lora_load(lora_path[s], &base, &lora[s])) goto fail;
+  }
 
   for (int s = 0; s < n_seq; s++) {
     memcpy(S[s].tok, prompt, sizeof(int32_t) * (size_t)n_prompt);
@@ -137,10 +157,12 @@ int main(int argc, char **argv) {
   int32_t q_start[2], q_len[2], kv_len[2], which[2];
   const int32_t *tables[2];
   int32_t lrow_count[2];
+  int n_groups = 0;
   /* Steps until every sequence has its prompt done and `decode` tokens generated. The second
    * sequence starts one step late, so steps mix its prefill with the first one's decode. */
   for (int stepno = 0;; stepno++) {
     int n = 0, ns = 0, nl = 0;
+    n_groups = 0;
     for (int s = 0; s < n_seq; s++) {
       seqst *q = &S[s];
       if (s == 1 && stepno == 0) continue;
@@ -154,6 +176,13 @@ int main(int argc, char **argv) {
       kv_len[ns] = q->n_done + c;
       tables[ns] = q->blocks;
       lrow_count[ns] = c;
+      if (lora[s])
+        groups[n_groups++] = (servd_lora_group){.first = n,
+                                                .n = c,
+                                                .id = s + 1,
+                                                .scale = lora[s]->scale,
+                                                .n_layers = lora[s]->n_layers,
+                                                .ab = lora[s]->ab};
       for (int j = 0; j < c; j++) {
         int p = q->n_done + j;
         tok[n] = q->tok[p];
@@ -172,7 +201,9 @@ int main(int argc, char **argv) {
         .slots = slot,
         .n_logit_rows = nl,
         .logit_rows = lrows,
-        .attn = {.n_seqs = ns, .q_start = q_start, .q_len = q_len, .kv_len = kv_len, .block_tables = tables}};
+        .attn = {.n_seqs = ns, .q_start = q_start, .q_len = q_len, .kv_len = kv_len, .block_tables = tables},
+        .n_lora = n_groups,
+        .lora = groups};
     servd_tensor *logits = NULL;
     servd_py_error err;
     memset(&err, 0, sizeof err);
@@ -199,7 +230,9 @@ int main(int argc, char **argv) {
     }
     servd_tensor_release(logits);
   }
-  if (pair && memcmp(S[0].tok, S[1].tok, sizeof(int32_t) * total)) {
+  bool same_adapter =
+      lora_path[0] == lora_path[1] || (lora_path[0] && lora_path[1] && !strcmp(lora_path[0], lora_path[1]));
+  if (pair && same_adapter && memcmp(S[0].tok, S[1].tok, sizeof(int32_t) * total)) {
     fprintf(stderr, "llama_logits: the paired sequence generated different tokens\n");
     goto fail;
   }
@@ -217,6 +250,8 @@ int main(int argc, char **argv) {
 fail:
   if (status) fprintf(stderr, "llama_logits: %s\n", servd_last_error());
   servd_runner_destroy(runner);
+  mpk_lora_free(lora[0]);
+  mpk_lora_free(lora[1]);
   servd_pool_destroy(pool);
   for (int r = 0; r < SERVD_INTERP_MAX; r++) servd_kv_cache_destroy(kv[r]);
   servd_comm_destroy(comm);

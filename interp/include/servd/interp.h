@@ -93,6 +93,17 @@ SERVD_API int servd_interp_call_json(servd_interp *it, const char *method, json_
 /* A forward step of a causal LM: calls entry.forward(batch) where batch is a servd.Batch built from
  * this description; returns logits f32 (n_logit_rows, vocab) as a new reference (rank 0; other ranks
  * return NULL in *logits). */
+/* The rows of a step that one LoRA adapter applies to (servd_forward_batch.lora). */
+typedef struct servd_lora_group {
+  int first, n; /* rows [first, first + n) of the token batch */
+  int64_t id;   /* the adapter's registration number: one id, the same weights */
+  float scale;  /* alpha / r (rsLoRA: alpha / sqrt(r)) */
+  int n_layers;
+  /* [layer * 7 + projection] (q k v o gate up down): servd.ops.lora's ab, or NULL where the adapter
+   * leaves that projection alone; borrowed, valid while the step runs */
+  servd_tensor *const *ab;
+} servd_lora_group;
+
 typedef struct servd_forward_batch {
   int n_tokens;
   const int32_t *tokens;    /* (n_tokens) */
@@ -119,6 +130,10 @@ typedef struct servd_forward_batch {
   /* CPU: the step's inputs as host i32 tensors at fixed addresses, in servd_device_batch_field
    * order (a plan capture's, servd/plan.h); NULL: the model gets fresh copies of the arrays. */
   servd_tensor *host_inputs[4];
+  /* Appended: LoRA adapter groups in row order (batch.lora in Python); rows outside every group run
+   * the base alone. A step with groups is never captured as a plan (the groups change each step). */
+  int n_lora;
+  const servd_lora_group *lora;
 } servd_forward_batch;
 
 SERVD_API int servd_interp_forward(servd_interp *it, const servd_forward_batch *b, servd_tensor **logits,

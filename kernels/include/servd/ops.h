@@ -28,6 +28,14 @@ SERVD_API const char *servd_isa_name(servd_isa isa);
  * pass SERVD_ISA_COUNT to return to automatic choice. Not thread-safe w.r.t. running ops. */
 SERVD_API int servd_cpu_force_isa(servd_isa isa);
 SERVD_API servd_isa servd_cpu_active_isa(void);
+/* Batch invariance: on one ISA, every matmul gives a row the same floats whether it is computed
+ * alone or with other rows (decode, batched decode, prefill chunks, speculation's verify rows), so a
+ * request's logits do not depend on what else the step carries. Free, and always on, for every weight
+ * dtype except q4_k and q5_k on AVX-512 VNNI, whose batch-1 kernel has a faster form that rounds
+ * differently: on (SERVD_BATCH_INVARIANT=1 in the environment, or this call) they take their batch
+ * form at batch 1 too, which costs those matmuls ~15-30% at batch 1 (docs/performance.md). */
+SERVD_API void servd_cpu_set_batch_invariant(bool on);
+SERVD_API bool servd_cpu_batch_invariant(void);
 
 /* outs[i] = x @ ws[i]^T for 1..SERVD_MATMUL_MANY_MAX weights sharing x (Q, K and V; gate and up):
  * what one servd_matmul per weight computes, to the bit. Weights of one dtype run as one split over
@@ -61,6 +69,16 @@ typedef struct servd_rope_params {
   float attn_factor; /* cos and sin times this (YaRN mscale, LongRoPE attention factor); 0 means 1 */
 } servd_rope_params;
 #define SERVD_ROPE_TABLE_MAX 256
+
+/* One segment of a LoRA product over a batch (servd_lora_sgmv, punica's SGMV): rows [first, first+n)
+ * get out += scale * (x A^T) B^T with ab (r, k+n_out) = [A_j | B column j] per row j (servd_lora). ab
+ * NULL: the segment's rows have no adapter for this projection. Borrowed for the call. */
+typedef struct servd_lora_seg {
+  int64_t first, n;
+  const servd_tensor *ab;
+  float scale;
+} servd_lora_seg;
+#define SERVD_LORA_MAX_RANK 64
 
 /* ---- the op registry (servd/ops.def) ----------------------------------------------------------------
  * Signature kinds: SERVD_SIG_<kind>(names...) is the parameter list of every function of an op
@@ -121,6 +139,10 @@ typedef enum servd_op_id {
       SERVD__IF_ANYT_##dispatch(int servd__check_##name(SERVD__PARAMS(sig, names));)
 #include "servd/ops.def"
 #undef SERVD_OP
+
+/* servd_lora over segments of the rows of out (m,n) and x (m,k), in increasing, non-overlapping
+ * order: one split of every segment's rows over the pool; a row's bits are servd_lora's. */
+SERVD_API int servd_lora_sgmv(servd_tensor *out, const servd_tensor *x, int n_segs, const servd_lora_seg *segs);
 
 /* Row-wise softmax in place over the last dim of x (m,n) f32, scaled: softmax(x*scale). */
 SERVD_API int servd_softmax(servd_tensor *x, float scale);
