@@ -165,8 +165,10 @@ static uint64_t write_file(prefix_disk *d, const job *j) {
   uint8_t *hdr = malloc(hb);
   if (!hdr) return 0;
   prefix_disk_header_write(hdr, &m, j->tokens, j->payload);
-  char tmp[4200], final[4200];
-  path_of(d, j->hash, tmp, sizeof tmp, ".tmp");
+  char tmp[4200], final[4200], ext[64];
+  /* a name of this writer's own: two models (or processes) sharing the directory never interleave */
+  snprintf(ext, sizeof ext, ".%ld.%p.tmp", (long)getpid(), (void *)d);
+  path_of(d, j->hash, tmp, sizeof tmp, ext);
   path_of(d, j->hash, final, sizeof final, ".kvb");
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   bool ok = fd >= 0;
@@ -378,7 +380,7 @@ static int mkdirs(const char *path) {
 }
 
 /* Indexes DIR/<key>'s block files (a name that is not 16 hex digits + ".kvb" is not ours: left
- * alone; a leftover ".tmp" of an interrupted write is removed). */
+ * alone; a leftover "<hash>.*.tmp" of an interrupted write is removed). */
 static void scan(prefix_disk *d) {
   DIR *dir = opendir(d->dir);
   if (!dir) return;
@@ -388,7 +390,7 @@ static void scan(prefix_disk *d) {
     size_t len = strlen(n);
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", d->dir, n);
-    if (len == 20 && strcmp(n + 16, ".tmp") == 0) {
+    if (len > 20 && strcmp(n + len - 4, ".tmp") == 0 && strspn(n, "0123456789abcdef") == 16) {
       unlink(path);
       continue;
     }

@@ -428,7 +428,9 @@ int servd_attention_window(servd_tensor *out, const servd_tensor *q, const servd
         why, ops__desc(out, bo, sizeof bo), ops__desc(q, bq, sizeof bq), layer, n_heads, window, c ? c->n_layers : 0,
         c ? c->n_kv_heads : 0, c ? c->head_dim : 0, c ? servd_dtype_name(c->dtype) : "-");
   servd_isa isa = ops__isa();
-  if (isa == SERVD_ISA_AVX512 && c->dtype == SERVD_BF16) isa = SERVD_ISA_AVX2; /* bf16 runs are AVX2 only */
+  /* bf16 runs are AVX2 only; a quantized cache's decode kernels are AVX2 only, and its prefill tiles
+   * run the f32 kernels of the same ISA so that a row computes alike in both */
+  if (isa == SERVD_ISA_AVX512 && (c->dtype == SERVD_BF16 || ops__kv_quantized(c->dtype))) isa = SERVD_ISA_AVX2;
   j.kn = &kernels[isa];
   j.rep = n_heads / c->n_kv_heads;
   j.heads_per_item = j.rep < ATTN_MAX_Q ? j.rep : ATTN_MAX_Q;

@@ -1,11 +1,11 @@
 /* Attention's two kernels over a quantized cache (q8_0, q4_0) with AVX2+FMA, reading the codes in
  * place (layout in ops-impl.h): codes become f32 in registers, never a dequantized copy.
  *
- * scores: 16 keys' codes of one dim are one load, as with f16, FMA'd with each query's broadcast dim
- * into per-block sums; at the end of each block of 32 dims the 16 keys' scales (one f16 vector)
- * multiply those sums into the scores. Three queries per pass keep 12 accumulators in registers.
- * accum: a value row's 16 dims are one load; its block scale multiplies the converted vector once,
- * shared by every query's FMA. */
+ * scores: 16 keys' codes of one dim are one load, as with f16, times the 16 keys' scales of that
+ * block, FMA'd with each query's broadcast dim. accum: a value row's 16 dims are one load, times its
+ * block scale, shared by every query's FMA. Both give the very floats the f32 kernels give on the
+ * tile dequant_k / dequant_v write (what a prefill's many queries read): a row's attention does not
+ * depend on whether it ran in a prefill chunk or as a decode row. */
 #include "ops-impl.h"
 
 #include "servd/blocks.h"
@@ -14,6 +14,13 @@
 static inline void cvt16(__m128i x, __m256 *lo, __m256 *hi) {
   *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
   *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)));
+}
+
+/* The same from memory: each half sign-extended straight from its 8 bytes (no shuffle for the high
+ * half), what q8_0's codes allow. */
+static inline void cvt16_at(const void *p, __m256 *lo, __m256 *hi) {
+  *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+  *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const char *)p + 8))));
 }
 
 /* Codes of keys [off, off+16) of one K dim row, as int8 (q4_0: nibble - 8). */
@@ -47,7 +54,9 @@ static inline void key_scales(const uint16_t *s, int n, __m256 *lo, __m256 *hi) 
   *hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tmp + 8)));
 }
 
-/* NQ (<= 3, constant after inlining) queries against n <= 16 keys from key off. */
+/* NQ (<= 6, constant after inlining) queries against n <= 16 keys from key off: per dim, the 16
+ * keys' codes times their block's scales (the f32 values dequant_k would write), then one FMA per
+ * query, as the f32 kernel runs on such a tile: a row's scores are the same floats either way. */
 static inline __attribute__((always_inline)) void scores_block(int NQ, float *out, int ld, const float *const *q,
                                                                const char *run, servd_dtype kt, int off, int n, int hd,
                                                                int bs, float scale, const char *pf) {
@@ -55,27 +64,25 @@ static inline __attribute__((always_inline)) void scores_block(int NQ, float *ou
   const uint8_t *codes = (const uint8_t *)run + ops__kvq_scale_bytes(hd, bs);
   size_t krow = ops__kvq_krow(kt, bs), lines = (ops__kvq_scale_bytes(hd, bs) + (size_t)hd * krow + 63) / 64;
   bool fast = n == 16 && (kt == SERVD_Q8_0 || (off & 1) == 0);
-  __m256 a0[3], a1[3], t0[3], t1[3];
+  __m256 a0[6], a1[6];
   for (int i = 0; i < NQ; i++) a0[i] = a1[i] = _mm256_setzero_ps();
   for (int b = 0; b < hd / 32; b++) {
-    for (int i = 0; i < NQ; i++) t0[i] = t1[i] = _mm256_setzero_ps();
+    __m256 s0, s1;
+    key_scales(scales + (size_t)b * (size_t)bs, n, &s0, &s1);
     for (int e = 0; e < 32; e++) {
       int d = b * 32 + e;
       if (pf && (size_t)d < lines) _mm_prefetch(pf + (size_t)d * 64, _MM_HINT_T0); /* the run, a line per dim */
       const uint8_t *row = codes + (size_t)d * krow;
       __m256 k0, k1;
-      cvt16(fast ? key_codes(row, kt, off) : key_codes_slow(row, kt, off, n), &k0, &k1);
+      if (fast && kt == SERVD_Q8_0) cvt16_at(row + off, &k0, &k1);
+      else cvt16(fast ? key_codes(row, kt, off) : key_codes_slow(row, kt, off, n), &k0, &k1);
+      k0 = _mm256_mul_ps(k0, s0);
+      k1 = _mm256_mul_ps(k1, s1);
       for (int i = 0; i < NQ; i++) {
         __m256 qd = _mm256_set1_ps(q[i][d]);
-        t0[i] = _mm256_fmadd_ps(qd, k0, t0[i]);
-        t1[i] = _mm256_fmadd_ps(qd, k1, t1[i]);
+        a0[i] = _mm256_fmadd_ps(qd, k0, a0[i]);
+        a1[i] = _mm256_fmadd_ps(qd, k1, a1[i]);
       }
-    }
-    __m256 s0, s1;
-    key_scales(scales + (size_t)b * (size_t)bs, n, &s0, &s1);
-    for (int i = 0; i < NQ; i++) {
-      a0[i] = _mm256_fmadd_ps(t0[i], s0, a0[i]);
-      a1[i] = _mm256_fmadd_ps(t1[i], s1, a1[i]);
     }
   }
   __m256 sv = _mm256_set1_ps(scale);
@@ -91,14 +98,17 @@ void servd__attn_scores_q_avx2(float *out, int ld, const float *const *q, int nq
                                int off, int n, int hd, int bs, float scale, const char *pf) {
   for (int j = 0; j < n; j += 16) {
     int nj = n - j < 16 ? n - j : 16;
-    for (int i = 0; i < nq; i += 3) {
-      int c = nq - i < 3 ? nq - i : 3;
+    for (int i = 0; i < nq; i += 6) {
+      int c = nq - i < 6 ? nq - i : 6;
       float *o = out + (size_t)i * (size_t)ld + (size_t)j;
       const char *pj = i == 0 && j == 0 ? pf : NULL; /* once per run */
       switch (c) {
       case 1: scores_block(1, o, ld, q + i, run, kt, off + j, nj, hd, bs, scale, pj); break;
       case 2: scores_block(2, o, ld, q + i, run, kt, off + j, nj, hd, bs, scale, pj); break;
-      default: scores_block(3, o, ld, q + i, run, kt, off + j, nj, hd, bs, scale, pj); break;
+      case 3: scores_block(3, o, ld, q + i, run, kt, off + j, nj, hd, bs, scale, pj); break;
+      case 4: scores_block(4, o, ld, q + i, run, kt, off + j, nj, hd, bs, scale, pj); break;
+      case 5: scores_block(5, o, ld, q + i, run, kt, off + j, nj, hd, bs, scale, pj); break;
+      default: scores_block(6, o, ld, q + i, run, kt, off + j, nj, hd, bs, scale, pj); break;
       }
     }
   }
@@ -113,7 +123,8 @@ static inline __m128i value_codes(const char *blk, servd_dtype vt, int e) {
 }
 
 /* NQ (<= 6, constant after inlining) queries x 16 dims [d, d+16) of acc in registers while the n
- * value rows stream by; p already carries each row's block scale (p[i*ld + j] = weight * d_j). */
+ * value rows stream by: each row's codes times its block scale (the f32 values dequant_v would write),
+ * then one FMA per query, as the f32 kernel runs on such a tile. */
 static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc, int acc_ld, const float *p, int ld,
                                                               const char *rows, servd_dtype vt, int n, size_t vrow,
                                                               int d, const char *pf) {
@@ -126,10 +137,13 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
   for (int j = 0; j < n; j++) {
     const char *blk = rows + (size_t)j * vrow + at;
     if (pf) _mm_prefetch(pf + (size_t)j * vrow + at, _MM_HINT_T0); /* this block's line in the later run */
-    __m256 v0, v1;
-    cvt16(value_codes(blk, vt, d % 32), &v0, &v1);
+    __m256 ds = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk)), v0, v1;
+    if (vt == SERVD_Q8_0) cvt16_at(((const servd_block_q8_0 *)blk)->qs + d % 32, &v0, &v1);
+    else cvt16(value_codes(blk, vt, d % 32), &v0, &v1);
+    v0 = _mm256_mul_ps(v0, ds);
+    v1 = _mm256_mul_ps(v1, ds);
     for (int i = 0; i < NQ; i++) {
-      __m256 pj = _mm256_broadcast_ss(p + (size_t)i * (size_t)ld + (size_t)j);
+      __m256 pj = _mm256_set1_ps(p[(size_t)i * (size_t)ld + (size_t)j]);
       a0[i] = _mm256_fmadd_ps(pj, v0, a0[i]);
       a1[i] = _mm256_fmadd_ps(pj, v1, a1[i]);
     }
@@ -140,37 +154,24 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
   }
 }
 
-#define ACCUM_KEYS 64 /* value rows per pass: their scaled weights fit a small stack array */
-
 void servd__attn_accum_q_avx2(float *acc, int acc_ld, const float *p, int ld, int nq, const char *run, servd_dtype vt,
                               int off, int n, int hd, const char *pf) {
-  size_t bb = servd_dtype_block_bytes(vt), vrow = (size_t)(hd / 32) * bb;
-  float w[6][ACCUM_KEYS] __attribute__((aligned(32)));
-  for (int j0 = 0; j0 < n; j0 += ACCUM_KEYS) {
-    int nj = n - j0 < ACCUM_KEYS ? n - j0 : ACCUM_KEYS;
-    const char *rows = run + (size_t)(off + j0) * vrow;
-    const char *pfr = pf ? pf + (size_t)(off + j0) * vrow : NULL;
+  size_t vrow = (size_t)(hd / 32) * servd_dtype_block_bytes(vt);
+  const char *rows = run + (size_t)off * vrow;
+  const char *pfr = pf ? pf + (size_t)off * vrow : NULL;
+  for (int d = 0; d < hd; d += 16) {
     for (int i = 0; i < nq; i += 6) {
       int c = nq - i < 6 ? nq - i : 6;
-      const float *pi = p + (size_t)i * (size_t)ld + j0;
-      for (int b = 0; b < hd / 32; b++) {
-        /* the weights times each row's scale of block b: one multiply per weight, not per dim */
-        for (int j = 0; j < nj; j++) {
-          float ds = _cvtsh_ss(*(const uint16_t *)(rows + (size_t)j * vrow + (size_t)b * bb));
-          for (int k = 0; k < c; k++) w[k][j] = pi[(size_t)k * (size_t)ld + (size_t)j] * ds;
-        }
-        for (int d = b * 32; d < b * 32 + 32; d += 16) {
-          float *a = acc + (size_t)i * (size_t)acc_ld + d;
-          const char *pd = pfr && i == 0 && d % 32 == 0 ? pfr : NULL; /* once per block of a row */
-          switch (c) {
-          case 1: accum_block(1, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
-          case 2: accum_block(2, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
-          case 3: accum_block(3, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
-          case 4: accum_block(4, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
-          case 5: accum_block(5, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
-          default: accum_block(6, a, acc_ld, w[0], ACCUM_KEYS, rows, vt, nj, vrow, d, pd); break;
-          }
-        }
+      float *a = acc + (size_t)i * (size_t)acc_ld + d;
+      const float *pi = p + (size_t)i * (size_t)ld;
+      const char *pd = pfr && i == 0 && d % 32 == 0 ? pfr : NULL; /* once per block of a row */
+      switch (c) {
+      case 1: accum_block(1, a, acc_ld, pi, ld, rows, vt, n, vrow, d, pd); break;
+      case 2: accum_block(2, a, acc_ld, pi, ld, rows, vt, n, vrow, d, pd); break;
+      case 3: accum_block(3, a, acc_ld, pi, ld, rows, vt, n, vrow, d, pd); break;
+      case 4: accum_block(4, a, acc_ld, pi, ld, rows, vt, n, vrow, d, pd); break;
+      case 5: accum_block(5, a, acc_ld, pi, ld, rows, vt, n, vrow, d, pd); break;
+      default: accum_block(6, a, acc_ld, pi, ld, rows, vt, n, vrow, d, pd); break;
       }
     }
   }

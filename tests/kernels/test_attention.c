@@ -321,13 +321,16 @@ static void run_sub(problem *p, int s, int q_off, int q_len, int kv_len) {
 
 static void test_batch_invariance(void **state) {
   (void)state;
-  const servd_dtype dts[] = {SERVD_F32, SERVD_F16};
+  /* the quantized caches with 3 query heads per kv head: a decode row reads the codes directly, a
+   * prefill chunk through an f32 tile, and both must give the same bits */
+  const servd_dtype dts[] = {SERVD_F32, SERVD_F16, SERVD_BF16, SERVD_Q8_0, SERVD_Q4_0, SERVD_Q8_0};
+  const int heads[] = {8, 8, 6, 6, 6, 8};
   for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
     for (int isa = 0; isa < SERVD_ISA_COUNT; isa++) {
       if (servd_cpu_force_isa((servd_isa)isa) != 0) continue;
       problem p;
       const int ql[8] = {1, 16, 1, 1, 3, 1, 1, 2}, kl[8] = {1500, 1100, 40, 7, 300, 90, 1, 64};
-      setup(&p, 2, 64, 8, 16, dts[d], 8, ql, kl, true);
+      setup(&p, 2, 64, heads[d], 16, dts[d], 8, ql, kl, true);
       const int w = p.n_heads * p.hd;
       assert_int_equal(run(&p, 0.125f), 0);
       float *batch = test_malloc((size_t)p.t * w * sizeof(float));
