@@ -225,6 +225,23 @@ static inline __m512 offset_of(__m512 dw, __m512i hdr, const servd_dtype wt) {
                           : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hdr, 16)));
 }
 
+/* A last group's terms for weight row c (5-bit values lo/hi, block scales dw and offsets cw spread to
+ * their blocks' lanes) against R activation rows: the block dot, then the offset. q5_tail and the
+ * decoded prompt path (tile_dec) both add them here, so a row's value is the same on either path. */
+static inline __attribute__((always_inline)) void tail_terms(__m512i lo, __m512i hi, __m512 dw, __m512 cw,
+                                                             const int8_t *const *xq, int64_t g, const __m512 *dxe,
+                                                             const __m512 *sxe, __m512 (*acc)[NWMAX], int c,
+                                                             const int R) {
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    const int8_t *xp = xq[r] + g * 32;
+    __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)xp));
+    dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
+    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dxe[r]), acc[r][c]);
+    acc[r][c] = _mm512_fmadd_ps(cw, sxe[r], acc[r][c]);
+  }
+}
+
 /* The last group of a row when it holds 1..4 blocks: one masked window of the weight row. */
 static inline __attribute__((always_inline)) void q5_tail(const char *const *w, const int bb, const q5_plan *pl,
                                                           int64_t g, int nbg, const int8_t *const *xq,
@@ -244,14 +261,7 @@ static inline __attribute__((always_inline)) void q5_tail(const char *const *w, 
     const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hv)), cw = offset_of(dw, hv, wt);
     __m512i lo, hi;
     split5(z, (__mmask64)_mm_cvtsi128_si64(qh), (__mmask64)_mm_extract_epi64(qh, 1), &lo, &hi);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-      const int8_t *xp = xq[r] + g * 32;
-      __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)xp));
-      dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
-      acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dxe[r]), acc[r][c]);
-      acc[r][c] = _mm512_fmadd_ps(cw, sxe[r], acc[r][c]);
-    }
+    tail_terms(lo, hi, dw, cw, xq, g, dxe, sxe, acc, c, R);
   }
 }
 
@@ -371,7 +381,7 @@ static inline __attribute__((always_inline)) void tile_dec(const servd__mm *p, c
   const int64_t nb = p->xq.nb, lds = p->xq.lds;
   const int8_t *xq[RQ];
   const float *xd[RQ], *xs[RQ];
-  __m512 acc[RQ][2];
+  __m512 acc[RQ][NWMAX]; /* columns 0..NW-1 (NW <= 2) used */
   tile_x_rows(p, i0, R, xq, xd, xs);
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++)
@@ -389,14 +399,7 @@ static inline __attribute__((always_inline)) void tile_dec(const servd__mm *p, c
         const __m512 cw = _mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(d->h + (2 * c + 1) * lds + g));
         const __m512i lo = _mm512_load_si512((const void *)(d->q + c * d->ldq + g * 32));
         const __m512i hi = _mm512_load_si512((const void *)(d->q + c * d->ldq + g * 32 + 64));
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-          const int8_t *xp = xq[r] + g * 32;
-          __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)xp));
-          dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
-          acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dxe[r]), acc[r][c]);
-          acc[r][c] = _mm512_fmadd_ps(cw, sxe[r], acc[r][c]);
-        }
+        tail_terms(lo, hi, dw, cw, xq, g, dxe, sxe, acc, c, R);
       }
       break;
     }
