@@ -429,6 +429,10 @@ void sched_truncate(servd_scheduler *s, sched_seq *q, int n_kv) {
   register_blocks(s, q);
 }
 
+void sched_register_final(servd_scheduler *s, sched_seq *q, int n_kv) {
+  if (q->state == SCHED_RUNNING && !q->embed) bm_register(&s->bm, &q->table, q->tokens, n_kv);
+}
+
 double sched_decode_cost(const servd_scheduler *s, int rows) { return rows > 0 ? decodes_estimate(s, rows) : 0; }
 
 bool sched_verify_cost(const servd_scheduler *s, double *fixed_ns, double *token_ns) {

@@ -194,6 +194,10 @@ void sched_commit(servd_scheduler *s);
  * rejected drafts' K/V goes, blocks shared through the prefix cache (below n_kv) stay intact. Its
  * full blocks are then registered. Ends the sequence's drafts. */
 void sched_truncate(servd_scheduler *s, sched_seq *q, int n_kv);
+/* While a verify row is sampled: q's full blocks whose K/V is final below n_kv (its real tokens and
+ * the drafts accepted so far) become findable now, since q may end at the next token, before
+ * sched_truncate (its blocks are then released, and unregistered ones are not cached). */
+void sched_register_final(servd_scheduler *s, sched_seq *q, int n_kv);
 /* The estimated cost in nanoseconds of a step of `rows` decode rows, and of one more token in a
  * step (a prefill token's); 0 until learned. */
 double sched_decode_cost(const servd_scheduler *s, int rows);

@@ -105,6 +105,7 @@ static void verify_rows(servd_model *m, sched_seq *q, const servd_tensor *logits
   q->n_draft = 0;
   atomic_fetch_add(&r->refs, 1); /* r outlives a finish in the loop */
   for (int i = 0; i <= n_draft; i++) {
+    sched_register_final(&m->sched, q, n_kv); /* the request may end at this token */
     advance(m, r, (const float *)((const char *)servd_tensor_data(logits) + (int64_t)(first + i) * logits->strides[0]));
     if (q->state != SCHED_RUNNING || i == n_draft || q->tokens[q->n_tokens - 1] != r->spec.draft[i]) break;
     accepted++;

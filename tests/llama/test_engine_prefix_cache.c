@@ -85,11 +85,6 @@ static servd_model *load_tp(const char *name, bool cache, int budget, int kv_blo
   o.kv_dtype = kv;
   o.prefix_cache = cache;
   o.tp = tp;
-  /* Speculation off: its drafting follows measured step costs, and with it on the second turn found
-   * one block (4 tokens) less of the first in about 1 run of 10 under load, so the exact cached counts
-   * checked here depended on the machine's timing (tokens were equal). test_prefix_cache.c checks
-   * registration with verify rows. */
-  o.speculative = 1;
   servd_model *m = NULL;
   int rc = servd_model_load(&o, &m);
   if (rc) fprintf(stderr, "load: %s\n", servd_last_error());
