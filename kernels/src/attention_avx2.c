@@ -1,6 +1,7 @@
 /* Attention dot products and value accumulation with AVX2+FMA (f32, f16 via F16C, or bf16 cache).
  * Dims past the last multiple of 8 are done in scalar code. */
 #include "ops-impl.h"
+#include "attention_avx2-impl.h"
 
 static inline __m256 load8(const void *p, servd_dtype t, int64_t i) {
   if (t == SERVD_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
@@ -35,30 +36,16 @@ static inline __attribute__((always_inline)) void scores_block(int NQ, float *ou
       const char *kr = k + (size_t)d * krow;
       if (pf) _mm_prefetch(pf + (size_t)d * krow, _MM_HINT_T0); /* this row (one line) in the later block */
       __m256 k0 = load8(kr, kt, 0), k1 = load8(kr, kt, 8);
-      for (int i = 0; i < NQ; i++) {
-        __m256 qd = _mm256_set1_ps(q[i][d]);
-        a0[i] = _mm256_fmadd_ps(qd, k0, a0[i]);
-        a1[i] = _mm256_fmadd_ps(qd, k1, a1[i]);
-      }
+      attn16_fma_q(NQ, a0, a1, q, d, k0, k1);
     }
   } else {
     for (int d = 0; d < hd; d++) {
       const char *kr = k + (size_t)d * krow;
       __m256 k0 = load_keys(kr, kt, 0, n), k1 = load_keys(kr, kt, 8, n);
-      for (int i = 0; i < NQ; i++) {
-        __m256 qd = _mm256_set1_ps(q[i][d]);
-        a0[i] = _mm256_fmadd_ps(qd, k0, a0[i]);
-        a1[i] = _mm256_fmadd_ps(qd, k1, a1[i]);
-      }
+      attn16_fma_q(NQ, a0, a1, q, d, k0, k1);
     }
   }
-  __m256 sv = _mm256_set1_ps(scale);
-  for (int i = 0; i < NQ; i++) {
-    float r[16];
-    _mm256_storeu_ps(r, _mm256_mul_ps(a0[i], sv));
-    _mm256_storeu_ps(r + 8, _mm256_mul_ps(a1[i], sv));
-    memcpy(out + (size_t)i * (size_t)ld, r, (size_t)n * sizeof(float));
-  }
+  attn16_store_scaled(NQ, a0, a1, scale, out, ld, n);
 }
 
 void servd__attn_scores_avx2(float *out, int ld, const float *const *q, int nq, const void *k, servd_dtype kt, int n,
@@ -88,24 +75,14 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
                                                               const char *v, servd_dtype vt, int n, size_t vrow,
                                                               const char *pf) {
   __m256 a0[6], a1[6];
-  for (int i = 0; i < NQ; i++) {
-    a0[i] = _mm256_loadu_ps(acc + (size_t)i * (size_t)acc_ld);
-    a1[i] = _mm256_loadu_ps(acc + (size_t)i * (size_t)acc_ld + 8);
-  }
+  attn16_load(NQ, a0, a1, acc, acc_ld);
   for (int j = 0; j < n; j++) {
     const char *vr = v + (size_t)j * vrow;
     if (pf) _mm_prefetch(pf + (size_t)j * vrow, _MM_HINT_T0); /* 16 dims: at most one line */
     __m256 v0 = load8(vr, vt, 0), v1 = load8(vr, vt, 8);
-    for (int i = 0; i < NQ; i++) {
-      __m256 pj = _mm256_set1_ps(p[(size_t)i * (size_t)ld + (size_t)j]);
-      a0[i] = _mm256_fmadd_ps(pj, v0, a0[i]);
-      a1[i] = _mm256_fmadd_ps(pj, v1, a1[i]);
-    }
+    attn16_fma(NQ, a0, a1, p + j, (size_t)ld, v0, v1);
   }
-  for (int i = 0; i < NQ; i++) {
-    _mm256_storeu_ps(acc + (size_t)i * (size_t)acc_ld, a0[i]);
-    _mm256_storeu_ps(acc + (size_t)i * (size_t)acc_ld + 8, a1[i]);
-  }
+  attn16_store(NQ, a0, a1, acc, acc_ld);
 }
 
 void servd__attn_accum_avx2(float *acc, int acc_ld, const float *p, int ld, int nq, const void *v, servd_dtype vt,

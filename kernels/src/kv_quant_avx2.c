@@ -7,6 +7,7 @@
  * tile dequant_k / dequant_v write (what a prefill's many queries read): a row's attention does not
  * depend on whether it ran in a prefill chunk or as a decode row. */
 #include "ops-impl.h"
+#include "attention_avx2-impl.h"
 
 #include "servd/blocks.h"
 
@@ -78,20 +79,10 @@ static inline __attribute__((always_inline)) void scores_block(int NQ, float *ou
       else cvt16(fast ? key_codes(row, kt, off) : key_codes_slow(row, kt, off, n), &k0, &k1);
       k0 = _mm256_mul_ps(k0, s0);
       k1 = _mm256_mul_ps(k1, s1);
-      for (int i = 0; i < NQ; i++) {
-        __m256 qd = _mm256_set1_ps(q[i][d]);
-        a0[i] = _mm256_fmadd_ps(qd, k0, a0[i]);
-        a1[i] = _mm256_fmadd_ps(qd, k1, a1[i]);
-      }
+      attn16_fma_q(NQ, a0, a1, q, d, k0, k1);
     }
   }
-  __m256 sv = _mm256_set1_ps(scale);
-  for (int i = 0; i < NQ; i++) {
-    float r[16];
-    _mm256_storeu_ps(r, _mm256_mul_ps(a0[i], sv));
-    _mm256_storeu_ps(r + 8, _mm256_mul_ps(a1[i], sv));
-    memcpy(out + (size_t)i * (size_t)ld, r, (size_t)n * sizeof(float));
-  }
+  attn16_store_scaled(NQ, a0, a1, scale, out, ld, n);
 }
 
 void servd__attn_scores_q_avx2(float *out, int ld, const float *const *q, int nq, const char *run, servd_dtype kt,
@@ -130,10 +121,7 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
                                                               int d, const char *pf) {
   size_t at = (size_t)(d / 32) * servd_dtype_block_bytes(vt);
   __m256 a0[6], a1[6];
-  for (int i = 0; i < NQ; i++) {
-    a0[i] = _mm256_loadu_ps(acc + (size_t)i * (size_t)acc_ld);
-    a1[i] = _mm256_loadu_ps(acc + (size_t)i * (size_t)acc_ld + 8);
-  }
+  attn16_load(NQ, a0, a1, acc, acc_ld);
   for (int j = 0; j < n; j++) {
     const char *blk = rows + (size_t)j * vrow + at;
     if (pf) _mm_prefetch(pf + (size_t)j * vrow + at, _MM_HINT_T0); /* this block's line in the later run */
@@ -142,16 +130,9 @@ static inline __attribute__((always_inline)) void accum_block(int NQ, float *acc
     else cvt16(value_codes(blk, vt, d % 32), &v0, &v1);
     v0 = _mm256_mul_ps(v0, ds);
     v1 = _mm256_mul_ps(v1, ds);
-    for (int i = 0; i < NQ; i++) {
-      __m256 pj = _mm256_set1_ps(p[(size_t)i * (size_t)ld + (size_t)j]);
-      a0[i] = _mm256_fmadd_ps(pj, v0, a0[i]);
-      a1[i] = _mm256_fmadd_ps(pj, v1, a1[i]);
-    }
+    attn16_fma(NQ, a0, a1, p + j, (size_t)ld, v0, v1);
   }
-  for (int i = 0; i < NQ; i++) {
-    _mm256_storeu_ps(acc + (size_t)i * (size_t)acc_ld, a0[i]);
-    _mm256_storeu_ps(acc + (size_t)i * (size_t)acc_ld + 8, a1[i]);
-  }
+  attn16_store(NQ, a0, a1, acc, acc_ld);
 }
 
 void servd__attn_accum_q_avx2(float *acc, int acc_ld, const float *p, int ld, int nq, const char *run, servd_dtype vt,
