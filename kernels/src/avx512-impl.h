@@ -25,6 +25,23 @@ static inline __mmask16 tail16(int64_t left) {
   return left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
+/* roundf of each lane, as the scalar quantizers round (half away from zero), exact for |v| <= 127.5:
+ * truncate(|v| + 0.5) with the sign put back, stepping back one where the addition rounded up
+ * across a half (|v| just below one), which roundf would not do. */
+static inline __m512 round_half_away(__m512 v) {
+  const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f);
+  const __m512 a = _mm512_andnot_ps(sign, v);
+  __m512 t = _mm512_roundscale_ps(_mm512_add_ps(a, half), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  t = _mm512_mask_sub_ps(t, _mm512_cmp_ps_mask(_mm512_sub_ps(t, a), half, _CMP_GT_OQ), t, _mm512_set1_ps(1.0f));
+  return _mm512_or_ps(t, _mm512_and_ps(sign, v));
+}
+
+/* The residual quanta of 16 values v whose first-level quanta are t (as floats): round((v - t*d) * id2),
+ * the difference fused as servd__residual_q's fmaf, id2 = 128/d. */
+static inline __m512i residual_q16(__m512 v, __m512 t, __m512 d, __m512 id2) {
+  return _mm512_cvttps_epi32(round_half_away(_mm512_mul_ps(_mm512_fnmadd_ps(t, d, v), id2)));
+}
+
 /* Sum of a's 16 lanes in one fixed order: lanes 8 apart added, then 4, then 2, then 1 (the order of
  * GCC's _mm512_reduce_add_ps, spelled out so no compiler chooses another). reduce4 sums each of its
  * vectors in this same order, so an output column's value does not depend on whether its kernel

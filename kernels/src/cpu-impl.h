@@ -32,8 +32,9 @@ bool servd__cpu_has_bf16(void);
 /* A per-thread 64-byte aligned buffer of at least `bytes`, grown on demand and kept for the life of the
  * thread (freed at thread exit). `slot` in [0, SERVD__SCRATCH_SLOTS) selects independent buffers, so
  * one op can hold several. Borrowed: valid until the next call with the same slot on this thread.
- * NULL on allocation failure. Slot 0 and 1 are used by matmul; ops outside matmul use 2 and 3. */
-#define SERVD__SCRATCH_SLOTS 4
+ * NULL on allocation failure. Slots 0, 1 and 2 are used by matmul's kernels, 4 by its residual
+ * activation level (matmul.c); ops outside matmul use 2 and 3. */
+#define SERVD__SCRATCH_SLOTS 5
 void *servd__scratch(int slot, size_t bytes);
 
 /* A tensor seen as a matrix: rows = product of all outer dims, cols = innermost dim, each row

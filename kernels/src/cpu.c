@@ -13,6 +13,7 @@ static atomic_int best_isa = -1;
 static atomic_int forced_isa = -1;
 static atomic_int has_vnni = -1, has_bf16 = -1;
 static atomic_int batch_invariant = 0;
+static atomic_int activation_levels = 2;
 
 static void detect(void) {
   __builtin_cpu_init();
@@ -30,6 +31,12 @@ static void detect(void) {
   /* SERVD_BATCH_INVARIANT=1: batch invariance also where it costs (servd/ops.h) */
   const char *bi = getenv("SERVD_BATCH_INVARIANT");
   if (bi && *bi && strcmp(bi, "0") != 0) atomic_store(&batch_invariant, 1);
+  /* SERVD_ACTIVATION_LEVELS=1|2: how finely quantized matmuls carry x (servd/ops.h) */
+  const char *al = getenv("SERVD_ACTIVATION_LEVELS");
+  if (al && *al) {
+    if (!strcmp(al, "1") || !strcmp(al, "2")) atomic_store(&activation_levels, al[0] - '0');
+    else fprintf(stderr, "servd: warning: SERVD_ACTIVATION_LEVELS=%s ignored (expected 1 or 2)\n", al);
+  }
   const char *env = getenv("SERVD_ISA");
   for (int i = 0; env && *env && i <= SERVD_ISA_COUNT; i++) {
     if (i == SERVD_ISA_COUNT || i > best) {
@@ -88,6 +95,19 @@ void servd_cpu_set_batch_invariant(bool on) {
 bool servd_cpu_batch_invariant(void) {
   (void)servd_cpu_best_isa();
   return atomic_load_explicit(&batch_invariant, memory_order_relaxed) == 1;
+}
+
+int servd_cpu_set_activation_levels(int levels) {
+  (void)servd_cpu_best_isa(); /* the environment is read once, at detection: not after this */
+  if (levels != 1 && levels != 2)
+    return servd_fail(SERVD_EINVAL, "cpu_set_activation_levels: %d levels (expected 1 or 2)", levels);
+  atomic_store(&activation_levels, levels);
+  return 0;
+}
+
+int servd_cpu_activation_levels(void) {
+  (void)servd_cpu_best_isa();
+  return atomic_load_explicit(&activation_levels, memory_order_relaxed);
 }
 
 servd_isa servd_cpu_active_isa(void) { return servd__isa(); }

@@ -10,20 +10,23 @@
 #include "matmul_lowbit-impl.h"
 
 #define FLOAT(act) \
-  { act, false, servd__mm_float_scalar, servd__mm_float_avx2, servd__mm_float_avx512, NULL }
+  { act, false, false, servd__mm_float_scalar, servd__mm_float_avx2, servd__mm_float_avx512, NULL }
 #define Q8(scalar, avx2, vnni) \
-  { SERVD__ACT_Q8, false, scalar, avx2, NULL, vnni }
+  { SERVD__ACT_Q8, false, false, scalar, avx2, NULL, vnni }
+/* as Q8, its VNNI kernel adding the residual activation level inside its own dots */
+#define Q8_FUSED(scalar, avx2, vnni) \
+  { SERVD__ACT_Q8, false, true, scalar, avx2, NULL, vnni }
 #define Q8K(perm, scalar, avx2, vnni) \
-  { SERVD__ACT_Q8K, perm, scalar, avx2, NULL, vnni }
+  { SERVD__ACT_Q8K, perm, false, scalar, avx2, NULL, vnni }
 
 const servd__dtype_cpu servd__dtype_cpu_traits[] = {
     [SERVD_F32] = FLOAT(SERVD__ACT_F32),
     [SERVD_F16] = FLOAT(SERVD__ACT_F32),
     [SERVD_BF16] = FLOAT(SERVD__ACT_F32_EVEN_ODD),
-    [SERVD_I32] = {SERVD__ACT_F32, false, NULL, NULL, NULL, NULL},
-    [SERVD_Q8_0] = Q8(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
-    [SERVD_Q4_0] = Q8(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
-    [SERVD_Q4_1] = Q8(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
+    [SERVD_I32] = {SERVD__ACT_F32, false, false, NULL, NULL, NULL, NULL},
+    [SERVD_Q8_0] = Q8_FUSED(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
+    [SERVD_Q4_0] = Q8_FUSED(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
+    [SERVD_Q4_1] = Q8_FUSED(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
     [SERVD_Q4_K] = Q8K(true, servd__mm_kquant_scalar, servd__mm_kquant_avx2, servd__mm_kquant_avx512vnni),
     [SERVD_Q6_K] = Q8K(false, servd__mm_kquant_scalar, servd__mm_kquant_avx2, servd__mm_kquant_avx512vnni),
     [SERVD_Q5_K] = Q8K(true, servd__mm_kquant_scalar, servd__mm_kquant_avx2, servd__mm_kquant_avx512vnni),
@@ -31,7 +34,7 @@ const servd__dtype_cpu servd__dtype_cpu_traits[] = {
     [SERVD_Q5_1] = Q8(servd__mm_q5_scalar, servd__mm_q5_avx2, servd__mm_q5_avx512vnni),
     [SERVD_Q2_K] = Q8K(false, servd__mm_kquant_scalar, servd__mm_lowbit_avx2, servd__mm_lowbit_k_avx512vnni),
     [SERVD_Q3_K] = Q8K(false, servd__mm_kquant_scalar, servd__mm_lowbit_avx2, servd__mm_lowbit_k_avx512vnni),
-    [SERVD_IQ4_NL] = Q8(servd__mm_iq4nl_scalar, servd__mm_lowbit_avx2, servd__mm_quant_avx512vnni),
+    [SERVD_IQ4_NL] = Q8_FUSED(servd__mm_iq4nl_scalar, servd__mm_lowbit_avx2, servd__mm_quant_avx512vnni),
     [SERVD_IQ4_XS] = Q8K(false, servd__mm_kquant_scalar, servd__mm_lowbit_avx2, servd__mm_lowbit_k_avx512vnni),
 };
 /* New dtypes are appended to servd/dtypes.def: a missing row here is a missing last row. */

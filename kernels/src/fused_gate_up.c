@@ -40,7 +40,7 @@ static void gate_up_task(void *ctx, int64_t b, int64_t e, int thread) {
     const bool up = it >= j->tiles;
     const int64_t t0 = up ? it - j->tiles : it, end = up || e <= j->tiles ? e : j->tiles;
     const int64_t t1 = up ? end - j->tiles : end;
-    j->fn(up ? &j->u : &j->g, t0 * TILE, t1 * TILE < j->g.n ? t1 * TILE : j->g.n);
+    servd__mm_run(j->fn, up ? &j->u : &j->g, t0 * TILE, t1 * TILE < j->g.n ? t1 * TILE : j->g.n);
     /* the thread that finishes a tile's second half applies SwiGLU (acq_rel: it sees the first) */
     for (int64_t t = t0; t < t1; t++)
       if (atomic_fetch_add_explicit(&j->halves[t], 1, memory_order_acq_rel) == 1) swiglu_tile(j, t);
@@ -71,10 +71,7 @@ int servd_gate_up_swiglu(servd_tensor *gate, servd_tensor *up, const servd_tenso
       j.tiles > MAX_TILES)
     return unfused(gate, up, x, wg, wu); /* its own checks name what is wrong */
   if ((rc = servd__mm_prepare(&j.g, &j.fn))) return rc;
-  j.u.xq = j.g.xq;
-  j.u.xk = j.g.xk;
-  j.u.xeo = j.g.xeo;
-  j.u.ldxeo = j.g.ldxeo;
+  servd__mm_share_x(&j.u, &j.g);
   j.swiglu = swiglu[ops__isa()];
   j.halves = halves; /* the caller's: a nested call runs inline on this thread, after this job */
   for (int64_t t = 0; t < j.tiles; t++) atomic_store_explicit(&halves[t], 0, memory_order_relaxed);

@@ -22,6 +22,11 @@
 typedef struct servd__q8x {
   int8_t *qs;
   float *d, *s;
+  /* The residual level (servd_cpu_activation_levels() == 2; NULL otherwise): what the first leaves,
+   * x - q*d (one rounding, an FMA), quantized per block the same way with scale d2 = d/128
+   * (|q2| <= 64), in qs's layout; s2 = d2 * sum(q2). x ~= q*d + q2*d2. */
+  int8_t *qs2;
+  float *d2, *s2;
   int64_t nb;  /* blocks per row */
   int64_t ldq; /* bytes between rows of qs */
   int64_t lds; /* floats between rows of d and s */
@@ -39,6 +44,19 @@ static inline int64_t servd__q8x_off(const servd__q8x *q, int64_t b, int h) {
 static inline void servd__q8x_clear_tail(const servd__q8x *q, int64_t r) {
   for (int64_t b = q->nb; b < q->lds; b++) q->d[r * q->lds + b] = q->s[r * q->lds + b] = 0.0f;
   if (q->quad && q->nb % 4) memset(q->qs + r * q->ldq + q->nb / 4 * 128, 0, 128);
+  if (!q->qs2) return;
+  for (int64_t b = q->nb; b < q->lds; b++) q->d2[r * q->lds + b] = q->s2[r * q->lds + b] = 0.0f;
+  if (q->quad && q->nb % 4) memset(q->qs2 + r * q->ldq + q->nb / 4 * 128, 0, 128);
+}
+
+/* The residual level's scale: a power-of-two step below d, so q*d + q2*d2 is q*128 + q2 in units of d2. */
+#define SERVD__RESIDUAL_SCALE (1.0f / 128.0f)
+
+/* The residual quantum of one value given its first-level quantum qv (scalar reference; the SIMD
+ * quantizers compute the same: the fused v - qv*d, times 1/d2 = 128/d, rounded half away). */
+static inline int servd__residual_q(float v, int qv, float d, float id) {
+  const float r = fmaf(-(float)qv, d, v);
+  return (int)roundf(r * (id * 128.0f));
 }
 
 /* x rows quantized for k-quant weights, as ggml's block_q8_K: per 256 values int8 q with
@@ -49,6 +67,11 @@ typedef struct servd__q8k {
   int8_t *qs;
   float *d;
   int16_t *bsums;
+  /* The residual level as servd__q8x's (NULL: one level): qs2 in qs's layout, d2 = d/128, bsums2
+   * the 16-value sums of q2. */
+  int8_t *qs2;
+  float *d2;
+  int16_t *bsums2;
   int64_t nb;  /* super-blocks per row */
   int64_t ldq; /* bytes between rows of qs */
   /* Set for the AVX-512 q4_k/q5_k kernel: each super-block's 16-value groups are stored in the
@@ -94,9 +117,47 @@ typedef struct servd__mm {
   /* VNNI q8_0/q4_0/q4_1/iq4_nl kernel in prefill: its weight tile's block scales, decoded once for
    * every x row tile (matmul_avx512vnni.c); NULL: decoded per tile. */
   const float *hdr;
+  /* The kernel adds xq's residual level inside its dots (dtype_cpu.c's vnni_fuses_residual): dot =
+   * (dot of q << 7) + dot of q2, an exact integer in units of d2, times d2. */
+  bool residual_fused;
 } servd__mm;
 
 typedef void (*servd__mm_fn)(const servd__mm *p, int64_t j0, int64_t j1);
+
+/* fn over columns [j0, j1) of p, with the residual activation level added where p has one: how the
+ * drivers (matmul.c, fused_gate_up.c) call every kernel. */
+void servd__mm_run(servd__mm_fn fn, const servd__mm *p, int64_t j0, int64_t j1);
+
+/* dst reads the x that prepare() made for src (same x, same dtype): its activations and forms. */
+static inline void servd__mm_share_x(servd__mm *dst, const servd__mm *src) {
+  dst->xq = src->xq;
+  dst->xk = src->xk;
+  dst->xeo = src->xeo;
+  dst->ldxeo = src->ldxeo;
+  dst->residual_fused = src->residual_fused;
+}
+
+/* q's view from row r0 on (every level's arrays moved; a NULL array stays NULL). */
+static inline void servd__q8x_rows_from(servd__q8x *q, int64_t r0) {
+  if (!q->qs) return;
+  q->qs += r0 * q->ldq;
+  q->d += r0 * q->lds;
+  q->s += r0 * q->lds;
+  if (!q->qs2) return;
+  q->qs2 += r0 * q->ldq;
+  q->d2 += r0 * q->lds;
+  q->s2 += r0 * q->lds;
+}
+static inline void servd__q8k_rows_from(servd__q8k *q, int64_t r0) {
+  if (!q->qs) return;
+  q->qs += r0 * q->ldq;
+  q->d += r0 * q->nb;
+  q->bsums += r0 * q->nb * 16;
+  if (!q->qs2) return;
+  q->qs2 += r0 * q->ldq;
+  q->d2 += r0 * q->nb;
+  q->bsums2 += r0 * q->nb * 16;
+}
 
 /* What a weight dtype's kernels read of x, prepared once per call by matmul.c's prepare(). */
 typedef enum servd__act {
@@ -110,6 +171,9 @@ typedef enum servd__act {
 typedef struct servd__dtype_cpu {
   servd__act act;
   bool q8k_perm; /* its VNNI kernel reads q8_K groups in servd__q8k_group_off's permuted order */
+  /* its VNNI kernel reads the residual activation level itself (one pass over the weights, with
+   * servd__mm.residual_fused); other kernels get it from servd__mm_run as a second pass */
+  bool vnni_fuses_residual;
   /* Its kernel per ISA; NULL falls back to the next lower ISA's, a NULL scalar: not a weight dtype. */
   servd__mm_fn scalar, avx2, avx512, avx512vnni;
 } servd__dtype_cpu;

@@ -110,6 +110,55 @@ static int setup(servd__mm *p, servd_tensor *out, const servd_tensor *x, const s
 
 /* ---- dispatch --------------------------------------------------------------------------------- */
 
+/* p with its residual activations in place of the first level's: the same kernel computes their
+ * product with the weights (exact integer dots times the residual scales). */
+static servd__mm residual_view(const servd__mm *p) {
+  servd__mm r = *p;
+  if (p->xq.qs2) {
+    r.xq.qs = p->xq.qs2;
+    r.xq.d = p->xq.d2;
+    r.xq.s = p->xq.s2;
+    r.xq.qs2 = NULL;
+  }
+  if (p->xk.qs2) {
+    r.xk.qs = p->xk.qs2;
+    r.xk.d = p->xk.d2;
+    r.xk.bsums = p->xk.bsums2;
+    r.xk.qs2 = NULL;
+  }
+  return r;
+}
+
+void servd__mm_run(servd__mm_fn fn, const servd__mm *p, int64_t j0, int64_t j1) {
+  if ((!p->xq.qs2 && !p->xk.qs2) || p->residual_fused) {
+    fn(p, j0, j1);
+    return;
+  }
+  /* Per run of COLS columns, while its weights are still in L1/L2: the first level's product into
+   * out, the residual's into scratch, then their sum. Each is a row's own arithmetic, so the sum
+   * keeps the kernels' batch invariance. */
+  enum { COLS = 32 };
+  float *tmp = servd__scratch(4, (size_t)p->m * COLS * sizeof(float));
+  if (!tmp) { /* no memory for the residual's columns: NaN marks the outputs rather than a wrong value */
+    for (int64_t i = 0; i < p->m; i++)
+      for (int64_t j = j0; j < j1; j++) ((float *)(p->out + i * p->ldo))[j] = NAN;
+    return;
+  }
+  servd__mm r = residual_view(p);
+  r.ldo = COLS * sizeof(float);
+  for (int64_t jb = j0; jb < j1; jb += COLS) {
+    const int64_t je = j1 - jb < COLS ? j1 : jb + COLS;
+    fn(p, jb, je);
+    r.out = (char *)((uintptr_t)tmp - (uintptr_t)jb * sizeof(float)); /* column jb at tmp[0] */
+    fn(&r, jb, je);
+    for (int64_t i = 0; i < p->m; i++) {
+      float *o = (float *)(p->out + i * p->ldo);
+      const float *t = tmp + i * COLS - jb;
+      for (int64_t j = jb; j < je; j++) o[j] += t[j];
+    }
+  }
+}
+
 /* Work items: blocks of `cols` output columns, times blocks of `rows` x rows when m is large (so
  * that many threads find work in prefill), columns fastest so neighbouring chunks share x rows. */
 typedef struct task {
@@ -124,16 +173,8 @@ static servd__mm row_block(const servd__mm *p, int64_t r0, int64_t rows) {
   sub.m = p->m - r0 < rows ? p->m - r0 : rows;
   sub.x += r0 * p->ldx;
   sub.out += r0 * p->ldo;
-  if (p->xq.qs) {
-    sub.xq.qs += r0 * p->xq.ldq;
-    sub.xq.d += r0 * p->xq.lds;
-    sub.xq.s += r0 * p->xq.lds;
-  }
-  if (p->xk.qs) {
-    sub.xk.qs += r0 * p->xk.ldq;
-    sub.xk.d += r0 * p->xk.nb;
-    sub.xk.bsums += r0 * p->xk.nb * 16;
-  }
+  servd__q8x_rows_from(&sub.xq, r0);
+  servd__q8k_rows_from(&sub.xk, r0);
   if (p->xeo) sub.xeo += r0 * p->ldxeo;
   return sub;
 }
@@ -147,10 +188,10 @@ static void run_task(void *ctx, int64_t b, int64_t e, int thread) {
     const int64_t jend = jb + (e - it) < t->n_items ? jb + (e - it) : t->n_items;
     const int64_t j0 = jb * t->cols, j1 = jend * t->cols < p->n ? jend * t->cols : p->n;
     if (t->rows >= p->m) {
-      t->fn(p, j0, j1);
+      servd__mm_run(t->fn, p, j0, j1);
     } else {
       const servd__mm sub = row_block(p, mb * t->rows, t->rows);
-      t->fn(&sub, j0, j1);
+      servd__mm_run(t->fn, &sub, j0, j1);
     }
     it += jend - jb;
   }
@@ -167,14 +208,10 @@ static void run_quant(void *ctx, int64_t b, int64_t e, int thread) {
   const servd__mm *p = t->p;
   servd__q8x q = p->xq;
   (void)thread;
-  q.qs += b * q.ldq;
-  q.d += b * q.lds;
-  q.s += b * q.lds;
+  servd__q8x_rows_from(&q, b);
   if (servd__dtype_cpu_traits[p->wt].act == SERVD__ACT_Q8K) {
     servd__q8k k = p->xk;
-    k.qs += b * k.ldq;
-    k.d += b * k.nb;
-    k.bsums += b * k.nb * 16;
+    servd__q8k_rows_from(&k, b);
     (t->avx512 ? servd__quantize_q8k_avx512 : servd__quantize_q8k)(p->x + b * p->ldx, p->ldx, e - b, p->k, &k);
   } else if (t->avx512) servd__quantize_q8x_avx512(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
   else servd__quantize_q8x(p->x + b * p->ldx, p->ldx, e - b, p->k, &q);
@@ -186,15 +223,23 @@ static int prepare(servd__mm *p, servd__mm_fn *fn) {
   const servd_isa isa = servd__isa();
   const bool vnni = servd__cpu_has_vnni();
   const servd__dtype_cpu *c = &servd__dtype_cpu_traits[p->wt];
+  const int levels = servd_cpu_activation_levels();
   if (c->act == SERVD__ACT_Q8K) {
     p->xk.nb = p->k / SERVD_QK_K;
     p->xk.ldq = p->k; /* a multiple of 256 */
     const size_t qbytes = (size_t)(p->m * p->k), dbytes = (size_t)(p->m * p->xk.nb) * sizeof(float);
-    char *buf = servd__scratch(0, qbytes + dbytes + (size_t)(p->m * p->xk.nb) * 16 * sizeof(int16_t));
-    if (!buf) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate %zu bytes of activation scratch", qbytes);
+    /* each level from a 64-byte line: the kernels load qs aligned */
+    const size_t level = (qbytes + dbytes + (size_t)(p->m * p->xk.nb) * 16 * sizeof(int16_t) + 63) & ~(size_t)63;
+    char *buf = servd__scratch(0, level * (size_t)levels);
+    if (!buf) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate %zu bytes of activation scratch", level);
     p->xk.qs = (int8_t *)buf;
     p->xk.d = (float *)(buf + qbytes);
     p->xk.bsums = (int16_t *)(buf + qbytes + dbytes);
+    if (levels == 2) {
+      p->xk.qs2 = (int8_t *)(buf + level);
+      p->xk.d2 = (float *)(buf + level + qbytes);
+      p->xk.bsums2 = (int16_t *)(buf + level + qbytes + dbytes);
+    }
     p->xk.perm = vnni && c->q8k_perm;
     quant_task qt = {.p = p, .avx512 = vnni}; /* its quantizer lives with the VNNI kernel */
     servd_parallel_for(p->m, (1 << 16) / p->k + 1, run_quant, &qt);
@@ -204,11 +249,17 @@ static int prepare(servd__mm *p, servd__mm_fn *fn) {
     p->xq.ldq = (p->xq.nb + 3) / 4 * 128; /* whole quads, a multiple of 64 bytes */
     p->xq.lds = (p->xq.nb + 15) / 16 * 16;
     size_t qbytes = (size_t)(p->m * p->xq.ldq), fbytes = (size_t)(p->m * p->xq.lds) * sizeof(float);
-    char *buf = servd__scratch(0, qbytes + 2 * fbytes);
-    if (!buf) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate %zu bytes of activation scratch", qbytes);
+    const size_t level = qbytes + 2 * fbytes; /* qbytes: whole 64-byte lines, so every level stays aligned */
+    char *buf = servd__scratch(0, level * (size_t)levels);
+    if (!buf) return servd_fail(SERVD_ENOMEM, "matmul: cannot allocate %zu bytes of activation scratch", level);
     p->xq.qs = (int8_t *)buf;
     p->xq.d = (float *)(buf + qbytes);
     p->xq.s = (float *)(buf + qbytes + fbytes);
+    if (levels == 2) {
+      p->xq.qs2 = (int8_t *)(buf + level);
+      p->xq.d2 = (float *)(buf + level + qbytes);
+      p->xq.s2 = (float *)(buf + level + qbytes + fbytes);
+    }
     quant_task qt = {.p = p, .avx512 = isa == SERVD_ISA_AVX512};
     servd_parallel_for(p->m, (1 << 16) / p->k + 1, run_quant, &qt); /* prefill: many rows */
   } else if (c->act == SERVD__ACT_F32_EVEN_ODD && isa == SERVD_ISA_AVX512 && p->k >= 32) {
@@ -219,6 +270,7 @@ static int prepare(servd__mm *p, servd__mm_fn *fn) {
     p->xeo = xeo;
   }
   *fn = servd__dtype_cpu_kernel(c, isa, vnni);
+  p->residual_fused = p->xq.qs2 && vnni && c->vnni_fuses_residual;
   return 0;
 }
 
@@ -271,10 +323,10 @@ static void run_many(void *ctx, int64_t b, int64_t e, int thread) {
     const servd__mm *p = &t->p[s];
     const int64_t j0 = (jb - t->first[s]) * ITEM_COLS, j1 = (end - t->first[s]) * ITEM_COLS;
     if (p->m <= ITEM_ROWS) {
-      t->fn(p, j0, j1 < p->n ? j1 : p->n);
+      servd__mm_run(t->fn, p, j0, j1 < p->n ? j1 : p->n);
     } else {
       const servd__mm sub = row_block(p, mb * ITEM_ROWS, ITEM_ROWS);
-      t->fn(&sub, j0, j1 < p->n ? j1 : p->n);
+      servd__mm_run(t->fn, &sub, j0, j1 < p->n ? j1 : p->n);
     }
     it += end - jb;
   }
@@ -302,10 +354,7 @@ int servd_matmul_many(int count, servd_tensor *const *outs, const servd_tensor *
   int rc = prepare(&p[0], &t.fn);
   if (rc) return rc;
   for (int i = 0; i < count; i++) {
-    p[i].xq = p[0].xq;
-    p[i].xk = p[0].xk;
-    p[i].xeo = p[0].xeo;
-    p[i].ldxeo = p[0].ldxeo;
+    servd__mm_share_x(&p[i], &p[0]);
     t.first[i + 1] = t.first[i] + (p[i].n + ITEM_COLS - 1) / ITEM_COLS;
   }
   const int64_t row_blocks = (p[0].m + ITEM_ROWS - 1) / ITEM_ROWS;

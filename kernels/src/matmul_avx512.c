@@ -197,48 +197,50 @@ void servd__split_even_odd_avx512(const char *x, int64_t ldx, int64_t m, int64_t
   }
 }
 
-/* Same rounding as servd__quantize_q8x: q = round-half-away(x * (1/d)), d = amax/127. */
+/* Same rounding as servd__quantize_q8x: q = round-half-away(x * (1/d)), d = amax/127; the residual
+ * level as servd__residual_q. */
 void servd__quantize_q8x_avx512(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8x *q) {
-  const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
   (void)k;
   for (int64_t r = 0; r < m; r++) {
     const float *xr = (const float *)(x + r * ldx);
-    int8_t *qs = q->qs + r * q->ldq;
+    int8_t *qs = q->qs + r * q->ldq, *qs2 = q->qs2 ? q->qs2 + r * q->ldq : NULL;
     servd__q8x_clear_tail(q, r);
     for (int64_t b = 0; b < q->nb; b++) {
+      const int64_t at = r * q->lds + b;
       __m512 v0 = _mm512_loadu_ps(xr + b * 32), v1 = _mm512_loadu_ps(xr + b * 32 + 16);
       __m512 am = _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1));
       const float amax = _mm512_reduce_max_ps(am);
       /* both layouts: servd__q8x, servd__q8x_off */
-      int8_t *lo = qs + servd__q8x_off(q, b, 0), *hi = qs + servd__q8x_off(q, b, 1);
+      const int64_t lo = servd__q8x_off(q, b, 0), hi = servd__q8x_off(q, b, 1);
       /* NaN/inf anywhere (fpclass: NaN and both infinities): as servd__quantize_q8x, NaN outputs */
       if (_mm512_fpclass_ps_mask(v0, 0x99) | _mm512_fpclass_ps_mask(v1, 0x99)) {
-        _mm_storeu_si128((__m128i *)lo, _mm_setzero_si128());
-        _mm_storeu_si128((__m128i *)hi, _mm_setzero_si128());
-        q->d[r * q->lds + b] = q->s[r * q->lds + b] = NAN;
+        for (int8_t *dst = qs; dst; dst = dst == qs ? qs2 : NULL) {
+          _mm_storeu_si128((__m128i *)(dst + lo), _mm_setzero_si128());
+          _mm_storeu_si128((__m128i *)(dst + hi), _mm_setzero_si128());
+        }
+        q->d[at] = q->s[at] = NAN;
+        if (qs2) q->d2[at] = q->s2[at] = NAN;
         continue;
       }
       const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
       const __m512 idv = _mm512_set1_ps(id);
-      __m512 s0 = _mm512_mul_ps(v0, idv), s1 = _mm512_mul_ps(v1, idv);
-      /* roundf: truncate(|v| + 0.5) with the sign put back; exact for |v| <= 127.5 except that
-       * |v|+0.5 may round up when |v| is just below a half, which roundf would not do: fixed below. */
-      __m512 a0 = _mm512_andnot_ps(sign, s0), a1 = _mm512_andnot_ps(sign, s1);
-      __m512 t0 = _mm512_roundscale_ps(_mm512_add_ps(a0, half), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-      __m512 t1 = _mm512_roundscale_ps(_mm512_add_ps(a1, half), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-      /* if t - a > 0.5 the addition rounded up across a half: step back one */
-      t0 =
-          _mm512_mask_sub_ps(t0, _mm512_cmp_ps_mask(_mm512_sub_ps(t0, a0), half, _CMP_GT_OQ), t0, _mm512_set1_ps(1.0f));
-      t1 =
-          _mm512_mask_sub_ps(t1, _mm512_cmp_ps_mask(_mm512_sub_ps(t1, a1), half, _CMP_GT_OQ), t1, _mm512_set1_ps(1.0f));
-      t0 = _mm512_or_ps(t0, _mm512_and_ps(sign, s0));
-      t1 = _mm512_or_ps(t1, _mm512_and_ps(sign, s1));
+      const __m512 t0 = round_half_away(_mm512_mul_ps(v0, idv)), t1 = round_half_away(_mm512_mul_ps(v1, idv));
       __m512i i0 = _mm512_cvttps_epi32(t0), i1 = _mm512_cvttps_epi32(t1);
-      _mm_storeu_si128((__m128i *)lo, _mm512_cvtsepi32_epi8(i0));
-      _mm_storeu_si128((__m128i *)hi, _mm512_cvtsepi32_epi8(i1));
+      _mm_storeu_si128((__m128i *)(qs + lo), _mm512_cvtsepi32_epi8(i0));
+      _mm_storeu_si128((__m128i *)(qs + hi), _mm512_cvtsepi32_epi8(i1));
       const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
-      q->d[r * q->lds + b] = d;
-      q->s[r * q->lds + b] = d * (float)sum;
+      q->d[at] = d;
+      q->s[at] = d * (float)sum;
+      if (qs2) {
+        const __m512 dv = _mm512_set1_ps(d), id2 = _mm512_set1_ps(id * 128.0f);
+        const __m512i r0 = residual_q16(v0, t0, dv, id2), r1 = residual_q16(v1, t1, dv, id2);
+        _mm_storeu_si128((__m128i *)(qs2 + lo), _mm512_cvtsepi32_epi8(r0));
+        _mm_storeu_si128((__m128i *)(qs2 + hi), _mm512_cvtsepi32_epi8(r1));
+        const float d2 = d * SERVD__RESIDUAL_SCALE;
+        q->d2[at] = d2;
+        q->s2[at] = d2 * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(r0, r1));
+      }
     }
   }
 }

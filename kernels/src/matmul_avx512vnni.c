@@ -146,12 +146,24 @@ static inline __attribute__((always_inline)) void load_q8_quad(const char *qs, i
   *hi = h;
 }
 
+/* The residual level joined to a quad's dots in integers: (dot << 7) + the dots of the residual
+ * quanta at xp2 (quad layout; q8_0: stored + 128 with the same -128 * sum(w) start z as the first
+ * level's), so the dot is exact in units of d2 = d/128 (|dot| < 2^25 for every dtype here). */
+static inline __attribute__((always_inline)) __m512i residual_dots(__m512i dot, __m512i z, __m512i lo, __m512i hi,
+                                                                   const int8_t *xp2, const servd_dtype wt) {
+  const __m512i y0 = _mm512_load_si512((const void *)xp2), y1 = _mm512_load_si512((const void *)(xp2 + 64));
+  dot = _mm512_slli_epi32(dot, 7);
+  if (wt == SERVD_Q8_0) return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_add_epi32(dot, z), y0, lo), y1, hi);
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot, lo, y0), hi, y1);
+}
+
 /* Blocks g+q.. of weight row c (4 of them, or `valid` < 4) against R activation rows; wq points at
  * block g+q's quanta (q4_1: past d and m). */
 static inline __attribute__((always_inline)) void quad_step(const char *wq, int bb, int64_t g, int q, int valid,
-                                                            const int8_t *const *xq, const __m512 (*ds)[NWMAX],
-                                                            __m512 (*acc)[NWMAX], const int c, const int R,
-                                                            const servd_dtype wt) {
+                                                            const int8_t *const *xq, const int8_t *const *xq2,
+                                                            const __m512 (*ds)[NWMAX], __m512 (*acc)[NWMAX],
+                                                            const int c, const int R, const servd_dtype wt,
+                                                            const bool two) {
   __m512i lo, hi;
   if (wt == SERVD_Q8_0) {
     load_q8_quad(wq + q * bb, valid, &lo, &hi);
@@ -178,8 +190,9 @@ static inline __attribute__((always_inline)) void quad_step(const char *wq, int 
   for (int r = 0; r < R; r++) {
     const int8_t *xp = xq[r] + (g + q) * 32; /* quad layout: 4 blocks per 128 bytes */
     const __m512i x0 = _mm512_load_si512((const void *)xp), x1 = _mm512_load_si512((const void *)(xp + 64));
-    const __m512i dot = wt == SERVD_Q8_0 ? _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, x0, lo), x1, hi)
-                                         : _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, x0), hi, x1);
+    __m512i dot = wt == SERVD_Q8_0 ? _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, x0, lo), x1, hi)
+                                   : _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, x0), hi, x1);
+    if (two) dot = residual_dots(dot, z, lo, hi, xq2[r] + (g + q) * 32, wt);
     acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, ds[r][c]), acc[r][c]);
   }
 }
@@ -187,11 +200,10 @@ static inline __attribute__((always_inline)) void quad_step(const char *wq, int 
 /* The last group of a q4 row when it holds 1..4 blocks (k = 576 leaves 2): one masked window of the
  * weight row yields both the nibble runs and the block headers, already spread to the 4 lanes of
  * each block, so the per-group header pass is skipped. */
-static inline __attribute__((always_inline)) void q4_tail(const char *const *w, int bb, int64_t g, int nbg,
-                                                          const int8_t *const *xq, const float *const *xd,
-                                                          const float *const *xs, __m512 (*acc)[NWMAX],
-                                                          __m512 (*accm)[NWMAX], const int R, const int NW,
-                                                          const servd_dtype wt) {
+static inline __attribute__((always_inline)) void
+q4_tail(const char *const *w, int bb, int64_t g, int nbg, const int8_t *const *xq, const int8_t *const *xq2,
+        const float *const *xd, const float *const *xs, const float *const *xs2, __m512 (*acc)[NWMAX],
+        __m512 (*accm)[NWMAX], const int R, const int NW, const servd_dtype wt, const bool two) {
   static const uint16_t nib20[32] = {2,  3,  4,  5,  6,  7,  8,  9,  12, 13, 14, 15, 16, 17, 18, 19,
                                      22, 23, 24, 25, 26, 27, 28, 29, 32, 33, 34, 35, 36, 37, 38, 39};
   static const uint16_t nib18[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
@@ -207,6 +219,12 @@ static inline __attribute__((always_inline)) void q4_tail(const char *const *w, 
   __mmask64 ma, mb;
   __m512 dxe[RQ], sxe[RQ];
   tail_setup(nbg * bb, &ma, &mb, xd, xs, g, R, dxe, sxe);
+  if (two) { /* the offsets meet the block sums of both levels */
+    __m512 unused[RQ], sxe2[RQ];
+    tail_setup(nbg * bb, &ma, &mb, xd, xs2, g, R, unused, sxe2);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) sxe[r] = _mm512_add_ps(sxe[r], sxe2[r]);
+  }
 #pragma GCC unroll 4
   for (int c = 0; c < NW; c++) {
     const char *src = w[c] + g * bb;
@@ -225,6 +243,7 @@ static inline __attribute__((always_inline)) void q4_tail(const char *const *w, 
       const int8_t *xp = xq[r] + g * 32;
       __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)xp));
       dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
+      if (two) dot = residual_dots(dot, _mm512_setzero_si512(), lo, hi, xq2[r] + g * 32, wt);
       acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dxe[r]), acc[r][c]);
       accm[r][c] = _mm512_fmadd_ps(cw, sxe[r], accm[r][c]);
     }
@@ -241,20 +260,29 @@ static inline __attribute__((always_inline)) void group_scales(const char *wg, c
   *cw = wt != SERVD_Q4_1 ? offset_of(*dw, wt) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16)));
 }
 
-/* out rows i0..i0+R, columns j..j+NW = x rows . weight rows j..j+NW */
-static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64_t i0, int64_t j, const int R,
-                                                       const int NW, const servd_dtype wt) {
+/* out rows i0..i0+R, columns j..j+NW = x rows . weight rows j..j+NW; two: with the residual
+ * activation level (x's block scales are then d2's, and the offsets meet both levels' sums). */
+static inline __attribute__((always_inline)) void tile_levels(const servd__mm *p, int64_t i0, int64_t j, const int R,
+                                                              const int NW, const servd_dtype wt, const bool two) {
   const int bb = wt == SERVD_Q8_0 ? 34 : wt == SERVD_Q4_1 ? 20 : 18; /* iq4_nl: q4_0's layout */
   const int qoff = wt == SERVD_Q4_1 ? 4 : 2;
   const int64_t nb = p->xq.nb;
   const hdr_plan *pl = &plans[wt == SERVD_Q8_0 ? 0 : wt == SERVD_Q4_1 ? 2 : 1];
-  const int8_t *xq[RQ];
-  const float *xd[RQ], *xs[RQ];
+  const int8_t *xq[RQ], *xq2[RQ] = {0};
+  const float *xd[RQ], *xs[RQ], *xs2[RQ] = {0};
   const char *w[NWMAX];
   __m512 acc[RQ][NWMAX], accm[RQ][NWMAX];
 #pragma GCC unroll 4
   for (int c = 0; c < NW; c++) w[c] = p->w + (j + c) * p->ldw;
   tile_x_rows(p, i0, R, xq, xd, xs);
+  if (two) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+      xq2[r] = p->xq.qs2 + (i0 + r) * p->xq.ldq;
+      xd[r] = p->xq.d2 + (i0 + r) * p->xq.lds;
+      xs2[r] = p->xq.s2 + (i0 + r) * p->xq.lds;
+    }
+  }
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -265,7 +293,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
     const int nbg = nb - g < 16 ? (int)(nb - g) : 16;
     if (pf_rows) prefetch_group(w, NW, p->ldw, pf_rows, (int)(g * bb), (int)(g + nbg) * bb);
     if (wt != SERVD_Q8_0 && nbg <= 4) {
-      q4_tail(w, bb, g, nbg, xq, xd, xs, acc, accm, R, NW, wt);
+      q4_tail(w, bb, g, nbg, xq, xq2, xd, xs, xs2, acc, accm, R, NW, wt, two);
       continue;
     }
     __m512 ds[RQ][NWMAX];
@@ -282,18 +310,22 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
       for (int r = 0; r < R; r++) ds[r][c] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd[r] + g));
       if (wt != SERVD_Q8_0) { /* q8_0's +128 is in its dots */
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) accm[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), accm[r][c]);
+        for (int r = 0; r < R; r++) {
+          accm[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), accm[r][c]);
+          if (two) accm[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs2[r] + g), accm[r][c]);
+        }
       }
     }
     if (nbg == 16) { /* unrolled: the lane permutes become constants */
 #pragma GCC unroll 4
       for (int q = 0; q < 16; q += 4)
 #pragma GCC unroll 4
-        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, 4, xq, ds, acc, c, R, wt);
+        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, 4, xq, xq2, ds, acc, c, R, wt, two);
     } else {
       for (int q = 0; q < nbg; q += 4) {
 #pragma GCC unroll 4
-        for (int c = 0; c < NW; c++) quad_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, ds, acc, c, R, wt);
+        for (int c = 0; c < NW; c++)
+          quad_step(w[c] + g * bb + qoff, bb, g, q, nbg - q, xq, xq2, ds, acc, c, R, wt, two);
       }
     }
   }
@@ -308,6 +340,13 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
       for (int c = 0; c < NW; c++) o[c] = hsum16(_mm512_add_ps(acc[r][c], accm[r][c]));
     }
   }
+}
+
+/* One x row tile at either activation precision: the choice made once per tile, each form inlined. */
+static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64_t i0, int64_t j, const int R,
+                                                       const int NW, const servd_dtype wt) {
+  if (p->residual_fused) tile_levels(p, i0, j, R, NW, wt, true);
+  else tile_levels(p, i0, j, R, NW, wt, false);
 }
 
 TILES(SERVD_Q8_0, q8_0)
@@ -337,11 +376,12 @@ static void decode_scales(const servd__mm *p, int64_t j, int nw, float *hd) {
   }
 }
 
-/* q8_0's activations as unsigned bytes, x + 128 (xor 0x80), for m rows of xq into dst (same layout). */
-static void q8_flip(const servd__q8x *xq, int64_t m, int8_t *dst) {
+/* q8_0's activations as unsigned bytes, x + 128 (xor 0x80): the `bytes` (whole 64-byte lines) at qs
+ * into dst (same layout). */
+static void q8_flip(const int8_t *qs, int64_t bytes, int8_t *dst) {
   const __m512i flip = _mm512_set1_epi8((char)0x80);
-  for (int64_t i = 0; i < m * xq->ldq; i += 64)
-    _mm512_store_si512(dst + i, _mm512_xor_si512(_mm512_load_si512(xq->qs + i), flip));
+  for (int64_t i = 0; i < bytes; i += 64)
+    _mm512_store_si512(dst + i, _mm512_xor_si512(_mm512_load_si512(qs + i), flip));
 }
 
 void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
@@ -351,15 +391,20 @@ void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
                                                : tiles_iq4_nl;
   servd__mm pd = *p;
   if (p->wt == SERVD_Q8_0) {
-    int8_t *xf = servd__scratch(2, (size_t)(p->m * p->xq.ldq) + 64);
+    const size_t level = (size_t)(p->m * p->xq.ldq); /* whole 64-byte lines */
+    int8_t *xf = servd__scratch(2, level * (p->residual_fused ? 2 : 1) + 64);
     if (!xf) { /* no memory for x + 128: NaN marks the outputs rather than a wrong value */
       for (int64_t i = 0; i < p->m; i++)
         for (int64_t j = j0; j < j1; j++) ((float *)(p->out + i * p->ldo))[j] = NAN;
       return;
     }
     xf = (int8_t *)(((uintptr_t)xf + 63) & ~(uintptr_t)63);
-    q8_flip(&p->xq, p->m, xf);
+    q8_flip(p->xq.qs, p->m * p->xq.ldq, xf);
     pd.xq.qs = xf;
+    if (p->residual_fused) {
+      q8_flip(p->xq.qs2, p->m * p->xq.ldq, xf + level);
+      pd.xq.qs2 = xf + level;
+    }
   }
   if (p->m <= RQ) { /* one x row tile: weight rows stream past it */
     for (int64_t j = j0; j < j1;) {

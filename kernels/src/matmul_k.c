@@ -16,28 +16,41 @@ void servd__quantize_q8k(const char *x, int64_t ldx, int64_t m, int64_t k, const
   (void)k;
   for (int64_t r = 0; r < m; r++) {
     const float *xr = (const float *)(x + r * ldx);
-    int8_t *qs = q->qs + r * q->ldq;
-    for (int64_t b = 0; b < q->nb; b++, xr += SERVD_QK_K, qs += SERVD_QK_K) {
-      int16_t *bs = q->bsums + (r * q->nb + b) * 16;
+    int8_t *qs = q->qs + r * q->ldq, *qs2 = q->qs2 ? q->qs2 + r * q->ldq : NULL;
+    for (int64_t b = 0; b < q->nb; b++, xr += SERVD_QK_K, qs += SERVD_QK_K, qs2 = qs2 ? qs2 + SERVD_QK_K : NULL) {
+      const int64_t at = r * q->nb + b;
+      int16_t *bs = q->bsums + at * 16, *bs2 = qs2 ? q->bsums2 + at * 16 : NULL;
       float amax;
       if (!servd__block_absmax(xr, SERVD_QK_K, &amax)) {
         memset(qs, 0, SERVD_QK_K);
         memset(bs, 0, 16 * sizeof *bs);
-        q->d[r * q->nb + b] = NAN;
+        q->d[at] = NAN;
+        if (qs2) {
+          memset(qs2, 0, SERVD_QK_K);
+          memset(bs2, 0, 16 * sizeof *bs2);
+          q->d2[at] = NAN;
+        }
         continue;
       }
       const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
       for (int g = 0; g < 16; g++) {
-        int sum = 0;
-        int8_t *dst = qs + servd__q8k_group_off(q, g);
+        int sum = 0, sum2 = 0;
+        const int off = servd__q8k_group_off(q, g);
         for (int j = 16 * g; j < 16 * g + 16; j++) {
           const int v = servd__round(xr[j] * id);
-          dst[j - 16 * g] = (int8_t)v;
+          qs[off + j - 16 * g] = (int8_t)v;
           sum += v;
+          if (qs2) {
+            const int v2 = servd__residual_q(xr[j], v, d, id);
+            qs2[off + j - 16 * g] = (int8_t)v2;
+            sum2 += v2;
+          }
         }
         bs[g] = (int16_t)sum;
+        if (bs2) bs2[g] = (int16_t)sum2;
       }
-      q->d[r * q->nb + b] = d;
+      q->d[at] = d;
+      if (qs2) q->d2[at] = d * SERVD__RESIDUAL_SCALE;
     }
   }
 }

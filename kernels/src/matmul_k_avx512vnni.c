@@ -382,16 +382,35 @@ typedef void (*batch_fn)(const servd__mm *p, const char *const *w, int64_t i0, f
 BATCH_FN(SERVD_Q4_K, batch_q4_k)
 BATCH_FN(SERVD_Q5_K, batch_q5_k)
 
-/* q8_K activations with AVX-512: as servd__quantize_q8k value for value (roundf emulated as in
- * servd__quantize_q8x_avx512), with the 16-value sums taken by vpsadbw on the stored bytes. */
+/* The 16-value sums of one stored q8_K super-block (256 bytes at qs, group order as perm): vpsadbw
+ * of q + 128 gives 8-byte sums + 1024, taken over the bytes as stored (16-byte slot p = 4t + lane of
+ * step t) and put back in group order by unmix. */
+static inline __m256i group_sums(const int8_t *qs, bool perm) {
+  __m512i sad[4];
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 4
+  for (int t = 0; t < 4; t++)
+    sad[t] =
+        _mm512_sad_epu8(_mm512_xor_si512(_mm512_load_si512((const void *)(qs + 64 * t)), flip), _mm512_setzero_si512());
+  /* 128-bit lane i of A: slots (i, 4 + i) as u64; of B: (8 + i, 12 + i) */
+  const __m512i A = _mm512_add_epi64(_mm512_unpacklo_epi64(sad[0], sad[1]), _mm512_unpackhi_epi64(sad[0], sad[1]));
+  const __m512i B = _mm512_add_epi64(_mm512_unpacklo_epi64(sad[2], sad[3]), _mm512_unpackhi_epi64(sad[2], sad[3]));
+  const __m256i sums = _mm256_set_m128i(_mm512_cvtepi64_epi16(B), _mm512_cvtepi64_epi16(A));
+  return _mm256_sub_epi16(_mm256_permutexvar_epi16(_mm256_loadu_si256((const __m256i *)unmix[perm]), sums),
+                          _mm256_set1_epi16(2048));
+}
+
+/* q8_K activations with AVX-512: as servd__quantize_q8k value for value (roundf emulated by
+ * round_half_away, the residual level by residual_q16), with the 16-value sums by group_sums. */
 void servd__quantize_q8k_avx512(const char *x, int64_t ldx, int64_t m, int64_t k, const servd__q8k *q) {
-  const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
   (void)k;
   for (int64_t r = 0; r < m; r++) {
     const float *xr = (const float *)(x + r * ldx);
-    int8_t *qs = q->qs + r * q->ldq;
-    for (int64_t b = 0; b < q->nb; b++, xr += SERVD_QK_K, qs += SERVD_QK_K) {
-      int16_t *bs = q->bsums + (r * q->nb + b) * 16;
+    int8_t *qs = q->qs + r * q->ldq, *qs2 = q->qs2 ? q->qs2 + r * q->ldq : NULL;
+    for (int64_t b = 0; b < q->nb; b++, xr += SERVD_QK_K, qs += SERVD_QK_K, qs2 = qs2 ? qs2 + SERVD_QK_K : NULL) {
+      const int64_t at = r * q->nb + b;
+      int16_t *bs = q->bsums + at * 16;
       __m512 am = _mm512_setzero_ps();
       __mmask16 bad = 0;
 #pragma GCC unroll 16
@@ -403,35 +422,29 @@ void servd__quantize_q8k_avx512(const char *x, int64_t ldx, int64_t m, int64_t k
       if (bad) { /* as the scalar quantizer: the block's outputs become NaN */
         memset(qs, 0, SERVD_QK_K);
         memset(bs, 0, 16 * sizeof *bs);
-        q->d[r * q->nb + b] = NAN;
+        q->d[at] = NAN;
+        if (qs2) {
+          memset(qs2, 0, SERVD_QK_K);
+          memset(q->bsums2 + at * 16, 0, 16 * sizeof *bs);
+          q->d2[at] = NAN;
+        }
         continue;
       }
       const float d = _mm512_reduce_max_ps(am) / 127.0f, id = d ? 1.0f / d : 0.0f;
-      const __m512 idv = _mm512_set1_ps(id);
+      const __m512 idv = _mm512_set1_ps(id), dv = _mm512_set1_ps(d), id2 = _mm512_set1_ps(id * 128.0f);
 #pragma GCC unroll 16
       for (int g = 0; g < 16; g++) {
-        const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(xr + 16 * g), idv), a = _mm512_andnot_ps(sign, s);
-        __m512 t = _mm512_roundscale_ps(_mm512_add_ps(a, half), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-        t = _mm512_mask_sub_ps(t, _mm512_cmp_ps_mask(_mm512_sub_ps(t, a), half, _CMP_GT_OQ), t, _mm512_set1_ps(1.0f));
-        t = _mm512_or_ps(t, _mm512_and_ps(sign, s));
-        _mm_storeu_si128((__m128i *)(qs + servd__q8k_group_off(q, g)), _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(t)));
+        const __m512 v = _mm512_loadu_ps(xr + 16 * g), t = round_half_away(_mm512_mul_ps(v, idv));
+        const int off = servd__q8k_group_off(q, g);
+        _mm_storeu_si128((__m128i *)(qs + off), _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(t)));
+        if (qs2) _mm_storeu_si128((__m128i *)(qs2 + off), _mm512_cvtsepi32_epi8(residual_q16(v, t, dv, id2)));
       }
-      /* Sums of 16: vpsadbw of q + 128 gives 8-byte sums + 1024, taken over the bytes as stored
-       * (16-byte slot p = 4t + lane of step t) and put back in group order by unmix. */
-      __m512i sad[4];
-      const __m512i flip = _mm512_set1_epi8((char)0x80);
-#pragma GCC unroll 4
-      for (int t = 0; t < 4; t++)
-        sad[t] = _mm512_sad_epu8(_mm512_xor_si512(_mm512_load_si512((const void *)(qs + 64 * t)), flip),
-                                 _mm512_setzero_si512());
-      /* 128-bit lane i of A: slots (i, 4 + i) as u64; of B: (8 + i, 12 + i) */
-      const __m512i A = _mm512_add_epi64(_mm512_unpacklo_epi64(sad[0], sad[1]), _mm512_unpackhi_epi64(sad[0], sad[1]));
-      const __m512i B = _mm512_add_epi64(_mm512_unpacklo_epi64(sad[2], sad[3]), _mm512_unpackhi_epi64(sad[2], sad[3]));
-      __m256i sums = _mm256_set_m128i(_mm512_cvtepi64_epi16(B), _mm512_cvtepi64_epi16(A));
-      sums = _mm256_sub_epi16(_mm256_permutexvar_epi16(_mm256_loadu_si256((const __m256i *)unmix[q->perm]), sums),
-                              _mm256_set1_epi16(2048));
-      _mm256_storeu_si256((__m256i *)bs, sums);
-      q->d[r * q->nb + b] = d;
+      _mm256_storeu_si256((__m256i *)bs, group_sums(qs, q->perm));
+      q->d[at] = d;
+      if (qs2) {
+        _mm256_storeu_si256((__m256i *)(q->bsums2 + at * 16), group_sums(qs2, q->perm));
+        q->d2[at] = d * SERVD__RESIDUAL_SCALE;
+      }
     }
   }
 }

@@ -16,6 +16,8 @@
  *   in a batch, in a batch of 130, beside a second weight, in a column slice): a request's numbers do
  *   not depend on what else the step computes (tests/llama/test_engine_batch_invariance.c checks the
  *   same of whole requests).
+ * Each holds at both activation precisions (servd_cpu_set_activation_levels), and the residual level
+ * must bring the error against float64 down at least 50x on every path.
  * Weights have a per-row mean (the q4_1/q5_1/k-quant offset terms carry weight) and x has outlier
  * columns, as the activations of a trained model do.
  */
@@ -175,7 +177,9 @@ static double rms_error(const problem *p, const float *out) {
   return sqrt(s / (M * N));
 }
 
-static void check_dtype(servd_dtype dt, int64_t k) {
+/* Checks every path of dt at width k under the current activation levels; returns the best path's
+ * RMS error against float64. */
+static double check_paths(servd_dtype dt, int64_t k) {
   problem p;
   problem_init(&p, dt, k);
   float *ref = malloc(M * N * 4), *out = malloc(M * N * 4), *first = malloc(M * N * 4);
@@ -217,10 +221,26 @@ static void check_dtype(servd_dtype dt, int64_t k) {
       fail_msg("%s (k %lld): path %s has RMS error %.6g against float64, the best path %.6g", servd_dtype_name(dt),
                (long long)k, names[i], err[i], best);
   }
-  print_message("%-6s k %4lld: %d paths, RMS error against float64 %.6g .. %.6g\n", servd_dtype_name(dt), (long long)k,
-                n_paths, best, best * 1.001);
+  print_message("%-6s k %4lld, %d activation level%s: %d paths, RMS error against float64 %.6g .. %.6g\n",
+                servd_dtype_name(dt), (long long)k, servd_cpu_activation_levels(),
+                servd_cpu_activation_levels() == 1 ? "" : "s", n_paths, best, best * 1.001);
   free(ref), free(out), free(first);
   problem_free(&p);
+  return best;
+}
+
+/* Both activation precisions: every path agrees within each, and the residual level (the default)
+ * brings every path at least 50x closer to the float64 product than x rounded to 8 bits alone
+ * (measured 80-200x: x is then carried to ~15 bits, the weights exactly). */
+static void check_dtype(servd_dtype dt, int64_t k) {
+  assert_int_equal(servd_cpu_set_activation_levels(1), 0);
+  const double one = check_paths(dt, k);
+  assert_int_equal(servd_cpu_set_activation_levels(2), 0);
+  const double two = check_paths(dt, k);
+  if (!(two * 50.0 <= one))
+    fail_msg("%s (k %lld): RMS error against float64 %.6g with the residual level, %.6g without: expected >= 50x "
+             "smaller",
+             servd_dtype_name(dt), (long long)k, two, one);
 }
 
 static void test_block_types(void **state) {

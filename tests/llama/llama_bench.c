@@ -2,7 +2,10 @@
  * engine, Python's share of a decode step, and llama.cpp's llama-bench on the same GGUF in the same
  * run as the anchor. Medians of several runs; the machine is shared and noisy.
  *
- *   llama_bench PKG [--gguf FILE --llama-bench BIN] [--threads N] [--runs R] [--decode N]
+ *   llama_bench PKG [--gguf FILE --llama-bench BIN] [--threads N] [--runs R] [--decode N] [--compare-levels 1]
+ *
+ * --compare-levels 1 also runs each round with one activation level (servd_cpu_set_activation_levels)
+ * and prints the same-run ratio: what the residual level costs prefill and decode.
  */
 #include <math.h>
 #include <pthread.h>
@@ -16,6 +19,7 @@
 #include "engine/model_runner.h"
 #include "mpk/package.h"
 #include "servd/interp.h"
+#include "servd/ops.h"
 #include "servd/threadpool.h"
 
 static double now_s(void) {
@@ -129,18 +133,21 @@ static void llama_bench(const char *bin, const char *gguf, int threads, int deco
 int main(int argc, char **argv) {
   if (servd_interp_early_init(argc, argv)) return 1;
   if (argc < 2) {
-    fprintf(stderr, "usage: llama_bench PKG [--gguf FILE --llama-bench BIN] [--threads N] [--runs R] [--decode N]\n");
+    fprintf(stderr, "usage: llama_bench PKG [--gguf FILE --llama-bench BIN] [--threads N] [--runs R] [--decode N] "
+                    "[--compare-levels 1]\n");
     return 2;
   }
   const char *pkg = argv[1], *gguf = NULL, *lb = NULL;
-  int threads = 2, runs = 5, decode = 128;
+  int threads = 2, runs = 5, decode = 128, compare_levels = 0;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--gguf")) gguf = argv[i + 1];
     else if (!strcmp(argv[i], "--llama-bench")) lb = argv[i + 1];
     else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--runs")) runs = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--decode")) decode = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--compare-levels")) compare_levels = atoi(argv[i + 1]);
   }
+  const int levels = servd_cpu_activation_levels();
   if (runs < 1 || runs > 50 || decode < 2) return 2;
   servd_threadpool_init(threads);
 
@@ -258,7 +265,7 @@ int main(int argc, char **argv) {
   }
   int32_t prompt[512];
   for (int i = 0; i < 512; i++) prompt[i] = 100 + (i * 7919) % 5000;
-  double pp[50], tg[50], lpp[50], ltg[50];
+  double pp[50], tg[50], lpp[50], ltg[50], pp1[50], tg1[50];
   int n_l = 0;
   run_state s;
   run_one(m, prompt, 8, 4, &s); /* warm-up: page in the weights */
@@ -268,6 +275,15 @@ int main(int argc, char **argv) {
     pp[r] = 512.0 / (s.t_first - s.t_submit);
     if (run_one(m, prompt, 8, decode, &s)) return 1;
     tg[r] = (s.n - 1) / (s.t_last - s.t_first);
+    if (compare_levels) { /* the same runs with one activation level, the anchor of the residual's cost */
+      servd_cpu_set_activation_levels(1);
+      int rc = run_one(m, prompt, 512, 1, &s);
+      pp1[r] = 512.0 / (s.t_first - s.t_submit);
+      if (!rc) rc = run_one(m, prompt, 8, decode, &s);
+      tg1[r] = (s.n - 1) / (s.t_last - s.t_first);
+      servd_cpu_set_activation_levels(levels);
+      if (rc) return 1;
+    }
     double a, b;
     llama_bench(lb, gguf, threads, decode, 1, &a, &b);
     if (a > 0 && b > 0) {
@@ -285,6 +301,13 @@ int main(int argc, char **argv) {
   printf("\ndecode batch 1 (%d tokens): servd %.1f tok/s", decode, our_tg);
   if (l_tg > 0) printf(", llama.cpp %.1f tok/s, ratio %.2fx", l_tg, our_tg / l_tg);
   printf("\n");
+  if (compare_levels) {
+    double r_pp[50], r_tg[50];
+    for (int r = 0; r < runs; r++) r_pp[r] = pp[r] / pp1[r], r_tg[r] = tg[r] / tg1[r];
+    printf("activation levels %d / 1, same runs: prefill %.3fx (1 level %.1f tok/s), decode %.3fx (1 level %.1f "
+           "tok/s)\n",
+           levels, median(r_pp, runs), median(pp1, runs), median(r_tg, runs), median(tg1, runs));
+  }
   if (fwd_ms > 0)
     printf("decode step through the interpreter: %.3f ms; profiled: forward %.3f ms, of which %.0f op calls "
            "%.3f ms; Python's share outside ops: %.1f%% (upper bound: includes the timing wrappers)\n",

@@ -36,6 +36,14 @@ SERVD_API servd_isa servd_cpu_active_isa(void);
  * form at batch 1 too, which costs those matmuls ~15-30% at batch 1 (docs/performance.md). */
 SERVD_API void servd_cpu_set_batch_invariant(bool on);
 SERVD_API bool servd_cpu_batch_invariant(void);
+/* Activations of quantized matmuls: 2 levels (the default) quantize each block of x to int8 with
+ * scale d, then what that leaves, x - q*d, again with scale d/128, so x is carried to ~15 bits and a
+ * quantized matmul lands within float rounding of the exact product of x and the dequantized
+ * weights; 1 level is ggml's q8 activations (x to ~8 bits: about 100x the logprob error). Set by
+ * SERVD_ACTIVATION_LEVELS=1|2 in the environment or this call (1 or 2, else SERVD_EINVAL); not
+ * thread-safe w.r.t. running ops. Costs: docs/performance.md. */
+SERVD_API int servd_cpu_set_activation_levels(int levels);
+SERVD_API int servd_cpu_activation_levels(void);
 
 /* outs[i] = x @ ws[i]^T for 1..SERVD_MATMUL_MANY_MAX weights sharing x (Q, K and V; gate and up):
  * what one servd_matmul per weight computes, to the bit. Weights of one dtype run as one split over
