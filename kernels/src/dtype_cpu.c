@@ -13,9 +13,15 @@
   { act, false, false, servd__mm_float_scalar, servd__mm_float_avx2, servd__mm_float_avx512, NULL }
 #define Q8(scalar, avx2, vnni) \
   { SERVD__ACT_Q8, false, false, scalar, avx2, NULL, vnni }
-/* as Q8, its VNNI kernel adding the residual activation level inside its own dots */
+/* as Q8, its VNNI kernel adding the residual activation level inside its own dots (Q8_FUSED2: its
+ * AVX2 kernel too) */
 #define Q8_FUSED(scalar, avx2, vnni) \
   { SERVD__ACT_Q8, false, true, scalar, avx2, NULL, vnni }
+#define Q8_FUSED2(scalar_, avx2_, vnni_) \
+  { \
+    .act = SERVD__ACT_Q8, .vnni_fuses_residual = true, .scalar = scalar_, .avx2 = avx2_, .avx512vnni = vnni_, \
+    .avx2_fuses_residual = true \
+  }
 #define Q8K(perm, scalar, avx2, vnni) \
   { SERVD__ACT_Q8K, perm, false, scalar, avx2, NULL, vnni }
 
@@ -24,9 +30,9 @@ const servd__dtype_cpu servd__dtype_cpu_traits[] = {
     [SERVD_F16] = FLOAT(SERVD__ACT_F32),
     [SERVD_BF16] = FLOAT(SERVD__ACT_F32_EVEN_ODD),
     [SERVD_I32] = {SERVD__ACT_F32, false, false, NULL, NULL, NULL, NULL},
-    [SERVD_Q8_0] = Q8_FUSED(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
-    [SERVD_Q4_0] = Q8_FUSED(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
-    [SERVD_Q4_1] = Q8_FUSED(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
+    [SERVD_Q8_0] = Q8_FUSED2(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
+    [SERVD_Q4_0] = Q8_FUSED2(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
+    [SERVD_Q4_1] = Q8_FUSED2(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
     [SERVD_Q4_K] = Q8K(true, servd__mm_kquant_scalar, servd__mm_kquant_avx2, servd__mm_kquant_avx512vnni),
     [SERVD_Q6_K] = Q8K(false, servd__mm_kquant_scalar, servd__mm_kquant_avx2, servd__mm_kquant_avx512vnni),
     [SERVD_Q5_K] = Q8K(true, servd__mm_kquant_scalar, servd__mm_kquant_avx2, servd__mm_kquant_avx512vnni),

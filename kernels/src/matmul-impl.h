@@ -176,6 +176,7 @@ typedef struct servd__dtype_cpu {
   bool vnni_fuses_residual;
   /* Its kernel per ISA; NULL falls back to the next lower ISA's, a NULL scalar: not a weight dtype. */
   servd__mm_fn scalar, avx2, avx512, avx512vnni;
+  bool avx2_fuses_residual; /* as vnni_fuses_residual, for its AVX2 kernel */
 } servd__dtype_cpu;
 
 extern const servd__dtype_cpu servd__dtype_cpu_traits[SERVD_DTYPE_COUNT];

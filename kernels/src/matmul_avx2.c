@@ -139,21 +139,26 @@ void servd__mm_float_avx2(const servd__mm *p, int64_t j0, int64_t j1) {
 
 /* ---- quantized ------------------------------------------------------------------------------- */
 
-static inline __attribute__((always_inline)) void quant_rows(const servd__mm *p, const char *w, int64_t i0, float *res,
-                                                             const int R, const servd_dtype wt) {
+/* two: with the residual activation level (p->residual_fused): each block's dot is (dot of q << 7)
+ * + dot of q2, exact in units of d2 (|dot| < 2^24), times d_w*d2; the offsets meet s + s2. */
+static inline __attribute__((always_inline)) void quant_rows_levels(const servd__mm *p, const char *w, int64_t i0,
+                                                                    float *res, const int R, const servd_dtype wt,
+                                                                    const bool two) {
   const __m256i ones = _mm256_set1_epi16(1), nib = _mm256_set1_epi8(0x0f);
   const int64_t nb = p->xq.nb;
   __m256 acc[RQ];
   float accm[RQ];
-  const int8_t *xq[RQ];
-  const float *xd[RQ], *xs[RQ];
+  const int8_t *xq[RQ], *xq2[RQ];
+  const float *xd[RQ], *xs[RQ], *xs2[RQ];
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++) {
     acc[r] = _mm256_setzero_ps();
     accm[r] = 0.0f;
     xq[r] = p->xq.qs + (i0 + r) * p->xq.ldq;
-    xd[r] = p->xq.d + (i0 + r) * p->xq.lds;
+    xd[r] = (two ? p->xq.d2 : p->xq.d) + (i0 + r) * p->xq.lds;
     xs[r] = p->xq.s + (i0 + r) * p->xq.lds;
+    xq2[r] = two ? p->xq.qs2 + (i0 + r) * p->xq.ldq : NULL;
+    xs2[r] = two ? p->xq.s2 + (i0 + r) * p->xq.lds : NULL;
   }
   for (int64_t b = 0; b < nb; b++) {
     __m256i wv;
@@ -183,13 +188,26 @@ static inline __attribute__((always_inline)) void quant_rows(const servd__mm *p,
     for (int r = 0; r < R; r++) {
       __m256i xv = _mm256_loadu_si256((const __m256i *)(xq[r] + b * 32));
       if (wt == SERVD_Q8_0) xv = _mm256_sign_epi8(xv, wv);
-      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
+      __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
+      if (two) {
+        __m256i yv = _mm256_loadu_si256((const __m256i *)(xq2[r] + b * 32));
+        if (wt == SERVD_Q8_0) yv = _mm256_sign_epi8(yv, wv);
+        dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 7), _mm256_madd_epi16(_mm256_maddubs_epi16(aw, yv), ones));
+      }
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * xd[r][b]), acc[r]);
       if (wt != SERVD_Q8_0) accm[r] += cw * xs[r][b];
+      if (wt != SERVD_Q8_0 && two) accm[r] += cw * xs2[r][b];
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++) res[r] = hsum8(acc[r]) + accm[r];
+}
+
+/* Either activation precision, chosen once per call of up to RQ x rows, each form inlined. */
+static inline __attribute__((always_inline)) void quant_rows(const servd__mm *p, const char *w, int64_t i0, float *res,
+                                                             const int R, const servd_dtype wt) {
+  if (p->residual_fused) quant_rows_levels(p, w, i0, res, R, wt, true);
+  else quant_rows_levels(p, w, i0, res, R, wt, false);
 }
 
 ROWS_FN(quant_rows, SERVD_Q8_0, rows_q8_0)

@@ -148,7 +148,8 @@ static inline __attribute__((always_inline)) void load_q8_quad(const char *qs, i
 
 /* The residual level joined to a quad's dots in integers: (dot << 7) + the dots of the residual
  * quanta at xp2 (quad layout; q8_0: stored + 128 with the same -128 * sum(w) start z as the first
- * level's), so the dot is exact in units of d2 = d/128 (|dot| < 2^25 for every dtype here). */
+ * level's), so the dot is exact in units of d2 = d/128. A lane adds 8 products: |lane| <= 8*127*128*128 +
+ * 8*64*128 < 2^24 (q8_0, the widest), so its conversion to f32 stays exact. */
 static inline __attribute__((always_inline)) __m512i residual_dots(__m512i dot, __m512i z, __m512i lo, __m512i hi,
                                                                    const int8_t *xp2, const servd_dtype wt) {
   const __m512i y0 = _mm512_load_si512((const void *)xp2), y1 = _mm512_load_si512((const void *)(xp2 + 64));
