@@ -9,6 +9,7 @@
 #include "api/params_check.h"
 #include "api/respond.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,8 +126,9 @@ static void pairs_respond(oai *o) {
   const pairs *p = o->sink_ctx;
   int n = o->n_gens;
   for (int i = 0; i < n; i++)
-    if (!o->x || !o->x[i].vec || o->x[i].n_vec < 1) {
-      oai_fail(o, 500, NULL, NULL, "the model returned no score");
+    if (!o->x || !o->x[i].vec || o->x[i].n_vec < 1 || !isfinite(o->x[i].vec[0])) { /* JSON has no NaN */
+      oai_fail(o, 500, NULL, NULL,
+               o->x && o->x[i].vec ? "the model's score is not a number" : "the model returned no score");
       return;
     }
   if (p->route == ROUTE_SCORE) {

@@ -31,6 +31,10 @@ void step_run(servd_model *m, const step_plan *p, step_result *r) {
       rc = servd_fail(SERVD_EMODEL, "forward: the package's model code returned logits where embeddings need its final "
                                     "hidden states (batch.hidden): the code predates embeddings; repack the model with "
                                     "this modelpkg");
+    else if (b->want_scores && out && out->ndim == 2 && out->shape[1] == m->emb.dim)
+      rc = servd_fail(SERVD_EMODEL, "forward: the package's model code returned hidden states where a cross-encoder's "
+                                    "scores need its classifier's outputs (batch.scores): the code predates "
+                                    "cross-encoders; repack the model with this modelpkg");
     else
       rc = servd_fail(SERVD_EMODEL, "forward: expected %s f32 (%d, %d)",
                       b->want_scores   ? "classifier outputs (batch.scores)"
