@@ -44,6 +44,8 @@ fi
 # The official Anthropic and Ollama clients (tests of /v1/messages and of Ollama's /api routes).
 "$venv/bin/python" -c "import anthropic, ollama" 2>/dev/null ||
   "$venv/bin/pip" install --quiet "anthropic>=0.40" "ollama>=0.4"
+# Cohere's client (its rerank call against /v1/rerank, test_rerank.py).
+"$venv/bin/python" -c "import cohere" 2>/dev/null || "$venv/bin/pip" install --quiet "cohere>=5"
 
 # Readers of what servd exports for Kubernetes serving stacks: the Prometheus text parser (the
 # model-server protocol's metrics), a ZeroMQ + msgpack subscriber and CBOR for llm-d's block hashes

@@ -35,6 +35,14 @@ static bool embeddings_check(oai *o) {
     oai_fail(o, 400, "model", NULL, "this model does not compute embeddings");
     return false;
   }
+  if (info.n_labels > 0) {
+    char msg[320];
+    snprintf(msg, sizeof msg,
+             "model '%.200s' is a cross-encoder: it scores text pairs (/v1/rerank, /v1/score), not embeddings",
+             o->model_name);
+    oai_fail(o, 400, "model", NULL, msg);
+    return false;
+  }
   if (o->gp.dimensions > 0 && !info.truncatable) {
     oai_fail(o, 400, "dimensions", NULL,
              "'dimensions' is not supported by this model: its package does not say it was trained for truncated "
@@ -140,7 +148,8 @@ static void embeddings_tokenized(oai *o) {
   }
 }
 
-const oai_embed_hooks oai_embedding_hooks = {embeddings_check, embedding_cb, embeddings_respond, embeddings_tokenized};
+const oai_embed_hooks oai_embedding_hooks = {embeddings_check, embedding_cb, embeddings_respond, embeddings_tokenized,
+                                             NULL};
 
 void api_oai_embeddings(servd_api *a, servd_http_req *r, const api_route_args *args) {
   (void)args;

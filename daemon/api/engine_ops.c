@@ -34,4 +34,5 @@ const servd_model_ops servd_engine_model_ops = {
     .has_lora = servd_model_has_lora,
     .lora_list = servd_model_lora_list,
     .release_kv = servd_model_release_kv,
+    .tokenize_pair = servd_model_tokenize_pair,
 };

@@ -13,6 +13,8 @@ void api_health_ready(servd_api *a, servd_http_req *r, const api_route_args *arg
 
 /* openai.c */
 void api_oai_embeddings(servd_api *a, servd_http_req *r, const api_route_args *args);
+void api_oai_rerank(servd_api *a, servd_http_req *r, const api_route_args *args); /* also /rerank, /v2/rerank */
+void api_oai_score(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_oai_completions(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_oai_chat_completions(servd_api *a, servd_http_req *r, const api_route_args *args);
 void api_oai_models(servd_api *a, servd_http_req *r, const api_route_args *args);

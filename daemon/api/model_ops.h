@@ -53,6 +53,9 @@ typedef struct servd_model_ops {
   int (*lora_list)(servd_model *m, servd_lora_info *out, int cap, int *max_loras);
   /* Appended; NULL: sleep level 1 frees nothing (the model stays as it is). servd_model_release_kv. */
   int (*release_kv)(servd_model *m);
+  /* Appended; NULL: no text pairs (/v1/rerank and /v1/score answer 400). servd_model_tokenize_pair. */
+  int (*tokenize_pair)(servd_model *m, const char *a, size_t alen, const char *b, size_t blen, int max_len,
+                       int32_t **ids, int *n, int *pair_split);
 } servd_model_ops;
 
 /* The engine's implementation (daemon/api/engine_ops.c). */

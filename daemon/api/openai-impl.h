@@ -115,6 +115,9 @@ typedef struct oai_embed_hooks {
   void (*respond)(oai *o);
   /* On the prep worker, once the inputs are tokenized (NULL: nothing): may cut them, or set o->err. */
   void (*tokenized)(oai *o);
+  /* Optional, on the prep worker: tokenizes the inputs itself in place of one text each (text pairs:
+   * rerank.c), setting each prompt's ids and pair_split, or o->err. */
+  void (*tokenize)(oai *o);
 } oai_embed_hooks;
 extern const oai_embed_hooks oai_embedding_hooks;
 

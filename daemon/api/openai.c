@@ -725,6 +725,10 @@ static void prep_work(uv_work_t *w) {
     }
     return;
   }
+  if (o->embed && o->embed->tokenize) {
+    o->embed->tokenize(o);
+    return;
+  }
   for (int i = 0; i < o->n_prompts; i++) {
     oai_prompt *p = &o->prompts[i];
     if (!p->text && o->echo) { /* echoed as text: the ids' decoding */
@@ -772,6 +776,7 @@ static int submit_gen(oai *o, int i) {
   oai_prompt *p = &o->prompts[i / o->n];
   servd_gen_params gp = o->gp;
   if (gp.has_seed) gp.seed += (uint64_t)i; /* n samples from one seed must differ, reproducibly */
+  gp.pair_split = p->pair_split;
   if (o->echo) echo_begin(o, g);
   int rc = a->ops->submit(am->m, p->ids, p->n_ids, &gp, o->embed ? o->embed->engine_cb : api_engine_cb, g, &g->r);
   if (rc != 0) return rc;

@@ -56,6 +56,7 @@ typedef struct oai_prompt {
   const char *text; /* arena; NULL when given as token ids */
   int32_t *ids;     /* malloc'd (by the tokenizer or the parser) */
   int n_ids;
+  int pair_split; /* a text pair's ids: where the second text begins (servd_gen_params.pair_split); 0: one text */
 } oai_prompt;
 
 typedef struct oai_tools oai_tools; /* api/openai_tools.h */

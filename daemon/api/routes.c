@@ -15,6 +15,12 @@ const api_route api_routes[] = {
     {API_POST, "/v1/chat/completions", "/v1/chat/completions", API_ROUTE_OAI, api_oai_chat_completions},
     {API_POST, "/v1/responses", "/v1/responses", API_ROUTE_OAI, api_oai_responses},
     {API_POST, "/v1/embeddings", "/v1/embeddings", API_ROUTE_OAI, api_oai_embeddings},
+    /* Cross-encoders: Jina's and Cohere's rerank (vLLM serves the three paths, llama-server the first
+     * two; Cohere's v2 client posts to /v2/rerank), vLLM's score. */
+    {API_POST, "/v1/rerank", "/v1/rerank", API_ROUTE_OAI, api_oai_rerank},
+    {API_POST, "/rerank", "/rerank", API_ROUTE_OAI, api_oai_rerank},
+    {API_POST, "/v2/rerank", "/v2/rerank", API_ROUTE_OAI, api_oai_rerank},
+    {API_POST, "/v1/score", "/v1/score", API_ROUTE_OAI, api_oai_score},
     {API_GET, "/v1/models", "/v1/models", API_ROUTE_OAI, api_oai_models},
     {API_GET, "/v1/models/{model}", "/v1/models/{model}", API_ROUTE_OAI, api_oai_model},
     {API_POST, "/tokenize", "/tokenize", API_ROUTE_OAI, api_oai_tokenize},

@@ -458,6 +458,15 @@ static int scheduler_setup(servd_model *m) {
   return servd_sampler_scratch_create(m->vocab, &m->scratch);
 }
 
+/* A cross-encoder's labels: the rows of its "classifier.weight" (the canonical name of a
+ * ForSequenceClassification head, package_format/src/arch_bert.c); 0: no classifier. */
+static int classifier_labels(const mpk_package *p) {
+  mpk_tensor_info ti;
+  for (int i = 0; mpk_tensor_info_at(p, i, &ti) == 0; i++)
+    if (!strcmp(ti.name, "classifier.weight")) return ti.ndim == 2 && ti.shape[0] <= INT32_MAX ? (int)ti.shape[0] : 0;
+  return 0;
+}
+
 static int load_causal_lm(servd_model *m) {
   int rc;
   const void *tj;
@@ -490,7 +499,9 @@ static int load_causal_lm(servd_model *m) {
                       mpk_path(m->pkg), m->tp, n_heads, n_kv);
   find_eos(m);
   read_gen_defaults(m);
-  if ((rc = servd_embedding_info_read(mpk_config(m->pkg), g.dim, &m->emb))) {
+  int n_labels = classifier_labels(m->pkg);
+  if ((rc = servd_embedding_info_read(mpk_config(m->pkg), g.dim, &m->emb)) ||
+      (n_labels > 0 && (rc = servd_score_info_read(mpk_config(m->pkg), n_labels, &m->emb)))) {
     char msg[512];
     snprintf(msg, sizeof msg, "%s", servd_last_error());
     return servd_fail(rc, "%s: %s", mpk_path(m->pkg), msg);
@@ -734,6 +745,19 @@ int servd_model_tokenize(servd_model *m, const char *text, size_t len, bool add_
   return servd_tokenizer_encode(m->tok, text, len, add_special, ids, n);
 }
 
+int servd_model_tokenize_pair(servd_model *m, const char *a, size_t alen, const char *b, size_t blen, int max_len,
+                              int32_t **ids, int *n, int *pair_split) {
+  *pair_split = 0;
+  if (!m->tok) return servd_fail(SERVD_EUNSUPPORTED, "tokenize: model %s has no tokenizer", m->name);
+  int32_t *types = NULL;
+  int rc = servd_tokenizer_encode_pair(m->tok, a, alen, b, blen, max_len, ids, &types, n);
+  if (rc) return rc;
+  for (int i = 0; i < *n && !*pair_split; i++)
+    if (types[i]) *pair_split = i;
+  free(types);
+  return 0;
+}
+
 int servd_model_detokenize(servd_model *m, const int32_t *ids, int n, char **text) {
   if (!m->tok) return servd_fail(SERVD_EUNSUPPORTED, "detokenize: model %s has no tokenizer", m->name);
   return servd_tokenizer_decode(m->tok, ids, n, false, text, NULL);
@@ -814,6 +838,15 @@ static int check_params(const servd_model *m, int n_prompt, const servd_gen_para
   }
   if (p->embed && m->emb.dim < 1)
     return servd_fail(SERVD_EUNSUPPORTED, "embeddings: the model config gives no hidden_size");
+  if (p->score && m->emb.n_labels < 1)
+    return servd_fail(SERVD_EUNSUPPORTED, "scores: model %s is not a cross-encoder (its package has no classifier)",
+                      m->name);
+  if (p->embed && !p->score && m->emb.n_labels > 0)
+    return servd_fail(SERVD_EUNSUPPORTED,
+                      "embeddings: model %s is a cross-encoder: it scores text pairs (/v1/rerank, /v1/score)", m->name);
+  if (p->pair_split < 0 || (p->pair_split > 0 && !p->score))
+    return servd_fail(SERVD_EINVAL, "submit: pair_split %d: expected 0, or a position of a score's prompt",
+                      p->pair_split);
   return 0;
 }
 
@@ -862,14 +895,18 @@ int servd_model_submit(servd_model *m, const int32_t *prompt, int n_prompt, cons
   if ((rc = sched_seq_init(&m->sched, &r->seq))) goto fail;
   r->seq.priority = p->priority;
   if ((rc = servd__request_lora(m, r, p->lora))) goto fail;
-  if (p->embed) {
+  if (p->embed || p->score) {
     static const sched_rows pooled_rows[] =
         {[SERVD_POOL_LAST] = SCHED_ROWS_LAST, [SERVD_POOL_MEAN] = SCHED_ROWS_ALL, [SERVD_POOL_CLS] = SCHED_ROWS_FIRST};
+    /* A score is an embedding whose one row (CLS, where BERT's pooler reads) comes back as the
+     * classifier's n_labels outputs. */
+    int dim = p->score ? m->emb.n_labels : m->emb.dim;
     r->seq.embed = true;
-    r->seq.rows = pooled_rows[m->emb.pooling];
-    r->pool.dim = m->emb.dim;
-    if (!(r->pool.sum = calloc((size_t)m->emb.dim, sizeof(float)))) {
-      rc = servd_fail(SERVD_ENOMEM, "submit: embedding of %d", m->emb.dim);
+    r->seq.rows = p->score ? SCHED_ROWS_FIRST : pooled_rows[m->emb.pooling];
+    r->seq.pair_split = p->pair_split < n_prompt ? p->pair_split : 0;
+    r->pool.dim = dim;
+    if (!(r->pool.sum = calloc((size_t)dim, sizeof(float)))) {
+      rc = servd_fail(SERVD_ENOMEM, "submit: embedding of %d", dim);
       goto fail;
     }
   } else if (p->prompt_logprobs) {

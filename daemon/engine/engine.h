@@ -71,6 +71,12 @@ json_t *servd_model_metadata(const servd_model *m); /* new ref: KServe v2 model 
 /* ---- causal-lm -------------------------------------------------------------------------------- */
 int servd_model_tokenize(servd_model *m, const char *text, size_t len, bool add_special, int32_t **ids, int *n);
 int servd_model_detokenize(servd_model *m, const int32_t *ids, int n, char **text); /* caller frees */
+/* A text pair (a cross-encoder's query and document) through the tokenizer's pair template
+ * ([CLS] a [SEP] b [SEP]), cut LongestFirst to max_len ids when max_len > 0. *pair_split: the first
+ * position of the second segment (servd_gen_params.pair_split; 0 where the template gives every
+ * token type 0). SERVD_EUNSUPPORTED when the tokenizer has no pair template. *ids: caller frees. */
+int servd_model_tokenize_pair(servd_model *m, const char *a, size_t alen, const char *b, size_t blen, int max_len,
+                              int32_t **ids, int *n, int *pair_split);
 /* Renders the package's chat template over messages (a JSON array of {role, content}). */
 int servd_model_apply_chat_template(servd_model *m, json_t *messages, bool add_generation_prompt, char **text);
 int servd_model_context_length(const servd_model *m);

@@ -184,6 +184,7 @@ static void emit(servd_scheduler *s, sched_seq *q, int chunk) {
     int p = q->n_computed + j, t = s->n_tokens + j;
     a->tokens[t] = q->tokens[p];
     a->positions[t] = p;
+    a->token_types[t] = q->pair_split > 0 && p >= q->pair_split;
     a->slots[t] = q->table.ids[p / s->bm.block_size] * s->bm.block_size + p % s->bm.block_size;
   }
   s->n_tokens += chunk;

@@ -80,6 +80,9 @@ typedef struct sched_seq {
   bool embed;
   sched_rows rows;
   bool no_cache_hits;
+  /* Set by the caller before sched_add: > 0, its tokens from this position on are of token type 1
+   * (a text pair's second text: servd_forward_batch.token_types), those before of type 0. */
+  int pair_split;
   /* Speculation (engine/speculate.h): the last n_draft of tokens are drafts to verify. Set by the
    * caller before sched_plan, on a decoding sequence only; the step then computes them with its last
    * token and returns a row for each (a verify row). A plan short of room cuts them; preemption and

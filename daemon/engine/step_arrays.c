@@ -14,7 +14,7 @@ int servd_step_arrays_init(servd_step_arrays *a, int max_tokens, int max_seqs, c
   a->max_tokens = max_tokens;
   a->max_seqs = max_seqs;
   size_t t = (size_t)max_tokens, n = (size_t)max_seqs;
-  int32_t **per_token[] = {&a->tokens, &a->positions, &a->slots, &a->logit_rows};
+  int32_t **per_token[] = {&a->tokens, &a->positions, &a->slots, &a->logit_rows, &a->token_types};
   int32_t **per_seq[] = {&a->q_start, &a->q_len, &a->kv_len};
   for (size_t i = 0; i < sizeof per_token / sizeof *per_token; i++)
     if (!(*per_token[i] = calloc(t, sizeof(int32_t)))) goto fail;
@@ -33,6 +33,7 @@ void servd_step_arrays_free(servd_step_arrays *a) {
   free(a->positions);
   free(a->slots);
   free(a->logit_rows);
+  free(a->token_types);
   free(a->q_start);
   free(a->q_len);
   free(a->kv_len);
@@ -54,6 +55,7 @@ void servd_step_arrays_point(const servd_step_arrays *a, servd_forward_batch *b,
   b->tokens = a->tokens;
   b->positions = a->positions;
   b->slots = a->slots;
+  b->token_types = a->token_types;
   b->n_logit_rows = n_logit_rows;
   b->logit_rows = a->logit_rows;
   b->attn = servd_step_arrays_attn(a, n_seqs);

@@ -13,6 +13,7 @@ typedef struct servd_step_arrays {
   int max_tokens, max_seqs;
   /* Owned; zeroed at init. */
   int32_t *tokens, *positions, *slots, *logit_rows; /* (max_tokens) */
+  int32_t *token_types;                             /* (max_tokens); zeros where nothing sets them */
   int32_t *q_start, *q_len, *kv_len;                /* (max_seqs) */
   const int32_t **block_tables;                     /* (max_seqs); the tables themselves are borrowed */
 } servd_step_arrays;
@@ -24,7 +25,7 @@ void servd_step_arrays_free(servd_step_arrays *a); /* accepts NULL and a zeroed 
 
 /* The attention layout of the first n_seqs sequences (points into a). */
 servd_attn_batch servd_step_arrays_attn(const servd_step_arrays *a, int n_seqs);
-/* Points b's step fields (tokens, positions, slots, logit rows, attention layout) at a, with the
+/* Points b's step fields (tokens, positions, slots, token types, logit rows, attention layout) at a, with the
  * given counts; b's other fields (kv, dbatch, dkv, capacities) are left as they are. */
 void servd_step_arrays_point(const servd_step_arrays *a, servd_forward_batch *b, int n_tokens, int n_logit_rows,
                              int n_seqs);

@@ -95,5 +95,6 @@ void step_plan_make(servd_model *m, step_plan *p) {
   servd_step_arrays_point(&s->step, b, n, s->n_logit_rows, s->n_planned);
   b->want_picks = m->gpus > 0 && all_plain_greedy(m);
   b->want_hidden = s->embed_step;
+  b->want_scores = s->embed_step && m->emb.n_labels > 0; /* a cross-encoder computes only scores */
   servd__plan_lora_groups(m, p->lora_groups, b);
 }

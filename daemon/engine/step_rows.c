@@ -22,6 +22,34 @@ int servd_embedding_info_read(json_t *cfg, int hidden_size, servd_embedding_info
   return 0;
 }
 
+int servd_score_info_read(json_t *cfg, int n_labels, servd_embedding_info *out) {
+  out->n_labels = n_labels;
+  out->activation = n_labels == 1 ? SERVD_SCORE_SIGMOID : SERVD_SCORE_IDENTITY;
+  json_t *st = json_object_get(json_object_get(cfg, "sentence_transformers"), "activation_fn");
+  const char *key = "sentence_transformers.activation_fn";
+  if (!json_is_string(st)) {
+    st = json_object_get(cfg, "sbert_ce_default_activation_function");
+    key = "sbert_ce_default_activation_function";
+  }
+  if (!json_is_string(st)) return 0;
+  /* torch's qualified names, e.g. torch.nn.modules.activation.Sigmoid: the class name decides */
+  const char *fn = json_string_value(st), *dot = strrchr(fn, '.');
+  const char *cls = dot ? dot + 1 : fn;
+  if (!strcmp(cls, "Sigmoid")) out->activation = SERVD_SCORE_SIGMOID;
+  else if (!strcmp(cls, "Identity")) out->activation = SERVD_SCORE_IDENTITY;
+  else if (!strcmp(cls, "Tanh")) out->activation = SERVD_SCORE_TANH;
+  else
+    return servd_fail(SERVD_EUNSUPPORTED, "model config: %s \"%.200s\": expected Sigmoid, Identity or Tanh", key, fn);
+  return 0;
+}
+
+void servd_scores_finish(const float *raw, int n, servd_score_activation act, float *out) {
+  for (int i = 0; i < n; i++) {
+    double x = raw[i];
+    out[i] = (float)(act == SERVD_SCORE_SIGMOID ? 1.0 / (1.0 + exp(-x)) : act == SERVD_SCORE_TANH ? tanh(x) : x);
+  }
+}
+
 void servd_pool_sum_reset(servd_pool_sum *p) {
   if (p->sum) memset(p->sum, 0, sizeof(float) * (size_t)p->dim);
   p->n = 0;

@@ -16,6 +16,13 @@
  * dim is hidden_size. An unknown pooling is SERVD_EFORMAT naming the value. */
 int servd_embedding_info_read(json_t *cfg, int hidden_size, servd_embedding_info *out);
 
+/* A cross-encoder's score settings into out (n_labels: rows of its "classifier.weight", > 0): the
+ * activation from the config (servd_score_activation); an activation other than Sigmoid, Identity
+ * or Tanh is SERVD_EUNSUPPORTED naming it. */
+int servd_score_info_read(json_t *cfg, int n_labels, servd_embedding_info *out);
+/* The activation applied to n raw classifier outputs, into out (in double, rounded once). */
+void servd_scores_finish(const float *raw, int n, servd_score_activation act, float *out);
+
 /* Pooling accumulator of one request (sum of hidden rows), dim floats, owned. */
 typedef struct servd_pool_sum {
   float *sum;

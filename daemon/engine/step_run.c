@@ -22,7 +22,7 @@ void step_run(servd_model *m, const step_plan *p, step_result *r) {
   const servd_tensor *out = r->out;
   r->picked = rc == 0 && b->want_picks && out && out->dtype == SERVD_I32 && out->ndim == 2 &&
               out->shape[0] == b->n_logit_rows && out->shape[1] == 2;
-  int row_len = b->want_hidden ? m->emb.dim : m->vocab;
+  int row_len = b->want_scores ? m->emb.n_labels : b->want_hidden ? m->emb.dim : m->vocab;
   bool bad_out = rc == 0 && b->n_logit_rows > 0 && !r->picked &&
                  (!out || out->dtype != SERVD_F32 || out->ndim != 2 || out->shape[0] != b->n_logit_rows ||
                   out->shape[1] < row_len || (b->want_hidden && out->shape[1] != row_len));
@@ -31,8 +31,15 @@ void step_run(servd_model *m, const step_plan *p, step_result *r) {
       rc = servd_fail(SERVD_EMODEL, "forward: the package's model code returned logits where embeddings need its final "
                                     "hidden states (batch.hidden): the code predates embeddings; repack the model with "
                                     "this modelpkg");
+    else if (b->want_scores && out && out->ndim == 2 && out->shape[1] == m->emb.dim)
+      rc = servd_fail(SERVD_EMODEL, "forward: the package's model code returned hidden states where a cross-encoder's "
+                                    "scores need its classifier's outputs (batch.scores): the code predates "
+                                    "cross-encoders; repack the model with this modelpkg");
     else
-      rc = servd_fail(SERVD_EMODEL, "forward: expected %s f32 (%d, %d)", b->want_hidden ? "hidden states" : "logits",
+      rc = servd_fail(SERVD_EMODEL, "forward: expected %s f32 (%d, %d)",
+                      b->want_scores   ? "classifier outputs (batch.scores)"
+                      : b->want_hidden ? "hidden states"
+                                       : "logits",
                       b->n_logit_rows, row_len);
     snprintf(err.type, sizeof err.type, "%s", "TypeError");
     snprintf(err.message, sizeof err.message, "%s", servd_last_error());

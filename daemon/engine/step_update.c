@@ -135,7 +135,8 @@ static void embed_rows(servd_model *m, servd_request *r, const servd_tensor *hid
     request_finish(m, r, "error", SERVD_ENOMEM, "embedding: out of memory");
     return;
   }
-  servd_pool_sum_finish(&r->pool, r->n_embedding, r->embedding);
+  if (r->p.score) servd_scores_finish(r->pool.sum, r->pool.dim, m->emb.activation, r->embedding); /* one row */
+  else servd_pool_sum_finish(&r->pool, r->n_embedding, r->embedding);
   r->t_first_ns = r->t_last_ns = servd_now_ns();
   request_finish_ex(m, r, "stop", 0, NULL, NULL, false);
 }

@@ -197,16 +197,38 @@ typedef struct servd_gen_params {
   /* Appended: the LoRA adapter the request runs with (a name servd_model_lora_load registered;
    * copied at submit); NULL or "": the base model alone. */
   const char *lora;
+  /* Appended: a cross-encoder's score (POST /v1/rerank, /v1/score): the prompt (a pair of texts) is
+   * computed like an embedding's, and the package's classifier outputs for its first (CLS) row go
+   * back with the final event as servd_event.embedding: num_labels values after the package's
+   * activation (servd_embedding_info.activation), not normalized. Only on a classifier package
+   * (servd_embedding_info.n_labels > 0, else SERVD_EUNSUPPORTED at submit), which computes nothing
+   * else (an embedding there is refused the same way). pair_split > 0: the prompt's second text
+   * starts at that position (BERT's token type 1 from there on, 0 before); 0: one text. */
+  bool score;
+  int pair_split;
 } servd_gen_params;
 
 /* Embeddings: how the package pools (SERVD_POOL_*), the vector's length (hidden_size) and whether
  * a client may ask for fewer dimensions (the package's config says the model was trained for it). */
 typedef enum servd_pooling { SERVD_POOL_LAST = 0, SERVD_POOL_MEAN = 1, SERVD_POOL_CLS = 2 } servd_pooling;
+/* What a cross-encoder's classifier outputs pass through (sentence-transformers' CrossEncoder
+ * activation_fn): the package config's "sentence_transformers": {"activation_fn"} or the older
+ * "sbert_ce_default_activation_function" (torch.nn.modules...Sigmoid, Identity or Tanh); neither
+ * given: sigmoid for one label, as vLLM and sentence-transformers score it, identity for more. */
+typedef enum servd_score_activation {
+  SERVD_SCORE_SIGMOID = 0,
+  SERVD_SCORE_IDENTITY = 1,
+  SERVD_SCORE_TANH = 2,
+} servd_score_activation;
 typedef struct servd_embedding_info {
   servd_pooling pooling;
   int dim;
   bool truncatable;
   bool bidirectional; /* an encoder (config "is_causal": false): each prompt is computed in one step */
+  /* Appended: a cross-encoder (a "classifier.weight" tensor of num_labels rows): n_labels > 0, and
+   * its scores (servd_gen_params.score) pass through activation; 0: not a classifier. */
+  int n_labels;
+  servd_score_activation activation;
 } servd_embedding_info;
 
 #define SERVD_MAX_LOGIT_BIAS 300 /* OpenAI's limit */
@@ -248,7 +270,7 @@ typedef struct servd_event {
    * scheduled, first scheduled until the first token, first token until the last. */
   double queue_s, prefill_s, decode_s;
   /* Appended: the final event of an embedding: n_embedding floats, unit L2 norm (valid during the
-   * callback); NULL otherwise. */
+   * callback); of a score: its n_labels scores (servd_gen_params.score); NULL otherwise. */
   const float *embedding;
   int n_embedding;
 } servd_event;

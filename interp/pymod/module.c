@@ -170,7 +170,7 @@ static PyType_Slot batch_slots[] = {
     {Py_tp_getattro, batch_getattro},
     {Py_tp_repr, batch_repr},
     {Py_tp_doc, "One forward step: n_tokens, tokens, positions, slots, logit_rows, kv, n_seqs, max_tokens, "
-                "max_seqs, hidden, lora, seq_offsets and whole_seqs (CPU)."},
+                "max_seqs, hidden, scores, lora, token_types, seq_offsets and whole_seqs (CPU)."},
     {0, NULL},
 };
 static PyType_Spec batch_spec = {"servd.Batch", sizeof(BatchObject), 0,
@@ -294,7 +294,12 @@ PyObject *pm_batch_new(const servd_forward_batch *b) {
       set_item(o->dict, "n_seqs", PyLong_FromLong(b->attn.n_seqs)) < 0 ||
       set_item(o->dict, "max_tokens", PyLong_FromLong(b->max_tokens > 0 ? b->max_tokens : 0)) < 0 ||
       set_item(o->dict, "max_seqs", PyLong_FromLong(b->max_seqs > 0 ? b->max_seqs : 0)) < 0 ||
-      set_item(o->dict, "hidden", PyBool_FromLong(b->want_hidden)) < 0 || set_item(o->dict, "lora", batch_lora(b)) < 0)
+      set_item(o->dict, "hidden", PyBool_FromLong(b->want_hidden)) < 0 ||
+      set_item(o->dict, "scores", PyBool_FromLong(b->want_scores)) < 0 || set_item(o->dict, "lora", batch_lora(b)) < 0)
+    goto fail;
+  /* Token types only where the model reads host arrays (encoders run on the CPU). */
+  if (b->token_types && !b->dbatch ? set_item(o->dict, "token_types", i32_tensor(b->token_types, b->n_tokens)) < 0
+                                   : PyDict_SetItemString(o->dict, "token_types", Py_None) < 0)
     goto fail;
   bool whole = false;
   if (!b->dbatch && (set_item(o->dict, "seq_offsets", seq_offsets(b, &whole)) < 0 ||

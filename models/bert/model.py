@@ -1,8 +1,8 @@
 """BERT-family encoders for servd (package_format/src/arch_bert.c): sentence embeddings (BertModel,
-all-MiniLM-L6-v2, bge, e5, gte) and cross-encoders (BertForSequenceClassification, scores.py).
+all-MiniLM-L6-v2, bge, e5, gte) and cross-encoders (BertForSequenceClassification: reranking).
 
 transformers' modeling_bert, post-norm blocks:
-    x = LayerNorm(word[t] + position[p] + token_type[s])
+    x = LayerNorm(word[t] + position[p] + token_type[s])          (s: batch.token_types, a pair's 0/1)
     per layer: a = attention(x Wq + bq, x Wk + bk, x Wv + bv)      (bidirectional, per sequence)
                x = LayerNorm(x + a Wo + bo)
                x = LayerNorm(x + gelu(x Wu + bu) Wd + bd)           (gelu: the erf form)
@@ -12,8 +12,12 @@ encoder's sequences whole ("is_causal": false in the config), which batch.whole_
 
 Runs inside a servd interpreter, on the CPU; weights are views into the mapped package. Buffers
 are allocated once per capacity and reused. Embedding steps return the final hidden rows of
-batch.logit_rows (the engine pools and normalizes them); this code computes no logits.
+batch.logit_rows (the engine pools and normalizes them); this code computes no logits. A
+cross-encoder's steps (batch.scores) return its classifier's outputs for those rows (the CLS rows):
+    scores = classifier(tanh(pooler.dense(h[CLS])))                 (num_labels values per pair)
 """
+import math
+
 import servd
 from servd import ops
 
@@ -38,6 +42,11 @@ class BertModel:
         self.pos = t("model.embed_positions.weight")
         self.types = t("model.embed_token_types.weight")
         self.embed_norm = (t("model.embed_norm.weight"), t("model.embed_norm.bias"))
+        self.head = None  # a cross-encoder's pooler (H, H) and classifier (num_labels, H)
+        if "classifier.weight" in set(pkg.tensor_names()):
+            self.head = (t("pooler.dense.weight"), t("pooler.dense.bias"), t("classifier.weight"),
+                         t("classifier.bias"))
+        self.labels = self.head[2].shape[0] if self.head else 0
         self.layers = []
         for i in range(int(cfg["num_hidden_layers"])):
             p = _N.format(i)
@@ -65,6 +74,9 @@ class BertModel:
         self.u = servd.empty((cap, I))
         self.hid = servd.empty((cap, H))
         self.zeros = servd.empty((cap,), "i32")
+        if self.head:
+            self.pooled = servd.empty((cap, H))
+            self.scores = servd.empty((cap, self.labels))
         self.cap = cap
         self._views = {}
 
@@ -87,6 +99,10 @@ class BertModel:
         reused buffer, valid until the next call)."""
         if not batch.hidden:
             raise ValueError("bert: an encoder computes embeddings, not logits: serve it for /v1/embeddings")
+        if bool(batch.scores) != bool(self.head):
+            raise ValueError("bert: a cross-encoder computes scores (/v1/rerank, /v1/score), an embedding model "
+                             "embeddings (/v1/embeddings): this package is " +
+                             ("a cross-encoder" if self.head else "an embedding model"))
         if not batch.whole_seqs:
             raise ValueError("bert: a step holds part of a sequence; an encoder needs each sequence whole "
                              "(the package's config must say \"is_causal\": false)")
@@ -99,7 +115,8 @@ class BertModel:
         ops.embedding(x, self.word, batch.tokens)
         ops.embedding(tmp, self.pos, batch.positions)
         ops.add(x, x, tmp)
-        ops.embedding(tmp, self.types, zeros)  # one text: token type 0 throughout
+        types = batch.token_types
+        ops.embedding(tmp, self.types, zeros if types is None else types)  # a pair's second text: type 1
         ops.add(x, x, tmp)
         ops.layernorm(x, x, self.embed_norm[0], self.embed_norm[1], eps)
         for (wq, bq), (wk, bk), (wv, bv), (wo, bo), (n1w, n1b), (wu, bu), (wd, bd), (n2w, n2b) in self.layers:
@@ -119,4 +136,20 @@ class BertModel:
             ops.add(tmp, tmp, x)
             ops.layernorm(x, tmp, n2w, n2b, eps)
         ops.embedding(hid, x, rows)  # the rows the engine pools: a gather of x's rows
-        return hid
+        return self._scores(hid) if self.head else hid
+
+    def _scores(self, hid):
+        """The classifier's outputs f32 (rows, num_labels) of the CLS rows hid: transformers' BertPooler
+        (tanh of a Linear) then the classifier Linear."""
+        pw, pb, cw, cb = self.head
+        n = hid.shape[0]
+        pooled, scores = self.pooled.narrow(0, 0, n), self.scores.narrow(0, 0, n)
+        ops.matmul(pooled, hid, pw)
+        ops.add_bias(pooled, pooled, pb)
+        # tanh in Python: rows x hidden values per step (no kernel op for it), small next to the encoder
+        flat = memoryview(pooled.view(n * self.dim))
+        for i in range(n * self.dim):
+            flat[i] = math.tanh(flat[i])
+        ops.matmul(scores, pooled, cw)
+        ops.add_bias(scores, scores, cb)
+        return scores

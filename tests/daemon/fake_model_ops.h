@@ -205,7 +205,7 @@ static int fake_submit(servd_model *m, const int32_t *prompt, int n, const servd
   r->max_tokens = p->max_tokens > 0 ? p->max_tokens : 4;
   r->n_prompt = n;
   r->logprobs = p->logprobs;
-  r->embed = p->embed;
+  r->embed = p->embed || p->score;
   r->first = n > 0 ? (float)prompt[0] : 0;
   atomic_store(&r->refs, 2);
   atomic_fetch_add(&n_live, 1);
@@ -294,10 +294,31 @@ static int fake_guide_compile(servd_model *m, servd_guide_kind kind, const char 
   return 0;
 }
 
+/* "ce" is a one-label cross-encoder (its scores are the embedding's first value), the others embed. */
 static int fake_embedding_info(const servd_model *m, servd_embedding_info *out) {
-  (void)m;
   memset(out, 0, sizeof *out);
   out->dim = 2;
+  out->n_labels = strcmp(m->name, "ce") ? 0 : 1;
+  out->bidirectional = out->n_labels > 0;
+  return 0;
+}
+/* A pair as [CLS]=1 a [SEP]=2 b [SEP]=2 of the texts' bytes, cut LongestFirst to max_len (> 0). */
+static int fake_tokenize_pair(servd_model *m, const char *a, size_t alen, const char *b, size_t blen, int max_len,
+                              int32_t **ids, int *n, int *split) {
+  (void)m;
+  if (max_len > 0 && max_len < 4) return servd_fail(SERVD_ERANGE, "tokenizer: encode_pair: max_len %d", max_len);
+  while (max_len > 0 && alen + blen + 3 > (size_t)max_len) *(alen > blen ? &alen : &blen) -= 1;
+  int32_t *o = malloc(sizeof(int32_t) * (alen + blen + 3));
+  if (!o) return servd_fail(SERVD_ENOMEM, "out of memory");
+  int k = 0;
+  o[k++] = 1;
+  for (size_t i = 0; i < alen; i++) o[k++] = (unsigned char)a[i];
+  o[k++] = 2;
+  *split = k;
+  for (size_t i = 0; i < blen; i++) o[k++] = (unsigned char)b[i];
+  o[k++] = 2;
+  *ids = o;
+  *n = k;
   return 0;
 }
 
@@ -325,6 +346,7 @@ static const servd_model_ops fake_ops = {
     .tools_parse = fake_tools_parse,
     .guide_compile = fake_guide_compile,
     .embedding_info = fake_embedding_info,
+    .tokenize_pair = fake_tokenize_pair,
     .interpreter_namespaces_free = fake_ns_free,
 };
 

@@ -527,6 +527,29 @@ static void test_observe_plane_separates_fixed_cost(void **state) {
 /* Embeddings run in steps of their own (the model returns hidden rows or logits, never both),
  * alternating with generation; their rows follow their pooling; they neither find nor leave blocks
  * in the prefix cache. A sequence that wants prompt logprobs computes its whole prompt. */
+/* A text pair's tokens from pair_split on are of token type 1 in the step; the other sequences' are 0,
+ * whichever sequences share the step. */
+static void test_pair_token_types(void **state) {
+  (void)state;
+  fixture *f = setup_fx(4, 32, 64, 8);
+  for (int i = 0; i < 3; i++) {
+    sched_seq *q = &f->seqs[i];
+    for (int j = 0; j < 7; j++) f->toks[i][j] = 100 * i + j;
+    q->tokens = f->toks[i];
+    q->n_tokens = 5 + i; /* 5, 6, 7 tokens */
+    q->embed = true;
+    q->rows = SCHED_ROWS_FIRST;
+    q->pair_split = i == 1 ? 0 : 2 + i; /* the first: type 1 from 2, the second one text, the third from 4 */
+    assert_int_equal(sched_seq_init(&f->s, q), 0);
+    sched_add(&f->s, q);
+  }
+  assert_int_equal(sched_plan(&f->s), 18);
+  static const int32_t want[18] = {0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1};
+  for (int t = 0; t < 18; t++) assert_int_equal(f->s.step.token_types[t], want[t]);
+  sched_commit(&f->s);
+  teardown_fx(f);
+}
+
 static void test_embeddings_and_prompt_rows(void **state) {
   (void)state;
   fixture *f = calloc(1, sizeof *f);
@@ -623,6 +646,7 @@ int main(void) {
       cmocka_unit_test(test_step_bound_prefill_share),
       cmocka_unit_test(test_step_bound_simulation),
       cmocka_unit_test(test_embeddings_and_prompt_rows),
+      cmocka_unit_test(test_pair_token_types),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

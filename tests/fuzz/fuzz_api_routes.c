@@ -210,7 +210,7 @@ static const fz_type t_bool = KIND(J_BOOL), t_int = KIND(J_INT), t_num = KIND(J_
                      t_tensor = KIND(J_TENSOR);
 static const fz_type t_ints = ARR(&t_int), t_texts = ARR(&t_text), t_nums = ARR(&t_num);
 
-static const char *const v_model[] = {"lm", "gen", "extra", "nope", ""};
+static const char *const v_model[] = {"lm", "gen", "extra", "nope", "", "ce"};
 static const fz_type t_model = STR(v_model);
 static const char *const v_role[] = {"system", "user", "assistant", "tool", "developer", "function", "other"};
 static const fz_type t_role = STR(v_role);
@@ -416,6 +416,19 @@ static const fz_field f_embeddings[] = {
     {"model", &t_model},    {"input", &t_embed_input}, {"encoding_format", &t_encoding},
     {"dimensions", &t_int}, {"user", &t_text},         {"truncate_prompt_tokens", &t_int}};
 
+/* Cross-encoders: rerank (Jina/Cohere) and score (vLLM). */
+static const fz_field f_doc[] = {{"text", &t_text}};
+static const fz_type t_doc_obj = OBJ(f_doc);
+static const fz_type *const a_doc[] = {&t_text, &t_doc_obj, &t_int};
+static const fz_type t_doc = ALT(a_doc), t_docs = ARR(&t_doc);
+static const fz_field f_rerank[] = {{"model", &t_model},           {"query", &t_text},
+                                    {"documents", &t_docs},        {"top_n", &t_int},
+                                    {"return_documents", &t_bool}, {"truncate_prompt_tokens", &t_int}};
+static const fz_type *const a_score_text[] = {&t_text, &t_texts};
+static const fz_type t_score_text = ALT(a_score_text);
+static const fz_field f_score[] = {
+    {"model", &t_model}, {"text_1", &t_score_text}, {"text_2", &t_score_text}, {"truncate_prompt_tokens", &t_int}};
+
 static const fz_field f_tokenize[] = {{"model", &t_model},
                                       {"prompt", &t_text},
                                       {"messages", &t_messages},
@@ -506,6 +519,12 @@ static const fz_route routes[] = {
     {"DELETE", "/v1/completions", NULL, 0},
     {"GET", "/v1/chat/completions", NULL, 0},
     {"GET", "/nowhere", NULL, 0},
+    /* Appended, so that the seeds of tests/fuzz/corpus/api_routes keep their routes: each picks a
+     * route by its first byte (its index here). */
+    {"POST", "/v1/rerank", BODY(f_rerank)},
+    {"POST", "/rerank", BODY(f_rerank)},
+    {"POST", "/v1/score", BODY(f_score)},
+    {"POST", "/v2/rerank", BODY(f_rerank)},
 };
 
 /* ---- JSON text from the declarations ---------------------------------------------------------- */
@@ -695,6 +714,7 @@ static void server_init(void) {
   CHECK(servd_api_create(&loop, &o, &api) == 0);
   servd_api_add_model(api, fake_new("lm", SERVD_MODEL_CAUSAL_LM));
   servd_api_add_model(api, fake_new("gen", SERVD_MODEL_GENERIC));
+  servd_api_add_model(api, fake_new("ce", SERVD_MODEL_CAUSAL_LM)); /* a cross-encoder (fake_embedding_info) */
   CB = servd_api_http_callbacks(api);
 }
 

@@ -135,6 +135,12 @@ typedef struct servd_forward_batch {
    * the group's id: daemon/engine/plan_cache.c); groups that mix adapters change step by step. */
   int n_lora;
   const servd_lora_group *lora;
+  /* Appended: each token's segment (BERT's token_type_ids: 0 for a pair's first text, 1 for its
+   * second), (n_tokens); NULL: all 0. batch.token_types in Python (CPU steps). */
+  const int32_t *token_types;
+  /* Appended, with want_hidden: a cross-encoder's step: the model returns its classifier's outputs
+   * f32 (n_logit_rows, num_labels) of the logit rows (batch.scores in Python). */
+  bool want_scores;
 } servd_forward_batch;
 
 SERVD_API int servd_interp_forward(servd_interp *it, const servd_forward_batch *b, servd_tensor **logits,
