@@ -330,6 +330,7 @@ int servd_config_load_file(servd_config *c, const char *path) {
   static const char *const keys[] = {"host",
                                      "port",
                                      "threads",
+                                     "activation_levels",
                                      "gpus",
                                      "tp",
                                      "interpreters",
@@ -388,6 +389,7 @@ int servd_config_load_file(servd_config *c, const char *path) {
   if ((rc = check_keys(&x, root, "the top level", keys))) goto out;
   if ((rc = j_str(&x, root, "host", &c->host)) || (rc = j_int(&x, root, "port", 0, 65535, &c->port)) ||
       (rc = j_int(&x, root, "threads", 0, 4096, &c->threads)) || (rc = j_int(&x, root, "gpus", 0, 1024, &c->gpus)) ||
+      (rc = j_int(&x, root, "activation_levels", 1, 2, &c->activation_levels)) ||
       (rc = j_int(&x, root, "tp", 1, 64, &c->tp)) || (rc = j_int(&x, root, "interpreters", 1, 15, &c->interpreters)) ||
       (rc = j_int(&x, root, "max_queue", 1, 1 << 20, &c->max_queue)) ||
       (rc = j_int(&x, root, "max_batch_tokens", 1, 1 << 20, &c->max_batch_tokens)) ||
@@ -482,6 +484,8 @@ void servd_config_usage(FILE *f) {
         "  --port N                port (default 8000; 0 picks a free port)\n"
         "  --interpreters N        interpreters per generic model (default 1, at most 15)\n"
         "  --threads N             compute threads (default: all online CPUs)\n"
+        "  --activation-levels N   int8 levels of quantized matmuls' activations: 1 (default, ~8 bits)\n"
+        "                          or 2 (~15 bits: ~100x closer to float64, ~1.2x decode time)\n"
         "  --gpus N                serve language models on GPUs 0..N-1 (default 0: CPU backend)\n"
         "  --tp N                  tensor-parallel ranks per language model (default 1; with --gpus N:\n"
         "                          N, and it must be N: one rank per GPU)\n"
@@ -631,6 +635,9 @@ int servd_config_parse_args(servd_config *c, int argc, char **argv, bool *exit_n
       if ((rc = VAL("--interpreters")) || (rc = parse_int("--interpreters", v, 1, 15, &c->interpreters))) return rc;
     } else if (flag_is(a, "--threads")) {
       if ((rc = VAL("--threads")) || (rc = parse_int("--threads", v, 0, 4096, &c->threads))) return rc;
+    } else if (flag_is(a, "--activation-levels")) {
+      if ((rc = VAL("--activation-levels")) || (rc = parse_int("--activation-levels", v, 1, 2, &c->activation_levels)))
+        return rc;
     } else if (flag_is(a, "--gpus")) {
       if ((rc = VAL("--gpus")) || (rc = parse_int("--gpus", v, 0, 1024, &c->gpus))) return rc;
     } else if (flag_is(a, "--tp")) {

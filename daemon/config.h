@@ -26,6 +26,7 @@ typedef struct servd_config {
   int grpc_port;                 /* gRPC listener; -1: none (0 picks a free port) */
   size_t grpc_max_message_bytes; /* largest gRPC request message */
   int threads;                   /* compute threads; 0: online CPUs */
+  int activation_levels;         /* quantized matmuls' activations: 1 or 2 int8 levels; 0: the kernels' default */
   int gpus;                      /* GPUs required; 0: CPU backend */
   int tp;                        /* tensor-parallel ranks; 0 until parsed: then 1, or gpus with GPUs */
   int interpreters, max_queue, max_batch_tokens, max_seqs, kv_blocks, block_size;

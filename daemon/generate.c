@@ -13,6 +13,7 @@
 #include "engine/gpu_prewarm.h"
 #include "engine/speculate.h"
 #include "package_cache.h"
+#include "servd/ops.h"
 #include "servd/threadpool.h"
 
 #define MAX_STOPS 16
@@ -76,6 +77,7 @@ static void usage(FILE *f) {
              "  --cuda-graphs on|off    decode steps as CUDA graphs (default on)\n"
              "  --cuda-graph-max-batch B  largest decode batch run as a graph (default 64)\n"
              "  --threads N             compute threads (default: all CPUs)\n"
+             "  --activation-levels N   int8 levels of quantized matmuls' activations: 1 (default) or 2\n"
              "  --temperature T         0: greedy (default 0)\n"
              "  --top-p P --top-k K --min-p P --seed S\n"
              "  --repetition-penalty R --presence-penalty P --frequency-penalty F\n"
@@ -127,6 +129,7 @@ int servd_generate_main(int argc, char **argv) {
     O_MAXTOK,
     O_TP,
     O_THREADS,
+    O_ACT_LEVELS,
     O_TEMP,
     O_TOPP,
     O_TOPK,
@@ -163,6 +166,7 @@ int servd_generate_main(int argc, char **argv) {
                                        {"max-tokens", required_argument, 0, O_MAXTOK},
                                        {"tp", required_argument, 0, O_TP},
                                        {"threads", required_argument, 0, O_THREADS},
+                                       {"activation-levels", required_argument, 0, O_ACT_LEVELS},
                                        {"temperature", required_argument, 0, O_TEMP},
                                        {"top-p", required_argument, 0, O_TOPP},
                                        {"top-k", required_argument, 0, O_TOPK},
@@ -195,7 +199,7 @@ int servd_generate_main(int argc, char **argv) {
 
   const char *model = NULL, *pkg_cache = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *pids_path = NULL;
   bool chat = false, add_special = true, quiet = false;
-  int threads = 0;
+  int threads = 0, act_levels = 0;
   bool tp_given = false;
   const char *stops[MAX_STOPS];
   servd_model_options mo;
@@ -247,6 +251,7 @@ int servd_generate_main(int argc, char **argv) {
       break;
     case O_GRAPH_MAX: bad = parse_int(optarg, "--cuda-graph-max-batch", 1, 4096, &mo.cuda_graph_max_batch); break;
     case O_THREADS: bad = parse_int(optarg, "--threads", 1, 1024, &threads); break;
+    case O_ACT_LEVELS: bad = parse_int(optarg, "--activation-levels", 1, 2, &act_levels); break;
     case O_TEMP: bad = parse_float(optarg, "--temperature", &gp.temperature); break;
     case O_TOPP: bad = parse_float(optarg, "--top-p", &gp.top_p); break;
     case O_TOPK: bad = parse_int(optarg, "--top-k", 0, 1 << 24, &gp.top_k); break;
@@ -329,6 +334,7 @@ int servd_generate_main(int argc, char **argv) {
     fprintf(stderr, "servd generate: %s\n", servd_last_error());
     goto out;
   }
+  if (act_levels) servd_cpu_set_activation_levels(act_levels); /* 1..2: checked */
   if ((rc = servd_package_cache_resolve(pkg_cache, model, &pkg))) {
     fprintf(stderr, "servd generate: %s\n", servd_last_error());
     if (rc == SERVD_EINVAL) status = 2;

@@ -20,6 +20,7 @@
 #include "engine/gpu_prewarm.h"
 #include "engine/kv_events.h"
 #include "servd/device.h"
+#include "servd/ops.h"
 #include "servd/status.h"
 #include "servd/threadpool.h"
 
@@ -384,6 +385,7 @@ int servd_serve_main(int argc, char **argv) {
   if ((rc = servd_threadpool_init(s.cfg.threads)) != 0)
     fprintf(stderr, "servd: warning: compute threads: %s\n", servd_last_error());
   fprintf(stderr, "servd: %d compute threads\n", servd_threadpool_size());
+  if (s.cfg.activation_levels) servd_cpu_set_activation_levels(s.cfg.activation_levels); /* 1..2: checked */
   set_worker_threads(&s.cfg);
   signal(SIGPIPE, SIG_IGN);
 

@@ -13,7 +13,7 @@ static atomic_int best_isa = -1;
 static atomic_int forced_isa = -1;
 static atomic_int has_vnni = -1, has_bf16 = -1;
 static atomic_int batch_invariant = 0;
-static atomic_int activation_levels = 2;
+static atomic_int activation_levels = 1;
 
 static void detect(void) {
   __builtin_cpu_init();

@@ -36,12 +36,13 @@ SERVD_API servd_isa servd_cpu_active_isa(void);
  * form at batch 1 too, which costs those matmuls ~15-30% at batch 1 (docs/performance.md). */
 SERVD_API void servd_cpu_set_batch_invariant(bool on);
 SERVD_API bool servd_cpu_batch_invariant(void);
-/* Activations of quantized matmuls: 2 levels (the default) quantize each block of x to int8 with
- * scale d, then what that leaves, x - q*d, again with scale d/128, so x is carried to ~15 bits and a
- * quantized matmul lands within float rounding of the exact product of x and the dequantized
- * weights; 1 level is ggml's q8 activations (x to ~8 bits: about 100x the logprob error). Set by
- * SERVD_ACTIVATION_LEVELS=1|2 in the environment or this call (1 or 2, else SERVD_EINVAL); not
- * thread-safe w.r.t. running ops. Costs: docs/performance.md. */
+/* Activations of quantized matmuls: 1 level (the default) is ggml's q8 activations, each block of x
+ * rounded to int8 with one scale d (x to ~8 bits). 2 levels also round what that leaves, x - q*d, with
+ * scale d/128, so x is carried to ~15 bits and a quantized matmul lands within float rounding of the
+ * exact product of x and the dequantized weights: ~100x closer to a float64 forward, and TP=N within
+ * ~1e-3 nats of TP=1, for ~1.2x the batch-1 decode time and up to 2x the prompt GEMM's (docs/llama.md,
+ * "Activation precision"). Set by servd's --activation-levels, SERVD_ACTIVATION_LEVELS=1|2 in the
+ * environment or this call (1 or 2, else SERVD_EINVAL); not thread-safe w.r.t. running ops. */
 SERVD_API int servd_cpu_set_activation_levels(int levels);
 SERVD_API int servd_cpu_activation_levels(void);
 
