@@ -258,6 +258,8 @@ int main(int argc, char **argv) {
   o.max_seqs = 1;
   o.max_batch_tokens = 512;
   o.max_context = 1024;
+  o.prefix_cache = false; /* every run computes the 512-token prompt: a cached one would skip its prefill */
+  o.max_step_ms = 0;      /* and in one step, as llama-bench's pp512 */
   servd_model *m;
   if (servd_model_load(&o, &m)) {
     fprintf(stderr, "load: %s\n", servd_last_error());
