@@ -270,7 +270,7 @@ static int prepare(servd__mm *p, servd__mm_fn *fn) {
     p->xeo = xeo;
   }
   *fn = servd__dtype_cpu_kernel(c, isa, vnni);
-  p->residual_fused = p->xq.qs2 && vnni && c->vnni_fuses_residual;
+  p->residual_fused = (p->xq.qs2 || p->xk.qs2) && vnni && c->vnni_fuses_residual;
   return 0;
 }
 
