@@ -49,7 +49,7 @@ static inline __m512i halves_shifted(const uint8_t *p, int a, int b) {
   return _mm512_srlv_epi16(z, cnt);
 }
 
-static void decode_q2_k(const servd_block_q2_k *b, dec512 *o) {
+static inline __attribute__((always_inline)) void decode_q2_k(const servd_block_q2_k *b, dec512 *o) {
   const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->scales)), m4 = _mm512_set1_epi32(0xF);
   set_scales(o, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(sc, m4)), _mm512_set1_ps(_cvtsh_ss(b->d))),
              _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)), _mm512_set1_ps(-_cvtsh_ss(b->dmin))));
@@ -59,7 +59,7 @@ static void decode_q2_k(const servd_block_q2_k *b, dec512 *o) {
     o->u[c] = _mm512_and_si512(halves_shifted(b->qs + 32 * (c / 2), 4 * (c % 2), 4 * (c % 2) + 2), m3);
 }
 
-static void decode_q3_k(const servd_block_q3_k *b, dec512 *o) {
+static inline __attribute__((always_inline)) void decode_q3_k(const servd_block_q3_k *b, dec512 *o) {
   /* servd_k3_scale for all 16 groups: low 4 bits from nibble g/8 of byte g%8, high 2 from bits
    * 2*(g/4) of byte 8 + g%4 */
   const __m512i g = lane_index(), m4 = _mm512_set1_epi32(0xF), m2 = _mm512_set1_epi32(3);
@@ -90,7 +90,7 @@ static void decode_q3_k(const servd_block_q3_k *b, dec512 *o) {
   }
 }
 
-static void decode_iq4_xs(const servd_block_iq4_xs *b, dec512 *o) {
+static inline __attribute__((always_inline)) void decode_iq4_xs(const servd_block_iq4_xs *b, dec512 *o) {
   /* servd_iq4xs_scale of sub-block ib = g/2 for every group g */
   const __m512i ib = _mm512_srli_epi32(lane_index(), 1);
   uint32_t l4;
@@ -118,7 +118,10 @@ static void decode_iq4_xs(const servd_block_iq4_xs *b, dec512 *o) {
 
 enum { MAX_ROWS = 128 }; /* the driver's row blocks (ITEM_ROWS) */
 
-/* Columns [j0, j1) at either activation precision (two: with x's residual level, chosen once per
+/* (The decoders are always inlined: called from both forms below, GCC otherwise makes them calls,
+ * their vectors passed through memory: ~1.3x the batch-1 time measured.)
+ *
+ * Columns [j0, j1) at either activation precision (two: with x's residual level, chosen once per
  * call). With it each dot is joined in integers, dot*128 + dot2 in units of d2, and so are the
  * bsums: |dot| <= 4*241*(127*128 + 64) < 2^24 (iq4_xs, the widest values), exact in f32 too. */
 static inline __attribute__((always_inline)) void run_levels(const servd__mm *p, int64_t j0, int64_t j1,
