@@ -119,7 +119,7 @@ static inline __attribute__((always_inline)) void decode_iq4_xs(const servd_bloc
 enum { MAX_ROWS = 128 }; /* the driver's row blocks (ITEM_ROWS) */
 
 /* (The decoders are always inlined: called from both forms below, GCC otherwise makes them calls,
- * their vectors passed through memory: ~1.3x the batch-1 time measured.)
+ * their vectors passed through memory: 1.2-1.7x the batch-1 time measured.)
  *
  * Columns [j0, j1) at either activation precision (two: with x's residual level, chosen once per
  * call). With it each dot is joined in integers, dot*128 + dot2 in units of d2, and so are the
