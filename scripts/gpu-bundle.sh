@@ -8,7 +8,7 @@
 #               Python module are built in it (--no-build: use what is there)
 # --out DIR     the bundle (default DIR/bundle of the build folder; build-* folders are ignored by git)
 # --servd ...   take these files instead of the build folder's
-# --max-mib N   fail when the bundle is larger (default 45: it travels with the working tree)
+# --max-mib N   fail when the bundle is larger (default 46: it travels with the working tree)
 #
 # Layout: bin/{servd,modelpkg,servd-bench,servd-env}, lib/ (libpython3.11 and the shared libraries
 # the programs need beyond glibc, libstdc++ and CUDA), lib/servd/ (the Python module),
@@ -24,7 +24,7 @@ build=$root/build-bundle
 out=""
 do_build=1
 cuda=ON
-max_mib=45
+max_mib=46
 servd="" modelpkg="" bench="" pymod=""
 
 die() { echo "gpu-bundle: $*" >&2; exit 1; }

@@ -24,6 +24,9 @@
   }
 #define Q8K(perm, scalar, avx2, vnni) \
   { SERVD__ACT_Q8K, perm, false, scalar, avx2, NULL, vnni }
+/* as Q8K, its VNNI kernel adding the residual activation level inside its own dots */
+#define Q8K_FUSED(perm, scalar, avx2, vnni) \
+  { SERVD__ACT_Q8K, perm, true, scalar, avx2, NULL, vnni }
 
 const servd__dtype_cpu servd__dtype_cpu_traits[] = {
     [SERVD_F32] = FLOAT(SERVD__ACT_F32),
@@ -33,15 +36,15 @@ const servd__dtype_cpu servd__dtype_cpu_traits[] = {
     [SERVD_Q8_0] = Q8_FUSED2(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
     [SERVD_Q4_0] = Q8_FUSED2(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
     [SERVD_Q4_1] = Q8_FUSED2(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
-    [SERVD_Q4_K] = Q8K(true, servd__mm_kquant_scalar, servd__mm_kquant_avx2, servd__mm_kquant_avx512vnni),
-    [SERVD_Q6_K] = Q8K(false, servd__mm_kquant_scalar, servd__mm_kquant_avx2, servd__mm_kquant_avx512vnni),
-    [SERVD_Q5_K] = Q8K(true, servd__mm_kquant_scalar, servd__mm_kquant_avx2, servd__mm_kquant_avx512vnni),
-    [SERVD_Q5_0] = Q8(servd__mm_q5_scalar, servd__mm_q5_avx2, servd__mm_q5_avx512vnni),
-    [SERVD_Q5_1] = Q8(servd__mm_q5_scalar, servd__mm_q5_avx2, servd__mm_q5_avx512vnni),
-    [SERVD_Q2_K] = Q8K(false, servd__mm_kquant_scalar, servd__mm_lowbit_avx2, servd__mm_lowbit_k_avx512vnni),
-    [SERVD_Q3_K] = Q8K(false, servd__mm_kquant_scalar, servd__mm_lowbit_avx2, servd__mm_lowbit_k_avx512vnni),
+    [SERVD_Q4_K] = Q8K_FUSED(true, servd__mm_kquant_scalar, servd__mm_kquant_avx2, servd__mm_kquant_avx512vnni),
+    [SERVD_Q6_K] = Q8K_FUSED(false, servd__mm_kquant_scalar, servd__mm_kquant_avx2, servd__mm_kquant_avx512vnni),
+    [SERVD_Q5_K] = Q8K_FUSED(true, servd__mm_kquant_scalar, servd__mm_kquant_avx2, servd__mm_kquant_avx512vnni),
+    [SERVD_Q5_0] = Q8_FUSED(servd__mm_q5_scalar, servd__mm_q5_avx2, servd__mm_q5_avx512vnni),
+    [SERVD_Q5_1] = Q8_FUSED(servd__mm_q5_scalar, servd__mm_q5_avx2, servd__mm_q5_avx512vnni),
+    [SERVD_Q2_K] = Q8K_FUSED(false, servd__mm_kquant_scalar, servd__mm_lowbit_avx2, servd__mm_lowbit_k_avx512vnni),
+    [SERVD_Q3_K] = Q8K_FUSED(false, servd__mm_kquant_scalar, servd__mm_lowbit_avx2, servd__mm_lowbit_k_avx512vnni),
     [SERVD_IQ4_NL] = Q8_FUSED(servd__mm_iq4nl_scalar, servd__mm_lowbit_avx2, servd__mm_quant_avx512vnni),
-    [SERVD_IQ4_XS] = Q8K(false, servd__mm_kquant_scalar, servd__mm_lowbit_avx2, servd__mm_lowbit_k_avx512vnni),
+    [SERVD_IQ4_XS] = Q8K_FUSED(false, servd__mm_kquant_scalar, servd__mm_lowbit_avx2, servd__mm_lowbit_k_avx512vnni),
 };
 /* New dtypes are appended to servd/dtypes.def: a missing row here is a missing last row. */
 _Static_assert(sizeof servd__dtype_cpu_traits / sizeof servd__dtype_cpu_traits[0] == SERVD_DTYPE_COUNT,

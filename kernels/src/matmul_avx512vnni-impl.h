@@ -89,4 +89,40 @@ static inline __attribute__((always_inline)) void tail_setup(int bytes, __mmask6
   }
 }
 
+/* tail_setup at either activation precision: two, the block sums of both levels (xs, xs2) meet the
+ * offsets, and xd holds the residual's scales d2. */
+static inline __attribute__((always_inline)) void tail_setup_levels(int bytes, __mmask64 *ma, __mmask64 *mb,
+                                                                    const float *const *xd, const float *const *xs,
+                                                                    const float *const *xs2, int64_t g, int R,
+                                                                    __m512 *dxe, __m512 *sxe, const bool two) {
+  tail_setup(bytes, ma, mb, xd, xs, g, R, dxe, sxe);
+  if (!two) return;
+  const __m512i lanes4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) /* the residual's sums spread as tail_setup spreads xs */
+    sxe[r] = _mm512_add_ps(
+        sxe[r], _mm512_mul_ps(_mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(xs2[r] + g)), _mm512_set1_ps(0.25f)));
+}
+
+/* A quad's dots (unsigned weight bytes lo/hi against signed x) joined to the residual level's in
+ * integers: (dot << 7) + the dots of the residual quanta at xp2 (quad layout), exact in units of
+ * d2 = d/128 (|dot| < 2^25 for 8-bit weights, < 2^22 for 5-bit ones). */
+static inline __attribute__((always_inline)) __m512i residual_quad_dots(__m512i dot, __m512i lo, __m512i hi,
+                                                                        const int8_t *xp2) {
+  const __m512i y0 = _mm512_load_si512((const void *)xp2), y1 = _mm512_load_si512((const void *)(xp2 + 64));
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(dot, 7), lo, y0), hi, y1);
+}
+
+/* The residual level's rows of a tile (two): their quanta (xq2) and block sums (xs2); xd is
+ * pointed at their scales d2, in which the joined dots count. */
+static inline __attribute__((always_inline)) void
+tile_x_rows2(const servd__mm *p, int64_t i0, int R, const int8_t **xq2, const float **xd, const float **xs2) {
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    xq2[r] = p->xq.qs2 + (i0 + r) * p->xq.ldq;
+    xd[r] = p->xq.d2 + (i0 + r) * p->xq.lds;
+    xs2[r] = p->xq.s2 + (i0 + r) * p->xq.lds;
+  }
+}
+
 #endif

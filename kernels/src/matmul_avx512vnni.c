@@ -152,10 +152,10 @@ static inline __attribute__((always_inline)) void load_q8_quad(const char *qs, i
  * 8*64*128 < 2^24 (q8_0, the widest), so its conversion to f32 stays exact. */
 static inline __attribute__((always_inline)) __m512i residual_dots(__m512i dot, __m512i z, __m512i lo, __m512i hi,
                                                                    const int8_t *xp2, const servd_dtype wt) {
+  if (wt != SERVD_Q8_0) return residual_quad_dots(dot, lo, hi, xp2);
   const __m512i y0 = _mm512_load_si512((const void *)xp2), y1 = _mm512_load_si512((const void *)(xp2 + 64));
   dot = _mm512_slli_epi32(dot, 7);
-  if (wt == SERVD_Q8_0) return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_add_epi32(dot, z), y0, lo), y1, hi);
-  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot, lo, y0), hi, y1);
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_add_epi32(dot, z), y0, lo), y1, hi);
 }
 
 /* Blocks g+q.. of weight row c (4 of them, or `valid` < 4) against R activation rows; wq points at
@@ -219,13 +219,7 @@ q4_tail(const char *const *w, int bb, int64_t g, int nbg, const int8_t *const *x
   const __m512i ihdr = _mm512_loadu_si512(bb == 20 ? hdr20 : hdr18);
   __mmask64 ma, mb;
   __m512 dxe[RQ], sxe[RQ];
-  tail_setup(nbg * bb, &ma, &mb, xd, xs, g, R, dxe, sxe);
-  if (two) { /* the offsets meet the block sums of both levels */
-    __m512 unused[RQ], sxe2[RQ];
-    tail_setup(nbg * bb, &ma, &mb, xd, xs2, g, R, unused, sxe2);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) sxe[r] = _mm512_add_ps(sxe[r], sxe2[r]);
-  }
+  tail_setup_levels(nbg * bb, &ma, &mb, xd, xs, xs2, g, R, dxe, sxe, two); /* the offsets meet both levels' sums */
 #pragma GCC unroll 4
   for (int c = 0; c < NW; c++) {
     const char *src = w[c] + g * bb;
@@ -276,14 +270,7 @@ static inline __attribute__((always_inline)) void tile_levels(const servd__mm *p
 #pragma GCC unroll 4
   for (int c = 0; c < NW; c++) w[c] = p->w + (j + c) * p->ldw;
   tile_x_rows(p, i0, R, xq, xd, xs);
-  if (two) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-      xq2[r] = p->xq.qs2 + (i0 + r) * p->xq.ldq;
-      xd[r] = p->xq.d2 + (i0 + r) * p->xq.lds;
-      xs2[r] = p->xq.s2 + (i0 + r) * p->xq.lds;
-    }
-  }
+  if (two) tile_x_rows2(p, i0, R, xq2, xd, xs2);
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 4

@@ -13,6 +13,12 @@
  * The offsets (q4_k/q5_k: -dmin*m[j]; q6_k: -32*d*sc[g]) multiply the 16-value sums of x (bsums);
  * q4_k/q5_k dots and offsets share one f32 accumulator per row (lanes 0..7 and 8..15), q6_k's
  * offset comes off the dots in integers (both scale by d).
+ * x's residual level (servd__q8k.qs2, d2 = d/128) meets the same decoded super-block: its unscaled
+ * dots take the same scale multiplies and join the first level's in integers (s*128 + s2, in
+ * units of d2; krows_batch: before its f32 scales), and its bsums join the offsets the same way.
+ * q6_k's totals reach ~2^25, so there the two levels meet in f32 (tot*128 + tot2, then d*d2).
+ * Every kernel has both forms, chosen once per call (servd__mm.residual_fused): one pass over
+ * the weights either way.
  *
  * Amortization: a super-block is decoded once for up to RQ x rows (batched decode, prefill); at
  * batch 1, four weight rows share the x loads and one scale unpack. Weights never reach memory as
@@ -162,15 +168,27 @@ static inline __attribute__((always_inline)) void decode(const char *w, int64_t 
   if (!smp) *dwc = _mm512_insertf32x8(_mm512_set1_ps(dw), _mm256_set1_ps(cw), 1); /* else the caller's */
 }
 
+/* q6_k's scaled dots of one super-block (quanta wv, scales sv) with x's four 64-value steps: two
+ * chains of two (madd, then vpdpwssd), shorter latency when one row runs alone. */
+static inline __attribute__((always_inline)) __m512i q6_dots(const __m512i *wv, const __m512i *sv, __m512i x0,
+                                                             __m512i x1, __m512i x2, __m512i x3) {
+  __m512i s0 = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[0], x0), sv[0]);
+  __m512i s1 = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[2], x2), sv[2]);
+  s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(wv[1], x1), sv[1]);
+  s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(wv[3], x3), sv[3]);
+  return _mm512_add_epi32(s0, s1);
+}
+
 /* res[c][r] = x row i0+r . weight row w[c], for R x rows and NW weight rows (R*NW <= RQ). Each
  * super-block of a weight row is decoded once for the R rows; with NW > 1 (batch 1) the x loads
- * are shared by the NW weight rows. */
+ * are shared by the NW weight rows. two: with x's residual level, joined to the first in each dot. */
 static inline __attribute__((always_inline)) void krows(const servd__mm *p, const char *const *w, int64_t i0,
                                                         float (*res)[RQ], const int R, const int NW,
-                                                        const servd_dtype wt) {
+                                                        const servd_dtype wt, const bool two) {
   const servd__q8k *q = &p->xk;
   const int64_t nb = q->nb;
-  const int8_t *xq[RQ];
+  const int8_t *xq[RQ], *xq2[RQ] = {0};
+  const float *xd = two ? q->d2 : q->d; /* two: the joined dots count in units of d2 */
   /* per row, q4_k/q5_k: lanes 0..7 sum the scaled sub-block dots (times d), lanes 8..15 the
    * offsets (as positive magnitudes dmin*m, subtracted at the end); q6_k: all 16 lanes sum dots
    * with the offset already taken off */
@@ -178,6 +196,7 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++) {
     xq[r] = q->qs + (i0 + r) * q->ldq;
+    if (two) xq2[r] = q->qs2 + (i0 + r) * q->ldq;
 #pragma GCC unroll 4
     for (int c = 0; c < NW; c++) acc[c][r] = _mm512_setzero_ps();
   }
@@ -240,33 +259,55 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
         const __m512i x0 = _mm512_load_si512((const void *)xb), x1 = _mm512_load_si512((const void *)(xb + 64));
         const __m512i x2 = _mm512_load_si512((const void *)(xb + 128)),
                       x3 = _mm512_load_si512((const void *)(xb + 192));
-        __m512i s;
-        if (wt == SERVD_Q6_K) {
-          /* two chains of two (madd, then vpdpwssd): shorter latency when one row runs alone */
-          __m512i s0 = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[0], x0), sv[0]);
-          __m512i s1 = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[2], x2), sv[2]);
-          s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(wv[1], x1), sv[1]);
-          s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(wv[3], x3), sv[3]);
-          s = _mm512_add_epi32(s0, s1);
-        } else {
-          /* even and odd sub-blocks in fixed lanes: unscaled dots by vpdpbusd (|sum| <= 8*31*127,
-           * an i16), then one scale multiply each (madd / vpdpwssd on the low words) */
-          const __m512i ev = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], x0), wv[1], x1);
-          const __m512i od = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[2], x2), wv[3], x3);
-          s = _mm512_dpwssd_epi32(_mm512_madd_epi16(ev, sv[0]), od, sv[1]);
-        }
         const int64_t rb = (i0 + r) * nb + b;
         const __m256i bs = _mm256_loadu_si256((const __m256i *)(q->bsums + rb * 16));
         if (wt == SERVD_Q6_K) {
           /* q6_k's -32 shares d with the dots: taken off in integers (|32*sc*bsums| <= 16.6M per
            * lane pair), then one conversion and one FMA by d*d_x */
-          const __m512i tot = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_madd_epi16(bs, msv)));
-          acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_set1_ps(dq6 * q->d[rb]), acc[c][r]);
+          const __m512i tot =
+              _mm512_sub_epi32(q6_dots(wv, sv, x0, x1, x2, x3), _mm512_zextsi256_si512(_mm256_madd_epi16(bs, msv)));
+          if (!two) {
+            acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_set1_ps(dq6 * q->d[rb]), acc[c][r]);
+            continue;
+          }
+          /* the residual's total the same way; the two meet in f32 (tot*128 would overflow an
+           * int32: |tot| reaches ~2^25), the *128 exact */
+          const int8_t *yb = xq2[r] + b * SERVD_QK_K;
+          const __m256i bs2 = _mm256_loadu_si256((const __m256i *)(q->bsums2 + rb * 16));
+          const __m512i tot2 = _mm512_sub_epi32(
+              q6_dots(wv, sv, _mm512_load_si512((const void *)yb), _mm512_load_si512((const void *)(yb + 64)),
+                      _mm512_load_si512((const void *)(yb + 128)), _mm512_load_si512((const void *)(yb + 192))),
+              _mm512_zextsi256_si512(_mm256_madd_epi16(bs2, msv)));
+          const __m512 joined =
+              _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_set1_ps(128.0f), _mm512_cvtepi32_ps(tot2));
+          acc[c][r] = _mm512_fmadd_ps(joined, _mm512_set1_ps(dq6 * xd[rb]), acc[c][r]);
           continue;
         }
+        /* even and odd sub-blocks in fixed lanes: unscaled dots by vpdpbusd (|sum| <= 8*31*127,
+         * an i16), then one scale multiply each (madd / vpdpwssd on the low words) */
+        const __m512i ev = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], x0), wv[1], x1);
+        const __m512i od = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[2], x2), wv[3], x3);
+        __m512i s = _mm512_dpwssd_epi32(_mm512_madd_epi16(ev, sv[0]), od, sv[1]);
+        __m256i mins = _mm256_madd_epi16(bs, msv);
+        if (two) {
+          /* The residual's unscaled dots (|sum| <= 8*31*64, an i16 too) scaled by the same two
+           * multiplies onto s*128: in units of d2 per lane |s*128 + s2| <= (2*31496*128 + 2*15872)
+           * * 63 < 5.1e8, and the two halves' sum below < 1.02e9 < 2^31. The offsets likewise:
+           * |bsums*128 + bsums2| * m * 2 < 3.3e7. */
+          const int8_t *yb = xq2[r] + b * SERVD_QK_K;
+          const __m512i ev2 = _mm512_dpbusd_epi32(
+              _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_load_si512((const void *)yb)), wv[1],
+              _mm512_load_si512((const void *)(yb + 64)));
+          const __m512i od2 = _mm512_dpbusd_epi32(
+              _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[2], _mm512_load_si512((const void *)(yb + 128))), wv[3],
+              _mm512_load_si512((const void *)(yb + 192)));
+          s = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_slli_epi32(s, 7), ev2, sv[0]), od2, sv[1]);
+          const __m256i bs2 = _mm256_loadu_si256((const __m256i *)(q->bsums2 + rb * 16));
+          mins = _mm256_dpwssd_epi32(_mm256_slli_epi32(mins, 7), bs2, msv);
+        }
         const __m256i dot = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-        const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(dot), _mm256_madd_epi16(bs, msv), 1);
-        acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(dwc, _mm512_set1_ps(q->d[rb])), acc[c][r]);
+        const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(dot), mins, 1);
+        acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(dwc, _mm512_set1_ps(xd[rb])), acc[c][r]);
       }
     }
   }
@@ -289,9 +330,10 @@ static inline __attribute__((always_inline)) void krows(const servd__mm *p, cons
  * super-block besides the four vpdpbusd instead of ~15. */
 static inline __attribute__((always_inline)) void krows_batch(const servd__mm *p, const char *const *w, int64_t i0,
                                                               float (*res)[RQ], const int R, const int NW,
-                                                              const float *sx, const servd_dtype wt) {
+                                                              const float *sx, const servd_dtype wt, const bool two) {
   const servd__q8k *q = &p->xk;
   const int64_t nb = q->nb;
+  const float *xd = two ? q->d2 : q->d; /* two: the joined dots count in units of d2 */
   const __m512i ev_of = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
   const __m512i od_of = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
   const int bb = wt == SERVD_Q4_K ? sizeof(servd_block_q4_k) : sizeof(servd_block_q5_k);
@@ -333,15 +375,21 @@ static inline __attribute__((always_inline)) void krows_batch(const servd__mm *p
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++) {
         const int8_t *xb = q->qs + (i0 + r) * q->ldq + b * SERVD_QK_K;
-        const __m512i ev =
-            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_load_si512(xb)), wv[1],
-                                _mm512_load_si512(xb + 64));
-        const __m512i od =
+        __m512i ev = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_load_si512(xb)),
+                                         wv[1], _mm512_load_si512(xb + 64));
+        __m512i od =
             _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[2], _mm512_load_si512(xb + 128)), wv[3],
                                 _mm512_load_si512(xb + 192));
+        if (two) { /* the residual's dots onto dot*128, in units of d2: |ev| <= 8*31*(127*128 + 64) < 2^22 */
+          const int8_t *yb = q->qs2 + (i0 + r) * q->ldq + b * SERVD_QK_K;
+          ev = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(ev, 7), wv[0], _mm512_load_si512(yb)), wv[1],
+                                   _mm512_load_si512(yb + 64));
+          od = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(od, 7), wv[2], _mm512_load_si512(yb + 128)),
+                                   wv[3], _mm512_load_si512(yb + 192));
+        }
         const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(od), dod, _mm512_mul_ps(_mm512_cvtepi32_ps(ev), dev));
         const int64_t rb = (i0 + r) * nb + b;
-        acc[c][r] = _mm512_fmadd_ps(t, _mm512_set1_ps(q->d[rb]), acc[c][r]);
+        acc[c][r] = _mm512_fmadd_ps(t, _mm512_set1_ps(xd[rb]), acc[c][r]);
         accm[c][r] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(sx + rb * 8), accm[c][r]);
       }
     }
@@ -352,12 +400,17 @@ static inline __attribute__((always_inline)) void krows_batch(const servd__mm *p
     for (int r = 0; r < R; r++) res[c][r] = hsum16(acc[c][r]) - hsum16(_mm512_castps256_ps512(accm[c][r]));
 }
 
-/* sx for krows_batch: per x row and super-block the 8 sub-block sums of q times d_x (from bsums). */
-static void sub_block_sums(const servd__q8k *q, int64_t m, float *sx) {
+/* sx for krows_batch: per x row and super-block the 8 sub-block sums of q times d_x (from bsums);
+ * two: of both levels, sum*128 + sum2 (exact integers) times d2. */
+static void sub_block_sums(const servd__q8k *q, int64_t m, float *sx, bool two) {
+  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t rb = 0; rb < m * q->nb; rb++) {
     const __m256i bs = _mm256_loadu_si256((const __m256i *)(q->bsums + rb * 16));
-    const __m256i pairs = _mm256_madd_epi16(bs, _mm256_set1_epi16(1)); /* sub-block j: groups 2j, 2j+1 */
-    _mm256_storeu_ps(sx + rb * 8, _mm256_mul_ps(_mm256_cvtepi32_ps(pairs), _mm256_set1_ps(q->d[rb])));
+    __m256i pairs = _mm256_madd_epi16(bs, ones); /* sub-block j: groups 2j, 2j+1 */
+    if (two)
+      pairs = _mm256_dpwssd_epi32(_mm256_slli_epi32(pairs, 7),
+                                  _mm256_loadu_si256((const __m256i *)(q->bsums2 + rb * 16)), ones);
+    _mm256_storeu_ps(sx + rb * 8, _mm256_mul_ps(_mm256_cvtepi32_ps(pairs), _mm256_set1_ps(two ? q->d2[rb] : q->d[rb])));
   }
 }
 
@@ -365,22 +418,24 @@ static void sub_block_sums(const servd__q8k *q, int64_t m, float *sx) {
  * res[c][r]. Each output takes the same arithmetic either way. */
 typedef void (*batch_fn)(const servd__mm *p, const char *const *w, int64_t i0, float (*res)[RQ], int R,
                          const float *sx);
-#define BATCH_FN(wt, name) \
+#define BATCH_FN(wt, two, name) \
   static void name(const servd__mm *p, const char *const *w, int64_t i0, float(*res)[RQ], int R, const float *sx) { \
     switch (R) { \
-    case 0: krows_batch(p, w, i0, res, 1, NWMAX, sx, wt); break; \
-    case 1: krows_batch(p, w, i0, res, 1, 1, sx, wt); break; \
-    case 2: krows_batch(p, w, i0, res, 2, 1, sx, wt); break; \
-    case 3: krows_batch(p, w, i0, res, 3, 1, sx, wt); break; \
-    case 4: krows_batch(p, w, i0, res, 4, 1, sx, wt); break; \
-    case 5: krows_batch(p, w, i0, res, 5, 1, sx, wt); break; \
-    case 6: krows_batch(p, w, i0, res, 6, 1, sx, wt); break; \
-    case 7: krows_batch(p, w, i0, res, 7, 1, sx, wt); break; \
-    default: krows_batch(p, w, i0, res, 8, 1, sx, wt); break; \
+    case 0: krows_batch(p, w, i0, res, 1, NWMAX, sx, wt, two); break; \
+    case 1: krows_batch(p, w, i0, res, 1, 1, sx, wt, two); break; \
+    case 2: krows_batch(p, w, i0, res, 2, 1, sx, wt, two); break; \
+    case 3: krows_batch(p, w, i0, res, 3, 1, sx, wt, two); break; \
+    case 4: krows_batch(p, w, i0, res, 4, 1, sx, wt, two); break; \
+    case 5: krows_batch(p, w, i0, res, 5, 1, sx, wt, two); break; \
+    case 6: krows_batch(p, w, i0, res, 6, 1, sx, wt, two); break; \
+    case 7: krows_batch(p, w, i0, res, 7, 1, sx, wt, two); break; \
+    default: krows_batch(p, w, i0, res, 8, 1, sx, wt, two); break; \
     } \
   }
-BATCH_FN(SERVD_Q4_K, batch_q4_k)
-BATCH_FN(SERVD_Q5_K, batch_q5_k)
+BATCH_FN(SERVD_Q4_K, false, batch_q4_k)
+BATCH_FN(SERVD_Q5_K, false, batch_q5_k)
+BATCH_FN(SERVD_Q4_K, true, batch2_q4_k)
+BATCH_FN(SERVD_Q5_K, true, batch2_q5_k)
 
 /* The 16-value sums of one stored q8_K super-block (256 bytes at qs, group order as perm): vpsadbw
  * of q + 128 gives 8-byte sums + 1024, taken over the bytes as stored (16-byte slot p = 4t + lane of
@@ -450,27 +505,34 @@ void servd__quantize_q8k_avx512(const char *x, int64_t ldx, int64_t m, int64_t k
 }
 
 typedef void (*rows_fn)(const servd__mm *p, const char *const *w, int64_t i0, float (*res)[RQ], int R);
-#define KROWS_FN(wt, name) \
+#define KROWS_FN(wt, two, name) \
   static void name(const servd__mm *p, const char *const *w, int64_t i0, float(*res)[RQ], int R) { \
     switch (R) { \
-    case 0: krows(p, w, i0, res, 1, NWMAX, wt); break; /* batch 1: NWMAX weight rows */ \
-    case 1: krows(p, w, i0, res, 1, 1, wt); break; \
-    case 2: krows(p, w, i0, res, 2, 1, wt); break; \
-    case 3: krows(p, w, i0, res, 3, 1, wt); break; \
-    case 4: krows(p, w, i0, res, 4, 1, wt); break; \
-    case 5: krows(p, w, i0, res, 5, 1, wt); break; \
-    case 6: krows(p, w, i0, res, 6, 1, wt); break; \
-    case 7: krows(p, w, i0, res, 7, 1, wt); break; \
-    default: krows(p, w, i0, res, 8, 1, wt); break; \
+    case 0: krows(p, w, i0, res, 1, NWMAX, wt, two); break; /* batch 1: NWMAX weight rows */ \
+    case 1: krows(p, w, i0, res, 1, 1, wt, two); break; \
+    case 2: krows(p, w, i0, res, 2, 1, wt, two); break; \
+    case 3: krows(p, w, i0, res, 3, 1, wt, two); break; \
+    case 4: krows(p, w, i0, res, 4, 1, wt, two); break; \
+    case 5: krows(p, w, i0, res, 5, 1, wt, two); break; \
+    case 6: krows(p, w, i0, res, 6, 1, wt, two); break; \
+    case 7: krows(p, w, i0, res, 7, 1, wt, two); break; \
+    default: krows(p, w, i0, res, 8, 1, wt, two); break; \
     } \
   }
-KROWS_FN(SERVD_Q4_K, rows_q4_k)
-KROWS_FN(SERVD_Q5_K, rows_q5_k)
-KROWS_FN(SERVD_Q6_K, rows_q6_k)
+KROWS_FN(SERVD_Q4_K, false, rows_q4_k)
+KROWS_FN(SERVD_Q5_K, false, rows_q5_k)
+KROWS_FN(SERVD_Q6_K, false, rows_q6_k)
+KROWS_FN(SERVD_Q4_K, true, rows2_q4_k)
+KROWS_FN(SERVD_Q5_K, true, rows2_q5_k)
+KROWS_FN(SERVD_Q6_K, true, rows2_q6_k)
 
 void servd__mm_kquant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
-  const rows_fn fn = p->wt == SERVD_Q4_K ? rows_q4_k : p->wt == SERVD_Q5_K ? rows_q5_k : rows_q6_k;
-  const batch_fn bf = p->wt == SERVD_Q4_K ? batch_q4_k : batch_q5_k;
+  /* the activation precision chosen once per call: each form its own instances */
+  const bool two = p->residual_fused;
+  const rows_fn fn = p->wt == SERVD_Q4_K   ? (two ? rows2_q4_k : rows_q4_k)
+                     : p->wt == SERVD_Q5_K ? (two ? rows2_q5_k : rows_q5_k)
+                                           : (two ? rows2_q6_k : rows_q6_k);
+  const batch_fn bf = p->wt == SERVD_Q4_K ? (two ? batch2_q4_k : batch_q4_k) : (two ? batch2_q5_k : batch_q5_k);
   float res[NWMAX][RQ];
   /* q4_k/q5_k batches take krows_batch, on x's sub-block sums; batch 1 takes krows (faster) unless
    * batch invariance is asked for (servd_cpu_batch_invariant): then krows_batch too, so that a row
@@ -478,7 +540,7 @@ void servd__mm_kquant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
    * krows at every m. */
   const bool batch_form = p->wt != SERVD_Q6_K && (p->m > 1 || servd_cpu_batch_invariant());
   float *sx = batch_form ? servd__scratch(1, (size_t)(p->m * p->xk.nb * 8) * sizeof(float)) : NULL;
-  if (sx) sub_block_sums(&p->xk, p->m, sx);
+  if (sx) sub_block_sums(&p->xk, p->m, sx, two);
   if (p->m > 1) {
     /* Batches: blocks of CHUNK weight rows (CHUNK * 144..210 bytes) and RQ x rows (RQ * k bytes)
      * both stay in L1 while they meet; weight rows outer streamed all of x from L2 for every weight

@@ -7,7 +7,8 @@
  * lane l of chunk c belongs to the 16-value group 4c + l/4, so one f32 vector per chunk carries the
  * group scales times d (the same lanes every time). The offsets (q3_k's -4 and iq4_xs's -128 times the
  * scale, q2_k's -dmin*m) multiply the activation's 16-value sums (bsums) in one more vector per
- * super-block, and d_x scales the super-block's sum once.
+ * super-block, and d_x scales the super-block's sum once. x's residual level (servd__q8k.qs2) meets
+ * the same decoded vectors: one more vpdpbusd per chunk, joined to the first level's dot in integers.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -48,7 +49,7 @@ static inline __m512i halves_shifted(const uint8_t *p, int a, int b) {
   return _mm512_srlv_epi16(z, cnt);
 }
 
-static void decode_q2_k(const servd_block_q2_k *b, dec512 *o) {
+static inline __attribute__((always_inline)) void decode_q2_k(const servd_block_q2_k *b, dec512 *o) {
   const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->scales)), m4 = _mm512_set1_epi32(0xF);
   set_scales(o, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(sc, m4)), _mm512_set1_ps(_cvtsh_ss(b->d))),
              _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)), _mm512_set1_ps(-_cvtsh_ss(b->dmin))));
@@ -58,7 +59,7 @@ static void decode_q2_k(const servd_block_q2_k *b, dec512 *o) {
     o->u[c] = _mm512_and_si512(halves_shifted(b->qs + 32 * (c / 2), 4 * (c % 2), 4 * (c % 2) + 2), m3);
 }
 
-static void decode_q3_k(const servd_block_q3_k *b, dec512 *o) {
+static inline __attribute__((always_inline)) void decode_q3_k(const servd_block_q3_k *b, dec512 *o) {
   /* servd_k3_scale for all 16 groups: low 4 bits from nibble g/8 of byte g%8, high 2 from bits
    * 2*(g/4) of byte 8 + g%4 */
   const __m512i g = lane_index(), m4 = _mm512_set1_epi32(0xF), m2 = _mm512_set1_epi32(3);
@@ -89,7 +90,7 @@ static void decode_q3_k(const servd_block_q3_k *b, dec512 *o) {
   }
 }
 
-static void decode_iq4_xs(const servd_block_iq4_xs *b, dec512 *o) {
+static inline __attribute__((always_inline)) void decode_iq4_xs(const servd_block_iq4_xs *b, dec512 *o) {
   /* servd_iq4xs_scale of sub-block ib = g/2 for every group g */
   const __m512i ib = _mm512_srli_epi32(lane_index(), 1);
   uint32_t l4;
@@ -117,8 +118,16 @@ static void decode_iq4_xs(const servd_block_iq4_xs *b, dec512 *o) {
 
 enum { MAX_ROWS = 128 }; /* the driver's row blocks (ITEM_ROWS) */
 
-void servd__mm_lowbit_k_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
+/* (The decoders are always inlined: called from both forms below, GCC otherwise makes them calls,
+ * their vectors passed through memory: 1.2-1.7x the batch-1 time measured.)
+ *
+ * Columns [j0, j1) at either activation precision (two: with x's residual level, chosen once per
+ * call). With it each dot is joined in integers, dot*128 + dot2 in units of d2, and so are the
+ * bsums: |dot| <= 4*241*(127*128 + 64) < 2^24 (iq4_xs, the widest values), exact in f32 too. */
+static inline __attribute__((always_inline)) void run_levels(const servd__mm *p, int64_t j0, int64_t j1,
+                                                             const bool two) {
   const servd__q8k *q = &p->xk;
+  const float *xd = two ? q->d2 : q->d;
   const size_t bb = servd_dtype_block_bytes(p->wt);
   for (int64_t i0 = 0; i0 < p->m; i0 += MAX_ROWS) {
     const int rows = p->m - i0 < MAX_ROWS ? (int)(p->m - i0) : MAX_ROWS;
@@ -133,20 +142,30 @@ void servd__mm_lowbit_k_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
         else if (p->wt == SERVD_Q3_K) decode_q3_k(blk, &w);
         else decode_iq4_xs(blk, &w);
         for (int r = 0; r < rows; r++) {
-          const int64_t i = i0 + r;
+          const int64_t i = i0 + r, at = i * q->nb + b;
           const int8_t *x = q->qs + i * q->ldq + b * SERVD_QK_K;
-          const __m512 bs = _mm512_cvtepi32_ps(
-              _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(q->bsums + (i * q->nb + b) * 16))));
-          __m512 t = _mm512_mul_ps(bs, w.off);
+          __m512i bsi = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(q->bsums + at * 16)));
+          if (two)
+            bsi = _mm512_add_epi32(_mm512_slli_epi32(bsi, 7),
+                                   _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(q->bsums2 + at * 16))));
+          __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(bsi), w.off);
 #pragma GCC unroll 4
           for (int c = 0; c < 4; c++) {
-            const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.u[c], _mm512_loadu_si512(x + 64 * c));
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.u[c], _mm512_loadu_si512(x + 64 * c));
+            if (two)
+              dot = _mm512_dpbusd_epi32(_mm512_slli_epi32(dot, 7), w.u[c],
+                                        _mm512_loadu_si512(q->qs2 + i * q->ldq + b * SERVD_QK_K + 64 * c));
             t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), w.sc[c], t);
           }
-          acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(q->d[i * q->nb + b]), acc[r]);
+          acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(xd[at]), acc[r]);
         }
       }
       for (int r = 0; r < rows; r++) ((float *)(p->out + (i0 + r) * p->ldo))[j] = hsum16(acc[r]);
     }
   }
+}
+
+void servd__mm_lowbit_k_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
+  if (p->residual_fused) run_levels(p, j0, j1, true);
+  else run_levels(p, j0, j1, false);
 }

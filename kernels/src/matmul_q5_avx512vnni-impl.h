@@ -17,6 +17,8 @@
  * - A last group of 1..4 blocks (k = 576 leaves 2) is one masked window: nibbles, headers spread to
  *   the lanes of their block and both masks from three permutes of the same two registers.
  * Up to RQ activation rows share each weight load (decode, batched decode).
+ * - x's residual level (servd__q8x.qs2, when the call carries it) meets the same decoded quad: two
+ *   more vpdpbusd per x row onto the first level's dot * 128, and one more offset FMA per group.
  * - Prompts (m > 2*RQ; below, decoding per x row tile measured as fast): a chunk of weight rows
  *   is decoded once per call into the thread's L1 scratch (q5_run_decoded), and every x row tile
  *   meets the decoded bytes: the fifth bit costs once per weight block per call instead of once
@@ -204,8 +206,9 @@ static inline __attribute__((always_inline)) void decode_quad(const char *b0, co
 /* Blocks g+q.. (4 of them, or `valid` < 4) of weight row w against R activation rows. */
 static inline __attribute__((always_inline)) void q5_step(const char *w, const int bb, const q5_plan *pl, int64_t g,
                                                           int q, int valid, const int8_t *const *xq,
-                                                          const __m512 (*ds)[NWMAX], __m512 (*acc)[NWMAX], const int c,
-                                                          const int R) {
+                                                          const int8_t *const *xq2, const __m512 (*ds)[NWMAX],
+                                                          __m512 (*acc)[NWMAX], const int c, const int R,
+                                                          const bool two) {
   __m512i lo, hi;
   decode_quad(w + (g + q) * bb, bb, pl, valid, &lo, &hi);
   const __m512i idx =
@@ -215,6 +218,7 @@ static inline __attribute__((always_inline)) void q5_step(const char *w, const i
     const int8_t *xp = xq[r] + (g + q) * 32; /* quad layout: 4 blocks per 128 bytes */
     __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)xp));
     dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
+    if (two) dot = residual_quad_dots(dot, lo, hi, xq2[r] + (g + q) * 32);
     acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, ds[r][c]), acc[r][c]);
   }
 }
@@ -229,28 +233,28 @@ static inline __m512 offset_of(__m512 dw, __m512i hdr, const servd_dtype wt) {
  * their blocks' lanes) against R activation rows: the block dot, then the offset. q5_tail and the
  * decoded prompt path (tile_dec) both add them here, so a row's value is the same on either path. */
 static inline __attribute__((always_inline)) void tail_terms(__m512i lo, __m512i hi, __m512 dw, __m512 cw,
-                                                             const int8_t *const *xq, int64_t g, const __m512 *dxe,
-                                                             const __m512 *sxe, __m512 (*acc)[NWMAX], int c,
-                                                             const int R) {
+                                                             const int8_t *const *xq, const int8_t *const *xq2,
+                                                             int64_t g, const __m512 *dxe, const __m512 *sxe,
+                                                             __m512 (*acc)[NWMAX], int c, const int R, const bool two) {
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++) {
     const int8_t *xp = xq[r] + g * 32;
     __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)xp));
     dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512((const void *)(xp + 64)));
+    if (two) dot = residual_quad_dots(dot, lo, hi, xq2[r] + g * 32);
     acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dxe[r]), acc[r][c]);
     acc[r][c] = _mm512_fmadd_ps(cw, sxe[r], acc[r][c]);
   }
 }
 
 /* The last group of a row when it holds 1..4 blocks: one masked window of the weight row. */
-static inline __attribute__((always_inline)) void q5_tail(const char *const *w, const int bb, const q5_plan *pl,
-                                                          int64_t g, int nbg, const int8_t *const *xq,
-                                                          const float *const *xd, const float *const *xs,
-                                                          __m512 (*acc)[NWMAX], const int R, const int NW,
-                                                          const servd_dtype wt) {
+static inline __attribute__((always_inline)) void
+q5_tail(const char *const *w, const int bb, const q5_plan *pl, int64_t g, int nbg, const int8_t *const *xq,
+        const int8_t *const *xq2, const float *const *xd, const float *const *xs, const float *const *xs2,
+        __m512 (*acc)[NWMAX], const int R, const int NW, const servd_dtype wt, const bool two) {
   __mmask64 ma, mb;
   __m512 dxe[RQ], sxe[RQ];
-  tail_setup(nbg * bb, &ma, &mb, xd, xs, g, R, dxe, sxe);
+  tail_setup_levels(nbg * bb, &ma, &mb, xd, xs, xs2, g, R, dxe, sxe, two);
 #pragma GCC unroll 4
   for (int c = 0; c < NW; c++) {
     const char *src = w[c] + g * bb;
@@ -261,18 +265,20 @@ static inline __attribute__((always_inline)) void q5_tail(const char *const *w, 
     const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hv)), cw = offset_of(dw, hv, wt);
     __m512i lo, hi;
     split5(z, (__mmask64)_mm_cvtsi128_si64(qh), (__mmask64)_mm_extract_epi64(qh, 1), &lo, &hi);
-    tail_terms(lo, hi, dw, cw, xq, g, dxe, sxe, acc, c, R);
+    tail_terms(lo, hi, dw, cw, xq, xq2, g, dxe, sxe, acc, c, R, two);
   }
 }
 
-/* out rows i0..i0+R, columns j..j+NW = x rows . weight rows j..j+NW */
-static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64_t i0, int64_t j, const int R,
-                                                       const int NW, const servd_dtype wt) {
+/* out rows i0..i0+R, columns j..j+NW = x rows . weight rows j..j+NW; two: with x's residual level
+ * (its dots joined to the first level's in integers, x's block scales then d2, and the offsets
+ * meeting both levels' block sums). */
+static inline __attribute__((always_inline)) void tile_levels(const servd__mm *p, int64_t i0, int64_t j, const int R,
+                                                              const int NW, const servd_dtype wt, const bool two) {
   const q5_plan *pl = &plans[wt == SERVD_Q5_0 ? 0 : 1];
   const int bb = wt == SERVD_Q5_0 ? 22 : 24; /* constant here, so offsets fold */
   const int64_t nb = p->xq.nb;
-  const int8_t *xq[RQ];
-  const float *xd[RQ], *xs[RQ];
+  const int8_t *xq[RQ], *xq2[RQ] = {0};
+  const float *xd[RQ], *xs[RQ], *xs2[RQ] = {0};
   const char *w[NWMAX];
   /* one accumulator per output: the block terms and the offset terms sit in different lanes, but
    * only the sum of all lanes is wanted (and fewer live registers leave room for the constants) */
@@ -280,6 +286,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
 #pragma GCC unroll 4
   for (int c = 0; c < NW; c++) w[c] = p->w + (j + c) * p->ldw;
   tile_x_rows(p, i0, R, xq, xd, xs);
+  if (two) tile_x_rows2(p, i0, R, xq2, xd, xs2);
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -290,7 +297,7 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
     const int nbg = nb - g < 16 ? (int)(nb - g) : 16;
     if (pf_rows) prefetch_group(w, NW, p->ldw, pf_rows, (int)(g * bb), (int)(g + nbg) * bb);
     if (nbg <= 4) {
-      q5_tail(w, bb, pl, g, nbg, xq, xd, xs, acc, R, NW, wt);
+      q5_tail(w, bb, pl, g, nbg, xq, xq2, xd, xs, xs2, acc, R, NW, wt, two);
       continue;
     }
     __m512 ds[RQ][NWMAX];
@@ -303,17 +310,18 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
       for (int r = 0; r < R; r++) {
         ds[r][c] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd[r] + g));
         acc[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), acc[r][c]);
+        if (two) acc[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs2[r] + g), acc[r][c]);
       }
     }
     if (nbg == 16) { /* unrolled: the lane permutes and offsets become constants */
 #pragma GCC unroll 4
       for (int q = 0; q < 16; q += 4)
 #pragma GCC unroll 4
-        for (int c = 0; c < NW; c++) q5_step(w[c], bb, pl, g, q, 4, xq, ds, acc, c, R);
+        for (int c = 0; c < NW; c++) q5_step(w[c], bb, pl, g, q, 4, xq, xq2, ds, acc, c, R, two);
     } else {
       for (int q = 0; q < nbg; q += 4)
 #pragma GCC unroll 4
-        for (int c = 0; c < NW; c++) q5_step(w[c], bb, pl, g, q, nbg - q, xq, ds, acc, c, R);
+        for (int c = 0; c < NW; c++) q5_step(w[c], bb, pl, g, q, nbg - q, xq, xq2, ds, acc, c, R, two);
     }
   }
 #pragma GCC unroll 4
@@ -326,6 +334,13 @@ static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64
       for (int c = 0; c < NW; c++) o[c] = hsum16(acc[r][c]);
     }
   }
+}
+
+/* One x row tile at either activation precision: the choice made once per tile, each form inlined. */
+static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64_t i0, int64_t j, const int R,
+                                                       const int NW, const servd_dtype wt) {
+  if (p->residual_fused) tile_levels(p, i0, j, R, NW, wt, true);
+  else tile_levels(p, i0, j, R, NW, wt, false);
 }
 
 TILES(SERVD_Q5_0, q5_0)
@@ -375,14 +390,16 @@ static inline __attribute__((always_inline)) void decode_row(const char *w, int6
   }
 }
 
-/* out rows i0..i0+R, columns j..j+NW from decoded weight rows (d: row j's) */
+/* out rows i0..i0+R, columns j..j+NW from decoded weight rows (d: row j's); two as tile_levels',
+ * term for term */
 static inline __attribute__((always_inline)) void tile_dec(const servd__mm *p, const q5_dec *d, int64_t i0, int64_t j,
-                                                           const int R, const int NW) {
+                                                           const int R, const int NW, const bool two) {
   const int64_t nb = p->xq.nb, lds = p->xq.lds;
-  const int8_t *xq[RQ];
-  const float *xd[RQ], *xs[RQ];
+  const int8_t *xq[RQ], *xq2[RQ] = {0};
+  const float *xd[RQ], *xs[RQ], *xs2[RQ] = {0};
   __m512 acc[RQ][NWMAX]; /* columns 0..NW-1 (NW <= 2) used */
   tile_x_rows(p, i0, R, xq, xd, xs);
+  if (two) tile_x_rows2(p, i0, R, xq2, xd, xs2);
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 2
@@ -392,14 +409,14 @@ static inline __attribute__((always_inline)) void tile_dec(const servd__mm *p, c
       const __m512i lanes4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
       __mmask64 ma, mb;
       __m512 dxe[RQ], sxe[RQ];
-      tail_setup((int)(nb - g) * 32, &ma, &mb, xd, xs, g, R, dxe, sxe);
+      tail_setup_levels((int)(nb - g) * 32, &ma, &mb, xd, xs, xs2, g, R, dxe, sxe, two);
 #pragma GCC unroll 2
       for (int c = 0; c < NW; c++) {
         const __m512 dw = _mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(d->h + 2 * c * lds + g));
         const __m512 cw = _mm512_permutexvar_ps(lanes4, _mm512_loadu_ps(d->h + (2 * c + 1) * lds + g));
         const __m512i lo = _mm512_load_si512((const void *)(d->q + c * d->ldq + g * 32));
         const __m512i hi = _mm512_load_si512((const void *)(d->q + c * d->ldq + g * 32 + 64));
-        tail_terms(lo, hi, dw, cw, xq, g, dxe, sxe, acc, c, R);
+        tail_terms(lo, hi, dw, cw, xq, xq2, g, dxe, sxe, acc, c, R, two);
       }
       break;
     }
@@ -411,6 +428,7 @@ static inline __attribute__((always_inline)) void tile_dec(const servd__mm *p, c
       for (int r = 0; r < R; r++) {
         ds[r][c] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd[r] + g));
         acc[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs[r] + g), acc[r][c]);
+        if (two) acc[r][c] = _mm512_fmadd_ps(cw, _mm512_loadu_ps(xs2[r] + g), acc[r][c]);
       }
     }
     const int nq = nb - g < 16 ? (int)(nb - g + 3) / 4 : 4; /* decoded quads are zero padded */
@@ -431,7 +449,8 @@ static inline __attribute__((always_inline)) void tile_dec(const servd__mm *p, c
         const __m512i xl = _mm512_load_si512((const void *)xp), xh = _mm512_load_si512((const void *)(xp + 64));
 #pragma GCC unroll 2
         for (int c = 0; c < NW; c++) {
-          const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[c], xl), hi[c], xh);
+          __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[c], xl), hi[c], xh);
+          if (two) dot = residual_quad_dots(dot, lo[c], hi[c], xq2[r] + (g + 4 * qi) * 32);
           acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, ds[r][c]), acc[r][c]);
         }
       }
@@ -448,7 +467,8 @@ static inline __attribute__((always_inline)) void tile_dec(const servd__mm *p, c
 typedef void (*tile_dec_fn)(const servd__mm *p, const q5_dec *d, int64_t i0, int64_t j);
 #define TILE_DEC(R, NW) \
   static void tile_dec_##R##x##NW(const servd__mm *p, const q5_dec *d, int64_t i0, int64_t j) { \
-    tile_dec(p, d, i0, j, R, NW); \
+    if (p->residual_fused) tile_dec(p, d, i0, j, R, NW, true); \
+    else tile_dec(p, d, i0, j, R, NW, false); \
   }
 TILE_DEC(1, 1)
 TILE_DEC(1, 2)
