@@ -21,7 +21,7 @@
 enum { PEAK_ITERS = 1 << 22, ACCS = 12 };
 
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void dpbusd_loop(void *ctx, int64_t b, int64_t e,
-                                                                                  int thread) {
+                                                                               int thread) {
   (void)thread;
   volatile int *sink = ctx;
   for (int64_t t = b; t < e; t++) {

@@ -9,30 +9,34 @@
 #include "matmul-impl.h"
 #include "matmul_lowbit-impl.h"
 
-#define FLOAT(act) \
-  { act, false, false, servd__mm_float_scalar, servd__mm_float_avx2, servd__mm_float_avx512, NULL }
-#define Q8(scalar, avx2, vnni) \
-  { SERVD__ACT_Q8, false, false, scalar, avx2, NULL, vnni }
+/* Designated fields: a row names what it sets, the rest is zero (false, NULL). */
+#define FLOAT(act_) \
+  { .act = act_, .scalar = servd__mm_float_scalar, .avx2 = servd__mm_float_avx2, .avx512 = servd__mm_float_avx512 }
+#define Q8(scalar_, avx2_, vnni_) \
+  { .act = SERVD__ACT_Q8, .scalar = scalar_, .avx2 = avx2_, .avx512vnni = vnni_ }
 /* as Q8, its VNNI kernel adding the residual activation level inside its own dots (Q8_FUSED2: its
  * AVX2 kernel too) */
-#define Q8_FUSED(scalar, avx2, vnni) \
-  { SERVD__ACT_Q8, false, true, scalar, avx2, NULL, vnni }
+#define Q8_FUSED(scalar_, avx2_, vnni_) \
+  { .act = SERVD__ACT_Q8, .vnni_fuses_residual = true, .scalar = scalar_, .avx2 = avx2_, .avx512vnni = vnni_ }
 #define Q8_FUSED2(scalar_, avx2_, vnni_) \
   { \
     .act = SERVD__ACT_Q8, .vnni_fuses_residual = true, .scalar = scalar_, .avx2 = avx2_, .avx512vnni = vnni_, \
     .avx2_fuses_residual = true \
   }
-#define Q8K(perm, scalar, avx2, vnni) \
-  { SERVD__ACT_Q8K, perm, false, scalar, avx2, NULL, vnni }
+#define Q8K(perm_, scalar_, avx2_, vnni_) \
+  { .act = SERVD__ACT_Q8K, .q8k_perm = perm_, .scalar = scalar_, .avx2 = avx2_, .avx512vnni = vnni_ }
 /* as Q8K, its VNNI kernel adding the residual activation level inside its own dots */
-#define Q8K_FUSED(perm, scalar, avx2, vnni) \
-  { SERVD__ACT_Q8K, perm, true, scalar, avx2, NULL, vnni }
+#define Q8K_FUSED(perm_, scalar_, avx2_, vnni_) \
+  { \
+    .act = SERVD__ACT_Q8K, .q8k_perm = perm_, .vnni_fuses_residual = true, .scalar = scalar_, .avx2 = avx2_, \
+    .avx512vnni = vnni_ \
+  }
 
 const servd__dtype_cpu servd__dtype_cpu_traits[] = {
     [SERVD_F32] = FLOAT(SERVD__ACT_F32),
     [SERVD_F16] = FLOAT(SERVD__ACT_F32),
     [SERVD_BF16] = FLOAT(SERVD__ACT_F32_EVEN_ODD),
-    [SERVD_I32] = {SERVD__ACT_F32, false, false, NULL, NULL, NULL, NULL},
+    [SERVD_I32] = {.act = SERVD__ACT_F32},
     [SERVD_Q8_0] = Q8_FUSED2(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
     [SERVD_Q4_0] = Q8_FUSED2(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),
     [SERVD_Q4_1] = Q8_FUSED2(servd__mm_quant_scalar, servd__mm_quant_avx2, servd__mm_quant_avx512vnni),

@@ -270,8 +270,8 @@ static int prepare(servd__mm *p, servd__mm_fn *fn) {
     p->xeo = xeo;
   }
   *fn = servd__dtype_cpu_kernel(c, isa, vnni);
-  p->residual_fused = (p->xq.qs2 || p->xk.qs2) && ((*fn == c->avx512vnni && c->vnni_fuses_residual) ||
-                                                     (*fn == c->avx2 && c->avx2_fuses_residual));
+  p->residual_fused = (p->xq.qs2 || p->xk.qs2) &&
+                      ((*fn == c->avx512vnni && c->vnni_fuses_residual) || (*fn == c->avx2 && c->avx2_fuses_residual));
   return 0;
 }
 
