@@ -111,8 +111,8 @@ def quantized_tp3(args, py, quant):
     check(close >= 0.9 and rel.max() <= 2e-2 and g1 == g3,
           f"{quant}: TP=3 vs TP=1: {close:.0%} of {len(rel)} rows within 2e-6 (median {np.median(rel):.1e}), "
           f"largest {rel.max():.1e} (<= 2e-2), greedy {g3} == {g1}")
-    import accuracy_vs_exact  # the gguf package's dequantizers
-    cfg, w = accuracy_vs_exact.load_gguf(gg)
+    import gguf_exact  # the gguf package's dequantizers
+    cfg, w = gguf_exact.load_llama_gguf(gg)
     exact = llama_ref.forward(cfg, w, PROMPT + g1)
     e1, e3 = (float(np.sqrt(np.mean((r - exact) ** 2))) for r in (r1, r3))
     check(e3 <= 1.01 * e1 and e1 <= 1.01 * e3,
