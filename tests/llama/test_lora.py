@@ -197,13 +197,13 @@ def main():
     # A quantized base (Q8_0 weights from a GGUF): against its own float64 model with the adapter merged.
     try:
         import gguf  # noqa: F401
-        import accuracy_vs_exact
+        import gguf_exact
         gg = os.path.join(args.work, "q8.gguf")
         run([py, os.path.join(HERE, "make_tiny.py"), os.path.join(args.work, "q8"), "--untied", "--gguf", gg,
              "--gguf-quant", "q8_0"])
         qpkg = os.path.join(args.work, "q8.mpk")
         run([args.modelpkg, "pack", gg, "-o", qpkg])
-        qcfg, qw = accuracy_vs_exact.load_gguf(gg)
+        qcfg, qw = gguf_exact.load_llama_gguf(gg)
         rows, gen, _ = logits(args, qpkg, os.path.join(args.work, "q8-a1.bin"), lora=a1)
         brows, bgen, _ = logits(args, qpkg, os.path.join(args.work, "q8-base.bin"))
         ref = llama_ref.forward(qcfg, la.merged(qcfg, qw, a1), PROMPT + gen)
