@@ -330,13 +330,6 @@ static inline __attribute__((always_inline)) void tile_levels(const servd__mm *p
   }
 }
 
-/* One x row tile at either activation precision: the choice made once per tile, each form inlined. */
-static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64_t i0, int64_t j, const int R,
-                                                       const int NW, const servd_dtype wt) {
-  if (p->residual_fused) tile_levels(p, i0, j, R, NW, wt, true);
-  else tile_levels(p, i0, j, R, NW, wt, false);
-}
-
 TILES(SERVD_Q8_0, q8_0)
 TILES(SERVD_Q4_0, q4_0)
 TILES(SERVD_Q4_1, q4_1)
@@ -373,10 +366,11 @@ static void q8_flip(const int8_t *qs, int64_t bytes, int8_t *dst) {
 }
 
 void servd__mm_quant_avx512vnni(const servd__mm *p, int64_t j0, int64_t j1) {
-  const tile_fn(*t)[2] = p->wt == SERVD_Q8_0   ? tiles_q8_0
-                         : p->wt == SERVD_Q4_0 ? tiles_q4_0
-                         : p->wt == SERVD_Q4_1 ? tiles_q4_1
-                                               : tiles_iq4_nl;
+  const int two = p->residual_fused;
+  const tile_fn(*t)[2] = p->wt == SERVD_Q8_0   ? tiles_q8_0[two]
+                         : p->wt == SERVD_Q4_0 ? tiles_q4_0[two]
+                         : p->wt == SERVD_Q4_1 ? tiles_q4_1[two]
+                                               : tiles_iq4_nl[two];
   servd__mm pd = *p;
   if (p->wt == SERVD_Q8_0) {
     const size_t level = (size_t)(p->m * p->xq.ldq); /* whole 64-byte lines */

@@ -34,20 +34,24 @@ void servd__quantize_q8k(const char *x, int64_t ldx, int64_t m, int64_t k, const
       }
       const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
       for (int g = 0; g < 16; g++) {
-        int sum = 0, sum2 = 0;
-        const int off = servd__q8k_group_off(q, g);
+        int sum = 0;
+        int8_t *dst = qs + servd__q8k_group_off(q, g);
         for (int j = 16 * g; j < 16 * g + 16; j++) {
           const int v = servd__round(xr[j] * id);
-          qs[off + j - 16 * g] = (int8_t)v;
+          dst[j - 16 * g] = (int8_t)v;
           sum += v;
-          if (qs2) {
-            const int v2 = servd__residual_q(xr[j], v, d, id);
-            qs2[off + j - 16 * g] = (int8_t)v2;
-            sum2 += v2;
-          }
         }
         bs[g] = (int16_t)sum;
-        if (bs2) bs2[g] = (int16_t)sum2;
+      }
+      for (int g = 0; bs2 && g < 16; g++) { /* a loop of its own: the first level's stays as it was */
+        int sum2 = 0;
+        const int off = servd__q8k_group_off(q, g);
+        for (int j = 16 * g; j < 16 * g + 16; j++) {
+          const int v2 = servd__residual_q(xr[j], qs[off + j - 16 * g], d, id);
+          qs2[off + j - 16 * g] = (int8_t)v2;
+          sum2 += v2;
+        }
+        bs2[g] = (int16_t)sum2;
       }
       q->d[at] = d;
       if (qs2) q->d2[at] = d * SERVD__RESIDUAL_SCALE;

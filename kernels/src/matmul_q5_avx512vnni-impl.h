@@ -336,19 +336,12 @@ static inline __attribute__((always_inline)) void tile_levels(const servd__mm *p
   }
 }
 
-/* One x row tile at either activation precision: the choice made once per tile, each form inlined. */
-static inline __attribute__((always_inline)) void tile(const servd__mm *p, int64_t i0, int64_t j, const int R,
-                                                       const int NW, const servd_dtype wt) {
-  if (p->residual_fused) tile_levels(p, i0, j, R, NW, wt, true);
-  else tile_levels(p, i0, j, R, NW, wt, false);
-}
-
 TILES(SERVD_Q5_0, q5_0)
 TILES(SERVD_Q5_1, q5_1)
 
 /* Decode and batched decode (m <= 2*RQ), and the fallback of q5_run_decoded. */
 static void q5_run(const servd__mm *p, int64_t j0, int64_t j1) {
-  const tile_fn(*t)[2] = p->wt == SERVD_Q5_0 ? tiles_q5_0 : tiles_q5_1;
+  const tile_fn(*t)[2] = p->wt == SERVD_Q5_0 ? tiles_q5_0[p->residual_fused] : tiles_q5_1[p->residual_fused];
   /* Weight rows outer: a tile of NW rows stays in L1 while every activation row passes over it. */
   for (int64_t j = j0; j < j1;) {
     const int nw_full = p->m == 1 ? 4 : 2;

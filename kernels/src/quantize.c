@@ -28,21 +28,22 @@ void servd__quantize_q8x(const char *x, int64_t ldx, int64_t m, int64_t k, const
         continue;
       }
       const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-      int sum = 0, sum2 = 0;
+      int sum = 0;
       for (int j = 0; j < SERVD_QK; j++) {
         const int qv = (int)roundf(v[j] * id);
-        const int64_t at = servd__q8x_off(q, b, j / 16) + j % 16;
-        qs[at] = (int8_t)qv;
+        qs[servd__q8x_off(q, b, j / 16) + j % 16] = (int8_t)qv;
         sum += qv;
-        if (qs2) {
-          const int q2 = servd__residual_q(v[j], qv, d, id);
-          qs2[at] = (int8_t)q2;
-          sum2 += q2;
-        }
       }
       q->d[r * q->lds + b] = d;
       q->s[r * q->lds + b] = d * (float)sum;
-      if (qs2) {
+      if (qs2) { /* a loop of its own: the first level's stays as it was without the residual */
+        int sum2 = 0;
+        for (int j = 0; j < SERVD_QK; j++) {
+          const int64_t at = servd__q8x_off(q, b, j / 16) + j % 16;
+          const int q2 = servd__residual_q(v[j], qs[at], d, id);
+          qs2[at] = (int8_t)q2;
+          sum2 += q2;
+        }
         const float d2 = d * SERVD__RESIDUAL_SCALE;
         q->d2[r * q->lds + b] = d2;
         q->s2[r * q->lds + b] = d2 * (float)sum2;
