@@ -67,7 +67,9 @@ _cache = {}
 
 
 def reference(ref, tok, text):
-    key = (id(ref), text)
+    # keyed by the object itself, which the cache then keeps alive: an id() can be reused by the next
+    # model's reference once the last one is freed, and a short text then found another model's vector
+    key = (ref, text)
     if key not in _cache:
         _cache[key] = ref.embed(tok.encode(text).ids)
     return _cache[key]
