@@ -18,25 +18,10 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "mpk/package.h"
+#include "servd/bench-util.h"
 #include "servd/interp.h"
 #include "servd/ops.h"
 #include "servd/threadpool.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 typedef struct run_state {
   pthread_mutex_t mu;
@@ -51,7 +36,7 @@ static void on_event(void *ud, const servd_event *ev) {
   run_state *s = ud;
   if (ev->kind == SERVD_EVENT_TOKEN) {
     if (ev->token < 0) return;
-    double t = now_s();
+    double t = bench_now_s();
     if (s->n++ == 0) s->t_first = t;
     s->t_last = t;
     return;
@@ -74,7 +59,7 @@ static int run_one(servd_model *m, const int32_t *prompt, int n_prompt, int max_
   p.max_tokens = max_tokens;
   p.ignore_eos = true;
   servd_request *r;
-  s->t_submit = now_s();
+  s->t_submit = bench_now_s();
   if (servd_model_submit(m, prompt, n_prompt, &p, on_event, s, &r)) {
     fprintf(stderr, "submit: %s\n", servd_last_error());
     return -1;
@@ -203,7 +188,7 @@ int main(int argc, char **argv) {
             }
             json_decref(args);
             json_decref(res);
-            double t0 = now_s();
+            double t0 = bench_now_s();
             for (int i = 0; i < STEPS && ok; i++) {
               pos = i;
               kl = i + 1;
@@ -216,7 +201,7 @@ int main(int argc, char **argv) {
               servd_tensor_release(lg);
             }
             if (phase == 0) {
-              plain[round] = (now_s() - t0) / STEPS;
+              plain[round] = (bench_now_s() - t0) / STEPS;
               continue;
             }
             json_t *st = NULL, *none = json_array();
@@ -234,9 +219,9 @@ int main(int argc, char **argv) {
         }
         if (!ok) fprintf(stderr, "profiling failed\n");
         if (ok) {
-          step_ms = median(plain, ROUNDS) * 1e3;
-          ops_ms = median(opsv, ROUNDS) * 1e3;
-          fwd_ms = median(fwdv, ROUNDS) * 1e3;
+          step_ms = bench_median(plain, ROUNDS) * 1e3;
+          ops_ms = bench_median(opsv, ROUNDS) * 1e3;
+          fwd_ms = bench_median(fwdv, ROUNDS) * 1e3;
           share = 1.0 - ops_ms / fwd_ms;
         }
       } else {
@@ -293,8 +278,8 @@ int main(int argc, char **argv) {
       ltg[n_l++] = b;
     }
   }
-  double our_pp = median(pp, runs), our_tg = median(tg, runs);
-  double l_pp = n_l ? median(lpp, n_l) : -1, l_tg = n_l ? median(ltg, n_l) : -1;
+  double our_pp = bench_median(pp, runs), our_tg = bench_median(tg, runs);
+  double l_pp = n_l ? bench_median(lpp, n_l) : -1, l_tg = n_l ? bench_median(ltg, n_l) : -1;
   servd_model_unload(m, 0);
 
   printf("threads %d, runs %d (medians)\n", threads, runs);
@@ -308,7 +293,8 @@ int main(int argc, char **argv) {
     for (int r = 0; r < runs; r++) r_pp[r] = pp[r] / pp1[r], r_tg[r] = tg[r] / tg1[r];
     printf("activation levels %d / 1, same runs: prefill %.3fx (1 level %.1f tok/s), decode %.3fx (1 level %.1f "
            "tok/s)\n",
-           levels, median(r_pp, runs), median(pp1, runs), median(r_tg, runs), median(tg1, runs));
+           levels, bench_median(r_pp, runs), bench_median(pp1, runs), bench_median(r_tg, runs),
+           bench_median(tg1, runs));
   }
   if (fwd_ms > 0)
     printf("decode step through the interpreter: %.3f ms; profiled: forward %.3f ms, of which %.0f op calls "

@@ -14,27 +14,12 @@
 #include "engine/model_runner.h"
 #include "mpk/lora.h"
 #include "mpk/package.h"
+#include "servd/bench-util.h"
 #include "servd/interp.h"
 #include "servd/threadpool.h"
 
 #define BLOCK 16
 #define MAX_ADAPTERS 8
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 typedef struct side {
   servd_pool *pool;
@@ -88,7 +73,7 @@ static double decode(side *s, int batch, int steps, mpk_lora *const *ad, int n_g
                            .lora = groups};
   double t0 = 0;
   for (int i = 0; i < steps; i++) {
-    if (i == 1) t0 = now_s();
+    if (i == 1) t0 = bench_now_s();
     for (int q = 0; q < batch; q++) {
       tok[q] = 100 + (q * 131 + i * 17) % 4000;
       pos[q] = i;
@@ -105,7 +90,7 @@ static double decode(side *s, int batch, int steps, mpk_lora *const *ad, int n_g
     }
     servd_tensor_release(lg);
   }
-  return (now_s() - t0) / (steps - 1);
+  return (bench_now_s() - t0) / (steps - 1);
 }
 
 int main(int argc, char **argv) {
@@ -173,9 +158,9 @@ int main(int argc, char **argv) {
          steps, ad[0]->rank, rounds);
   for (int b = 0; b < 2; b++) {
     int batch = b ? big : 1;
-    double tb = batch / median(sec[b][0] + 1, n), tl = batch / median(sec[b][1] + 1, n);
+    double tb = batch / bench_median(sec[b][0] + 1, n), tl = batch / bench_median(sec[b][1] + 1, n);
     printf("batch %d (%s): base %.1f tok/s, LoRA %.1f tok/s, LoRA/base per-round median %.3fx\n", batch,
-           b ? "groups over every adapter" : "one adapter", tb, tl, median(ratio[b] + 1, n));
+           b ? "groups over every adapter" : "one adapter", tb, tl, bench_median(ratio[b] + 1, n));
   }
   for (int b = 0; b < 2; b++)
     for (int l = 0; l < 2; l++) side_close(&sides[b][l]);

@@ -19,24 +19,9 @@
 
 #include "engine/model_runner.h"
 #include "mpk/package.h"
+#include "servd/bench-util.h"
 #include "servd/interp.h"
 #include "servd/threadpool.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* ---- the read roofline ---------------------------------------------------------------------------- */
 #define CHUNK (1 << 20)
@@ -61,9 +46,9 @@ __attribute__((target("avx2"))) static void read_chunks(void *ctx, int64_t begin
 /* GB/s of reading `bytes` once with the compute pool's threads. */
 static double read_rate(const char *buf, size_t bytes) {
   read_job j = {.buf = buf};
-  double t0 = now_s();
+  double t0 = bench_now_s();
   servd_parallel_for((int64_t)(bytes / CHUNK), 1, read_chunks, &j);
-  return (double)bytes / (now_s() - t0) / 1e9;
+  return (double)bytes / (bench_now_s() - t0) / 1e9;
 }
 
 /* ---- llama-bench ---------------------------------------------------------------------------------- */
@@ -147,7 +132,7 @@ static double decode(side *s, int batch, int steps, float *last, size_t last_n) 
                            .attn = {.n_seqs = batch, .q_start = qs, .q_len = ql, .kv_len = kl, .block_tables = tables}};
   double t0 = 0;
   for (int i = 0; i < steps; i++) {
-    if (i == 1) t0 = now_s();
+    if (i == 1) t0 = bench_now_s();
     for (int q = 0; q < batch; q++) {
       tok[q] = 100 + (q * 131 + i * 17) % 4000;
       pos[q] = i;
@@ -165,7 +150,7 @@ static double decode(side *s, int batch, int steps, float *last, size_t last_n) 
     if (i == steps - 1 && lg) memcpy(last, servd_tensor_data(lg), sizeof(float) * last_n);
     servd_tensor_release(lg);
   }
-  return (now_s() - t0) / (steps - 1);
+  return (bench_now_s() - t0) / (steps - 1);
 }
 
 int main(int argc, char **argv) {
@@ -255,21 +240,21 @@ int main(int argc, char **argv) {
   }
   double tg = llama_tg(lb, gguf, threads, 64);
   int n = rounds - 1; /* round 0 captures */
-  double gbs = median(rr + 1, n), roof = gbs * 1e9 / wbytes;
+  double gbs = bench_median(rr + 1, n), roof = gbs * 1e9 / wbytes;
   printf("threads %d, %d rounds of %d decode steps (medians of rounds 2..%d)\n", threads, rounds, steps, rounds);
   printf("read roofline: %.1f GB/s over 1 GiB / %.1f MB of weights = %.0f tok/s\n", gbs, wbytes / 1e6, roof);
   double tok[2][MODES];
   for (int b = 0; b < 2; b++)
     for (int m = 0; m < MODES; m++) {
       int batch = b ? big : 1;
-      tok[b][m] = batch / median(sec[b][m] + 1, n);
+      tok[b][m] = batch / bench_median(sec[b][m] + 1, n);
       printf("batch %d, %s: %.1f tok/s", batch, mode_names[m], tok[b][m]);
       if (b == 0) printf(" (%.0f%% of the roofline)", 100 * tok[b][m] / roof);
       if (m) printf(", %.2fx through Python, logits bit-equal: %s", tok[b][m] / tok[b][0], same[b][m] ? "yes" : "NO");
       if (m > UNFUSED) { /* also the median of the rounds' own ratios: each round's modes ran back to back */
         double q[50];
         for (int r = 1; r < rounds; r++) q[r - 1] = sec[b][UNFUSED][r] / sec[b][m][r];
-        printf(", %.3fx the unfused replay (per-round median %.3fx)", tok[b][m] / tok[b][UNFUSED], median(q, n));
+        printf(", %.3fx the unfused replay (per-round median %.3fx)", tok[b][m] / tok[b][UNFUSED], bench_median(q, n));
       }
       printf("\n");
     }
